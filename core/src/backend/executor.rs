@@ -1,0 +1,185 @@
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use super::Backend;
+use crate::cpu::CpuBackend;
+use crate::error::{Error, Result};
+use crate::op::{Op, OpDesc};
+use crate::tensor::{Tensor, TensorDesc};
+
+/// How often one op fell back to the CPU on one backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FallbackCount {
+    pub backend: String,
+    pub op: &'static str,
+    pub count: u64,
+}
+
+/// The one dispatcher. Every op of a model goes through `run`/`exec`: the call is checked,
+/// then executed on the backend if it supports the exact op, else on the CPU reference with
+/// inputs copied down and outputs copied back (counted, warned about once, or refused in
+/// strict mode).
+pub struct Executor {
+    backend: Arc<dyn Backend>,
+    cpu: Arc<CpuBackend>,
+    strict: bool,
+    /// Whether `backend` is the CPU reference itself (then nothing ever falls back).
+    is_cpu: bool,
+    fallbacks: Mutex<HashMap<&'static str, u64>>,
+    warned: Mutex<HashSet<&'static str>>,
+}
+
+impl Executor {
+    /// An executor over `backend`, with a CPU reference for fallbacks.
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        let cpu = Arc::new(CpuBackend::new());
+        Self::with_cpu(backend, cpu)
+    }
+
+    /// An executor over the CPU reference alone.
+    pub fn cpu() -> Self {
+        let cpu = Arc::new(CpuBackend::new());
+        Self::with_cpu(cpu.clone(), cpu)
+    }
+
+    pub fn with_cpu(backend: Arc<dyn Backend>, cpu: Arc<CpuBackend>) -> Self {
+        let is_cpu = backend.id() == cpu.id();
+        Executor {
+            backend,
+            cpu,
+            strict: false,
+            is_cpu,
+            fallbacks: Mutex::new(HashMap::new()),
+            warned: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// In strict mode a fallback is an error instead.
+    pub fn strict(mut self, strict: bool) -> Self {
+        self.strict = strict;
+        self
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// Whether the backend runs `desc` itself. Model code asks this before choosing a fused
+    /// op: this is the fused-op gate.
+    pub fn supports(&self, desc: &OpDesc) -> bool {
+        self.is_cpu || self.backend.supports_op(desc)
+    }
+
+    /// Whether `op` on tensors of `inputs`/`outputs` runs on the backend itself.
+    pub fn supports_op(&self, op: &Op, inputs: &[&TensorDesc], outputs: &[&TensorDesc]) -> bool {
+        let desc = OpDesc::new(
+            op.clone(),
+            inputs.iter().map(|t| (*t).clone()).collect(),
+            outputs.iter().map(|t| (*t).clone()).collect(),
+        );
+        desc.check().is_ok() && self.supports(&desc)
+    }
+
+    /// Allocates the outputs `op` produces for `inputs` and runs it.
+    pub fn run(&self, op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let in_descs: Vec<TensorDesc> = inputs.iter().map(|t| t.desc().clone()).collect();
+        let out_descs = op.output_descs(&in_descs)?;
+        let outs = out_descs
+            .iter()
+            .map(|d| self.backend.alloc(d))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&Tensor> = outs.iter().collect();
+        self.exec(op, inputs, &refs)?;
+        Ok(outs)
+    }
+
+    /// Runs `op` into existing outputs.
+    pub fn exec(&self, op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
+        let desc = OpDesc::new(
+            op.clone(),
+            inputs.iter().map(|t| t.desc().clone()).collect(),
+            outputs.iter().map(|t| t.desc().clone()).collect(),
+        );
+        desc.check()?;
+        if self.supports(&desc) {
+            return self.backend.execute(op, inputs, outputs);
+        }
+        self.fallback(&desc, inputs, outputs)
+    }
+
+    fn fallback(&self, desc: &OpDesc, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
+        let name = desc.op.name();
+        if self.strict {
+            return Err(Error::StrictFallback {
+                backend: self.backend.name().to_string(),
+                op: desc.to_string(),
+            });
+        }
+        *self.lock_counts().entry(name).or_insert(0) += 1;
+        let first = self
+            .warned
+            .lock()
+            .map(|mut w| w.insert(name))
+            .unwrap_or(false);
+        if first {
+            tracing::warn!(
+                backend = self.backend.name(),
+                op = %desc,
+                "op not supported by the backend; running it on the CPU reference"
+            );
+        }
+        let cpu = &*self.cpu;
+        let copy_down = |t: &Tensor| -> Result<Tensor> {
+            let c = cpu.alloc(t.desc())?;
+            let bytes = self.backend.download(t)?;
+            cpu.upload(&c, &bytes)?;
+            Ok(c)
+        };
+        let cin = inputs
+            .iter()
+            .map(|t| copy_down(t))
+            .collect::<Result<Vec<_>>>()?;
+        let cout = if desc.op.reads_outputs() {
+            outputs
+                .iter()
+                .map(|t| copy_down(t))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            outputs
+                .iter()
+                .map(|t| cpu.alloc(t.desc()))
+                .collect::<Result<Vec<_>>>()?
+        };
+        let in_refs: Vec<&Tensor> = cin.iter().collect();
+        let out_refs: Vec<&Tensor> = cout.iter().collect();
+        cpu.execute(&desc.op, &in_refs, &out_refs)?;
+        for (dst, src) in outputs.iter().zip(&cout) {
+            self.backend.upload(dst, &cpu.download(src)?)?;
+        }
+        Ok(())
+    }
+
+    fn lock_counts(&self) -> std::sync::MutexGuard<'_, HashMap<&'static str, u64>> {
+        // A poisoned counter map still holds valid counts.
+        self.fallbacks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Fallbacks so far, per op, most frequent first.
+    pub fn fallbacks(&self) -> Vec<FallbackCount> {
+        let mut v: Vec<FallbackCount> = self
+            .lock_counts()
+            .iter()
+            .map(|(op, n)| FallbackCount {
+                backend: self.backend.name().to_string(),
+                op,
+                count: *n,
+            })
+            .collect();
+        v.sort_by(|a, b| b.count.cmp(&a.count).then(a.op.cmp(b.op)));
+        v
+    }
+
+    pub fn total_fallbacks(&self) -> u64 {
+        self.lock_counts().values().sum()
+    }
+}

@@ -1,0 +1,129 @@
+//! The `Backend` trait, what a backend says it can do, and the executor: the one dispatcher.
+
+mod executor;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use executor::{Executor, FallbackCount};
+
+use crate::error::Result;
+use crate::op::{Op, OpDesc};
+use crate::tensor::{BackendId, Tensor, TensorDesc};
+
+/// What kind of device runs a backend.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cpu,
+    IntegratedGpu,
+    DiscreteGpu,
+    VirtualGpu,
+    /// A software rasteriser or emulator (e.g. lavapipe): correct, not fast.
+    SoftwareGpu,
+    Other,
+}
+
+/// A backend's device and features. `supports_op` is the authority on ops; this is what
+/// `kiln info` prints and what a backend consults to answer it.
+#[derive(Clone, Debug)]
+pub struct Capabilities {
+    /// Device name as the driver reports it.
+    pub device: String,
+    pub kind: DeviceKind,
+    /// Native f16 arithmetic in kernels.
+    pub f16: bool,
+    /// Native bf16 arithmetic in kernels.
+    pub bf16: bool,
+    /// Subgroup (warp) operations, with the subgroup size when known.
+    pub subgroup_size: Option<u32>,
+    /// The largest single buffer (or storage binding) the backend can address, in bytes.
+    pub max_buffer_bytes: u64,
+    /// Device memory, when known.
+    pub memory_bytes: Option<u64>,
+    /// Worker threads (CPU) or compute units (GPU), when known.
+    pub parallelism: usize,
+}
+
+/// One implementation of the op set. Tensors belong to the backend that allocated them.
+///
+/// `execute` may be asynchronous on a device: results are visible to `download` (which waits)
+/// and after `synchronize`.
+pub trait Backend: Send + Sync {
+    /// Short name: `cpu`, `wgpu`, `cuda`.
+    fn name(&self) -> &str;
+    /// Unique per backend instance; tensors carry it.
+    fn id(&self) -> BackendId;
+    fn capabilities(&self) -> &Capabilities;
+    /// A new tensor, zero-filled.
+    fn alloc(&self, desc: &TensorDesc) -> Result<Tensor>;
+    /// Writes `bytes` (exactly `dst.nbytes()` of them) into `dst`.
+    fn upload(&self, dst: &Tensor, bytes: &[u8]) -> Result<()>;
+    /// Reads `src` back to the host.
+    fn download(&self, src: &Tensor) -> Result<Vec<u8>>;
+    /// Whether this backend runs `desc` exactly (its dtypes, shapes and parameters) and
+    /// passes the conformance suite for it. A false "yes" is a correctness bug.
+    fn supports_op(&self, desc: &OpDesc) -> bool;
+    /// Runs `op`. Callers go through the [`Executor`], which checks the call first.
+    fn execute(&self, op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()>;
+    /// Waits until every submitted op has finished.
+    fn synchronize(&self) -> Result<()>;
+}
+
+/// A fresh, process-unique backend id.
+pub fn next_backend_id() -> BackendId {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The checks every backend's `execute` shares: the call fits the op, every tensor belongs
+/// to `backend`, and no output overlaps an input or another output.
+pub fn check_call(
+    backend: &dyn Backend,
+    op: &Op,
+    inputs: &[&Tensor],
+    outputs: &[&Tensor],
+) -> Result<OpDesc> {
+    let desc = OpDesc::new(
+        op.clone(),
+        inputs.iter().map(|t| t.desc().clone()).collect(),
+        outputs.iter().map(|t| t.desc().clone()).collect(),
+    );
+    desc.check()?;
+    let op_err = |msg: String| crate::Error::Op {
+        op: op.name().to_string(),
+        msg,
+        inputs: desc
+            .inputs
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        outputs: desc
+            .outputs
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    for (i, t) in inputs.iter().chain(outputs.iter()).enumerate() {
+        if t.backend() != backend.id() {
+            return Err(op_err(format!(
+                "tensor {i} belongs to another backend than {} (#{})",
+                backend.name(),
+                backend.id()
+            )));
+        }
+    }
+    for (o, out) in outputs.iter().enumerate() {
+        for (i, inp) in inputs.iter().enumerate() {
+            if out.overlaps(inp) {
+                return Err(op_err(format!("output {o} overlaps input {i}")));
+            }
+        }
+        for (o2, out2) in outputs.iter().enumerate().skip(o + 1) {
+            if out.overlaps(out2) {
+                return Err(op_err(format!("output {o} overlaps output {o2}")));
+            }
+        }
+    }
+    Ok(desc)
+}

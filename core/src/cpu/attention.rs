@@ -1,0 +1,202 @@
+//! Attention over contiguous K/V, paged attention through a block table, and the KV write by
+//! slot mapping that fills the paged caches.
+
+use rayon::prelude::*;
+
+use super::matmul::dot;
+use super::softmax::softmax_row;
+use super::{index, In, KResult, KernelError, Out};
+use crate::op::AttnParams;
+use crate::quant;
+
+/// Softmax-weighted sum over keys `lo..hi` for one query row. `key(j, buf)` and `val(j, buf)`
+/// fill `buf` with the row of key position `j`.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    p: &AttnParams,
+    q: &[f32],
+    lo: usize,
+    hi: usize,
+    out: &mut [f32],
+    kbuf: &mut [f32],
+    vbuf: &mut [f32],
+    scores: &mut Vec<f32>,
+    mut key: impl FnMut(usize, &mut [f32]) -> KResult,
+    mut val: impl FnMut(usize, &mut [f32]) -> KResult,
+) -> KResult {
+    scores.clear();
+    for j in lo..hi {
+        key(j, kbuf)?;
+        let mut s = dot(q, kbuf) * p.scale;
+        if let Some(c) = p.soft_cap {
+            s = c * (s / c).tanh();
+        }
+        scores.push(s);
+    }
+    softmax_row(scores);
+    out.fill(0.0);
+    for (j, &w) in (lo..hi).zip(scores.iter()) {
+        val(j, vbuf)?;
+        for (o, v) in out.iter_mut().zip(vbuf.iter()) {
+            *o += w * v;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
+    let q = i[0].f32()?;
+    let k = i[1].f32()?;
+    let v = i[2].f32()?;
+    let (t, hq, d) = (i[0].dims()[0], i[0].dims()[1], i[0].dims()[2]);
+    let (s, hkv) = (i[1].dims()[0], i[1].dims()[1]);
+    let dv = i[2].dims()[2];
+    let group = hq / hkv;
+    o[0].with_f32(false, |y| {
+        y.par_chunks_mut(dv.max(1)).enumerate().try_for_each_init(
+            || (vec![0f32; d], vec![0f32; dv], Vec::new()),
+            |(kb, vb, sc), (row, out)| -> KResult {
+                let (ti, h) = (row / hq, row % hq);
+                let g = h / group;
+                let pos = s - t + ti;
+                let (lo, hi) = p.mask.key_range(pos, s);
+                let qr = &q[row * d..(row + 1) * d];
+                attend(
+                    p,
+                    qr,
+                    lo,
+                    hi,
+                    out,
+                    kb,
+                    vb,
+                    sc,
+                    |j, b| {
+                        b.copy_from_slice(&k[(j * hkv + g) * d..(j * hkv + g + 1) * d]);
+                        Ok(())
+                    },
+                    |j, b| {
+                        b.copy_from_slice(&v[(j * hkv + g) * dv..(j * hkv + g + 1) * dv]);
+                        Ok(())
+                    },
+                )
+            },
+        )
+    })
+}
+
+/// Per-sequence layout of a paged batch, validated against the tensors' sizes.
+struct Batch {
+    /// For each query row (token), its sequence.
+    seq_of: Vec<usize>,
+    /// For each query row, its absolute position.
+    pos_of: Vec<usize>,
+    seq_lens: Vec<usize>,
+}
+
+fn batch(t: usize, seq_lens: &[i32], q_start: &[i32], max_ctx: usize) -> KResult<Batch> {
+    let s = seq_lens.len();
+    let mut seq_of = Vec::with_capacity(t);
+    let mut pos_of = Vec::with_capacity(t);
+    let mut lens = Vec::with_capacity(s);
+    if q_start.first() != Some(&0) || q_start.last().copied() != Some(t as i32) {
+        return Err(KernelError::Data(format!(
+            "q_start must run from 0 to the {t} query rows, got {q_start:?}"
+        )));
+    }
+    for si in 0..s {
+        let (a, b) = (q_start[si], q_start[si + 1]);
+        if b < a {
+            return Err(KernelError::Data(format!(
+                "q_start decreases at sequence {si}"
+            )));
+        }
+        let qlen = (b - a) as usize;
+        let len = seq_lens[si];
+        if len < 0 || (len as usize) < qlen || len as usize > max_ctx {
+            return Err(KernelError::Data(format!(
+                "sequence {si}: length {len} must cover its {qlen} queries and fit its block table ({max_ctx} slots)"
+            )));
+        }
+        let len = len as usize;
+        lens.push(len);
+        for j in 0..qlen {
+            seq_of.push(si);
+            pos_of.push(len - qlen + j);
+        }
+    }
+    Ok(Batch {
+        seq_of,
+        pos_of,
+        seq_lens: lens,
+    })
+}
+
+pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
+    let q = i[0].f32()?;
+    let (kc, vc) = (&i[1], &i[2]);
+    let table = i[3].i32()?;
+    let (seq_lens, q_start) = (i[4].i32()?, i[5].i32()?);
+    let (t, hq, d) = (i[0].dims()[0], i[0].dims()[1], i[0].dims()[2]);
+    let (nblocks, bs, hkv) = (kc.dims()[0], kc.dims()[1], kc.dims()[2]);
+    let dv = vc.dims()[3];
+    let maxb = i[3].dims()[1];
+    let b = batch(t, &seq_lens, &q_start, maxb * bs)?;
+    let group = hq / hkv;
+    let (krb, vrb) = (kc.row_bytes(), vc.row_bytes());
+    // Byte offset of head `g` of key position `j` of sequence `s`, through the block table.
+    let locate = |s: usize, j: usize, g: usize| -> KResult<usize> {
+        let blk = index(table[s * maxb + j / bs], nblocks, "block id")?;
+        Ok((blk * bs + j % bs) * hkv + g)
+    };
+    o[0].with_f32(false, |y| {
+        y.par_chunks_mut(dv.max(1)).enumerate().try_for_each_init(
+            || (vec![0f32; d], vec![0f32; dv], Vec::new()),
+            |(kb, vb, sc), (row, out)| -> KResult {
+                let (ti, h) = (row / hq, row % hq);
+                let (s, pos) = (b.seq_of[ti], b.pos_of[ti]);
+                let g = h / group;
+                let (lo, hi) = p.mask.key_range(pos, b.seq_lens[s]);
+                attend(
+                    p,
+                    &q[row * d..(row + 1) * d],
+                    lo,
+                    hi,
+                    out,
+                    kb,
+                    vb,
+                    sc,
+                    |j, buf| {
+                        let r = locate(s, j, g)?;
+                        quant::dequantize(kc.desc.dtype, &kc.bytes[r * krb..(r + 1) * krb], buf)?;
+                        Ok(())
+                    },
+                    |j, buf| {
+                        let r = locate(s, j, g)?;
+                        quant::dequantize(vc.desc.dtype, &vc.bytes[r * vrb..(r + 1) * vrb], buf)?;
+                        Ok(())
+                    },
+                )
+            },
+        )
+    })
+}
+
+pub(crate) fn kv_write(i: &[In], o: &mut [Out]) -> KResult {
+    let slots = i[2].i32()?;
+    for (src, dst) in i[..2].iter().zip(o.iter_mut()) {
+        let x = src.f32()?;
+        let (nblocks, bs) = (dst.dims()[0], dst.dims()[1]);
+        let width = src.dims()[1] * src.dims()[2];
+        let row_bytes = dst.desc.dtype.bytes_for(width).unwrap_or(0);
+        let dtype = dst.desc.dtype;
+        for (t, &slot) in slots.iter().enumerate() {
+            if slot < 0 {
+                continue;
+            }
+            let slot = index(slot, nblocks * bs, "slot")?;
+            let enc = quant::quantize(dtype, &x[t * width..(t + 1) * width])?;
+            dst.bytes[slot * row_bytes..(slot + 1) * row_bytes].copy_from_slice(&enc);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,465 @@
+//! The CPU reference backend: every op, plain and obviously right, multithreaded across rows.
+//! It is the oracle the other backends are judged against and the fallback when they lack an op.
+//!
+//! Float inputs of any float dtype are read as f32, computed in f32 and written in the output's
+//! dtype. Weights and caches stay in their block formats and are dequantized a row at a time.
+
+mod attention;
+mod conv;
+mod delta_net;
+mod elementwise;
+mod get_rows;
+mod matmul;
+mod moe;
+mod norm;
+mod reduce;
+mod rope;
+mod softmax;
+
+use std::any::Any;
+use std::borrow::Cow;
+use std::cell::UnsafeCell;
+use std::sync::{Arc, Mutex};
+
+use crate::backend::{check_call, next_backend_id, Backend, Capabilities, DeviceKind};
+use crate::error::{Error, Result};
+use crate::op::{Op, OpDesc};
+use crate::quant;
+use crate::tensor::{BackendId, DType, Storage, Tensor, TensorDesc};
+
+/// Host memory of the CPU backend: 8-byte aligned so f32/i32 views borrow without copying.
+struct CpuStorage {
+    backend: BackendId,
+    len: usize,
+    words: UnsafeCell<Vec<u64>>,
+}
+
+// SAFETY: the contents are only touched by the owning `CpuBackend` while it holds its `gate`
+// mutex (upload, download, execute), and `check_call` guarantees an output never overlaps an
+// input or another output, so no byte is aliased mutably.
+unsafe impl Sync for CpuStorage {}
+unsafe impl Send for CpuStorage {}
+
+impl Storage for CpuStorage {
+    fn len_bytes(&self) -> usize {
+        self.len
+    }
+    fn backend(&self) -> BackendId {
+        self.backend
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl CpuStorage {
+    /// # Safety
+    /// The caller holds the backend's gate and no mutable slice overlaps the returned one.
+    unsafe fn bytes(&self, off: usize, len: usize) -> &[u8] {
+        let v = &*self.words.get();
+        &bytemuck::cast_slice::<u64, u8>(v)[off..off + len]
+    }
+    /// # Safety
+    /// The caller holds the backend's gate and no other slice overlaps the returned one.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn bytes_mut(&self, off: usize, len: usize) -> &mut [u8] {
+        let v = &mut *self.words.get();
+        &mut bytemuck::cast_slice_mut::<u64, u8>(v)[off..off + len]
+    }
+}
+
+/// The CPU reference backend.
+pub struct CpuBackend {
+    id: BackendId,
+    caps: Capabilities,
+    pool: rayon::ThreadPool,
+    gate: Mutex<()>,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuBackend {
+    /// A CPU backend on every available core.
+    pub fn new() -> Self {
+        let n = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        Self::with_threads(n)
+    }
+
+    /// A CPU backend on `threads` worker threads (at least 1).
+    pub fn with_threads(threads: usize) -> Self {
+        let threads = threads.max(1);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("kiln-cpu-{i}"))
+            .build()
+            .or_else(|_| rayon::ThreadPoolBuilder::new().num_threads(1).build());
+        // Building a one-thread pool only fails if the OS cannot start a thread at all.
+        let pool = match pool {
+            Ok(p) => p,
+            Err(e) => panic!("cannot start a CPU worker thread: {e}"),
+        };
+        CpuBackend {
+            id: next_backend_id(),
+            caps: Capabilities {
+                device: cpu_name(),
+                kind: DeviceKind::Cpu,
+                f16: false,
+                bf16: false,
+                subgroup_size: None,
+                max_buffer_bytes: isize::MAX as u64,
+                memory_bytes: None,
+                parallelism: threads,
+            },
+            pool,
+            gate: Mutex::new(()),
+        }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.caps.parallelism
+    }
+
+    fn storage<'a>(&self, t: &'a Tensor) -> Result<&'a CpuStorage> {
+        if t.backend() != self.id {
+            return Err(Error::backend(
+                "cpu",
+                format!("{t:?} belongs to another backend"),
+            ));
+        }
+        t.storage()
+            .as_any()
+            .downcast_ref::<CpuStorage>()
+            .ok_or_else(|| Error::backend("cpu", format!("{t:?} is not CPU memory")))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.gate.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Convenience for tests and tools: a tensor holding `bytes`.
+    pub fn tensor_from_bytes(&self, desc: &TensorDesc, bytes: &[u8]) -> Result<Tensor> {
+        let t = self.alloc(desc)?;
+        self.upload(&t, bytes)?;
+        Ok(t)
+    }
+
+    /// Convenience: an f32 tensor.
+    pub fn tensor_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor> {
+        self.tensor_from_bytes(
+            &TensorDesc::new(DType::F32, shape),
+            bytemuck::cast_slice(data),
+        )
+    }
+
+    /// Convenience: an i32 tensor.
+    pub fn tensor_i32(&self, shape: &[usize], data: &[i32]) -> Result<Tensor> {
+        self.tensor_from_bytes(
+            &TensorDesc::new(DType::I32, shape),
+            bytemuck::cast_slice(data),
+        )
+    }
+
+    /// Convenience: a tensor's elements as f32 (dequantized if need be).
+    pub fn to_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
+        let bytes = self.download(t)?;
+        let mut out = vec![0f32; t.numel()];
+        quant::dequantize(t.dtype(), &bytes, &mut out)?;
+        Ok(out)
+    }
+
+    /// Convenience: an i32 tensor's elements.
+    pub fn to_i32(&self, t: &Tensor) -> Result<Vec<i32>> {
+        if t.dtype() != DType::I32 {
+            return Err(Error::Tensor(format!("{t:?} is not i32")));
+        }
+        let bytes = self.download(t)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+}
+
+fn cpu_name() -> String {
+    let n = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    format!("{} CPU ({n} threads available)", std::env::consts::ARCH)
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+    fn id(&self) -> BackendId {
+        self.id
+    }
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn alloc(&self, desc: &TensorDesc) -> Result<Tensor> {
+        let len = desc
+            .nbytes()
+            .ok_or_else(|| Error::Tensor(format!("{desc}: not a whole number of blocks")))?;
+        let words = vec![0u64; len.div_ceil(8)];
+        let storage = Arc::new(CpuStorage {
+            backend: self.id,
+            len,
+            words: UnsafeCell::new(words),
+        });
+        Tensor::new(storage, 0, desc.clone())
+    }
+
+    fn upload(&self, dst: &Tensor, bytes: &[u8]) -> Result<()> {
+        let s = self.storage(dst)?;
+        if bytes.len() != dst.nbytes() {
+            return Err(Error::Tensor(format!(
+                "upload to {dst:?}: {} bytes given, {} needed",
+                bytes.len(),
+                dst.nbytes()
+            )));
+        }
+        let _g = self.lock();
+        // SAFETY: gate held; one mutable slice.
+        unsafe { s.bytes_mut(dst.offset(), dst.nbytes()) }.copy_from_slice(bytes);
+        Ok(())
+    }
+
+    fn download(&self, src: &Tensor) -> Result<Vec<u8>> {
+        let s = self.storage(src)?;
+        let _g = self.lock();
+        // SAFETY: gate held; no mutable slice exists.
+        Ok(unsafe { s.bytes(src.offset(), src.nbytes()) }.to_vec())
+    }
+
+    fn supports_op(&self, desc: &OpDesc) -> bool {
+        // The reference runs every valid call.
+        desc.check().is_ok()
+    }
+
+    fn execute(&self, op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
+        check_call(self, op, inputs, outputs)?;
+        let ins = inputs
+            .iter()
+            .map(|t| self.storage(t))
+            .collect::<Result<Vec<_>>>()?;
+        let outs = outputs
+            .iter()
+            .map(|t| self.storage(t))
+            .collect::<Result<Vec<_>>>()?;
+        let _g = self.lock();
+        // SAFETY: the gate is held for the whole op, and `check_call` proved that no output
+        // overlaps an input or another output, so the mutable slices alias nothing.
+        let in_bytes: Vec<In> = unsafe {
+            ins.iter()
+                .zip(inputs)
+                .map(|(s, t)| In {
+                    desc: t.desc(),
+                    bytes: s.bytes(t.offset(), t.nbytes()),
+                })
+                .collect()
+        };
+        let mut out_bytes: Vec<Out> = unsafe {
+            outs.iter()
+                .zip(outputs)
+                .map(|(s, t)| Out {
+                    desc: t.desc(),
+                    bytes: s.bytes_mut(t.offset(), t.nbytes()),
+                })
+                .collect()
+        };
+        let err = |msg: String| Error::Op {
+            op: op.name().into(),
+            msg,
+            inputs: inputs
+                .iter()
+                .map(|t| t.desc().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            outputs: outputs
+                .iter()
+                .map(|t| t.desc().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        self.pool
+            .install(|| dispatch(op, &in_bytes, &mut out_bytes))
+            .map_err(|e| match e {
+                KernelError::Data(msg) => err(msg),
+                KernelError::Other(e) => e,
+            })
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// An input as the kernels see it.
+pub(crate) struct In<'a> {
+    pub desc: &'a TensorDesc,
+    pub bytes: &'a [u8],
+}
+
+/// An output as the kernels see it.
+pub(crate) struct Out<'a> {
+    pub desc: &'a TensorDesc,
+    pub bytes: &'a mut [u8],
+}
+
+/// A kernel failure: bad data in a tensor (an id out of range) or a lower-level error.
+pub(crate) enum KernelError {
+    Data(String),
+    Other(Error),
+}
+
+impl From<Error> for KernelError {
+    fn from(e: Error) -> Self {
+        KernelError::Other(e)
+    }
+}
+
+pub(crate) type KResult<T = ()> = std::result::Result<T, KernelError>;
+
+impl<'a> In<'a> {
+    /// The elements as f32: borrowed when already aligned f32, else converted.
+    pub fn f32(&self) -> KResult<Cow<'a, [f32]>> {
+        if self.desc.dtype == DType::F32 {
+            if let Ok(s) = bytemuck::try_cast_slice::<u8, f32>(self.bytes) {
+                return Ok(Cow::Borrowed(s));
+            }
+        }
+        let mut v = vec![0f32; self.desc.numel()];
+        quant::dequantize(self.desc.dtype, self.bytes, &mut v)?;
+        Ok(Cow::Owned(v))
+    }
+    pub fn i32(&self) -> KResult<Cow<'a, [i32]>> {
+        if let Ok(s) = bytemuck::try_cast_slice::<u8, i32>(self.bytes) {
+            return Ok(Cow::Borrowed(s));
+        }
+        Ok(Cow::Owned(
+            self.bytes
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ))
+    }
+    pub fn dims(&self) -> &[usize] {
+        self.desc.shape.dims()
+    }
+    /// Bytes of one row of the last dimension.
+    pub fn row_bytes(&self) -> usize {
+        self.desc
+            .dtype
+            .bytes_for(self.desc.shape.last())
+            .unwrap_or(0)
+    }
+}
+
+impl Out<'_> {
+    pub fn dims(&self) -> &[usize] {
+        self.desc.shape.dims()
+    }
+    /// Runs `f` on the output as an f32 slice, converting to the output's dtype afterwards.
+    /// With `init` the slice starts with the output's current contents (in-place ops).
+    pub fn with_f32<R>(
+        &mut self,
+        init: bool,
+        f: impl FnOnce(&mut [f32]) -> KResult<R>,
+    ) -> KResult<R> {
+        if self.desc.dtype == DType::F32 {
+            if let Ok(s) = bytemuck::try_cast_slice_mut::<u8, f32>(self.bytes) {
+                return f(s);
+            }
+        }
+        let mut tmp = vec![0f32; self.desc.numel()];
+        if init {
+            quant::dequantize(self.desc.dtype, self.bytes, &mut tmp)?;
+        }
+        let r = f(&mut tmp)?;
+        self.store_f32(&tmp)?;
+        Ok(r)
+    }
+    /// Writes f32 values in the output's dtype.
+    pub fn store_f32(&mut self, v: &[f32]) -> KResult {
+        match self.desc.dtype {
+            DType::F32 => {
+                for (dst, x) in self.bytes.chunks_exact_mut(4).zip(v) {
+                    dst.copy_from_slice(&x.to_le_bytes());
+                }
+            }
+            DType::F16 => {
+                for (dst, x) in self.bytes.chunks_exact_mut(2).zip(v) {
+                    dst.copy_from_slice(&half::f16::from_f32(*x).to_le_bytes());
+                }
+            }
+            DType::BF16 => {
+                for (dst, x) in self.bytes.chunks_exact_mut(2).zip(v) {
+                    dst.copy_from_slice(&half::bf16::from_f32(*x).to_le_bytes());
+                }
+            }
+            d => {
+                let q = quant::quantize(d, v)?;
+                self.bytes.copy_from_slice(&q);
+            }
+        }
+        Ok(())
+    }
+    pub fn store_i32(&mut self, v: &[i32]) {
+        for (dst, x) in self.bytes.chunks_exact_mut(4).zip(v) {
+            dst.copy_from_slice(&x.to_le_bytes());
+        }
+    }
+}
+
+fn dispatch(op: &Op, i: &[In], o: &mut [Out]) -> KResult {
+    match op {
+        Op::MatMul => matmul::mat_mul(i, o),
+        Op::MatMulId => moe::mat_mul_id(i, o),
+        Op::GetRows => get_rows::get_rows(i, o),
+        Op::Add | Op::Mul => elementwise::binary(op, i, o),
+        Op::Scale(s) => elementwise::scale(*s, i, o),
+        Op::Unary(u) => elementwise::unary(*u, i, o),
+        Op::Glu(g) => elementwise::glu(*g, i, o),
+        Op::Cast | Op::Copy => elementwise::copy(i, o),
+        Op::RmsNorm { eps, one_plus } => norm::rms_norm(*eps, *one_plus, i, o),
+        Op::L2Norm { eps } => norm::l2_norm(*eps, i, o),
+        Op::Rope(p) => rope::rope(p, i, o),
+        Op::Softmax { scale, soft_cap } => softmax::softmax(*scale, *soft_cap, i, o),
+        Op::Attention(p) => attention::attention(p, i, o),
+        Op::PagedAttention(p) => attention::paged_attention(p, i, o),
+        Op::KvWrite => attention::kv_write(i, o),
+        Op::Argmax => reduce::argmax(i, o),
+        Op::TopK(k) => reduce::top_k(*k, i, o),
+        Op::Conv1d { silu } => conv::conv1d(*silu, i, o),
+        Op::Conv1dDecode { silu } => conv::conv1d_decode(*silu, i, o),
+        Op::DeltaNet { scale, chunk } => delta_net::delta_net(*scale, *chunk, i, o),
+        Op::DeltaNetDecode { scale, qk_l2norm } => {
+            delta_net::delta_net_decode(*scale, *qk_l2norm, i, o)
+        }
+        Op::MoeRoute {
+            k,
+            gating,
+            normalize,
+        } => moe::route(*k, *gating, *normalize, i, o),
+        Op::RmsNormMatMul { eps, one_plus } => matmul::rms_norm_mat_mul(*eps, *one_plus, i, o),
+        Op::GluMatMul(g) => matmul::glu_mat_mul(*g, i, o),
+    }
+}
+
+/// Converts an index read from a tensor into a bounds-checked `usize`.
+pub(crate) fn index(v: i32, len: usize, what: &str) -> KResult<usize> {
+    if v < 0 || v as usize >= len {
+        return Err(KernelError::Data(format!(
+            "{what} {v} is out of range 0..{len}"
+        )));
+    }
+    Ok(v as usize)
+}

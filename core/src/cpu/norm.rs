@@ -1,0 +1,49 @@
+//! RMSNorm (plain and `1 + w`) and L2 norm, one row of the last dimension at a time.
+
+use rayon::prelude::*;
+
+use super::{In, KResult, Out};
+
+/// Normalises each row of `x` (rows of `w.len()`) in place.
+pub(crate) fn rms_norm_rows(x: &mut [f32], w: &[f32], eps: f32, one_plus: bool) {
+    let d = w.len().max(1);
+    x.par_chunks_mut(d).for_each(|row| {
+        let ss: f32 = row.iter().map(|v| v * v).sum();
+        let inv = 1.0 / (ss / d as f32 + eps).sqrt();
+        for (v, w) in row.iter_mut().zip(w) {
+            let w = if one_plus { 1.0 + w } else { *w };
+            *v = *v * inv * w;
+        }
+    });
+}
+
+/// `x / sqrt(Σx² + eps)` per row of `d`, in place.
+pub(crate) fn l2_norm_rows(x: &mut [f32], d: usize, eps: f32) {
+    x.par_chunks_mut(d.max(1)).for_each(|row| {
+        let ss: f32 = row.iter().map(|v| v * v).sum();
+        let inv = 1.0 / (ss + eps).sqrt();
+        for v in row.iter_mut() {
+            *v *= inv;
+        }
+    });
+}
+
+pub(crate) fn rms_norm(eps: f32, one_plus: bool, i: &[In], o: &mut [Out]) -> KResult {
+    let x = i[0].f32()?;
+    let w = i[1].f32()?;
+    o[0].with_f32(false, |y| {
+        y.copy_from_slice(&x);
+        rms_norm_rows(y, &w, eps, one_plus);
+        Ok(())
+    })
+}
+
+pub(crate) fn l2_norm(eps: f32, i: &[In], o: &mut [Out]) -> KResult {
+    let x = i[0].f32()?;
+    let d = i[0].desc.shape.last();
+    o[0].with_f32(false, |y| {
+        y.copy_from_slice(&x);
+        l2_norm_rows(y, d, eps);
+        Ok(())
+    })
+}

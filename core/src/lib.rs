@@ -1,0 +1,13 @@
+//! kiln-core: tensors, block formats, the closed op set, the `Backend` trait with its executor,
+//! and the CPU reference backend that every other backend is judged against.
+
+pub mod backend;
+pub mod cpu;
+pub mod error;
+pub mod op;
+pub mod quant;
+pub mod tensor;
+pub mod validate;
+
+pub use error::{Error, Result};
+pub use tensor::{DType, Shape, Tensor, TensorDesc};

@@ -1,0 +1,410 @@
+//! The closed set of ops every backend implements or falls back on, and `OpDesc`, what a
+//! backend's `supports_op` sees.
+//!
+//! Tensor layouts are row-major, last dimension contiguous. Weights are `[out, in]` (ggml's
+//! order: a row of the weight is one output feature), so `MatMul` computes `y = x · Wᵀ`.
+//! Float inputs and outputs of an op may each be f32, f16 or bf16 unless noted; the CPU
+//! reference computes in f32 whatever they are. Index tensors are i32.
+//!
+//! Fused ops are variants too. The CPU implements each as the composition of its plain ops, so
+//! a backend's fused kernel always has an oracle.
+
+mod check;
+
+use std::fmt;
+
+use crate::error::Result;
+use crate::tensor::TensorDesc;
+
+/// Elementwise activations.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Silu,
+    /// GELU with the tanh approximation (Gemma's `gelu_pytorch_tanh`).
+    GeluTanh,
+    Sigmoid,
+    /// `ln(1 + e^x)`, linear above 20 as torch does.
+    Softplus,
+    Exp,
+    Neg,
+}
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 6] = [
+        UnaryOp::Silu,
+        UnaryOp::GeluTanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Softplus,
+        UnaryOp::Exp,
+        UnaryOp::Neg,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Silu => "silu",
+            UnaryOp::GeluTanh => "gelu_tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Softplus => "softplus",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Neg => "neg",
+        }
+    }
+}
+
+/// Gated linear units: `act(gate) * up`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum GluOp {
+    /// SiLU gate (Llama, Qwen).
+    SwiGlu,
+    /// GELU-tanh gate (Gemma).
+    GeGlu,
+}
+
+impl GluOp {
+    pub fn activation(self) -> UnaryOp {
+        match self {
+            GluOp::SwiGlu => UnaryOp::Silu,
+            GluOp::GeGlu => UnaryOp::GeluTanh,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            GluOp::SwiGlu => "swiglu",
+            GluOp::GeGlu => "geglu",
+        }
+    }
+}
+
+/// How rotary pairs are formed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum RopeMode {
+    /// Adjacent pairs `(x[2i], x[2i+1])` (ggml's "normal", GGUF Llama weights).
+    Normal,
+    /// Halves `(x[i], x[i + n_rot/2])` (GPT-NeoX, Hugging Face `rotate_half`).
+    Neox,
+}
+
+/// Rotary position embedding of `x [T, H, D]` at positions `pos [T]`.
+///
+/// Only the first `n_rot` dims of each head rotate (partial rotary); the rest pass through.
+/// Pair `i` turns by `pos · freq_scale · base^(-2i/n_rot) / f[i]`, where `f` is the optional
+/// third input `freq_factors [n_rot/2]` (Llama-3 style scaling; an infinite factor leaves a
+/// pair unrotated), and cos/sin are multiplied by `attn_factor` (YaRN's magnitude scale).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct RopeParams {
+    pub mode: RopeMode,
+    pub n_rot: usize,
+    pub base: f32,
+    pub freq_scale: f32,
+    pub attn_factor: f32,
+}
+
+impl RopeParams {
+    pub fn new(mode: RopeMode, n_rot: usize, base: f32) -> Self {
+        RopeParams {
+            mode,
+            n_rot,
+            base,
+            freq_scale: 1.0,
+            attn_factor: 1.0,
+        }
+    }
+}
+
+/// Which keys a query may see. Positions are absolute: key `j`, query at position `p`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Mask {
+    /// `j <= p`.
+    Causal,
+    /// `j <= p && p - j < window` (Gemma's and Mistral's sliding window).
+    SlidingWindow(usize),
+    /// Every key.
+    Bidirectional,
+    /// Causal, except the first `n` positions see each other: `j <= p || j < n` (prefix LM).
+    PrefixBidirectional(usize),
+}
+
+impl Mask {
+    /// Whether a query at position `p` sees the key at position `j`.
+    #[inline]
+    pub fn allows(self, p: usize, j: usize) -> bool {
+        match self {
+            Mask::Causal => j <= p,
+            Mask::SlidingWindow(w) => j <= p && p - j < w,
+            Mask::Bidirectional => true,
+            Mask::PrefixBidirectional(n) => j <= p || j < n,
+        }
+    }
+    /// The key positions a query at `p` can see, out of `0..len`, as a half-open range
+    /// (every mask above selects one contiguous run of keys).
+    #[inline]
+    pub fn key_range(self, p: usize, len: usize) -> (usize, usize) {
+        match self {
+            Mask::Causal => (0, (p + 1).min(len)),
+            Mask::SlidingWindow(w) => ((p + 1).saturating_sub(w), (p + 1).min(len)),
+            Mask::Bidirectional => (0, len),
+            Mask::PrefixBidirectional(n) => (0, (p + 1).max(n).min(len)),
+        }
+    }
+}
+
+/// Attention parameters shared by the contiguous and the paged form.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct AttnParams {
+    /// Multiplies `q·k` (usually `1/sqrt(head_dim)`).
+    pub scale: f32,
+    /// `cap · tanh(s / cap)` on the scaled logits (Gemma 2).
+    pub soft_cap: Option<f32>,
+    pub mask: Mask,
+}
+
+/// Gating of MoE router logits.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum MoeGating {
+    Softmax,
+    Sigmoid,
+}
+
+/// The op set. Each variant's doc gives its inputs → outputs; `[a, b]` are shapes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// `x [.., K]` (float), `w [N, K]` (any dtype) → `y [.., N]`.
+    MatMul,
+    /// Matmul by expert id. `x [T, K]` or `[T, k, K]`, `w [E, N, K]` (any dtype),
+    /// `ids [T, k]` → `y [T, k, N]`, where `y[t, i] = x[t, i or 0] · w[ids[t, i]]ᵀ`.
+    MatMulId,
+    /// Embedding lookup: `table [V, D]` (any dtype), `ids [N]` → `[N, D]` (float).
+    GetRows,
+    /// `a [.., D] + b`, with `b` of `a`'s shape or broadcast from `[D]` or `[R', D]` (rows repeat).
+    Add,
+    /// `a * b`, broadcast as in `Add`.
+    Mul,
+    /// `x * scale`.
+    Scale(f32),
+    Unary(UnaryOp),
+    /// `gate [.., F]`, `up [.., F]` → `act(gate) * up`.
+    Glu(GluOp),
+    /// `x [.., D]`, `w [D]` → `x / rms(x) * w`, or `* (1 + w)` when `one_plus` (Gemma).
+    RmsNorm {
+        eps: f32,
+        one_plus: bool,
+    },
+    /// `x [.., D]` → `x / sqrt(Σx² + eps)` per row (Qwen3.5's `l2norm`).
+    L2Norm {
+        eps: f32,
+    },
+    /// `x [T, H, D]`, `pos [T]`, optional `freq_factors [n_rot/2]` (f32) → `[T, H, D]`.
+    Rope(RopeParams),
+    /// Row softmax of `x [.., N] * scale`, soft-capped, plus an optional additive `mask [R', N]`
+    /// (f32; row `r` of `x` uses mask row `r % R'`).
+    Softmax {
+        scale: f32,
+        soft_cap: Option<f32>,
+    },
+    /// Attention over contiguous K/V: `q [T, Hq, D]`, `k [S, Hkv, D]`, `v [S, Hkv, Dv]` →
+    /// `[T, Hq, Dv]`. Query `i` is at position `S - T + i`; `Hq` is a multiple of `Hkv` (GQA).
+    Attention(AttnParams),
+    /// Attention through a block table. `q [T, Hq, D]`, `k_cache [B, bs, Hkv, D]`,
+    /// `v_cache [B, bs, Hkv, Dv]` (any float or block dtype whose blocks fit a head),
+    /// `block_table [S, max_blocks]`, `seq_lens [S]` (context length after this step),
+    /// `q_start [S + 1]` (query rows of sequence `s` are `q_start[s]..q_start[s+1]`, the last
+    /// ones of its context) → `[T, Hq, Dv]`. Decode is one query per sequence.
+    PagedAttention(AttnParams),
+    /// Writes `k [T, Hkv, D]`, `v [T, Hkv, Dv]` into the caches at `slots [T]`
+    /// (`slot = block · bs + offset`; a negative slot is skipped). Outputs `k_cache`, `v_cache`
+    /// are updated in place.
+    KvWrite,
+    /// `x [.., N]` → `[..]` (i32), the first index of the maximum.
+    Argmax,
+    /// `x [.., N]` → values `[.., k]` (f32), indices `[.., k]` (i32), largest first, ties to
+    /// the lower index.
+    TopK(usize),
+    /// Causal depthwise conv1d with carried state over a batch of sequences. `x [T, C]`,
+    /// `w [C, K]`, `state [S, K-1, C]` (the last K-1 inputs before each sequence),
+    /// `seq_start [S + 1]` → `y [T, C]`, `state_out [S, K-1, C]`. SiLU on the output when `silu`.
+    Conv1d {
+        silu: bool,
+    },
+    /// The Gated DeltaNet recurrence over a batch of sequences. `q [T, Hk, Dk]`, `k [T, Hk, Dk]`,
+    /// `v [T, Hv, Dv]`, `g [T, Hv]` (log decay), `beta [T, Hv]`, `state [S, Hv, Dk, Dv]`,
+    /// `seq_start [S + 1]` → `o [T, Hv, Dv]`, `state_out [S, Hv, Dk, Dv]`. `Hv` is a multiple
+    /// of `Hk`. Per token: `St = e^g·S; St += k ⊗ β(v − Stᵀk); o = Stᵀ(q·scale)`.
+    /// `chunk: Some(c)` asks for the chunked (WY) algorithm with chunks of `c` tokens: the same
+    /// function, computed the way prefill kernels do.
+    DeltaNet {
+        scale: f32,
+        chunk: Option<usize>,
+    },
+    /// Router: `logits [T, E]` → weights `[T, k]` (f32), ids `[T, k]` (i32), best first. Top-k of
+    /// the softmax or sigmoid of the logits, renormalised to sum 1 when `normalize`.
+    MoeRoute {
+        k: usize,
+        gating: MoeGating,
+        normalize: bool,
+    },
+    /// Float → float of another (or the same) dtype, same shape.
+    Cast,
+    /// Same dtype, same element count (a reshape copy).
+    Copy,
+
+    // ---- fused ops ----
+    /// `RmsNorm` then `MatMul`: `x [.., K]`, `norm_w [K]`, `w [N, K]` → `[.., N]`.
+    RmsNormMatMul {
+        eps: f32,
+        one_plus: bool,
+    },
+    /// `Glu` then `MatMul` (the down projection): `gate [.., F]`, `up [.., F]`, `w [N, F]` → `[.., N]`.
+    GluMatMul(GluOp),
+    /// One Gated DeltaNet decode step per sequence, state gathered from and written back to a
+    /// pool by slot. `q [S, Hk, Dk]`, `k`, `v [S, Hv, Dv]`, `g [S, Hv]`, `beta [S, Hv]`,
+    /// `slots [S]` → `o [S, Hv, Dv]`, and output 1 `state_pool [P, Hv, Dk, Dv]` updated in
+    /// place. With `qk_l2norm: Some(eps)` q and k are L2-normalised first.
+    DeltaNetDecode {
+        scale: f32,
+        qk_l2norm: Option<f32>,
+    },
+    /// One conv1d decode step per sequence with the state pool updated in place:
+    /// `x [S, C]`, `w [C, K]`, `slots [S]` → `y [S, C]`, output 1 `state_pool [P, K-1, C]`.
+    Conv1dDecode {
+        silu: bool,
+    },
+}
+
+impl Op {
+    /// The op's family name, as counters, logs and `kiln validate` show it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::MatMul => "mat_mul",
+            Op::MatMulId => "mat_mul_id",
+            Op::GetRows => "get_rows",
+            Op::Add => "add",
+            Op::Mul => "mul",
+            Op::Scale(_) => "scale",
+            Op::Unary(u) => u.name(),
+            Op::Glu(g) => g.name(),
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::L2Norm { .. } => "l2_norm",
+            Op::Rope(_) => "rope",
+            Op::Softmax { .. } => "softmax",
+            Op::Attention(_) => "attention",
+            Op::PagedAttention(_) => "paged_attention",
+            Op::KvWrite => "kv_write",
+            Op::Argmax => "argmax",
+            Op::TopK(_) => "top_k",
+            Op::Conv1d { .. } => "conv1d",
+            Op::DeltaNet { .. } => "delta_net",
+            Op::MoeRoute { .. } => "moe_route",
+            Op::Cast => "cast",
+            Op::Copy => "copy",
+            Op::RmsNormMatMul { .. } => "rms_norm_mat_mul",
+            Op::GluMatMul(_) => "glu_mat_mul",
+            Op::DeltaNetDecode { .. } => "delta_net_decode",
+            Op::Conv1dDecode { .. } => "conv1d_decode",
+        }
+    }
+
+    /// Whether the op reads its outputs' previous contents (in-place updates: KV caches and
+    /// state pools). A fallback must copy such outputs down before running and back after.
+    pub fn reads_outputs(&self) -> bool {
+        matches!(
+            self,
+            Op::KvWrite | Op::DeltaNetDecode { .. } | Op::Conv1dDecode { .. }
+        )
+    }
+
+    /// Whether this is a fused op (taken only when the backend says it supports it).
+    pub fn is_fused(&self) -> bool {
+        matches!(
+            self,
+            Op::RmsNormMatMul { .. }
+                | Op::GluMatMul(_)
+                | Op::DeltaNetDecode { .. }
+                | Op::Conv1dDecode { .. }
+        )
+    }
+
+    /// Checks that `inputs` and `outputs` fit this op: counts, dtypes, shapes and parameters.
+    /// The error names the op and every shape.
+    pub fn check(&self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+        check::check(self, inputs, outputs)
+    }
+
+    /// The outputs this op produces for `inputs`, with float outputs in the first float
+    /// input's dtype (f32 for `GetRows`). Not defined for in-place ops, whose outputs are the
+    /// caller's existing buffers.
+    pub fn output_descs(&self, inputs: &[TensorDesc]) -> Result<Vec<TensorDesc>> {
+        check::output_descs(self, inputs)
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a backend is asked about: the exact op (with its parameters), and the dtypes and
+/// shapes of its inputs and outputs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpDesc {
+    pub op: Op,
+    pub inputs: Vec<TensorDesc>,
+    pub outputs: Vec<TensorDesc>,
+}
+
+impl OpDesc {
+    pub fn new(op: Op, inputs: Vec<TensorDesc>, outputs: Vec<TensorDesc>) -> Self {
+        OpDesc {
+            op,
+            inputs,
+            outputs,
+        }
+    }
+    pub fn check(&self) -> Result<()> {
+        self.op.check(&self.inputs, &self.outputs)
+    }
+}
+
+impl fmt::Display for OpDesc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}(", self.op.name())?;
+        for (i, t) in self.inputs.iter().enumerate() {
+            if i > 0 {
+                write!(f, ", ")?;
+            }
+            write!(f, "{t}")?;
+        }
+        write!(f, ") -> (")?;
+        for (i, t) in self.outputs.iter().enumerate() {
+            if i > 0 {
+                write!(f, ", ")?;
+            }
+            write!(f, "{t}")?;
+        }
+        write!(f, ")")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_range_agrees_with_allows() {
+        let masks = [
+            Mask::Causal,
+            Mask::SlidingWindow(3),
+            Mask::Bidirectional,
+            Mask::PrefixBidirectional(4),
+        ];
+        for m in masks {
+            for len in 1..10 {
+                for p in 0..len {
+                    let (lo, hi) = m.key_range(p, len);
+                    for j in 0..len {
+                        assert_eq!(m.allows(p, j), j >= lo && j < hi, "{m:?} p={p} j={j}");
+                    }
+                }
+            }
+        }
+    }
+}

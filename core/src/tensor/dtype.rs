@@ -1,0 +1,243 @@
+//! Element types: plain numbers and the GGUF block formats (byte layouts identical to ggml's).
+
+use std::fmt;
+
+/// Elements per super-block of the K-quant formats.
+pub const QK_K: usize = 256;
+
+/// Every element type kiln stores. Block types keep ggml's names so a reader can go from a
+/// GGUF file's tensor type to ours without a table.
+#[allow(non_camel_case_types)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    I32,
+    U32,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_K,
+    MXFP4,
+    NVFP4,
+}
+
+impl DType {
+    pub const ALL: [DType; 18] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::U32,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q8_K,
+        DType::MXFP4,
+        DType::NVFP4,
+    ];
+
+    /// The block types, in the order above.
+    pub const QUANTIZED: [DType; 13] = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q8_K,
+        DType::MXFP4,
+        DType::NVFP4,
+    ];
+
+    /// Lower-case name as ggml prints it (`q4_K`, `f16`, `mxfp4`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I32 => "i32",
+            DType::U32 => "u32",
+            DType::Q4_0 => "q4_0",
+            DType::Q4_1 => "q4_1",
+            DType::Q5_0 => "q5_0",
+            DType::Q5_1 => "q5_1",
+            DType::Q8_0 => "q8_0",
+            DType::Q2_K => "q2_K",
+            DType::Q3_K => "q3_K",
+            DType::Q4_K => "q4_K",
+            DType::Q5_K => "q5_K",
+            DType::Q6_K => "q6_K",
+            DType::Q8_K => "q8_K",
+            DType::MXFP4 => "mxfp4",
+            DType::NVFP4 => "nvfp4",
+        }
+    }
+
+    /// Parses [`DType::name`] (case-insensitive).
+    pub fn from_name(s: &str) -> Option<DType> {
+        DType::ALL
+            .iter()
+            .copied()
+            .find(|d| d.name().eq_ignore_ascii_case(s))
+    }
+
+    /// Elements per block (1 for plain types).
+    pub fn block_size(self) -> usize {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 | DType::I32 | DType::U32 => 1,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::MXFP4 => {
+                32
+            }
+            DType::NVFP4 => 64,
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
+                QK_K
+            }
+        }
+    }
+
+    /// Bytes per block (bytes per element for plain types).
+    pub fn type_size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::Q4_0 => 2 + 16,
+            DType::Q4_1 => 2 + 2 + 16,
+            DType::Q5_0 => 2 + 4 + 16,
+            DType::Q5_1 => 2 + 2 + 4 + 16,
+            DType::Q8_0 => 2 + 32,
+            DType::Q2_K => 2 + 2 + QK_K / 16 + QK_K / 4,
+            DType::Q3_K => 2 + QK_K / 4 + QK_K / 8 + 12,
+            DType::Q4_K => 2 + 2 + 12 + QK_K / 2,
+            DType::Q5_K => 2 + 2 + 12 + QK_K / 8 + QK_K / 2,
+            DType::Q6_K => 2 + QK_K / 2 + QK_K / 4 + QK_K / 16,
+            DType::Q8_K => 4 + QK_K + QK_K / 8,
+            DType::MXFP4 => 1 + 16,
+            DType::NVFP4 => 4 + 32,
+        }
+    }
+
+    pub fn is_quantized(self) -> bool {
+        self.block_size() > 1
+    }
+
+    /// f32, f16 or bf16: the activation types.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+    }
+
+    pub fn is_int(self) -> bool {
+        matches!(self, DType::I32 | DType::U32)
+    }
+
+    /// Bytes taken by `n` elements, or `None` when `n` is not a whole number of blocks.
+    pub fn bytes_for(self, n: usize) -> Option<usize> {
+        let bs = self.block_size();
+        if n % bs != 0 {
+            return None;
+        }
+        (n / bs).checked_mul(self.type_size())
+    }
+
+    /// ggml's numeric type id (the value stored in GGUF tensor infos).
+    pub fn ggml_type(self) -> u32 {
+        match self {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            DType::Q4_0 => 2,
+            DType::Q4_1 => 3,
+            DType::Q5_0 => 6,
+            DType::Q5_1 => 7,
+            DType::Q8_0 => 8,
+            DType::Q2_K => 10,
+            DType::Q3_K => 11,
+            DType::Q4_K => 12,
+            DType::Q5_K => 13,
+            DType::Q6_K => 14,
+            DType::Q8_K => 15,
+            DType::I32 => 26,
+            DType::BF16 => 30,
+            DType::MXFP4 => 39,
+            DType::NVFP4 => 40,
+            // ggml has no u32 tensor type; kiln uses it only for its own index tensors.
+            DType::U32 => u32::MAX,
+        }
+    }
+
+    pub fn from_ggml_type(t: u32) -> Option<DType> {
+        DType::ALL
+            .iter()
+            .copied()
+            .find(|d| *d != DType::U32 && d.ggml_type() == t)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_ggml_ids_are_unique() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_name(d.name()), Some(d));
+            if d != DType::U32 {
+                assert_eq!(DType::from_ggml_type(d.ggml_type()), Some(d), "{d}");
+            }
+        }
+        assert_eq!(
+            DType::from_ggml_type(9),
+            None,
+            "q8_1 is not a storage type of kiln"
+        );
+    }
+
+    #[test]
+    fn block_sizes_match_ggml() {
+        // Sizes from ggml's block structs.
+        let expect = [
+            (DType::Q4_0, 18),
+            (DType::Q4_1, 20),
+            (DType::Q5_0, 22),
+            (DType::Q5_1, 24),
+            (DType::Q8_0, 34),
+            (DType::Q2_K, 84),
+            (DType::Q3_K, 110),
+            (DType::Q4_K, 144),
+            (DType::Q5_K, 176),
+            (DType::Q6_K, 210),
+            (DType::Q8_K, 292),
+            (DType::MXFP4, 17),
+            (DType::NVFP4, 36),
+        ];
+        for (d, size) in expect {
+            assert_eq!(d.type_size(), size, "{d}");
+        }
+        assert_eq!(DType::Q4_K.bytes_for(512), Some(288));
+        assert_eq!(DType::Q4_K.bytes_for(100), None);
+    }
+}

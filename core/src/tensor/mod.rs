@@ -1,0 +1,9 @@
+//! Tensors: element types, shapes and the backend-owned tensor handle.
+
+mod dtype;
+mod handle;
+mod shape;
+
+pub use dtype::{DType, QK_K};
+pub use handle::{BackendId, Storage, Tensor, TensorDesc};
+pub use shape::Shape;

@@ -1,0 +1,709 @@
+//! The case table: every op, at decode and prefill sizes, with odd sizes that are not
+//! multiples of block or workgroup sizes.
+
+use super::rng::Rng;
+use super::{Case, Gen, Input};
+use crate::error::Result;
+use crate::op::{AttnParams, GluOp, Mask, MoeGating, Op, RopeMode, RopeParams, UnaryOp};
+use crate::tensor::{DType, TensorDesc};
+
+use DType::*;
+
+/// A row width that is a whole number of blocks of `d` but not a power of two where possible.
+fn width(d: DType) -> usize {
+    match d.block_size() {
+        1 => 100,
+        32 => 96,
+        64 => 192,
+        _ => 512,
+    }
+}
+
+fn n(d: DType, s: &[usize]) -> Input {
+    Input::normal(d, s)
+}
+
+fn ids(s: &[usize], v: Vec<i32>) -> Input {
+    Input::ints(s, v)
+}
+
+/// Deterministic "random" ids in `0..hi`.
+fn rand_ids(seed: &str, count: usize, hi: usize) -> Vec<i32> {
+    let mut r = Rng::from_label(seed);
+    (0..count).map(|_| r.below(hi) as i32).collect()
+}
+
+pub fn cases() -> Result<Vec<Case>> {
+    let mut c = Vec::new();
+    matmul(&mut c)?;
+    embed_and_elementwise(&mut c)?;
+    norm_rope_softmax(&mut c)?;
+    attention(&mut c)?;
+    reduce_and_moe(&mut c)?;
+    recurrent(&mut c)?;
+    fused(&mut c)?;
+    Ok(c)
+}
+
+fn matmul(c: &mut Vec<Case>) -> Result<()> {
+    for w in DType::ALL.into_iter().filter(|d| !d.is_int()) {
+        let k = width(w);
+        for (m, phase) in [(1, "decode"), (7, "prefill")] {
+            c.push(Case::new(
+                Op::MatMul,
+                format!("f32 x {w} {phase} m={m} k={k} n=67"),
+                vec![n(F32, &[m, k]), n(w, &[67, k])],
+            )?);
+        }
+    }
+    for (a, w) in [
+        (F16, F16),
+        (BF16, BF16),
+        (F16, Q4_0),
+        (BF16, Q4_K),
+        (F16, Q8_0),
+    ] {
+        let k = width(w);
+        c.push(Case::new(
+            Op::MatMul,
+            format!("{a} x {w} prefill m=5 k={k} n=33"),
+            vec![n(a, &[5, k]), n(w, &[33, k])],
+        )?);
+    }
+    // Rank-3 activations, more output rows than one task holds.
+    c.push(Case::new(
+        Op::MatMul,
+        "f32 x q6_K [2,3,512] n=129",
+        vec![n(F32, &[2, 3, 512]), n(Q6_K, &[129, 512])],
+    )?);
+    // MatMulId.
+    for w in [F32, Q4_K, Q8_0, MXFP4] {
+        let k = width(w);
+        for (t, shared) in [(1, true), (5, false)] {
+            let xs: Vec<usize> = if shared { vec![t, k] } else { vec![t, 2, k] };
+            let label = format!(
+                "{w} E=4 T={t} k=2 n=19 {}",
+                if shared { "shared x" } else { "x per slot" }
+            );
+            c.push(Case::new(
+                Op::MatMulId,
+                label.clone(),
+                vec![
+                    n(F32, &xs),
+                    n(w, &[4, 19, k]),
+                    ids(&[t, 2], rand_ids(&label, t * 2, 4)),
+                ],
+            )?);
+        }
+    }
+    Ok(())
+}
+
+fn embed_and_elementwise(c: &mut Vec<Case>) -> Result<()> {
+    for t in [F32, F16, BF16, Q8_0, Q4_K, Q6_K, Q5_0] {
+        let d = width(t);
+        let label = format!("{t} V=37 D={d} n=6");
+        c.push(Case::new(
+            Op::GetRows,
+            label.clone(),
+            vec![n(t, &[37, d]), ids(&[6], rand_ids(&label, 6, 37))],
+        )?);
+    }
+    for op in [Op::Add, Op::Mul] {
+        c.push(Case::new(
+            op.clone(),
+            "f32 [7,100] + [7,100]",
+            vec![n(F32, &[7, 100]), n(F32, &[7, 100])],
+        )?);
+        c.push(Case::new(
+            op.clone(),
+            "f32 [1,576] + [576]",
+            vec![n(F32, &[1, 576]), n(F32, &[576])],
+        )?);
+        c.push(Case::new(
+            op.clone(),
+            "f32 [6,5,33] + [5,33]",
+            vec![n(F32, &[6, 5, 33]), n(F32, &[5, 33])],
+        )?);
+        c.push(Case::new(
+            op.clone(),
+            "f16 [9,64] + f32 [64]",
+            vec![n(F16, &[9, 64]), n(F32, &[64])],
+        )?);
+    }
+    c.push(Case::new(
+        Op::Scale(0.37),
+        "f32 [3,1000]",
+        vec![n(F32, &[3, 1000])],
+    )?);
+    c.push(Case::new(
+        Op::Scale(-2.5),
+        "bf16 [1,77]",
+        vec![n(BF16, &[1, 77])],
+    )?);
+    for u in UnaryOp::ALL {
+        c.push(Case::new(
+            Op::Unary(u),
+            "f32 [5,301]",
+            vec![Input::normal(F32, &[5, 301])],
+        )?);
+        c.push(Case::new(
+            Op::Unary(u),
+            "f16 [1,64]",
+            vec![n(F16, &[1, 64])],
+        )?);
+    }
+    // Softplus's linear branch.
+    c.push(Case::new(
+        Op::Unary(UnaryOp::Softplus),
+        "f32 wide range",
+        vec![Input::uniform(F32, &[4, 50], -30.0, 30.0)],
+    )?);
+    for g in [GluOp::SwiGlu, GluOp::GeGlu] {
+        c.push(Case::new(
+            Op::Glu(g),
+            "f32 [1,1536]",
+            vec![n(F32, &[1, 1536]), n(F32, &[1, 1536])],
+        )?);
+        c.push(Case::new(
+            Op::Glu(g),
+            "f32 [7,257]",
+            vec![n(F32, &[7, 257]), n(F32, &[7, 257])],
+        )?);
+    }
+    for (from, to) in [(F32, F16), (F16, F32), (F32, BF16), (BF16, F16), (F32, F32)] {
+        let mut cs = Case::new(
+            Op::Cast,
+            format!("{from} -> {to} [3,71]"),
+            vec![n(from, &[3, 71])],
+        )?;
+        cs.outputs[0].dtype = to;
+        c.push(cs);
+    }
+    c.push(Case::new(Op::Copy, "f32 [5,41]", vec![n(F32, &[5, 41])])?);
+    c.push(Case::new(
+        Op::Copy,
+        "q4_K [3,512]",
+        vec![n(Q4_K, &[3, 512])],
+    )?);
+    Ok(())
+}
+
+fn norm_rope_softmax(c: &mut Vec<Case>) -> Result<()> {
+    for one_plus in [false, true] {
+        let op = Op::RmsNorm {
+            eps: 1e-6,
+            one_plus,
+        };
+        let tag = if one_plus { "(1+w)" } else { "w" };
+        c.push(Case::new(
+            op.clone(),
+            format!("{tag} decode [1,576]"),
+            vec![n(F32, &[1, 576]), n(F32, &[576])],
+        )?);
+        c.push(Case::new(
+            op.clone(),
+            format!("{tag} prefill [9,640]"),
+            vec![n(F32, &[9, 640]), n(F32, &[640])],
+        )?);
+        c.push(Case::new(
+            op.clone(),
+            format!("{tag} per head [5,4,64]"),
+            vec![n(F32, &[5, 4, 64]), n(F32, &[64])],
+        )?);
+        c.push(Case::new(
+            op,
+            format!("{tag} f16 [3,100]"),
+            vec![n(F16, &[3, 100]), n(F32, &[100])],
+        )?);
+    }
+    c.push(Case::new(
+        Op::L2Norm { eps: 1e-6 },
+        "decode [1,4,128]",
+        vec![n(F32, &[1, 4, 128])],
+    )?);
+    c.push(Case::new(
+        Op::L2Norm { eps: 1e-6 },
+        "prefill [9,3,37]",
+        vec![n(F32, &[9, 3, 37])],
+    )?);
+
+    let pos = |label: &str, t: usize| ids(&[t], rand_ids(label, t, 4096));
+    for mode in [RopeMode::Normal, RopeMode::Neox] {
+        for (t, d, n_rot) in [
+            (1usize, 64usize, 64usize),
+            (9, 64, 64),
+            (5, 128, 32),
+            (3, 80, 40),
+        ] {
+            let p = RopeParams::new(mode, n_rot, 10000.0);
+            let label = format!("{mode:?} T={t} H=3 D={d} n_rot={n_rot}");
+            c.push(Case::new(
+                Op::Rope(p),
+                label.clone(),
+                vec![n(F32, &[t, 3, d]), pos(&label, t)],
+            )?);
+        }
+        let mut p = RopeParams::new(mode, 64, 500000.0);
+        p.freq_scale = 0.25;
+        p.attn_factor = 1.1;
+        let label = format!("{mode:?} scaled + freq_factors T=4");
+        c.push(Case::new(
+            Op::Rope(p),
+            label.clone(),
+            vec![
+                n(F32, &[4, 2, 64]),
+                pos(&label, 4),
+                Input::uniform(F32, &[32], 1.0, 8.0),
+            ],
+        )?);
+        let label = format!("{mode:?} f16 T=6");
+        c.push(Case::new(
+            Op::Rope(RopeParams::new(mode, 64, 10000.0)),
+            label.clone(),
+            vec![n(F16, &[6, 2, 64]), pos(&label, 6)],
+        )?);
+    }
+
+    let sm = |scale, cap| Op::Softmax {
+        scale,
+        soft_cap: cap,
+    };
+    c.push(Case::new(
+        sm(1.0, None),
+        "[1,32000]",
+        vec![n(F32, &[1, 32000])],
+    )?);
+    c.push(Case::new(
+        sm(0.125, None),
+        "[7,33]",
+        vec![n(F32, &[7, 33])],
+    )?);
+    c.push(Case::new(
+        sm(1.0, Some(30.0)),
+        "soft cap 30 [4,100]",
+        vec![Input::uniform(F32, &[4, 100], -80.0, 80.0)],
+    )?);
+    // Mask broadcast over 3 heads of 5 queries, with -inf entries (causal pattern).
+    let mut mask = vec![0f32; 5 * 9];
+    for q in 0..5 {
+        for k in 0..9 {
+            if k > q + 4 {
+                mask[q * 9 + k] = f32::NEG_INFINITY;
+            }
+        }
+    }
+    let mi = Input {
+        desc: TensorDesc::new(F32, [5, 9]),
+        gen: Gen::Values(mask),
+    };
+    let cs = Case::new(
+        sm(0.5, None),
+        "masked [3,5,9] mask [5,9]",
+        vec![n(F32, &[3, 5, 9]), mi],
+    )?;
+    c.push(cs);
+    Ok(())
+}
+
+fn attention(c: &mut Vec<Case>) -> Result<()> {
+    let masks = [
+        ("causal", Mask::Causal),
+        ("sliding 5", Mask::SlidingWindow(5)),
+        ("bidirectional", Mask::Bidirectional),
+        ("prefix 6", Mask::PrefixBidirectional(6)),
+    ];
+    for (mname, mask) in masks {
+        for (t, s, hq, hkv, d, dv) in [
+            (1usize, 37usize, 4usize, 2usize, 64usize, 64usize),
+            (9, 9, 4, 1, 32, 48),
+            (5, 23, 6, 6, 40, 40),
+        ] {
+            let p = AttnParams {
+                scale: 1.0 / (d as f32).sqrt(),
+                soft_cap: None,
+                mask,
+            };
+            let label = format!("{mname} T={t} S={s} Hq={hq} Hkv={hkv} D={d} Dv={dv}");
+            c.push(Case::new(
+                Op::Attention(p),
+                label,
+                vec![
+                    n(F32, &[t, hq, d]),
+                    n(F32, &[s, hkv, d]),
+                    n(F32, &[s, hkv, dv]),
+                ],
+            )?);
+        }
+    }
+    let p = AttnParams {
+        scale: 0.3,
+        soft_cap: Some(20.0),
+        mask: Mask::Causal,
+    };
+    c.push(Case::new(
+        Op::Attention(p),
+        "soft cap 20 T=6 S=11",
+        vec![
+            n(F32, &[6, 2, 32]),
+            n(F32, &[11, 2, 32]),
+            n(F32, &[11, 2, 32]),
+        ],
+    )?);
+    let p = AttnParams {
+        scale: 0.125,
+        soft_cap: None,
+        mask: Mask::Causal,
+    };
+    c.push(Case::new(
+        Op::Attention(p),
+        "f16 q/k/v T=3 S=20",
+        vec![
+            n(F16, &[3, 4, 64]),
+            n(F16, &[20, 2, 64]),
+            n(F16, &[20, 2, 64]),
+        ],
+    )?);
+
+    // Paged: a pool of 24 blocks of 16, block tables drawn from a permutation.
+    let bs = 16usize;
+    let nb = 24usize;
+    let mut paged = |label: &str,
+                     mask: Mask,
+                     seq_lens: &[usize],
+                     q_lens: &[usize],
+                     kv: DType,
+                     hq: usize,
+                     hkv: usize,
+                     d: usize,
+                     null_out_of_window: bool|
+     -> Result<()> {
+        let mut r = Rng::from_label(label);
+        let perm = r.permutation(nb);
+        let maxb = seq_lens
+            .iter()
+            .map(|l| l.div_ceil(bs))
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let mut table = vec![-1i32; seq_lens.len() * maxb];
+        let mut next = 0;
+        for (s, &len) in seq_lens.iter().enumerate() {
+            for b in 0..len.div_ceil(bs) {
+                table[s * maxb + b] = perm[next] as i32;
+                next += 1;
+            }
+            if let (true, Mask::SlidingWindow(w)) = (null_out_of_window, mask) {
+                // Blocks wholly before the window of the sequence's first query are released.
+                let first_q = len - q_lens[s];
+                let lo = (first_q + 1).saturating_sub(w);
+                for b in 0..lo / bs {
+                    table[s * maxb + b] = -1;
+                }
+            }
+        }
+        let t: usize = q_lens.iter().sum();
+        let mut qs = vec![0i32];
+        for &q in q_lens {
+            qs.push(qs.last().copied().unwrap_or(0) + q as i32);
+        }
+        let p = AttnParams {
+            scale: 1.0 / (d as f32).sqrt(),
+            soft_cap: None,
+            mask,
+        };
+        c.push(Case::new(
+            Op::PagedAttention(p),
+            label,
+            vec![
+                n(F32, &[t, hq, d]),
+                n(kv, &[nb, bs, hkv, d]),
+                n(kv, &[nb, bs, hkv, d]),
+                ids(&[seq_lens.len(), maxb], table),
+                ids(
+                    &[seq_lens.len()],
+                    seq_lens.iter().map(|&l| l as i32).collect(),
+                ),
+                ids(&[seq_lens.len() + 1], qs),
+            ],
+        )?);
+        Ok(())
+    };
+    paged(
+        "decode f32 3 seqs 37/1/70",
+        Mask::Causal,
+        &[37, 1, 70],
+        &[1, 1, 1],
+        F32,
+        8,
+        2,
+        64,
+        false,
+    )?;
+    paged(
+        "decode f16 cache 2 seqs",
+        Mask::Causal,
+        &[50, 129],
+        &[1, 1],
+        F16,
+        4,
+        4,
+        64,
+        false,
+    )?;
+    paged(
+        "decode q8_0 cache",
+        Mask::Causal,
+        &[45, 17],
+        &[1, 1],
+        Q8_0,
+        4,
+        2,
+        64,
+        false,
+    )?;
+    paged(
+        "decode sliding 20, released blocks",
+        Mask::SlidingWindow(20),
+        &[90, 33],
+        &[1, 1],
+        F32,
+        4,
+        2,
+        32,
+        true,
+    )?;
+    paged(
+        "prefill 2 seqs q 5/7 after context",
+        Mask::Causal,
+        &[21, 7],
+        &[5, 7],
+        F32,
+        6,
+        3,
+        32,
+        false,
+    )?;
+    paged(
+        "prefill sliding 8",
+        Mask::SlidingWindow(8),
+        &[40],
+        &[13],
+        F32,
+        2,
+        1,
+        64,
+        false,
+    )?;
+    paged(
+        "prefill bidirectional",
+        Mask::Bidirectional,
+        &[19],
+        &[19],
+        F32,
+        2,
+        2,
+        32,
+        false,
+    )?;
+    paged(
+        "prefill prefix 10 f16 cache",
+        Mask::PrefixBidirectional(10),
+        &[25],
+        &[25],
+        F16,
+        4,
+        2,
+        64,
+        false,
+    )?;
+
+    // KV write.
+    for (kv, label) in [
+        (F32, "f32 cache"),
+        (F16, "f16 cache"),
+        (BF16, "bf16 cache"),
+        (Q8_0, "q8_0 cache"),
+    ] {
+        let (t, hkv, d) = (5usize, 2usize, 64usize);
+        let mut r = Rng::from_label(label);
+        let perm = r.permutation(8 * 16);
+        let mut slots: Vec<i32> = perm[..t].iter().map(|&s| s as i32).collect();
+        slots[2] = -1; // padding row: skipped
+        c.push(Case::in_place(
+            Op::KvWrite,
+            format!("{label} T={t} Hkv={hkv} D={d}"),
+            vec![n(F32, &[t, hkv, d]), n(F32, &[t, hkv, d]), ids(&[t], slots)],
+            vec![
+                (TensorDesc::new(kv, [8, 16, hkv, d]), Gen::Normal(1.0)),
+                (TensorDesc::new(kv, [8, 16, hkv, d]), Gen::Normal(1.0)),
+            ],
+        ));
+    }
+    Ok(())
+}
+
+fn reduce_and_moe(c: &mut Vec<Case>) -> Result<()> {
+    c.push(Case::new(
+        Op::Argmax,
+        "[1,49152]",
+        vec![n(F32, &[1, 49152])],
+    )?);
+    c.push(Case::new(Op::Argmax, "[7,1001]", vec![n(F32, &[7, 1001])])?);
+    c.push(Case::new(
+        Op::TopK(1),
+        "k=1 [3,100]",
+        vec![n(F32, &[3, 100])],
+    )?);
+    c.push(Case::new(
+        Op::TopK(40),
+        "k=40 [2,32000]",
+        vec![n(F32, &[2, 32000])],
+    )?);
+    c.push(Case::new(
+        Op::TopK(5),
+        "k=5 f16 [4,77]",
+        vec![n(F16, &[4, 77])],
+    )?);
+    for (gating, normalize) in [
+        (MoeGating::Softmax, true),
+        (MoeGating::Softmax, false),
+        (MoeGating::Sigmoid, true),
+    ] {
+        for (t, e, k) in [(1usize, 8usize, 2usize), (6, 64, 8)] {
+            let op = Op::MoeRoute {
+                k,
+                gating,
+                normalize,
+            };
+            c.push(Case::new(
+                op,
+                format!("{gating:?} norm={normalize} T={t} E={e} k={k}"),
+                vec![n(F32, &[t, e])],
+            )?);
+        }
+    }
+    Ok(())
+}
+
+fn recurrent(c: &mut Vec<Case>) -> Result<()> {
+    // Conv1d: two sequences of 5 and 1 tokens, K=4, C=67.
+    for silu in [false, true] {
+        c.push(Case::new(
+            Op::Conv1d { silu },
+            format!("silu={silu} seqs 5+1 K=4 C=67"),
+            vec![
+                n(F32, &[6, 67]),
+                n(F32, &[67, 4]),
+                n(F32, &[2, 3, 67]),
+                ids(&[3], vec![0, 5, 6]),
+            ],
+        )?);
+    }
+    c.push(Case::new(
+        Op::Conv1d { silu: true },
+        "prefill 1 seq 33 K=4 C=128",
+        vec![
+            n(F32, &[33, 128]),
+            n(F32, &[128, 4]),
+            n(F32, &[1, 3, 128]),
+            ids(&[2], vec![0, 33]),
+        ],
+    )?);
+
+    // DeltaNet: log decays g < 0, β in (0, 1), q/k of unit scale as after the L2 norm.
+    let dn = |t: usize, seqs: Vec<i32>, hk: usize, hv: usize, dk: usize, dv: usize| {
+        let s = seqs.len() - 1;
+        vec![
+            Input::uniform(F32, &[t, hk, dk], -0.3, 0.3),
+            Input::uniform(F32, &[t, hk, dk], -0.3, 0.3),
+            n(F32, &[t, hv, dv]),
+            Input::uniform(F32, &[t, hv], -1.0, -0.01),
+            Input::uniform(F32, &[t, hv], 0.05, 0.95),
+            Input::uniform(F32, &[s, hv, dk, dv], -0.5, 0.5),
+            ids(&[s + 1], seqs),
+        ]
+    };
+    for chunk in [None, Some(4), Some(64)] {
+        let op = Op::DeltaNet { scale: 0.25, chunk };
+        let tag = chunk.map_or("recurrent".to_string(), |c| format!("chunk {c}"));
+        c.push(Case::new(
+            op.clone(),
+            format!("{tag} decode 3 seqs Hk=2 Hv=4 Dk=16 Dv=24"),
+            dn(3, vec![0, 1, 2, 3], 2, 4, 16, 24),
+        )?);
+        c.push(Case::new(
+            op,
+            format!("{tag} prefill seqs 11+6 Hk=1 Hv=2 Dk=32 Dv=32"),
+            dn(17, vec![0, 11, 17], 1, 2, 32, 32),
+        )?);
+    }
+    Ok(())
+}
+
+fn fused(c: &mut Vec<Case>) -> Result<()> {
+    for (w, one_plus) in [(Q4_0, false), (Q6_K, true), (F16, false)] {
+        let k = width(w);
+        for m in [1usize, 6] {
+            c.push(Case::new(
+                Op::RmsNormMatMul {
+                    eps: 1e-6,
+                    one_plus,
+                },
+                format!("{w} m={m} k={k} n=45 one_plus={one_plus}"),
+                vec![n(F32, &[m, k]), n(F32, &[k]), n(w, &[45, k])],
+            )?);
+        }
+    }
+    for (g, w) in [
+        (GluOp::SwiGlu, Q4_K),
+        (GluOp::GeGlu, F16),
+        (GluOp::SwiGlu, MXFP4),
+    ] {
+        let f = width(w);
+        for m in [1usize, 5] {
+            c.push(Case::new(
+                Op::GluMatMul(g),
+                format!("{w} m={m} f={f} n=37"),
+                vec![n(F32, &[m, f]), n(F32, &[m, f]), n(w, &[37, f])],
+            )?);
+        }
+    }
+    for l2 in [None, Some(1e-6)] {
+        let (s, hk, hv, dk, dv, pool) = (3usize, 2usize, 4usize, 16usize, 24usize, 5usize);
+        c.push(Case::in_place(
+            Op::DeltaNetDecode {
+                scale: 0.25,
+                qk_l2norm: l2,
+            },
+            format!("l2norm={} S={s} pool={pool} Hk={hk} Hv={hv}", l2.is_some()),
+            vec![
+                Input::uniform(F32, &[s, hk, dk], -0.3, 0.3),
+                Input::uniform(F32, &[s, hk, dk], -0.3, 0.3),
+                n(F32, &[s, hv, dv]),
+                Input::uniform(F32, &[s, hv], -1.0, -0.01),
+                Input::uniform(F32, &[s, hv], 0.05, 0.95),
+                ids(&[s], vec![4, 0, 2]),
+            ],
+            vec![
+                (TensorDesc::new(F32, [s, hv, dv]), Gen::Normal(1.0)),
+                (
+                    TensorDesc::new(F32, [pool, hv, dk, dv]),
+                    Gen::Uniform(-0.5, 0.5),
+                ),
+            ],
+        ));
+    }
+    for silu in [false, true] {
+        c.push(Case::in_place(
+            Op::Conv1dDecode { silu },
+            format!("silu={silu} S=3 pool=4 K=4 C=67"),
+            vec![n(F32, &[3, 67]), n(F32, &[67, 4]), ids(&[3], vec![3, 1, 0])],
+            vec![
+                (TensorDesc::new(F32, [3, 67]), Gen::Normal(1.0)),
+                (TensorDesc::new(F32, [4, 3, 67]), Gen::Normal(1.0)),
+            ],
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,458 @@
+//! The op conformance suite, in the manner of llama.cpp's test-backend-ops: a table of cases
+//! (op, dtypes, decode and prefill shapes, odd sizes), random inputs, normalised mean squared
+//! error against the CPU reference, guard regions around every output, and "not supported"
+//! counted rather than failed. `kiln validate` and the test suite both run it.
+
+mod cases;
+pub mod rng;
+
+use std::io::{self, Write};
+use std::time::Instant;
+
+pub use cases::cases;
+use rng::Rng;
+
+use crate::backend::Backend;
+use crate::cpu::CpuBackend;
+use crate::error::{Error, Result};
+use crate::op::{Op, OpDesc};
+use crate::quant;
+use crate::tensor::{DType, Tensor, TensorDesc};
+
+/// How a case's input is filled.
+#[derive(Clone, Debug)]
+pub enum Gen {
+    /// Normal values with this standard deviation (quantized into block dtypes).
+    Normal(f32),
+    /// Uniform in `[lo, hi)`.
+    Uniform(f32, f32),
+    /// Exactly these integers.
+    Ints(Vec<i32>),
+    /// Exactly these values (encoded in the tensor's dtype).
+    Values(Vec<f32>),
+}
+
+#[derive(Clone, Debug)]
+pub struct Input {
+    pub desc: TensorDesc,
+    pub gen: Gen,
+}
+
+impl Input {
+    pub fn normal(dtype: DType, shape: &[usize]) -> Self {
+        Input {
+            desc: TensorDesc::new(dtype, shape),
+            gen: Gen::Normal(1.0),
+        }
+    }
+    pub fn uniform(dtype: DType, shape: &[usize], lo: f32, hi: f32) -> Self {
+        Input {
+            desc: TensorDesc::new(dtype, shape),
+            gen: Gen::Uniform(lo, hi),
+        }
+    }
+    pub fn ints(shape: &[usize], v: Vec<i32>) -> Self {
+        Input {
+            desc: TensorDesc::new(DType::I32, shape),
+            gen: Gen::Ints(v),
+        }
+    }
+
+    /// The input's bytes.
+    pub fn bytes(&self, rng: &mut Rng) -> Result<Vec<u8>> {
+        let n = self.desc.numel();
+        let vals: Vec<f32> = match &self.gen {
+            Gen::Ints(v) => {
+                if v.len() != n {
+                    return Err(Error::Tensor(format!(
+                        "{} integers for {}",
+                        v.len(),
+                        self.desc
+                    )));
+                }
+                return Ok(match self.desc.dtype {
+                    DType::I32 | DType::U32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    _ => quant::quantize(
+                        self.desc.dtype,
+                        &v.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+                    )?,
+                });
+            }
+            Gen::Values(v) if v.len() == n => v.clone(),
+            Gen::Values(v) => {
+                return Err(Error::Tensor(format!(
+                    "{} values for {}",
+                    v.len(),
+                    self.desc
+                )))
+            }
+            Gen::Normal(s) => (0..n).map(|_| rng.normal() * s).collect(),
+            Gen::Uniform(lo, hi) => (0..n).map(|_| rng.uniform(*lo, *hi)).collect(),
+        };
+        match self.desc.dtype {
+            DType::I32 => Ok(vals
+                .iter()
+                .flat_map(|x| (*x as i32).to_le_bytes())
+                .collect()),
+            DType::U32 => Ok(vals
+                .iter()
+                .flat_map(|x| (*x as u32).to_le_bytes())
+                .collect()),
+            d => quant::quantize(d, &vals),
+        }
+    }
+}
+
+/// One conformance case.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub op: Op,
+    /// What distinguishes this case: dtypes, shapes, parameters.
+    pub label: String,
+    pub inputs: Vec<Input>,
+    pub outputs: Vec<TensorDesc>,
+    /// For in-place ops: how each output starts.
+    pub init: Vec<Option<Gen>>,
+    /// NMSE bound; by default 1e-7, or 1e-4 where an f16/bf16 tensor takes part.
+    pub tol: Option<f64>,
+}
+
+impl Case {
+    pub fn new(op: Op, label: impl Into<String>, inputs: Vec<Input>) -> Result<Case> {
+        let descs: Vec<TensorDesc> = inputs.iter().map(|i| i.desc.clone()).collect();
+        let outputs = op.output_descs(&descs)?;
+        let init = vec![None; outputs.len()];
+        Ok(Case {
+            op,
+            label: label.into(),
+            inputs,
+            outputs,
+            init,
+            tol: None,
+        })
+    }
+    /// A case for an in-place op, with its outputs' starting contents.
+    pub fn in_place(
+        op: Op,
+        label: impl Into<String>,
+        inputs: Vec<Input>,
+        outputs: Vec<(TensorDesc, Gen)>,
+    ) -> Case {
+        let init = outputs.iter().map(|o| Some(o.1.clone())).collect();
+        Case {
+            op,
+            label: label.into(),
+            inputs,
+            outputs: outputs.into_iter().map(|o| o.0).collect(),
+            init,
+            tol: None,
+        }
+    }
+    pub fn desc(&self) -> OpDesc {
+        OpDesc::new(
+            self.op.clone(),
+            self.inputs.iter().map(|i| i.desc.clone()).collect(),
+            self.outputs.clone(),
+        )
+    }
+    pub fn tolerance(&self) -> f64 {
+        if let Some(t) = self.tol {
+            return t;
+        }
+        let half = |d: DType| {
+            matches!(d, DType::F16 | DType::BF16) || (d.is_quantized() && self.op.reads_outputs())
+        };
+        let any_half = self.inputs.iter().any(|i| half(i.desc.dtype))
+            || self.outputs.iter().any(|o| half(o.dtype));
+        if any_half {
+            1e-4
+        } else {
+            1e-7
+        }
+    }
+    /// The case's inputs and starting outputs, the same every run.
+    pub fn data(&self) -> Result<(Vec<Vec<u8>>, Vec<Option<Vec<u8>>>)> {
+        let mut rng = Rng::from_label(&format!("{}/{}", self.op.name(), self.label));
+        let ins = self
+            .inputs
+            .iter()
+            .map(|i| i.bytes(&mut rng))
+            .collect::<Result<Vec<_>>>()?;
+        let outs = self
+            .outputs
+            .iter()
+            .zip(&self.init)
+            .map(|(d, g)| {
+                g.as_ref()
+                    .map(|g| {
+                        Input {
+                            desc: d.clone(),
+                            gen: g.clone(),
+                        }
+                        .bytes(&mut rng)
+                    })
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((ins, outs))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Status {
+    Pass,
+    Fail(String),
+    /// The backend does not claim the op: counted, not failed.
+    NotSupported,
+}
+
+#[derive(Clone, Debug)]
+pub struct CaseResult {
+    pub op: &'static str,
+    pub case: String,
+    pub backend: String,
+    pub status: Status,
+    pub nmse: Option<f64>,
+    /// Mean microseconds per run (with `--perf`).
+    pub micros: Option<f64>,
+}
+
+/// Normalised mean squared error: `Σ(a−b)² / Σb²` (`b` the reference); NaN when either has a
+/// NaN where the other does not.
+pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        if x.is_nan() != y.is_nan() || x.is_infinite() != y.is_infinite() {
+            return f64::NAN;
+        }
+        if x.is_nan() || x.is_infinite() {
+            continue;
+        }
+        num += (x as f64 - y as f64).powi(2);
+        den += (y as f64).powi(2);
+    }
+    if a.len() != b.len() {
+        return f64::NAN;
+    }
+    if den == 0.0 {
+        return if num == 0.0 { 0.0 } else { f64::INFINITY };
+    }
+    num / den
+}
+
+/// Guard region around each output, in elements (whole blocks of the dtype).
+fn guard_elems(d: DType) -> usize {
+    let bs = d.block_size();
+    64usize.div_ceil(bs) * bs
+}
+
+const SENTINEL: u8 = 0xA5;
+
+/// Runs `op` on `backend` with the given bytes; outputs live inside guarded buffers, and a
+/// write past either end is reported as an error.
+fn execute_guarded(
+    backend: &dyn Backend,
+    case: &Case,
+    ins: &[Vec<u8>],
+    outs: &[Option<Vec<u8>>],
+    perf: bool,
+) -> Result<(Vec<Vec<u8>>, Option<f64>)> {
+    let tin = case
+        .inputs
+        .iter()
+        .zip(ins)
+        .map(|(i, b)| {
+            let t = backend.alloc(&i.desc)?;
+            backend.upload(&t, b)?;
+            Ok(t)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut bufs = Vec::new();
+    let mut views = Vec::new();
+    for (d, init) in case.outputs.iter().zip(outs) {
+        let g = guard_elems(d.dtype);
+        let total = d.numel() + 2 * g;
+        let whole = backend.alloc(&TensorDesc::new(d.dtype, [total]))?;
+        let gb = d.dtype.bytes_for(g).unwrap_or(0);
+        let mut bytes = vec![SENTINEL; whole.nbytes()];
+        if let Some(init) = init {
+            bytes[gb..gb + init.len()].copy_from_slice(init);
+        }
+        backend.upload(&whole, &bytes)?;
+        let view = whole.view(g, d.shape.clone())?;
+        bufs.push((whole, gb));
+        views.push(view);
+    }
+    let in_refs: Vec<&Tensor> = tin.iter().collect();
+    let out_refs: Vec<&Tensor> = views.iter().collect();
+    backend.execute(&case.op, &in_refs, &out_refs)?;
+    backend.synchronize()?;
+    let mut results = Vec::new();
+    for (o, (whole, gb)) in bufs.iter().enumerate() {
+        let bytes = backend.download(whole)?;
+        let (head, tail) = (&bytes[..*gb], &bytes[bytes.len() - gb..]);
+        if head.iter().chain(tail).any(|&b| b != SENTINEL) {
+            return Err(Error::backend(
+                backend.name(),
+                format!(
+                    "{}: output {o} was written outside its bounds",
+                    case.op.name()
+                ),
+            ));
+        }
+        results.push(bytes[*gb..bytes.len() - gb].to_vec());
+    }
+    let micros = if perf {
+        // Re-run (in-place ops keep updating their state: fine for timing).
+        let start = Instant::now();
+        let mut runs = 0u32;
+        while runs < 3 || (start.elapsed().as_millis() < 100 && runs < 1000) {
+            backend.execute(&case.op, &in_refs, &out_refs)?;
+            runs += 1;
+        }
+        backend.synchronize()?;
+        Some(start.elapsed().as_secs_f64() * 1e6 / runs as f64)
+    } else {
+        None
+    };
+    Ok((results, micros))
+}
+
+fn to_f32(d: &TensorDesc, bytes: &[u8]) -> Result<Vec<f32>> {
+    let mut v = vec![0f32; d.numel()];
+    quant::dequantize(d.dtype, bytes, &mut v)?;
+    Ok(v)
+}
+
+/// Runs one case on `candidate` and compares with `reference`.
+pub fn run_case(
+    case: &Case,
+    reference: &CpuBackend,
+    candidate: &dyn Backend,
+    perf: bool,
+) -> CaseResult {
+    let mut r = CaseResult {
+        op: case.op.name(),
+        case: case.label.clone(),
+        backend: candidate.name().to_string(),
+        status: Status::Pass,
+        nmse: None,
+        micros: None,
+    };
+    let desc = case.desc();
+    if let Err(e) = desc.check() {
+        r.status = Status::Fail(format!("invalid case: {e}"));
+        return r;
+    }
+    if !candidate.supports_op(&desc) {
+        r.status = Status::NotSupported;
+        return r;
+    }
+    let outcome = (|| -> Result<(f64, Option<f64>)> {
+        let (ins, outs) = case.data()?;
+        let (want, _) = execute_guarded(reference, case, &ins, &outs, false)?;
+        let (got, micros) = execute_guarded(candidate, case, &ins, &outs, perf)?;
+        let mut worst = 0f64;
+        for (o, d) in case.outputs.iter().enumerate() {
+            if d.dtype.is_int() {
+                if got[o] != want[o] {
+                    return Err(Error::backend(
+                        candidate.name(),
+                        format!("integer output {o} differs from the CPU reference"),
+                    ));
+                }
+            } else {
+                let e = nmse(&to_f32(d, &got[o])?, &to_f32(d, &want[o])?);
+                worst = if e.is_nan() || e > worst { e } else { worst };
+            }
+        }
+        Ok((worst, micros))
+    })();
+    match outcome {
+        Ok((e, micros)) => {
+            r.nmse = Some(e);
+            r.micros = micros;
+            let tol = case.tolerance();
+            if !(e <= tol) {
+                r.status = Status::Fail(format!("NMSE {e:.3e} > {tol:.0e}"));
+            }
+        }
+        Err(e) => r.status = Status::Fail(e.to_string()),
+    }
+    r
+}
+
+/// Runs every case whose op name or label contains `filter`.
+pub fn run_all(
+    filter: Option<&str>,
+    reference: &CpuBackend,
+    candidate: &dyn Backend,
+    perf: bool,
+    mut progress: impl FnMut(&CaseResult),
+) -> Result<Vec<CaseResult>> {
+    let mut out = Vec::new();
+    for case in cases()? {
+        if let Some(f) = filter {
+            if !case.op.name().contains(f) && !case.label.contains(f) {
+                continue;
+            }
+        }
+        let r = run_case(&case, reference, candidate, perf);
+        progress(&r);
+        out.push(r);
+    }
+    Ok(out)
+}
+
+/// Counts of a run: (passed, failed, not supported).
+pub fn tally(results: &[CaseResult]) -> (usize, usize, usize) {
+    let mut t = (0, 0, 0);
+    for r in results {
+        match r.status {
+            Status::Pass => t.0 += 1,
+            Status::Fail(_) => t.1 += 1,
+            Status::NotSupported => t.2 += 1,
+        }
+    }
+    t
+}
+
+/// Writes one table row.
+pub fn write_row(w: &mut impl Write, r: &CaseResult, perf: bool) -> io::Result<()> {
+    let status = match &r.status {
+        Status::Pass => "ok".to_string(),
+        Status::Fail(m) => format!("FAIL: {m}"),
+        Status::NotSupported => "not supported".to_string(),
+    };
+    let nmse = r.nmse.map_or("-".to_string(), |e| format!("{e:.2e}"));
+    if perf {
+        let us = r.micros.map_or("-".to_string(), |u| format!("{u:.1}"));
+        writeln!(
+            w,
+            "{:<18} {:<44} {:<6} {:>10} {:>10}  {status}",
+            r.op, r.case, r.backend, nmse, us
+        )
+    } else {
+        writeln!(
+            w,
+            "{:<18} {:<44} {:<6} {:>10}  {status}",
+            r.op, r.case, r.backend, nmse
+        )
+    }
+}
+
+pub fn write_header(w: &mut impl Write, perf: bool) -> io::Result<()> {
+    if perf {
+        writeln!(
+            w,
+            "{:<18} {:<44} {:<6} {:>10} {:>10}  result",
+            "op", "case", "backend", "nmse", "us/run"
+        )
+    } else {
+        writeln!(
+            w,
+            "{:<18} {:<44} {:<6} {:>10}  result",
+            "op", "case", "backend", "nmse"
+        )
+    }
+}
