@@ -1,0 +1,173 @@
+//! The conformance suite on every backend available here, against the CPU reference.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use kiln_core::backend::Backend;
+use kiln_core::cpu::CpuBackend;
+use kiln_core::validate::{cases, run_all, tally, Status};
+use kiln_tests::optional_backend;
+
+fn check_backend(b: &dyn Backend) {
+    let reference = CpuBackend::with_threads(1);
+    let results = run_all(None, &reference, b, false, |_| {}).expect("case table builds");
+    let (pass, fail, unsupported) = tally(&results);
+    for r in &results {
+        if let Status::Fail(m) = &r.status {
+            eprintln!("FAIL {} {} on {}: {m}", r.op, r.case, r.backend);
+        }
+    }
+    println!(
+        "{}: {pass} passed, {fail} failed, {unsupported} not supported",
+        b.name()
+    );
+    assert_eq!(fail, 0, "conformance failures on {}", b.name());
+}
+
+#[test]
+fn the_case_table_covers_every_op_at_decode_and_prefill_sizes() {
+    let all = cases().expect("case table builds");
+    let names: BTreeSet<&str> = all.iter().map(|c| c.op.name()).collect();
+    let expected = [
+        "mat_mul",
+        "mat_mul_id",
+        "get_rows",
+        "add",
+        "mul",
+        "scale",
+        "silu",
+        "gelu_tanh",
+        "sigmoid",
+        "softplus",
+        "exp",
+        "neg",
+        "swiglu",
+        "geglu",
+        "rms_norm",
+        "l2_norm",
+        "rope",
+        "softmax",
+        "attention",
+        "paged_attention",
+        "kv_write",
+        "argmax",
+        "top_k",
+        "conv1d",
+        "delta_net",
+        "moe_route",
+        "cast",
+        "copy",
+        "rms_norm_mat_mul",
+        "glu_mat_mul",
+        "delta_net_decode",
+        "conv1d_decode",
+    ];
+    for e in expected {
+        assert!(names.contains(e), "no conformance case for {e}");
+    }
+    assert_eq!(
+        names.len(),
+        expected.len(),
+        "cases for ops the list above does not know: {names:?}"
+    );
+    // Every matmul weight type, at decode (m=1) and prefill (m>1).
+    for w in kiln_core::DType::ALL.iter().filter(|d| !d.is_int()) {
+        for phase in ["decode", "prefill"] {
+            assert!(
+                all.iter().any(
+                    |c| c.op.name() == "mat_mul" && c.label.contains(&format!("x {w} {phase}"))
+                ),
+                "no {phase} mat_mul case for {w}"
+            );
+        }
+    }
+    // Every case is a valid call.
+    for c in &all {
+        c.desc()
+            .check()
+            .unwrap_or_else(|e| panic!("{} {}: {e}", c.op.name(), c.label));
+    }
+}
+
+/// The CPU backend on several threads against the one-thread reference: splitting work across
+/// threads must change nothing, and no output may be written out of bounds.
+#[test]
+fn cpu_multithreaded_matches_the_single_threaded_reference() {
+    let b = CpuBackend::with_threads(3);
+    check_backend(&b);
+}
+
+#[test]
+fn wgpu_conformance() {
+    if let Some(b) = optional_backend("wgpu", kiln_backend_wgpu::open) {
+        check_backend(b.as_ref());
+    }
+}
+
+#[test]
+fn cuda_conformance() {
+    if let Some(b) = optional_backend("cuda", kiln_backend_cuda::open) {
+        check_backend(b.as_ref());
+    }
+}
+
+/// A backend that writes past its output is caught by the guard regions.
+#[test]
+fn guard_regions_catch_an_out_of_bounds_write() {
+    use kiln_core::op::{Op, OpDesc};
+    use kiln_core::tensor::{BackendId, Tensor, TensorDesc};
+
+    struct Sloppy(CpuBackend);
+    impl Backend for Sloppy {
+        fn name(&self) -> &str {
+            "sloppy"
+        }
+        fn id(&self) -> BackendId {
+            self.0.id()
+        }
+        fn capabilities(&self) -> &kiln_core::backend::Capabilities {
+            self.0.capabilities()
+        }
+        fn alloc(&self, d: &TensorDesc) -> kiln_core::Result<Tensor> {
+            self.0.alloc(d)
+        }
+        fn upload(&self, t: &Tensor, b: &[u8]) -> kiln_core::Result<()> {
+            self.0.upload(t, b)
+        }
+        fn download(&self, t: &Tensor) -> kiln_core::Result<Vec<u8>> {
+            self.0.download(t)
+        }
+        fn supports_op(&self, d: &OpDesc) -> bool {
+            self.0.supports_op(d)
+        }
+        fn execute(&self, op: &Op, i: &[&Tensor], o: &[&Tensor]) -> kiln_core::Result<()> {
+            self.0.execute(op, i, o)?;
+            // Then scribble one element past the end of output 0.
+            let o0 = o[0];
+            let past = o0.numel();
+            let wider = Tensor::new(
+                o0.storage().clone(),
+                o0.offset(),
+                TensorDesc::new(o0.dtype(), [past + 1]),
+            )?;
+            let mut bytes = self.0.download(&wider)?;
+            let n = bytes.len();
+            bytes[n - 1] ^= 0xFF;
+            self.0.upload(&wider, &bytes)
+        }
+        fn synchronize(&self) -> kiln_core::Result<()> {
+            Ok(())
+        }
+    }
+    let reference = CpuBackend::with_threads(1);
+    let sloppy: Arc<dyn Backend> = Arc::new(Sloppy(CpuBackend::with_threads(1)));
+    let results =
+        run_all(Some("rms_norm"), &reference, sloppy.as_ref(), false, |_| {}).expect("cases");
+    assert!(!results.is_empty());
+    for r in results {
+        match r.status {
+            Status::Fail(m) => assert!(m.contains("outside its bounds"), "{m}"),
+            s => panic!("{} {}: expected a guard failure, got {s:?}", r.op, r.case),
+        }
+    }
+}

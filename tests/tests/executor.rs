@@ -1,0 +1,204 @@
+//! The executor: capability-driven dispatch, CPU fallback with counters, strict mode, and the
+//! fused-op gate, exercised through a backend that supports only some ops.
+
+use std::sync::Arc;
+
+use kiln_core::backend::{Backend, Capabilities, Executor};
+use kiln_core::cpu::CpuBackend;
+use kiln_core::op::{AttnParams, Mask, Op, OpDesc};
+use kiln_core::tensor::{BackendId, DType, Tensor, TensorDesc};
+use kiln_core::validate::rng::Rng;
+use kiln_core::Error;
+
+/// A stand-in device: its own memory (an inner CPU backend, so a different id from the
+/// executor's CPU), claiming only MatMul with f32 weights, Add and Mul.
+struct Partial(CpuBackend);
+
+impl Backend for Partial {
+    fn name(&self) -> &str {
+        "partial"
+    }
+    fn id(&self) -> BackendId {
+        self.0.id()
+    }
+    fn capabilities(&self) -> &Capabilities {
+        self.0.capabilities()
+    }
+    fn alloc(&self, d: &TensorDesc) -> kiln_core::Result<Tensor> {
+        self.0.alloc(d)
+    }
+    fn upload(&self, t: &Tensor, b: &[u8]) -> kiln_core::Result<()> {
+        self.0.upload(t, b)
+    }
+    fn download(&self, t: &Tensor) -> kiln_core::Result<Vec<u8>> {
+        self.0.download(t)
+    }
+    fn supports_op(&self, d: &OpDesc) -> bool {
+        match d.op {
+            Op::MatMul => d.inputs[1].dtype == DType::F32,
+            Op::Add | Op::Mul => true,
+            _ => false,
+        }
+    }
+    fn execute(&self, op: &Op, i: &[&Tensor], o: &[&Tensor]) -> kiln_core::Result<()> {
+        let desc = OpDesc::new(
+            op.clone(),
+            i.iter().map(|t| t.desc().clone()).collect(),
+            o.iter().map(|t| t.desc().clone()).collect(),
+        );
+        if !self.supports_op(&desc) {
+            return Err(Error::backend(
+                "partial",
+                format!("asked to run {desc}, which it does not claim"),
+            ));
+        }
+        self.0.execute(op, i, o)
+    }
+    fn synchronize(&self) -> kiln_core::Result<()> {
+        Ok(())
+    }
+}
+
+fn randn(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.normal()).collect()
+}
+
+/// A little block: x·W (device), RMSNorm (fallback), + residual (device), a KV write into a
+/// cache (in-place fallback) and paged attention over it (fallback). Returns the attention
+/// output, the normed sum, and the cache.
+fn block(ex: &Executor, rng_seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let b = ex.backend().clone();
+    let mut rng = Rng::new(rng_seed);
+    let up = |d: DType, shape: &[usize], v: &[f32]| {
+        let t = b.alloc(&TensorDesc::new(d, shape)).unwrap();
+        b.upload(&t, &kiln_core::quant::quantize(d, v).unwrap())
+            .unwrap();
+        t
+    };
+    let (t, k, n) = (3usize, 64usize, 64usize);
+    let x = up(DType::F32, &[t, k], &randn(&mut rng, t * k));
+    let w = up(DType::F32, &[n, k], &randn(&mut rng, n * k));
+    let nw = up(DType::F32, &[n], &randn(&mut rng, n));
+    let y = &ex.run(&Op::MatMul, &[&x, &w]).unwrap()[0];
+    let h = &ex
+        .run(
+            &Op::RmsNorm {
+                eps: 1e-6,
+                one_plus: false,
+            },
+            &[y, &nw],
+        )
+        .unwrap()[0];
+    let s = &ex.run(&Op::Add, &[h, &x]).unwrap()[0];
+    // K/V for 3 tokens of one sequence: 1 head of 64; cache of 4 blocks of 4 slots.
+    let kv = s.reshape([t, 1, 64]).unwrap();
+    let kc = up(DType::F32, &[4, 4, 1, 64], &randn(&mut rng, 4 * 4 * 64));
+    let vc = up(DType::F32, &[4, 4, 1, 64], &randn(&mut rng, 4 * 4 * 64));
+    let int = |shape: &[usize], v: &[i32]| {
+        let t = b.alloc(&TensorDesc::new(DType::I32, shape)).unwrap();
+        b.upload(&t, bytemuck_i32(v).as_slice()).unwrap();
+        t
+    };
+    let slots = int(&[t], &[9, 10, 11]); // block 2, offsets 1..4 → positions 5..7 of the table below
+    ex.exec(&Op::KvWrite, &[&kv, &kv, &slots], &[&kc, &vc])
+        .unwrap();
+    let table = int(&[1, 2], &[3, 2]);
+    let seq_lens = int(&[1], &[8]);
+    let q_start = int(&[2], &[0, 3]);
+    let p = AttnParams {
+        scale: 0.125,
+        soft_cap: None,
+        mask: Mask::Causal,
+    };
+    let o = &ex
+        .run(
+            &Op::PagedAttention(p),
+            &[&kv, &kc, &vc, &table, &seq_lens, &q_start],
+        )
+        .unwrap()[0];
+    let get = |t: &Tensor| {
+        let bytes = b.download(t).unwrap();
+        let mut v = vec![0f32; t.numel()];
+        kiln_core::quant::dequantize(t.dtype(), &bytes, &mut v).unwrap();
+        v
+    };
+    (get(o), get(s), get(&kc))
+}
+
+fn bytemuck_i32(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+#[test]
+fn unsupported_ops_fall_back_to_the_cpu_counted_and_give_the_same_results() {
+    let cpu = Executor::cpu();
+    let want = block(&cpu, 7);
+    assert_eq!(cpu.total_fallbacks(), 0, "the CPU never falls back");
+
+    let partial = Executor::new(Arc::new(Partial(CpuBackend::with_threads(1))));
+    let got = block(&partial, 7);
+    assert_eq!(got, want, "fallback results must equal the CPU's exactly");
+    let counts: Vec<(&str, u64)> = partial
+        .fallbacks()
+        .iter()
+        .map(|f| (f.op, f.count))
+        .collect();
+    assert_eq!(counts.len(), 3, "{counts:?}");
+    for op in ["rms_norm", "kv_write", "paged_attention"] {
+        assert!(
+            counts.contains(&(op, 1)),
+            "{op} should have fallen back once: {counts:?}"
+        );
+    }
+    assert!(partial.fallbacks().iter().all(|f| f.backend == "partial"));
+    // Running again counts again.
+    block(&partial, 8);
+    assert_eq!(partial.total_fallbacks(), 6);
+}
+
+#[test]
+fn strict_mode_turns_a_fallback_into_an_error_naming_the_op() {
+    let ex = Executor::new(Arc::new(Partial(CpuBackend::with_threads(1)))).strict(true);
+    let b = ex.backend().clone();
+    let x = b.alloc(&TensorDesc::new(DType::F32, [2, 8])).unwrap();
+    let w = b.alloc(&TensorDesc::new(DType::F32, [8])).unwrap();
+    // Supported: fine.
+    ex.run(&Op::Add, &[&x, &w]).unwrap();
+    // Unsupported: an error, nothing run, nothing counted.
+    match ex.run(
+        &Op::RmsNorm {
+            eps: 1e-6,
+            one_plus: true,
+        },
+        &[&x, &w],
+    ) {
+        Err(Error::StrictFallback { backend, op }) => {
+            assert_eq!(backend, "partial");
+            assert!(op.contains("rms_norm") && op.contains("f32[2, 8]"), "{op}");
+        }
+        other => panic!("expected a strict-mode error, got {other:?}"),
+    }
+    assert_eq!(ex.total_fallbacks(), 0);
+}
+
+#[test]
+fn the_fused_op_gate_asks_the_backend() {
+    let x = TensorDesc::new(DType::F32, [1, 64]);
+    let nw = TensorDesc::new(DType::F32, [64]);
+    let w = TensorDesc::new(DType::Q4_0, [32, 64]);
+    let out = TensorDesc::new(DType::F32, [1, 32]);
+    let fused = Op::RmsNormMatMul {
+        eps: 1e-6,
+        one_plus: false,
+    };
+    let partial = Executor::new(Arc::new(Partial(CpuBackend::with_threads(1))));
+    assert!(!partial.supports_op(&fused, &[&x, &nw, &w], &[&out]));
+    assert!(Executor::cpu().supports_op(&fused, &[&x, &nw, &w], &[&out]));
+    // A malformed call is never "supported".
+    let bad = TensorDesc::new(DType::F32, [1, 63]);
+    assert!(!Executor::cpu().supports_op(&fused, &[&bad, &nw, &w], &[&out]));
+    // MatMul with f32 weights is claimed, with q4_0 weights it is not.
+    let wf = TensorDesc::new(DType::F32, [32, 64]);
+    assert!(partial.supports_op(&Op::MatMul, &[&x, &wf], &[&out]));
+    assert!(!partial.supports_op(&Op::MatMul, &[&x, &w], &[&out]));
+}
