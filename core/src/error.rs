@@ -24,6 +24,13 @@ pub enum Error {
     StrictFallback { backend: String, op: String },
     #[error("backend not available: {0}")]
     NotAvailable(String),
+    /// A model file or directory that cannot be used: names the file and the problem.
+    #[error("{path}: {msg}")]
+    Load { path: String, msg: String },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("model: {0}")]
+    Model(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -32,6 +39,12 @@ impl Error {
     pub fn quant(dtype: DType, msg: impl Into<String>) -> Self {
         Error::Quant {
             dtype,
+            msg: msg.into(),
+        }
+    }
+    pub fn load(path: impl std::fmt::Display, msg: impl Into<String>) -> Self {
+        Error::Load {
+            path: path.to_string(),
             msg: msg.into(),
         }
     }

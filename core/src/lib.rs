@@ -4,9 +4,12 @@
 pub mod backend;
 pub mod cpu;
 pub mod error;
+pub mod kv;
+pub mod load;
 pub mod op;
 pub mod quant;
 pub mod tensor;
+pub mod tokenizer;
 pub mod validate;
 
 pub use error::{Error, Result};

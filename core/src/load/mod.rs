@@ -1,0 +1,1 @@
+//! Model files: GGUF (memory-mapped) and, later, Hugging Face safetensors directories.
