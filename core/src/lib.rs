@@ -3,11 +3,15 @@
 
 pub mod backend;
 pub mod cpu;
+pub mod engine;
 pub mod error;
 pub mod kv;
 pub mod load;
+pub mod model;
 pub mod op;
 pub mod quant;
+pub mod rng;
+pub mod sample;
 pub mod tensor;
 pub mod tokenizer;
 pub mod validate;

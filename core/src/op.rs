@@ -27,16 +27,18 @@ pub enum UnaryOp {
     Softplus,
     Exp,
     Neg,
+    Tanh,
 }
 
 impl UnaryOp {
-    pub const ALL: [UnaryOp; 6] = [
+    pub const ALL: [UnaryOp; 7] = [
         UnaryOp::Silu,
         UnaryOp::GeluTanh,
         UnaryOp::Sigmoid,
         UnaryOp::Softplus,
         UnaryOp::Exp,
         UnaryOp::Neg,
+        UnaryOp::Tanh,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -46,6 +48,7 @@ impl UnaryOp {
             UnaryOp::Softplus => "softplus",
             UnaryOp::Exp => "exp",
             UnaryOp::Neg => "neg",
+            UnaryOp::Tanh => "tanh",
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The `Backend` trait, what a backend says it can do, and the executor: the one dispatcher.
 
 mod executor;
+mod ops;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

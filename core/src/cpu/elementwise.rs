@@ -67,6 +67,7 @@ pub(crate) fn apply(u: UnaryOp, x: f32) -> f32 {
         UnaryOp::Softplus => softplus(x),
         UnaryOp::Exp => x.exp(),
         UnaryOp::Neg => -x,
+        UnaryOp::Tanh => x.tanh(),
     }
 }
 

@@ -4,7 +4,7 @@
 //! counted rather than failed. `kiln validate` and the test suite both run it.
 
 mod cases;
-pub mod rng;
+pub use crate::rng;
 
 use std::io::{self, Write};
 use std::time::Instant;

@@ -1,4 +1,4 @@
-//! A small deterministic generator for test inputs (SplitMix64 + Box–Muller).
+//! A small deterministic generator (SplitMix64 + Box–Muller): test inputs and seeded sampling.
 
 pub struct Rng(u64);
 

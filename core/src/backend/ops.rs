@@ -1,0 +1,138 @@
+//! Convenience calls on the executor: one method per op, so model code reads as the math.
+//! Every call still goes through `Executor::run`/`exec` (checks, dispatch, fallback).
+
+use super::Executor;
+use crate::error::{Error, Result};
+use crate::op::{AttnParams, GluOp, Op, RopeParams, UnaryOp};
+use crate::quant;
+use crate::tensor::{DType, Tensor, TensorDesc};
+
+impl Executor {
+    fn one(&self, op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
+        self.run(op, inputs)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Op {
+                op: op.name().into(),
+                msg: "produced no output".into(),
+                inputs: String::new(),
+                outputs: String::new(),
+            })
+    }
+
+    /// A tensor on the backend holding `bytes`.
+    pub fn upload(&self, desc: &TensorDesc, bytes: &[u8]) -> Result<Tensor> {
+        let t = self.backend().alloc(desc)?;
+        self.backend().upload(&t, bytes)?;
+        Ok(t)
+    }
+    pub fn upload_f32(&self, shape: &[usize], v: &[f32]) -> Result<Tensor> {
+        self.upload(&TensorDesc::new(DType::F32, shape), bytemuck::cast_slice(v))
+    }
+    pub fn upload_i32(&self, shape: &[usize], v: &[i32]) -> Result<Tensor> {
+        self.upload(&TensorDesc::new(DType::I32, shape), bytemuck::cast_slice(v))
+    }
+    /// A tensor's elements as f32, dequantized if need be.
+    pub fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
+        let bytes = self.backend().download(t)?;
+        let mut v = vec![0f32; t.numel()];
+        quant::dequantize(t.dtype(), &bytes, &mut v)?;
+        Ok(v)
+    }
+    pub fn download_i32(&self, t: &Tensor) -> Result<Vec<i32>> {
+        if t.dtype() != DType::I32 {
+            return Err(Error::Tensor(format!("{t:?} is not i32")));
+        }
+        let bytes = self.backend().download(t)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    pub fn matmul(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        self.one(&Op::MatMul, &[x, w])
+    }
+    pub fn get_rows(&self, table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        self.one(&Op::GetRows, &[table, ids])
+    }
+    pub fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.one(&Op::Add, &[a, b])
+    }
+    pub fn mul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.one(&Op::Mul, &[a, b])
+    }
+    pub fn scale(&self, x: &Tensor, s: f32) -> Result<Tensor> {
+        self.one(&Op::Scale(s), &[x])
+    }
+    pub fn unary(&self, u: UnaryOp, x: &Tensor) -> Result<Tensor> {
+        self.one(&Op::Unary(u), &[x])
+    }
+    pub fn glu(&self, g: GluOp, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        self.one(&Op::Glu(g), &[gate, up])
+    }
+    pub fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f32, one_plus: bool) -> Result<Tensor> {
+        self.one(&Op::RmsNorm { eps, one_plus }, &[x, w])
+    }
+    pub fn rope(
+        &self,
+        x: &Tensor,
+        pos: &Tensor,
+        p: RopeParams,
+        factors: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        match factors {
+            Some(f) => self.one(&Op::Rope(p), &[x, pos, f]),
+            None => self.one(&Op::Rope(p), &[x, pos]),
+        }
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention(
+        &self,
+        p: AttnParams,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        block_table: &Tensor,
+        seq_lens: &Tensor,
+        q_start: &Tensor,
+    ) -> Result<Tensor> {
+        self.one(
+            &Op::PagedAttention(p),
+            &[q, k_cache, v_cache, block_table, seq_lens, q_start],
+        )
+    }
+    pub fn kv_write(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        slots: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+    ) -> Result<()> {
+        self.exec(&Op::KvWrite, &[k, v, slots], &[k_cache, v_cache])
+    }
+
+    /// `act(gate)·up` projected by `w_down`: the fused kernel where the backend has one (the
+    /// fused-op gate), else the two plain ops.
+    pub fn glu_matmul(
+        &self,
+        g: GluOp,
+        gate: &Tensor,
+        up: &Tensor,
+        w_down: &Tensor,
+    ) -> Result<Tensor> {
+        let op = Op::GluMatMul(g);
+        let ins = [gate.desc(), up.desc(), w_down.desc()];
+        let out = op.output_descs(&[
+            gate.desc().clone(),
+            up.desc().clone(),
+            w_down.desc().clone(),
+        ])?;
+        if self.supports_op(&op, &ins, &[&out[0]]) {
+            return self.one(&op, &[gate, up, w_down]);
+        }
+        let h = self.glu(g, gate, up)?;
+        self.matmul(&h, w_down)
+    }
+}

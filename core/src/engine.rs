@@ -1,0 +1,259 @@
+//! Running a model over the paged KV cache: the `Runner` owns the model, the executor, the
+//! cache tensors and one KV manager per KV group, and turns "these tokens of these sequences"
+//! into one forward pass (block tables, slot mappings, sliding-window release included).
+//! The continuous-batching scheduler builds on `Runner::step`.
+
+use crate::backend::Executor;
+use crate::error::{Error, Result};
+use crate::kv::{KvManager, SeqId};
+use crate::model::{ForwardBatch, KvCaches, Model, SeqInput};
+use crate::tensor::DType;
+
+/// Which rows of a sequence's new tokens want logits.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    Last,
+    All,
+    /// Rows from this index (within the tokens fed) to the end.
+    From(usize),
+}
+
+impl Logits {
+    fn rows(self, n: usize) -> std::ops::Range<usize> {
+        match self {
+            Logits::None => 0..0,
+            Logits::Last => n.saturating_sub(1)..n,
+            Logits::All => 0..n,
+            Logits::From(i) => i.min(n)..n,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RunnerConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Longest context of one sequence.
+    pub ctx: usize,
+    /// Sequences that may be resident at once.
+    pub max_seqs: usize,
+    /// Most tokens per forward pass (prefill chunk size).
+    pub max_batch_tokens: usize,
+    pub kv_dtype: DType,
+    pub prefix_caching: bool,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        RunnerConfig {
+            block_size: 16,
+            ctx: 4096,
+            max_seqs: 1,
+            max_batch_tokens: 512,
+            kv_dtype: DType::F32,
+            prefix_caching: false,
+        }
+    }
+}
+
+pub struct Runner {
+    ex: Executor,
+    model: Box<dyn Model>,
+    caches: KvCaches,
+    kv: Vec<KvManager>,
+    cfg: RunnerConfig,
+}
+
+impl Runner {
+    pub fn new(ex: Executor, model: Box<dyn Model>, mut cfg: RunnerConfig) -> Result<Runner> {
+        cfg.ctx = cfg.ctx.min(model.info().context_length.max(1));
+        cfg.block_size = cfg.block_size.max(1);
+        cfg.max_batch_tokens = cfg.max_batch_tokens.max(1);
+        let bs = cfg.block_size;
+        let full = cfg.max_seqs * cfg.ctx.div_ceil(bs) + 1;
+        let blocks: Vec<usize> = model
+            .kv_groups()
+            .iter()
+            .map(|g| match g.window {
+                // Blocks in the window, the chunk being computed, and one partly filled.
+                Some(w) => {
+                    (cfg.max_seqs * ((w + cfg.max_batch_tokens).div_ceil(bs) + 2) + 1).min(full)
+                }
+                None => full,
+            })
+            .collect();
+        let caches = KvCaches::alloc(&ex, model.kv_groups(), bs, &blocks, cfg.kv_dtype)?;
+        let kv = blocks
+            .iter()
+            .map(|&n| KvManager::new(n, bs, cfg.prefix_caching).map_err(kv_err))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Runner {
+            ex,
+            model,
+            caches,
+            kv,
+            cfg,
+        })
+    }
+
+    pub fn executor(&self) -> &Executor {
+        &self.ex
+    }
+    pub fn model(&self) -> &dyn Model {
+        self.model.as_ref()
+    }
+    pub fn config(&self) -> &RunnerConfig {
+        &self.cfg
+    }
+    pub fn kv_managers(&self) -> &[KvManager] {
+        &self.kv
+    }
+
+    /// Tokens of `seq` already in the cache.
+    pub fn seq_len(&self, seq: SeqId) -> usize {
+        self.kv
+            .first()
+            .and_then(|m| m.num_computed(seq))
+            .unwrap_or(0)
+    }
+
+    /// One forward pass over several sequences' new tokens. Sequences not seen before start
+    /// empty. Returns, per item, the logits rows asked for.
+    pub fn step(&mut self, items: &[(SeqId, &[u32], Logits)]) -> Result<Vec<Vec<Vec<f32>>>> {
+        let total: usize = items.iter().map(|i| i.1.len()).sum();
+        if total == 0 {
+            return Err(Error::Model(
+                "a forward pass needs at least one token".into(),
+            ));
+        }
+        if total > self.cfg.max_batch_tokens {
+            return Err(Error::Model(format!(
+                "{total} tokens exceed the batch limit of {}",
+                self.cfg.max_batch_tokens
+            )));
+        }
+        for (seq, toks, _) in items {
+            let after = self.seq_len(*seq) + toks.len();
+            if after > self.cfg.ctx {
+                return Err(Error::Model(format!(
+                    "sequence {seq} would reach {after} tokens, over the context of {}",
+                    self.cfg.ctx
+                )));
+            }
+        }
+        self.reserve(items)?;
+        let batch = self.build_batch(items);
+        let logits = self.model.forward(&self.ex, &batch, &self.caches)?;
+        let flat = self.ex.download_f32(&logits)?;
+        let vocab = self.model.info().vocab;
+        // Hand the rows back per item, then mark the tokens computed.
+        let mut out = Vec::with_capacity(items.len());
+        let mut row = 0;
+        for (seq, toks, want) in items {
+            let n = want.rows(toks.len()).len();
+            out.push(
+                (row..row + n)
+                    .map(|r| flat[r * vocab..(r + 1) * vocab].to_vec())
+                    .collect(),
+            );
+            row += n;
+            for (m, g) in self.kv.iter_mut().zip(self.model.kv_groups()) {
+                m.commit_tokens(*seq, toks).map_err(kv_err)?;
+                if let Some(w) = g.window {
+                    m.release_outside_window(*seq, w).map_err(kv_err)?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reserves cache slots for every item in every KV group (all or nothing per group).
+    fn reserve(&mut self, items: &[(SeqId, &[u32], Logits)]) -> Result<()> {
+        for m in self.kv.iter_mut() {
+            for (seq, toks, _) in items {
+                if !m.contains(*seq) {
+                    m.add_sequence(*seq, &[]).map_err(kv_err)?;
+                }
+                m.append_slots(*seq, toks.len()).map_err(kv_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn build_batch(&self, items: &[(SeqId, &[u32], Logits)]) -> ForwardBatch {
+        let mut b = ForwardBatch {
+            slots: vec![Vec::new(); self.kv.len()],
+            ..Default::default()
+        };
+        for (seq, toks, want) in items {
+            let start = self.seq_len(*seq);
+            let q_start = b.tokens.len();
+            b.tokens.extend_from_slice(toks);
+            b.positions
+                .extend((start..start + toks.len()).map(|p| p as i32));
+            for r in want.rows(toks.len()) {
+                b.logits_rows.push(q_start + r);
+            }
+            for (g, m) in self.kv.iter().enumerate() {
+                b.slots[g].extend(
+                    m.slot_mapping(*seq, start..start + toks.len())
+                        .unwrap_or_default(),
+                );
+            }
+            b.seqs.push(SeqInput {
+                q_start,
+                q_len: toks.len(),
+                seq_len: start + toks.len(),
+                block_tables: self
+                    .kv
+                    .iter()
+                    .map(|m| m.block_table(*seq).unwrap_or(&[]).to_vec())
+                    .collect(),
+            });
+        }
+        b
+    }
+
+    /// Feeds `tokens` to one sequence in chunks of at most `max_batch_tokens`; returns the
+    /// logits rows asked for (indices relative to `tokens`).
+    pub fn feed(&mut self, seq: SeqId, tokens: &[u32], want: Logits) -> Result<Vec<Vec<f32>>> {
+        let rows = want.rows(tokens.len());
+        let mut out = Vec::with_capacity(rows.len());
+        let chunk = self.cfg.max_batch_tokens;
+        let mut start = 0;
+        while start < tokens.len() {
+            let end = (start + chunk).min(tokens.len());
+            let lo = rows.start.clamp(start, end) - start;
+            let hi = rows.end.clamp(start, end) - start;
+            let w = if hi > lo {
+                Logits::From(lo)
+            } else {
+                Logits::None
+            };
+            // `From(lo)` runs to the chunk's end; trim to `hi`.
+            let mut got = self
+                .step(&[(seq, &tokens[start..end], w)])?
+                .pop()
+                .unwrap_or_default();
+            got.truncate(hi.saturating_sub(lo));
+            out.extend(got);
+            start = end;
+        }
+        Ok(out)
+    }
+
+    /// Frees a sequence's cache blocks.
+    pub fn release(&mut self, seq: SeqId) -> Result<()> {
+        for m in self.kv.iter_mut() {
+            if m.contains(seq) {
+                m.free_sequence(seq).map_err(kv_err)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn kv_err(e: crate::kv::KvError) -> Error {
+    Error::Model(format!("kv cache: {e}"))
+}

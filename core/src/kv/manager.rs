@@ -1,0 +1,784 @@
+//! Per-sequence KV bookkeeping over a [`BlockPool`]: block tables, prefix caching and sliding
+//! window release. No tensors here; slot ids index a backend's paged KV cache
+//! (`slot = block * block_size + offset`).
+//!
+//! Life of a sequence:
+//! 1. `add_sequence(seq, prompt)` reuses cached full prompt blocks (chained-hash lookup, stopping
+//!    at the first miss, never the block holding the last prompt token) and allocates the rest.
+//!    It returns the number of prompt tokens whose KV is already there.
+//! 2. After the forward pass writes KV, `commit_tokens(seq, tokens)` says so: `tokens` are the ids
+//!    of the next positions after those already computed (for a prompt, `&prompt[reused..]`; for a
+//!    decode step, the token just fed). Full computed blocks are then hashed and cached.
+//! 3. `append_slots(seq, n)` reserves room for `n` more tokens before a step writes them.
+//! 4. `release_outside_window` frees blocks a sliding window no longer sees; `free_sequence` frees
+//!    the rest. Freed cached blocks stay reusable until the pool evicts them.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use super::block_hash::{hash_block, BlockHash};
+use super::block_pool::{BlockId, BlockPool, NULL_BLOCK};
+use super::error::KvError;
+
+/// Identifies a sequence (request) in the manager.
+pub type SeqId = u64;
+
+/// The slot id of padding / positions with no KV block (vLLM's `PAD_SLOT_ID`).
+pub const PAD_SLOT: i32 = -1;
+
+/// Prefix-cache counters, in tokens like vLLM's: `queried_tokens` counts prompt tokens looked up,
+/// `hit_tokens` those reused. Only successful `add_sequence` calls with prefix caching on count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    pub requests: u64,
+    pub queried_tokens: u64,
+    pub hit_tokens: u64,
+}
+
+impl PrefixCacheStats {
+    pub fn hit_rate(&self) -> f64 {
+        if self.queried_tokens == 0 {
+            return 0.0;
+        }
+        self.hit_tokens as f64 / self.queried_tokens as f64
+    }
+}
+
+#[derive(Debug, Clone)]
+struct SeqState {
+    /// Token slots reserved (the sequence length as far as the KV cache is concerned).
+    len: usize,
+    /// One entry per `block_size` slots; `NULL_BLOCK` where a sliding window released it.
+    blocks: Vec<BlockId>,
+    /// Known token ids (the prompt, then committed tokens); at least `computed` long.
+    tokens: Vec<u32>,
+    /// Leading tokens whose KV has been written.
+    computed: usize,
+    /// Chained hashes of the leading full computed blocks (only with prefix caching).
+    hashes: Vec<BlockHash>,
+    /// Blocks before this index were already released by the sliding window.
+    released: usize,
+    extra: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct KvManager {
+    pool: BlockPool,
+    seqs: HashMap<SeqId, SeqState>,
+    prefix_caching: bool,
+    stats: PrefixCacheStats,
+}
+
+impl KvManager {
+    /// A manager over a fresh `BlockPool::new(num_blocks, block_size)`.
+    pub fn new(
+        num_blocks: usize,
+        block_size: usize,
+        prefix_caching: bool,
+    ) -> Result<Self, KvError> {
+        Ok(Self::with_pool(
+            BlockPool::new(num_blocks, block_size)?,
+            prefix_caching,
+        ))
+    }
+
+    pub fn with_pool(pool: BlockPool, prefix_caching: bool) -> Self {
+        KvManager {
+            pool,
+            seqs: HashMap::new(),
+            prefix_caching,
+            stats: PrefixCacheStats::default(),
+        }
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.pool.block_size()
+    }
+
+    pub fn num_free_blocks(&self) -> usize {
+        self.pool.num_free()
+    }
+
+    pub fn can_allocate(&self, n_blocks: usize) -> bool {
+        n_blocks <= self.pool.num_free()
+    }
+
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.stats
+    }
+
+    pub fn reset_prefix_cache_stats(&mut self) {
+        self.stats = PrefixCacheStats::default();
+    }
+
+    pub fn num_sequences(&self) -> usize {
+        self.seqs.len()
+    }
+
+    pub fn contains(&self, seq: SeqId) -> bool {
+        self.seqs.contains_key(&seq)
+    }
+
+    /// `add_sequence_with_key` without an extra cache key.
+    pub fn add_sequence(&mut self, seq: SeqId, prompt: &[u32]) -> Result<usize, KvError> {
+        self.add_sequence_with_key(seq, prompt, None)
+    }
+
+    /// Starts `seq` with `prompt`, reusing cached prompt blocks whose chained hash (with `extra`,
+    /// e.g. a LoRA id) matches, and allocating blocks for the rest. Returns the number of prompt
+    /// tokens reused (a multiple of the block size, always `< prompt.len()` for a non-empty
+    /// prompt). On error nothing changes.
+    pub fn add_sequence_with_key(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        extra: Option<u64>,
+    ) -> Result<usize, KvError> {
+        if self.seqs.contains_key(&seq) {
+            return Err(KvError::SequenceExists { seq });
+        }
+        let (hits, hashes) = self.lookup_prefix(prompt, extra);
+        let blocks = self.take_blocks(&hits, prompt.len())?;
+        let reused = hits.len() * self.block_size();
+        if self.prefix_caching {
+            self.stats.requests += 1;
+            self.stats.queried_tokens += prompt.len() as u64;
+            self.stats.hit_tokens += reused as u64;
+        }
+        let state = SeqState {
+            len: prompt.len(),
+            blocks,
+            tokens: prompt.to_vec(),
+            computed: reused,
+            hashes,
+            released: 0,
+            extra,
+        };
+        self.seqs.insert(seq, state);
+        Ok(reused)
+    }
+
+    /// Grows `seq` by `n` token slots, allocating blocks as needed. On `OutOfBlocks` nothing
+    /// changes.
+    pub fn append_slots(&mut self, seq: SeqId, n: usize) -> Result<(), KvError> {
+        let need = self.blocks_needed_for_append(seq, n)?;
+        let fresh = self.pool.allocate(need)?;
+        let state = self.state_mut(seq)?;
+        state.blocks.extend(fresh);
+        state.len = state.len.saturating_add(n);
+        Ok(())
+    }
+
+    /// How many new blocks `append_slots(seq, n)` would allocate.
+    pub fn blocks_needed_for_append(&self, seq: SeqId, n: usize) -> Result<usize, KvError> {
+        let state = self.state(seq)?;
+        let blocks = state.len.saturating_add(n).div_ceil(self.block_size());
+        Ok(blocks.saturating_sub(state.blocks.len()))
+    }
+
+    /// Marks the next `tokens.len()` positions of `seq` (after those already computed) as
+    /// computed, with these token ids; positions already known (the prompt) must match. Full
+    /// computed blocks are then registered in the prefix cache. On error nothing changes.
+    pub fn commit_tokens(&mut self, seq: SeqId, tokens: &[u32]) -> Result<(), KvError> {
+        let state = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence { seq })?;
+        check_commit(seq, state, tokens)?;
+        let start = state.computed;
+        let known = state.tokens.len();
+        let new_from = known.saturating_sub(start).min(tokens.len());
+        state.tokens.extend_from_slice(&tokens[new_from..]);
+        state.computed += tokens.len();
+        if self.prefix_caching {
+            register_full_blocks(&mut self.pool, state)?;
+        }
+        Ok(())
+    }
+
+    /// The block table of `seq`: one entry per `block_size` slots, `NULL_BLOCK` where released.
+    pub fn block_table(&self, seq: SeqId) -> Option<&[BlockId]> {
+        Some(&self.seqs.get(&seq)?.blocks)
+    }
+
+    /// Token slots reserved for `seq`.
+    pub fn seq_len(&self, seq: SeqId) -> Option<usize> {
+        Some(self.seqs.get(&seq)?.len)
+    }
+
+    /// Leading tokens of `seq` whose KV is computed.
+    pub fn num_computed(&self, seq: SeqId) -> Option<usize> {
+        Some(self.seqs.get(&seq)?.computed)
+    }
+
+    /// The KV slot of position `pos` of `seq`: `block_table[pos / bs] * bs + pos % bs`; `None`
+    /// past the sequence length or in a released (null) block.
+    pub fn slot(&self, seq: SeqId, pos: usize) -> Option<usize> {
+        let state = self.seqs.get(&seq)?;
+        if pos >= state.len {
+            return None;
+        }
+        let bs = self.block_size();
+        let block = state.blocks[pos / bs];
+        if block == NULL_BLOCK {
+            return None;
+        }
+        Some(block as usize * bs + pos % bs)
+    }
+
+    /// The slots of `positions` of `seq`, `PAD_SLOT` (-1) where `slot` gives `None`. `None` for an
+    /// unknown sequence.
+    pub fn slot_mapping(&self, seq: SeqId, positions: Range<usize>) -> Option<Vec<i32>> {
+        self.seqs.get(&seq)?;
+        let to_i32 = |s: usize| i32::try_from(s).unwrap_or(PAD_SLOT);
+        let slots = positions.map(|pos| self.slot(seq, pos).map_or(PAD_SLOT, to_i32));
+        Some(slots.collect())
+    }
+
+    /// Frees the blocks of `seq` that lie wholly before `seq_len - window` (tail first, as in
+    /// `free_sequence`); their table entries become `NULL_BLOCK` so indices stay stable. Returns
+    /// how many blocks were freed.
+    pub fn release_outside_window(&mut self, seq: SeqId, window: usize) -> Result<usize, KvError> {
+        let bs = self.block_size();
+        let state = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence { seq })?;
+        let end = state.len.saturating_sub(window) / bs;
+        if end <= state.released {
+            return Ok(0);
+        }
+        let range = state.released..end;
+        let freed = live_blocks_reversed(&state.blocks[range.clone()]);
+        self.pool.free(&freed)?;
+        state.blocks[range].fill(NULL_BLOCK);
+        state.released = end;
+        Ok(freed.len())
+    }
+
+    /// Ends `seq`, freeing its blocks tail first so the tail is evicted before the shared prefix.
+    /// Cached full blocks stay in the prefix cache until evicted.
+    pub fn free_sequence(&mut self, seq: SeqId) -> Result<(), KvError> {
+        let state = self.state(seq)?;
+        let freed = live_blocks_reversed(&state.blocks);
+        self.pool.free(&freed)?;
+        self.seqs.remove(&seq);
+        Ok(())
+    }
+
+    fn state(&self, seq: SeqId) -> Result<&SeqState, KvError> {
+        self.seqs.get(&seq).ok_or(KvError::UnknownSequence { seq })
+    }
+
+    fn state_mut(&mut self, seq: SeqId) -> Result<&mut SeqState, KvError> {
+        self.seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence { seq })
+    }
+
+    /// Cached blocks for the leading full blocks of `prompt` (stopping at the first miss and
+    /// never including the block of the last token), with their chained hashes.
+    fn lookup_prefix(&self, prompt: &[u32], extra: Option<u64>) -> (Vec<BlockId>, Vec<BlockHash>) {
+        let (mut hits, mut hashes) = (Vec::new(), Vec::new());
+        if !self.prefix_caching {
+            return (hits, hashes);
+        }
+        let bs = self.block_size();
+        let lookable = prompt.len().saturating_sub(1) / bs;
+        for tokens in prompt.chunks_exact(bs).take(lookable) {
+            let hash = hash_block(hashes.last().copied(), tokens, extra);
+            let Some(block) = self.pool.get_cached(hash, tokens) else {
+                break;
+            };
+            hits.push(block);
+            hashes.push(hash);
+        }
+        (hits, hashes)
+    }
+
+    /// Touches `hits` and allocates the rest of a table for `len` tokens; all or nothing.
+    fn take_blocks(&mut self, hits: &[BlockId], len: usize) -> Result<Vec<BlockId>, KvError> {
+        let new = len.div_ceil(self.block_size()) - hits.len();
+        let free_hits = hits.iter().filter(|&&b| self.pool.is_free(b)).count();
+        if new + free_hits > self.pool.num_free() {
+            return Err(KvError::OutOfBlocks {
+                requested: new + free_hits,
+                free: self.pool.num_free(),
+            });
+        }
+        self.pool.touch(hits)?;
+        let fresh = match self.pool.allocate(new) {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                self.pool.free(hits)?;
+                return Err(e);
+            }
+        };
+        Ok(hits.iter().copied().chain(fresh).collect())
+    }
+}
+
+/// Checks a commit of `tokens` to `state` without changing it.
+fn check_commit(seq: SeqId, state: &SeqState, tokens: &[u32]) -> Result<(), KvError> {
+    if state.computed + tokens.len() > state.len {
+        return Err(KvError::CommitPastEnd {
+            seq,
+            computed: state.computed,
+            count: tokens.len(),
+            len: state.len,
+        });
+    }
+    let known = &state.tokens[state.computed..];
+    for (i, (&expected, &got)) in known.iter().zip(tokens).enumerate() {
+        if expected != got {
+            let pos = state.computed + i;
+            return Err(KvError::TokenMismatch {
+                seq,
+                pos,
+                expected,
+                got,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Hashes the full computed blocks of `state` not hashed yet and caches those still held.
+fn register_full_blocks(pool: &mut BlockPool, state: &mut SeqState) -> Result<(), KvError> {
+    let bs = pool.block_size();
+    let full = state.computed / bs;
+    for i in state.hashes.len()..full {
+        let tokens = &state.tokens[i * bs..(i + 1) * bs];
+        let hash = hash_block(state.hashes.last().copied(), tokens, state.extra);
+        if state.blocks[i] != NULL_BLOCK {
+            pool.cache_full_block(state.blocks[i], hash, tokens)?;
+        }
+        state.hashes.push(hash);
+    }
+    Ok(())
+}
+
+/// The non-null blocks of `table`, last first.
+fn live_blocks_reversed(table: &[BlockId]) -> Vec<BlockId> {
+    let live = table.iter().rev().filter(|&&b| b != NULL_BLOCK);
+    live.copied().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manager(num_blocks: usize) -> KvManager {
+        KvManager::new(num_blocks, 4, true).unwrap()
+    }
+
+    fn tokens(range: Range<u32>) -> Vec<u32> {
+        range.collect()
+    }
+
+    /// Adds `seq` and commits its whole prompt; returns the reused token count.
+    fn add_and_compute(m: &mut KvManager, seq: SeqId, prompt: &[u32]) -> usize {
+        let reused = m.add_sequence(seq, prompt).unwrap();
+        m.commit_tokens(seq, &prompt[reused..]).unwrap();
+        reused
+    }
+
+    #[test]
+    fn shared_prefix_shares_blocks() {
+        let mut m = manager(16);
+        let a = tokens(0..10);
+        let mut b = tokens(0..8);
+        b.extend([100, 101, 102]);
+        assert_eq!(add_and_compute(&mut m, 1, &a), 0);
+        assert_eq!(add_and_compute(&mut m, 2, &b), 8);
+        let (ta, tb) = (m.block_table(1).unwrap(), m.block_table(2).unwrap());
+        assert_eq!(ta[..2], tb[..2]);
+        assert_ne!(ta[2], tb[2]);
+        for &blk in &ta[..2] {
+            assert_eq!(m.pool().ref_count(blk), Some(2));
+        }
+        assert_eq!(m.pool().ref_count(ta[2]), Some(1));
+        assert_eq!(m.num_free_blocks(), 15 - 4);
+        m.pool().check_invariants();
+    }
+
+    #[test]
+    fn third_sequence_reuses_cached_blocks_after_both_are_freed() {
+        let mut m = manager(16);
+        let a = tokens(0..10);
+        add_and_compute(&mut m, 1, &a);
+        add_and_compute(&mut m, 2, &a);
+        let shared = m.block_table(1).unwrap()[..2].to_vec();
+        m.free_sequence(1).unwrap();
+        m.free_sequence(2).unwrap();
+        assert_eq!(m.num_free_blocks(), 15);
+        m.reset_prefix_cache_stats();
+        assert_eq!(m.add_sequence(3, &a).unwrap(), 8);
+        assert_eq!(m.block_table(3).unwrap()[..2], shared[..]);
+        let stats = m.prefix_cache_stats();
+        assert_eq!((stats.requests, stats.hit_tokens), (1, 8));
+        assert_eq!(stats.queried_tokens, 10);
+        assert_eq!(m.pool().ref_count(shared[0]), Some(1));
+        m.pool().check_invariants();
+    }
+
+    #[test]
+    fn block_with_the_last_prompt_token_is_never_reused() {
+        let mut m = manager(16);
+        let p = tokens(0..8);
+        add_and_compute(&mut m, 1, &p);
+        assert_eq!(m.pool().num_cached(), 2);
+        assert_eq!(m.add_sequence(2, &p).unwrap(), 4);
+        let (t1, t2) = (m.block_table(1).unwrap(), m.block_table(2).unwrap());
+        assert_eq!(t1[0], t2[0]);
+        assert_ne!(t1[1], t2[1]);
+        assert_eq!(m.add_sequence(3, &p[..1]).unwrap(), 0);
+        assert_eq!(m.add_sequence(4, &p[..5]).unwrap(), 4);
+    }
+
+    #[test]
+    fn different_earlier_block_means_no_reuse() {
+        let mut m = manager(16);
+        add_and_compute(&mut m, 1, &tokens(0..12));
+        let mut other = tokens(0..12);
+        other[0] = 999;
+        assert_eq!(m.add_sequence(2, &other).unwrap(), 0);
+        let mut late = tokens(0..12);
+        late[5] = 999;
+        assert_eq!(m.add_sequence(3, &late).unwrap(), 4);
+    }
+
+    #[test]
+    fn extra_key_separates_caches() {
+        let mut m = manager(16);
+        let p = tokens(0..9);
+        m.add_sequence_with_key(1, &p, Some(7)).unwrap();
+        m.commit_tokens(1, &p).unwrap();
+        assert_eq!(m.add_sequence_with_key(2, &p, Some(8)).unwrap(), 0);
+        assert_eq!(m.add_sequence(3, &p).unwrap(), 0);
+        assert_eq!(m.add_sequence_with_key(4, &p, Some(7)).unwrap(), 8);
+    }
+
+    #[test]
+    fn decode_tokens_fill_and_cache_blocks() {
+        let mut m = manager(16);
+        add_and_compute(&mut m, 1, &tokens(0..6));
+        assert_eq!(m.pool().num_cached(), 1);
+        for t in 6..9 {
+            m.append_slots(1, 1).unwrap();
+            m.commit_tokens(1, &[t]).unwrap();
+        }
+        assert_eq!(m.seq_len(1), Some(9));
+        assert_eq!(m.num_computed(1), Some(9));
+        assert_eq!(m.block_table(1).unwrap().len(), 3);
+        assert_eq!(m.pool().num_cached(), 2);
+        assert_eq!(m.add_sequence(2, &tokens(0..9)).unwrap(), 8);
+    }
+
+    #[test]
+    fn commit_is_checked() {
+        let mut m = manager(16);
+        m.add_sequence(1, &tokens(0..6)).unwrap();
+        assert_eq!(
+            m.commit_tokens(1, &[0, 1, 9]),
+            Err(KvError::TokenMismatch {
+                seq: 1,
+                pos: 2,
+                expected: 2,
+                got: 9
+            })
+        );
+        assert!(matches!(
+            m.commit_tokens(1, &[0; 7]),
+            Err(KvError::CommitPastEnd { .. })
+        ));
+        assert_eq!(m.num_computed(1), Some(0));
+        m.commit_tokens(1, &[0, 1, 2]).unwrap();
+        m.commit_tokens(1, &[3, 4, 5]).unwrap();
+        assert_eq!(m.num_computed(1), Some(6));
+        assert_eq!(
+            m.commit_tokens(2, &[1]),
+            Err(KvError::UnknownSequence { seq: 2 })
+        );
+    }
+
+    #[test]
+    fn prefix_caching_off_never_hits() {
+        let mut m = KvManager::new(16, 4, false).unwrap();
+        let p = tokens(0..9);
+        add_and_compute(&mut m, 1, &p);
+        assert_eq!(m.pool().num_cached(), 0);
+        assert_eq!(m.add_sequence(2, &p).unwrap(), 0);
+        assert_eq!(m.prefix_cache_stats(), PrefixCacheStats::default());
+    }
+
+    #[test]
+    fn sliding_window_release_returns_blocks_and_leaves_null_entries() {
+        let mut m = manager(16);
+        add_and_compute(&mut m, 1, &tokens(0..20));
+        let table = m.block_table(1).unwrap().to_vec();
+        assert_eq!(m.num_free_blocks(), 10);
+        assert_eq!(m.release_outside_window(1, 6).unwrap(), 3);
+        let now = m.block_table(1).unwrap();
+        assert_eq!(
+            now,
+            &[NULL_BLOCK, NULL_BLOCK, NULL_BLOCK, table[3], table[4]]
+        );
+        assert_eq!(m.num_free_blocks(), 13);
+        assert_eq!(m.pool().free_queue()[10..], [table[2], table[1], table[0]]);
+        assert_eq!(m.slot(1, 0), None);
+        assert_eq!(m.slot(1, 13), Some(table[3] as usize * 4 + 1));
+        assert_eq!(m.release_outside_window(1, 6).unwrap(), 0);
+        m.free_sequence(1).unwrap();
+        assert_eq!(m.num_free_blocks(), 15);
+        m.pool().check_invariants();
+    }
+
+    #[test]
+    fn slots_and_slot_mapping() {
+        let mut m = manager(16);
+        m.add_sequence(1, &tokens(0..6)).unwrap();
+        let t = m.block_table(1).unwrap().to_vec();
+        assert_eq!(m.slot(1, 5), Some(t[1] as usize * 4 + 1));
+        assert_eq!(m.slot(1, 6), None);
+        assert_eq!(m.slot(2, 0), None);
+        let mapping = m.slot_mapping(1, 3..8).unwrap();
+        let b0 = t[0] as i32 * 4;
+        let b1 = t[1] as i32 * 4;
+        assert_eq!(mapping, vec![b0 + 3, b1, b1 + 1, PAD_SLOT, PAD_SLOT]);
+        assert_eq!(m.slot_mapping(2, 0..1), None);
+    }
+
+    #[test]
+    fn append_out_of_blocks_leaves_state_unchanged() {
+        let mut m = manager(4);
+        m.add_sequence(1, &tokens(0..5)).unwrap();
+        assert_eq!(m.blocks_needed_for_append(1, 8).unwrap(), 2);
+        assert_eq!(
+            m.append_slots(1, 8),
+            Err(KvError::OutOfBlocks {
+                requested: 2,
+                free: 1
+            })
+        );
+        assert_eq!(m.seq_len(1), Some(5));
+        assert_eq!(m.block_table(1).unwrap().len(), 2);
+        assert_eq!(m.num_free_blocks(), 1);
+        m.append_slots(1, 3).unwrap();
+        assert_eq!(m.num_free_blocks(), 1);
+        m.append_slots(1, 1).unwrap();
+        assert_eq!(m.num_free_blocks(), 0);
+        assert!(!m.can_allocate(1));
+    }
+
+    #[test]
+    fn add_out_of_blocks_counts_free_cached_hits_and_changes_nothing() {
+        let mut m = manager(5);
+        add_and_compute(&mut m, 1, &tokens(0..9));
+        m.free_sequence(1).unwrap();
+        let queue = m.pool().free_queue();
+        let err = m.add_sequence(2, &tokens(0..17)).unwrap_err();
+        assert_eq!(
+            err,
+            KvError::OutOfBlocks {
+                requested: 5,
+                free: 4
+            }
+        );
+        assert!(!m.contains(2));
+        assert_eq!(m.pool().free_queue(), queue);
+        assert_eq!(m.prefix_cache_stats().requests, 1);
+        assert_eq!(m.add_sequence(2, &tokens(0..16)).unwrap(), 8);
+        m.pool().check_invariants();
+    }
+
+    #[test]
+    fn sequence_errors() {
+        let mut m = manager(8);
+        m.add_sequence(1, &[1, 2]).unwrap();
+        assert_eq!(
+            m.add_sequence(1, &[1]),
+            Err(KvError::SequenceExists { seq: 1 })
+        );
+        assert_eq!(m.free_sequence(2), Err(KvError::UnknownSequence { seq: 2 }));
+        assert_eq!(
+            m.append_slots(2, 1),
+            Err(KvError::UnknownSequence { seq: 2 })
+        );
+        assert_eq!(m.add_sequence(3, &[]).unwrap(), 0);
+        assert_eq!(m.block_table(3).unwrap().len(), 0);
+        m.free_sequence(1).unwrap();
+        m.free_sequence(3).unwrap();
+        assert_eq!(m.num_free_blocks(), 7);
+    }
+
+    /// SplitMix64: a small seeded RNG so the randomized test is reproducible.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// Shadow KV memory: which token id each slot holds, to check that cache hits are real.
+    struct Sim {
+        m: KvManager,
+        memory: Vec<Option<u32>>,
+        live: Vec<SeqId>,
+        next_id: SeqId,
+        out_of_blocks: usize,
+        released: usize,
+    }
+
+    impl Sim {
+        fn write(&mut self, seq: SeqId, from: usize, toks: &[u32]) {
+            for (i, &t) in toks.iter().enumerate() {
+                if let Some(slot) = self.m.slot(seq, from + i) {
+                    self.memory[slot] = Some(t);
+                }
+            }
+        }
+
+        fn compute(&mut self, seq: SeqId, toks: &[u32]) {
+            let from = self.m.num_computed(seq).unwrap();
+            self.m.commit_tokens(seq, toks).unwrap();
+            self.write(seq, from, toks);
+        }
+
+        fn random_prompt(rng: &mut Rng) -> Vec<u32> {
+            let family = rng.below(3) as u32;
+            let len = 1 + rng.below(30);
+            let diverge = rng.below(len + 1);
+            let tail = rng.next() as u32 % 50;
+            (0..len as u32)
+                .map(|i| {
+                    if (i as usize) < diverge {
+                        family * 1000 + i
+                    } else {
+                        tail + i
+                    }
+                })
+                .collect()
+        }
+
+        fn add(&mut self, rng: &mut Rng) {
+            let prompt = Self::random_prompt(rng);
+            let seq = self.next_id;
+            let Ok(reused) = self.m.add_sequence(seq, &prompt) else {
+                self.out_of_blocks += 1;
+                return;
+            };
+            self.next_id += 1;
+            self.live.push(seq);
+            for (pos, &t) in prompt.iter().enumerate().take(reused) {
+                let slot = self.m.slot(seq, pos).unwrap();
+                assert_eq!(self.memory[slot], Some(t), "stale prefix hit at {pos}");
+            }
+            let upto = reused + rng.below(prompt.len() - reused + 1);
+            self.compute(seq, &prompt[reused..upto]);
+        }
+
+        fn append(&mut self, rng: &mut Rng, seq: SeqId) {
+            let n = 1 + rng.below(6);
+            if self.m.append_slots(seq, n).is_err() {
+                self.out_of_blocks += 1;
+                return;
+            }
+            let len = self.m.seq_len(seq).unwrap();
+            let computed = self.m.num_computed(seq).unwrap();
+            let known = self.m.seqs[&seq].tokens.len();
+            let prompt_left = known.saturating_sub(computed);
+            let known_toks = &self.m.seqs[&seq].tokens;
+            let mut toks = known_toks[computed..].to_vec();
+            toks.extend((known..len).map(|_| rng.next() as u32 % 7));
+            let count = prompt_left.max(rng.below(toks.len() + 1));
+            self.compute(seq, &toks[..count]);
+        }
+
+        fn step(&mut self, rng: &mut Rng) {
+            let op = rng.below(10);
+            if self.live.is_empty() || op < 3 {
+                return self.add(rng);
+            }
+            let idx = rng.below(self.live.len());
+            let seq = self.live[idx];
+            match op {
+                3..=6 => self.append(rng, seq),
+                7 => {
+                    let window = 1 + rng.below(20);
+                    self.released += self.m.release_outside_window(seq, window).unwrap();
+                }
+                _ => {
+                    self.m.free_sequence(seq).unwrap();
+                    self.live.swap_remove(idx);
+                }
+            }
+        }
+
+        fn check(&self) {
+            let pool = self.m.pool();
+            pool.check_invariants();
+            let bs = self.m.block_size();
+            let mut refs = vec![0u32; pool.num_blocks()];
+            for state in self.m.seqs.values() {
+                assert_eq!(state.blocks.len(), state.len.div_ceil(bs));
+                for &b in state.blocks.iter().filter(|&&b| b != NULL_BLOCK) {
+                    refs[b as usize] += 1;
+                }
+            }
+            for (b, &r) in refs.iter().enumerate() {
+                assert_eq!(pool.ref_count(b as BlockId), Some(r), "refs of block {b}");
+            }
+            let ref_sum: u64 = refs.iter().map(|&r| r as u64).sum();
+            let table_refs: usize = (self.m.seqs.values())
+                .map(|s| s.blocks.iter().filter(|&&b| b != NULL_BLOCK).count())
+                .sum();
+            assert_eq!(ref_sum, table_refs as u64);
+            let in_use = refs.iter().filter(|&&r| r > 0).count();
+            assert_eq!(pool.free_queue().len() + in_use, pool.num_blocks() - 1);
+        }
+    }
+
+    #[test]
+    fn randomized_sequences_keep_the_pool_consistent() {
+        for seed in 0..8 {
+            let mut rng = Rng(seed);
+            let m = manager(48);
+            let memory = vec![None; 48 * 4];
+            let mut sim = Sim {
+                m,
+                memory,
+                live: Vec::new(),
+                next_id: 0,
+                out_of_blocks: 0,
+                released: 0,
+            };
+            for _ in 0..2000 {
+                sim.step(&mut rng);
+                sim.check();
+            }
+            assert!(sim.m.prefix_cache_stats().hit_tokens > 0, "seed {seed}");
+            assert!(sim.out_of_blocks > 0 && sim.released > 0, "seed {seed}");
+            for seq in std::mem::take(&mut sim.live) {
+                sim.m.free_sequence(seq).unwrap();
+                sim.check();
+            }
+            assert_eq!(sim.m.num_sequences(), 0);
+            assert_eq!(sim.m.num_free_blocks(), 47);
+            assert_eq!(sim.m.pool().usage(), 0.0);
+        }
+    }
+}

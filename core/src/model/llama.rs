@@ -1,0 +1,110 @@
+//! The Llama family in GGUF (`llama`: Llama 2/3, SmolLM2, Mistral-style dense models).
+
+use super::decoder::{Decoder, DecoderSpec};
+use super::{Model, ModelInfo};
+use crate::backend::Executor;
+use crate::error::{Error, Result};
+use crate::load::gguf::GgufFile;
+use crate::op::{GluOp, RopeMode, RopeParams};
+
+/// Sizes every dense family reads the same way from `{arch}.*` metadata.
+pub(crate) fn base_info(f: &GgufFile) -> Result<ModelInfo> {
+    let arch = f.architecture()?.to_string();
+    let u = |k: &str| -> Result<usize> { Ok(f.get_u64(&f.arch_key(k))? as usize) };
+    let n_embd = u("embedding_length")?;
+    let n_head = u("attention.head_count")?;
+    let n_head_kv = match f.get(&f.arch_key("attention.head_count_kv")) {
+        Some(_) => u("attention.head_count_kv")?,
+        None => n_head,
+    };
+    let head_dim = match f.get(&f.arch_key("attention.key_length")) {
+        Some(_) => u("attention.key_length")?,
+        None if n_head > 0 => n_embd / n_head,
+        None => 0,
+    };
+    let tok = f.tensor("token_embd.weight")?;
+    let vocab = tok.shape.first().copied().unwrap_or(0);
+    Ok(ModelInfo {
+        name: f
+            .get("general.name")
+            .and_then(|v| v.as_str())
+            .map(str::to_string),
+        n_layer: u("block_count")?,
+        n_embd,
+        n_head,
+        n_head_kv,
+        head_dim,
+        n_ff: u("feed_forward_length")?,
+        vocab,
+        context_length: u("context_length")?,
+        architecture: arch,
+        n_params: 0,
+        dtypes: Vec::new(),
+    })
+}
+
+/// `{arch}.rope.dimension_count`, defaulting to the head dim.
+pub(crate) fn n_rot(f: &GgufFile, head_dim: usize) -> Result<usize> {
+    match f.get(&f.arch_key("rope.dimension_count")) {
+        Some(_) => Ok(f.get_u64(&f.arch_key("rope.dimension_count"))? as usize),
+        None => Ok(head_dim),
+    }
+}
+
+pub(crate) fn f32_or(f: &GgufFile, key: &str, default: f32) -> Result<f32> {
+    match f.get(key) {
+        Some(_) => f.get_f32(key),
+        None => Ok(default),
+    }
+}
+
+/// Linear RoPE scaling from `{arch}.rope.scaling.*` (YaRN and others are refused, not ignored).
+pub(crate) fn rope_freq_scale(f: &GgufFile) -> Result<f32> {
+    let ty = f
+        .get(&f.arch_key("rope.scaling.type"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("none");
+    let factor = f32_or(f, &f.arch_key("rope.scaling.factor"), 1.0)?;
+    match ty {
+        "none" => Ok(1.0),
+        "linear" if factor > 0.0 => Ok(1.0 / factor),
+        other => Err(Error::load(
+            f.path(),
+            format!("RoPE scaling type {other:?} (factor {factor}) is not supported yet"),
+        )),
+    }
+}
+
+pub fn build(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
+    let info = base_info(f)?;
+    let eps = f.get_f32(&f.arch_key("attention.layer_norm_rms_epsilon"))?;
+    let base = f32_or(f, &f.arch_key("rope.freq_base"), 10000.0)?;
+    let mut rope = RopeParams::new(RopeMode::Normal, n_rot(f, info.head_dim)?, base);
+    rope.freq_scale = rope_freq_scale(f)?;
+    let rope_freqs = match f.tensors().iter().find(|t| t.name == "rope_freqs.weight") {
+        Some(_) => {
+            let (t, bytes) = f.data("rope_freqs.weight")?;
+            let mut v = vec![0f32; t.shape.iter().product()];
+            crate::quant::dequantize(t.dtype, bytes, &mut v)?;
+            Some(v)
+        }
+        None => None,
+    };
+    let n = info.n_layer;
+    let spec = DecoderSpec {
+        eps,
+        embed_scale: None,
+        norm_one_plus: false,
+        qk_norm: false,
+        post_norms: false,
+        act: GluOp::SwiGlu,
+        attn_scale: 1.0 / (info.head_dim as f32).sqrt(),
+        attn_soft_cap: None,
+        final_soft_cap: None,
+        rope: vec![rope; n],
+        window: vec![None; n],
+        rope_freqs,
+        info,
+    };
+    Ok(Box::new(Decoder::load(f, ex, spec)?))
+}

@@ -1,0 +1,117 @@
+//! Model families. `registry.rs` is the one table from architecture name to builder; each
+//! family file maps its file's metadata and tensor names onto a shared implementation.
+
+pub mod decoder;
+pub mod gemma3;
+pub mod llama;
+pub mod registry;
+mod weights;
+
+use crate::backend::Executor;
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+pub use registry::{build_from_gguf, ARCHITECTURES};
+
+/// Layers that share one paged KV pool: the same head shapes and the same attention window.
+/// Sliding-window groups release blocks that fall out of the window.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvGroup {
+    pub layers: Vec<usize>,
+    pub window: Option<usize>,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub v_head_dim: usize,
+}
+
+/// The paged caches of one KV group: a K and a V tensor `[blocks, block_size, heads, dim]`
+/// per layer of the group, in the group's layer order.
+pub struct KvCaches {
+    pub block_size: usize,
+    pub groups: Vec<(Vec<Tensor>, Vec<Tensor>)>,
+}
+
+impl KvCaches {
+    /// Allocates zeroed caches for `groups`, `num_blocks[g]` blocks each.
+    pub fn alloc(
+        ex: &Executor,
+        groups: &[KvGroup],
+        block_size: usize,
+        num_blocks: &[usize],
+        dtype: crate::DType,
+    ) -> Result<KvCaches> {
+        let mut out = Vec::new();
+        for (g, nb) in groups.iter().zip(num_blocks) {
+            let mut ks = Vec::new();
+            let mut vs = Vec::new();
+            for _ in &g.layers {
+                let b = ex.backend();
+                ks.push(b.alloc(&crate::TensorDesc::new(
+                    dtype,
+                    [*nb, block_size, g.n_kv_heads, g.head_dim],
+                ))?);
+                vs.push(b.alloc(&crate::TensorDesc::new(
+                    dtype,
+                    [*nb, block_size, g.n_kv_heads, g.v_head_dim],
+                ))?);
+            }
+            out.push((ks, vs));
+        }
+        Ok(KvCaches {
+            block_size,
+            groups: out,
+        })
+    }
+}
+
+/// One sequence's part of a batch.
+#[derive(Clone, Debug)]
+pub struct SeqInput {
+    /// First row of this sequence's tokens in the batch.
+    pub q_start: usize,
+    /// Tokens of this sequence in the batch (the last ones of its context).
+    pub q_len: usize,
+    /// Context length after this step (cached tokens + `q_len`).
+    pub seq_len: usize,
+    /// Block table per KV group.
+    pub block_tables: Vec<Vec<u32>>,
+}
+
+/// Everything one forward pass needs: the tokens of every scheduled sequence, their
+/// positions, where their K/V go (slot per token per KV group), and which rows want logits.
+#[derive(Clone, Debug, Default)]
+pub struct ForwardBatch {
+    pub tokens: Vec<u32>,
+    pub positions: Vec<i32>,
+    pub seqs: Vec<SeqInput>,
+    /// `slots[group][row]`: where row's K/V go in that group's pool (negative: nowhere).
+    pub slots: Vec<Vec<i32>>,
+    /// Rows whose logits are returned, in this order.
+    pub logits_rows: Vec<usize>,
+}
+
+/// Sizes a user and the engine need to know.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    pub architecture: String,
+    pub name: Option<String>,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    pub vocab: usize,
+    pub context_length: usize,
+    pub n_params: u64,
+    /// Weight dtypes and how many tensors of each.
+    pub dtypes: Vec<(crate::DType, usize)>,
+}
+
+/// A loaded model.
+pub trait Model: Send + Sync {
+    fn info(&self) -> &ModelInfo;
+    fn kv_groups(&self) -> &[KvGroup];
+    /// Runs one batch; returns logits `[logits_rows.len(), vocab]` (f32).
+    fn forward(&self, ex: &Executor, batch: &ForwardBatch, kv: &KvCaches) -> Result<Tensor>;
+}

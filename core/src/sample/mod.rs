@@ -1,0 +1,378 @@
+//! Sampling: penalties, top-k, top-p, min-p, temperature and a seeded draw, in llama.cpp's
+//! default order (penalties → top-k → top-p → min-p → temperature → draw). Temperature 0 is
+//! greedy.
+
+use std::collections::HashMap;
+
+use crate::error::{Error, Result};
+use crate::rng::Rng;
+
+/// What a request asks of the sampler. Defaults: greedy off (temperature 0.8), top-k 40,
+/// top-p 0.95, min-p 0.05, no penalties — llama.cpp's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 (or below) picks the most likely token.
+    pub temperature: f32,
+    /// 0 turns top-k off.
+    pub top_k: usize,
+    /// 1 turns top-p off.
+    pub top_p: f32,
+    /// 0 turns min-p off.
+    pub min_p: f32,
+    /// Divides positive (multiplies negative) logits of tokens seen in the last
+    /// `penalty_last_n`; 1 is off.
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token seen (OpenAI's presence penalty).
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence (OpenAI's frequency penalty).
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at (0: all).
+    pub penalty_last_n: usize,
+    /// Seed of the draw; `None` seeds from the clock.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
+    }
+    /// Rejects values no sampler can honour, naming the parameter.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str, v: f32| {
+            Err(Error::Model(format!(
+                "sampling: {what} = {v} is out of range"
+            )))
+        };
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return bad("temperature", self.temperature);
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", self.top_p);
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", self.min_p);
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return bad("repetition_penalty", self.repetition_penalty);
+        }
+        if !self.presence_penalty.is_finite() || self.presence_penalty.abs() > 2.0 {
+            return bad("presence_penalty", self.presence_penalty);
+        }
+        if !self.frequency_penalty.is_finite() || self.frequency_penalty.abs() > 2.0 {
+            return bad("frequency_penalty", self.frequency_penalty);
+        }
+        Ok(())
+    }
+}
+
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Result<Sampler> {
+        params.validate()?;
+        let seed = params.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0x5EED)
+        });
+        Ok(Sampler {
+            rng: Rng::new(seed),
+            params,
+        })
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Picks the next token from `logits` given the tokens so far (`history`: prompt and
+    /// output, for the penalties). `logits` is modified.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.apply_penalties(logits, history);
+        if self.params.temperature <= 0.0 {
+            return argmax(logits);
+        }
+        // Candidates sorted by logit, best first.
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        let k = if self.params.top_k == 0 {
+            cand.len()
+        } else {
+            self.params.top_k.min(cand.len())
+        };
+        if k < cand.len() {
+            cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            cand.truncate(k);
+        }
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        // top-p over the softmax of what is left.
+        let probs = softmax(&cand.iter().map(|c| c.1).collect::<Vec<_>>());
+        if self.params.top_p < 1.0 {
+            let mut acc = 0f32;
+            let mut keep = cand.len();
+            for (i, p) in probs.iter().enumerate() {
+                acc += p;
+                if acc >= self.params.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            cand.truncate(keep.max(1));
+        }
+        // min-p: drop tokens below min_p × the best probability (relative to the best logit).
+        if self.params.min_p > 0.0 && !cand.is_empty() {
+            let cut = cand[0].1 + self.params.min_p.ln();
+            let keep = cand.iter().take_while(|c| c.1 >= cut).count();
+            cand.truncate(keep.max(1));
+        }
+        let t = self.params.temperature;
+        let probs = softmax(&cand.iter().map(|c| c.1 / t).collect::<Vec<_>>());
+        let r = self.rng.f64() as f32;
+        let mut acc = 0f32;
+        for (c, p) in cand.iter().zip(&probs) {
+            acc += p;
+            if r < acc {
+                return c.0;
+            }
+        }
+        cand.last().map_or(0, |c| c.0)
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
+        let p = &self.params;
+        if p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
+            return;
+        }
+        let window = if p.penalty_last_n == 0 {
+            history.len()
+        } else {
+            p.penalty_last_n.min(history.len())
+        };
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for &t in &history[history.len() - window..] {
+            *counts.entry(t).or_insert(0) += 1;
+        }
+        for (&tok, &n) in &counts {
+            let Some(l) = logits.get_mut(tok as usize) else {
+                continue;
+            };
+            if *l > 0.0 {
+                *l /= p.repetition_penalty;
+            } else {
+                *l *= p.repetition_penalty;
+            }
+            *l -= p.presence_penalty + p.frequency_penalty * n as f32;
+        }
+    }
+}
+
+/// The first index of the largest value.
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Softmax in f32 (max-subtracted).
+pub fn softmax(v: &[f32]) -> Vec<f32> {
+    let m = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = v.iter().map(|x| (x - m).exp()).collect();
+    let s: f32 = e.iter().sum();
+    e.iter().map(|x| x / s).collect()
+}
+
+/// Log-softmax in f64 of one row (for log-probabilities and perplexity).
+pub fn log_softmax(v: &[f32]) -> Vec<f64> {
+    let m = v.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = v.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m;
+    v.iter().map(|&x| x as f64 - lse).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits(seed: u64, n: usize) -> Vec<f32> {
+        let mut r = Rng::new(seed);
+        (0..n).map(|_| r.normal() * 3.0).collect()
+    }
+
+    #[test]
+    fn greedy_picks_the_argmax() {
+        let l = logits(1, 1000);
+        let best = l
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|x| x.0 as u32);
+        let mut s = Sampler::new(SamplingParams::greedy()).unwrap();
+        assert_eq!(Some(s.sample(&mut l.clone(), &[])), best);
+    }
+
+    #[test]
+    fn a_seed_makes_runs_reproducible_and_different_seeds_differ() {
+        let l = logits(2, 500);
+        let run = |seed| {
+            let mut s = Sampler::new(SamplingParams {
+                temperature: 1.5,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                seed: Some(seed),
+                ..Default::default()
+            })
+            .unwrap();
+            (0..50)
+                .map(|_| s.sample(&mut l.clone(), &[]))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_and_top_k_limits_the_choice() {
+        let l = logits(3, 300);
+        let greedy = argmax(&l);
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 5.0,
+            top_k: 1,
+            seed: Some(1),
+            ..Default::default()
+        })
+        .unwrap();
+        for _ in 0..20 {
+            assert_eq!(s.sample(&mut l.clone(), &[]), greedy);
+        }
+        let mut top5: Vec<u32> = (0..300).collect();
+        top5.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]));
+        top5.truncate(5);
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 5.0,
+            top_k: 5,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: Some(2),
+            ..Default::default()
+        })
+        .unwrap();
+        for _ in 0..200 {
+            assert!(top5.contains(&s.sample(&mut l.clone(), &[])));
+        }
+    }
+
+    #[test]
+    fn top_p_and_min_p_drop_the_tail() {
+        // Two dominant tokens and a long tail.
+        let mut l = vec![-10.0f32; 100];
+        l[3] = 5.0;
+        l[7] = 4.5;
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.9,
+            min_p: 0.0,
+            seed: Some(3),
+            ..Default::default()
+        })
+        .unwrap();
+        for _ in 0..300 {
+            let t = s.sample(&mut l.clone(), &[]);
+            assert!(t == 3 || t == 7, "{t}");
+        }
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.5,
+            seed: Some(4),
+            ..Default::default()
+        })
+        .unwrap();
+        for _ in 0..300 {
+            let t = s.sample(&mut l.clone(), &[]);
+            assert!(t == 3 || t == 7, "{t}");
+        }
+    }
+
+    #[test]
+    fn penalties_push_repeated_tokens_down() {
+        let mut l = vec![1.0f32, 0.9, -1.0];
+        let s = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            repetition_penalty: 2.0,
+            ..Default::default()
+        })
+        .unwrap();
+        s.apply_penalties(&mut l, &[0, 2]);
+        assert_eq!(l, vec![0.5, 0.9, -2.0]);
+        let mut l = vec![1.0f32, 0.9];
+        let s = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..Default::default()
+        })
+        .unwrap();
+        s.apply_penalties(&mut l, &[0, 0, 1]);
+        assert_eq!(l, vec![1.0 - 0.5 - 0.5, 0.9 - 0.5 - 0.25]);
+    }
+
+    #[test]
+    fn out_of_range_parameters_are_errors() {
+        for p in [
+            SamplingParams {
+                temperature: -1.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                top_p: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                min_p: 1.5,
+                ..Default::default()
+            },
+            SamplingParams {
+                repetition_penalty: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                presence_penalty: f32::NAN,
+                ..Default::default()
+            },
+        ] {
+            assert!(Sampler::new(p).is_err());
+        }
+    }
+}
