@@ -2,6 +2,7 @@
 //! and the CPU reference backend that every other backend is judged against.
 
 pub mod backend;
+pub mod chat;
 pub mod cpu;
 pub mod engine;
 pub mod error;

@@ -1,14 +1,55 @@
-//! `kiln info`: the backends on this machine and what each supports.
+//! `kiln info`: the model's sizes and dtypes, and the backends on this machine with what each
+//! supports.
 
 use anyhow::Result;
+use kiln_core::engine::RunnerConfig;
 use kiln_core::validate::cases;
 
 use crate::backends::{open, BackendName};
+use crate::load::{load, ModelArgs};
 
 #[derive(clap::Args, Debug)]
-pub struct InfoArgs {}
+pub struct InfoArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Only the backends, without loading a model.
+    #[arg(long)]
+    pub backends_only: bool,
+}
 
-pub fn run(_args: &InfoArgs) -> Result<()> {
+pub fn run(args: &InfoArgs) -> Result<()> {
+    if !args.backends_only {
+        let m = load(&args.model, RunnerConfig::default())?;
+        let i = m.runner.model().info();
+        println!("model: {}", m.path.display());
+        println!("  name: {}", i.name.as_deref().unwrap_or("-"));
+        println!("  architecture: {}", i.architecture);
+        println!("  parameters: {:.1} M", i.n_params as f64 / 1e6);
+        println!("  layers {}, embedding {}, heads {} (KV {}), head dim {}, FFN {}, vocab {}, context {}", i.n_layer, i.n_embd, i.n_head, i.n_head_kv, i.head_dim, i.n_ff, i.vocab, i.context_length);
+        println!(
+            "  weights: {}",
+            i.dtypes
+                .iter()
+                .map(|(d, n)| format!("{n}×{d}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        for (g, grp) in m.runner.model().kv_groups().iter().enumerate() {
+            println!(
+                "  kv group {g}: {} layers, window {}",
+                grp.layers.len(),
+                grp.window.map_or("full".to_string(), |w| w.to_string())
+            );
+        }
+        println!(
+            "  tokenizer: {} tokens, BOS {:?} (added: {}), EOS {:?}",
+            m.tokenizer.vocab_size(),
+            m.tokenizer.bos(),
+            m.tokenizer.add_bos(),
+            m.tokenizer.eos()
+        );
+        println!("  running on: {}", m.runner.executor().backend().name());
+    }
     let all = cases()?;
     for name in BackendName::ALL {
         match open(name, None) {
@@ -22,7 +63,7 @@ pub fn run(_args: &InfoArgs) -> Result<()> {
                 ops.dedup();
                 let claimed = all.iter().filter(|c| b.supports_op(&c.desc())).count();
                 println!(
-                    "{}: {} ({:?}, {} threads/units)",
+                    "backend {}: {} ({:?}, {} threads/units)",
                     name.as_str(),
                     caps.device,
                     caps.kind,
@@ -34,7 +75,7 @@ pub fn run(_args: &InfoArgs) -> Result<()> {
                     ops.join(" ")
                 );
             }
-            Err(e) => println!("{}: not available: {e}", name.as_str()),
+            Err(e) => println!("backend {}: not available: {e}", name.as_str()),
         }
     }
     Ok(())

@@ -1,10 +1,7 @@
 //! The `kiln` command.
 
-mod backends;
-mod info;
-mod validate;
-
 use clap::{Parser, Subcommand};
+use kiln_server::{generate, info, models, validate};
 
 /// kiln: an LLM inference engine. WebGPU everywhere, CUDA at full speed, and a CPU reference
 /// that keeps both honest.
@@ -27,8 +24,26 @@ enum Command {
     /// outside an output's bounds fails the case. Ops a backend does not claim are counted as
     /// "not supported". Exits non-zero if any case fails.
     Validate(validate::ValidateArgs),
-    /// Show the backends found on this machine and what each supports.
+    /// Generate text after a prompt.
+    Run(generate::RunArgs),
+    /// Chat with the model through its own chat template.
+    Chat(generate::ChatArgs),
+    /// Print the token ids of a text as a JSON array (BOS included when the model adds it).
+    Tokenize(generate::TokenizeArgs),
+    /// Print the logits of the last position (or every one) after some token ids, as JSON.
+    Logits(generate::LogitsArgs),
+    /// Perplexity of a text file, by llama.cpp's method (chunks of --ctx tokens, the second
+    /// half of each scored).
+    Perplexity(generate::PerplexityArgs),
+    /// Prompt-processing and generation speed (tokens per second).
+    Bench(generate::BenchArgs),
+    /// The model's architecture, sizes and dtypes, and the backends found with what each supports.
     Info(info::InfoArgs),
+    /// Fetch a model alias into the cache (smollm2-135m-instruct, gemma3-270m).
+    Pull {
+        /// Alias to fetch; default smollm2-135m-instruct.
+        alias: Option<String>,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -47,7 +62,16 @@ fn main() -> std::process::ExitCode {
         .init();
     let result = match &cli.command {
         Command::Validate(a) => validate::run(a),
+        Command::Run(a) => generate::run(a),
+        Command::Chat(a) => generate::chat(a),
+        Command::Tokenize(a) => generate::tokenize(a),
+        Command::Logits(a) => generate::logits(a),
+        Command::Perplexity(a) => generate::perplexity(a),
+        Command::Bench(a) => generate::bench(a),
         Command::Info(a) => info::run(a),
+        Command::Pull { alias } => {
+            models::resolve(alias.as_deref()).map(|p| println!("{}", p.display()))
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -2,10 +2,13 @@
 //! default order (penalties → top-k → top-p → min-p → temperature → draw). Temperature 0 is
 //! greedy.
 
+mod stop;
+
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
 use crate::rng::Rng;
+pub use stop::StopMatcher;
 
 /// What a request asks of the sampler. Defaults: greedy off (temperature 0.8), top-k 40,
 /// top-p 0.95, min-p 0.05, no penalties — llama.cpp's defaults.

@@ -1,0 +1,548 @@
+//! The model commands: run, chat, tokenize, logits, perplexity, bench.
+
+use std::io::{BufRead, Write};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use kiln_core::chat::{ChatTemplate, Message};
+use kiln_core::engine::{Logits, Runner, RunnerConfig};
+use kiln_core::kv::SeqId;
+use kiln_core::sample::{log_softmax, Sampler, SamplingParams, StopMatcher};
+use kiln_core::tokenizer::{StreamDecoder, Tokenizer};
+use serde::Serialize;
+
+use crate::load::{load, ModelArgs};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SampleArgs {
+    /// Temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    /// Keep the K most likely tokens (0: off).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the most likely tokens up to this total probability (1: off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens less likely than this fraction of the best one (0: off).
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalise tokens seen in the last 64 (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Seed for reproducible sampling.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when this text appears (repeatable); it is not printed.
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Keep going past the model's end-of-generation tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+impl SampleArgs {
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            penalty_last_n: 64,
+            seed: self.seed,
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// The prompt (read from standard input when absent).
+    pub prompt: Option<String>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Tokens to generate.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub n_predict: usize,
+    #[command(flatten)]
+    pub sample: SampleArgs,
+    /// Print {"prompt_tokens":[…],"tokens":[…],"text":"…"} instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct RunJson {
+    prompt_tokens: Vec<u32>,
+    tokens: Vec<u32>,
+    text: String,
+}
+
+const SEQ: SeqId = 1;
+
+/// Generates up to `n` tokens after `prompt`, calling `emit` with each piece of visible text.
+/// Returns the generated token ids.
+pub fn generate(
+    runner: &mut Runner,
+    tok: &Tokenizer,
+    seq: SeqId,
+    prompt: &[u32],
+    n: usize,
+    sample: &SampleArgs,
+    mut emit: impl FnMut(&str) -> Result<()>,
+) -> Result<Vec<u32>> {
+    if prompt.is_empty() {
+        bail!("the prompt is empty (and the model adds no BOS token)");
+    }
+    let mut sampler = Sampler::new(sample.params())?;
+    let mut history = prompt.to_vec();
+    let mut out = Vec::new();
+    let mut stream = StreamDecoder::new();
+    let mut stops = StopMatcher::new(&sample.stop);
+    let mut logits = runner
+        .feed(seq, prompt, Logits::Last)?
+        .pop()
+        .context("no logits")?;
+    for _ in 0..n {
+        let t = sampler.sample(&mut logits, &history);
+        if !sample.ignore_eos && tok.is_eog(t) {
+            break;
+        }
+        out.push(t);
+        history.push(t);
+        emit(&stops.push(&stream.push(tok, t)))?;
+        if stops.stopped() || out.len() == n {
+            break;
+        }
+        logits = runner
+            .feed(seq, &[t], Logits::Last)?
+            .pop()
+            .context("no logits")?;
+    }
+    let tail = stream.finish();
+    emit(&stops.push(&tail))?;
+    emit(&stops.finish())?;
+    Ok(out)
+}
+
+fn read_prompt(p: &Option<String>) -> Result<String> {
+    match p {
+        Some(p) => Ok(p.clone()),
+        None => {
+            let mut s = String::new();
+            std::io::stdin().lock().read_to_string_lossy(&mut s)?;
+            Ok(s)
+        }
+    }
+}
+
+trait ReadLossy {
+    fn read_to_string_lossy(&mut self, s: &mut String) -> std::io::Result<()>;
+}
+impl<R: std::io::Read> ReadLossy for R {
+    fn read_to_string_lossy(&mut self, s: &mut String) -> std::io::Result<()> {
+        let mut b = Vec::new();
+        self.read_to_end(&mut b)?;
+        s.push_str(&String::from_utf8_lossy(&b));
+        Ok(())
+    }
+}
+
+pub fn run(a: &RunArgs) -> Result<()> {
+    let prompt = read_prompt(&a.prompt)?;
+    let mut m = load(&a.model, RunnerConfig::default())?;
+    let ids = m.tokenizer.encode(&prompt, true)?;
+    let room = m.runner.config().ctx.saturating_sub(ids.len());
+    if room == 0 {
+        bail!(
+            "the prompt has {} tokens, which fills the context of {}",
+            ids.len(),
+            m.runner.config().ctx
+        );
+    }
+    let n = a.n_predict.min(room);
+    let mut stdout = std::io::stdout().lock();
+    let mut text = String::new();
+    let json = a.json;
+    let tokens = generate(
+        &mut m.runner,
+        &m.tokenizer,
+        SEQ,
+        &ids,
+        n,
+        &a.sample,
+        |piece| {
+            if json {
+                text.push_str(piece);
+            } else {
+                stdout.write_all(piece.as_bytes())?;
+                stdout.flush()?;
+            }
+            Ok(())
+        },
+    )?;
+    if json {
+        let j = RunJson {
+            prompt_tokens: ids,
+            tokens,
+            text,
+        };
+        writeln!(stdout, "{}", serde_json::to_string(&j)?)?;
+    } else {
+        writeln!(stdout)?;
+    }
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TokenizeArgs {
+    pub text: String,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+pub fn tokenize(a: &TokenizeArgs) -> Result<()> {
+    let path = crate::models::resolve(a.model.model.as_deref())?;
+    let file = kiln_core::load::gguf::GgufFile::open(&path)?;
+    let tok = Tokenizer::from_gguf(&file)?;
+    println!("{}", serde_json::to_string(&tok.encode(&a.text, true)?)?);
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct LogitsArgs {
+    /// Comma-separated token ids, e.g. 1,2,3.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub tokens: Vec<u32>,
+    /// Logits of every position, not just the last.
+    #[arg(long)]
+    pub all: bool,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+pub fn logits(a: &LogitsArgs) -> Result<()> {
+    let mut m = load(&a.model, RunnerConfig::default())?;
+    let want = if a.all { Logits::All } else { Logits::Last };
+    let rows = m.runner.feed(SEQ, &a.tokens, want)?;
+    #[derive(Serialize)]
+    struct J {
+        logits: Vec<Vec<f32>>,
+    }
+    println!("{}", serde_json::to_string(&J { logits: rows })?);
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PerplexityArgs {
+    /// The text file to score.
+    #[arg(long, short)]
+    pub file: std::path::PathBuf,
+    /// Tokens per chunk.
+    #[arg(long, default_value_t = 128)]
+    pub ctx: usize,
+    /// Score at most this many chunks.
+    #[arg(long)]
+    pub chunks: Option<usize>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+/// Perplexity by llama.cpp's method: the text cut into chunks of `ctx` tokens, BOS at each
+/// chunk's start when the model adds one, the second half of each chunk scored.
+pub fn perplexity_of(
+    runner: &mut Runner,
+    tok: &Tokenizer,
+    tokens: &[u32],
+    ctx: usize,
+    max_chunks: Option<usize>,
+    mut progress: impl FnMut(usize, usize, f64),
+) -> Result<(f64, usize)> {
+    if ctx < 4 {
+        bail!("--ctx must be at least 4");
+    }
+    let mut n_chunks = tokens.len() / ctx;
+    if let Some(m) = max_chunks {
+        n_chunks = n_chunks.min(m);
+    }
+    if n_chunks == 0 {
+        bail!(
+            "the text has {} tokens; perplexity needs at least one chunk of {ctx}",
+            tokens.len()
+        );
+    }
+    let first = ctx / 2;
+    let (mut nll, mut count) = (0f64, 0usize);
+    for c in 0..n_chunks {
+        let mut chunk = tokens[c * ctx..(c + 1) * ctx].to_vec();
+        if tok.add_bos() {
+            if let Some(b) = tok.bos() {
+                chunk[0] = b;
+            }
+        }
+        let seq = 1000 + c as SeqId;
+        let rows = runner.feed(seq, &chunk, Logits::From(first))?;
+        runner.release(seq)?;
+        for (i, row) in rows.iter().enumerate().take(ctx - 1 - first) {
+            let lp = log_softmax(row);
+            nll -= lp[chunk[first + i + 1] as usize];
+            count += 1;
+        }
+        progress(c + 1, n_chunks, (nll / count as f64).exp());
+    }
+    Ok(((nll / count as f64).exp(), n_chunks))
+}
+
+pub fn perplexity(a: &PerplexityArgs) -> Result<()> {
+    let text = std::fs::read(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let text = String::from_utf8_lossy(&text);
+    let cfg = RunnerConfig {
+        max_batch_tokens: a.ctx.max(16),
+        ..RunnerConfig::default()
+    };
+    let mut margs = a.model.clone();
+    margs.ctx = Some(a.ctx.max(margs.ctx.unwrap_or(0)));
+    let mut m = load(&margs, cfg)?;
+    let tokens = m.tokenizer.encode(&text, true)?;
+    eprintln!(
+        "kiln: {} tokens, {} chunks of {}",
+        tokens.len(),
+        tokens.len() / a.ctx,
+        a.ctx
+    );
+    let start = Instant::now();
+    let (ppl, n) = perplexity_of(
+        &mut m.runner,
+        &m.tokenizer,
+        &tokens,
+        a.ctx,
+        a.chunks,
+        |i, n, p| {
+            eprint!("\r[{i}/{n}] ppl {p:.4}   ");
+        },
+    )?;
+    eprintln!();
+    eprintln!("kiln: {n} chunks in {:.1} s", start.elapsed().as_secs_f64());
+    println!("ppl = {ppl:.4}");
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Prompt tokens (processed as one batch).
+    #[arg(short = 'p', long, default_value_t = 128)]
+    pub n_prompt: usize,
+    /// Generated tokens (one at a time).
+    #[arg(short = 'n', long, default_value_t = 64)]
+    pub n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long, default_value_t = 3)]
+    pub reps: usize,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct BenchJson {
+    model: String,
+    backend: String,
+    threads: usize,
+    n_prompt: usize,
+    n_gen: usize,
+    prompt_tps: f64,
+    prompt_tps_std: f64,
+    gen_tps: f64,
+    gen_tps_std: f64,
+}
+
+fn mean_std(v: &[f64]) -> (f64, f64) {
+    let n = v.len().max(1) as f64;
+    let m = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (m, var.sqrt())
+}
+
+pub fn bench(a: &BenchArgs) -> Result<()> {
+    let cfg = RunnerConfig {
+        max_batch_tokens: a.n_prompt.max(1),
+        ..RunnerConfig::default()
+    };
+    let mut margs = a.model.clone();
+    margs.ctx = Some((a.n_prompt + a.n_gen + 1).max(margs.ctx.unwrap_or(0)));
+    let mut m = load(&margs, cfg)?;
+    let vocab = m.runner.model().info().vocab as u64;
+    let mut rng = kiln_core::rng::Rng::new(42);
+    let mut toks =
+        |n: usize| -> Vec<u32> { (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect() };
+    let threads = m.runner.executor().backend().capabilities().parallelism;
+    let backend = m.runner.executor().backend().name().to_string();
+    // One warm-up of each.
+    let warm = toks(a.n_prompt.max(1));
+    m.runner.feed(1, &warm, Logits::Last)?;
+    m.runner.feed(1, &toks(1), Logits::Last)?;
+    m.runner.release(1)?;
+    let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    for r in 0..a.reps.max(1) {
+        let seq = 10 + r as SeqId;
+        if a.n_prompt > 0 {
+            let p = toks(a.n_prompt);
+            let t0 = Instant::now();
+            m.runner.feed(seq, &p, Logits::Last)?;
+            pp.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
+            m.runner.release(seq)?;
+        }
+        if a.n_gen > 0 {
+            let g = toks(a.n_gen);
+            let t0 = Instant::now();
+            for t in &g {
+                m.runner
+                    .feed(seq + 1000, std::slice::from_ref(t), Logits::Last)?;
+            }
+            tg.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
+            m.runner.release(seq + 1000)?;
+        }
+    }
+    let (pm, ps) = mean_std(&pp);
+    let (gm, gs) = mean_std(&tg);
+    let name = m
+        .path
+        .file_name()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    if a.json {
+        let j = BenchJson {
+            model: name,
+            backend,
+            threads,
+            n_prompt: a.n_prompt,
+            n_gen: a.n_gen,
+            prompt_tps: pm,
+            prompt_tps_std: ps,
+            gen_tps: gm,
+            gen_tps_std: gs,
+        };
+        println!("{}", serde_json::to_string(&j)?);
+    } else {
+        println!("| model | backend | threads | test | t/s |");
+        println!("|---|---|---|---|---|");
+        if a.n_prompt > 0 {
+            println!(
+                "| {name} | {backend} | {threads} | pp{} | {pm:.2} ± {ps:.2} |",
+                a.n_prompt
+            );
+        }
+        if a.n_gen > 0 {
+            println!(
+                "| {name} | {backend} | {threads} | tg{} | {gm:.2} ± {gs:.2} |",
+                a.n_gen
+            );
+        }
+    }
+    let fb = m.runner.executor().fallbacks();
+    if !fb.is_empty() {
+        eprintln!(
+            "kiln: CPU fallbacks: {}",
+            fb.iter()
+                .map(|f| format!("{}×{}", f.op, f.count))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// A system prompt.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Most tokens per reply.
+    #[arg(short = 'n', long, default_value_t = 512)]
+    pub n_predict: usize,
+    #[command(flatten)]
+    pub sample: SampleArgs,
+}
+
+pub fn chat(a: &ChatArgs) -> Result<()> {
+    let mut m = load(&a.model, RunnerConfig::default())?;
+    let src = m
+        .tokenizer
+        .chat_template()
+        .context("this model has no chat template (tokenizer.chat_template); use `kiln run`")?
+        .to_string();
+    let piece = |id: Option<u32>| id.map(|i| m.tokenizer.decode(&[i])).unwrap_or_default();
+    let tpl = ChatTemplate::new(&src, &piece(m.tokenizer.bos()), &piece(m.tokenizer.eos()))?;
+    let mut messages = Vec::new();
+    if let Some(s) = &a.system {
+        messages.push(Message::new("system", s.clone()));
+    }
+    let mut cached: Vec<u32> = Vec::new();
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    eprintln!("kiln chat: type a message; an empty line or Ctrl-D ends.");
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
+            break;
+        }
+        messages.push(Message::new(
+            "user",
+            line.trim_end_matches(['\n', '\r']).to_string(),
+        ));
+        let prompt = tpl.render(&messages, true)?;
+        let ids = m.tokenizer.encode(
+            &prompt,
+            !prompt.starts_with(&piece(m.tokenizer.bos())) || m.tokenizer.bos().is_none(),
+        )?;
+        // Reuse the cached conversation when the new prompt extends it.
+        if !(ids.len() > cached.len() && ids[..cached.len()] == cached[..]) {
+            m.runner.release(SEQ)?;
+            cached.clear();
+        }
+        let new = &ids[cached.len()..];
+        if ids.len() + a.n_predict > m.runner.config().ctx {
+            bail!(
+                "the conversation has reached the context of {} tokens",
+                m.runner.config().ctx
+            );
+        }
+        let mut reply = String::new();
+        let gen = generate(
+            &mut m.runner,
+            &m.tokenizer,
+            SEQ,
+            new,
+            a.n_predict,
+            &a.sample,
+            |p| {
+                reply.push_str(p);
+                out.write_all(p.as_bytes())?;
+                out.flush()?;
+                Ok(())
+            },
+        );
+        // `generate` fed the prompt and every sampled token but the last.
+        let gen = gen?;
+        writeln!(out)?;
+        cached = ids.clone();
+        cached.extend(gen.iter().take(gen.len().saturating_sub(1)));
+        if m.runner.seq_len(SEQ) != cached.len() {
+            m.runner.release(SEQ)?;
+            cached.clear();
+        }
+        messages.push(Message::new("assistant", reply));
+    }
+    Ok(())
+}

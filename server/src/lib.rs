@@ -1,0 +1,8 @@
+//! The `kiln` command's pieces, as a library so the end-to-end tests can drive them.
+
+pub mod backends;
+pub mod generate;
+pub mod info;
+pub mod load;
+pub mod models;
+pub mod validate;
