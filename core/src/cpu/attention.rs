@@ -167,12 +167,20 @@ pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResul
                     sc,
                     |j, buf| {
                         let r = locate(s, j, g)?;
-                        quant::dequantize(kc.desc.dtype, &kc.bytes[r * krb..(r + 1) * krb], buf)?;
+                        quant::dequantize_row(
+                            kc.desc.dtype,
+                            &kc.bytes[r * krb..(r + 1) * krb],
+                            buf,
+                        );
                         Ok(())
                     },
                     |j, buf| {
                         let r = locate(s, j, g)?;
-                        quant::dequantize(vc.desc.dtype, &vc.bytes[r * vrb..(r + 1) * vrb], buf)?;
+                        quant::dequantize_row(
+                            vc.desc.dtype,
+                            &vc.bytes[r * vrb..(r + 1) * vrb],
+                            buf,
+                        );
                         Ok(())
                     },
                 )

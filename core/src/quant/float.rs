@@ -3,23 +3,28 @@
 
 use half::{bf16, f16};
 
+#[inline(always)]
 pub(super) fn dequant_f32(b: &[u8; 4], y: &mut [f32; 1]) {
     y[0] = f32::from_le_bytes(*b);
 }
 
+#[inline(always)]
 pub(super) fn dequant_f16(b: &[u8; 2], y: &mut [f32; 1]) {
     y[0] = f16::from_bits(u16::from_le_bytes(*b)).to_f32();
 }
 
 /// bf16 is the top half of an f32, so decoding is a shift (NaN payloads survive).
+#[inline(always)]
 pub(super) fn dequant_bf16(b: &[u8; 2], y: &mut [f32; 1]) {
     y[0] = f32::from_bits(u32::from(u16::from_le_bytes(*b)) << 16);
 }
 
+#[inline(always)]
 pub(super) fn dequant_i32(b: &[u8; 4], y: &mut [f32; 1]) {
     y[0] = i32::from_le_bytes(*b) as f32;
 }
 
+#[inline(always)]
 pub(super) fn dequant_u32(b: &[u8; 4], y: &mut [f32; 1]) {
     y[0] = u32::from_le_bytes(*b) as f32;
 }

@@ -44,6 +44,7 @@ fn e8m0_half(e: u8) -> f32 {
 }
 
 /// Element `j` is the low nibble of `qs[j]`, element `j + 16` the high nibble.
+#[inline(always)]
 pub(super) fn dequant_mxfp4(b: &[u8; MXFP4_BYTES], y: &mut [f32; 32]) {
     let d = e8m0_half(b[0]);
     for j in 0..16 {
@@ -96,6 +97,7 @@ pub(super) fn ue4m3_half(x: u8) -> f32 {
 
 /// Sub-block `s` has its scale in byte `s` and its 16 codes in `qs[8s..8s + 8]`: element `i < 8`
 /// in the low nibble of byte `i`, element `i + 8` in its high nibble.
+#[inline(always)]
 pub(super) fn dequant_nvfp4(b: &[u8; NVFP4_BYTES], y: &mut [f32; 64]) {
     for s in 0..4 {
         let d = ue4m3_half(b[s]);

@@ -199,6 +199,7 @@ fn quant_sym(
 
 // ---- Q2_K: scales[16] (scale | min << 4), qs[64], f16 d, f16 dmin ----------------------------
 
+#[inline(always)]
 pub(super) fn dequant_q2_k(b: &[u8; Q2_K_BYTES], y: &mut [f32; QK_K]) {
     let scales = &b[..16];
     let d = f16_at(b, 80);
@@ -242,6 +243,7 @@ pub(super) fn quant_q2_k(x: &[f32; QK_K], b: &mut [u8; Q2_K_BYTES]) {
 
 // ---- Q3_K: hmask[32], qs[64], scales[12], f16 d ----------------------------------------------
 
+#[inline(always)]
 pub(super) fn dequant_q3_k(b: &[u8; Q3_K_BYTES], y: &mut [f32; QK_K]) {
     let hmask = &b[..32];
     let scales = unpack_q3_k_scales(&b[96..108]);
@@ -284,6 +286,7 @@ pub(super) fn quant_q3_k(x: &[f32; QK_K], b: &mut [u8; Q3_K_BYTES]) {
 
 // ---- Q4_K: f16 d, f16 dmin, scales[12], qs[128] ----------------------------------------------
 
+#[inline(always)]
 pub(super) fn dequant_q4_k(b: &[u8; Q4_K_BYTES], y: &mut [f32; QK_K]) {
     let d = f16_at(b, 0);
     let dmin = f16_at(b, 2);
@@ -321,6 +324,7 @@ pub(super) fn quant_q4_k(x: &[f32; QK_K], b: &mut [u8; Q4_K_BYTES]) {
 
 // ---- Q5_K: f16 d, f16 dmin, scales[12], qh[32], qs[128] --------------------------------------
 
+#[inline(always)]
 pub(super) fn dequant_q5_k(b: &[u8; Q5_K_BYTES], y: &mut [f32; QK_K]) {
     let d = f16_at(b, 0);
     let dmin = f16_at(b, 2);
@@ -365,6 +369,7 @@ pub(super) fn quant_q5_k(x: &[f32; QK_K], b: &mut [u8; Q5_K_BYTES]) {
 
 // ---- Q6_K: ql[128], qh[64], i8 scales[16], f16 d ---------------------------------------------
 
+#[inline(always)]
 pub(super) fn dequant_q6_k(b: &[u8; Q6_K_BYTES], y: &mut [f32; QK_K]) {
     let d = f16_at(b, 208);
     // Two halves of 128. In half h, for l in 0..32: ql[64h + l] holds elements l (low nibble)
@@ -413,6 +418,7 @@ pub(super) fn quant_q6_k(x: &[f32; QK_K], b: &mut [u8; Q6_K_BYTES]) {
 
 // ---- Q8_K: f32 d, i8 qs[256], i16 bsums[16] ---------------------------------------------------
 
+#[inline(always)]
 pub(super) fn dequant_q8_k(b: &[u8; Q8_K_BYTES], y: &mut [f32; QK_K]) {
     let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     for (o, &q) in y.iter_mut().zip(&b[4..4 + QK_K]) {

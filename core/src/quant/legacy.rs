@@ -19,6 +19,7 @@ pub(super) const Q8_0_BYTES: usize = 2 + QK;
 
 // ---- dequantize -------------------------------------------------------------------------------
 
+#[inline(always)]
 pub(super) fn dequant_q4_0(b: &[u8; Q4_0_BYTES], y: &mut [f32; QK]) {
     let d = f16_at(b, 0);
     let qs = &b[2..];
@@ -28,6 +29,7 @@ pub(super) fn dequant_q4_0(b: &[u8; Q4_0_BYTES], y: &mut [f32; QK]) {
     }
 }
 
+#[inline(always)]
 pub(super) fn dequant_q4_1(b: &[u8; Q4_1_BYTES], y: &mut [f32; QK]) {
     let d = f16_at(b, 0);
     let m = f16_at(b, 2);
@@ -38,6 +40,7 @@ pub(super) fn dequant_q4_1(b: &[u8; Q4_1_BYTES], y: &mut [f32; QK]) {
     }
 }
 
+#[inline(always)]
 pub(super) fn dequant_q5_0(b: &[u8; Q5_0_BYTES], y: &mut [f32; QK]) {
     let d = f16_at(b, 0);
     let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
@@ -50,6 +53,7 @@ pub(super) fn dequant_q5_0(b: &[u8; Q5_0_BYTES], y: &mut [f32; QK]) {
     }
 }
 
+#[inline(always)]
 pub(super) fn dequant_q5_1(b: &[u8; Q5_1_BYTES], y: &mut [f32; QK]) {
     let d = f16_at(b, 0);
     let m = f16_at(b, 2);
@@ -63,6 +67,7 @@ pub(super) fn dequant_q5_1(b: &[u8; Q5_1_BYTES], y: &mut [f32; QK]) {
     }
 }
 
+#[inline(always)]
 pub(super) fn dequant_q8_0(b: &[u8; Q8_0_BYTES], y: &mut [f32; QK]) {
     let d = f16_at(b, 0);
     for (y, &q) in y.iter_mut().zip(&b[2..]) {

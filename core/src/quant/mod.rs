@@ -29,6 +29,7 @@ const PAR_CHUNK_ELEMS: usize = 1 << 14;
 /// `src.len()` must be exactly `dtype.bytes_for(dst.len())`. Any bytes are accepted: garbage
 /// gives garbage floats (NaN and infinities included), never a panic. `src` need not be aligned.
 /// I32 and U32 are converted numerically (rounding to the nearest f32 above 2^24).
+#[inline]
 pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
     let want = dtype.bytes_for(dst.len()).ok_or_else(|| {
         Error::quant(
@@ -71,6 +72,54 @@ pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         DType::NVFP4 => for_each_block(src, dst, fp4::dequant_nvfp4),
     }
     Ok(())
+}
+
+/// [`dequantize`] for one row on the calling thread, inlined into its caller so hot loops
+/// (matmul, attention) get the block decoders compiled with their target features.
+/// `src.len()` must be exactly `dtype.bytes_for(dst.len())`; otherwise nothing is written.
+#[inline(always)]
+pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
+    // A macro rather than a generic helper: direct calls of the `#[inline(always)]` block
+    // decoders, so they are inlined into the caller's target features.
+    macro_rules! each {
+        ($f:path) => {
+            for (s, d) in src
+                .chunks_exact(dtype.type_size())
+                .zip(dst.chunks_exact_mut(dtype.block_size()))
+            {
+                if let (Ok(s), Ok(d)) = (s.try_into(), d.try_into()) {
+                    $f(s, d);
+                }
+            }
+        };
+    }
+    if dtype.bytes_for(dst.len()) != Some(src.len()) {
+        return;
+    }
+    match dtype {
+        DType::F32 => {
+            for (s, d) in src.chunks_exact(4).zip(dst.iter_mut()) {
+                *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+            }
+        }
+        DType::F16 => each!(float::dequant_f16),
+        DType::BF16 => each!(float::dequant_bf16),
+        DType::I32 => each!(float::dequant_i32),
+        DType::U32 => each!(float::dequant_u32),
+        DType::Q4_0 => each!(legacy::dequant_q4_0),
+        DType::Q4_1 => each!(legacy::dequant_q4_1),
+        DType::Q5_0 => each!(legacy::dequant_q5_0),
+        DType::Q5_1 => each!(legacy::dequant_q5_1),
+        DType::Q8_0 => each!(legacy::dequant_q8_0),
+        DType::Q2_K => each!(k_quants::dequant_q2_k),
+        DType::Q3_K => each!(k_quants::dequant_q3_k),
+        DType::Q4_K => each!(k_quants::dequant_q4_k),
+        DType::Q5_K => each!(k_quants::dequant_q5_k),
+        DType::Q6_K => each!(k_quants::dequant_q6_k),
+        DType::Q8_K => each!(k_quants::dequant_q8_k),
+        DType::MXFP4 => each!(fp4::dequant_mxfp4),
+        DType::NVFP4 => each!(fp4::dequant_nvfp4),
+    }
 }
 
 /// Whether [`quantize`] can produce `dtype`: the float types and every block type. The integer
