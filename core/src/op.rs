@@ -246,7 +246,7 @@ pub enum Op {
     },
     /// Float → float of another (or the same) dtype, same shape.
     Cast,
-    /// Same dtype, same element count (a reshape copy).
+    /// Same dtype and shape: a plain copy (views make reshapes free).
     Copy,
 
     // ---- fused ops ----

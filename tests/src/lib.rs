@@ -30,3 +30,34 @@ pub fn optional_backend(
         }
     }
 }
+
+/// A real model file for end-to-end tests: from `KILN_TEST_MODELS` (a folder), else kiln's
+/// model cache. `None` (with a printed reason) when absent, unless `KILN_REQUIRE_MODELS` is set.
+pub fn model_file(name: &str) -> Option<std::path::PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(d) = std::env::var_os("KILN_TEST_MODELS") {
+        dirs.push(std::path::PathBuf::from(d));
+    }
+    dirs.push(kiln_server::models::cache_dir());
+    for d in &dirs {
+        let p = d.join(name);
+        if p.is_file() {
+            return Some(p);
+        }
+    }
+    if required("MODELS") {
+        panic!(
+            "KILN_REQUIRE_MODELS is set but {name} is in none of {dirs:?} (run `kiln pull ALIAS`)"
+        );
+    }
+    println!("skipping: model {name} not found in {dirs:?} (run `kiln pull ALIAS` or set KILN_TEST_MODELS)");
+    None
+}
+
+pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
+
+/// The fixtures folder of the source tree.
+pub fn fixtures() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}

@@ -295,7 +295,12 @@ impl Model for Decoder {
         }
         // Only the rows that want logits go through the final norm and the output matrix.
         let rows: Vec<i32> = b.logits_rows.iter().map(|&r| r as i32).collect();
-        if rows.iter().any(|&r| r as usize >= t) || rows.is_empty() {
+        if rows.is_empty() {
+            return ex
+                .backend()
+                .alloc(&crate::TensorDesc::new(crate::DType::F32, [0, i.vocab]));
+        }
+        if rows.iter().any(|&r| r as usize >= t) {
             return Err(Error::Model(format!(
                 "logits rows {:?} out of the batch of {t}",
                 b.logits_rows

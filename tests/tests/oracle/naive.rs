@@ -73,6 +73,7 @@ pub fn unary(u: UnaryOp, x: f64) -> f64 {
         }
         UnaryOp::Exp => x.exp(),
         UnaryOp::Neg => -x,
+        UnaryOp::Tanh => x.tanh(),
     }
 }
 
@@ -265,7 +266,15 @@ pub struct AttnDims {
 
 /// `q [t, hq, d]`, `k [s, hkv, d]`, `v [s, hkv, dv]`; query `i` at position `s - t + i`;
 /// query head `h` reads kv head `h / (hq / hkv)`.
-pub fn attention(a: &Attn, q: &[f64], k: &[f64], v: &[f64], t: usize, s: usize, dm: AttnDims) -> Vec<f64> {
+pub fn attention(
+    a: &Attn,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    t: usize,
+    s: usize,
+    dm: AttnDims,
+) -> Vec<f64> {
     let AttnDims { hq, hkv, d, dv } = dm;
     let group = hq / hkv;
     let mut y = Vec::with_capacity(t * hq * dv);
@@ -361,7 +370,12 @@ pub fn top_k(row: &[f64], k: usize) -> Vec<usize> {
 }
 
 /// Router weights and ids for one row of logits.
-pub fn moe_route(logits: &[f64], k: usize, gating: MoeGating, normalize: bool) -> (Vec<f64>, Vec<usize>) {
+pub fn moe_route(
+    logits: &[f64],
+    k: usize,
+    gating: MoeGating,
+    normalize: bool,
+) -> (Vec<f64>, Vec<usize>) {
     let p: Vec<f64> = match gating {
         MoeGating::Softmax => softmax(logits),
         MoeGating::Sigmoid => logits.iter().map(|&x| sigmoid(x)).collect(),
@@ -380,7 +394,14 @@ pub fn moe_route(logits: &[f64], k: usize, gating: MoeGating, normalize: bool) -
 /// One sequence of the causal depthwise conv: `x [l, c]` after `state [kw-1, c]` (oldest first).
 /// `y[t, ch] = Σ_k w[ch, k] · in[t - (kw-1) + k, ch]`, where inputs before the sequence come
 /// from the state. Returns `y` and the new state (the last `kw-1` inputs).
-pub fn conv1d_seq(x: &[f64], w: &[f64], state: &[f64], c: usize, kw: usize, silu: bool) -> (Vec<f64>, Vec<f64>) {
+pub fn conv1d_seq(
+    x: &[f64],
+    w: &[f64],
+    state: &[f64],
+    c: usize,
+    kw: usize,
+    silu: bool,
+) -> (Vec<f64>, Vec<f64>) {
     let l = x.len() / c;
     let input = |t: isize, ch: usize| -> f64 {
         if t >= 0 {
@@ -410,13 +431,28 @@ pub fn conv1d_seq(x: &[f64], w: &[f64], state: &[f64], c: usize, kw: usize, silu
 }
 
 /// Conv1d over sequences `seq_start[s]..seq_start[s+1]`, states `[S, kw-1, c]`.
-pub fn conv1d(x: &[f64], w: &[f64], state: &[f64], seq_start: &[i32], c: usize, kw: usize, silu: bool) -> (Vec<f64>, Vec<f64>) {
+pub fn conv1d(
+    x: &[f64],
+    w: &[f64],
+    state: &[f64],
+    seq_start: &[i32],
+    c: usize,
+    kw: usize,
+    silu: bool,
+) -> (Vec<f64>, Vec<f64>) {
     let sl = (kw - 1) * c;
     let mut y = Vec::new();
     let mut st_out = Vec::new();
     for s in 0..seq_start.len() - 1 {
         let (a, b) = (seq_start[s] as usize, seq_start[s + 1] as usize);
-        let (ys, st) = conv1d_seq(&x[a * c..b * c], w, &state[s * sl..(s + 1) * sl], c, kw, silu);
+        let (ys, st) = conv1d_seq(
+            &x[a * c..b * c],
+            w,
+            &state[s * sl..(s + 1) * sl],
+            c,
+            kw,
+            silu,
+        );
         y.extend(ys);
         st_out.extend(st);
     }
@@ -437,7 +473,17 @@ pub struct DnDims {
 /// One token of one value head, state `st [dk, dv]` updated in place:
 /// `S = e^g·S;  S += k ⊗ β(v − Sᵀk);  o = Sᵀ(q·scale)`.
 #[allow(clippy::too_many_arguments)]
-pub fn delta_step(st: &mut [f64], q: &[f64], k: &[f64], v: &[f64], g: f64, beta: f64, scale: f64, dk: usize, dv: usize) -> Vec<f64> {
+pub fn delta_step(
+    st: &mut [f64],
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    g: f64,
+    beta: f64,
+    scale: f64,
+    dk: usize,
+    dv: usize,
+) -> Vec<f64> {
     let decay = g.exp();
     for e in st.iter_mut() {
         *e *= decay;

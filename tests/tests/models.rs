@@ -1,0 +1,244 @@
+//! Real GGUF models on the CPU against llama.cpp (commit 0c1e570): greedy continuations and
+//! perplexity. The reference data and how it was made are in fixtures/llamacpp/.
+
+use kiln_core::backend::Executor;
+use kiln_core::engine::{Logits, Runner, RunnerConfig};
+use kiln_core::load::gguf::GgufFile;
+use kiln_core::model::build_from_gguf;
+use kiln_core::sample::argmax;
+use kiln_core::tokenizer::Tokenizer;
+use kiln_tests::{fixtures, model_file, GEMMA3, SMOLLM2};
+use serde_json::Value;
+
+fn load(name: &str, batch: usize) -> Option<(Tokenizer, Runner)> {
+    let path = model_file(name)?;
+    let file = GgufFile::open(&path).expect("model parses");
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer loads");
+    let ex = Executor::cpu();
+    let model = build_from_gguf(&file, &ex).expect("model builds");
+    let cfg = RunnerConfig {
+        ctx: 1024,
+        max_batch_tokens: batch,
+        ..RunnerConfig::default()
+    };
+    Some((tok, Runner::new(ex, model, cfg).expect("runner")))
+}
+
+fn fixture(name: &str) -> Value {
+    let p = fixtures().join("llamacpp").join(name);
+    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&s).expect("fixture JSON")
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+/// Greedy decoding from llama.cpp's prompt ids, compared step by step. A divergence is
+/// accepted only where llama.cpp's own top two log-probabilities are within 0.1 nats and kiln
+/// chose llama.cpp's second choice; comparison of that prompt stops there (NOTES.md: llama.cpp
+/// does not meet a tighter bound against itself).
+fn greedy_matches_llama_cpp(model: &str, fixture_name: &str) {
+    let Some((tok, mut runner)) = load(model, 256) else {
+        return;
+    };
+    let cases = fixture(fixture_name);
+    let cases = cases.as_array().expect("list of prompts");
+    assert!(cases.len() >= 4, "at least 4 prompts");
+    let (mut full, mut diverged) = (0, 0);
+    for (ci, case) in cases.iter().enumerate() {
+        let prompt = case["prompt"].as_str().expect("prompt");
+        let prompt_ids = ids(&case["prompt_ids"]);
+        assert_eq!(
+            tok.encode(prompt, true).expect("encode"),
+            prompt_ids,
+            "prompt ids of {prompt:?}"
+        );
+        let want = ids(&case["tokens"]);
+        let top = case["top"].as_array().expect("top-5 per step");
+        let seq = ci as u64 + 1;
+        let mut logits = runner
+            .feed(seq, &prompt_ids, Logits::Last)
+            .expect("prefill")
+            .pop()
+            .expect("logits");
+        let mut ok_steps = 0;
+        for (step, &w) in want.iter().enumerate() {
+            let got = argmax(&logits);
+            if got != w {
+                let alts = top[step].as_array().expect("top list");
+                let lp = |i: usize| alts[i][1].as_f64().expect("logprob");
+                let second = alts[1][0].as_u64().expect("id") as u32;
+                let gap = lp(0) - lp(1);
+                assert!(
+                    gap < 0.1 && got == second,
+                    "{model} prompt {ci} {prompt:?}: step {step} kiln chose {got}, llama.cpp {w} (its top two differ by {gap:.4} nats; its second is {second})",
+                );
+                println!("{model} prompt {ci}: near-tie at step {step} (llama.cpp top-2 gap {gap:.4} nats): kiln took its second choice {got}; stopped comparing");
+                diverged += 1;
+                break;
+            }
+            ok_steps += 1;
+            if step + 1 < want.len() {
+                logits = runner
+                    .feed(seq, &[w], Logits::Last)
+                    .expect("decode")
+                    .pop()
+                    .expect("logits");
+            }
+        }
+        if ok_steps == want.len() {
+            full += 1;
+        }
+        runner.release(seq).expect("release");
+    }
+    println!(
+        "{model}: {full} of {} prompts matched all {} tokens, {diverged} stopped at a near-tie",
+        cases.len(),
+        want_len(cases)
+    );
+    assert!(
+        full >= 4.min(cases.len()),
+        "{model}: only {full} prompts matched llama.cpp fully"
+    );
+}
+
+fn want_len(cases: &[Value]) -> usize {
+    cases
+        .first()
+        .and_then(|c| c["tokens"].as_array())
+        .map_or(0, |t| t.len())
+}
+
+#[test]
+fn smollm2_greedy_matches_llama_cpp() {
+    greedy_matches_llama_cpp(SMOLLM2, "greedy_smollm2.json");
+}
+
+#[test]
+fn gemma3_greedy_matches_llama_cpp() {
+    greedy_matches_llama_cpp(GEMMA3, "greedy_gemma3.json");
+}
+
+/// Perplexity over the first chunks of the text, against llama.cpp's running estimate after
+/// the same number of chunks (the whole text is compared by `kiln perplexity`; see the issue
+/// note). Within 1%.
+fn perplexity_matches_llama_cpp(model: &str, fixture_name: &str, chunks: usize) {
+    let Some((tok, mut runner)) = load(model, 128) else {
+        return;
+    };
+    let f = fixture(fixture_name);
+    let ctx = f["ctx"].as_u64().expect("ctx") as usize;
+    let per_chunk = f["per_chunk"].as_array().expect("running estimates");
+    let text = std::fs::read_to_string(fixtures().join("text").join("ppl.txt")).expect("text");
+    let tokens = tok.encode(&text, true).expect("encode");
+    assert_eq!(
+        tokens.len() as u64,
+        f["tokens"].as_u64().expect("token count"),
+        "tokenized length differs from llama.cpp's"
+    );
+    let n = chunks.min(per_chunk.len());
+    let (ppl, done) = kiln_server::generate::perplexity_of(
+        &mut runner,
+        &tok,
+        &tokens,
+        ctx,
+        Some(n),
+        |_, _, _| {},
+    )
+    .expect("perplexity");
+    assert_eq!(done, n);
+    let want = per_chunk[n - 1].as_f64().expect("ppl");
+    let rel = (ppl - want).abs() / want;
+    println!(
+        "{model}: ppl over {n} chunks of {ctx}: kiln {ppl:.4}, llama.cpp {want:.4} ({:.3}%)",
+        rel * 100.0
+    );
+    assert!(
+        rel < 0.01,
+        "{model}: perplexity {ppl:.4} vs llama.cpp {want:.4}"
+    );
+}
+
+#[test]
+fn smollm2_perplexity_matches_llama_cpp() {
+    perplexity_matches_llama_cpp(SMOLLM2, "ppl_smollm2.json", 12);
+}
+
+#[test]
+fn gemma3_perplexity_matches_llama_cpp() {
+    perplexity_matches_llama_cpp(GEMMA3, "ppl_gemma3.json", 8);
+}
+
+/// Chunked prefill and token-by-token decode give the same logits as one big prefill, and a
+/// sliding-window model that runs past its window releases blocks.
+#[test]
+fn chunked_prefill_equals_one_pass() {
+    let Some((_, mut one)) = load(SMOLLM2, 256) else {
+        return;
+    };
+    let Some((_, mut chunked)) = load(SMOLLM2, 7) else {
+        return;
+    };
+    let mut rng = kiln_core::rng::Rng::new(5);
+    let toks: Vec<u32> = (0..40).map(|_| rng.below(49152) as u32).collect();
+    let a = one.feed(1, &toks, Logits::All).expect("one pass");
+    let b = chunked.feed(1, &toks, Logits::All).expect("chunked");
+    assert_eq!(a.len(), 40);
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        let m = x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f32, f32::max);
+        assert!(m < 1e-3, "row {i}: max abs diff {m}");
+    }
+}
+
+/// Gemma 3's sliding-window layers (window 512) release the blocks that fall out of the
+/// window while a long prompt is fed in chunks, and the logits still equal a single pass that
+/// released nothing.
+#[test]
+fn gemma3_sliding_window_releases_blocks_and_keeps_the_logits() {
+    let Some((_, mut one)) = load(GEMMA3, 600) else {
+        return;
+    };
+    let Some((_, mut chunked)) = load(GEMMA3, 64) else {
+        return;
+    };
+    let mut rng = kiln_core::rng::Rng::new(9);
+    let toks: Vec<u32> = (0..600).map(|_| 3 + rng.below(200_000) as u32).collect();
+    let a = one.feed(1, &toks, Logits::Last).expect("one pass");
+    let b = chunked.feed(1, &toks, Logits::Last).expect("chunked");
+    let groups = chunked.model().kv_groups().to_vec();
+    let swa = groups
+        .iter()
+        .position(|g| g.window == Some(512))
+        .expect("a sliding-window group");
+    let table = chunked.kv_managers()[swa]
+        .block_table(1)
+        .expect("table")
+        .to_vec();
+    let released = table.iter().filter(|&&b| b == 0).count();
+    // 600 tokens, window 512: blocks wholly before position 88 (5 of 16 tokens) are released.
+    assert_eq!(released, (600 - 512) / 16, "released blocks in {table:?}");
+    let full = groups
+        .iter()
+        .position(|g| g.window.is_none())
+        .expect("a full group");
+    assert!(chunked.kv_managers()[full]
+        .block_table(1)
+        .expect("table")
+        .iter()
+        .all(|&b| b != 0));
+    let m = a[0]
+        .iter()
+        .zip(&b[0])
+        .map(|(p, q)| (p - q).abs())
+        .fold(0f32, f32::max);
+    assert!(m < 1e-3, "last-position logits differ by {m}");
+}
