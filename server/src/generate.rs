@@ -299,9 +299,14 @@ pub fn perplexity_of(
     Ok(((nll / count as f64).exp(), n_chunks))
 }
 
+/// The text as llama.cpp's `-f` reads it: one trailing newline dropped.
+pub fn perplexity_text(s: &str) -> String {
+    s.strip_suffix('\n').unwrap_or(s).to_string()
+}
+
 pub fn perplexity(a: &PerplexityArgs) -> Result<()> {
     let text = std::fs::read(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
-    let text = String::from_utf8_lossy(&text);
+    let text = perplexity_text(&String::from_utf8_lossy(&text));
     let cfg = RunnerConfig {
         max_batch_tokens: a.ctx.max(16),
         ..RunnerConfig::default()

@@ -171,6 +171,7 @@ fn perplexity_matches_llama_cpp(model: &str, fixture_name: &str, chunks: usize) 
     let ctx = f["ctx"].as_u64().expect("ctx") as usize;
     let per_chunk = f["per_chunk"].as_array().expect("running estimates");
     let text = std::fs::read_to_string(fixtures().join("text").join("ppl.txt")).expect("text");
+    let text = kiln_server::generate::perplexity_text(&text);
     let tokens = tok.encode(&text, true).expect("encode");
     assert_eq!(
         tokens.len() as u64,

@@ -28,12 +28,30 @@ use hf::HfTokenizer;
 use vocab::Vocab;
 
 /// A tokenizer: a GGUF vocabulary or a Hugging Face `tokenizer.json`.
-#[derive(Debug)]
 pub struct Tokenizer {
     inner: Inner,
 }
 
-#[derive(Debug)]
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.inner {
+            Inner::Gguf(v) => match v.kind {
+                vocab::Kind::Spm => "gguf-spm",
+                vocab::Kind::Bpe => "gguf-bpe",
+            },
+            Inner::Hf(_) => "tokenizer.json",
+        };
+        f.debug_struct("Tokenizer")
+            .field("kind", &kind)
+            .field("vocab_size", &self.vocab_size())
+            .field("bos", &self.bos())
+            .field("eos", &self.eos())
+            .field("add_bos", &self.add_bos())
+            .field("eog", &self.eog_ids())
+            .finish()
+    }
+}
+
 enum Inner {
     Gguf(Box<Vocab>),
     Hf(Box<HfTokenizer>),

@@ -396,6 +396,19 @@ fn split_regex(
     out
 }
 
+/// After an apostrophe, the length of a contraction `'s 't 'm 'd 're 've 'll` (2 or 3), else 0.
+/// `n2` is the codepoint after `n1` (u32::MAX past the end of the piece).
+fn contraction(n1: u32, n2: u32) -> usize {
+    let is = |c: u32, ch: char| c == ch as u32;
+    if is(n1, 's') || is(n1, 't') || is(n1, 'm') || is(n1, 'd') {
+        2
+    } else if (is(n1, 'r') || is(n1, 'v')) && is(n2, 'e') || is(n1, 'l') && is(n2, 'l') {
+        3
+    } else {
+        0
+    }
+}
+
 /// The hand-written matcher for GPT-2's regex
 /// `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`.
 fn split_gpt2(cpts: &[u32], fl: &[u8], offsets: &[usize]) -> Vec<usize> {
@@ -421,18 +434,10 @@ fn split_gpt2(cpts: &[u32], fl: &[u8], offsets: &[usize]) -> Vec<usize> {
             let c = cpt(pos);
             let f = flg(pos);
             if c == '\'' as u32 && pos + 1 < end {
-                let n1 = cpt(pos + 1);
-                if [b's', b't', b'm', b'd'].iter().any(|&x| n1 == x as u32) {
-                    pos += add(pos + 2, &mut out);
+                let n = contraction(cpt(pos + 1), cpt(pos + 2));
+                if n > 0 {
+                    pos += add(pos + n, &mut out);
                     continue;
-                }
-                if pos + 2 < end {
-                    let n2 = cpt(pos + 2);
-                    let (r, v, l, e) = ('r' as u32, 'v' as u32, 'l' as u32, 'e' as u32);
-                    if (n1 == r && n2 == e) || (n1 == v && n2 == e) || (n1 == l && n2 == l) {
-                        pos += add(pos + 3, &mut out);
-                        continue;
-                    }
                 }
             }
             let sp = c == ' ' as u32;
@@ -527,18 +532,10 @@ fn split_llama3(
             let c = cpt(pos);
             let f = flg(pos);
             if c == '\'' as u32 && pos + 1 < end {
-                let n1 = lower(cpt(pos + 1));
-                if [b's', b't', b'm', b'd'].iter().any(|&x| n1 == x as u32) {
-                    pos += add(pos + 2, &mut out);
+                let n = contraction(lower(cpt(pos + 1)), lower(cpt(pos + 2)));
+                if n > 0 {
+                    pos += add(pos + n, &mut out);
                     continue;
-                }
-                if pos + 2 < end {
-                    let n2 = lower(cpt(pos + 2));
-                    let (r, v, l, e) = ('r' as u32, 'v' as u32, 'l' as u32, 'e' as u32);
-                    if (n1 == r && n2 == e) || (n1 == v && n2 == e) || (n1 == l && n2 == l) {
-                        pos += add(pos + 3, &mut out);
-                        continue;
-                    }
                 }
             }
             // [^\r\n\p{L}\p{N}]?\p{L}+
