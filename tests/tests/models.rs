@@ -203,12 +203,12 @@ fn perplexity_matches_llama_cpp(model: &str, fixture_name: &str, chunks: usize) 
 
 #[test]
 fn smollm2_perplexity_matches_llama_cpp() {
-    perplexity_matches_llama_cpp(SMOLLM2, "ppl_smollm2.json", 12);
+    perplexity_matches_llama_cpp(SMOLLM2, "ppl_smollm2.json", 24);
 }
 
 #[test]
 fn gemma3_perplexity_matches_llama_cpp() {
-    perplexity_matches_llama_cpp(GEMMA3, "ppl_gemma3.json", 8);
+    perplexity_matches_llama_cpp(GEMMA3, "ppl_gemma3.json", 24);
 }
 
 /// Chunked prefill and token-by-token decode give the same logits as one big prefill, and a
