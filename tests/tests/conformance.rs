@@ -41,6 +41,7 @@ fn the_case_table_covers_every_op_at_decode_and_prefill_sizes() {
         "softplus",
         "exp",
         "neg",
+        "tanh",
         "swiglu",
         "geglu",
         "rms_norm",

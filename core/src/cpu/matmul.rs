@@ -70,10 +70,12 @@ fn task(
     rows: usize,
 ) -> KResult<Vec<f32>> {
     let row_bytes = dtype.bytes_for(k).unwrap_or(0);
-    SCRATCH.with(|cell| {
-        let mut wf = cell.borrow_mut();
-        task_with(x, m, k, w, dtype, n0, rows, row_bytes, &mut wf)
-    })
+    // Taken out of the thread-local and put back, so `task_with` is inlined here (into the
+    // caller's target features) rather than into a closure.
+    let mut wf = SCRATCH.with(|cell| cell.take());
+    let out = task_with(x, m, k, w, dtype, n0, rows, row_bytes, &mut wf);
+    SCRATCH.with(|cell| cell.replace(wf));
+    out
 }
 
 thread_local! {
