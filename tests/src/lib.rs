@@ -61,3 +61,74 @@ pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 pub fn fixtures() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
 }
+
+use kiln_core::backend::Capabilities;
+use kiln_core::cpu::CpuBackend;
+use kiln_core::op::{Op, OpDesc};
+use kiln_core::tensor::{BackendId, Tensor, TensorDesc};
+
+/// A test double for a device: the CPU backend's memory and kernels under another name (and
+/// id), claiming only the ops `claims` accepts, with an optional hook run on the outputs after
+/// each op (to simulate a faulty kernel).
+pub struct FakeDevice {
+    pub inner: CpuBackend,
+    pub name: &'static str,
+    pub claims: fn(&OpDesc) -> bool,
+    pub after: Option<fn(&CpuBackend, &[&Tensor]) -> kiln_core::Result<()>>,
+}
+
+impl FakeDevice {
+    pub fn new(name: &'static str, claims: fn(&OpDesc) -> bool) -> Self {
+        FakeDevice {
+            inner: CpuBackend::with_threads(1),
+            name,
+            claims,
+            after: None,
+        }
+    }
+}
+
+impl Backend for FakeDevice {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn id(&self) -> BackendId {
+        self.inner.id()
+    }
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+    fn alloc(&self, d: &TensorDesc) -> kiln_core::Result<Tensor> {
+        self.inner.alloc(d)
+    }
+    fn upload(&self, t: &Tensor, b: &[u8]) -> kiln_core::Result<()> {
+        self.inner.upload(t, b)
+    }
+    fn download(&self, t: &Tensor) -> kiln_core::Result<Vec<u8>> {
+        self.inner.download(t)
+    }
+    fn supports_op(&self, d: &OpDesc) -> bool {
+        d.check().is_ok() && (self.claims)(d)
+    }
+    fn execute(&self, op: &Op, i: &[&Tensor], o: &[&Tensor]) -> kiln_core::Result<()> {
+        let desc = OpDesc::new(
+            op.clone(),
+            i.iter().map(|t| t.desc().clone()).collect(),
+            o.iter().map(|t| t.desc().clone()).collect(),
+        );
+        if !(self.claims)(&desc) {
+            return Err(kiln_core::Error::backend(
+                self.name,
+                format!("asked to run {desc}, which it does not claim"),
+            ));
+        }
+        self.inner.execute(op, i, o)?;
+        match self.after {
+            Some(f) => f(&self.inner, o),
+            None => Ok(()),
+        }
+    }
+    fn synchronize(&self) -> kiln_core::Result<()> {
+        Ok(())
+    }
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use kiln_core::backend::Backend;
 use kiln_core::cpu::CpuBackend;
 use kiln_core::validate::{cases, run_all, tally, Status};
-use kiln_tests::optional_backend;
+use kiln_tests::{optional_backend, FakeDevice};
 
 fn check_backend(b: &dyn Backend) {
     let reference = CpuBackend::with_threads(1);
@@ -115,53 +115,25 @@ fn cuda_conformance() {
 /// A backend that writes past its output is caught by the guard regions.
 #[test]
 fn guard_regions_catch_an_out_of_bounds_write() {
-    use kiln_core::op::{Op, OpDesc};
-    use kiln_core::tensor::{BackendId, Tensor, TensorDesc};
+    use kiln_core::tensor::{Tensor, TensorDesc};
 
-    struct Sloppy(CpuBackend);
-    impl Backend for Sloppy {
-        fn name(&self) -> &str {
-            "sloppy"
-        }
-        fn id(&self) -> BackendId {
-            self.0.id()
-        }
-        fn capabilities(&self) -> &kiln_core::backend::Capabilities {
-            self.0.capabilities()
-        }
-        fn alloc(&self, d: &TensorDesc) -> kiln_core::Result<Tensor> {
-            self.0.alloc(d)
-        }
-        fn upload(&self, t: &Tensor, b: &[u8]) -> kiln_core::Result<()> {
-            self.0.upload(t, b)
-        }
-        fn download(&self, t: &Tensor) -> kiln_core::Result<Vec<u8>> {
-            self.0.download(t)
-        }
-        fn supports_op(&self, d: &OpDesc) -> bool {
-            self.0.supports_op(d)
-        }
-        fn execute(&self, op: &Op, i: &[&Tensor], o: &[&Tensor]) -> kiln_core::Result<()> {
-            self.0.execute(op, i, o)?;
-            // Then scribble one element past the end of output 0.
-            let o0 = o[0];
-            let past = o0.numel();
-            let wider = Tensor::new(
-                o0.storage().clone(),
-                o0.offset(),
-                TensorDesc::new(o0.dtype(), [past + 1]),
-            )?;
-            let mut bytes = self.0.download(&wider)?;
-            let n = bytes.len();
-            bytes[n - 1] ^= 0xFF;
-            self.0.upload(&wider, &bytes)
-        }
-        fn synchronize(&self) -> kiln_core::Result<()> {
-            Ok(())
-        }
+    /// Scribbles one element past the end of output 0.
+    fn scribble(cpu: &CpuBackend, o: &[&Tensor]) -> kiln_core::Result<()> {
+        let o0 = o[0];
+        let wider = Tensor::new(
+            o0.storage().clone(),
+            o0.offset(),
+            TensorDesc::new(o0.dtype(), [o0.numel() + 1]),
+        )?;
+        let mut bytes = cpu.download(&wider)?;
+        let n = bytes.len();
+        bytes[n - 1] ^= 0xFF;
+        cpu.upload(&wider, &bytes)
     }
+    let mut sloppy = FakeDevice::new("sloppy", |_| true);
+    sloppy.after = Some(scribble);
     let reference = CpuBackend::with_threads(1);
-    let sloppy: Arc<dyn Backend> = Arc::new(Sloppy(CpuBackend::with_threads(1)));
+    let sloppy: Arc<dyn Backend> = Arc::new(sloppy);
     let results =
         run_all(Some("rms_norm"), &reference, sloppy.as_ref(), false, |_| {}).expect("cases");
     assert!(!results.is_empty());

@@ -3,60 +3,21 @@
 
 use std::sync::Arc;
 
-use kiln_core::backend::{Backend, Capabilities, Executor};
-use kiln_core::cpu::CpuBackend;
-use kiln_core::op::{AttnParams, Mask, Op, OpDesc};
-use kiln_core::tensor::{BackendId, DType, Tensor, TensorDesc};
+use kiln_core::backend::Executor;
+use kiln_core::op::{AttnParams, Mask, Op};
+use kiln_core::tensor::{DType, Tensor, TensorDesc};
 use kiln_core::validate::rng::Rng;
 use kiln_core::Error;
+use kiln_tests::FakeDevice;
 
 /// A stand-in device: its own memory (an inner CPU backend, so a different id from the
 /// executor's CPU), claiming only MatMul with f32 weights, Add and Mul.
-struct Partial(CpuBackend);
-
-impl Backend for Partial {
-    fn name(&self) -> &str {
-        "partial"
-    }
-    fn id(&self) -> BackendId {
-        self.0.id()
-    }
-    fn capabilities(&self) -> &Capabilities {
-        self.0.capabilities()
-    }
-    fn alloc(&self, d: &TensorDesc) -> kiln_core::Result<Tensor> {
-        self.0.alloc(d)
-    }
-    fn upload(&self, t: &Tensor, b: &[u8]) -> kiln_core::Result<()> {
-        self.0.upload(t, b)
-    }
-    fn download(&self, t: &Tensor) -> kiln_core::Result<Vec<u8>> {
-        self.0.download(t)
-    }
-    fn supports_op(&self, d: &OpDesc) -> bool {
-        match d.op {
-            Op::MatMul => d.inputs[1].dtype == DType::F32,
-            Op::Add | Op::Mul => true,
-            _ => false,
-        }
-    }
-    fn execute(&self, op: &Op, i: &[&Tensor], o: &[&Tensor]) -> kiln_core::Result<()> {
-        let desc = OpDesc::new(
-            op.clone(),
-            i.iter().map(|t| t.desc().clone()).collect(),
-            o.iter().map(|t| t.desc().clone()).collect(),
-        );
-        if !self.supports_op(&desc) {
-            return Err(Error::backend(
-                "partial",
-                format!("asked to run {desc}, which it does not claim"),
-            ));
-        }
-        self.0.execute(op, i, o)
-    }
-    fn synchronize(&self) -> kiln_core::Result<()> {
-        Ok(())
-    }
+fn partial() -> FakeDevice {
+    FakeDevice::new("partial", |d| match d.op {
+        Op::MatMul => d.inputs[1].dtype == DType::F32,
+        Op::Add | Op::Mul => true,
+        _ => false,
+    })
 }
 
 fn randn(rng: &mut Rng, n: usize) -> Vec<f32> {
@@ -135,7 +96,7 @@ fn unsupported_ops_fall_back_to_the_cpu_counted_and_give_the_same_results() {
     let want = block(&cpu, 7);
     assert_eq!(cpu.total_fallbacks(), 0, "the CPU never falls back");
 
-    let partial = Executor::new(Arc::new(Partial(CpuBackend::with_threads(1))));
+    let partial = Executor::new(Arc::new(partial()));
     let got = block(&partial, 7);
     assert_eq!(got, want, "fallback results must equal the CPU's exactly");
     let counts: Vec<(&str, u64)> = partial
@@ -158,7 +119,7 @@ fn unsupported_ops_fall_back_to_the_cpu_counted_and_give_the_same_results() {
 
 #[test]
 fn strict_mode_turns_a_fallback_into_an_error_naming_the_op() {
-    let ex = Executor::new(Arc::new(Partial(CpuBackend::with_threads(1)))).strict(true);
+    let ex = Executor::new(Arc::new(partial())).strict(true);
     let b = ex.backend().clone();
     let x = b.alloc(&TensorDesc::new(DType::F32, [2, 8])).unwrap();
     let w = b.alloc(&TensorDesc::new(DType::F32, [8])).unwrap();
@@ -191,7 +152,7 @@ fn the_fused_op_gate_asks_the_backend() {
         eps: 1e-6,
         one_plus: false,
     };
-    let partial = Executor::new(Arc::new(Partial(CpuBackend::with_threads(1))));
+    let partial = Executor::new(Arc::new(partial()));
     assert!(!partial.supports_op(&fused, &[&x, &nw, &w], &[&out]));
     assert!(Executor::cpu().supports_op(&fused, &[&x, &nw, &w], &[&out]));
     // A malformed call is never "supported".
