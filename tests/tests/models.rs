@@ -143,13 +143,6 @@ fn greedy_matches_llama_cpp(model: &str, fixture_name: &str) {
     );
 }
 
-fn want_len(cases: &[Value]) -> usize {
-    cases
-        .first()
-        .and_then(|c| c["tokens"].as_array())
-        .map_or(0, |t| t.len())
-}
-
 #[test]
 fn smollm2_greedy_matches_llama_cpp() {
     greedy_matches_llama_cpp(SMOLLM2, "greedy_smollm2.json");
