@@ -55,12 +55,12 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         match open(name, None) {
             Ok(b) => {
                 let caps = b.capabilities();
-                let mut ops: Vec<&str> = all
-                    .iter()
-                    .filter(|c| b.supports_op(&c.desc()))
-                    .map(|c| c.op.name())
-                    .collect();
-                ops.dedup();
+                let mut ops: Vec<&str> = Vec::new();
+                for c in all.iter().filter(|c| b.supports_op(&c.desc())) {
+                    if !ops.contains(&c.op.name()) {
+                        ops.push(c.op.name());
+                    }
+                }
                 let claimed = all.iter().filter(|c| b.supports_op(&c.desc())).count();
                 println!(
                     "backend {}: {} ({:?}, {} threads/units)",
@@ -75,7 +75,7 @@ pub fn run(args: &InfoArgs) -> Result<()> {
                     ops.join(" ")
                 );
             }
-            Err(e) => println!("backend {}: not available: {e}", name.as_str()),
+            Err(e) => println!("backend {}: {e}", name.as_str()),
         }
     }
     Ok(())
