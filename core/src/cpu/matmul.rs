@@ -57,6 +57,11 @@ fn dot4(x: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
     out
 }
 
+thread_local! {
+    /// Dequantized weight rows of the current task, reused across tasks on a worker thread.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// One task: dequantize `rows` weight rows starting at `n0`, then dot them with every
 /// activation row. Returns `[m, rows]`.
 #[inline(always)]
@@ -70,32 +75,9 @@ fn task(
     rows: usize,
 ) -> KResult<Vec<f32>> {
     let row_bytes = dtype.bytes_for(k).unwrap_or(0);
-    // Taken out of the thread-local and put back, so `task_with` is inlined here (into the
-    // caller's target features) rather than into a closure.
+    // The scratch is taken out of the thread-local and put back at the end, so this body is
+    // inlined into the caller's target features rather than into a closure.
     let mut wf = SCRATCH.with(|cell| cell.take());
-    let out = task_with(x, m, k, w, dtype, n0, rows, row_bytes, &mut wf);
-    SCRATCH.with(|cell| cell.replace(wf));
-    out
-}
-
-thread_local! {
-    /// Dequantized weight rows of the current task, reused across tasks on a worker thread.
-    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn task_with(
-    x: &[f32],
-    m: usize,
-    k: usize,
-    w: &[u8],
-    dtype: DType,
-    n0: usize,
-    rows: usize,
-    row_bytes: usize,
-    wf: &mut Vec<f32>,
-) -> KResult<Vec<f32>> {
     if wf.len() < rows * k {
         wf.resize(rows * k, 0.0);
     }
@@ -125,6 +107,7 @@ fn task_with(
             r += 1;
         }
     }
+    SCRATCH.with(|cell| cell.replace(wf));
     Ok(out)
 }
 

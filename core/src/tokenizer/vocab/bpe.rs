@@ -1,6 +1,6 @@
 //! gpt2-style byte-level BPE: llama.cpp's pre-tokenizer table and its merge-rank tokenizer.
 
-use super::{Sym, Vocab};
+use super::{merge_syms, Sym, Vocab};
 use crate::tokenizer::unicode::{self, RE_GPT2, RE_LLAMA3, RE_QWEN2, RE_QWEN35};
 use crate::{Error, Result};
 use std::cmp::Reverse;
@@ -215,18 +215,9 @@ impl Vocab {
                 add(&syms, &mut heap, &mut key, i as isize - 1, i as isize);
             }
             while let Some(Reverse(b)) = heap.pop() {
-                let (ln, rn) = (syms[b.left].n, syms[b.right].n);
-                if ln == 0 || rn == 0 || ln + rn != b.size {
+                let Some((lprev, rnext)) = merge_syms(&mut syms, b.left, b.right, b.size) else {
                     continue;
-                }
-                syms[b.left].n += rn;
-                syms[b.right].n = 0;
-                let rnext = syms[b.right].next;
-                syms[b.left].next = rnext;
-                if rnext >= 0 {
-                    syms[rnext as usize].prev = b.left as isize;
-                }
-                let lprev = syms[b.left].prev;
+                };
                 add(&syms, &mut heap, &mut key, lprev, b.left as isize);
                 add(&syms, &mut heap, &mut key, b.left as isize, rnext);
             }

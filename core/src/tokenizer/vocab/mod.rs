@@ -329,6 +329,24 @@ struct Sym {
     next: isize,
 }
 
+/// Merges symbol `right` into `left` (both BPE and SPM merge this way) when the pair is still
+/// the `size` bytes it was queued with; returns the new neighbours `(prev, next)` of `left`,
+/// or `None` for a stale pair.
+fn merge_syms(syms: &mut [Sym], left: usize, right: usize, size: usize) -> Option<(isize, isize)> {
+    let (ln, rn) = (syms[left].n, syms[right].n);
+    if ln == 0 || rn == 0 || ln + rn != size {
+        return None;
+    }
+    syms[left].n += rn;
+    syms[right].n = 0;
+    let rnext = syms[right].next;
+    syms[left].next = rnext;
+    if rnext >= 0 {
+        syms[rnext as usize].prev = left as isize;
+    }
+    Some((syms[left].prev, rnext))
+}
+
 /// A byte trie over the special-token texts, to find which of them occur in a text.
 #[derive(Debug, Default)]
 struct Trie {

@@ -1,6 +1,6 @@
 //! SentencePiece-style BPE (llama.cpp's SPM): score-ordered merges with byte fallback.
 
-use super::{Sym, Vocab};
+use super::{merge_syms, Sym, Vocab};
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
@@ -41,18 +41,9 @@ impl Vocab {
             try_add(&syms, &mut heap, i as isize - 1, i as isize);
         }
         while let Some(b) = heap.pop() {
-            let (ln, rn) = (syms[b.left].n, syms[b.right].n);
-            if ln == 0 || rn == 0 || ln + rn != b.size {
+            let Some((lprev, rnext)) = merge_syms(&mut syms, b.left, b.right, b.size) else {
                 continue;
-            }
-            syms[b.left].n += rn;
-            syms[b.right].n = 0;
-            let rnext = syms[b.right].next;
-            syms[b.left].next = rnext;
-            if rnext >= 0 {
-                syms[rnext as usize].prev = b.left as isize;
-            }
-            let lprev = syms[b.left].prev;
+            };
             try_add(&syms, &mut heap, lprev, b.left as isize);
             try_add(&syms, &mut heap, b.left as isize, rnext);
         }
