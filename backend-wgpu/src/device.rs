@@ -1,0 +1,566 @@
+//! The wgpu device: adapter choice, buffers, the pipeline cache and batched command recording.
+//!
+//! Ops are recorded into one pending command encoder and submitted every
+//! [`OPS_PER_SUBMIT`] dispatches, or when the host needs data (download, upload, synchronize),
+//! so a decode step is a handful of submissions, not one per op. Every tensor is bound as the
+//! smallest aligned range of its buffer that covers it, so a model whose buffers exceed the
+//! adapter's largest storage binding still runs as long as each op's operands fit (the
+//! launchers split the ones that do not).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kiln_core::backend::{next_backend_id, Capabilities, DeviceKind};
+use kiln_core::tensor::{BackendId, Storage, Tensor, TensorDesc};
+use kiln_core::{Error, Result};
+use wgpu::util::DeviceExt;
+
+use crate::kernels::Kernel;
+
+/// Dispatches recorded before the pending encoder is submitted.
+const OPS_PER_SUBMIT: usize = 96;
+
+/// One device buffer, the storage behind wgpu tensors.
+pub(crate) struct GpuBuffer {
+    pub(crate) buffer: wgpu::Buffer,
+    /// The tensor-visible length; the wgpu buffer is rounded up to 4 bytes.
+    len: usize,
+    backend: BackendId,
+}
+
+impl Storage for GpuBuffer {
+    fn len_bytes(&self) -> usize {
+        self.len
+    }
+    fn backend(&self) -> BackendId {
+        self.backend
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// A tensor bound as a buffer range: `start..start+size` of its buffer, with the tensor's
+/// first byte `byte_off` bytes into the range.
+pub(crate) struct Bound<'a> {
+    buffer: &'a wgpu::Buffer,
+    start: u64,
+    size: u64,
+    pub(crate) byte_off: u32,
+}
+
+struct Pending {
+    encoder: Option<wgpu::CommandEncoder>,
+    ops: usize,
+}
+
+pub(crate) struct Device {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) limits: wgpu::Limits,
+    pub(crate) caps: Capabilities,
+    pub(crate) id: BackendId,
+    pipelines: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
+    pending: Mutex<Pending>,
+    /// The first device error seen (validation, out of memory, device lost); reported by the
+    /// next call that waits on the device.
+    error: Arc<Mutex<Option<String>>>,
+    /// A 4-byte buffer bound where an optional input is absent.
+    pub(crate) dummy: Tensor,
+}
+
+fn err(msg: impl Into<String>) -> Error {
+    Error::backend("wgpu", msg)
+}
+
+fn device_kind(t: wgpu::DeviceType) -> DeviceKind {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => DeviceKind::DiscreteGpu,
+        wgpu::DeviceType::IntegratedGpu => DeviceKind::IntegratedGpu,
+        wgpu::DeviceType::VirtualGpu => DeviceKind::VirtualGpu,
+        wgpu::DeviceType::Cpu => DeviceKind::SoftwareGpu,
+        wgpu::DeviceType::Other => DeviceKind::Other,
+    }
+}
+
+/// Preference among adapters: discrete, integrated, virtual, software, other.
+fn rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    }
+}
+
+impl Device {
+    /// Picks an adapter (`KILN_WGPU_ADAPTER` matches a name substring; otherwise the most
+    /// capable kind) and opens a device with the adapter's own limits.
+    pub(crate) fn open() -> Result<Device> {
+        let instance = crate::instance();
+        let adapters = pollster::block_on(instance.enumerate_adapters(crate::BACKENDS));
+        if adapters.is_empty() {
+            return Err(Error::NotAvailable(crate::NO_ADAPTER.into()));
+        }
+        let wanted = std::env::var("KILN_WGPU_ADAPTER").ok().filter(|s| !s.is_empty());
+        let adapter = match &wanted {
+            Some(name) => {
+                let lname = name.to_lowercase();
+                adapters
+                    .into_iter()
+                    .find(|a| a.get_info().name.to_lowercase().contains(&lname))
+                    .ok_or_else(|| {
+                        Error::NotAvailable(format!(
+                            "wgpu: no adapter's name contains KILN_WGPU_ADAPTER={name:?} (see `kiln info`)"
+                        ))
+                    })?
+            }
+            None => adapters
+                .into_iter()
+                .min_by_key(|a| rank(a.get_info().device_type))
+                .ok_or_else(|| Error::NotAvailable(crate::NO_ADAPTER.into()))?,
+        };
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let offered = adapter.features();
+        let features = offered & (wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP);
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("kiln"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| err(format!("{}: cannot open a device: {e}", info.name)))?;
+        let error = Arc::new(Mutex::new(None::<String>));
+        let sink = error.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            tracing::error!("wgpu device error: {e}");
+            if let Ok(mut slot) = sink.lock() {
+                slot.get_or_insert_with(|| e.to_string());
+            }
+        }));
+        let caps = Capabilities {
+            device: format!("{} ({:?}, {})", info.name, info.backend, info.driver),
+            kind: device_kind(info.device_type),
+            f16: features.contains(wgpu::Features::SHADER_F16),
+            bf16: false,
+            subgroup_size: features
+                .contains(wgpu::Features::SUBGROUP)
+                .then_some(adapter.get_info().subgroup_min_size),
+            max_buffer_bytes: limits
+                .max_storage_buffer_binding_size
+                .min(limits.max_buffer_size),
+            memory_bytes: None,
+            parallelism: 1,
+        };
+        let id = next_backend_id();
+        let dummy_buf = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln dummy"),
+            size: 4,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let dummy = Tensor::new(
+            Arc::new(GpuBuffer {
+                buffer: dummy_buf,
+                len: 4,
+                backend: id,
+            }),
+            0,
+            TensorDesc::new(kiln_core::tensor::DType::F32, [1]),
+        )?;
+        tracing::info!(adapter = %caps.device, "wgpu device opened");
+        Ok(Device {
+            device,
+            queue,
+            limits,
+            caps,
+            id,
+            pipelines: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Pending {
+                encoder: None,
+                ops: 0,
+            }),
+            error,
+            dummy,
+        })
+    }
+
+    /// Fails with the first device error seen, if any.
+    fn check_error(&self) -> Result<()> {
+        match self.error.lock() {
+            Ok(mut slot) => match slot.take() {
+                Some(e) => Err(err(format!("device error: {e}"))),
+                None => Ok(()),
+            },
+            Err(_) => Err(err("device error state poisoned")),
+        }
+    }
+
+    pub(crate) fn alloc(&self, desc: &TensorDesc) -> Result<Tensor> {
+        let len = desc
+            .nbytes()
+            .ok_or_else(|| err(format!("{desc}: not a whole number of blocks")))?;
+        let size = (len.max(4) as u64).div_ceil(4) * 4;
+        if size > self.limits.max_buffer_size {
+            return Err(err(format!(
+                "{desc}: {size} bytes is more than the adapter's largest buffer ({} bytes)",
+                self.limits.max_buffer_size
+            )));
+        }
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Tensor::new(
+            Arc::new(GpuBuffer {
+                buffer,
+                len,
+                backend: self.id,
+            }),
+            0,
+            desc.clone(),
+        )
+    }
+
+    pub(crate) fn buffer_of<'a>(&self, t: &'a Tensor) -> Result<&'a GpuBuffer> {
+        t.storage()
+            .as_any()
+            .downcast_ref::<GpuBuffer>()
+            .filter(|b| b.backend == self.id)
+            .ok_or_else(|| err(format!("{} is not a tensor of this wgpu device", t.desc())))
+    }
+
+    /// Submits the pending encoder, if any.
+    pub(crate) fn flush(&self) -> Result<()> {
+        let enc = {
+            let mut p = self
+                .pending
+                .lock()
+                .map_err(|_| err("command state poisoned"))?;
+            p.ops = 0;
+            p.encoder.take()
+        };
+        if let Some(enc) = enc {
+            self.queue.submit([enc.finish()]);
+        }
+        Ok(())
+    }
+
+    /// Waits for everything submitted so far.
+    pub(crate) fn wait(&self) -> Result<()> {
+        self.flush()?;
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| err(format!("waiting for the device: {e}")))?;
+        self.check_error()
+    }
+
+    /// `[start, end)` rounded out to 4 bytes, within the buffer.
+    fn word_range<'a>(&self, t: &'a Tensor) -> Result<(u64, u64, &'a wgpu::Buffer)> {
+        let b = self.buffer_of(t)?;
+        let start = (t.offset() as u64) & !3;
+        let end = ((t.offset() + t.nbytes()) as u64).div_ceil(4) * 4;
+        Ok((start, end.min(b.buffer.size()), &b.buffer))
+    }
+
+    pub(crate) fn download(&self, t: &Tensor) -> Result<Vec<u8>> {
+        if t.nbytes() == 0 {
+            return Ok(Vec::new());
+        }
+        let (start, end, buffer) = self.word_range(t)?;
+        let size = end - start;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln download"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        {
+            let mut p = self
+                .pending
+                .lock()
+                .map_err(|_| err("command state poisoned"))?;
+            let enc = p.encoder.get_or_insert_with(|| {
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+            });
+            enc.copy_buffer_to_buffer(buffer, start, &staging, 0, size);
+        }
+        self.flush()?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(|_| err("buffer map callback never ran"))?
+            .map_err(|e| err(format!("mapping a buffer for download: {e}")))?;
+        let head = (t.offset() as u64 - start) as usize;
+        let out = {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| err(format!("reading a mapped buffer: {e}")))?;
+            view[head..head + t.nbytes()].to_vec()
+        };
+        staging.unmap();
+        Ok(out)
+    }
+
+    pub(crate) fn upload(&self, t: &Tensor, bytes: &[u8]) -> Result<()> {
+        if bytes.len() != t.nbytes() {
+            return Err(err(format!(
+                "upload of {} bytes into {} ({} bytes)",
+                bytes.len(),
+                t.desc(),
+                t.nbytes()
+            )));
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        // Commands recorded earlier must see the buffer's old contents: submit them first
+        // (queue writes land before the next submission's commands).
+        self.flush()?;
+        let (start, end, buffer) = self.word_range(t)?;
+        if start == t.offset() as u64 && end - start == bytes.len() as u64 {
+            self.queue.write_buffer(buffer, start, bytes);
+        } else {
+            // An unaligned window: read the covering words, patch them, write them back.
+            let mut words = self.download_range(buffer, start, end)?;
+            let head = (t.offset() as u64 - start) as usize;
+            words[head..head + bytes.len()].copy_from_slice(bytes);
+            self.queue.write_buffer(buffer, start, &words);
+        }
+        Ok(())
+    }
+
+    fn download_range(&self, buffer: &wgpu::Buffer, start: u64, end: u64) -> Result<Vec<u8>> {
+        let whole = Tensor::new(
+            Arc::new(GpuBuffer {
+                buffer: buffer.clone(),
+                len: buffer.size() as usize,
+                backend: self.id,
+            }),
+            start as usize,
+            TensorDesc::new(kiln_core::tensor::DType::U32, [((end - start) / 4) as usize]),
+        )?;
+        self.download(&whole)
+    }
+
+    /// The smallest range of `t`'s buffer that covers it and starts on the adapter's storage
+    /// offset alignment.
+    pub(crate) fn bind<'a>(&self, t: &'a Tensor) -> Result<Bound<'a>> {
+        let b = self.buffer_of(t)?;
+        let align = self.limits.min_storage_buffer_offset_alignment.max(4) as u64;
+        let start = (t.offset() as u64 / align) * align;
+        let end = ((t.offset() + t.nbytes()).max(t.offset() + 1) as u64).div_ceil(4) * 4;
+        let end = end.min(b.buffer.size());
+        let size = end - start;
+        if size > self.limits.max_storage_buffer_binding_size {
+            return Err(err(format!(
+                "{} needs a {size}-byte binding; the adapter's largest is {}",
+                t.desc(),
+                self.limits.max_storage_buffer_binding_size
+            )));
+        }
+        Ok(Bound {
+            buffer: &b.buffer,
+            start,
+            size,
+            byte_off: (t.offset() as u64 - start) as u32,
+        })
+    }
+
+    /// Whether `t` can be bound whole.
+    pub(crate) fn fits_binding(&self, nbytes: usize) -> bool {
+        let align = self.limits.min_storage_buffer_offset_alignment.max(4) as u64;
+        nbytes as u64 + align + 4 <= self.limits.max_storage_buffer_binding_size
+    }
+
+    fn pipeline(&self, k: &Kernel) -> Result<Arc<wgpu::ComputePipeline>> {
+        if let Some(p) = self
+            .pipelines
+            .lock()
+            .map_err(|_| err("pipeline cache poisoned"))?
+            .get(k.entry)
+        {
+            return Ok(p.clone());
+        }
+        let source = k.source();
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(k.entry),
+                source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
+            });
+        // An explicit layout with every binding the module declares, used or not by this
+        // entry point, so launchers bind the same list for every entry of a family.
+        let entries = binding_layout(k.entry, &source)?;
+        let bgl = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(k.entry),
+                entries: &entries,
+            });
+        let layout = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(k.entry),
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(k.entry),
+                layout: Some(&layout),
+                module: &module,
+                entry_point: Some(k.entry),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(err(format!("kernel {}: {e}", k.entry)));
+        }
+        let p = Arc::new(pipeline);
+        self.pipelines
+            .lock()
+            .map_err(|_| err("pipeline cache poisoned"))?
+            .insert(k.entry, p.clone());
+        Ok(p)
+    }
+
+    /// Records one dispatch of `k` with the `bound` tensors at bindings `0..n` and `params`
+    /// (u32 words, floats as their bits) at binding `n`.
+    pub(crate) fn dispatch_bound(
+        &self,
+        k: &Kernel,
+        bound: &[Bound<'_>],
+        params: &[u32],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let max = self.limits.max_compute_workgroups_per_dimension;
+        if groups.iter().any(|&g| g > max) {
+            return Err(err(format!(
+                "kernel {}: grid {groups:?} exceeds the adapter's {max} workgroups per dimension",
+                k.entry
+            )));
+        }
+        let pipeline = self.pipeline(k)?;
+        let mut words = params.to_vec();
+        if words.is_empty() {
+            words.push(0);
+        }
+        let pbuf = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("kiln params"),
+                contents: bytemuck::cast_slice(&words),
+                usage: wgpu::BufferUsages::STORAGE,
+            });
+        let mut entries: Vec<wgpu::BindGroupEntry> = bound
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: b.buffer,
+                    offset: b.start,
+                    size: std::num::NonZeroU64::new(b.size),
+                }),
+            })
+            .collect();
+        entries.push(wgpu::BindGroupEntry {
+            binding: bound.len() as u32,
+            resource: pbuf.as_entire_binding(),
+        });
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(k.entry),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let submit = {
+            let mut p = self
+                .pending
+                .lock()
+                .map_err(|_| err("command state poisoned"))?;
+            let enc = p.encoder.get_or_insert_with(|| {
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+            });
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: None,
+                });
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &group, &[]);
+                pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+            }
+            p.ops += 1;
+            p.ops >= OPS_PER_SUBMIT
+        };
+        if submit {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// A scratch tensor on this device (for split reductions).
+    pub(crate) fn scratch(&self, n_f32: usize) -> Result<Tensor> {
+        self.alloc(&TensorDesc::new(kiln_core::tensor::DType::F32, [n_f32.max(1)]))
+    }
+}
+
+/// Splits `n` workgroups into a grid within the per-dimension limit: `(x, z)` with
+/// `x * z >= n`; kernels rebuild the index as `wid.x + wid.z * x`.
+pub(crate) fn fold(n: u32, max: u32) -> (u32, u32) {
+    if n <= max {
+        (n, 1)
+    } else {
+        let z = n.div_ceil(max);
+        (n.div_ceil(z), z)
+    }
+}
+
+/// The storage bindings of group 0 that `source` declares, read-only or read-write.
+fn binding_layout(entry: &str, source: &str) -> Result<Vec<wgpu::BindGroupLayoutEntry>> {
+    let module = naga::front::wgsl::parse_str(source)
+        .map_err(|e| err(format!("kernel {entry}: {}", e.emit_to_string(source))))?;
+    let mut out: Vec<wgpu::BindGroupLayoutEntry> = Vec::new();
+    for (_, var) in module.global_variables.iter() {
+        let (Some(binding), naga::AddressSpace::Storage { access }) = (&var.binding, var.space)
+        else {
+            continue;
+        };
+        if binding.group != 0 || out.iter().any(|e| e.binding == binding.binding) {
+            continue;
+        }
+        out.push(wgpu::BindGroupLayoutEntry {
+            binding: binding.binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage {
+                    read_only: !access.contains(naga::StorageAccess::STORE),
+                },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        });
+    }
+    out.sort_by_key(|e| e.binding);
+    Ok(out)
+}

@@ -1,0 +1,72 @@
+//! `mat_mul`: x [.., K] (f32) times w [N, K] (any weight format, decoded in the kernel).
+//! Weights larger than one storage binding are multiplied in row ranges that each fit.
+
+use kiln_core::op::OpDesc;
+use kiln_core::tensor::{DType, Tensor};
+use kiln_core::Result;
+
+use super::{bind, err, u};
+use crate::device::{fold, Device};
+use crate::kernels;
+
+const ROWS_PER_GROUP: usize = 4;
+const TOKENS_PER_GROUP: usize = 8;
+
+pub(super) fn supports(dev: &Device, d: &OpDesc) -> bool {
+    let (x, w, y) = (&d.inputs[0], &d.inputs[1], &d.outputs[0]);
+    let row_bytes = w.dtype.bytes_for(w.shape.last()).unwrap_or(usize::MAX);
+    x.dtype == DType::F32
+        && y.dtype == DType::F32
+        && kernels::mat_mul(w.dtype).is_some()
+        && w.shape.rank() == 2
+        && (w.dtype.block_size() == 1 || w.shape.last() % 32 == 0)
+        && dev.fits_binding(x.nbytes().unwrap_or(usize::MAX))
+        && dev.fits_binding(y.nbytes().unwrap_or(usize::MAX))
+        && dev.fits_binding(row_bytes.saturating_mul(ROWS_PER_GROUP))
+}
+
+pub(super) fn mat_mul(dev: &Device, x: &Tensor, w: &Tensor, y: &Tensor) -> Result<()> {
+    let kernel = kernels::mat_mul(w.dtype())
+        .ok_or_else(|| err(format!("mat_mul: no kernel for {} weights", w.dtype())))?;
+    let k = x.shape().last();
+    let n = w.shape().dims()[0];
+    let m = x.numel() / k.max(1);
+    let row_bytes = w.nbytes() / n.max(1);
+    // Rows per launch: as many as fit one binding (alignment slack included).
+    let per = if dev.fits_binding(w.nbytes()) {
+        n
+    } else {
+        let room = dev.limits.max_storage_buffer_binding_size as usize
+            - dev.limits.min_storage_buffer_offset_alignment as usize
+            - 4;
+        (room / row_bytes.max(1)).max(1)
+    };
+    let mut n0 = 0;
+    while n0 < n {
+        let nn = per.min(n - n0);
+        let part = if nn == n {
+            w.clone()
+        } else {
+            w.view(n0 * k, [nn, k])?
+        };
+        let (bound, offs) = bind(dev, &[(x, 4), (&part, 1), (y, 4)])?;
+        let groups = nn.div_ceil(ROWS_PER_GROUP);
+        let (gx, gz) = fold(u(groups)?, dev.limits.max_compute_workgroups_per_dimension);
+        let params = vec![
+            u(m)?,
+            u(nn)?,
+            u(k)?,
+            offs[0],
+            offs[1],
+            u(row_bytes)?,
+            offs[2],
+            u(n)?,
+            u(n0)?,
+            gx,
+        ];
+        let gy = u(m.div_ceil(TOKENS_PER_GROUP))?;
+        dev.dispatch_bound(kernel, &bound, &params, [gx, gy, gz])?;
+        n0 += nn;
+    }
+    Ok(())
+}

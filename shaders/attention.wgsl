@@ -1,0 +1,171 @@
+// Paged attention: queries attend to K/V read through the block table by index, in place.
+// Template: KV_F16 is true for f16 caches, false for f32; ENTRY names the entry point.
+//
+// paged_attention_*: one workgroup of 64 threads per (query row, query head, split of the
+// key range). Keys are scored 64 at a time (one per thread), folded into a running max and
+// sum (online softmax), and each thread accumulates up to 4 output dims. Each split writes
+// (max, sum, acc[Dv]) to a scratch buffer; paged_attention_combine merges the splits. Decode
+// (one query per sequence) uses many splits so long contexts spread over the device; prefill
+// uses one.
+
+struct Params {
+    t: u32,          // query rows
+    hq: u32,
+    hkv: u32,
+    d: u32,
+    dv: u32,
+    bs: u32,         // block size (token slots per block)
+    max_blocks: u32, // block table width
+    n_seqs: u32,
+    q_off: u32,
+    k_off: u32,      // caches: offsets in elements of the cache dtype
+    v_off: u32,
+    table_off: u32,
+    lens_off: u32,
+    qs_off: u32,
+    splits: u32,
+    split_len: u32,
+    scale: f32,
+    soft_cap: f32,   // 0: none
+    mask: u32,       // 0 causal, 1 sliding window, 2 bidirectional, 3 prefix-bidirectional
+    mask_n: u32,     // window or prefix length
+    nx: u32,
+}
+
+@group(0) @binding(0) var<storage, read> q: array<f32>;
+@group(0) @binding(1) var<storage, read> kc: array<u32>;
+@group(0) @binding(2) var<storage, read> vc: array<u32>;
+@group(0) @binding(3) var<storage, read> table: array<i32>;
+@group(0) @binding(4) var<storage, read> seq_lens: array<i32>;
+@group(0) @binding(5) var<storage, read> q_start: array<i32>;
+@group(0) @binding(6) var<storage, read_write> part: array<f32>;
+@group(0) @binding(7) var<storage, read> p: Params;
+
+const KV_F16: bool = KVF16;
+const NEG_BIG: f32 = -3.0e38;
+
+fn cache_at(word: u32, e: u32) -> f32 {
+    if (KV_F16) {
+        return unpack2x16float(word >> ((e & 1u) * 16u)).x;
+    }
+    return bitcast<f32>(word);
+}
+fn k_at(e: u32) -> f32 {
+    let i = p.k_off + e;
+    if (KV_F16) {
+        return cache_at(kc[i >> 1u], i);
+    }
+    return cache_at(kc[i], i);
+}
+fn v_at(e: u32) -> f32 {
+    let i = p.v_off + e;
+    if (KV_F16) {
+        return cache_at(vc[i >> 1u], i);
+    }
+    return cache_at(vc[i], i);
+}
+
+// Cache row (token slot, kv head) of key position j of sequence s.
+fn slot_row(s: u32, j: u32, g: u32) -> u32 {
+    let blk = u32(table[p.table_off + s * p.max_blocks + j / p.bs]);
+    return (blk * p.bs + j % p.bs) * p.hkv + g;
+}
+
+var<workgroup> qv: array<f32, 256>;
+var<workgroup> sc: array<f32, 64>;
+var<workgroup> info: array<u32, 4>;
+
+@compute @workgroup_size(64)
+fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let rh = wid.x + wid.z * p.nx;   // row * hq + head
+    let split = wid.y;
+    if (rh >= p.t * p.hq) {
+        return;
+    }
+    let row = rh / p.hq;
+    let h = rh % p.hq;
+    let g = h / (p.hq / p.hkv);
+    // The query row's sequence and absolute position.
+    var s = 0u;
+    while (s + 1u < p.n_seqs && u32(q_start[p.qs_off + s + 1u]) <= row) {
+        s += 1u;
+    }
+    let len = u32(seq_lens[p.lens_off + s]);
+    let q_end = u32(q_start[p.qs_off + s + 1u]);
+    let pos = len - (q_end - row);
+    var lo = 0u;
+    var hi = min(pos + 1u, len);
+    if (p.mask == 1u) {
+        lo = select(0u, pos + 1u - p.mask_n, pos + 1u > p.mask_n);
+    } else if (p.mask == 2u) {
+        hi = len;
+    } else if (p.mask == 3u) {
+        hi = min(max(pos + 1u, p.mask_n), len);
+    }
+    let a = lo + split * p.split_len;
+    let b = min(hi, a + p.split_len);
+
+    for (var i = li; i < p.d; i += 64u) {
+        qv[i] = q[p.q_off + rh * p.d + i];
+    }
+    workgroupBarrier();
+
+    var m = NEG_BIG;
+    var l = 0.0;
+    var acc: array<f32, 4>;
+    var j0 = a;
+    // Every thread runs the same number of tiles, so the barriers stay uniform.
+    let tiles = select(0u, (b - a + 63u) / 64u, b > a);
+    for (var tile = 0u; tile < tiles; tile++) {
+        let j = j0 + li;
+        var score = NEG_BIG;
+        if (j < b) {
+            let kb = slot_row(s, j, g) * p.d;
+            var dot = 0.0;
+            for (var i = 0u; i < p.d; i++) {
+                dot += qv[i] * k_at(kb + i);
+            }
+            score = dot * p.scale;
+            if (p.soft_cap != 0.0) {
+                score = p.soft_cap * tanh(clamp(score / p.soft_cap, -15.0, 15.0));
+            }
+        }
+        sc[li] = score;
+        workgroupBarrier();
+        var tmax = m;
+        let n = min(64u, b - j0);
+        for (var x = 0u; x < n; x++) {
+            tmax = max(tmax, sc[x]);
+        }
+        let corr = exp(m - tmax);
+        l *= corr;
+        for (var c = 0u; c < 4u; c++) {
+            acc[c] *= corr;
+        }
+        for (var x = 0u; x < n; x++) {
+            let w = exp(sc[x] - tmax);
+            l += w;
+            let vb = slot_row(s, j0 + x, g) * p.dv;
+            for (var c = 0u; c < 4u; c++) {
+                let dd = li + c * 64u;
+                if (dd < p.dv) {
+                    acc[c] += w * v_at(vb + dd);
+                }
+            }
+        }
+        m = tmax;
+        j0 += 64u;
+        workgroupBarrier();
+    }
+    let base = (rh * p.splits + split) * (p.dv + 2u);
+    if (li == 0u) {
+        part[base] = m;
+        part[base + 1u] = l;
+    }
+    for (var c = 0u; c < 4u; c++) {
+        let dd = li + c * 64u;
+        if (dd < p.dv) {
+            part[base + 2u + dd] = acc[c];
+        }
+    }
+}

@@ -1,0 +1,141 @@
+// Elementwise ops on f32: binary ops with row broadcast, scale, activations, gated linear
+// units, and word copies. One thread per element; the grid is folded over x and y.
+
+struct Params {
+    n: u32,        // output elements
+    a_off: u32,
+    b_off: u32,
+    y_off: u32,
+    b_n: u32,      // elements of b; b[i % b_n] pairs with a[i] (row broadcast)
+    scale: f32,
+    nx: u32,       // workgroups along x
+}
+
+@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<storage, read> p: Params;
+
+fn index(wid: vec3<u32>, li: u32) -> u32 {
+    return (wid.x + wid.y * p.nx) * 256u + li;
+}
+
+fn sigmoid(v: f32) -> f32 {
+    return 1.0 / (1.0 + exp(-v));
+}
+
+// tanh saturates to +-1 in f32 beyond |v| = 10; clamping keeps exp-based implementations
+// from computing inf/inf.
+fn tanh_safe(v: f32) -> f32 {
+    return tanh(clamp(v, -15.0, 15.0));
+}
+
+fn gelu_tanh(v: f32) -> f32 {
+    return 0.5 * v * (1.0 + tanh_safe(0.7978846 * (v + 0.044715 * v * v * v)));
+}
+
+fn softplus(v: f32) -> f32 {
+    if (v > 20.0) {
+        return v;
+    }
+    return log(1.0 + exp(v));
+}
+
+@compute @workgroup_size(256)
+fn add_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = index(wid, li);
+    if (i < p.n) {
+        y[p.y_off + i] = a[p.a_off + i] + b[p.b_off + i % p.b_n];
+    }
+}
+
+@compute @workgroup_size(256)
+fn mul_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = index(wid, li);
+    if (i < p.n) {
+        y[p.y_off + i] = a[p.a_off + i] * b[p.b_off + i % p.b_n];
+    }
+}
+
+@compute @workgroup_size(256)
+fn scale_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = index(wid, li);
+    if (i < p.n) {
+        y[p.y_off + i] = a[p.a_off + i] * p.scale;
+    }
+}
+
+@compute @workgroup_size(256)
+fn silu_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = index(wid, li);
+    if (i < p.n) {
+        let v = a[p.a_off + i];
+        y[p.y_off + i] = v * sigmoid(v);
+    }
+}
+
+@compute @workgroup_size(256)
+fn gelu_tanh_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = index(wid, li);
+    if (i < p.n) {
+        y[p.y_off + i] = gelu_tanh(a[p.a_off + i]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn sigmoid_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = index(wid, li);
+    if (i < p.n) {
+        y[p.y_off + i] = sigmoid(a[p.a_off + i]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn softplus_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = index(wid, li);
+    if (i < p.n) {
+        y[p.y_off + i] = softplus(a[p.a_off + i]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn exp_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = index(wid, li);
+    if (i < p.n) {
+        y[p.y_off + i] = exp(a[p.a_off + i]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn neg_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = index(wid, li);
+    if (i < p.n) {
+        y[p.y_off + i] = -a[p.a_off + i];
+    }
+}
+
+@compute @workgroup_size(256)
+fn tanh_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = index(wid, li);
+    if (i < p.n) {
+        y[p.y_off + i] = tanh_safe(a[p.a_off + i]);
+    }
+}
+
+// Gated linear units: a is the gate, b the up projection (same shape).
+@compute @workgroup_size(256)
+fn swiglu_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = index(wid, li);
+    if (i < p.n) {
+        let g = a[p.a_off + i];
+        y[p.y_off + i] = g * sigmoid(g) * b[p.b_off + i];
+    }
+}
+
+@compute @workgroup_size(256)
+fn geglu_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = index(wid, li);
+    if (i < p.n) {
+        y[p.y_off + i] = gelu_tanh(a[p.a_off + i]) * b[p.b_off + i];
+    }
+}

@@ -1,0 +1,72 @@
+// y[m, n] = sum_k x[m, k] * w[n, k], with w in any block format (template: DQ32 is the
+// format's chunk decoder, ENTRY the entry point name).
+//
+// A workgroup of 64 threads computes ROWS = 4 output features for up to TM = 8 tokens: 16
+// lanes per feature stride over the row's 32-element chunks, each chunk decoded once and
+// dotted with all TM token rows, then the lanes are summed in workgroup memory. Workgroups
+// are folded over x and z when there are more than the grid allows.
+
+struct Params {
+    m: u32,          // tokens
+    n: u32,          // output features in this launch
+    k: u32,          // inner dimension
+    x_off: u32,      // x's first element
+    w_off: u32,      // w's first byte
+    w_row: u32,      // bytes per weight row
+    y_off: u32,      // y's first element
+    y_stride: u32,   // elements per y row
+    y_col0: u32,     // y column of this launch's first feature
+    nx: u32,         // workgroups along x (for the fold)
+}
+
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> w: array<u32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<storage, read> p: Params;
+
+const LANES: u32 = 16u;
+const ROWS: u32 = 4u;
+const TM: u32 = 8u;
+
+var<workgroup> partial: array<f32, 512>; // 64 threads x TM
+
+@compute @workgroup_size(64)
+fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let lane = li % LANES;
+    let n = (wid.x + wid.z * p.nx) * ROWS + li / LANES;
+    let m0 = wid.y * TM;
+    var acc: array<f32, 8>;
+    if (n < p.n) {
+        let row = p.w_off + n * p.w_row;
+        let chunks = (p.k + 31u) / 32u;
+        for (var c = lane; c < chunks; c += LANES) {
+            let wv = DQ32(row, c);
+            let lim = min(32u, p.k - c * 32u);
+            for (var t = 0u; t < TM; t++) {
+                if (m0 + t < p.m) {
+                    let xb = p.x_off + (m0 + t) * p.k + c * 32u;
+                    var s = 0.0;
+                    for (var j = 0u; j < lim; j++) {
+                        s += x[xb + j] * wv[j];
+                    }
+                    acc[t] += s;
+                }
+            }
+        }
+    }
+    for (var t = 0u; t < TM; t++) {
+        partial[li * TM + t] = acc[t];
+    }
+    workgroupBarrier();
+    if (lane < TM && n < p.n) {
+        let t = lane;
+        if (m0 + t < p.m) {
+            let base = (li - lane) * TM;
+            var s = 0.0;
+            for (var l = 0u; l < LANES; l++) {
+                s += partial[base + l * TM + t];
+            }
+            y[p.y_off + (m0 + t) * p.y_stride + p.y_col0 + n] = s;
+        }
+    }
+}
