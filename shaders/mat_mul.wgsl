@@ -27,6 +27,8 @@ struct Params {
 const LANES: u32 = 16u;
 const ROWS: u32 = 4u;
 const TM: u32 = 8u;
+// The reduction gives token t of a feature to lane t.
+const_assert LANES >= TM;
 
 var<workgroup> partial: array<f32, 512>; // 64 threads x TM
 
@@ -39,18 +41,25 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     if (n < p.n) {
         let row = p.w_off + n * p.w_row;
         let chunks = (p.k + 31u) / 32u;
+        let tm = min(TM, p.m - m0);
         for (var c = lane; c < chunks; c += LANES) {
             let wv = DQ32(row, c);
-            let lim = min(32u, p.k - c * 32u);
-            for (var t = 0u; t < TM; t++) {
-                if (m0 + t < p.m) {
-                    let xb = p.x_off + (m0 + t) * p.k + c * 32u;
-                    var s = 0.0;
-                    for (var j = 0u; j < lim; j++) {
+            let full = c * 32u + 32u <= p.k;
+            for (var t = 0u; t < tm; t++) {
+                let xb = p.x_off + (m0 + t) * p.k + c * 32u;
+                var s = 0.0;
+                if (full) {
+                    // Constant bounds: the compiler unrolls this into vector dots.
+                    for (var j = 0u; j < 32u; j += 4u) {
+                        let xv = vec4<f32>(x[xb + j], x[xb + j + 1u], x[xb + j + 2u], x[xb + j + 3u]);
+                        s += dot(xv, vec4<f32>(wv[j], wv[j + 1u], wv[j + 2u], wv[j + 3u]));
+                    }
+                } else {
+                    for (var j = 0u; j < p.k - c * 32u; j++) {
                         s += x[xb + j] * wv[j];
                     }
-                    acc[t] += s;
                 }
+                acc[t] += s;
             }
         }
     }

@@ -67,6 +67,32 @@ pub(crate) struct Device {
     error: Arc<Mutex<Option<String>>>,
     /// A 4-byte buffer bound where an optional input is absent.
     pub(crate) dummy: Tensor,
+    /// `KILN_WGPU_PROFILE=1`: per kernel, (dispatches, microseconds), each dispatch waited
+    /// for; printed when the device closes.
+    profile: Option<Mutex<HashMap<&'static str, (u64, u64)>>>,
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        let Some(profile) = &self.profile else {
+            return;
+        };
+        let Ok(p) = profile.lock() else {
+            return;
+        };
+        let mut rows: Vec<_> = p.iter().collect();
+        rows.sort_by(|a, b| b.1 .1.cmp(&a.1 .1));
+        let total: u64 = rows.iter().map(|r| r.1 .1).sum();
+        eprintln!("wgpu kernel profile (each dispatch waited for):");
+        eprintln!("{:>12} {:>8} {:>10} {:>6}  kernel", "total us", "calls", "us/call", "%");
+        for (name, (calls, us)) in rows {
+            eprintln!(
+                "{us:>12} {calls:>8} {:>10.1} {:>6.1}  {name}",
+                *us as f64 / (*calls).max(1) as f64,
+                100.0 * *us as f64 / total.max(1) as f64
+            );
+        }
+    }
 }
 
 fn err(msg: impl Into<String>) -> Error {
@@ -186,6 +212,9 @@ impl Device {
             }),
             error,
             dummy,
+            profile: std::env::var("KILN_WGPU_PROFILE")
+                .is_ok_and(|v| !v.is_empty() && v != "0")
+                .then(|| Mutex::new(HashMap::new())),
         })
     }
 
@@ -514,6 +543,17 @@ impl Device {
         };
         if submit {
             self.flush()?;
+        }
+        if let Some(profile) = &self.profile {
+            // Profiling: wait for each dispatch and charge the time to its kernel.
+            let t = std::time::Instant::now();
+            self.wait()?;
+            let us = t.elapsed().as_micros() as u64;
+            if let Ok(mut p) = profile.lock() {
+                let e = p.entry(k.entry).or_insert((0, 0));
+                e.0 += 1;
+                e.1 += us;
+            }
         }
         Ok(())
     }

@@ -40,7 +40,9 @@ pub struct Loaded {
     pub runner: Runner,
 }
 
-/// The executor for `--backend`: `auto` tries CUDA, then WebGPU, then the CPU.
+/// The executor for `--backend`: `auto` tries CUDA, then WebGPU on a real GPU, then the CPU
+/// (a software Vulkan driver such as lavapipe is correct but slower than the CPU backend, so
+/// `auto` passes it over; `--backend wgpu` still uses it).
 pub fn executor(backend: &str, threads: Option<usize>, strict: bool) -> Result<Executor> {
     let cpu = Arc::new(match threads {
         Some(t) => CpuBackend::with_threads(t),
@@ -58,7 +60,13 @@ pub fn executor(backend: &str, threads: Option<usize>, strict: bool) -> Result<E
         "wgpu" => pick(BackendName::Wgpu),
         "cuda" => pick(BackendName::Cuda),
         "auto" => pick(BackendName::Cuda)
-            .or_else(|_| pick(BackendName::Wgpu))
+            .or_else(|_| {
+                let ex = pick(BackendName::Wgpu)?;
+                if ex.backend().capabilities().kind == kiln_core::backend::DeviceKind::SoftwareGpu {
+                    anyhow::bail!("wgpu: only a software adapter");
+                }
+                Ok(ex)
+            })
             .or_else(|_| pick(BackendName::Cpu)),
         other => anyhow::bail!("unknown backend {other:?}: use cpu, wgpu, cuda or auto"),
     }

@@ -1,0 +1,116 @@
+//! Both real models on the WebGPU backend against the CPU reference: the same greedy tokens,
+//! with every op on the GPU (strict executor: a CPU fallback is an error, and the fallback
+//! counters stay at zero). Two sequences decode in one batch, so the paged attention kernel
+//! reads two block tables per step.
+
+use kiln_core::backend::Executor;
+use kiln_core::engine::{Logits, Runner, RunnerConfig};
+use kiln_core::load::gguf::GgufFile;
+use kiln_core::model::build_from_gguf;
+use kiln_core::sample::argmax;
+use kiln_core::tokenizer::Tokenizer;
+use kiln_tests::{model_file, optional_backend, GEMMA3, SMOLLM2};
+
+fn runner(file: &GgufFile, ex: Executor) -> Runner {
+    let model = build_from_gguf(file, &ex).expect("model builds");
+    let cfg = RunnerConfig {
+        ctx: 512,
+        max_batch_tokens: 128,
+        ..RunnerConfig::default()
+    };
+    Runner::new(ex, model, cfg).expect("runner")
+}
+
+/// Greedy tokens for each prompt, the prompts prefilled one by one and then decoded together
+/// in one batch per step. Also returns, per step, the CPU-side top-2 gap of each sequence.
+fn greedy(
+    runner: &mut Runner,
+    tok: &Tokenizer,
+    prompts: &[&str],
+    steps: usize,
+) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
+    let mut last = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let ids = tok.encode(p, true).expect("encode");
+        let logits = runner
+            .feed(i as u64 + 1, &ids, Logits::Last)
+            .expect("prefill")
+            .pop()
+            .expect("logits");
+        last.push(logits);
+    }
+    let mut out = vec![Vec::new(); prompts.len()];
+    let mut gaps = vec![Vec::new(); prompts.len()];
+    for _ in 0..steps {
+        let picks: Vec<u32> = last.iter().map(|l| argmax(l)).collect();
+        for (s, l) in last.iter().enumerate() {
+            let mut v = l.clone();
+            v.sort_by(|a, b| b.total_cmp(a));
+            gaps[s].push(v[0] - v[1]);
+            out[s].push(picks[s]);
+        }
+        let toks: Vec<[u32; 1]> = picks.iter().map(|&t| [t]).collect();
+        let items: Vec<(u64, &[u32], Logits)> = toks
+            .iter()
+            .enumerate()
+            .map(|(s, t)| (s as u64 + 1, &t[..], Logits::Last))
+            .collect();
+        let res = runner.step(&items).expect("decode step");
+        last = res
+            .into_iter()
+            .map(|mut rows| rows.pop().expect("logits"))
+            .collect();
+    }
+    (out, gaps)
+}
+
+fn same_greedy_tokens_as_the_cpu(model: &str, prompts: &[&str], steps: usize) {
+    let Some(gpu) = optional_backend("wgpu", kiln_backend_wgpu::open) else {
+        return;
+    };
+    let Some(path) = model_file(model) else {
+        return;
+    };
+    let file = GgufFile::open(&path).expect("model parses");
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let mut cpu = runner(&file, Executor::cpu());
+    let (want, gaps) = greedy(&mut cpu, &tok, prompts, steps);
+    let mut wgpu = runner(&file, Executor::new(gpu).strict(true));
+    let (got, _) = greedy(&mut wgpu, &tok, prompts, steps);
+    let fallbacks = wgpu.executor().fallbacks();
+    assert!(
+        fallbacks.is_empty(),
+        "{model} ran ops on the CPU: {fallbacks:?}"
+    );
+    for (s, p) in prompts.iter().enumerate() {
+        println!(
+            "{model} {p:?}: cpu {:?} / wgpu {:?}",
+            tok.decode(&want[s]),
+            tok.decode(&got[s])
+        );
+        if let Some(step) = (0..steps).find(|&i| want[s][i] != got[s][i]) {
+            panic!(
+                "{model} {p:?}: wgpu chose token {} where the CPU chose {} at step {step} (CPU top-2 gap {:.4}); cpu {:?} wgpu {:?}",
+                got[s][step], want[s][step], gaps[s][step], want[s], got[s]
+            );
+        }
+    }
+}
+
+#[test]
+fn smollm2_on_wgpu_gives_the_cpu_greedy_tokens_with_no_fallback() {
+    same_greedy_tokens_as_the_cpu(
+        SMOLLM2,
+        &["The capital of France is", "def fibonacci(n):"],
+        16,
+    );
+}
+
+#[test]
+fn gemma3_on_wgpu_gives_the_cpu_greedy_tokens_with_no_fallback() {
+    same_greedy_tokens_as_the_cpu(
+        GEMMA3,
+        &["The capital of France is", "Once upon a time"],
+        8,
+    );
+}
