@@ -1,4 +1,5 @@
 // Paged attention: queries attend to K/V read through the block table by index, in place.
+// With `paged = 0` the same kernel serves the contiguous Attention op (one sequence).
 // Template: KV_F16 is true for f16 caches, false for f32; ENTRY names the entry point.
 //
 // paged_attention_*: one workgroup of 64 threads per (query row, query head, split of the
@@ -29,6 +30,8 @@ struct Params {
     soft_cap: f32,   // 0: none
     mask: u32,       // 0 causal, 1 sliding window, 2 bidirectional, 3 prefix-bidirectional
     mask_n: u32,     // window or prefix length
+    paged: u32,      // 0: contiguous K/V [S, Hkv, D] of one sequence (the Attention op)
+    s_len: u32,      // contiguous: S
     nx: u32,
 }
 
@@ -67,6 +70,9 @@ fn v_at(e: u32) -> f32 {
 
 // Cache row (token slot, kv head) of key position j of sequence s.
 fn slot_row(s: u32, j: u32, g: u32) -> u32 {
+    if (p.paged == 0u) {
+        return j * p.hkv + g;
+    }
     let blk = u32(table[p.table_off + s * p.max_blocks + j / p.bs]);
     return (blk * p.bs + j % p.bs) * p.hkv + g;
 }
@@ -87,11 +93,15 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let g = h / (p.hq / p.hkv);
     // The query row's sequence and absolute position.
     var s = 0u;
-    while (s + 1u < p.n_seqs && u32(q_start[p.qs_off + s + 1u]) <= row) {
-        s += 1u;
+    var len = p.s_len;
+    var q_end = p.t;
+    if (p.paged != 0u) {
+        while (s + 1u < p.n_seqs && u32(q_start[p.qs_off + s + 1u]) <= row) {
+            s += 1u;
+        }
+        len = u32(seq_lens[p.lens_off + s]);
+        q_end = u32(q_start[p.qs_off + s + 1u]);
     }
-    let len = u32(seq_lens[p.lens_off + s]);
-    let q_end = u32(q_start[p.qs_off + s + 1u]);
     let pos = len - (q_end - row);
     var lo = 0u;
     var hi = min(pos + 1u, len);

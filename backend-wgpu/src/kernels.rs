@@ -18,6 +18,10 @@ const ATTENTION_COMBINE: &str = include_str!("../../shaders/attention_combine.wg
 const KV_WRITE: &str = include_str!("../../shaders/kv_write.wgsl");
 const REDUCE: &str = include_str!("../../shaders/reduce.wgsl");
 const SOFTMAX: &str = include_str!("../../shaders/softmax.wgsl");
+const CONV: &str = include_str!("../../shaders/conv.wgsl");
+const DELTA_NET: &str = include_str!("../../shaders/delta_net.wgsl");
+const MOE: &str = include_str!("../../shaders/moe.wgsl");
+const MAT_MUL_ID: &str = include_str!("../../shaders/mat_mul_id.wgsl");
 
 /// One compute entry point and how to build its module.
 pub struct Kernel {
@@ -105,6 +109,23 @@ weighted!(GET_ROWS_Q8_K, "get_rows_q8_k", "get_rows", GET_ROWS, "dq32_q8_k");
 weighted!(GET_ROWS_MXFP4, "get_rows_mxfp4", "get_rows", GET_ROWS, "dq32_mxfp4");
 weighted!(GET_ROWS_NVFP4, "get_rows_nvfp4", "get_rows", GET_ROWS, "dq32_nvfp4");
 
+weighted!(MAT_MUL_ID_F32, "mat_mul_id_f32", "mat_mul_id", MAT_MUL_ID, "dq32_f32");
+weighted!(MAT_MUL_ID_F16, "mat_mul_id_f16", "mat_mul_id", MAT_MUL_ID, "dq32_f16");
+weighted!(MAT_MUL_ID_BF16, "mat_mul_id_bf16", "mat_mul_id", MAT_MUL_ID, "dq32_bf16");
+weighted!(MAT_MUL_ID_Q4_0, "mat_mul_id_q4_0", "mat_mul_id", MAT_MUL_ID, "dq32_q4_0");
+weighted!(MAT_MUL_ID_Q4_1, "mat_mul_id_q4_1", "mat_mul_id", MAT_MUL_ID, "dq32_q4_1");
+weighted!(MAT_MUL_ID_Q5_0, "mat_mul_id_q5_0", "mat_mul_id", MAT_MUL_ID, "dq32_q5_0");
+weighted!(MAT_MUL_ID_Q5_1, "mat_mul_id_q5_1", "mat_mul_id", MAT_MUL_ID, "dq32_q5_1");
+weighted!(MAT_MUL_ID_Q8_0, "mat_mul_id_q8_0", "mat_mul_id", MAT_MUL_ID, "dq32_q8_0");
+weighted!(MAT_MUL_ID_Q2_K, "mat_mul_id_q2_k", "mat_mul_id", MAT_MUL_ID, "dq32_q2_k");
+weighted!(MAT_MUL_ID_Q3_K, "mat_mul_id_q3_k", "mat_mul_id", MAT_MUL_ID, "dq32_q3_k");
+weighted!(MAT_MUL_ID_Q4_K, "mat_mul_id_q4_k", "mat_mul_id", MAT_MUL_ID, "dq32_q4_k");
+weighted!(MAT_MUL_ID_Q5_K, "mat_mul_id_q5_k", "mat_mul_id", MAT_MUL_ID, "dq32_q5_k");
+weighted!(MAT_MUL_ID_Q6_K, "mat_mul_id_q6_k", "mat_mul_id", MAT_MUL_ID, "dq32_q6_k");
+weighted!(MAT_MUL_ID_Q8_K, "mat_mul_id_q8_k", "mat_mul_id", MAT_MUL_ID, "dq32_q8_k");
+weighted!(MAT_MUL_ID_MXFP4, "mat_mul_id_mxfp4", "mat_mul_id", MAT_MUL_ID, "dq32_mxfp4");
+weighted!(MAT_MUL_ID_NVFP4, "mat_mul_id_nvfp4", "mat_mul_id", MAT_MUL_ID, "dq32_nvfp4");
+
 plain!(ADD_F32, "add_f32", "elementwise", ELEMENTWISE);
 plain!(MUL_F32, "mul_f32", "elementwise", ELEMENTWISE);
 plain!(SCALE_F32, "scale_f32", "elementwise", ELEMENTWISE);
@@ -151,6 +172,10 @@ plain!(
 );
 plain!(KV_WRITE_F32, "kv_write_f32", "kv_write", KV_WRITE);
 plain!(KV_WRITE_F16, "kv_write_f16", "kv_write", KV_WRITE);
+plain!(CONV1D_F32, "conv1d_f32", "conv", CONV);
+plain!(CONV1D_STATE_F32, "conv1d_state_f32", "conv", CONV);
+plain!(DELTA_NET_F32, "delta_net_f32", "delta_net", DELTA_NET);
+plain!(MOE_ROUTE_F32, "moe_route_f32", "moe", MOE);
 
 /// Every declared kernel (a test builds each module and finds each entry point).
 pub const ALL: &[&Kernel] = &[
@@ -212,6 +237,26 @@ pub const ALL: &[&Kernel] = &[
     &PAGED_ATTENTION_COMBINE,
     &KV_WRITE_F32,
     &KV_WRITE_F16,
+    &CONV1D_F32,
+    &CONV1D_STATE_F32,
+    &DELTA_NET_F32,
+    &MOE_ROUTE_F32,
+    &MAT_MUL_ID_F32,
+    &MAT_MUL_ID_F16,
+    &MAT_MUL_ID_BF16,
+    &MAT_MUL_ID_Q4_0,
+    &MAT_MUL_ID_Q4_1,
+    &MAT_MUL_ID_Q5_0,
+    &MAT_MUL_ID_Q5_1,
+    &MAT_MUL_ID_Q8_0,
+    &MAT_MUL_ID_Q2_K,
+    &MAT_MUL_ID_Q3_K,
+    &MAT_MUL_ID_Q4_K,
+    &MAT_MUL_ID_Q5_K,
+    &MAT_MUL_ID_Q6_K,
+    &MAT_MUL_ID_Q8_K,
+    &MAT_MUL_ID_MXFP4,
+    &MAT_MUL_ID_NVFP4,
 ];
 
 /// The matmul kernel for a weight dtype.
@@ -256,6 +301,29 @@ pub fn get_rows(w: DType) -> Option<&'static Kernel> {
         DType::Q8_K => &GET_ROWS_Q8_K,
         DType::MXFP4 => &GET_ROWS_MXFP4,
         DType::NVFP4 => &GET_ROWS_NVFP4,
+        DType::I32 | DType::U32 => return None,
+    })
+}
+
+/// The matmul-by-expert-id kernel for a weight dtype.
+pub fn mat_mul_id(w: DType) -> Option<&'static Kernel> {
+    Some(match w {
+        DType::F32 => &MAT_MUL_ID_F32,
+        DType::F16 => &MAT_MUL_ID_F16,
+        DType::BF16 => &MAT_MUL_ID_BF16,
+        DType::Q4_0 => &MAT_MUL_ID_Q4_0,
+        DType::Q4_1 => &MAT_MUL_ID_Q4_1,
+        DType::Q5_0 => &MAT_MUL_ID_Q5_0,
+        DType::Q5_1 => &MAT_MUL_ID_Q5_1,
+        DType::Q8_0 => &MAT_MUL_ID_Q8_0,
+        DType::Q2_K => &MAT_MUL_ID_Q2_K,
+        DType::Q3_K => &MAT_MUL_ID_Q3_K,
+        DType::Q4_K => &MAT_MUL_ID_Q4_K,
+        DType::Q5_K => &MAT_MUL_ID_Q5_K,
+        DType::Q6_K => &MAT_MUL_ID_Q6_K,
+        DType::Q8_K => &MAT_MUL_ID_Q8_K,
+        DType::MXFP4 => &MAT_MUL_ID_MXFP4,
+        DType::NVFP4 => &MAT_MUL_ID_NVFP4,
         DType::I32 | DType::U32 => return None,
     })
 }

@@ -105,6 +105,8 @@ pub(super) fn paged_attention(dev: &Device, p: &AttnParams, i: &[&Tensor], y: &T
         p.soft_cap.unwrap_or(0.0).to_bits(),
         mask,
         u(mask_n)?,
+        1,
+        0,
         gx,
     ];
     dev.dispatch_bound(kernel, &bound, &params, [gx, u(splits)?, gz])?;
@@ -136,4 +138,79 @@ pub(super) fn kv_write(dev: &Device, i: &[&Tensor], o: &[&Tensor]) -> Result<()>
         launch_1d(dev, kernel, &bound, params, words.div_ceil(256))?;
     }
     Ok(())
+}
+
+pub(super) fn supports_contiguous(dev: &Device, d: &OpDesc) -> bool {
+    let i = &d.inputs;
+    let fits = |t: &kiln_core::tensor::TensorDesc| dev.fits_binding(t.nbytes().unwrap_or(usize::MAX));
+    i[0].dtype == DType::F32
+        && d.outputs[0].dtype == DType::F32
+        && cache_ok(i[1].dtype)
+        && i[1].dtype == i[2].dtype
+        && i[0].shape.last() <= MAX_HEAD_DIM
+        && i[2].shape.last() <= MAX_HEAD_DIM
+        && i.iter().chain(&d.outputs).all(fits)
+}
+
+/// The contiguous Attention op: the paged kernel with `paged = 0` (K/V rows indexed
+/// directly), split over the keys when there is one query row.
+pub(super) fn attention(dev: &Device, p: &AttnParams, i: &[&Tensor], y: &Tensor) -> Result<()> {
+    let (q, k, v) = (i[0], i[1], i[2]);
+    let qd = q.shape().dims();
+    let (t, hq, d) = (qd[0], qd[1], qd[2]);
+    let (s_len, hkv) = (k.shape().dims()[0], k.shape().dims()[1]);
+    let dv = v.shape().last();
+    let kernel = match k.dtype() {
+        DType::F32 => &kernels::PAGED_ATTENTION_F32,
+        DType::F16 => &kernels::PAGED_ATTENTION_F16,
+        other => return Err(err(format!("attention over {other} K/V has no WebGPU kernel"))),
+    };
+    let decode = t == 1;
+    let splits = if decode { s_len.div_ceil(SPLIT_KEYS).max(1) } else { 1 };
+    let split_len = if decode { SPLIT_KEYS } else { s_len.max(1) };
+    let scratch = dev.scratch(t * hq * splits * (dv + 2))?;
+    let unit = if k.dtype() == DType::F16 { 2 } else { 4 };
+    let dummy = &dev.dummy;
+    let (bound, offs) = bind(
+        dev,
+        &[(q, 4), (k, unit), (v, unit), (dummy, 4), (dummy, 4), (dummy, 4), (&scratch, 4)],
+    )?;
+    let (mask, mask_n) = mask_code(p.mask);
+    let rows = u(t * hq)?;
+    let (gx, gz) = fold(rows, dev.limits.max_compute_workgroups_per_dimension);
+    let params = vec![
+        u(t)?,
+        u(hq)?,
+        u(hkv)?,
+        u(d)?,
+        u(dv)?,
+        1,
+        1,
+        1,
+        offs[0],
+        offs[1],
+        offs[2],
+        0,
+        0,
+        0,
+        u(splits)?,
+        u(split_len)?,
+        p.scale.to_bits(),
+        p.soft_cap.unwrap_or(0.0).to_bits(),
+        mask,
+        u(mask_n)?,
+        0,
+        u(s_len)?,
+        gx,
+    ];
+    dev.dispatch_bound(kernel, &bound, &params, [gx, u(splits)?, gz])?;
+    let (bound, offs) = bind(dev, &[(&scratch, 4), (y, 4)])?;
+    let params = vec![rows, u(dv)?, u(splits)?, offs[1]];
+    launch_1d(
+        dev,
+        &kernels::PAGED_ATTENTION_COMBINE,
+        &bound,
+        params,
+        (t * hq * dv).div_ceil(64),
+    )
 }

@@ -2,9 +2,12 @@
 //! and the one place that says which ops this backend runs.
 
 mod attention;
+mod conv;
+mod delta_net;
 mod elementwise;
 mod get_rows;
 mod matmul;
+mod moe;
 mod norm;
 mod reduce;
 mod rope;
@@ -59,12 +62,20 @@ pub(crate) fn supports(dev: &Device, desc: &OpDesc) -> bool {
                 && o[0].dtype == DType::F32
                 && i.iter().chain(o).all(fits)
         }
-        // Not written for WebGPU yet: they run on the CPU reference, counted.
-        Op::MatMulId
-        | Op::Attention(_)
-        | Op::Conv1d { .. }
-        | Op::DeltaNet { .. }
-        | Op::MoeRoute { .. } => false,
+        Op::MatMulId => moe::supports_mat_mul_id(dev, desc),
+        Op::MoeRoute { .. } => {
+            i[0].dtype == DType::F32 && i.iter().chain(o).all(fits)
+        }
+        Op::Attention(_) => attention::supports_contiguous(dev, desc),
+        Op::Conv1d { .. } => f32_all(i.get(..3).unwrap_or(&[])) && f32_all(o) && i.iter().chain(o).all(fits),
+        // The recurrent kernel computes the same function the chunked (WY) form does, so it
+        // answers for both.
+        Op::DeltaNet { .. } => {
+            f32_all(i.get(..6).unwrap_or(&[]))
+                && f32_all(o)
+                && dev.limits.max_storage_buffers_per_shader_stage >= delta_net::BINDINGS
+                && i.iter().chain(o).all(fits)
+        }
         // Fused ops are CUDA's: WebGPU models take the decomposed path through the gate.
         Op::RmsNormMatMul { .. }
         | Op::GluMatMul(_)
@@ -89,6 +100,15 @@ pub(crate) fn execute(dev: &Device, op: &Op, i: &[&Tensor], o: &[&Tensor]) -> Re
         Op::PagedAttention(p) => attention::paged_attention(dev, p, i, o[0]),
         Op::KvWrite => attention::kv_write(dev, i, o),
         Op::Argmax => reduce::argmax(dev, i[0], o[0]),
+        Op::MatMulId => moe::mat_mul_id(dev, i[0], i[1], i[2], o[0]),
+        Op::MoeRoute {
+            k,
+            gating,
+            normalize,
+        } => moe::route(dev, *k, *gating, *normalize, i[0], o),
+        Op::Attention(p) => attention::attention(dev, p, i, o[0]),
+        Op::Conv1d { silu } => conv::conv1d(dev, *silu, i, o),
+        Op::DeltaNet { scale, .. } => delta_net::delta_net(dev, *scale, i, o),
         Op::TopK(k) => reduce::top_k(dev, *k, i[0], o[0], o[1]),
         other => Err(err(format!(
             "{} has no WebGPU kernel (supports_op says no; the executor runs it on the CPU)",
