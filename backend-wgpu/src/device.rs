@@ -240,6 +240,10 @@ impl Device {
                 self.limits.max_buffer_size
             )));
         }
+        // Large allocations are where device memory runs out: catch that here, as an error
+        // naming the tensor, rather than at a later submission.
+        let scope = (size >= 1 << 24)
+            .then(|| self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory));
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
             size,
@@ -248,6 +252,11 @@ impl Device {
                 | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        if let Some(scope) = scope {
+            if let Some(e) = pollster::block_on(scope.pop()) {
+                return Err(err(format!("{desc}: cannot allocate {size} bytes: {e}")));
+            }
+        }
         Tensor::new(
             Arc::new(GpuBuffer {
                 buffer,

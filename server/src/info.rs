@@ -62,12 +62,25 @@ pub fn run(args: &InfoArgs) -> Result<()> {
                     }
                 }
                 let claimed = all.iter().filter(|c| b.supports_op(&c.desc())).count();
+                let mut feats = vec![format!("{:?}", caps.kind)];
+                if caps.kind == kiln_core::backend::DeviceKind::Cpu {
+                    feats.push(format!("{} threads", caps.parallelism));
+                } else {
+                    feats.push(format!("f16 {}", if caps.f16 { "yes" } else { "no" }));
+                    feats.push(match caps.subgroup_size {
+                        Some(n) => format!("subgroups of {n}"),
+                        None => "no subgroups".into(),
+                    });
+                    feats.push(format!(
+                        "largest binding {} MiB",
+                        caps.max_buffer_bytes >> 20
+                    ));
+                }
                 println!(
-                    "backend {}: {} ({:?}, {} threads/units)",
+                    "backend {}: {} ({})",
                     name.as_str(),
                     caps.device,
-                    caps.kind,
-                    caps.parallelism
+                    feats.join(", ")
                 );
                 println!(
                     "  supports {claimed} of {} conformance cases; ops: {}",

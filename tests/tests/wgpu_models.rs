@@ -114,3 +114,49 @@ fn gemma3_on_wgpu_gives_the_cpu_greedy_tokens_with_no_fallback() {
         8,
     );
 }
+
+/// An op the WebGPU backend lacks (here an add of f16 activations)
+/// runs on the CPU reference through the executor: the right result, counted per op, and an
+/// error in strict mode.
+#[test]
+fn wgpu_falls_back_to_the_cpu_visibly_and_correctly() {
+    use kiln_core::op::Op;
+    use kiln_core::tensor::{DType, TensorDesc};
+    use kiln_core::validate::rng::Rng;
+
+    let Some(gpu) = optional_backend("wgpu", kiln_backend_wgpu::open) else {
+        return;
+    };
+    let mut rng = Rng::new(7);
+    let a: Vec<f32> = (0..6 * 64).map(|_| rng.normal()).collect();
+    let b: Vec<f32> = (0..64).map(|_| rng.normal()).collect();
+    let run = |ex: &Executor| -> Vec<f32> {
+        let be = ex.backend().clone();
+        let up = |d: DType, shape: &[usize], v: &[f32]| {
+            let t = be.alloc(&TensorDesc::new(d, shape)).expect("alloc");
+            be.upload(&t, &kiln_core::quant::quantize(d, v).expect("quantize"))
+                .expect("upload");
+            t
+        };
+        let x = up(DType::F16, &[6, 64], &a);
+        let y = up(DType::F32, &[64], &b);
+        // f16 + f32 (not on wgpu), then a cast to f32 (f16 -> f32 is on wgpu).
+        let s = &ex.run(&Op::Add, &[&x, &y]).expect("add")[0];
+        let f = &ex.run(&Op::Cast, &[s]).expect("cast")[0];
+        ex.download_f32(f).expect("download")
+    };
+    let want = run(&Executor::cpu());
+    let ex = Executor::new(gpu.clone());
+    let got = run(&ex);
+    assert_eq!(got, want, "the fallback result differs from the CPU's");
+    let fb = ex.fallbacks();
+    assert_eq!(fb.len(), 1, "{fb:?}");
+    assert_eq!((fb[0].op, fb[0].count), ("add", 1), "{fb:?}");
+    let strict = Executor::new(gpu).strict(true);
+    let x = strict
+        .backend()
+        .alloc(&TensorDesc::new(DType::F16, [2, 64]))
+        .expect("alloc");
+    let err = strict.run(&Op::Add, &[&x, &x]).expect_err("strict refuses a fallback");
+    assert!(err.to_string().contains("add"), "{err}");
+}

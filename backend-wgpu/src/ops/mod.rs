@@ -58,9 +58,10 @@ pub(crate) fn supports(dev: &Device, desc: &OpDesc) -> bool {
             i[0].nbytes().is_some_and(|n| n % 4 == 0) && i.iter().chain(o).all(fits)
         }
         Op::Cast => {
-            matches!(i[0].dtype, DType::F32 | DType::F16 | DType::BF16)
-                && o[0].dtype == DType::F32
-                && i.iter().chain(o).all(fits)
+            let same = i[0].dtype == o[0].dtype && i[0].nbytes().is_some_and(|n| n % 4 == 0);
+            let widen = matches!(i[0].dtype, DType::F32 | DType::F16 | DType::BF16)
+                && o[0].dtype == DType::F32;
+            (same || widen) && i.iter().chain(o).all(fits)
         }
         Op::MatMulId => moe::supports_mat_mul_id(dev, desc),
         Op::MoeRoute { .. } => {
