@@ -84,7 +84,10 @@ impl Drop for Device {
         rows.sort_by(|a, b| b.1 .1.cmp(&a.1 .1));
         let total: u64 = rows.iter().map(|r| r.1 .1).sum();
         eprintln!("wgpu kernel profile (each dispatch waited for):");
-        eprintln!("{:>12} {:>8} {:>10} {:>6}  kernel", "total us", "calls", "us/call", "%");
+        eprintln!(
+            "{:>12} {:>8} {:>10} {:>6}  kernel",
+            "total us", "calls", "us/call", "%"
+        );
         for (name, (calls, us)) in rows {
             eprintln!(
                 "{us:>12} {calls:>8} {:>10.1} {:>6.1}  {name}",
@@ -129,7 +132,9 @@ impl Device {
         if adapters.is_empty() {
             return Err(Error::NotAvailable(crate::NO_ADAPTER.into()));
         }
-        let wanted = std::env::var("KILN_WGPU_ADAPTER").ok().filter(|s| !s.is_empty());
+        let wanted = std::env::var("KILN_WGPU_ADAPTER")
+            .ok()
+            .filter(|s| !s.is_empty());
         let adapter = match &wanted {
             Some(name) => {
                 let lname = name.to_lowercase();
@@ -242,8 +247,8 @@ impl Device {
         }
         // Large allocations are where device memory runs out: catch that here, as an error
         // naming the tensor, rather than at a later submission.
-        let scope = (size >= 1 << 24)
-            .then(|| self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory));
+        let scope =
+            (size >= 1 << 24).then(|| self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory));
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
             size,
@@ -388,7 +393,10 @@ impl Device {
                 backend: self.id,
             }),
             start as usize,
-            TensorDesc::new(kiln_core::tensor::DType::U32, [((end - start) / 4) as usize]),
+            TensorDesc::new(
+                kiln_core::tensor::DType::U32,
+                [((end - start) / 4) as usize],
+            ),
         )?;
         self.download(&whole)
     }
@@ -569,7 +577,10 @@ impl Device {
 
     /// A scratch tensor on this device (for split reductions).
     pub(crate) fn scratch(&self, n_f32: usize) -> Result<Tensor> {
-        self.alloc(&TensorDesc::new(kiln_core::tensor::DType::F32, [n_f32.max(1)]))
+        self.alloc(&TensorDesc::new(
+            kiln_core::tensor::DType::F32,
+            [n_f32.max(1)],
+        ))
     }
 }
 

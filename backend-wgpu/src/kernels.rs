@@ -77,54 +77,330 @@ macro_rules! weighted {
 
 weighted!(MAT_MUL_F32, "mat_mul_f32", "mat_mul", MAT_MUL, "dq32_f32");
 weighted!(MAT_MUL_F16, "mat_mul_f16", "mat_mul", MAT_MUL, "dq32_f16");
-weighted!(MAT_MUL_BF16, "mat_mul_bf16", "mat_mul", MAT_MUL, "dq32_bf16");
-weighted!(MAT_MUL_Q4_0, "mat_mul_q4_0", "mat_mul", MAT_MUL, "dq32_q4_0");
-weighted!(MAT_MUL_Q4_1, "mat_mul_q4_1", "mat_mul", MAT_MUL, "dq32_q4_1");
-weighted!(MAT_MUL_Q5_0, "mat_mul_q5_0", "mat_mul", MAT_MUL, "dq32_q5_0");
-weighted!(MAT_MUL_Q5_1, "mat_mul_q5_1", "mat_mul", MAT_MUL, "dq32_q5_1");
-weighted!(MAT_MUL_Q8_0, "mat_mul_q8_0", "mat_mul", MAT_MUL, "dq32_q8_0");
-weighted!(MAT_MUL_Q2_K, "mat_mul_q2_k", "mat_mul", MAT_MUL, "dq32_q2_k");
-weighted!(MAT_MUL_Q3_K, "mat_mul_q3_k", "mat_mul", MAT_MUL, "dq32_q3_k");
-weighted!(MAT_MUL_Q4_K, "mat_mul_q4_k", "mat_mul", MAT_MUL, "dq32_q4_k");
-weighted!(MAT_MUL_Q5_K, "mat_mul_q5_k", "mat_mul", MAT_MUL, "dq32_q5_k");
-weighted!(MAT_MUL_Q6_K, "mat_mul_q6_k", "mat_mul", MAT_MUL, "dq32_q6_k");
-weighted!(MAT_MUL_Q8_K, "mat_mul_q8_k", "mat_mul", MAT_MUL, "dq32_q8_k");
-weighted!(MAT_MUL_MXFP4, "mat_mul_mxfp4", "mat_mul", MAT_MUL, "dq32_mxfp4");
-weighted!(MAT_MUL_NVFP4, "mat_mul_nvfp4", "mat_mul", MAT_MUL, "dq32_nvfp4");
+weighted!(
+    MAT_MUL_BF16,
+    "mat_mul_bf16",
+    "mat_mul",
+    MAT_MUL,
+    "dq32_bf16"
+);
+weighted!(
+    MAT_MUL_Q4_0,
+    "mat_mul_q4_0",
+    "mat_mul",
+    MAT_MUL,
+    "dq32_q4_0"
+);
+weighted!(
+    MAT_MUL_Q4_1,
+    "mat_mul_q4_1",
+    "mat_mul",
+    MAT_MUL,
+    "dq32_q4_1"
+);
+weighted!(
+    MAT_MUL_Q5_0,
+    "mat_mul_q5_0",
+    "mat_mul",
+    MAT_MUL,
+    "dq32_q5_0"
+);
+weighted!(
+    MAT_MUL_Q5_1,
+    "mat_mul_q5_1",
+    "mat_mul",
+    MAT_MUL,
+    "dq32_q5_1"
+);
+weighted!(
+    MAT_MUL_Q8_0,
+    "mat_mul_q8_0",
+    "mat_mul",
+    MAT_MUL,
+    "dq32_q8_0"
+);
+weighted!(
+    MAT_MUL_Q2_K,
+    "mat_mul_q2_k",
+    "mat_mul",
+    MAT_MUL,
+    "dq32_q2_k"
+);
+weighted!(
+    MAT_MUL_Q3_K,
+    "mat_mul_q3_k",
+    "mat_mul",
+    MAT_MUL,
+    "dq32_q3_k"
+);
+weighted!(
+    MAT_MUL_Q4_K,
+    "mat_mul_q4_k",
+    "mat_mul",
+    MAT_MUL,
+    "dq32_q4_k"
+);
+weighted!(
+    MAT_MUL_Q5_K,
+    "mat_mul_q5_k",
+    "mat_mul",
+    MAT_MUL,
+    "dq32_q5_k"
+);
+weighted!(
+    MAT_MUL_Q6_K,
+    "mat_mul_q6_k",
+    "mat_mul",
+    MAT_MUL,
+    "dq32_q6_k"
+);
+weighted!(
+    MAT_MUL_Q8_K,
+    "mat_mul_q8_k",
+    "mat_mul",
+    MAT_MUL,
+    "dq32_q8_k"
+);
+weighted!(
+    MAT_MUL_MXFP4,
+    "mat_mul_mxfp4",
+    "mat_mul",
+    MAT_MUL,
+    "dq32_mxfp4"
+);
+weighted!(
+    MAT_MUL_NVFP4,
+    "mat_mul_nvfp4",
+    "mat_mul",
+    MAT_MUL,
+    "dq32_nvfp4"
+);
 
-weighted!(GET_ROWS_F32, "get_rows_f32", "get_rows", GET_ROWS, "dq32_f32");
-weighted!(GET_ROWS_F16, "get_rows_f16", "get_rows", GET_ROWS, "dq32_f16");
-weighted!(GET_ROWS_BF16, "get_rows_bf16", "get_rows", GET_ROWS, "dq32_bf16");
-weighted!(GET_ROWS_Q4_0, "get_rows_q4_0", "get_rows", GET_ROWS, "dq32_q4_0");
-weighted!(GET_ROWS_Q4_1, "get_rows_q4_1", "get_rows", GET_ROWS, "dq32_q4_1");
-weighted!(GET_ROWS_Q5_0, "get_rows_q5_0", "get_rows", GET_ROWS, "dq32_q5_0");
-weighted!(GET_ROWS_Q5_1, "get_rows_q5_1", "get_rows", GET_ROWS, "dq32_q5_1");
-weighted!(GET_ROWS_Q8_0, "get_rows_q8_0", "get_rows", GET_ROWS, "dq32_q8_0");
-weighted!(GET_ROWS_Q2_K, "get_rows_q2_k", "get_rows", GET_ROWS, "dq32_q2_k");
-weighted!(GET_ROWS_Q3_K, "get_rows_q3_k", "get_rows", GET_ROWS, "dq32_q3_k");
-weighted!(GET_ROWS_Q4_K, "get_rows_q4_k", "get_rows", GET_ROWS, "dq32_q4_k");
-weighted!(GET_ROWS_Q5_K, "get_rows_q5_k", "get_rows", GET_ROWS, "dq32_q5_k");
-weighted!(GET_ROWS_Q6_K, "get_rows_q6_k", "get_rows", GET_ROWS, "dq32_q6_k");
-weighted!(GET_ROWS_Q8_K, "get_rows_q8_k", "get_rows", GET_ROWS, "dq32_q8_k");
-weighted!(GET_ROWS_MXFP4, "get_rows_mxfp4", "get_rows", GET_ROWS, "dq32_mxfp4");
-weighted!(GET_ROWS_NVFP4, "get_rows_nvfp4", "get_rows", GET_ROWS, "dq32_nvfp4");
+weighted!(
+    GET_ROWS_F32,
+    "get_rows_f32",
+    "get_rows",
+    GET_ROWS,
+    "dq32_f32"
+);
+weighted!(
+    GET_ROWS_F16,
+    "get_rows_f16",
+    "get_rows",
+    GET_ROWS,
+    "dq32_f16"
+);
+weighted!(
+    GET_ROWS_BF16,
+    "get_rows_bf16",
+    "get_rows",
+    GET_ROWS,
+    "dq32_bf16"
+);
+weighted!(
+    GET_ROWS_Q4_0,
+    "get_rows_q4_0",
+    "get_rows",
+    GET_ROWS,
+    "dq32_q4_0"
+);
+weighted!(
+    GET_ROWS_Q4_1,
+    "get_rows_q4_1",
+    "get_rows",
+    GET_ROWS,
+    "dq32_q4_1"
+);
+weighted!(
+    GET_ROWS_Q5_0,
+    "get_rows_q5_0",
+    "get_rows",
+    GET_ROWS,
+    "dq32_q5_0"
+);
+weighted!(
+    GET_ROWS_Q5_1,
+    "get_rows_q5_1",
+    "get_rows",
+    GET_ROWS,
+    "dq32_q5_1"
+);
+weighted!(
+    GET_ROWS_Q8_0,
+    "get_rows_q8_0",
+    "get_rows",
+    GET_ROWS,
+    "dq32_q8_0"
+);
+weighted!(
+    GET_ROWS_Q2_K,
+    "get_rows_q2_k",
+    "get_rows",
+    GET_ROWS,
+    "dq32_q2_k"
+);
+weighted!(
+    GET_ROWS_Q3_K,
+    "get_rows_q3_k",
+    "get_rows",
+    GET_ROWS,
+    "dq32_q3_k"
+);
+weighted!(
+    GET_ROWS_Q4_K,
+    "get_rows_q4_k",
+    "get_rows",
+    GET_ROWS,
+    "dq32_q4_k"
+);
+weighted!(
+    GET_ROWS_Q5_K,
+    "get_rows_q5_k",
+    "get_rows",
+    GET_ROWS,
+    "dq32_q5_k"
+);
+weighted!(
+    GET_ROWS_Q6_K,
+    "get_rows_q6_k",
+    "get_rows",
+    GET_ROWS,
+    "dq32_q6_k"
+);
+weighted!(
+    GET_ROWS_Q8_K,
+    "get_rows_q8_k",
+    "get_rows",
+    GET_ROWS,
+    "dq32_q8_k"
+);
+weighted!(
+    GET_ROWS_MXFP4,
+    "get_rows_mxfp4",
+    "get_rows",
+    GET_ROWS,
+    "dq32_mxfp4"
+);
+weighted!(
+    GET_ROWS_NVFP4,
+    "get_rows_nvfp4",
+    "get_rows",
+    GET_ROWS,
+    "dq32_nvfp4"
+);
 
-weighted!(MAT_MUL_ID_F32, "mat_mul_id_f32", "mat_mul_id", MAT_MUL_ID, "dq32_f32");
-weighted!(MAT_MUL_ID_F16, "mat_mul_id_f16", "mat_mul_id", MAT_MUL_ID, "dq32_f16");
-weighted!(MAT_MUL_ID_BF16, "mat_mul_id_bf16", "mat_mul_id", MAT_MUL_ID, "dq32_bf16");
-weighted!(MAT_MUL_ID_Q4_0, "mat_mul_id_q4_0", "mat_mul_id", MAT_MUL_ID, "dq32_q4_0");
-weighted!(MAT_MUL_ID_Q4_1, "mat_mul_id_q4_1", "mat_mul_id", MAT_MUL_ID, "dq32_q4_1");
-weighted!(MAT_MUL_ID_Q5_0, "mat_mul_id_q5_0", "mat_mul_id", MAT_MUL_ID, "dq32_q5_0");
-weighted!(MAT_MUL_ID_Q5_1, "mat_mul_id_q5_1", "mat_mul_id", MAT_MUL_ID, "dq32_q5_1");
-weighted!(MAT_MUL_ID_Q8_0, "mat_mul_id_q8_0", "mat_mul_id", MAT_MUL_ID, "dq32_q8_0");
-weighted!(MAT_MUL_ID_Q2_K, "mat_mul_id_q2_k", "mat_mul_id", MAT_MUL_ID, "dq32_q2_k");
-weighted!(MAT_MUL_ID_Q3_K, "mat_mul_id_q3_k", "mat_mul_id", MAT_MUL_ID, "dq32_q3_k");
-weighted!(MAT_MUL_ID_Q4_K, "mat_mul_id_q4_k", "mat_mul_id", MAT_MUL_ID, "dq32_q4_k");
-weighted!(MAT_MUL_ID_Q5_K, "mat_mul_id_q5_k", "mat_mul_id", MAT_MUL_ID, "dq32_q5_k");
-weighted!(MAT_MUL_ID_Q6_K, "mat_mul_id_q6_k", "mat_mul_id", MAT_MUL_ID, "dq32_q6_k");
-weighted!(MAT_MUL_ID_Q8_K, "mat_mul_id_q8_k", "mat_mul_id", MAT_MUL_ID, "dq32_q8_k");
-weighted!(MAT_MUL_ID_MXFP4, "mat_mul_id_mxfp4", "mat_mul_id", MAT_MUL_ID, "dq32_mxfp4");
-weighted!(MAT_MUL_ID_NVFP4, "mat_mul_id_nvfp4", "mat_mul_id", MAT_MUL_ID, "dq32_nvfp4");
+weighted!(
+    MAT_MUL_ID_F32,
+    "mat_mul_id_f32",
+    "mat_mul_id",
+    MAT_MUL_ID,
+    "dq32_f32"
+);
+weighted!(
+    MAT_MUL_ID_F16,
+    "mat_mul_id_f16",
+    "mat_mul_id",
+    MAT_MUL_ID,
+    "dq32_f16"
+);
+weighted!(
+    MAT_MUL_ID_BF16,
+    "mat_mul_id_bf16",
+    "mat_mul_id",
+    MAT_MUL_ID,
+    "dq32_bf16"
+);
+weighted!(
+    MAT_MUL_ID_Q4_0,
+    "mat_mul_id_q4_0",
+    "mat_mul_id",
+    MAT_MUL_ID,
+    "dq32_q4_0"
+);
+weighted!(
+    MAT_MUL_ID_Q4_1,
+    "mat_mul_id_q4_1",
+    "mat_mul_id",
+    MAT_MUL_ID,
+    "dq32_q4_1"
+);
+weighted!(
+    MAT_MUL_ID_Q5_0,
+    "mat_mul_id_q5_0",
+    "mat_mul_id",
+    MAT_MUL_ID,
+    "dq32_q5_0"
+);
+weighted!(
+    MAT_MUL_ID_Q5_1,
+    "mat_mul_id_q5_1",
+    "mat_mul_id",
+    MAT_MUL_ID,
+    "dq32_q5_1"
+);
+weighted!(
+    MAT_MUL_ID_Q8_0,
+    "mat_mul_id_q8_0",
+    "mat_mul_id",
+    MAT_MUL_ID,
+    "dq32_q8_0"
+);
+weighted!(
+    MAT_MUL_ID_Q2_K,
+    "mat_mul_id_q2_k",
+    "mat_mul_id",
+    MAT_MUL_ID,
+    "dq32_q2_k"
+);
+weighted!(
+    MAT_MUL_ID_Q3_K,
+    "mat_mul_id_q3_k",
+    "mat_mul_id",
+    MAT_MUL_ID,
+    "dq32_q3_k"
+);
+weighted!(
+    MAT_MUL_ID_Q4_K,
+    "mat_mul_id_q4_k",
+    "mat_mul_id",
+    MAT_MUL_ID,
+    "dq32_q4_k"
+);
+weighted!(
+    MAT_MUL_ID_Q5_K,
+    "mat_mul_id_q5_k",
+    "mat_mul_id",
+    MAT_MUL_ID,
+    "dq32_q5_k"
+);
+weighted!(
+    MAT_MUL_ID_Q6_K,
+    "mat_mul_id_q6_k",
+    "mat_mul_id",
+    MAT_MUL_ID,
+    "dq32_q6_k"
+);
+weighted!(
+    MAT_MUL_ID_Q8_K,
+    "mat_mul_id_q8_k",
+    "mat_mul_id",
+    MAT_MUL_ID,
+    "dq32_q8_k"
+);
+weighted!(
+    MAT_MUL_ID_MXFP4,
+    "mat_mul_id_mxfp4",
+    "mat_mul_id",
+    MAT_MUL_ID,
+    "dq32_mxfp4"
+);
+weighted!(
+    MAT_MUL_ID_NVFP4,
+    "mat_mul_id_nvfp4",
+    "mat_mul_id",
+    MAT_MUL_ID,
+    "dq32_nvfp4"
+);
 
 plain!(ADD_F32, "add_f32", "elementwise", ELEMENTWISE);
 plain!(MUL_F32, "mul_f32", "elementwise", ELEMENTWISE);

@@ -115,7 +115,12 @@ impl Backend for WgpuBackend {
 }
 
 fn desc_line(d: &OpDesc) -> String {
-    let list = |v: &[TensorDesc]| v.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
+    let list = |v: &[TensorDesc]| {
+        v.iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     format!("inputs {}; outputs {}", list(&d.inputs), list(&d.outputs))
 }
 

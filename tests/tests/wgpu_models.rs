@@ -108,11 +108,7 @@ fn smollm2_on_wgpu_gives_the_cpu_greedy_tokens_with_no_fallback() {
 
 #[test]
 fn gemma3_on_wgpu_gives_the_cpu_greedy_tokens_with_no_fallback() {
-    same_greedy_tokens_as_the_cpu(
-        GEMMA3,
-        &["The capital of France is", "Once upon a time"],
-        8,
-    );
+    same_greedy_tokens_as_the_cpu(GEMMA3, &["The capital of France is", "Once upon a time"], 8);
 }
 
 /// An op the WebGPU backend lacks (here an add of f16 activations)
@@ -157,6 +153,8 @@ fn wgpu_falls_back_to_the_cpu_visibly_and_correctly() {
         .backend()
         .alloc(&TensorDesc::new(DType::F16, [2, 64]))
         .expect("alloc");
-    let err = strict.run(&Op::Add, &[&x, &x]).expect_err("strict refuses a fallback");
+    let err = strict
+        .run(&Op::Add, &[&x, &x])
+        .expect_err("strict refuses a fallback");
     assert!(err.to_string().contains("add"), "{err}");
 }

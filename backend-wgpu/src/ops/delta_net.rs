@@ -17,12 +17,30 @@ pub(super) fn delta_net(dev: &Device, scale: f32, i: &[&Tensor], o: &[&Tensor]) 
     let n_seqs = seq_start.numel() - 1;
     let (bound, offs) = bind(
         dev,
-        &[(q, 4), (k, 4), (v, 4), (g, 4), (beta, 4), (state, 4), (seq_start, 4), (o[0], 4), (o[1], 4)],
+        &[
+            (q, 4),
+            (k, 4),
+            (v, 4),
+            (g, 4),
+            (beta, 4),
+            (state, 4),
+            (seq_start, 4),
+            (o[0], 4),
+            (o[1], 4),
+        ],
     )?;
-    let (gx, gz) = fold(u(n_seqs * hv)?, dev.limits.max_compute_workgroups_per_dimension);
+    let (gx, gz) = fold(
+        u(n_seqs * hv)?,
+        dev.limits.max_compute_workgroups_per_dimension,
+    );
     let mut params = vec![u(hk)?, u(hv)?, u(dk)?, u(dv)?, u(n_seqs)?];
     params.extend_from_slice(&offs);
     params.push(scale.to_bits());
     params.push(gx);
-    dev.dispatch_bound(&kernels::DELTA_NET_F32, &bound, &params, [gx, u(dv.div_ceil(64))?, gz])
+    dev.dispatch_bound(
+        &kernels::DELTA_NET_F32,
+        &bound,
+        &params,
+        [gx, u(dv.div_ceil(64))?, gz],
+    )
 }

@@ -57,9 +57,11 @@ pub(super) fn copy(dev: &Device, x: &Tensor, y: &Tensor) -> Result<()> {
             (&kernels::COPY_U32, x.nbytes() / 4, 0)
         }
         (DType::F16, DType::F32) => (&kernels::CAST_F16_F32, x.numel().div_ceil(2), x.numel() % 2),
-        (DType::BF16, DType::F32) => {
-            (&kernels::CAST_BF16_F32, x.numel().div_ceil(2), x.numel() % 2)
-        }
+        (DType::BF16, DType::F32) => (
+            &kernels::CAST_BF16_F32,
+            x.numel().div_ceil(2),
+            x.numel() % 2,
+        ),
         (a, b) => return Err(err(format!("cast {a} -> {b} has no WebGPU kernel"))),
     };
     let (bound, offs) = bind(dev, &[(x, 4), (y, 4)])?;

@@ -33,7 +33,8 @@ pub(crate) fn supports(dev: &Device, desc: &OpDesc) -> bool {
     let (i, o) = (&desc.inputs, &desc.outputs);
     let f32_all = |ts: &[kiln_core::tensor::TensorDesc]| ts.iter().all(|t| t.dtype == DType::F32);
     // Every operand but a split weight or table must fit one storage binding.
-    let fits = |t: &kiln_core::tensor::TensorDesc| dev.fits_binding(t.nbytes().unwrap_or(usize::MAX));
+    let fits =
+        |t: &kiln_core::tensor::TensorDesc| dev.fits_binding(t.nbytes().unwrap_or(usize::MAX));
     match &desc.op {
         Op::MatMul => matmul::supports(dev, desc),
         Op::GetRows => get_rows::supports(dev, desc),
@@ -51,12 +52,10 @@ pub(crate) fn supports(dev: &Device, desc: &OpDesc) -> bool {
                 && p.n_rot <= 2 * rope::MAX_PAIRS
                 && i.iter().chain(o).all(fits)
         }
-        Op::PagedAttention(_) => attention::supports(dev, desc),
+        Op::PagedAttention(_) | Op::Attention(_) => attention::supports(dev, desc),
         Op::KvWrite => attention::supports_kv_write(dev, desc),
         Op::Argmax | Op::TopK(_) => i[0].dtype == DType::F32 && i.iter().chain(o).all(fits),
-        Op::Copy => {
-            i[0].nbytes().is_some_and(|n| n % 4 == 0) && i.iter().chain(o).all(fits)
-        }
+        Op::Copy => i[0].nbytes().is_some_and(|n| n % 4 == 0) && i.iter().chain(o).all(fits),
         Op::Cast => {
             let same = i[0].dtype == o[0].dtype && i[0].nbytes().is_some_and(|n| n % 4 == 0);
             let widen = matches!(i[0].dtype, DType::F32 | DType::F16 | DType::BF16)
@@ -64,11 +63,10 @@ pub(crate) fn supports(dev: &Device, desc: &OpDesc) -> bool {
             (same || widen) && i.iter().chain(o).all(fits)
         }
         Op::MatMulId => moe::supports_mat_mul_id(dev, desc),
-        Op::MoeRoute { .. } => {
-            i[0].dtype == DType::F32 && i.iter().chain(o).all(fits)
+        Op::MoeRoute { .. } => i[0].dtype == DType::F32 && i.iter().chain(o).all(fits),
+        Op::Conv1d { .. } => {
+            f32_all(i.get(..3).unwrap_or(&[])) && f32_all(o) && i.iter().chain(o).all(fits)
         }
-        Op::Attention(_) => attention::supports_contiguous(dev, desc),
-        Op::Conv1d { .. } => f32_all(i.get(..3).unwrap_or(&[])) && f32_all(o) && i.iter().chain(o).all(fits),
         // The recurrent kernel computes the same function the chunked (WY) form does, so it
         // answers for both.
         Op::DeltaNet { .. } => {

@@ -32,7 +32,8 @@ pub(super) fn route(
 }
 
 pub(super) fn supports_mat_mul_id(dev: &Device, d: &OpDesc) -> bool {
-    let fits = |t: &kiln_core::tensor::TensorDesc| dev.fits_binding(t.nbytes().unwrap_or(usize::MAX));
+    let fits =
+        |t: &kiln_core::tensor::TensorDesc| dev.fits_binding(t.nbytes().unwrap_or(usize::MAX));
     let w = &d.inputs[1];
     d.inputs[0].dtype == DType::F32
         && d.outputs[0].dtype == DType::F32
@@ -42,7 +43,13 @@ pub(super) fn supports_mat_mul_id(dev: &Device, d: &OpDesc) -> bool {
         && d.inputs[2].numel() <= dev.limits.max_compute_workgroups_per_dimension as usize
 }
 
-pub(super) fn mat_mul_id(dev: &Device, x: &Tensor, w: &Tensor, ids: &Tensor, y: &Tensor) -> Result<()> {
+pub(super) fn mat_mul_id(
+    dev: &Device,
+    x: &Tensor,
+    w: &Tensor,
+    ids: &Tensor,
+    y: &Tensor,
+) -> Result<()> {
     let kernel = kernels::mat_mul_id(w.dtype())
         .ok_or_else(|| err(format!("mat_mul_id: no kernel for {} weights", w.dtype())))?;
     let wd = w.shape().dims();
@@ -51,7 +58,10 @@ pub(super) fn mat_mul_id(dev: &Device, x: &Tensor, w: &Tensor, ids: &Tensor, y: 
     let per_slot = x.numel() == t * k * kdim && k > 1;
     let w_row = w.nbytes() / (ne * n).max(1);
     let (bound, offs) = bind(dev, &[(x, 4), (w, 1), (ids, 4), (y, 4)])?;
-    let (gx, gz) = fold(u(n.div_ceil(4))?, dev.limits.max_compute_workgroups_per_dimension);
+    let (gx, gz) = fold(
+        u(n.div_ceil(4))?,
+        dev.limits.max_compute_workgroups_per_dimension,
+    );
     let params = vec![
         u(t * k)?,
         u(k)?,
