@@ -7,6 +7,8 @@ use kiln_core::tensor::DType;
 
 const DEQUANT: &str = include_str!("../../shaders/common/dequant.wgsl");
 const FLOAT_ROWS: &str = include_str!("../../shaders/common/float_rows.wgsl");
+const DOT: &str = include_str!("../../shaders/common/dot.wgsl");
+const MAT_VEC: &str = include_str!("../../shaders/mat_vec.wgsl");
 const MAT_MUL: &str = include_str!("../../shaders/mat_mul.wgsl");
 const GET_ROWS: &str = include_str!("../../shaders/get_rows.wgsl");
 const ELEMENTWISE: &str = include_str!("../../shaders/elementwise.wgsl");
@@ -74,6 +76,21 @@ macro_rules! weighted {
         };
     };
 }
+
+macro_rules! vec_kernel {
+    ($name:ident, $entry:literal, $dot:literal) => {
+        pub const $name: Kernel = Kernel {
+            entry: $entry,
+            file: "mat_vec",
+            source: MAT_VEC,
+            commons: &[DEQUANT, DOT],
+            subst: &[("ENTRY", $entry), ("DOT32", $dot)],
+        };
+    };
+}
+
+vec_kernel!(MAT_VEC_Q4_1, "mat_vec_q4_1", "dot32_q4_1");
+vec_kernel!(MAT_VEC_Q8_0, "mat_vec_q8_0", "dot32_q8_0");
 
 weighted!(MAT_MUL_F32, "mat_mul_f32", "mat_mul", MAT_MUL, "dq32_f32");
 weighted!(MAT_MUL_F16, "mat_mul_f16", "mat_mul", MAT_MUL, "dq32_f16");
@@ -455,6 +472,8 @@ plain!(MOE_ROUTE_F32, "moe_route_f32", "moe", MOE);
 
 /// Every declared kernel (a test builds each module and finds each entry point).
 pub const ALL: &[&Kernel] = &[
+    &MAT_VEC_Q4_1,
+    &MAT_VEC_Q8_0,
     &MAT_MUL_F32,
     &MAT_MUL_F16,
     &MAT_MUL_BF16,
@@ -601,5 +620,14 @@ pub fn mat_mul_id(w: DType) -> Option<&'static Kernel> {
         DType::MXFP4 => &MAT_MUL_ID_MXFP4,
         DType::NVFP4 => &MAT_MUL_ID_NVFP4,
         DType::I32 | DType::U32 => return None,
+    })
+}
+
+/// The decode (one token) matvec kernel for a weight dtype, where one exists.
+pub fn mat_vec(w: DType) -> Option<&'static Kernel> {
+    Some(match w {
+        DType::Q4_1 => &MAT_VEC_Q4_1,
+        DType::Q8_0 => &MAT_VEC_Q8_0,
+        _ => return None,
     })
 }
