@@ -89,8 +89,22 @@ macro_rules! vec_kernel {
     };
 }
 
+vec_kernel!(MAT_VEC_F32, "mat_vec_f32", "dot32_f32");
+vec_kernel!(MAT_VEC_F16, "mat_vec_f16", "dot32_f16");
+vec_kernel!(MAT_VEC_BF16, "mat_vec_bf16", "dot32_bf16");
+vec_kernel!(MAT_VEC_Q4_0, "mat_vec_q4_0", "dot32_q4_0");
 vec_kernel!(MAT_VEC_Q4_1, "mat_vec_q4_1", "dot32_q4_1");
+vec_kernel!(MAT_VEC_Q5_0, "mat_vec_q5_0", "dot32_q5_0");
+vec_kernel!(MAT_VEC_Q5_1, "mat_vec_q5_1", "dot32_q5_1");
 vec_kernel!(MAT_VEC_Q8_0, "mat_vec_q8_0", "dot32_q8_0");
+vec_kernel!(MAT_VEC_Q2_K, "mat_vec_q2_k", "dot32_q2_k");
+vec_kernel!(MAT_VEC_Q3_K, "mat_vec_q3_k", "dot32_q3_k");
+vec_kernel!(MAT_VEC_Q4_K, "mat_vec_q4_k", "dot32_q4_k");
+vec_kernel!(MAT_VEC_Q5_K, "mat_vec_q5_k", "dot32_q5_k");
+vec_kernel!(MAT_VEC_Q6_K, "mat_vec_q6_k", "dot32_q6_k");
+vec_kernel!(MAT_VEC_Q8_K, "mat_vec_q8_k", "dot32_q8_k");
+vec_kernel!(MAT_VEC_MXFP4, "mat_vec_mxfp4", "dot32_mxfp4");
+vec_kernel!(MAT_VEC_NVFP4, "mat_vec_nvfp4", "dot32_nvfp4");
 
 weighted!(MAT_MUL_F32, "mat_mul_f32", "mat_mul", MAT_MUL, "dq32_f32");
 weighted!(MAT_MUL_F16, "mat_mul_f16", "mat_mul", MAT_MUL, "dq32_f16");
@@ -472,8 +486,22 @@ plain!(MOE_ROUTE_F32, "moe_route_f32", "moe", MOE);
 
 /// Every declared kernel (a test builds each module and finds each entry point).
 pub const ALL: &[&Kernel] = &[
+    &MAT_VEC_F32,
+    &MAT_VEC_F16,
+    &MAT_VEC_BF16,
+    &MAT_VEC_Q4_0,
     &MAT_VEC_Q4_1,
+    &MAT_VEC_Q5_0,
+    &MAT_VEC_Q5_1,
     &MAT_VEC_Q8_0,
+    &MAT_VEC_Q2_K,
+    &MAT_VEC_Q3_K,
+    &MAT_VEC_Q4_K,
+    &MAT_VEC_Q5_K,
+    &MAT_VEC_Q6_K,
+    &MAT_VEC_Q8_K,
+    &MAT_VEC_MXFP4,
+    &MAT_VEC_NVFP4,
     &MAT_MUL_F32,
     &MAT_MUL_F16,
     &MAT_MUL_BF16,
@@ -623,11 +651,26 @@ pub fn mat_mul_id(w: DType) -> Option<&'static Kernel> {
     })
 }
 
-/// The decode (one token) matvec kernel for a weight dtype, where one exists.
+/// The decode (one token) matvec kernel for a weight dtype; it reads whole 32-element chunks,
+/// so it serves only rows whose length is a multiple of 32.
 pub fn mat_vec(w: DType) -> Option<&'static Kernel> {
     Some(match w {
+        DType::F32 => &MAT_VEC_F32,
+        DType::F16 => &MAT_VEC_F16,
+        DType::BF16 => &MAT_VEC_BF16,
+        DType::Q4_0 => &MAT_VEC_Q4_0,
         DType::Q4_1 => &MAT_VEC_Q4_1,
+        DType::Q5_0 => &MAT_VEC_Q5_0,
+        DType::Q5_1 => &MAT_VEC_Q5_1,
         DType::Q8_0 => &MAT_VEC_Q8_0,
-        _ => return None,
+        DType::Q2_K => &MAT_VEC_Q2_K,
+        DType::Q3_K => &MAT_VEC_Q3_K,
+        DType::Q4_K => &MAT_VEC_Q4_K,
+        DType::Q5_K => &MAT_VEC_Q5_K,
+        DType::Q6_K => &MAT_VEC_Q6_K,
+        DType::Q8_K => &MAT_VEC_Q8_K,
+        DType::MXFP4 => &MAT_VEC_MXFP4,
+        DType::NVFP4 => &MAT_VEC_NVFP4,
+        DType::I32 | DType::U32 => return None,
     })
 }

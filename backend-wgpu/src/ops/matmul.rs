@@ -51,9 +51,20 @@ pub(super) fn mat_mul(dev: &Device, x: &Tensor, w: &Tensor, y: &Tensor) -> Resul
         };
         let (bound, offs) = bind(dev, &[(x, 4), (&part, 1), (y, 4)])?;
         let groups = nn.div_ceil(ROWS_PER_GROUP);
-        if let Some(vk) = kernels::mat_vec(w.dtype()).filter(|_| m == 1) {
+        // One token: the matvec kernel, which reads whole 32-element chunks (always so for the
+        // block formats; float rows of other lengths keep mat_mul).
+        if let Some(vk) = kernels::mat_vec(w.dtype()).filter(|_| m == 1 && k % 32 == 0) {
             let (gx, gz) = fold(u(groups)?, dev.limits.max_compute_workgroups_per_dimension);
-            let params = vec![u(nn)?, u(k)?, offs[0], offs[1], u(row_bytes)?, offs[2], u(n0)?, gx];
+            let params = vec![
+                u(nn)?,
+                u(k)?,
+                offs[0],
+                offs[1],
+                u(row_bytes)?,
+                offs[2],
+                u(n0)?,
+                gx,
+            ];
             dev.dispatch_bound(vk, &bound, &params, [gx, 1, gz])?;
             n0 += nn;
             continue;
