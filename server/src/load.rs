@@ -10,6 +10,7 @@ use kiln_core::engine::{Runner, RunnerConfig};
 use kiln_core::load::gguf::GgufFile;
 use kiln_core::model::build_from_gguf;
 use kiln_core::tokenizer::Tokenizer;
+use kiln_core::DType;
 
 use crate::backends::{open, BackendName};
 
@@ -31,6 +32,19 @@ pub struct ModelArgs {
     /// Fail instead of running an op on the CPU when the backend lacks it.
     #[arg(long)]
     pub strict: bool,
+    /// KV cache element type: f32 (exact), f16 or bf16 (half the memory), q8_0 (about a
+    /// quarter). The WebGPU backend runs f32 and f16 caches; others fall back to the CPU.
+    #[arg(long, default_value = "f32", value_parser = parse_kv_type)]
+    pub kv_type: DType,
+}
+
+fn parse_kv_type(s: &str) -> std::result::Result<DType, String> {
+    match DType::from_name(s) {
+        Some(d @ (DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0)) => Ok(d),
+        _ => Err(format!(
+            "{s:?} is not a KV cache type: use f32, f16, bf16 or q8_0"
+        )),
+    }
 }
 
 pub struct Loaded {
@@ -81,6 +95,7 @@ pub fn load(args: &ModelArgs, cfg: RunnerConfig) -> Result<Loaded> {
     let model = build_from_gguf(&file, &ex)?;
     let mut cfg = cfg;
     cfg.ctx = args.ctx.unwrap_or(model.info().context_length.min(4096));
+    cfg.kv_dtype = args.kv_type;
     let runner = Runner::new(ex, model, cfg)?;
     Ok(Loaded {
         path,

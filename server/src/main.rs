@@ -47,6 +47,13 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // Mesa's Vulkan device-select layer connects to a Wayland/X11 display to rank GPUs and
+    // prints "error: XDG_RUNTIME_DIR is invalid" on a headless machine. kiln chooses its
+    // adapter itself (KILN_WGPU_ADAPTER), so the layer is turned off unless the user set it.
+    // Set before any thread starts.
+    if std::env::var_os("NODEVICE_SELECT").is_none() {
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
     let cli = Cli::parse();
     let filter = cli
         .log

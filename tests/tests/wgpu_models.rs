@@ -9,13 +9,15 @@ use kiln_core::load::gguf::GgufFile;
 use kiln_core::model::build_from_gguf;
 use kiln_core::sample::argmax;
 use kiln_core::tokenizer::Tokenizer;
+use kiln_core::DType;
 use kiln_tests::{model_file, optional_backend, GEMMA3, SMOLLM2};
 
-fn runner(file: &GgufFile, ex: Executor) -> Runner {
+fn runner(file: &GgufFile, ex: Executor, kv_dtype: DType) -> Runner {
     let model = build_from_gguf(file, &ex).expect("model builds");
     let cfg = RunnerConfig {
         ctx: 512,
         max_batch_tokens: 128,
+        kv_dtype,
         ..RunnerConfig::default()
     };
     Runner::new(ex, model, cfg).expect("runner")
@@ -64,7 +66,7 @@ fn greedy(
     (out, gaps)
 }
 
-fn same_greedy_tokens_as_the_cpu(model: &str, prompts: &[&str], steps: usize) {
+fn same_greedy_tokens_as_the_cpu(model: &str, kv: DType, prompts: &[&str], steps: usize) {
     let Some(gpu) = optional_backend("wgpu", kiln_backend_wgpu::open) else {
         return;
     };
@@ -73,9 +75,9 @@ fn same_greedy_tokens_as_the_cpu(model: &str, prompts: &[&str], steps: usize) {
     };
     let file = GgufFile::open(&path).expect("model parses");
     let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
-    let mut cpu = runner(&file, Executor::cpu());
+    let mut cpu = runner(&file, Executor::cpu(), kv);
     let (want, gaps) = greedy(&mut cpu, &tok, prompts, steps);
-    let mut wgpu = runner(&file, Executor::new(gpu).strict(true));
+    let mut wgpu = runner(&file, Executor::new(gpu).strict(true), kv);
     let (got, _) = greedy(&mut wgpu, &tok, prompts, steps);
     let fallbacks = wgpu.executor().fallbacks();
     assert!(
@@ -101,14 +103,27 @@ fn same_greedy_tokens_as_the_cpu(model: &str, prompts: &[&str], steps: usize) {
 fn smollm2_on_wgpu_gives_the_cpu_greedy_tokens_with_no_fallback() {
     same_greedy_tokens_as_the_cpu(
         SMOLLM2,
+        DType::F32,
         &["The capital of France is", "def fibonacci(n):"],
         16,
     );
 }
 
+/// An f16 KV cache: written and read in f16 on the GPU, the same tokens as the CPU with the
+/// same cache type.
+#[test]
+fn smollm2_on_wgpu_with_an_f16_kv_cache_gives_the_cpu_greedy_tokens() {
+    same_greedy_tokens_as_the_cpu(SMOLLM2, DType::F16, &["Water boils at"], 8);
+}
+
 #[test]
 fn gemma3_on_wgpu_gives_the_cpu_greedy_tokens_with_no_fallback() {
-    same_greedy_tokens_as_the_cpu(GEMMA3, &["The capital of France is", "Once upon a time"], 8);
+    same_greedy_tokens_as_the_cpu(
+        GEMMA3,
+        DType::F32,
+        &["The capital of France is", "Once upon a time"],
+        8,
+    );
 }
 
 /// An op the WebGPU backend lacks (here an add of f16 activations)
@@ -117,7 +132,7 @@ fn gemma3_on_wgpu_gives_the_cpu_greedy_tokens_with_no_fallback() {
 #[test]
 fn wgpu_falls_back_to_the_cpu_visibly_and_correctly() {
     use kiln_core::op::Op;
-    use kiln_core::tensor::{DType, TensorDesc};
+    use kiln_core::tensor::TensorDesc;
     use kiln_core::validate::rng::Rng;
 
     let Some(gpu) = optional_backend("wgpu", kiln_backend_wgpu::open) else {
