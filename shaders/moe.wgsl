@@ -20,17 +20,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> ids: array<i32>;
 @group(0) @binding(3) var<storage, read> p: Params;
 
-fn order_key(v: f32) -> u32 {
-    let b = bitcast<u32>(v);
-    if ((b & 0x80000000u) != 0u) {
-        return ~b;
-    }
-    return b | 0x80000000u;
-}
-
-fn before(ka: u32, ia: u32, kb: u32, ib: u32) -> bool {
-    return ka > kb || (ka == kb && ia < ib);
-}
+// order_key and before: shaders/common/order.wgsl.
 
 @compute @workgroup_size(64)
 fn moe_route_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {

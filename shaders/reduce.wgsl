@@ -21,19 +21,7 @@ struct Params {
 var<workgroup> bkey: array<u32, 256>;
 var<workgroup> bidx: array<u32, 256>;
 
-// An unsigned key whose order is f32 total order.
-fn order_key(v: f32) -> u32 {
-    let b = bitcast<u32>(v);
-    if ((b & 0x80000000u) != 0u) {
-        return ~b;
-    }
-    return b | 0x80000000u;
-}
-
-// Whether (ka, ia) ranks before (kb, ib): larger key, then lower index.
-fn before(ka: u32, ia: u32, kb: u32, ib: u32) -> bool {
-    return ka > kb || (ka == kb && ia < ib);
-}
+// order_key and before: shaders/common/order.wgsl.
 
 // The best element of row `base` ranked strictly after (pk, pi); has_prev = false: the best.
 fn best_after(base: u32, li: u32, has_prev: bool, pk: u32, pi: u32) -> vec2<u32> {

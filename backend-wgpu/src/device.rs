@@ -281,6 +281,32 @@ impl Device {
             .ok_or_else(|| err(format!("{} is not a tensor of this wgpu device", t.desc())))
     }
 
+    /// Records into the pending encoder (opening one if needed); true when enough has been
+    /// recorded that the caller should submit.
+    fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) -> Result<bool> {
+        let mut p = self
+            .pending
+            .lock()
+            .map_err(|_| err("command state poisoned"))?;
+        let enc = p.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+        });
+        f(enc);
+        p.ops += 1;
+        Ok(p.ops >= OPS_PER_SUBMIT)
+    }
+
+    /// Rows of `rows` rows of `row_bytes` bytes each that one storage binding can hold.
+    pub(crate) fn rows_per_binding(&self, rows: usize, row_bytes: usize) -> usize {
+        if self.fits_binding(rows.saturating_mul(row_bytes)) {
+            return rows;
+        }
+        let room = (self.limits.max_storage_buffer_binding_size as usize)
+            .saturating_sub(self.limits.min_storage_buffer_offset_alignment as usize + 4);
+        (room / row_bytes.max(1)).max(1)
+    }
+
     /// Submits the pending encoder, if any.
     pub(crate) fn flush(&self) -> Result<()> {
         let enc = {
@@ -326,17 +352,7 @@ impl Device {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        {
-            let mut p = self
-                .pending
-                .lock()
-                .map_err(|_| err("command state poisoned"))?;
-            let enc = p.encoder.get_or_insert_with(|| {
-                self.device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
-            });
-            enc.copy_buffer_to_buffer(buffer, start, &staging, 0, size);
-        }
+        self.record(|enc| enc.copy_buffer_to_buffer(buffer, start, &staging, 0, size))?;
         self.flush()?;
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
@@ -537,27 +553,15 @@ impl Device {
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
-        let submit = {
-            let mut p = self
-                .pending
-                .lock()
-                .map_err(|_| err("command state poisoned"))?;
-            let enc = p.encoder.get_or_insert_with(|| {
-                self.device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+        let submit = self.record(|enc| {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: None,
             });
-            {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: None,
-                    timestamp_writes: None,
-                });
-                pass.set_pipeline(&pipeline);
-                pass.set_bind_group(0, &group, &[]);
-                pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-            }
-            p.ops += 1;
-            p.ops >= OPS_PER_SUBMIT
-        };
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &group, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        })?;
         if submit {
             self.flush()?;
         }

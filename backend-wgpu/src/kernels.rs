@@ -8,6 +8,7 @@ use kiln_core::tensor::DType;
 const DEQUANT: &str = include_str!("../../shaders/common/dequant.wgsl");
 const FLOAT_ROWS: &str = include_str!("../../shaders/common/float_rows.wgsl");
 const DOT: &str = include_str!("../../shaders/common/dot.wgsl");
+const ORDER: &str = include_str!("../../shaders/common/order.wgsl");
 const MAT_VEC: &str = include_str!("../../shaders/mat_vec.wgsl");
 const MAT_MUL: &str = include_str!("../../shaders/mat_mul.wgsl");
 const GET_ROWS: &str = include_str!("../../shaders/get_rows.wgsl");
@@ -60,6 +61,18 @@ macro_rules! plain {
             file: $file,
             source: $src,
             commons: &[],
+            subst: &[],
+        };
+    };
+}
+
+macro_rules! ranked {
+    ($name:ident, $entry:literal, $file:literal, $src:ident) => {
+        pub const $name: Kernel = Kernel {
+            entry: $entry,
+            file: $file,
+            source: $src,
+            commons: &[ORDER],
             subst: &[],
         };
     };
@@ -454,8 +467,8 @@ plain!(RMS_NORM_F32, "rms_norm_f32", "norm", NORM);
 plain!(L2_NORM_F32, "l2_norm_f32", "norm", NORM);
 plain!(ROPE_F32, "rope_f32", "rope", ROPE);
 plain!(SOFTMAX_F32, "softmax_f32", "softmax", SOFTMAX);
-plain!(ARGMAX_F32, "argmax_f32", "reduce", REDUCE);
-plain!(TOP_K_F32, "top_k_f32", "reduce", REDUCE);
+ranked!(ARGMAX_F32, "argmax_f32", "reduce", REDUCE);
+ranked!(TOP_K_F32, "top_k_f32", "reduce", REDUCE);
 
 pub const PAGED_ATTENTION_F32: Kernel = Kernel {
     entry: "paged_attention_f32",
@@ -482,7 +495,7 @@ plain!(KV_WRITE_F16, "kv_write_f16", "kv_write", KV_WRITE);
 plain!(CONV1D_F32, "conv1d_f32", "conv", CONV);
 plain!(CONV1D_STATE_F32, "conv1d_state_f32", "conv", CONV);
 plain!(DELTA_NET_F32, "delta_net_f32", "delta_net", DELTA_NET);
-plain!(MOE_ROUTE_F32, "moe_route_f32", "moe", MOE);
+ranked!(MOE_ROUTE_F32, "moe_route_f32", "moe", MOE);
 
 /// Every declared kernel (a test builds each module and finds each entry point).
 pub const ALL: &[&Kernel] = &[

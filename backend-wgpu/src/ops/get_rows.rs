@@ -26,14 +26,7 @@ pub(super) fn get_rows(dev: &Device, w: &Tensor, ids: &Tensor, y: &Tensor) -> Re
         .ok_or_else(|| err(format!("get_rows: no kernel for a {} table", w.dtype())))?;
     let (v, d) = (w.shape().dims()[0], w.shape().last());
     let row_bytes = w.nbytes() / v.max(1);
-    let per = if dev.fits_binding(w.nbytes()) {
-        v
-    } else {
-        let room = dev.limits.max_storage_buffer_binding_size as usize
-            - dev.limits.min_storage_buffer_offset_alignment as usize
-            - 4;
-        (room / row_bytes.max(1)).max(1)
-    };
+    let per = dev.rows_per_binding(v, row_bytes);
     let n_ids = ids.numel();
     let chunks = d.div_ceil(32);
     let mut r0 = 0;

@@ -32,15 +32,11 @@ pub(super) fn mat_mul(dev: &Device, x: &Tensor, w: &Tensor, y: &Tensor) -> Resul
     let n = w.shape().dims()[0];
     let m = x.numel() / k.max(1);
     let row_bytes = w.nbytes() / n.max(1);
-    // Rows per launch: as many as fit one binding (alignment slack included).
-    let per = if dev.fits_binding(w.nbytes()) {
-        n
-    } else {
-        let room = dev.limits.max_storage_buffer_binding_size as usize
-            - dev.limits.min_storage_buffer_offset_alignment as usize
-            - 4;
-        (room / row_bytes.max(1)).max(1)
-    };
+    // Rows per launch: as many as fit one binding.
+    let per = dev.rows_per_binding(n, row_bytes);
+    // One token: the matvec kernel, which reads whole 32-element chunks (always so for the
+    // block formats; float rows of other lengths keep mat_mul).
+    let vec_kernel = kernels::mat_vec(w.dtype()).filter(|_| m == 1 && k % 32 == 0);
     let mut n0 = 0;
     while n0 < n {
         let nn = per.min(n - n0);
@@ -50,40 +46,26 @@ pub(super) fn mat_mul(dev: &Device, x: &Tensor, w: &Tensor, y: &Tensor) -> Resul
             w.view(n0 * k, [nn, k])?
         };
         let (bound, offs) = bind(dev, &[(x, 4), (&part, 1), (y, 4)])?;
-        let groups = nn.div_ceil(ROWS_PER_GROUP);
-        // One token: the matvec kernel, which reads whole 32-element chunks (always so for the
-        // block formats; float rows of other lengths keep mat_mul).
-        if let Some(vk) = kernels::mat_vec(w.dtype()).filter(|_| m == 1 && k % 32 == 0) {
-            let (gx, gz) = fold(u(groups)?, dev.limits.max_compute_workgroups_per_dimension);
-            let params = vec![
-                u(nn)?,
-                u(k)?,
-                offs[0],
-                offs[1],
-                u(row_bytes)?,
-                offs[2],
-                u(n0)?,
-                gx,
-            ];
-            dev.dispatch_bound(vk, &bound, &params, [gx, 1, gz])?;
-            n0 += nn;
-            continue;
+        let (gx, gz) = fold(
+            u(nn.div_ceil(ROWS_PER_GROUP))?,
+            dev.limits.max_compute_workgroups_per_dimension,
+        );
+        let (k_row, offs_w) = (u(row_bytes)?, [offs[0], offs[1]]);
+        match vec_kernel {
+            Some(vk) => {
+                let mut params = vec![u(nn)?, u(k)?];
+                params.extend(offs_w);
+                params.extend([k_row, offs[2], u(n0)?, gx]);
+                dev.dispatch_bound(vk, &bound, &params, [gx, 1, gz])?;
+            }
+            None => {
+                let mut params = vec![u(m)?, u(nn)?, u(k)?];
+                params.extend(offs_w);
+                params.extend([k_row, offs[2], u(n)?, u(n0)?, gx]);
+                let gy = u(m.div_ceil(TOKENS_PER_GROUP))?;
+                dev.dispatch_bound(kernel, &bound, &params, [gx, gy, gz])?;
+            }
         }
-        let (gx, gz) = fold(u(groups)?, dev.limits.max_compute_workgroups_per_dimension);
-        let params = vec![
-            u(m)?,
-            u(nn)?,
-            u(k)?,
-            offs[0],
-            offs[1],
-            u(row_bytes)?,
-            offs[2],
-            u(n)?,
-            u(n0)?,
-            gx,
-        ];
-        let gy = u(m.div_ceil(TOKENS_PER_GROUP))?;
-        dev.dispatch_bound(kernel, &bound, &params, [gx, gy, gz])?;
         n0 += nn;
     }
     Ok(())
