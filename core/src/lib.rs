@@ -13,6 +13,7 @@ pub mod op;
 pub mod quant;
 pub mod rng;
 pub mod sample;
+pub mod sched;
 pub mod tensor;
 pub mod tokenizer;
 pub mod validate;

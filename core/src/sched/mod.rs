@@ -1,0 +1,524 @@
+//! Continuous batching: which tokens of which requests go into the next forward pass.
+//!
+//! Each step: running decodes first (one token each, oldest first), then prefill chunks of
+//! waiting or partly prefilled requests under the token budget (chunked prefill). When the
+//! KV pool cannot hold a step's tokens, the newest running request is preempted: its blocks
+//! are freed and it goes back to the front of the queue with every token it has so far, to be
+//! recomputed later (vLLM's recompute preemption). The scheduler only plans; the engine runs
+//! the plan and reports back through [`Scheduler::advance`] and [`Scheduler::finish`].
+//!
+//! KV capacity is asked of a [`KvBudget`], so the planner can be tested without a model.
+
+use std::collections::VecDeque;
+
+/// A request's id (also its KV sequence id).
+pub type ReqId = u64;
+
+/// Limits of one step.
+#[derive(Clone, Debug)]
+pub struct SchedConfig {
+    /// Most tokens in one forward pass.
+    pub max_batch_tokens: usize,
+    /// Most requests resident in the KV cache at once.
+    pub max_running: usize,
+}
+
+/// What the KV cache can take; the engine answers from its KV managers.
+pub trait KvBudget {
+    /// Blocks that growing `req` (resident or not) to `len` tokens would newly allocate.
+    fn blocks_needed(&self, req: ReqId, len: usize) -> usize;
+    /// Blocks free now.
+    fn free_blocks(&self) -> usize;
+    /// Blocks `req` holds now (freed if it is preempted).
+    fn blocks_held(&self, req: ReqId) -> usize;
+}
+
+/// One request as the scheduler sees it: its tokens so far (prompt, then generated) and how
+/// many of them are in the KV cache.
+#[derive(Clone, Debug)]
+pub struct Seq {
+    pub id: ReqId,
+    pub tokens: Vec<u32>,
+    /// Tokens whose K/V are computed (0 after a preemption).
+    pub computed: usize,
+    /// Times this request was preempted.
+    pub preemptions: u32,
+}
+
+impl Seq {
+    pub fn new(id: ReqId, prompt: Vec<u32>) -> Seq {
+        Seq {
+            id,
+            tokens: prompt,
+            computed: 0,
+            preemptions: 0,
+        }
+    }
+    /// Tokens still to feed before the next token can be sampled.
+    pub fn pending(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+}
+
+/// One request's share of a step: `tokens[start..end]` of it, and whether the step's last row
+/// gives the logits for its next token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Item {
+    pub id: ReqId,
+    pub start: usize,
+    pub end: usize,
+    pub sample: bool,
+}
+
+/// A step's plan.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub items: Vec<Item>,
+    /// Requests preempted while planning: the engine frees their KV blocks.
+    pub preempted: Vec<ReqId>,
+}
+
+impl Plan {
+    pub fn tokens(&self) -> usize {
+        self.items.iter().map(|i| i.end - i.start).sum()
+    }
+}
+
+/// The queue and the running set.
+#[derive(Debug, Default)]
+pub struct Scheduler {
+    cfg: Option<SchedConfig>,
+    waiting: VecDeque<Seq>,
+    /// Resident requests, oldest first.
+    running: Vec<Seq>,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedConfig) -> Scheduler {
+        Scheduler {
+            cfg: Some(SchedConfig {
+                max_batch_tokens: cfg.max_batch_tokens.max(1),
+                max_running: cfg.max_running.max(1),
+            }),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+        }
+    }
+
+    fn cfg(&self) -> SchedConfig {
+        self.cfg.clone().unwrap_or(SchedConfig {
+            max_batch_tokens: 512,
+            max_running: 1,
+        })
+    }
+
+    /// Queues a new request (it needs at least one token).
+    pub fn admit(&mut self, seq: Seq) {
+        self.waiting.push_back(seq);
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+    pub fn running(&self) -> &[Seq] {
+        &self.running
+    }
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+    /// A resident or queued request.
+    pub fn get(&self, id: ReqId) -> Option<&Seq> {
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .find(|s| s.id == id)
+    }
+
+    /// Plans the next step: decodes, then prefill chunks, preempting when the pool is short.
+    pub fn schedule(&mut self, kv: &dyn KvBudget) -> Plan {
+        let cfg = self.cfg();
+        let mut plan = Plan::default();
+        let mut budget = cfg.max_batch_tokens;
+        let mut blocks = kv.free_blocks();
+        self.schedule_running(kv, &mut plan, &mut budget, &mut blocks);
+        self.schedule_waiting(kv, &cfg, &mut plan, &mut budget, &mut blocks);
+        plan
+    }
+
+    /// Running requests, oldest first: a decode token or the next prefill chunk each. A request
+    /// that does not fit the pool preempts the newest running one (possibly itself).
+    fn schedule_running(
+        &mut self,
+        kv: &dyn KvBudget,
+        plan: &mut Plan,
+        budget: &mut usize,
+        blocks: &mut usize,
+    ) {
+        // Blocks each planned item will allocate, to give back if its request is preempted.
+        let mut planned: Vec<(ReqId, usize)> = Vec::new();
+        let mut i = 0;
+        while i < self.running.len() && *budget > 0 {
+            let (id, computed, pending, len) = {
+                let s = &self.running[i];
+                (s.id, s.computed, s.pending(), s.tokens.len())
+            };
+            let n = pending.min(*budget);
+            if n == 0 {
+                i += 1;
+                continue;
+            }
+            let need = kv.blocks_needed(id, computed + n);
+            if need <= *blocks {
+                *blocks -= need;
+                *budget -= n;
+                planned.push((id, need));
+                plan.items.push(Item {
+                    id,
+                    start: computed,
+                    end: computed + n,
+                    sample: computed + n == len,
+                });
+                i += 1;
+                continue;
+            }
+            // Out of blocks: preempt the newest running request, then retry this one.
+            let newest_is_this = i + 1 == self.running.len();
+            let Some(victim) = self.preempt_newest() else {
+                break;
+            };
+            *blocks += kv.blocks_held(victim);
+            if let Some(k) = plan.items.iter().position(|it| it.id == victim) {
+                let it = plan.items.remove(k);
+                *budget += it.end - it.start;
+            }
+            if let Some(k) = planned.iter().position(|p| p.0 == victim) {
+                *blocks += planned.remove(k).1;
+            }
+            plan.preempted.push(victim);
+            if newest_is_this {
+                break;
+            }
+        }
+    }
+
+    /// Waiting requests in order, while the budget, the pool and the running limit allow.
+    fn schedule_waiting(
+        &mut self,
+        kv: &dyn KvBudget,
+        cfg: &SchedConfig,
+        plan: &mut Plan,
+        budget: &mut usize,
+        blocks: &mut usize,
+    ) {
+        while *budget > 0 && self.running.len() < cfg.max_running {
+            let Some(s) = self.waiting.front() else {
+                break;
+            };
+            // A request preempted while planning this step waits for the next one (its blocks
+            // are freed only after this plan).
+            if plan.preempted.contains(&s.id) {
+                break;
+            }
+            let n = s.pending().min(*budget);
+            let need = kv.blocks_needed(s.id, s.computed + n);
+            if n == 0 || need > *blocks {
+                break;
+            }
+            *blocks -= need;
+            *budget -= n;
+            plan.items.push(Item {
+                id: s.id,
+                start: s.computed,
+                end: s.computed + n,
+                sample: s.computed + n == s.tokens.len(),
+            });
+            if let Some(s) = self.waiting.pop_front() {
+                self.running.push(s);
+            }
+        }
+    }
+
+    /// Takes the newest running request back to the front of the queue, to be recomputed from
+    /// scratch; the engine frees its KV blocks.
+    fn preempt_newest(&mut self) -> Option<ReqId> {
+        let mut s = self.running.pop()?;
+        s.computed = 0;
+        s.preemptions += 1;
+        let id = s.id;
+        self.waiting.push_front(s);
+        Some(id)
+    }
+
+    /// After a step: the planned tokens of `id` are computed, and `sampled` (if any) is its
+    /// new token.
+    pub fn advance(&mut self, id: ReqId, end: usize, sampled: Option<u32>) {
+        if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
+            s.computed = end.min(s.tokens.len());
+            if let Some(t) = sampled {
+                s.tokens.push(t);
+            }
+        }
+    }
+
+    /// Removes a finished or cancelled request (running or queued); true if it was resident
+    /// (its KV blocks must be freed).
+    pub fn finish(&mut self, id: ReqId) -> bool {
+        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            self.running.remove(i);
+            return true;
+        }
+        self.waiting.retain(|s| s.id != id);
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// A pool of `free` blocks of `bs` tokens, with each request's current allocation.
+    struct Pool {
+        bs: usize,
+        free: usize,
+        held: HashMap<ReqId, usize>,
+    }
+
+    impl KvBudget for Pool {
+        fn blocks_needed(&self, req: ReqId, len: usize) -> usize {
+            len.div_ceil(self.bs)
+                .saturating_sub(self.held.get(&req).copied().unwrap_or(0))
+        }
+        fn free_blocks(&self) -> usize {
+            self.free
+        }
+        fn blocks_held(&self, req: ReqId) -> usize {
+            self.held.get(&req).copied().unwrap_or(0)
+        }
+    }
+
+    impl Pool {
+        /// Carries out a plan as the engine would: frees preempted requests, allocates for the
+        /// items, and reports each item back (a fixed token 7 when it samples).
+        fn run(&mut self, s: &mut Scheduler, plan: &Plan) {
+            for id in &plan.preempted {
+                self.free += self.held.remove(id).unwrap_or(0);
+            }
+            for it in &plan.items {
+                let need = self.blocks_needed(it.id, it.end);
+                assert!(need <= self.free, "plan over-commits the pool: {plan:?}");
+                self.free -= need;
+                *self.held.entry(it.id).or_insert(0) += need;
+                s.advance(it.id, it.end, it.sample.then_some(7));
+            }
+        }
+        fn finish(&mut self, s: &mut Scheduler, id: ReqId) {
+            if s.finish(id) {
+                self.free += self.held.remove(&id).unwrap_or(0);
+            }
+        }
+    }
+
+    fn sched(tokens: usize, running: usize) -> Scheduler {
+        Scheduler::new(SchedConfig {
+            max_batch_tokens: tokens,
+            max_running: running,
+        })
+    }
+
+    #[test]
+    fn decodes_go_first_then_prefill_chunks_fill_the_budget() {
+        let mut s = sched(8, 4);
+        let mut pool = Pool {
+            bs: 4,
+            free: 100,
+            held: HashMap::new(),
+        };
+        s.admit(Seq::new(1, vec![1; 3]));
+        let p = s.schedule(&pool);
+        assert_eq!(
+            p.items,
+            vec![Item {
+                id: 1,
+                start: 0,
+                end: 3,
+                sample: true
+            }]
+        );
+        pool.run(&mut s, &p);
+        // A long prompt arrives: request 1 decodes one token, the prompt takes the other 7.
+        s.admit(Seq::new(2, vec![2; 20]));
+        let p = s.schedule(&pool);
+        assert_eq!(
+            p.items,
+            vec![
+                Item {
+                    id: 1,
+                    start: 3,
+                    end: 4,
+                    sample: true
+                },
+                Item {
+                    id: 2,
+                    start: 0,
+                    end: 7,
+                    sample: false
+                },
+            ]
+        );
+        pool.run(&mut s, &p);
+        // Chunked prefill continues until the prompt is done, then 2 samples.
+        let p = s.schedule(&pool);
+        assert_eq!(
+            p.items[1],
+            Item {
+                id: 2,
+                start: 7,
+                end: 14,
+                sample: false
+            }
+        );
+        pool.run(&mut s, &p);
+        let p = s.schedule(&pool);
+        assert_eq!(
+            p.items[1],
+            Item {
+                id: 2,
+                start: 14,
+                end: 20,
+                sample: true
+            }
+        );
+        assert_eq!(p.tokens(), 7);
+    }
+
+    #[test]
+    fn the_running_limit_keeps_requests_queued() {
+        let mut s = sched(64, 2);
+        let pool = Pool {
+            bs: 4,
+            free: 100,
+            held: HashMap::new(),
+        };
+        for id in 1..=3 {
+            s.admit(Seq::new(id, vec![5; 4]));
+        }
+        let p = s.schedule(&pool);
+        assert_eq!(p.items.iter().map(|i| i.id).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(s.waiting(), 1);
+    }
+
+    #[test]
+    fn an_exhausted_pool_preempts_the_newest_and_recomputes_it_later() {
+        let mut s = sched(64, 4);
+        // 4 blocks of 4 tokens: two 8-token prompts take 2 blocks each.
+        let mut pool = Pool {
+            bs: 4,
+            free: 4,
+            held: HashMap::new(),
+        };
+        s.admit(Seq::new(1, vec![1; 8]));
+        s.admit(Seq::new(2, vec![2; 8]));
+        let p = s.schedule(&pool);
+        assert_eq!(p.items.len(), 2);
+        pool.run(&mut s, &p);
+        // Both hold 8 computed tokens in full blocks; 1's next token needs a block: 2 goes.
+        let p = s.schedule(&pool);
+        assert_eq!(p.preempted, vec![2]);
+        assert_eq!(
+            p.items,
+            vec![Item {
+                id: 1,
+                start: 8,
+                end: 9,
+                sample: true
+            }]
+        );
+        pool.run(&mut s, &p);
+        let again = s.get(2).expect("2 is queued again");
+        assert_eq!(
+            (again.computed, again.preemptions, again.tokens.len()),
+            (0, 1, 9)
+        );
+        // When 1 finishes, 2 is recomputed from its prompt and the token it had generated.
+        pool.finish(&mut s, 1);
+        let p = s.schedule(&pool);
+        assert_eq!(
+            p.items,
+            vec![Item {
+                id: 2,
+                start: 0,
+                end: 9,
+                sample: true
+            }]
+        );
+        pool.run(&mut s, &p);
+        assert_eq!(pool.free, 4 - 3);
+    }
+
+    #[test]
+    fn a_request_alone_that_outgrows_the_pool_preempts_itself() {
+        let mut s = sched(64, 4);
+        let mut pool = Pool {
+            bs: 4,
+            free: 1,
+            held: HashMap::new(),
+        };
+        s.admit(Seq::new(1, vec![1; 4]));
+        let p = s.schedule(&pool);
+        pool.run(&mut s, &p);
+        let p = s.schedule(&pool);
+        assert_eq!(p.preempted, vec![1]);
+        assert!(p.items.is_empty());
+        pool.run(&mut s, &p);
+        // It cannot come back either: the engine sees an empty plan with nothing running.
+        let p = s.schedule(&pool);
+        assert!(p.items.is_empty() && s.running().is_empty() && s.waiting() == 1);
+    }
+
+    #[test]
+    fn random_workloads_never_overcommit_and_always_finish() {
+        let mut rng = crate::rng::Rng::new(11);
+        for _ in 0..50 {
+            let mut s = sched(
+                1 + (rng.next_u64() % 24) as usize,
+                1 + (rng.next_u64() % 5) as usize,
+            );
+            let mut pool = Pool {
+                bs: 4,
+                free: 6 + (rng.next_u64() % 10) as usize,
+                held: HashMap::new(),
+            };
+            let mut want = HashMap::new();
+            for id in 1..=6u64 {
+                let prompt = 1 + (rng.next_u64() % 9) as usize;
+                let gen = 1 + (rng.next_u64() % 8) as usize;
+                want.insert(id, prompt + gen);
+                s.admit(Seq::new(id, vec![3; prompt]));
+            }
+            let mut steps = 0;
+            while !s.is_idle() {
+                steps += 1;
+                assert!(steps < 10_000, "no progress");
+                let p = s.schedule(&pool);
+                assert!(p.tokens() <= s.cfg().max_batch_tokens);
+                if p.items.is_empty() && s.running().is_empty() {
+                    // Only a request bigger than the pool can stall; none is here.
+                    panic!("stalled with {} waiting", s.waiting());
+                }
+                pool.run(&mut s, &p);
+                let done: Vec<ReqId> = s
+                    .running()
+                    .iter()
+                    .filter(|q| q.tokens.len() >= want[&q.id])
+                    .map(|q| q.id)
+                    .collect();
+                for id in done {
+                    pool.finish(&mut s, id);
+                }
+            }
+            assert!(pool.held.is_empty());
+        }
+    }
+}
