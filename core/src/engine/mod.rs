@@ -1,7 +1,9 @@
 //! Running a model over the paged KV cache: the `Runner` owns the model, the executor, the
 //! cache tensors and one KV manager per KV group, and turns "these tokens of these sequences"
 //! into one forward pass (block tables, slot mappings, sliding-window release included).
-//! The continuous-batching scheduler builds on `Runner::step`.
+//! The continuous-batching engine ([`batching`]) builds on `Runner::step`.
+
+pub mod batching;
 
 use crate::backend::Executor;
 use crate::error::{Error, Result};
@@ -42,6 +44,9 @@ pub struct RunnerConfig {
     pub max_batch_tokens: usize,
     pub kv_dtype: DType,
     pub prefix_caching: bool,
+    /// Blocks in each full-attention KV pool; default enough for `max_seqs` full contexts.
+    /// Smaller pools make the batching engine preempt instead.
+    pub kv_blocks: Option<usize>,
 }
 
 impl Default for RunnerConfig {
@@ -53,6 +58,7 @@ impl Default for RunnerConfig {
             max_batch_tokens: 512,
             kv_dtype: DType::F32,
             prefix_caching: false,
+            kv_blocks: None,
         }
     }
 }
@@ -71,7 +77,10 @@ impl Runner {
         cfg.block_size = cfg.block_size.max(1);
         cfg.max_batch_tokens = cfg.max_batch_tokens.max(1);
         let bs = cfg.block_size;
-        let full = cfg.max_seqs * cfg.ctx.div_ceil(bs) + 1;
+        let full = cfg
+            .kv_blocks
+            .unwrap_or(cfg.max_seqs * cfg.ctx.div_ceil(bs) + 1)
+            .max(2);
         let blocks: Vec<usize> = model
             .kv_groups()
             .iter()

@@ -1,0 +1,432 @@
+//! The continuous-batching engine: requests in, token streams out.
+//!
+//! [`Engine`] owns a [`Runner`] and a [`Scheduler`]. Each [`Engine::step`] plans one forward
+//! pass over every running request (decodes first, then prefill chunks), runs it, samples a
+//! token for each request whose pending tokens are all computed, and sends it on the request's
+//! channel. A request whose receiver is gone is cancelled at that point and its KV blocks go
+//! back to the pool. [`spawn`] runs an engine on its own thread (the one thread that owns the
+//! model and the backend); requests reach it over a channel.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::thread::JoinHandle;
+
+use super::{Logits, Runner};
+use crate::error::{Error, Result};
+use crate::sample::{Sampler, SamplingParams};
+use crate::sched::{KvBudget, Plan, ReqId, SchedConfig, Scheduler, Seq};
+
+/// One generation request.
+#[derive(Clone, Debug)]
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Tokens that end the generation (not sent).
+    pub stop_ids: Vec<u32>,
+}
+
+/// Why a generation ended.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// A stop token.
+    Stop,
+    /// `max_tokens` or the context length.
+    Length,
+}
+
+/// What a request's channel carries.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Token(u32),
+    Done {
+        finish: Finish,
+        prompt_tokens: usize,
+        generated: usize,
+    },
+    /// The request failed; nothing more follows.
+    Error(String),
+}
+
+/// Counters since the engine started.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub steps: u64,
+    /// Tokens run through the model (prefill and decode, recomputation included).
+    pub tokens_computed: u64,
+    pub generated: u64,
+    pub preemptions: u64,
+    pub cancelled: u64,
+}
+
+struct Active {
+    sampler: Sampler,
+    max_tokens: usize,
+    stop_ids: Vec<u32>,
+    prompt_len: usize,
+    generated: usize,
+    tx: Sender<Event>,
+}
+
+pub struct Engine {
+    runner: Runner,
+    sched: Scheduler,
+    active: HashMap<ReqId, Active>,
+    next_id: ReqId,
+    stats: EngineStats,
+}
+
+/// The scheduler's view of the runner's KV pool: the full-attention group (sliding-window
+/// groups hold fewer blocks per sequence and are sized for the same number of sequences).
+struct RunnerBudget<'a>(&'a Runner);
+
+impl RunnerBudget<'_> {
+    fn manager(&self) -> Option<&crate::kv::KvManager> {
+        let groups = self.0.model().kv_groups();
+        let i = groups.iter().position(|g| g.window.is_none()).unwrap_or(0);
+        self.0.kv_managers().get(i)
+    }
+}
+
+impl KvBudget for RunnerBudget<'_> {
+    fn blocks_needed(&self, req: ReqId, len: usize) -> usize {
+        let Some(m) = self.manager() else {
+            return 0;
+        };
+        match m.seq_len(req) {
+            Some(have) => m
+                .blocks_needed_for_append(req, len.saturating_sub(have))
+                .unwrap_or(usize::MAX),
+            None => len.div_ceil(m.block_size()),
+        }
+    }
+    fn free_blocks(&self) -> usize {
+        self.manager().map_or(0, |m| m.num_free_blocks())
+    }
+    fn blocks_held(&self, req: ReqId) -> usize {
+        self.manager()
+            .and_then(|m| m.block_table(req))
+            .map_or(0, |t| t.len())
+    }
+}
+
+impl Engine {
+    /// An engine over `runner`, with at most `max_running` requests resident (capped by the
+    /// runner's `max_seqs`, which sized its KV pools).
+    pub fn new(runner: Runner, max_running: usize) -> Engine {
+        let cfg = runner.config();
+        let sched = Scheduler::new(SchedConfig {
+            max_batch_tokens: cfg.max_batch_tokens,
+            max_running: max_running.clamp(1, cfg.max_seqs.max(1)),
+        });
+        Engine {
+            runner,
+            sched,
+            active: HashMap::new(),
+            next_id: 1,
+            stats: EngineStats::default(),
+        }
+    }
+
+    pub fn runner(&self) -> &Runner {
+        &self.runner
+    }
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+    pub fn is_idle(&self) -> bool {
+        self.sched.is_idle()
+    }
+    /// Requests queued and running.
+    pub fn load(&self) -> (usize, usize) {
+        (self.sched.waiting(), self.sched.running().len())
+    }
+
+    /// Queues a request; its tokens and its end arrive on `tx`. Fails (and sends nothing) on
+    /// an empty prompt, a prompt that leaves no room in the context, or bad sampling
+    /// parameters.
+    pub fn submit(&mut self, req: GenRequest, tx: Sender<Event>) -> Result<ReqId> {
+        let ctx = self.runner.config().ctx;
+        if req.prompt.is_empty() {
+            return Err(Error::Model("the prompt is empty".into()));
+        }
+        if req.prompt.len() >= ctx {
+            return Err(Error::Model(format!(
+                "the prompt has {} tokens; the context holds {ctx}",
+                req.prompt.len()
+            )));
+        }
+        let vocab = self.runner.model().info().vocab;
+        if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Model(format!(
+                "token id {t} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let sampler = Sampler::new(req.params)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.active.insert(
+            id,
+            Active {
+                sampler,
+                max_tokens: req.max_tokens,
+                stop_ids: req.stop_ids,
+                prompt_len: req.prompt.len(),
+                generated: 0,
+                tx,
+            },
+        );
+        if req.max_tokens == 0 {
+            self.end(id, Some(Finish::Length))?;
+            return Ok(id);
+        }
+        self.sched.admit(Seq::new(id, req.prompt));
+        Ok(id)
+    }
+
+    /// Cancels a request (queued or running); its blocks return to the pool.
+    pub fn cancel(&mut self, id: ReqId) -> Result<()> {
+        if self.active.contains_key(&id) {
+            self.stats.cancelled += 1;
+        }
+        self.end(id, None)
+    }
+
+    /// Removes a request, frees its KV blocks and, with `finish`, tells its receiver.
+    fn end(&mut self, id: ReqId, finish: Option<Finish>) -> Result<()> {
+        if self.sched.finish(id) {
+            self.runner.release(id)?;
+        }
+        if let (Some(a), Some(finish)) = (self.active.remove(&id), finish) {
+            let _ = a.tx.send(Event::Done {
+                finish,
+                prompt_tokens: a.prompt_len,
+                generated: a.generated,
+            });
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, id: ReqId, msg: String) -> Result<()> {
+        if let Some(a) = self.active.get(&id) {
+            let _ = a.tx.send(Event::Error(msg));
+        }
+        self.active.remove(&id);
+        self.end(id, None)
+    }
+
+    /// Runs one forward pass. Returns false when there is nothing to do.
+    pub fn step(&mut self) -> Result<bool> {
+        if self.sched.is_idle() {
+            return Ok(false);
+        }
+        let plan = self.sched.schedule(&RunnerBudget(&self.runner));
+        for &id in &plan.preempted {
+            self.runner.release(id)?;
+            self.stats.preemptions += 1;
+        }
+        if plan.items.is_empty() {
+            self.unblock()?;
+            return Ok(!self.sched.is_idle());
+        }
+        self.run(&plan)?;
+        Ok(true)
+    }
+
+    /// Nothing could be scheduled: with nothing running, the queue's head needs more KV than
+    /// the whole pool has. It fails alone.
+    fn unblock(&mut self) -> Result<()> {
+        if !self.sched.running().is_empty() {
+            return Ok(());
+        }
+        let head = self
+            .active
+            .keys()
+            .copied()
+            .filter(|id| self.sched.get(*id).is_some())
+            .min();
+        if let Some(id) = head {
+            let len = self.sched.get(id).map_or(0, |s| s.tokens.len());
+            self.fail(
+                id,
+                format!("{len} tokens need more KV cache blocks than the pool holds"),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Runs a plan's forward pass, then samples and streams.
+    fn run(&mut self, plan: &Plan) -> Result<()> {
+        let inputs: Vec<(ReqId, Vec<u32>, Logits)> = plan
+            .items
+            .iter()
+            .map(|it| {
+                let toks = self
+                    .sched
+                    .get(it.id)
+                    .map(|s| s.tokens[it.start..it.end].to_vec())
+                    .unwrap_or_default();
+                let want = if it.sample {
+                    Logits::Last
+                } else {
+                    Logits::None
+                };
+                (it.id, toks, want)
+            })
+            .collect();
+        let refs: Vec<(ReqId, &[u32], Logits)> =
+            inputs.iter().map(|(id, t, w)| (*id, &t[..], *w)).collect();
+        self.stats.steps += 1;
+        let out = match self.runner.step(&refs) {
+            Ok(out) => out,
+            Err(e) => {
+                // The step's requests fail; the engine and the others go on.
+                for it in &plan.items {
+                    self.fail(it.id, format!("forward pass failed: {e}"))?;
+                }
+                return Ok(());
+            }
+        };
+        self.stats.tokens_computed += plan.tokens() as u64;
+        for (it, mut rows) in plan.items.iter().zip(out) {
+            let sampled = match (it.sample, rows.pop()) {
+                (true, Some(mut logits)) => Some(self.sample(it.id, &mut logits)),
+                _ => None,
+            };
+            self.sched.advance(it.id, it.end, sampled);
+            if let Some(tok) = sampled {
+                self.emit(it.id, tok)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn sample(&mut self, id: ReqId, logits: &mut [f32]) -> u32 {
+        let history: &[u32] = self.sched.get(id).map_or(&[], |s| &s.tokens[..]);
+        match self.active.get_mut(&id) {
+            Some(a) => a.sampler.sample(logits, history),
+            None => crate::sample::argmax(logits),
+        }
+    }
+
+    /// Sends a sampled token and ends the request when it is done or its receiver is gone.
+    fn emit(&mut self, id: ReqId, tok: u32) -> Result<()> {
+        let ctx = self.runner.config().ctx;
+        let len = self.sched.get(id).map_or(0, |s| s.tokens.len());
+        let Some(a) = self.active.get_mut(&id) else {
+            return self.end(id, None);
+        };
+        self.stats.generated += 1;
+        let finish = if a.stop_ids.contains(&tok) {
+            Some(Finish::Stop)
+        } else {
+            a.generated += 1;
+            if a.tx.send(Event::Token(tok)).is_err() {
+                self.stats.cancelled += 1;
+                self.active.remove(&id);
+                return self.end(id, None);
+            }
+            (a.generated >= a.max_tokens || len >= ctx).then_some(Finish::Length)
+        };
+        match finish {
+            Some(f) => self.end(id, Some(f)),
+            None => Ok(()),
+        }
+    }
+}
+
+enum Cmd {
+    Submit(GenRequest, Sender<Event>),
+}
+
+/// An engine running on its own thread. Dropping the handle stops the thread after the
+/// requests in flight end.
+pub struct EngineHandle {
+    tx: Option<Sender<Cmd>>,
+    thread: Option<JoinHandle<EngineStats>>,
+}
+
+/// Starts `engine` on a thread of its own.
+pub fn spawn(mut engine: Engine) -> EngineHandle {
+    let (tx, rx) = mpsc::channel::<Cmd>();
+    let thread = std::thread::Builder::new()
+        .name("kiln-engine".into())
+        .spawn(move || {
+            serve(&mut engine, &rx);
+            engine.stats.clone()
+        })
+        .ok();
+    EngineHandle {
+        tx: Some(tx),
+        thread,
+    }
+}
+
+fn accept(engine: &mut Engine, cmd: Cmd) {
+    let Cmd::Submit(req, out) = cmd;
+    if let Err(e) = engine.submit(req, out.clone()) {
+        let _ = out.send(Event::Error(e.to_string()));
+    }
+}
+
+/// The engine thread: take requests (blocking only when idle), then step.
+fn serve(engine: &mut Engine, rx: &Receiver<Cmd>) {
+    let mut open = true;
+    loop {
+        if engine.is_idle() {
+            if !open {
+                return;
+            }
+            match rx.recv() {
+                Ok(cmd) => accept(engine, cmd),
+                Err(_) => return,
+            }
+        }
+        while open {
+            match rx.try_recv() {
+                Ok(cmd) => accept(engine, cmd),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => open = false,
+            }
+        }
+        if let Err(e) = engine.step() {
+            tracing::error!("engine step failed: {e}");
+            let ids: Vec<ReqId> = engine.active.keys().copied().collect();
+            for id in ids {
+                let _ = engine.fail(id, format!("engine error: {e}"));
+            }
+        }
+    }
+}
+
+impl EngineHandle {
+    /// Queues a request; its events arrive on the returned receiver. Dropping the receiver
+    /// cancels the request at the engine's next token for it.
+    pub fn submit(&self, req: GenRequest) -> Receiver<Event> {
+        let (tx, rx) = mpsc::channel();
+        let sent = self
+            .tx
+            .as_ref()
+            .map(|t| t.send(Cmd::Submit(req, tx.clone())).is_ok());
+        if sent != Some(true) {
+            let _ = tx.send(Event::Error("the engine has stopped".into()));
+        }
+        rx
+    }
+
+    /// Stops taking requests, waits for those in flight, and returns the engine's counters.
+    pub fn shutdown(mut self) -> Option<EngineStats> {
+        self.tx = None;
+        self.thread.take().and_then(|t| t.join().ok())
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! The continuous-batching engine on a real model (SmolLM2 on the CPU): requests batched
+//! together, with chunked prefill and preemption, give each the tokens it gets alone; a
+//! cancelled request's blocks all return to the pool.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{self, Receiver};
+
+use kiln_core::backend::Executor;
+use kiln_core::engine::batching::{spawn, Engine, Event, Finish, GenRequest};
+use kiln_core::engine::{Runner, RunnerConfig};
+use kiln_core::load::gguf::GgufFile;
+use kiln_core::model::build_from_gguf;
+use kiln_core::sample::SamplingParams;
+use kiln_core::tokenizer::Tokenizer;
+use kiln_tests::{model_file, SMOLLM2};
+
+const PROMPTS: [&str; 6] = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea, there lived",
+    "List three colours:",
+    "Water boils at",
+    "The quick brown fox",
+];
+
+fn engine(file: &GgufFile, max_seqs: usize, kv_blocks: Option<usize>) -> Engine {
+    let ex = Executor::cpu();
+    let model = build_from_gguf(file, &ex).expect("model builds");
+    let cfg = RunnerConfig {
+        ctx: 256,
+        max_seqs,
+        // Small steps: prefills are chunked and share steps with decodes.
+        max_batch_tokens: 16,
+        kv_blocks,
+        ..RunnerConfig::default()
+    };
+    Engine::new(Runner::new(ex, model, cfg).expect("runner"), max_seqs)
+}
+
+fn request(tok: &Tokenizer, prompt: &str, max_tokens: usize) -> GenRequest {
+    GenRequest {
+        prompt: tok.encode(prompt, true).expect("encode"),
+        params: SamplingParams::greedy(),
+        max_tokens,
+        stop_ids: Vec::new(),
+    }
+}
+
+fn collect(rx: &Receiver<Event>) -> Vec<u32> {
+    let mut out = Vec::new();
+    loop {
+        match rx.recv().expect("the engine ends every stream") {
+            Event::Token(t) => out.push(t),
+            Event::Done {
+                finish, generated, ..
+            } => {
+                assert_eq!(finish, Finish::Length);
+                assert_eq!(generated, out.len());
+                return out;
+            }
+            Event::Error(e) => panic!("request failed: {e}"),
+        }
+    }
+}
+
+/// Each prompt alone, one after another, through a one-request engine.
+fn alone(file: &GgufFile, tok: &Tokenizer, n: usize) -> Vec<Vec<u32>> {
+    let h = spawn(engine(file, 1, None));
+    PROMPTS
+        .iter()
+        .map(|p| collect(&h.submit(request(tok, p, n))))
+        .collect()
+}
+
+fn load() -> Option<(GgufFile, Tokenizer)> {
+    let path = model_file(SMOLLM2)?;
+    let file = GgufFile::open(&path).expect("model parses");
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
+    Some((file, tok))
+}
+
+#[test]
+fn batched_requests_get_the_tokens_they_get_alone_even_when_preempted() {
+    let Some((file, tok)) = load() else {
+        return;
+    };
+    let n = 20;
+    let want = alone(&file, &tok, n);
+    // Enough KV for every request at once, then a pool of 7 blocks (112 tokens) that cannot
+    // hold six 25-to-35-token requests and must preempt.
+    for (blocks, label) in [(None, "roomy pool"), (Some(7), "small pool")] {
+        let h = spawn(engine(&file, PROMPTS.len(), blocks));
+        let rxs: Vec<Receiver<Event>> = PROMPTS
+            .iter()
+            .map(|p| h.submit(request(&tok, p, n)))
+            .collect();
+        let got: Vec<Vec<u32>> = rxs.iter().map(collect).collect();
+        let stats = h.shutdown().expect("engine thread");
+        println!("{label}: {stats:?}");
+        for (i, p) in PROMPTS.iter().enumerate() {
+            assert_eq!(got[i], want[i], "{label}: {p:?} batched vs alone");
+        }
+        if blocks.is_some() {
+            assert!(stats.preemptions > 0, "the small pool never preempted");
+        }
+    }
+}
+
+#[test]
+fn cancelled_requests_return_every_block_to_the_pool() {
+    let Some((file, tok)) = load() else {
+        return;
+    };
+    let mut e = engine(&file, 4, None);
+    let free_before: Vec<usize> = e
+        .runner()
+        .kv_managers()
+        .iter()
+        .map(|m| m.num_free_blocks())
+        .collect();
+    let mut rxs = HashMap::new();
+    for p in &PROMPTS[..4] {
+        let (tx, rx) = mpsc::channel();
+        let id = e.submit(request(&tok, p, 200), tx).expect("submit");
+        rxs.insert(id, rx);
+    }
+    // Run until every request has streamed a few tokens, then drop the clients.
+    let mut seen: HashMap<u64, usize> = HashMap::new();
+    while seen.len() < 4 || seen.values().any(|&n| n < 3) {
+        assert!(e.step().expect("step"));
+        for (id, rx) in &rxs {
+            while let Ok(Event::Token(_)) = rx.try_recv() {
+                *seen.entry(*id).or_default() += 1;
+            }
+        }
+    }
+    let free_mid = e.runner().kv_managers()[0].num_free_blocks();
+    assert!(free_mid < free_before[0], "the requests hold blocks");
+    drop(rxs);
+    let mut steps = 0;
+    while e.step().expect("step") {
+        steps += 1;
+        assert!(steps < 10, "cancellation took more than a step");
+    }
+    let free_after: Vec<usize> = e
+        .runner()
+        .kv_managers()
+        .iter()
+        .map(|m| m.num_free_blocks())
+        .collect();
+    assert_eq!(
+        free_after, free_before,
+        "blocks still held after cancellation"
+    );
+    assert_eq!(e.stats().cancelled, 4);
+}
+
+#[test]
+fn bad_requests_fail_alone() {
+    let Some((file, tok)) = load() else {
+        return;
+    };
+    let h = spawn(engine(&file, 2, None));
+    let mut empty = request(&tok, "x", 4);
+    empty.prompt.clear();
+    let mut huge = request(&tok, "x", 4);
+    huge.prompt = vec![1; 300];
+    let mut out_of_vocab = request(&tok, "x", 4);
+    out_of_vocab.prompt = vec![u32::MAX];
+    let bad: Vec<_> = [empty, huge, out_of_vocab]
+        .into_iter()
+        .map(|r| h.submit(r))
+        .collect();
+    let good = h.submit(request(&tok, PROMPTS[0], 4));
+    for rx in bad {
+        match rx.recv() {
+            Ok(Event::Error(msg)) => println!("refused: {msg}"),
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+    assert_eq!(collect(&good).len(), 4);
+}
