@@ -349,11 +349,81 @@ pub struct BenchArgs {
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 3)]
     pub reps: usize,
+    /// Also serve this many requests at once through the continuous-batching engine (each a
+    /// prompt of -p tokens and -n generated), next to one request alone, and print the
+    /// aggregate generation tokens/s of both.
+    #[arg(short = 'c', long)]
+    pub concurrent: Option<usize>,
     #[command(flatten)]
     pub model: ModelArgs,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// One request alone, then `c` at once, through the batching engine: aggregate generated
+/// tokens per second (from the first submission to the last token, prefill included).
+fn bench_concurrent(a: &BenchArgs, c: usize) -> Result<()> {
+    use kiln_core::engine::batching::{spawn, Engine, Event, GenRequest};
+    let cfg = RunnerConfig {
+        max_seqs: c,
+        max_batch_tokens: a.n_prompt.max(c).max(64),
+        ..RunnerConfig::default()
+    };
+    let mut margs = a.model.clone();
+    margs.ctx = Some((a.n_prompt + a.n_gen + 1).max(margs.ctx.unwrap_or(0)));
+    let m = load(&margs, cfg)?;
+    let vocab = m.runner.model().info().vocab as u64;
+    let backend = m.runner.executor().backend().name().to_string();
+    let name = m
+        .path
+        .file_name()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let handle = spawn(Engine::new(m.runner, c));
+    let mut rng = kiln_core::rng::Rng::new(42);
+    let mut run = |k: usize| -> Result<(f64, usize)> {
+        let t0 = Instant::now();
+        let rxs: Vec<_> = (0..k)
+            .map(|_| {
+                handle.submit(GenRequest {
+                    prompt: (0..a.n_prompt.max(1))
+                        .map(|_| (rng.next_u64() % vocab) as u32)
+                        .collect(),
+                    params: SamplingParams::greedy(),
+                    max_tokens: a.n_gen.max(1),
+                    stop_ids: Vec::new(),
+                })
+            })
+            .collect();
+        let mut generated = 0;
+        for rx in rxs {
+            loop {
+                match rx.recv() {
+                    Ok(Event::Token(_)) => generated += 1,
+                    Ok(Event::Done { .. }) => break,
+                    Ok(Event::Error(e)) => bail!("request failed: {e}"),
+                    Err(_) => bail!("the engine stopped"),
+                }
+            }
+        }
+        Ok((generated as f64 / t0.elapsed().as_secs_f64(), generated))
+    };
+    run(1)?; // warm-up
+    println!("| model | backend | requests | test | aggregate gen t/s |");
+    println!("|---|---|---|---|---|");
+    for k in [1, c] {
+        let mut v = Vec::new();
+        for _ in 0..a.reps.max(1) {
+            v.push(run(k)?.0);
+        }
+        let (mean, std) = mean_std(&v);
+        println!(
+            "| {name} | {backend} | {k} | pp{}+tg{} | {mean:.2} ± {std:.2} |",
+            a.n_prompt, a.n_gen
+        );
+    }
+    Ok(())
 }
 
 #[derive(Serialize)]
@@ -377,6 +447,9 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
 }
 
 pub fn bench(a: &BenchArgs) -> Result<()> {
+    if let Some(c) = a.concurrent {
+        return bench_concurrent(a, c.max(1));
+    }
     let cfg = RunnerConfig {
         max_batch_tokens: a.n_prompt.max(1),
         ..RunnerConfig::default()
