@@ -5,4 +5,5 @@ pub mod generate;
 pub mod info;
 pub mod load;
 pub mod models;
+pub mod serve;
 pub mod validate;

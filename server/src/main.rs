@@ -1,7 +1,7 @@
 //! The `kiln` command.
 
 use clap::{Parser, Subcommand};
-use kiln_server::{generate, info, models, validate};
+use kiln_server::{generate, info, models, serve, validate};
 
 /// kiln: an LLM inference engine. WebGPU everywhere, CUDA at full speed, and a CPU reference
 /// that keeps both honest.
@@ -39,6 +39,9 @@ enum Command {
     Bench(generate::BenchArgs),
     /// The model's architecture, sizes and dtypes, and the backends found with what each supports.
     Info(info::InfoArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (/v1/completions,
+    /// /v1/chat/completions, /v1/models, /health), with continuous batching.
+    Serve(serve::ServeArgs),
     /// Fetch a model alias into the cache (smollm2-135m-instruct, gemma3-270m).
     Pull {
         /// Alias to fetch; default smollm2-135m-instruct.
@@ -76,6 +79,7 @@ fn main() -> std::process::ExitCode {
         Command::Perplexity(a) => generate::perplexity(a),
         Command::Bench(a) => generate::bench(a),
         Command::Info(a) => info::run(a),
+        Command::Serve(a) => serve::run(a),
         Command::Pull { alias } => {
             models::resolve(alias.as_deref()).map(|p| println!("{}", p.display()))
         }

@@ -60,6 +60,19 @@ pub struct EngineStats {
     pub cancelled: u64,
 }
 
+/// The engine's state as a server reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub stats: EngineStats,
+    pub waiting: usize,
+    pub running: usize,
+    /// Blocks of the full-attention KV pool: free now, and in all.
+    pub kv_free: usize,
+    pub kv_total: usize,
+    /// CPU fallbacks per op name.
+    pub fallbacks: Vec<(String, &'static str, u64)>,
+}
+
 struct Active {
     sampler: Sampler,
     max_tokens: usize,
@@ -141,6 +154,24 @@ impl Engine {
     /// Requests queued and running.
     pub fn load(&self) -> (usize, usize) {
         (self.sched.waiting(), self.sched.running().len())
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let budget = RunnerBudget(&self.runner);
+        Snapshot {
+            stats: self.stats.clone(),
+            waiting: self.sched.waiting(),
+            running: self.sched.running().len(),
+            kv_free: budget.free_blocks(),
+            kv_total: budget.manager().map_or(0, |m| m.pool().num_blocks()),
+            fallbacks: self
+                .runner
+                .executor()
+                .fallbacks()
+                .into_iter()
+                .map(|f| (f.backend, f.op, f.count))
+                .collect(),
+        }
     }
 
     /// Queues a request; its tokens and its end arrive on `tx`. Fails (and sends nothing) on
@@ -345,21 +376,25 @@ enum Cmd {
 pub struct EngineHandle {
     tx: Option<Sender<Cmd>>,
     thread: Option<JoinHandle<EngineStats>>,
+    snapshot: std::sync::Arc<std::sync::Mutex<Snapshot>>,
 }
 
 /// Starts `engine` on a thread of its own.
 pub fn spawn(mut engine: Engine) -> EngineHandle {
     let (tx, rx) = mpsc::channel::<Cmd>();
+    let snapshot = std::sync::Arc::new(std::sync::Mutex::new(engine.snapshot()));
+    let shared = snapshot.clone();
     let thread = std::thread::Builder::new()
         .name("kiln-engine".into())
         .spawn(move || {
-            serve(&mut engine, &rx);
+            serve(&mut engine, &rx, &shared);
             engine.stats.clone()
         })
         .ok();
     EngineHandle {
         tx: Some(tx),
         thread,
+        snapshot,
     }
 }
 
@@ -371,9 +406,12 @@ fn accept(engine: &mut Engine, cmd: Cmd) {
 }
 
 /// The engine thread: take requests (blocking only when idle), then step.
-fn serve(engine: &mut Engine, rx: &Receiver<Cmd>) {
+fn serve(engine: &mut Engine, rx: &Receiver<Cmd>, shared: &std::sync::Mutex<Snapshot>) {
     let mut open = true;
     loop {
+        if let Ok(mut s) = shared.lock() {
+            *s = engine.snapshot();
+        }
         if engine.is_idle() {
             if !open {
                 return;
@@ -413,6 +451,11 @@ impl EngineHandle {
             let _ = tx.send(Event::Error("the engine has stopped".into()));
         }
         rx
+    }
+
+    /// The engine's state after its latest step.
+    pub fn snapshot(&self) -> Snapshot {
+        self.snapshot.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     /// Stops taking requests, waits for those in flight, and returns the engine's counters.
