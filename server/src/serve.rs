@@ -207,65 +207,67 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let s = state.engine.snapshot();
     let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, v: String| {
+    let rows: [(&str, &str, &str, usize); 9] = [
+        (
+            "kiln_requests_waiting",
+            "gauge",
+            "Requests queued.",
+            s.waiting,
+        ),
+        (
+            "kiln_requests_running",
+            "gauge",
+            "Requests resident in the KV cache.",
+            s.running,
+        ),
+        (
+            "kiln_kv_blocks_free",
+            "gauge",
+            "Free KV cache blocks.",
+            s.kv_free,
+        ),
+        (
+            "kiln_kv_blocks_total",
+            "gauge",
+            "KV cache blocks in all.",
+            s.kv_total,
+        ),
+        (
+            "kiln_engine_steps_total",
+            "counter",
+            "Forward passes.",
+            s.stats.steps as usize,
+        ),
+        (
+            "kiln_tokens_computed_total",
+            "counter",
+            "Tokens run through the model.",
+            s.stats.tokens_computed as usize,
+        ),
+        (
+            "kiln_generated_tokens_total",
+            "counter",
+            "Tokens generated.",
+            s.stats.generated as usize,
+        ),
+        (
+            "kiln_preemptions_total",
+            "counter",
+            "Requests preempted for KV space.",
+            s.stats.preemptions as usize,
+        ),
+        (
+            "kiln_requests_cancelled_total",
+            "counter",
+            "Requests whose client went away.",
+            s.stats.cancelled as usize,
+        ),
+    ];
+    for (name, kind, help, v) in rows {
         out.push_str(&format!(
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
         ));
-    };
-    metric(
-        "kiln_requests_waiting",
-        "gauge",
-        "Requests queued.",
-        s.waiting.to_string(),
-    );
-    metric(
-        "kiln_requests_running",
-        "gauge",
-        "Requests resident in the KV cache.",
-        s.running.to_string(),
-    );
-    metric(
-        "kiln_kv_blocks_free",
-        "gauge",
-        "Free KV cache blocks.",
-        s.kv_free.to_string(),
-    );
-    metric(
-        "kiln_kv_blocks_total",
-        "gauge",
-        "KV cache blocks in all.",
-        s.kv_total.to_string(),
-    );
-    metric(
-        "kiln_engine_steps_total",
-        "counter",
-        "Forward passes.",
-        s.stats.steps.to_string(),
-    );
-    metric(
-        "kiln_tokens_computed_total",
-        "counter",
-        "Tokens run through the model.",
-        s.stats.tokens_computed.to_string(),
-    );
-    metric(
-        "kiln_generated_tokens_total",
-        "counter",
-        "Tokens generated.",
-        s.stats.generated.to_string(),
-    );
-    metric(
-        "kiln_preemptions_total",
-        "counter",
-        "Requests preempted for KV space.",
-        s.stats.preemptions.to_string(),
-    );
-    metric(
-        "kiln_requests_cancelled_total",
-        "counter",
-        "Requests whose client went away.",
-        s.stats.cancelled.to_string(),
-    );
+    }
     out.push_str("# HELP kiln_cpu_fallbacks_total Ops run on the CPU reference because the backend lacks them.\n# TYPE kiln_cpu_fallbacks_total counter\n");
     for (backend, op, n) in &s.fallbacks {
         out.push_str(&format!(

@@ -320,6 +320,15 @@ mod tests {
         }
     }
 
+    fn item(id: ReqId, start: usize, end: usize, sample: bool) -> Item {
+        Item {
+            id,
+            start,
+            end,
+            sample,
+        }
+    }
+
     fn sched(tokens: usize, running: usize) -> Scheduler {
         Scheduler::new(SchedConfig {
             max_batch_tokens: tokens,
@@ -337,59 +346,19 @@ mod tests {
         };
         s.admit(Seq::new(1, vec![1; 3]));
         let p = s.schedule(&pool);
-        assert_eq!(
-            p.items,
-            vec![Item {
-                id: 1,
-                start: 0,
-                end: 3,
-                sample: true
-            }]
-        );
+        assert_eq!(p.items, vec![item(1, 0, 3, true)]);
         pool.run(&mut s, &p);
         // A long prompt arrives: request 1 decodes one token, the prompt takes the other 7.
         s.admit(Seq::new(2, vec![2; 20]));
         let p = s.schedule(&pool);
-        assert_eq!(
-            p.items,
-            vec![
-                Item {
-                    id: 1,
-                    start: 3,
-                    end: 4,
-                    sample: true
-                },
-                Item {
-                    id: 2,
-                    start: 0,
-                    end: 7,
-                    sample: false
-                },
-            ]
-        );
+        assert_eq!(p.items, vec![item(1, 3, 4, true), item(2, 0, 7, false),]);
         pool.run(&mut s, &p);
         // Chunked prefill continues until the prompt is done, then 2 samples.
         let p = s.schedule(&pool);
-        assert_eq!(
-            p.items[1],
-            Item {
-                id: 2,
-                start: 7,
-                end: 14,
-                sample: false
-            }
-        );
+        assert_eq!(p.items[1], item(2, 7, 14, false));
         pool.run(&mut s, &p);
         let p = s.schedule(&pool);
-        assert_eq!(
-            p.items[1],
-            Item {
-                id: 2,
-                start: 14,
-                end: 20,
-                sample: true
-            }
-        );
+        assert_eq!(p.items[1], item(2, 14, 20, true));
         assert_eq!(p.tokens(), 7);
     }
 
@@ -426,15 +395,7 @@ mod tests {
         // Both hold 8 computed tokens in full blocks; 1's next token needs a block: 2 goes.
         let p = s.schedule(&pool);
         assert_eq!(p.preempted, vec![2]);
-        assert_eq!(
-            p.items,
-            vec![Item {
-                id: 1,
-                start: 8,
-                end: 9,
-                sample: true
-            }]
-        );
+        assert_eq!(p.items, vec![item(1, 8, 9, true)]);
         pool.run(&mut s, &p);
         let again = s.get(2).expect("2 is queued again");
         assert_eq!(
@@ -444,15 +405,7 @@ mod tests {
         // When 1 finishes, 2 is recomputed from its prompt and the token it had generated.
         pool.finish(&mut s, 1);
         let p = s.schedule(&pool);
-        assert_eq!(
-            p.items,
-            vec![Item {
-                id: 2,
-                start: 0,
-                end: 9,
-                sample: true
-            }]
-        );
+        assert_eq!(p.items, vec![item(2, 0, 9, true)]);
         pool.run(&mut s, &p);
         assert_eq!(pool.free, 4 - 3);
     }
