@@ -461,7 +461,7 @@ fn common(
     Ok(GenSpec {
         prompt,
         params,
-        max_tokens: max_tokens.min(state.ctx - 1),
+        max_tokens: max_tokens.min(state.ctx.saturating_sub(1).max(1)),
         stop,
         stream,
         include_usage,
