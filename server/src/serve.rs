@@ -65,6 +65,8 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let cfg = RunnerConfig {
         max_seqs: a.max_batch.max(1),
         kv_blocks: a.kv_blocks,
+        // Used where the model allows it (one full-attention KV group).
+        prefix_caching: true,
         ..RunnerConfig::default()
     };
     let state = state(load(&a.model, cfg)?, a.max_batch, a.api_key.clone())?;
@@ -207,7 +209,7 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let s = state.engine.snapshot();
     let mut out = String::new();
-    let rows: [(&str, &str, &str, usize); 9] = [
+    let rows: [(&str, &str, &str, usize); 10] = [
         (
             "kiln_requests_waiting",
             "gauge",
@@ -255,6 +257,12 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             "counter",
             "Requests preempted for KV space.",
             s.stats.preemptions as usize,
+        ),
+        (
+            "kiln_prefix_cache_hit_tokens_total",
+            "counter",
+            "Prompt tokens whose K/V came from the prefix cache.",
+            s.stats.prefix_hit_tokens as usize,
         ),
         (
             "kiln_requests_cancelled_total",

@@ -24,14 +24,25 @@ const PROMPTS: [&str; 6] = [
 ];
 
 fn engine(file: &GgufFile, max_seqs: usize, kv_blocks: Option<usize>) -> Engine {
+    // Small steps: prefills are chunked and share steps with decodes.
+    engine_with(file, max_seqs, kv_blocks, 16, false)
+}
+
+fn engine_with(
+    file: &GgufFile,
+    max_seqs: usize,
+    kv_blocks: Option<usize>,
+    max_batch_tokens: usize,
+    prefix_caching: bool,
+) -> Engine {
     let ex = Executor::cpu();
     let model = build_from_gguf(file, &ex).expect("model builds");
     let cfg = RunnerConfig {
         ctx: 256,
         max_seqs,
-        // Small steps: prefills are chunked and share steps with decodes.
-        max_batch_tokens: 16,
+        max_batch_tokens,
         kv_blocks,
+        prefix_caching,
         ..RunnerConfig::default()
     };
     Engine::new(Runner::new(ex, model, cfg).expect("runner"), max_seqs)
@@ -179,4 +190,44 @@ fn bad_requests_fail_alone() {
         }
     }
     assert_eq!(collect(&good).len(), 4);
+}
+
+/// Two requests sharing a long prompt prefix: with prefix caching the second reuses the
+/// first's full blocks (fewer tokens computed) and still gets exactly the tokens it gets
+/// without the cache.
+#[test]
+fn a_shared_prefix_is_served_from_the_cache_without_changing_the_tokens() {
+    let Some((file, tok)) = load() else {
+        return;
+    };
+    let shared = "You are a careful assistant. Answer briefly and precisely, in plain English, \
+                  without lists. Keep to the facts you are sure of and say so when unsure. ";
+    let asks = [
+        format!("{shared}Question: what is the capital of France? Answer:"),
+        format!("{shared}Question: what is the boiling point of water? Answer:"),
+    ];
+    let mut results = Vec::new();
+    for cache in [false, true] {
+        let h = spawn(engine_with(&file, 2, None, 128, cache));
+        let outs: Vec<Vec<u32>> = asks
+            .iter()
+            .map(|p| collect(&h.submit(request(&tok, p, 8))))
+            .collect();
+        let stats = h.shutdown().expect("engine thread");
+        println!("prefix caching {cache}: {stats:?}");
+        results.push((outs, stats));
+    }
+    let (plain, cached) = (&results[0], &results[1]);
+    assert_eq!(plain.0, cached.0, "the prefix cache changed the tokens");
+    let prefix_len = tok.encode(shared, true).expect("encode").len();
+    assert_eq!(plain.1.prefix_hit_tokens, 0);
+    assert!(
+        cached.1.prefix_hit_tokens as usize >= prefix_len / 16 * 16 - 16,
+        "only {} cached tokens reused for a {prefix_len}-token shared prefix",
+        cached.1.prefix_hit_tokens
+    );
+    assert_eq!(
+        cached.1.tokens_computed + cached.1.prefix_hit_tokens,
+        plain.1.tokens_computed
+    );
 }

@@ -58,6 +58,8 @@ pub struct EngineStats {
     pub generated: u64,
     pub preemptions: u64,
     pub cancelled: u64,
+    /// Prompt tokens whose K/V came from the prefix cache instead of being computed.
+    pub prefix_hit_tokens: u64,
 }
 
 /// The engine's state as a server reports it.
@@ -287,8 +289,39 @@ impl Engine {
         Ok(())
     }
 
+    /// A new sequence whose whole prompt is in this step starts from the prefix cache: the
+    /// item shrinks to the tokens not already cached. (A prompt split over several steps starts
+    /// empty: its cached start would reserve more blocks than this step planned for.)
+    fn reuse_prefixes(&mut self, plan: &Plan) -> Result<Vec<crate::sched::Item>> {
+        let mut items = Vec::with_capacity(plan.items.len());
+        for it in &plan.items {
+            let mut it = it.clone();
+            let whole = self.sched.get(it.id).map_or(0, |s| s.tokens.len());
+            if it.start == 0 && it.end == whole && !self.runner.has_sequence(it.id) {
+                let tokens = self
+                    .sched
+                    .get(it.id)
+                    .map(|s| s.tokens.clone())
+                    .unwrap_or_default();
+                let reused = self.runner.start_cached(it.id, &tokens)?;
+                if reused > 0 {
+                    self.stats.prefix_hit_tokens += reused as u64;
+                    self.sched.advance(it.id, reused, None);
+                    it.start = reused;
+                }
+            }
+            items.push(it);
+        }
+        Ok(items)
+    }
+
     /// Runs a plan's forward pass, then samples and streams.
     fn run(&mut self, plan: &Plan) -> Result<()> {
+        let items = self.reuse_prefixes(plan)?;
+        let plan = &Plan {
+            items,
+            preempted: Vec::new(),
+        };
         let inputs: Vec<(ReqId, Vec<u32>, Logits)> = plan
             .items
             .iter()

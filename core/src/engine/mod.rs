@@ -93,6 +93,10 @@ impl Runner {
             })
             .collect();
         let caches = KvCaches::alloc(&ex, model.kv_groups(), bs, &blocks, cfg.kv_dtype)?;
+        // Prefix caching needs one full-attention KV group (sliding-window layers drop the
+        // blocks a later request would reuse).
+        let groups = model.kv_groups();
+        cfg.prefix_caching &= groups.len() == 1 && groups.iter().all(|g| g.window.is_none());
         let kv = blocks
             .iter()
             .map(|&n| KvManager::new(n, bs, cfg.prefix_caching).map_err(kv_err))
@@ -184,10 +188,34 @@ impl Runner {
                 if !m.contains(*seq) {
                     m.add_sequence(*seq, &[]).map_err(kv_err)?;
                 }
-                m.append_slots(*seq, toks.len()).map_err(kv_err)?;
+                // Slots already reserved (a prompt started with `start_cached`) are reused.
+                let have = m.seq_len(*seq).unwrap_or(0);
+                let computed = m.num_computed(*seq).unwrap_or(0);
+                let more = (computed + toks.len()).saturating_sub(have);
+                m.append_slots(*seq, more).map_err(kv_err)?;
             }
         }
         Ok(())
+    }
+
+    /// Starts a new sequence with its whole prompt, reusing the prompt's full blocks that are
+    /// already in the prefix cache. Returns how many leading tokens are already computed (0
+    /// without prefix caching, or when the pool cannot hold the prompt now; then the sequence
+    /// starts empty on its first step as usual).
+    pub fn start_cached(&mut self, seq: SeqId, prompt: &[u32]) -> Result<usize> {
+        if !self.cfg.prefix_caching || self.kv.len() != 1 || self.kv[0].contains(seq) {
+            return Ok(0);
+        }
+        match self.kv[0].add_sequence(seq, prompt) {
+            Ok(reused) => Ok(reused),
+            Err(crate::kv::KvError::OutOfBlocks { .. }) => Ok(0),
+            Err(e) => Err(kv_err(e)),
+        }
+    }
+
+    /// Whether `seq` has KV state.
+    pub fn has_sequence(&self, seq: SeqId) -> bool {
+        self.kv.iter().any(|m| m.contains(seq))
     }
 
     fn build_batch(&self, items: &[(SeqId, &[u32], Logits)]) -> ForwardBatch {
