@@ -65,61 +65,68 @@ fn scale_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
-@compute @workgroup_size(256)
-fn silu_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+// The activations, by code (one entry point each below).
+const SILU: u32 = 0u;
+const GELU_TANH: u32 = 1u;
+const SIGMOID: u32 = 2u;
+const SOFTPLUS: u32 = 3u;
+const EXP: u32 = 4u;
+const NEG: u32 = 5u;
+const TANH: u32 = 6u;
+
+fn activation(code: u32, v: f32) -> f32 {
+    switch code {
+        case SILU: { return v * sigmoid(v); }
+        case GELU_TANH: { return gelu_tanh(v); }
+        case SIGMOID: { return sigmoid(v); }
+        case SOFTPLUS: { return softplus(v); }
+        case EXP: { return exp(v); }
+        case NEG: { return -v; }
+        case TANH, default: { return tanh_safe(v); }
+    }
+}
+
+// y = activation(a), one element per thread.
+fn unary(wid: vec3<u32>, li: u32, code: u32) {
     let i = index(wid, li);
     if (i < p.n) {
-        let v = a[p.a_off + i];
-        y[p.y_off + i] = v * sigmoid(v);
+        y[p.y_off + i] = activation(code, a[p.a_off + i]);
     }
+}
+
+@compute @workgroup_size(256)
+fn silu_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    unary(wid, li, SILU);
 }
 
 @compute @workgroup_size(256)
 fn gelu_tanh_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let i = index(wid, li);
-    if (i < p.n) {
-        y[p.y_off + i] = gelu_tanh(a[p.a_off + i]);
-    }
+    unary(wid, li, GELU_TANH);
 }
 
 @compute @workgroup_size(256)
 fn sigmoid_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let i = index(wid, li);
-    if (i < p.n) {
-        y[p.y_off + i] = sigmoid(a[p.a_off + i]);
-    }
+    unary(wid, li, SIGMOID);
 }
 
 @compute @workgroup_size(256)
 fn softplus_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let i = index(wid, li);
-    if (i < p.n) {
-        y[p.y_off + i] = softplus(a[p.a_off + i]);
-    }
+    unary(wid, li, SOFTPLUS);
 }
 
 @compute @workgroup_size(256)
 fn exp_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let i = index(wid, li);
-    if (i < p.n) {
-        y[p.y_off + i] = exp(a[p.a_off + i]);
-    }
+    unary(wid, li, EXP);
 }
 
 @compute @workgroup_size(256)
 fn neg_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let i = index(wid, li);
-    if (i < p.n) {
-        y[p.y_off + i] = -a[p.a_off + i];
-    }
+    unary(wid, li, NEG);
 }
 
 @compute @workgroup_size(256)
 fn tanh_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let i = index(wid, li);
-    if (i < p.n) {
-        y[p.y_off + i] = tanh_safe(a[p.a_off + i]);
-    }
+    unary(wid, li, TANH);
 }
 
 // Gated linear units: a is the gate, b the up projection (same shape).
