@@ -98,9 +98,14 @@ fn batched_requests_get_the_tokens_they_get_alone_even_when_preempted() {
     let n = 20;
     let want = alone(&file, &tok, n);
     // Enough KV for every request at once, then a pool of 7 blocks (112 tokens) that cannot
-    // hold six 25-to-35-token requests and must preempt.
-    for (blocks, label) in [(None, "roomy pool"), (Some(7), "small pool")] {
-        let h = spawn(engine(&file, PROMPTS.len(), blocks));
+    // hold six 25-to-35-token requests and must preempt; then the small pool with prefix
+    // caching, where a preempted request restarts from its own cached blocks.
+    for (blocks, cache, label) in [
+        (None, false, "roomy pool"),
+        (Some(7), false, "small pool"),
+        (Some(7), true, "small pool, prefix cache"),
+    ] {
+        let h = spawn(engine_with(&file, PROMPTS.len(), blocks, 16, cache));
         let rxs: Vec<Receiver<Event>> = PROMPTS
             .iter()
             .map(|p| h.submit(request(&tok, p, n)))
@@ -206,28 +211,35 @@ fn a_shared_prefix_is_served_from_the_cache_without_changing_the_tokens() {
         format!("{shared}Question: what is the capital of France? Answer:"),
         format!("{shared}Question: what is the boiling point of water? Answer:"),
     ];
-    let mut results = Vec::new();
-    for cache in [false, true] {
-        let h = spawn(engine_with(&file, 2, None, 128, cache));
-        let outs: Vec<Vec<u32>> = asks
-            .iter()
-            .map(|p| collect(&h.submit(request(&tok, p, 8))))
-            .collect();
-        let stats = h.shutdown().expect("engine thread");
-        println!("prefix caching {cache}: {stats:?}");
-        results.push((outs, stats));
-    }
-    let (plain, cached) = (&results[0], &results[1]);
-    assert_eq!(plain.0, cached.0, "the prefix cache changed the tokens");
     let prefix_len = tok.encode(shared, true).expect("encode").len();
-    assert_eq!(plain.1.prefix_hit_tokens, 0);
-    assert!(
-        cached.1.prefix_hit_tokens as usize >= prefix_len / 16 * 16 - 16,
-        "only {} cached tokens reused for a {prefix_len}-token shared prefix",
-        cached.1.prefix_hit_tokens
-    );
-    assert_eq!(
-        cached.1.tokens_computed + cached.1.prefix_hit_tokens,
-        plain.1.tokens_computed
-    );
+    // Whole prompts in one step, then 16-token steps (the prompt is prefilled in chunks, the
+    // first of which starts after the cached blocks).
+    for step in [128, 16] {
+        let mut results = Vec::new();
+        for cache in [false, true] {
+            let h = spawn(engine_with(&file, 2, None, step, cache));
+            let outs: Vec<Vec<u32>> = asks
+                .iter()
+                .map(|p| collect(&h.submit(request(&tok, p, 8))))
+                .collect();
+            let stats = h.shutdown().expect("engine thread");
+            println!("step {step}, prefix caching {cache}: {stats:?}");
+            results.push((outs, stats));
+        }
+        let (plain, cached) = (&results[0], &results[1]);
+        assert_eq!(
+            plain.0, cached.0,
+            "step {step}: the prefix cache changed the tokens"
+        );
+        assert_eq!(plain.1.prefix_hit_tokens, 0);
+        assert!(
+            cached.1.prefix_hit_tokens as usize >= prefix_len / 16 * 16 - 16,
+            "step {step}: only {} cached tokens reused for a {prefix_len}-token shared prefix",
+            cached.1.prefix_hit_tokens
+        );
+        assert_eq!(
+            cached.1.tokens_computed + cached.1.prefix_hit_tokens,
+            plain.1.tokens_computed
+        );
+    }
 }

@@ -60,6 +60,9 @@ pub struct EngineStats {
     pub cancelled: u64,
     /// Prompt tokens whose K/V came from the prefix cache instead of being computed.
     pub prefix_hit_tokens: u64,
+    /// Tokens of sequences starting (or restarting after a preemption), looked up in the
+    /// prefix cache: the hit rate's denominator.
+    pub prefix_queried_tokens: u64,
 }
 
 /// The engine's state as a server reports it.
@@ -123,6 +126,9 @@ impl KvBudget for RunnerBudget<'_> {
         self.manager()
             .and_then(|m| m.block_table(req))
             .map_or(0, |t| t.len())
+    }
+    fn cached_prefix(&self, tokens: &[u32]) -> (usize, usize) {
+        self.0.cached_prefix(tokens)
     }
 }
 
@@ -289,25 +295,32 @@ impl Engine {
         Ok(())
     }
 
-    /// A new sequence whose whole prompt is in this step starts from the prefix cache: the
-    /// item shrinks to the tokens not already cached. (A prompt split over several steps starts
-    /// empty: its cached start would reserve more blocks than this step planned for.)
+    /// Items the scheduler started past a cached prefix take those blocks from the prefix
+    /// cache now. Should the cache hold less by now (an earlier item's allocation evicted a
+    /// block), the item starts where the hit ends, with the same number of tokens.
     fn reuse_prefixes(&mut self, plan: &Plan) -> Result<Vec<crate::sched::Item>> {
         let mut items = Vec::with_capacity(plan.items.len());
         for it in &plan.items {
             let mut it = it.clone();
-            let whole = self.sched.get(it.id).map_or(0, |s| s.tokens.len());
-            if it.start == 0 && it.end == whole && !self.runner.has_sequence(it.id) {
+            if self.runner.has_sequence(it.id) {
+                items.push(it);
+                continue;
+            }
+            let len = self.sched.get(it.id).map_or(0, |s| s.tokens.len());
+            self.stats.prefix_queried_tokens += len as u64;
+            if it.start > 0 {
                 let tokens = self
                     .sched
                     .get(it.id)
                     .map(|s| s.tokens.clone())
                     .unwrap_or_default();
-                let reused = self.runner.start_cached(it.id, &tokens)?;
-                if reused > 0 {
-                    self.stats.prefix_hit_tokens += reused as u64;
-                    self.sched.advance(it.id, reused, None);
+                let reused = self.runner.start_cached(it.id, &tokens, it.start)?;
+                self.stats.prefix_hit_tokens += reused as u64;
+                if reused < it.start {
+                    let n = it.end - it.start;
                     it.start = reused;
+                    it.end = reused + n;
+                    it.sample = it.end == tokens.len();
                 }
             }
             items.push(it);

@@ -188,7 +188,6 @@ impl Runner {
                 if !m.contains(*seq) {
                     m.add_sequence(*seq, &[]).map_err(kv_err)?;
                 }
-                // Slots already reserved (a prompt started with `start_cached`) are reused.
                 let have = m.seq_len(*seq).unwrap_or(0);
                 let computed = m.num_computed(*seq).unwrap_or(0);
                 let more = (computed + toks.len()).saturating_sub(have);
@@ -198,18 +197,27 @@ impl Runner {
         Ok(())
     }
 
-    /// Starts a new sequence with its whole prompt, reusing the prompt's full blocks that are
-    /// already in the prefix cache. Returns how many leading tokens are already computed (0
-    /// without prefix caching, or when the pool cannot hold the prompt now; then the sequence
-    /// starts empty on its first step as usual).
-    pub fn start_cached(&mut self, seq: SeqId, prompt: &[u32]) -> Result<usize> {
+    /// Starts a new sequence from the cached full blocks of its prompt's first `max` tokens
+    /// (only those blocks are taken; the rest is reserved as it is fed). Returns how many
+    /// leading tokens are already computed: 0 without prefix caching, without a hit, or when the
+    /// pool cannot take the blocks now (the sequence then starts empty on its first step).
+    pub fn start_cached(&mut self, seq: SeqId, prompt: &[u32], max: usize) -> Result<usize> {
         if !self.cfg.prefix_caching || self.kv.len() != 1 || self.kv[0].contains(seq) {
             return Ok(0);
         }
-        match self.kv[0].add_sequence(seq, prompt) {
+        match self.kv[0].attach_prefix(seq, prompt, max) {
             Ok(reused) => Ok(reused),
             Err(crate::kv::KvError::OutOfBlocks { .. }) => Ok(0),
             Err(e) => Err(kv_err(e)),
+        }
+    }
+
+    /// Leading tokens of `prompt` the prefix cache holds now, and the free blocks taking them
+    /// would use; (0, 0) without prefix caching.
+    pub fn cached_prefix(&self, prompt: &[u32]) -> (usize, usize) {
+        match (&self.kv[..], self.cfg.prefix_caching) {
+            ([m], true) => m.cached_prefix(prompt),
+            _ => (0, 0),
         }
     }
 

@@ -162,6 +162,51 @@ impl KvManager {
         Ok(reused)
     }
 
+    /// Leading tokens of `prompt` that `attach_prefix` would reuse now, and how many of the
+    /// pool's free blocks that takes (cached blocks no sequence holds are counted free).
+    pub fn cached_prefix(&self, prompt: &[u32]) -> (usize, usize) {
+        let (hits, _) = self.lookup_prefix(prompt, None);
+        let free = hits.iter().filter(|&&b| self.pool.is_free(b)).count();
+        (hits.len() * self.block_size(), free)
+    }
+
+    /// Starts `seq` from the cached full blocks of `prompt`'s first `max` tokens, holding only
+    /// those blocks: the sequence's length and computed tokens are the reused count (a multiple
+    /// of the block size, `< prompt.len()`), and slots for the rest are appended as it is fed.
+    /// Returns the tokens reused (0 without prefix caching or a hit). On error nothing changes.
+    pub fn attach_prefix(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        max: usize,
+    ) -> Result<usize, KvError> {
+        if self.seqs.contains_key(&seq) {
+            return Err(KvError::SequenceExists { seq });
+        }
+        let (mut hits, mut hashes) = self.lookup_prefix(prompt, None);
+        let keep = max / self.block_size();
+        hits.truncate(keep);
+        hashes.truncate(keep);
+        let reused = hits.len() * self.block_size();
+        let blocks = self.take_blocks(&hits, reused)?;
+        if self.prefix_caching {
+            self.stats.requests += 1;
+            self.stats.queried_tokens += prompt.len() as u64;
+            self.stats.hit_tokens += reused as u64;
+        }
+        let state = SeqState {
+            len: reused,
+            blocks,
+            tokens: prompt.to_vec(),
+            computed: reused,
+            hashes,
+            released: 0,
+            extra: None,
+        };
+        self.seqs.insert(seq, state);
+        Ok(reused)
+    }
+
     /// Grows `seq` by `n` token slots, allocating blocks as needed. On `OutOfBlocks` nothing
     /// changes.
     pub fn append_slots(&mut self, seq: SeqId, n: usize) -> Result<(), KvError> {
@@ -404,6 +449,42 @@ mod tests {
         assert_eq!(m.pool().ref_count(ta[2]), Some(1));
         assert_eq!(m.num_free_blocks(), 15 - 4);
         m.pool().check_invariants();
+    }
+
+    #[test]
+    fn attach_prefix_holds_only_the_cached_blocks_and_grows_from_there() {
+        let mut m = manager(16);
+        let a = tokens(0..13);
+        add_and_compute(&mut m, 1, &a);
+        m.free_sequence(1).unwrap();
+        // Cached and unheld: the lookup counts them as free blocks it would take.
+        assert_eq!(m.cached_prefix(&a), (12, 3));
+        let mut b = tokens(0..9);
+        b.extend([200, 201, 202, 203]);
+        let free_before = m.num_free_blocks();
+        // Capped at one block: only the first is held.
+        assert_eq!(m.attach_prefix(2, &b, 7).unwrap(), 4);
+        assert_eq!((m.seq_len(2), m.num_computed(2)), (Some(4), Some(4)));
+        assert_eq!(m.block_table(2).unwrap().len(), 1);
+        assert_eq!(m.num_free_blocks(), free_before - 1);
+        // The rest is appended and computed as usual; a prompt token that differs is caught.
+        m.append_slots(2, 9).unwrap();
+        assert!(m.commit_tokens(2, &[4, 5, 6, 7, 8, 9]).is_err());
+        m.commit_tokens(2, &b[4..]).unwrap();
+        assert_eq!(m.num_computed(2), Some(13));
+        // Uncapped, a third sequence with `b`'s prompt reuses its three full blocks (the first
+        // of them `a`'s).
+        assert_eq!(m.attach_prefix(3, &b, usize::MAX).unwrap(), 12);
+        assert!(matches!(
+            m.attach_prefix(3, &b, 8),
+            Err(KvError::SequenceExists { .. })
+        ));
+        // Its second block is `a`'s (seq 2 computed the same tokens into a block of its own,
+        // and the cache keeps the first block with a given hash); the others are seq 2's.
+        let (t2, t3) = (m.block_table(2).unwrap(), m.block_table(3).unwrap());
+        assert_eq!(t3.len(), 3);
+        assert_eq!((t3[0], t3[2]), (t2[0], t2[2]));
+        assert_ne!(t3[1], t2[1]);
     }
 
     #[test]

@@ -31,6 +31,12 @@ pub trait KvBudget {
     fn free_blocks(&self) -> usize;
     /// Blocks `req` holds now (freed if it is preempted).
     fn blocks_held(&self, req: ReqId) -> usize;
+    /// For a request not resident: how many leading `tokens` the prefix cache holds (a multiple
+    /// of the block size, less than `tokens.len()`), and how many free blocks taking them uses
+    /// (cached blocks no request holds count as free). Without a prefix cache, none.
+    fn cached_prefix(&self, _tokens: &[u32]) -> (usize, usize) {
+        (0, 0)
+    }
 }
 
 /// One request as the scheduler sees it: its tokens so far (prompt, then generated) and how
@@ -219,8 +225,20 @@ impl Scheduler {
             if plan.preempted.contains(&s.id) {
                 break;
             }
-            let n = s.pending().min(*budget);
-            let need = kv.blocks_needed(s.id, s.computed + n);
+            // A request starting afresh skips the blocks the prefix cache holds: those are
+            // taken rather than allocated, and cost only the ones no request holds now.
+            let fresh = s.computed == 0 && kv.blocks_held(s.id) == 0;
+            let (hit, hit_blocks) = match fresh {
+                true => kv.cached_prefix(&s.tokens),
+                false => (0, 0),
+            };
+            let hit = hit.min(s.tokens.len().saturating_sub(1));
+            let start = s.computed.max(hit);
+            let n = (s.tokens.len() - start).min(*budget);
+            let need = kv
+                .blocks_needed(s.id, start + n)
+                .saturating_sub(kv.blocks_needed(s.id, hit))
+                + hit_blocks;
             if n == 0 || need > *blocks {
                 break;
             }
@@ -228,9 +246,9 @@ impl Scheduler {
             *budget -= n;
             plan.items.push(Item {
                 id: s.id,
-                start: s.computed,
-                end: s.computed + n,
-                sample: s.computed + n == s.tokens.len(),
+                start,
+                end: start + n,
+                sample: start + n == s.tokens.len(),
             });
             if let Some(s) = self.waiting.pop_front() {
                 self.running.push(s);
@@ -360,6 +378,53 @@ mod tests {
         let p = s.schedule(&pool);
         assert_eq!(p.items[1], item(2, 14, 20, true));
         assert_eq!(p.tokens(), 7);
+    }
+
+    /// A pool whose prefix cache holds the first `hit` tokens of every prompt, `unheld` of
+    /// those blocks being free ones.
+    struct Cached {
+        pool: Pool,
+        hit: usize,
+        unheld: usize,
+    }
+
+    impl KvBudget for Cached {
+        fn blocks_needed(&self, req: ReqId, len: usize) -> usize {
+            self.pool.blocks_needed(req, len)
+        }
+        fn free_blocks(&self) -> usize {
+            self.pool.free_blocks()
+        }
+        fn blocks_held(&self, req: ReqId) -> usize {
+            self.pool.blocks_held(req)
+        }
+        fn cached_prefix(&self, tokens: &[u32]) -> (usize, usize) {
+            (self.hit.min(tokens.len() - 1), self.unheld)
+        }
+    }
+
+    #[test]
+    fn a_new_request_starts_after_its_cached_prefix_paying_only_for_unheld_blocks() {
+        let mut s = sched(8, 4);
+        s.admit(Seq::new(1, vec![3; 20]));
+        // 12 cached tokens (3 blocks, 1 of them unheld); the 8 others need 2 new blocks.
+        let tight = |free| Cached {
+            pool: Pool {
+                bs: 4,
+                free,
+                held: HashMap::new(),
+            },
+            hit: 12,
+            unheld: 1,
+        };
+        assert!(s.schedule(&tight(2)).items.is_empty());
+        assert_eq!(s.schedule(&tight(3)).items, vec![item(1, 12, 20, true)]);
+        // A request already resident is not looked up again.
+        let mut s = sched(8, 4);
+        s.admit(Seq::new(2, vec![3; 20]));
+        let mut c = tight(100);
+        c.pool.held.insert(2, 1);
+        assert_eq!(s.schedule(&c).items, vec![item(2, 0, 8, false)]);
     }
 
     #[test]
