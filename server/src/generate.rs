@@ -386,21 +386,20 @@ fn bench_concurrent(a: &BenchArgs, c: usize) -> Result<()> {
         let t0 = Instant::now();
         let rxs: Vec<_> = (0..k)
             .map(|_| {
-                handle.submit(GenRequest {
-                    prompt: (0..a.n_prompt.max(1))
+                handle.submit(GenRequest::new(
+                    (0..a.n_prompt.max(1))
                         .map(|_| (rng.next_u64() % vocab) as u32)
                         .collect(),
-                    params: SamplingParams::greedy(),
-                    max_tokens: a.n_gen.max(1),
-                    stop_ids: Vec::new(),
-                })
+                    SamplingParams::greedy(),
+                    a.n_gen.max(1),
+                ))
             })
             .collect();
         let mut generated = 0;
         for rx in rxs {
             loop {
                 match rx.recv() {
-                    Ok(Event::Token(_)) => generated += 1,
+                    Ok(Event::Token(..)) => generated += 1,
                     Ok(Event::Done { .. }) => break,
                     Ok(Event::Error(e)) => bail!("request failed: {e}"),
                     Err(_) => bail!("the engine stopped"),

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver};
 
 use kiln_core::backend::Executor;
-use kiln_core::engine::batching::{spawn, Engine, Event, Finish, GenRequest};
+use kiln_core::engine::batching::{spawn, Engine, Event, Finish, GenRequest, SlotState, Stream};
 use kiln_core::engine::{Runner, RunnerConfig};
 use kiln_core::load::gguf::GgufFile;
 use kiln_core::model::build_from_gguf;
@@ -49,19 +49,18 @@ fn engine_with(
 }
 
 fn request(tok: &Tokenizer, prompt: &str, max_tokens: usize) -> GenRequest {
-    GenRequest {
-        prompt: tok.encode(prompt, true).expect("encode"),
-        params: SamplingParams::greedy(),
+    GenRequest::new(
+        tok.encode(prompt, true).expect("encode"),
+        SamplingParams::greedy(),
         max_tokens,
-        stop_ids: Vec::new(),
-    }
+    )
 }
 
 fn collect(rx: &Receiver<Event>) -> Vec<u32> {
     let mut out = Vec::new();
     loop {
         match rx.recv().expect("the engine ends every stream") {
-            Event::Token(t) => out.push(t),
+            Event::Token(t, _) => out.push(t),
             Event::Done {
                 finish, generated, ..
             } => {
@@ -106,11 +105,11 @@ fn batched_requests_get_the_tokens_they_get_alone_even_when_preempted() {
         (Some(7), true, "small pool, prefix cache"),
     ] {
         let h = spawn(engine_with(&file, PROMPTS.len(), blocks, 16, cache));
-        let rxs: Vec<Receiver<Event>> = PROMPTS
+        let rxs: Vec<Stream> = PROMPTS
             .iter()
             .map(|p| h.submit(request(&tok, p, n)))
             .collect();
-        let got: Vec<Vec<u32>> = rxs.iter().map(collect).collect();
+        let got: Vec<Vec<u32>> = rxs.iter().map(|r| collect(r)).collect();
         let stats = h.shutdown().expect("engine thread");
         println!("{label}: {stats:?}");
         for (i, p) in PROMPTS.iter().enumerate() {
@@ -145,7 +144,7 @@ fn cancelled_requests_return_every_block_to_the_pool() {
     while seen.len() < 4 || seen.values().any(|&n| n < 3) {
         assert!(e.step().expect("step"));
         for (id, rx) in &rxs {
-            while let Ok(Event::Token(_)) = rx.try_recv() {
+            while let Ok(Event::Token(..)) = rx.try_recv() {
                 *seen.entry(*id).or_default() += 1;
             }
         }
@@ -242,4 +241,68 @@ fn a_shared_prefix_is_served_from_the_cache_without_changing_the_tokens() {
             plain.1.tokens_computed
         );
     }
+}
+
+/// Waits (up to a minute) for the engine's snapshot to satisfy `ok`.
+fn wait_for(
+    h: &kiln_core::engine::batching::EngineHandle,
+    what: &str,
+    ok: impl Fn(&kiln_core::engine::batching::Snapshot) -> bool,
+) -> kiln_core::engine::batching::Snapshot {
+    let t0 = std::time::Instant::now();
+    loop {
+        let s = h.snapshot();
+        if ok(&s) {
+            return s;
+        }
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "timed out waiting for {what}: {s:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Streams dropped while queued or in the middle of a chunked prefill (so no token was ever
+/// sent to them) are cancelled by the engine, and their blocks go back to the pool, while the
+/// request being decoded goes on undisturbed.
+#[test]
+fn dropped_streams_are_cancelled_while_queued_or_prefilling() {
+    let Some((file, tok)) = load() else {
+        return;
+    };
+    let want = alone(&file, &tok, 40)[2].clone();
+    let h = spawn(engine(&file, 2, None));
+    let idle = h.snapshot();
+    let keep = h.submit(request(&tok, PROMPTS[2], 40));
+    let long: String = PROMPTS
+        .iter()
+        .cycle()
+        .take(24)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let prefilling = h.submit(request(&tok, &long, 40));
+    let s = wait_for(&h, "the long prompt to be prefilling", |s| {
+        s.slots
+            .iter()
+            .any(|x| x.state == SlotState::Prefill && x.computed > 0)
+    });
+    println!("before the drop: {:?}", s.slots);
+    // A third request waits in the queue (two run at once).
+    let queued = h.submit(request(&tok, PROMPTS[0], 40));
+    wait_for(&h, "the third request to be queued", |s| {
+        s.slots.iter().any(|x| x.state == SlotState::Queued)
+    });
+    drop(prefilling);
+    drop(queued);
+    let s = wait_for(&h, "both dropped requests to be cancelled", |s| {
+        s.stats.cancelled == 2
+    });
+    assert_eq!(s.slots.len(), 1, "{:?}", s.slots);
+    assert_eq!(s.stats.generated, s.slots[0].generated as u64);
+    assert_eq!(collect(&keep), want);
+    let s = wait_for(&h, "the pool to be free", |s| s.slots.is_empty());
+    assert_eq!(s.kv_free, idle.kv_free);
+    assert_eq!(s.kv_free, s.kv_total);
 }

@@ -1,6 +1,8 @@
 //! Chat templates: the model's own Jinja template (from `tokenizer.chat_template`), rendered
 //! with minijinja and Python-compatible string methods.
 
+pub mod parse;
+
 use minijinja::{context, Environment, Error as JinjaError, ErrorKind};
 use serde::Serialize;
 
@@ -59,12 +61,29 @@ impl ChatTemplate {
     /// The prompt text for `messages`, ending with the assistant's turn opened when
     /// `add_generation_prompt`.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let messages: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+            .collect();
+        self.render_json(&messages, None, add_generation_prompt)
+    }
+
+    /// `render` over OpenAI-style message objects as they came (so `tool_calls`,
+    /// `tool_call_id`, `name` and `reasoning_content` reach the template), with the request's
+    /// `tools` list when it has one.
+    pub fn render_json(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let t = self
             .env
             .get_template("chat")
             .map_err(|e| Error::Tokenizer(format!("chat template: {e}")))?;
         t.render(context! {
             messages => messages,
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos,
             eos_token => self.eos,
@@ -104,6 +123,28 @@ mod tests {
         );
         let e = t.render(&[Message::new("tool", "x")], false).unwrap_err();
         assert!(e.to_string().contains("no tools"), "{e}");
+    }
+
+    #[test]
+    fn tools_and_tool_calls_reach_the_template() {
+        let src = "{% if tools %}{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}:{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function.name }}({{ c.function.arguments }}){% endfor %}{% else %}{{ m.content }}{% endif %}{% if m.tool_call_id %}#{{ m.tool_call_id }}{% endif %};{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let messages = vec![
+            serde_json::json!({"role": "user", "content": "weather?"}),
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_0", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}]}),
+            serde_json::json!({"role": "tool", "tool_call_id": "call_0", "content": "-3C"}),
+        ];
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather"}}]);
+        assert_eq!(
+            t.render_json(&messages, Some(&tools), false).unwrap(),
+            "[get_weather]user:weather?;assistant:get_weather({\"city\":\"Oslo\"});tool:-3C#call_0;"
+        );
+        assert!(!t
+            .render_json(&messages, None, false)
+            .unwrap()
+            .contains("[get_weather]"));
     }
 
     #[test]

@@ -8,12 +8,14 @@
 //! model and the backend); requests reach it over a channel.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::{Logits, Runner};
 use crate::error::{Error, Result};
-use crate::sample::{Sampler, SamplingParams};
+use crate::sample::{Sampler, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};
 use crate::sched::{KvBudget, Plan, ReqId, SchedConfig, Scheduler, Seq};
 
 /// One generation request.
@@ -25,6 +27,22 @@ pub struct GenRequest {
     pub max_tokens: usize,
     /// Tokens that end the generation (not sent).
     pub stop_ids: Vec<u32>,
+    /// With `Some(n)`, each token comes with its log-probability and the `n` most likely
+    /// alternatives (at most [`MAX_TOP_LOGPROBS`]).
+    pub logprobs: Option<usize>,
+}
+
+impl GenRequest {
+    /// A request with no stop tokens and no log-probabilities.
+    pub fn new(prompt: Vec<u32>, params: SamplingParams, max_tokens: usize) -> GenRequest {
+        GenRequest {
+            prompt,
+            params,
+            max_tokens,
+            stop_ids: Vec::new(),
+            logprobs: None,
+        }
+    }
 }
 
 /// Why a generation ended.
@@ -39,7 +57,8 @@ pub enum Finish {
 /// What a request's channel carries.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    Token(u32),
+    /// A generated token, with its log-probabilities when the request asked for them.
+    Token(u32, Option<TokenLogprobs>),
     Done {
         finish: Finish,
         prompt_tokens: usize,
@@ -71,11 +90,47 @@ pub struct Snapshot {
     pub stats: EngineStats,
     pub waiting: usize,
     pub running: usize,
-    /// Blocks of the full-attention KV pool: free now, and in all.
+    /// Usable blocks of the full-attention KV pool (the null block left out): free now (cached
+    /// ones included), and in all.
     pub kv_free: usize,
     pub kv_total: usize,
+    /// Blocks of that pool registered in the prefix cache (held by a request or free).
+    pub kv_cached: usize,
     /// CPU fallbacks per op name.
     pub fallbacks: Vec<(String, &'static str, u64)>,
+    /// Every request the engine holds, running ones first.
+    pub slots: Vec<Slot>,
+}
+
+/// One request as /slots reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slot {
+    pub id: ReqId,
+    pub state: SlotState,
+    pub prompt_tokens: usize,
+    pub generated: usize,
+    /// Tokens whose K/V are in the cache.
+    pub computed: usize,
+    /// KV blocks held (full-attention pool).
+    pub kv_blocks: usize,
+    pub preemptions: u32,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum SlotState {
+    Queued,
+    Prefill,
+    Decode,
+}
+
+impl SlotState {
+    pub fn name(self) -> &'static str {
+        match self {
+            SlotState::Queued => "queued",
+            SlotState::Prefill => "prefill",
+            SlotState::Decode => "decode",
+        }
+    }
 }
 
 struct Active {
@@ -84,7 +139,10 @@ struct Active {
     stop_ids: Vec<u32>,
     prompt_len: usize,
     generated: usize,
+    logprobs: Option<usize>,
     tx: Sender<Event>,
+    /// Set by the client's side when it stops listening.
+    cancelled: Option<Arc<AtomicBool>>,
 }
 
 pub struct Engine {
@@ -166,12 +224,34 @@ impl Engine {
 
     pub fn snapshot(&self) -> Snapshot {
         let budget = RunnerBudget(&self.runner);
+        let slot = |s: &crate::sched::Seq, running: bool| {
+            let a = self.active.get(&s.id);
+            let prompt_tokens = a.map_or(0, |a| a.prompt_len);
+            Slot {
+                id: s.id,
+                state: match (running, s.computed >= prompt_tokens) {
+                    (false, _) => SlotState::Queued,
+                    (true, false) => SlotState::Prefill,
+                    (true, true) => SlotState::Decode,
+                },
+                prompt_tokens,
+                generated: a.map_or(0, |a| a.generated),
+                computed: s.computed,
+                kv_blocks: budget.blocks_held(s.id),
+                preemptions: s.preemptions,
+            }
+        };
+        let slots = (self.sched.running().iter().map(|s| slot(s, true)))
+            .chain(self.sched.queued().map(|s| slot(s, false)))
+            .collect();
         Snapshot {
+            slots,
+            kv_cached: budget.manager().map_or(0, |m| m.pool().num_cached()),
             stats: self.stats.clone(),
             waiting: self.sched.waiting(),
             running: self.sched.running().len(),
             kv_free: budget.free_blocks(),
-            kv_total: budget.manager().map_or(0, |m| m.pool().num_blocks()),
+            kv_total: budget.manager().map_or(0, |m| m.pool().num_blocks() - 1),
             fallbacks: self
                 .runner
                 .executor()
@@ -186,6 +266,17 @@ impl Engine {
     /// an empty prompt, a prompt that leaves no room in the context, or bad sampling
     /// parameters.
     pub fn submit(&mut self, req: GenRequest, tx: Sender<Event>) -> Result<ReqId> {
+        self.submit_with(req, tx, None)
+    }
+
+    /// `submit` with a flag the client sets when it stops listening: the request is then
+    /// cancelled at the start of the next step, queued or running.
+    pub fn submit_with(
+        &mut self,
+        req: GenRequest,
+        tx: Sender<Event>,
+        cancelled: Option<Arc<AtomicBool>>,
+    ) -> Result<ReqId> {
         let ctx = self.runner.config().ctx;
         if req.prompt.is_empty() {
             return Err(Error::Model("the prompt is empty".into()));
@@ -202,6 +293,11 @@ impl Engine {
                 "token id {t} is outside the vocabulary of {vocab}"
             )));
         }
+        if req.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+            return Err(Error::Model(format!(
+                "at most {MAX_TOP_LOGPROBS} top log-probabilities per token"
+            )));
+        }
         let sampler = Sampler::new(req.params)?;
         let id = self.next_id;
         self.next_id += 1;
@@ -213,7 +309,9 @@ impl Engine {
                 stop_ids: req.stop_ids,
                 prompt_len: req.prompt.len(),
                 generated: 0,
+                logprobs: req.logprobs,
                 tx,
+                cancelled,
             },
         );
         if req.max_tokens == 0 {
@@ -257,6 +355,7 @@ impl Engine {
 
     /// Runs one forward pass. Returns false when there is nothing to do.
     pub fn step(&mut self) -> Result<bool> {
+        self.reap_cancelled()?;
         if self.sched.is_idle() {
             return Ok(false);
         }
@@ -271,6 +370,24 @@ impl Engine {
         }
         self.run(&plan)?;
         Ok(true)
+    }
+
+    /// Cancels the requests whose clients stopped listening.
+    fn reap_cancelled(&mut self) -> Result<()> {
+        let gone: Vec<ReqId> = self
+            .active
+            .iter()
+            .filter(|(_, a)| {
+                a.cancelled
+                    .as_ref()
+                    .is_some_and(|c| c.load(Ordering::Relaxed))
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.cancel(id)?;
+        }
+        Ok(())
     }
 
     /// Nothing could be scheduled: with nothing running, the queue's head needs more KV than
@@ -371,24 +488,29 @@ impl Engine {
                 (true, Some(mut logits)) => Some(self.sample(it.id, &mut logits)),
                 _ => None,
             };
-            self.sched.advance(it.id, it.end, sampled);
-            if let Some(tok) = sampled {
-                self.emit(it.id, tok)?;
+            self.sched
+                .advance(it.id, it.end, sampled.as_ref().map(|s| s.0));
+            if let Some((tok, lp)) = sampled {
+                self.emit(it.id, tok, lp)?;
             }
         }
         Ok(())
     }
 
-    fn sample(&mut self, id: ReqId, logits: &mut [f32]) -> u32 {
+    /// Samples `id`'s next token; with its log-probabilities when the request wants them
+    /// (taken from the logits before the sampler changes them).
+    fn sample(&mut self, id: ReqId, logits: &mut [f32]) -> (u32, Option<TokenLogprobs>) {
         let history: &[u32] = self.sched.get(id).map_or(&[], |s| &s.tokens[..]);
-        match self.active.get_mut(&id) {
-            Some(a) => a.sampler.sample(logits, history),
-            None => crate::sample::argmax(logits),
-        }
+        let Some(a) = self.active.get_mut(&id) else {
+            return (crate::sample::argmax(logits), None);
+        };
+        let raw = a.logprobs.map(|n| (logits.to_vec(), n));
+        let tok = a.sampler.sample(logits, history);
+        (tok, raw.map(|(l, n)| TokenLogprobs::of(&l, tok, n)))
     }
 
     /// Sends a sampled token and ends the request when it is done or its receiver is gone.
-    fn emit(&mut self, id: ReqId, tok: u32) -> Result<()> {
+    fn emit(&mut self, id: ReqId, tok: u32, lp: Option<TokenLogprobs>) -> Result<()> {
         let ctx = self.runner.config().ctx;
         let len = self.sched.get(id).map_or(0, |s| s.tokens.len());
         let Some(a) = self.active.get_mut(&id) else {
@@ -399,7 +521,7 @@ impl Engine {
             Some(Finish::Stop)
         } else {
             a.generated += 1;
-            if a.tx.send(Event::Token(tok)).is_err() {
+            if a.tx.send(Event::Token(tok, lp)).is_err() {
                 self.stats.cancelled += 1;
                 self.active.remove(&id);
                 return self.end(id, None);
@@ -414,7 +536,28 @@ impl Engine {
 }
 
 enum Cmd {
-    Submit(GenRequest, Sender<Event>),
+    Submit(GenRequest, Sender<Event>, Arc<AtomicBool>),
+}
+
+/// A request's events, as [`EngineHandle::submit`] returns them (it dereferences to the
+/// receiver). Dropping it cancels the request at the engine's next step, whether it is
+/// queued, prefilling or decoding.
+pub struct Stream {
+    rx: Receiver<Event>,
+    cancelled: Arc<AtomicBool>,
+}
+
+impl std::ops::Deref for Stream {
+    type Target = Receiver<Event>;
+    fn deref(&self) -> &Receiver<Event> {
+        &self.rx
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
 }
 
 /// An engine running on its own thread. Dropping the handle stops the thread after the
@@ -445,8 +588,8 @@ pub fn spawn(mut engine: Engine) -> EngineHandle {
 }
 
 fn accept(engine: &mut Engine, cmd: Cmd) {
-    let Cmd::Submit(req, out) = cmd;
-    if let Err(e) = engine.submit(req, out.clone()) {
+    let Cmd::Submit(req, out, cancelled) = cmd;
+    if let Err(e) = engine.submit_with(req, out.clone(), Some(cancelled)) {
         let _ = out.send(Event::Error(e.to_string()));
     }
 }
@@ -485,18 +628,19 @@ fn serve(engine: &mut Engine, rx: &Receiver<Cmd>, shared: &std::sync::Mutex<Snap
 }
 
 impl EngineHandle {
-    /// Queues a request; its events arrive on the returned receiver. Dropping the receiver
-    /// cancels the request at the engine's next token for it.
-    pub fn submit(&self, req: GenRequest) -> Receiver<Event> {
+    /// Queues a request; its events arrive on the returned stream. Dropping the stream
+    /// cancels the request at the engine's next step.
+    pub fn submit(&self, req: GenRequest) -> Stream {
         let (tx, rx) = mpsc::channel();
-        let sent = self
-            .tx
-            .as_ref()
-            .map(|t| t.send(Cmd::Submit(req, tx.clone())).is_ok());
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let sent = self.tx.as_ref().map(|t| {
+            t.send(Cmd::Submit(req, tx.clone(), cancelled.clone()))
+                .is_ok()
+        });
         if sent != Some(true) {
             let _ = tx.send(Event::Error("the engine has stopped".into()));
         }
-        rx
+        Stream { rx, cancelled }
     }
 
     /// The engine's state after its latest step.

@@ -221,6 +221,55 @@ pub fn log_softmax(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64 - lse).collect()
 }
 
+/// Most alternatives a request may ask log-probabilities of (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A sampled token's log-probability under the model, with the most likely alternatives.
+/// These are the log-softmax of the raw logits, before penalties, top-k/p and temperature
+/// (what OpenAI's and vLLM's APIs report).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub token: u32,
+    pub logprob: f32,
+    /// The `n` most likely tokens, most likely first (ties by lower id).
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprobs {
+    /// `token`'s log-probability in `logits` and the `n` most likely tokens.
+    pub fn of(logits: &[f32], token: u32, n: usize) -> TokenLogprobs {
+        let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = logits
+            .iter()
+            .map(|&x| (x as f64 - m).exp())
+            .sum::<f64>()
+            .ln()
+            + m;
+        let lp = |t: u32| {
+            logits
+                .get(t as usize)
+                .map_or(f32::NEG_INFINITY, |&x| (x as f64 - lse) as f32)
+        };
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let n = n.min(idx.len());
+        let order = |a: &u32, b: &u32| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        };
+        if n > 0 && n < idx.len() {
+            idx.select_nth_unstable_by(n - 1, order);
+        }
+        idx.truncate(n);
+        idx.sort_by(order);
+        TokenLogprobs {
+            token,
+            logprob: lp(token),
+            top: idx.into_iter().map(|t| (t, lp(t))).collect(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,6 +277,26 @@ mod tests {
     fn logits(seed: u64, n: usize) -> Vec<f32> {
         let mut r = Rng::new(seed);
         (0..n).map(|_| r.normal() * 3.0).collect()
+    }
+
+    #[test]
+    fn token_logprobs_match_a_naive_f64_log_softmax() {
+        let l = logits(7, 3000);
+        // Naive: log(exp(x_i) / sum exp(x_j)) in f64 without the max shift.
+        let sum: f64 = l.iter().map(|&x| (x as f64).exp()).sum();
+        let naive: Vec<f64> = l.iter().map(|&x| ((x as f64).exp() / sum).ln()).collect();
+        let mut order: Vec<usize> = (0..l.len()).collect();
+        order.sort_by(|&a, &b| naive[b].total_cmp(&naive[a]));
+        let got = TokenLogprobs::of(&l, 1234, 5);
+        assert_eq!(got.token, 1234);
+        assert!((got.logprob as f64 - naive[1234]).abs() < 1e-5);
+        assert_eq!(got.top.len(), 5);
+        for ((t, lp), want) in got.top.iter().zip(&order) {
+            assert_eq!(*t as usize, *want);
+            assert!((*lp as f64 - naive[*want]).abs() < 1e-5);
+        }
+        assert!(TokenLogprobs::of(&l, 3, 0).top.is_empty());
+        assert_eq!(TokenLogprobs::of(&l[..3], 0, 9).top.len(), 3);
     }
 
     #[test]

@@ -129,6 +129,10 @@ impl Scheduler {
     pub fn running(&self) -> &[Seq] {
         &self.running
     }
+    /// Queued requests, next first.
+    pub fn queued(&self) -> impl Iterator<Item = &Seq> {
+        self.waiting.iter()
+    }
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()
     }

@@ -1,0 +1,212 @@
+//! What /metrics reports: the engine's counters and gauges, plus what the server measures per
+//! request (outcomes, HTTP statuses, token counts, time to first token, inter-token latency),
+//! in Prometheus' text format.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+
+use kiln_core::engine::batching::Snapshot;
+
+/// Bucket bounds in seconds, for both latency histograms.
+const BOUNDS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// A Prometheus histogram with fixed buckets.
+#[derive(Clone, Debug, Default)]
+pub struct Histogram {
+    /// Observations at or below each bound (not cumulative; summed when rendered).
+    counts: [u64; BOUNDS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    pub fn observe(&mut self, v: f64) {
+        if let Some(i) = BOUNDS.iter().position(|&b| v <= b) {
+            self.counts[i] += 1;
+        }
+        self.count += 1;
+        self.sum += v;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut acc = 0;
+        for (b, c) in BOUNDS.iter().zip(&self.counts) {
+            acc += c;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {acc}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+/// The server's own measurements.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Finished choices by outcome: stop, length, tool_calls, error, cancelled.
+    pub finished: BTreeMap<&'static str, u64>,
+    /// Responses by HTTP status.
+    pub http: BTreeMap<u16, u64>,
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+    pub ttft: Histogram,
+    pub itl: Histogram,
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics(Mutex<Counters>);
+
+impl Metrics {
+    /// Runs `f` on the counters (a poisoned lock is taken over: counters stay usable).
+    pub fn with(&self, f: impl FnOnce(&mut Counters)) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut g);
+    }
+
+    /// The whole /metrics page.
+    pub fn render(&self, s: &Snapshot) -> String {
+        let mut out = String::new();
+        let gauges: [(&str, &str, f64); 6] = [
+            (
+                "kiln_requests_waiting",
+                "Requests queued.",
+                s.waiting as f64,
+            ),
+            (
+                "kiln_requests_running",
+                "Requests resident in the KV cache.",
+                s.running as f64,
+            ),
+            (
+                "kiln_kv_blocks_free",
+                "Free KV cache blocks (cached ones included).",
+                s.kv_free as f64,
+            ),
+            (
+                "kiln_kv_blocks_used",
+                "KV cache blocks held by requests.",
+                s.kv_total.saturating_sub(s.kv_free) as f64,
+            ),
+            (
+                "kiln_kv_blocks_cached",
+                "KV cache blocks registered in the prefix cache (held or free).",
+                s.kv_cached as f64,
+            ),
+            (
+                "kiln_prefix_cache_hit_rate",
+                "Prompt tokens served from the prefix cache over tokens looked up.",
+                if s.stats.prefix_queried_tokens == 0 {
+                    0.0
+                } else {
+                    s.stats.prefix_hit_tokens as f64 / s.stats.prefix_queried_tokens as f64
+                },
+            ),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let counters: [(&str, &str, u64); 9] = [
+            ("kiln_kv_blocks_total", "Usable KV cache blocks in all.", s.kv_total as u64),
+            ("kiln_engine_steps_total", "Forward passes.", s.stats.steps),
+            (
+                "kiln_tokens_computed_total",
+                "Tokens run through the model (prefill, decode, recomputation).",
+                s.stats.tokens_computed,
+            ),
+            (
+                "kiln_prompt_tokens_total",
+                "Prompt tokens of finished requests.",
+                g.prompt_tokens,
+            ),
+            (
+                "kiln_generation_tokens_total",
+                "Tokens generated for finished requests.",
+                g.generated_tokens,
+            ),
+            (
+                "kiln_preemptions_total",
+                "Requests preempted for KV space.",
+                s.stats.preemptions,
+            ),
+            (
+                "kiln_prefix_cache_hit_tokens_total",
+                "Prompt tokens whose K/V came from the prefix cache.",
+                s.stats.prefix_hit_tokens,
+            ),
+            (
+                "kiln_prefix_cache_queried_tokens_total",
+                "Prompt tokens looked up in the prefix cache.",
+                s.stats.prefix_queried_tokens,
+            ),
+            (
+                "kiln_engine_cancelled_total",
+                "Requests the engine dropped before their end (the client left, or a stop string matched).",
+                s.stats.cancelled,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let kind = if name == "kiln_kv_blocks_total" {
+                "gauge"
+            } else {
+                "counter"
+            };
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        }
+        out.push_str("# HELP kiln_requests_total Finished choices by outcome.\n# TYPE kiln_requests_total counter\n");
+        for (status, n) in &g.finished {
+            let _ = writeln!(out, "kiln_requests_total{{status=\"{status}\"}} {n}");
+        }
+        out.push_str("# HELP kiln_http_responses_total Responses by HTTP status.\n# TYPE kiln_http_responses_total counter\n");
+        for (code, n) in &g.http {
+            let _ = writeln!(out, "kiln_http_responses_total{{code=\"{code}\"}} {n}");
+        }
+        g.ttft.render(
+            &mut out,
+            "kiln_time_to_first_token_seconds",
+            "From a request's arrival to its first token.",
+        );
+        g.itl.render(
+            &mut out,
+            "kiln_inter_token_latency_seconds",
+            "Between consecutive tokens of a request.",
+        );
+        out.push_str("# HELP kiln_cpu_fallbacks_total Ops run on the CPU reference because the backend lacks them.\n# TYPE kiln_cpu_fallbacks_total counter\n");
+        for (backend, op, n) in &s.fallbacks {
+            let _ = writeln!(
+                out,
+                "kiln_cpu_fallbacks_total{{backend=\"{backend}\",op=\"{op}\"}} {n}"
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let mut h = Histogram::default();
+        for v in [0.001, 0.02, 0.02, 0.3, 100.0] {
+            h.observe(v);
+        }
+        let mut out = String::new();
+        h.render(&mut out, "x", "help");
+        assert!(out.contains("x_bucket{le=\"0.005\"} 1\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"0.025\"} 3\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"0.5\"} 4\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"30\"} 4\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 5\n"), "{out}");
+        assert!(out.contains("x_count 5\n"), "{out}");
+        assert!(out.contains("x_sum 100.341"), "{out}");
+    }
+}

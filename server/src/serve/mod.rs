@@ -1,0 +1,344 @@
+//! `kiln serve`: an OpenAI-compatible HTTP server over the continuous-batching engine.
+//!
+//! Endpoints: POST /v1/completions and /v1/chat/completions (streamed as server-sent events or
+//! not), GET /v1/models, /health, /props (the model and the server's settings), /slots (the
+//! requests the engine holds and their KV use) and /metrics (Prometheus text). Requests are
+//! parsed by hand from the body bytes so every malformed request gets an OpenAI-style error
+//! JSON with a 4xx status. A client that goes away is noticed within a few milliseconds, and
+//! the engine cancels its request at its next step.
+
+mod metrics;
+mod request;
+mod respond;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use kiln_core::chat::parse::Syntax;
+use kiln_core::chat::ChatTemplate;
+use kiln_core::engine::batching::{spawn, Engine, EngineHandle};
+use kiln_core::engine::RunnerConfig;
+use kiln_core::sample::SamplingParams;
+use kiln_core::tokenizer::Tokenizer;
+use serde_json::{json, Value};
+
+use crate::load::{load, Loaded, ModelArgs};
+use metrics::Metrics;
+use request::{body_json, chat_prompt, common, completion_prompt, ApiError, Kind};
+
+/// Largest request body, in bytes.
+pub const MAX_BODY: usize = 1 << 20;
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer <KEY>` on every /v1 request.
+    #[arg(long, env = "KILN_API_KEY")]
+    pub api_key: Option<String>,
+    /// Requests decoded together (resident in the KV cache) at once.
+    #[arg(long, default_value_t = 8)]
+    pub max_batch: usize,
+    /// KV cache blocks (16 tokens each); default enough for --max-batch full contexts.
+    #[arg(long)]
+    pub kv_blocks: Option<usize>,
+}
+
+/// What the handlers share.
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    /// What the chat template shows the model writes: reasoning, tool calls.
+    syntax: Syntax,
+    pub model: String,
+    pub ctx: usize,
+    pub api_key: Option<String>,
+    metrics: Metrics,
+    /// Settings /props reports.
+    props: Value,
+}
+
+pub fn run(a: &ServeArgs) -> Result<()> {
+    let cfg = RunnerConfig {
+        max_seqs: a.max_batch.max(1),
+        kv_blocks: a.kv_blocks,
+        // Used where the model allows it (one full-attention KV group).
+        prefix_caching: true,
+        ..RunnerConfig::default()
+    };
+    let state = state(load(&a.model, cfg)?, a.max_batch, a.api_key.clone())?;
+    let addr: SocketAddr = format!("{}:{}", a.host, a.port)
+        .parse()
+        .with_context(|| format!("bad address {}:{}", a.host, a.port))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("listening on {addr}"))?;
+        eprintln!("kiln: serving {} on http://{addr}/v1", state.model);
+        axum::serve(listener, router(state)).await?;
+        Ok(())
+    })
+}
+
+/// The server's state over a loaded model: the engine thread, the tokenizer and the chat
+/// template.
+pub fn state(m: Loaded, max_batch: usize, api_key: Option<String>) -> Result<Arc<AppState>> {
+    let cfg = m.runner.config().clone();
+    let ctx = cfg.ctx;
+    let model = m
+        .path
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_else(|| "kiln".into());
+    let source = m.tokenizer.chat_template().map(str::to_string);
+    let template = match &source {
+        Some(src) => {
+            let piece = |id: Option<u32>| id.map(|i| m.tokenizer.decode(&[i])).unwrap_or_default();
+            Some(ChatTemplate::new(
+                src,
+                &piece(m.tokenizer.bos()),
+                &piece(m.tokenizer.eos()),
+            )?)
+        }
+        None => None,
+    };
+    let syntax = source
+        .as_deref()
+        .map(Syntax::of_template)
+        .unwrap_or_default();
+    let info = m.runner.model().info().clone();
+    let kv_total = m
+        .runner
+        .kv_managers()
+        .first()
+        .map_or(0, |k| k.pool().num_blocks() - 1);
+    let defaults = SamplingParams::default();
+    let props = json!({
+        "model": model,
+        "architecture": info.architecture,
+        "backend": m.runner.executor().backend().name(),
+        "context_length": ctx,
+        "vocab_size": info.vocab,
+        "parameters": info.n_params,
+        "max_batch": max_batch,
+        "max_batch_tokens": cfg.max_batch_tokens,
+        "kv_block_size": cfg.block_size,
+        "kv_blocks_total": kv_total,
+        "kv_cache_type": cfg.kv_dtype.name(),
+        "prefix_caching": cfg.prefix_caching,
+        "chat_template": source,
+        "reasoning": syntax.reasoning,
+        "tool_calls": syntax.tool_calls,
+        "api_key_required": api_key.is_some(),
+        "default_generation_settings": {
+            "temperature": defaults.temperature,
+            "top_k": defaults.top_k,
+            "top_p": defaults.top_p,
+            "min_p": defaults.min_p,
+            "max_tokens_completions": 16,
+            "max_tokens_chat": "the rest of the context",
+        },
+    });
+    Ok(Arc::new(AppState {
+        engine: spawn(Engine::new(m.runner, max_batch)),
+        tokenizer: m.tokenizer,
+        template,
+        syntax,
+        model,
+        ctx,
+        api_key,
+        metrics: Metrics::default(),
+        props,
+    }))
+}
+
+/// The HTTP routes over `state`.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/v1/models", get(models))
+        .route("/props", get(props))
+        .route("/slots", get(slots))
+        .route("/metrics", get(metrics))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn_with_state(state.clone(), count_status))
+        .with_state(state)
+}
+
+/// Counts every response by status for /metrics.
+async fn count_status(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let res = next.run(req).await;
+    let code = res.status().as_u16();
+    state
+        .metrics
+        .with(|m| *m.http.entry(code).or_insert(0) += 1);
+    res
+}
+
+/// Constant-time comparison of the presented key with the configured one.
+fn key_matches(given: &[u8], want: &[u8]) -> bool {
+    let mut diff = (given.len() ^ want.len()) as u8 | u8::from(given.len() != want.len());
+    for (i, w) in want.iter().enumerate() {
+        diff |= given.get(i).copied().unwrap_or(0) ^ w;
+    }
+    diff == 0
+}
+
+fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &state.api_key else {
+        return Ok(());
+    };
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if key_matches(given.as_bytes(), key.as_bytes()) {
+        Ok(())
+    } else {
+        Err(ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: "invalid or missing API key (Authorization: Bearer <key>)".into(),
+            param: None,
+            code: Some("invalid_api_key"),
+        })
+    }
+}
+
+async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&state, &headers) {
+        return e.into_response();
+    }
+    Json(json!({"object": "list", "data": [
+        {"id": state.model, "object": "model", "created": now(), "owned_by": "kiln"}
+    ]}))
+    .into_response()
+}
+
+/// The model and the server's settings.
+async fn props(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&state, &headers) {
+        return e.into_response();
+    }
+    Json(state.props.clone()).into_response()
+}
+
+/// The requests the engine holds (running first, then queued) and the KV pool.
+async fn slots(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&state, &headers) {
+        return e.into_response();
+    }
+    let s = state.engine.snapshot();
+    let slots: Vec<Value> = s
+        .slots
+        .iter()
+        .map(|x| {
+            json!({"id": x.id, "state": x.state.name(), "prompt_tokens": x.prompt_tokens,
+                   "generated_tokens": x.generated, "computed_tokens": x.computed,
+                   "kv_blocks": x.kv_blocks, "preemptions": x.preemptions})
+        })
+        .collect();
+    Json(json!({
+        "slots": slots,
+        "kv_blocks": {"total": s.kv_total, "free": s.kv_free, "cached": s.kv_cached,
+                      "used": s.kv_total.saturating_sub(s.kv_free)},
+        "waiting": s.waiting,
+        "running": s.running,
+    }))
+    .into_response()
+}
+
+/// Prometheus text format.
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let out = state.metrics.render(&state.engine.snapshot());
+    ([("content-type", "text/plain; version=0.0.4")], out).into_response()
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The body, or an OpenAI-style error (413 when it is over the size limit).
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| ApiError {
+        status: e.status(),
+        message: format!("cannot read the request body: {}", e.body_text()),
+        param: None,
+        code: None,
+    })
+}
+
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = (|| {
+        authorize(&state, &headers)?;
+        let b = body_json(&body_bytes(body)?)?;
+        let prompt = completion_prompt(&state, &b)?;
+        common(&state, Kind::Text, &b, prompt, 16)
+    })();
+    match r {
+        Ok(spec) => respond::respond(state, spec).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = (|| {
+        authorize(&state, &headers)?;
+        let b = body_json(&body_bytes(body)?)?;
+        let (prompt, syntax, in_reasoning) = chat_prompt(&state, &b)?;
+        let room = state.ctx.saturating_sub(prompt.len() + 1).max(1);
+        let mut spec = common(&state, Kind::Chat, &b, prompt, room)?;
+        spec.syntax = syntax;
+        spec.in_reasoning = in_reasoning;
+        Ok::<_, ApiError>(spec)
+    })();
+    match r {
+        Ok(spec) => respond::respond(state, spec).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_matches;
+
+    #[test]
+    fn api_keys_compare_exactly() {
+        assert!(key_matches(b"secret", b"secret"));
+        assert!(!key_matches(b"secreT", b"secret"));
+        assert!(!key_matches(b"secret1", b"secret"));
+        assert!(!key_matches(b"secre", b"secret"));
+        assert!(!key_matches(b"", b"secret"));
+    }
+}

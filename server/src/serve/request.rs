@@ -1,0 +1,431 @@
+//! Request bodies, parsed by hand from JSON so every mistake gets an OpenAI-style 4xx error
+//! naming the parameter.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json, Response};
+use kiln_core::chat::parse::OutputParser;
+use kiln_core::chat::parse::Syntax;
+use kiln_core::sample::{SamplingParams, MAX_TOP_LOGPROBS};
+use serde_json::{json, Map, Value};
+
+use super::AppState;
+
+/// Most choices one request may ask for (`n`).
+pub const MAX_N: u64 = 16;
+
+/// An OpenAI-style error response.
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn bad(message: impl Into<String>, param: Option<&'static str>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            param,
+            code: None,
+        }
+    }
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = match self.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            s if s.is_server_error() => "server_error",
+            _ => "invalid_request_error",
+        };
+        let body = json!({"error": {
+            "message": self.message,
+            "type": kind,
+            "param": self.param,
+            "code": self.code,
+        }});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// Which endpoint a request came to.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Text,
+    Chat,
+}
+
+/// A request's generation settings, validated.
+pub struct GenSpec {
+    pub kind: Kind,
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Choices to generate.
+    pub n: usize,
+    /// Log-probabilities: `Some(k)` gives each token's and its `k` best alternatives.
+    pub logprobs: Option<usize>,
+    /// How chat output is split into content, reasoning and tool calls.
+    pub syntax: Syntax,
+    /// The prompt left the model inside `<think>`.
+    pub in_reasoning: bool,
+}
+
+pub type Body = Map<String, Value>;
+
+pub fn body_json(body: &[u8]) -> Result<Body, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::bad(
+            "the request body must be a JSON object",
+            None,
+        )),
+        Err(e) => Err(ApiError::bad(format!("invalid JSON: {e}"), None)),
+    }
+}
+
+fn number(b: &Body, key: &'static str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
+    match b.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => {
+            let v = n.as_f64().unwrap_or(f64::NAN);
+            if v >= lo && v <= hi {
+                Ok(Some(v))
+            } else {
+                Err(ApiError::bad(
+                    format!("{key} must be between {lo} and {hi}, got {v}"),
+                    Some(key),
+                ))
+            }
+        }
+        Some(_) => Err(ApiError::bad(format!("{key} must be a number"), Some(key))),
+    }
+}
+
+fn integer(b: &Body, key: &'static str, lo: u64, hi: u64) -> Result<Option<u64>, ApiError> {
+    match b.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(v) if v >= lo && v <= hi => Ok(Some(v)),
+            _ => Err(ApiError::bad(
+                format!("{key} must be an integer from {lo} to {hi}"),
+                Some(key),
+            )),
+        },
+        Some(_) => Err(ApiError::bad(
+            format!("{key} must be an integer"),
+            Some(key),
+        )),
+    }
+}
+
+fn boolean(b: &Body, key: &'static str) -> Result<Option<bool>, ApiError> {
+    match b.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(v)) => Ok(Some(*v)),
+        Some(_) => Err(ApiError::bad(format!("{key} must be a boolean"), Some(key))),
+    }
+}
+
+/// The `model` field names this server's model (or is empty or absent).
+fn check_model(state: &AppState, b: &Body) -> Result<(), ApiError> {
+    let Some(m) = b.get("model") else {
+        return Ok(());
+    };
+    let name = m
+        .as_str()
+        .ok_or_else(|| ApiError::bad("model must be a string", Some("model")))?;
+    if name.is_empty() || name == state.model {
+        return Ok(());
+    }
+    Err(ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!(
+            "the model {name:?} does not exist; this server has {:?}",
+            state.model
+        ),
+        param: Some("model"),
+        code: Some("model_not_found"),
+    })
+}
+
+/// Log-probability settings: completions take `logprobs: k` (0 to 5); chat takes
+/// `logprobs: true` with `top_logprobs: k` (0 to 20).
+fn logprobs(kind: Kind, b: &Body) -> Result<Option<usize>, ApiError> {
+    match kind {
+        Kind::Text => Ok(integer(b, "logprobs", 0, 5)?.map(|k| k as usize)),
+        Kind::Chat => {
+            let top = integer(b, "top_logprobs", 0, MAX_TOP_LOGPROBS as u64)?;
+            match (boolean(b, "logprobs")?, top) {
+                (Some(true), top) => Ok(Some(top.unwrap_or(0) as usize)),
+                (_, Some(_)) => Err(ApiError::bad(
+                    "top_logprobs needs logprobs: true",
+                    Some("top_logprobs"),
+                )),
+                _ => Ok(None),
+            }
+        }
+    }
+}
+
+/// The settings every endpoint shares: sampling, limits, stop strings, streaming, choices.
+pub fn common(
+    state: &AppState,
+    kind: Kind,
+    b: &Body,
+    prompt: Vec<u32>,
+    default_max: usize,
+) -> Result<GenSpec, ApiError> {
+    check_model(state, b)?;
+    if prompt.len() >= state.ctx {
+        return Err(ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: format!(
+                "the prompt has {} tokens; the context holds {}",
+                prompt.len(),
+                state.ctx
+            ),
+            param: Some(if kind == Kind::Chat {
+                "messages"
+            } else {
+                "prompt"
+            }),
+            code: Some("context_length_exceeded"),
+        });
+    }
+    let max_keys: &[&'static str] = match kind {
+        Kind::Text => &["max_tokens"],
+        Kind::Chat => &["max_tokens", "max_completion_tokens"],
+    };
+    let mut max_tokens = default_max;
+    for key in max_keys {
+        if let Some(v) = integer(b, key, 1, u32::MAX as u64)? {
+            max_tokens = v as usize;
+        }
+    }
+    let mut params = SamplingParams::default();
+    if let Some(t) = number(b, "temperature", 0.0, 2.0)? {
+        params.temperature = t as f32;
+    }
+    if let Some(p) = number(b, "top_p", 0.0, 1.0)? {
+        params.top_p = p as f32;
+    }
+    if let Some(k) = integer(b, "top_k", 0, u32::MAX as u64)? {
+        params.top_k = k as usize;
+    }
+    if let Some(p) = number(b, "min_p", 0.0, 1.0)? {
+        params.min_p = p as f32;
+    }
+    if let Some(p) = number(b, "presence_penalty", -2.0, 2.0)? {
+        params.presence_penalty = p as f32;
+    }
+    if let Some(p) = number(b, "frequency_penalty", -2.0, 2.0)? {
+        params.frequency_penalty = p as f32;
+    }
+    if let Some(s) = integer(b, "seed", 0, u64::MAX)? {
+        params.seed = Some(s);
+    }
+    params
+        .validate()
+        .map_err(|e| ApiError::bad(e.to_string(), None))?;
+    let stop = match b.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(v)) if v.len() <= 4 => v
+            .iter()
+            .map(|s| s.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ApiError::bad("stop must hold strings", Some("stop")))?,
+        Some(_) => {
+            return Err(ApiError::bad(
+                "stop must be a string or up to 4 strings",
+                Some("stop"),
+            ))
+        }
+    };
+    let stream = boolean(b, "stream")?.unwrap_or(false);
+    let include_usage = match b.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(v)) => *v,
+            Some(_) => {
+                return Err(ApiError::bad(
+                    "stream_options.include_usage must be a boolean",
+                    Some("stream_options"),
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(ApiError::bad(
+                "stream_options must be an object",
+                Some("stream_options"),
+            ))
+        }
+    };
+    let n = integer(b, "n", 1, MAX_N)?.unwrap_or(1) as usize;
+    Ok(GenSpec {
+        kind,
+        prompt,
+        params,
+        max_tokens: max_tokens.min(state.ctx.saturating_sub(1).max(1)),
+        stop,
+        stream,
+        include_usage,
+        n,
+        logprobs: logprobs(kind, b)?,
+        syntax: Syntax::default(),
+        in_reasoning: false,
+    })
+}
+
+/// A /v1/completions prompt: a string, a one-string list, or a list of token ids.
+pub fn completion_prompt(state: &AppState, b: &Body) -> Result<Vec<u32>, ApiError> {
+    let bad = || {
+        ApiError::bad(
+            "prompt must be a string or a list of token ids",
+            Some("prompt"),
+        )
+    };
+    let text = |s: &str| {
+        state
+            .tokenizer
+            .encode(s, true)
+            .map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))
+    };
+    let ids = match b.get("prompt") {
+        Some(Value::String(s)) => text(s)?,
+        Some(Value::Array(v)) if v.len() == 1 && v[0].is_string() => {
+            text(v[0].as_str().unwrap_or(""))?
+        }
+        Some(Value::Array(v)) => v
+            .iter()
+            .map(|x| x.as_u64().and_then(|t| u32::try_from(t).ok()))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(bad)?,
+        _ => return Err(bad()),
+    };
+    let vocab = state.tokenizer.vocab_size();
+    if ids.is_empty() {
+        return Err(ApiError::bad("the prompt is empty", Some("prompt")));
+    }
+    if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::bad(
+            format!("token id {t} is outside the vocabulary of {vocab}"),
+            Some("prompt"),
+        ));
+    }
+    Ok(ids)
+}
+
+/// The request's `tools`: a list of `{"type": "function", "function": {"name": …}}`, or none
+/// (also with `tool_choice: "none"`).
+fn tools(b: &Body) -> Result<Option<Value>, ApiError> {
+    let choice = match b.get("tool_choice") {
+        None | Some(Value::Null) => "auto",
+        Some(Value::String(s)) if s == "none" || s == "auto" => s.as_str(),
+        Some(_) => {
+            return Err(ApiError::bad(
+                "tool_choice must be \"auto\" or \"none\" (forcing a tool is not supported)",
+                Some("tool_choice"),
+            ))
+        }
+    };
+    let list = match b.get("tools") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(v)) => v,
+        Some(_) => return Err(ApiError::bad("tools must be a list", Some("tools"))),
+    };
+    for t in list {
+        let named = t
+            .get("function")
+            .and_then(|f| f.get("name"))
+            .is_some_and(Value::is_string);
+        if t.get("type").and_then(Value::as_str) != Some("function") || !named {
+            return Err(ApiError::bad(
+                "each tool must be {\"type\": \"function\", \"function\": {\"name\": …}}",
+                Some("tools"),
+            ));
+        }
+    }
+    Ok((choice == "auto" && !list.is_empty()).then(|| Value::Array(list.clone())))
+}
+
+/// A chat request's prompt tokens, and how its output is to be parsed.
+pub fn chat_prompt(state: &AppState, b: &Body) -> Result<(Vec<u32>, Syntax, bool), ApiError> {
+    let tpl = state.template.as_ref().ok_or_else(|| {
+        ApiError::bad("this model has no chat template; use /v1/completions", None)
+    })?;
+    let list = b
+        .get("messages")
+        .and_then(Value::as_array)
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| ApiError::bad("messages must be a non-empty list", Some("messages")))?;
+    let mut messages = Vec::with_capacity(list.len());
+    for m in list {
+        let Some(obj) = m.as_object() else {
+            return Err(ApiError::bad(
+                "each message must be an object",
+                Some("messages"),
+            ));
+        };
+        let role = obj.get("role").and_then(Value::as_str).unwrap_or("");
+        if !matches!(role, "system" | "developer" | "user" | "assistant" | "tool") {
+            return Err(ApiError::bad(
+                format!("unknown message role {role:?}"),
+                Some("messages"),
+            ));
+        }
+        let content = match obj.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            None | Some(Value::Null) => String::new(),
+            // Content parts: the text ones, concatenated.
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join(""),
+            Some(_) => {
+                return Err(ApiError::bad(
+                    "message content must be a string or a list of parts",
+                    Some("messages"),
+                ))
+            }
+        };
+        let mut msg = obj.clone();
+        msg.insert(
+            "role".into(),
+            Value::String(if role == "developer" { "system" } else { role }.into()),
+        );
+        msg.insert("content".into(), Value::String(content));
+        messages.push(Value::Object(msg));
+    }
+    let tools = tools(b)?;
+    let text = tpl
+        .render_json(&messages, tools.as_ref(), true)
+        .map_err(|e| ApiError::bad(format!("chat template: {e}"), Some("messages")))?;
+    let syntax = Syntax {
+        reasoning: state.syntax.reasoning,
+        tool_calls: state.syntax.tool_calls && tools.is_some(),
+    };
+    let in_reasoning = syntax.reasoning && OutputParser::prompt_opens_reasoning(&text);
+    // The template writes BOS itself where the model wants one.
+    let ids = state
+        .tokenizer
+        .encode(&text, false)
+        .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
+    Ok((ids, syntax, in_reasoning))
+}

@@ -1,0 +1,539 @@
+//! Running a request's choices on the engine and answering: one JSON body, or server-sent
+//! events in OpenAI's chunk format.
+//!
+//! Each choice is one engine request, drained on a blocking thread that turns tokens into
+//! text (whole characters only, stop strings held back), splits chat output into content,
+//! reasoning and tool calls, and measures latencies. The thread watches its outgoing channel:
+//! when the response is dropped (the client left) it drops the engine stream, which cancels
+//! the request at the engine's next step.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Json, Response};
+use kiln_core::chat::parse::{Delta, OutputParser, ToolCall};
+use kiln_core::engine::batching::{Event, Finish, GenRequest};
+use kiln_core::sample::{StopMatcher, TokenLogprobs};
+use kiln_core::tokenizer::StreamDecoder;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::request::{ApiError, GenSpec, Kind};
+use super::{now, AppState};
+
+/// How often a choice's thread checks whether its response is still wanted while the engine
+/// sends nothing (queued, or prefilling a long prompt).
+const POLL: Duration = Duration::from_millis(20);
+
+/// One token's log-probabilities, with the text of each token.
+struct TokenLp {
+    token: String,
+    bytes: Vec<u8>,
+    logprob: f32,
+    top: Vec<(String, Vec<u8>, f32)>,
+}
+
+/// What a choice's thread sends.
+enum Piece {
+    Out {
+        index: usize,
+        content: String,
+        reasoning: String,
+        calls: Vec<ToolCall>,
+        logprobs: Vec<TokenLp>,
+    },
+    End {
+        index: usize,
+        finish: &'static str,
+        completion: usize,
+    },
+    Failed(String),
+}
+
+impl Piece {
+    fn is_empty(&self) -> bool {
+        matches!(self, Piece::Out { content, reasoning, calls, logprobs, .. }
+            if content.is_empty() && reasoning.is_empty() && calls.is_empty() && logprobs.is_empty())
+    }
+}
+
+/// Turns one choice's engine events into pieces.
+struct Choice {
+    index: usize,
+    dec: StreamDecoder,
+    stop: StopMatcher,
+    parser: Option<OutputParser>,
+    generated: usize,
+    calls: usize,
+}
+
+impl Choice {
+    fn new(index: usize, spec: &GenSpec) -> Choice {
+        Choice {
+            index,
+            dec: StreamDecoder::new(),
+            stop: StopMatcher::new(&spec.stop),
+            parser: (spec.kind == Kind::Chat)
+                .then(|| OutputParser::new(spec.syntax, spec.in_reasoning)),
+            generated: 0,
+            calls: 0,
+        }
+    }
+
+    /// Text after stop-string matching → a piece (split by the chat parser).
+    fn piece(&mut self, text: &str, end: bool, logprobs: Vec<TokenLp>) -> Piece {
+        let mut deltas = match &mut self.parser {
+            Some(p) => p.push(text),
+            None => vec![Delta::Content(text.to_string())],
+        };
+        if end {
+            if let Some(p) = &mut self.parser {
+                deltas.extend(p.finish());
+            }
+        }
+        let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
+        for d in deltas {
+            match d {
+                Delta::Content(s) => content.push_str(&s),
+                Delta::Reasoning(s) => reasoning.push_str(&s),
+                Delta::ToolCall(c) => calls.push(c),
+            }
+        }
+        self.calls += calls.len();
+        Piece::Out {
+            index: self.index,
+            content,
+            reasoning,
+            calls,
+            logprobs,
+        }
+    }
+
+    fn token(&mut self, state: &AppState, t: u32, lp: Option<TokenLogprobs>) -> Vec<Piece> {
+        self.generated += 1;
+        let text = self.stop.push(&self.dec.push(&state.tokenizer, t));
+        let lps = lp.map(|l| token_lp(state, &l)).into_iter().collect();
+        if self.stop.stopped() {
+            return vec![self.piece(&text, true, lps), self.end("stop")];
+        }
+        vec![self.piece(&text, false, lps)]
+    }
+
+    fn done(&mut self, finish: Finish) -> Vec<Piece> {
+        let mut tail = self.stop.push(&self.dec.finish());
+        tail.push_str(&self.stop.finish());
+        let stopped = finish == Finish::Stop || self.stop.stopped();
+        let piece = self.piece(&tail, true, Vec::new());
+        vec![piece, self.end(if stopped { "stop" } else { "length" })]
+    }
+
+    fn end(&self, finish: &'static str) -> Piece {
+        Piece::End {
+            index: self.index,
+            finish: if finish == "stop" && self.calls > 0 {
+                "tool_calls"
+            } else {
+                finish
+            },
+            completion: self.generated,
+        }
+    }
+}
+
+fn token_lp(state: &AppState, l: &TokenLogprobs) -> TokenLp {
+    let text = |t: u32| {
+        (
+            state.tokenizer.decode(&[t]),
+            state.tokenizer.token_bytes(t).unwrap_or_default(),
+        )
+    };
+    let (token, bytes) = text(l.token);
+    TokenLp {
+        token,
+        bytes,
+        logprob: l.logprob,
+        top: l
+            .top
+            .iter()
+            .map(|&(t, lp)| {
+                let (s, b) = text(t);
+                (s, b, lp)
+            })
+            .collect(),
+    }
+}
+
+/// Starts every choice of `spec` on the engine; their pieces arrive on one channel.
+fn start(state: &Arc<AppState>, spec: &GenSpec) -> mpsc::Receiver<Piece> {
+    let (tx, rx) = mpsc::channel::<Piece>(64);
+    let arrived = Instant::now();
+    state
+        .metrics
+        .with(|m| m.prompt_tokens += spec.prompt.len() as u64);
+    for index in 0..spec.n {
+        let mut params = spec.params.clone();
+        // Choices differ; a seeded request stays reproducible.
+        params.seed = params.seed.map(|s| s.wrapping_add(index as u64));
+        let stream = state.engine.submit(GenRequest {
+            prompt: spec.prompt.clone(),
+            params,
+            max_tokens: spec.max_tokens,
+            stop_ids: state.tokenizer.eog_ids().to_vec(),
+            logprobs: spec.logprobs,
+        });
+        let st = state.clone();
+        let tx = tx.clone();
+        let mut choice = Choice::new(index, spec);
+        tokio::task::spawn_blocking(move || {
+            let mut last: Option<Instant> = None;
+            let outcome = loop {
+                let ev = match stream.recv_timeout(POLL) {
+                    Ok(ev) => ev,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) if tx.is_closed() => {
+                        break "cancelled";
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break "error",
+                };
+                let pieces = match ev {
+                    Event::Token(t, lp) => {
+                        let at = Instant::now();
+                        st.metrics.with(|m| match last {
+                            None => m.ttft.observe((at - arrived).as_secs_f64()),
+                            Some(prev) => m.itl.observe((at - prev).as_secs_f64()),
+                        });
+                        last = Some(at);
+                        choice.token(&st, t, lp)
+                    }
+                    Event::Done { finish, .. } => choice.done(finish),
+                    Event::Error(e) => vec![Piece::Failed(e)],
+                };
+                let mut outcome = None;
+                for p in pieces {
+                    match &p {
+                        Piece::End { finish, .. } => outcome = Some(*finish),
+                        Piece::Failed(_) => outcome = Some("error"),
+                        _ => {}
+                    }
+                    if p.is_empty() {
+                        continue;
+                    }
+                    if tx.blocking_send(p).is_err() {
+                        outcome = Some("cancelled");
+                        break;
+                    }
+                }
+                if let Some(o) = outcome {
+                    break o;
+                }
+            };
+            // Dropping the engine stream cancels the request if it is still running.
+            drop(stream);
+            st.metrics.with(|m| {
+                *m.finished.entry(outcome).or_insert(0) += 1;
+                m.generated_tokens += choice.generated as u64;
+            });
+        });
+    }
+    rx
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion,
+           "total_tokens": prompt + completion})
+}
+
+fn tool_calls_json(calls: &[ToolCall], id: &str, index: usize) -> Value {
+    Value::Array(
+        calls
+            .iter()
+            .map(|c| {
+                json!({"index": c.index, "id": format!("call_{id}_{index}_{}", c.index),
+                       "type": "function",
+                       "function": {"name": c.name, "arguments": c.arguments}})
+            })
+            .collect(),
+    )
+}
+
+/// Log-probabilities in the endpoint's format. Completions use the legacy lists, with text
+/// offsets counted from `offset` (the bytes of text before these tokens).
+fn logprobs_json(kind: Kind, lps: &[TokenLp], offset: &mut usize) -> Value {
+    match kind {
+        Kind::Chat => json!({"content": lps.iter().map(|l| json!({
+            "token": l.token, "logprob": l.logprob, "bytes": l.bytes,
+            "top_logprobs": l.top.iter().map(|(t, b, lp)|
+                json!({"token": t, "logprob": lp, "bytes": b})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(), "refusal": null}),
+        Kind::Text => {
+            let mut offsets = Vec::with_capacity(lps.len());
+            for l in lps {
+                offsets.push(*offset);
+                *offset += l.token.len();
+            }
+            json!({
+                "tokens": lps.iter().map(|l| &l.token).collect::<Vec<_>>(),
+                "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+                "top_logprobs": lps.iter().map(|l| l.top.iter()
+                    .map(|(t, _, lp)| (t.clone(), json!(lp)))
+                    .collect::<serde_json::Map<String, Value>>()).collect::<Vec<_>>(),
+                "text_offset": offsets,
+            })
+        }
+    }
+}
+
+/// One choice of a non-streamed response, as it is gathered.
+#[derive(Default)]
+struct Gathered {
+    content: String,
+    reasoning: String,
+    calls: Vec<ToolCall>,
+    logprobs: Vec<TokenLp>,
+    finish: Option<&'static str>,
+    completion: usize,
+}
+
+pub async fn respond(state: Arc<AppState>, spec: GenSpec) -> Response {
+    let prompt_len = spec.prompt.len();
+    let kind = spec.kind;
+    let rx = start(&state, &spec);
+    let id = format!(
+        "{}-{:x}",
+        if kind == Kind::Chat {
+            "chatcmpl"
+        } else {
+            "cmpl"
+        },
+        now() ^ (prompt_len as u64) << 32 ^ rand_bits()
+    );
+    if spec.stream {
+        stream(state, spec, rx, id)
+    } else {
+        whole(state, spec, rx, id).await
+    }
+}
+
+async fn whole(
+    state: Arc<AppState>,
+    spec: GenSpec,
+    mut rx: mpsc::Receiver<Piece>,
+    id: String,
+) -> Response {
+    let kind = spec.kind;
+    let mut choices: Vec<Gathered> = (0..spec.n).map(|_| Gathered::default()).collect();
+    let mut ended = 0;
+    while ended < spec.n {
+        let Some(p) = rx.recv().await else {
+            return ApiError::internal("the engine ended the request without a result")
+                .into_response();
+        };
+        match p {
+            Piece::Out {
+                index,
+                content,
+                reasoning,
+                calls,
+                logprobs,
+            } => {
+                if let Some(g) = choices.get_mut(index) {
+                    g.content.push_str(&content);
+                    g.reasoning.push_str(&reasoning);
+                    g.calls.extend(calls);
+                    g.logprobs.extend(logprobs);
+                }
+            }
+            Piece::End {
+                index,
+                finish,
+                completion,
+            } => {
+                if let Some(g) = choices.get_mut(index) {
+                    g.finish = Some(finish);
+                    g.completion = completion;
+                    ended += 1;
+                }
+            }
+            Piece::Failed(e) => return ApiError::internal(e).into_response(),
+        }
+    }
+    let completion: usize = choices.iter().map(|g| g.completion).sum();
+    let choices: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let logprobs = match spec.logprobs {
+                Some(_) => logprobs_json(kind, &g.logprobs, &mut 0),
+                None => Value::Null,
+            };
+            let finish = g.finish.unwrap_or("stop");
+            match kind {
+                Kind::Text => json!({"index": i, "text": g.content, "logprobs": logprobs,
+                                     "finish_reason": finish}),
+                Kind::Chat => {
+                    let mut msg = json!({"role": "assistant", "content": g.content});
+                    if !g.calls.is_empty() {
+                        msg["tool_calls"] = tool_calls_json(&g.calls, &id, i);
+                        if g.content.trim().is_empty() {
+                            msg["content"] = Value::Null;
+                        }
+                    }
+                    if !g.reasoning.is_empty() {
+                        msg["reasoning_content"] = Value::String(g.reasoning.clone());
+                    }
+                    json!({"index": i, "message": msg, "logprobs": logprobs,
+                           "finish_reason": finish})
+                }
+            }
+        })
+        .collect();
+    let object = match kind {
+        Kind::Chat => "chat.completion",
+        Kind::Text => "text_completion",
+    };
+    Json(
+        json!({"id": id, "object": object, "created": now(), "model": state.model,
+        "choices": choices, "usage": usage(spec.prompt.len(), completion)}),
+    )
+    .into_response()
+}
+
+/// The SSE response: a role chunk per chat choice, then a chunk per piece, a finishing chunk
+/// per choice, the usage chunk when asked for, and `[DONE]`.
+fn stream(state: Arc<AppState>, spec: GenSpec, rx: mpsc::Receiver<Piece>, id: String) -> Response {
+    let kind = spec.kind;
+    let model = state.model.clone();
+    let created = now();
+    let call_id = id.clone();
+    let chunk = move |choices: Value| -> Value {
+        let object = match kind {
+            Kind::Text => "text_completion",
+            Kind::Chat => "chat.completion.chunk",
+        };
+        json!({"id": id, "object": object, "created": created, "model": model,
+               "choices": choices})
+    };
+    let first: Vec<String> = match kind {
+        Kind::Chat => (0..spec.n)
+            .map(|i| {
+                chunk(
+                    json!([{"index": i, "delta": {"role": "assistant", "content": ""},
+                               "logprobs": null, "finish_reason": null}]),
+                )
+                .to_string()
+            })
+            .collect(),
+        Kind::Text => Vec::new(),
+    };
+    struct St {
+        rx: mpsc::Receiver<Piece>,
+        ended: usize,
+        completion: usize,
+        offsets: Vec<usize>,
+        done: bool,
+    }
+    let n = spec.n;
+    let include_usage = spec.include_usage;
+    let want_lp = spec.logprobs.is_some();
+    let prompt_len = spec.prompt.len();
+    let st = St {
+        rx,
+        ended: 0,
+        completion: 0,
+        offsets: vec![0; n],
+        done: false,
+    };
+    let body = futures_util::stream::unfold(st, move |mut st| {
+        let chunk = chunk.clone();
+        let call_id = call_id.clone();
+        async move {
+            if st.done {
+                return None;
+            }
+            let out = match st.rx.recv().await {
+                Some(Piece::Out {
+                    index,
+                    content,
+                    reasoning,
+                    calls,
+                    logprobs,
+                }) => {
+                    let lp = match want_lp {
+                        true => logprobs_json(kind, &logprobs, &mut st.offsets[index]),
+                        false => Value::Null,
+                    };
+                    let choice = match kind {
+                        Kind::Text => json!({"index": index, "text": content,
+                                             "logprobs": lp, "finish_reason": null}),
+                        Kind::Chat => {
+                            let mut delta = json!({});
+                            if !content.is_empty() {
+                                delta["content"] = Value::String(content);
+                            }
+                            if !reasoning.is_empty() {
+                                delta["reasoning_content"] = Value::String(reasoning);
+                            }
+                            if !calls.is_empty() {
+                                delta["tool_calls"] = tool_calls_json(&calls, &call_id, index);
+                            }
+                            json!({"index": index, "delta": delta, "logprobs": lp,
+                                   "finish_reason": null})
+                        }
+                    };
+                    vec![chunk(json!([choice])).to_string()]
+                }
+                Some(Piece::End {
+                    index,
+                    finish,
+                    completion,
+                }) => {
+                    st.ended += 1;
+                    st.completion += completion;
+                    let empty = match kind {
+                        Kind::Text => json!({"index": index, "text": "", "logprobs": null,
+                                             "finish_reason": finish}),
+                        Kind::Chat => json!({"index": index, "delta": {}, "logprobs": null,
+                                             "finish_reason": finish}),
+                    };
+                    let mut v = vec![chunk(json!([empty])).to_string()];
+                    if st.ended == n {
+                        if include_usage {
+                            let mut u = chunk(json!([]));
+                            u["usage"] = usage(prompt_len, st.completion);
+                            v.push(u.to_string());
+                        }
+                        v.push("[DONE]".into());
+                        st.done = true;
+                    }
+                    v
+                }
+                Some(Piece::Failed(e)) => {
+                    st.done = true;
+                    vec![
+                        json!({"error": {"message": e, "type": "server_error"}}).to_string(),
+                        "[DONE]".into(),
+                    ]
+                }
+                None => return None,
+            };
+            Some((out, st))
+        }
+    });
+    let body = futures_util::StreamExt::chain(futures_util::stream::iter(vec![first]), body);
+    let events = futures_util::StreamExt::flat_map(body, |v| {
+        futures_util::stream::iter(
+            v.into_iter()
+                .map(|d| Ok::<_, Infallible>(SseEvent::default().data(d))),
+        )
+    });
+    Sse::new(events).into_response()
+}
+
+/// A few bits that differ between requests, for response ids.
+fn rand_bits() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
