@@ -209,8 +209,8 @@ pub struct TokenizeArgs {
 
 pub fn tokenize(a: &TokenizeArgs) -> Result<()> {
     let path = crate::models::resolve(a.model.model.as_deref())?;
-    let file = kiln_core::load::gguf::GgufFile::open(&path)?;
-    let tok = Tokenizer::from_gguf(&file)?;
+    let file = kiln_core::load::open_model(&path)?;
+    let tok = kiln_core::load::open_tokenizer(&path, &file)?;
     println!("{}", serde_json::to_string(&tok.encode(&a.text, true)?)?);
     Ok(())
 }

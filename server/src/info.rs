@@ -24,6 +24,18 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         println!("model: {}", m.path.display());
         println!("  name: {}", i.name.as_deref().unwrap_or("-"));
         println!("  architecture: {}", i.architecture);
+        let hf = m.file.get("kiln.source").and_then(|v| v.as_str()) == Some("huggingface");
+        println!(
+            "  format: {}",
+            if hf {
+                "Hugging Face (config.json + safetensors)"
+            } else {
+                "GGUF"
+            }
+        );
+        if let Ok(skipped) = m.file.get_str_array("kiln.skipped") {
+            println!("  not loaded (text only for now): {}", skipped.join(", "));
+        }
         println!("  parameters: {:.1} M", i.n_params as f64 / 1e6);
         println!("  layers {}, embedding {}, heads {} (KV {}), head dim {}, FFN {}, vocab {}, context {}", i.n_layer, i.n_embd, i.n_head, i.n_head_kv, i.head_dim, i.n_ff, i.vocab, i.context_length);
         println!(

@@ -88,8 +88,8 @@ pub fn executor(backend: &str, threads: Option<usize>, strict: bool) -> Result<E
 
 pub fn load(args: &ModelArgs, cfg: RunnerConfig) -> Result<Loaded> {
     let path = crate::models::resolve(args.model.as_deref())?;
-    let file = GgufFile::open(&path)?;
-    let tokenizer = Tokenizer::from_gguf(&file)
+    let file = kiln_core::load::open_model(&path)?;
+    let tokenizer = kiln_core::load::open_tokenizer(&path, &file)
         .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
     let ex = executor(&args.backend, args.threads, args.strict)?;
     let model = build_from_gguf(&file, &ex)?;

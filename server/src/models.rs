@@ -80,8 +80,11 @@ pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
     if p.is_file() {
         return Ok(p.to_path_buf());
     }
+    if kiln_core::load::hf::is_model_dir(p) {
+        return Ok(p.to_path_buf());
+    }
     if p.is_dir() {
-        bail!("{m} is a directory: Hugging Face model directories are not supported yet; pass a .gguf file or an alias ({})", alias_names());
+        bail!("{m} is a directory without a config.json: pass a Hugging Face model directory, a .gguf file or an alias ({})", alias_names());
     }
     match alias(m) {
         Some(a) => {

@@ -69,7 +69,7 @@ impl TensorInfo {
 }
 
 /// The bytes of a GGUF file: memory-mapped by [`GgufFile::open`], owned by [`GgufFile::from_bytes`].
-enum Bytes {
+pub(crate) enum Bytes {
     Mapped(memmap2::Mmap),
     Owned(Vec<u8>),
 }
@@ -89,6 +89,10 @@ pub struct GgufFile {
     path: String,
     header: Header,
     bytes: Bytes,
+    /// For a model assembled from other files (a Hugging Face checkpoint): further buffers,
+    /// and which one each tensor lives in (`None`: `bytes`).
+    blobs: Vec<Bytes>,
+    blob_of: Vec<Option<usize>>,
 }
 
 impl fmt::Debug for GgufFile {
@@ -146,10 +150,63 @@ impl GgufFile {
             alignment = header.alignment,
             "opened GGUF file"
         );
+        let blob_of = vec![None; header.tensors.len()];
         Ok(GgufFile {
             path,
             header,
             bytes,
+            blobs: Vec::new(),
+            blob_of,
+        })
+    }
+
+    /// A model described as a GGUF file would be, from metadata and tensors held in other
+    /// buffers: tensor `i` is `tensors[i].0` in `blobs[tensors[i].1]` (its `offset` relative to
+    /// that buffer). Ranges are checked here, so `tensor_data` cannot fail later.
+    pub(crate) fn from_parts(
+        path: String,
+        metadata: Vec<(String, Value)>,
+        tensors: Vec<(TensorInfo, usize)>,
+        blobs: Vec<Bytes>,
+    ) -> Result<GgufFile> {
+        let mut metadata_index = HashMap::new();
+        for (i, (k, _)) in metadata.iter().enumerate() {
+            if metadata_index.insert(k.clone(), i).is_some() {
+                return Err(Error::load(&path, format!("metadata key {k} twice")));
+            }
+        }
+        let mut tensor_index = HashMap::new();
+        let mut infos = Vec::with_capacity(tensors.len());
+        let mut blob_of = Vec::with_capacity(tensors.len());
+        for (i, (t, b)) in tensors.into_iter().enumerate() {
+            let len = blobs.get(b).map(|x| x.len());
+            let end = t.offset.checked_add(t.nbytes);
+            if len.is_none() || end.is_none() || end > len {
+                return Err(Error::load(
+                    &path,
+                    format!("tensor {} lies outside its data", t.name),
+                ));
+            }
+            if tensor_index.insert(t.name.clone(), i).is_some() {
+                return Err(Error::load(&path, format!("tensor {} twice", t.name)));
+            }
+            infos.push(t);
+            blob_of.push(Some(b));
+        }
+        Ok(GgufFile {
+            path,
+            header: Header {
+                version: 3,
+                metadata,
+                metadata_index,
+                tensors: infos,
+                tensor_index,
+                alignment: DEFAULT_ALIGNMENT,
+                data_offset: 0,
+            },
+            bytes: Bytes::Owned(Vec::new()),
+            blobs,
+            blob_of,
         })
     }
 
@@ -326,9 +383,16 @@ impl GgufFile {
     /// When `t` is not a tensor info of this file and its range lies outside the file (the
     /// ranges of this file's own tensor infos were checked when it was opened).
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        let blob = self
+            .header
+            .tensor_index
+            .get(&t.name)
+            .and_then(|&i| self.blob_of[i])
+            .and_then(|b| self.blobs.get(b));
+        let bytes: &[u8] = blob.map_or(&self.bytes, |b| b);
         t.offset
             .checked_add(t.nbytes)
-            .and_then(|end| self.bytes.get(t.offset..end))
+            .and_then(|end| bytes.get(t.offset..end))
             .unwrap_or_else(|| {
                 panic!(
                     "{}: tensor {} ({} bytes at offset {}) is not a tensor of this file",

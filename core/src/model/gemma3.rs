@@ -9,8 +9,8 @@ use super::decoder::{Decoder, DecoderSpec};
 use super::llama::{base_info, f32_or, n_rot, rope_freq_scale};
 use super::Model;
 use crate::backend::Executor;
-use crate::error::Result;
-use crate::load::gguf::GgufFile;
+use crate::error::{Error, Result};
+use crate::load::gguf::{GgufFile, Value};
 use crate::op::{GluOp, RopeMode, RopeParams};
 
 /// Every `SWA_PERIOD`-th layer (the last of each period) attends globally.
@@ -29,9 +29,34 @@ pub fn build(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
         f32_or(f, &f.arch_key("rope.freq_base"), 1_000_000.0)?,
     );
     global.freq_scale = rope_freq_scale(f)?;
-    let local = RopeParams::new(RopeMode::Neox, rot, LOCAL_ROPE_BASE);
+    let local = RopeParams::new(
+        RopeMode::Neox,
+        rot,
+        f32_or(f, &f.arch_key("rope.local_freq_base"), LOCAL_ROPE_BASE)?,
+    );
     let n = info.n_layer;
-    let is_global = |l: usize| (l + 1) % SWA_PERIOD == 0;
+    // Which layers slide: listed (Hugging Face's `layer_types`), or the fixed period.
+    let sliding: Vec<bool> = match f.get(&f.arch_key("attention.sliding_layers")) {
+        Some(Value::Array(v)) if v.len() == n => {
+            v.iter().map(|x| matches!(x, Value::Bool(true))).collect()
+        }
+        Some(_) => {
+            return Err(Error::load(
+                f.path(),
+                format!(
+                    "{} must list one flag per layer",
+                    f.arch_key("attention.sliding_layers")
+                ),
+            ))
+        }
+        None => (0..n).map(|l| (l + 1) % SWA_PERIOD != 0).collect(),
+    };
+    let is_global = |l: usize| !sliding[l];
+    let attn_scale = f32_or(
+        f,
+        &f.arch_key("attention.scale"),
+        1.0 / (info.head_dim as f32).sqrt(),
+    )?;
     let spec = DecoderSpec {
         eps,
         embed_scale: Some((info.n_embd as f32).sqrt()),
@@ -39,7 +64,7 @@ pub fn build(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
         qk_norm: true,
         post_norms: true,
         act: GluOp::GeGlu,
-        attn_scale: 1.0 / (info.head_dim as f32).sqrt(),
+        attn_scale,
         attn_soft_cap: None,
         final_soft_cap: None,
         rope: (0..n)

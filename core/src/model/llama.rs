@@ -1,4 +1,5 @@
-//! The Llama family in GGUF (`llama`: Llama 2/3, SmolLM2, Mistral-style dense models).
+//! The Llama family in GGUF (`llama`: Llama 2/3, SmolLM2, Mistral-style dense models), and
+//! Qwen3 (`qwen3`), the same block with QK-norm.
 
 use super::decoder::{Decoder, DecoderSpec};
 use super::{Model, ModelInfo};
@@ -76,10 +77,24 @@ pub(crate) fn rope_freq_scale(f: &GgufFile) -> Result<f32> {
 }
 
 pub fn build(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
+    build_dense(f, ex, false)
+}
+
+/// Qwen3 (`qwen3`): the Llama block with per-head RMSNorm of q and k, and rotate-half RoPE.
+pub fn build_qwen3(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
+    build_dense(f, ex, true)
+}
+
+fn build_dense(f: &GgufFile, ex: &Executor, qwen3: bool) -> Result<Box<dyn Model>> {
     let info = base_info(f)?;
     let eps = f.get_f32(&f.arch_key("attention.layer_norm_rms_epsilon"))?;
     let base = f32_or(f, &f.arch_key("rope.freq_base"), 10000.0)?;
-    let mut rope = RopeParams::new(RopeMode::Normal, n_rot(f, info.head_dim)?, base);
+    let mode = if qwen3 {
+        RopeMode::Neox
+    } else {
+        RopeMode::Normal
+    };
+    let mut rope = RopeParams::new(mode, n_rot(f, info.head_dim)?, base);
     rope.freq_scale = rope_freq_scale(f)?;
     let rope_freqs = match f.tensors().iter().find(|t| t.name == "rope_freqs.weight") {
         Some(_) => {
@@ -95,7 +110,7 @@ pub fn build(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
         eps,
         embed_scale: None,
         norm_one_plus: false,
-        qk_norm: false,
+        qk_norm: qwen3,
         post_norms: false,
         act: GluOp::SwiGlu,
         attn_scale: 1.0 / (info.head_dim as f32).sqrt(),

@@ -10,6 +10,7 @@ type Builder = fn(&GgufFile, &Executor) -> Result<Box<dyn Model>>;
 /// Every architecture kiln runs, with its builder.
 pub const ARCHITECTURES: &[(&str, Builder)] = &[
     ("llama", super::llama::build),
+    ("qwen3", super::llama::build_qwen3),
     ("gemma3", super::gemma3::build),
 ];
 

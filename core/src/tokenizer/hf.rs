@@ -75,6 +75,11 @@ impl HfTokenizer {
             }
             _ => None,
         };
+        // Newer checkpoints keep the template in its own file.
+        let chat_template = chat_template.or_else(|| {
+            let f = path.parent()?.join("chat_template.jinja");
+            std::fs::read_to_string(f).ok()
+        });
 
         // what the post-processor adds around a plain text
         let with = tok.encode("a", true).map_err(tk_err)?;

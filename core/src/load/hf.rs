@@ -1,0 +1,467 @@
+//! Hugging Face model directories: `config.json` and `*.safetensors` (one file, or shards
+//! listed in `model.safetensors.index.json`), read into the same [`GgufFile`] view the GGUF
+//! loader gives, under llama.cpp's architecture, metadata and tensor names. The model builders
+//! then treat both sources alike.
+//!
+//! What the conversion changes, as llama.cpp's converter does: Gemma's RMSNorm weights are
+//! stored as `w` for `x·(1+w)`, so 1 is added (in f32); Llama's q/k projections are in the
+//! rotate-half RoPE layout, so their rows are permuted to the interleaved layout the `llama`
+//! architecture uses. Both `*ForCausalLM` layouts (`model.*`) and multimodal
+//! `*ForConditionalGeneration` ones (`model.language_model.*`, with `text_config`) are read;
+//! vision and audio towers are skipped and named in `kiln.skipped`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::Value as Json;
+
+use super::gguf::{Bytes, GgufFile, TensorInfo, Value};
+use super::safetensors::SafetensorsFile;
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+
+/// Prefixes of towers the text model does not use.
+const TOWERS: &[&str] = &[
+    "model.vision_tower.",
+    "model.visual.",
+    "model.audio_tower.",
+    "model.multi_modal_projector.",
+    "model.embed_vision.",
+    "model.embed_audio.",
+    "vision_tower.",
+    "multi_modal_projector.",
+    "audio_tower.",
+    "mtp.",
+];
+
+/// Whether `path` looks like a Hugging Face model directory.
+pub fn is_model_dir(path: &Path) -> bool {
+    path.is_dir() && path.join("config.json").is_file()
+}
+
+/// The parts of `config.json` the loader reads: the text model's settings.
+struct Config {
+    dir: String,
+    text: Json,
+    model_type: String,
+}
+
+impl Config {
+    fn read(dir: &Path) -> Result<Config> {
+        let name = dir.display().to_string();
+        let path = dir.join("config.json");
+        let raw = std::fs::read(&path)
+            .map_err(|e| Error::load(&name, format!("cannot read config.json: {e}")))?;
+        let root: Json = serde_json::from_slice(&raw)
+            .map_err(|e| Error::load(&name, format!("config.json is not JSON: {e}")))?;
+        let text = match root.get("text_config") {
+            Some(t) if t.is_object() => t.clone(),
+            _ => root.clone(),
+        };
+        let model_type = text
+            .get("model_type")
+            .or_else(|| root.get("model_type"))
+            .and_then(Json::as_str)
+            .ok_or_else(|| Error::load(&name, "config.json has no model_type"))?
+            .to_string();
+        Ok(Config {
+            dir: name,
+            text,
+            model_type,
+        })
+    }
+
+    fn err(&self, msg: impl Into<String>) -> Error {
+        Error::load(&self.dir, msg.into())
+    }
+
+    fn get(&self, key: &str) -> Option<&Json> {
+        self.text.get(key).filter(|v| !v.is_null())
+    }
+
+    fn usize(&self, key: &str) -> Result<usize> {
+        self.get(key)
+            .and_then(Json::as_u64)
+            .map(|v| v as usize)
+            .ok_or_else(|| self.err(format!("config.json: {key} is missing or not a count")))
+    }
+
+    fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(_) => self.usize(key),
+        }
+    }
+
+    fn f32(&self, key: &str) -> Result<f32> {
+        self.get(key)
+            .and_then(Json::as_f64)
+            .map(|v| v as f32)
+            .ok_or_else(|| self.err(format!("config.json: {key} is missing or not a number")))
+    }
+
+    /// The RoPE base: `rope_theta`, or transformers 5's `rope_parameters` (per layer type
+    /// when `layer_type` names one).
+    fn rope_theta(&self, layer_type: Option<&str>) -> Option<f32> {
+        let params = self.get("rope_parameters");
+        let typed = layer_type.and_then(|t| params?.get(t));
+        typed
+            .or(params)
+            .and_then(|p| p.get("rope_theta"))
+            .or_else(|| self.get("rope_theta"))
+            .and_then(Json::as_f64)
+            .map(|v| v as f32)
+    }
+
+    /// The RoPE scaling of a layer type: ("none" | "linear", factor). Other kinds are refused.
+    fn rope_scaling(&self, layer_type: Option<&str>) -> Result<(String, f32)> {
+        let params = self.get("rope_parameters");
+        let typed = layer_type.and_then(|t| params?.get(t));
+        let p = typed
+            .or(params)
+            .or_else(|| self.get("rope_scaling"))
+            .filter(|p| p.is_object());
+        let Some(p) = p else {
+            return Ok(("none".into(), 1.0));
+        };
+        let kind = p
+            .get("rope_type")
+            .or_else(|| p.get("type"))
+            .and_then(Json::as_str)
+            .unwrap_or("default");
+        let factor = p.get("factor").and_then(Json::as_f64).unwrap_or(1.0) as f32;
+        match kind {
+            "default" => Ok(("none".into(), 1.0)),
+            "linear" => Ok(("linear".into(), factor)),
+            other => Err(self.err(format!("RoPE scaling {other:?} is not supported yet"))),
+        }
+    }
+
+    /// `layer_types` (one "full_attention" / "sliding_attention" / … per layer), if given.
+    fn layer_types(&self) -> Option<Vec<String>> {
+        self.get("layer_types")?
+            .as_array()?
+            .iter()
+            .map(|v| v.as_str().map(String::from))
+            .collect()
+    }
+}
+
+/// Metadata under construction.
+struct Meta {
+    arch: &'static str,
+    kv: Vec<(String, Value)>,
+}
+
+impl Meta {
+    fn set(&mut self, key: &str, v: Value) {
+        self.kv.push((format!("{}.{key}", self.arch), v));
+    }
+    fn u(&mut self, key: &str, v: usize) {
+        self.set(key, Value::U64(v as u64));
+    }
+    fn f(&mut self, key: &str, v: f32) {
+        self.set(key, Value::F32(v));
+    }
+}
+
+/// How one architecture's checkpoint maps onto llama.cpp's names.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Family {
+    Llama,
+    Qwen3,
+    Gemma3,
+}
+
+fn family(model_type: &str) -> Option<(Family, &'static str)> {
+    match model_type {
+        "llama" | "mistral" => Some((Family::Llama, "llama")),
+        "qwen3" => Some((Family::Qwen3, "qwen3")),
+        "gemma3" | "gemma3_text" => Some((Family::Gemma3, "gemma3")),
+        _ => None,
+    }
+}
+
+/// Supported `model_type`s.
+pub const MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen3", "gemma3", "gemma3_text"];
+
+/// The dense-transformer metadata every family shares.
+fn dense_meta(c: &Config, m: &mut Meta) -> Result<()> {
+    let e = c.usize("hidden_size")?;
+    let nh = c.usize("num_attention_heads")?;
+    let layers = c.usize("num_hidden_layers")?;
+    if nh == 0 || layers == 0 {
+        return Err(c.err("config.json: no attention heads or no layers"));
+    }
+    m.u("block_count", layers);
+    m.u("embedding_length", e);
+    m.u("feed_forward_length", c.usize("intermediate_size")?);
+    m.u("attention.head_count", nh);
+    m.u(
+        "attention.head_count_kv",
+        c.usize_or("num_key_value_heads", nh)?,
+    );
+    m.u("attention.key_length", c.usize_or("head_dim", e / nh)?);
+    m.u(
+        "context_length",
+        c.usize_or("max_position_embeddings", 4096)?,
+    );
+    m.f("attention.layer_norm_rms_epsilon", c.f32("rms_norm_eps")?);
+    Ok(())
+}
+
+fn family_meta(c: &Config, fam: Family, m: &mut Meta) -> Result<()> {
+    dense_meta(c, m)?;
+    match fam {
+        Family::Llama | Family::Qwen3 => {
+            m.f("rope.freq_base", c.rope_theta(None).unwrap_or(10_000.0));
+            let (kind, factor) = c.rope_scaling(None)?;
+            m.set("rope.scaling.type", Value::Str(kind));
+            m.f("rope.scaling.factor", factor);
+        }
+        Family::Gemma3 => {
+            m.u("attention.sliding_window", c.usize("sliding_window")?);
+            let full = Some("full_attention");
+            m.f("rope.freq_base", c.rope_theta(full).unwrap_or(1_000_000.0));
+            let (kind, factor) = c.rope_scaling(full)?;
+            m.set("rope.scaling.type", Value::Str(kind));
+            m.f("rope.scaling.factor", factor);
+            let local = c
+                .rope_theta(Some("sliding_attention"))
+                .filter(|_| c.get("rope_parameters").is_some())
+                .or_else(|| {
+                    c.get("rope_local_base_freq")
+                        .and_then(Json::as_f64)
+                        .map(|v| v as f32)
+                });
+            if let Some(b) = local {
+                m.f("rope.local_freq_base", b);
+            }
+            if let Some(s) = c.get("query_pre_attn_scalar").and_then(Json::as_f64) {
+                m.f("attention.scale", 1.0 / (s as f32).sqrt());
+            }
+            if let Some(types) = c.layer_types() {
+                let sliding = types.iter().map(|t| Value::Bool(t == "sliding_attention"));
+                m.set("attention.sliding_layers", Value::Array(sliding.collect()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// llama.cpp's name for a Hugging Face tensor name (prefix already stripped), or None when the
+/// family does not know it.
+fn gguf_name(fam: Family, hf: &str) -> Option<String> {
+    match hf {
+        "embed_tokens.weight" => return Some("token_embd.weight".into()),
+        "norm.weight" => return Some("output_norm.weight".into()),
+        "lm_head.weight" => return Some("output.weight".into()),
+        _ => {}
+    }
+    let rest = hf.strip_prefix("layers.")?;
+    let (l, suffix) = rest.split_once('.')?;
+    let l: usize = l.parse().ok()?;
+    let ours = match (suffix, fam) {
+        ("input_layernorm.weight", _) => "attn_norm",
+        ("self_attn.q_proj.weight", _) => "attn_q",
+        ("self_attn.k_proj.weight", _) => "attn_k",
+        ("self_attn.v_proj.weight", _) => "attn_v",
+        ("self_attn.o_proj.weight", _) => "attn_output",
+        ("self_attn.q_norm.weight", _) => "attn_q_norm",
+        ("self_attn.k_norm.weight", _) => "attn_k_norm",
+        ("mlp.gate_proj.weight", _) => "ffn_gate",
+        ("mlp.up_proj.weight", _) => "ffn_up",
+        ("mlp.down_proj.weight", _) => "ffn_down",
+        ("post_attention_layernorm.weight", Family::Gemma3) => "post_attention_norm",
+        ("post_attention_layernorm.weight", _) => "ffn_norm",
+        ("pre_feedforward_layernorm.weight", Family::Gemma3) => "ffn_norm",
+        ("post_feedforward_layernorm.weight", Family::Gemma3) => "post_ffw_norm",
+        _ => return None,
+    };
+    Some(format!("blk.{l}.{ours}.weight"))
+}
+
+/// The text model's name for a checkpoint tensor: `Ok(None)` for a skipped tower.
+fn strip_prefix(hf: &str) -> Option<&str> {
+    for p in ["model.language_model.", "language_model.model.", "model."] {
+        if let Some(rest) = hf.strip_prefix(p) {
+            return Some(rest);
+        }
+    }
+    if hf == "lm_head.weight" || hf == "language_model.lm_head.weight" {
+        return Some("lm_head.weight");
+    }
+    None
+}
+
+/// The safetensors files of `dir`: those the index names, or every `*.safetensors`.
+fn shard_paths(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+    let name = dir.display().to_string();
+    let index = dir.join("model.safetensors.index.json");
+    let mut files: Vec<std::path::PathBuf> = if index.is_file() {
+        let raw = std::fs::read(&index)
+            .map_err(|e| Error::load(&name, format!("cannot read {}: {e}", index.display())))?;
+        let v: Json = serde_json::from_slice(&raw)
+            .map_err(|e| Error::load(&name, format!("the safetensors index is not JSON: {e}")))?;
+        let map = v
+            .get("weight_map")
+            .and_then(Json::as_object)
+            .ok_or_else(|| Error::load(&name, "the safetensors index has no weight_map"))?;
+        let mut names: Vec<&str> = map.values().filter_map(Json::as_str).collect();
+        names.sort();
+        names.dedup();
+        if names.iter().any(|n| n.contains('/') || n.contains("..")) {
+            return Err(Error::load(
+                &name,
+                "the safetensors index names a file outside the directory",
+            ));
+        }
+        names.into_iter().map(|n| dir.join(n)).collect()
+    } else {
+        let rd = std::fs::read_dir(dir)
+            .map_err(|e| Error::load(&name, format!("cannot list the directory: {e}")))?;
+        rd.filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect()
+    };
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::load(&name, "no *.safetensors files"));
+    }
+    Ok(files)
+}
+
+/// Reads a Hugging Face model directory as a GGUF-like model view.
+pub fn open_dir(dir: &Path) -> Result<GgufFile> {
+    let c = Config::read(dir)?;
+    let (fam, arch) = family(&c.model_type).ok_or_else(|| {
+        c.err(format!(
+            "model_type {:?} is not supported from Hugging Face checkpoints; kiln reads: {}",
+            c.model_type,
+            MODEL_TYPES.join(", ")
+        ))
+    })?;
+    let mut meta = Meta {
+        arch,
+        kv: vec![
+            ("general.architecture".into(), Value::Str(arch.into())),
+            (
+                "general.name".into(),
+                Value::Str(
+                    dir.file_name()
+                        .map(|n| n.to_string_lossy().to_string())
+                        .unwrap_or_default(),
+                ),
+            ),
+            ("kiln.source".into(), Value::Str("huggingface".into())),
+        ],
+    };
+    family_meta(&c, fam, &mut meta)?;
+
+    let mut blobs: Vec<Bytes> = Vec::new();
+    let mut tensors: Vec<(TensorInfo, usize)> = Vec::new();
+    let mut skipped: BTreeMap<String, usize> = BTreeMap::new();
+    let mut pending: Vec<(TensorInfo, Vec<u8>)> = Vec::new();
+    let heads = c.usize("num_attention_heads")?;
+    let kv_heads = c.usize_or("num_key_value_heads", heads)?;
+    for path in shard_paths(dir)? {
+        let f = SafetensorsFile::open(&path)?;
+        let b = blobs.len();
+        for e in &f.entries {
+            if let Some(t) = TOWERS.iter().find(|t| e.name.starts_with(**t)) {
+                *skipped
+                    .entry(t.trim_end_matches('.').to_string())
+                    .or_insert(0) += 1;
+                continue;
+            }
+            let name = strip_prefix(&e.name)
+                .and_then(|n| gguf_name(fam, n))
+                .ok_or_else(|| {
+                    c.err(format!(
+                        "{}: tensor {} is not part of a {} model kiln knows",
+                        path.display(),
+                        e.name,
+                        c.model_type
+                    ))
+                })?;
+            let info = TensorInfo {
+                name,
+                dtype: e.dtype,
+                shape: e.shape.clone(),
+                offset: e.offset,
+                nbytes: e.nbytes,
+            };
+            // Conversions that change the bytes go to an owned buffer.
+            let is_norm = info.name.ends_with("norm.weight");
+            if fam == Family::Gemma3 && is_norm {
+                pending.push(one_plus(&c, &info, f.data(e))?);
+            } else if fam == Family::Llama && info.name.ends_with("attn_q.weight") {
+                pending.push((info.clone(), unrotate_half(&c, &info, f.data(e), heads)?));
+            } else if fam == Family::Llama && info.name.ends_with("attn_k.weight") {
+                pending.push((info.clone(), unrotate_half(&c, &info, f.data(e), kv_heads)?));
+            } else {
+                tensors.push((info, b));
+            }
+        }
+        blobs.push(f.bytes);
+    }
+    if !pending.is_empty() {
+        let b = blobs.len();
+        let mut owned = Vec::new();
+        for (mut info, bytes) in pending {
+            info.offset = owned.len();
+            info.nbytes = bytes.len();
+            owned.extend_from_slice(&bytes);
+            tensors.push((info, b));
+        }
+        blobs.push(Bytes::Owned(owned));
+    }
+    if !skipped.is_empty() {
+        let list = skipped
+            .iter()
+            .map(|(k, n)| Value::Str(format!("{k} ({n} tensors)")))
+            .collect();
+        meta.kv.push(("kiln.skipped".into(), Value::Array(list)));
+    }
+    GgufFile::from_parts(c.dir.clone(), meta.kv, tensors, blobs)
+}
+
+/// `1 + w` in f32 (Gemma's RMSNorm weights).
+fn one_plus(c: &Config, info: &TensorInfo, bytes: &[u8]) -> Result<(TensorInfo, Vec<u8>)> {
+    let n = info.n_elements();
+    let mut v = vec![0f32; n];
+    crate::quant::dequantize(info.dtype, bytes, &mut v)
+        .map_err(|e| c.err(format!("tensor {}: {e}", info.name)))?;
+    let out: Vec<u8> = v.iter().flat_map(|x| (x + 1.0).to_le_bytes()).collect();
+    let info = TensorInfo {
+        dtype: DType::F32,
+        nbytes: out.len(),
+        ..info.clone()
+    };
+    Ok((info, out))
+}
+
+/// Reorders the rows of a q/k projection from the rotate-half RoPE layout (each head's first
+/// half of rows, then its second half) to the interleaved one (pairs side by side).
+fn unrotate_half(c: &Config, info: &TensorInfo, bytes: &[u8], heads: usize) -> Result<Vec<u8>> {
+    let rows = info.shape.first().copied().unwrap_or(0);
+    if heads == 0 || rows % heads != 0 || (rows / heads) % 2 != 0 || rows == 0 {
+        return Err(c.err(format!(
+            "tensor {}: {rows} rows do not split into {heads} heads of even size",
+            info.name
+        )));
+    }
+    let row = bytes.len() / rows;
+    let hd = rows / heads;
+    let mut out = vec![0u8; bytes.len()];
+    for h in 0..heads {
+        for i in 0..hd / 2 {
+            for j in 0..2 {
+                let dst = h * hd + 2 * i + j;
+                let src = h * hd + j * (hd / 2) + i;
+                out[dst * row..(dst + 1) * row].copy_from_slice(&bytes[src * row..(src + 1) * row]);
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,212 @@
+//! Hugging Face checkpoints (tests/fixtures/hf, tiny random weights written by transformers)
+//! against transformers' own logits and greedy tokens: every position's logits through the
+//! paged path (whole prompt; chunked prefill then token-by-token decode), on the CPU and on
+//! WebGPU.
+
+use std::path::{Path, PathBuf};
+
+use kiln_core::backend::Executor;
+use kiln_core::engine::{Logits, Runner, RunnerConfig};
+use kiln_core::load::{open_model, open_tokenizer};
+use kiln_core::model::build_from_gguf;
+use kiln_tests::{fixtures, optional_backend};
+use serde_json::Value;
+
+const MODELS: &[&str] = &["llama", "qwen3", "gemma3"];
+/// Largest difference from transformers' f32 logits.
+const TOL: f32 = 1e-3;
+
+struct Reference {
+    tokens: Vec<u32>,
+    /// `[positions][vocab]`
+    logits: Vec<Vec<f32>>,
+    greedy_prompt: Vec<u32>,
+    greedy: Vec<u32>,
+}
+
+fn dir(name: &str) -> PathBuf {
+    fixtures().join("hf").join(name)
+}
+
+fn reference(d: &Path) -> Reference {
+    let v: Value =
+        serde_json::from_slice(&std::fs::read(d.join("reference.json")).expect("reference.json"))
+            .expect("reference JSON");
+    let ids = |k: &str| -> Vec<u32> {
+        v[k].as_array()
+            .expect(k)
+            .iter()
+            .map(|x| x.as_u64().expect("token id") as u32)
+            .collect()
+    };
+    let shape: Vec<usize> = v["logits_shape"]
+        .as_array()
+        .expect("shape")
+        .iter()
+        .map(|x| x.as_u64().expect("dim") as usize)
+        .collect();
+    let raw = std::fs::read(d.join("logits.f32")).expect("logits.f32");
+    let flat: Vec<f32> = raw
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    assert_eq!(flat.len(), shape[0] * shape[1]);
+    Reference {
+        tokens: ids("tokens"),
+        logits: flat.chunks(shape[1]).map(<[f32]>::to_vec).collect(),
+        greedy_prompt: ids("greedy_prompt"),
+        greedy: ids("greedy"),
+    }
+}
+
+fn runner(d: &Path, ex: Executor, chunk: usize) -> Runner {
+    let file = open_model(d).expect("checkpoint opens");
+    let model = build_from_gguf(&file, &ex).expect("model builds");
+    let cfg = RunnerConfig {
+        max_batch_tokens: chunk,
+        block_size: 4,
+        ..RunnerConfig::default()
+    };
+    Runner::new(ex, model, cfg).expect("runner")
+}
+
+fn max_err(got: &[Vec<f32>], want: &[Vec<f32>]) -> (f32, usize) {
+    assert_eq!(got.len(), want.len(), "rows");
+    let mut worst = (0f32, 0);
+    for (p, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.len(), w.len(), "vocab");
+        for (a, b) in g.iter().zip(w) {
+            let e = (a - b).abs();
+            if !(e <= worst.0) {
+                worst = (e, p);
+            }
+        }
+    }
+    worst
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    kiln_core::sample::argmax(v)
+}
+
+/// Logits at every position: the whole input in one pass; then in chunks of 7 for the first
+/// half and one token at a time after.
+fn check_logits(name: &str, ex: impl Fn() -> Executor, label: &str) {
+    let d = dir(name);
+    let r = reference(&d);
+    let mut whole = runner(&d, ex(), 512);
+    let got = whole.feed(1, &r.tokens, Logits::All).expect("forward");
+    let (e, p) = max_err(&got, &r.logits);
+    println!("{name} {label}: whole prompt, max |Δ| {e:.2e} (position {p})");
+    assert!(
+        e <= TOL,
+        "{name} {label}: logits differ by {e} at position {p}"
+    );
+
+    let mut stepped = runner(&d, ex(), 7);
+    let half = r.tokens.len() / 2;
+    let mut got = stepped
+        .feed(1, &r.tokens[..half], Logits::All)
+        .expect("chunked prefill");
+    for &t in &r.tokens[half..] {
+        got.extend(stepped.feed(1, &[t], Logits::All).expect("decode"));
+    }
+    let (e, p) = max_err(&got, &r.logits);
+    println!("{name} {label}: chunked prefill + decode, max |Δ| {e:.2e} (position {p})");
+    assert!(
+        e <= TOL,
+        "{name} {label}: stepped logits differ by {e} at position {p}"
+    );
+
+    let mut g = runner(&d, ex(), 7);
+    let mut last = g
+        .feed(2, &r.greedy_prompt, Logits::Last)
+        .expect("prefill")
+        .pop()
+        .expect("a row");
+    let mut out = Vec::new();
+    for _ in 0..r.greedy.len() {
+        let t = argmax(&last);
+        out.push(t);
+        last = g
+            .feed(2, &[t], Logits::Last)
+            .expect("decode")
+            .pop()
+            .expect("a row");
+    }
+    assert_eq!(
+        out, r.greedy,
+        "{name} {label}: greedy tokens differ from transformers"
+    );
+}
+
+#[test]
+fn hf_checkpoints_match_transformers_on_the_cpu() {
+    for name in MODELS {
+        check_logits(name, Executor::cpu, "cpu");
+    }
+}
+
+#[test]
+fn hf_checkpoints_match_transformers_on_wgpu() {
+    let Some(gpu) = optional_backend("wgpu", kiln_backend_wgpu::open) else {
+        return;
+    };
+    for name in MODELS {
+        let ex = || Executor::new(gpu.clone()).strict(true);
+        check_logits(name, ex, "wgpu");
+    }
+}
+
+#[test]
+fn the_tokenizer_and_chat_template_come_from_the_directory() {
+    let d = dir("llama");
+    let file = open_model(&d).expect("opens");
+    let tok = open_tokenizer(&d, &file).expect("tokenizer.json");
+    let ids = tok.encode("The quick brown fox", false).expect("encode");
+    assert_eq!(tok.decode(&ids), "The quick brown fox");
+    assert!(tok
+        .chat_template()
+        .is_some_and(|t| t.contains("<|im_start|>")));
+    assert!(tok.vocab_size() <= 320);
+}
+
+#[test]
+fn broken_checkpoints_are_clear_errors() {
+    let tmp = std::env::temp_dir().join(format!("kiln-hf-broken-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).expect("tmp dir");
+    let src = dir("llama");
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(src.join(f), tmp.join(f)).expect("copy");
+    }
+    let err = |what: &str| {
+        let e = match open_model(&tmp) {
+            Ok(f) => build_from_gguf(&f, &Executor::cpu()).err().expect(what),
+            Err(e) => e,
+        };
+        println!("{what}: {e}");
+        e.to_string()
+    };
+    // A config with an unknown model type.
+    let cfg = std::fs::read_to_string(src.join("config.json")).expect("config");
+    std::fs::write(
+        tmp.join("config.json"),
+        cfg.replace("\"llama\"", "\"mamba\""),
+    )
+    .expect("write");
+    assert!(err("unknown model type").contains("mamba"));
+    // A config whose sizes disagree with the weights.
+    std::fs::write(
+        tmp.join("config.json"),
+        cfg.replace("\"intermediate_size\": 96", "\"intermediate_size\": 97"),
+    )
+    .expect("write");
+    assert!(err("wrong size").contains("shape"));
+    // A truncated weights file.
+    std::fs::write(tmp.join("config.json"), &cfg).expect("write");
+    let w = std::fs::read(src.join("model.safetensors")).expect("weights");
+    std::fs::write(tmp.join("model.safetensors"), &w[..w.len() / 2]).expect("write");
+    assert!(err("truncated").contains("model.safetensors") || err("truncated").contains("bytes"));
+    let _ = std::fs::remove_dir_all(&tmp);
+}
