@@ -69,6 +69,10 @@ pub struct Runner {
     caches: KvCaches,
     kv: Vec<KvManager>,
     cfg: RunnerConfig,
+    /// Recurrent-state slots: which sequence holds which, and the free ones (slot 0 is the
+    /// zero state and never handed out).
+    state_slots: std::collections::HashMap<SeqId, usize>,
+    free_state_slots: Vec<usize>,
 }
 
 impl Runner {
@@ -92,11 +96,21 @@ impl Runner {
                 None => full,
             })
             .collect();
-        let caches = KvCaches::alloc(&ex, model.kv_groups(), bs, &blocks, cfg.kv_dtype)?;
+        let mut caches = KvCaches::alloc(&ex, model.kv_groups(), bs, &blocks, cfg.kv_dtype)?;
+        let state_shapes = model.state_shapes();
+        let n_state_slots = if state_shapes.is_empty() {
+            0
+        } else {
+            cfg.max_seqs + 1
+        };
+        caches.alloc_states(&ex, &state_shapes, n_state_slots)?;
         // Prefix caching needs one full-attention KV group (sliding-window layers drop the
-        // blocks a later request would reuse).
+        // blocks a later request would reuse) and no recurrent state (which a cached prefix
+        // cannot restore).
         let groups = model.kv_groups();
-        cfg.prefix_caching &= groups.len() == 1 && groups.iter().all(|g| g.window.is_none());
+        cfg.prefix_caching &= groups.len() == 1
+            && groups.iter().all(|g| g.window.is_none())
+            && state_shapes.is_empty();
         let kv = blocks
             .iter()
             .map(|&n| KvManager::new(n, bs, cfg.prefix_caching).map_err(kv_err))
@@ -107,6 +121,8 @@ impl Runner {
             caches,
             kv,
             cfg,
+            state_slots: Default::default(),
+            free_state_slots: (1..n_state_slots).rev().collect(),
         })
     }
 
@@ -181,8 +197,22 @@ impl Runner {
         Ok(out)
     }
 
-    /// Reserves cache slots for every item in every KV group (all or nothing per group).
+    /// Reserves cache slots for every item in every KV group (all or nothing per group), and a
+    /// recurrent-state slot for each new sequence of a model that has state.
     fn reserve(&mut self, items: &[(SeqId, &[u32], Logits)]) -> Result<()> {
+        if !self.caches.states.is_empty() {
+            for (seq, _, _) in items {
+                if !self.state_slots.contains_key(seq) {
+                    let slot = self.free_state_slots.pop().ok_or_else(|| {
+                        Error::Model(format!(
+                            "no recurrent-state slot left for sequence {seq} ({} in use)",
+                            self.state_slots.len()
+                        ))
+                    })?;
+                    self.state_slots.insert(*seq, slot);
+                }
+            }
+        }
         for m in self.kv.iter_mut() {
             for (seq, toks, _) in items {
                 if !m.contains(*seq) {
@@ -255,6 +285,7 @@ impl Runner {
                     .iter()
                     .map(|m| m.block_table(*seq).unwrap_or(&[]).to_vec())
                     .collect(),
+                state_slot: self.state_slots.get(seq).copied().unwrap_or(0),
             });
         }
         b
@@ -290,6 +321,9 @@ impl Runner {
 
     /// Frees a sequence's cache blocks.
     pub fn release(&mut self, seq: SeqId) -> Result<()> {
+        if let Some(slot) = self.state_slots.remove(&seq) {
+            self.free_state_slots.push(slot);
+        }
         for m in self.kv.iter_mut() {
             if m.contains(seq) {
                 m.free_sequence(seq).map_err(kv_err)?;

@@ -171,6 +171,8 @@ enum Family {
     Llama,
     Qwen3,
     Gemma3,
+    /// Qwen3.5 / 3.6 dense: Gated DeltaNet and gated full attention.
+    Qwen35,
 }
 
 fn family(model_type: &str) -> Option<(Family, &'static str)> {
@@ -178,12 +180,21 @@ fn family(model_type: &str) -> Option<(Family, &'static str)> {
         "llama" | "mistral" => Some((Family::Llama, "llama")),
         "qwen3" => Some((Family::Qwen3, "qwen3")),
         "gemma3" | "gemma3_text" => Some((Family::Gemma3, "gemma3")),
+        "qwen3_5" | "qwen3_5_text" => Some((Family::Qwen35, "qwen35")),
         _ => None,
     }
 }
 
 /// Supported `model_type`s.
-pub const MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen3", "gemma3", "gemma3_text"];
+pub const MODEL_TYPES: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen3",
+    "gemma3",
+    "gemma3_text",
+    "qwen3_5",
+    "qwen3_5_text",
+];
 
 /// The dense-transformer metadata every family shares.
 fn dense_meta(c: &Config, m: &mut Meta) -> Result<()> {
@@ -218,6 +229,48 @@ fn family_meta(c: &Config, fam: Family, m: &mut Meta) -> Result<()> {
             let (kind, factor) = c.rope_scaling(None)?;
             m.set("rope.scaling.type", Value::Str(kind));
             m.f("rope.scaling.factor", factor);
+        }
+        Family::Qwen35 => {
+            m.f("rope.freq_base", c.rope_theta(None).unwrap_or(10_000.0));
+            let (kind, _) = c.rope_scaling(None)?;
+            if kind != "none" {
+                return Err(c.err("Qwen3.5 RoPE scaling is not supported yet"));
+            }
+            let nh = c.usize("num_attention_heads")?;
+            let hd = c.usize_or("head_dim", c.usize("hidden_size")? / nh)?;
+            let partial = c
+                .get("rope_parameters")
+                .and_then(|p| p.get("partial_rotary_factor"))
+                .or_else(|| c.get("partial_rotary_factor"))
+                .and_then(Json::as_f64)
+                .unwrap_or(1.0);
+            m.u("rope.dimension_count", (hd as f64 * partial) as usize);
+            m.u("ssm.conv_kernel", c.usize("linear_conv_kernel_dim")?);
+            m.u("ssm.state_size", c.usize("linear_key_head_dim")?);
+            m.u("ssm.group_count", c.usize("linear_num_key_heads")?);
+            m.u("ssm.time_step_rank", c.usize("linear_num_value_heads")?);
+            m.u("ssm.value_head_dim", c.usize("linear_value_head_dim")?);
+            let layers = c.usize("num_hidden_layers")?;
+            let types = match c.layer_types() {
+                Some(t) => t,
+                None => {
+                    let every = c.usize_or("full_attention_interval", 4)?.max(1);
+                    (0..layers)
+                        .map(|l| {
+                            if (l + 1) % every == 0 {
+                                "full_attention".to_string()
+                            } else {
+                                "linear_attention".to_string()
+                            }
+                        })
+                        .collect()
+                }
+            };
+            if types.len() != layers {
+                return Err(c.err("config.json: layer_types must list every layer"));
+            }
+            let full = types.iter().map(|t| Value::Bool(t == "full_attention"));
+            m.set("attention.full_layers", Value::Array(full.collect()));
         }
         Family::Gemma3 => {
             m.u("attention.sliding_window", c.usize("sliding_window")?);
@@ -273,6 +326,15 @@ fn gguf_name(fam: Family, hf: &str) -> Option<String> {
         ("mlp.up_proj.weight", _) => "ffn_up",
         ("mlp.down_proj.weight", _) => "ffn_down",
         ("post_attention_layernorm.weight", Family::Gemma3) => "post_attention_norm",
+        ("linear_attn.in_proj_qkv.weight", Family::Qwen35) => "attn_qkv",
+        ("linear_attn.in_proj_z.weight", Family::Qwen35) => "attn_gate",
+        ("linear_attn.in_proj_b.weight", Family::Qwen35) => "ssm_beta",
+        ("linear_attn.in_proj_a.weight", Family::Qwen35) => "ssm_alpha",
+        ("linear_attn.conv1d.weight", Family::Qwen35) => "ssm_conv1d",
+        ("linear_attn.norm.weight", Family::Qwen35) => "ssm_norm",
+        ("linear_attn.out_proj.weight", Family::Qwen35) => "ssm_out",
+        ("linear_attn.A_log", Family::Qwen35) => return Some(format!("blk.{l}.ssm_a")),
+        ("linear_attn.dt_bias", Family::Qwen35) => return Some(format!("blk.{l}.ssm_dt.bias")),
         ("post_attention_layernorm.weight", _) => "ffn_norm",
         ("pre_feedforward_layernorm.weight", Family::Gemma3) => "ffn_norm",
         ("post_feedforward_layernorm.weight", Family::Gemma3) => "post_ffw_norm",
@@ -393,8 +455,20 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
             };
             // Conversions that change the bytes go to an owned buffer.
             let is_norm = info.name.ends_with("norm.weight");
-            if fam == Family::Gemma3 && is_norm {
+            let one_centred = matches!(fam, Family::Gemma3 | Family::Qwen35)
+                && !info.name.ends_with("ssm_norm.weight");
+            if is_norm && one_centred {
                 pending.push(one_plus(&c, &info, f.data(e))?);
+            } else if info.name.ends_with("ssm_a") {
+                // Stored as -exp(A_log), the decay rate itself (as llama.cpp does).
+                pending.push(neg_exp(&c, &info, f.data(e))?);
+            } else if info.name.ends_with("ssm_conv1d.weight") {
+                // [C, 1, K] → [C, K]: the same bytes.
+                let mut info = info;
+                if info.shape.len() == 3 && info.shape[1] == 1 {
+                    info.shape.remove(1);
+                }
+                tensors.push((info, b));
             } else if fam == Family::Llama && info.name.ends_with("attn_q.weight") {
                 pending.push((info.clone(), unrotate_half(&c, &info, f.data(e), heads)?));
             } else if fam == Family::Llama && info.name.ends_with("attn_k.weight") {
@@ -426,13 +500,27 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
     GgufFile::from_parts(c.dir.clone(), meta.kv, tensors, blobs)
 }
 
-/// `1 + w` in f32 (Gemma's RMSNorm weights).
+/// `1 + w` in f32 (Gemma's and Qwen3.5's RMSNorm weights).
 fn one_plus(c: &Config, info: &TensorInfo, bytes: &[u8]) -> Result<(TensorInfo, Vec<u8>)> {
+    map_f32(c, info, bytes, |x| x + 1.0)
+}
+
+/// `-exp(a)` in f32.
+fn neg_exp(c: &Config, info: &TensorInfo, bytes: &[u8]) -> Result<(TensorInfo, Vec<u8>)> {
+    map_f32(c, info, bytes, |x| -x.exp())
+}
+
+fn map_f32(
+    c: &Config,
+    info: &TensorInfo,
+    bytes: &[u8],
+    f: impl Fn(f32) -> f32,
+) -> Result<(TensorInfo, Vec<u8>)> {
     let n = info.n_elements();
     let mut v = vec![0f32; n];
     crate::quant::dequantize(info.dtype, bytes, &mut v)
         .map_err(|e| c.err(format!("tensor {}: {e}", info.name)))?;
-    let out: Vec<u8> = v.iter().flat_map(|x| (x + 1.0).to_le_bytes()).collect();
+    let out: Vec<u8> = v.iter().flat_map(|&x| f(x).to_le_bytes()).collect();
     let info = TensorInfo {
         dtype: DType::F32,
         nbytes: out.len(),

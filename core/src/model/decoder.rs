@@ -169,15 +169,19 @@ impl Decoder {
 }
 
 /// The batch's index tensors, uploaded once per forward.
-struct BatchTensors {
-    positions: Tensor,
-    seq_lens: Tensor,
-    q_start: Tensor,
+pub(crate) struct BatchTensors {
+    pub positions: Tensor,
+    pub seq_lens: Tensor,
+    pub q_start: Tensor,
     /// Per KV group: block table and slot mapping.
-    tables: Vec<(Tensor, Tensor)>,
+    pub tables: Vec<(Tensor, Tensor)>,
 }
 
-fn upload_batch(ex: &Executor, b: &ForwardBatch, n_groups: usize) -> Result<BatchTensors> {
+pub(crate) fn upload_batch(
+    ex: &Executor,
+    b: &ForwardBatch,
+    n_groups: usize,
+) -> Result<BatchTensors> {
     let t = b.tokens.len();
     let s = b.seqs.len();
     let positions = ex.upload_i32(&[t], &b.positions)?;

@@ -4,6 +4,7 @@
 pub mod decoder;
 pub mod gemma3;
 pub mod llama;
+pub mod qwen35;
 pub mod registry;
 mod weights;
 
@@ -29,6 +30,10 @@ pub struct KvGroup {
 pub struct KvCaches {
     pub block_size: usize,
     pub groups: Vec<(Vec<Tensor>, Vec<Tensor>)>,
+    /// Per-sequence recurrent state pools (linear-attention layers), one per entry of
+    /// [`Model::state_shapes`]: `[slots, 1, 1, numel]` (f32, zeroed). Slot 0 stays zero: a
+    /// sequence's first step reads it as its initial state.
+    pub states: Vec<Tensor>,
 }
 
 impl KvCaches {
@@ -60,7 +65,25 @@ impl KvCaches {
         Ok(KvCaches {
             block_size,
             groups: out,
+            states: Vec::new(),
         })
+    }
+
+    /// Allocates the recurrent state pools: `slots` slots of each shape.
+    pub fn alloc_states(
+        &mut self,
+        ex: &Executor,
+        shapes: &[Vec<usize>],
+        slots: usize,
+    ) -> Result<()> {
+        for s in shapes {
+            let n: usize = s.iter().product();
+            self.states.push(
+                ex.backend()
+                    .alloc(&crate::TensorDesc::new(crate::DType::F32, [slots, 1, 1, n]))?,
+            );
+        }
+        Ok(())
     }
 }
 
@@ -75,6 +98,8 @@ pub struct SeqInput {
     pub seq_len: usize,
     /// Block table per KV group.
     pub block_tables: Vec<Vec<u32>>,
+    /// The sequence's slot in the recurrent state pools (0 for models without them).
+    pub state_slot: usize,
 }
 
 /// Everything one forward pass needs: the tokens of every scheduled sequence, their
@@ -112,6 +137,11 @@ pub struct ModelInfo {
 pub trait Model: Send + Sync {
     fn info(&self) -> &ModelInfo;
     fn kv_groups(&self) -> &[KvGroup];
+    /// Shapes of the per-sequence recurrent state a model keeps besides its KV cache (one per
+    /// pool; e.g. conv and delta-rule states of linear-attention layers). None by default.
+    fn state_shapes(&self) -> Vec<Vec<usize>> {
+        Vec::new()
+    }
     /// Runs one batch; returns logits `[logits_rows.len(), vocab]` (f32).
     fn forward(&self, ex: &Executor, batch: &ForwardBatch, kv: &KvCaches) -> Result<Tensor>;
 }

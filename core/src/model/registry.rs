@@ -11,6 +11,7 @@ type Builder = fn(&GgufFile, &Executor) -> Result<Box<dyn Model>>;
 pub const ARCHITECTURES: &[(&str, Builder)] = &[
     ("llama", super::llama::build),
     ("qwen3", super::llama::build_qwen3),
+    ("qwen35", super::qwen35::build),
     ("gemma3", super::gemma3::build),
 ];
 

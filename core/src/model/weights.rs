@@ -40,6 +40,40 @@ impl<'a> Weights<'a> {
             .upload(&TensorDesc::new(info.dtype, info.shape.clone()), bytes)
     }
 
+    /// The rows `ranges` (in order) of the 2-D tensor `name`, which must have `shape`: e.g.
+    /// one part of a fused projection. Rows must hold whole blocks of the dtype.
+    pub fn get_rows(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        ranges: &[std::ops::Range<usize>],
+    ) -> Result<Tensor> {
+        let (info, bytes) = self.file.data(name)?;
+        if info.shape != shape || shape.len() != 2 || shape[0] == 0 {
+            return Err(Error::load(
+                self.file.path(),
+                format!(
+                    "tensor {name} has shape {:?}, the model's configuration needs {shape:?}",
+                    info.shape
+                ),
+            ));
+        }
+        let row = bytes.len() / shape[0];
+        let mut out = Vec::new();
+        let mut rows = 0;
+        for r in ranges {
+            if r.start > r.end || r.end > shape[0] {
+                return Err(Error::Model(format!("rows {r:?} of {name} out of range")));
+            }
+            out.extend_from_slice(&bytes[r.start * row..r.end * row]);
+            rows += r.len();
+        }
+        *self.counts.entry(info.dtype).or_insert(0) += 1;
+        self.n_params += (rows * shape[1]) as u64;
+        self.ex
+            .upload(&TensorDesc::new(info.dtype, [rows, shape[1]]), &out)
+    }
+
     /// Like `get`, or `None` when the file has no such tensor.
     pub fn get_opt(&mut self, name: &str, shape: &[usize]) -> Result<Option<Tensor>> {
         if self.file.tensors().iter().any(|t| t.name == name) {

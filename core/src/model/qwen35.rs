@@ -1,0 +1,459 @@
+//! Qwen3.5 / Qwen3.6 dense hybrids (`qwen35`): most layers are Gated DeltaNet (linear
+//! attention with a short causal conv and a recurrent state per sequence), every few a gated
+//! full-attention layer (output gate, QK-norm, partial rotate-half RoPE) over the paged KV
+//! cache; each layer then has a SwiGLU MLP.
+//!
+//! A linear-attention layer, per token: `q, k, v = conv1d(x·W_qkv)` (SiLU), q and k
+//! L2-normalised, `β = σ(x·W_b)`, `g = a·softplus(x·W_a + dt_bias)` with `a = -exp(A_log)`,
+//! the gated delta rule over the state, then RMSNorm(o)·SiLU(x·W_z) and the output projection.
+//! The conv and delta-rule states live in per-sequence slots the runner assigns; they are
+//! gathered by slot before the layer and written back after it (slot 0 is the zero state of a
+//! sequence's first step). The fused projections are split at load time (q/k/v and the query
+//! and its gate), so every op sees whole tensors.
+//!
+//! Norm weights arrive with Qwen's `1 + w` already folded in (as llama.cpp's converter does),
+//! except the gated norm, which is a plain one.
+
+use super::decoder::upload_batch;
+use super::llama::{base_info, f32_or};
+use super::weights::Weights;
+use super::{ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
+use crate::backend::Executor;
+use crate::error::{Error, Result};
+use crate::load::gguf::{GgufFile, Value};
+use crate::op::{AttnParams, GluOp, Mask, Op, RopeMode, RopeParams, UnaryOp};
+use crate::tensor::Tensor;
+
+/// Tokens per chunk of the chunked delta rule in prefill.
+const CHUNK: usize = 64;
+
+struct Linear {
+    wq: Tensor,
+    wk: Tensor,
+    wv: Tensor,
+    conv_q: Tensor,
+    conv_k: Tensor,
+    conv_v: Tensor,
+    w_z: Tensor,
+    w_b: Tensor,
+    w_a: Tensor,
+    /// `-exp(A_log)` `[Hv]`.
+    a: Tensor,
+    dt_bias: Tensor,
+    norm: Tensor,
+    w_out: Tensor,
+    /// Index of this layer's first state pool.
+    pool: usize,
+}
+
+struct Full {
+    wq: Tensor,
+    w_gate: Tensor,
+    wk: Tensor,
+    wv: Tensor,
+    wo: Tensor,
+    q_norm: Tensor,
+    k_norm: Tensor,
+    /// Index within the KV group.
+    kv: usize,
+}
+
+enum Mixer {
+    Linear(Box<Linear>),
+    Full(Box<Full>),
+}
+
+struct Layer {
+    attn_norm: Tensor,
+    mixer: Mixer,
+    ffn_norm: Tensor,
+    w_gate: Tensor,
+    w_up: Tensor,
+    w_down: Tensor,
+}
+
+/// Sizes of the linear-attention layers.
+#[derive(Copy, Clone, Debug)]
+struct Ssm {
+    /// Conv kernel width.
+    kernel: usize,
+    hk: usize,
+    dk: usize,
+    hv: usize,
+    dv: usize,
+}
+
+pub struct Qwen35 {
+    info: ModelInfo,
+    eps: f32,
+    rope: RopeParams,
+    ssm: Ssm,
+    tok_embd: Tensor,
+    out_norm: Tensor,
+    output: Tensor,
+    layers: Vec<Layer>,
+    groups: Vec<KvGroup>,
+    states: Vec<Vec<usize>>,
+}
+
+pub fn build(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
+    Ok(Box::new(Qwen35::load(f, ex)?))
+}
+
+impl Qwen35 {
+    fn load(f: &GgufFile, ex: &Executor) -> Result<Qwen35> {
+        let mut info = base_info(f)?;
+        let u = |k: &str| -> Result<usize> { Ok(f.get_u64(&f.arch_key(k))? as usize) };
+        let eps = f.get_f32(&f.arch_key("attention.layer_norm_rms_epsilon"))?;
+        let ssm = Ssm {
+            kernel: u("ssm.conv_kernel")?,
+            hk: u("ssm.group_count")?,
+            dk: u("ssm.state_size")?,
+            hv: u("ssm.time_step_rank")?,
+            dv: u("ssm.value_head_dim")?,
+        };
+        let (e, hd, nh, nkv, ff, v) = (
+            info.n_embd,
+            info.head_dim,
+            info.n_head,
+            info.n_head_kv,
+            info.n_ff,
+            info.vocab,
+        );
+        let bad = |m: String| Error::load(f.path(), m);
+        if nh == 0 || nkv == 0 || nh % nkv != 0 || ssm.hk == 0 || ssm.hv % ssm.hk != 0 {
+            return Err(bad(format!(
+                "bad head counts: {nh} query / {nkv} KV heads, {} key / {} value heads in the linear layers",
+                ssm.hk, ssm.hv
+            )));
+        }
+        if ssm.kernel < 2 {
+            return Err(bad(format!("conv kernel of {} taps", ssm.kernel)));
+        }
+        let full: Vec<bool> = match f.get(&f.arch_key("attention.full_layers")) {
+            Some(Value::Array(a)) if a.len() == info.n_layer => {
+                a.iter().map(|x| matches!(x, Value::Bool(true))).collect()
+            }
+            _ => {
+                return Err(bad(format!(
+                    "{} must list one flag per layer",
+                    f.arch_key("attention.full_layers")
+                )))
+            }
+        };
+        let rot = match f.get(&f.arch_key("rope.dimension_count")) {
+            Some(_) => u("rope.dimension_count")?,
+            None => hd,
+        };
+        let rope = RopeParams::new(
+            RopeMode::Neox,
+            rot,
+            f32_or(f, &f.arch_key("rope.freq_base"), 10_000.0)?,
+        );
+        let full_layers: Vec<usize> = (0..info.n_layer).filter(|&l| full[l]).collect();
+        let groups = if full_layers.is_empty() {
+            Vec::new()
+        } else {
+            vec![KvGroup {
+                layers: full_layers,
+                window: None,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                v_head_dim: hd,
+            }]
+        };
+        let (kd, vd) = (ssm.hk * ssm.dk, ssm.hv * ssm.dv);
+        let c = 2 * kd + vd;
+        let km1 = ssm.kernel - 1;
+        let mut w = Weights::new(f, ex);
+        let tok_embd = w.get("token_embd.weight", &[v, e])?;
+        let out_norm = w.get("output_norm.weight", &[e])?;
+        let output = match w.get_opt("output.weight", &[v, e])? {
+            Some(t) => t,
+            None => tok_embd.clone(),
+        };
+        let mut layers = Vec::with_capacity(info.n_layer);
+        let mut states = Vec::new();
+        let mut n_full = 0;
+        for (l, &is_full) in full.iter().enumerate() {
+            let n = |s: &str| format!("blk.{l}.{s}");
+            let mixer = if is_full {
+                // q_proj holds each head's query then its output gate.
+                let (q, g): (Vec<_>, Vec<_>) = (0..nh)
+                    .map(|h| {
+                        (
+                            2 * h * hd..2 * h * hd + hd,
+                            2 * h * hd + hd..2 * (h + 1) * hd,
+                        )
+                    })
+                    .unzip();
+                let qn = n("attn_q.weight");
+                let m = Full {
+                    wq: w.get_rows(&qn, &[2 * nh * hd, e], &q)?,
+                    w_gate: w.get_rows(&qn, &[2 * nh * hd, e], &g)?,
+                    wk: w.get(&n("attn_k.weight"), &[nkv * hd, e])?,
+                    wv: w.get(&n("attn_v.weight"), &[nkv * hd, e])?,
+                    wo: w.get(&n("attn_output.weight"), &[e, nh * hd])?,
+                    q_norm: w.get(&n("attn_q_norm.weight"), &[hd])?,
+                    k_norm: w.get(&n("attn_k_norm.weight"), &[hd])?,
+                    kv: n_full,
+                };
+                n_full += 1;
+                Mixer::Full(Box::new(m))
+            } else {
+                let qkv = n("attn_qkv.weight");
+                let conv = n("ssm_conv1d.weight");
+                let parts = [0..kd, kd..2 * kd, 2 * kd..c];
+                let pool = states.len();
+                states.extend([
+                    vec![km1, kd],
+                    vec![km1, kd],
+                    vec![km1, vd],
+                    vec![ssm.hv, ssm.dk, ssm.dv],
+                ]);
+                let m = Linear {
+                    wq: w.get_rows(&qkv, &[c, e], &parts[..1])?,
+                    wk: w.get_rows(&qkv, &[c, e], &parts[1..2])?,
+                    wv: w.get_rows(&qkv, &[c, e], &parts[2..])?,
+                    conv_q: w.get_rows(&conv, &[c, ssm.kernel], &parts[..1])?,
+                    conv_k: w.get_rows(&conv, &[c, ssm.kernel], &parts[1..2])?,
+                    conv_v: w.get_rows(&conv, &[c, ssm.kernel], &parts[2..])?,
+                    w_z: w.get(&n("attn_gate.weight"), &[vd, e])?,
+                    w_b: w.get(&n("ssm_beta.weight"), &[ssm.hv, e])?,
+                    w_a: w.get(&n("ssm_alpha.weight"), &[ssm.hv, e])?,
+                    a: w.get(&n("ssm_a"), &[ssm.hv])?,
+                    dt_bias: w.get(&n("ssm_dt.bias"), &[ssm.hv])?,
+                    norm: w.get(&n("ssm_norm.weight"), &[ssm.dv])?,
+                    w_out: w.get(&n("ssm_out.weight"), &[e, vd])?,
+                    pool,
+                };
+                Mixer::Linear(Box::new(m))
+            };
+            layers.push(Layer {
+                attn_norm: w.get(&n("attn_norm.weight"), &[e])?,
+                mixer,
+                ffn_norm: w.get(&n("ffn_norm.weight"), &[e])?,
+                w_gate: w.get(&n("ffn_gate.weight"), &[ff, e])?,
+                w_up: w.get(&n("ffn_up.weight"), &[ff, e])?,
+                w_down: w.get(&n("ffn_down.weight"), &[e, ff])?,
+            });
+        }
+        info.n_params = w.n_params;
+        info.dtypes = w.counts.iter().map(|(d, n)| (*d, *n)).collect();
+        Ok(Qwen35 {
+            info,
+            eps,
+            rope,
+            ssm,
+            tok_embd,
+            out_norm,
+            output,
+            layers,
+            groups,
+            states,
+        })
+    }
+}
+
+/// Per forward: the batch's slots in the state pools.
+struct StateIo {
+    /// `[S]`: the slot each sequence's state is read from (0, the zero state, on its first
+    /// step).
+    read: Tensor,
+    /// `[S]`: the slot it is written back to.
+    write: Tensor,
+}
+
+impl Qwen35 {
+    /// Pool `p`'s rows for this batch, shaped `[S, shape…]`.
+    fn gather(&self, ex: &Executor, kv: &KvCaches, p: usize, io: &StateIo) -> Result<Tensor> {
+        let pool = kv
+            .states
+            .get(p)
+            .ok_or_else(|| Error::Model(format!("no state pool {p}")))?;
+        let n: usize = self.states[p].iter().product();
+        let slots = pool.shape().dims()[0];
+        let rows = ex.get_rows(&pool.reshape([slots, n])?, &io.read)?;
+        let s = rows.shape().dims()[0];
+        let mut shape = vec![s];
+        shape.extend_from_slice(&self.states[p]);
+        rows.reshape(shape)
+    }
+
+    /// Writes two states of the batch back into pools `p` and `p + 1`.
+    fn scatter(
+        &self,
+        ex: &Executor,
+        kv: &KvCaches,
+        p: usize,
+        a: &Tensor,
+        b: &Tensor,
+        io: &StateIo,
+    ) -> Result<()> {
+        let s = a.shape().dims()[0];
+        let flat = |t: &Tensor| t.reshape([s, 1, t.numel() / s.max(1)]);
+        ex.kv_write(
+            &flat(a)?,
+            &flat(b)?,
+            &io.write,
+            &kv.states[p],
+            &kv.states[p + 1],
+        )
+    }
+
+    fn linear(
+        &self,
+        ex: &Executor,
+        m: &Linear,
+        h: &Tensor,
+        kv: &KvCaches,
+        io: &StateIo,
+        seq_start: &Tensor,
+    ) -> Result<Tensor> {
+        let t = h.shape().dims()[0];
+        let s = self.ssm;
+        let conv = |x: &Tensor, w: &Tensor, pool: usize| -> Result<(Tensor, Tensor)> {
+            let state = self.gather(ex, kv, pool, io)?;
+            let mut out = ex.run(&Op::Conv1d { silu: true }, &[x, w, &state, seq_start])?;
+            let st = out
+                .pop()
+                .ok_or_else(|| Error::Model("conv1d: no state".into()))?;
+            let y = out
+                .pop()
+                .ok_or_else(|| Error::Model("conv1d: no output".into()))?;
+            Ok((y, st))
+        };
+        let (q, cq) = conv(&ex.matmul(h, &m.wq)?, &m.conv_q, m.pool)?;
+        let (k, ck) = conv(&ex.matmul(h, &m.wk)?, &m.conv_k, m.pool + 1)?;
+        let (v, cv) = conv(&ex.matmul(h, &m.wv)?, &m.conv_v, m.pool + 2)?;
+        let l2 = Op::L2Norm { eps: 1e-6 };
+        let q = ex.run(&l2, &[&q.reshape([t, s.hk, s.dk])?])?.remove(0);
+        let k = ex.run(&l2, &[&k.reshape([t, s.hk, s.dk])?])?.remove(0);
+        let v = v.reshape([t, s.hv, s.dv])?;
+        let beta = ex.unary(UnaryOp::Sigmoid, &ex.matmul(h, &m.w_b)?)?;
+        let a = ex.add(&ex.matmul(h, &m.w_a)?, &m.dt_bias)?;
+        let g = ex.mul(&ex.unary(UnaryOp::Softplus, &a)?, &m.a)?;
+        let state = self.gather(ex, kv, m.pool + 3, io)?;
+        let op = Op::DeltaNet {
+            scale: 1.0 / (s.dk as f32).sqrt(),
+            chunk: (t > 1).then_some(CHUNK),
+        };
+        let mut out = ex.run(&op, &[&q, &k, &v, &g, &beta, &state, seq_start])?;
+        let st = out
+            .pop()
+            .ok_or_else(|| Error::Model("delta_net: no state".into()))?;
+        let o = out
+            .pop()
+            .ok_or_else(|| Error::Model("delta_net: no output".into()))?;
+        self.scatter(ex, kv, m.pool, &cq, &ck, io)?;
+        self.scatter(ex, kv, m.pool + 2, &cv, &st, io)?;
+        let o = ex.rms_norm(&o, &m.norm, self.eps, false)?;
+        let z = ex.unary(UnaryOp::Silu, &ex.matmul(h, &m.w_z)?)?;
+        let o = ex.mul(&o.reshape([t, s.hv * s.dv])?, &z)?;
+        ex.matmul(&o, &m.w_out)
+    }
+}
+
+impl Model for Qwen35 {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn kv_groups(&self) -> &[KvGroup] {
+        &self.groups
+    }
+
+    fn state_shapes(&self) -> Vec<Vec<usize>> {
+        self.states.clone()
+    }
+
+    fn forward(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
+        let i = &self.info;
+        let t = b.tokens.len();
+        if t == 0 || b.positions.len() != t {
+            return Err(Error::Model(format!(
+                "batch of {t} tokens with {} positions",
+                b.positions.len()
+            )));
+        }
+        if let Some(&bad) = b.tokens.iter().find(|&&tok| tok as usize >= i.vocab) {
+            return Err(Error::Model(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                i.vocab
+            )));
+        }
+        let bt = upload_batch(ex, b, self.groups.len())?;
+        let read: Vec<i32> = b
+            .seqs
+            .iter()
+            .map(|s| {
+                if s.seq_len == s.q_len {
+                    0
+                } else {
+                    s.state_slot as i32
+                }
+            })
+            .collect();
+        let write: Vec<i32> = b.seqs.iter().map(|s| s.state_slot as i32).collect();
+        if write.contains(&0) {
+            return Err(Error::Model(
+                "a sequence has no recurrent-state slot".into(),
+            ));
+        }
+        let io = StateIo {
+            read: ex.upload_i32(&[read.len()], &read)?,
+            write: ex.upload_i32(&[write.len()], &write)?,
+        };
+        let ids: Vec<i32> = b.tokens.iter().map(|&x| x as i32).collect();
+        let mut x = ex.get_rows(&self.tok_embd, &ex.upload_i32(&[t], &ids)?)?;
+        let (hd, nh, nkv) = (i.head_dim, i.n_head, i.n_head_kv);
+        for layer in &self.layers {
+            let h = ex.rms_norm(&x, &layer.attn_norm, self.eps, false)?;
+            let o = match &layer.mixer {
+                Mixer::Linear(m) => self.linear(ex, m, &h, kv, &io, &bt.q_start)?,
+                Mixer::Full(m) => {
+                    let q = ex.matmul(&h, &m.wq)?.reshape([t, nh, hd])?;
+                    let k = ex.matmul(&h, &m.wk)?.reshape([t, nkv, hd])?;
+                    let v = ex.matmul(&h, &m.wv)?.reshape([t, nkv, hd])?;
+                    let q = ex.rms_norm(&q, &m.q_norm, self.eps, false)?;
+                    let k = ex.rms_norm(&k, &m.k_norm, self.eps, false)?;
+                    let q = ex.rope(&q, &bt.positions, self.rope, None)?;
+                    let k = ex.rope(&k, &bt.positions, self.rope, None)?;
+                    let (kc, vc) = (&kv.groups[0].0[m.kv], &kv.groups[0].1[m.kv]);
+                    let (table, slots) = &bt.tables[0];
+                    ex.kv_write(&k, &v, slots, kc, vc)?;
+                    let p = AttnParams {
+                        scale: 1.0 / (hd as f32).sqrt(),
+                        soft_cap: None,
+                        mask: Mask::Causal,
+                    };
+                    let a = ex.paged_attention(p, &q, kc, vc, table, &bt.seq_lens, &bt.q_start)?;
+                    let gate = ex.unary(UnaryOp::Sigmoid, &ex.matmul(&h, &m.w_gate)?)?;
+                    let a = ex.mul(&a.reshape([t, nh * hd])?, &gate)?;
+                    ex.matmul(&a, &m.wo)?
+                }
+            };
+            x = ex.add(&x, &o)?;
+            let h = ex.rms_norm(&x, &layer.ffn_norm, self.eps, false)?;
+            let gate = ex.matmul(&h, &layer.w_gate)?;
+            let up = ex.matmul(&h, &layer.w_up)?;
+            let d = ex.glu_matmul(GluOp::SwiGlu, &gate, &up, &layer.w_down)?;
+            x = ex.add(&x, &d)?;
+        }
+        let rows: Vec<i32> = b.logits_rows.iter().map(|&r| r as i32).collect();
+        if rows.is_empty() {
+            return ex
+                .backend()
+                .alloc(&crate::TensorDesc::new(crate::DType::F32, [0, i.vocab]));
+        }
+        if rows.iter().any(|&r| r as usize >= t) {
+            return Err(Error::Model(format!(
+                "logits rows {:?} out of the batch of {t}",
+                b.logits_rows
+            )));
+        }
+        let sel = ex.get_rows(&x, &ex.upload_i32(&[rows.len()], &rows)?)?;
+        let h = ex.rms_norm(&sel, &self.out_norm, self.eps, false)?;
+        ex.matmul(&h, &self.output)
+    }
+}
