@@ -210,3 +210,124 @@ fn broken_checkpoints_are_clear_errors() {
     assert!(err("truncated").contains("model.safetensors") || err("truncated").contains("bytes"));
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// A 1,000-token prompt on Qwen3.5: the same logits in one pass and in chunks of 96 (the
+/// conv and delta-rule states carried from chunk to chunk).
+#[test]
+fn qwen3_5_long_prompt_same_logits_with_and_without_chunked_prefill() {
+    let d = dir("qwen3_5");
+    let mut rng = 0x1234_5678_u64;
+    let tokens: Vec<u32> = (0..1000)
+        .map(|_| {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            3 + (rng >> 33) as u32 % 300
+        })
+        .collect();
+    let mut whole = runner(&d, Executor::cpu(), 1000);
+    let want = whole.feed(1, &tokens, Logits::All).expect("one pass");
+    let mut chunked = runner(&d, Executor::cpu(), 96);
+    let got = chunked.feed(1, &tokens, Logits::All).expect("chunks");
+    let (e, p) = max_err(&got, &want);
+    println!("1000 tokens, one pass vs chunks of 96: max |Δ| {e:.2e} (position {p})");
+    assert!(
+        e <= TOL,
+        "chunked prefill changed the logits by {e} at position {p}"
+    );
+}
+
+/// Several Qwen3.5 requests batched through the engine, in a pool small enough to preempt:
+/// each gets the greedy tokens it gets alone (every sequence keeps its own recurrent state).
+#[test]
+fn qwen3_5_batched_requests_keep_their_own_state() {
+    use kiln_core::engine::batching::{spawn, Engine, Event, GenRequest};
+    use kiln_core::sample::SamplingParams;
+    let d = dir("qwen3_5");
+    let r = reference(&d);
+    let prompts: Vec<Vec<u32>> = (0..5)
+        .map(|i| r.tokens[i * 3..i * 3 + 8 + 3 * i].to_vec())
+        .collect();
+    let run = |max_seqs: usize, blocks: Option<usize>| -> (Vec<Vec<u32>>, u64) {
+        let file = open_model(&d).expect("opens");
+        let ex = Executor::cpu();
+        let model = build_from_gguf(&file, &ex).expect("builds");
+        let cfg = RunnerConfig {
+            max_seqs,
+            max_batch_tokens: 8,
+            block_size: 4,
+            kv_blocks: blocks,
+            ..RunnerConfig::default()
+        };
+        let h = spawn(Engine::new(
+            Runner::new(ex, model, cfg).expect("runner"),
+            max_seqs,
+        ));
+        let streams: Vec<_> = prompts
+            .iter()
+            .map(|p| h.submit(GenRequest::new(p.clone(), SamplingParams::greedy(), 12)))
+            .collect();
+        let outs = streams
+            .iter()
+            .map(|s| {
+                let mut out = Vec::new();
+                loop {
+                    match s.recv().expect("event") {
+                        Event::Token(t, _) => out.push(t),
+                        Event::Done { .. } => return out,
+                        Event::Error(e) => panic!("{e}"),
+                    }
+                }
+            })
+            .collect();
+        let stats = h.shutdown().expect("engine");
+        (outs, stats.preemptions)
+    };
+    let (alone, _) = run(1, None);
+    let (batched, preempted) = run(5, Some(14));
+    println!("preemptions: {preempted}");
+    assert!(preempted > 0, "the small pool never preempted");
+    assert_eq!(batched, alone);
+}
+
+/// What `kiln run --temp 0` does on each checkpoint: the directory's tokenizer turns the text
+/// into transformers' ids, and greedy decoding gives transformers' tokens.
+#[test]
+fn text_prompts_tokenize_and_continue_as_in_transformers() {
+    for name in MODELS {
+        let d = dir(name);
+        let v: Value =
+            serde_json::from_slice(&std::fs::read(d.join("reference.json")).expect("reference"))
+                .expect("JSON");
+        let ids = |k: &str| -> Vec<u32> {
+            v[k].as_array()
+                .expect(k)
+                .iter()
+                .map(|x| x.as_u64().expect("id") as u32)
+                .collect()
+        };
+        let file = open_model(&d).expect("opens");
+        let tok = open_tokenizer(&d, &file).expect("tokenizer");
+        let prompt = tok
+            .encode(v["text_prompt"].as_str().expect("text"), true)
+            .expect("encode");
+        assert_eq!(prompt, ids("text_prompt_ids"), "{name}: tokenization");
+        let mut g = runner(&d, Executor::cpu(), 512);
+        let mut last = g
+            .feed(1, &prompt, Logits::Last)
+            .expect("prefill")
+            .pop()
+            .expect("row");
+        let mut out = Vec::new();
+        for _ in 0..ids("text_greedy").len() {
+            let t = argmax(&last);
+            out.push(t);
+            last = g
+                .feed(1, &[t], Logits::Last)
+                .expect("decode")
+                .pop()
+                .expect("row");
+        }
+        assert_eq!(out, ids("text_greedy"), "{name}: greedy continuation");
+    }
+}
