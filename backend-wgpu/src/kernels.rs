@@ -24,6 +24,7 @@ const SOFTMAX: &str = include_str!("../../shaders/softmax.wgsl");
 const CONV: &str = include_str!("../../shaders/conv.wgsl");
 const DELTA_NET: &str = include_str!("../../shaders/delta_net.wgsl");
 const MOE: &str = include_str!("../../shaders/moe.wgsl");
+const MOE_SUM: &str = include_str!("../../shaders/moe_sum.wgsl");
 const MAT_MUL_ID: &str = include_str!("../../shaders/mat_mul_id.wgsl");
 
 /// One compute entry point and how to build its module.
@@ -496,6 +497,7 @@ plain!(CONV1D_F32, "conv1d_f32", "conv", CONV);
 plain!(CONV1D_STATE_F32, "conv1d_state_f32", "conv", CONV);
 plain!(DELTA_NET_F32, "delta_net_f32", "delta_net", DELTA_NET);
 ranked!(MOE_ROUTE_F32, "moe_route_f32", "moe", MOE);
+plain!(MOE_SUM_F32, "moe_sum_f32", "moe_sum", MOE_SUM);
 
 /// Every declared kernel (a test builds each module and finds each entry point).
 pub const ALL: &[&Kernel] = &[
@@ -577,6 +579,7 @@ pub const ALL: &[&Kernel] = &[
     &CONV1D_STATE_F32,
     &DELTA_NET_F32,
     &MOE_ROUTE_F32,
+    &MOE_SUM_F32,
     &MAT_MUL_ID_F32,
     &MAT_MUL_ID_F16,
     &MAT_MUL_ID_BF16,

@@ -244,6 +244,8 @@ pub enum Op {
         gating: MoeGating,
         normalize: bool,
     },
+    /// Mixing expert outputs: `y [T, k, N]`, `w [T, k]` (f32) → `[T, N]`, `Σᵢ w[t, i]·y[t, i]`.
+    MoeSum,
     /// Float → float of another (or the same) dtype, same shape.
     Cast,
     /// Same dtype and shape: a plain copy (views make reshapes free).
@@ -278,6 +280,7 @@ impl Op {
         match self {
             Op::MatMul => "mat_mul",
             Op::MatMulId => "mat_mul_id",
+            Op::MoeSum => "moe_sum",
             Op::GetRows => "get_rows",
             Op::Add => "add",
             Op::Mul => "mul",

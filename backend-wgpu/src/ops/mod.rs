@@ -64,6 +64,7 @@ pub(crate) fn supports(dev: &Device, desc: &OpDesc) -> bool {
         }
         Op::MatMulId => moe::supports_mat_mul_id(dev, desc),
         Op::MoeRoute { .. } => i[0].dtype == DType::F32 && i.iter().chain(o).all(fits),
+        Op::MoeSum => f32_all(i) && f32_all(o) && i.iter().chain(o).all(fits),
         Op::Conv1d { .. } => {
             f32_all(i.get(..3).unwrap_or(&[])) && f32_all(o) && i.iter().chain(o).all(fits)
         }
@@ -100,6 +101,7 @@ pub(crate) fn execute(dev: &Device, op: &Op, i: &[&Tensor], o: &[&Tensor]) -> Re
         Op::KvWrite => attention::kv_write(dev, i, o),
         Op::Argmax => reduce::argmax(dev, i[0], o[0]),
         Op::MatMulId => moe::mat_mul_id(dev, i[0], i[1], i[2], o[0]),
+        Op::MoeSum => moe::sum(dev, i[0], i[1], o[0]),
         Op::MoeRoute {
             k,
             gating,

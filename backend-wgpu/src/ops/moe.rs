@@ -31,6 +31,21 @@ pub(super) fn route(
     launch_1d(dev, &kernels::MOE_ROUTE_F32, &bound, params, t.div_ceil(64))
 }
 
+/// `out[t] = Σᵢ w[t, i]·y[t, i]`.
+pub(super) fn sum(dev: &Device, y: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
+    let d = y.shape().dims();
+    let (t, k, n) = (d[0], d[1], d[2]);
+    let (bound, offs) = bind(dev, &[(y, 4), (w, 4), (out, 4)])?;
+    let params = vec![u(t)?, u(k)?, u(n)?, offs[0], offs[1], offs[2]];
+    launch_1d(
+        dev,
+        &kernels::MOE_SUM_F32,
+        &bound,
+        params,
+        (t * n).div_ceil(64),
+    )
+}
+
 pub(super) fn supports_mat_mul_id(dev: &Device, d: &OpDesc) -> bool {
     let fits =
         |t: &kiln_core::tensor::TensorDesc| dev.fits_binding(t.nbytes().unwrap_or(usize::MAX));

@@ -449,6 +449,7 @@ fn dispatch(op: &Op, i: &[In], o: &mut [Out]) -> KResult {
             gating,
             normalize,
         } => moe::route(*k, *gating, *normalize, i, o),
+        Op::MoeSum => moe::sum(i, o),
         Op::RmsNormMatMul { eps, one_plus } => matmul::rms_norm_mat_mul(*eps, *one_plus, i, o),
         Op::GluMatMul(g) => matmul::glu_mat_mul(*g, i, o),
     }

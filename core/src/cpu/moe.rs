@@ -45,6 +45,21 @@ pub(crate) fn route(
     Ok(())
 }
 
+/// `out[t] = Σᵢ w[t, i]·y[t, i]`, summed in slot order.
+pub(crate) fn sum(i: &[In], o: &mut [Out]) -> KResult {
+    let y = i[0].f32()?;
+    let w = i[1].f32()?;
+    let (k, n) = (i[0].dims()[1], i[0].dims()[2]);
+    let out: Vec<f32> = y
+        .par_chunks(k * n)
+        .zip(w.par_chunks(k))
+        .flat_map_iter(|(ys, ws)| {
+            (0..n).map(move |j| (0..k).fold(0f32, |acc, s| acc + ws[s] * ys[s * n + j]))
+        })
+        .collect();
+    o[0].store_f32(&out)
+}
+
 /// `y[t, i] = x[t, i or 0] · w[ids[t, i]]ᵀ`, grouped by expert so each expert's rows are
 /// dequantized once per call.
 pub(crate) fn mat_mul_id(i: &[In], o: &mut [Out]) -> KResult {

@@ -471,6 +471,15 @@ fn check_inputs(c: &Ctx) -> Result<()> {
                 })
             }
         }
+        Op::MoeSum => {
+            c.n_inputs(&[2])?;
+            c.float(&i[0], "y")?;
+            c.rank(&i[0], 3, "y")?;
+            c.dtype(&i[1], DType::F32, "w")?;
+            c.ensure(i[1].shape.0 == i[0].shape.0[..2], || {
+                format!("w must be [{}, {}]", i[0].shape.0[0], i[0].shape.0[1])
+            })
+        }
         Op::MoeRoute { k, .. } => {
             c.n_inputs(&[1])?;
             c.float(&i[0], "logits")?;
@@ -535,6 +544,10 @@ fn infer(c: &Ctx) -> Result<Vec<TensorDesc>> {
             TensorDesc::new(act, i[2].shape.clone()),
             TensorDesc::new(i[5].dtype, i[5].shape.clone()),
         ]),
+        Op::MoeSum => Ok(vec![TensorDesc::new(
+            act,
+            Shape(vec![i[0].shape.0[0], i[0].shape.0[2]]),
+        )]),
         Op::MoeRoute { k, .. } => {
             let s = Shape(vec![i[0].shape.0[0], *k]);
             Ok(vec![

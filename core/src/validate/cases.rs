@@ -565,6 +565,13 @@ fn reduce_and_moe(c: &mut Vec<Case>) -> Result<()> {
         "k=5 f16 [4,77]",
         vec![n(F16, &[4, 77])],
     )?);
+    for (t, k, nn) in [(1usize, 1usize, 64usize), (7, 4, 96), (3, 8, 2050)] {
+        c.push(Case::new(
+            Op::MoeSum,
+            format!("T={t} k={k} N={nn}"),
+            vec![n(F32, &[t, k, nn]), n(F32, &[t, k])],
+        )?);
+    }
     for (gating, normalize) in [
         (MoeGating::Softmax, true),
         (MoeGating::Softmax, false),

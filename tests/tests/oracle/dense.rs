@@ -454,6 +454,28 @@ fn moe_route_softmax_and_sigmoid_normalized_or_not() {
 }
 
 #[test]
+fn moe_sum_weights_each_slot() {
+    let kx = kiln();
+    let mut rng = Rng::new(12);
+    for (t, k, n) in [(5, 3, 37), (1, 1, 8), (4, 8, 130)] {
+        let (y, yv) = kx.tensor(F32, &[t, k, n], &normal(&mut rng, t * k * n, 1.0));
+        let (w, wv) = kx.tensor(F32, &[t, k], &uniform(&mut rng, t * k, 0.05, 1.0));
+        let got = kx.run(&Op::MoeSum, &[&y, &w]);
+        assert_eq!(got[0].shape().dims(), &[t, n]);
+        let mut want = vec![0f64; t * n];
+        for r in 0..t {
+            for i in 0..k {
+                for j in 0..n {
+                    want[r * n + j] += wv[r * k + i] * yv[(r * k + i) * n + j];
+                }
+            }
+        }
+        let what = format!("moe_sum T={t} k={k} N={n}");
+        assert_close(&what, &kx.f32(&got[0]), &want, F32, 1e-6, 1e-5);
+    }
+}
+
+#[test]
 fn cast_rounds_to_nearest_even_and_copy_keeps_bytes() {
     let kx = kiln();
     let mut rng = Rng::new(11);
