@@ -12,7 +12,7 @@ use kiln_core::model::build_from_gguf;
 use kiln_tests::{fixtures, optional_backend};
 use serde_json::Value;
 
-const MODELS: &[&str] = &["llama", "qwen3", "gemma3", "qwen3_5"];
+const MODELS: &[&str] = &["llama", "qwen3", "gemma3", "qwen3_5", "qwen3_5_moe"];
 /// Largest difference from transformers' f32 logits.
 const TOL: f32 = 1e-3;
 

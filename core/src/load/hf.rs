@@ -181,6 +181,7 @@ fn family(model_type: &str) -> Option<(Family, &'static str)> {
         "qwen3" => Some((Family::Qwen3, "qwen3")),
         "gemma3" | "gemma3_text" => Some((Family::Gemma3, "gemma3")),
         "qwen3_5" | "qwen3_5_text" => Some((Family::Qwen35, "qwen35")),
+        "qwen3_5_moe" | "qwen3_5_moe_text" => Some((Family::Qwen35, "qwen35moe")),
         _ => None,
     }
 }
@@ -194,6 +195,8 @@ pub const MODEL_TYPES: &[&str] = &[
     "gemma3_text",
     "qwen3_5",
     "qwen3_5_text",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
 ];
 
 /// The dense-transformer metadata every family shares.
@@ -206,7 +209,23 @@ fn dense_meta(c: &Config, m: &mut Meta) -> Result<()> {
     }
     m.u("block_count", layers);
     m.u("embedding_length", e);
-    m.u("feed_forward_length", c.usize("intermediate_size")?);
+    let ff = match c.get("intermediate_size") {
+        Some(_) => c.usize("intermediate_size")?,
+        None => c.usize("moe_intermediate_size")?,
+    };
+    m.u("feed_forward_length", ff);
+    if c.get("num_experts").is_some() {
+        m.u("expert_count", c.usize("num_experts")?);
+        m.u("expert_used_count", c.usize("num_experts_per_tok")?);
+        m.u(
+            "expert_feed_forward_length",
+            c.usize("moe_intermediate_size")?,
+        );
+        m.u(
+            "expert_shared_feed_forward_length",
+            c.usize_or("shared_expert_intermediate_size", 0)?,
+        );
+    }
     m.u("attention.head_count", nh);
     m.u(
         "attention.head_count_kv",
@@ -327,6 +346,11 @@ fn gguf_name(fam: Family, hf: &str) -> Option<String> {
         ("mlp.down_proj.weight", _) => "ffn_down",
         ("post_attention_layernorm.weight", Family::Gemma3) => "post_attention_norm",
         ("linear_attn.in_proj_qkv.weight", Family::Qwen35) => "attn_qkv",
+        ("mlp.gate.weight", Family::Qwen35) => "ffn_gate_inp",
+        ("mlp.shared_expert.gate_proj.weight", Family::Qwen35) => "ffn_gate_shexp",
+        ("mlp.shared_expert.up_proj.weight", Family::Qwen35) => "ffn_up_shexp",
+        ("mlp.shared_expert.down_proj.weight", Family::Qwen35) => "ffn_down_shexp",
+        ("mlp.shared_expert_gate.weight", Family::Qwen35) => "ffn_gate_inp_shexp",
         ("linear_attn.in_proj_z.weight", Family::Qwen35) => "attn_gate",
         ("linear_attn.in_proj_b.weight", Family::Qwen35) => "ssm_beta",
         ("linear_attn.in_proj_a.weight", Family::Qwen35) => "ssm_alpha",
@@ -424,6 +448,7 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
     let mut tensors: Vec<(TensorInfo, usize)> = Vec::new();
     let mut skipped: BTreeMap<String, usize> = BTreeMap::new();
     let mut pending: Vec<(TensorInfo, Vec<u8>)> = Vec::new();
+    let mut experts: BTreeMap<(usize, &'static str), Vec<Expert>> = BTreeMap::new();
     let heads = c.usize("num_attention_heads")?;
     let kv_heads = c.usize_or("num_key_value_heads", heads)?;
     for path in shard_paths(dir)? {
@@ -434,6 +459,16 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
                 *skipped
                     .entry(t.trim_end_matches('.').to_string())
                     .or_insert(0) += 1;
+                continue;
+            }
+            if let Some((l, part, expert)) = strip_prefix(&e.name).and_then(expert_part) {
+                let data = f.data(e).to_vec();
+                experts.entry((l, part)).or_default().push((
+                    expert,
+                    e.dtype,
+                    e.shape.clone(),
+                    data,
+                ));
                 continue;
             }
             let name = strip_prefix(&e.name)
@@ -479,6 +514,9 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
         }
         blobs.push(f.bytes);
     }
+    for ((l, part), list) in experts {
+        pending.extend(stack_experts(&c, l, part, list)?);
+    }
     if !pending.is_empty() {
         let b = blobs.len();
         let mut owned = Vec::new();
@@ -498,6 +536,103 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
         meta.kv.push(("kiln.skipped".into(), Value::Array(list)));
     }
     GgufFile::from_parts(c.dir.clone(), meta.kv, tensors, blobs)
+}
+
+/// One expert's tensor (or, with index `None`, all experts fused in one 3-D tensor).
+type Expert = (Option<usize>, DType, Vec<usize>, Vec<u8>);
+
+/// `layers.{l}.mlp.experts.{e}.{gate,up,down}_proj.weight` (one expert) or
+/// `layers.{l}.mlp.experts.{gate_up,down}_proj` (all, fused): the layer, the part, the expert.
+fn expert_part(name: &str) -> Option<(usize, &'static str, Option<usize>)> {
+    let rest = name.strip_prefix("layers.")?;
+    let (l, rest) = rest.split_once('.')?;
+    let l: usize = l.parse().ok()?;
+    let rest = rest.strip_prefix("mlp.experts.")?;
+    let part = |p: &str| -> Option<&'static str> {
+        match p {
+            "gate_proj" => Some("gate"),
+            "up_proj" => Some("up"),
+            "down_proj" => Some("down"),
+            "gate_up_proj" => Some("gate_up"),
+            _ => None,
+        }
+    };
+    match rest.split_once('.') {
+        Some((e, p)) if e.bytes().all(|b| b.is_ascii_digit()) => {
+            let p = p.strip_suffix(".weight")?;
+            Some((l, part(p)?, Some(e.parse().ok()?)))
+        }
+        _ => Some((l, part(rest)?, None)),
+    }
+}
+
+/// The experts of one layer's part as llama.cpp's `ffn_{gate,up,down}_exps` `[E, rows, cols]`
+/// (a fused gate_up tensor `[E, 2F, H]` is split into gate and up).
+fn stack_experts(
+    c: &Config,
+    l: usize,
+    part: &str,
+    mut list: Vec<Expert>,
+) -> Result<Vec<(TensorInfo, Vec<u8>)>> {
+    let info = |name: String, dtype: DType, shape: Vec<usize>, bytes: &[u8]| TensorInfo {
+        name,
+        dtype,
+        shape,
+        offset: 0,
+        nbytes: bytes.len(),
+    };
+    if list.len() == 1 && list[0].0.is_none() {
+        let (_, dtype, shape, data) = list.remove(0);
+        if shape.len() != 3 {
+            return Err(c.err(format!("layer {l}: fused experts of shape {shape:?}")));
+        }
+        if part != "gate_up" {
+            let name = format!("blk.{l}.ffn_{part}_exps.weight");
+            return Ok(vec![(info(name, dtype, shape, &data), data)]);
+        }
+        let (e, rows, cols) = (shape[0], shape[1], shape[2]);
+        if rows % 2 != 0 {
+            return Err(c.err(format!("layer {l}: gate_up of {rows} rows")));
+        }
+        let half = data.len() / e / 2;
+        let (mut gate, mut up) = (Vec::new(), Vec::new());
+        for x in 0..e {
+            gate.extend_from_slice(&data[2 * x * half..(2 * x + 1) * half]);
+            up.extend_from_slice(&data[(2 * x + 1) * half..(2 * x + 2) * half]);
+        }
+        let s = vec![e, rows / 2, cols];
+        return Ok(vec![
+            (
+                info(
+                    format!("blk.{l}.ffn_gate_exps.weight"),
+                    dtype,
+                    s.clone(),
+                    &gate,
+                ),
+                gate,
+            ),
+            (
+                info(format!("blk.{l}.ffn_up_exps.weight"), dtype, s, &up),
+                up,
+            ),
+        ]);
+    }
+    list.sort_by_key(|x| x.0);
+    let (dtype, shape) = (list[0].1, list[0].2.clone());
+    let mut data = Vec::new();
+    for (i, (e, dt, sh, d)) in list.iter().enumerate() {
+        if *e != Some(i) || *dt != dtype || *sh != shape {
+            return Err(c.err(format!(
+                "layer {l}: the {part} experts are not numbered 0..{} with one shape and dtype",
+                list.len()
+            )));
+        }
+        data.extend_from_slice(d);
+    }
+    let mut s = vec![list.len()];
+    s.extend(shape);
+    let name = format!("blk.{l}.ffn_{part}_exps.weight");
+    Ok(vec![(info(name, dtype, s, &data), data)])
 }
 
 /// `1 + w` in f32 (Gemma's and Qwen3.5's RMSNorm weights).

@@ -63,13 +63,31 @@ enum Mixer {
     Full(Box<Full>),
 }
 
+/// The sparse MoE block (Qwen3.5-MoE): softmax top-k routing renormalised over the chosen
+/// experts, SwiGLU experts, and a shared expert scaled by its own sigmoid gate.
+struct Moe {
+    router: Tensor,
+    gate_exps: Tensor,
+    up_exps: Tensor,
+    down_exps: Tensor,
+    k: usize,
+    shared: Option<(Tensor, Tensor, Tensor, Tensor)>,
+}
+
+enum Ffn {
+    Dense {
+        w_gate: Tensor,
+        w_up: Tensor,
+        w_down: Tensor,
+    },
+    Moe(Box<Moe>),
+}
+
 struct Layer {
     attn_norm: Tensor,
     mixer: Mixer,
     ffn_norm: Tensor,
-    w_gate: Tensor,
-    w_up: Tensor,
-    w_down: Tensor,
+    ffn: Ffn,
 }
 
 /// Sizes of the linear-attention layers.
@@ -172,6 +190,22 @@ impl Qwen35 {
             Some(t) => t,
             None => tok_embd.clone(),
         };
+        // (experts, used per token, expert FFN width, shared expert width) for MoE models.
+        let experts = match f.get(&f.arch_key("expert_count")) {
+            Some(_) => {
+                let ne = u("expert_count")?;
+                let k = u("expert_used_count")?;
+                if k == 0 || k > ne {
+                    return Err(bad(format!("{k} experts per token of {ne}")));
+                }
+                let shared = match f.get(&f.arch_key("expert_shared_feed_forward_length")) {
+                    Some(_) => u("expert_shared_feed_forward_length")?,
+                    None => 0,
+                };
+                Some((ne, k, u("expert_feed_forward_length")?, shared))
+            }
+            None => None,
+        };
         let mut layers = Vec::with_capacity(info.n_layer);
         let mut states = Vec::new();
         let mut n_full = 0;
@@ -229,13 +263,38 @@ impl Qwen35 {
                 };
                 Mixer::Linear(Box::new(m))
             };
+            let ffn = match experts {
+                Some((ne, k, fe, fs)) => {
+                    let shared = if fs > 0 {
+                        Some((
+                            w.get(&n("ffn_gate_shexp.weight"), &[fs, e])?,
+                            w.get(&n("ffn_up_shexp.weight"), &[fs, e])?,
+                            w.get(&n("ffn_down_shexp.weight"), &[e, fs])?,
+                            w.get(&n("ffn_gate_inp_shexp.weight"), &[1, e])?,
+                        ))
+                    } else {
+                        None
+                    };
+                    Ffn::Moe(Box::new(Moe {
+                        router: w.get(&n("ffn_gate_inp.weight"), &[ne, e])?,
+                        gate_exps: w.get(&n("ffn_gate_exps.weight"), &[ne, fe, e])?,
+                        up_exps: w.get(&n("ffn_up_exps.weight"), &[ne, fe, e])?,
+                        down_exps: w.get(&n("ffn_down_exps.weight"), &[ne, e, fe])?,
+                        k,
+                        shared,
+                    }))
+                }
+                None => Ffn::Dense {
+                    w_gate: w.get(&n("ffn_gate.weight"), &[ff, e])?,
+                    w_up: w.get(&n("ffn_up.weight"), &[ff, e])?,
+                    w_down: w.get(&n("ffn_down.weight"), &[e, ff])?,
+                },
+            };
             layers.push(Layer {
                 attn_norm: w.get(&n("attn_norm.weight"), &[e])?,
                 mixer,
                 ffn_norm: w.get(&n("ffn_norm.weight"), &[e])?,
-                w_gate: w.get(&n("ffn_gate.weight"), &[ff, e])?,
-                w_up: w.get(&n("ffn_up.weight"), &[ff, e])?,
-                w_down: w.get(&n("ffn_down.weight"), &[e, ff])?,
+                ffn,
             });
         }
         info.n_params = w.n_params;
@@ -354,6 +413,41 @@ impl Qwen35 {
     }
 }
 
+/// The MoE block on `h [T, E]`.
+fn moe(ex: &Executor, m: &Moe, h: &Tensor) -> Result<Tensor> {
+    let t = h.shape().dims()[0];
+    let logits = ex.matmul(h, &m.router)?;
+    let route = Op::MoeRoute {
+        k: m.k,
+        gating: crate::op::MoeGating::Softmax,
+        normalize: true,
+    };
+    let mut r = ex.run(&route, &[&logits])?;
+    let ids = r
+        .pop()
+        .ok_or_else(|| Error::Model("moe_route: no ids".into()))?;
+    let weights = r
+        .pop()
+        .ok_or_else(|| Error::Model("moe_route: no weights".into()))?;
+    let gate = ex.run(&Op::MatMulId, &[h, &m.gate_exps, &ids])?.remove(0);
+    let up = ex.run(&Op::MatMulId, &[h, &m.up_exps, &ids])?.remove(0);
+    let act = ex.glu(GluOp::SwiGlu, &gate, &up)?;
+    let down = ex
+        .run(&Op::MatMulId, &[&act, &m.down_exps, &ids])?
+        .remove(0);
+    let mut out = ex.run(&Op::MoeSum, &[&down, &weights])?.remove(0);
+    if let Some((g, u, d, sg)) = &m.shared {
+        let s = ex.glu_matmul(GluOp::SwiGlu, &ex.matmul(h, g)?, &ex.matmul(h, u)?, d)?;
+        let e = s.shape().dims()[1];
+        let gate = ex.unary(UnaryOp::Sigmoid, &ex.matmul(h, sg)?)?;
+        let s = ex
+            .run(&Op::MoeSum, &[&s.reshape([t, 1, e])?, &gate])?
+            .remove(0);
+        out = ex.add(&out, &s)?;
+    }
+    Ok(out)
+}
+
 impl Model for Qwen35 {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -435,9 +529,18 @@ impl Model for Qwen35 {
             };
             x = ex.add(&x, &o)?;
             let h = ex.rms_norm(&x, &layer.ffn_norm, self.eps, false)?;
-            let gate = ex.matmul(&h, &layer.w_gate)?;
-            let up = ex.matmul(&h, &layer.w_up)?;
-            let d = ex.glu_matmul(GluOp::SwiGlu, &gate, &up, &layer.w_down)?;
+            let d = match &layer.ffn {
+                Ffn::Dense {
+                    w_gate,
+                    w_up,
+                    w_down,
+                } => {
+                    let gate = ex.matmul(&h, w_gate)?;
+                    let up = ex.matmul(&h, w_up)?;
+                    ex.glu_matmul(GluOp::SwiGlu, &gate, &up, w_down)?
+                }
+                Ffn::Moe(m) => moe(ex, m, &h)?,
+            };
             x = ex.add(&x, &d)?;
         }
         let rows: Vec<i32> = b.logits_rows.iter().map(|&r| r as i32).collect();

@@ -12,6 +12,7 @@ pub const ARCHITECTURES: &[(&str, Builder)] = &[
     ("llama", super::llama::build),
     ("qwen3", super::llama::build_qwen3),
     ("qwen35", super::qwen35::build),
+    ("qwen35moe", super::qwen35::build),
     ("gemma3", super::gemma3::build),
 ];
 
