@@ -12,7 +12,15 @@ use kiln_core::model::build_from_gguf;
 use kiln_tests::{fixtures, optional_backend};
 use serde_json::Value;
 
-const MODELS: &[&str] = &["llama", "qwen3", "gemma3", "qwen3_5", "qwen3_5_moe"];
+const MODELS: &[&str] = &[
+    "llama",
+    "qwen3",
+    "gemma3",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "gemma4",
+    "gemma4_moe",
+];
 /// Largest difference from transformers' f32 logits.
 const TOL: f32 = 1e-3;
 
@@ -330,4 +338,48 @@ fn text_prompts_tokenize_and_continue_as_in_transformers() {
         }
         assert_eq!(out, ids("text_greedy"), "{name}: greedy continuation");
     }
+}
+
+/// Gemma 4 over a prompt five times its sliding window (8): the logits match transformers at
+/// every position while the sliding layers' cache holds only the blocks the window still
+/// needs (the ones before it are released to the pool).
+#[test]
+fn gemma4_releases_blocks_that_leave_the_window() {
+    let d = dir("gemma4");
+    let r = reference(&d);
+    assert!(r.tokens.len() > 2 * 8);
+    let mut g = runner(&d, Executor::cpu(), 5);
+    let groups = g.model().kv_groups().to_vec();
+    let sliding = groups
+        .iter()
+        .position(|x| x.window == Some(8))
+        .expect("a sliding-window KV group");
+    let full = groups
+        .iter()
+        .position(|x| x.window.is_none())
+        .expect("a full group");
+    let mut got = Vec::new();
+    let mut most_live = 0;
+    for (p, &t) in r.tokens.iter().enumerate() {
+        got.extend(g.feed(7, &[t], Logits::All).expect("decode"));
+        let live = |grp: usize| {
+            g.kv_managers()[grp]
+                .block_table(7)
+                .expect("table")
+                .iter()
+                .filter(|&&b| b != kiln_core::kv::NULL_BLOCK)
+                .count()
+        };
+        // Block size 4: the window of 8 spans at most 3 blocks, plus the one being filled.
+        most_live = most_live.max(live(sliding));
+        assert_eq!(
+            live(full),
+            (p + 1).div_ceil(4),
+            "the full layers keep every block"
+        );
+    }
+    assert!(most_live <= 4, "the sliding layers held {most_live} blocks");
+    let (e, p) = max_err(&got, &r.logits);
+    println!("gemma4 token by token over 40 tokens: max |Δ| {e:.2e} (position {p}), at most {most_live} sliding blocks held");
+    assert!(e <= TOL, "logits differ by {e} at position {p}");
 }

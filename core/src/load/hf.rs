@@ -173,6 +173,7 @@ enum Family {
     Gemma3,
     /// Qwen3.5 / 3.6 dense: Gated DeltaNet and gated full attention.
     Qwen35,
+    Gemma4,
 }
 
 fn family(model_type: &str) -> Option<(Family, &'static str)> {
@@ -182,6 +183,7 @@ fn family(model_type: &str) -> Option<(Family, &'static str)> {
         "gemma3" | "gemma3_text" => Some((Family::Gemma3, "gemma3")),
         "qwen3_5" | "qwen3_5_text" => Some((Family::Qwen35, "qwen35")),
         "qwen3_5_moe" | "qwen3_5_moe_text" => Some((Family::Qwen35, "qwen35moe")),
+        "gemma4" | "gemma4_text" => Some((Family::Gemma4, "gemma4")),
         _ => None,
     }
 }
@@ -197,6 +199,8 @@ pub const MODEL_TYPES: &[&str] = &[
     "qwen3_5_text",
     "qwen3_5_moe",
     "qwen3_5_moe_text",
+    "gemma4",
+    "gemma4_text",
 ];
 
 /// The dense-transformer metadata every family shares.
@@ -214,9 +218,13 @@ fn dense_meta(c: &Config, m: &mut Meta) -> Result<()> {
         None => c.usize("moe_intermediate_size")?,
     };
     m.u("feed_forward_length", ff);
-    if c.get("num_experts").is_some() {
+    if c.get("num_experts").is_some() && c.get("enable_moe_block") != Some(&Json::Bool(false)) {
         m.u("expert_count", c.usize("num_experts")?);
-        m.u("expert_used_count", c.usize("num_experts_per_tok")?);
+        let used = match c.get("top_k_experts") {
+            Some(_) => c.usize("top_k_experts")?,
+            None => c.usize("num_experts_per_tok")?,
+        };
+        m.u("expert_used_count", used);
         m.u(
             "expert_feed_forward_length",
             c.usize("moe_intermediate_size")?,
@@ -291,6 +299,7 @@ fn family_meta(c: &Config, fam: Family, m: &mut Meta) -> Result<()> {
             let full = types.iter().map(|t| Value::Bool(t == "full_attention"));
             m.set("attention.full_layers", Value::Array(full.collect()));
         }
+        Family::Gemma4 => gemma4_meta(c, m)?,
         Family::Gemma3 => {
             m.u("attention.sliding_window", c.usize("sliding_window")?);
             let full = Some("full_attention");
@@ -321,11 +330,104 @@ fn family_meta(c: &Config, fam: Family, m: &mut Meta) -> Result<()> {
     Ok(())
 }
 
+/// Gemma 4: per-layer head sizes (sliding and full layers differ), the window, both RoPEs,
+/// K = V on full layers, KV sharing, per-layer embeddings, soft-capping.
+fn gemma4_meta(c: &Config, m: &mut Meta) -> Result<()> {
+    let layers = c.usize("num_hidden_layers")?;
+    let types = c
+        .layer_types()
+        .filter(|t| t.len() == layers)
+        .ok_or_else(|| c.err("config.json: layer_types must list every layer"))?;
+    let hd = c.usize("head_dim")?;
+    let nkv = c.usize("num_key_value_heads")?;
+    let per_layer = c.get("per_layer_config");
+    let (mut dims, mut kvs) = (Vec::new(), Vec::new());
+    for (l, t) in types.iter().enumerate() {
+        let full = t == "full_attention";
+        let over = per_layer.and_then(|p| p.get(l.to_string()));
+        let get = |k: &str, global: &str, dflt: usize| -> usize {
+            over.and_then(|o| o.get(k))
+                .or_else(|| full.then(|| c.get(global)).flatten())
+                .and_then(Json::as_u64)
+                .map_or(dflt, |v| v as usize)
+        };
+        dims.push(Value::U64(get("head_dim", "global_head_dim", hd) as u64));
+        kvs.push(Value::U64(
+            get("num_key_value_heads", "num_global_key_value_heads", nkv) as u64,
+        ));
+    }
+    m.set("attention.layer_key_length", Value::Array(dims));
+    m.set("attention.layer_head_count_kv", Value::Array(kvs));
+    let sliding = types.iter().map(|t| Value::Bool(t == "sliding_attention"));
+    m.set("attention.sliding_layers", Value::Array(sliding.collect()));
+    m.u("attention.sliding_window", c.usize("sliding_window")?);
+    m.u(
+        "attention.shared_kv_layers",
+        c.usize_or("num_kv_shared_layers", 0)?,
+    );
+    let k_eq_v = c
+        .get("attention_k_eq_v")
+        .and_then(Json::as_bool)
+        .unwrap_or(false);
+    m.set("attention.k_eq_v", Value::Bool(k_eq_v));
+    m.u(
+        "embedding_length_per_layer_input",
+        c.usize_or("hidden_size_per_layer_input", 0)?,
+    );
+    if let Some(cap) = c.get("final_logit_softcapping").and_then(Json::as_f64) {
+        m.f("final_logit_softcapping", cap as f32);
+    }
+    let rope = |t: &str| c.get("rope_parameters").and_then(|p| p.get(t)).cloned();
+    let local = rope("sliding_attention").unwrap_or(Json::Null);
+    m.f(
+        "rope.local_freq_base",
+        local
+            .get("rope_theta")
+            .and_then(Json::as_f64)
+            .unwrap_or(10_000.0) as f32,
+    );
+    let full = rope("full_attention").unwrap_or(Json::Null);
+    m.f(
+        "rope.freq_base",
+        full.get("rope_theta")
+            .and_then(Json::as_f64)
+            .unwrap_or(1_000_000.0) as f32,
+    );
+    for (p, name) in [(&local, "sliding"), (&full, "full")] {
+        let kind = p
+            .get("rope_type")
+            .and_then(Json::as_str)
+            .unwrap_or("default");
+        if !matches!(kind, "default" | "proportional") {
+            return Err(c.err(format!("{name} RoPE type {kind:?} is not supported yet")));
+        }
+    }
+    let kind = full
+        .get("rope_type")
+        .and_then(Json::as_str)
+        .unwrap_or("default");
+    let partial = full.get("partial_rotary_factor").and_then(Json::as_f64);
+    let partial = if kind == "proportional" {
+        partial.unwrap_or(1.0)
+    } else {
+        1.0
+    };
+    m.f("rope.full_partial", partial as f32);
+    m.f(
+        "rope.full_factor",
+        full.get("factor").and_then(Json::as_f64).unwrap_or(1.0) as f32,
+    );
+    Ok(())
+}
+
 /// llama.cpp's name for a Hugging Face tensor name (prefix already stripped), or None when the
 /// family does not know it.
 fn gguf_name(fam: Family, hf: &str) -> Option<String> {
     match hf {
         "embed_tokens.weight" => return Some("token_embd.weight".into()),
+        "embed_tokens_per_layer.weight" => return Some("per_layer_token_embd.weight".into()),
+        "per_layer_model_projection.weight" => return Some("per_layer_model_proj.weight".into()),
+        "per_layer_projection_norm.weight" => return Some("per_layer_proj_norm.weight".into()),
         "norm.weight" => return Some("output_norm.weight".into()),
         "lm_head.weight" => return Some("output.weight".into()),
         _ => {}
@@ -344,7 +446,23 @@ fn gguf_name(fam: Family, hf: &str) -> Option<String> {
         ("mlp.gate_proj.weight", _) => "ffn_gate",
         ("mlp.up_proj.weight", _) => "ffn_up",
         ("mlp.down_proj.weight", _) => "ffn_down",
-        ("post_attention_layernorm.weight", Family::Gemma3) => "post_attention_norm",
+        ("post_attention_layernorm.weight", Family::Gemma3 | Family::Gemma4) => {
+            "post_attention_norm"
+        }
+        ("pre_feedforward_layernorm.weight", Family::Gemma4) => "ffn_norm",
+        ("post_feedforward_layernorm.weight", Family::Gemma4) => "post_ffw_norm",
+        ("post_feedforward_layernorm_1.weight", Family::Gemma4) => "post_ffw_norm_1",
+        ("post_feedforward_layernorm_2.weight", Family::Gemma4) => "post_ffw_norm_2",
+        ("pre_feedforward_layernorm_2.weight", Family::Gemma4) => "pre_ffw_norm_2",
+        ("per_layer_input_gate.weight", Family::Gemma4) => "inp_gate",
+        ("per_layer_projection.weight", Family::Gemma4) => "proj",
+        ("post_per_layer_input_norm.weight", Family::Gemma4) => "post_norm",
+        ("router.proj.weight", Family::Gemma4) => "ffn_gate_inp",
+        ("layer_scalar", Family::Gemma4) => return Some(format!("blk.{l}.layer_output_scale")),
+        ("router.scale", Family::Gemma4) => return Some(format!("blk.{l}.ffn_gate_inp.scale")),
+        ("router.per_expert_scale", Family::Gemma4) => {
+            return Some(format!("blk.{l}.ffn_down_exps.scale"))
+        }
         ("linear_attn.in_proj_qkv.weight", Family::Qwen35) => "attn_qkv",
         ("mlp.gate.weight", Family::Qwen35) => "ffn_gate_inp",
         ("mlp.shared_expert.gate_proj.weight", Family::Qwen35) => "ffn_gate_shexp",
@@ -547,7 +665,9 @@ fn expert_part(name: &str) -> Option<(usize, &'static str, Option<usize>)> {
     let rest = name.strip_prefix("layers.")?;
     let (l, rest) = rest.split_once('.')?;
     let l: usize = l.parse().ok()?;
-    let rest = rest.strip_prefix("mlp.experts.")?;
+    let rest = rest
+        .strip_prefix("mlp.experts.")
+        .or_else(|| rest.strip_prefix("experts."))?;
     let part = |p: &str| -> Option<&'static str> {
         match p {
             "gate_proj" => Some("gate"),

@@ -3,6 +3,7 @@
 
 pub mod decoder;
 pub mod gemma3;
+pub mod gemma4;
 pub mod llama;
 pub mod qwen35;
 pub mod registry;

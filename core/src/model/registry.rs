@@ -14,6 +14,7 @@ pub const ARCHITECTURES: &[(&str, Builder)] = &[
     ("qwen35", super::qwen35::build),
     ("qwen35moe", super::qwen35::build),
     ("gemma3", super::gemma3::build),
+    ("gemma4", super::gemma4::build),
 ];
 
 /// Builds the model a GGUF file describes, with its weights uploaded to the executor's backend.

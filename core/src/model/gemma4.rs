@@ -1,0 +1,532 @@
+//! Gemma 4 (`gemma4`): sliding-window and full attention layers with their own head sizes and
+//! KV-head counts, plain RMSNorms (q, k, and an unscaled one on v), attention scale 1, K used
+//! as V on full layers (`attention_k_eq_v`), the last layers reusing the K/V of the last
+//! earlier layer of their type (KV sharing: they neither project nor store K/V), per-layer
+//! embeddings (PLE) mixed in after each block, a learned scalar per layer, an optional MoE
+//! block beside the dense MLP, and final logit soft-capping.
+//!
+//! RoPE: the sliding layers rotate the whole head with their own base; the full layers use
+//! "proportional" RoPE: rotate-half over the whole head, where only the first
+//! `partial × head_dim / 2` frequencies turn (`base^(-2i/head_dim)`) and the rest stand still.
+//! That is the RoPE op over the whole head with frequency factors: 1 for the turning pairs, a
+//! huge number (frequency 0) for the others.
+
+use super::decoder::upload_batch;
+use super::llama::{base_info, f32_or};
+use super::weights::Weights;
+use super::{ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
+use crate::backend::Executor;
+use crate::error::{Error, Result};
+use crate::load::gguf::{GgufFile, Value};
+use crate::op::{AttnParams, GluOp, Mask, MoeGating, Op, RopeMode, RopeParams, UnaryOp};
+use crate::tensor::Tensor;
+
+/// The frequency factor of a pair that does not turn (frequency / factor ≈ 0).
+const STILL: f32 = 1e30;
+
+struct Attn {
+    wq: Tensor,
+    q_norm: Tensor,
+    /// K and V projections and the K norm; `None` for a layer that reuses another's K/V.
+    kv: Option<(Tensor, Option<Tensor>, Tensor)>,
+    wo: Tensor,
+    post_norm: Tensor,
+    hd: usize,
+    n_kv: usize,
+    window: Option<usize>,
+    rope: RopeParams,
+    /// (KV group, index in the group) of the caches it writes or reads.
+    cache: (usize, usize),
+    /// Ones `[hd]`: V's RMSNorm has no scale.
+    ones: Tensor,
+}
+
+struct Moe {
+    router: Tensor,
+    /// `router.scale / sqrt(hidden)` `[E]`.
+    router_scale: Tensor,
+    /// `[experts, 1]`.
+    per_expert_scale: Tensor,
+    ones: Tensor,
+    gate_exps: Tensor,
+    up_exps: Tensor,
+    down_exps: Tensor,
+    k: usize,
+    pre_norm_2: Tensor,
+    post_norm_1: Tensor,
+    post_norm_2: Tensor,
+}
+
+struct Ple {
+    gate: Tensor,
+    proj: Tensor,
+    post_norm: Tensor,
+}
+
+struct Layer {
+    attn_norm: Tensor,
+    attn: Attn,
+    ffn_norm: Tensor,
+    w_gate: Tensor,
+    w_up: Tensor,
+    w_down: Tensor,
+    post_ffn_norm: Tensor,
+    moe: Option<Moe>,
+    ple: Option<Ple>,
+    scalar: f32,
+}
+
+/// The per-layer embedding inputs: a token table and a projection of the embeddings per layer.
+struct PleInputs {
+    width: usize,
+    tables: Vec<Tensor>,
+    projs: Vec<Tensor>,
+    norm: Tensor,
+}
+
+pub struct Gemma4 {
+    info: ModelInfo,
+    eps: f32,
+    soft_cap: Option<f32>,
+    tok_embd: Tensor,
+    out_norm: Tensor,
+    output: Tensor,
+    layers: Vec<Layer>,
+    groups: Vec<KvGroup>,
+    ple: Option<PleInputs>,
+    /// Frequency factors of the full layers' proportional RoPE.
+    full_factors: Option<Tensor>,
+}
+
+pub fn build(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
+    Ok(Box::new(Gemma4::load(f, ex)?))
+}
+
+fn list<T>(f: &GgufFile, key: &str, n: usize, get: impl Fn(&Value) -> Option<T>) -> Result<Vec<T>> {
+    let k = f.arch_key(key);
+    match f.get(&k) {
+        Some(Value::Array(v)) if v.len() == n => v
+            .iter()
+            .map(&get)
+            .collect::<Option<Vec<T>>>()
+            .ok_or_else(|| Error::load(f.path(), format!("{k}: bad entry"))),
+        _ => Err(Error::load(
+            f.path(),
+            format!("{k} must list one entry per layer"),
+        )),
+    }
+}
+
+impl Gemma4 {
+    fn load(f: &GgufFile, ex: &Executor) -> Result<Gemma4> {
+        let mut info = base_info(f)?;
+        let n = info.n_layer;
+        let u = |k: &str| -> Result<usize> { Ok(f.get_u64(&f.arch_key(k))? as usize) };
+        let eps = f.get_f32(&f.arch_key("attention.layer_norm_rms_epsilon"))?;
+        let dims = list(f, "attention.layer_key_length", n, |v| {
+            v.as_u64().map(|x| x as usize)
+        })?;
+        let kvs = list(f, "attention.layer_head_count_kv", n, |v| {
+            v.as_u64().map(|x| x as usize)
+        })?;
+        let sliding = list(f, "attention.sliding_layers", n, |v| match v {
+            Value::Bool(b) => Some(*b),
+            _ => None,
+        })?;
+        let window = u("attention.sliding_window")?;
+        let n_shared = u("attention.shared_kv_layers")?;
+        let k_eq_v = matches!(
+            f.get(&f.arch_key("attention.k_eq_v")),
+            Some(Value::Bool(true))
+        );
+        let ple_width = u("embedding_length_per_layer_input")?;
+        let soft_cap = match f.get(&f.arch_key("final_logit_softcapping")) {
+            Some(_) => Some(f.get_f32(&f.arch_key("final_logit_softcapping"))?),
+            None => None,
+        };
+        let local_base = f32_or(f, &f.arch_key("rope.local_freq_base"), 10_000.0)?;
+        let full_base = f32_or(f, &f.arch_key("rope.freq_base"), 1_000_000.0)?;
+        let partial = f32_or(f, &f.arch_key("rope.full_partial"), 1.0)?;
+        let full_factor = f32_or(f, &f.arch_key("rope.full_factor"), 1.0)?;
+        let (e, nh, v) = (info.n_embd, info.n_head, info.vocab);
+        let bad = |m: String| Error::load(f.path(), m);
+        if nh == 0 || n == 0 || n_shared >= n || kvs.iter().any(|&k| k == 0 || nh % k != 0) {
+            return Err(bad(format!(
+                "bad sizes: {nh} heads, KV heads {kvs:?}, {n_shared} of {n} layers sharing KV"
+            )));
+        }
+        // KV sharing: a shared layer reads the caches of the last earlier unshared layer of
+        // its type.
+        let first_shared = n - n_shared;
+        let mut producer = vec![0usize; n];
+        for l in 0..n {
+            producer[l] = if l < first_shared {
+                l
+            } else {
+                (0..first_shared)
+                    .rev()
+                    .find(|&p| sliding[p] == sliding[l])
+                    .ok_or_else(|| {
+                        bad(format!("layer {l} has no earlier layer to share K/V with"))
+                    })?
+            };
+        }
+        // KV groups: sliding layers and full layers (each with its own head shape).
+        let mut groups: Vec<KvGroup> = Vec::new();
+        let mut place = vec![(0usize, 0usize); n];
+        for l in 0..first_shared {
+            let w = sliding[l].then_some(window);
+            let g = match groups
+                .iter()
+                .position(|g| g.window == w && g.head_dim == dims[l] && g.n_kv_heads == kvs[l])
+            {
+                Some(g) => g,
+                None => {
+                    groups.push(KvGroup {
+                        layers: Vec::new(),
+                        window: w,
+                        n_kv_heads: kvs[l],
+                        head_dim: dims[l],
+                        v_head_dim: dims[l],
+                    });
+                    groups.len() - 1
+                }
+            };
+            place[l] = (g, groups[g].layers.len());
+            groups[g].layers.push(l);
+        }
+        let full_hd = (0..n).find(|&l| !sliding[l]).map(|l| dims[l]);
+        let full_factors = match full_hd {
+            Some(hd) => {
+                let turning = (partial * hd as f32 / 2.0) as usize;
+                let factors: Vec<f32> = (0..hd / 2)
+                    .map(|i| if i < turning { full_factor } else { STILL })
+                    .collect();
+                Some(ex.upload_f32(&[hd / 2], &factors)?)
+            }
+            None => None,
+        };
+
+        let mut w = Weights::new(f, ex);
+        let tok_embd = w.get("token_embd.weight", &[v, e])?;
+        let out_norm = w.get("output_norm.weight", &[e])?;
+        let output = match w.get_opt("output.weight", &[v, e])? {
+            Some(t) => t,
+            None => tok_embd.clone(),
+        };
+        let ple = if ple_width > 0 {
+            let p = ple_width;
+            let vp = f
+                .tensor("per_layer_token_embd.weight")?
+                .shape
+                .first()
+                .copied()
+                .unwrap_or(0);
+            let (mut tables, mut projs) = (Vec::new(), Vec::new());
+            for l in 0..n {
+                tables.push(w.get_cols(
+                    "per_layer_token_embd.weight",
+                    &[vp, n * p],
+                    l * p..(l + 1) * p,
+                )?);
+                projs.push(w.get_rows(
+                    "per_layer_model_proj.weight",
+                    &[n * p, e],
+                    &[l * p..(l + 1) * p],
+                )?);
+            }
+            Some(PleInputs {
+                width: p,
+                tables,
+                projs,
+                norm: w.get("per_layer_proj_norm.weight", &[p])?,
+            })
+        } else {
+            None
+        };
+        let experts = match f.get(&f.arch_key("expert_count")) {
+            Some(_) => Some((
+                u("expert_count")?,
+                u("expert_used_count")?,
+                u("expert_feed_forward_length")?,
+            )),
+            None => None,
+        };
+        let mut layers = Vec::with_capacity(n);
+        for l in 0..n {
+            let name = |s: &str| format!("blk.{l}.{s}");
+            let (hd, nkv) = (dims[l], kvs[l]);
+            let shared = l >= first_shared;
+            let kv = if shared {
+                None
+            } else {
+                let wk = w.get(&name("attn_k.weight"), &[nkv * hd, e])?;
+                let wv = if k_eq_v && !sliding[l] {
+                    None
+                } else {
+                    Some(w.get(&name("attn_v.weight"), &[nkv * hd, e])?)
+                };
+                Some((wk, wv, w.get(&name("attn_k_norm.weight"), &[hd])?))
+            };
+            let rope = if sliding[l] {
+                RopeParams::new(RopeMode::Neox, hd, local_base)
+            } else {
+                RopeParams::new(RopeMode::Neox, hd, full_base)
+            };
+            let attn = Attn {
+                wq: w.get(&name("attn_q.weight"), &[nh * hd, e])?,
+                q_norm: w.get(&name("attn_q_norm.weight"), &[hd])?,
+                kv,
+                wo: w.get(&name("attn_output.weight"), &[e, nh * hd])?,
+                post_norm: w.get(&name("post_attention_norm.weight"), &[e])?,
+                hd,
+                n_kv: nkv,
+                window: sliding[l].then_some(window),
+                rope,
+                cache: place[producer[l]],
+                ones: ex.upload_f32(&[hd], &vec![1.0; hd])?,
+            };
+            // The MLP may be twice as wide on shared layers: its width comes from the file.
+            let ff = f
+                .tensor(&name("ffn_gate.weight"))?
+                .shape
+                .first()
+                .copied()
+                .unwrap_or(0);
+            let moe = match experts {
+                Some((ne, k, fe)) => {
+                    let scale = w.host_f32(&name("ffn_gate_inp.scale"), e)?;
+                    let root = 1.0 / (e as f32).sqrt();
+                    let scale: Vec<f32> = scale.iter().map(|s| s * root).collect();
+                    let pes = w.host_f32(&name("ffn_down_exps.scale"), ne)?;
+                    Some(Moe {
+                        router: w.get(&name("ffn_gate_inp.weight"), &[ne, e])?,
+                        router_scale: ex.upload_f32(&[e], &scale)?,
+                        per_expert_scale: ex.upload_f32(&[ne, 1], &pes)?,
+                        ones: ex.upload_f32(&[e], &vec![1.0; e])?,
+                        gate_exps: w.get(&name("ffn_gate_exps.weight"), &[ne, fe, e])?,
+                        up_exps: w.get(&name("ffn_up_exps.weight"), &[ne, fe, e])?,
+                        down_exps: w.get(&name("ffn_down_exps.weight"), &[ne, e, fe])?,
+                        k,
+                        pre_norm_2: w.get(&name("pre_ffw_norm_2.weight"), &[e])?,
+                        post_norm_1: w.get(&name("post_ffw_norm_1.weight"), &[e])?,
+                        post_norm_2: w.get(&name("post_ffw_norm_2.weight"), &[e])?,
+                    })
+                }
+                None => None,
+            };
+            let ple = match ple_width {
+                0 => None,
+                p => Some(Ple {
+                    gate: w.get(&name("inp_gate.weight"), &[p, e])?,
+                    proj: w.get(&name("proj.weight"), &[e, p])?,
+                    post_norm: w.get(&name("post_norm.weight"), &[e])?,
+                }),
+            };
+            let scalar = if f.tensor(&name("layer_output_scale")).is_ok() {
+                w.host_f32(&name("layer_output_scale"), 1)?[0]
+            } else {
+                1.0
+            };
+            layers.push(Layer {
+                attn_norm: w.get(&name("attn_norm.weight"), &[e])?,
+                attn,
+                ffn_norm: w.get(&name("ffn_norm.weight"), &[e])?,
+                w_gate: w.get(&name("ffn_gate.weight"), &[ff, e])?,
+                w_up: w.get(&name("ffn_up.weight"), &[ff, e])?,
+                w_down: w.get(&name("ffn_down.weight"), &[e, ff])?,
+                post_ffn_norm: w.get(&name("post_ffw_norm.weight"), &[e])?,
+                moe,
+                ple,
+                scalar,
+            });
+        }
+        info.n_params = w.n_params;
+        info.dtypes = w.counts.iter().map(|(d, n)| (*d, *n)).collect();
+        Ok(Gemma4 {
+            info,
+            eps,
+            soft_cap,
+            tok_embd,
+            out_norm,
+            output,
+            layers,
+            groups,
+            ple,
+            full_factors,
+        })
+    }
+
+    fn norm(&self, ex: &Executor, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        ex.rms_norm(x, w, self.eps, false)
+    }
+
+    /// The per-layer embedding input of every layer, `[T, width]` each.
+    fn ple_inputs(&self, ex: &Executor, x0: &Tensor, ids: &Tensor) -> Result<Vec<Tensor>> {
+        let Some(p) = &self.ple else {
+            return Ok(Vec::new());
+        };
+        let e = self.info.n_embd as f32;
+        let mut out = Vec::with_capacity(p.tables.len());
+        for (table, proj) in p.tables.iter().zip(&p.projs) {
+            let ctx = ex.scale(&ex.matmul(x0, proj)?, 1.0 / e.sqrt())?;
+            let ctx = self.norm(ex, &ctx, &p.norm)?;
+            let tok = ex.scale(&ex.get_rows(table, ids)?, (p.width as f32).sqrt())?;
+            out.push(ex.scale(&ex.add(&ctx, &tok)?, std::f32::consts::FRAC_1_SQRT_2)?);
+        }
+        Ok(out)
+    }
+
+    fn moe(&self, ex: &Executor, m: &Moe, res: &Tensor) -> Result<Tensor> {
+        let t = res.shape().dims()[0];
+        let r = ex.mul(&self.norm(ex, res, &m.ones)?, &m.router_scale)?;
+        let logits = ex.matmul(&r, &m.router)?;
+        let route = Op::MoeRoute {
+            k: m.k,
+            gating: MoeGating::Softmax,
+            normalize: true,
+        };
+        let mut out = ex.run(&route, &[&logits])?;
+        let ids = out
+            .pop()
+            .ok_or_else(|| Error::Model("moe_route: no ids".into()))?;
+        let weights = out
+            .pop()
+            .ok_or_else(|| Error::Model("moe_route: no weights".into()))?;
+        let pes = ex
+            .get_rows(&m.per_expert_scale, &ids.reshape([t * m.k])?)?
+            .reshape([t, m.k])?;
+        let weights = ex.mul(&weights, &pes)?;
+        let h = self.norm(ex, res, &m.pre_norm_2)?;
+        let gate = ex.run(&Op::MatMulId, &[&h, &m.gate_exps, &ids])?.remove(0);
+        let up = ex.run(&Op::MatMulId, &[&h, &m.up_exps, &ids])?.remove(0);
+        let act = ex.glu(GluOp::GeGlu, &gate, &up)?;
+        let down = ex
+            .run(&Op::MatMulId, &[&act, &m.down_exps, &ids])?
+            .remove(0);
+        let y = ex.run(&Op::MoeSum, &[&down, &weights])?.remove(0);
+        self.norm(ex, &y, &m.post_norm_2)
+    }
+}
+
+impl Model for Gemma4 {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn kv_groups(&self) -> &[KvGroup] {
+        &self.groups
+    }
+
+    fn forward(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
+        let i = &self.info;
+        let t = b.tokens.len();
+        if t == 0 || b.positions.len() != t {
+            return Err(Error::Model(format!(
+                "batch of {t} tokens with {} positions",
+                b.positions.len()
+            )));
+        }
+        if let Some(&bad) = b.tokens.iter().find(|&&tok| tok as usize >= i.vocab) {
+            return Err(Error::Model(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                i.vocab
+            )));
+        }
+        let bt = upload_batch(ex, b, self.groups.len())?;
+        let ids: Vec<i32> = b.tokens.iter().map(|&x| x as i32).collect();
+        let ids = ex.upload_i32(&[t], &ids)?;
+        let mut x = ex.scale(
+            &ex.get_rows(&self.tok_embd, &ids)?,
+            (i.n_embd as f32).sqrt(),
+        )?;
+        let ple = self.ple_inputs(ex, &x, &ids)?;
+        let nh = i.n_head;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let a = &layer.attn;
+            let h = self.norm(ex, &x, &layer.attn_norm)?;
+            let factors = if a.window.is_none() {
+                self.full_factors.as_ref()
+            } else {
+                None
+            };
+            let q = ex.matmul(&h, &a.wq)?.reshape([t, nh, a.hd])?;
+            let q = ex.rope(
+                &self.norm(ex, &q, &a.q_norm)?,
+                &bt.positions,
+                a.rope,
+                factors,
+            )?;
+            let (g, gi) = a.cache;
+            let (kc, vc) = (&kv.groups[g].0[gi], &kv.groups[g].1[gi]);
+            let (table, slots) = &bt.tables[g];
+            if let Some((wk, wv, k_norm)) = &a.kv {
+                let k_raw = ex.matmul(&h, wk)?.reshape([t, a.n_kv, a.hd])?;
+                let v_raw = match wv {
+                    Some(wv) => ex.matmul(&h, wv)?.reshape([t, a.n_kv, a.hd])?,
+                    None => k_raw.clone(),
+                };
+                let k = ex.rope(
+                    &self.norm(ex, &k_raw, k_norm)?,
+                    &bt.positions,
+                    a.rope,
+                    factors,
+                )?;
+                let v = self.norm(ex, &v_raw, &a.ones)?;
+                ex.kv_write(&k, &v, slots, kc, vc)?;
+            }
+            let p = AttnParams {
+                scale: 1.0,
+                soft_cap: None,
+                mask: match a.window {
+                    Some(w) => Mask::SlidingWindow(w),
+                    None => Mask::Causal,
+                },
+            };
+            let o = ex.paged_attention(p, &q, kc, vc, table, &bt.seq_lens, &bt.q_start)?;
+            let o = ex.matmul(&o.reshape([t, nh * a.hd])?, &a.wo)?;
+            x = ex.add(&x, &self.norm(ex, &o, &a.post_norm)?)?;
+            // MLP (and the MoE block beside it).
+            let res = x.clone();
+            let hn = self.norm(ex, &res, &layer.ffn_norm)?;
+            let gate = ex.matmul(&hn, &layer.w_gate)?;
+            let up = ex.matmul(&hn, &layer.w_up)?;
+            let mut y = ex.glu_matmul(GluOp::GeGlu, &gate, &up, &layer.w_down)?;
+            if let Some(m) = &layer.moe {
+                let y1 = self.norm(ex, &y, &m.post_norm_1)?;
+                y = ex.add(&y1, &self.moe(ex, m, &res)?)?;
+            }
+            x = ex.add(&res, &self.norm(ex, &y, &layer.post_ffn_norm)?)?;
+            if let (Some(p), Some(inp)) = (&layer.ple, ple.get(l)) {
+                let g = ex.unary(UnaryOp::GeluTanh, &ex.matmul(&x, &p.gate)?)?;
+                let g = ex.mul(&g, inp)?;
+                let y = self.norm(ex, &ex.matmul(&g, &p.proj)?, &p.post_norm)?;
+                x = ex.add(&x, &y)?;
+            }
+            if layer.scalar != 1.0 {
+                x = ex.scale(&x, layer.scalar)?;
+            }
+        }
+        let rows: Vec<i32> = b.logits_rows.iter().map(|&r| r as i32).collect();
+        if rows.is_empty() {
+            return ex
+                .backend()
+                .alloc(&crate::TensorDesc::new(crate::DType::F32, [0, i.vocab]));
+        }
+        if rows.iter().any(|&r| r as usize >= t) {
+            return Err(Error::Model(format!(
+                "logits rows {:?} out of the batch of {t}",
+                b.logits_rows
+            )));
+        }
+        let sel = ex.get_rows(&x, &ex.upload_i32(&[rows.len()], &rows)?)?;
+        let h = self.norm(ex, &sel, &self.out_norm)?;
+        let mut logits = ex.matmul(&h, &self.output)?;
+        if let Some(c) = self.soft_cap {
+            logits = ex.scale(&logits, 1.0 / c)?;
+            logits = ex.unary(UnaryOp::Tanh, &logits)?;
+            logits = ex.scale(&logits, c)?;
+        }
+        Ok(logits)
+    }
+}
