@@ -56,6 +56,7 @@ fn the_case_table_covers_every_op_at_decode_and_prefill_sizes() {
         "conv1d",
         "delta_net",
         "moe_route",
+        "moe_sum",
         "cast",
         "copy",
         "rms_norm_mat_mul",

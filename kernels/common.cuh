@@ -1,0 +1,85 @@
+// Shared by every kernel file (prepended by the compiler driver, backend-cuda/src/kernels.rs).
+// Types, warp reductions and the GGUF block layouts kiln's CUDA kernels read.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+typedef unsigned int u32;
+typedef unsigned char u8;
+typedef signed char i8;
+
+#define WARP 32
+// +inf (NVRTC has no math.h, so no INFINITY).
+#define KILN_INF __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    v = warp_sum(v);
+    if (lane == 0) scratch[w] = v;
+    __syncthreads();
+    const int nw = blockDim.x / WARP;
+    v = (threadIdx.x < nw) ? scratch[threadIdx.x] : 0.0f;
+    if (w == 0) v = warp_sum(v);
+    if (threadIdx.x == 0) scratch[0] = v;
+    __syncthreads();
+    v = scratch[0];
+    __syncthreads();
+    return v;
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    v = warp_max(v);
+    if (lane == 0) scratch[w] = v;
+    __syncthreads();
+    const int nw = blockDim.x / WARP;
+    v = (threadIdx.x < nw) ? scratch[threadIdx.x] : -KILN_INF;
+    if (w == 0) v = warp_max(v);
+    if (threadIdx.x == 0) scratch[0] = v;
+    __syncthreads();
+    v = scratch[0];
+    __syncthreads();
+    return v;
+}
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+__device__ __forceinline__ void from_f32(float v, float* p) { *p = v; }
+__device__ __forceinline__ void from_f32(float v, __half* p) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void from_f32(float v, __nv_bfloat16* p) { *p = __float2bfloat16_rn(v); }
+
+// GGUF Q8_0: 32 values as an f16 scale and 32 int8s (34 bytes).
+struct block_q8_0 {
+    __half d;
+    i8 qs[32];
+};
+
+// GGUF Q4_0: 32 values as an f16 scale and 16 bytes of nibbles (low nibbles are values
+// 0..15, high nibbles 16..31), each value (q - 8) * d (18 bytes).
+struct block_q4_0 {
+    __half d;
+    u8 qs[16];
+};
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(__expf(x)); }

@@ -1,0 +1,166 @@
+// Paged attention through the block table, one query token per sequence (decode) or several
+// (prefill), with causal, sliding-window and soft-capped variants.
+//
+// Decode: one block per (sequence, KV head). The block's warps split the sequence's keys;
+// every warp serves all the query heads of the KV head's group (GQA), so each K/V row is read
+// from the cache once per group. Per query head, an online softmax (running max, sum and
+// weighted V) per warp, merged across warps at the end. Head dims up to 256 (8 values per
+// lane). K/V caches [B, bs, Hkv, D] in f32 or f16; the block table is read in the kernel.
+
+#define MAX_D 256
+#define MAX_GROUP 8
+#define DECODE_WARPS 4
+
+template <typename C>
+__device__ __forceinline__ void paged_decode(const float* q, const C* kc, const C* vc, const int* table,
+                                             const int* seq_lens, float* out, u32 hq, u32 hkv, u32 d,
+                                             u32 bs, u32 max_blocks, float scale, float cap, u32 window) {
+    __shared__ float m_s[DECODE_WARPS][MAX_GROUP];
+    __shared__ float l_s[DECODE_WARPS][MAX_GROUP];
+    __shared__ float o_s[DECODE_WARPS][MAX_GROUP][MAX_D];
+    const u32 seq = blockIdx.x, kvh = blockIdx.y;
+    const u32 group = hq / hkv;
+    const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int len = seq_lens[seq];
+    const int first = window > 0 ? max(0, len - (int)window) : 0;
+    const u32 per = (d + WARP - 1) / WARP;  // values per lane, at most 8
+    // Register arrays need indices known at compile time: the loops run to the maxima and
+    // skip what is past this call's sizes.
+    float qv[MAX_GROUP][8], acc[MAX_GROUP][8], m[MAX_GROUP], l[MAX_GROUP];
+#pragma unroll
+    for (u32 g = 0; g < MAX_GROUP; g++) {
+        const float* qh = q + ((size_t)seq * hq + kvh * group + (g < group ? g : 0)) * d;
+#pragma unroll
+        for (u32 i = 0; i < 8; i++) {
+            const u32 j = lane + i * WARP;
+            qv[g][i] = (g < group && i < per && j < d) ? qh[j] : 0.0f;
+            acc[g][i] = 0.0f;
+        }
+        m[g] = -KILN_INF;
+        l[g] = 0.0f;
+    }
+    for (int p = first + (int)warp; p < len; p += DECODE_WARPS) {
+        const int blk = table[(size_t)seq * max_blocks + p / bs];
+        const size_t row = (((size_t)blk * bs + p % bs) * hkv + kvh) * d;
+        float kv[8], vv[8];
+#pragma unroll
+        for (u32 i = 0; i < 8; i++) {
+            const u32 j = lane + i * WARP;
+            kv[i] = (i < per && j < d) ? to_f32(kc[row + j]) : 0.0f;
+            vv[i] = (i < per && j < d) ? to_f32(vc[row + j]) : 0.0f;
+        }
+#pragma unroll
+        for (u32 g = 0; g < MAX_GROUP; g++) {
+            if (g >= group) break;
+            float s = 0.0f;
+#pragma unroll
+            for (u32 i = 0; i < 8; i++) s += qv[g][i] * kv[i];
+            s = warp_sum(s) * scale;
+            if (cap > 0.0f) s = cap * tanhf(s / cap);
+            const float mn = fmaxf(m[g], s);
+            const float corr = __expf(m[g] - mn), e = __expf(s - mn);
+            l[g] = l[g] * corr + e;
+#pragma unroll
+            for (u32 i = 0; i < 8; i++) acc[g][i] = acc[g][i] * corr + e * vv[i];
+            m[g] = mn;
+        }
+    }
+#pragma unroll
+    for (u32 g = 0; g < MAX_GROUP; g++) {
+        if (g >= group) break;
+        if (lane == 0) {
+            m_s[warp][g] = m[g];
+            l_s[warp][g] = l[g];
+        }
+#pragma unroll
+        for (u32 i = 0; i < 8; i++) {
+            const u32 j = lane + i * WARP;
+            if (i < per && j < d) o_s[warp][g][j] = acc[g][i];
+        }
+    }
+    __syncthreads();
+    // Merge the warps' partial results: thread j of the block sums dim j of every head.
+    for (u32 g = 0; g < group; g++) {
+        float mx = -KILN_INF;
+        for (u32 w = 0; w < DECODE_WARPS; w++) mx = fmaxf(mx, m_s[w][g]);
+        float denom = 0.0f;
+        for (u32 w = 0; w < DECODE_WARPS; w++)
+            denom += m_s[w][g] == -KILN_INF ? 0.0f : l_s[w][g] * __expf(m_s[w][g] - mx);
+        for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
+            float o = 0.0f;
+            for (u32 w = 0; w < DECODE_WARPS; w++)
+                if (m_s[w][g] != -KILN_INF) o += o_s[w][g][j] * __expf(m_s[w][g] - mx);
+            out[((size_t)seq * hq + kvh * group + g) * d + j] = denom > 0.0f ? o / denom : 0.0f;
+        }
+    }
+}
+
+// @hot
+extern "C" __global__ void __launch_bounds__(DECODE_WARPS * WARP)
+paged_decode_f32(const float* q, const float* kc, const float* vc, const int* table, const int* seq_lens,
+                 float* out, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks, float scale, float cap,
+                 u32 window) {
+    paged_decode(q, kc, vc, table, seq_lens, out, hq, hkv, d, bs, max_blocks, scale, cap, window);
+}
+
+// @hot
+extern "C" __global__ void __launch_bounds__(DECODE_WARPS * WARP)
+paged_decode_f16(const float* q, const __half* kc, const __half* vc, const int* table, const int* seq_lens,
+                 float* out, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks, float scale, float cap,
+                 u32 window) {
+    paged_decode(q, kc, vc, table, seq_lens, out, hq, hkv, d, bs, max_blocks, scale, cap, window);
+}
+
+// Prefill (and mixed batches): one warp per (query row, query head); the row's sequence is
+// found from q_start, its position is the last q_len ones of the context. Causal, with an
+// optional sliding window. f32 caches.
+extern "C" __global__ void paged_prefill_f32(const float* q, const float* kc, const float* vc,
+                                             const int* table, const int* seq_lens, const int* q_start,
+                                             float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d,
+                                             u32 bs, u32 max_blocks, float scale, float cap, u32 window) {
+    const u32 gw = (blockIdx.x * blockDim.x + threadIdx.x) / WARP;
+    const u32 lane = threadIdx.x % WARP;
+    if (gw >= t * hq) return;
+    const u32 r = gw / hq, h = gw % hq, kvh = h / (hq / hkv);
+    u32 s = 0;
+    while (s + 1 < n_seqs && (u32)q_start[s + 1] <= r) s++;
+    const int len = seq_lens[s];
+    const int q_len = q_start[s + 1] - q_start[s];
+    const int pos = len - q_len + ((int)r - q_start[s]);
+    const int first = window > 0 ? max(0, pos + 1 - (int)window) : 0;
+    const u32 per = (d + WARP - 1) / WARP;
+    float qv[8], acc[8];
+#pragma unroll
+    for (u32 i = 0; i < 8; i++) {
+        const u32 j = lane + i * WARP;
+        qv[i] = (i < per && j < d) ? q[((size_t)r * hq + h) * d + j] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = -KILN_INF, l = 0.0f;
+    for (int p = first; p <= pos; p++) {
+        const int blk = table[(size_t)s * max_blocks + p / bs];
+        const size_t row = (((size_t)blk * bs + p % bs) * hkv + kvh) * d;
+        float sc = 0.0f;
+#pragma unroll
+        for (u32 i = 0; i < 8; i++) {
+            const u32 j = lane + i * WARP;
+            if (i < per && j < d) sc += qv[i] * kc[row + j];
+        }
+        sc = warp_sum(sc) * scale;
+        if (cap > 0.0f) sc = cap * tanhf(sc / cap);
+        const float mn = fmaxf(m, sc);
+        const float corr = __expf(m - mn), e = __expf(sc - mn);
+        l = l * corr + e;
+#pragma unroll
+        for (u32 i = 0; i < 8; i++) {
+            const u32 j = lane + i * WARP;
+            acc[i] = acc[i] * corr + ((i < per && j < d) ? e * vc[row + j] : 0.0f);
+        }
+        m = mn;
+    }
+#pragma unroll
+    for (u32 i = 0; i < 8; i++) {
+        const u32 j = lane + i * WARP;
+        if (i < per && j < d) out[((size_t)r * hq + h) * d + j] = l > 0.0f ? acc[i] / l : 0.0f;
+    }
+}

@@ -1,0 +1,34 @@
+// RoPE on x [T, H, D] (f32): pairs (2i, 2i+1) (normal) or (i, i + n_rot/2) (neox) of the first
+// n_rot dims turn by pos * freq_scale * base^(-2i/n_rot) / factor[i]; dims past n_rot pass
+// through. One thread per pair.
+extern "C" __global__ void rope_f32(const float* x, const int* pos, const float* factors, float* y,
+                                    u32 t, u32 h, u32 d, u32 n_rot, u32 neox, float base,
+                                    float freq_scale, float attn_factor, u32 has_factors) {
+    const u32 half = n_rot / 2;
+    const u32 idx = blockIdx.x * blockDim.x + threadIdx.x;
+    const u32 per_tok = h * (d - half);
+    if (idx >= t * per_tok) return;
+    const u32 tok = idx / per_tok;
+    const u32 rem = idx % per_tok;
+    const u32 head = rem / (d - half);
+    const u32 j = rem % (d - half);
+    const size_t row = ((size_t)tok * h + head) * d;
+    if (j >= half) {
+        // A pass-through dim (one thread per dim past n_rot).
+        const u32 k = j - half + n_rot;
+        if (k < d) y[row + k] = x[row + k];
+        return;
+    }
+    float inv = powf(base, -2.0f * (float)j / (float)n_rot);
+    if (has_factors) inv /= factors[j];
+    const float a = (float)pos[tok] * freq_scale * inv;
+    float s, c;
+    sincosf(a, &s, &c);
+    c *= attn_factor;
+    s *= attn_factor;
+    const u32 i0 = neox ? j : 2 * j;
+    const u32 i1 = neox ? j + half : 2 * j + 1;
+    const float x0 = x[row + i0], x1 = x[row + i1];
+    y[row + i0] = x0 * c - x1 * s;
+    y[row + i1] = x0 * s + x1 * c;
+}
