@@ -383,3 +383,34 @@ fn gemma4_releases_blocks_that_leave_the_window() {
     println!("gemma4 token by token over 40 tokens: max |Δ| {e:.2e} (position {p}), at most {most_live} sliding blocks held");
     assert!(e <= TOL, "logits differ by {e} at position {p}");
 }
+
+/// The same checkpoints converted by llama.cpp's `convert_hf_to_gguf.py` (f32; see
+/// tests/fixtures/hf/README.md): kiln reads llama.cpp's names, metadata and layouts (Qwen3.5's
+/// value heads in llama.cpp's tiled order) and gives transformers' logits.
+#[test]
+fn llama_cpp_gguf_conversions_match_transformers() {
+    for name in GGUF_MODELS {
+        let d = dir(name);
+        let r = reference(&d);
+        let path = fixtures()
+            .join("hf")
+            .join("gguf")
+            .join(format!("{name}.gguf"));
+        let mut g = runner(&path, Executor::cpu(), 7);
+        let got = g.feed(1, &r.tokens, Logits::All).expect("forward");
+        // llama.cpp's Gemma 4 conversion trims the vocabulary to the tokenizer's (the toy
+        // tokenizer has 315 of the model's 320 rows); logits are per row of the output
+        // matrix, so the first columns compare one for one.
+        let width = got[0].len();
+        assert!(width >= 315, "{name}.gguf: a vocabulary of {width}");
+        let want: Vec<Vec<f32>> = r.logits.iter().map(|l| l[..width].to_vec()).collect();
+        let (e, p) = max_err(&got, &want);
+        println!("{name}.gguf: max |Δ| {e:.2e} (position {p}, {width} logits)");
+        assert!(
+            e <= TOL,
+            "{name}.gguf: logits differ by {e} at position {p}"
+        );
+    }
+}
+
+const GGUF_MODELS: &[&str] = &["qwen3_5", "qwen3_5_moe", "gemma4", "gemma4_moe"];

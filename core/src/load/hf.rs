@@ -276,7 +276,10 @@ fn family_meta(c: &Config, fam: Family, m: &mut Meta) -> Result<()> {
             m.u("ssm.state_size", c.usize("linear_key_head_dim")?);
             m.u("ssm.group_count", c.usize("linear_num_key_heads")?);
             m.u("ssm.time_step_rank", c.usize("linear_num_value_heads")?);
-            m.u("ssm.value_head_dim", c.usize("linear_value_head_dim")?);
+            m.u(
+                "ssm.inner_size",
+                c.usize("linear_value_head_dim")? * c.usize("linear_num_value_heads")?,
+            );
             let layers = c.usize("num_hidden_layers")?;
             let types = match c.layer_types() {
                 Some(t) => t,
@@ -296,8 +299,8 @@ fn family_meta(c: &Config, fam: Family, m: &mut Meta) -> Result<()> {
             if types.len() != layers {
                 return Err(c.err("config.json: layer_types must list every layer"));
             }
-            let full = types.iter().map(|t| Value::Bool(t == "full_attention"));
-            m.set("attention.full_layers", Value::Array(full.collect()));
+            let linear = types.iter().map(|t| Value::Bool(t != "full_attention"));
+            m.set("attention.recurrent_layers", Value::Array(linear.collect()));
         }
         Family::Gemma4 => gemma4_meta(c, m)?,
         Family::Gemma3 => {
@@ -477,6 +480,7 @@ fn gguf_name(fam: Family, hf: &str) -> Option<String> {
         ("linear_attn.out_proj.weight", Family::Qwen35) => "ssm_out",
         ("linear_attn.A_log", Family::Qwen35) => return Some(format!("blk.{l}.ssm_a")),
         ("linear_attn.dt_bias", Family::Qwen35) => return Some(format!("blk.{l}.ssm_dt.bias")),
+        ("post_attention_layernorm.weight", Family::Qwen35) => "post_attention_norm",
         ("post_attention_layernorm.weight", _) => "ffn_norm",
         ("pre_feedforward_layernorm.weight", Family::Gemma3) => "ffn_norm",
         ("post_feedforward_layernorm.weight", Family::Gemma3) => "post_ffw_norm",

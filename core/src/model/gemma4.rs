@@ -123,28 +123,53 @@ impl Gemma4 {
         let n = info.n_layer;
         let u = |k: &str| -> Result<usize> { Ok(f.get_u64(&f.arch_key(k))? as usize) };
         let eps = f.get_f32(&f.arch_key("attention.layer_norm_rms_epsilon"))?;
-        let dims = list(f, "attention.layer_key_length", n, |v| {
-            v.as_u64().map(|x| x as usize)
-        })?;
-        let kvs = list(f, "attention.layer_head_count_kv", n, |v| {
-            v.as_u64().map(|x| x as usize)
-        })?;
-        let sliding = list(f, "attention.sliding_layers", n, |v| match v {
+        // Two spellings of the per-layer settings: kiln's from Hugging Face configs, and
+        // llama.cpp's GGUF keys (sliding_window_pattern, key_length[_swa], a head_count_kv list).
+        let has = |k: &str| f.get(&f.arch_key(k)).is_some();
+        let flag = |v: &Value| match v {
             Value::Bool(b) => Some(*b),
             _ => None,
-        })?;
+        };
+        let sliding = if has("attention.sliding_layers") {
+            list(f, "attention.sliding_layers", n, flag)?
+        } else {
+            list(f, "attention.sliding_window_pattern", n, flag)?
+        };
+        let count = |v: &Value| v.as_u64().map(|x| x as usize);
+        let dims = if has("attention.layer_key_length") {
+            list(f, "attention.layer_key_length", n, count)?
+        } else {
+            let (full, swa) = (u("attention.key_length")?, u("attention.key_length_swa")?);
+            sliding
+                .iter()
+                .map(|&s| if s { swa } else { full })
+                .collect()
+        };
+        let kvs = if has("attention.layer_head_count_kv") {
+            list(f, "attention.layer_head_count_kv", n, count)?
+        } else {
+            list(f, "attention.head_count_kv", n, count)?
+        };
         let window = u("attention.sliding_window")?;
         let n_shared = u("attention.shared_kv_layers")?;
+        // K = V on full layers: said by kiln's key, or seen in a GGUF as full layers without V.
         let k_eq_v = matches!(
             f.get(&f.arch_key("attention.k_eq_v")),
             Some(Value::Bool(true))
-        );
+        ) || (0..n).any(|l| {
+            !sliding[l]
+                && l < n.saturating_sub(n_shared)
+                && f.tensor(&format!("blk.{l}.attn_v.weight")).is_err()
+        });
         let ple_width = u("embedding_length_per_layer_input")?;
         let soft_cap = match f.get(&f.arch_key("final_logit_softcapping")) {
             Some(_) => Some(f.get_f32(&f.arch_key("final_logit_softcapping"))?),
             None => None,
         };
-        let local_base = f32_or(f, &f.arch_key("rope.local_freq_base"), 10_000.0)?;
+        let local_base = match has("rope.freq_base_swa") {
+            true => f.get_f32(&f.arch_key("rope.freq_base_swa"))?,
+            false => f32_or(f, &f.arch_key("rope.local_freq_base"), 10_000.0)?,
+        };
         let full_base = f32_or(f, &f.arch_key("rope.freq_base"), 1_000_000.0)?;
         let partial = f32_or(f, &f.arch_key("rope.full_partial"), 1.0)?;
         let full_factor = f32_or(f, &f.arch_key("rope.full_factor"), 1.0)?;
@@ -197,6 +222,20 @@ impl Gemma4 {
         }
         let full_hd = (0..n).find(|&l| !sliding[l]).map(|l| dims[l]);
         let full_factors = match full_hd {
+            // A GGUF carries the factors itself.
+            Some(hd) if f.tensor("rope_freqs.weight").is_ok() => {
+                let (t, bytes) = f.data("rope_freqs.weight")?;
+                if t.n_elements() != hd / 2 {
+                    return Err(bad(format!(
+                        "rope_freqs has {} values, not {}",
+                        t.n_elements(),
+                        hd / 2
+                    )));
+                }
+                let mut v = vec![0f32; hd / 2];
+                crate::quant::dequantize(t.dtype, bytes, &mut v)?;
+                Some(ex.upload_f32(&[hd / 2], &v)?)
+            }
             Some(hd) => {
                 let turning = (partial * hd as f32 / 2.0) as usize;
                 let factors: Vec<f32> = (0..hd / 2)
@@ -299,13 +338,35 @@ impl Gemma4 {
                     let root = 1.0 / (e as f32).sqrt();
                     let scale: Vec<f32> = scale.iter().map(|s| s * root).collect();
                     let pes = w.host_f32(&name("ffn_down_exps.scale"), ne)?;
+                    // llama.cpp keeps gate and up fused per expert: [E, 2F, H].
+                    let fused = name("ffn_gate_up_exps.weight");
+                    let (gate_exps, up_exps) = if f.tensor(&fused).is_ok() {
+                        let (g, u): (Vec<_>, Vec<_>) = (0..ne)
+                            .map(|x| {
+                                (
+                                    2 * x * fe..(2 * x + 1) * fe,
+                                    (2 * x + 1) * fe..(2 * x + 2) * fe,
+                                )
+                            })
+                            .unzip();
+                        let shape = [ne, 2 * fe, e];
+                        (
+                            w.get_rows(&fused, &shape, &g)?.reshape([ne, fe, e])?,
+                            w.get_rows(&fused, &shape, &u)?.reshape([ne, fe, e])?,
+                        )
+                    } else {
+                        (
+                            w.get(&name("ffn_gate_exps.weight"), &[ne, fe, e])?,
+                            w.get(&name("ffn_up_exps.weight"), &[ne, fe, e])?,
+                        )
+                    };
                     Some(Moe {
                         router: w.get(&name("ffn_gate_inp.weight"), &[ne, e])?,
                         router_scale: ex.upload_f32(&[e], &scale)?,
                         per_expert_scale: ex.upload_f32(&[ne, 1], &pes)?,
                         ones: ex.upload_f32(&[e], &vec![1.0; e])?,
-                        gate_exps: w.get(&name("ffn_gate_exps.weight"), &[ne, fe, e])?,
-                        up_exps: w.get(&name("ffn_up_exps.weight"), &[ne, fe, e])?,
+                        gate_exps,
+                        up_exps,
                         down_exps: w.get(&name("ffn_down_exps.weight"), &[ne, e, fe])?,
                         k,
                         pre_norm_2: w.get(&name("pre_ffw_norm_2.weight"), &[e])?,
@@ -323,11 +384,12 @@ impl Gemma4 {
                     post_norm: w.get(&name("post_norm.weight"), &[e])?,
                 }),
             };
-            let scalar = if f.tensor(&name("layer_output_scale")).is_ok() {
-                w.host_f32(&name("layer_output_scale"), 1)?[0]
-            } else {
-                1.0
-            };
+            let scalar = ["layer_output_scale", "layer_output_scale.weight"]
+                .iter()
+                .find(|s| f.tensor(&name(s)).is_ok())
+                .map(|s| w.host_f32(&name(s), 1).map(|v| v[0]))
+                .transpose()?
+                .unwrap_or(1.0);
             layers.push(Layer {
                 attn_norm: w.get(&name("attn_norm.weight"), &[e])?,
                 attn,

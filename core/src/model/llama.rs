@@ -15,6 +15,12 @@ pub(crate) fn base_info(f: &GgufFile) -> Result<ModelInfo> {
     let n_embd = u("embedding_length")?;
     let n_head = u("attention.head_count")?;
     let n_head_kv = match f.get(&f.arch_key("attention.head_count_kv")) {
+        // Per layer (Gemma 4): the most any layer has.
+        Some(crate::load::gguf::Value::Array(v)) => v
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .max()
+            .unwrap_or(n_head as u64) as usize,
         Some(_) => u("attention.head_count_kv")?,
         None => n_head,
     };
@@ -35,7 +41,8 @@ pub(crate) fn base_info(f: &GgufFile) -> Result<ModelInfo> {
         n_head,
         n_head_kv,
         head_dim,
-        n_ff: u("feed_forward_length")?,
+        // MoE-only models have no dense FFN width: the experts' width stands in.
+        n_ff: u("feed_forward_length").or_else(|_| u("expert_feed_forward_length"))?,
         vocab,
         context_length: u("context_length")?,
         architecture: arch,

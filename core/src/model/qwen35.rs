@@ -12,7 +12,8 @@
 //! and its gate), so every op sees whole tensors.
 //!
 //! Norm weights arrive with Qwen's `1 + w` already folded in (as llama.cpp's converter does),
-//! except the gated norm, which is a plain one.
+//! except the gated norm, which is a plain one. GGUF files from llama.cpp and Hugging Face
+//! checkpoints differ only in the order of the value heads, which is undone at load.
 
 use super::decoder::upload_batch;
 use super::llama::{base_info, f32_or};
@@ -128,7 +129,15 @@ impl Qwen35 {
             hk: u("ssm.group_count")?,
             dk: u("ssm.state_size")?,
             hv: u("ssm.time_step_rank")?,
-            dv: u("ssm.value_head_dim")?,
+            dv: 0,
+        };
+        let ssm = Ssm {
+            dv: if ssm.hv == 0 {
+                0
+            } else {
+                u("ssm.inner_size")? / ssm.hv
+            },
+            ..ssm
         };
         let (e, hd, nh, nkv, ff, v) = (
             info.n_embd,
@@ -148,16 +157,37 @@ impl Qwen35 {
         if ssm.kernel < 2 {
             return Err(bad(format!("conv kernel of {} taps", ssm.kernel)));
         }
-        let full: Vec<bool> = match f.get(&f.arch_key("attention.full_layers")) {
+        let full: Vec<bool> = match f.get(&f.arch_key("attention.recurrent_layers")) {
             Some(Value::Array(a)) if a.len() == info.n_layer => {
-                a.iter().map(|x| matches!(x, Value::Bool(true))).collect()
+                a.iter().map(|x| !matches!(x, Value::Bool(true))).collect()
             }
-            _ => {
+            Some(_) => {
                 return Err(bad(format!(
                     "{} must list one flag per layer",
-                    f.arch_key("attention.full_layers")
+                    f.arch_key("attention.recurrent_layers")
                 )))
             }
+            None => {
+                let every = match f.get(&f.arch_key("full_attention_interval")) {
+                    Some(_) => u("full_attention_interval")?.max(1),
+                    None => 4,
+                };
+                (0..info.n_layer).map(|l| (l + 1) % every == 0).collect()
+            }
+        };
+        // llama.cpp's GGUF files order the value heads tiled over the key heads (value head g
+        // uses key head g mod Hk); Hugging Face's, and kiln's ops, group them (value head j
+        // uses key head j / (Hv/Hk)). `v_order[j]` is where grouped head j sits in the file.
+        let tiled = f.get("kiln.source").and_then(|v| v.as_str()) != Some("huggingface");
+        let r = ssm.hv / ssm.hk;
+        let v_order: Vec<usize> = (0..ssm.hv)
+            .map(|j| if tiled { (j % r) * ssm.hk + j / r } else { j })
+            .collect();
+        let heads = |width: usize, base: usize| -> Vec<std::ops::Range<usize>> {
+            v_order
+                .iter()
+                .map(|&g| base + g * width..base + (g + 1) * width)
+                .collect()
         };
         let rot = match f.get(&f.arch_key("rope.dimension_count")) {
             Some(_) => u("rope.dimension_count")?,
@@ -237,7 +267,13 @@ impl Qwen35 {
             } else {
                 let qkv = n("attn_qkv.weight");
                 let conv = n("ssm_conv1d.weight");
-                let parts = [0..kd, kd..2 * kd, 2 * kd..c];
+                let parts = [0..kd, kd..2 * kd];
+                let v_rows = heads(ssm.dv, 2 * kd);
+                let per_head = |w: &mut Weights, name: &str| -> Result<Tensor> {
+                    let v = w.host_f32(name, ssm.hv)?;
+                    let v: Vec<f32> = v_order.iter().map(|&g| v[g]).collect();
+                    ex.upload_f32(&[ssm.hv], &v)
+                };
                 let pool = states.len();
                 states.extend([
                     vec![km1, kd],
@@ -248,17 +284,17 @@ impl Qwen35 {
                 let m = Linear {
                     wq: w.get_rows(&qkv, &[c, e], &parts[..1])?,
                     wk: w.get_rows(&qkv, &[c, e], &parts[1..2])?,
-                    wv: w.get_rows(&qkv, &[c, e], &parts[2..])?,
+                    wv: w.get_rows(&qkv, &[c, e], &v_rows)?,
                     conv_q: w.get_rows(&conv, &[c, ssm.kernel], &parts[..1])?,
                     conv_k: w.get_rows(&conv, &[c, ssm.kernel], &parts[1..2])?,
-                    conv_v: w.get_rows(&conv, &[c, ssm.kernel], &parts[2..])?,
-                    w_z: w.get(&n("attn_gate.weight"), &[vd, e])?,
-                    w_b: w.get(&n("ssm_beta.weight"), &[ssm.hv, e])?,
-                    w_a: w.get(&n("ssm_alpha.weight"), &[ssm.hv, e])?,
-                    a: w.get(&n("ssm_a"), &[ssm.hv])?,
-                    dt_bias: w.get(&n("ssm_dt.bias"), &[ssm.hv])?,
+                    conv_v: w.get_rows(&conv, &[c, ssm.kernel], &v_rows)?,
+                    w_z: w.get_rows(&n("attn_gate.weight"), &[vd, e], &heads(ssm.dv, 0))?,
+                    w_b: w.get_rows(&n("ssm_beta.weight"), &[ssm.hv, e], &heads(1, 0))?,
+                    w_a: w.get_rows(&n("ssm_alpha.weight"), &[ssm.hv, e], &heads(1, 0))?,
+                    a: per_head(&mut w, &n("ssm_a"))?,
+                    dt_bias: per_head(&mut w, &n("ssm_dt.bias"))?,
                     norm: w.get(&n("ssm_norm.weight"), &[ssm.dv])?,
-                    w_out: w.get(&n("ssm_out.weight"), &[e, vd])?,
+                    w_out: w.get_col_ranges(&n("ssm_out.weight"), &[e, vd], &heads(ssm.dv, 0))?,
                     pool,
                 };
                 Mixer::Linear(Box::new(m))
@@ -293,7 +329,7 @@ impl Qwen35 {
             layers.push(Layer {
                 attn_norm: w.get(&n("attn_norm.weight"), &[e])?,
                 mixer,
-                ffn_norm: w.get(&n("ffn_norm.weight"), &[e])?,
+                ffn_norm: w.get(&n("post_attention_norm.weight"), &[e])?,
                 ffn,
             });
         }

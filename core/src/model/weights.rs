@@ -40,8 +40,10 @@ impl<'a> Weights<'a> {
             .upload(&TensorDesc::new(info.dtype, info.shape.clone()), bytes)
     }
 
-    /// The rows `ranges` (in order) of the 2-D tensor `name`, which must have `shape`: e.g.
-    /// one part of a fused projection. Rows must hold whole blocks of the dtype.
+    /// The rows `ranges` (in order) of tensor `name`, which must have `shape`: e.g. one part
+    /// of a fused projection. For a tensor of more dimensions, rows are its innermost vectors
+    /// (all outer indices flattened). Rows must hold whole blocks of the dtype. The result is
+    /// `[rows, shape.last()]`.
     pub fn get_rows(
         &mut self,
         name: &str,
@@ -49,7 +51,8 @@ impl<'a> Weights<'a> {
         ranges: &[std::ops::Range<usize>],
     ) -> Result<Tensor> {
         let (info, bytes) = self.file.data(name)?;
-        if info.shape != shape || shape.len() != 2 || shape[0] == 0 {
+        let nrows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+        if info.shape != shape || shape.len() < 2 || nrows == 0 {
             return Err(Error::load(
                 self.file.path(),
                 format!(
@@ -58,20 +61,21 @@ impl<'a> Weights<'a> {
                 ),
             ));
         }
-        let row = bytes.len() / shape[0];
+        let cols = shape[shape.len() - 1];
+        let row = bytes.len() / nrows;
         let mut out = Vec::new();
         let mut rows = 0;
         for r in ranges {
-            if r.start > r.end || r.end > shape[0] {
+            if r.start > r.end || r.end > nrows {
                 return Err(Error::Model(format!("rows {r:?} of {name} out of range")));
             }
             out.extend_from_slice(&bytes[r.start * row..r.end * row]);
             rows += r.len();
         }
         *self.counts.entry(info.dtype).or_insert(0) += 1;
-        self.n_params += (rows * shape[1]) as u64;
+        self.n_params += (rows * cols) as u64;
         self.ex
-            .upload(&TensorDesc::new(info.dtype, [rows, shape[1]]), &out)
+            .upload(&TensorDesc::new(info.dtype, [rows, cols]), &out)
     }
 
     /// Columns `cols` of the 2-D float tensor `name` (of `shape`): e.g. one layer's slice of a
@@ -82,13 +86,25 @@ impl<'a> Weights<'a> {
         shape: &[usize],
         cols: std::ops::Range<usize>,
     ) -> Result<Tensor> {
+        self.get_col_ranges(name, shape, &[cols])
+    }
+
+    /// The columns `ranges` (in order) of the 2-D float tensor `name`.
+    pub fn get_col_ranges(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        ranges: &[std::ops::Range<usize>],
+    ) -> Result<Tensor> {
         let (info, bytes) = self.file.data(name)?;
         let width = shape.get(1).copied().unwrap_or(0);
-        if info.shape != shape || shape.len() != 2 || cols.end > width || cols.start > cols.end {
+        let cols: usize = ranges.iter().map(|r| r.len()).sum();
+        let bad_range = ranges.iter().any(|r| r.end > width || r.start > r.end);
+        if info.shape != shape || shape.len() != 2 || bad_range {
             return Err(Error::load(
                 self.file.path(),
                 format!(
-                    "tensor {name} has shape {:?}; columns {cols:?} of {shape:?} were asked for",
+                    "tensor {name} has shape {:?}; columns {ranges:?} of {shape:?} were asked for",
                     info.shape
                 ),
             ));
@@ -103,15 +119,17 @@ impl<'a> Weights<'a> {
             ));
         }
         let el = info.dtype.type_size();
-        let mut out = Vec::with_capacity(shape[0] * cols.len() * el);
+        let mut out = Vec::with_capacity(shape[0] * cols * el);
         for r in 0..shape[0] {
             let row = &bytes[r * width * el..(r + 1) * width * el];
-            out.extend_from_slice(&row[cols.start * el..cols.end * el]);
+            for c in ranges {
+                out.extend_from_slice(&row[c.start * el..c.end * el]);
+            }
         }
         *self.counts.entry(info.dtype).or_insert(0) += 1;
-        self.n_params += (shape[0] * cols.len()) as u64;
+        self.n_params += (shape[0] * cols) as u64;
         self.ex
-            .upload(&TensorDesc::new(info.dtype, [shape[0], cols.len()]), &out)
+            .upload(&TensorDesc::new(info.dtype, [shape[0], cols]), &out)
     }
 
     /// A scalar or small f32 vector read to the host (dequantized).
