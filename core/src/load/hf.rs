@@ -792,7 +792,7 @@ fn map_f32(
 /// half of rows, then its second half) to the interleaved one (pairs side by side).
 fn unrotate_half(c: &Config, info: &TensorInfo, bytes: &[u8], heads: usize) -> Result<Vec<u8>> {
     let rows = info.shape.first().copied().unwrap_or(0);
-    if heads == 0 || rows % heads != 0 || (rows / heads) % 2 != 0 || rows == 0 {
+    if heads == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) || rows == 0 {
         return Err(c.err(format!(
             "tensor {}: {rows} rows do not split into {heads} heads of even size",
             info.name

@@ -268,10 +268,11 @@ impl Gemma4 {
                     &[vp, n * p],
                     l * p..(l + 1) * p,
                 )?);
+                let rows = l * p..(l + 1) * p;
                 projs.push(w.get_rows(
                     "per_layer_model_proj.weight",
                     &[n * p, e],
-                    &[l * p..(l + 1) * p],
+                    std::slice::from_ref(&rows),
                 )?);
             }
             Some(PleInputs {

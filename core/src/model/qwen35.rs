@@ -148,7 +148,12 @@ impl Qwen35 {
             info.vocab,
         );
         let bad = |m: String| Error::load(f.path(), m);
-        if nh == 0 || nkv == 0 || nh % nkv != 0 || ssm.hk == 0 || ssm.hv % ssm.hk != 0 {
+        if nh == 0
+            || nkv == 0
+            || !nh.is_multiple_of(nkv)
+            || ssm.hk == 0
+            || !ssm.hv.is_multiple_of(ssm.hk)
+        {
             return Err(bad(format!(
                 "bad head counts: {nh} query / {nkv} KV heads, {} key / {} value heads in the linear layers",
                 ssm.hk, ssm.hv
