@@ -132,11 +132,7 @@ impl Qwen35 {
             dv: 0,
         };
         let ssm = Ssm {
-            dv: if ssm.hv == 0 {
-                0
-            } else {
-                u("ssm.inner_size")? / ssm.hv
-            },
+            dv: u("ssm.inner_size")?.checked_div(ssm.hv).unwrap_or(0),
             ..ssm
         };
         let (e, hd, nh, nkv, ff, v) = (
