@@ -429,7 +429,8 @@ fn bench_concurrent(a: &BenchArgs, c: usize) -> Result<()> {
 struct BenchJson {
     model: String,
     backend: String,
-    threads: usize,
+    /// CPU threads; null on a GPU backend.
+    threads: Option<usize>,
     n_prompt: usize,
     n_gen: usize,
     prompt_tps: f64,
@@ -460,7 +461,9 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     let mut rng = kiln_core::rng::Rng::new(42);
     let mut toks =
         |n: usize| -> Vec<u32> { (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect() };
-    let threads = m.runner.executor().backend().capabilities().parallelism;
+    // Threads mean something only on the CPU; a device's own parallelism is not threads.
+    let caps = m.runner.executor().backend().capabilities();
+    let threads = (caps.kind == kiln_core::backend::DeviceKind::Cpu).then_some(caps.parallelism);
     let backend = m.runner.executor().backend().name().to_string();
     // One warm-up of each.
     let warm = toks(a.n_prompt.max(1));
@@ -509,6 +512,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         };
         println!("{}", serde_json::to_string(&j)?);
     } else {
+        let threads = threads.map_or("-".to_string(), |t| t.to_string());
         println!("| model | backend | threads | test | t/s |");
         println!("|---|---|---|---|---|");
         if a.n_prompt > 0 {
