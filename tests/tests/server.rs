@@ -836,3 +836,96 @@ fn a_non_streaming_client_that_leaves_is_cancelled() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A model whose chat template opens `<think>` on the assistant's turn (the tiny Qwen3.5
+/// checkpoint with such a template): the answer arrives as `reasoning_content`, streamed and
+/// not, equal to the raw text the completions endpoint gives for the same prompt, and /props
+/// reports the syntax. (The parser itself is tested at every split point in
+/// core/src/chat/parse.rs; this checks the server's plumbing around it.)
+#[test]
+fn a_thinking_template_turns_the_output_into_reasoning_content() {
+    let src = kiln_tests::fixtures().join("hf").join("qwen3_5");
+    let dir = std::env::temp_dir().join(format!("kiln-think-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).expect("copy");
+    }
+    let template = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}{% if tools %}{{ '<tools>' }}{% for t in tools %}{{ t.function.name }}{% endfor %}{{ '</tools> answer with <tool_call>{json}</tool_call>' }}{% endif %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}";
+    let cfg = json!({"eos_token": "<|im_end|>", "add_bos_token": false, "chat_template": template});
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).expect("write");
+    let args = ModelArgs {
+        model: Some(dir.display().to_string()),
+        backend: "cpu".into(),
+        threads: None,
+        ctx: Some(256),
+        strict: false,
+        kv_type: DType::F32,
+    };
+    let cfg = RunnerConfig {
+        max_seqs: 2,
+        ..RunnerConfig::default()
+    };
+    let st = state(load(&args, cfg).expect("loads"), 2, None).expect("state");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let app = router(st);
+    rt.spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+
+    let props = get(addr, "/props");
+    assert_eq!(props["reasoning"], true, "{props}");
+    assert_eq!(props["tool_calls"], true, "{props}");
+    let chat = json!({"messages": [{"role": "user", "content": "Why is the sky blue?"}],
+                      "max_tokens": 12, "temperature": 0});
+    let (code, body) = post(addr, "/v1/chat/completions", &chat);
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    let msg = &v["choices"][0]["message"];
+    let reasoning = msg["reasoning_content"]
+        .as_str()
+        .expect("reasoning_content")
+        .to_string();
+    assert!(!reasoning.is_empty(), "{v}");
+    assert_eq!(msg["content"], "", "{v}");
+    // The same prompt as raw text through the completions endpoint.
+    let raw = "<|im_start|>user\nWhy is the sky blue?<|im_end|>\n<|im_start|>assistant\n<think>\n";
+    let c = completion(
+        addr,
+        &json!({"prompt": raw, "max_tokens": 12, "temperature": 0}),
+    );
+    assert_eq!(c["choices"][0]["text"].as_str(), Some(reasoning.as_str()));
+    // Streamed: reasoning deltas only, adding up to the same text.
+    let mut body = chat.clone();
+    body["stream"] = json!(true);
+    let (code, text) = post(addr, "/v1/chat/completions", &body);
+    assert_eq!(code, 200, "{text}");
+    let mut streamed = String::new();
+    for d in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if d == "[DONE]" {
+            continue;
+        }
+        let v: Value = serde_json::from_str(d).expect("chunk");
+        let delta = &v["choices"][0]["delta"];
+        assert!(
+            delta["content"].as_str().is_none_or(str::is_empty),
+            "content in a reasoning stream: {d}"
+        );
+        streamed.push_str(delta["reasoning_content"].as_str().unwrap_or(""));
+    }
+    assert_eq!(streamed, reasoning);
+    // With tools offered, the template lists them (and a tool call would be parsed).
+    let mut with_tools = chat.clone();
+    with_tools["tools"] = json!([{"type": "function", "function": {"name": "sky_colour"}}]);
+    let (code, body) = post(addr, "/v1/chat/completions", &with_tools);
+    assert_eq!(code, 200, "{body}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
