@@ -223,6 +223,60 @@ pub(crate) fn upload_batch(
     })
 }
 
+/// Checks a batch against the model: tokens and positions agree, every id is in the
+/// vocabulary. Returns the token count.
+pub(crate) fn check_batch(b: &ForwardBatch, vocab: usize) -> Result<usize> {
+    let t = b.tokens.len();
+    if t == 0 || b.positions.len() != t {
+        return Err(Error::Model(format!(
+            "batch of {t} tokens with {} positions",
+            b.positions.len()
+        )));
+    }
+    if let Some(&bad) = b.tokens.iter().find(|&&tok| tok as usize >= vocab) {
+        return Err(Error::Model(format!(
+            "token id {bad} is outside the vocabulary of {vocab}"
+        )));
+    }
+    Ok(t)
+}
+
+/// The model's head on the rows that want logits (only those go through the final norm and
+/// the output matrix): `[rows, vocab]`, soft-capped when `soft_cap` is set.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn logits_head(
+    ex: &Executor,
+    x: &Tensor,
+    b: &ForwardBatch,
+    out_norm: &Tensor,
+    output: &Tensor,
+    norm: impl Fn(&Tensor, &Tensor) -> Result<Tensor>,
+    vocab: usize,
+    soft_cap: Option<f32>,
+) -> Result<Tensor> {
+    let t = b.tokens.len();
+    let rows: Vec<i32> = b.logits_rows.iter().map(|&r| r as i32).collect();
+    if rows.is_empty() {
+        return ex
+            .backend()
+            .alloc(&crate::TensorDesc::new(crate::DType::F32, [0, vocab]));
+    }
+    if rows.iter().any(|&r| r as usize >= t) {
+        return Err(Error::Model(format!(
+            "logits rows {:?} out of the batch of {t}",
+            b.logits_rows
+        )));
+    }
+    let sel = ex.get_rows(x, &ex.upload_i32(&[rows.len()], &rows)?)?;
+    let mut logits = ex.matmul(&norm(&sel, out_norm)?, output)?;
+    if let Some(c) = soft_cap {
+        logits = ex.scale(&logits, 1.0 / c)?;
+        logits = ex.unary(crate::op::UnaryOp::Tanh, &logits)?;
+        logits = ex.scale(&logits, c)?;
+    }
+    Ok(logits)
+}
+
 impl Model for Decoder {
     fn info(&self) -> &ModelInfo {
         &self.spec.info
@@ -235,19 +289,7 @@ impl Model for Decoder {
     fn forward(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
         let sp = &self.spec;
         let i = &sp.info;
-        let t = b.tokens.len();
-        if t == 0 || b.positions.len() != t {
-            return Err(Error::Model(format!(
-                "batch of {t} tokens with {} positions",
-                b.positions.len()
-            )));
-        }
-        if let Some(&bad) = b.tokens.iter().find(|&&tok| tok as usize >= i.vocab) {
-            return Err(Error::Model(format!(
-                "token id {bad} is outside the vocabulary of {}",
-                i.vocab
-            )));
-        }
+        let t = check_batch(b, i.vocab)?;
         let bt = upload_batch(ex, b, self.groups.len())?;
         let ids: Vec<i32> = b.tokens.iter().map(|&x| x as i32).collect();
         let ids = ex.upload_i32(&[t], &ids)?;
@@ -297,27 +339,15 @@ impl Model for Decoder {
             }
             x = ex.add(&x, &d)?;
         }
-        // Only the rows that want logits go through the final norm and the output matrix.
-        let rows: Vec<i32> = b.logits_rows.iter().map(|&r| r as i32).collect();
-        if rows.is_empty() {
-            return ex
-                .backend()
-                .alloc(&crate::TensorDesc::new(crate::DType::F32, [0, i.vocab]));
-        }
-        if rows.iter().any(|&r| r as usize >= t) {
-            return Err(Error::Model(format!(
-                "logits rows {:?} out of the batch of {t}",
-                b.logits_rows
-            )));
-        }
-        let sel = ex.get_rows(&x, &ex.upload_i32(&[rows.len()], &rows)?)?;
-        let h = self.norm(ex, &sel, &self.out_norm)?;
-        let mut logits = ex.matmul(&h, &self.output)?;
-        if let Some(c) = sp.final_soft_cap {
-            logits = ex.scale(&logits, 1.0 / c)?;
-            logits = ex.unary(crate::op::UnaryOp::Tanh, &logits)?;
-            logits = ex.scale(&logits, c)?;
-        }
-        Ok(logits)
+        logits_head(
+            ex,
+            &x,
+            b,
+            &self.out_norm,
+            &self.output,
+            |x, w| self.norm(ex, x, w),
+            i.vocab,
+            sp.final_soft_cap,
+        )
     }
 }

@@ -11,7 +11,7 @@
 //! That is the RoPE op over the whole head with frequency factors: 1 for the turning pairs, a
 //! huge number (frequency 0) for the others.
 
-use super::decoder::upload_batch;
+use super::decoder::{check_batch, logits_head, upload_batch};
 use super::llama::{base_info, f32_or};
 use super::weights::Weights;
 use super::{ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
@@ -483,19 +483,7 @@ impl Model for Gemma4 {
 
     fn forward(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
         let i = &self.info;
-        let t = b.tokens.len();
-        if t == 0 || b.positions.len() != t {
-            return Err(Error::Model(format!(
-                "batch of {t} tokens with {} positions",
-                b.positions.len()
-            )));
-        }
-        if let Some(&bad) = b.tokens.iter().find(|&&tok| tok as usize >= i.vocab) {
-            return Err(Error::Model(format!(
-                "token id {bad} is outside the vocabulary of {}",
-                i.vocab
-            )));
-        }
+        let t = check_batch(b, i.vocab)?;
         let bt = upload_batch(ex, b, self.groups.len())?;
         let ids: Vec<i32> = b.tokens.iter().map(|&x| x as i32).collect();
         let ids = ex.upload_i32(&[t], &ids)?;
@@ -570,26 +558,15 @@ impl Model for Gemma4 {
                 x = ex.scale(&x, layer.scalar)?;
             }
         }
-        let rows: Vec<i32> = b.logits_rows.iter().map(|&r| r as i32).collect();
-        if rows.is_empty() {
-            return ex
-                .backend()
-                .alloc(&crate::TensorDesc::new(crate::DType::F32, [0, i.vocab]));
-        }
-        if rows.iter().any(|&r| r as usize >= t) {
-            return Err(Error::Model(format!(
-                "logits rows {:?} out of the batch of {t}",
-                b.logits_rows
-            )));
-        }
-        let sel = ex.get_rows(&x, &ex.upload_i32(&[rows.len()], &rows)?)?;
-        let h = self.norm(ex, &sel, &self.out_norm)?;
-        let mut logits = ex.matmul(&h, &self.output)?;
-        if let Some(c) = self.soft_cap {
-            logits = ex.scale(&logits, 1.0 / c)?;
-            logits = ex.unary(UnaryOp::Tanh, &logits)?;
-            logits = ex.scale(&logits, c)?;
-        }
-        Ok(logits)
+        logits_head(
+            ex,
+            &x,
+            b,
+            &self.out_norm,
+            &self.output,
+            |x, w| self.norm(ex, x, w),
+            i.vocab,
+            self.soft_cap,
+        )
     }
 }

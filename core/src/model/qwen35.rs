@@ -15,7 +15,7 @@
 //! except the gated norm, which is a plain one. GGUF files from llama.cpp and Hugging Face
 //! checkpoints differ only in the order of the value heads, which is undone at load.
 
-use super::decoder::upload_batch;
+use super::decoder::{check_batch, logits_head, upload_batch};
 use super::llama::{base_info, f32_or};
 use super::weights::Weights;
 use super::{ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
@@ -500,19 +500,7 @@ impl Model for Qwen35 {
 
     fn forward(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
         let i = &self.info;
-        let t = b.tokens.len();
-        if t == 0 || b.positions.len() != t {
-            return Err(Error::Model(format!(
-                "batch of {t} tokens with {} positions",
-                b.positions.len()
-            )));
-        }
-        if let Some(&bad) = b.tokens.iter().find(|&&tok| tok as usize >= i.vocab) {
-            return Err(Error::Model(format!(
-                "token id {bad} is outside the vocabulary of {}",
-                i.vocab
-            )));
-        }
+        let t = check_batch(b, i.vocab)?;
         let bt = upload_batch(ex, b, self.groups.len())?;
         let read: Vec<i32> = b
             .seqs
@@ -580,20 +568,15 @@ impl Model for Qwen35 {
             };
             x = ex.add(&x, &d)?;
         }
-        let rows: Vec<i32> = b.logits_rows.iter().map(|&r| r as i32).collect();
-        if rows.is_empty() {
-            return ex
-                .backend()
-                .alloc(&crate::TensorDesc::new(crate::DType::F32, [0, i.vocab]));
-        }
-        if rows.iter().any(|&r| r as usize >= t) {
-            return Err(Error::Model(format!(
-                "logits rows {:?} out of the batch of {t}",
-                b.logits_rows
-            )));
-        }
-        let sel = ex.get_rows(&x, &ex.upload_i32(&[rows.len()], &rows)?)?;
-        let h = ex.rms_norm(&sel, &self.out_norm, self.eps, false)?;
-        ex.matmul(&h, &self.output)
+        logits_head(
+            ex,
+            &x,
+            b,
+            &self.out_norm,
+            &self.output,
+            |x, w| ex.rms_norm(x, w, self.eps, false),
+            i.vocab,
+            None,
+        )
     }
 }
