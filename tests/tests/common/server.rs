@@ -1,0 +1,168 @@
+//! What the `kiln serve` tests share: an in-process server on a free port, and plain HTTP/1.1
+//! over real TCP.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+
+use kiln_core::engine::RunnerConfig;
+use kiln_core::DType;
+use kiln_server::load::{load, ModelArgs};
+use kiln_server::serve::{router, state, AppState};
+use kiln_tests::{model_file, SMOLLM2};
+use serde_json::Value;
+
+pub struct Server {
+    pub addr: SocketAddr,
+    pub state: Arc<AppState>,
+    _rt: tokio::runtime::Runtime,
+}
+
+pub fn start(max_batch: usize, api_key: Option<&str>) -> Option<Server> {
+    let path = model_file(SMOLLM2)?;
+    let args = ModelArgs {
+        model: Some(path.display().to_string()),
+        backend: "cpu".into(),
+        threads: None,
+        ctx: Some(512),
+        strict: false,
+        kv_type: DType::F32,
+    };
+    let cfg = RunnerConfig {
+        max_seqs: max_batch,
+        max_batch_tokens: 64,
+        // As `kiln serve` runs.
+        prefix_caching: true,
+        ..RunnerConfig::default()
+    };
+    let st = state(
+        load(&args, cfg).expect("model loads"),
+        max_batch,
+        api_key.map(String::from),
+    )
+    .expect("server state");
+    Some(serve(st))
+}
+
+/// Serves `st` on a free local port from a runtime of its own.
+pub fn serve(st: Arc<AppState>) -> Server {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let app = router(st.clone());
+    rt.spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Server {
+        addr,
+        state: st,
+        _rt: rt,
+    }
+}
+
+/// One HTTP/1.1 exchange: (status, body with any chunked encoding removed).
+pub fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    key: Option<&str>,
+) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: kiln\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("write");
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read");
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, rest) = text.split_once("\r\n\r\n").expect("a response head");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status code");
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    (status, body)
+}
+
+pub fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n..];
+        s = s.strip_prefix("\r\n").unwrap_or(s);
+    }
+    out
+}
+
+pub fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, String) {
+    http(addr, "POST", path, body.to_string().as_bytes(), None)
+}
+
+/// The text of a streamed completion, from its SSE body (which must end with [DONE]).
+pub fn streamed_text(body: &str) -> String {
+    let datas: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(
+        datas.last(),
+        Some(&"[DONE]"),
+        "stream not terminated: {body}"
+    );
+    datas[..datas.len() - 1]
+        .iter()
+        .map(|d| {
+            let v: Value = serde_json::from_str(d).expect("chunk JSON");
+            v["choices"][0]["text"].as_str().unwrap_or("").to_string()
+        })
+        .collect()
+}
+
+pub fn get(addr: SocketAddr, path: &str) -> Value {
+    let (st, body) = http(addr, "GET", path, b"", None);
+    assert_eq!(st, 200, "{path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {body}"))
+}
+
+/// A sample's value in Prometheus text (`name` with its labels, exactly as written).
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+}
+
+pub fn metrics_text(addr: SocketAddr) -> String {
+    let (st, text) = http(addr, "GET", "/metrics", b"", None);
+    assert_eq!(st, 200);
+    text
+}
+
+pub fn completion(addr: SocketAddr, body: &Value) -> Value {
+    let (st, text) = post(addr, "/v1/completions", body);
+    assert_eq!(st, 200, "{text}");
+    serde_json::from_str(&text).expect("JSON")
+}
