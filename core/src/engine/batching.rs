@@ -151,6 +151,8 @@ pub struct Engine {
     active: HashMap<ReqId, Active>,
     next_id: ReqId,
     stats: EngineStats,
+    /// Where a spawned engine publishes its state for other threads.
+    published: Option<Arc<std::sync::Mutex<Snapshot>>>,
 }
 
 /// The scheduler's view of the runner's KV pool: the full-attention group (sliding-window
@@ -205,6 +207,7 @@ impl Engine {
             active: HashMap::new(),
             next_id: 1,
             stats: EngineStats::default(),
+            published: None,
         }
     }
 
@@ -220,6 +223,15 @@ impl Engine {
     /// Requests queued and running.
     pub fn load(&self) -> (usize, usize) {
         (self.sched.waiting(), self.sched.running().len())
+    }
+
+    /// Publishes the current state where a spawned engine's handle reads it.
+    fn publish(&self) {
+        if let Some(p) = &self.published {
+            if let Ok(mut s) = p.lock() {
+                *s = self.snapshot();
+            }
+        }
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -336,6 +348,8 @@ impl Engine {
             self.runner.release(id)?;
         }
         if let (Some(a), Some(finish)) = (self.active.remove(&id), finish) {
+            // Whoever is told the request ended finds the engine's state already past it.
+            self.publish();
             let _ = a.tx.send(Event::Done {
                 finish,
                 prompt_tokens: a.prompt_len,
@@ -571,12 +585,12 @@ pub struct EngineHandle {
 /// Starts `engine` on a thread of its own.
 pub fn spawn(mut engine: Engine) -> EngineHandle {
     let (tx, rx) = mpsc::channel::<Cmd>();
-    let snapshot = std::sync::Arc::new(std::sync::Mutex::new(engine.snapshot()));
-    let shared = snapshot.clone();
+    let snapshot = Arc::new(std::sync::Mutex::new(engine.snapshot()));
+    engine.published = Some(snapshot.clone());
     let thread = std::thread::Builder::new()
         .name("kiln-engine".into())
         .spawn(move || {
-            serve(&mut engine, &rx, &shared);
+            serve(&mut engine, &rx);
             engine.stats.clone()
         })
         .ok();
@@ -595,12 +609,10 @@ fn accept(engine: &mut Engine, cmd: Cmd) {
 }
 
 /// The engine thread: take requests (blocking only when idle), then step.
-fn serve(engine: &mut Engine, rx: &Receiver<Cmd>, shared: &std::sync::Mutex<Snapshot>) {
+fn serve(engine: &mut Engine, rx: &Receiver<Cmd>) {
     let mut open = true;
     loop {
-        if let Ok(mut s) = shared.lock() {
-            *s = engine.snapshot();
-        }
+        engine.publish();
         if engine.is_idle() {
             if !open {
                 return;

@@ -188,14 +188,14 @@ fn start(state: &Arc<AppState>, spec: &GenSpec) -> mpsc::Receiver<Piece> {
         let mut choice = Choice::new(index, spec);
         tokio::task::spawn_blocking(move || {
             let mut last: Option<Instant> = None;
-            let outcome = loop {
+            let unrecorded: Option<&'static str> = loop {
                 let ev = match stream.recv_timeout(POLL) {
                     Ok(ev) => ev,
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) if tx.is_closed() => {
-                        break "cancelled";
+                        break Some("cancelled");
                     }
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
-                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break "error",
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break Some("error"),
                 };
                 let pieces = match ev {
                     Event::Token(t, lp) => {
@@ -212,32 +212,48 @@ fn start(state: &Arc<AppState>, spec: &GenSpec) -> mpsc::Receiver<Piece> {
                 };
                 let mut outcome = None;
                 for p in pieces {
-                    match &p {
-                        Piece::End { finish, .. } => outcome = Some(*finish),
-                        Piece::Failed(_) => outcome = Some("error"),
-                        _ => {}
+                    let ends = match &p {
+                        Piece::End { finish, .. } => Some(*finish),
+                        Piece::Failed(_) => Some("error"),
+                        _ => None,
+                    };
+                    // The outcome is counted before the last piece goes out, so a client that
+                    // has its answer finds it in /metrics.
+                    if let Some(o) = ends {
+                        record(&st, o, choice.generated);
+                        outcome = Some(o);
                     }
                     if p.is_empty() {
                         continue;
                     }
                     if tx.blocking_send(p).is_err() {
+                        if outcome.is_none() {
+                            record(&st, "cancelled", choice.generated);
+                        }
                         outcome = Some("cancelled");
                         break;
                     }
                 }
-                if let Some(o) = outcome {
-                    break o;
+                if outcome.is_some() {
+                    break None;
                 }
             };
             // Dropping the engine stream cancels the request if it is still running.
             drop(stream);
-            st.metrics.with(|m| {
-                *m.finished.entry(outcome).or_insert(0) += 1;
-                m.generated_tokens += choice.generated as u64;
-            });
+            if let Some(o) = unrecorded {
+                record(&st, o, choice.generated);
+            }
         });
     }
     rx
+}
+
+/// Counts a finished choice in /metrics.
+fn record(st: &AppState, outcome: &'static str, generated: usize) {
+    st.metrics.with(|m| {
+        *m.finished.entry(outcome).or_insert(0) += 1;
+        m.generated_tokens += generated as u64;
+    });
 }
 
 fn usage(prompt: usize, completion: usize) -> Value {
