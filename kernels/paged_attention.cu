@@ -12,16 +12,17 @@
 #define DECODE_WARPS 4
 
 template <typename C>
-__device__ __forceinline__ void paged_decode(const float* q, const C* kc, const C* vc, const int* table,
-                                             const int* seq_lens, float* out, u32 hq, u32 hkv, u32 d,
-                                             u32 bs, u32 max_blocks, float scale, float cap, u32 window) {
+__device__ __forceinline__ void paged_decode_row(const float* q, const C* kc, const C* vc, const int* table,
+                                                 float* out, u32 seq, u32 row_q, int pos, u32 hq, u32 hkv,
+                                                 u32 d, u32 bs, u32 max_blocks, float scale, float cap,
+                                                 u32 window) {
     __shared__ float m_s[DECODE_WARPS][MAX_GROUP];
     __shared__ float l_s[DECODE_WARPS][MAX_GROUP];
     __shared__ float o_s[DECODE_WARPS][MAX_GROUP][MAX_D];
-    const u32 seq = blockIdx.x, kvh = blockIdx.y;
+    const u32 kvh = blockIdx.y;
     const u32 group = hq / hkv;
     const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const int len = seq_lens[seq];
+    const int len = pos + 1;  // keys 0..=pos
     const int first = window > 0 ? max(0, len - (int)window) : 0;
     const u32 per = (d + WARP - 1) / WARP;  // values per lane, at most 8
     // Register arrays need indices known at compile time: the loops run to the maxima and
@@ -29,7 +30,7 @@ __device__ __forceinline__ void paged_decode(const float* q, const C* kc, const 
     float qv[MAX_GROUP][8], acc[MAX_GROUP][8], m[MAX_GROUP], l[MAX_GROUP];
 #pragma unroll
     for (u32 g = 0; g < MAX_GROUP; g++) {
-        const float* qh = q + ((size_t)seq * hq + kvh * group + (g < group ? g : 0)) * d;
+        const float* qh = q + ((size_t)row_q * hq + kvh * group + (g < group ? g : 0)) * d;
 #pragma unroll
         for (u32 i = 0; i < 8; i++) {
             const u32 j = lane + i * WARP;
@@ -90,34 +91,52 @@ __device__ __forceinline__ void paged_decode(const float* q, const C* kc, const 
             float o = 0.0f;
             for (u32 w = 0; w < DECODE_WARPS; w++)
                 if (m_s[w][g] != -KILN_INF) o += o_s[w][g][j] * __expf(m_s[w][g] - mx);
-            out[((size_t)seq * hq + kvh * group + g) * d + j] = denom > 0.0f ? o / denom : 0.0f;
+            out[((size_t)row_q * hq + kvh * group + g) * d + j] = denom > 0.0f ? o / denom : 0.0f;
         }
     }
+    // The next row of this sequence reuses the shared arrays.
+    __syncthreads();
+}
+
+// A sequence's query rows are q_start[seq] .. q_start[seq + 1], the last ones of its context
+// (one in a decode step); each row sees keys up to its own position.
+template <typename C>
+__device__ __forceinline__ void paged_decode(const float* q, const C* kc, const C* vc, const int* table,
+                                             const int* seq_lens, const int* q_start, float* out, u32 hq,
+                                             u32 hkv, u32 d, u32 bs, u32 max_blocks, float scale, float cap,
+                                             u32 window) {
+    const u32 seq = blockIdx.x;
+    const int r0 = q_start[seq], rows = q_start[seq + 1] - r0;
+    const int len = seq_lens[seq];
+    for (int i = 0; i < rows; i++)
+        paged_decode_row(q, kc, vc, table, out, seq, (u32)(r0 + i), len - rows + i, hq, hkv, d, bs,
+                         max_blocks, scale, cap, window);
 }
 
 // @hot
 extern "C" __global__ void __launch_bounds__(DECODE_WARPS * WARP)
 paged_decode_f32(const float* q, const float* kc, const float* vc, const int* table, const int* seq_lens,
-                 float* out, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks, float scale, float cap,
-                 u32 window) {
-    paged_decode(q, kc, vc, table, seq_lens, out, hq, hkv, d, bs, max_blocks, scale, cap, window);
+                 const int* q_start, float* out, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks, float scale,
+                 float cap, u32 window) {
+    paged_decode(q, kc, vc, table, seq_lens, q_start, out, hq, hkv, d, bs, max_blocks, scale, cap, window);
 }
 
 // @hot
 extern "C" __global__ void __launch_bounds__(DECODE_WARPS * WARP)
 paged_decode_f16(const float* q, const __half* kc, const __half* vc, const int* table, const int* seq_lens,
-                 float* out, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks, float scale, float cap,
-                 u32 window) {
-    paged_decode(q, kc, vc, table, seq_lens, out, hq, hkv, d, bs, max_blocks, scale, cap, window);
+                 const int* q_start, float* out, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks, float scale,
+                 float cap, u32 window) {
+    paged_decode(q, kc, vc, table, seq_lens, q_start, out, hq, hkv, d, bs, max_blocks, scale, cap, window);
 }
 
 // Prefill (and mixed batches): one warp per (query row, query head); the row's sequence is
 // found from q_start, its position is the last q_len ones of the context. Causal, with an
-// optional sliding window. f32 caches.
-extern "C" __global__ void paged_prefill_f32(const float* q, const float* kc, const float* vc,
-                                             const int* table, const int* seq_lens, const int* q_start,
-                                             float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d,
-                                             u32 bs, u32 max_blocks, float scale, float cap, u32 window) {
+// optional sliding window. f32 and f16 caches.
+template <typename C>
+__device__ __forceinline__ void paged_prefill(const float* q, const C* kc, const C* vc, const int* table,
+                                              const int* seq_lens, const int* q_start, float* out, u32 n_seqs,
+                                              u32 t, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks,
+                                              float scale, float cap, u32 window) {
     const u32 gw = (blockIdx.x * blockDim.x + threadIdx.x) / WARP;
     const u32 lane = threadIdx.x % WARP;
     if (gw >= t * hq) return;
@@ -144,7 +163,7 @@ extern "C" __global__ void paged_prefill_f32(const float* q, const float* kc, co
 #pragma unroll
         for (u32 i = 0; i < 8; i++) {
             const u32 j = lane + i * WARP;
-            if (i < per && j < d) sc += qv[i] * kc[row + j];
+            if (i < per && j < d) sc += qv[i] * to_f32(kc[row + j]);
         }
         sc = warp_sum(sc) * scale;
         if (cap > 0.0f) sc = cap * tanhf(sc / cap);
@@ -154,7 +173,7 @@ extern "C" __global__ void paged_prefill_f32(const float* q, const float* kc, co
 #pragma unroll
         for (u32 i = 0; i < 8; i++) {
             const u32 j = lane + i * WARP;
-            acc[i] = acc[i] * corr + ((i < per && j < d) ? e * vc[row + j] : 0.0f);
+            acc[i] = acc[i] * corr + ((i < per && j < d) ? e * to_f32(vc[row + j]) : 0.0f);
         }
         m = mn;
     }
@@ -163,4 +182,20 @@ extern "C" __global__ void paged_prefill_f32(const float* q, const float* kc, co
         const u32 j = lane + i * WARP;
         if (i < per && j < d) out[((size_t)r * hq + h) * d + j] = l > 0.0f ? acc[i] / l : 0.0f;
     }
+}
+
+extern "C" __global__ void paged_prefill_f32(const float* q, const float* kc, const float* vc,
+                                             const int* table, const int* seq_lens, const int* q_start,
+                                             float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d,
+                                             u32 bs, u32 max_blocks, float scale, float cap, u32 window) {
+    paged_prefill(q, kc, vc, table, seq_lens, q_start, out, n_seqs, t, hq, hkv, d, bs, max_blocks, scale,
+                  cap, window);
+}
+
+extern "C" __global__ void paged_prefill_f16(const float* q, const __half* kc, const __half* vc,
+                                             const int* table, const int* seq_lens, const int* q_start,
+                                             float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d,
+                                             u32 bs, u32 max_blocks, float scale, float cap, u32 window) {
+    paged_prefill(q, kc, vc, table, seq_lens, q_start, out, n_seqs, t, hq, hkv, d, bs, max_blocks, scale,
+                  cap, window);
 }

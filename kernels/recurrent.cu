@@ -8,11 +8,13 @@
 //   (Dk values in registers), so the update needs no synchronisation between columns.
 
 extern "C" __global__ void conv1d_decode_f32(const float* x, const float* w, const int* slots, float* y,
-                                             float* state, u32 s, u32 c, u32 k, u32 silu_out) {
+                                             float* state, u32 s, u32 c, u32 k, u32 silu_out, u32 pool) {
     const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= s * c) return;
     const u32 seq = i / c, ch = i % c;
-    float* st = state + (size_t)slots[seq] * (k - 1) * c;
+    const int slot = slots[seq];
+    if (slot < 0 || (u32)slot >= pool) return;  // a bad slot is skipped, never written outside
+    float* st = state + (size_t)slot * (k - 1) * c;
     const float xn = x[i];
     float acc = w[(size_t)ch * k + (k - 1)] * xn;
     for (u32 j = 0; j + 1 < k; j++) acc += w[(size_t)ch * k + j] * st[(size_t)j * c + ch];
@@ -27,9 +29,11 @@ extern "C" __global__ void conv1d_decode_f32(const float* x, const float* w, con
 extern "C" __global__ void delta_net_decode_f32(const float* q, const float* k, const float* v,
                                                 const float* g, const float* beta, const int* slots,
                                                 float* o, float* state, u32 hk, u32 hv, u32 dk, u32 dv,
-                                                float scale, float l2_eps, u32 l2) {
+                                                float scale, float l2_eps, u32 l2, u32 pool) {
     __shared__ float qs[MAX_DK], ks[MAX_DK], scratch[WARP];
     const u32 seq = blockIdx.x, h = blockIdx.y, kh = h / (hv / hk);
+    const int slot = slots[seq];
+    if (slot < 0 || (u32)slot >= pool) return;  // uniform over the block: no barrier skipped
     const float* qh = q + ((size_t)seq * hk + kh) * dk;
     const float* kh_ = k + ((size_t)seq * hk + kh) * dk;
     float qn = 0.0f, kn = 0.0f;
@@ -48,7 +52,7 @@ extern "C" __global__ void delta_net_decode_f32(const float* q, const float* k, 
     const size_t idx = (size_t)seq * hv + h;
     const float decay = __expf(g[idx]);
     const float b = beta[idx];
-    float* S = state + ((size_t)slots[seq] * hv + h) * dk * dv;
+    float* S = state + ((size_t)slot * hv + h) * dk * dv;
     for (u32 col = threadIdx.x; col < dv; col += blockDim.x) {
         // Stᵀk for this column, after the decay.
         float sk = 0.0f;

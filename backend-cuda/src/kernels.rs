@@ -72,3 +72,134 @@ pub fn entry_points(src: &str) -> Vec<(String, bool)> {
     }
     out
 }
+
+/// What a pointer parameter points at, as far as the launcher's tensors are concerned.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Elem {
+    F32,
+    F16,
+    BF16,
+    I32,
+    /// Raw bytes of a block-quantized tensor (`u8` or one of `common.cuh`'s block structs).
+    Bytes,
+}
+
+/// One kernel parameter.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Param {
+    Ptr { elem: Elem, mutable: bool },
+    U32,
+    I32,
+    F32,
+}
+
+/// A kernel's declaration: the file it lives in and its parameters in order.
+#[derive(Clone, Debug)]
+pub struct Signature {
+    pub file: &'static str,
+    pub params: Vec<Param>,
+}
+
+fn param_of(decl: &str) -> Option<Param> {
+    let decl = decl.trim();
+    // The type is everything before the parameter's name.
+    let name_at = decl.rfind(|c: char| !(c.is_alphanumeric() || c == '_'))? + 1;
+    let ty = decl[..name_at].trim();
+    if let Some(base) = ty.strip_suffix('*') {
+        let base = base.trim();
+        let (mutable, base) = match base.strip_prefix("const ") {
+            Some(b) => (false, b.trim()),
+            None => (true, base),
+        };
+        let elem = match base {
+            "float" => Elem::F32,
+            "__half" => Elem::F16,
+            "__nv_bfloat16" => Elem::BF16,
+            "int" => Elem::I32,
+            "u8" | "block_q8_0" | "block_q4_0" => Elem::Bytes,
+            _ => return None,
+        };
+        return Some(Param::Ptr { elem, mutable });
+    }
+    match ty {
+        "u32" | "unsigned int" => Some(Param::U32),
+        "int" => Some(Param::I32),
+        "float" => Some(Param::F32),
+        _ => None,
+    }
+}
+
+/// Every `extern "C" __global__` kernel's signature, by name. An error names a kernel whose
+/// parameter the launcher could not pass (a type this parser does not know).
+pub fn signatures() -> Result<std::collections::HashMap<String, Signature>, String> {
+    let mut out = std::collections::HashMap::new();
+    for (file, src) in FILES {
+        let mut rest = *src;
+        while let Some(at) = rest.find("extern \"C\" __global__") {
+            rest = &rest[at + "extern \"C\" __global__".len()..];
+            let mut head = rest.trim_start();
+            if let Some(after) = head.strip_prefix("void") {
+                head = after.trim_start();
+            }
+            if let Some(after) = head.strip_prefix("__launch_bounds__(") {
+                let close = after.find(')').ok_or(format!("{file}: unclosed __launch_bounds__"))?;
+                head = after[close + 1..].trim_start();
+                head = head.strip_prefix("void").unwrap_or(head).trim_start();
+            }
+            let open = head.find('(').ok_or(format!("{file}: a kernel without parameters"))?;
+            let name = head[..open].trim().to_string();
+            let close = head[open..]
+                .find(')')
+                .ok_or(format!("{file}: {name}: unclosed parameter list"))?;
+            let list = &head[open + 1..open + close];
+            let params = list
+                .split(',')
+                .filter(|p| !p.trim().is_empty())
+                .map(|p| param_of(p).ok_or(format!("{file}: {name}: unknown parameter type in {p:?}")))
+                .collect::<Result<Vec<_>, _>>()?;
+            if out
+                .insert(name.clone(), Signature { file, params })
+                .is_some()
+            {
+                return Err(format!("kernel {name} is declared twice"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_are_parsed_for_every_entry_point() {
+        let sigs = signatures().expect("every kernel parameter has a known type");
+        let mut n = 0;
+        for (file, src) in FILES {
+            for (name, _) in entry_points(src) {
+                let s = sigs.get(&name).unwrap_or_else(|| panic!("{file}: no signature for {name}"));
+                assert_eq!(s.file, *file);
+                assert!(!s.params.is_empty(), "{name}");
+                n += 1;
+            }
+        }
+        assert_eq!(n, sigs.len(), "signatures found that entry_points does not list");
+        let rms = &sigs["rms_norm_f32"].params;
+        assert_eq!(
+            rms,
+            &[
+                Param::Ptr { elem: Elem::F32, mutable: false },
+                Param::Ptr { elem: Elem::F32, mutable: false },
+                Param::Ptr { elem: Elem::F32, mutable: true },
+                Param::U32,
+                Param::F32,
+                Param::U32
+            ]
+        );
+        let pd = &sigs["paged_decode_f16"].params;
+        assert_eq!(pd[1], Param::Ptr { elem: Elem::F16, mutable: false });
+        assert_eq!(pd.len(), 15);
+        assert_eq!(sigs["mat_vec_q8_0"].params[1], Param::Ptr { elem: Elem::Bytes, mutable: false });
+    }
+}

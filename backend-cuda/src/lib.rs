@@ -1,72 +1,161 @@
 //! kiln's CUDA backend (cudarc with dynamic loading + NVRTC-compiled kernels from `kernels/`).
 //!
 //! cudarc panics when a CUDA library is missing the first time a call needs it, so this crate
-//! probes for the driver and NVRTC itself before any cudarc call. The kernels are written and
-//! compile-checked for every target architecture ([`kernels`], [`nvrtc`], the test below);
-//! the `Backend` implementation that launches them is not written yet, so `open` reports the
-//! backend as not available.
+//! probes for the driver and NVRTC itself before any cudarc call: on a machine without them
+//! `open` says "not available" and nothing panics.
+//!
+//! - [`plan`]: which kernels run an op (pure; this is `supports_op`), and the check of every
+//!   launch against the kernels' parsed signatures.
+//! - [`device`](crate::device): context, stream, caching allocator ([`pool`]), NVRTC
+//!   compilation for the device's exact architecture with an on-disk cubin cache, launches.
+//! - A self-check when the backend opens: every conformance case the kernels claim runs
+//!   against the CPU reference, and an op that fails on this device is not claimed (it runs
+//!   on the CPU, counted and reported like any fallback). `kiln validate --backend cuda` opens
+//!   the backend without it, to show the failures themselves.
 
+mod device;
 pub mod kernels;
 pub mod nvrtc;
+pub mod plan;
+pub mod pool;
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, RwLock};
 
-use kiln_core::backend::Backend;
+use kiln_core::backend::{check_call, Backend, Capabilities};
+use kiln_core::op::{Op, OpDesc};
+use kiln_core::tensor::{BackendId, Tensor, TensorDesc};
 use kiln_core::Error;
+
+pub use device::arch_for;
 
 /// The driver library names tried, in order.
 const DRIVER_LIBS: &[&str] = &["libcuda.so.1", "libcuda.so", "nvcuda.dll"];
-/// NVRTC library names tried, in order.
-const NVRTC_LIBS: &[&str] = &[
-    "libnvrtc.so.13",
-    "libnvrtc.so.12",
-    "libnvrtc.so",
-    "nvrtc64_130_0.dll",
-    "nvrtc64_120_0.dll",
-];
 
-/// The first of `names` that loads, if any.
+/// Whether a library of `names` loads.
 fn find_library(names: &[&str]) -> Option<String> {
     names.iter().find_map(|n| {
-        // SAFETY: loading a system library runs its initialisers; the CUDA libraries' are
+        // SAFETY: loading a system library runs its initialisers; the CUDA driver's are
         // well-behaved, and we unload it again at once.
         let lib = unsafe { libloading::Library::new(n) };
         lib.ok().map(|_| n.to_string())
     })
 }
 
-/// What the probe found.
-#[derive(Clone, Debug)]
-pub struct Probe {
-    pub driver: Option<String>,
-    pub nvrtc: Option<String>,
+/// The CUDA backend on one device.
+pub struct CudaBackend {
+    gpu: device::Gpu,
+    /// Ops whose cases failed the self-check on this device: not claimed.
+    failed: RwLock<BTreeSet<&'static str>>,
 }
 
-pub fn probe() -> Probe {
-    Probe {
-        driver: find_library(DRIVER_LIBS),
-        nvrtc: find_library(NVRTC_LIBS),
-    }
-}
-
-/// Opens the CUDA backend.
+/// Opens the CUDA backend on device `KILN_CUDA_DEVICE` (default 0) and self-checks it (unless
+/// `KILN_CUDA_SELF_CHECK=0`).
 pub fn open() -> kiln_core::Result<Arc<dyn Backend>> {
-    let p = probe();
-    match (&p.driver, &p.nvrtc) {
-        (None, _) => Err(Error::NotAvailable("cuda: no NVIDIA driver (libcuda.so.1 not found)".into())),
-        (Some(_), None) => Err(Error::NotAvailable(
-            "cuda: NVRTC not found (install the CUDA toolkit or the PyPI package nvidia-cuda-nvrtc and put its lib folder on LD_LIBRARY_PATH)".into(),
-        )),
-        (Some(d), Some(n)) => Err(Error::NotAvailable(format!(
-            "cuda: driver {d} and {n} found, but kiln's CUDA kernels are not built yet"
-        ))),
+    let b = CudaBackend::open()?;
+    let skip = std::env::var("KILN_CUDA_SELF_CHECK").is_ok_and(|v| v == "0");
+    if !skip {
+        b.self_check();
+    }
+    Ok(Arc::new(b))
+}
+
+/// Opens the backend with no self-check, so every op its kernels claim runs on them: what
+/// `kiln validate` and the conformance tests use.
+pub fn open_unchecked() -> kiln_core::Result<Arc<dyn Backend>> {
+    Ok(Arc::new(CudaBackend::open()?))
+}
+
+impl CudaBackend {
+    pub fn open() -> kiln_core::Result<CudaBackend> {
+        if find_library(DRIVER_LIBS).is_none() {
+            return Err(Error::NotAvailable(
+                "cuda: no NVIDIA driver (libcuda.so.1 not found)".into(),
+            ));
+        }
+        let ordinal = match std::env::var("KILN_CUDA_DEVICE") {
+            Ok(v) => v.trim().parse::<usize>().map_err(|_| {
+                Error::NotAvailable(format!("cuda: KILN_CUDA_DEVICE={v:?} is not a device number"))
+            })?,
+            Err(_) => 0,
+        };
+        Ok(CudaBackend {
+            gpu: device::Gpu::open(ordinal)?,
+            failed: RwLock::new(BTreeSet::new()),
+        })
+    }
+
+    /// Runs the conformance cases on this device against the CPU reference and stops
+    /// claiming every op with a failing case. Returns those ops.
+    pub fn self_check(&self) -> Vec<&'static str> {
+        let reference = kiln_core::cpu::CpuBackend::new();
+        let results = match kiln_core::validate::run_all(None, &reference, self, false, |_| {}) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!("cuda: the self-check could not run: {e}");
+                return Vec::new();
+            }
+        };
+        let bad: BTreeSet<&'static str> = results
+            .iter()
+            .filter(|r| matches!(r.status, kiln_core::validate::Status::Fail(_)))
+            .map(|r| r.op)
+            .collect();
+        if !bad.is_empty() {
+            let list: Vec<&str> = bad.iter().copied().collect();
+            tracing::warn!(
+                device = %self.gpu.caps.device,
+                "cuda: kernels for {} failed the self-check on this device; those ops run on the CPU reference (`kiln validate --backend cuda` shows the failures)",
+                list.join(", ")
+            );
+        }
+        let out = bad.iter().copied().collect();
+        *self.failed.write().unwrap_or_else(|p| p.into_inner()) = bad;
+        out
+    }
+
+    /// The architecture the kernels were compiled for.
+    pub fn arch(&self) -> &str {
+        &self.gpu.arch
     }
 }
 
-/// cudarc is linked (dynamic loading, so no toolkit at build time); referenced here so the
-/// dependency stays exercised until the kernels land.
-pub fn cudarc_linked() -> &'static str {
-    std::any::type_name::<cudarc::driver::CudaContext>()
+impl Backend for CudaBackend {
+    fn name(&self) -> &str {
+        "cuda"
+    }
+    fn id(&self) -> BackendId {
+        self.gpu.id
+    }
+    fn capabilities(&self) -> &Capabilities {
+        &self.gpu.caps
+    }
+    fn alloc(&self, desc: &TensorDesc) -> kiln_core::Result<Tensor> {
+        self.gpu.alloc(desc)
+    }
+    fn upload(&self, dst: &Tensor, bytes: &[u8]) -> kiln_core::Result<()> {
+        self.gpu.upload(dst, bytes)
+    }
+    fn download(&self, src: &Tensor) -> kiln_core::Result<Vec<u8>> {
+        self.gpu.download(src)
+    }
+    fn supports_op(&self, desc: &OpDesc) -> bool {
+        let failed = self.failed.read().unwrap_or_else(|p| p.into_inner());
+        !failed.contains(desc.op.name()) && plan::plan(desc).is_some()
+    }
+    fn execute(&self, op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> kiln_core::Result<()> {
+        let desc = check_call(self, op, inputs, outputs)?;
+        let steps = plan::plan(&desc).ok_or_else(|| {
+            Error::backend(
+                "cuda",
+                format!("{desc} has no CUDA kernel (supports_op says no; the executor runs it on the CPU)"),
+            )
+        })?;
+        self.gpu.run(&steps, inputs, outputs)
+    }
+    fn synchronize(&self) -> kiln_core::Result<()> {
+        self.gpu.wait()
+    }
 }
 
 #[cfg(test)]
@@ -78,9 +167,18 @@ mod tests {
         match open() {
             Err(Error::NotAvailable(msg)) => assert!(msg.starts_with("cuda:"), "{msg}"),
             Err(e) => panic!("unexpected error {e}"),
-            Ok(_) => panic!("the CUDA backend has no kernels yet"),
+            Ok(b) => println!("cuda backend on {}", b.capabilities().device),
         }
-        assert!(cudarc_linked().contains("CudaContext"));
+    }
+
+    #[test]
+    fn architectures_are_the_exact_targets() {
+        assert_eq!(arch_for((9, 0)), "sm_90a");
+        assert_eq!(arch_for((10, 0)), "sm_100a");
+        assert_eq!(arch_for((12, 0)), "sm_120a");
+        assert_eq!(arch_for((12, 1)), "sm_121a");
+        assert_eq!(arch_for((8, 9)), "sm_89");
+        assert_eq!(arch_for((8, 0)), "sm_80");
     }
 }
 

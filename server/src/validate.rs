@@ -6,7 +6,7 @@ use anyhow::{bail, Result};
 use kiln_core::cpu::CpuBackend;
 use kiln_core::validate::{run_all, tally, write_header, write_row, Status};
 
-use crate::backends::{open, BackendName};
+use crate::backends::{open_for_validation, BackendName};
 
 #[derive(clap::Args, Debug)]
 pub struct ValidateArgs {
@@ -43,7 +43,7 @@ pub fn run(args: &ValidateArgs) -> Result<()> {
     let mut summaries = Vec::new();
     let mut header_done = false;
     for name in names {
-        let backend = match open(name, args.threads) {
+        let backend = match open_for_validation(name, args.threads) {
             Ok(b) => b,
             Err(e) if explicit => bail!("{e}"),
             Err(e) => {

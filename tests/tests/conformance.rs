@@ -108,7 +108,7 @@ fn wgpu_conformance() {
 
 #[test]
 fn cuda_conformance() {
-    if let Some(b) = optional_backend("cuda", kiln_backend_cuda::open) {
+    if let Some(b) = optional_backend("cuda", kiln_backend_cuda::open_unchecked) {
         check_backend(b.as_ref());
     }
 }

@@ -1,0 +1,369 @@
+//! The device: one CUDA context and stream, the caching allocator, the kernels compiled by
+//! NVRTC for this device's exact architecture (through the on-disk cubin cache), and launches.
+//!
+//! Everything runs in order on one stream, so tensors need no events: an upload, a kernel and
+//! a download enqueued one after another see each other's results, and a block the allocator
+//! hands out again is only touched by work enqueued after its last reader.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUdevice_attribute as Attr;
+use cudarc::driver::{result, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+
+use kiln_core::backend::{next_backend_id, Capabilities, DeviceKind};
+use kiln_core::tensor::{BackendId, Storage, Tensor, TensorDesc};
+use kiln_core::{Error, Result};
+
+use crate::kernels::{self, Signature};
+use crate::nvrtc::{Nvrtc, Toolchain};
+use crate::plan::{check_launch, Arg, Launch, Step};
+use crate::pool::{Pool, RawAlloc};
+
+pub(crate) fn err(msg: impl Into<String>) -> Error {
+    Error::backend("cuda", msg)
+}
+
+fn driver_err(what: &str, e: impl std::fmt::Debug) -> Error {
+    err(format!("{what}: {e:?}"))
+}
+
+/// The architecture NVRTC compiles for on a device of compute capability `cc`: the
+/// arch-specific target (`a`) where kiln uses its features (Hopper, Blackwell), else the
+/// plain one.
+pub fn arch_for(cc: (i32, i32)) -> String {
+    match cc {
+        (9, 0) | (10, 0) | (10, 3) | (12, 0) | (12, 1) => format!("sm_{}{}a", cc.0, cc.1),
+        (major, minor) => format!("sm_{major}{minor}"),
+    }
+}
+
+/// Where compiled cubins are kept: `KILN_CACHE_DIR`, else `$XDG_CACHE_HOME/kiln`, else
+/// `~/.cache/kiln`; `cuda/` inside it.
+fn cache_dir() -> Option<PathBuf> {
+    let env = |v: &str| std::env::var_os(v).filter(|s| !s.is_empty()).map(PathBuf::from);
+    let base = env("KILN_CACHE_DIR")
+        .or_else(|| env("XDG_CACHE_HOME").map(|p| p.join("kiln")))
+        .or_else(|| env("HOME").map(|p| p.join(".cache").join("kiln")))?;
+    Some(base.join("cuda"))
+}
+
+/// `cuMemAlloc`/`cuMemFree` under the pool.
+pub(crate) struct DriverAlloc {
+    ctx: Arc<CudaContext>,
+}
+
+impl RawAlloc for DriverAlloc {
+    fn alloc(&self, bytes: usize) -> std::result::Result<u64, String> {
+        self.ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
+        // SAFETY: a plain device allocation in the bound context.
+        unsafe { result::malloc_sync(bytes) }.map_err(|e| format!("cuMemAlloc({bytes}): {e:?}"))
+    }
+    fn free(&self, ptr: u64, _bytes: usize) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `ptr` came from `alloc` and no tensor refers to it any more (the pool
+            // only frees blocks in its free lists).
+            let _ = unsafe { result::free_sync(ptr) };
+        }
+    }
+    fn is_oom(&self, err: &str) -> bool {
+        err.contains("OUT_OF_MEMORY")
+    }
+}
+
+/// A device allocation; back to the pool when the last tensor on it is dropped.
+pub(crate) struct Buffer {
+    ptr: u64,
+    len: usize,
+    class: usize,
+    backend: BackendId,
+    pool: Arc<Pool<DriverAlloc>>,
+}
+
+impl Storage for Buffer {
+    fn len_bytes(&self) -> usize {
+        self.len
+    }
+    fn backend(&self) -> BackendId {
+        self.backend
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        self.pool.free(self.ptr, self.class);
+    }
+}
+
+pub(crate) struct Gpu {
+    pub id: BackendId,
+    pub caps: Capabilities,
+    pub arch: String,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    pool: Arc<Pool<DriverAlloc>>,
+    sigs: HashMap<String, Signature>,
+    functions: HashMap<String, CudaFunction>,
+}
+
+impl Gpu {
+    /// Opens device `ordinal`, compiles every kernel file for its architecture (in parallel,
+    /// through the disk cache) and loads them.
+    pub fn open(ordinal: usize) -> Result<Gpu> {
+        let na = |what: &str, e: &dyn std::fmt::Debug| {
+            Error::NotAvailable(format!("cuda: {what}: {e:?}"))
+        };
+        let tc = Toolchain::find()?;
+        let nvrtc = Nvrtc::load(&tc.nvrtc)?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| na(&format!("device {ordinal}"), &e))?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(|e| na("compute capability", &e))?;
+        let arch = arch_for(cc);
+        let name = ctx.name().unwrap_or_else(|_| format!("CUDA device {ordinal}"));
+        let total = ctx.total_mem().ok().map(|b| b as u64);
+        let sms = ctx
+            .attribute(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .unwrap_or(1)
+            .max(1) as usize;
+        let stream = ctx.new_stream().map_err(|e| na("stream", &e))?;
+        let sigs = kernels::signatures().map_err(err)?;
+
+        // Compile (or read from the cache) every file at once: NVRTC is single-threaded per
+        // program and a cold cache otherwise costs a minute.
+        let dir = cache_dir();
+        let compiled: Vec<(&'static str, Result<Vec<u8>>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = kernels::FILES
+                .iter()
+                .map(|(file, _)| {
+                    let (tc, nvrtc, arch, dir) = (&tc, &nvrtc, &arch, &dir);
+                    (
+                        *file,
+                        s.spawn(move || -> Result<Vec<u8>> {
+                            let src = kernels::source(file)
+                                .ok_or_else(|| err(format!("no kernel file {file}")))?;
+                            match dir {
+                                Some(d) => nvrtc.compile_cached(tc, d, file, &src, arch),
+                                None => Ok(nvrtc.compile(tc, file, &src, arch)?.cubin),
+                            }
+                        }),
+                    )
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(f, h)| {
+                    (
+                        f,
+                        h.join()
+                            .unwrap_or_else(|_| Err(err(format!("compiling {f} panicked")))),
+                    )
+                })
+                .collect()
+        });
+        let mut functions = HashMap::new();
+        for (file, cubin) in compiled {
+            let module = ctx
+                .load_module(Ptx::from_binary(cubin?))
+                .map_err(|e| driver_err(&format!("loading {file} for {arch}"), e))?;
+            for (kname, sig) in &sigs {
+                if sig.file == file {
+                    let f = module
+                        .load_function(kname)
+                        .map_err(|e| driver_err(&format!("{file}: kernel {kname}"), e))?;
+                    functions.insert(kname.clone(), f);
+                }
+            }
+        }
+        let caps = Capabilities {
+            device: format!("{name} ({arch})"),
+            kind: DeviceKind::DiscreteGpu,
+            f16: true,
+            bf16: cc.0 >= 8,
+            subgroup_size: Some(32),
+            max_buffer_bytes: total.unwrap_or(u64::MAX),
+            memory_bytes: total,
+            parallelism: sms,
+        };
+        let pool = Arc::new(Pool::new(DriverAlloc { ctx: ctx.clone() }));
+        Ok(Gpu {
+            id: next_backend_id(),
+            caps,
+            arch,
+            ctx,
+            stream,
+            pool,
+            sigs,
+            functions,
+        })
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_err("binding the context", e))
+    }
+
+    fn buffer<'t>(&self, t: &'t Tensor) -> Result<&'t Buffer> {
+        let b = t
+            .storage()
+            .as_any()
+            .downcast_ref::<Buffer>()
+            .ok_or_else(|| err(format!("{t:?} is not a CUDA tensor")))?;
+        if b.backend != self.id {
+            return Err(err(format!("{t:?} belongs to another CUDA backend")));
+        }
+        Ok(b)
+    }
+
+    /// The device address of a tensor's first byte.
+    fn addr(&self, t: &Tensor) -> Result<u64> {
+        Ok(self.buffer(t)?.ptr + t.offset() as u64)
+    }
+
+    pub fn alloc(&self, desc: &TensorDesc) -> Result<Tensor> {
+        let nbytes = desc
+            .nbytes()
+            .ok_or_else(|| err(format!("{desc}: not a whole number of blocks")))?;
+        let (ptr, class) = self.pool.alloc(nbytes).map_err(|e| {
+            let s = self.pool.stats();
+            err(format!(
+                "allocating {desc} ({nbytes} bytes): {e} ({} MiB live in tensors)",
+                s.live_bytes >> 20
+            ))
+        })?;
+        let buf = Buffer {
+            ptr,
+            len: nbytes,
+            class,
+            backend: self.id,
+            pool: self.pool.clone(),
+        };
+        self.bind()?;
+        if nbytes > 0 {
+            // SAFETY: `ptr` holds at least `nbytes`; the memset is ordered on our stream.
+            unsafe { result::memset_d8_async(ptr, 0, nbytes, self.stream.cu_stream()) }
+                .map_err(|e| driver_err("zeroing a new tensor", e))?;
+        }
+        Tensor::new(Arc::new(buf), 0, desc.clone())
+    }
+
+    pub fn upload(&self, dst: &Tensor, bytes: &[u8]) -> Result<()> {
+        if bytes.len() != dst.nbytes() {
+            return Err(err(format!(
+                "upload of {} bytes into {dst:?} ({} bytes)",
+                bytes.len(),
+                dst.nbytes()
+            )));
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let at = self.addr(dst)?;
+        self.bind()?;
+        // SAFETY: the range lies inside the tensor's buffer (checked by `Tensor::new`). From
+        // pageable host memory the call returns once the bytes are staged, so `bytes` may go.
+        unsafe { result::memcpy_htod_async(at, bytes, self.stream.cu_stream()) }
+            .map_err(|e| driver_err("upload", e))
+    }
+
+    pub fn download(&self, src: &Tensor) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; src.nbytes()];
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let at = self.addr(src)?;
+        self.bind()?;
+        // SAFETY: as in `upload`; the stream is synchronised before `out` is read.
+        unsafe { result::memcpy_dtoh_async(&mut out, at, self.stream.cu_stream()) }
+            .map_err(|e| driver_err("download", e))?;
+        self.wait()?;
+        Ok(out)
+    }
+
+    pub fn wait(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| driver_err("synchronize", e))
+    }
+
+    /// Enqueues the steps of one op.
+    pub fn run(&self, steps: &[Step], ins: &[&Tensor], outs: &[&Tensor]) -> Result<()> {
+        for step in steps {
+            match step {
+                Step::Launch(l) => self.launch(l, ins, outs)?,
+                Step::Copy { from, to } => {
+                    let (src, dst) = (ins[*from], outs[*to]);
+                    let n = src.nbytes().min(dst.nbytes());
+                    if n == 0 {
+                        continue;
+                    }
+                    let (s, d) = (self.addr(src)?, self.addr(dst)?);
+                    self.bind()?;
+                    // SAFETY: both ranges lie inside their buffers; ordered on our stream.
+                    unsafe { result::memcpy_dtod_async(d, s, n, self.stream.cu_stream()) }
+                        .map_err(|e| driver_err("copy", e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn launch(&self, l: &Launch, ins: &[&Tensor], outs: &[&Tensor]) -> Result<()> {
+        let sig = self
+            .sigs
+            .get(l.kernel)
+            .ok_or_else(|| err(format!("no kernel named {}", l.kernel)))?;
+        let in_descs: Vec<TensorDesc> = ins.iter().map(|t| t.desc().clone()).collect();
+        let out_descs: Vec<TensorDesc> = outs.iter().map(|t| t.desc().clone()).collect();
+        check_launch(sig, l, &in_descs, &out_descs).map_err(err)?;
+        let f = self
+            .functions
+            .get(l.kernel)
+            .ok_or_else(|| err(format!("kernel {} is not loaded", l.kernel)))?;
+        enum V {
+            P(u64),
+            U(u32),
+            I(i32),
+            F(f32),
+        }
+        let vals = l
+            .args
+            .iter()
+            .map(|a| {
+                Ok(match *a {
+                    Arg::In(i) => V::P(self.addr(ins[i])?),
+                    Arg::Out(i) => V::P(self.addr(outs[i])?),
+                    Arg::Null => V::P(0),
+                    Arg::U32(x) => V::U(x),
+                    Arg::I32(x) => V::I(x),
+                    Arg::F32(x) => V::F(x),
+                })
+            })
+            .collect::<Result<Vec<V>>>()?;
+        let mut b = self.stream.launch_builder(f);
+        for v in &vals {
+            match v {
+                V::P(p) => b.arg(p),
+                V::U(x) => b.arg(x),
+                V::I(x) => b.arg(x),
+                V::F(x) => b.arg(x),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: l.grid,
+            block_dim: l.block,
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match the kernel's parameters in count, kind and element type
+        // (`check_launch`), every pointer is a live tensor of this backend, and the plan keeps
+        // every index the kernel computes inside the tensors' shapes.
+        unsafe { b.launch(cfg) }.map_err(|e| driver_err(&format!("launching {}", l.kernel), e))?;
+        Ok(())
+    }
+}

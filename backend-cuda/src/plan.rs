@@ -1,0 +1,615 @@
+//! From an op to kernel launches, without touching a GPU.
+//!
+//! [`plan`] says which kernels (grid, block and arguments) run one op on the dtypes and shapes
+//! of its [`OpDesc`], or `None` where no kernel fits: that is the whole of the backend's
+//! `supports_op`. Because it is pure, the tests check every launch it makes for every
+//! conformance case against the kernels' parsed signatures (argument count, kinds, pointer
+//! element types, which pointers are written) and against CUDA's launch limits, on a machine
+//! with no GPU.
+
+use kiln_core::op::{GluOp, Mask, MoeGating, Op, OpDesc, UnaryOp};
+use kiln_core::tensor::{DType, TensorDesc};
+
+/// One kernel argument.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum Arg {
+    /// The device address of input `i`.
+    In(usize),
+    /// The device address of output `i`.
+    Out(usize),
+    /// A null pointer (an optional input that is absent).
+    Null,
+    U32(u32),
+    I32(i32),
+    F32(f32),
+}
+
+/// One kernel launch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launch {
+    pub kernel: &'static str,
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub args: Vec<Arg>,
+}
+
+/// One step of an op.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    Launch(Launch),
+    /// Copies all of input `from`'s bytes to output `to` (same size).
+    Copy { from: usize, to: usize },
+}
+
+/// Threads per block of the elementwise kernels.
+const BLOCK: u32 = 256;
+/// The largest grid x dimension.
+const MAX_GRID_X: u64 = (1 << 31) - 1;
+/// The largest grid y and z dimensions.
+const MAX_GRID_YZ: u32 = 65_535;
+/// Head dims the attention kernels hold in registers (8 values per lane).
+const MAX_HEAD_DIM: usize = 256;
+/// Query heads per KV head the decode kernel serves from one K/V read.
+const MAX_GROUP: usize = 8;
+/// Key dims the Gated DeltaNet decode kernel keeps in shared memory.
+const MAX_DK: usize = 256;
+/// Rows at or below which a float-weight matmul takes the mat-vec kernel.
+const MAT_VEC_ROWS: usize = 4;
+
+fn u(n: usize) -> Option<u32> {
+    u32::try_from(n).ok()
+}
+
+/// A 1-D grid of `threads` threads in blocks of `BLOCK`.
+fn grid1(threads: usize) -> Option<(u32, u32, u32)> {
+    let blocks = (threads as u64).div_ceil(BLOCK as u64).max(1);
+    (blocks <= MAX_GRID_X).then_some((blocks as u32, 1, 1))
+}
+
+fn launch1(kernel: &'static str, threads: usize, args: Vec<Arg>) -> Option<Vec<Step>> {
+    Some(vec![Step::Launch(Launch {
+        kernel,
+        grid: grid1(threads)?,
+        block: (BLOCK, 1, 1),
+        args,
+    })])
+}
+
+fn one(kernel: &'static str, grid: (u32, u32, u32), block: (u32, u32, u32), args: Vec<Arg>) -> Option<Vec<Step>> {
+    let ok = grid.0 >= 1
+        && grid.1 >= 1
+        && grid.1 <= MAX_GRID_YZ
+        && grid.2 >= 1
+        && grid.2 <= MAX_GRID_YZ
+        && (grid.0 as u64) <= MAX_GRID_X;
+    ok.then(|| {
+        vec![Step::Launch(Launch {
+            kernel,
+            grid,
+            block,
+            args,
+        })]
+    })
+}
+
+fn all_f32(ts: &[TensorDesc]) -> bool {
+    ts.iter().all(|t| t.dtype == DType::F32)
+}
+
+/// The dimension `i` of `t`, or 0.
+fn dim(t: &TensorDesc, i: usize) -> usize {
+    t.shape.dim(i).unwrap_or(0)
+}
+
+/// The kernels that run `desc`, or `None` where this backend has none for it (the executor
+/// then runs it on the CPU reference).
+pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
+    desc.check().ok()?;
+    let (i, o) = (&desc.inputs[..], &desc.outputs[..]);
+    use Arg::{In, Null, Out, F32, U32};
+    match &desc.op {
+        Op::Add | Op::Mul => {
+            if !all_f32(i) || !all_f32(o) || i[1].numel() == 0 {
+                return None;
+            }
+            let k = if desc.op == Op::Add { "add_f32" } else { "mul_f32" };
+            let n = o[0].numel();
+            launch1(k, n, vec![In(0), In(1), Out(0), U32(u(n)?), U32(u(i[1].numel())?)])
+        }
+        Op::Scale(s) => {
+            (all_f32(i) && all_f32(o)).then_some(())?;
+            let n = o[0].numel();
+            launch1("scale_f32", n, vec![In(0), Out(0), U32(u(n)?), F32(*s)])
+        }
+        Op::Unary(op) => {
+            (all_f32(i) && all_f32(o)).then_some(())?;
+            let code = UnaryOp::ALL.iter().position(|x| x == op)?;
+            let n = o[0].numel();
+            launch1("unary_f32", n, vec![In(0), Out(0), U32(u(n)?), U32(code as u32)])
+        }
+        Op::Glu(g) => {
+            (all_f32(i) && all_f32(o)).then_some(())?;
+            let act = match g {
+                GluOp::SwiGlu => 0,
+                GluOp::GeGlu => 1,
+            };
+            let n = o[0].numel();
+            launch1("glu_f32", n, vec![In(0), In(1), Out(0), U32(u(n)?), U32(act)])
+        }
+        Op::RmsNorm { eps, one_plus } => {
+            (all_f32(i) && all_f32(o)).then_some(())?;
+            let d = i[0].shape.last();
+            let rows = i[0].numel() / d.max(1);
+            one(
+                "rms_norm_f32",
+                (u(rows)?, 1, 1),
+                (BLOCK, 1, 1),
+                vec![In(0), In(1), Out(0), U32(u(d)?), F32(*eps), U32(*one_plus as u32)],
+            )
+        }
+        Op::L2Norm { eps } => {
+            (all_f32(i) && all_f32(o)).then_some(())?;
+            let d = i[0].shape.last();
+            let rows = i[0].numel() / d.max(1);
+            one(
+                "l2_norm_f32",
+                (u(rows)?, 1, 1),
+                (BLOCK, 1, 1),
+                vec![In(0), Out(0), U32(u(d)?), F32(*eps)],
+            )
+        }
+        Op::Rope(p) => {
+            (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
+            (i.get(2).is_none_or(|f| f.dtype == DType::F32)).then_some(())?;
+            let (t, h, d) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
+            (p.n_rot % 2 == 0 && p.n_rot <= d && p.n_rot > 0).then_some(())?;
+            let factors = if i.len() > 2 { In(2) } else { Null };
+            let threads = t * h * (d - p.n_rot / 2);
+            launch1(
+                "rope_f32",
+                threads,
+                vec![
+                    In(0),
+                    In(1),
+                    factors,
+                    Out(0),
+                    U32(u(t)?),
+                    U32(u(h)?),
+                    U32(u(d)?),
+                    U32(u(p.n_rot)?),
+                    U32((p.mode == kiln_core::op::RopeMode::Neox) as u32),
+                    F32(p.base),
+                    F32(p.freq_scale),
+                    F32(p.attn_factor),
+                    U32((i.len() > 2) as u32),
+                ],
+            )
+        }
+        Op::Softmax { scale, soft_cap } => {
+            (all_f32(i) && all_f32(o)).then_some(())?;
+            let n = i[0].shape.last();
+            let rows = i[0].numel() / n.max(1);
+            let (mask, mask_rows) = match i.get(1) {
+                Some(m) => (In(1), m.numel() / n.max(1)),
+                None => (Null, 0),
+            };
+            let cap = soft_cap.unwrap_or(0.0);
+            (cap >= 0.0).then_some(())?;
+            one(
+                "softmax_f32",
+                (u(rows)?, 1, 1),
+                (BLOCK, 1, 1),
+                vec![In(0), mask, Out(0), U32(u(n)?), U32(u(mask_rows)?), F32(*scale), F32(cap)],
+            )
+        }
+        Op::GetRows => {
+            (o[0].dtype == DType::F32 && i[1].dtype == DType::I32).then_some(())?;
+            let (v, d) = (dim(&i[0], 0), dim(&i[0], 1));
+            let n = i[1].numel();
+            let args = vec![In(0), In(1), Out(0), U32(u(n)?), U32(u(d)?), U32(u(v)?)];
+            match i[0].dtype {
+                DType::F32 => launch1("get_rows_f32", n * d, args),
+                DType::F16 => launch1("get_rows_f16", n * d, args),
+                DType::BF16 => launch1("get_rows_bf16", n * d, args),
+                DType::Q8_0 => launch1("get_rows_q8_0", n * d, args),
+                DType::Q4_0 => launch1("get_rows_q4_0", n * d, args),
+                DType::Q4_1 => launch1("get_rows_q4_1", n * d / 8, args),
+                DType::Q5_0 => launch1("get_rows_q5_0", n * d / 8, args),
+                DType::Q4_K => launch1("get_rows_q4_k", n * d / 8, args),
+                DType::Q6_K => launch1("get_rows_q6_k", n * d / 8, args),
+                _ => None,
+            }
+        }
+        Op::MatMul => plan_mat_mul(i, o),
+        Op::MatMulId => {
+            (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
+            let kernel = match i[1].dtype {
+                DType::F32 => "mat_mul_id_f32",
+                DType::BF16 => "mat_mul_id_bf16",
+                _ => return None,
+            };
+            let (ne, n, kd) = (dim(&i[1], 0), dim(&i[1], 1), dim(&i[1], 2));
+            let (t, k) = (dim(&i[2], 0), dim(&i[2], 1));
+            let x_per_slot = i[0].shape.rank() == 3;
+            launch1(
+                kernel,
+                t * k * n * 32,
+                vec![
+                    In(0),
+                    In(1),
+                    In(2),
+                    Out(0),
+                    U32(u(t)?),
+                    U32(u(k)?),
+                    U32(u(n)?),
+                    U32(u(kd)?),
+                    U32(x_per_slot as u32),
+                    U32(u(ne)?),
+                ],
+            )
+        }
+        Op::MoeSum => {
+            (all_f32(i) && all_f32(o)).then_some(())?;
+            let (t, k, n) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
+            launch1(
+                "moe_sum_f32",
+                t * n,
+                vec![In(0), In(1), Out(0), U32(u(t)?), U32(u(k)?), U32(u(n)?)],
+            )
+        }
+        Op::MoeRoute {
+            k,
+            gating,
+            normalize,
+        } => {
+            (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
+            let (t, e) = (dim(&i[0], 0), dim(&i[0], 1));
+            launch1(
+                "moe_route_f32",
+                t,
+                vec![
+                    In(0),
+                    Out(0),
+                    Out(1),
+                    U32(u(t)?),
+                    U32(u(e)?),
+                    U32(u(*k)?),
+                    U32((*gating == MoeGating::Sigmoid) as u32),
+                    U32(*normalize as u32),
+                ],
+            )
+        }
+        Op::KvWrite => {
+            (all_f32(&i[..2]) && o[0].dtype == o[1].dtype).then_some(())?;
+            let kernel = match o[0].dtype {
+                DType::F32 => "kv_write_f32",
+                DType::F16 => "kv_write_f16",
+                _ => return None,
+            };
+            let t = dim(&i[0], 0);
+            let hd = i[0].numel() / t.max(1);
+            let hdv = i[1].numel() / t.max(1);
+            // Cache rows: B · bs.
+            let n_slots = dim(&o[0], 0) * dim(&o[0], 1);
+            launch1(
+                kernel,
+                t * (hd + hdv),
+                vec![
+                    In(0),
+                    In(1),
+                    In(2),
+                    Out(0),
+                    Out(1),
+                    U32(u(t)?),
+                    U32(u(hd)?),
+                    U32(u(hdv)?),
+                    U32(u(n_slots)?),
+                ],
+            )
+        }
+        Op::PagedAttention(p) => plan_paged_attention(p, i, o),
+        Op::Conv1dDecode { silu } => {
+            (all_f32(&i[..2]) && all_f32(o)).then_some(())?;
+            let (s, c) = (dim(&i[0], 0), dim(&i[0], 1));
+            let k = dim(&i[1], 1);
+            let pool = dim(&o[1], 0);
+            launch1(
+                "conv1d_decode_f32",
+                s * c,
+                vec![
+                    In(0),
+                    In(1),
+                    In(2),
+                    Out(0),
+                    Out(1),
+                    U32(u(s)?),
+                    U32(u(c)?),
+                    U32(u(k)?),
+                    U32(*silu as u32),
+                    U32(u(pool)?),
+                ],
+            )
+        }
+        Op::DeltaNetDecode { scale, qk_l2norm } => {
+            (all_f32(&i[..5]) && all_f32(o)).then_some(())?;
+            let (s, hk, dk) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
+            let (hv, dv) = (dim(&i[2], 1), dim(&i[2], 2));
+            (dk <= MAX_DK).then_some(())?;
+            let pool = dim(&o[1], 0);
+            one(
+                "delta_net_decode_f32",
+                (u(s)?, u(hv)?, 1),
+                (128, 1, 1),
+                vec![
+                    In(0),
+                    In(1),
+                    In(2),
+                    In(3),
+                    In(4),
+                    In(5),
+                    Out(0),
+                    Out(1),
+                    U32(u(hk)?),
+                    U32(u(hv)?),
+                    U32(u(dk)?),
+                    U32(u(dv)?),
+                    F32(*scale),
+                    F32(qk_l2norm.unwrap_or(0.0)),
+                    U32(qk_l2norm.is_some() as u32),
+                    U32(u(pool)?),
+                ],
+            )
+        }
+        Op::Cast => {
+            let n = i[0].numel();
+            let kernel = match (i[0].dtype, o[0].dtype) {
+                (a, b) if a == b => return Some(vec![Step::Copy { from: 0, to: 0 }]),
+                (DType::F32, DType::F16) => "cast_f32_f16",
+                (DType::F32, DType::BF16) => "cast_f32_bf16",
+                (DType::F16, DType::F32) => "cast_f16_f32",
+                (DType::BF16, DType::F32) => "cast_bf16_f32",
+                _ => return None,
+            };
+            launch1(kernel, n, vec![In(0), Out(0), U32(u(n)?)])
+        }
+        Op::Copy => Some(vec![Step::Copy { from: 0, to: 0 }]),
+        // Not written yet: these run on the CPU reference through the executor (counted and
+        // reported), and fused ops take their unfused path through the gate.
+        Op::Attention(_)
+        | Op::Argmax
+        | Op::TopK(_)
+        | Op::Conv1d { .. }
+        | Op::DeltaNet { .. }
+        | Op::RmsNormMatMul { .. }
+        | Op::GluMatMul(_) => None,
+    }
+}
+
+fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
+    use Arg::{In, Out, U32};
+    (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
+    let (n, k) = (dim(&i[1], 0), dim(&i[1], 1));
+    let m = i[0].numel() / k.max(1);
+    let args = vec![In(0), In(1), Out(0), U32(u(m)?), U32(u(n)?), U32(u(k)?)];
+    let float = matches!(i[1].dtype, DType::F32 | DType::F16 | DType::BF16);
+    if float && m > MAT_VEC_ROWS {
+        let kernel = match i[1].dtype {
+            DType::F32 => "mat_mul_f32",
+            DType::F16 => "mat_mul_f16",
+            _ => "mat_mul_bf16",
+        };
+        return one(kernel, (u(n.div_ceil(32))?, u(m.div_ceil(32))?, 1), (32, 8, 1), args);
+    }
+    // Decode (and, until the quantized GEMM lands, quantized prefill): a warp per output,
+    // four outputs per block, one grid row per activation row.
+    let kernel = match i[1].dtype {
+        DType::F32 => "mat_vec_f32",
+        DType::F16 => "mat_vec_f16",
+        DType::BF16 => "mat_vec_bf16",
+        DType::Q8_0 => "mat_vec_q8_0",
+        DType::Q4_0 => "mat_vec_q4_0",
+        DType::Q4_1 => "mat_vec_q4_1",
+        DType::Q5_0 => "mat_vec_q5_0",
+        DType::Q4_K => "mat_vec_q4_k",
+        DType::Q6_K => "mat_vec_q6_k",
+        _ => return None,
+    };
+    one(kernel, (u(n.div_ceil(4))?, u(m)?, 1), (128, 1, 1), args)
+}
+
+fn plan_paged_attention(
+    p: &kiln_core::op::AttnParams,
+    i: &[TensorDesc],
+    o: &[TensorDesc],
+) -> Option<Vec<Step>> {
+    use Arg::{In, Out, F32, U32};
+    (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
+    (i[1].dtype == i[2].dtype).then_some(())?;
+    let window = match p.mask {
+        Mask::Causal => 0,
+        Mask::SlidingWindow(w) => w,
+        Mask::Bidirectional | Mask::PrefixBidirectional(_) => return None,
+    };
+    let (t, hq, d) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
+    let (bs, hkv, dv) = (dim(&i[1], 1), dim(&i[1], 2), dim(&i[2], 3));
+    let (s, max_blocks) = (dim(&i[3], 0), dim(&i[3], 1));
+    (d == dv && d <= MAX_HEAD_DIM && hkv > 0 && hq % hkv == 0).then_some(())?;
+    let cap = p.soft_cap.unwrap_or(0.0);
+    (cap >= 0.0).then_some(())?;
+    let f16 = match i[1].dtype {
+        DType::F32 => false,
+        DType::F16 => true,
+        _ => return None,
+    };
+    let common = [
+        U32(u(d)?),
+        U32(u(bs)?),
+        U32(u(max_blocks)?),
+        F32(p.scale),
+        F32(cap),
+        U32(u(window)?),
+    ];
+    if t == s && hq / hkv <= MAX_GROUP {
+        // Decode: a block per (sequence, KV head), serving the group's query heads.
+        let mut args = vec![In(0), In(1), In(2), In(3), In(4), In(5), Out(0), U32(u(hq)?), U32(u(hkv)?)];
+        args.extend(common);
+        let kernel = if f16 { "paged_decode_f16" } else { "paged_decode_f32" };
+        return one(kernel, (u(s)?, u(hkv)?, 1), (128, 1, 1), args);
+    }
+    let mut args = vec![
+        In(0),
+        In(1),
+        In(2),
+        In(3),
+        In(4),
+        In(5),
+        Out(0),
+        U32(u(s)?),
+        U32(u(t)?),
+        U32(u(hq)?),
+        U32(u(hkv)?),
+    ];
+    args.extend(common);
+    let kernel = if f16 { "paged_prefill_f16" } else { "paged_prefill_f32" };
+    launch1(kernel, t * hq * 32, args)
+}
+
+/// Checks one launch against the kernel's declaration: the argument count, each argument's
+/// kind, each pointer's element type against its tensor's dtype, that outputs go to pointers
+/// the kernel may write and inputs to ones it may not, and CUDA's block limits. The launcher
+/// runs this before every launch; the tests run it on every conformance case.
+pub fn check_launch(
+    sig: &crate::kernels::Signature,
+    l: &Launch,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+) -> Result<(), String> {
+    use crate::kernels::{Elem, Param};
+    let k = l.kernel;
+    if sig.params.len() != l.args.len() {
+        return Err(format!(
+            "{k}: {} arguments for {} parameters",
+            l.args.len(),
+            sig.params.len()
+        ));
+    }
+    let threads = l.block.0 as u64 * l.block.1 as u64 * l.block.2 as u64;
+    if threads == 0 || threads > 1024 || threads % 32 != 0 {
+        return Err(format!("{k}: a block of {threads} threads"));
+    }
+    let elem_ok = |e: Elem, d: DType| match e {
+        Elem::F32 => d == DType::F32,
+        Elem::F16 => d == DType::F16,
+        Elem::BF16 => d == DType::BF16,
+        Elem::I32 => d == DType::I32,
+        Elem::Bytes => d.is_quantized(),
+    };
+    for (n, (p, a)) in sig.params.iter().zip(&l.args).enumerate() {
+        let ok = match (*p, *a) {
+            (Param::Ptr { elem, mutable }, Arg::In(i)) => {
+                !mutable && inputs.get(i).is_some_and(|t| elem_ok(elem, t.dtype))
+            }
+            (Param::Ptr { elem, mutable }, Arg::Out(o)) => {
+                mutable && outputs.get(o).is_some_and(|t| elem_ok(elem, t.dtype))
+            }
+            (Param::Ptr { mutable, .. }, Arg::Null) => !mutable,
+            (Param::U32, Arg::U32(_)) | (Param::I32, Arg::I32(_)) | (Param::F32, Arg::F32(_)) => {
+                true
+            }
+            _ => false,
+        };
+        if !ok {
+            return Err(format!("{k}: argument {n} is {a:?}, the parameter is {p:?}"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_core::validate::cases;
+    use std::collections::BTreeSet;
+
+    /// Every launch the plan makes for every conformance case fits its kernel's declaration
+    /// and CUDA's limits, and the ops the kernels exist for are all claimed.
+    #[test]
+    fn every_planned_launch_matches_its_kernel() {
+        let sigs = crate::kernels::signatures().expect("signatures parse");
+        let mut claimed: BTreeSet<String> = BTreeSet::new();
+        let mut used: BTreeSet<&str> = BTreeSet::new();
+        let all = cases().expect("cases");
+        for c in &all {
+            let desc = c.desc();
+            let Some(steps) = plan(&desc) else { continue };
+            claimed.insert(c.op.name().to_string());
+            assert!(!steps.is_empty(), "{} {}: no steps", c.op.name(), c.label);
+            for s in &steps {
+                match s {
+                    Step::Launch(l) => {
+                        let sig = sigs
+                            .get(l.kernel)
+                            .unwrap_or_else(|| panic!("{}: no kernel {}", c.label, l.kernel));
+                        check_launch(sig, l, &desc.inputs, &desc.outputs)
+                            .unwrap_or_else(|e| panic!("{} {}: {e}", c.op.name(), c.label));
+                        assert!(l.grid.0 >= 1 && l.grid.1 >= 1 && l.grid.2 >= 1);
+                        used.insert(l.kernel);
+                    }
+                    Step::Copy { from, to } => {
+                        assert_eq!(desc.inputs[*from].nbytes(), desc.outputs[*to].nbytes());
+                    }
+                }
+            }
+        }
+        for op in [
+            "mat_mul", "mat_mul_id", "get_rows", "add", "mul", "scale", "silu", "gelu_tanh",
+            "swiglu", "rms_norm", "l2_norm", "rope", "softmax", "paged_attention", "kv_write",
+            "moe_route", "moe_sum", "cast", "copy", "delta_net_decode", "conv1d_decode",
+        ] {
+            assert!(claimed.contains(op), "no case of {op} is planned");
+        }
+        // Every matmul weight type with a kernel, at decode and prefill sizes.
+        for w in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_K", "q6_K"] {
+            for phase in ["decode", "prefill"] {
+                assert!(
+                    all.iter().any(|c| c.op == Op::MatMul
+                        && c.label.contains(&format!("x {w} {phase}"))
+                        && plan(&c.desc()).is_some()),
+                    "mat_mul {w} {phase} is not planned"
+                );
+            }
+        }
+        println!("{} ops planned, {} kernels used", claimed.len(), used.len());
+    }
+
+    #[test]
+    fn a_wrong_launch_is_caught() {
+        let sigs = crate::kernels::signatures().unwrap();
+        let x = TensorDesc::new(DType::F32, [2, 64]);
+        let w = TensorDesc::new(DType::F32, [64]);
+        let desc = OpDesc::new(
+            Op::RmsNorm { eps: 1e-6, one_plus: false },
+            vec![x.clone(), w],
+            vec![x],
+        );
+        let Some(steps) = plan(&desc) else { panic!("rms_norm f32 is planned") };
+        let Step::Launch(good) = &steps[0] else { panic!("a launch") };
+        let sig = &sigs[good.kernel];
+        assert!(check_launch(sig, good, &desc.inputs, &desc.outputs).is_ok());
+        // Output and input swapped: the kernel would write an input.
+        let mut bad = good.clone();
+        bad.args.swap(0, 2);
+        assert!(check_launch(sig, &bad, &desc.inputs, &desc.outputs).is_err());
+        // A missing argument.
+        let mut bad = good.clone();
+        bad.args.pop();
+        assert!(check_launch(sig, &bad, &desc.inputs, &desc.outputs).is_err());
+        // An f32 where the kernel takes a u32.
+        let mut bad = good.clone();
+        bad.args[3] = Arg::F32(64.0);
+        assert!(check_launch(sig, &bad, &desc.inputs, &desc.outputs).is_err());
+        // A pointer to f16 data where the kernel reads f32.
+        let half = vec![TensorDesc::new(DType::F16, [2, 64]), desc.inputs[1].clone()];
+        assert!(check_launch(sig, good, &half, &desc.outputs).is_err());
+    }
+}
