@@ -14,6 +14,8 @@
 //!   the backend without it, to show the failures themselves.
 
 mod device;
+#[cfg(test)]
+mod emu;
 pub mod kernels;
 pub mod nvrtc;
 pub mod plan;

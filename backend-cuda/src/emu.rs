@@ -1,0 +1,342 @@
+//! The CUDA kernels run on the CPU, for the tests: every file of `kernels/` is compiled by the
+//! host C++ compiler against `emu/kiln_emu.h` (threads for CUDA threads, barriers for
+//! `__syncthreads` and warp shuffles) and launched through the same [`plan`] and
+//! [`check_launch`] as on a GPU, with arguments passed the way `cuLaunchKernel` takes them.
+//! A backend over it runs the conformance suite against the CPU reference, so the kernels'
+//! indexing and arithmetic and the launcher's grids and arguments are checked on a machine
+//! without a GPU. What it cannot check is what only hardware shows: the memory model beyond
+//! barriers, alignment faults, speed.
+
+use std::cell::UnsafeCell;
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use kiln_core::backend::{check_call, next_backend_id, Backend, Capabilities, DeviceKind};
+use kiln_core::op::{Op, OpDesc};
+use kiln_core::tensor::{BackendId, Storage, Tensor, TensorDesc};
+use kiln_core::{Error, Result};
+
+use crate::kernels::{self, Signature};
+use crate::plan::{check_launch, plan, Arg, Step};
+
+const HEADER: &str = include_str!("../emu/kiln_emu.h");
+
+fn err(msg: impl Into<String>) -> Error {
+    Error::backend("cuda-emu", msg)
+}
+
+/// The host C++ compiler: `KILN_CXX`, else `c++`.
+fn compiler() -> String {
+    std::env::var("KILN_CXX")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "c++".into())
+}
+
+/// Compiles every kernel file for the CPU into one shared library (cached by content).
+pub fn build() -> std::result::Result<PathBuf, String> {
+    let sigs = kernels::signatures()?;
+    let mut units = Vec::new();
+    for (file, _) in kernels::FILES {
+        let src = kernels::source(file).ok_or(format!("no file {file}"))?;
+        // The CUDA headers are replaced by the emulation header.
+        let mut text: String = src
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("#include <cuda_"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let mut names: Vec<&String> = sigs
+            .iter()
+            .filter(|(_, s)| s.file == *file)
+            .map(|(n, _)| n)
+            .collect();
+        names.sort();
+        for n in names {
+            text.push_str(&format!(
+                "extern \"C\" void kiln_emu_{n}(const unsigned* dims, void** args) {{ kiln_emu::call(&{n}, dims, args); }}\n"
+            ));
+        }
+        units.push((file.replace(".cu", ".cpp"), text));
+    }
+    let mut key = 0xcbf2_9ce4_8422_2325u64;
+    for b in HEADER
+        .bytes()
+        .chain(units.iter().flat_map(|(n, t)| n.bytes().chain(t.bytes())))
+        .chain(compiler().bytes())
+    {
+        key = (key ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    let dir = std::env::temp_dir().join(format!("kiln-cuda-emu-{key:016x}"));
+    let lib = dir.join("libkiln_cuda_emu.so");
+    if lib.is_file() {
+        return Ok(lib);
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::write(dir.join("kiln_emu.h"), HEADER).map_err(|e| e.to_string())?;
+    let mut cmd = std::process::Command::new(compiler());
+    cmd.current_dir(&dir).args([
+        "-std=c++17",
+        "-O1",
+        "-fPIC",
+        "-shared",
+        "-pthread",
+        "-w",
+        "-include",
+        "kiln_emu.h",
+        "-o",
+        "libkiln_cuda_emu.so.tmp",
+    ]);
+    for (name, text) in &units {
+        std::fs::write(dir.join(name), text).map_err(|e| e.to_string())?;
+        cmd.arg(name);
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("running {}: {e}", compiler()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} failed on the kernels:\n{}",
+            compiler(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    std::fs::rename(dir.join("libkiln_cuda_emu.so.tmp"), &lib).map_err(|e| e.to_string())?;
+    Ok(lib)
+}
+
+/// Host memory standing in for a device buffer (8-byte aligned, as device memory is at least).
+struct EmuBuf {
+    data: UnsafeCell<Box<[u64]>>,
+    len: usize,
+    backend: BackendId,
+}
+
+// SAFETY: the buffer is only written by `upload` and by kernels, which the backend runs one at
+// a time under its lock; readers come after (the same ordering a CUDA stream gives).
+unsafe impl Sync for EmuBuf {}
+
+impl EmuBuf {
+    fn ptr(&self) -> *mut u8 {
+        // SAFETY: see the `Sync` impl.
+        unsafe { (*self.data.get()).as_mut_ptr() as *mut u8 }
+    }
+}
+
+impl Storage for EmuBuf {
+    fn len_bytes(&self) -> usize {
+        self.len
+    }
+    fn backend(&self) -> BackendId {
+        self.backend
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+type Entry = unsafe extern "C" fn(*const u32, *mut *mut c_void);
+
+/// The kernels on the CPU behind the `Backend` trait, claiming exactly what the CUDA backend
+/// claims.
+pub struct EmuBackend {
+    id: BackendId,
+    caps: Capabilities,
+    lib: libloading::Library,
+    sigs: std::collections::HashMap<String, Signature>,
+    /// `__shared__` arrays are statics in the emulation: one launch at a time.
+    lock: Mutex<()>,
+}
+
+impl EmuBackend {
+    pub fn open() -> std::result::Result<Arc<EmuBackend>, String> {
+        let path = build()?;
+        // SAFETY: the library is the kernels compiled above; loading it runs no initialisers
+        // beyond the C++ runtime's.
+        let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| e.to_string())?;
+        Ok(Arc::new(EmuBackend {
+            id: next_backend_id(),
+            caps: Capabilities {
+                device: "CUDA kernels emulated on the CPU".into(),
+                kind: DeviceKind::Other,
+                f16: true,
+                bf16: true,
+                subgroup_size: Some(32),
+                max_buffer_bytes: u64::MAX,
+                memory_bytes: None,
+                parallelism: 1,
+            },
+            lib,
+            sigs: kernels::signatures()?,
+            lock: Mutex::new(()),
+        }))
+    }
+
+    fn addr(&self, t: &Tensor) -> Result<u64> {
+        let b = t
+            .storage()
+            .as_any()
+            .downcast_ref::<EmuBuf>()
+            .ok_or_else(|| err("not an emulator tensor"))?;
+        Ok(b.ptr() as u64 + t.offset() as u64)
+    }
+}
+
+impl Backend for EmuBackend {
+    fn name(&self) -> &str {
+        "cuda-emu"
+    }
+    fn id(&self) -> BackendId {
+        self.id
+    }
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+    fn alloc(&self, desc: &TensorDesc) -> Result<Tensor> {
+        let len = desc
+            .nbytes()
+            .ok_or_else(|| err(format!("{desc}: not whole blocks")))?;
+        let buf = EmuBuf {
+            data: UnsafeCell::new(vec![0u64; len.div_ceil(8).max(1)].into_boxed_slice()),
+            len,
+            backend: self.id,
+        };
+        Tensor::new(Arc::new(buf), 0, desc.clone())
+    }
+    fn upload(&self, dst: &Tensor, bytes: &[u8]) -> Result<()> {
+        if bytes.len() != dst.nbytes() {
+            return Err(err("upload size"));
+        }
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: the range is inside the buffer (`Tensor::new` checked it).
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.addr(dst)? as *mut u8, bytes.len())
+        };
+        Ok(())
+    }
+    fn download(&self, src: &Tensor) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; src.nbytes()];
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: as in `upload`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.addr(src)? as *const u8, out.as_mut_ptr(), out.len())
+        };
+        Ok(out)
+    }
+    fn supports_op(&self, desc: &OpDesc) -> bool {
+        plan(desc).is_some()
+    }
+    fn execute(&self, op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
+        let desc = check_call(self, op, inputs, outputs)?;
+        let steps = plan(&desc).ok_or_else(|| err(format!("{desc} is not planned")))?;
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        for step in &steps {
+            match step {
+                Step::Copy { from, to } => {
+                    let n = inputs[*from].nbytes();
+                    // SAFETY: both ranges lie inside their buffers and do not overlap
+                    // (`check_call`).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            self.addr(inputs[*from])? as *const u8,
+                            self.addr(outputs[*to])? as *mut u8,
+                            n,
+                        )
+                    }
+                }
+                Step::Launch(l) => {
+                    let sig = self
+                        .sigs
+                        .get(l.kernel)
+                        .ok_or_else(|| err(format!("no kernel {}", l.kernel)))?;
+                    check_launch(sig, l, &desc.inputs, &desc.outputs).map_err(err)?;
+                    // Each argument's value in its own 8-byte slot, as cuLaunchKernel reads
+                    // them: pointers whole, 32-bit values in the low bytes.
+                    let mut slots: Vec<u64> = l
+                        .args
+                        .iter()
+                        .map(|a| {
+                            Ok(match *a {
+                                Arg::In(i) => self.addr(inputs[i])?,
+                                Arg::Out(i) => self.addr(outputs[i])?,
+                                Arg::Null => 0,
+                                Arg::U32(x) => x as u64,
+                                Arg::I32(x) => x as u32 as u64,
+                                Arg::F32(x) => x.to_bits() as u64,
+                            })
+                        })
+                        .collect::<Result<_>>()?;
+                    let mut ptrs: Vec<*mut c_void> =
+                        slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+                    let dims = [l.grid.0, l.grid.1, l.grid.2, l.block.0, l.block.1, l.block.2];
+                    let sym = format!("kiln_emu_{}", l.kernel);
+                    // SAFETY: the wrapper has this signature; the arguments match the kernel's
+                    // parameters (`check_launch`) and point into live buffers.
+                    unsafe {
+                        let f: libloading::Symbol<Entry> = self
+                            .lib
+                            .get(sym.as_bytes())
+                            .map_err(|e| err(format!("{sym}: {e}")))?;
+                        f(dims.as_ptr(), ptrs.as_mut_ptr());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_core::cpu::CpuBackend;
+    use kiln_core::validate::{run_all, tally, Status};
+
+    fn required() -> bool {
+        std::env::var("KILN_REQUIRE_CUDA_EMU").is_ok_and(|v| v == "1" || v == "true")
+    }
+
+    /// The whole conformance suite on the CUDA kernels, emulated, against the CPU reference.
+    #[test]
+    fn the_cuda_kernels_pass_the_conformance_suite_on_the_cpu() {
+        let emu = match EmuBackend::open() {
+            Ok(b) => b,
+            Err(e) => {
+                assert!(!required(), "KILN_REQUIRE_CUDA_EMU is set: {e}");
+                println!("skipping the emulated CUDA kernels: {e}");
+                return;
+            }
+        };
+        let reference = CpuBackend::with_threads(1);
+        let results = run_all(None, &reference, emu.as_ref(), false, |_| {}).expect("cases");
+        let (pass, fail, unsupported) = tally(&results);
+        for r in &results {
+            if let Status::Fail(m) = &r.status {
+                eprintln!("FAIL {} {}: {m}", r.op, r.case);
+            }
+        }
+        println!("cuda kernels (emulated): {pass} passed, {fail} failed, {unsupported} not supported");
+        let mut left: Vec<String> = results
+            .iter()
+            .filter(|r| r.status == Status::NotSupported)
+            .map(|r| format!("{} {}", r.op, r.case))
+            .collect();
+        left.sort();
+        println!("not claimed by the CUDA backend:\n  {}", left.join("\n  "));
+        assert_eq!(fail, 0, "emulated CUDA kernels disagree with the CPU reference");
+        // The decode path of every supported model runs on the kernels.
+        for op in [
+            "mat_mul", "get_rows", "rms_norm", "rope", "paged_attention", "kv_write", "swiglu",
+            "geglu", "add", "mul", "softmax", "delta_net_decode", "conv1d_decode", "moe_route",
+            "mat_mul_id", "moe_sum", "l2_norm", "cast",
+        ] {
+            assert!(
+                results.iter().any(|r| r.op == op && r.status == Status::Pass),
+                "no case of {op} ran on the kernels"
+            );
+        }
+    }
+}
