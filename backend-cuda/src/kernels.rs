@@ -24,7 +24,7 @@ pub const FILES: &[(&str, &str)] = &[
     ),
     ("recurrent.cu", include_str!("../../kernels/recurrent.cu")),
     ("moe.cu", include_str!("../../kernels/moe.cu")),
-    ("quant_k.cu", include_str!("../../kernels/quant_k.cu")),
+    ("quant.cu", include_str!("../../kernels/quant.cu")),
 ];
 
 /// The architectures kiln builds for: Hopper, datacenter Blackwell, consumer Blackwell.

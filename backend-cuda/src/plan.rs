@@ -56,6 +56,29 @@ const MAX_DK: usize = 256;
 /// Rows at or below which a float-weight matmul takes the mat-vec kernel.
 const MAT_VEC_ROWS: usize = 4;
 
+/// The block-quantized formats with kernels in `quant.cu`: (dtype, mat-vec, embedding lookup,
+/// matmul by expert id). Q8_0 and Q4_0 also have the older per-block kernels of `mat_vec.cu`
+/// and `get_rows.cu`, which the plan prefers.
+const BLOCK_FORMATS: &[(DType, &str, &str, &str)] = &[
+    (DType::Q8_0, "mat_vec_q8_0", "get_rows_q8_0", "mat_mul_id_q8_0"),
+    (DType::Q4_0, "mat_vec_q4_0", "get_rows_q4_0", "mat_mul_id_q4_0"),
+    (DType::Q4_1, "mat_vec_q4_1", "get_rows_q4_1", "mat_mul_id_q4_1"),
+    (DType::Q5_0, "mat_vec_q5_0", "get_rows_q5_0", "mat_mul_id_q5_0"),
+    (DType::Q5_1, "mat_vec_q5_1", "get_rows_q5_1", "mat_mul_id_q5_1"),
+    (DType::Q2_K, "mat_vec_q2_k", "get_rows_q2_k", "mat_mul_id_q2_k"),
+    (DType::Q3_K, "mat_vec_q3_k", "get_rows_q3_k", "mat_mul_id_q3_k"),
+    (DType::Q4_K, "mat_vec_q4_k", "get_rows_q4_k", "mat_mul_id_q4_k"),
+    (DType::Q5_K, "mat_vec_q5_k", "get_rows_q5_k", "mat_mul_id_q5_k"),
+    (DType::Q6_K, "mat_vec_q6_k", "get_rows_q6_k", "mat_mul_id_q6_k"),
+    (DType::Q8_K, "mat_vec_q8_k", "get_rows_q8_k", "mat_mul_id_q8_k"),
+    (DType::MXFP4, "mat_vec_mxfp4", "get_rows_mxfp4", "mat_mul_id_mxfp4"),
+    (DType::NVFP4, "mat_vec_nvfp4", "get_rows_nvfp4", "mat_mul_id_nvfp4"),
+];
+
+fn block_format(d: DType) -> Option<&'static (DType, &'static str, &'static str, &'static str)> {
+    BLOCK_FORMATS.iter().find(|f| f.0 == d)
+}
+
 fn u(n: usize) -> Option<u32> {
     u32::try_from(n).ok()
 }
@@ -213,11 +236,7 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                 DType::BF16 => launch1("get_rows_bf16", n * d, args),
                 DType::Q8_0 => launch1("get_rows_q8_0", n * d, args),
                 DType::Q4_0 => launch1("get_rows_q4_0", n * d, args),
-                DType::Q4_1 => launch1("get_rows_q4_1", n * d / 8, args),
-                DType::Q5_0 => launch1("get_rows_q5_0", n * d / 8, args),
-                DType::Q4_K => launch1("get_rows_q4_k", n * d / 8, args),
-                DType::Q6_K => launch1("get_rows_q6_k", n * d / 8, args),
-                _ => None,
+                q => launch1(block_format(q)?.2, n * d / 8, args),
             }
         }
         Op::MatMul => plan_mat_mul(i, o),
@@ -226,7 +245,7 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
             let kernel = match i[1].dtype {
                 DType::F32 => "mat_mul_id_f32",
                 DType::BF16 => "mat_mul_id_bf16",
-                _ => return None,
+                q => block_format(q)?.3,
             };
             let (ne, n, kd) = (dim(&i[1], 0), dim(&i[1], 1), dim(&i[1], 2));
             let (t, k) = (dim(&i[2], 0), dim(&i[2], 1));
@@ -406,13 +425,7 @@ fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
         DType::F32 => "mat_vec_f32",
         DType::F16 => "mat_vec_f16",
         DType::BF16 => "mat_vec_bf16",
-        DType::Q8_0 => "mat_vec_q8_0",
-        DType::Q4_0 => "mat_vec_q4_0",
-        DType::Q4_1 => "mat_vec_q4_1",
-        DType::Q5_0 => "mat_vec_q5_0",
-        DType::Q4_K => "mat_vec_q4_k",
-        DType::Q6_K => "mat_vec_q6_k",
-        _ => return None,
+        q => block_format(q)?.1,
     };
     one(kernel, (u(n.div_ceil(4))?, u(m)?, 1), (128, 1, 1), args)
 }
@@ -569,7 +582,7 @@ mod tests {
             assert!(claimed.contains(op), "no case of {op} is planned");
         }
         // Every matmul weight type with a kernel, at decode and prefill sizes.
-        for w in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_K", "q6_K"] {
+        for w in kiln_core::DType::ALL.iter().filter(|d| !d.is_int()).map(|d| d.name()) {
             for phase in ["decode", "prefill"] {
                 assert!(
                     all.iter().any(|c| c.op == Op::MatMul
