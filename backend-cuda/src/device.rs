@@ -43,7 +43,11 @@ pub fn arch_for(cc: (i32, i32)) -> String {
 /// Where compiled cubins are kept: `KILN_CACHE_DIR`, else `$XDG_CACHE_HOME/kiln`, else
 /// `~/.cache/kiln`; `cuda/` inside it.
 fn cache_dir() -> Option<PathBuf> {
-    let env = |v: &str| std::env::var_os(v).filter(|s| !s.is_empty()).map(PathBuf::from);
+    let env = |v: &str| {
+        std::env::var_os(v)
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+    };
     let base = env("KILN_CACHE_DIR")
         .or_else(|| env("XDG_CACHE_HOME").map(|p| p.join("kiln")))
         .or_else(|| env("HOME").map(|p| p.join(".cache").join("kiln")))?;
@@ -125,7 +129,9 @@ impl Gpu {
             .compute_capability()
             .map_err(|e| na("compute capability", &e))?;
         let arch = arch_for(cc);
-        let name = ctx.name().unwrap_or_else(|_| format!("CUDA device {ordinal}"));
+        let name = ctx
+            .name()
+            .unwrap_or_else(|_| format!("CUDA device {ordinal}"));
         let total = ctx.total_mem().ok().map(|b| b as u64);
         let sms = ctx
             .attribute(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)

@@ -266,9 +266,13 @@ impl Backend for EmuBackend {
                             })
                         })
                         .collect::<Result<_>>()?;
-                    let mut ptrs: Vec<*mut c_void> =
-                        slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
-                    let dims = [l.grid.0, l.grid.1, l.grid.2, l.block.0, l.block.1, l.block.2];
+                    let mut ptrs: Vec<*mut c_void> = slots
+                        .iter_mut()
+                        .map(|s| s as *mut u64 as *mut c_void)
+                        .collect();
+                    let dims = [
+                        l.grid.0, l.grid.1, l.grid.2, l.block.0, l.block.1, l.block.2,
+                    ];
                     let sym = format!("kiln_emu_{}", l.kernel);
                     // SAFETY: the wrapper has this signature; the arguments match the kernel's
                     // parameters (`check_launch`) and point into live buffers.
@@ -318,7 +322,9 @@ mod tests {
                 eprintln!("FAIL {} {}: {m}", r.op, r.case);
             }
         }
-        println!("cuda kernels (emulated): {pass} passed, {fail} failed, {unsupported} not supported");
+        println!(
+            "cuda kernels (emulated): {pass} passed, {fail} failed, {unsupported} not supported"
+        );
         let mut left: Vec<String> = results
             .iter()
             .filter(|r| r.status == Status::NotSupported)
@@ -326,15 +332,35 @@ mod tests {
             .collect();
         left.sort();
         println!("not claimed by the CUDA backend:\n  {}", left.join("\n  "));
-        assert_eq!(fail, 0, "emulated CUDA kernels disagree with the CPU reference");
+        assert_eq!(
+            fail, 0,
+            "emulated CUDA kernels disagree with the CPU reference"
+        );
         // The decode path of every supported model runs on the kernels.
         for op in [
-            "mat_mul", "get_rows", "rms_norm", "rope", "paged_attention", "kv_write", "swiglu",
-            "geglu", "add", "mul", "softmax", "delta_net_decode", "conv1d_decode", "moe_route",
-            "mat_mul_id", "moe_sum", "l2_norm", "cast",
+            "mat_mul",
+            "get_rows",
+            "rms_norm",
+            "rope",
+            "paged_attention",
+            "kv_write",
+            "swiglu",
+            "geglu",
+            "add",
+            "mul",
+            "softmax",
+            "delta_net_decode",
+            "conv1d_decode",
+            "moe_route",
+            "mat_mul_id",
+            "moe_sum",
+            "l2_norm",
+            "cast",
         ] {
             assert!(
-                results.iter().any(|r| r.op == op && r.status == Status::Pass),
+                results
+                    .iter()
+                    .any(|r| r.op == op && r.status == Status::Pass),
                 "no case of {op} ran on the kernels"
             );
         }

@@ -142,11 +142,15 @@ pub fn signatures() -> Result<std::collections::HashMap<String, Signature>, Stri
                 head = after.trim_start();
             }
             if let Some(after) = head.strip_prefix("__launch_bounds__(") {
-                let close = after.find(')').ok_or(format!("{file}: unclosed __launch_bounds__"))?;
+                let close = after
+                    .find(')')
+                    .ok_or(format!("{file}: unclosed __launch_bounds__"))?;
                 head = after[close + 1..].trim_start();
                 head = head.strip_prefix("void").unwrap_or(head).trim_start();
             }
-            let open = head.find('(').ok_or(format!("{file}: a kernel without parameters"))?;
+            let open = head
+                .find('(')
+                .ok_or(format!("{file}: a kernel without parameters"))?;
             let name = head[..open].trim().to_string();
             let close = head[open..]
                 .find(')')
@@ -155,7 +159,9 @@ pub fn signatures() -> Result<std::collections::HashMap<String, Signature>, Stri
             let params = list
                 .split(',')
                 .filter(|p| !p.trim().is_empty())
-                .map(|p| param_of(p).ok_or(format!("{file}: {name}: unknown parameter type in {p:?}")))
+                .map(|p| {
+                    param_of(p).ok_or(format!("{file}: {name}: unknown parameter type in {p:?}"))
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             if out
                 .insert(name.clone(), Signature { file, params })
@@ -178,28 +184,55 @@ mod tests {
         let mut n = 0;
         for (file, src) in FILES {
             for (name, _) in entry_points(src) {
-                let s = sigs.get(&name).unwrap_or_else(|| panic!("{file}: no signature for {name}"));
+                let s = sigs
+                    .get(&name)
+                    .unwrap_or_else(|| panic!("{file}: no signature for {name}"));
                 assert_eq!(s.file, *file);
                 assert!(!s.params.is_empty(), "{name}");
                 n += 1;
             }
         }
-        assert_eq!(n, sigs.len(), "signatures found that entry_points does not list");
+        assert_eq!(
+            n,
+            sigs.len(),
+            "signatures found that entry_points does not list"
+        );
         let rms = &sigs["rms_norm_f32"].params;
         assert_eq!(
             rms,
             &[
-                Param::Ptr { elem: Elem::F32, mutable: false },
-                Param::Ptr { elem: Elem::F32, mutable: false },
-                Param::Ptr { elem: Elem::F32, mutable: true },
+                Param::Ptr {
+                    elem: Elem::F32,
+                    mutable: false
+                },
+                Param::Ptr {
+                    elem: Elem::F32,
+                    mutable: false
+                },
+                Param::Ptr {
+                    elem: Elem::F32,
+                    mutable: true
+                },
                 Param::U32,
                 Param::F32,
                 Param::U32
             ]
         );
         let pd = &sigs["paged_decode_f16"].params;
-        assert_eq!(pd[1], Param::Ptr { elem: Elem::F16, mutable: false });
+        assert_eq!(
+            pd[1],
+            Param::Ptr {
+                elem: Elem::F16,
+                mutable: false
+            }
+        );
         assert_eq!(pd.len(), 15);
-        assert_eq!(sigs["mat_vec_q8_0"].params[1], Param::Ptr { elem: Elem::Bytes, mutable: false });
+        assert_eq!(
+            sigs["mat_vec_q8_0"].params[1],
+            Param::Ptr {
+                elem: Elem::Bytes,
+                mutable: false
+            }
+        );
     }
 }

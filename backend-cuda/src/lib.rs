@@ -77,7 +77,9 @@ impl CudaBackend {
         }
         let ordinal = match std::env::var("KILN_CUDA_DEVICE") {
             Ok(v) => v.trim().parse::<usize>().map_err(|_| {
-                Error::NotAvailable(format!("cuda: KILN_CUDA_DEVICE={v:?} is not a device number"))
+                Error::NotAvailable(format!(
+                    "cuda: KILN_CUDA_DEVICE={v:?} is not a device number"
+                ))
             })?,
             Err(_) => 0,
         };

@@ -38,7 +38,10 @@ pub struct Launch {
 pub enum Step {
     Launch(Launch),
     /// Copies all of input `from`'s bytes to output `to` (same size).
-    Copy { from: usize, to: usize },
+    Copy {
+        from: usize,
+        to: usize,
+    },
 }
 
 /// Threads per block of the elementwise kernels.
@@ -60,19 +63,84 @@ const MAT_VEC_ROWS: usize = 4;
 /// matmul by expert id). Q8_0 and Q4_0 also have the older per-block kernels of `mat_vec.cu`
 /// and `get_rows.cu`, which the plan prefers.
 const BLOCK_FORMATS: &[(DType, &str, &str, &str)] = &[
-    (DType::Q8_0, "mat_vec_q8_0", "get_rows_q8_0", "mat_mul_id_q8_0"),
-    (DType::Q4_0, "mat_vec_q4_0", "get_rows_q4_0", "mat_mul_id_q4_0"),
-    (DType::Q4_1, "mat_vec_q4_1", "get_rows_q4_1", "mat_mul_id_q4_1"),
-    (DType::Q5_0, "mat_vec_q5_0", "get_rows_q5_0", "mat_mul_id_q5_0"),
-    (DType::Q5_1, "mat_vec_q5_1", "get_rows_q5_1", "mat_mul_id_q5_1"),
-    (DType::Q2_K, "mat_vec_q2_k", "get_rows_q2_k", "mat_mul_id_q2_k"),
-    (DType::Q3_K, "mat_vec_q3_k", "get_rows_q3_k", "mat_mul_id_q3_k"),
-    (DType::Q4_K, "mat_vec_q4_k", "get_rows_q4_k", "mat_mul_id_q4_k"),
-    (DType::Q5_K, "mat_vec_q5_k", "get_rows_q5_k", "mat_mul_id_q5_k"),
-    (DType::Q6_K, "mat_vec_q6_k", "get_rows_q6_k", "mat_mul_id_q6_k"),
-    (DType::Q8_K, "mat_vec_q8_k", "get_rows_q8_k", "mat_mul_id_q8_k"),
-    (DType::MXFP4, "mat_vec_mxfp4", "get_rows_mxfp4", "mat_mul_id_mxfp4"),
-    (DType::NVFP4, "mat_vec_nvfp4", "get_rows_nvfp4", "mat_mul_id_nvfp4"),
+    (
+        DType::Q8_0,
+        "mat_vec_q8_0",
+        "get_rows_q8_0",
+        "mat_mul_id_q8_0",
+    ),
+    (
+        DType::Q4_0,
+        "mat_vec_q4_0",
+        "get_rows_q4_0",
+        "mat_mul_id_q4_0",
+    ),
+    (
+        DType::Q4_1,
+        "mat_vec_q4_1",
+        "get_rows_q4_1",
+        "mat_mul_id_q4_1",
+    ),
+    (
+        DType::Q5_0,
+        "mat_vec_q5_0",
+        "get_rows_q5_0",
+        "mat_mul_id_q5_0",
+    ),
+    (
+        DType::Q5_1,
+        "mat_vec_q5_1",
+        "get_rows_q5_1",
+        "mat_mul_id_q5_1",
+    ),
+    (
+        DType::Q2_K,
+        "mat_vec_q2_k",
+        "get_rows_q2_k",
+        "mat_mul_id_q2_k",
+    ),
+    (
+        DType::Q3_K,
+        "mat_vec_q3_k",
+        "get_rows_q3_k",
+        "mat_mul_id_q3_k",
+    ),
+    (
+        DType::Q4_K,
+        "mat_vec_q4_k",
+        "get_rows_q4_k",
+        "mat_mul_id_q4_k",
+    ),
+    (
+        DType::Q5_K,
+        "mat_vec_q5_k",
+        "get_rows_q5_k",
+        "mat_mul_id_q5_k",
+    ),
+    (
+        DType::Q6_K,
+        "mat_vec_q6_k",
+        "get_rows_q6_k",
+        "mat_mul_id_q6_k",
+    ),
+    (
+        DType::Q8_K,
+        "mat_vec_q8_k",
+        "get_rows_q8_k",
+        "mat_mul_id_q8_k",
+    ),
+    (
+        DType::MXFP4,
+        "mat_vec_mxfp4",
+        "get_rows_mxfp4",
+        "mat_mul_id_mxfp4",
+    ),
+    (
+        DType::NVFP4,
+        "mat_vec_nvfp4",
+        "get_rows_nvfp4",
+        "mat_mul_id_nvfp4",
+    ),
 ];
 
 fn block_format(d: DType) -> Option<&'static (DType, &'static str, &'static str, &'static str)> {
@@ -98,7 +166,12 @@ fn launch1(kernel: &'static str, threads: usize, args: Vec<Arg>) -> Option<Vec<S
     })])
 }
 
-fn one(kernel: &'static str, grid: (u32, u32, u32), block: (u32, u32, u32), args: Vec<Arg>) -> Option<Vec<Step>> {
+fn one(
+    kernel: &'static str,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    args: Vec<Arg>,
+) -> Option<Vec<Step>> {
     let ok = grid.0 >= 1
         && grid.1 >= 1
         && grid.1 <= MAX_GRID_YZ
@@ -135,9 +208,17 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
             if !all_f32(i) || !all_f32(o) || i[1].numel() == 0 {
                 return None;
             }
-            let k = if desc.op == Op::Add { "add_f32" } else { "mul_f32" };
+            let k = if desc.op == Op::Add {
+                "add_f32"
+            } else {
+                "mul_f32"
+            };
             let n = o[0].numel();
-            launch1(k, n, vec![In(0), In(1), Out(0), U32(u(n)?), U32(u(i[1].numel())?)])
+            launch1(
+                k,
+                n,
+                vec![In(0), In(1), Out(0), U32(u(n)?), U32(u(i[1].numel())?)],
+            )
         }
         Op::Scale(s) => {
             (all_f32(i) && all_f32(o)).then_some(())?;
@@ -148,7 +229,11 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
             (all_f32(i) && all_f32(o)).then_some(())?;
             let code = UnaryOp::ALL.iter().position(|x| x == op)?;
             let n = o[0].numel();
-            launch1("unary_f32", n, vec![In(0), Out(0), U32(u(n)?), U32(code as u32)])
+            launch1(
+                "unary_f32",
+                n,
+                vec![In(0), Out(0), U32(u(n)?), U32(code as u32)],
+            )
         }
         Op::Glu(g) => {
             (all_f32(i) && all_f32(o)).then_some(())?;
@@ -157,7 +242,11 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                 GluOp::GeGlu => 1,
             };
             let n = o[0].numel();
-            launch1("glu_f32", n, vec![In(0), In(1), Out(0), U32(u(n)?), U32(act)])
+            launch1(
+                "glu_f32",
+                n,
+                vec![In(0), In(1), Out(0), U32(u(n)?), U32(act)],
+            )
         }
         Op::RmsNorm { eps, one_plus } => {
             (all_f32(i) && all_f32(o)).then_some(())?;
@@ -167,7 +256,14 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                 "rms_norm_f32",
                 (u(rows)?, 1, 1),
                 (BLOCK, 1, 1),
-                vec![In(0), In(1), Out(0), U32(u(d)?), F32(*eps), U32(*one_plus as u32)],
+                vec![
+                    In(0),
+                    In(1),
+                    Out(0),
+                    U32(u(d)?),
+                    F32(*eps),
+                    U32(*one_plus as u32),
+                ],
             )
         }
         Op::L2Norm { eps } => {
@@ -222,7 +318,15 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                 "softmax_f32",
                 (u(rows)?, 1, 1),
                 (BLOCK, 1, 1),
-                vec![In(0), mask, Out(0), U32(u(n)?), U32(u(mask_rows)?), F32(*scale), F32(cap)],
+                vec![
+                    In(0),
+                    mask,
+                    Out(0),
+                    U32(u(n)?),
+                    U32(u(mask_rows)?),
+                    F32(*scale),
+                    F32(cap),
+                ],
             )
         }
         Op::GetRows => {
@@ -417,7 +521,12 @@ fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
             DType::F16 => "mat_mul_f16",
             _ => "mat_mul_bf16",
         };
-        return one(kernel, (u(n.div_ceil(32))?, u(m.div_ceil(32))?, 1), (32, 8, 1), args);
+        return one(
+            kernel,
+            (u(n.div_ceil(32))?, u(m.div_ceil(32))?, 1),
+            (32, 8, 1),
+            args,
+        );
     }
     // Decode (and, until the quantized GEMM lands, quantized prefill): a warp per output,
     // four outputs per block, one grid row per activation row.
@@ -464,9 +573,23 @@ fn plan_paged_attention(
     ];
     if t == s && hq / hkv <= MAX_GROUP {
         // Decode: a block per (sequence, KV head), serving the group's query heads.
-        let mut args = vec![In(0), In(1), In(2), In(3), In(4), In(5), Out(0), U32(u(hq)?), U32(u(hkv)?)];
+        let mut args = vec![
+            In(0),
+            In(1),
+            In(2),
+            In(3),
+            In(4),
+            In(5),
+            Out(0),
+            U32(u(hq)?),
+            U32(u(hkv)?),
+        ];
         args.extend(common);
-        let kernel = if f16 { "paged_decode_f16" } else { "paged_decode_f32" };
+        let kernel = if f16 {
+            "paged_decode_f16"
+        } else {
+            "paged_decode_f32"
+        };
         return one(kernel, (u(s)?, u(hkv)?, 1), (128, 1, 1), args);
     }
     let mut args = vec![
@@ -483,7 +606,11 @@ fn plan_paged_attention(
         U32(u(hkv)?),
     ];
     args.extend(common);
-    let kernel = if f16 { "paged_prefill_f16" } else { "paged_prefill_f32" };
+    let kernel = if f16 {
+        "paged_prefill_f16"
+    } else {
+        "paged_prefill_f32"
+    };
     launch1(kernel, t * hq * 32, args)
 }
 
@@ -507,7 +634,7 @@ pub fn check_launch(
         ));
     }
     let threads = l.block.0 as u64 * l.block.1 as u64 * l.block.2 as u64;
-    if threads == 0 || threads > 1024 || threads % 32 != 0 {
+    if threads == 0 || threads > 1024 || !threads.is_multiple_of(32) {
         return Err(format!("{k}: a block of {threads} threads"));
     }
     let elem_ok = |e: Elem, d: DType| match e {
@@ -532,7 +659,9 @@ pub fn check_launch(
             _ => false,
         };
         if !ok {
-            return Err(format!("{k}: argument {n} is {a:?}, the parameter is {p:?}"));
+            return Err(format!(
+                "{k}: argument {n} is {a:?}, the parameter is {p:?}"
+            ));
         }
     }
     Ok(())
@@ -575,14 +704,36 @@ mod tests {
             }
         }
         for op in [
-            "mat_mul", "mat_mul_id", "get_rows", "add", "mul", "scale", "silu", "gelu_tanh",
-            "swiglu", "rms_norm", "l2_norm", "rope", "softmax", "paged_attention", "kv_write",
-            "moe_route", "moe_sum", "cast", "copy", "delta_net_decode", "conv1d_decode",
+            "mat_mul",
+            "mat_mul_id",
+            "get_rows",
+            "add",
+            "mul",
+            "scale",
+            "silu",
+            "gelu_tanh",
+            "swiglu",
+            "rms_norm",
+            "l2_norm",
+            "rope",
+            "softmax",
+            "paged_attention",
+            "kv_write",
+            "moe_route",
+            "moe_sum",
+            "cast",
+            "copy",
+            "delta_net_decode",
+            "conv1d_decode",
         ] {
             assert!(claimed.contains(op), "no case of {op} is planned");
         }
         // Every matmul weight type with a kernel, at decode and prefill sizes.
-        for w in kiln_core::DType::ALL.iter().filter(|d| !d.is_int()).map(|d| d.name()) {
+        for w in kiln_core::DType::ALL
+            .iter()
+            .filter(|d| !d.is_int())
+            .map(|d| d.name())
+        {
             for phase in ["decode", "prefill"] {
                 assert!(
                     all.iter().any(|c| c.op == Op::MatMul
@@ -601,12 +752,19 @@ mod tests {
         let x = TensorDesc::new(DType::F32, [2, 64]);
         let w = TensorDesc::new(DType::F32, [64]);
         let desc = OpDesc::new(
-            Op::RmsNorm { eps: 1e-6, one_plus: false },
+            Op::RmsNorm {
+                eps: 1e-6,
+                one_plus: false,
+            },
             vec![x.clone(), w],
             vec![x],
         );
-        let Some(steps) = plan(&desc) else { panic!("rms_norm f32 is planned") };
-        let Step::Launch(good) = &steps[0] else { panic!("a launch") };
+        let Some(steps) = plan(&desc) else {
+            panic!("rms_norm f32 is planned")
+        };
+        let Step::Launch(good) = &steps[0] else {
+            panic!("a launch")
+        };
         let sig = &sigs[good.kernel];
         assert!(check_launch(sig, good, &desc.inputs, &desc.outputs).is_ok());
         // Output and input swapped: the kernel would write an input.

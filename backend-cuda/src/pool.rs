@@ -170,7 +170,11 @@ mod tests {
         }
         fn free(&self, ptr: u64, bytes: usize) {
             let mut g = self.inner.lock().unwrap();
-            assert_eq!(g.1.remove(&ptr), Some(bytes), "freed what was not allocated");
+            assert_eq!(
+                g.1.remove(&ptr),
+                Some(bytes),
+                "freed what was not allocated"
+            );
         }
         fn is_oom(&self, err: &str) -> bool {
             err.contains("out of memory")
@@ -180,7 +184,7 @@ mod tests {
     #[test]
     fn size_classes_cover_the_request_and_waste_at_most_an_eighth() {
         let mut rng = kiln_core::rng::Rng::new(7);
-        let mut sizes: Vec<usize> = (0..20_000).map(|_| 1 + rng.below(1 << 30) as usize).collect();
+        let mut sizes: Vec<usize> = (0..20_000).map(|_| 1 + rng.below(1 << 30)).collect();
         sizes.extend([1, 255, 256, 257, 511, 512, 513, 1 << 20, (1 << 20) + 1]);
         for b in sizes {
             let c = size_class(b);
@@ -213,7 +217,11 @@ mod tests {
         // A new class does not fit even after the cache is given back...
         assert!(pool.alloc(4096).is_err());
         assert_eq!(pool.stats().cached_bytes, 0, "the cache was emptied trying");
-        assert_eq!(pool.raw().used(), 1 << 20, "only the big block is still held");
+        assert_eq!(
+            pool.raw().used(),
+            1 << 20,
+            "only the big block is still held"
+        );
         // ...but the room the cache held is there for what fits it.
         let (d, cd) = pool.alloc(2000).expect("fits in what the cache gave back");
         pool.free(d, cd);
@@ -225,7 +233,9 @@ mod tests {
     fn dropping_the_pool_gives_everything_cached_back() {
         let fake = Fake::new(1 << 20);
         let pool = Pool::new(fake);
-        let blocks: Vec<_> = (0..10).map(|i| pool.alloc(100 * (i + 1)).unwrap()).collect();
+        let blocks: Vec<_> = (0..10)
+            .map(|i| pool.alloc(100 * (i + 1)).unwrap())
+            .collect();
         for (p, c) in blocks {
             pool.free(p, c);
         }
