@@ -3,11 +3,13 @@
 // backend-cuda/src/emu.rs compiles each kernel file with a host C++ compiler with this header
 // forced in front (`-include kiln_emu.h`) and calls the kernels through generated wrappers.
 //
-// Model: blocks run one after another; the threads of a block run as OS threads at once, so
-// __syncthreads is a real barrier and __shared__ arrays are function statics (shared by the
-// block's threads, reused by the next block). Warp shuffles exchange through a per-warp buffer
-// between two warp barriers. A thread that returns drops out of every barrier, as an exited
-// GPU thread does. Not modelled: the GPU memory model beyond these barriers, and timing.
+// Model: blocks run one after another; the threads of a block are fibers (ucontext) on the
+// calling OS thread, switched at barriers, so __syncthreads is a real barrier and __shared__
+// arrays are function statics (shared by the block's threads, reused by the next block). Warp
+// shuffles exchange through a per-warp buffer between two warp barriers. A thread that returns
+// leaves every barrier, as an exited GPU thread does. A block whose threads all wait at
+// barriers that can never complete (a barrier in divergent code) is reported and aborts.
+// Not modelled: the GPU memory model beyond these barriers, and timing.
 #pragma once
 
 #include <cmath>
@@ -17,7 +19,9 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
-#include <thread>
+#include <cstdio>
+#include <cstdlib>
+#include <ucontext.h>
 #include <utility>
 #include <vector>
 
@@ -38,39 +42,23 @@ struct dim3 {
 
 namespace kiln_emu {
 
-// A barrier whose party count shrinks when a thread leaves.
-struct Barrier {
-    std::mutex m;
-    std::condition_variable cv;
-    int count = 0, waiting = 0;
-    unsigned gen = 0;
-    void arrive_wait() {
-        std::unique_lock<std::mutex> l(m);
-        const unsigned g = gen;
-        if (++waiting >= count) {
-            waiting = 0;
-            gen++;
-            cv.notify_all();
-        } else {
-            cv.wait(l, [&] { return gen != g; });
-        }
-    }
-    void drop() {
-        std::unique_lock<std::mutex> l(m);
-        count--;
-        if (waiting > 0 && waiting >= count) {
-            waiting = 0;
-            gen++;
-            cv.notify_all();
-        }
-    }
+enum Wait { RUNNABLE, AT_SYNCTHREADS, AT_WARP };
+
+struct Fiber {
+    ucontext_t ctx;
+    Wait wait = RUNNABLE;
+    bool done = false;
 };
 
 struct Block {
-    Barrier block;
-    std::vector<Barrier> warps;
+    unsigned n = 0;
+    std::vector<Fiber> fibers;
+    ucontext_t sched;
+    unsigned cur = 0;
+    int live = 0, arrived = 0;
+    std::vector<int> warp_live, warp_arrived;
     std::vector<float> shfl_f;
-    std::vector<unsigned> shfl_u;
+    const std::function<void()>* body = nullptr;
 };
 
 inline thread_local Block* current = nullptr;
@@ -79,7 +67,21 @@ inline thread_local Block* current = nullptr;
 
 inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
-inline void __syncthreads() { kiln_emu::current->block.arrive_wait(); }
+namespace kiln_emu {
+// The running fiber waits at a barrier: back to the scheduler until it is released.
+inline void wait_at(Wait w) {
+    Block* b = current;
+    Fiber& me = b->fibers[b->cur];
+    me.wait = w;
+    if (w == AT_SYNCTHREADS)
+        b->arrived++;
+    else
+        b->warp_arrived[b->cur / 32]++;
+    swapcontext(&me.ctx, &b->sched);
+}
+}  // namespace kiln_emu
+
+inline void __syncthreads() { kiln_emu::wait_at(kiln_emu::AT_SYNCTHREADS); }
 
 inline unsigned kiln_emu_lane_index() {
     return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
@@ -89,15 +91,20 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     auto* b = kiln_emu::current;
     const unsigned t = kiln_emu_lane_index(), w = t / 32, lane = t % 32;
     b->shfl_f[t] = v;
-    b->warps[w].arrive_wait();
+    kiln_emu::wait_at(kiln_emu::AT_WARP);
     const float r = b->shfl_f[w * 32 + (lane ^ (unsigned)o)];
-    b->warps[w].arrive_wait();
+    kiln_emu::wait_at(kiln_emu::AT_WARP);
     return r;
 }
 
 // ---- math ----
 inline float __expf(float x) { return std::exp(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline int __float_as_int(float f) {
+    int i;
+    std::memcpy(&i, &f, 4);
+    return i;
+}
 inline float __int_as_float(int i) {
     float f;
     std::memcpy(&f, &i, 4);
@@ -171,34 +178,87 @@ inline __nv_bfloat16 __float2bfloat16_rn(float v) {
 
 namespace kiln_emu {
 
+// Releases every barrier whose live threads have all arrived.
+inline void release(Block& b) {
+    if (b.arrived > 0 && b.arrived >= b.live) {
+        for (auto& f : b.fibers)
+            if (f.wait == AT_SYNCTHREADS) f.wait = RUNNABLE;
+        b.arrived = 0;
+    }
+    for (unsigned w = 0; w < b.warp_live.size(); w++) {
+        if (b.warp_arrived[w] > 0 && b.warp_arrived[w] >= b.warp_live[w]) {
+            for (unsigned t = 32 * w; t < std::min(b.n, 32 * w + 32); t++)
+                if (b.fibers[t].wait == AT_WARP) b.fibers[t].wait = RUNNABLE;
+            b.warp_arrived[w] = 0;
+        }
+    }
+}
+
+inline void fiber_main() {
+    Block* b = current;
+    const unsigned t = b->cur;
+    (*b->body)();
+    b->fibers[t].done = true;
+    b->live--;
+    b->warp_live[t / 32]--;
+    // Returning resumes the scheduler (uc_link).
+}
+
+constexpr std::size_t STACK = 256 * 1024;
+
 // Runs `body` once per thread of every block of the grid.
 inline void launch(const unsigned* dims, const std::function<void()>& body) {
     const dim3 grid{dims[0], dims[1], dims[2]}, block{dims[3], dims[4], dims[5]};
     const unsigned n = block.x * block.y * block.z;
+    static std::vector<std::vector<char>> stacks;
+    while (stacks.size() < n) stacks.emplace_back(STACK);
+    gridDim = grid;
+    blockDim = block;
     for (unsigned bz = 0; bz < grid.z; bz++)
         for (unsigned by = 0; by < grid.y; by++)
             for (unsigned bx = 0; bx < grid.x; bx++) {
                 Block b;
-                b.block.count = (int)n;
-                b.warps = std::vector<Barrier>((n + 31) / 32);
-                for (unsigned w = 0; w < b.warps.size(); w++)
-                    b.warps[w].count = (int)std::min(32u, n - 32 * w);
+                b.n = n;
+                b.fibers = std::vector<Fiber>(n);
+                b.live = (int)n;
+                const unsigned nw = (n + 31) / 32;
+                b.warp_live.resize(nw);
+                b.warp_arrived.assign(nw, 0);
+                for (unsigned w = 0; w < nw; w++) b.warp_live[w] = (int)std::min(32u, n - 32 * w);
                 b.shfl_f.assign(n, 0.0f);
-                std::vector<std::thread> threads;
-                threads.reserve(n);
+                b.body = &body;
+                current = &b;
+                blockIdx = dim3{bx, by, bz};
                 for (unsigned t = 0; t < n; t++) {
-                    threads.emplace_back([&, t] {
-                        current = &b;
-                        gridDim = grid;
-                        blockDim = block;
-                        blockIdx = dim3{bx, by, bz};
-                        threadIdx = dim3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-                        body();
-                        b.warps[t / 32].drop();
-                        b.block.drop();
-                    });
+                    Fiber& f = b.fibers[t];
+                    getcontext(&f.ctx);
+                    f.ctx.uc_stack.ss_sp = stacks[t].data();
+                    f.ctx.uc_stack.ss_size = STACK;
+                    f.ctx.uc_link = &b.sched;
+                    makecontext(&f.ctx, fiber_main, 0);
                 }
-                for (auto& th : threads) th.join();
+                unsigned left = n;
+                while (left > 0) {
+                    bool ran = false;
+                    for (unsigned t = 0; t < n; t++) {
+                        Fiber& f = b.fibers[t];
+                        if (f.done || f.wait != RUNNABLE) continue;
+                        b.cur = t;
+                        threadIdx = dim3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+                        swapcontext(&b.sched, &f.ctx);
+                        if (f.done) left--;
+                        release(b);
+                        ran = true;
+                    }
+                    if (!ran && left > 0) {
+                        std::fprintf(stderr,
+                                     "kiln_emu: block (%u,%u,%u) deadlocked: %u threads wait at barriers "
+                                     "that cannot complete (a barrier in divergent code?)\n",
+                                     bx, by, bz, left);
+                        std::abort();
+                    }
+                }
+                current = nullptr;
             }
 }
 

@@ -356,6 +356,7 @@ mod tests {
             "moe_sum",
             "l2_norm",
             "cast",
+            "argmax",
         ] {
             assert!(
                 results

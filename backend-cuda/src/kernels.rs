@@ -25,6 +25,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("recurrent.cu", include_str!("../../kernels/recurrent.cu")),
     ("moe.cu", include_str!("../../kernels/moe.cu")),
     ("quant.cu", include_str!("../../kernels/quant.cu")),
+    ("reduce.cu", include_str!("../../kernels/reduce.cu")),
 ];
 
 /// The architectures kiln builds for: Hopper, datacenter Blackwell, consumer Blackwell.

@@ -14,8 +14,8 @@
 //!   the backend without it, to show the failures themselves.
 
 mod device;
-#[cfg(test)]
-mod emu;
+#[cfg(any(test, feature = "emulator"))]
+pub mod emu;
 pub mod kernels;
 pub mod nvrtc;
 pub mod plan;

@@ -56,6 +56,8 @@ const MAX_HEAD_DIM: usize = 256;
 const MAX_GROUP: usize = 8;
 /// Key dims the Gated DeltaNet decode kernel keeps in shared memory.
 const MAX_DK: usize = 256;
+/// Threads of the argmax kernel (`ARGMAX_THREADS` in reduce.cu; a power of two).
+const ARGMAX_THREADS: u32 = 256;
 /// Rows at or below which a float-weight matmul takes the mat-vec kernel.
 const MAT_VEC_ROWS: usize = 4;
 
@@ -496,10 +498,21 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
             launch1(kernel, n, vec![In(0), Out(0), U32(u(n)?)])
         }
         Op::Copy => Some(vec![Step::Copy { from: 0, to: 0 }]),
+        Op::Argmax => {
+            (i[0].dtype == DType::F32).then_some(())?;
+            let n = i[0].shape.last();
+            let rows = i[0].numel() / n.max(1);
+            (n > 0).then_some(())?;
+            one(
+                "argmax_f32",
+                (u(rows)?, 1, 1),
+                (ARGMAX_THREADS, 1, 1),
+                vec![In(0), Out(0), U32(u(n)?)],
+            )
+        }
         // Not written yet: these run on the CPU reference through the executor (counted and
         // reported), and fused ops take their unfused path through the gate.
         Op::Attention(_)
-        | Op::Argmax
         | Op::TopK(_)
         | Op::Conv1d { .. }
         | Op::DeltaNet { .. }
@@ -725,6 +738,7 @@ mod tests {
             "copy",
             "delta_net_decode",
             "conv1d_decode",
+            "argmax",
         ] {
             assert!(claimed.contains(op), "no case of {op} is planned");
         }

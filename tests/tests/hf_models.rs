@@ -166,6 +166,29 @@ fn hf_checkpoints_match_transformers_on_wgpu() {
     }
 }
 
+/// The CUDA backend's kernels and launch plan, emulated on the CPU (no GPU here), run whole
+/// models: a dense one and the Gated DeltaNet hybrid, whose decode steps take the fused
+/// recurrent kernels. Ops the CUDA backend does not claim fall back to the CPU as they would on
+/// a GPU.
+#[test]
+fn hf_checkpoints_match_transformers_on_emulated_cuda_kernels() {
+    let emu = match kiln_backend_cuda::emu::EmuBackend::open() {
+        Ok(b) => b,
+        Err(e) => {
+            let required =
+                std::env::var("KILN_REQUIRE_CUDA_EMU").is_ok_and(|v| v == "1" || v == "true");
+            assert!(!required, "KILN_REQUIRE_CUDA_EMU is set: {e}");
+            println!("skipping: {e}");
+            return;
+        }
+    };
+    for name in ["llama", "qwen3_5"] {
+        let backend: std::sync::Arc<dyn kiln_core::backend::Backend> = emu.clone();
+        let ex = || Executor::new(backend.clone());
+        check_logits(name, ex, "cuda-emu");
+    }
+}
+
 #[test]
 fn the_tokenizer_and_chat_template_come_from_the_directory() {
     let d = dir("llama");
