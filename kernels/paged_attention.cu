@@ -1,21 +1,32 @@
 // Paged attention through the block table, one query token per sequence (decode) or several
 // (prefill), with causal, sliding-window and soft-capped variants.
 //
-// Decode: one block per (sequence, KV head). The block's warps split the sequence's keys;
-// every warp serves all the query heads of the KV head's group (GQA), so each K/V row is read
-// from the cache once per group. Per query head, an online softmax (running max, sum and
-// weighted V) per warp, merged across warps at the end. Head dims up to 256 (8 values per
-// lane). K/V caches [B, bs, Hkv, D] in f32 or f16; the block table is read in the kernel.
+// Decode: one block per (sequence, KV head, split of the key range). The block's warps split
+// the split's keys; every warp serves all the query heads of the KV head's group (GQA), so
+// each K/V row is read from the cache once per group. Per query head, an online softmax
+// (running max, sum and weighted V) per warp, merged across warps at the end. When the key
+// range is split over several blocks (few sequences, long contexts: not enough blocks to fill
+// the GPU otherwise) each block writes its partial (max, sum, weighted V) and
+// paged_decode_combine merges them. Head dims up to 256 (8 values per lane). K/V caches
+// [B, bs, Hkv, D] in f32 or f16; the block table is read in the kernel, and an entry outside
+// the cache's B blocks is skipped rather than read.
 
 #define MAX_D 256
 #define MAX_GROUP 8
 #define DECODE_WARPS 4
 
+// The scratch record of one (query row, head, split): max, sum, then the D weighted values
+// (scaled relative to the max).
+__device__ __forceinline__ float* split_record(float* part, u32 row_q, u32 h, u32 hq, u32 split, u32 n_split,
+                                               u32 d) {
+    return part + (((size_t)row_q * hq + h) * n_split + split) * (d + 2);
+}
+
 template <typename C>
 __device__ __forceinline__ void paged_decode_row(const float* q, const C* kc, const C* vc, const int* table,
-                                                 float* out, u32 seq, u32 row_q, int pos, u32 hq, u32 hkv,
-                                                 u32 d, u32 bs, u32 max_blocks, float scale, float cap,
-                                                 u32 window) {
+                                                 float* out, float* part, u32 seq, u32 row_q, int pos, u32 hq,
+                                                 u32 hkv, u32 d, u32 bs, u32 max_blocks, u32 n_blocks,
+                                                 float scale, float cap, u32 window, int kbeg, int kend) {
     __shared__ float m_s[DECODE_WARPS][MAX_GROUP];
     __shared__ float l_s[DECODE_WARPS][MAX_GROUP];
     __shared__ float o_s[DECODE_WARPS][MAX_GROUP][MAX_D];
@@ -23,7 +34,8 @@ __device__ __forceinline__ void paged_decode_row(const float* q, const C* kc, co
     const u32 group = hq / hkv;
     const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const int len = pos + 1;  // keys 0..=pos
-    const int first = window > 0 ? max(0, len - (int)window) : 0;
+    const int first = max(kbeg, window > 0 ? max(0, len - (int)window) : 0);
+    const int last = min(len, kend);
     const u32 per = (d + WARP - 1) / WARP;  // values per lane, at most 8
     // Register arrays need indices known at compile time: the loops run to the maxima and
     // skip what is past this call's sizes.
@@ -40,8 +52,9 @@ __device__ __forceinline__ void paged_decode_row(const float* q, const C* kc, co
         m[g] = -KILN_INF;
         l[g] = 0.0f;
     }
-    for (int p = first + (int)warp; p < len; p += DECODE_WARPS) {
+    for (int p = first + (int)warp; p < last; p += DECODE_WARPS) {
         const int blk = table[(size_t)seq * max_blocks + p / bs];
+        if (blk < 0 || (u32)blk >= n_blocks) continue;
         const size_t row = (((size_t)blk * bs + p % bs) * hkv + kvh) * d;
         float kv[8], vv[8];
 #pragma unroll
@@ -82,16 +95,25 @@ __device__ __forceinline__ void paged_decode_row(const float* q, const C* kc, co
     __syncthreads();
     // Merge the warps' partial results: thread j of the block sums dim j of every head.
     for (u32 g = 0; g < group; g++) {
+        const u32 h = kvh * group + g;
         float mx = -KILN_INF;
         for (u32 w = 0; w < DECODE_WARPS; w++) mx = fmaxf(mx, m_s[w][g]);
         float denom = 0.0f;
         for (u32 w = 0; w < DECODE_WARPS; w++)
             denom += m_s[w][g] == -KILN_INF ? 0.0f : l_s[w][g] * __expf(m_s[w][g] - mx);
+        float* rec = part ? split_record(part, row_q, h, hq, blockIdx.z, gridDim.z, d) : nullptr;
+        if (rec && threadIdx.x == 0) {
+            rec[0] = mx;
+            rec[1] = denom;
+        }
         for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
             float o = 0.0f;
             for (u32 w = 0; w < DECODE_WARPS; w++)
                 if (m_s[w][g] != -KILN_INF) o += o_s[w][g][j] * __expf(m_s[w][g] - mx);
-            out[((size_t)row_q * hq + kvh * group + g) * d + j] = denom > 0.0f ? o / denom : 0.0f;
+            if (rec)
+                rec[2 + j] = o;
+            else
+                out[((size_t)row_q * hq + h) * d + j] = denom > 0.0f ? o / denom : 0.0f;
         }
     }
     // The next row of this sequence reuses the shared arrays.
@@ -99,34 +121,64 @@ __device__ __forceinline__ void paged_decode_row(const float* q, const C* kc, co
 }
 
 // A sequence's query rows are q_start[seq] .. q_start[seq + 1], the last ones of its context
-// (one in a decode step); each row sees keys up to its own position.
+// (one in a decode step); each row sees keys up to its own position. Split z of the grid
+// takes keys z·chunk .. (z+1)·chunk; with one split, `part` is null and the block writes
+// `out` itself.
 template <typename C>
 __device__ __forceinline__ void paged_decode(const float* q, const C* kc, const C* vc, const int* table,
-                                             const int* seq_lens, const int* q_start, float* out, u32 hq,
-                                             u32 hkv, u32 d, u32 bs, u32 max_blocks, float scale, float cap,
-                                             u32 window) {
+                                             const int* seq_lens, const int* q_start, float* out, float* part,
+                                             u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks, u32 n_blocks,
+                                             float scale, float cap, u32 window, u32 chunk) {
     const u32 seq = blockIdx.x;
     const int r0 = q_start[seq], rows = q_start[seq + 1] - r0;
     const int len = seq_lens[seq];
+    const int kbeg = (int)(blockIdx.z * chunk), kend = kbeg + (int)chunk;
     for (int i = 0; i < rows; i++)
-        paged_decode_row(q, kc, vc, table, out, seq, (u32)(r0 + i), len - rows + i, hq, hkv, d, bs,
-                         max_blocks, scale, cap, window);
+        paged_decode_row(q, kc, vc, table, out, part, seq, (u32)(r0 + i), len - rows + i, hq, hkv, d, bs,
+                         max_blocks, n_blocks, scale, cap, window, kbeg, kend);
 }
 
 // @hot
 extern "C" __global__ void __launch_bounds__(DECODE_WARPS * WARP)
 paged_decode_f32(const float* q, const float* kc, const float* vc, const int* table, const int* seq_lens,
-                 const int* q_start, float* out, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks, float scale,
-                 float cap, u32 window) {
-    paged_decode(q, kc, vc, table, seq_lens, q_start, out, hq, hkv, d, bs, max_blocks, scale, cap, window);
+                 const int* q_start, float* out, float* part, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks,
+                 u32 n_blocks, float scale, float cap, u32 window, u32 chunk) {
+    paged_decode(q, kc, vc, table, seq_lens, q_start, out, part, hq, hkv, d, bs, max_blocks, n_blocks, scale,
+                 cap, window, chunk);
 }
 
 // @hot
 extern "C" __global__ void __launch_bounds__(DECODE_WARPS * WARP)
 paged_decode_f16(const float* q, const __half* kc, const __half* vc, const int* table, const int* seq_lens,
-                 const int* q_start, float* out, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks, float scale,
-                 float cap, u32 window) {
-    paged_decode(q, kc, vc, table, seq_lens, q_start, out, hq, hkv, d, bs, max_blocks, scale, cap, window);
+                 const int* q_start, float* out, float* part, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks,
+                 u32 n_blocks, float scale, float cap, u32 window, u32 chunk) {
+    paged_decode(q, kc, vc, table, seq_lens, q_start, out, part, hq, hkv, d, bs, max_blocks, n_blocks, scale,
+                 cap, window, chunk);
+}
+
+// Merges the splits of paged_decode: one block per (query row, head) of the `rows` rows,
+// threads over the head dim. A row no split saw (no keys) gets zeros, as the CPU gives.
+// @hot
+extern "C" __global__ void paged_decode_combine(const float* part, float* out, u32 rows, u32 hq, u32 n_split,
+                                                u32 d) {
+    const u32 rh = blockIdx.x;
+    if (rh >= rows * hq) return;
+    const float* rec0 = part + (size_t)rh * n_split * (d + 2);
+    float mx = -KILN_INF;
+    for (u32 z = 0; z < n_split; z++) mx = fmaxf(mx, rec0[(size_t)z * (d + 2)]);
+    float denom = 0.0f;
+    for (u32 z = 0; z < n_split; z++) {
+        const float* rec = rec0 + (size_t)z * (d + 2);
+        if (rec[0] != -KILN_INF) denom += rec[1] * __expf(rec[0] - mx);
+    }
+    for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
+        float o = 0.0f;
+        for (u32 z = 0; z < n_split; z++) {
+            const float* rec = rec0 + (size_t)z * (d + 2);
+            if (rec[0] != -KILN_INF) o += rec[2 + j] * __expf(rec[0] - mx);
+        }
+        out[(size_t)rh * d + j] = denom > 0.0f ? o / denom : 0.0f;
+    }
 }
 
 // Prefill (and mixed batches): one warp per (query row, query head); the row's sequence is
@@ -136,7 +188,7 @@ template <typename C>
 __device__ __forceinline__ void paged_prefill(const float* q, const C* kc, const C* vc, const int* table,
                                               const int* seq_lens, const int* q_start, float* out, u32 n_seqs,
                                               u32 t, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks,
-                                              float scale, float cap, u32 window) {
+                                              u32 n_blocks, float scale, float cap, u32 window) {
     const u32 gw = (blockIdx.x * blockDim.x + threadIdx.x) / WARP;
     const u32 lane = threadIdx.x % WARP;
     if (gw >= t * hq) return;
@@ -158,6 +210,7 @@ __device__ __forceinline__ void paged_prefill(const float* q, const C* kc, const
     float m = -KILN_INF, l = 0.0f;
     for (int p = first; p <= pos; p++) {
         const int blk = table[(size_t)s * max_blocks + p / bs];
+        if (blk < 0 || (u32)blk >= n_blocks) continue;
         const size_t row = (((size_t)blk * bs + p % bs) * hkv + kvh) * d;
         float sc = 0.0f;
 #pragma unroll
@@ -187,15 +240,17 @@ __device__ __forceinline__ void paged_prefill(const float* q, const C* kc, const
 extern "C" __global__ void paged_prefill_f32(const float* q, const float* kc, const float* vc,
                                              const int* table, const int* seq_lens, const int* q_start,
                                              float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d,
-                                             u32 bs, u32 max_blocks, float scale, float cap, u32 window) {
-    paged_prefill(q, kc, vc, table, seq_lens, q_start, out, n_seqs, t, hq, hkv, d, bs, max_blocks, scale,
-                  cap, window);
+                                             u32 bs, u32 max_blocks, u32 n_blocks, float scale, float cap,
+                                             u32 window) {
+    paged_prefill(q, kc, vc, table, seq_lens, q_start, out, n_seqs, t, hq, hkv, d, bs, max_blocks, n_blocks,
+                  scale, cap, window);
 }
 
 extern "C" __global__ void paged_prefill_f16(const float* q, const __half* kc, const __half* vc,
                                              const int* table, const int* seq_lens, const int* q_start,
                                              float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d,
-                                             u32 bs, u32 max_blocks, float scale, float cap, u32 window) {
-    paged_prefill(q, kc, vc, table, seq_lens, q_start, out, n_seqs, t, hq, hkv, d, bs, max_blocks, scale,
-                  cap, window);
+                                             u32 bs, u32 max_blocks, u32 n_blocks, float scale, float cap,
+                                             u32 window) {
+    paged_prefill(q, kc, vc, table, seq_lens, q_start, out, n_seqs, t, hq, hkv, d, bs, max_blocks, n_blocks,
+                  scale, cap, window);
 }

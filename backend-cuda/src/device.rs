@@ -298,11 +298,15 @@ impl Gpu {
             .map_err(|e| driver_err("synchronize", e))
     }
 
-    /// Enqueues the steps of one op.
+    /// Enqueues the steps of one op. Its scratch tensors go back to the pool when it returns:
+    /// work enqueued later on the stream, the only one that may reuse them, runs after the
+    /// op's kernels.
     pub fn run(&self, steps: &[Step], ins: &[&Tensor], outs: &[&Tensor]) -> Result<()> {
+        let mut scratch: Vec<Tensor> = Vec::new();
         for step in steps {
             match step {
-                Step::Launch(l) => self.launch(l, ins, outs)?,
+                Step::Scratch(desc) => scratch.push(self.alloc(desc)?),
+                Step::Launch(l) => self.launch(l, ins, outs, &scratch)?,
                 Step::Copy { from, to } => {
                     let (src, dst) = (ins[*from], outs[*to]);
                     let n = src.nbytes().min(dst.nbytes());
@@ -320,14 +324,21 @@ impl Gpu {
         Ok(())
     }
 
-    fn launch(&self, l: &Launch, ins: &[&Tensor], outs: &[&Tensor]) -> Result<()> {
+    fn launch(
+        &self,
+        l: &Launch,
+        ins: &[&Tensor],
+        outs: &[&Tensor],
+        scratch: &[Tensor],
+    ) -> Result<()> {
         let sig = self
             .sigs
             .get(l.kernel)
             .ok_or_else(|| err(format!("no kernel named {}", l.kernel)))?;
         let in_descs: Vec<TensorDesc> = ins.iter().map(|t| t.desc().clone()).collect();
         let out_descs: Vec<TensorDesc> = outs.iter().map(|t| t.desc().clone()).collect();
-        check_launch(sig, l, &in_descs, &out_descs).map_err(err)?;
+        let scratch_descs: Vec<TensorDesc> = scratch.iter().map(|t| t.desc().clone()).collect();
+        check_launch(sig, l, &in_descs, &out_descs, &scratch_descs).map_err(err)?;
         let f = self
             .functions
             .get(l.kernel)
@@ -346,6 +357,7 @@ impl Gpu {
                     Arg::In(i) => V::P(self.addr(ins[i])?),
                     Arg::Out(i) => V::P(self.addr(outs[i])?),
                     Arg::Null => V::P(0),
+                    Arg::Scratch(i) => V::P(self.addr(&scratch[i])?),
                     Arg::U32(x) => V::U(x),
                     Arg::I32(x) => V::I(x),
                     Arg::F32(x) => V::F(x),

@@ -230,8 +230,20 @@ impl Backend for EmuBackend {
         let desc = check_call(self, op, inputs, outputs)?;
         let steps = plan(&desc).ok_or_else(|| err(format!("{desc} is not planned")))?;
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let scratch_descs = crate::plan::scratch_descs(&steps);
+        let mut scratch: Vec<Tensor> = Vec::new();
         for step in &steps {
             match step {
+                Step::Scratch(desc) => {
+                    // Uninitialised on a GPU: filled with NaN here, so a read before a write shows.
+                    let t = self.alloc(desc)?;
+                    let n = t.nbytes() / 4;
+                    // SAFETY: the new buffer holds `n` f32s and nothing else refers to it.
+                    unsafe {
+                        std::slice::from_raw_parts_mut(self.addr(&t)? as *mut f32, n).fill(f32::NAN)
+                    };
+                    scratch.push(t);
+                }
                 Step::Copy { from, to } => {
                     let n = inputs[*from].nbytes();
                     // SAFETY: both ranges lie inside their buffers and do not overlap
@@ -249,7 +261,8 @@ impl Backend for EmuBackend {
                         .sigs
                         .get(l.kernel)
                         .ok_or_else(|| err(format!("no kernel {}", l.kernel)))?;
-                    check_launch(sig, l, &desc.inputs, &desc.outputs).map_err(err)?;
+                    check_launch(sig, l, &desc.inputs, &desc.outputs, &scratch_descs)
+                        .map_err(err)?;
                     // Each argument's value in its own 8-byte slot, as cuLaunchKernel reads
                     // them: pointers whole, 32-bit values in the low bytes.
                     let mut slots: Vec<u64> = l
@@ -260,6 +273,7 @@ impl Backend for EmuBackend {
                                 Arg::In(i) => self.addr(inputs[i])?,
                                 Arg::Out(i) => self.addr(outputs[i])?,
                                 Arg::Null => 0,
+                                Arg::Scratch(i) => self.addr(&scratch[i])?,
                                 Arg::U32(x) => x as u64,
                                 Arg::I32(x) => x as u32 as u64,
                                 Arg::F32(x) => x.to_bits() as u64,

@@ -17,8 +17,10 @@ pub enum Arg {
     In(usize),
     /// The device address of output `i`.
     Out(usize),
-    /// A null pointer (an optional input that is absent).
+    /// A null pointer (an optional tensor that is absent).
     Null,
+    /// The device address of the op's scratch tensor `i` (see [`Step::Scratch`]).
+    Scratch(usize),
     U32(u32),
     I32(i32),
     F32(f32),
@@ -42,6 +44,20 @@ pub enum Step {
         from: usize,
         to: usize,
     },
+    /// A scratch tensor for the op's later steps, uninitialised, gone when the op is done;
+    /// the n-th of an op's `Scratch` steps is its `Arg::Scratch(n)`.
+    Scratch(TensorDesc),
+}
+
+/// The scratch tensors `steps` declare, in order.
+pub fn scratch_descs(steps: &[Step]) -> Vec<TensorDesc> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Scratch(d) => Some(d.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Threads per block of the elementwise kernels.
@@ -54,6 +70,12 @@ const MAX_GRID_YZ: u32 = 65_535;
 const MAX_HEAD_DIM: usize = 256;
 /// Query heads per KV head the decode kernel serves from one K/V read.
 const MAX_GROUP: usize = 8;
+/// Blocks a decode attention launch aims for: enough to fill the largest GPUs (132 SMs on
+/// an H100 SXM, 148 on a B200) twice over. Fewer (sequence, KV head) pairs than this split
+/// the key range over several blocks.
+const DECODE_TARGET_BLOCKS: usize = 2 * 148;
+/// The fewest keys one split of a decode attention takes.
+const MIN_SPLIT_KEYS: usize = 128;
 /// Key dims the Gated DeltaNet decode kernel keeps in shared memory.
 const MAX_DK: usize = 256;
 /// Threads of the argmax kernel (`ARGMAX_THREADS` in reduce.cu; a power of two).
@@ -153,10 +175,14 @@ fn u(n: usize) -> Option<u32> {
     u32::try_from(n).ok()
 }
 
-/// A 1-D grid of `threads` threads in blocks of `BLOCK`.
+/// A 1-D grid of `threads` threads in blocks of `BLOCK`. The kernels compute their global
+/// thread index `blockIdx.x * blockDim.x + threadIdx.x` in 32 bits, so every thread of the
+/// grid, the rounded-up last block included, must have an index that fits: larger ops are not
+/// planned (they run on the CPU) rather than wrapping around.
 fn grid1(threads: usize) -> Option<(u32, u32, u32)> {
     let blocks = (threads as u64).div_ceil(BLOCK as u64).max(1);
-    (blocks <= MAX_GRID_X).then_some((blocks as u32, 1, 1))
+    let fits = blocks * BLOCK as u64 <= u32::MAX as u64 + 1;
+    (fits && blocks <= MAX_GRID_X).then_some((blocks as u32, 1, 1))
 }
 
 fn launch1(kernel: &'static str, threads: usize, args: Vec<Arg>) -> Option<Vec<Step>> {
@@ -576,16 +602,40 @@ fn plan_paged_attention(
         DType::F16 => true,
         _ => return None,
     };
+    let n_blocks = dim(&i[1], 0);
     let common = [
         U32(u(d)?),
         U32(u(bs)?),
         U32(u(max_blocks)?),
+        U32(u(n_blocks)?),
         F32(p.scale),
         F32(cap),
         U32(u(window)?),
     ];
     if t == s && hq / hkv <= MAX_GROUP {
-        // Decode: a block per (sequence, KV head), serving the group's query heads.
+        // Decode: a block per (sequence, KV head, split of the keys), serving the group's
+        // query heads. The plan cannot see the sequences' lengths (they are on the device),
+        // so the splits cover the block table's whole capacity; splits past a sequence's
+        // length find no keys and cost a block that exits at once.
+        let capacity = max_blocks * bs;
+        let pairs = (s * hkv).max(1);
+        let splits = DECODE_TARGET_BLOCKS
+            .div_ceil(pairs)
+            .min(capacity.div_ceil(MIN_SPLIT_KEYS))
+            .clamp(1, MAX_GRID_YZ as usize);
+        let chunk = capacity.div_ceil(splits).max(1);
+        // Key positions up to splits · chunk are computed in 32-bit ints.
+        i32::try_from(splits * chunk + chunk).ok()?;
+        let kernel = if f16 {
+            "paged_decode_f16"
+        } else {
+            "paged_decode_f32"
+        };
+        let part = if splits > 1 {
+            Arg::Scratch(0)
+        } else {
+            Arg::Null
+        };
         let mut args = vec![
             In(0),
             In(1),
@@ -594,16 +644,31 @@ fn plan_paged_attention(
             In(4),
             In(5),
             Out(0),
+            part,
             U32(u(hq)?),
             U32(u(hkv)?),
         ];
         args.extend(common);
-        let kernel = if f16 {
-            "paged_decode_f16"
-        } else {
-            "paged_decode_f32"
-        };
-        return one(kernel, (u(s)?, u(hkv)?, 1), (128, 1, 1), args);
+        args.push(U32(u(chunk)?));
+        let mut steps = one(kernel, (u(s)?, u(hkv)?, u(splits)?), (128, 1, 1), args)?;
+        if splits > 1 {
+            let records = t * hq * splits * (d + 2);
+            steps.insert(0, Step::Scratch(TensorDesc::new(DType::F32, [records])));
+            steps.extend(one(
+                "paged_decode_combine",
+                (u(t * hq)?, 1, 1),
+                (u(d.next_multiple_of(32).min(256))?, 1, 1),
+                vec![
+                    Arg::Scratch(0),
+                    Out(0),
+                    U32(u(t)?),
+                    U32(u(hq)?),
+                    U32(u(splits)?),
+                    U32(u(d)?),
+                ],
+            )?);
+        }
+        return Some(steps);
     }
     let mut args = vec![
         In(0),
@@ -636,6 +701,7 @@ pub fn check_launch(
     l: &Launch,
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],
+    scratch: &[TensorDesc],
 ) -> Result<(), String> {
     use crate::kernels::{Elem, Param};
     let k = l.kernel;
@@ -665,7 +731,12 @@ pub fn check_launch(
             (Param::Ptr { elem, mutable }, Arg::Out(o)) => {
                 mutable && outputs.get(o).is_some_and(|t| elem_ok(elem, t.dtype))
             }
-            (Param::Ptr { mutable, .. }, Arg::Null) => !mutable,
+            // Scratch is written by one step and read by the next.
+            (Param::Ptr { elem, .. }, Arg::Scratch(i)) => {
+                scratch.get(i).is_some_and(|t| elem_ok(elem, t.dtype))
+            }
+            // A kernel taking an optional pointer checks it for null.
+            (Param::Ptr { .. }, Arg::Null) => true,
             (Param::U32, Arg::U32(_)) | (Param::I32, Arg::I32(_)) | (Param::F32, Arg::F32(_)) => {
                 true
             }
@@ -705,7 +776,7 @@ mod tests {
                         let sig = sigs
                             .get(l.kernel)
                             .unwrap_or_else(|| panic!("{}: no kernel {}", c.label, l.kernel));
-                        check_launch(sig, l, &desc.inputs, &desc.outputs)
+                        check_launch(sig, l, &desc.inputs, &desc.outputs, &scratch_descs(&steps))
                             .unwrap_or_else(|e| panic!("{} {}: {e}", c.op.name(), c.label));
                         assert!(l.grid.0 >= 1 && l.grid.1 >= 1 && l.grid.2 >= 1);
                         used.insert(l.kernel);
@@ -713,6 +784,7 @@ mod tests {
                     Step::Copy { from, to } => {
                         assert_eq!(desc.inputs[*from].nbytes(), desc.outputs[*to].nbytes());
                     }
+                    Step::Scratch(t) => assert!(t.nbytes().is_some_and(|n| n > 0)),
                 }
             }
         }
@@ -760,6 +832,32 @@ mod tests {
         println!("{} ops planned, {} kernels used", claimed.len(), used.len());
     }
 
+    /// Ops whose one-dimensional grid would number threads past 2³² (the kernels index in 32
+    /// bits) are not planned, while the same op a little smaller is.
+    #[test]
+    fn grids_past_32_bit_thread_indices_are_not_planned() {
+        let desc = |n: usize| {
+            OpDesc::new(
+                Op::MatMulId,
+                vec![
+                    TensorDesc::new(DType::F32, [4096, 64]),
+                    TensorDesc::new(DType::Q8_0, [8, n, 64]),
+                    TensorDesc::new(DType::I32, [4096, 8]),
+                ],
+                vec![TensorDesc::new(DType::F32, [4096, 8, n])],
+            )
+        };
+        // 4096 · 8 · n warps of 32 threads.
+        assert!(plan(&desc(4096)).is_some());
+        assert!(plan(&desc(40_000)).is_none());
+        let add = |n: usize| {
+            let t = TensorDesc::new(DType::F32, [n]);
+            OpDesc::new(Op::Add, vec![t.clone(), t.clone()], vec![t])
+        };
+        assert!(plan(&add(1 << 31)).is_some());
+        assert!(plan(&add((1 << 32) + 1)).is_none());
+    }
+
     #[test]
     fn a_wrong_launch_is_caught() {
         let sigs = crate::kernels::signatures().unwrap();
@@ -780,21 +878,21 @@ mod tests {
             panic!("a launch")
         };
         let sig = &sigs[good.kernel];
-        assert!(check_launch(sig, good, &desc.inputs, &desc.outputs).is_ok());
+        assert!(check_launch(sig, good, &desc.inputs, &desc.outputs, &[]).is_ok());
         // Output and input swapped: the kernel would write an input.
         let mut bad = good.clone();
         bad.args.swap(0, 2);
-        assert!(check_launch(sig, &bad, &desc.inputs, &desc.outputs).is_err());
+        assert!(check_launch(sig, &bad, &desc.inputs, &desc.outputs, &[]).is_err());
         // A missing argument.
         let mut bad = good.clone();
         bad.args.pop();
-        assert!(check_launch(sig, &bad, &desc.inputs, &desc.outputs).is_err());
+        assert!(check_launch(sig, &bad, &desc.inputs, &desc.outputs, &[]).is_err());
         // An f32 where the kernel takes a u32.
         let mut bad = good.clone();
         bad.args[3] = Arg::F32(64.0);
-        assert!(check_launch(sig, &bad, &desc.inputs, &desc.outputs).is_err());
+        assert!(check_launch(sig, &bad, &desc.inputs, &desc.outputs, &[]).is_err());
         // A pointer to f16 data where the kernel reads f32.
         let half = vec![TensorDesc::new(DType::F16, [2, 64]), desc.inputs[1].clone()];
-        assert!(check_launch(sig, good, &half, &desc.outputs).is_err());
+        assert!(check_launch(sig, good, &half, &desc.outputs, &[]).is_err());
     }
 }

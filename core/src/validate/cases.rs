@@ -473,6 +473,41 @@ fn attention(c: &mut Vec<Case>) -> Result<()> {
         32,
         true,
     )?;
+    // Long contexts with few sequences: backends that split the keys over several blocks
+    // (CUDA's decode) take that path here.
+    paged(
+        "decode long context 300/45, D=128",
+        Mask::Causal,
+        &[300, 45],
+        &[1, 1],
+        F32,
+        8,
+        2,
+        128,
+        false,
+    )?;
+    paged(
+        "decode sliding 100 at 350, released blocks, f16 cache",
+        Mask::SlidingWindow(100),
+        &[350],
+        &[1],
+        F16,
+        4,
+        1,
+        64,
+        true,
+    )?;
+    paged(
+        "decode-shaped, 2 rows for one sequence and none for the other",
+        Mask::Causal,
+        &[200, 30],
+        &[2, 0],
+        F32,
+        4,
+        2,
+        32,
+        false,
+    )?;
     paged(
         "prefill 2 seqs q 5/7 after context",
         Mask::Causal,
