@@ -1,9 +1,12 @@
 //! The kernel files of `kernels/`, embedded, and the architectures kiln compiles them for.
-//! Every file gets `common.cuh` prepended. A kernel preceded by a `// @hot` line is on the
+//! Every file gets `common.cuh` and `formats.cuh` prepended. A kernel preceded by a `// @hot` line is on the
 //! decode path: the compile check fails if ptxas reports register spills in it.
 
 /// `common.cuh`, prepended to every file.
 pub const COMMON: &str = include_str!("../../kernels/common.cuh");
+
+/// `formats.cuh`, the weight formats' loaders, prepended to every file after `COMMON`.
+pub const FORMATS: &str = include_str!("../../kernels/formats.cuh");
 
 /// (file name, source) of every kernel file.
 pub const FILES: &[(&str, &str)] = &[
@@ -25,6 +28,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("recurrent.cu", include_str!("../../kernels/recurrent.cu")),
     ("moe.cu", include_str!("../../kernels/moe.cu")),
     ("quant.cu", include_str!("../../kernels/quant.cu")),
+    ("fused.cu", include_str!("../../kernels/fused.cu")),
     ("reduce.cu", include_str!("../../kernels/reduce.cu")),
 ];
 
@@ -36,7 +40,11 @@ pub fn source(file: &str) -> Option<String> {
     FILES
         .iter()
         .find(|(n, _)| *n == file)
-        .map(|(_, s)| format!("#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"{file}\"\n{s}"))
+        .map(|(_, s)| {
+            format!(
+                "#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"formats.cuh\"\n{FORMATS}\n#line 1 \"{file}\"\n{s}"
+            )
+        })
 }
 
 /// The `extern "C" __global__` kernels of a file, with whether each is marked hot.
@@ -56,7 +64,7 @@ pub fn entry_points(src: &str) -> Vec<(String, bool)> {
         if pending {
             // The name is the identifier right before the first '(' (after any
             // __launch_bounds__(...), which may sit on the same line or the one before).
-            let text = l.replace("__launch_bounds__(DECODE_WARPS * WARP)", "");
+            let text = strip_launch_bounds(l);
             if let Some(at) = text.find('(') {
                 let name = text[..at]
                     .split_whitespace()
@@ -72,6 +80,17 @@ pub fn entry_points(src: &str) -> Vec<(String, bool)> {
         }
     }
     out
+}
+
+/// `line` without a `__launch_bounds__(...)` (no nested parentheses inside).
+fn strip_launch_bounds(line: &str) -> String {
+    match line.find("__launch_bounds__(") {
+        Some(at) => match line[at..].find(')') {
+            Some(close) => format!("{}{}", &line[..at], &line[at + close + 1..]),
+            None => line[..at].to_string(),
+        },
+        None => line.to_string(),
+    }
 }
 
 /// What a pointer parameter points at, as far as the launcher's tensors are concerned.

@@ -167,6 +167,30 @@ const BLOCK_FORMATS: &[(DType, &str, &str, &str)] = &[
     ),
 ];
 
+/// The fused decode matmuls of `fused.cu`, per weight type: (dtype, RMSNorm→matmul,
+/// GLU→matmul).
+const FUSED_MAT_VEC: &[(DType, &str, &str)] = &[
+    (DType::F32, "rms_norm_mat_vec_f32", "glu_mat_vec_f32"),
+    (DType::F16, "rms_norm_mat_vec_f16", "glu_mat_vec_f16"),
+    (DType::BF16, "rms_norm_mat_vec_bf16", "glu_mat_vec_bf16"),
+    (DType::Q8_0, "rms_norm_mat_vec_q8_0", "glu_mat_vec_q8_0"),
+    (DType::Q4_0, "rms_norm_mat_vec_q4_0", "glu_mat_vec_q4_0"),
+    (DType::Q4_1, "rms_norm_mat_vec_q4_1", "glu_mat_vec_q4_1"),
+    (DType::Q5_0, "rms_norm_mat_vec_q5_0", "glu_mat_vec_q5_0"),
+    (DType::Q5_1, "rms_norm_mat_vec_q5_1", "glu_mat_vec_q5_1"),
+    (DType::Q2_K, "rms_norm_mat_vec_q2_k", "glu_mat_vec_q2_k"),
+    (DType::Q3_K, "rms_norm_mat_vec_q3_k", "glu_mat_vec_q3_k"),
+    (DType::Q4_K, "rms_norm_mat_vec_q4_k", "glu_mat_vec_q4_k"),
+    (DType::Q5_K, "rms_norm_mat_vec_q5_k", "glu_mat_vec_q5_k"),
+    (DType::Q6_K, "rms_norm_mat_vec_q6_k", "glu_mat_vec_q6_k"),
+    (DType::Q8_K, "rms_norm_mat_vec_q8_k", "glu_mat_vec_q8_k"),
+    (DType::MXFP4, "rms_norm_mat_vec_mxfp4", "glu_mat_vec_mxfp4"),
+    (DType::NVFP4, "rms_norm_mat_vec_nvfp4", "glu_mat_vec_nvfp4"),
+];
+
+/// Outputs per block of `glu_mat_vec` (`GLU_WARPS · GLU_COLS` in fused.cu).
+const GLU_BLOCK_COLS: usize = 32;
+
 fn block_format(d: DType) -> Option<&'static (DType, &'static str, &'static str, &'static str)> {
     BLOCK_FORMATS.iter().find(|f| f.0 == d)
 }
@@ -536,14 +560,59 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                 vec![In(0), Out(0), U32(u(n)?)],
             )
         }
+        Op::RmsNormMatMul { eps, one_plus } => {
+            // Decode only: at prefill sizes the plain norm and GEMM are the better kernels.
+            (all_f32(&i[..2]) && o[0].dtype == DType::F32).then_some(())?;
+            let (n, k) = (dim(&i[2], 0), dim(&i[2], 1));
+            let m = i[0].numel() / k.max(1);
+            (m <= MAT_VEC_ROWS && k % 8 == 0).then_some(())?;
+            let kernel = FUSED_MAT_VEC.iter().find(|f| f.0 == i[2].dtype)?.1;
+            one(
+                kernel,
+                (u(n.div_ceil(4))?, u(m)?, 1),
+                (128, 1, 1),
+                vec![
+                    In(0),
+                    In(1),
+                    In(2),
+                    Out(0),
+                    U32(u(m)?),
+                    U32(u(n)?),
+                    U32(u(k)?),
+                    F32(*eps),
+                    U32(*one_plus as u32),
+                ],
+            )
+        }
+        Op::GluMatMul(g) => {
+            (all_f32(&i[..2]) && o[0].dtype == DType::F32).then_some(())?;
+            let (n, k) = (dim(&i[2], 0), dim(&i[2], 1));
+            let m = i[0].numel() / k.max(1);
+            (m <= MAT_VEC_ROWS && k % 8 == 0).then_some(())?;
+            let kernel = FUSED_MAT_VEC.iter().find(|f| f.0 == i[2].dtype)?.2;
+            let act = match g {
+                GluOp::SwiGlu => 0,
+                GluOp::GeGlu => 1,
+            };
+            one(
+                kernel,
+                (u(n.div_ceil(GLU_BLOCK_COLS))?, u(m)?, 1),
+                (256, 1, 1),
+                vec![
+                    In(0),
+                    In(1),
+                    In(2),
+                    Out(0),
+                    U32(u(m)?),
+                    U32(u(n)?),
+                    U32(u(k)?),
+                    U32(act),
+                ],
+            )
+        }
         // Not written yet: these run on the CPU reference through the executor (counted and
-        // reported), and fused ops take their unfused path through the gate.
-        Op::Attention(_)
-        | Op::TopK(_)
-        | Op::Conv1d { .. }
-        | Op::DeltaNet { .. }
-        | Op::RmsNormMatMul { .. }
-        | Op::GluMatMul(_) => None,
+        // reported).
+        Op::Attention(_) | Op::TopK(_) | Op::Conv1d { .. } | Op::DeltaNet { .. } => None,
     }
 }
 
@@ -811,6 +880,8 @@ mod tests {
             "delta_net_decode",
             "conv1d_decode",
             "argmax",
+            "rms_norm_mat_mul",
+            "glu_mat_mul",
         ] {
             assert!(claimed.contains(op), "no case of {op} is planned");
         }

@@ -113,6 +113,33 @@ impl Executor {
         self.exec(&Op::KvWrite, &[k, v, slots], &[k_cache, v_cache])
     }
 
+    /// `rms_norm(x) · wᵀ` for each `w` of `ws` (the projections that share one norm: Q/K/V,
+    /// gate/up). Where the backend has the fused kernel for every one of them (the fused-op
+    /// gate), each matmul normalises as it loads `x` and the normalised rows are never
+    /// written; else one norm feeds the plain matmuls.
+    pub fn rms_norm_matmuls(
+        &self,
+        x: &Tensor,
+        norm_w: &Tensor,
+        eps: f32,
+        one_plus: bool,
+        ws: &[&Tensor],
+    ) -> Result<Vec<Tensor>> {
+        let op = Op::RmsNormMatMul { eps, one_plus };
+        let mut fused = true;
+        for w in ws {
+            let ins = [x.desc(), norm_w.desc(), w.desc()];
+            let out =
+                op.output_descs(&[x.desc().clone(), norm_w.desc().clone(), w.desc().clone()])?;
+            fused &= self.supports_op(&op, &ins, &[&out[0]]);
+        }
+        if fused {
+            return ws.iter().map(|w| self.one(&op, &[x, norm_w, w])).collect();
+        }
+        let h = self.rms_norm(x, norm_w, eps, one_plus)?;
+        ws.iter().map(|w| self.matmul(&h, w)).collect()
+    }
+
     /// `act(gate)·up` projected by `w_down`: the fused kernel where the backend has one (the
     /// fused-op gate), else the two plain ops.
     pub fn glu_matmul(

@@ -166,6 +166,20 @@ impl Decoder {
     fn norm(&self, ex: &Executor, x: &Tensor, w: &Tensor) -> Result<Tensor> {
         ex.rms_norm(x, w, self.spec.eps, self.spec.norm_one_plus)
     }
+
+    /// `norm(x)` projected by each of `ws`, through the fused norm-matmul where the backend
+    /// has it.
+    fn normed_matmuls<const N: usize>(
+        &self,
+        ex: &Executor,
+        x: &Tensor,
+        norm_w: &Tensor,
+        ws: [&Tensor; N],
+    ) -> Result<[Tensor; N]> {
+        let out = ex.rms_norm_matmuls(x, norm_w, self.spec.eps, self.spec.norm_one_plus, &ws)?;
+        out.try_into()
+            .map_err(|_| Error::Model("a matmul per weight".into()))
+    }
 }
 
 /// The batch's index tensors, uploaded once per forward.
@@ -300,10 +314,11 @@ impl Model for Decoder {
         let (hd, nh, nkv) = (i.head_dim, i.n_head, i.n_head_kv);
         for (l, layer) in self.layers.iter().enumerate() {
             // Attention.
-            let h = self.norm(ex, &x, &layer.attn_norm)?;
-            let mut q = ex.matmul(&h, &layer.wq)?.reshape([t, nh, hd])?;
-            let mut k = ex.matmul(&h, &layer.wk)?.reshape([t, nkv, hd])?;
-            let v = ex.matmul(&h, &layer.wv)?.reshape([t, nkv, hd])?;
+            let [q, k, v] =
+                self.normed_matmuls(ex, &x, &layer.attn_norm, [&layer.wq, &layer.wk, &layer.wv])?;
+            let mut q = q.reshape([t, nh, hd])?;
+            let mut k = k.reshape([t, nkv, hd])?;
+            let v = v.reshape([t, nkv, hd])?;
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
                 q = self.norm(ex, &q, qn)?;
                 k = self.norm(ex, &k, kn)?;
@@ -330,9 +345,8 @@ impl Model for Decoder {
             }
             x = ex.add(&x, &o)?;
             // MLP.
-            let h = self.norm(ex, &x, &layer.ffn_norm)?;
-            let gate = ex.matmul(&h, &layer.w_gate)?;
-            let up = ex.matmul(&h, &layer.w_up)?;
+            let [gate, up] =
+                self.normed_matmuls(ex, &x, &layer.ffn_norm, [&layer.w_gate, &layer.w_up])?;
             let mut d = ex.glu_matmul(sp.act, &gate, &up, &layer.w_down)?;
             if let Some(pn) = &layer.post_ffn_norm {
                 d = self.norm(ex, &d, pn)?;

@@ -697,6 +697,26 @@ fn fused(c: &mut Vec<Case>) -> Result<()> {
             )?);
         }
     }
+    // Decode-sized float weights with rows a multiple of 8 (the kernels' vector width), and a
+    // GLU row longer than one 2048-value chunk of CUDA's fused kernel.
+    c.push(Case::new(
+        Op::RmsNormMatMul {
+            eps: 1e-5,
+            one_plus: false,
+        },
+        "bf16 m=1 k=256 n=45 one_plus=false",
+        vec![n(F32, &[1, 256]), n(F32, &[256]), n(BF16, &[45, 256])],
+    )?);
+    c.push(Case::new(
+        Op::GluMatMul(GluOp::SwiGlu),
+        "q8_0 m=1 f=2304 n=37",
+        vec![n(F32, &[1, 2304]), n(F32, &[1, 2304]), n(Q8_0, &[37, 2304])],
+    )?);
+    c.push(Case::new(
+        Op::GluMatMul(GluOp::GeGlu),
+        "f32 m=2 f=264 n=70",
+        vec![n(F32, &[2, 264]), n(F32, &[2, 264]), n(F32, &[70, 264])],
+    )?);
     for (g, w) in [
         (GluOp::SwiGlu, Q4_K),
         (GluOp::GeGlu, F16),

@@ -1,0 +1,279 @@
+// The weight formats kernels read from raw row bytes (prepended to every kernel file after
+// common.cuh). Each is a struct with QK (values per block), BYTES (bytes per block) and
+// load8, which dequantizes 8 consecutive values (starting at a multiple of 8 from the row
+// start, so never across a scale group) into registers: every GGUF block format the CPU
+// reference reads, and the float formats as 8-value "blocks", so one kernel template serves
+// every weight type.
+
+// 2 × the E2M1 (FP4) value of a 4-bit code: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 doubled.
+__device__ __forceinline__ int e2m1x2(u32 c) {
+    const int m = (int)(c & 7u);
+    const int v = m <= 4 ? m : (m == 5 ? 6 : (m == 6 ? 8 : 12));
+    return (c & 8u) ? -v : v;
+}
+
+__device__ __forceinline__ float f16_at(const u8* p) { return __half2float(*(const __half*)p); }
+
+struct Q8_0 {
+    static constexpr u32 QK = 32, BYTES = 34;
+    // d (f16), 32 int8 values; value = d * q.
+    __device__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const float d = f16_at(b);
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = d * (float)(i8)b[2 + v % QK + i];
+    }
+};
+
+struct Q4_0 {
+    static constexpr u32 QK = 32, BYTES = 18;
+    // d (f16), 16 bytes of nibbles (value j < 16 low nibble of byte j, else high nibble of
+    // byte j - 16); value = d * (q - 8).
+    __device__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const float d = f16_at(b);
+        const u32 j0 = v % QK;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const u32 j = j0 + i;
+            const int q = j < 16 ? (b[2 + j] & 0xF) : (b[2 + j - 16] >> 4);
+            out[i] = d * (float)(q - 8);
+        }
+    }
+};
+
+struct Q4_1 {
+    static constexpr u32 QK = 32, BYTES = 20;
+    // d, m (f16), then 16 bytes of nibbles: value j < 16 the low nibble of byte j, j >= 16 the
+    // high nibble of byte j - 16; value = d * q + m.
+    __device__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const float d = __half2float(*(const __half*)b), m = __half2float(*(const __half*)(b + 2));
+        const u32 j0 = v % QK;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const u32 j = j0 + i;
+            const int q = j < 16 ? (b[4 + j] & 0xF) : (b[4 + j - 16] >> 4);
+            out[i] = d * (float)q + m;
+        }
+    }
+};
+
+struct Q5_0 {
+    static constexpr u32 QK = 32, BYTES = 22;
+    // d (f16), qh (32 high bits, little-endian), 16 bytes of nibbles; value = d * (q - 16)
+    // where q is the nibble with bit j of qh on top.
+    __device__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const float d = __half2float(*(const __half*)b);
+        const u32 qh = (u32)b[2] | ((u32)b[3] << 8) | ((u32)b[4] << 16) | ((u32)b[5] << 24);
+        const u32 j0 = v % QK;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const u32 j = j0 + i;
+            const int lo = j < 16 ? (b[6 + j] & 0xF) : (b[6 + j - 16] >> 4);
+            const int q = lo | (int)(((qh >> j) & 1u) << 4);
+            out[i] = d * (float)(q - 16);
+        }
+    }
+};
+
+// The 6-bit scale and min of group j of a Q4_K super-block.
+__device__ __forceinline__ void scale_min_k4(u32 j, const u8* s, float* sc, float* m) {
+    if (j < 4) {
+        *sc = (float)(s[j] & 63);
+        *m = (float)(s[j + 4] & 63);
+    } else {
+        *sc = (float)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+        *m = (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+struct Q4_K {
+    static constexpr u32 QK = 256, BYTES = 144;
+    // d, dmin (f16), 12 bytes of packed 6-bit scales/mins, 128 bytes of nibbles: group g of 32
+    // values is the low (g even) or high (g odd) nibbles of bytes 32*(g/2) .. +32.
+    __device__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const float d = __half2float(*(const __half*)b), dmin = __half2float(*(const __half*)(b + 2));
+        const u32 e0 = v % QK, g = e0 / 32;
+        float sc, m;
+        scale_min_k4(g, b + 4, &sc, &m);
+        const float d1 = d * sc, m1 = dmin * m;
+        const u8* qs = b + 16 + 32 * (g / 2);
+        const u32 shift = 4 * (g % 2);
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = d1 * (float)((qs[(e0 % 32) + i] >> shift) & 0xF) - m1;
+    }
+};
+
+struct Q6_K {
+    static constexpr u32 QK = 256, BYTES = 210;
+    // ql[128], qh[64], scales[16] (int8), d (f16). In half h (128 values), quarter q, index l:
+    // low 4 bits from ql[64h + 32*(q%2) + l] (low nibble for q < 2, high for q >= 2), top 2
+    // bits from qh[32h + l] at shift 2q, scale scales[8h + l/16 + 2q]; value = d*sc*(q6 - 32).
+    __device__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const float d = __half2float(*(const __half*)(b + 208));
+        const u32 e0 = v % QK, h = e0 / 128, r = e0 % 128, q = r / 32, l0 = r % 32;
+        const u8* ql = b + 64 * h + 32 * (q % 2);
+        const u8* qh = b + 128 + 32 * h;
+        const float sc = d * (float)(i8)b[192 + 8 * h + l0 / 16 + 2 * q];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const u32 l = l0 + i;
+            const int lo = q < 2 ? (ql[l] & 0xF) : (ql[l] >> 4);
+            const int hi = (qh[l] >> (2 * q)) & 3;
+            out[i] = sc * (float)((lo | (hi << 4)) - 32);
+        }
+    }
+};
+
+struct Q5_1 {
+    static constexpr u32 QK = 32, BYTES = 24;
+    // d, m (f16), qh (32 high bits), 16 bytes of nibbles as in Q4_1; value = d * q + m.
+    __device__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const float d = f16_at(b), m = f16_at(b + 2);
+        const u32 qh = (u32)b[4] | ((u32)b[5] << 8) | ((u32)b[6] << 16) | ((u32)b[7] << 24);
+        const u32 j0 = v % QK;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const u32 j = j0 + i;
+            const int lo = j < 16 ? (b[8 + j] & 0xF) : (b[8 + j - 16] >> 4);
+            out[i] = d * (float)(lo | (int)(((qh >> j) & 1u) << 4)) + m;
+        }
+    }
+};
+
+struct Q2_K {
+    static constexpr u32 QK = 256, BYTES = 84;
+    // scales[16] (scale | min << 4 per group of 16), qs[64], d, dmin (f16). Element
+    // 128h + 32s + l is bits 2s of qs[32h + l]; value = d * sc * q - dmin * min.
+    __device__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const u32 e0 = v % QK, h = e0 / 128, s = (e0 % 128) / 32, l0 = e0 % 32;
+        const u8 sc = b[e0 / 16];
+        const float dl = f16_at(b + 80) * (float)(sc & 0xF), ml = f16_at(b + 82) * (float)(sc >> 4);
+        const u8* qs = b + 16 + 32 * h;
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = dl * (float)((qs[l0 + i] >> (2 * s)) & 3) - ml;
+    }
+};
+
+struct Q3_K {
+    static constexpr u32 QK = 256, BYTES = 110;
+    // hmask[32], qs[64], 12 bytes of packed 6-bit scales, d (f16). As Q2_K for the low two
+    // bits; the third is bit 4h + s of hmask[l], and a clear bit subtracts 4.
+    __device__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const u32 e0 = v % QK, h = e0 / 128, s = (e0 % 128) / 32, l0 = e0 % 32, g = e0 / 16;
+        const u8* ps = b + 96;
+        const int lo = (ps[g % 8] >> (4 * (g / 8))) & 0xF, hi = (ps[8 + g % 4] >> (2 * (g / 4))) & 3;
+        const float dl = f16_at(b + 108) * (float)((lo | (hi << 4)) - 32);
+        const u8* qs = b + 32 + 32 * h;
+        const u32 bit = 4 * h + s;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int low = (qs[l0 + i] >> (2 * s)) & 3;
+            const int sub = ((b[l0 + i] >> bit) & 1) ? 0 : 4;
+            out[i] = dl * (float)(low - sub);
+        }
+    }
+};
+
+struct Q5_K {
+    static constexpr u32 QK = 256, BYTES = 176;
+    // d, dmin (f16), 12 bytes of 6-bit scales/mins as Q4_K, qh[32], qs[128]: as Q4_K, with
+    // bit 4 of group g's element l in bit g of qh[l].
+    __device__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const u32 e0 = v % QK, g = e0 / 32, l0 = e0 % 32;
+        float sc, m;
+        scale_min_k4(g, b + 4, &sc, &m);
+        const float d1 = f16_at(b) * sc, m1 = f16_at(b + 2) * m;
+        const u8* qs = b + 48 + 32 * (g / 2);
+        const u32 shift = 4 * (g % 2);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const u32 q = ((qs[l0 + i] >> shift) & 0xF) | (((b[16 + l0 + i] >> g) & 1u) << 4);
+            out[i] = d1 * (float)q - m1;
+        }
+    }
+};
+
+struct Q8_K {
+    static constexpr u32 QK = 256, BYTES = 292;
+    // d (f32), 256 int8 values, 16 int16 group sums (unused here); value = d * q.
+    __device__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const float d = *(const float*)b;
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = d * (float)(i8)b[4 + v % QK + i];
+    }
+};
+
+struct MXFP4 {
+    static constexpr u32 QK = 32, BYTES = 17;
+    // e (E8M0 scale 2^(e-127)), 16 bytes of E2M1 codes (value j < 16 low nibble of byte j,
+    // else high nibble of byte j - 16). Codes are doubled integers, so the scale is halved.
+    __device__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const u32 e = b[0];
+        const float d = __int_as_float(e < 2 ? (int)(0x00200000u << e) : (int)((e - 1) << 23));
+        const u32 j0 = v % QK;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const u32 j = j0 + i;
+            const u32 c = j < 16 ? (b[1 + j] & 0xF) : (b[1 + j - 16] >> 4);
+            out[i] = d * (float)e2m1x2(c);
+        }
+    }
+};
+
+// Half of an unsigned E4M3 scale (bias 7, bit 7 ignored; 0x00 and 0x7F decode to 0).
+__device__ __forceinline__ float ue4m3_half(u32 x) {
+    if (x == 0 || x == 0x7F) return 0.0f;
+    const u32 exp = (x >> 3) & 0xF, man = x & 7;
+    const float raw = exp == 0 ? (float)man * __int_as_float((127 - 9) << 23)
+                               : (1.0f + (float)man / 8.0f) * __int_as_float((int)((exp + 127 - 7) << 23));
+    return raw * 0.5f;
+}
+
+struct NVFP4 {
+    static constexpr u32 QK = 64, BYTES = 36;
+    // 4 UE4M3 scales, then 4 sub-blocks of 16 E2M1 codes in 8 bytes each (value i < 8 low
+    // nibble of byte i, else high nibble of byte i - 8).
+    __device__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const u32 j0 = v % QK, s = j0 / 16, i0 = j0 % 16;
+        const float d = ue4m3_half(b[s]);
+        const u8* qs = b + 4 + 8 * s;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const u32 j = i0 + i;
+            const u32 c = j < 8 ? (qs[j] & 0xF) : (qs[j - 8] >> 4);
+            out[i] = d * (float)e2m1x2(c);
+        }
+    }
+};
+
+// Float weights: 8 values of the row, converted to f32.
+template <typename T, u32 SIZE>
+struct FloatFormat {
+    static constexpr u32 QK = 8, BYTES = 8 * SIZE;
+    __device__ static void load8(const u8* row, u32 v, float* out) {
+        const T* p = (const T*)row + v;
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = to_f32(p[i]);
+    }
+};
+typedef FloatFormat<float, 4> F32W;
+typedef FloatFormat<__half, 2> F16W;
+typedef FloatFormat<__nv_bfloat16, 2> BF16W;
+
+// The bytes of row `r` of a weight whose rows hold `k` values.
+template <typename B>
+__device__ __forceinline__ const u8* weight_row(const void* w, size_t r, u32 k) {
+    return (const u8*)w + r * (k / B::QK) * B::BYTES;
+}
