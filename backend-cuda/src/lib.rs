@@ -17,6 +17,7 @@ mod device;
 #[cfg(any(test, feature = "emulator"))]
 pub mod emu;
 pub mod kernels;
+pub mod names;
 pub mod nvrtc;
 pub mod plan;
 pub mod pool;

@@ -10,6 +10,8 @@
 use kiln_core::op::{GluOp, Mask, MoeGating, Op, OpDesc, UnaryOp};
 use kiln_core::tensor::{DType, TensorDesc};
 
+use crate::names::{is_block_quantized, weight_kernels, WeightKernels};
+
 /// One kernel argument.
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub enum Arg {
@@ -80,119 +82,18 @@ const MIN_SPLIT_KEYS: usize = 128;
 const MAX_DK: usize = 256;
 /// Threads of the argmax kernel (`ARGMAX_THREADS` in reduce.cu; a power of two).
 const ARGMAX_THREADS: u32 = 256;
-/// Rows at or below which a float-weight matmul takes the mat-vec kernel.
+/// Rows at or below which a matmul takes the mat-vec kernel.
 const MAT_VEC_ROWS: usize = 4;
-
-/// The block-quantized formats with kernels in `quant.cu`: (dtype, mat-vec, embedding lookup,
-/// matmul by expert id). Q8_0 and Q4_0 also have the older per-block kernels of `mat_vec.cu`
-/// and `get_rows.cu`, which the plan prefers.
-const BLOCK_FORMATS: &[(DType, &str, &str, &str)] = &[
-    (
-        DType::Q8_0,
-        "mat_vec_q8_0",
-        "get_rows_q8_0",
-        "mat_mul_id_q8_0",
-    ),
-    (
-        DType::Q4_0,
-        "mat_vec_q4_0",
-        "get_rows_q4_0",
-        "mat_mul_id_q4_0",
-    ),
-    (
-        DType::Q4_1,
-        "mat_vec_q4_1",
-        "get_rows_q4_1",
-        "mat_mul_id_q4_1",
-    ),
-    (
-        DType::Q5_0,
-        "mat_vec_q5_0",
-        "get_rows_q5_0",
-        "mat_mul_id_q5_0",
-    ),
-    (
-        DType::Q5_1,
-        "mat_vec_q5_1",
-        "get_rows_q5_1",
-        "mat_mul_id_q5_1",
-    ),
-    (
-        DType::Q2_K,
-        "mat_vec_q2_k",
-        "get_rows_q2_k",
-        "mat_mul_id_q2_k",
-    ),
-    (
-        DType::Q3_K,
-        "mat_vec_q3_k",
-        "get_rows_q3_k",
-        "mat_mul_id_q3_k",
-    ),
-    (
-        DType::Q4_K,
-        "mat_vec_q4_k",
-        "get_rows_q4_k",
-        "mat_mul_id_q4_k",
-    ),
-    (
-        DType::Q5_K,
-        "mat_vec_q5_k",
-        "get_rows_q5_k",
-        "mat_mul_id_q5_k",
-    ),
-    (
-        DType::Q6_K,
-        "mat_vec_q6_k",
-        "get_rows_q6_k",
-        "mat_mul_id_q6_k",
-    ),
-    (
-        DType::Q8_K,
-        "mat_vec_q8_k",
-        "get_rows_q8_k",
-        "mat_mul_id_q8_k",
-    ),
-    (
-        DType::MXFP4,
-        "mat_vec_mxfp4",
-        "get_rows_mxfp4",
-        "mat_mul_id_mxfp4",
-    ),
-    (
-        DType::NVFP4,
-        "mat_vec_nvfp4",
-        "get_rows_nvfp4",
-        "mat_mul_id_nvfp4",
-    ),
-];
-
-/// The fused decode matmuls of `fused.cu`, per weight type: (dtype, RMSNorm→matmul,
-/// GLU→matmul).
-const FUSED_MAT_VEC: &[(DType, &str, &str)] = &[
-    (DType::F32, "rms_norm_mat_vec_f32", "glu_mat_vec_f32"),
-    (DType::F16, "rms_norm_mat_vec_f16", "glu_mat_vec_f16"),
-    (DType::BF16, "rms_norm_mat_vec_bf16", "glu_mat_vec_bf16"),
-    (DType::Q8_0, "rms_norm_mat_vec_q8_0", "glu_mat_vec_q8_0"),
-    (DType::Q4_0, "rms_norm_mat_vec_q4_0", "glu_mat_vec_q4_0"),
-    (DType::Q4_1, "rms_norm_mat_vec_q4_1", "glu_mat_vec_q4_1"),
-    (DType::Q5_0, "rms_norm_mat_vec_q5_0", "glu_mat_vec_q5_0"),
-    (DType::Q5_1, "rms_norm_mat_vec_q5_1", "glu_mat_vec_q5_1"),
-    (DType::Q2_K, "rms_norm_mat_vec_q2_k", "glu_mat_vec_q2_k"),
-    (DType::Q3_K, "rms_norm_mat_vec_q3_k", "glu_mat_vec_q3_k"),
-    (DType::Q4_K, "rms_norm_mat_vec_q4_k", "glu_mat_vec_q4_k"),
-    (DType::Q5_K, "rms_norm_mat_vec_q5_k", "glu_mat_vec_q5_k"),
-    (DType::Q6_K, "rms_norm_mat_vec_q6_k", "glu_mat_vec_q6_k"),
-    (DType::Q8_K, "rms_norm_mat_vec_q8_k", "glu_mat_vec_q8_k"),
-    (DType::MXFP4, "rms_norm_mat_vec_mxfp4", "glu_mat_vec_mxfp4"),
-    (DType::NVFP4, "rms_norm_mat_vec_nvfp4", "glu_mat_vec_nvfp4"),
-];
+/// Output tile side and K step of the quantized prefill matmul (`QT`, `QK_STEP` in mat_mul.cu).
+const QUANT_TILE: usize = 64;
+const QUANT_TILE_K: usize = 32;
 
 /// Outputs per block of `glu_mat_vec` (`GLU_WARPS · GLU_COLS` in fused.cu).
 const GLU_BLOCK_COLS: usize = 32;
 
-fn block_format(d: DType) -> Option<&'static (DType, &'static str, &'static str, &'static str)> {
-    BLOCK_FORMATS.iter().find(|f| f.0 == d)
+/// The kernels of a block-quantized weight type.
+fn quantized(d: DType) -> Option<&'static WeightKernels> {
+    is_block_quantized(d).then(|| weight_kernels(d))?
 }
 
 fn u(n: usize) -> Option<u32> {
@@ -392,7 +293,7 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                 DType::BF16 => launch1("get_rows_bf16", n * d, args),
                 DType::Q8_0 => launch1("get_rows_q8_0", n * d, args),
                 DType::Q4_0 => launch1("get_rows_q4_0", n * d, args),
-                q => launch1(block_format(q)?.2, n * d / 8, args),
+                q => launch1(quantized(q)?.get_rows, n * d / 8, args),
             }
         }
         Op::MatMul => plan_mat_mul(i, o),
@@ -401,7 +302,7 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
             let kernel = match i[1].dtype {
                 DType::F32 => "mat_mul_id_f32",
                 DType::BF16 => "mat_mul_id_bf16",
-                q => block_format(q)?.3,
+                q => quantized(q)?.mat_mul_id?,
             };
             let (ne, n, kd) = (dim(&i[1], 0), dim(&i[1], 1), dim(&i[1], 2));
             let (t, k) = (dim(&i[2], 0), dim(&i[2], 1));
@@ -566,7 +467,7 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
             let (n, k) = (dim(&i[2], 0), dim(&i[2], 1));
             let m = i[0].numel() / k.max(1);
             (m <= MAT_VEC_ROWS && k % 8 == 0).then_some(())?;
-            let kernel = FUSED_MAT_VEC.iter().find(|f| f.0 == i[2].dtype)?.1;
+            let kernel = weight_kernels(i[2].dtype)?.rms_norm_mat_vec;
             one(
                 kernel,
                 (u(n.div_ceil(4))?, u(m)?, 1),
@@ -589,7 +490,7 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
             let (n, k) = (dim(&i[2], 0), dim(&i[2], 1));
             let m = i[0].numel() / k.max(1);
             (m <= MAT_VEC_ROWS && k % 8 == 0).then_some(())?;
-            let kernel = FUSED_MAT_VEC.iter().find(|f| f.0 == i[2].dtype)?.2;
+            let kernel = weight_kernels(i[2].dtype)?.glu_mat_vec;
             let act = match g {
                 GluOp::SwiGlu => 0,
                 GluOp::GeGlu => 1,
@@ -622,29 +523,29 @@ fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
     let (n, k) = (dim(&i[1], 0), dim(&i[1], 1));
     let m = i[0].numel() / k.max(1);
     let args = vec![In(0), In(1), Out(0), U32(u(m)?), U32(u(n)?), U32(u(k)?)];
-    let float = matches!(i[1].dtype, DType::F32 | DType::F16 | DType::BF16);
-    if float && m > MAT_VEC_ROWS {
-        let kernel = match i[1].dtype {
-            DType::F32 => "mat_mul_f32",
-            DType::F16 => "mat_mul_f16",
-            _ => "mat_mul_bf16",
-        };
-        return one(
-            kernel,
-            (u(n.div_ceil(32))?, u(m.div_ceil(32))?, 1),
-            (32, 8, 1),
-            args,
-        );
+    let w = weight_kernels(i[1].dtype)?;
+    if m > MAT_VEC_ROWS {
+        if !is_block_quantized(i[1].dtype) {
+            return one(
+                w.mat_mul,
+                (u(n.div_ceil(32))?, u(m.div_ceil(32))?, 1),
+                (32, 8, 1),
+                args,
+            );
+        }
+        // Every block format's rows are whole blocks of 32 or more, so this holds for any
+        // well-formed weight; the mat-vec below covers anything else.
+        if k % QUANT_TILE_K == 0 {
+            return one(
+                w.mat_mul,
+                (u(n.div_ceil(QUANT_TILE))?, u(m.div_ceil(QUANT_TILE))?, 1),
+                (256, 1, 1),
+                args,
+            );
+        }
     }
-    // Decode (and, until the quantized GEMM lands, quantized prefill): a warp per output,
-    // four outputs per block, one grid row per activation row.
-    let kernel = match i[1].dtype {
-        DType::F32 => "mat_vec_f32",
-        DType::F16 => "mat_vec_f16",
-        DType::BF16 => "mat_vec_bf16",
-        q => block_format(q)?.1,
-    };
-    one(kernel, (u(n.div_ceil(4))?, u(m)?, 1), (128, 1, 1), args)
+    // Decode: a warp per output, four outputs per block, one grid row per activation row.
+    one(w.mat_vec, (u(n.div_ceil(4))?, u(m)?, 1), (128, 1, 1), args)
 }
 
 fn plan_paged_attention(

@@ -70,6 +70,15 @@ fn matmul(c: &mut Vec<Case>) -> Result<()> {
             vec![n(a, &[5, k]), n(w, &[33, k])],
         )?);
     }
+    // Prefill over several output tiles in both directions with ragged edges (the CUDA GEMM
+    // tiles 64×64 and steps K by 32).
+    for (w, k) in [(Q4_1, 320), (Q4_K, 512), (NVFP4, 256), (Q6_K, 256)] {
+        c.push(Case::new(
+            Op::MatMul,
+            format!("f32 x {w} prefill m=70 k={k} n=130"),
+            vec![n(F32, &[70, k]), n(w, &[130, k])],
+        )?);
+    }
     // Rank-3 activations, more output rows than one task holds.
     c.push(Case::new(
         Op::MatMul,

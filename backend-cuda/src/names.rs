@@ -1,0 +1,101 @@
+//! Which kernel runs each weight-type-specific op: the per-format entry points that
+//! `quant.cu`, `mat_vec.cu`, `mat_mul.cu`, `get_rows.cu` and `fused.cu` define.
+
+use kiln_core::tensor::DType;
+
+/// The kernels of one weight type. Every name follows the `<op>_<format>` pattern of the
+/// kernel files, so the table is written with [`weight_kernels!`].
+#[derive(Debug)]
+pub struct WeightKernels {
+    pub dtype: DType,
+    /// Decode matmul: a warp per output (`mat_vec.cu` for floats, Q8_0 and Q4_0; `quant.cu`
+    /// otherwise).
+    pub mat_vec: &'static str,
+    /// Prefill matmul over output tiles (`mat_mul.cu`).
+    pub mat_mul: &'static str,
+    /// Embedding lookup (`get_rows.cu` / `quant.cu`).
+    pub get_rows: &'static str,
+    /// RMSNorm fused into the decode matmul's activation load (`fused.cu`).
+    pub rms_norm_mat_vec: &'static str,
+    /// SwiGLU/GeGLU fused into the decode matmul's input (`fused.cu`).
+    pub glu_mat_vec: &'static str,
+    /// Matmul by expert id, for MoE (`moe.cu` / `quant.cu`); F16 has none.
+    pub mat_mul_id: Option<&'static str>,
+}
+
+macro_rules! weight_kernels {
+    ($dtype:ident, $fmt:literal, $id:expr) => {
+        WeightKernels {
+            dtype: DType::$dtype,
+            mat_vec: concat!("mat_vec_", $fmt),
+            mat_mul: concat!("mat_mul_", $fmt),
+            get_rows: concat!("get_rows_", $fmt),
+            rms_norm_mat_vec: concat!("rms_norm_mat_vec_", $fmt),
+            glu_mat_vec: concat!("glu_mat_vec_", $fmt),
+            mat_mul_id: $id,
+        }
+    };
+    ($dtype:ident, $fmt:literal) => {
+        weight_kernels!($dtype, $fmt, Some(concat!("mat_mul_id_", $fmt)))
+    };
+}
+
+/// Every weight type the CUDA backend reads.
+pub const WEIGHT_KERNELS: &[WeightKernels] = &[
+    weight_kernels!(F32, "f32"),
+    weight_kernels!(F16, "f16", None),
+    weight_kernels!(BF16, "bf16"),
+    weight_kernels!(Q8_0, "q8_0"),
+    weight_kernels!(Q4_0, "q4_0"),
+    weight_kernels!(Q4_1, "q4_1"),
+    weight_kernels!(Q5_0, "q5_0"),
+    weight_kernels!(Q5_1, "q5_1"),
+    weight_kernels!(Q2_K, "q2_k"),
+    weight_kernels!(Q3_K, "q3_k"),
+    weight_kernels!(Q4_K, "q4_k"),
+    weight_kernels!(Q5_K, "q5_k"),
+    weight_kernels!(Q6_K, "q6_k"),
+    weight_kernels!(Q8_K, "q8_k"),
+    weight_kernels!(MXFP4, "mxfp4"),
+    weight_kernels!(NVFP4, "nvfp4"),
+];
+
+/// The kernels for weights of type `d`, if the backend reads that type.
+pub fn weight_kernels(d: DType) -> Option<&'static WeightKernels> {
+    WEIGHT_KERNELS.iter().find(|w| w.dtype == d)
+}
+
+/// Whether `d` is a block-quantized type (its rows are whole blocks of 32 or more values).
+pub fn is_block_quantized(d: DType) -> bool {
+    !matches!(d, DType::F32 | DType::F16 | DType::BF16) && weight_kernels(d).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels;
+
+    /// Every name in the table is a kernel some file defines, so a renamed kernel fails here
+    /// rather than at first launch on a GPU.
+    #[test]
+    fn every_named_kernel_exists() {
+        let defined = kernels::signatures().expect("kernel sources parse");
+        for w in WEIGHT_KERNELS {
+            let names = [
+                Some(w.mat_vec),
+                Some(w.mat_mul),
+                Some(w.get_rows),
+                Some(w.rms_norm_mat_vec),
+                Some(w.glu_mat_vec),
+                w.mat_mul_id,
+            ];
+            for n in names.into_iter().flatten() {
+                assert!(
+                    defined.contains_key(n),
+                    "{n} ({:?}) is not defined",
+                    w.dtype
+                );
+            }
+        }
+    }
+}
