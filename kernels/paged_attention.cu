@@ -1,5 +1,6 @@
 // Paged attention through the block table, one query token per sequence (decode) or several
-// (prefill), with causal, sliding-window and soft-capped variants.
+// (prefill), and attention over contiguous K/V; causal, sliding-window, bidirectional and
+// prefix masks, optionally soft-capped.
 //
 // Decode: one block per (sequence, KV head, split of the key range). The block's warps split
 // the split's keys; every warp serves all the query heads of the KV head's group (GQA), so
@@ -181,42 +182,60 @@ extern "C" __global__ void paged_decode_combine(const float* part, float* out, u
     }
 }
 
-// Prefill (and mixed batches): one warp per (query row, query head); the row's sequence is
-// found from q_start, its position is the last q_len ones of the context. Causal, with an
-// optional sliding window. f32 and f16 caches.
-template <typename C>
-__device__ __forceinline__ void paged_prefill(const float* q, const C* kc, const C* vc, const int* table,
-                                              const int* seq_lens, const int* q_start, float* out, u32 n_seqs,
-                                              u32 t, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks,
-                                              u32 n_blocks, float scale, float cap, u32 window) {
-    const u32 gw = (blockIdx.x * blockDim.x + threadIdx.x) / WARP;
+// Prefill (and mixed batches) and contiguous attention: one warp per (query row, query head),
+// an online softmax over the keys the row's mask lets it see. Masks arrive as two numbers:
+// `window` (0: none) bounds the keys from below, `see_to` lets every row see at least the
+// first `see_to` keys (0: causal; n: prefix-bidirectional over n positions; ~0u:
+// bidirectional). Head dims up to 256 for K and V alike (8 values per lane).
+
+// Key positions [lo, hi) a row at position `pos` sees out of `len` (Mask::key_range).
+__device__ __forceinline__ void key_range(int pos, int len, u32 window, u32 see_to, int* lo, int* hi) {
+    *lo = window > 0 ? max(0, pos + 1 - (int)window) : 0;
+    const long long end = max((long long)pos + 1, (long long)see_to);
+    *hi = (int)min(end, (long long)len);
+}
+
+// Where key position p's head row lies: through a block table (rows `(blk·bs + p%bs)·hkv +
+// kvh`, skipped where the entry is outside the cache) or contiguously (`p·hkv + kvh`).
+struct PagedRows {
+    const int* table;
+    u32 bs, hkv, kvh, n_blocks;
+    __device__ __forceinline__ long long operator()(int p) const {
+        const int blk = table[p / (int)bs];
+        if (blk < 0 || (u32)blk >= n_blocks) return -1;
+        return ((long long)blk * bs + p % (int)bs) * hkv + kvh;
+    }
+};
+
+struct ContiguousRows {
+    u32 hkv, kvh;
+    __device__ __forceinline__ long long operator()(int p) const { return (long long)p * hkv + kvh; }
+};
+
+// One warp: the query row `qrow` [d] against keys lo..hi, writing `orow` [dv] (zeros when no
+// key is seen, as the CPU gives).
+template <typename C, typename Rows>
+__device__ __forceinline__ void attend_warp(const float* qrow, const C* kc, const C* vc, Rows rows, int lo, int hi,
+                                            u32 d, u32 dv, float scale, float cap, float* orow) {
     const u32 lane = threadIdx.x % WARP;
-    if (gw >= t * hq) return;
-    const u32 r = gw / hq, h = gw % hq, kvh = h / (hq / hkv);
-    u32 s = 0;
-    while (s + 1 < n_seqs && (u32)q_start[s + 1] <= r) s++;
-    const int len = seq_lens[s];
-    const int q_len = q_start[s + 1] - q_start[s];
-    const int pos = len - q_len + ((int)r - q_start[s]);
-    const int first = window > 0 ? max(0, pos + 1 - (int)window) : 0;
-    const u32 per = (d + WARP - 1) / WARP;
     float qv[8], acc[8];
 #pragma unroll
     for (u32 i = 0; i < 8; i++) {
         const u32 j = lane + i * WARP;
-        qv[i] = (i < per && j < d) ? q[((size_t)r * hq + h) * d + j] : 0.0f;
+        qv[i] = j < d ? qrow[j] : 0.0f;
         acc[i] = 0.0f;
     }
     float m = -KILN_INF, l = 0.0f;
-    for (int p = first; p <= pos; p++) {
-        const int blk = table[(size_t)s * max_blocks + p / bs];
-        if (blk < 0 || (u32)blk >= n_blocks) continue;
-        const size_t row = (((size_t)blk * bs + p % bs) * hkv + kvh) * d;
+    for (int p = lo; p < hi; p++) {
+        const long long row = rows(p);
+        if (row < 0) continue;
+        const C* kr = kc + (size_t)row * d;
+        const C* vr = vc + (size_t)row * dv;
         float sc = 0.0f;
 #pragma unroll
         for (u32 i = 0; i < 8; i++) {
             const u32 j = lane + i * WARP;
-            if (i < per && j < d) sc += qv[i] * to_f32(kc[row + j]);
+            if (j < d) sc += qv[i] * to_f32(kr[j]);
         }
         sc = warp_sum(sc) * scale;
         if (cap > 0.0f) sc = cap * tanhf(sc / cap);
@@ -226,31 +245,68 @@ __device__ __forceinline__ void paged_prefill(const float* q, const C* kc, const
 #pragma unroll
         for (u32 i = 0; i < 8; i++) {
             const u32 j = lane + i * WARP;
-            acc[i] = acc[i] * corr + ((i < per && j < d) ? e * to_f32(vc[row + j]) : 0.0f);
+            acc[i] = acc[i] * corr + (j < dv ? e * to_f32(vr[j]) : 0.0f);
         }
         m = mn;
     }
 #pragma unroll
     for (u32 i = 0; i < 8; i++) {
         const u32 j = lane + i * WARP;
-        if (i < per && j < d) out[((size_t)r * hq + h) * d + j] = l > 0.0f ? acc[i] / l : 0.0f;
+        if (j < dv) orow[j] = l > 0.0f ? acc[i] / l : 0.0f;
     }
+}
+
+// A sequence's query rows are q_start[seq] .. q_start[seq + 1], the last ones of its context.
+template <typename C>
+__device__ __forceinline__ void paged_prefill(const float* q, const C* kc, const C* vc, const int* table,
+                                              const int* seq_lens, const int* q_start, float* out, u32 n_seqs,
+                                              u32 t, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks,
+                                              u32 n_blocks, float scale, float cap, u32 window, u32 see_to) {
+    const u32 gw = (blockIdx.x * blockDim.x + threadIdx.x) / WARP;
+    if (gw >= t * hq) return;
+    const u32 r = gw / hq, h = gw % hq, kvh = h / (hq / hkv);
+    u32 s = 0;
+    while (s + 1 < n_seqs && (u32)q_start[s + 1] <= r) s++;
+    const int len = min(seq_lens[s], (int)(max_blocks * bs));
+    const int q_len = q_start[s + 1] - q_start[s];
+    const int pos = len - q_len + ((int)r - q_start[s]);
+    int lo, hi;
+    key_range(pos, len, window, see_to, &lo, &hi);
+    const PagedRows rows{table + (size_t)s * max_blocks, bs, hkv, kvh, n_blocks};
+    attend_warp(q + ((size_t)r * hq + h) * d, kc, vc, rows, lo, hi, d, d, scale, cap,
+                out + ((size_t)r * hq + h) * d);
 }
 
 extern "C" __global__ void paged_prefill_f32(const float* q, const float* kc, const float* vc,
                                              const int* table, const int* seq_lens, const int* q_start,
                                              float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d,
                                              u32 bs, u32 max_blocks, u32 n_blocks, float scale, float cap,
-                                             u32 window) {
+                                             u32 window, u32 see_to) {
     paged_prefill(q, kc, vc, table, seq_lens, q_start, out, n_seqs, t, hq, hkv, d, bs, max_blocks, n_blocks,
-                  scale, cap, window);
+                  scale, cap, window, see_to);
 }
 
 extern "C" __global__ void paged_prefill_f16(const float* q, const __half* kc, const __half* vc,
                                              const int* table, const int* seq_lens, const int* q_start,
                                              float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d,
                                              u32 bs, u32 max_blocks, u32 n_blocks, float scale, float cap,
-                                             u32 window) {
+                                             u32 window, u32 see_to) {
     paged_prefill(q, kc, vc, table, seq_lens, q_start, out, n_seqs, t, hq, hkv, d, bs, max_blocks, n_blocks,
-                  scale, cap, window);
+                  scale, cap, window, see_to);
+}
+
+// Attention over contiguous K/V: q [T, Hq, D], k [S, Hkv, D], v [S, Hkv, Dv] → [T, Hq, Dv];
+// query row i is at position S - T + i.
+extern "C" __global__ void attention_f32(const float* q, const float* k, const float* v, float* out, u32 t,
+                                         u32 s, u32 hq, u32 hkv, u32 d, u32 dv, float scale, float cap,
+                                         u32 window, u32 see_to) {
+    const u32 gw = (blockIdx.x * blockDim.x + threadIdx.x) / WARP;
+    if (gw >= t * hq) return;
+    const u32 r = gw / hq, h = gw % hq;
+    const int pos = (int)s - (int)t + (int)r;
+    int lo, hi;
+    key_range(pos, (int)s, window, see_to, &lo, &hi);
+    const ContiguousRows rows{hkv, h / (hq / hkv)};
+    attend_warp(q + ((size_t)r * hq + h) * d, k, v, rows, lo, hi, d, dv, scale, cap,
+                out + ((size_t)r * hq + h) * dv);
 }

@@ -383,6 +383,7 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                 ],
             )
         }
+        Op::Attention(p) => plan_attention(p, i, o),
         Op::PagedAttention(p) => plan_paged_attention(p, i, o),
         Op::Conv1dDecode { silu } => {
             (all_f32(&i[..2]) && all_f32(o)).then_some(())?;
@@ -513,7 +514,7 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
         }
         // Not written yet: these run on the CPU reference through the executor (counted and
         // reported).
-        Op::Attention(_) | Op::TopK(_) | Op::Conv1d { .. } | Op::DeltaNet { .. } => None,
+        Op::TopK(_) | Op::Conv1d { .. } | Op::DeltaNet { .. } => None,
     }
 }
 
@@ -548,6 +549,55 @@ fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
     one(w.mat_vec, (u(n.div_ceil(4))?, u(m)?, 1), (128, 1, 1), args)
 }
 
+/// A mask as the attention kernels take it: `(window, see_to)`, where `window` (0: none)
+/// bounds a row's keys from below and every row sees at least the first `see_to` keys.
+fn mask_args(mask: Mask) -> Option<(u32, u32)> {
+    Some(match mask {
+        Mask::Causal => (0, 0),
+        Mask::SlidingWindow(0) => return None,
+        Mask::SlidingWindow(w) => (u(w)?, 0),
+        Mask::Bidirectional => (0, u32::MAX),
+        Mask::PrefixBidirectional(n) => (0, u(n).unwrap_or(u32::MAX)),
+    })
+}
+
+fn plan_attention(
+    p: &kiln_core::op::AttnParams,
+    i: &[TensorDesc],
+    o: &[TensorDesc],
+) -> Option<Vec<Step>> {
+    use Arg::{In, Out, F32, U32};
+    (all_f32(i) && o[0].dtype == DType::F32).then_some(())?;
+    let (t, hq, d) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
+    let (s, hkv, dv) = (dim(&i[1], 0), dim(&i[1], 1), dim(&i[2], 2));
+    (d <= MAX_HEAD_DIM && dv <= MAX_HEAD_DIM && hkv > 0 && hq % hkv == 0).then_some(())?;
+    // Positions are 32-bit ints in the kernel.
+    i32::try_from(s).ok()?;
+    let cap = p.soft_cap.unwrap_or(0.0);
+    (cap >= 0.0).then_some(())?;
+    let (window, see_to) = mask_args(p.mask)?;
+    launch1(
+        "attention_f32",
+        t * hq * 32,
+        vec![
+            In(0),
+            In(1),
+            In(2),
+            Out(0),
+            U32(u(t)?),
+            U32(u(s)?),
+            U32(u(hq)?),
+            U32(u(hkv)?),
+            U32(u(d)?),
+            U32(u(dv)?),
+            F32(p.scale),
+            F32(cap),
+            U32(window),
+            U32(see_to),
+        ],
+    )
+}
+
 fn plan_paged_attention(
     p: &kiln_core::op::AttnParams,
     i: &[TensorDesc],
@@ -556,11 +606,7 @@ fn plan_paged_attention(
     use Arg::{In, Out, F32, U32};
     (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
     (i[1].dtype == i[2].dtype).then_some(())?;
-    let window = match p.mask {
-        Mask::Causal => 0,
-        Mask::SlidingWindow(w) => w,
-        Mask::Bidirectional | Mask::PrefixBidirectional(_) => return None,
-    };
+    let (window, see_to) = mask_args(p.mask)?;
     let (t, hq, d) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
     let (bs, hkv, dv) = (dim(&i[1], 1), dim(&i[1], 2), dim(&i[2], 3));
     let (s, max_blocks) = (dim(&i[3], 0), dim(&i[3], 1));
@@ -580,9 +626,12 @@ fn plan_paged_attention(
         U32(u(n_blocks)?),
         F32(p.scale),
         F32(cap),
-        U32(u(window)?),
+        U32(window),
     ];
-    if t == s && hq / hkv <= MAX_GROUP {
+    // The decode kernel is causal (with an optional window): a row sees keys up to its own
+    // position, which for the last row of a sequence is every key whatever the mask, but not
+    // for earlier rows of a sequence that has several.
+    if t == s && hq / hkv <= MAX_GROUP && matches!(p.mask, Mask::Causal | Mask::SlidingWindow(_)) {
         // Decode: a block per (sequence, KV head, split of the keys), serving the group's
         // query heads. The plan cannot see the sequences' lengths (they are on the device),
         // so the splits cover the block table's whole capacity; splits past a sequence's
@@ -654,6 +703,7 @@ fn plan_paged_attention(
         U32(u(hkv)?),
     ];
     args.extend(common);
+    args.push(U32(see_to));
     let kernel = if f16 {
         "paged_prefill_f16"
     } else {
