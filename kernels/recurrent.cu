@@ -67,3 +67,92 @@ extern "C" __global__ void delta_net_decode_f32(const float* q, const float* k, 
         o[idx * dv + col] = out;
     }
 }
+
+// Prefill over a batch of sequences, seq_start [S + 1] giving each sequence's tokens. A row
+// whose sequence cannot be found (seq_start not increasing from 0 to T) is left unwritten;
+// nothing outside the tensors is read or written.
+
+// The sequence holding token `r`, or n_seqs if there is none.
+__device__ __forceinline__ u32 seq_of_token(const int* seq_start, u32 n_seqs, u32 r) {
+    u32 lo = 0, hi = n_seqs;  // the last s with seq_start[s] <= r lies in [lo, hi)
+    while (hi - lo > 1) {
+        const u32 mid = (lo + hi) / 2;
+        if (seq_start[mid] <= (int)r) lo = mid; else hi = mid;
+    }
+    if (n_seqs == 0 || seq_start[lo] > (int)r || seq_start[lo + 1] <= (int)r) return n_seqs;
+    return lo;
+}
+
+// conv1d: thread per (token, channel). Window position j of token r is input r + j - (K-1),
+// taken from the carried state [S, K-1, C] where it falls before the sequence's first token.
+extern "C" __global__ void conv1d_f32(const float* x, const float* w, const float* state, const int* seq_start,
+                                      float* y, u32 t, u32 c, u32 k, u32 n_seqs, u32 silu_out) {
+    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= t * c) return;
+    const u32 r = i / c, ch = i % c;
+    const u32 s = seq_of_token(seq_start, n_seqs, r);
+    if (s >= n_seqs) return;
+    const int a = seq_start[s];
+    float acc = 0.0f;
+    for (u32 j = 0; j < k; j++) {
+        const int src = (int)r + (int)j - (int)(k - 1);
+        const float xv = src >= a ? x[(size_t)src * c + ch]
+                                  : state[((size_t)s * (k - 1) + (u32)((int)r - a + (int)j)) * c + ch];
+        acc += w[(size_t)ch * k + j] * xv;
+    }
+    y[i] = silu_out ? silu(acc) : acc;
+}
+
+// The state after each sequence: its last K-1 inputs, counting the carried state before it.
+extern "C" __global__ void conv1d_state_f32(const float* x, const float* state, const int* seq_start,
+                                            float* state_out, u32 t, u32 c, u32 k, u32 n_seqs) {
+    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_seqs * (k - 1) * c) return;
+    const u32 s = i / ((k - 1) * c), j = i / c % (k - 1), ch = i % c;
+    const int a = seq_start[s], b = seq_start[s + 1];
+    if (a < 0 || b < a || b > (int)t) return;
+    const u32 at = (u32)(b - a) + j;  // position in (carried state ++ the sequence's inputs)
+    state_out[i] = at < k - 1 ? state[((size_t)s * (k - 1) + at) * c + ch] : x[((size_t)a + at - (k - 1)) * c + ch];
+}
+
+// delta_net: one block per (sequence, value head), the sequence's tokens in order. The state
+// is copied to state_out and updated there; each thread owns value columns of S, so only the
+// shared q/k rows need barriers. Per token, with a = e^g:
+//   o = scale · (a·Sᵀq + (k·q)·δ),  δ = β(v − a·Sᵀk),  S ← a·S + k ⊗ δ
+// (the same function as the CPU's, one read and one write of S per token). The chunked (WY)
+// form would put the work on tensor cores; this is the sequential form.
+extern "C" __global__ void delta_net_f32(const float* q, const float* k, const float* v, const float* g,
+                                         const float* beta, const float* state, const int* seq_start, float* o,
+                                         float* state_out, u32 hk, u32 hv, u32 dk, u32 dv, u32 t, float scale) {
+    __shared__ float qs[MAX_DK], ks[MAX_DK];
+    const u32 seq = blockIdx.x, h = blockIdx.y, kh = h / (hv / hk);
+    const int a = seq_start[seq], b = seq_start[seq + 1];
+    if (a < 0 || b < a || b > (int)t) return;  // uniform over the block: no barrier skipped
+    const size_t sz = (size_t)dk * dv;
+    const float* S0 = state + ((size_t)seq * hv + h) * sz;
+    float* S = state_out + ((size_t)seq * hv + h) * sz;
+    for (u32 col = threadIdx.x; col < dv; col += blockDim.x)
+        for (u32 r = 0; r < dk; r++) S[(size_t)r * dv + col] = S0[(size_t)r * dv + col];
+    for (int tok = a; tok < b; tok++) {
+        __syncthreads();  // the previous token's q/k rows are no longer read
+        for (u32 j = threadIdx.x; j < dk; j += blockDim.x) {
+            qs[j] = q[((size_t)tok * hk + kh) * dk + j];
+            ks[j] = k[((size_t)tok * hk + kh) * dk + j];
+        }
+        __syncthreads();
+        const size_t idx = (size_t)tok * hv + h;
+        const float decay = __expf(g[idx]), bt = beta[idx];
+        for (u32 col = threadIdx.x; col < dv; col += blockDim.x) {
+            float sk = 0.0f, sq = 0.0f, kq = 0.0f;
+            for (u32 r = 0; r < dk; r++) {
+                const float sv = S[(size_t)r * dv + col];
+                sk += sv * ks[r];
+                sq += sv * qs[r];
+                kq += ks[r] * qs[r];
+            }
+            const float delta = bt * (v[idx * dv + col] - decay * sk);
+            o[idx * dv + col] = scale * (decay * sq + kq * delta);
+            for (u32 r = 0; r < dk; r++) S[(size_t)r * dv + col] = decay * S[(size_t)r * dv + col] + ks[r] * delta;
+        }
+    }
+}

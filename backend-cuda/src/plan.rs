@@ -407,6 +407,73 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                 ],
             )
         }
+        Op::Conv1d { silu } => {
+            (all_f32(&i[..3]) && all_f32(o)).then_some(())?;
+            let (t, c) = (dim(&i[0], 0), dim(&i[0], 1));
+            let (k, s) = (dim(&i[1], 1), dim(&i[2], 0));
+            let mut steps = launch1(
+                "conv1d_f32",
+                t * c,
+                vec![
+                    In(0),
+                    In(1),
+                    In(2),
+                    In(3),
+                    Out(0),
+                    U32(u(t)?),
+                    U32(u(c)?),
+                    U32(u(k)?),
+                    U32(u(s)?),
+                    U32(*silu as u32),
+                ],
+            )?;
+            if s * (k - 1) * c > 0 {
+                steps.extend(launch1(
+                    "conv1d_state_f32",
+                    s * (k - 1) * c,
+                    vec![
+                        In(0),
+                        In(2),
+                        In(3),
+                        Out(1),
+                        U32(u(t)?),
+                        U32(u(c)?),
+                        U32(u(k)?),
+                        U32(u(s)?),
+                    ],
+                )?);
+            }
+            Some(steps)
+        }
+        Op::DeltaNet { scale, .. } => {
+            // Every chunk size computes the same function; the kernel is the sequential form.
+            (all_f32(&i[..6]) && all_f32(o)).then_some(())?;
+            let (t, hk, dk) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
+            let (hv, dv, s) = (dim(&i[2], 1), dim(&i[2], 2), dim(&i[5], 0));
+            (dk <= MAX_DK).then_some(())?;
+            one(
+                "delta_net_f32",
+                (u(s)?, u(hv)?, 1),
+                (128, 1, 1),
+                vec![
+                    In(0),
+                    In(1),
+                    In(2),
+                    In(3),
+                    In(4),
+                    In(5),
+                    In(6),
+                    Out(0),
+                    Out(1),
+                    U32(u(hk)?),
+                    U32(u(hv)?),
+                    U32(u(dk)?),
+                    U32(u(dv)?),
+                    U32(u(t)?),
+                    F32(*scale),
+                ],
+            )
+        }
         Op::DeltaNetDecode { scale, qk_l2norm } => {
             (all_f32(&i[..5]) && all_f32(o)).then_some(())?;
             let (s, hk, dk) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
@@ -514,7 +581,7 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
         }
         // Not written yet: these run on the CPU reference through the executor (counted and
         // reported).
-        Op::TopK(_) | Op::Conv1d { .. } | Op::DeltaNet { .. } => None,
+        Op::TopK(_) => None,
     }
 }
 
@@ -830,6 +897,9 @@ mod tests {
             "copy",
             "delta_net_decode",
             "conv1d_decode",
+            "delta_net",
+            "conv1d",
+            "attention",
             "argmax",
             "rms_norm_mat_mul",
             "glu_mat_mul",
