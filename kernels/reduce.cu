@@ -40,3 +40,44 @@ extern "C" __global__ void argmax_f32(const float* x, int* out, u32 n) {
     }
     if (t == 0) out[blockIdx.x] = (int)idx[0];
 }
+
+// top_k over x [R, N] → values [R, k] (f32) and indices [R, k] (i32), largest first in the
+// same total order, ties to the lower index. One block per row and k rounds: round r finds the
+// best element ranked below round r-1's pick (a tree over 64-bit rank keys, which are unique
+// because they carry the index). O(k·N / threads) per row: meant for sampling's small k.
+
+#define TOPK_THREADS 256
+typedef unsigned long long u64;
+
+// Larger is better: the total-order key (biased to unsigned), then the lower index.
+__device__ __forceinline__ u64 rank_key(float v, u32 j) {
+    return ((u64)((u32)total_key(v) ^ 0x80000000u) << 32) | (u64)(0xffffffffu - j);
+}
+
+extern "C" __global__ void top_k_f32(const float* x, float* vals, int* ids, u32 n, u32 k) {
+    __shared__ u64 best[TOPK_THREADS];
+    const u32 t = threadIdx.x;
+    const float* xr = x + (size_t)blockIdx.x * n;
+    u64 prev = 0;  // rank key of the previous pick (0 before the first: every key is above 0)
+    for (u32 r = 0; r < k; r++) {
+        u64 b = 0;
+        for (u32 j = t; j < n; j += TOPK_THREADS) {
+            const u64 c = rank_key(xr[j], j);
+            if ((r == 0 || c < prev) && c > b) b = c;
+        }
+        best[t] = b;
+        __syncthreads();
+        for (u32 s = TOPK_THREADS / 2; s > 0; s >>= 1) {
+            if (t < s && best[t + s] > best[t]) best[t] = best[t + s];
+            __syncthreads();
+        }
+        prev = best[0];
+        __syncthreads();  // best[0] is read by every thread before the next round writes it
+        if (t == 0) {
+            const u32 j = 0xffffffffu - (u32)(prev & 0xffffffffu);
+            const size_t o = (size_t)blockIdx.x * k + r;
+            vals[o] = j < n ? xr[j] : 0.0f;
+            ids[o] = (int)j;
+        }
+    }
+}

@@ -82,6 +82,10 @@ const MIN_SPLIT_KEYS: usize = 128;
 const MAX_DK: usize = 256;
 /// Threads of the argmax kernel (`ARGMAX_THREADS` in reduce.cu; a power of two).
 const ARGMAX_THREADS: u32 = 256;
+/// Threads of the top-k kernel (`TOPK_THREADS` in reduce.cu; a power of two).
+const TOPK_THREADS: u32 = 256;
+/// The largest k the top-k kernel takes (it makes k passes over the row).
+const MAX_TOP_K: usize = 256;
 /// Rows at or below which a matmul takes the mat-vec kernel.
 const MAT_VEC_ROWS: usize = 4;
 /// Output tile side and K step of the quantized prefill matmul (`QT`, `QK_STEP` in mat_mul.cu).
@@ -529,6 +533,19 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                 vec![In(0), Out(0), U32(u(n)?)],
             )
         }
+        Op::TopK(k) => {
+            // k rounds over the row: for sampling's small k; a large k runs on the CPU.
+            (i[0].dtype == DType::F32 && *k <= MAX_TOP_K).then_some(())?;
+            let n = i[0].shape.last();
+            let rows = i[0].numel() / n.max(1);
+            (n > 0 && *k >= 1 && *k <= n).then_some(())?;
+            one(
+                "top_k_f32",
+                (u(rows)?, 1, 1),
+                (TOPK_THREADS, 1, 1),
+                vec![In(0), Out(0), Out(1), U32(u(n)?), U32(u(*k)?)],
+            )
+        }
         Op::RmsNormMatMul { eps, one_plus } => {
             // Decode only: at prefill sizes the plain norm and GEMM are the better kernels.
             (all_f32(&i[..2]) && o[0].dtype == DType::F32).then_some(())?;
@@ -578,10 +595,8 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                     U32(act),
                 ],
             )
-        }
-        // Not written yet: these run on the CPU reference through the executor (counted and
-        // reported).
-        Op::TopK(_) => None,
+        } // Not written yet: these run on the CPU reference through the executor (counted and
+          // reported).
     }
 }
 
@@ -901,6 +916,7 @@ mod tests {
             "conv1d",
             "attention",
             "argmax",
+            "top_k",
             "rms_norm_mat_mul",
             "glu_mat_mul",
         ] {

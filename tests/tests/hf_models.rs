@@ -168,8 +168,7 @@ fn hf_checkpoints_match_transformers_on_wgpu() {
 
 /// The CUDA backend's kernels and launch plan, emulated on the CPU (no GPU here), run whole
 /// models: a dense one and the Gated DeltaNet hybrid, whose decode steps take the fused
-/// recurrent kernels. Ops the CUDA backend does not claim fall back to the CPU as they would on
-/// a GPU.
+/// recurrent kernels. Strict: every op of both models runs on a CUDA kernel, none falls back.
 #[test]
 fn hf_checkpoints_match_transformers_on_emulated_cuda_kernels() {
     let emu = match kiln_backend_cuda::emu::EmuBackend::open() {
@@ -184,7 +183,7 @@ fn hf_checkpoints_match_transformers_on_emulated_cuda_kernels() {
     };
     for name in ["llama", "qwen3_5"] {
         let backend: std::sync::Arc<dyn kiln_core::backend::Backend> = emu.clone();
-        let ex = || Executor::new(backend.clone());
+        let ex = || Executor::new(backend.clone()).strict(true);
         check_logits(name, ex, "cuda-emu");
     }
 }

@@ -604,6 +604,20 @@ fn reduce_and_moe(c: &mut Vec<Case>) -> Result<()> {
         "k=40 [2,32000]",
         vec![n(F32, &[2, 32000])],
     )?);
+    // Rows of small integers: many ties, which go to the lower index.
+    for (op, label) in [
+        (Op::Argmax, "ties [3,300]"),
+        (Op::TopK(9), "k=9 ties [3,300]"),
+    ] {
+        c.push(Case::new(
+            op,
+            label,
+            vec![Input {
+                desc: TensorDesc::new(F32, [3, 300]),
+                gen: Gen::Ints(rand_ids(label, 900, 6)),
+            }],
+        )?);
+    }
     c.push(Case::new(
         Op::TopK(5),
         "k=5 f16 [4,77]",
