@@ -1,0 +1,169 @@
+//! Attention: contiguous, and paged (decode split over the key range, prefill per row).
+
+use kiln_core::op::{AttnParams, Mask};
+use kiln_core::tensor::{DType, TensorDesc};
+
+use super::*;
+
+/// A mask as the attention kernels take it: `(window, see_to)`, where `window` (0: none)
+/// bounds a row's keys from below and every row sees at least the first `see_to` keys.
+fn mask_args(mask: Mask) -> Option<(u32, u32)> {
+    Some(match mask {
+        Mask::Causal => (0, 0),
+        Mask::SlidingWindow(0) => return None,
+        Mask::SlidingWindow(w) => (u(w)?, 0),
+        Mask::Bidirectional => (0, u32::MAX),
+        Mask::PrefixBidirectional(n) => (0, u(n).unwrap_or(u32::MAX)),
+    })
+}
+
+pub(super) fn plan_attention(
+    p: &AttnParams,
+    i: &[TensorDesc],
+    o: &[TensorDesc],
+) -> Option<Vec<Step>> {
+    use Arg::{In, Out, F32, U32};
+    (all_f32(i) && o[0].dtype == DType::F32).then_some(())?;
+    let (t, hq, d) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
+    let (s, hkv, dv) = (dim(&i[1], 0), dim(&i[1], 1), dim(&i[2], 2));
+    (d <= MAX_HEAD_DIM && dv <= MAX_HEAD_DIM && hkv > 0 && hq % hkv == 0).then_some(())?;
+    // Positions are 32-bit ints in the kernel.
+    i32::try_from(s).ok()?;
+    let cap = p.soft_cap.unwrap_or(0.0);
+    (cap >= 0.0).then_some(())?;
+    let (window, see_to) = mask_args(p.mask)?;
+    launch1(
+        "attention_f32",
+        t * hq * 32,
+        vec![
+            In(0),
+            In(1),
+            In(2),
+            Out(0),
+            U32(u(t)?),
+            U32(u(s)?),
+            U32(u(hq)?),
+            U32(u(hkv)?),
+            U32(u(d)?),
+            U32(u(dv)?),
+            F32(p.scale),
+            F32(cap),
+            U32(window),
+            U32(see_to),
+        ],
+    )
+}
+
+pub(super) fn plan_paged_attention(
+    p: &AttnParams,
+    i: &[TensorDesc],
+    o: &[TensorDesc],
+) -> Option<Vec<Step>> {
+    use Arg::{In, Out, F32, U32};
+    (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
+    (i[1].dtype == i[2].dtype).then_some(())?;
+    let (window, see_to) = mask_args(p.mask)?;
+    let (t, hq, d) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
+    let (bs, hkv, dv) = (dim(&i[1], 1), dim(&i[1], 2), dim(&i[2], 3));
+    let (s, max_blocks) = (dim(&i[3], 0), dim(&i[3], 1));
+    (d == dv && d <= MAX_HEAD_DIM && hkv > 0 && hq % hkv == 0).then_some(())?;
+    let cap = p.soft_cap.unwrap_or(0.0);
+    (cap >= 0.0).then_some(())?;
+    let f16 = match i[1].dtype {
+        DType::F32 => false,
+        DType::F16 => true,
+        _ => return None,
+    };
+    let n_blocks = dim(&i[1], 0);
+    let common = [
+        U32(u(d)?),
+        U32(u(bs)?),
+        U32(u(max_blocks)?),
+        U32(u(n_blocks)?),
+        F32(p.scale),
+        F32(cap),
+        U32(window),
+    ];
+    // The decode kernel is causal (with an optional window): a row sees keys up to its own
+    // position, which for the last row of a sequence is every key whatever the mask, but not
+    // for earlier rows of a sequence that has several.
+    if t == s && hq / hkv <= MAX_GROUP && matches!(p.mask, Mask::Causal | Mask::SlidingWindow(_)) {
+        // Decode: a block per (sequence, KV head, split of the keys), serving the group's
+        // query heads. The plan cannot see the sequences' lengths (they are on the device),
+        // so the splits cover the block table's whole capacity; splits past a sequence's
+        // length find no keys and cost a block that exits at once.
+        let capacity = max_blocks * bs;
+        let pairs = (s * hkv).max(1);
+        let splits = DECODE_TARGET_BLOCKS
+            .div_ceil(pairs)
+            .min(capacity.div_ceil(MIN_SPLIT_KEYS))
+            .clamp(1, MAX_GRID_YZ as usize);
+        let chunk = capacity.div_ceil(splits).max(1);
+        // Key positions up to splits · chunk are computed in 32-bit ints.
+        i32::try_from(splits * chunk + chunk).ok()?;
+        let kernel = if f16 {
+            "paged_decode_f16"
+        } else {
+            "paged_decode_f32"
+        };
+        let part = if splits > 1 {
+            Arg::Scratch(0)
+        } else {
+            Arg::Null
+        };
+        let mut args = vec![
+            In(0),
+            In(1),
+            In(2),
+            In(3),
+            In(4),
+            In(5),
+            Out(0),
+            part,
+            U32(u(hq)?),
+            U32(u(hkv)?),
+        ];
+        args.extend(common);
+        args.push(U32(u(chunk)?));
+        let mut steps = one(kernel, (u(s)?, u(hkv)?, u(splits)?), (128, 1, 1), args)?;
+        if splits > 1 {
+            let records = t * hq * splits * (d + 2);
+            steps.insert(0, Step::Scratch(TensorDesc::new(DType::F32, [records])));
+            steps.extend(one(
+                "paged_decode_combine",
+                (u(t * hq)?, 1, 1),
+                (u(d.next_multiple_of(32).min(256))?, 1, 1),
+                vec![
+                    Arg::Scratch(0),
+                    Out(0),
+                    U32(u(t)?),
+                    U32(u(hq)?),
+                    U32(u(splits)?),
+                    U32(u(d)?),
+                ],
+            )?);
+        }
+        return Some(steps);
+    }
+    let mut args = vec![
+        In(0),
+        In(1),
+        In(2),
+        In(3),
+        In(4),
+        In(5),
+        Out(0),
+        U32(u(s)?),
+        U32(u(t)?),
+        U32(u(hq)?),
+        U32(u(hkv)?),
+    ];
+    args.extend(common);
+    args.push(U32(see_to));
+    let kernel = if f16 {
+        "paged_prefill_f16"
+    } else {
+        "paged_prefill_f32"
+    };
+    launch1(kernel, t * hq * 32, args)
+}
