@@ -73,3 +73,46 @@ extern "C" __global__ void moe_sum_f32(const float* y, const float* w, float* ou
     for (u32 s = 0; s < k; s++) acc += w[(size_t)r * k + s] * y[((size_t)r * k + s) * n + j];
     out[i] = acc;
 }
+
+// Groups the slots of a matmul by expert id for the grouped GEMM (mat_mul_id_grouped in
+// mat_mul.cu), in one block: counts per expert, their running sums (offsets [E+1] into order,
+// and tiles [E+1], each expert's first 64-slot tile), then order [S] lists the slots expert by
+// expert (in no fixed order within one: each slot's output does not depend on its place). A
+// slot whose id is out of range gets a row of zeros here, as the CPU gives.
+#define MOE_GROUP_THREADS 256
+#define MAX_EXPERTS 1024
+
+extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS)
+moe_group(const int* ids, int* order, int* offsets, int* tiles, float* y, u32 s, u32 ne, u32 n) {
+    __shared__ int count[MAX_EXPERTS];  // counts, then each expert's next free place in order
+    const u32 t = threadIdx.x;
+    for (u32 e = t; e < ne; e += MOE_GROUP_THREADS) count[e] = 0;
+    __syncthreads();
+    for (u32 i = t; i < s; i += MOE_GROUP_THREADS) {
+        const int e = ids[i];
+        if (e >= 0 && (u32)e < ne) {
+            atomicAdd(&count[e], 1);
+        } else {
+            for (u32 j = 0; j < n; j++) y[(size_t)i * n + j] = 0.0f;
+        }
+    }
+    __syncthreads();
+    if (t == 0) {
+        int off = 0, tile = 0;
+        for (u32 e = 0; e < ne; e++) {
+            const int c = count[e];
+            offsets[e] = off;
+            tiles[e] = tile;
+            count[e] = off;
+            off += c;
+            tile += (c + 63) / 64;
+        }
+        offsets[ne] = off;
+        tiles[ne] = tile;
+    }
+    __syncthreads();
+    for (u32 i = t; i < s; i += MOE_GROUP_THREADS) {
+        const int e = ids[i];
+        if (e >= 0 && (u32)e < ne) order[atomicAdd(&count[e], 1)] = (int)i;
+    }
+}

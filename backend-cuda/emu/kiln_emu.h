@@ -97,6 +97,10 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     return r;
 }
 
+// ---- atomics (blocks may run on several host threads) ----
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+
 // ---- math ----
 inline float __expf(float x) { return std::exp(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }

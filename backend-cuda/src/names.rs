@@ -21,10 +21,12 @@ pub struct WeightKernels {
     pub glu_mat_vec: &'static str,
     /// Matmul by expert id, for MoE (`moe.cu` / `quant.cu`); F16 has none.
     pub mat_mul_id: Option<&'static str>,
+    /// The grouped MoE matmul over slots sorted by expert (`mat_mul.cu`), block formats only.
+    pub mat_mul_id_grouped: Option<&'static str>,
 }
 
 macro_rules! weight_kernels {
-    ($dtype:ident, $fmt:literal, $id:expr) => {
+    ($dtype:ident, $fmt:literal, $id:expr, $grouped:expr) => {
         WeightKernels {
             dtype: DType::$dtype,
             mat_vec: concat!("mat_vec_", $fmt),
@@ -33,18 +35,27 @@ macro_rules! weight_kernels {
             rms_norm_mat_vec: concat!("rms_norm_mat_vec_", $fmt),
             glu_mat_vec: concat!("glu_mat_vec_", $fmt),
             mat_mul_id: $id,
+            mat_mul_id_grouped: $grouped,
         }
     };
+    (float $dtype:ident, $fmt:literal) => {
+        weight_kernels!($dtype, $fmt, Some(concat!("mat_mul_id_", $fmt)), None)
+    };
     ($dtype:ident, $fmt:literal) => {
-        weight_kernels!($dtype, $fmt, Some(concat!("mat_mul_id_", $fmt)))
+        weight_kernels!(
+            $dtype,
+            $fmt,
+            Some(concat!("mat_mul_id_", $fmt)),
+            Some(concat!("mat_mul_id_grouped_", $fmt))
+        )
     };
 }
 
 /// Every weight type the CUDA backend reads.
 pub const WEIGHT_KERNELS: &[WeightKernels] = &[
-    weight_kernels!(F32, "f32"),
-    weight_kernels!(F16, "f16", None),
-    weight_kernels!(BF16, "bf16"),
+    weight_kernels!(float F32, "f32"),
+    weight_kernels!(F16, "f16", None, None),
+    weight_kernels!(float BF16, "bf16"),
     weight_kernels!(Q8_0, "q8_0"),
     weight_kernels!(Q4_0, "q4_0"),
     weight_kernels!(Q4_1, "q4_1"),
@@ -88,6 +99,7 @@ mod tests {
                 Some(w.rms_norm_mat_vec),
                 Some(w.glu_mat_vec),
                 w.mat_mul_id,
+                w.mat_mul_id_grouped,
             ];
             for n in names.into_iter().flatten() {
                 assert!(

@@ -97,6 +97,10 @@ const MAT_VEC_ROWS: usize = 4;
 /// Output tile side and K step of the quantized prefill matmul (`QT`, `QK_STEP` in mat_mul.cu).
 const QUANT_TILE: usize = 64;
 const QUANT_TILE_K: usize = 32;
+/// Threads of `moe_group` and the most experts it groups (`MOE_GROUP_THREADS`, `MAX_EXPERTS`
+/// in moe.cu).
+const MOE_GROUP_THREADS: u32 = 256;
+const MAX_EXPERTS: usize = 1024;
 
 /// Outputs per block of `glu_mat_vec` (`GLU_WARPS · GLU_COLS` in fused.cu).
 const GLU_BLOCK_COLS: usize = 32;
@@ -307,33 +311,7 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
             }
         }
         Op::MatMul => plan_mat_mul(i, o),
-        Op::MatMulId => {
-            (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
-            let kernel = match i[1].dtype {
-                DType::F32 => "mat_mul_id_f32",
-                DType::BF16 => "mat_mul_id_bf16",
-                q => quantized(q)?.mat_mul_id?,
-            };
-            let (ne, n, kd) = (dim(&i[1], 0), dim(&i[1], 1), dim(&i[1], 2));
-            let (t, k) = (dim(&i[2], 0), dim(&i[2], 1));
-            let x_per_slot = i[0].shape.rank() == 3;
-            launch1(
-                kernel,
-                t * k * n * 32,
-                vec![
-                    In(0),
-                    In(1),
-                    In(2),
-                    Out(0),
-                    U32(u(t)?),
-                    U32(u(k)?),
-                    U32(u(n)?),
-                    U32(u(kd)?),
-                    U32(x_per_slot as u32),
-                    U32(u(ne)?),
-                ],
-            )
-        }
+        Op::MatMulId => plan_mat_mul_id(i, o),
         Op::MoeSum => {
             (all_f32(i) && all_f32(o)).then_some(())?;
             let (t, k, n) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
@@ -604,6 +582,84 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
         } // Not written yet: these run on the CPU reference through the executor (counted and
           // reported).
     }
+}
+
+/// Matmul by expert id. Prefill on block-quantized weights groups the slots by expert and runs
+/// the tiled GEMM per expert; otherwise a warp per output.
+fn plan_mat_mul_id(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
+    use Arg::{In, Out, Scratch, U32};
+    (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
+    let (ne, n, kd) = (dim(&i[1], 0), dim(&i[1], 1), dim(&i[1], 2));
+    let (t, k) = (dim(&i[2], 0), dim(&i[2], 1));
+    let x_per_slot = U32((i[0].shape.rank() == 3) as u32);
+    let slots = t * k;
+    let grouped = quantized(i[1].dtype).and_then(|w| w.mat_mul_id_grouped);
+    if let Some(kernel) = grouped
+        .filter(|_| t > MAT_VEC_ROWS && kd % QUANT_TILE_K == 0 && ne > 0 && ne <= MAX_EXPERTS)
+    {
+        // Every expert's tiles, at most: a partial tile each beside the full ones.
+        let tiles = slots.div_ceil(QUANT_TILE) + ne;
+        let mut steps = vec![
+            Step::Scratch(TensorDesc::new(DType::I32, [slots])),
+            Step::Scratch(TensorDesc::new(DType::I32, [ne + 1])),
+            Step::Scratch(TensorDesc::new(DType::I32, [ne + 1])),
+        ];
+        steps.extend(one(
+            "moe_group",
+            (1, 1, 1),
+            (MOE_GROUP_THREADS, 1, 1),
+            vec![
+                In(2),
+                Scratch(0),
+                Scratch(1),
+                Scratch(2),
+                Out(0),
+                U32(u(slots)?),
+                U32(u(ne)?),
+                U32(u(n)?),
+            ],
+        )?);
+        steps.extend(one(
+            kernel,
+            (u(n.div_ceil(QUANT_TILE))?, u(tiles)?, 1),
+            (256, 1, 1),
+            vec![
+                In(0),
+                In(1),
+                Scratch(0),
+                Scratch(1),
+                Scratch(2),
+                Out(0),
+                U32(u(k)?),
+                U32(u(n)?),
+                U32(u(kd)?),
+                x_per_slot,
+                U32(u(ne)?),
+            ],
+        )?);
+        return Some(steps);
+    }
+    let kernel = match i[1].dtype {
+        DType::F32 => "mat_mul_id_f32",
+        DType::BF16 => "mat_mul_id_bf16",
+        q => quantized(q)?.mat_mul_id?,
+    };
+    launch1(
+        kernel,
+        slots * n * 32,
+        vec![
+            In(0),
+            In(1),
+            In(2),
+            Out(0),
+            U32(u(t)?),
+            U32(u(k)?),
+            U32(u(n)?),
+            U32(u(kd)?),
+            x_per_slot,
+            U32(u(ne)?),
+        ],
+    )
 }
 
 fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {

@@ -93,16 +93,16 @@ fn grids_past_32_bit_thread_indices_are_not_planned() {
         OpDesc::new(
             Op::MatMulId,
             vec![
-                TensorDesc::new(DType::F32, [4096, 64]),
+                TensorDesc::new(DType::F32, [4, 64]),
                 TensorDesc::new(DType::Q8_0, [8, n, 64]),
-                TensorDesc::new(DType::I32, [4096, 8]),
+                TensorDesc::new(DType::I32, [4, 8]),
             ],
-            vec![TensorDesc::new(DType::F32, [4096, 8, n])],
+            vec![TensorDesc::new(DType::F32, [4, 8, n])],
         )
     };
-    // 4096 · 8 · n warps of 32 threads.
-    assert!(plan(&desc(4096)).is_some());
-    assert!(plan(&desc(40_000)).is_none());
+    // Decode-sized: 4 · 8 · n warps of 32 threads.
+    assert!(plan(&desc(1 << 20)).is_some());
+    assert!(plan(&desc(1 << 23)).is_none());
     let add = |n: usize| {
         let t = TensorDesc::new(DType::F32, [n]);
         OpDesc::new(Op::Add, vec![t.clone(), t.clone()], vec![t])

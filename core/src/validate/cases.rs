@@ -105,6 +105,24 @@ fn matmul(c: &mut Vec<Case>) -> Result<()> {
             )?);
         }
     }
+    // Prefill with many slots per expert: several 64-slot tiles per expert, two column tiles.
+    for (w, shared) in [(Q4_K, true), (Q5_0, false)] {
+        let (t, kd) = (200, width(w));
+        let xs: Vec<usize> = if shared { vec![t, kd] } else { vec![t, 2, kd] };
+        let label = format!(
+            "{w} E=3 T={t} k=2 n=70 {}",
+            if shared { "shared x" } else { "x per slot" }
+        );
+        c.push(Case::new(
+            Op::MatMulId,
+            label.clone(),
+            vec![
+                n(F32, &xs),
+                n(w, &[3, 70, kd]),
+                ids(&[t, 2], rand_ids(&label, t * 2, 3)),
+            ],
+        )?);
+    }
     Ok(())
 }
 
