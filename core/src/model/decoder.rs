@@ -255,8 +255,9 @@ pub(crate) fn check_batch(b: &ForwardBatch, vocab: usize) -> Result<usize> {
     Ok(t)
 }
 
-/// The model's head on the rows that want logits (only those go through the final norm and
-/// the output matrix): `[rows, vocab]`, soft-capped when `soft_cap` is set.
+/// The model's head on the rows that want logits (only those go through the final RMSNorm,
+/// `(eps, one_plus)`, and the output matrix, fused where the backend has the fused op):
+/// `[rows, vocab]`, soft-capped when `soft_cap` is set.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn logits_head(
     ex: &Executor,
@@ -264,7 +265,7 @@ pub(crate) fn logits_head(
     b: &ForwardBatch,
     out_norm: &Tensor,
     output: &Tensor,
-    norm: impl Fn(&Tensor, &Tensor) -> Result<Tensor>,
+    (eps, one_plus): (f32, bool),
     vocab: usize,
     soft_cap: Option<f32>,
 ) -> Result<Tensor> {
@@ -282,7 +283,9 @@ pub(crate) fn logits_head(
         )));
     }
     let sel = ex.get_rows(x, &ex.upload_i32(&[rows.len()], &rows)?)?;
-    let mut logits = ex.matmul(&norm(&sel, out_norm)?, output)?;
+    let mut logits = ex
+        .rms_norm_matmuls(&sel, out_norm, eps, one_plus, &[output])?
+        .remove(0);
     if let Some(c) = soft_cap {
         logits = ex.scale(&logits, 1.0 / c)?;
         logits = ex.unary(crate::op::UnaryOp::Tanh, &logits)?;
@@ -359,7 +362,7 @@ impl Model for Decoder {
             b,
             &self.out_norm,
             &self.output,
-            |x, w| self.norm(ex, x, w),
+            (self.spec.eps, self.spec.norm_one_plus),
             i.vocab,
             sp.final_soft_cap,
         )

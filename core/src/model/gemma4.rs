@@ -564,7 +564,7 @@ impl Model for Gemma4 {
             b,
             &self.out_norm,
             &self.output,
-            |x, w| self.norm(ex, x, w),
+            (self.eps, false),
             i.vocab,
             self.soft_cap,
         )

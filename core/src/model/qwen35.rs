@@ -574,7 +574,7 @@ impl Model for Qwen35 {
             b,
             &self.out_norm,
             &self.output,
-            |x, w| ex.rms_norm(x, w, self.eps, false),
+            (self.eps, false),
             i.vocab,
             None,
         )
