@@ -437,6 +437,14 @@ struct BenchJson {
     prompt_tps_std: f64,
     gen_tps: f64,
     gen_tps_std: f64,
+    /// Weight bytes one decode token reads.
+    decode_bytes: u64,
+    /// The backend's copy bandwidth (read + write), GB/s; null without generation.
+    copy_bandwidth_gbs: Option<f64>,
+    /// The decode rate that bandwidth allows: copy bandwidth / decode bytes.
+    roofline_tps: Option<f64>,
+    /// gen_tps / roofline_tps.
+    roofline_ratio: Option<f64>,
 }
 
 fn mean_std(v: &[f64]) -> (f64, f64) {
@@ -493,6 +501,14 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     }
     let (pm, ps) = mean_std(&pp);
     let (gm, gs) = mean_std(&tg);
+    // The roofline: the weights a decode token reads over the measured copy bandwidth.
+    let decode_bytes = crate::roofline::decode_bytes(&m.file);
+    let bandwidth = if a.n_gen > 0 {
+        Some(crate::roofline::copy_bandwidth(m.runner.executor())?)
+    } else {
+        None
+    };
+    let roof = bandwidth.map(|bw| bw / decode_bytes.max(1) as f64);
     let name = m
         .path
         .file_name()
@@ -509,6 +525,10 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             prompt_tps_std: ps,
             gen_tps: gm,
             gen_tps_std: gs,
+            decode_bytes,
+            copy_bandwidth_gbs: bandwidth.map(|b| b / 1e9),
+            roofline_tps: roof,
+            roofline_ratio: roof.map(|r| gm / r),
         };
         println!("{}", serde_json::to_string(&j)?);
     } else {
@@ -525,6 +545,16 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             println!(
                 "| {name} | {backend} | {threads} | tg{} | {gm:.2} ± {gs:.2} |",
                 a.n_gen
+            );
+        }
+        if let (Some(bw), Some(r)) = (bandwidth, roof) {
+            println!(
+                "\nroofline: a decode token reads {:.1} MB of weights; at the {:.1} GB/s a copy \
+                 reaches here that allows {r:.1} t/s, and tg{} ran at {:.0}% of it",
+                decode_bytes as f64 / 1e6,
+                bw / 1e9,
+                a.n_gen,
+                100.0 * gm / r
             );
         }
     }

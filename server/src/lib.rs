@@ -5,5 +5,6 @@ pub mod generate;
 pub mod info;
 pub mod load;
 pub mod models;
+pub mod roofline;
 pub mod serve;
 pub mod validate;

@@ -35,7 +35,9 @@ enum Command {
     /// Perplexity of a text file, by llama.cpp's method (chunks of --ctx tokens, the second
     /// half of each scored).
     Perplexity(generate::PerplexityArgs),
-    /// Prompt-processing and generation speed (tokens per second).
+    /// Prompt-processing and generation speed (tokens per second), and the decode roofline:
+    /// the weight bytes a decode token reads over the backend's measured copy bandwidth, and
+    /// how close generation runs to that bound.
     Bench(generate::BenchArgs),
     /// The model's architecture, sizes and dtypes, and the backends found with what each supports.
     Info(info::InfoArgs),
