@@ -3,8 +3,9 @@
 // backend-cuda/src/emu.rs compiles each kernel file with a host C++ compiler with this header
 // forced in front (`-include kiln_emu.h`) and calls the kernels through generated wrappers.
 //
-// Model: blocks run one after another; the threads of a block are fibers (ucontext) on the
-// calling OS thread, switched at barriers, so __syncthreads is a real barrier and __shared__
+// Model: blocks run one after another; the threads of a block are fibers on the calling OS
+// thread (started with makecontext/swapcontext, then switched with _setjmp/_longjmp, which
+// unlike swapcontext make no signal-mask system call), switched at barriers, so __syncthreads is a real barrier and __shared__
 // arrays are function statics (shared by the block's threads, reused by the next block). Warp
 // shuffles exchange through a per-warp buffer between two warp barriers. A thread that returns
 // leaves every barrier, as an exited GPU thread does. A block whose threads all wait at
@@ -21,6 +22,7 @@
 #include <mutex>
 #include <cstdio>
 #include <cstdlib>
+#include <setjmp.h>
 #include <ucontext.h>
 #include <utility>
 #include <vector>
@@ -45,7 +47,9 @@ namespace kiln_emu {
 enum Wait { RUNNABLE, AT_SYNCTHREADS, AT_WARP };
 
 struct Fiber {
-    ucontext_t ctx;
+    ucontext_t ctx;  // the first entry
+    jmp_buf jb;      // where it waits at a barrier
+    bool started = false;
     Wait wait = RUNNABLE;
     bool done = false;
 };
@@ -54,6 +58,7 @@ struct Block {
     unsigned n = 0;
     std::vector<Fiber> fibers;
     ucontext_t sched;
+    jmp_buf sched_jb;  // the scheduler, between two fiber switches
     unsigned cur = 0;
     int live = 0, arrived = 0;
     std::vector<int> warp_live, warp_arrived;
@@ -77,7 +82,7 @@ inline void wait_at(Wait w) {
         b->arrived++;
     else
         b->warp_arrived[b->cur / 32]++;
-    swapcontext(&me.ctx, &b->sched);
+    if (!_setjmp(me.jb)) _longjmp(b->sched_jb, 1);
 }
 }  // namespace kiln_emu
 
@@ -205,7 +210,7 @@ inline void fiber_main() {
     b->fibers[t].done = true;
     b->live--;
     b->warp_live[t / 32]--;
-    // Returning resumes the scheduler (uc_link).
+    _longjmp(b->sched_jb, 1);  // never returns: the scheduler goes on from its last switch
 }
 
 constexpr std::size_t STACK = 256 * 1024;
@@ -249,7 +254,11 @@ inline void launch(const unsigned* dims, const std::function<void()>& body) {
                         if (f.done || f.wait != RUNNABLE) continue;
                         b.cur = t;
                         threadIdx = dim3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-                        swapcontext(&b.sched, &f.ctx);
+                        if (!_setjmp(b.sched_jb)) {
+                            if (f.started) _longjmp(f.jb, 1);
+                            f.started = true;
+                            swapcontext(&b.sched, &f.ctx);
+                        }
                         if (f.done) left--;
                         release(b);
                         ran = true;

@@ -167,9 +167,8 @@ fn hf_checkpoints_match_transformers_on_wgpu() {
 }
 
 /// The CUDA backend's kernels and launch plan, emulated on the CPU (no GPU here), run whole
-/// models: a dense one, the Gated DeltaNet hybrid (whose decode steps take the fused recurrent
-/// kernels) and Gemma 4's MoE. Strict: every op runs on a CUDA kernel, none falls back.
-/// `KILN_EMU_ALL_MODELS=1` runs every fixture (about 3× longer).
+/// models: every fixture (dense, the Gated DeltaNet hybrids, whose decode steps take the fused
+/// recurrent kernels, and the MoEs). Strict: every op runs on a CUDA kernel, none falls back.
 #[test]
 fn hf_checkpoints_match_transformers_on_emulated_cuda_kernels() {
     let emu = match kiln_backend_cuda::emu::EmuBackend::open() {
@@ -182,13 +181,7 @@ fn hf_checkpoints_match_transformers_on_emulated_cuda_kernels() {
             return;
         }
     };
-    let all = std::env::var("KILN_EMU_ALL_MODELS").is_ok_and(|v| v == "1");
-    let names: &[&str] = if all {
-        MODELS
-    } else {
-        &["llama", "qwen3_5", "gemma4_moe"]
-    };
-    for &name in names {
+    for &name in MODELS {
         let backend: std::sync::Arc<dyn kiln_core::backend::Backend> = emu.clone();
         let ex = || Executor::new(backend.clone()).strict(true);
         check_logits(name, ex, "cuda-emu");
