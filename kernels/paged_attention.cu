@@ -310,3 +310,171 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
     attend_warp(q + ((size_t)r * hq + h) * d, k, v, rows, lo, hi, d, dv, scale, cap,
                 out + ((size_t)r * hq + h) * dv);
 }
+
+// Tiled prefill: a block of PREFILL_WARPS warps takes `qr` consecutive query rows and every
+// query head of one KV head's group (qr · group ≤ PREFILL_PAIRS (row, head) pairs, up to
+// PAIRS_PER_WARP per warp, each with its query, running max, sum and weighted V in
+// registers). When the rows share a sequence, K/V rows are staged in shared memory PREFILL_KT
+// keys at a time (as f32) and each staged key serves every pair of the block, so a key row
+// is read from the cache once per block instead of once per (row, head). A block whose rows
+// span two sequences (the boundary of a mixed batch) runs each pair with attend_warp.
+
+#define PREFILL_WARPS 4
+#define PAIRS_PER_WARP 4
+#define PREFILL_PAIRS (PREFILL_WARPS * PAIRS_PER_WARP)
+#define PREFILL_KT 16
+
+// Rows of a batch through a block table: a row's sequence, position and context length.
+struct PagedBatch {
+    const int *table, *seq_lens, *q_start;
+    u32 n_seqs, max_blocks, bs, hkv, n_blocks;
+    __device__ __forceinline__ void row(u32 r, u32* s, int* pos, int* len) const {
+        u32 q = 0;
+        while (q + 1 < n_seqs && (u32)q_start[q + 1] <= r) q++;
+        *s = q;
+        *len = min(seq_lens[q], (int)(max_blocks * bs));
+        *pos = *len - (q_start[q + 1] - q_start[q]) + ((int)r - q_start[q]);
+    }
+    __device__ __forceinline__ PagedRows keys(u32 s, u32 kvh) const {
+        return PagedRows{table + (size_t)s * max_blocks, bs, hkv, kvh, n_blocks};
+    }
+};
+
+// Contiguous K/V [S, Hkv, D]: one sequence, query row i at position S - T + i.
+struct ContiguousBatch {
+    u32 t, s_len, hkv;
+    __device__ __forceinline__ void row(u32 r, u32* s, int* pos, int* len) const {
+        *s = 0;
+        *len = (int)s_len;
+        *pos = (int)s_len - (int)t + (int)r;
+    }
+    __device__ __forceinline__ ContiguousRows keys(u32, u32 kvh) const { return ContiguousRows{hkv, kvh}; }
+};
+
+template <typename C, typename Batch>
+__device__ __forceinline__ void attend_tiled(const float* q, const C* kc, const C* vc, Batch batch, float* out,
+                                             u32 t, u32 hq, u32 hkv, u32 d, u32 dv, float scale, float cap,
+                                             u32 window, u32 see_to, u32 qr) {
+    __shared__ float ks[PREFILL_KT * MAX_D], vs[PREFILL_KT * MAX_D];
+    __shared__ int skip[PREFILL_KT];
+    const u32 warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const u32 group = hq / hkv, kvh = blockIdx.y;
+    const u32 r0 = blockIdx.x * qr;
+    // Every thread works out the same: whether the block's rows share one sequence.
+    u32 s_first, s_last;
+    int pos_first, pos_last, len, len_last;
+    const u32 r_last = min(r0 + qr, t) - 1;
+    batch.row(r0, &s_first, &pos_first, &len);
+    batch.row(r_last, &s_last, &pos_last, &len_last);
+    if (s_first != s_last) {
+        for (u32 i = 0; i < PAIRS_PER_WARP; i++) {
+            const u32 p = warp + PREFILL_WARPS * i, r = r0 + p / group, h = kvh * group + p % group;
+            if (p >= qr * group || r >= t) break;
+            u32 s;
+            int pos, l, lo, hi;
+            batch.row(r, &s, &pos, &l);
+            key_range(pos, l, window, see_to, &lo, &hi);
+            attend_warp(q + ((size_t)r * hq + h) * d, kc, vc, batch.keys(s, kvh), lo, hi, d, dv, scale, cap,
+                        out + ((size_t)r * hq + h) * dv);
+        }
+        return;
+    }
+    const auto rows = batch.keys(s_first, kvh);
+    int lo_all, hi_all, unused;
+    key_range(pos_first, len, window, see_to, &lo_all, &unused);
+    key_range(pos_last, len, window, see_to, &unused, &hi_all);
+    // This warp's pairs: query, key range and online-softmax state.
+    float qv[PAIRS_PER_WARP][8], acc[PAIRS_PER_WARP][8], m[PAIRS_PER_WARP], l[PAIRS_PER_WARP];
+    int lo[PAIRS_PER_WARP], hi[PAIRS_PER_WARP];
+#pragma unroll
+    for (u32 i = 0; i < PAIRS_PER_WARP; i++) {
+        const u32 p = warp + PREFILL_WARPS * i, r = r0 + p / group, h = kvh * group + p % group;
+        const bool ok = p < qr * group && r < t;
+        lo[i] = 0;
+        hi[i] = 0;  // an unused pair sees no keys
+        if (ok) key_range(pos_first + (int)(r - r0), len, window, see_to, &lo[i], &hi[i]);
+        m[i] = -KILN_INF;
+        l[i] = 0.0f;
+#pragma unroll
+        for (u32 c = 0; c < 8; c++) {
+            const u32 j = lane + c * WARP;
+            qv[i][c] = ok && j < d ? q[((size_t)r * hq + h) * d + j] : 0.0f;
+            acc[i][c] = 0.0f;
+        }
+    }
+    for (int k0 = lo_all; k0 < hi_all; k0 += PREFILL_KT) {
+        // Stage keys k0 .. k0 + KT (those in range and in the cache).
+        if (threadIdx.x < PREFILL_KT) {
+            const int p = k0 + (int)threadIdx.x;
+            skip[threadIdx.x] = p >= hi_all || rows(p) < 0;
+        }
+        for (u32 e = threadIdx.x; e < PREFILL_KT * max(d, dv); e += blockDim.x) {
+            const u32 j = e / max(d, dv), c = e % max(d, dv);
+            const int p = k0 + (int)j;
+            const long long row = p < hi_all ? rows(p) : -1;
+            if (c < d) ks[j * d + c] = row >= 0 ? to_f32(kc[(size_t)row * d + c]) : 0.0f;
+            if (c < dv) vs[j * dv + c] = row >= 0 ? to_f32(vc[(size_t)row * dv + c]) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (u32 i = 0; i < PAIRS_PER_WARP; i++) {
+            for (u32 j = 0; j < PREFILL_KT; j++) {
+                const int p = k0 + (int)j;
+                if (p < lo[i] || p >= hi[i] || skip[j]) continue;  // uniform over the warp
+                float sc = 0.0f;
+#pragma unroll
+                for (u32 c = 0; c < 8; c++) {
+                    const u32 x = lane + c * WARP;
+                    if (x < d) sc += qv[i][c] * ks[j * d + x];
+                }
+                sc = warp_sum(sc) * scale;
+                if (cap > 0.0f) sc = cap * tanhf(sc / cap);
+                const float mn = fmaxf(m[i], sc);
+                const float corr = __expf(m[i] - mn), e = __expf(sc - mn);
+                l[i] = l[i] * corr + e;
+#pragma unroll
+                for (u32 c = 0; c < 8; c++) {
+                    const u32 x = lane + c * WARP;
+                    acc[i][c] = acc[i][c] * corr + (x < dv ? e * vs[j * dv + x] : 0.0f);
+                }
+                m[i] = mn;
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (u32 i = 0; i < PAIRS_PER_WARP; i++) {
+        const u32 p = warp + PREFILL_WARPS * i, r = r0 + p / group, h = kvh * group + p % group;
+        if (p >= qr * group || r >= t) continue;
+#pragma unroll
+        for (u32 c = 0; c < 8; c++) {
+            const u32 x = lane + c * WARP;
+            if (x < dv) out[((size_t)r * hq + h) * dv + x] = l[i] > 0.0f ? acc[i][c] / l[i] : 0.0f;
+        }
+    }
+}
+
+// @hot
+extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * WARP)
+paged_prefill_tiled_f32(const float* q, const float* kc, const float* vc, const int* table, const int* seq_lens,
+                        const int* q_start, float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d, u32 bs,
+                        u32 max_blocks, u32 n_blocks, float scale, float cap, u32 window, u32 see_to, u32 qr) {
+    const PagedBatch b{table, seq_lens, q_start, n_seqs, max_blocks, bs, hkv, n_blocks};
+    attend_tiled(q, kc, vc, b, out, t, hq, hkv, d, d, scale, cap, window, see_to, qr);
+}
+
+// @hot
+extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * WARP)
+paged_prefill_tiled_f16(const float* q, const __half* kc, const __half* vc, const int* table, const int* seq_lens,
+                        const int* q_start, float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d, u32 bs,
+                        u32 max_blocks, u32 n_blocks, float scale, float cap, u32 window, u32 see_to, u32 qr) {
+    const PagedBatch b{table, seq_lens, q_start, n_seqs, max_blocks, bs, hkv, n_blocks};
+    attend_tiled(q, kc, vc, b, out, t, hq, hkv, d, d, scale, cap, window, see_to, qr);
+}
+
+// @hot
+extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * WARP)
+attention_tiled_f32(const float* q, const float* k, const float* v, float* out, u32 t, u32 s, u32 hq, u32 hkv,
+                    u32 d, u32 dv, float scale, float cap, u32 window, u32 see_to, u32 qr) {
+    attend_tiled(q, k, v, ContiguousBatch{t, s, hkv}, out, t, hq, hkv, d, dv, scale, cap, window, see_to, qr);
+}

@@ -32,26 +32,34 @@ pub(super) fn plan_attention(
     let cap = p.soft_cap.unwrap_or(0.0);
     (cap >= 0.0).then_some(())?;
     let (window, see_to) = mask_args(p.mask)?;
-    launch1(
-        "attention_f32",
-        t * hq * 32,
-        vec![
-            In(0),
-            In(1),
-            In(2),
-            Out(0),
-            U32(u(t)?),
-            U32(u(s)?),
-            U32(u(hq)?),
-            U32(u(hkv)?),
-            U32(u(d)?),
-            U32(u(dv)?),
-            F32(p.scale),
-            F32(cap),
-            U32(window),
-            U32(see_to),
-        ],
-    )
+    let mut args = vec![
+        In(0),
+        In(1),
+        In(2),
+        Out(0),
+        U32(u(t)?),
+        U32(u(s)?),
+        U32(u(hq)?),
+        U32(u(hkv)?),
+        U32(u(d)?),
+        U32(u(dv)?),
+        F32(p.scale),
+        F32(cap),
+        U32(window),
+        U32(see_to),
+    ];
+    match tiled_rows(hq / hkv) {
+        Some(qr) => {
+            args.push(U32(qr));
+            one(
+                "attention_tiled_f32",
+                (u(t.div_ceil(qr as usize))?, u(hkv)?, 1),
+                (PREFILL_THREADS, 1, 1),
+                args,
+            )
+        }
+        None => launch1("attention_f32", t * hq * 32, args),
+    }
 }
 
 pub(super) fn plan_paged_attention(
@@ -160,10 +168,35 @@ pub(super) fn plan_paged_attention(
     ];
     args.extend(common);
     args.push(U32(see_to));
+    if let Some(qr) = tiled_rows(hq / hkv) {
+        args.push(U32(qr));
+        let kernel = if f16 {
+            "paged_prefill_tiled_f16"
+        } else {
+            "paged_prefill_tiled_f32"
+        };
+        return one(
+            kernel,
+            (u(t.div_ceil(qr as usize))?, u(hkv)?, 1),
+            (PREFILL_THREADS, 1, 1),
+            args,
+        );
+    }
     let kernel = if f16 {
         "paged_prefill_f16"
     } else {
         "paged_prefill_f32"
     };
     launch1(kernel, t * hq * 32, args)
+}
+
+/// (row, head) pairs of one tiled prefill block (`PREFILL_PAIRS` in paged_attention.cu) and
+/// its threads (`PREFILL_WARPS` warps).
+const PREFILL_PAIRS: usize = 16;
+const PREFILL_THREADS: u32 = 128;
+
+/// Query rows per block of the tiled prefill kernels for a GQA group of `group` query heads
+/// (every head of the group rides along), or `None` for a group too large to tile.
+fn tiled_rows(group: usize) -> Option<u32> {
+    (group >= 1 && group <= PREFILL_PAIRS).then(|| (PREFILL_PAIRS / group) as u32)
 }
