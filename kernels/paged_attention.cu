@@ -128,11 +128,14 @@ __device__ __forceinline__ void paged_decode_row(const float* q, const C* kc, co
 template <typename C>
 __device__ __forceinline__ void paged_decode(const float* q, const C* kc, const C* vc, const int* table,
                                              const int* seq_lens, const int* q_start, float* out, float* part,
-                                             u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks, u32 n_blocks,
-                                             float scale, float cap, u32 window, u32 chunk) {
+                                             u32 t, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks,
+                                             u32 n_blocks, float scale, float cap, u32 window, u32 chunk) {
     const u32 seq = blockIdx.x;
-    const int r0 = q_start[seq], rows = q_start[seq + 1] - r0;
-    const int len = seq_lens[seq];
+    // Rows and length are the caller's data: kept inside the t query rows and the block
+    // table's capacity.
+    const int r0 = min(max(q_start[seq], 0), (int)t);
+    const int rows = min(max(q_start[seq + 1], r0), (int)t) - r0;
+    const int len = min(seq_lens[seq], (int)(max_blocks * bs));
     const int kbeg = (int)(blockIdx.z * chunk), kend = kbeg + (int)chunk;
     for (int i = 0; i < rows; i++)
         paged_decode_row(q, kc, vc, table, out, part, seq, (u32)(r0 + i), len - rows + i, hq, hkv, d, bs,
@@ -142,19 +145,19 @@ __device__ __forceinline__ void paged_decode(const float* q, const C* kc, const 
 // @hot
 extern "C" __global__ void __launch_bounds__(DECODE_WARPS * WARP)
 paged_decode_f32(const float* q, const float* kc, const float* vc, const int* table, const int* seq_lens,
-                 const int* q_start, float* out, float* part, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks,
-                 u32 n_blocks, float scale, float cap, u32 window, u32 chunk) {
-    paged_decode(q, kc, vc, table, seq_lens, q_start, out, part, hq, hkv, d, bs, max_blocks, n_blocks, scale,
-                 cap, window, chunk);
+                 const int* q_start, float* out, float* part, u32 t, u32 hq, u32 hkv, u32 d, u32 bs,
+                 u32 max_blocks, u32 n_blocks, float scale, float cap, u32 window, u32 chunk) {
+    paged_decode(q, kc, vc, table, seq_lens, q_start, out, part, t, hq, hkv, d, bs, max_blocks, n_blocks,
+                 scale, cap, window, chunk);
 }
 
 // @hot
 extern "C" __global__ void __launch_bounds__(DECODE_WARPS * WARP)
 paged_decode_f16(const float* q, const __half* kc, const __half* vc, const int* table, const int* seq_lens,
-                 const int* q_start, float* out, float* part, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks,
-                 u32 n_blocks, float scale, float cap, u32 window, u32 chunk) {
-    paged_decode(q, kc, vc, table, seq_lens, q_start, out, part, hq, hkv, d, bs, max_blocks, n_blocks, scale,
-                 cap, window, chunk);
+                 const int* q_start, float* out, float* part, u32 t, u32 hq, u32 hkv, u32 d, u32 bs,
+                 u32 max_blocks, u32 n_blocks, float scale, float cap, u32 window, u32 chunk) {
+    paged_decode(q, kc, vc, table, seq_lens, q_start, out, part, t, hq, hkv, d, bs, max_blocks, n_blocks,
+                 scale, cap, window, chunk);
 }
 
 // Merges the splits of paged_decode: one block per (query row, head) of the `rows` rows,

@@ -79,7 +79,7 @@ __device__ __forceinline__ u32 seq_of_token(const int* seq_start, u32 n_seqs, u3
         const u32 mid = (lo + hi) / 2;
         if (seq_start[mid] <= (int)r) lo = mid; else hi = mid;
     }
-    if (n_seqs == 0 || seq_start[lo] > (int)r || seq_start[lo + 1] <= (int)r) return n_seqs;
+    if (n_seqs == 0 || seq_start[lo] < 0 || seq_start[lo] > (int)r || seq_start[lo + 1] <= (int)r) return n_seqs;
     return lo;
 }
 

@@ -246,7 +246,7 @@ mod tests {
                 mutable: false
             }
         );
-        assert_eq!(pd.len(), 18);
+        assert_eq!(pd.len(), 19);
         assert_eq!(
             sigs["mat_vec_q8_0"].params[1],
             Param::Ptr {

@@ -591,14 +591,21 @@ fn plan_mat_mul_id(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
     (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
     let (ne, n, kd) = (dim(&i[1], 0), dim(&i[1], 1), dim(&i[1], 2));
     let (t, k) = (dim(&i[2], 0), dim(&i[2], 1));
-    let x_per_slot = U32((i[0].shape.rank() == 3) as u32);
+    // Like the CPU: a row per slot only when x is [T, k, K] with k > 1; [T, 1, K] and [T, K]
+    // share each token's row among its slots.
+    let x_per_slot = U32((i[0].shape.rank() == 3 && dim(&i[0], 1) == k && k > 1) as u32);
     let slots = t * k;
     let grouped = quantized(i[1].dtype).and_then(|w| w.mat_mul_id_grouped);
-    if let Some(kernel) = grouped
-        .filter(|_| t > MAT_VEC_ROWS && kd % QUANT_TILE_K == 0 && ne > 0 && ne <= MAX_EXPERTS)
-    {
-        // Every expert's tiles, at most: a partial tile each beside the full ones.
-        let tiles = slots.div_ceil(QUANT_TILE) + ne;
+    // Every expert's tiles, at most: a partial tile each beside the full ones. Past the grid's
+    // limit, the per-output kernel below takes the op.
+    let tiles = slots.div_ceil(QUANT_TILE) + ne;
+    if let Some(kernel) = grouped.filter(|_| {
+        t > MAT_VEC_ROWS
+            && kd % QUANT_TILE_K == 0
+            && ne > 0
+            && ne <= MAX_EXPERTS
+            && tiles <= MAX_GRID_YZ as usize
+    }) {
         let mut steps = vec![
             Step::Scratch(TensorDesc::new(DType::I32, [slots])),
             Step::Scratch(TensorDesc::new(DType::I32, [ne + 1])),

@@ -503,8 +503,11 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     let (gm, gs) = mean_std(&tg);
     // The roofline: the weights a decode token reads over the measured copy bandwidth.
     let decode_bytes = crate::roofline::decode_bytes(&m.file);
+    // Measured after the runs; a device too full for the copy's buffers loses only this.
     let bandwidth = if a.n_gen > 0 {
-        Some(crate::roofline::copy_bandwidth(m.runner.executor())?)
+        crate::roofline::copy_bandwidth(m.runner.executor())
+            .map_err(|e| eprintln!("kiln: copy bandwidth not measured: {e}"))
+            .ok()
     } else {
         None
     };

@@ -35,7 +35,9 @@ fn weight_bytes(tensors: &[(&str, u64)], experts: Option<(u64, u64)>) -> u64 {
                 0
             } else if name.contains("_exps") {
                 match experts {
-                    Some((e, used)) if e > 0 => bytes * used.min(e) / e,
+                    Some((e, used)) if e > 0 => {
+                        (bytes as u128 * used.min(e) as u128 / e as u128) as u64
+                    }
                     _ => bytes,
                 }
             } else {

@@ -11,7 +11,8 @@ fn mask_args(mask: Mask) -> Option<(u32, u32)> {
     Some(match mask {
         Mask::Causal => (0, 0),
         Mask::SlidingWindow(0) => return None,
-        Mask::SlidingWindow(w) => (u(w)?, 0),
+        // The kernels take positions as 32-bit ints: a wider window is no window.
+        Mask::SlidingWindow(w) => (w.min(i32::MAX as usize) as u32, 0),
         Mask::Bidirectional => (0, u32::MAX),
         Mask::PrefixBidirectional(n) => (0, u(n).unwrap_or(u32::MAX)),
     })
@@ -74,7 +75,8 @@ pub(super) fn plan_paged_attention(
     let (t, hq, d) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
     let (bs, hkv, dv) = (dim(&i[1], 1), dim(&i[1], 2), dim(&i[2], 3));
     let (s, max_blocks) = (dim(&i[3], 0), dim(&i[3], 1));
-    (d == dv && d <= MAX_HEAD_DIM && hkv > 0 && hq % hkv == 0).then_some(())?;
+    // The kernels find each row's sequence: there must be one.
+    (s > 0 && d == dv && d <= MAX_HEAD_DIM && hkv > 0 && hq % hkv == 0).then_some(())?;
     let cap = p.soft_cap.unwrap_or(0.0);
     (cap >= 0.0).then_some(())?;
     let f16 = match i[1].dtype {
@@ -128,6 +130,7 @@ pub(super) fn plan_paged_attention(
             In(5),
             Out(0),
             part,
+            U32(u(t)?),
             U32(u(hq)?),
             U32(u(hkv)?),
         ];

@@ -105,6 +105,17 @@ fn matmul(c: &mut Vec<Case>) -> Result<()> {
             )?);
         }
     }
+    // [T, 1, K] activations with k = 2: each token's row serves both of its slots.
+    let label = "q8_0 E=3 T=40 k=2 n=70 x [T,1,K]";
+    c.push(Case::new(
+        Op::MatMulId,
+        label,
+        vec![
+            n(F32, &[40, 1, 96]),
+            n(Q8_0, &[3, 70, 96]),
+            ids(&[40, 2], rand_ids(label, 80, 3)),
+        ],
+    )?);
     // Prefill with many slots per expert: several 64-slot tiles per expert, two column tiles.
     for (w, shared) in [(Q4_K, true), (Q5_0, false)] {
         let (t, kd) = (200, width(w));
