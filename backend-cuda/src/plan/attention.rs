@@ -201,5 +201,7 @@ const PREFILL_THREADS: u32 = 128;
 /// Query rows per block of the tiled prefill kernels for a GQA group of `group` query heads
 /// (every head of the group rides along), or `None` for a group too large to tile.
 fn tiled_rows(group: usize) -> Option<u32> {
-    (1..=PREFILL_PAIRS).contains(&group).then(|| (PREFILL_PAIRS / group) as u32)
+    (1..=PREFILL_PAIRS)
+        .contains(&group)
+        .then(|| (PREFILL_PAIRS / group) as u32)
 }
