@@ -155,6 +155,16 @@ fn one(
     })
 }
 
+/// Kernel arguments that start with the op's tensors: inputs `0..n_in`, outputs `0..n_out`,
+/// then `rest`.
+fn with_tensors<const N: usize>(n_in: usize, n_out: usize, rest: [Arg; N]) -> Vec<Arg> {
+    (0..n_in)
+        .map(Arg::In)
+        .chain((0..n_out).map(Arg::Out))
+        .chain(rest)
+        .collect()
+}
+
 fn all_f32(ts: &[TensorDesc]) -> bool {
     ts.iter().all(|t| t.dtype == DType::F32)
 }
@@ -358,17 +368,11 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
             launch1(
                 kernel,
                 t * (hd + hdv),
-                vec![
-                    In(0),
-                    In(1),
-                    In(2),
-                    Out(0),
-                    Out(1),
-                    U32(u(t)?),
-                    U32(u(hd)?),
-                    U32(u(hdv)?),
-                    U32(u(n_slots)?),
-                ],
+                with_tensors(
+                    3,
+                    2,
+                    [U32(u(t)?), U32(u(hd)?), U32(u(hdv)?), U32(u(n_slots)?)],
+                ),
             )
         }
         Op::Attention(p) => plan_attention(p, i, o),
@@ -381,18 +385,17 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
             launch1(
                 "conv1d_decode_f32",
                 s * c,
-                vec![
-                    In(0),
-                    In(1),
-                    In(2),
-                    Out(0),
-                    Out(1),
-                    U32(u(s)?),
-                    U32(u(c)?),
-                    U32(u(k)?),
-                    U32(*silu as u32),
-                    U32(u(pool)?),
-                ],
+                with_tensors(
+                    3,
+                    2,
+                    [
+                        U32(u(s)?),
+                        U32(u(c)?),
+                        U32(u(k)?),
+                        U32(*silu as u32),
+                        U32(u(pool)?),
+                    ],
+                ),
             )
         }
         Op::Conv1d { silu } => {
@@ -402,18 +405,17 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
             let mut steps = launch1(
                 "conv1d_f32",
                 t * c,
-                vec![
-                    In(0),
-                    In(1),
-                    In(2),
-                    In(3),
-                    Out(0),
-                    U32(u(t)?),
-                    U32(u(c)?),
-                    U32(u(k)?),
-                    U32(u(s)?),
-                    U32(*silu as u32),
-                ],
+                with_tensors(
+                    4,
+                    1,
+                    [
+                        U32(u(t)?),
+                        U32(u(c)?),
+                        U32(u(k)?),
+                        U32(u(s)?),
+                        U32(*silu as u32),
+                    ],
+                ),
             )?;
             if s * (k - 1) * c > 0 {
                 steps.extend(launch1(
@@ -443,23 +445,18 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                 "delta_net_f32",
                 (u(s)?, u(hv)?, 1),
                 (128, 1, 1),
-                vec![
-                    In(0),
-                    In(1),
-                    In(2),
-                    In(3),
-                    In(4),
-                    In(5),
-                    In(6),
-                    Out(0),
-                    Out(1),
-                    U32(u(hk)?),
-                    U32(u(hv)?),
-                    U32(u(dk)?),
-                    U32(u(dv)?),
-                    U32(u(t)?),
-                    F32(*scale),
-                ],
+                with_tensors(
+                    7,
+                    2,
+                    [
+                        U32(u(hk)?),
+                        U32(u(hv)?),
+                        U32(u(dk)?),
+                        U32(u(dv)?),
+                        U32(u(t)?),
+                        F32(*scale),
+                    ],
+                ),
             )
         }
         Op::DeltaNetDecode { scale, qk_l2norm } => {
@@ -472,24 +469,20 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                 "delta_net_decode_f32",
                 (u(s)?, u(hv)?, 1),
                 (128, 1, 1),
-                vec![
-                    In(0),
-                    In(1),
-                    In(2),
-                    In(3),
-                    In(4),
-                    In(5),
-                    Out(0),
-                    Out(1),
-                    U32(u(hk)?),
-                    U32(u(hv)?),
-                    U32(u(dk)?),
-                    U32(u(dv)?),
-                    F32(*scale),
-                    F32(qk_l2norm.unwrap_or(0.0)),
-                    U32(qk_l2norm.is_some() as u32),
-                    U32(u(pool)?),
-                ],
+                with_tensors(
+                    6,
+                    2,
+                    [
+                        U32(u(hk)?),
+                        U32(u(hv)?),
+                        U32(u(dk)?),
+                        U32(u(dv)?),
+                        F32(*scale),
+                        F32(qk_l2norm.unwrap_or(0.0)),
+                        U32(qk_l2norm.is_some() as u32),
+                        U32(u(pool)?),
+                    ],
+                ),
             )
         }
         Op::Cast => {
@@ -541,17 +534,17 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                 kernel,
                 (u(n.div_ceil(4))?, u(m)?, 1),
                 (128, 1, 1),
-                vec![
-                    In(0),
-                    In(1),
-                    In(2),
-                    Out(0),
-                    U32(u(m)?),
-                    U32(u(n)?),
-                    U32(u(k)?),
-                    F32(*eps),
-                    U32(*one_plus as u32),
-                ],
+                with_tensors(
+                    3,
+                    1,
+                    [
+                        U32(u(m)?),
+                        U32(u(n)?),
+                        U32(u(k)?),
+                        F32(*eps),
+                        U32(*one_plus as u32),
+                    ],
+                ),
             )
         }
         Op::GluMatMul(g) => {
@@ -568,16 +561,7 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                 kernel,
                 (u(n.div_ceil(GLU_BLOCK_COLS))?, u(m)?, 1),
                 (256, 1, 1),
-                vec![
-                    In(0),
-                    In(1),
-                    In(2),
-                    Out(0),
-                    U32(u(m)?),
-                    U32(u(n)?),
-                    U32(u(k)?),
-                    U32(act),
-                ],
+                with_tensors(3, 1, [U32(u(m)?), U32(u(n)?), U32(u(k)?), U32(act)]),
             )
         } // Not written yet: these run on the CPU reference through the executor (counted and
           // reported).
@@ -654,18 +638,18 @@ fn plan_mat_mul_id(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
     launch1(
         kernel,
         slots * n * 32,
-        vec![
-            In(0),
-            In(1),
-            In(2),
-            Out(0),
-            U32(u(t)?),
-            U32(u(k)?),
-            U32(u(n)?),
-            U32(u(kd)?),
-            x_per_slot,
-            U32(u(ne)?),
-        ],
+        with_tensors(
+            3,
+            1,
+            [
+                U32(u(t)?),
+                U32(u(k)?),
+                U32(u(n)?),
+                U32(u(kd)?),
+                x_per_slot,
+                U32(u(ne)?),
+            ],
+        ),
     )
 }
 

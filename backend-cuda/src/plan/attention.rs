@@ -23,7 +23,7 @@ pub(super) fn plan_attention(
     i: &[TensorDesc],
     o: &[TensorDesc],
 ) -> Option<Vec<Step>> {
-    use Arg::{In, Out, F32, U32};
+    use Arg::{F32, U32};
     (all_f32(i) && o[0].dtype == DType::F32).then_some(())?;
     let (t, hq, d) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
     let (s, hkv, dv) = (dim(&i[1], 0), dim(&i[1], 1), dim(&i[2], 2));
@@ -33,22 +33,22 @@ pub(super) fn plan_attention(
     let cap = p.soft_cap.unwrap_or(0.0);
     (cap >= 0.0).then_some(())?;
     let (window, see_to) = mask_args(p.mask)?;
-    let mut args = vec![
-        In(0),
-        In(1),
-        In(2),
-        Out(0),
-        U32(u(t)?),
-        U32(u(s)?),
-        U32(u(hq)?),
-        U32(u(hkv)?),
-        U32(u(d)?),
-        U32(u(dv)?),
-        F32(p.scale),
-        F32(cap),
-        U32(window),
-        U32(see_to),
-    ];
+    let mut args = with_tensors(
+        3,
+        1,
+        [
+            U32(u(t)?),
+            U32(u(s)?),
+            U32(u(hq)?),
+            U32(u(hkv)?),
+            U32(u(d)?),
+            U32(u(dv)?),
+            F32(p.scale),
+            F32(cap),
+            U32(window),
+            U32(see_to),
+        ],
+    );
     match tiled_rows(hq / hkv) {
         Some(qr) => {
             args.push(U32(qr));
@@ -68,7 +68,7 @@ pub(super) fn plan_paged_attention(
     i: &[TensorDesc],
     o: &[TensorDesc],
 ) -> Option<Vec<Step>> {
-    use Arg::{In, Out, F32, U32};
+    use Arg::{Out, F32, U32};
     (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
     (i[1].dtype == i[2].dtype).then_some(())?;
     let (window, see_to) = mask_args(p.mask)?;
@@ -121,19 +121,7 @@ pub(super) fn plan_paged_attention(
         } else {
             Arg::Null
         };
-        let mut args = vec![
-            In(0),
-            In(1),
-            In(2),
-            In(3),
-            In(4),
-            In(5),
-            Out(0),
-            part,
-            U32(u(t)?),
-            U32(u(hq)?),
-            U32(u(hkv)?),
-        ];
+        let mut args = with_tensors(6, 1, [part, U32(u(t)?), U32(u(hq)?), U32(u(hkv)?)]);
         args.extend(common);
         args.push(U32(u(chunk)?));
         let mut steps = one(kernel, (u(s)?, u(hkv)?, u(splits)?), (128, 1, 1), args)?;
@@ -156,19 +144,7 @@ pub(super) fn plan_paged_attention(
         }
         return Some(steps);
     }
-    let mut args = vec![
-        In(0),
-        In(1),
-        In(2),
-        In(3),
-        In(4),
-        In(5),
-        Out(0),
-        U32(u(s)?),
-        U32(u(t)?),
-        U32(u(hq)?),
-        U32(u(hkv)?),
-    ];
+    let mut args = with_tensors(6, 1, [U32(u(s)?), U32(u(t)?), U32(u(hq)?), U32(u(hkv)?)]);
     args.extend(common);
     args.push(U32(see_to));
     if let Some(qr) = tiled_rows(hq / hkv) {
