@@ -5,9 +5,10 @@
 //
 // Model: blocks run one after another; the threads of a block are fibers on the calling OS
 // thread (started with makecontext/swapcontext, then switched with _setjmp/_longjmp, which
-// unlike swapcontext make no signal-mask system call), switched at barriers, so __syncthreads is a real barrier and __shared__
-// arrays are function statics (shared by the block's threads, reused by the next block). Warp
-// shuffles exchange through a per-warp buffer between two warp barriers. A thread that returns
+// unlike swapcontext make no signal-mask system call), switched at barriers, so
+// __syncthreads is a real barrier and __shared__ arrays are function statics (shared by the
+// block's threads, reused by the next block). Warp shuffles exchange through a per-warp
+// buffer between two warp barriers. A thread that returns
 // leaves every barrier, as an exited GPU thread does. A block whose threads all wait at
 // barriers that can never complete (a barrier in divergent code) is reported and aborts.
 // Not modelled: the GPU memory model beyond these barriers, and timing.

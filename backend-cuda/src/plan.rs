@@ -311,14 +311,14 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
             let (v, d) = (dim(&i[0], 0), dim(&i[0], 1));
             let n = i[1].numel();
             let args = vec![In(0), In(1), Out(0), U32(u(n)?), U32(u(d)?), U32(u(v)?)];
-            match i[0].dtype {
-                DType::F32 => launch1("get_rows_f32", n * d, args),
-                DType::F16 => launch1("get_rows_f16", n * d, args),
-                DType::BF16 => launch1("get_rows_bf16", n * d, args),
-                DType::Q8_0 => launch1("get_rows_q8_0", n * d, args),
-                DType::Q4_0 => launch1("get_rows_q4_0", n * d, args),
-                q => launch1(quantized(q)?.get_rows, n * d / 8, args),
-            }
+            let w = weight_kernels(i[0].dtype)?;
+            // get_rows.cu's kernels (floats, Q8_0, Q4_0) take a thread per value; quant.cu's
+            // a thread per 8 values.
+            let per_thread = match i[0].dtype {
+                DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 => 1,
+                _ => 8,
+            };
+            launch1(w.get_rows, n * d / per_thread, args)
         }
         Op::MatMul => plan_mat_mul(i, o),
         Op::MatMulId => plan_mat_mul_id(i, o),
