@@ -1,47 +1,56 @@
 //! Attention over contiguous K/V, paged attention through a block table, and the KV write by
 //! slot mapping that fills the paged caches.
 
-use rayon::prelude::*;
-
 use super::matmul::dot;
 use super::softmax::softmax_row;
-use super::{index, In, KResult, KernelError, Out};
+use super::{index, pool, simd, In, KResult, KernelError, Out};
 use crate::op::AttnParams;
 use crate::quant;
+use crate::tensor::DType;
+
+thread_local! {
+    /// Per-thread buffers of the attention kernels: key row, value row, scores.
+    static BUFS: std::cell::RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+}
 
 /// Softmax-weighted sum over keys `lo..hi` for one query row. `key(j, buf)` and `val(j, buf)`
-/// fill `buf` with the row of key position `j`.
+/// return the row of key position `j`: a slice of the cache itself where it is f32, else
+/// `buf` filled with the dequantized row.
 #[allow(clippy::too_many_arguments)]
-fn attend(
+#[inline(always)]
+fn attend<'a>(
     p: &AttnParams,
     q: &[f32],
     lo: usize,
     hi: usize,
     out: &mut [f32],
-    kbuf: &mut [f32],
-    vbuf: &mut [f32],
-    scores: &mut Vec<f32>,
-    mut key: impl FnMut(usize, &mut [f32]) -> KResult,
-    mut val: impl FnMut(usize, &mut [f32]) -> KResult,
-) -> KResult {
-    scores.clear();
-    for j in lo..hi {
-        key(j, kbuf)?;
-        let mut s = dot(q, kbuf) * p.scale;
-        if let Some(c) = p.soft_cap {
-            s = c * (s / c).tanh();
+    mut key: impl FnMut(usize, &'a mut [f32]) -> &'a [f32],
+    mut val: impl FnMut(usize, &'a mut [f32]) -> &'a [f32],
+) {
+    BUFS.with(|b| {
+        let mut b = b.borrow_mut();
+        let (kb, vb, scores) = &mut *b;
+        kb.resize(q.len(), 0.0);
+        vb.resize(out.len(), 0.0);
+        scores.clear();
+        for j in lo..hi {
+            // SAFETY (lifetimes): the buffers outlive each call; a returned slice is used
+            // before the next call refills the buffer.
+            let kr = key(j, unsafe { &mut *(kb.as_mut_slice() as *mut [f32]) });
+            let mut s = dot(q, kr) * p.scale;
+            if let Some(c) = p.soft_cap {
+                s = c * (s / c).tanh();
+            }
+            scores.push(s);
         }
-        scores.push(s);
-    }
-    softmax_row(scores);
-    out.fill(0.0);
-    for (j, &w) in (lo..hi).zip(scores.iter()) {
-        val(j, vbuf)?;
-        for (o, v) in out.iter_mut().zip(vbuf.iter()) {
-            *o += w * v;
+        softmax_row(scores);
+        out.fill(0.0);
+        for (j, &w) in (lo..hi).zip(scores.iter()) {
+            let vr = val(j, unsafe { &mut *(vb.as_mut_slice() as *mut [f32]) });
+            simd::axpy(w, vr, out);
         }
-    }
-    Ok(())
+    })
 }
 
 pub(crate) fn attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
@@ -52,10 +61,11 @@ pub(crate) fn attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
     let (s, hkv) = (i[1].dims()[0], i[1].dims()[1]);
     let dv = i[2].dims()[2];
     let group = hq / hkv;
+    let dv1 = dv.max(1);
     o[0].with_f32(false, |y| {
-        y.par_chunks_mut(dv.max(1)).enumerate().try_for_each_init(
-            || (vec![0f32; d], vec![0f32; dv], Vec::new()),
-            |(kb, vb, sc), (row, out)| -> KResult {
+        pool::par_rows(y, dv1, 0, |r0, ys| {
+            for (ri, out) in ys.chunks_mut(dv1).enumerate() {
+                let row = r0 + ri;
                 let (ti, h) = (row / hq, row % hq);
                 let g = h / group;
                 let pos = s - t + ti;
@@ -67,20 +77,12 @@ pub(crate) fn attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
                     lo,
                     hi,
                     out,
-                    kb,
-                    vb,
-                    sc,
-                    |j, b| {
-                        b.copy_from_slice(&k[(j * hkv + g) * d..(j * hkv + g + 1) * d]);
-                        Ok(())
-                    },
-                    |j, b| {
-                        b.copy_from_slice(&v[(j * hkv + g) * dv..(j * hkv + g + 1) * dv]);
-                        Ok(())
-                    },
-                )
-            },
-        )
+                    |j, _| &k[(j * hkv + g) * d..(j * hkv + g + 1) * d],
+                    |j, _| &v[(j * hkv + g) * dv..(j * hkv + g + 1) * dv],
+                );
+            }
+        });
+        Ok(())
     })
 }
 
@@ -141,17 +143,29 @@ pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResul
     let dv = vc.dims()[3];
     let maxb = i[3].dims()[1];
     let b = batch(t, &seq_lens, &q_start, maxb * bs)?;
+    // Every block a sequence's keys live in is checked once here, so the kernel trusts them.
+    for (s, &len) in b.seq_lens.iter().enumerate() {
+        for j in 0..len.div_ceil(bs.max(1)) {
+            index(table[s * maxb + j], nblocks, "block id")?;
+        }
+    }
     let group = hq / hkv;
     let (krb, vrb) = (kc.row_bytes(), vc.row_bytes());
-    // Byte offset of head `g` of key position `j` of sequence `s`, through the block table.
-    let locate = |s: usize, j: usize, g: usize| -> KResult<usize> {
-        let blk = index(table[s * maxb + j / bs], nblocks, "block id")?;
-        Ok((blk * bs + j % bs) * hkv + g)
-    };
+    // Row index of head `g` of key position `j` of sequence `s`, through the block table.
+    let locate =
+        |s: usize, j: usize, g: usize| (table[s * maxb + j / bs] as usize * bs + j % bs) * hkv + g;
+    // f32 caches are read in place; others are dequantized a row at a time.
+    let kf: Option<&[f32]> = (kc.desc.dtype == DType::F32)
+        .then(|| bytemuck::try_cast_slice(kc.bytes).ok())
+        .flatten();
+    let vf: Option<&[f32]> = (vc.desc.dtype == DType::F32)
+        .then(|| bytemuck::try_cast_slice(vc.bytes).ok())
+        .flatten();
+    let dv1 = dv.max(1);
     o[0].with_f32(false, |y| {
-        y.par_chunks_mut(dv.max(1)).enumerate().try_for_each_init(
-            || (vec![0f32; d], vec![0f32; dv], Vec::new()),
-            |(kb, vb, sc), (row, out)| -> KResult {
+        pool::par_rows(y, dv1, 0, |r0, ys| {
+            for (ri, out) in ys.chunks_mut(dv1).enumerate() {
+                let row = r0 + ri;
                 let (ti, h) = (row / hq, row % hq);
                 let (s, pos) = (b.seq_of[ti], b.pos_of[ti]);
                 let g = h / group;
@@ -162,30 +176,38 @@ pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResul
                     lo,
                     hi,
                     out,
-                    kb,
-                    vb,
-                    sc,
                     |j, buf| {
-                        let r = locate(s, j, g)?;
-                        quant::dequantize_row(
-                            kc.desc.dtype,
-                            &kc.bytes[r * krb..(r + 1) * krb],
-                            buf,
-                        );
-                        Ok(())
+                        let r = locate(s, j, g);
+                        match kf {
+                            Some(k) => &k[r * d..(r + 1) * d],
+                            None => {
+                                quant::dequantize_row(
+                                    kc.desc.dtype,
+                                    &kc.bytes[r * krb..(r + 1) * krb],
+                                    buf,
+                                );
+                                buf
+                            }
+                        }
                     },
                     |j, buf| {
-                        let r = locate(s, j, g)?;
-                        quant::dequantize_row(
-                            vc.desc.dtype,
-                            &vc.bytes[r * vrb..(r + 1) * vrb],
-                            buf,
-                        );
-                        Ok(())
+                        let r = locate(s, j, g);
+                        match vf {
+                            Some(v) => &v[r * dv..(r + 1) * dv],
+                            None => {
+                                quant::dequantize_row(
+                                    vc.desc.dtype,
+                                    &vc.bytes[r * vrb..(r + 1) * vrb],
+                                    buf,
+                                );
+                                buf
+                            }
+                        }
                     },
-                )
-            },
-        )
+                );
+            }
+        });
+        Ok(())
     })
 }
 

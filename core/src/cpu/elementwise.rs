@@ -1,8 +1,6 @@
 //! Binary ops with broadcasting, scale, activations, gated units, cast and copy.
 
-use rayon::prelude::*;
-
-use super::{In, KResult, Out};
+use super::{pool, In, KResult, Out};
 use crate::op::{GluOp, Op, UnaryOp};
 
 /// Elements per parallel task for cheap elementwise work.
@@ -15,13 +13,15 @@ pub(crate) fn binary(op: &Op, i: &[In], o: &mut [Out]) -> KResult {
     // `b` repeats every b.len() elements (its shape divides a's: same, [D] or [R', D]).
     let bl = b.len();
     o[0].with_f32(false, |y| {
-        y.par_chunks_mut(bl)
-            .zip(a.par_chunks(bl))
-            .for_each(|(y, a)| {
+        let bl = bl.max(1);
+        pool::par_rows(y, bl, CHUNK, |r0, y| {
+            let a = &a[r0 * bl..];
+            for (y, a) in y.chunks_mut(bl).zip(a.chunks(bl)) {
                 for ((y, a), b) in y.iter_mut().zip(a).zip(b.iter()) {
                     *y = if mul { a * b } else { a + b };
                 }
-            });
+            }
+        });
         Ok(())
     })
 }
@@ -29,13 +29,11 @@ pub(crate) fn binary(op: &Op, i: &[In], o: &mut [Out]) -> KResult {
 pub(crate) fn scale(s: f32, i: &[In], o: &mut [Out]) -> KResult {
     let x = i[0].f32()?;
     o[0].with_f32(false, |y| {
-        y.par_chunks_mut(CHUNK)
-            .zip(x.par_chunks(CHUNK))
-            .for_each(|(y, x)| {
-                for (y, x) in y.iter_mut().zip(x) {
-                    *y = x * s;
-                }
-            });
+        pool::par_rows(y, 1, CHUNK, |r0, y| {
+            for (y, x) in y.iter_mut().zip(&x[r0..]) {
+                *y = x * s;
+            }
+        });
         Ok(())
     })
 }
@@ -74,13 +72,11 @@ pub(crate) fn apply(u: UnaryOp, x: f32) -> f32 {
 pub(crate) fn unary(u: UnaryOp, i: &[In], o: &mut [Out]) -> KResult {
     let x = i[0].f32()?;
     o[0].with_f32(false, |y| {
-        y.par_chunks_mut(CHUNK)
-            .zip(x.par_chunks(CHUNK))
-            .for_each(|(y, x)| {
-                for (y, x) in y.iter_mut().zip(x) {
-                    *y = apply(u, *x);
-                }
-            });
+        pool::par_rows(y, 1, CHUNK, |r0, y| {
+            for (y, x) in y.iter_mut().zip(&x[r0..]) {
+                *y = apply(u, *x);
+            }
+        });
         Ok(())
     })
 }
@@ -88,13 +84,11 @@ pub(crate) fn unary(u: UnaryOp, i: &[In], o: &mut [Out]) -> KResult {
 /// `h = act(h) * up`, in place.
 pub(crate) fn glu_in_place(g: GluOp, h: &mut [f32], up: &[f32]) {
     let act = g.activation();
-    h.par_chunks_mut(CHUNK)
-        .zip(up.par_chunks(CHUNK))
-        .for_each(|(h, up)| {
-            for (h, u) in h.iter_mut().zip(up) {
-                *h = apply(act, *h) * u;
-            }
-        });
+    pool::par_rows(h, 1, CHUNK, |r0, h| {
+        for (h, u) in h.iter_mut().zip(&up[r0..]) {
+            *h = apply(act, *h) * u;
+        }
+    });
 }
 
 pub(crate) fn glu(g: GluOp, i: &[In], o: &mut [Out]) -> KResult {

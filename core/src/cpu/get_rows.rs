@@ -1,8 +1,6 @@
 //! Embedding lookup from a table in any dtype.
 
-use rayon::prelude::*;
-
-use super::{index, In, KResult, Out};
+use super::{index, pool, In, KResult, Out};
 use crate::quant;
 
 pub(crate) fn get_rows(i: &[In], o: &mut [Out]) -> KResult {
@@ -13,12 +11,13 @@ pub(crate) fn get_rows(i: &[In], o: &mut [Out]) -> KResult {
         .iter()
         .map(|&id| index(id, v, "row id"))
         .collect::<KResult<Vec<_>>>()?;
+    let d = d.max(1);
     o[0].with_f32(false, |y| {
-        y.par_chunks_mut(d.max(1))
-            .zip(rows.par_iter())
-            .try_for_each(|(dst, &r)| -> KResult {
-                quant::dequantize(table.desc.dtype, &table.bytes[r * rb..(r + 1) * rb], dst)?;
-                Ok(())
-            })
+        pool::par_rows(y, d, 1 << 15, |r0, dst| {
+            for (dst, &r) in dst.chunks_mut(d).zip(&rows[r0..]) {
+                quant::dequantize_row(table.desc.dtype, &table.bytes[r * rb..(r + 1) * rb], dst);
+            }
+        });
+        Ok(())
     })
 }

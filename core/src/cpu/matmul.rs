@@ -1,152 +1,126 @@
 //! MatMul and its fused forms: `y = x · Wᵀ` with W in any dtype, dequantized a row at a time.
 
-use rayon::prelude::*;
-
-use super::{elementwise, norm, In, KResult, Out};
+use super::simd::{self, Isa};
+use super::{elementwise, norm, pool, In, KResult, Out};
 use crate::op::GluOp;
 use crate::quant;
 use crate::tensor::DType;
 
-/// Weight rows per parallel task: each task dequantizes these once and reuses them for every
-/// activation row.
-const ROWS_PER_TASK: usize = 16;
+/// Weight rows dequantized at a time: one tile, reused by every activation row.
+const TILE: usize = 8;
 
-/// f32 dot product with several accumulators, so the compiler can vectorise it.
-#[inline(always)]
+/// `Σ a[i]·b[i]`, vectorised for this CPU.
+#[inline]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0f32; 8];
-    let chunks = n / 8;
-    for c in 0..chunks {
-        for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l];
-        }
-    }
-    let mut s = 0f32;
-    for i in chunks * 8..n {
-        s += a[i] * b[i];
-    }
-    s + acc.iter().sum::<f32>()
-}
-
-/// Four dot products of `x` with `w[0..4]` sharing each load of `x`; each sum is accumulated in
-/// the same order as `dot`, so results do not depend on how rows are grouped.
-#[inline(always)]
-fn dot4(x: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
-    let n = x.len();
-    let chunks = n / 8;
-    let mut acc = [[0f32; 8]; 4];
-    for c in 0..chunks {
-        let xs = &x[c * 8..c * 8 + 8];
-        for r in 0..4 {
-            let ws = &w[r][c * 8..c * 8 + 8];
-            for l in 0..8 {
-                acc[r][l] += xs[l] * ws[l];
-            }
-        }
-    }
-    let mut out = [0f32; 4];
-    for r in 0..4 {
-        let mut s = 0f32;
-        for i in chunks * 8..n {
-            s += x[i] * w[r][i];
-        }
-        out[r] = s + acc[r].iter().sum::<f32>();
-    }
-    out
+    simd::dot(a, b)
 }
 
 thread_local! {
-    /// Dequantized weight rows of the current task, reused across tasks on a worker thread.
+    /// Dequantized weight rows of the current tile, reused across tiles on a thread.
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// One task: dequantize `rows` weight rows starting at `n0`, then dot them with every
-/// activation row. Returns `[m, rows]`.
+/// Dequantizes weight rows `n0..n0 + rows` of `w` into `buf` ([rows, k]), on this thread.
 #[inline(always)]
-fn task(
-    x: &[f32],
-    m: usize,
-    k: usize,
-    w: &[u8],
-    dtype: DType,
-    n0: usize,
-    rows: usize,
-) -> KResult<Vec<f32>> {
-    let row_bytes = dtype.bytes_for(k).unwrap_or(0);
-    // The scratch is taken out of the thread-local and put back at the end, so this body is
-    // inlined into the caller's target features rather than into a closure.
-    let mut wf = SCRATCH.with(|cell| cell.take());
-    if wf.len() < rows * k {
-        wf.resize(rows * k, 0.0);
-    }
+fn dequantize_tile(w: &[u8], dtype: DType, k: usize, n0: usize, rows: usize, buf: &mut [f32]) {
+    let rb = dtype.bytes_for(k).unwrap_or(0);
     for r in 0..rows {
-        let src = &w[(n0 + r) * row_bytes..(n0 + r + 1) * row_bytes];
-        quant::dequantize_row(dtype, src, &mut wf[r * k..(r + 1) * k]);
+        let src = &w[(n0 + r) * rb..(n0 + r + 1) * rb];
+        quant::dequantize_row(dtype, src, &mut buf[r * k..(r + 1) * k]);
     }
-    let mut out = vec![0f32; m * rows];
-    for i in 0..m {
-        let xr = &x[i * k..(i + 1) * k];
-        let mut r = 0;
-        while r + 4 <= rows {
-            let d = dot4(
-                xr,
-                [
-                    &wf[r * k..(r + 1) * k],
-                    &wf[(r + 1) * k..(r + 2) * k],
-                    &wf[(r + 2) * k..(r + 3) * k],
-                    &wf[(r + 3) * k..(r + 4) * k],
-                ],
-            );
-            out[i * rows + r..i * rows + r + 4].copy_from_slice(&d);
-            r += 4;
-        }
-        while r < rows {
-            out[i * rows + r] = dot(xr, &wf[r * k..(r + 1) * k]);
-            r += 1;
-        }
-    }
-    SCRATCH.with(|cell| cell.replace(wf));
-    Ok(out)
 }
 
-/// `task` compiled for AVX2 + FMA (chosen at run time).
+/// Tile dequantization compiled for AVX-512 (the block decoders vectorise under it).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn task_avx2(
-    x: &[f32],
-    m: usize,
-    k: usize,
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn dequantize_tile_avx512(
     w: &[u8],
     dtype: DType,
+    k: usize,
     n0: usize,
     rows: usize,
-) -> KResult<Vec<f32>> {
-    task(x, m, k, w, dtype, n0, rows)
+    buf: &mut [f32],
+) {
+    dequantize_tile(w, dtype, k, n0, rows, buf)
 }
 
-fn run_task(
-    x: &[f32],
-    m: usize,
-    k: usize,
+/// Tile dequantization compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequantize_tile_avx2(
     w: &[u8],
     dtype: DType,
+    k: usize,
     n0: usize,
     rows: usize,
-) -> KResult<Vec<f32>> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU has AVX2 and FMA (checked just above).
-            return unsafe { task_avx2(x, m, k, w, dtype, n0, rows) };
-        }
+    buf: &mut [f32],
+) {
+    dequantize_tile(w, dtype, k, n0, rows, buf)
+}
+
+fn dequantize_tile_isa(
+    isa: Isa,
+    w: &[u8],
+    dtype: DType,
+    k: usize,
+    n0: usize,
+    rows: usize,
+    buf: &mut [f32],
+) {
+    match isa {
+        // SAFETY: `isa` is what the CPU has (simd::isa).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { dequantize_tile_avx512(w, dtype, k, n0, rows, buf) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { dequantize_tile_avx2(w, dtype, k, n0, rows, buf) },
+        _ => dequantize_tile(w, dtype, k, n0, rows, buf),
     }
-    task(x, m, k, w, dtype, n0, rows)
 }
 
-/// `y [m, n] = x [m, k] · Wᵀ` where `w` holds `n` rows of `k` elements of `dtype`.
+/// `y[i, n0 + j] = x[i] · wt[j]` for every activation row `i < m` and tile row `j < rows`,
+/// where `wt` is `rows` f32 rows of `k`.
+///
+/// # Safety
+/// `y` must point to `m` rows of `ldy` writable f32 that no other thread writes at columns
+/// `n0..n0 + rows`; `x` holds `m · k` f32 and `wt` `rows · k`.
+unsafe fn tile_dots(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    wt: *const f32,
+    rows: usize,
+    y: *mut f32,
+    ldy: usize,
+    n0: usize,
+) {
+    let mr_max = simd::max_rows(isa);
+    let mut out = [[0f32; 4]; 4];
+    let mut i = 0;
+    while i < m {
+        let mr = mr_max.min(m - i);
+        let mut j = 0;
+        while j < rows {
+            let nr = 4.min(rows - j);
+            // Fewer than four weight rows repeat the last one; its sums are not stored.
+            let w = std::array::from_fn(|t| wt.add((j + t.min(nr - 1)) * k));
+            simd::dots(isa, x.as_ptr().add(i * k), k, mr, w, k, &mut out);
+            for (ii, o) in out.iter().enumerate().take(mr) {
+                let dst = y.add((i + ii) * ldy + n0 + j);
+                for (jj, v) in o.iter().enumerate().take(nr) {
+                    *dst.add(jj) = *v;
+                }
+            }
+            j += 4;
+        }
+        i += mr;
+    }
+}
+
+/// `y [m, n] = x [m, k] · Wᵀ` where `w` holds `n` rows of `k` elements of `dtype`: weight
+/// rows are split over the CPU pool; each thread dequantizes a tile of rows once into a small
+/// buffer that stays in cache and runs the vectorised dot micro-kernel over every activation
+/// row. f32 weights are read in place.
 pub(crate) fn gemm(
     x: &[f32],
     m: usize,
@@ -156,17 +130,44 @@ pub(crate) fn gemm(
     n: usize,
     y: &mut [f32],
 ) -> KResult {
-    let tasks: Vec<usize> = (0..n).step_by(ROWS_PER_TASK).collect();
-    let parts = tasks
-        .par_iter()
-        .map(|&n0| run_task(x, m, k, w, dtype, n0, ROWS_PER_TASK.min(n - n0)))
-        .collect::<KResult<Vec<_>>>()?;
-    for (&n0, part) in tasks.iter().zip(&parts) {
-        let rows = ROWS_PER_TASK.min(n - n0);
-        for i in 0..m {
-            y[i * n + n0..i * n + n0 + rows].copy_from_slice(&part[i * rows..(i + 1) * rows]);
-        }
+    let rb = dtype.bytes_for(k).unwrap_or(0);
+    if x.len() < m * k || y.len() < m * n || w.len() < n * rb || m == 0 || n == 0 {
+        return Ok(());
     }
+    if k == 0 {
+        y[..m * n].fill(0.0);
+        return Ok(());
+    }
+    let isa = simd::isa();
+    let yp = pool::SendPtr(y.as_mut_ptr());
+    // f32 weights in native byte order are used where they lie (unaligned loads).
+    let direct = dtype == DType::F32 && cfg!(target_endian = "little");
+    // Enough pieces per thread that a core slowed by other work hands some to the other.
+    pool::par_ranges(n, TILE, 4, |range| {
+        let yp = &yp;
+        if direct {
+            // SAFETY: `w` holds n rows of k f32 (checked above); columns `range` are this
+            // task's alone.
+            unsafe {
+                let wt = (w.as_ptr() as *const f32).add(range.start * k);
+                tile_dots(isa, x, m, k, wt, range.len(), yp.0, n, range.start);
+            }
+            return;
+        }
+        let mut buf = SCRATCH.with(|c| c.take());
+        if buf.len() < TILE * k {
+            buf.resize(TILE * k, 0.0);
+        }
+        let mut n0 = range.start;
+        while n0 < range.end {
+            let rows = TILE.min(range.end - n0);
+            dequantize_tile_isa(isa, w, dtype, k, n0, rows, &mut buf);
+            // SAFETY: the tile holds `rows` rows of k; columns n0..n0+rows are this task's.
+            unsafe { tile_dots(isa, x, m, k, buf.as_ptr(), rows, yp.0, n, n0) };
+            n0 += rows;
+        }
+        SCRATCH.with(|c| c.replace(buf));
+    });
     Ok(())
 }
 

@@ -12,8 +12,10 @@ mod get_rows;
 mod matmul;
 mod moe;
 mod norm;
+pub(crate) mod pool;
 mod reduce;
 mod rope;
+pub mod simd;
 mod softmax;
 
 use std::any::Any;
@@ -72,6 +74,9 @@ impl CpuStorage {
 pub struct CpuBackend {
     id: BackendId,
     caps: Capabilities,
+    /// The fork/join pool the hot ops (matmul, attention, norms, elementwise) split over.
+    workers: pool::Pool,
+    /// rayon's pool, for the ops not moved to `workers` yet.
     pool: rayon::ThreadPool,
     gate: Mutex<()>,
 }
@@ -116,6 +121,7 @@ impl CpuBackend {
                 memory_bytes: None,
                 parallelism: threads,
             },
+            workers: pool::Pool::new(threads),
             pool,
             gate: Mutex::new(()),
         }
@@ -289,8 +295,13 @@ impl Backend for CpuBackend {
                 .collect::<Vec<_>>()
                 .join(", "),
         };
-        self.pool
-            .install(|| dispatch(op, &in_bytes, &mut out_bytes))
+        pool::with_pool(&self.workers, || {
+            if on_workers(op) {
+                dispatch(op, &in_bytes, &mut out_bytes)
+            } else {
+                self.pool.install(|| dispatch(op, &in_bytes, &mut out_bytes))
+            }
+        })
             .map_err(|e| match e {
                 KernelError::Data(msg) => err(msg),
                 KernelError::Other(e) => e,
@@ -417,6 +428,30 @@ impl Out<'_> {
             dst.copy_from_slice(&x.to_le_bytes());
         }
     }
+}
+
+/// Ops whose kernels split their work over `CpuBackend::workers` (the rest use rayon).
+fn on_workers(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::MatMul
+            | Op::RmsNormMatMul { .. }
+            | Op::GluMatMul(_)
+            | Op::GetRows
+            | Op::Add
+            | Op::Mul
+            | Op::Scale(_)
+            | Op::Unary(_)
+            | Op::Glu(_)
+            | Op::Cast
+            | Op::Copy
+            | Op::RmsNorm { .. }
+            | Op::L2Norm { .. }
+            | Op::Rope(_)
+            | Op::Attention(_)
+            | Op::PagedAttention(_)
+            | Op::KvWrite
+    )
 }
 
 fn dispatch(op: &Op, i: &[In], o: &mut [Out]) -> KResult {

@@ -1,29 +1,35 @@
 //! RMSNorm (plain and `1 + w`) and L2 norm, one row of the last dimension at a time.
 
-use rayon::prelude::*;
+use super::{pool, In, KResult, Out};
 
-use super::{In, KResult, Out};
+/// Elements below which a row-wise op runs on the calling thread alone.
+pub(crate) const PAR_MIN: usize = 1 << 15;
 
 /// Normalises each row of `x` (rows of `w.len()`) in place.
 pub(crate) fn rms_norm_rows(x: &mut [f32], w: &[f32], eps: f32, one_plus: bool) {
     let d = w.len().max(1);
-    x.par_chunks_mut(d).for_each(|row| {
-        let ss: f32 = row.iter().map(|v| v * v).sum();
-        let inv = 1.0 / (ss / d as f32 + eps).sqrt();
-        for (v, w) in row.iter_mut().zip(w) {
-            let w = if one_plus { 1.0 + w } else { *w };
-            *v = *v * inv * w;
+    pool::par_rows(x, d, PAR_MIN, |_, rows| {
+        for row in rows.chunks_mut(d) {
+            let ss: f32 = row.iter().map(|v| v * v).sum();
+            let inv = 1.0 / (ss / d as f32 + eps).sqrt();
+            for (v, w) in row.iter_mut().zip(w) {
+                let w = if one_plus { 1.0 + w } else { *w };
+                *v = *v * inv * w;
+            }
         }
     });
 }
 
 /// `x / sqrt(Σx² + eps)` per row of `d`, in place.
 pub(crate) fn l2_norm_rows(x: &mut [f32], d: usize, eps: f32) {
-    x.par_chunks_mut(d.max(1)).for_each(|row| {
-        let ss: f32 = row.iter().map(|v| v * v).sum();
-        let inv = 1.0 / (ss + eps).sqrt();
-        for v in row.iter_mut() {
-            *v *= inv;
+    let d = d.max(1);
+    pool::par_rows(x, d, PAR_MIN, |_, rows| {
+        for row in rows.chunks_mut(d) {
+            let ss: f32 = row.iter().map(|v| v * v).sum();
+            let inv = 1.0 / (ss + eps).sqrt();
+            for v in row.iter_mut() {
+                *v *= inv;
+            }
         }
     });
 }

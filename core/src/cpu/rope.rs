@@ -1,8 +1,6 @@
 //! Rotary position embedding, normal (adjacent pairs) and NeoX (halves), partial and scaled.
 
-use rayon::prelude::*;
-
-use super::{In, KResult, Out};
+use super::{pool, In, KResult, Out};
 use crate::op::{RopeMode, RopeParams};
 
 pub(crate) fn rope(p: &RopeParams, i: &[In], o: &mut [Out]) -> KResult {
@@ -24,9 +22,9 @@ pub(crate) fn rope(p: &RopeParams, i: &[In], o: &mut [Out]) -> KResult {
         .collect();
     o[0].with_f32(false, |y| {
         y.copy_from_slice(&x);
-        y.par_chunks_mut((h * d).max(1))
-            .zip(pos.par_iter())
-            .for_each(|(tok, &pos)| {
+        let hd = (h * d).max(1);
+        pool::par_rows(y, hd, super::norm::PAR_MIN, |r0, toks| {
+            for (tok, &pos) in toks.chunks_mut(hd).zip(&pos[r0..]) {
                 let t = pos as f32 * p.freq_scale;
                 let cs: Vec<(f32, f32)> = inv_freq
                     .iter()
@@ -46,7 +44,8 @@ pub(crate) fn rope(p: &RopeParams, i: &[In], o: &mut [Out]) -> KResult {
                         head[b] = x0 * s + x1 * c;
                     }
                 }
-            });
+            }
+        });
         Ok(())
     })
 }

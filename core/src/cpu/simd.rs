@@ -1,0 +1,405 @@
+//! The CPU's inner loops, picked once at run time: AVX-512 (512-bit FMA), AVX2 + FMA, or a
+//! portable version that is plain Rust (and obviously right). AMX is never used: the machines
+//! this runs on advertise it and die with SIGILL on its instructions.
+//!
+//! Every path accumulates in f32 over f32 inputs; only the order of the additions differs
+//! (lanes are summed at the end), which is why the results of two paths agree to rounding.
+
+use std::sync::OnceLock;
+
+/// The instruction set the CPU kernels use.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Avx512,
+    Avx2,
+    Portable,
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512",
+            Isa::Avx2 => "avx2+fma",
+            Isa::Portable => "portable",
+        }
+    }
+}
+
+/// The best instruction set this CPU has, or the one `KILN_CPU_ISA` (`avx512`, `avx2`,
+/// `portable`) asks for if the CPU has it.
+pub fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let best = detect();
+        let want = match std::env::var("KILN_CPU_ISA").ok().as_deref() {
+            Some("avx512") => Isa::Avx512,
+            Some("avx2") => Isa::Avx2,
+            Some("portable") => Isa::Portable,
+            _ => best,
+        };
+        let rank = |i: Isa| match i {
+            Isa::Avx512 => 2,
+            Isa::Avx2 => 1,
+            Isa::Portable => 0,
+        };
+        if rank(want) <= rank(best) {
+            want
+        } else {
+            best
+        }
+    })
+}
+
+fn detect() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return Isa::Avx512;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Isa::Avx2;
+        }
+    }
+    Isa::Portable
+}
+
+/// Activation rows one micro-kernel call covers at most on `isa` (weight rows: always 4).
+pub fn max_rows(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512 => 4,
+        Isa::Avx2 => 2,
+        Isa::Portable => 4,
+    }
+}
+
+/// `out[i][j] = Σₖ x[i·ldx + k] · w[j][k]` for `i < mr` (1..=max_rows) and the four weight
+/// rows `w` (each `k` long; repeat a row to cover fewer).
+///
+/// # Safety
+/// `x` must point to `mr` rows of `k` readable f32 at stride `ldx`, each `w[j]` to `k`
+/// readable f32, and the CPU must have `isa` (as [`isa`] returns).
+#[inline]
+pub unsafe fn dots(
+    isa: Isa,
+    x: *const f32,
+    ldx: usize,
+    mr: usize,
+    w: [*const f32; 4],
+    k: usize,
+    out: &mut [[f32; 4]; 4],
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => match mr {
+            1 => x86::dots512::<1>(x, ldx, w, k, out),
+            2 => x86::dots512::<2>(x, ldx, w, k, out),
+            3 => x86::dots512::<3>(x, ldx, w, k, out),
+            _ => x86::dots512::<4>(x, ldx, w, k, out),
+        },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => match mr {
+            1 => x86::dots256::<1>(x, ldx, w, k, out),
+            _ => x86::dots256::<2>(x, ldx, w, k, out),
+        },
+        _ => dots_portable(x, ldx, mr.min(4), w, k, out),
+    }
+}
+
+/// The portable micro-kernel: eight partial sums per pair, added at the end.
+unsafe fn dots_portable(
+    x: *const f32,
+    ldx: usize,
+    mr: usize,
+    w: [*const f32; 4],
+    k: usize,
+    out: &mut [[f32; 4]; 4],
+) {
+    let ws: [&[f32]; 4] = w.map(|p| std::slice::from_raw_parts(p, k));
+    for (i, o) in out.iter_mut().enumerate().take(mr) {
+        let xr = std::slice::from_raw_parts(x.add(i * ldx), k);
+        for (j, o) in o.iter_mut().enumerate() {
+            *o = dot_portable(xr, ws[j]);
+        }
+    }
+}
+
+#[inline(always)]
+fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; 8];
+    let chunks = n / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+        }
+    }
+    let mut s = 0f32;
+    for i in chunks * 8..n {
+        s += a[i] * b[i];
+    }
+    s + acc.iter().sum::<f32>()
+}
+
+/// `Σ a[i]·b[i]` over the shorter of the two.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    match isa() {
+        // SAFETY: both slices hold `n` elements and the CPU has the instruction set.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::dot512(a.as_ptr(), b.as_ptr(), n) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86::dot256(a.as_ptr(), b.as_ptr(), n) },
+        _ => dot_portable(a, b),
+    }
+}
+
+/// `y[i] += s · x[i]` over the shorter of the two.
+#[inline]
+pub fn axpy(s: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    match isa() {
+        // SAFETY: both slices hold `n` elements and the CPU has the instruction set.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::axpy512(s, x.as_ptr(), y.as_mut_ptr(), n) },
+        _ => {
+            for (y, x) in y[..n].iter_mut().zip(&x[..n]) {
+                *y += s * x;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn dots512<const MR: usize>(
+        x: *const f32,
+        ldx: usize,
+        w: [*const f32; 4],
+        k: usize,
+        out: &mut [[f32; 4]; 4],
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); 4]; MR];
+        let mut kk = 0;
+        while kk + 16 <= k {
+            let wv = [
+                _mm512_loadu_ps(w[0].add(kk)),
+                _mm512_loadu_ps(w[1].add(kk)),
+                _mm512_loadu_ps(w[2].add(kk)),
+                _mm512_loadu_ps(w[3].add(kk)),
+            ];
+            for (i, a) in acc.iter_mut().enumerate() {
+                let xv = _mm512_loadu_ps(x.add(i * ldx + kk));
+                for j in 0..4 {
+                    a[j] = _mm512_fmadd_ps(xv, wv[j], a[j]);
+                }
+            }
+            kk += 16;
+        }
+        if kk < k {
+            // Masked loads read nothing past the end.
+            let m: __mmask16 = ((1u32 << (k - kk)) - 1) as __mmask16;
+            let wv = [
+                _mm512_maskz_loadu_ps(m, w[0].add(kk)),
+                _mm512_maskz_loadu_ps(m, w[1].add(kk)),
+                _mm512_maskz_loadu_ps(m, w[2].add(kk)),
+                _mm512_maskz_loadu_ps(m, w[3].add(kk)),
+            ];
+            for (i, a) in acc.iter_mut().enumerate() {
+                let xv = _mm512_maskz_loadu_ps(m, x.add(i * ldx + kk));
+                for j in 0..4 {
+                    a[j] = _mm512_fmadd_ps(xv, wv[j], a[j]);
+                }
+            }
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for j in 0..4 {
+                o[j] = _mm512_reduce_add_ps(a[j]);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum256(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dots256<const MR: usize>(
+        x: *const f32,
+        ldx: usize,
+        w: [*const f32; 4],
+        k: usize,
+        out: &mut [[f32; 4]; 4],
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); 4]; MR];
+        let mut kk = 0;
+        while kk + 8 <= k {
+            let wv = [
+                _mm256_loadu_ps(w[0].add(kk)),
+                _mm256_loadu_ps(w[1].add(kk)),
+                _mm256_loadu_ps(w[2].add(kk)),
+                _mm256_loadu_ps(w[3].add(kk)),
+            ];
+            for (i, a) in acc.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(x.add(i * ldx + kk));
+                for j in 0..4 {
+                    a[j] = _mm256_fmadd_ps(xv, wv[j], a[j]);
+                }
+            }
+            kk += 8;
+        }
+        for (i, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
+            for j in 0..4 {
+                let mut s = hsum256(a[j]);
+                for t in kk..k {
+                    s += *x.add(i * ldx + t) * *w[j].add(t);
+                }
+                o[j] = s;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn dot512(a: *const f32, b: *const f32, n: usize) -> f32 {
+        let mut acc0 = _mm512_setzero_ps();
+        let mut acc1 = _mm512_setzero_ps();
+        let mut i = 0;
+        while i + 32 <= n {
+            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i)), _mm512_loadu_ps(b.add(i)), acc0);
+            acc1 = _mm512_fmadd_ps(
+                _mm512_loadu_ps(a.add(i + 16)),
+                _mm512_loadu_ps(b.add(i + 16)),
+                acc1,
+            );
+            i += 32;
+        }
+        while i < n {
+            let m: __mmask16 = if n - i >= 16 {
+                0xFFFF
+            } else {
+                ((1u32 << (n - i)) - 1) as __mmask16
+            };
+            acc0 = _mm512_fmadd_ps(
+                _mm512_maskz_loadu_ps(m, a.add(i)),
+                _mm512_maskz_loadu_ps(m, b.add(i)),
+                acc0,
+            );
+            i += 16;
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot256(a: *const f32, b: *const f32, n: usize) -> f32 {
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 16 <= n {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), acc0);
+            acc1 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(a.add(i + 8)),
+                _mm256_loadu_ps(b.add(i + 8)),
+                acc1,
+            );
+            i += 16;
+        }
+        let mut s = hsum256(_mm256_add_ps(acc0, acc1));
+        while i < n {
+            s += *a.add(i) * *b.add(i);
+            i += 1;
+        }
+        s
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn axpy512(s: f32, x: *const f32, y: *mut f32, n: usize) {
+        let sv = _mm512_set1_ps(s);
+        let mut i = 0;
+        while i < n {
+            let m: __mmask16 = if n - i >= 16 {
+                0xFFFF
+            } else {
+                ((1u32 << (n - i)) - 1) as __mmask16
+            };
+            let yv = _mm512_maskz_loadu_ps(m, y.add(i));
+            let r = _mm512_fmadd_ps(sv, _mm512_maskz_loadu_ps(m, x.add(i)), yv);
+            _mm512_mask_storeu_ps(y.add(i), m, r);
+            i += 16;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    fn rand(rng: &mut Rng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect()
+    }
+
+    fn naive(a: &[f32], b: &[f32]) -> f64 {
+        a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
+    }
+
+    #[test]
+    fn every_available_isa_matches_an_f64_dot() {
+        let mut rng = Rng::new(7);
+        let mut isas = vec![Isa::Portable];
+        match detect() {
+            Isa::Avx512 => isas.extend([Isa::Avx2, Isa::Avx512]),
+            Isa::Avx2 => isas.push(Isa::Avx2),
+            Isa::Portable => {}
+        }
+        for &isa in &isas {
+            for k in [1usize, 7, 16, 17, 33, 576, 1000] {
+                for mr in 1..=max_rows(isa) {
+                    let x = rand(&mut rng, mr * (k + 3));
+                    let w: Vec<Vec<f32>> = (0..4).map(|_| rand(&mut rng, k)).collect();
+                    let mut out = [[f32::NAN; 4]; 4];
+                    unsafe {
+                        dots(
+                            isa,
+                            x.as_ptr(),
+                            k + 3,
+                            mr,
+                            [w[0].as_ptr(), w[1].as_ptr(), w[2].as_ptr(), w[3].as_ptr()],
+                            k,
+                            &mut out,
+                        )
+                    };
+                    for i in 0..mr {
+                        for j in 0..4 {
+                            let want = naive(&x[i * (k + 3)..i * (k + 3) + k], &w[j]);
+                            let got = out[i][j] as f64;
+                            assert!(
+                                (got - want).abs() <= 1e-5 * (1.0 + k as f64).sqrt(),
+                                "{isa:?} k={k} mr={mr} ({i},{j}): {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        for k in [0usize, 5, 16, 31, 100] {
+            let a = rand(&mut rng, k);
+            let b = rand(&mut rng, k);
+            assert!((dot(&a, &b) as f64 - naive(&a, &b)).abs() < 1e-5);
+            let mut y = rand(&mut rng, k);
+            let y0 = y.clone();
+            axpy(0.5, &a, &mut y);
+            for i in 0..k {
+                assert!((y[i] - (y0[i] + 0.5 * a[i])).abs() < 1e-6);
+            }
+        }
+    }
+}
