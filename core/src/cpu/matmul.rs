@@ -1,7 +1,7 @@
 //! MatMul and its fused forms: `y = x · Wᵀ` with W in any dtype, dequantized a row at a time.
 
 use super::simd::{self, Isa};
-use super::{elementwise, norm, pool, In, KResult, Out};
+use super::{elementwise, norm, pool, qdot, In, KResult, Out};
 use crate::op::GluOp;
 use crate::quant;
 use crate::tensor::DType;
@@ -142,6 +142,24 @@ pub(crate) fn gemm(
     let yp = pool::SendPtr(y.as_mut_ptr());
     // f32 weights in native byte order are used where they lie (unaligned loads).
     let direct = dtype == DType::F32 && cfg!(target_endian = "little");
+    // Decode (a few activation rows): dequantize and dot in one pass over each weight row.
+    if m <= qdot::MAX_ROWS && qdot::supported(isa, dtype) {
+        pool::par_ranges(n, 4, 4, |range| {
+            let yp = &yp;
+            let mut out = [0f32; qdot::MAX_ROWS];
+            for r in range {
+                // SAFETY: the fused kernel handles `dtype` here; row r lies inside `w`, and
+                // column r of y is this task's alone.
+                unsafe {
+                    qdot::row_dots(dtype, x.as_ptr(), k, m, k, w.as_ptr().add(r * rb), &mut out);
+                    for (i, v) in out.iter().enumerate().take(m) {
+                        *yp.0.add(i * n + r) = *v;
+                    }
+                }
+            }
+        });
+        return Ok(());
+    }
     // Enough pieces per thread that a core slowed by other work hands some to the other.
     pool::par_ranges(n, TILE, 4, |range| {
         let yp = &yp;

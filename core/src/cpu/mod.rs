@@ -13,6 +13,7 @@ mod matmul;
 mod moe;
 mod norm;
 pub(crate) mod pool;
+mod qdot;
 mod reduce;
 mod rope;
 pub mod simd;

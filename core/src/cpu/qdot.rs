@@ -1,0 +1,364 @@
+//! Fused dequantize-and-dot for decode: a weight row is read once in its block format, each
+//! 32-element group decoded into two f32 vectors in registers and multiplied into up to four
+//! f32 activation rows at once. No scratch buffer, no activation quantization: the products
+//! are the exact dequantized weights times the f32 activations, accumulated in f32.
+//!
+//! AVX-512 only (16 lanes, byte shuffles and masks make the decoders short); other CPUs and
+//! formats take the dequantize-a-tile path in `matmul.rs`.
+
+use crate::tensor::DType;
+
+/// Activation rows one call covers at most.
+pub(crate) const MAX_ROWS: usize = 4;
+
+/// Whether [`row_dots`] handles `dtype` on this CPU.
+pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        isa == super::simd::Isa::Avx512
+            && matches!(
+                dtype,
+                DType::Q4_0
+                    | DType::Q4_1
+                    | DType::Q5_0
+                    | DType::Q8_0
+                    | DType::Q4_K
+                    | DType::Q6_K
+            )
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, dtype);
+        false
+    }
+}
+
+/// `out[i] = Σₖ x[i·ldx + k] · W[k]` for `i < mr` (1..=4), with `w` one row of `k` elements
+/// of `dtype`.
+///
+/// # Safety
+/// [`supported`] is true for `dtype` on this CPU; `k` is a multiple of the block size; `w`
+/// points to `dtype.bytes_for(k)` readable bytes and `x` to `mr` rows of `k` f32 at `ldx`.
+#[inline]
+pub(crate) unsafe fn row_dots(
+    dtype: DType,
+    x: *const f32,
+    ldx: usize,
+    mr: usize,
+    k: usize,
+    w: *const u8,
+    out: &mut [f32; MAX_ROWS],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use x86::*;
+        macro_rules! go {
+            ($f:ty) => {
+                match mr {
+                    1 => run::<$f, 1>(x, ldx, k, w, out),
+                    2 => run::<$f, 2>(x, ldx, k, w, out),
+                    3 => run::<$f, 3>(x, ldx, k, w, out),
+                    _ => run::<$f, 4>(x, ldx, k, w, out),
+                }
+            };
+        }
+        match dtype {
+            DType::Q4_0 => go!(Q40),
+            DType::Q4_1 => go!(Q41),
+            DType::Q5_0 => go!(Q50),
+            DType::Q8_0 => go!(Q80),
+            DType::Q4_K => go!(Q4K),
+            DType::Q6_K => go!(Q6K),
+            _ => {}
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (dtype, x, ldx, mr, k, w, out);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// A block format as the fused kernel sees it: `GROUPS` groups of 32 elements per block of
+    /// `BYTES` bytes.
+    pub trait Format {
+        const BYTES: usize;
+        const GROUPS: usize;
+        /// Per-block constants (scales) shared by its groups.
+        type Head: Copy;
+        unsafe fn head(b: *const u8) -> Self::Head;
+        /// Elements `32g..32g + 32` of the block as two vectors of 16.
+        unsafe fn group(b: *const u8, h: &Self::Head, g: usize) -> (__m512, __m512);
+    }
+
+    #[inline(always)]
+    unsafe fn f16(b: *const u8) -> f32 {
+        half::f16::from_bits(u16::from_le_bytes([*b, *b.add(1)])).to_f32()
+    }
+
+    /// 16 bytes → 16 f32 (unsigned).
+    #[inline(always)]
+    unsafe fn u8x16_ps(v: __m128i) -> __m512 {
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v))
+    }
+
+    /// The low and high nibbles of 16 bytes.
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> (__m128i, __m128i) {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        let m = _mm_set1_epi8(0x0F);
+        (_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m))
+    }
+
+    pub struct Q40;
+    impl Format for Q40 {
+        const BYTES: usize = 18;
+        const GROUPS: usize = 1;
+        type Head = ();
+        #[inline(always)]
+        unsafe fn head(_: *const u8) {}
+        #[inline(always)]
+        unsafe fn group(b: *const u8, _: &(), _: usize) -> (__m512, __m512) {
+            let d = _mm512_set1_ps(f16(b));
+            let (lo, hi) = nibbles(b.add(2));
+            let off = _mm512_set1_ps(-8.0);
+            (
+                _mm512_mul_ps(_mm512_add_ps(u8x16_ps(lo), off), d),
+                _mm512_mul_ps(_mm512_add_ps(u8x16_ps(hi), off), d),
+            )
+        }
+    }
+
+    pub struct Q41;
+    impl Format for Q41 {
+        const BYTES: usize = 20;
+        const GROUPS: usize = 1;
+        type Head = ();
+        #[inline(always)]
+        unsafe fn head(_: *const u8) {}
+        #[inline(always)]
+        unsafe fn group(b: *const u8, _: &(), _: usize) -> (__m512, __m512) {
+            let d = _mm512_set1_ps(f16(b));
+            let m = _mm512_set1_ps(f16(b.add(2)));
+            let (lo, hi) = nibbles(b.add(4));
+            (
+                _mm512_fmadd_ps(u8x16_ps(lo), d, m),
+                _mm512_fmadd_ps(u8x16_ps(hi), d, m),
+            )
+        }
+    }
+
+    pub struct Q50;
+    impl Format for Q50 {
+        const BYTES: usize = 22;
+        const GROUPS: usize = 1;
+        type Head = ();
+        #[inline(always)]
+        unsafe fn head(_: *const u8) {}
+        #[inline(always)]
+        unsafe fn group(b: *const u8, _: &(), _: usize) -> (__m512, __m512) {
+            let d = _mm512_set1_ps(f16(b));
+            let qh = u32::from_le_bytes([*b.add(2), *b.add(3), *b.add(4), *b.add(5)]);
+            let (lo, hi) = nibbles(b.add(6));
+            let sixteen = _mm512_set1_epi32(16);
+            // Bit j of qh is bit 4 of element j: OR 16 into the lanes whose bit is set.
+            let lo = _mm512_mask_or_epi32(
+                _mm512_cvtepu8_epi32(lo),
+                qh as u16,
+                _mm512_cvtepu8_epi32(lo),
+                sixteen,
+            );
+            let hi = _mm512_mask_or_epi32(
+                _mm512_cvtepu8_epi32(hi),
+                (qh >> 16) as u16,
+                _mm512_cvtepu8_epi32(hi),
+                sixteen,
+            );
+            (
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, sixteen)), d),
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, sixteen)), d),
+            )
+        }
+    }
+
+    pub struct Q80;
+    impl Format for Q80 {
+        const BYTES: usize = 34;
+        const GROUPS: usize = 1;
+        type Head = ();
+        #[inline(always)]
+        unsafe fn head(_: *const u8) {}
+        #[inline(always)]
+        unsafe fn group(b: *const u8, _: &(), _: usize) -> (__m512, __m512) {
+            let d = _mm512_set1_ps(f16(b));
+            let lo = _mm_loadu_si128(b.add(2) as *const __m128i);
+            let hi = _mm_loadu_si128(b.add(18) as *const __m128i);
+            (
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d),
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d),
+            )
+        }
+    }
+
+    /// Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles.
+    pub struct Q4K;
+    impl Format for Q4K {
+        const BYTES: usize = 144;
+        const GROUPS: usize = 8;
+        /// Per group: (d · scale, dmin · min).
+        type Head = [(f32, f32); 8];
+        #[inline(always)]
+        unsafe fn head(b: *const u8) -> Self::Head {
+            let d = f16(b);
+            let dmin = f16(b.add(2));
+            let s = std::slice::from_raw_parts(b.add(4), 12);
+            let mut h = [(0f32, 0f32); 8];
+            for (j, h) in h.iter_mut().enumerate() {
+                let (sc, m) = if j < 4 {
+                    (s[j] & 63, s[j + 4] & 63)
+                } else {
+                    (
+                        (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
+                        (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+                    )
+                };
+                *h = (d * sc as f32, dmin * m as f32);
+            }
+            h
+        }
+        #[inline(always)]
+        unsafe fn group(b: *const u8, h: &Self::Head, g: usize) -> (__m512, __m512) {
+            let (d1, m1) = h[g];
+            let p = b.add(16 + 32 * (g / 2));
+            let v = _mm256_loadu_si256(p as *const __m256i);
+            let v = _mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (g as i32 & 1)));
+            let v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+            let d = _mm512_set1_ps(d1);
+            let m = _mm512_set1_ps(-m1);
+            (
+                _mm512_fmadd_ps(u8x16_ps(_mm256_castsi256_si128(v)), d, m),
+                _mm512_fmadd_ps(u8x16_ps(_mm256_extracti128_si256(v, 1)), d, m),
+            )
+        }
+    }
+
+    /// Q6_K: 128 bytes of low nibbles, 64 of 2-bit highs, 16 signed scales, f16 d.
+    pub struct Q6K;
+    impl Format for Q6K {
+        const BYTES: usize = 210;
+        const GROUPS: usize = 8;
+        type Head = f32;
+        #[inline(always)]
+        unsafe fn head(b: *const u8) -> f32 {
+            f16(b.add(208))
+        }
+        #[inline(always)]
+        unsafe fn group(b: *const u8, d: &f32, g: usize) -> (__m512, __m512) {
+            // Group g: half h = g / 4, part p = g % 4 (elements 32p..32p+32 of the half).
+            let (h, p) = (g / 4, g % 4);
+            let ql = _mm256_loadu_si256(b.add(64 * h + 32 * (p & 1)) as *const __m256i);
+            let qh = _mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i);
+            let lo = _mm256_and_si256(
+                _mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (p as i32 >> 1))),
+                _mm256_set1_epi8(0x0F),
+            );
+            let hi = _mm256_and_si256(
+                _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * p as i32)),
+                _mm256_set1_epi8(3),
+            );
+            let q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+            let sc = b.add(192 + 8 * h + 2 * p);
+            let s0 = _mm512_set1_ps(*d * (*sc as i8) as f32);
+            let s1 = _mm512_set1_ps(*d * (*sc.add(1) as i8) as f32);
+            let off = _mm512_set1_epi32(32);
+            let q0 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q)), off);
+            let q1 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1)), off);
+            (
+                _mm512_mul_ps(_mm512_cvtepi32_ps(q0), s0),
+                _mm512_mul_ps(_mm512_cvtepi32_ps(q1), s1),
+            )
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn run<F: Format, const MR: usize>(
+        x: *const f32,
+        ldx: usize,
+        k: usize,
+        w: *const u8,
+        out: &mut [f32; super::MAX_ROWS],
+    ) {
+        let blocks = k / (32 * F::GROUPS);
+        // Two accumulators per row (one per half of a group) keep two FMA chains in flight.
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        for bi in 0..blocks {
+            let b = w.add(bi * F::BYTES);
+            let head = F::head(b);
+            for g in 0..F::GROUPS {
+                let (w0, w1) = F::group(b, &head, g);
+                let kk = (bi * F::GROUPS + g) * 32;
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let xp = x.add(i * ldx + kk);
+                    a[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp), a[0]);
+                    a[1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xp.add(16)), a[1]);
+                }
+            }
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            *o = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::simd;
+    use crate::quant;
+    use crate::rng::Rng;
+
+    #[test]
+    fn fused_rows_match_an_f64_dot_over_the_dequantized_weights() {
+        let isa = simd::isa();
+        let types = [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q8_0,
+            DType::Q4_K,
+            DType::Q6_K,
+        ];
+        if !types.iter().any(|&t| supported(isa, t)) {
+            eprintln!("skipped: no fused kernels on this CPU ({isa:?})");
+            return;
+        }
+        let mut rng = Rng::new(11);
+        for &dt in &types {
+            for k in [256usize, 768] {
+                let wf: Vec<f32> = (0..k).map(|_| rng.normal()).collect();
+                let wq = quant::quantize(dt, &wf).unwrap();
+                let mut wd = vec![0f32; k];
+                quant::dequantize(dt, &wq, &mut wd).unwrap();
+                for mr in 1..=MAX_ROWS {
+                    let ldx = k + 5;
+                    let x: Vec<f32> = (0..mr * ldx).map(|_| rng.normal()).collect();
+                    let mut out = [f32::NAN; MAX_ROWS];
+                    unsafe { row_dots(dt, x.as_ptr(), ldx, mr, k, wq.as_ptr(), &mut out) };
+                    for i in 0..mr {
+                        let want: f64 = (0..k)
+                            .map(|j| x[i * ldx + j] as f64 * wd[j] as f64)
+                            .sum();
+                        let got = out[i] as f64;
+                        assert!(
+                            (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                            "{dt:?} k={k} mr={mr} row {i}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
