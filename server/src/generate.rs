@@ -359,6 +359,11 @@ pub struct BenchArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// After the timed runs, run one prompt and one generation again with every op timed,
+    /// and print where the time goes: milliseconds per token per op family (device backends
+    /// are synchronised after each op for this, so it is not part of the speed figures).
+    #[arg(long)]
+    pub profile: bool,
 }
 
 /// One request alone, then `c` at once, through the batching engine: aggregate generated
@@ -561,6 +566,9 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             );
         }
     }
+    if a.profile {
+        profile(&mut m.runner, a, &mut toks)?;
+    }
     let fb = m.runner.executor().fallbacks();
     if !fb.is_empty() {
         eprintln!(
@@ -571,6 +579,75 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
                 .join(", ")
         );
     }
+    Ok(())
+}
+
+/// `kiln bench --profile`: one prompt and one generation with every op timed; a table of
+/// milliseconds per token per op family (and the rest of the step: scheduling, uploads,
+/// logits download), in the order of their share of the generation time.
+fn profile(runner: &mut Runner, a: &BenchArgs, toks: &mut impl FnMut(usize) -> Vec<u32>) -> Result<()> {
+    use std::collections::BTreeMap;
+    let seq: SeqId = 5000;
+    let mut phases: Vec<(BTreeMap<&'static str, (f64, u64)>, f64, usize)> = Vec::new();
+    for (n, decode) in [(a.n_prompt, false), (a.n_gen, true)] {
+        let mut fam = BTreeMap::new();
+        let mut wall = 0.0;
+        if n > 0 {
+            let t = toks(n);
+            runner.executor().set_profiling(true);
+            let t0 = Instant::now();
+            if decode {
+                for x in &t {
+                    runner.feed(seq, std::slice::from_ref(x), Logits::Last)?;
+                }
+            } else {
+                runner.feed(seq, &t, Logits::Last)?;
+            }
+            wall = t0.elapsed().as_secs_f64();
+            for (op, ot) in runner.executor().profile() {
+                fam.insert(op, (ot.seconds, ot.calls));
+            }
+            runner.executor().set_profiling(false);
+            runner.release(seq)?;
+        }
+        phases.push((fam, wall, n));
+    }
+    let mut names: Vec<&'static str> = phases.iter().flat_map(|p| p.0.keys().copied()).collect();
+    names.sort();
+    names.dedup();
+    let ms = |p: &(BTreeMap<&'static str, (f64, u64)>, f64, usize), op: &str| {
+        p.0.get(op).map_or(0.0, |v| 1e3 * v.0 / p.2.max(1) as f64)
+    };
+    names.sort_by(|x, y| ms(&phases[1], y).total_cmp(&ms(&phases[1], x)).then(x.cmp(y)));
+    println!(
+        "\nprofile (ms per token; pp{} over its {} tokens, tg{} per generated token):\n",
+        a.n_prompt, a.n_prompt, a.n_gen
+    );
+    println!("| op | pp ms/token | tg ms/token | tg calls/token |");
+    println!("|---|---|---|---|");
+    for op in &names {
+        let calls = phases[1].0.get(op).map_or(0, |v| v.1) as f64 / a.n_gen.max(1) as f64;
+        println!(
+            "| {op} | {:.4} | {:.4} | {calls:.0} |",
+            ms(&phases[0], op),
+            ms(&phases[1], op)
+        );
+    }
+    let rest = |p: &(BTreeMap<&'static str, (f64, u64)>, f64, usize)| {
+        let ops: f64 = p.0.values().map(|v| v.0).sum();
+        1e3 * (p.1 - ops).max(0.0) / p.2.max(1) as f64
+    };
+    let total = |p: &(BTreeMap<&'static str, (f64, u64)>, f64, usize)| 1e3 * p.1 / p.2.max(1) as f64;
+    println!(
+        "| (outside ops: batch set-up, uploads, logits download) | {:.4} | {:.4} | |",
+        rest(&phases[0]),
+        rest(&phases[1])
+    );
+    println!(
+        "| **total** | {:.4} | {:.4} | |",
+        total(&phases[0]),
+        total(&phases[1])
+    );
     Ok(())
 }
 

@@ -27,6 +27,15 @@ pub struct Executor {
     is_cpu: bool,
     fallbacks: Mutex<HashMap<&'static str, u64>>,
     warned: Mutex<HashSet<&'static str>>,
+    /// Per-op-family time and calls while profiling (`set_profiling`); off by default.
+    profile: Mutex<Option<HashMap<&'static str, OpTime>>>,
+}
+
+/// Time spent in one op family while profiling.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OpTime {
+    pub calls: u64,
+    pub seconds: f64,
 }
 
 impl Executor {
@@ -51,6 +60,7 @@ impl Executor {
             is_cpu,
             fallbacks: Mutex::new(HashMap::new()),
             warned: Mutex::new(HashSet::new()),
+            profile: Mutex::new(None),
         }
     }
 
@@ -101,10 +111,45 @@ impl Executor {
             outputs.iter().map(|t| t.desc().clone()).collect(),
         );
         desc.check()?;
-        if self.supports(&desc) {
-            return self.backend.execute(op, inputs, outputs);
+        let profiling = self.lock_profile().is_some();
+        let t0 = profiling.then(std::time::Instant::now);
+        let r = if self.supports(&desc) {
+            self.backend.execute(op, inputs, outputs)
+        } else {
+            self.fallback(&desc, inputs, outputs)
+        };
+        if let Some(t0) = t0 {
+            // A device runs ops asynchronously: wait, so the time is this op's.
+            self.backend.synchronize()?;
+            let dt = t0.elapsed().as_secs_f64();
+            if let Some(p) = self.lock_profile().as_mut() {
+                let e = p.entry(op.name()).or_default();
+                e.calls += 1;
+                e.seconds += dt;
+            }
         }
-        self.fallback(&desc, inputs, outputs)
+        r
+    }
+
+    fn lock_profile(&self) -> std::sync::MutexGuard<'_, Option<HashMap<&'static str, OpTime>>> {
+        self.profile.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts (clearing what was gathered) or stops timing every op by family. While on, a
+    /// device backend is synchronised after each op, which slows it: profile, then measure.
+    pub fn set_profiling(&self, on: bool) {
+        *self.lock_profile() = on.then(HashMap::new);
+    }
+
+    /// Time per op family since profiling started, most expensive first.
+    pub fn profile(&self) -> Vec<(&'static str, OpTime)> {
+        let mut v: Vec<_> = self
+            .lock_profile()
+            .as_ref()
+            .map(|p| p.iter().map(|(k, v)| (*k, *v)).collect())
+            .unwrap_or_default();
+        v.sort_by(|a, b| b.1.seconds.total_cmp(&a.1.seconds).then(a.0.cmp(b.0)));
+        v
     }
 
     fn fallback(&self, desc: &OpDesc, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {

@@ -5,7 +5,7 @@ mod ops;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use executor::{Executor, FallbackCount};
+pub use executor::{Executor, FallbackCount, OpTime};
 
 use crate::error::Result;
 use crate::op::{Op, OpDesc};
