@@ -35,6 +35,12 @@ impl Executor {
     /// A tensor's elements as f32, dequantized if need be.
     pub fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
         let bytes = self.backend().download(t)?;
+        if t.dtype() == DType::F32 && bytes.len() == 4 * t.numel() {
+            return Ok(bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect());
+        }
         let mut v = vec![0f32; t.numel()];
         quant::dequantize(t.dtype(), &bytes, &mut v)?;
         Ok(v)

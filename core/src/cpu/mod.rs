@@ -35,6 +35,70 @@ struct CpuStorage {
     backend: BackendId,
     len: usize,
     words: UnsafeCell<Vec<u64>>,
+    /// Where the words go back when the tensor is dropped.
+    recycle: Arc<Recycler>,
+}
+
+impl Drop for CpuStorage {
+    fn drop(&mut self) {
+        self.recycle.put(std::mem::take(self.words.get_mut()));
+    }
+}
+
+/// Freed tensor memory kept for the next allocation of the same size, so a decode step (the
+/// same op shapes every time) allocates nothing from the OS and takes no page faults.
+#[derive(Default)]
+struct Recycler {
+    free: Mutex<RecycleLists>,
+}
+
+#[derive(Default)]
+struct RecycleLists {
+    by_words: std::collections::HashMap<usize, Vec<Vec<u64>>>,
+    bytes: usize,
+}
+
+impl Recycler {
+    /// At most this much memory is kept.
+    const MAX_BYTES: usize = 256 << 20;
+    /// Buffers larger than this are returned to the allocator (weights, caches).
+    const MAX_ONE: usize = 64 << 20;
+
+    fn lists(&self) -> std::sync::MutexGuard<'_, RecycleLists> {
+        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn put(&self, v: Vec<u64>) {
+        let bytes = v.len() * 8;
+        if v.is_empty() || bytes > Self::MAX_ONE {
+            return;
+        }
+        let mut l = self.lists();
+        if l.bytes + bytes > Self::MAX_BYTES {
+            return;
+        }
+        l.bytes += bytes;
+        l.by_words.entry(v.len()).or_default().push(v);
+    }
+
+    /// `words` zeroed words, recycled when one of that size is free.
+    fn take(&self, words: usize) -> Vec<u64> {
+        let reused = {
+            let mut l = self.lists();
+            let v = l.by_words.get_mut(&words).and_then(|s| s.pop());
+            if v.is_some() {
+                l.bytes -= words * 8;
+            }
+            v
+        };
+        match reused {
+            Some(mut v) => {
+                v.fill(0);
+                v
+            }
+            None => vec![0u64; words],
+        }
+    }
 }
 
 // SAFETY: the contents are only touched by the owning `CpuBackend` while it holds its `gate`
@@ -80,6 +144,7 @@ pub struct CpuBackend {
     /// rayon's pool, for the ops not moved to `workers` yet.
     pool: rayon::ThreadPool,
     gate: Mutex<()>,
+    recycle: Arc<Recycler>,
 }
 
 impl Default for CpuBackend {
@@ -125,6 +190,7 @@ impl CpuBackend {
             workers: pool::Pool::new(threads),
             pool,
             gate: Mutex::new(()),
+            recycle: Arc::new(Recycler::default()),
         }
     }
 
@@ -215,11 +281,12 @@ impl Backend for CpuBackend {
         let len = desc
             .nbytes()
             .ok_or_else(|| Error::Tensor(format!("{desc}: not a whole number of blocks")))?;
-        let words = vec![0u64; len.div_ceil(8)];
+        let words = self.recycle.take(len.div_ceil(8));
         let storage = Arc::new(CpuStorage {
             backend: self.id,
             len,
             words: UnsafeCell::new(words),
+            recycle: self.recycle.clone(),
         });
         Tensor::new(storage, 0, desc.clone())
     }

@@ -1,6 +1,6 @@
 //! Fused dequantize-and-dot for decode: a weight row is read once in its block format, each
-//! 32-element group decoded into two f32 vectors in registers and multiplied into up to four
-//! f32 activation rows at once. No scratch buffer, no activation quantization: the products
+//! 32-element group decoded into two f32 vectors in registers and multiplied into up to eight
+//! f32 activation rows at once (a batch of decoding sequences reads each weight once). No scratch buffer, no activation quantization: the products
 //! are the exact dequantized weights times the f32 activations, accumulated in f32.
 //!
 //! AVX-512 only (16 lanes, byte shuffles and masks make the decoders short); other CPUs and
@@ -9,7 +9,7 @@
 use crate::tensor::DType;
 
 /// Activation rows one call covers at most.
-pub(crate) const MAX_ROWS: usize = 4;
+pub(crate) const MAX_ROWS: usize = 8;
 
 /// Whether [`row_dots`] handles `dtype` on this CPU.
 pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
@@ -33,7 +33,7 @@ pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
     }
 }
 
-/// `out[i] = Σₖ x[i·ldx + k] · W[k]` for `i < mr` (1..=4), with `w` one row of `k` elements
+/// `out[i] = Σₖ x[i·ldx + k] · W[k]` for `i < mr` (1..=8), with `w` one row of `k` elements
 /// of `dtype`.
 ///
 /// # Safety
@@ -58,7 +58,11 @@ pub(crate) unsafe fn row_dots(
                     1 => run::<$f, 1>(x, ldx, k, w, out),
                     2 => run::<$f, 2>(x, ldx, k, w, out),
                     3 => run::<$f, 3>(x, ldx, k, w, out),
-                    _ => run::<$f, 4>(x, ldx, k, w, out),
+                    4 => run::<$f, 4>(x, ldx, k, w, out),
+                    5 => run::<$f, 5>(x, ldx, k, w, out),
+                    6 => run::<$f, 6>(x, ldx, k, w, out),
+                    7 => run::<$f, 7>(x, ldx, k, w, out),
+                    _ => run::<$f, 8>(x, ldx, k, w, out),
                 }
             };
         }

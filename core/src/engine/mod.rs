@@ -174,18 +174,22 @@ impl Runner {
         self.reserve(items)?;
         let batch = self.build_batch(items);
         let logits = self.model.forward(&self.ex, &batch, &self.caches)?;
-        let flat = self.ex.download_f32(&logits)?;
+        let mut flat = self.ex.download_f32(&logits)?;
         let vocab = self.model.info().vocab;
+        // One row in all (a single decode step): hand the download over as it is.
+        let single = flat.len() == vocab;
         // Hand the rows back per item, then mark the tokens computed.
         let mut out = Vec::with_capacity(items.len());
         let mut row = 0;
         for (seq, toks, want) in items {
             let n = want.rows(toks.len()).len();
-            out.push(
+            out.push(if single && n == 1 {
+                vec![std::mem::take(&mut flat)]
+            } else {
                 (row..row + n)
                     .map(|r| flat[r * vocab..(r + 1) * vocab].to_vec())
-                    .collect(),
-            );
+                    .collect()
+            });
             row += n;
             for (m, g) in self.kv.iter_mut().zip(self.model.kv_groups()) {
                 m.commit_tokens(*seq, toks).map_err(kv_err)?;
