@@ -95,7 +95,7 @@ unsafe fn tile_dots(
     n0: usize,
 ) {
     let mr_max = simd::max_rows(isa);
-    let mut out = [[0f32; 4]; 4];
+    let mut out: simd::Sums = [[0f32; 4]; 4];
     let mut i = 0;
     while i < m {
         let mr = mr_max.min(m - i);
