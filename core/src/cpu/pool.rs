@@ -257,8 +257,11 @@ fn take_tasks(s: &Shared, f: &(dyn Fn(usize) + Sync), n_tasks: usize) {
     }
 }
 
+/// A worker's loop. It starts from epoch 0 (the pool's epoch when it was created), not from
+/// what it reads when the thread first runs: a job published before the thread got going
+/// would otherwise be skipped, and `run` would wait for it forever.
 fn worker(s: Arc<Shared>) {
-    let mut seen = s.epoch.load(Ordering::Acquire);
+    let mut seen = 0u64;
     loop {
         // Wait for the next job: spin, then sleep.
         let start = Instant::now();

@@ -82,6 +82,9 @@ pub struct GenSpec {
     pub syntax: Syntax,
     /// The prompt left the model inside `<think>`.
     pub in_reasoning: bool,
+    /// Keep generating past the model's end-of-generation tokens (`ignore_eos`, the vLLM and
+    /// llama.cpp extension benchmark clients send).
+    pub ignore_eos: bool,
 }
 
 pub type Body = Map<String, Value>;
@@ -289,6 +292,7 @@ pub fn common(
         logprobs: logprobs(kind, b)?,
         syntax: Syntax::default(),
         in_reasoning: false,
+        ignore_eos: boolean(b, "ignore_eos")?.unwrap_or(false),
     })
 }
 

@@ -180,7 +180,11 @@ fn start(state: &Arc<AppState>, spec: &GenSpec) -> mpsc::Receiver<Piece> {
             prompt: spec.prompt.clone(),
             params,
             max_tokens: spec.max_tokens,
-            stop_ids: state.tokenizer.eog_ids().to_vec(),
+            stop_ids: if spec.ignore_eos {
+                Vec::new()
+            } else {
+                state.tokenizer.eog_ids().to_vec()
+            },
             logprobs: spec.logprobs,
         });
         let st = state.clone();
