@@ -96,41 +96,11 @@ impl Recycler {
                 v.fill(0);
                 v
             }
-            None => {
-                let v = vec![0u64; words];
-                advise_huge_pages(&v);
-                v
-            }
+            None => vec![0u64; words],
         }
     }
 }
 
-/// Asks Linux to back a large, still untouched buffer with transparent huge pages: decode
-/// streams every weight once per token, and 4 KiB pages would cost a TLB miss every 4 KiB.
-/// Only a hint (the kernel may say no; `enabled = never` ignores it); smaller buffers and
-/// other systems are left as they are.
-fn advise_huge_pages(v: &[u64]) {
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let bytes = std::mem::size_of_val(v);
-        if bytes < 2 * HUGE {
-            return;
-        }
-        let start = v.as_ptr() as usize;
-        let lo = start.next_multiple_of(HUGE);
-        let hi = (start + bytes) / HUGE * HUGE;
-        if hi > lo {
-            // SAFETY: [lo, hi) lies inside `v`'s allocation; MADV_HUGEPAGE changes how the
-            // pages are backed, never their contents.
-            unsafe {
-                libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE);
-            }
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = v;
-}
 
 // SAFETY: the contents are only touched by the owning `CpuBackend` while it holds its `gate`
 // mutex (upload, download, execute), and `check_call` guarantees an output never overlaps an

@@ -110,12 +110,6 @@ mod x86 {
     /// memory bus without help.
     const PREFETCH: usize = 1536;
 
-    /// 16 bytes → 16 f32 (unsigned).
-    #[inline(always)]
-    unsafe fn u8x16_ps(v: __m128i) -> __m512 {
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v))
-    }
-
     /// The low and high nibbles of 16 bytes.
     #[inline(always)]
     unsafe fn nibbles(p: *const u8) -> (__m128i, __m128i) {
@@ -134,13 +128,33 @@ mod x86 {
         #[inline(always)]
         unsafe fn group(b: *const u8, _: &(), _: usize) -> (__m512, __m512) {
             let d = _mm512_set1_ps(f16(b));
-            let (lo, hi) = nibbles(b.add(2));
-            let off = _mm512_set1_ps(-8.0);
-            (
-                _mm512_mul_ps(_mm512_add_ps(u8x16_ps(lo), off), d),
-                _mm512_mul_ps(_mm512_add_ps(u8x16_ps(hi), off), d),
-            )
+            // The 16 values a nibble can stand for, looked up by the nibble.
+            let table = _mm512_mul_ps(_mm512_sub_ps(iota(), _mm512_set1_ps(8.0)), d);
+            nibble_lookup(b.add(2), table)
         }
+    }
+
+    /// 0, 1, …, 15.
+    #[inline(always)]
+    unsafe fn iota() -> __m512 {
+        _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        )
+    }
+
+    /// The 32 elements of 16 bytes of nibbles (element j in the low nibble of byte j, element
+    /// j + 16 in its high nibble), each the entry of `table` its nibble selects: a lookup in
+    /// one instruction (vpermps reads only the low 4 bits of each index) instead of a
+    /// conversion and a multiply-add.
+    #[inline(always)]
+    unsafe fn nibble_lookup(p: *const u8, table: __m512) -> (__m512, __m512) {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        let lo = _mm512_cvtepu8_epi32(v);
+        let hi = _mm512_cvtepu8_epi32(_mm_srli_epi16(v, 4));
+        (
+            _mm512_permutexvar_ps(lo, table),
+            _mm512_permutexvar_ps(hi, table),
+        )
     }
 
     pub struct Q41;
@@ -152,13 +166,11 @@ mod x86 {
         unsafe fn head(_: *const u8) {}
         #[inline(always)]
         unsafe fn group(b: *const u8, _: &(), _: usize) -> (__m512, __m512) {
-            let d = _mm512_set1_ps(f16(b));
-            let m = _mm512_set1_ps(f16(b.add(2)));
-            let (lo, hi) = nibbles(b.add(4));
-            (
-                _mm512_fmadd_ps(u8x16_ps(lo), d, m),
-                _mm512_fmadd_ps(u8x16_ps(hi), d, m),
-            )
+            // d and m converted together from their two f16s.
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(b as *const i32)));
+            let d = _mm512_broadcastss_ps(dm);
+            let m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+            nibble_lookup(b.add(4), _mm512_fmadd_ps(iota(), d, m))
         }
     }
 
@@ -176,21 +188,17 @@ mod x86 {
             let (lo, hi) = nibbles(b.add(6));
             let sixteen = _mm512_set1_epi32(16);
             // Bit j of qh is bit 4 of element j: OR 16 into the lanes whose bit is set.
-            let lo = _mm512_mask_or_epi32(
-                _mm512_cvtepu8_epi32(lo),
-                qh as u16,
-                _mm512_cvtepu8_epi32(lo),
-                sixteen,
-            );
-            let hi = _mm512_mask_or_epi32(
-                _mm512_cvtepu8_epi32(hi),
-                (qh >> 16) as u16,
-                _mm512_cvtepu8_epi32(hi),
-                sixteen,
-            );
+            let lo = _mm512_cvtepu8_epi32(lo);
+            let hi = _mm512_cvtepu8_epi32(hi);
+            let lo = _mm512_mask_or_epi32(lo, qh as u16, lo, sixteen);
+            let hi = _mm512_mask_or_epi32(hi, (qh >> 16) as u16, hi, sixteen);
+            // The 32 values a 5-bit code stands for, (q - 16)·d, in two tables of 16 that
+            // vpermt2ps indexes with the code's 5 bits.
+            let t0 = _mm512_mul_ps(_mm512_sub_ps(iota(), _mm512_set1_ps(16.0)), d);
+            let t1 = _mm512_mul_ps(iota(), d);
             (
-                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, sixteen)), d),
-                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, sixteen)), d),
+                _mm512_permutex2var_ps(t0, lo, t1),
+                _mm512_permutex2var_ps(t0, hi, t1),
             )
         }
     }
@@ -245,13 +253,15 @@ mod x86 {
             let (d1, m1) = h[g];
             let p = b.add(16 + 32 * (g / 2));
             let v = _mm256_loadu_si256(p as *const __m256i);
+            // Odd groups are the high nibbles; the lookup reads only the low 4 bits.
             let v = _mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (g as i32 & 1)));
-            let v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-            let d = _mm512_set1_ps(d1);
-            let m = _mm512_set1_ps(-m1);
+            let table = _mm512_fmadd_ps(iota(), _mm512_set1_ps(d1), _mm512_set1_ps(-m1));
             (
-                _mm512_fmadd_ps(u8x16_ps(_mm256_castsi256_si128(v)), d, m),
-                _mm512_fmadd_ps(u8x16_ps(_mm256_extracti128_si256(v, 1)), d, m),
+                _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(v)), table),
+                _mm512_permutexvar_ps(
+                    _mm512_cvtepu8_epi32(_mm256_extracti128_si256(v, 1)),
+                    table,
+                ),
             )
         }
     }
