@@ -21,15 +21,24 @@ rounds=${ROUNDS:-3}
 threads=${THREADS:-2}
 model=${MODEL:-smollm2-135m-instruct}
 kiln=${KILN:-target/release/kiln}
-port=${PORT:-18080}
+base=${PORT:-18080}
+port=$base
 [ -x "$kiln" ] || cargo build --release --quiet
 path=$("$kiln" pull "$model" 2>/dev/null | tail -1)
 [ -f "$path" ] || path=$model
 pid=""
-stop() { [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; pid=""; }
+stop() {
+    if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+    pid=""
+}
 trap stop EXIT
 
 start() {
+    # Each server on its own port: the other's socket may linger a moment after it stops.
+    case $1 in
+        kiln) port=$((base + 1)) ;;
+        llama) port=$base ;;
+    esac
     case $1 in
         kiln) "$kiln" serve -m "$path" -t "$threads" --backend cpu --max-batch "$conc" \
                   --port "$port" >/dev/null 2>&1 & ;;
@@ -38,6 +47,7 @@ start() {
     esac
     pid=$!
     for _ in $(seq 600); do
+        kill -0 "$pid" 2>/dev/null || { echo "$1 exited at start" >&2; exit 1; }
         curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
         sleep 0.1
     done
