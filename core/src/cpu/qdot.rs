@@ -292,14 +292,14 @@ mod x86 {
             );
             let q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
             let sc = b.add(192 + 8 * h + 2 * p);
-            let s0 = _mm512_set1_ps(*d * (*sc as i8) as f32);
-            let s1 = _mm512_set1_ps(*d * (*sc.add(1) as i8) as f32);
-            let off = _mm512_set1_epi32(32);
-            let q0 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q)), off);
-            let q1 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1)), off);
+            let s0 = *d * (*sc as i8) as f32;
+            let s1 = *d * (*sc.add(1) as i8) as f32;
+            // (q - 32)·s as q·s - 32·s: one multiply-add per vector.
+            let q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q)));
+            let q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1)));
             (
-                _mm512_mul_ps(_mm512_cvtepi32_ps(q0), s0),
-                _mm512_mul_ps(_mm512_cvtepi32_ps(q1), s1),
+                _mm512_fmadd_ps(q0, _mm512_set1_ps(s0), _mm512_set1_ps(-32.0 * s0)),
+                _mm512_fmadd_ps(q1, _mm512_set1_ps(s1), _mm512_set1_ps(-32.0 * s1)),
             )
         }
     }
