@@ -128,8 +128,9 @@ impl Pool {
             s.wake.notify_all();
         }
         let caller = catch_unwind(AssertUnwindSafe(|| take_tasks(s, &f, n_tasks)));
+        let mut spins = 0u32;
         while s.busy.load(Ordering::Acquire) != 0 {
-            std::hint::spin_loop();
+            backoff(&mut spins);
         }
         unsafe { *s.job.get() = None };
         if let Err(p) = caller {
@@ -247,6 +248,20 @@ pub(crate) struct SendPtr<T>(pub *mut T);
 unsafe impl<T> Sync for SendPtr<T> {}
 unsafe impl<T> Send for SendPtr<T> {}
 
+/// One round of waiting: a pause instruction for the first few thousand rounds (a worker on
+/// another core answers within that), then a yield to the OS scheduler each round, so that
+/// when there are more busy threads than cores (tests in parallel, other programs) the thread
+/// we wait for gets the core instead of us burning it.
+#[inline]
+fn backoff(spins: &mut u32) {
+    *spins = spins.wrapping_add(1);
+    if *spins < 4096 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
 fn take_tasks(s: &Shared, f: &(dyn Fn(usize) + Sync), n_tasks: usize) {
     loop {
         let i = s.next.fetch_add(1, Ordering::Relaxed);
@@ -275,7 +290,7 @@ fn worker(s: Arc<Shared>) {
             if s.stop.load(Ordering::Relaxed) {
                 return;
             }
-            spins += 1;
+            backoff(&mut spins);
             if spins % 1024 == 0 && start.elapsed() > SPIN {
                 let g = s.lock.lock().unwrap_or_else(|p| p.into_inner());
                 s.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -294,7 +309,6 @@ fn worker(s: Arc<Shared>) {
                 spins = 0;
                 continue;
             }
-            std::hint::spin_loop();
         }
         // SAFETY: the epoch was published after `job` was set (Release/Acquire), and the job
         // stays valid until this worker decrements `busy`.
