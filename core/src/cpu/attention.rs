@@ -143,9 +143,16 @@ pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResul
     let dv = vc.dims()[3];
     let maxb = i[3].dims()[1];
     let b = batch(t, &seq_lens, &q_start, maxb * bs)?;
-    // Every block a sequence's keys live in is checked once here, so the kernel trusts them.
+    // Every block that some query row of a sequence reads is checked once here, so the
+    // kernel trusts them. The first row's key range starts lowest (masks only move the
+    // start forward); blocks before it may be released (-1) by sliding-window layers.
     for (s, &len) in b.seq_lens.iter().enumerate() {
-        for j in 0..len.div_ceil(bs.max(1)) {
+        let (a, e) = (q_start[s] as usize, q_start[s + 1] as usize);
+        if e == a {
+            continue;
+        }
+        let (lo, _) = p.mask.key_range(b.pos_of[a], len);
+        for j in lo / bs.max(1)..len.div_ceil(bs.max(1)) {
             index(table[s * maxb + j], nblocks, "block id")?;
         }
     }
