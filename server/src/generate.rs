@@ -585,7 +585,11 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
 /// `kiln bench --profile`: one prompt and one generation with every op timed; a table of
 /// milliseconds per token per op family (and the rest of the step: scheduling, uploads,
 /// logits download), in the order of their share of the generation time.
-fn profile(runner: &mut Runner, a: &BenchArgs, toks: &mut impl FnMut(usize) -> Vec<u32>) -> Result<()> {
+fn profile(
+    runner: &mut Runner,
+    a: &BenchArgs,
+    toks: &mut impl FnMut(usize) -> Vec<u32>,
+) -> Result<()> {
     use std::collections::BTreeMap;
     let seq: SeqId = 5000;
     let mut phases: Vec<(BTreeMap<&'static str, (f64, u64)>, f64, usize)> = Vec::new();
@@ -618,7 +622,11 @@ fn profile(runner: &mut Runner, a: &BenchArgs, toks: &mut impl FnMut(usize) -> V
     let ms = |p: &(BTreeMap<&'static str, (f64, u64)>, f64, usize), op: &str| {
         p.0.get(op).map_or(0.0, |v| 1e3 * v.0 / p.2.max(1) as f64)
     };
-    names.sort_by(|x, y| ms(&phases[1], y).total_cmp(&ms(&phases[1], x)).then(x.cmp(y)));
+    names.sort_by(|x, y| {
+        ms(&phases[1], y)
+            .total_cmp(&ms(&phases[1], x))
+            .then(x.cmp(y))
+    });
     println!(
         "\nprofile (ms per token; pp{} over its {} tokens, tg{} per generated token):\n",
         a.n_prompt, a.n_prompt, a.n_gen
@@ -637,7 +645,8 @@ fn profile(runner: &mut Runner, a: &BenchArgs, toks: &mut impl FnMut(usize) -> V
         let ops: f64 = p.0.values().map(|v| v.0).sum();
         1e3 * (p.1 - ops).max(0.0) / p.2.max(1) as f64
     };
-    let total = |p: &(BTreeMap<&'static str, (f64, u64)>, f64, usize)| 1e3 * p.1 / p.2.max(1) as f64;
+    let total =
+        |p: &(BTreeMap<&'static str, (f64, u64)>, f64, usize)| 1e3 * p.1 / p.2.max(1) as f64;
     println!(
         "| (outside ops: batch set-up, uploads, logits download) | {:.4} | {:.4} | |",
         rest(&phases[0]),

@@ -150,7 +150,11 @@ fn smollm2_logits_match_an_f64_forward_at_every_position() {
     // ... and token by token (the fused decode kernels).
     let mut stepped = Vec::new();
     for t in &tokens {
-        stepped.extend(runner.feed(2, std::slice::from_ref(t), Logits::Last).expect("step"));
+        stepped.extend(
+            runner
+                .feed(2, std::slice::from_ref(t), Logits::Last)
+                .expect("step"),
+        );
     }
     for (name, rows) in [("prefill", &got), ("decode", &stepped)] {
         let mut worst = 0f64;
@@ -162,6 +166,9 @@ fn smollm2_logits_match_an_f64_forward_at_every_position() {
                 worst = worst.max(d);
             }
         }
-        println!("{name}: max |logit - f64 logit| = {worst:.2e} over {} positions", rows.len());
+        println!(
+            "{name}: max |logit - f64 logit| = {worst:.2e} over {} positions",
+            rows.len()
+        );
     }
 }

@@ -133,6 +133,30 @@ fn batch(t: usize, seq_lens: &[i32], q_start: &[i32], max_ctx: usize) -> KResult
     })
 }
 
+/// Row `r` (`width` elements, `row_bytes` bytes) of a paged cache: borrowed from `f32s` when
+/// the cache is f32, else dequantized into `buf`.
+#[inline(always)]
+fn cache_row<'a>(
+    cache: &In<'a>,
+    f32s: Option<&'a [f32]>,
+    r: usize,
+    width: usize,
+    row_bytes: usize,
+    buf: &'a mut [f32],
+) -> &'a [f32] {
+    match f32s {
+        Some(c) => &c[r * width..(r + 1) * width],
+        None => {
+            quant::dequantize_row(
+                cache.desc.dtype,
+                &cache.bytes[r * row_bytes..(r + 1) * row_bytes],
+                buf,
+            );
+            buf
+        }
+    }
+}
+
 pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
     let q = i[0].f32()?;
     let (kc, vc) = (&i[1], &i[2]);
@@ -183,34 +207,8 @@ pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResul
                     lo,
                     hi,
                     out,
-                    |j, buf| {
-                        let r = locate(s, j, g);
-                        match kf {
-                            Some(k) => &k[r * d..(r + 1) * d],
-                            None => {
-                                quant::dequantize_row(
-                                    kc.desc.dtype,
-                                    &kc.bytes[r * krb..(r + 1) * krb],
-                                    buf,
-                                );
-                                buf
-                            }
-                        }
-                    },
-                    |j, buf| {
-                        let r = locate(s, j, g);
-                        match vf {
-                            Some(v) => &v[r * dv..(r + 1) * dv],
-                            None => {
-                                quant::dequantize_row(
-                                    vc.desc.dtype,
-                                    &vc.bytes[r * vrb..(r + 1) * vrb],
-                                    buf,
-                                );
-                                buf
-                            }
-                        }
-                    },
+                    |j, buf| cache_row(kc, kf, locate(s, j, g), d, krb, buf),
+                    |j, buf| cache_row(vc, vf, locate(s, j, g), dv, vrb, buf),
                 );
             }
         });

@@ -190,7 +190,10 @@ mod exp_tests {
             worst = worst.max(((got - want) / want).abs());
             x += 0.0137;
         }
-        assert!(worst < 3.0 * f32::EPSILON as f64, "worst relative error {worst}");
+        assert!(
+            worst < 3.0 * f32::EPSILON as f64,
+            "worst relative error {worst}"
+        );
         assert!(exp_f32(-200.0) < 1e-37 && exp_f32(200.0) > 1e38);
     }
 
@@ -206,7 +209,10 @@ mod exp_tests {
                 let x = h0[i] as f64;
                 let a = match g.activation() {
                     UnaryOp::Silu => x / (1.0 + (-x).exp()),
-                    _ => 0.5 * x * (1.0 + (0.797_884_560_802_865_4 * (x + 0.044_715 * x * x * x)).tanh()),
+                    _ => {
+                        0.5 * x
+                            * (1.0 + (0.797_884_560_802_865_4 * (x + 0.044_715 * x * x * x)).tanh())
+                    }
                 };
                 let want = a * up[i] as f64;
                 assert!(

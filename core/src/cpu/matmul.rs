@@ -142,19 +142,35 @@ pub(crate) fn gemm(
     let yp = pool::SendPtr(y.as_mut_ptr());
     // f32 weights in native byte order are used where they lie (unaligned loads).
     let direct = dtype == DType::F32 && cfg!(target_endian = "little");
-    // Decode (a few activation rows): dequantize and dot in one pass over each weight row.
-    if m <= qdot::MAX_ROWS && qdot::supported(isa, dtype) {
+    // Formats with a fused kernel: dequantize and dot in one pass over each weight row, up to
+    // eight activation rows at a time. Every batch size takes this path, so a row's result
+    // never depends on how many rows share the step (a prefix-cache hit, a batch of
+    // sequences and a whole prompt give the same bits).
+    if qdot::supported(isa, dtype) {
         pool::par_ranges(n, 4, 4, |range| {
             let yp = &yp;
             let mut out = [0f32; qdot::MAX_ROWS];
             for r in range {
-                // SAFETY: the fused kernel handles `dtype` here; row r lies inside `w`, and
-                // column r of y is this task's alone.
-                unsafe {
-                    qdot::row_dots(dtype, x.as_ptr(), k, m, k, w.as_ptr().add(r * rb), &mut out);
-                    for (i, v) in out.iter().enumerate().take(m) {
-                        *yp.0.add(i * n + r) = *v;
+                let mut i0 = 0;
+                while i0 < m {
+                    let mr = qdot::MAX_ROWS.min(m - i0);
+                    // SAFETY: the fused kernel handles `dtype` here; row r lies inside `w`,
+                    // rows i0..i0+mr inside `x`, and column r of y is this task's alone.
+                    unsafe {
+                        qdot::row_dots(
+                            dtype,
+                            x.as_ptr().add(i0 * k),
+                            k,
+                            mr,
+                            k,
+                            w.as_ptr().add(r * rb),
+                            &mut out,
+                        );
+                        for (i, v) in out.iter().enumerate().take(mr) {
+                            *yp.0.add((i0 + i) * n + r) = *v;
+                        }
                     }
+                    i0 += mr;
                 }
             }
         });

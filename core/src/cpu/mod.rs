@@ -101,7 +101,6 @@ impl Recycler {
     }
 }
 
-
 // SAFETY: the contents are only touched by the owning `CpuBackend` while it holds its `gate`
 // mutex (upload, download, execute), and `check_call` guarantees an output never overlaps an
 // input or another output, so no byte is aliased mutably.
@@ -368,13 +367,14 @@ impl Backend for CpuBackend {
             if on_workers(op) {
                 dispatch(op, &in_bytes, &mut out_bytes)
             } else {
-                self.pool.install(|| dispatch(op, &in_bytes, &mut out_bytes))
+                self.pool
+                    .install(|| dispatch(op, &in_bytes, &mut out_bytes))
             }
         })
-            .map_err(|e| match e {
-                KernelError::Data(msg) => err(msg),
-                KernelError::Other(e) => e,
-            })
+        .map_err(|e| match e {
+            KernelError::Data(msg) => err(msg),
+            KernelError::Other(e) => e,
+        })
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -18,12 +18,7 @@ pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
         isa == super::simd::Isa::Avx512
             && matches!(
                 dtype,
-                DType::Q4_0
-                    | DType::Q4_1
-                    | DType::Q5_0
-                    | DType::Q8_0
-                    | DType::Q4_K
-                    | DType::Q6_K
+                DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4_K | DType::Q6_K
             )
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -98,6 +93,22 @@ mod x86 {
         unsafe fn group(b: *const u8, h: &Self::Head, g: usize) -> (__m512, __m512);
     }
 
+    /// A 32-element format with one scale set per block: the block is its only group.
+    macro_rules! block32 {
+        ($name:ident, $bytes:expr, |$b:ident| $body:block) => {
+            pub struct $name;
+            impl Format for $name {
+                const BYTES: usize = $bytes;
+                const GROUPS: usize = 1;
+                type Head = ();
+                #[inline(always)]
+                unsafe fn head(_: *const u8) {}
+                #[inline(always)]
+                unsafe fn group($b: *const u8, _: &(), _: usize) -> (__m512, __m512) $body
+            }
+        };
+    }
+
     /// The f16 at `b` (F16C's conversion; the callers are compiled with it).
     #[inline(always)]
     unsafe fn f16(b: *const u8) -> f32 {
@@ -118,21 +129,12 @@ mod x86 {
         (_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m))
     }
 
-    pub struct Q40;
-    impl Format for Q40 {
-        const BYTES: usize = 18;
-        const GROUPS: usize = 1;
-        type Head = ();
-        #[inline(always)]
-        unsafe fn head(_: *const u8) {}
-        #[inline(always)]
-        unsafe fn group(b: *const u8, _: &(), _: usize) -> (__m512, __m512) {
-            let d = _mm512_set1_ps(f16(b));
-            // The 16 values a nibble can stand for, looked up by the nibble.
-            let table = _mm512_mul_ps(_mm512_sub_ps(iota(), _mm512_set1_ps(8.0)), d);
-            nibble_lookup(b.add(2), table)
-        }
-    }
+    block32!(Q40, 18, |b| {
+        let d = _mm512_set1_ps(f16(b));
+        // The 16 values a nibble can stand for, looked up by the nibble.
+        let table = _mm512_mul_ps(_mm512_sub_ps(iota(), _mm512_set1_ps(8.0)), d);
+        nibble_lookup(b.add(2), table)
+    });
 
     /// 0, 1, …, 15.
     #[inline(always)]
@@ -157,70 +159,43 @@ mod x86 {
         )
     }
 
-    pub struct Q41;
-    impl Format for Q41 {
-        const BYTES: usize = 20;
-        const GROUPS: usize = 1;
-        type Head = ();
-        #[inline(always)]
-        unsafe fn head(_: *const u8) {}
-        #[inline(always)]
-        unsafe fn group(b: *const u8, _: &(), _: usize) -> (__m512, __m512) {
-            // d and m converted together from their two f16s.
-            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(b as *const i32)));
-            let d = _mm512_broadcastss_ps(dm);
-            let m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
-            nibble_lookup(b.add(4), _mm512_fmadd_ps(iota(), d, m))
-        }
-    }
+    block32!(Q41, 20, |b| {
+        // d and m converted together from their two f16s.
+        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(b as *const i32)));
+        let d = _mm512_broadcastss_ps(dm);
+        let m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+        nibble_lookup(b.add(4), _mm512_fmadd_ps(iota(), d, m))
+    });
 
-    pub struct Q50;
-    impl Format for Q50 {
-        const BYTES: usize = 22;
-        const GROUPS: usize = 1;
-        type Head = ();
-        #[inline(always)]
-        unsafe fn head(_: *const u8) {}
-        #[inline(always)]
-        unsafe fn group(b: *const u8, _: &(), _: usize) -> (__m512, __m512) {
-            let d = _mm512_set1_ps(f16(b));
-            let qh = u32::from_le_bytes([*b.add(2), *b.add(3), *b.add(4), *b.add(5)]);
-            let (lo, hi) = nibbles(b.add(6));
-            let sixteen = _mm512_set1_epi32(16);
-            // Bit j of qh is bit 4 of element j: OR 16 into the lanes whose bit is set.
-            let lo = _mm512_cvtepu8_epi32(lo);
-            let hi = _mm512_cvtepu8_epi32(hi);
-            let lo = _mm512_mask_or_epi32(lo, qh as u16, lo, sixteen);
-            let hi = _mm512_mask_or_epi32(hi, (qh >> 16) as u16, hi, sixteen);
-            // The 32 values a 5-bit code stands for, (q - 16)·d, in two tables of 16 that
-            // vpermt2ps indexes with the code's 5 bits.
-            let t0 = _mm512_mul_ps(_mm512_sub_ps(iota(), _mm512_set1_ps(16.0)), d);
-            let t1 = _mm512_mul_ps(iota(), d);
-            (
-                _mm512_permutex2var_ps(t0, lo, t1),
-                _mm512_permutex2var_ps(t0, hi, t1),
-            )
-        }
-    }
+    block32!(Q50, 22, |b| {
+        let d = _mm512_set1_ps(f16(b));
+        let qh = u32::from_le_bytes([*b.add(2), *b.add(3), *b.add(4), *b.add(5)]);
+        let (lo, hi) = nibbles(b.add(6));
+        let sixteen = _mm512_set1_epi32(16);
+        // Bit j of qh is bit 4 of element j: OR 16 into the lanes whose bit is set.
+        let lo = _mm512_cvtepu8_epi32(lo);
+        let hi = _mm512_cvtepu8_epi32(hi);
+        let lo = _mm512_mask_or_epi32(lo, qh as u16, lo, sixteen);
+        let hi = _mm512_mask_or_epi32(hi, (qh >> 16) as u16, hi, sixteen);
+        // The 32 values a 5-bit code stands for, (q - 16)·d, in two tables of 16 that
+        // vpermt2ps indexes with the code's 5 bits.
+        let t0 = _mm512_mul_ps(_mm512_sub_ps(iota(), _mm512_set1_ps(16.0)), d);
+        let t1 = _mm512_mul_ps(iota(), d);
+        (
+            _mm512_permutex2var_ps(t0, lo, t1),
+            _mm512_permutex2var_ps(t0, hi, t1),
+        )
+    });
 
-    pub struct Q80;
-    impl Format for Q80 {
-        const BYTES: usize = 34;
-        const GROUPS: usize = 1;
-        type Head = ();
-        #[inline(always)]
-        unsafe fn head(_: *const u8) {}
-        #[inline(always)]
-        unsafe fn group(b: *const u8, _: &(), _: usize) -> (__m512, __m512) {
-            let d = _mm512_set1_ps(f16(b));
-            let lo = _mm_loadu_si128(b.add(2) as *const __m128i);
-            let hi = _mm_loadu_si128(b.add(18) as *const __m128i);
-            (
-                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d),
-                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d),
-            )
-        }
-    }
+    block32!(Q80, 34, |b| {
+        let d = _mm512_set1_ps(f16(b));
+        let lo = _mm_loadu_si128(b.add(2) as *const __m128i);
+        let hi = _mm_loadu_si128(b.add(18) as *const __m128i);
+        (
+            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d),
+            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d),
+        )
+    });
 
     /// Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles.
     pub struct Q4K;
@@ -258,10 +233,7 @@ mod x86 {
             let table = _mm512_fmadd_ps(iota(), _mm512_set1_ps(d1), _mm512_set1_ps(-m1));
             (
                 _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(v)), table),
-                _mm512_permutexvar_ps(
-                    _mm512_cvtepu8_epi32(_mm256_extracti128_si256(v, 1)),
-                    table,
-                ),
+                _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(v, 1)), table),
             )
         }
     }
@@ -375,9 +347,7 @@ mod tests {
                     let mut out = [f32::NAN; MAX_ROWS];
                     unsafe { row_dots(dt, x.as_ptr(), ldx, mr, k, wq.as_ptr(), &mut out) };
                     for i in 0..mr {
-                        let want: f64 = (0..k)
-                            .map(|j| x[i * ldx + j] as f64 * wd[j] as f64)
-                            .sum();
+                        let want: f64 = (0..k).map(|j| x[i * ldx + j] as f64 * wd[j] as f64).sum();
                         let got = out[i] as f64;
                         assert!(
                             (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
