@@ -142,38 +142,81 @@ pub(crate) fn gemm(
     let yp = pool::SendPtr(y.as_mut_ptr());
     // f32 weights in native byte order are used where they lie (unaligned loads).
     let direct = dtype == DType::F32 && cfg!(target_endian = "little");
-    // Formats with a fused kernel: dequantize and dot in one pass over each weight row, up to
-    // eight activation rows at a time. Every batch size takes this path, so a row's result
-    // never depends on how many rows share the step (a prefix-cache hit, a batch of
-    // sequences and a whole prompt give the same bits).
-    if qdot::supported(isa, dtype) {
-        pool::par_ranges(n, 4, 4, |range| {
-            let yp = &yp;
-            let mut out = [0f32; qdot::MAX_ROWS];
-            for r in range {
-                let mut i0 = 0;
-                while i0 < m {
-                    let mr = qdot::MAX_ROWS.min(m - i0);
+    // Formats with a fused kernel. A few activation rows (decode, batched decode): dequantize
+    // and dot in one pass over each weight row. More (prefill): decode each tile of weight rows
+    // once with the same decoders and run the tile kernel, which sums in the fused kernel's
+    // order. Both give the same bits for a row, so no result depends on the batch it came in
+    // (a prefix-cache hit, a batch of sequences and a whole prompt agree exactly).
+    if qdot::supported(isa, dtype) && k % 32 == 0 {
+        if m <= qdot::MAX_ROWS {
+            pool::par_ranges(n, 4, 4, |range| {
+                let yp = &yp;
+                let mut out = [0f32; qdot::MAX_ROWS];
+                for r in range {
                     // SAFETY: the fused kernel handles `dtype` here; row r lies inside `w`,
-                    // rows i0..i0+mr inside `x`, and column r of y is this task's alone.
+                    // and column r of y is this task's alone.
                     unsafe {
                         qdot::row_dots(
                             dtype,
-                            x.as_ptr().add(i0 * k),
+                            x.as_ptr(),
                             k,
-                            mr,
+                            m,
                             k,
                             w.as_ptr().add(r * rb),
                             &mut out,
                         );
-                        for (i, v) in out.iter().enumerate().take(mr) {
-                            *yp.0.add((i0 + i) * n + r) = *v;
+                        for (i, v) in out.iter().enumerate().take(m) {
+                            *yp.0.add(i * n + r) = *v;
                         }
                     }
-                    i0 += mr;
                 }
-            }
-        });
+            });
+        } else {
+            pool::par_ranges(n, TILE, 4, |range| {
+                let yp = &yp;
+                let mut buf = SCRATCH.with(|c| c.take());
+                if buf.len() < TILE * k {
+                    buf.resize(TILE * k, 0.0);
+                }
+                let mut out = [[0f32; 2]; qdot::TILE_ROWS];
+                let mut n0 = range.start;
+                while n0 < range.end {
+                    let rows = TILE.min(range.end - n0);
+                    // SAFETY: rows n0..n0+rows lie inside `w`; `buf` holds TILE rows of k; the
+                    // columns n0..n0+rows of y are this task's alone.
+                    unsafe {
+                        for r in 0..rows {
+                            qdot::decode_row(
+                                dtype,
+                                w.as_ptr().add((n0 + r) * rb),
+                                k,
+                                buf.as_mut_ptr().add(r * k),
+                            );
+                        }
+                        let mut i = 0;
+                        while i < m {
+                            let mr = qdot::TILE_ROWS.min(m - i);
+                            let mut j = 0;
+                            while j < rows {
+                                let nr = 2.min(rows - j);
+                                let wt =
+                                    [buf.as_ptr().add(j * k), buf.as_ptr().add((j + nr - 1) * k)];
+                                qdot::tile_dots(x.as_ptr().add(i * k), k, mr, wt, k, &mut out);
+                                for (ii, o) in out.iter().enumerate().take(mr) {
+                                    for (jj, v) in o.iter().enumerate().take(nr) {
+                                        *yp.0.add((i + ii) * n + n0 + j + jj) = *v;
+                                    }
+                                }
+                                j += 2;
+                            }
+                            i += mr;
+                        }
+                    }
+                    n0 += rows;
+                }
+                SCRATCH.with(|c| c.replace(buf));
+            });
+        }
         return Ok(());
     }
     // Enough pieces per thread that a core slowed by other work hands some to the other.

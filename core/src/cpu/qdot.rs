@@ -77,6 +77,61 @@ pub(crate) unsafe fn row_dots(
     }
 }
 
+/// Decodes one weight row (`k` elements of `dtype`) into `out` with the fused kernels'
+/// decoders.
+///
+/// # Safety
+/// As for [`row_dots`]; `out` has room for `k` f32.
+pub(crate) unsafe fn decode_row(dtype: DType, w: *const u8, k: usize, out: *mut f32) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use x86::*;
+        match dtype {
+            DType::Q4_0 => decode::<Q40>(w, k, out),
+            DType::Q4_1 => decode::<Q41>(w, k, out),
+            DType::Q5_0 => decode::<Q50>(w, k, out),
+            DType::Q8_0 => decode::<Q80>(w, k, out),
+            DType::Q4_K => decode::<Q4K>(w, k, out),
+            DType::Q6_K => decode::<Q6K>(w, k, out),
+            _ => {}
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (dtype, w, k, out);
+    }
+}
+
+/// Activation rows [`tile_dots`] covers at once.
+pub(crate) const TILE_ROWS: usize = 4;
+
+/// `out[i][j] = x[i] · w[j]` for `mr` (1..=4) activation rows at stride `ldx` and two rows of
+/// weights decoded by [`decode_row`], with the bits [`row_dots`] gives for the same row.
+///
+/// # Safety
+/// [`supported`] holds for the weights' format; `k` is a multiple of 32; the pointers cover
+/// `mr` rows of `k` f32 and two rows of `k` f32.
+pub(crate) unsafe fn tile_dots(
+    x: *const f32,
+    ldx: usize,
+    mr: usize,
+    w: [*const f32; 2],
+    k: usize,
+    out: &mut [[f32; 2]; TILE_ROWS],
+) {
+    #[cfg(target_arch = "x86_64")]
+    match mr {
+        1 => x86::tile::<1>(x, ldx, w, k, out),
+        2 => x86::tile::<2>(x, ldx, w, k, out),
+        3 => x86::tile::<3>(x, ldx, w, k, out),
+        _ => x86::tile::<4>(x, ldx, w, k, out),
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (x, ldx, mr, w, k, out);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -307,7 +362,72 @@ mod x86 {
             }
         }
         for (o, a) in out.iter_mut().zip(&acc) {
-            *o = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
+            *o = finish(a);
+        }
+    }
+
+    /// A row's two accumulators summed: the one reduction both paths use.
+    #[inline(always)]
+    unsafe fn finish(a: &[__m512; 2]) -> f32 {
+        _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]))
+    }
+
+    /// Decodes one weight row of `k` elements into `out` with the same group decoders as
+    /// [`run`], so the stored values are the ones it multiplies.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn decode<F: Format>(w: *const u8, k: usize, out: *mut f32) {
+        for bi in 0..k / (32 * F::GROUPS) {
+            let b = w.add(bi * F::BYTES);
+            let head = F::head(b);
+            for g in 0..F::GROUPS {
+                let (w0, w1) = F::group(b, &head, g);
+                let o = out.add((bi * F::GROUPS + g) * 32);
+                _mm512_storeu_ps(o, w0);
+                _mm512_storeu_ps(o.add(16), w1);
+            }
+        }
+    }
+
+    /// Prefill over decoded weights: `out[i][j] = x[i] · w[j]` for `MR` activation rows and
+    /// two weight rows, accumulated exactly as [`run`] does (two accumulators per pair, the
+    /// halves of each 32-element group, the same fused multiply-adds and the same final
+    /// sum), so a row's result does not depend on the batch it came in.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn tile<const MR: usize>(
+        x: *const f32,
+        ldx: usize,
+        w: [*const f32; 2],
+        k: usize,
+        out: &mut [[f32; 2]; 4],
+    ) {
+        let mut acc = [[[_mm512_setzero_ps(); 2]; 2]; MR];
+        let mut kk = 0;
+        while kk + 32 <= k {
+            let wv = [
+                [
+                    _mm512_loadu_ps(w[0].add(kk)),
+                    _mm512_loadu_ps(w[0].add(kk + 16)),
+                ],
+                [
+                    _mm512_loadu_ps(w[1].add(kk)),
+                    _mm512_loadu_ps(w[1].add(kk + 16)),
+                ],
+            ];
+            for (i, a) in acc.iter_mut().enumerate() {
+                let xp = x.add(i * ldx + kk);
+                let x0 = _mm512_loadu_ps(xp);
+                let x1 = _mm512_loadu_ps(xp.add(16));
+                for j in 0..2 {
+                    a[j][0] = _mm512_fmadd_ps(wv[j][0], x0, a[j][0]);
+                    a[j][1] = _mm512_fmadd_ps(wv[j][1], x1, a[j][1]);
+                }
+            }
+            kk += 32;
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for j in 0..2 {
+                o[j] = finish(&a[j]);
+            }
         }
     }
 }
@@ -341,6 +461,42 @@ mod tests {
                 let wq = quant::quantize(dt, &wf).unwrap();
                 let mut wd = vec![0f32; k];
                 quant::dequantize(dt, &wq, &mut wd).unwrap();
+                // The prefill path (decode once, then the tile kernel) gives the same bits.
+                {
+                    let ldx = k + 3;
+                    let x: Vec<f32> = (0..4 * ldx).map(|_| rng.normal()).collect();
+                    let mut wd2 = vec![0f32; 2 * k];
+                    let w2 = quant::quantize(dt, &wf.iter().map(|v| -v * 0.5).collect::<Vec<_>>())
+                        .unwrap();
+                    unsafe {
+                        decode_row(dt, wq.as_ptr(), k, wd2.as_mut_ptr());
+                        decode_row(dt, w2.as_ptr(), k, wd2.as_mut_ptr().add(k));
+                    }
+                    for mr in 1..=TILE_ROWS {
+                        let mut t = [[f32::NAN; 2]; TILE_ROWS];
+                        unsafe {
+                            tile_dots(
+                                x.as_ptr(),
+                                ldx,
+                                mr,
+                                [wd2.as_ptr(), wd2.as_ptr().add(k)],
+                                k,
+                                &mut t,
+                            )
+                        };
+                        for (j, wrow) in [&wq, &w2].iter().enumerate() {
+                            let mut r = [f32::NAN; MAX_ROWS];
+                            unsafe { row_dots(dt, x.as_ptr(), ldx, mr, k, wrow.as_ptr(), &mut r) };
+                            for i in 0..mr {
+                                assert_eq!(
+                                    t[i][j].to_bits(),
+                                    r[i].to_bits(),
+                                    "{dt:?} k={k} mr={mr} ({i},{j})"
+                                );
+                            }
+                        }
+                    }
+                }
                 for mr in 1..=MAX_ROWS {
                     let ldx = k + 5;
                     let x: Vec<f32> = (0..mr * ldx).map(|_| rng.normal()).collect();
