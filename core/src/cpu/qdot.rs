@@ -340,8 +340,9 @@ mod x86 {
         out: &mut [f32; super::MAX_ROWS],
     ) {
         let blocks = k / (32 * F::GROUPS);
-        // Two accumulators per row (one per half of a group) keep two FMA chains in flight.
-        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        // Four accumulators per row: the two halves of each group, even and odd groups apart.
+        // Four chains of multiply-adds in flight: with two, one row waited on FMA latency.
+        let mut acc = [[_mm512_setzero_ps(); 4]; MR];
         for bi in 0..blocks {
             let b = w.add(bi * F::BYTES);
             // A prefetch past the end of the weights is harmless (it never faults).
@@ -354,10 +355,11 @@ mod x86 {
             for g in 0..F::GROUPS {
                 let (w0, w1) = F::group(b, &head, g);
                 let kk = (bi * F::GROUPS + g) * 32;
+                let p = 2 * ((kk / 32) & 1);
                 for (i, a) in acc.iter_mut().enumerate() {
                     let xp = x.add(i * ldx + kk);
-                    a[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp), a[0]);
-                    a[1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xp.add(16)), a[1]);
+                    a[p] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp), a[p]);
+                    a[p + 1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xp.add(16)), a[p + 1]);
                 }
             }
         }
@@ -366,10 +368,12 @@ mod x86 {
         }
     }
 
-    /// A row's two accumulators summed: the one reduction both paths use.
+    /// A row's four accumulators summed: the one reduction both paths use.
     #[inline(always)]
-    unsafe fn finish(a: &[__m512; 2]) -> f32 {
-        _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]))
+    unsafe fn finish(a: &[__m512; 4]) -> f32 {
+        let lo = _mm512_add_ps(a[0], a[2]);
+        let hi = _mm512_add_ps(a[1], a[3]);
+        _mm512_reduce_add_ps(_mm512_add_ps(lo, hi))
     }
 
     /// Decodes one weight row of `k` elements into `out` with the same group decoders as
@@ -389,44 +393,51 @@ mod x86 {
     }
 
     /// Prefill over decoded weights: `out[i][j] = x[i] · w[j]` for `MR` activation rows and
-    /// two weight rows, accumulated exactly as [`run`] does (two accumulators per pair, the
-    /// halves of each 32-element group, the same fused multiply-adds and the same final
-    /// sum), so a row's result does not depend on the batch it came in.
+    /// two weight rows, accumulated exactly as [`run`] does (four accumulators per pair: the
+    /// halves of each 32-element group, even and odd groups apart; the same fused
+    /// multiply-adds in the same order and the same final sum), so a row's result does not
+    /// depend on the batch it came in. The even groups and the odd groups are two passes over
+    /// `k`, so only two accumulators per pair are live at once (16 registers for 4 × 2).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     pub unsafe fn tile<const MR: usize>(
         x: *const f32,
         ldx: usize,
         w: [*const f32; 2],
         k: usize,
-        out: &mut [[f32; 2]; 4],
+        out: &mut [[f32; 2]; super::TILE_ROWS],
     ) {
-        let mut acc = [[[_mm512_setzero_ps(); 2]; 2]; MR];
-        let mut kk = 0;
-        while kk + 32 <= k {
-            let wv = [
-                [
-                    _mm512_loadu_ps(w[0].add(kk)),
-                    _mm512_loadu_ps(w[0].add(kk + 16)),
-                ],
-                [
-                    _mm512_loadu_ps(w[1].add(kk)),
-                    _mm512_loadu_ps(w[1].add(kk + 16)),
-                ],
-            ];
-            for (i, a) in acc.iter_mut().enumerate() {
-                let xp = x.add(i * ldx + kk);
-                let x0 = _mm512_loadu_ps(xp);
-                let x1 = _mm512_loadu_ps(xp.add(16));
-                for j in 0..2 {
-                    a[j][0] = _mm512_fmadd_ps(wv[j][0], x0, a[j][0]);
-                    a[j][1] = _mm512_fmadd_ps(wv[j][1], x1, a[j][1]);
+        let pass = |start: usize| {
+            let mut acc = [[[_mm512_setzero_ps(); 2]; 2]; MR];
+            let mut kk = start;
+            while kk + 32 <= k {
+                let wv = [
+                    [
+                        _mm512_loadu_ps(w[0].add(kk)),
+                        _mm512_loadu_ps(w[0].add(kk + 16)),
+                    ],
+                    [
+                        _mm512_loadu_ps(w[1].add(kk)),
+                        _mm512_loadu_ps(w[1].add(kk + 16)),
+                    ],
+                ];
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let xp = x.add(i * ldx + kk);
+                    let x0 = _mm512_loadu_ps(xp);
+                    let x1 = _mm512_loadu_ps(xp.add(16));
+                    for j in 0..2 {
+                        a[j][0] = _mm512_fmadd_ps(wv[j][0], x0, a[j][0]);
+                        a[j][1] = _mm512_fmadd_ps(wv[j][1], x1, a[j][1]);
+                    }
                 }
+                kk += 64;
             }
-            kk += 32;
-        }
-        for (o, a) in out.iter_mut().zip(&acc) {
+            acc
+        };
+        let even = pass(0);
+        let odd = pass(32);
+        for (i, o) in out.iter_mut().enumerate().take(MR) {
             for j in 0..2 {
-                o[j] = finish(&a[j]);
+                o[j] = finish(&[even[i][j][0], even[i][j][1], odd[i][j][0], odd[i][j][1]]);
             }
         }
     }
