@@ -355,11 +355,19 @@ mod x86 {
             for g in 0..F::GROUPS {
                 let (w0, w1) = F::group(b, &head, g);
                 let kk = (bi * F::GROUPS + g) * 32;
-                let p = 2 * ((kk / 32) & 1);
+                // Constant indices in each arm keep the accumulators in registers (a
+                // computed index would put the array on the stack).
+                let odd = (kk / 32) & 1 == 1;
                 for (i, a) in acc.iter_mut().enumerate() {
                     let xp = x.add(i * ldx + kk);
-                    a[p] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp), a[p]);
-                    a[p + 1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xp.add(16)), a[p + 1]);
+                    let (x0, x1) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
+                    if odd {
+                        a[2] = _mm512_fmadd_ps(w0, x0, a[2]);
+                        a[3] = _mm512_fmadd_ps(w1, x1, a[3]);
+                    } else {
+                        a[0] = _mm512_fmadd_ps(w0, x0, a[0]);
+                        a[1] = _mm512_fmadd_ps(w1, x1, a[1]);
+                    }
                 }
             }
         }
