@@ -172,7 +172,7 @@ pub(crate) fn gemm(
                 }
             });
         } else {
-            pool::par_ranges(n, TILE, 4, |range| {
+            pool::par_ranges(n, TILE, 12, |range| {
                 let yp = &yp;
                 let mut buf = SCRATCH.with(|c| c.take());
                 if buf.len() < TILE * k {
