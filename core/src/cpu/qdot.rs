@@ -103,9 +103,9 @@ pub(crate) unsafe fn decode_row(dtype: DType, w: *const u8, k: usize, out: *mut 
 }
 
 /// Activation rows [`tile_dots`] covers at once.
-pub(crate) const TILE_ROWS: usize = 4;
+pub(crate) const TILE_ROWS: usize = 3;
 
-/// `out[i][j] = x[i] · w[j]` for `mr` (1..=4) activation rows at stride `ldx` and two rows of
+/// `out[i][j] = x[i] · w[j]` for `mr` (1..=3) activation rows at stride `ldx` and two rows of
 /// weights decoded by [`decode_row`], with the bits [`row_dots`] gives for the same row.
 ///
 /// # Safety
@@ -123,8 +123,7 @@ pub(crate) unsafe fn tile_dots(
     match mr {
         1 => x86::tile::<1>(x, ldx, w, k, out),
         2 => x86::tile::<2>(x, ldx, w, k, out),
-        3 => x86::tile::<3>(x, ldx, w, k, out),
-        _ => x86::tile::<4>(x, ldx, w, k, out),
+        _ => x86::tile::<3>(x, ldx, w, k, out),
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -414,40 +413,58 @@ mod x86 {
         k: usize,
         out: &mut [[f32; 2]; super::TILE_ROWS],
     ) {
-        let pass = |start: usize| {
-            let mut acc = [[[_mm512_setzero_ps(); 2]; 2]; MR];
-            let mut kk = start;
-            while kk + 32 <= k {
+        let mut acc = [[[_mm512_setzero_ps(); 4]; 2]; MR];
+        let mut kk = 0;
+        // Two groups per round, the even one into accumulators 0 and 1, the odd one into 2
+        // and 3 (constant indices, so they stay in registers).
+        while kk + 32 <= k {
+            let odd = kk + 64 <= k;
+            let wv = [
+                [
+                    _mm512_loadu_ps(w[0].add(kk)),
+                    _mm512_loadu_ps(w[0].add(kk + 16)),
+                ],
+                [
+                    _mm512_loadu_ps(w[1].add(kk)),
+                    _mm512_loadu_ps(w[1].add(kk + 16)),
+                ],
+            ];
+            for (i, a) in acc.iter_mut().enumerate() {
+                let xp = x.add(i * ldx + kk);
+                let x0 = _mm512_loadu_ps(xp);
+                let x1 = _mm512_loadu_ps(xp.add(16));
+                for j in 0..2 {
+                    a[j][0] = _mm512_fmadd_ps(wv[j][0], x0, a[j][0]);
+                    a[j][1] = _mm512_fmadd_ps(wv[j][1], x1, a[j][1]);
+                }
+            }
+            if odd {
+                let ko = kk + 32;
                 let wv = [
                     [
-                        _mm512_loadu_ps(w[0].add(kk)),
-                        _mm512_loadu_ps(w[0].add(kk + 16)),
+                        _mm512_loadu_ps(w[0].add(ko)),
+                        _mm512_loadu_ps(w[0].add(ko + 16)),
                     ],
                     [
-                        _mm512_loadu_ps(w[1].add(kk)),
-                        _mm512_loadu_ps(w[1].add(kk + 16)),
+                        _mm512_loadu_ps(w[1].add(ko)),
+                        _mm512_loadu_ps(w[1].add(ko + 16)),
                     ],
                 ];
                 for (i, a) in acc.iter_mut().enumerate() {
-                    let xp = x.add(i * ldx + kk);
+                    let xp = x.add(i * ldx + ko);
                     let x0 = _mm512_loadu_ps(xp);
                     let x1 = _mm512_loadu_ps(xp.add(16));
                     for j in 0..2 {
-                        a[j][0] = _mm512_fmadd_ps(wv[j][0], x0, a[j][0]);
-                        a[j][1] = _mm512_fmadd_ps(wv[j][1], x1, a[j][1]);
+                        a[j][2] = _mm512_fmadd_ps(wv[j][0], x0, a[j][2]);
+                        a[j][3] = _mm512_fmadd_ps(wv[j][1], x1, a[j][3]);
                     }
                 }
-                kk += 64;
             }
-            acc
-        };
-        // Through black_box, the even pass's sums wait in memory during the odd pass instead
-        // of competing for its registers (which made the compiler spill inside the loop).
-        let even = std::hint::black_box(pass(0));
-        let odd = pass(32);
-        for (i, o) in out.iter_mut().enumerate().take(MR) {
+            kk += 64;
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
             for j in 0..2 {
-                o[j] = finish(&[even[i][j][0], even[i][j][1], odd[i][j][0], odd[i][j][1]]);
+                o[j] = finish(&a[j]);
             }
         }
     }
