@@ -1,5 +1,5 @@
 //! Fused dequantize-and-dot for decode: a weight row is read once in its block format, each
-//! 32-element group decoded into two f32 vectors in registers and multiplied into up to eight
+//! 32-element group decoded into two f32 vectors in registers and multiplied into up to six
 //! f32 activation rows at once (a batch of decoding sequences reads each weight once). No scratch buffer, no activation quantization: the products
 //! are the exact dequantized weights times the f32 activations, accumulated in f32.
 //!
@@ -9,7 +9,8 @@
 use crate::tensor::DType;
 
 /// Activation rows one call covers at most.
-pub(crate) const MAX_ROWS: usize = 8;
+/// Six rows × four accumulators stay in the 32 vector registers (eight spilled).
+pub(crate) const MAX_ROWS: usize = 6;
 
 /// Whether [`row_dots`] handles `dtype` on this CPU.
 pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
@@ -28,7 +29,7 @@ pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
     }
 }
 
-/// `out[i] = Σₖ x[i·ldx + k] · W[k]` for `i < mr` (1..=8), with `w` one row of `k` elements
+/// `out[i] = Σₖ x[i·ldx + k] · W[k]` for `i < mr` (1..=6), with `w` one row of `k` elements
 /// of `dtype`.
 ///
 /// # Safety
@@ -55,9 +56,7 @@ pub(crate) unsafe fn row_dots(
                     3 => run::<$f, 3>(x, ldx, k, w, out),
                     4 => run::<$f, 4>(x, ldx, k, w, out),
                     5 => run::<$f, 5>(x, ldx, k, w, out),
-                    6 => run::<$f, 6>(x, ldx, k, w, out),
-                    7 => run::<$f, 7>(x, ldx, k, w, out),
-                    _ => run::<$f, 8>(x, ldx, k, w, out),
+                    _ => run::<$f, 6>(x, ldx, k, w, out),
                 }
             };
         }
