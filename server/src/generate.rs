@@ -591,8 +591,10 @@ fn profile(
     toks: &mut impl FnMut(usize) -> Vec<u32>,
 ) -> Result<()> {
     use std::collections::BTreeMap;
+    /// One phase: (seconds, calls) per op family, wall seconds, tokens.
+    type Phase = (BTreeMap<&'static str, (f64, u64)>, f64, usize);
     let seq: SeqId = 5000;
-    let mut phases: Vec<(BTreeMap<&'static str, (f64, u64)>, f64, usize)> = Vec::new();
+    let mut phases: Vec<Phase> = Vec::new();
     for (n, decode) in [(a.n_prompt, false), (a.n_gen, true)] {
         let mut fam = BTreeMap::new();
         let mut wall = 0.0;
@@ -619,9 +621,7 @@ fn profile(
     let mut names: Vec<&'static str> = phases.iter().flat_map(|p| p.0.keys().copied()).collect();
     names.sort();
     names.dedup();
-    let ms = |p: &(BTreeMap<&'static str, (f64, u64)>, f64, usize), op: &str| {
-        p.0.get(op).map_or(0.0, |v| 1e3 * v.0 / p.2.max(1) as f64)
-    };
+    let ms = |p: &Phase, op: &str| p.0.get(op).map_or(0.0, |v| 1e3 * v.0 / p.2.max(1) as f64);
     names.sort_by(|x, y| {
         ms(&phases[1], y)
             .total_cmp(&ms(&phases[1], x))
@@ -641,7 +641,7 @@ fn profile(
             ms(&phases[1], op)
         );
     }
-    let rest = |p: &(BTreeMap<&'static str, (f64, u64)>, f64, usize)| {
+    let rest = |p: &Phase| {
         let ops: f64 = p.0.values().map(|v| v.0).sum();
         1e3 * (p.1 - ops).max(0.0) / p.2.max(1) as f64
     };

@@ -83,6 +83,7 @@ fn dequantize_tile_isa(
 /// # Safety
 /// `y` must point to `m` rows of `ldy` writable f32 that no other thread writes at columns
 /// `n0..n0 + rows`; `x` holds `m · k` f32 and `wt` `rows · k`.
+#[allow(clippy::too_many_arguments)]
 unsafe fn tile_dots(
     isa: Isa,
     x: &[f32],
@@ -147,7 +148,7 @@ pub(crate) fn gemm(
     // once with the same decoders and run the tile kernel, which sums in the fused kernel's
     // order. Both give the same bits for a row, so no result depends on the batch it came in
     // (a prefix-cache hit, a batch of sequences and a whole prompt agree exactly).
-    if qdot::supported(isa, dtype) && k % 32 == 0 {
+    if qdot::supported(isa, dtype) && k.is_multiple_of(32) {
         if m <= qdot::MAX_ROWS {
             pool::par_ranges(n, 4, 4, |range| {
                 let yp = &yp;

@@ -291,7 +291,7 @@ fn worker(s: Arc<Shared>) {
                 return;
             }
             backoff(&mut spins);
-            if spins % 1024 == 0 && start.elapsed() > SPIN {
+            if spins.is_multiple_of(1024) && start.elapsed() > SPIN {
                 let g = s.lock.lock().unwrap_or_else(|p| p.into_inner());
                 s.sleepers.fetch_add(1, Ordering::SeqCst);
                 // Re-check under the lock: `run` notifies while holding it.
