@@ -398,6 +398,28 @@ mod x86 {
         }
     }
 
+    /// One 32-element group at `kk` of [`tile`]: both halves of two weight rows against `MR`
+    /// activation rows, into accumulators `P` and `P + 1` of each pair.
+    #[inline(always)]
+    unsafe fn tile_group<const MR: usize, const P: usize>(
+        x: *const f32,
+        ldx: usize,
+        w: [*const f32; 2],
+        kk: usize,
+        acc: &mut [[[__m512; 4]; 2]; MR],
+    ) {
+        let wv = w.map(|r| [_mm512_loadu_ps(r.add(kk)), _mm512_loadu_ps(r.add(kk + 16))]);
+        for (i, a) in acc.iter_mut().enumerate() {
+            let xp = x.add(i * ldx + kk);
+            let x0 = _mm512_loadu_ps(xp);
+            let x1 = _mm512_loadu_ps(xp.add(16));
+            for j in 0..2 {
+                a[j][P] = _mm512_fmadd_ps(wv[j][0], x0, a[j][P]);
+                a[j][P + 1] = _mm512_fmadd_ps(wv[j][1], x1, a[j][P + 1]);
+            }
+        }
+    }
+
     /// Prefill over decoded weights: `out[i][j] = x[i] · w[j]` for `MR` activation rows and
     /// two weight rows, accumulated exactly as [`run`] does (four accumulators per pair: the
     /// halves of each 32-element group, even and odd groups apart; the same fused
@@ -417,47 +439,9 @@ mod x86 {
         // Two groups per round, the even one into accumulators 0 and 1, the odd one into 2
         // and 3 (constant indices, so they stay in registers).
         while kk + 32 <= k {
-            let odd = kk + 64 <= k;
-            let wv = [
-                [
-                    _mm512_loadu_ps(w[0].add(kk)),
-                    _mm512_loadu_ps(w[0].add(kk + 16)),
-                ],
-                [
-                    _mm512_loadu_ps(w[1].add(kk)),
-                    _mm512_loadu_ps(w[1].add(kk + 16)),
-                ],
-            ];
-            for (i, a) in acc.iter_mut().enumerate() {
-                let xp = x.add(i * ldx + kk);
-                let x0 = _mm512_loadu_ps(xp);
-                let x1 = _mm512_loadu_ps(xp.add(16));
-                for j in 0..2 {
-                    a[j][0] = _mm512_fmadd_ps(wv[j][0], x0, a[j][0]);
-                    a[j][1] = _mm512_fmadd_ps(wv[j][1], x1, a[j][1]);
-                }
-            }
-            if odd {
-                let ko = kk + 32;
-                let wv = [
-                    [
-                        _mm512_loadu_ps(w[0].add(ko)),
-                        _mm512_loadu_ps(w[0].add(ko + 16)),
-                    ],
-                    [
-                        _mm512_loadu_ps(w[1].add(ko)),
-                        _mm512_loadu_ps(w[1].add(ko + 16)),
-                    ],
-                ];
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let xp = x.add(i * ldx + ko);
-                    let x0 = _mm512_loadu_ps(xp);
-                    let x1 = _mm512_loadu_ps(xp.add(16));
-                    for j in 0..2 {
-                        a[j][2] = _mm512_fmadd_ps(wv[j][0], x0, a[j][2]);
-                        a[j][3] = _mm512_fmadd_ps(wv[j][1], x1, a[j][3]);
-                    }
-                }
+            tile_group::<MR, 0>(x, ldx, w, kk, &mut acc);
+            if kk + 64 <= k {
+                tile_group::<MR, 2>(x, ldx, w, kk + 32, &mut acc);
             }
             kk += 64;
         }
