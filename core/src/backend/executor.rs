@@ -29,6 +29,8 @@ pub struct Executor {
     warned: Mutex<HashSet<&'static str>>,
     /// Per-op-family time and calls while profiling (`set_profiling`); off by default.
     profile: Mutex<Option<HashMap<&'static str, OpTime>>>,
+    /// Whether `profile` is on: read on every op without taking its lock.
+    profiling: std::sync::atomic::AtomicBool,
 }
 
 /// Time spent in one op family while profiling.
@@ -61,6 +63,7 @@ impl Executor {
             fallbacks: Mutex::new(HashMap::new()),
             warned: Mutex::new(HashSet::new()),
             profile: Mutex::new(None),
+            profiling: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -111,7 +114,7 @@ impl Executor {
             outputs.iter().map(|t| t.desc().clone()).collect(),
         );
         desc.check()?;
-        let profiling = self.lock_profile().is_some();
+        let profiling = self.profiling.load(std::sync::atomic::Ordering::Relaxed);
         let t0 = profiling.then(std::time::Instant::now);
         let r = if self.supports(&desc) {
             self.backend.execute(op, inputs, outputs)
@@ -139,6 +142,8 @@ impl Executor {
     /// device backend is synchronised after each op, which slows it: profile, then measure.
     pub fn set_profiling(&self, on: bool) {
         *self.lock_profile() = on.then(HashMap::new);
+        self.profiling
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Time per op family since profiling started, most expensive first.

@@ -15,18 +15,18 @@ thread_local! {
 }
 
 /// Softmax-weighted sum over keys `lo..hi` for one query row. `key(j, buf)` and `val(j, buf)`
-/// return the row of key position `j`: a slice of the cache itself where it is f32, else
-/// `buf` filled with the dequantized row.
+/// give the row of key position `j`: `Some` slice of the cache itself where it is f32, else
+/// `None` after filling `buf` with the dequantized row.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn attend<'a>(
+fn attend<'c>(
     p: &AttnParams,
     q: &[f32],
     lo: usize,
     hi: usize,
     out: &mut [f32],
-    mut key: impl FnMut(usize, &'a mut [f32]) -> &'a [f32],
-    mut val: impl FnMut(usize, &'a mut [f32]) -> &'a [f32],
+    mut key: impl FnMut(usize, &mut [f32]) -> Option<&'c [f32]>,
+    mut val: impl FnMut(usize, &mut [f32]) -> Option<&'c [f32]>,
 ) {
     BUFS.with(|b| {
         let mut b = b.borrow_mut();
@@ -35,9 +35,10 @@ fn attend<'a>(
         vb.resize(out.len(), 0.0);
         scores.clear();
         for j in lo..hi {
-            // SAFETY (lifetimes): the buffers outlive each call; a returned slice is used
-            // before the next call refills the buffer.
-            let kr = key(j, unsafe { &mut *(kb.as_mut_slice() as *mut [f32]) });
+            let kr = match key(j, kb) {
+                Some(r) => r,
+                None => &kb[..],
+            };
             let mut s = dot(q, kr) * p.scale;
             if let Some(c) = p.soft_cap {
                 s = c * (s / c).tanh();
@@ -47,7 +48,10 @@ fn attend<'a>(
         softmax_row(scores);
         out.fill(0.0);
         for (j, &w) in (lo..hi).zip(scores.iter()) {
-            let vr = val(j, unsafe { &mut *(vb.as_mut_slice() as *mut [f32]) });
+            let vr = match val(j, vb) {
+                Some(r) => r,
+                None => &vb[..],
+            };
             simd::axpy(w, vr, out);
         }
     })
@@ -77,8 +81,8 @@ pub(crate) fn attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
                     lo,
                     hi,
                     out,
-                    |j, _| &k[(j * hkv + g) * d..(j * hkv + g + 1) * d],
-                    |j, _| &v[(j * hkv + g) * dv..(j * hkv + g + 1) * dv],
+                    |j, _| Some(&k[(j * hkv + g) * d..(j * hkv + g + 1) * d]),
+                    |j, _| Some(&v[(j * hkv + g) * dv..(j * hkv + g + 1) * dv]),
                 );
             }
         });
@@ -134,25 +138,25 @@ fn batch(t: usize, seq_lens: &[i32], q_start: &[i32], max_ctx: usize) -> KResult
 }
 
 /// Row `r` (`width` elements, `row_bytes` bytes) of a paged cache: borrowed from `f32s` when
-/// the cache is f32, else dequantized into `buf`.
+/// the cache is f32, else `None` after dequantizing it into `buf`.
 #[inline(always)]
-fn cache_row<'a>(
-    cache: &In<'a>,
-    f32s: Option<&'a [f32]>,
+fn cache_row<'c>(
+    cache: &In<'c>,
+    f32s: Option<&'c [f32]>,
     r: usize,
     width: usize,
     row_bytes: usize,
-    buf: &'a mut [f32],
-) -> &'a [f32] {
+    buf: &mut [f32],
+) -> Option<&'c [f32]> {
     match f32s {
-        Some(c) => &c[r * width..(r + 1) * width],
+        Some(c) => Some(&c[r * width..(r + 1) * width]),
         None => {
             quant::dequantize_row(
                 cache.desc.dtype,
                 &cache.bytes[r * row_bytes..(r + 1) * row_bytes],
                 buf,
             );
-            buf
+            None
         }
     }
 }

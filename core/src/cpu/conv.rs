@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::elementwise::sigmoid;
+use super::elementwise::silu as silu_fn;
 use super::{index, In, KResult, KernelError, Out};
 
 /// Runs one sequence: `x [L, C]` after `state [K-1, C]`; writes `y [L, C]` and the new state.
@@ -27,7 +27,7 @@ fn conv_seq(
             for k in 0..kw {
                 s += w[c * kw + k] * win[(t + k) * ch + c];
             }
-            *out = if silu { s * sigmoid(s) } else { s };
+            *out = if silu { silu_fn(s) } else { s };
         }
     });
     let keep = (kw - 1) * ch;

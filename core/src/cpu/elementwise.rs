@@ -56,11 +56,8 @@ pub(crate) fn softplus(x: f32) -> f32 {
 #[inline]
 pub(crate) fn apply(u: UnaryOp, x: f32) -> f32 {
     match u {
-        UnaryOp::Silu => x * sigmoid(x),
-        UnaryOp::GeluTanh => {
-            const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-            0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
-        }
+        UnaryOp::Silu => silu(x),
+        UnaryOp::GeluTanh => gelu_tanh(x),
         UnaryOp::Sigmoid => sigmoid(x),
         UnaryOp::Softplus => softplus(x),
         UnaryOp::Exp => x.exp(),
@@ -112,32 +109,35 @@ unsafe fn glu_piece_avx512(act: UnaryOp, h: &mut [f32], up: &[f32]) {
     glu_piece(act, h, up)
 }
 
-/// `h = act(h) * up` over one piece. SiLU is `x / (1 + e^-x)` and the tanh GELU
-/// `x / (1 + e^-2y)` with `y = √(2/π)(x + 0.044715x³)` (the same function: `½(1 + tanh y)`
-/// is the logistic of `2y`), both through [`exp_f32`], which vectorises; other activations
-/// call the library per element.
+/// SiLU as `x / (1 + e^-x)`, through [`exp_f32`] so loops over it vectorise.
+#[inline(always)]
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + exp_f32(-x))
+}
+
+/// The tanh GELU as `x / (1 + e^-2y)` with `y = √(2/π)(x + 0.044715x³)`: the same function
+/// (`½(1 + tanh y)` is the logistic of `2y`), through [`exp_f32`] so loops over it vectorise.
+#[inline(always)]
+pub(crate) fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    let y = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+    x / (1.0 + exp_f32(-2.0 * y))
+}
+
+/// `h = act(h) * up` over one piece: a loop per activation, so the two gates of the models
+/// (SiLU, tanh GELU) vectorise; others call the library per element.
 #[inline(always)]
 fn glu_piece(act: UnaryOp, h: &mut [f32], up: &[f32]) {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     match act {
-        UnaryOp::Silu => {
-            for (h, u) in h.iter_mut().zip(up) {
-                let x = *h;
-                *h = x / (1.0 + exp_f32(-x)) * u;
-            }
-        }
-        UnaryOp::GeluTanh => {
-            for (h, u) in h.iter_mut().zip(up) {
-                let x = *h;
-                let y = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
-                *h = x / (1.0 + exp_f32(-2.0 * y)) * u;
-            }
-        }
-        _ => {
-            for (h, u) in h.iter_mut().zip(up) {
-                *h = apply(act, *h) * u;
-            }
-        }
+        UnaryOp::Silu => h.iter_mut().zip(up).for_each(|(h, u)| *h = silu(*h) * u),
+        UnaryOp::GeluTanh => h
+            .iter_mut()
+            .zip(up)
+            .for_each(|(h, u)| *h = gelu_tanh(*h) * u),
+        _ => h
+            .iter_mut()
+            .zip(up)
+            .for_each(|(h, u)| *h = apply(act, *h) * u),
     }
 }
 

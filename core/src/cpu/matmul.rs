@@ -20,60 +20,105 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Dequantizes weight rows `n0..n0 + rows` of `w` into `buf` ([rows, k]), on this thread.
-#[inline(always)]
-fn dequantize_tile(w: &[u8], dtype: DType, k: usize, n0: usize, rows: usize, buf: &mut [f32]) {
-    let rb = dtype.bytes_for(k).unwrap_or(0);
-    for r in 0..rows {
-        let src = &w[(n0 + r) * rb..(n0 + r + 1) * rb];
-        quant::dequantize_row(dtype, src, &mut buf[r * k..(r + 1) * k]);
-    }
-}
+/// Pieces per thread for the tiled paths: enough that a core slowed by other work hands some
+/// to the other.
+const TILE_PIECES: usize = 4;
+/// The same for the fused formats' prefill, whose tiles are cheaper to decode.
+const TILE_PIECES_FUSED: usize = 12;
 
-/// Tile dequantization compiled for AVX-512 (the block decoders vectorise under it).
+/// Tile dequantization of one row, compiled for AVX-512 (the block decoders vectorise under it).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dequantize_tile_avx512(
-    w: &[u8],
-    dtype: DType,
-    k: usize,
-    n0: usize,
-    rows: usize,
-    buf: &mut [f32],
-) {
-    dequantize_tile(w, dtype, k, n0, rows, buf)
+unsafe fn dequantize_row_avx512(dtype: DType, src: &[u8], dst: &mut [f32]) {
+    quant::dequantize_row(dtype, src, dst)
 }
 
-/// Tile dequantization compiled for AVX2.
+/// The same compiled for AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dequantize_tile_avx2(
-    w: &[u8],
-    dtype: DType,
-    k: usize,
-    n0: usize,
-    rows: usize,
-    buf: &mut [f32],
-) {
-    dequantize_tile(w, dtype, k, n0, rows, buf)
+unsafe fn dequantize_row_avx2(dtype: DType, src: &[u8], dst: &mut [f32]) {
+    quant::dequantize_row(dtype, src, dst)
 }
 
-fn dequantize_tile_isa(
-    isa: Isa,
-    w: &[u8],
-    dtype: DType,
-    k: usize,
-    n0: usize,
-    rows: usize,
-    buf: &mut [f32],
-) {
+fn dequantize_row_isa(isa: Isa, dtype: DType, src: &[u8], dst: &mut [f32]) {
     match isa {
         // SAFETY: `isa` is what the CPU has (simd::isa).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { dequantize_tile_avx512(w, dtype, k, n0, rows, buf) },
+        Isa::Avx512 => unsafe { dequantize_row_avx512(dtype, src, dst) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { dequantize_tile_avx2(w, dtype, k, n0, rows, buf) },
-        _ => dequantize_tile(w, dtype, k, n0, rows, buf),
+        Isa::Avx2 => unsafe { dequantize_row_avx2(dtype, src, dst) },
+        _ => quant::dequantize_row(dtype, src, dst),
+    }
+}
+
+/// The tiled matmul shared by every path that dequantizes weights: the weight rows are split
+/// over the pool in pieces of whole tiles; for each tile of up to [`TILE`] rows, `decode(src,
+/// dst)` turns each weight row's `rb` bytes into its `k` f32 in the tile, and `dots(tile, rows,
+/// y, n0)` multiplies the tile into columns `n0..n0 + rows` of `y`.
+#[allow(clippy::too_many_arguments)]
+fn tiled(
+    k: usize,
+    y: &pool::SendPtr<f32>,
+    n: usize,
+    w: &[u8],
+    rb: usize,
+    pieces: usize,
+    decode: impl Fn(&[u8], &mut [f32]) + Sync,
+    dots: impl Fn(&[f32], usize, *mut f32, usize) + Sync,
+) {
+    pool::par_ranges(n, TILE, pieces, |range| {
+        let mut tile = SCRATCH.with(|c| c.take());
+        if tile.len() < TILE * k {
+            tile.resize(TILE * k, 0.0);
+        }
+        let mut n0 = range.start;
+        while n0 < range.end {
+            let rows = TILE.min(range.end - n0);
+            for r in 0..rows {
+                let src = &w[(n0 + r) * rb..(n0 + r + 1) * rb];
+                decode(src, &mut tile[r * k..(r + 1) * k]);
+            }
+            dots(&tile, rows, y.0, n0);
+            n0 += rows;
+        }
+        SCRATCH.with(|c| c.replace(tile));
+    });
+}
+
+/// [`tile_dots`] for tiles decoded by the fused kernels' decoders, through their tile kernel
+/// (which sums in the fused decode order, so a row's bits do not depend on the batch).
+///
+/// # Safety
+/// As for [`tile_dots`]; the weights' format has a fused kernel and `k` is a multiple of 32.
+#[allow(clippy::too_many_arguments)]
+unsafe fn fused_tile_dots(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    wt: *const f32,
+    rows: usize,
+    y: *mut f32,
+    ldy: usize,
+    n0: usize,
+) {
+    let mut out = [[0f32; 2]; qdot::TILE_ROWS];
+    let mut i = 0;
+    while i < m {
+        let mr = qdot::TILE_ROWS.min(m - i);
+        let mut j = 0;
+        while j < rows {
+            let nr = 2.min(rows - j);
+            // One weight row left repeats it; its sums are not stored.
+            let w = [wt.add(j * k), wt.add((j + nr - 1) * k)];
+            qdot::tile_dots(x.as_ptr().add(i * k), k, mr, w, k, &mut out);
+            for (ii, o) in out.iter().enumerate().take(mr) {
+                for (jj, v) in o.iter().enumerate().take(nr) {
+                    *y.add((i + ii) * ldy + n0 + j + jj) = *v;
+                }
+            }
+            j += 2;
+        }
+        i += mr;
     }
 }
 
@@ -173,79 +218,44 @@ pub(crate) fn gemm(
                 }
             });
         } else {
-            pool::par_ranges(n, TILE, 12, |range| {
-                let yp = &yp;
-                let mut buf = SCRATCH.with(|c| c.take());
-                if buf.len() < TILE * k {
-                    buf.resize(TILE * k, 0.0);
-                }
-                let mut out = [[0f32; 2]; qdot::TILE_ROWS];
-                let mut n0 = range.start;
-                while n0 < range.end {
-                    let rows = TILE.min(range.end - n0);
-                    // SAFETY: rows n0..n0+rows lie inside `w`; `buf` holds TILE rows of k; the
-                    // columns n0..n0+rows of y are this task's alone.
-                    unsafe {
-                        for r in 0..rows {
-                            qdot::decode_row(
-                                dtype,
-                                w.as_ptr().add((n0 + r) * rb),
-                                k,
-                                buf.as_mut_ptr().add(r * k),
-                            );
-                        }
-                        let mut i = 0;
-                        while i < m {
-                            let mr = qdot::TILE_ROWS.min(m - i);
-                            let mut j = 0;
-                            while j < rows {
-                                let nr = 2.min(rows - j);
-                                let wt =
-                                    [buf.as_ptr().add(j * k), buf.as_ptr().add((j + nr - 1) * k)];
-                                qdot::tile_dots(x.as_ptr().add(i * k), k, mr, wt, k, &mut out);
-                                for (ii, o) in out.iter().enumerate().take(mr) {
-                                    for (jj, v) in o.iter().enumerate().take(nr) {
-                                        *yp.0.add((i + ii) * n + n0 + j + jj) = *v;
-                                    }
-                                }
-                                j += 2;
-                            }
-                            i += mr;
-                        }
-                    }
-                    n0 += rows;
-                }
-                SCRATCH.with(|c| c.replace(buf));
-            });
+            tiled(
+                k,
+                &yp,
+                n,
+                w,
+                rb,
+                TILE_PIECES_FUSED,
+                // SAFETY: the fused kernels handle `dtype` and k is a multiple of 32; `src` is a
+                // whole weight row and `dst` holds k f32.
+                |src, dst| unsafe { qdot::decode_row(dtype, src.as_ptr(), k, dst.as_mut_ptr()) },
+                // SAFETY: the tile holds `rows` rows of k; columns n0..n0+rows are this task's.
+                |tile, rows, y, n0| unsafe {
+                    fused_tile_dots(x, m, k, tile.as_ptr(), rows, y, n, n0)
+                },
+            );
         }
         return Ok(());
     }
-    // Enough pieces per thread that a core slowed by other work hands some to the other.
-    pool::par_ranges(n, TILE, 4, |range| {
-        let yp = &yp;
-        if direct {
-            // SAFETY: `w` holds n rows of k f32 (checked above); columns `range` are this
-            // task's alone.
-            unsafe {
-                let wt = (w.as_ptr() as *const f32).add(range.start * k);
-                tile_dots(isa, x, m, k, wt, range.len(), yp.0, n, range.start);
-            }
-            return;
-        }
-        let mut buf = SCRATCH.with(|c| c.take());
-        if buf.len() < TILE * k {
-            buf.resize(TILE * k, 0.0);
-        }
-        let mut n0 = range.start;
-        while n0 < range.end {
-            let rows = TILE.min(range.end - n0);
-            dequantize_tile_isa(isa, w, dtype, k, n0, rows, &mut buf);
-            // SAFETY: the tile holds `rows` rows of k; columns n0..n0+rows are this task's.
-            unsafe { tile_dots(isa, x, m, k, buf.as_ptr(), rows, yp.0, n, n0) };
-            n0 += rows;
-        }
-        SCRATCH.with(|c| c.replace(buf));
-    });
+    if direct {
+        // SAFETY: `w` holds n rows of k f32 (checked above); each piece's columns are its own.
+        pool::par_ranges(n, TILE, TILE_PIECES, |range| unsafe {
+            let y = &yp;
+            let wt = (w.as_ptr() as *const f32).add(range.start * k);
+            tile_dots(isa, x, m, k, wt, range.len(), y.0, n, range.start);
+        });
+        return Ok(());
+    }
+    tiled(
+        k,
+        &yp,
+        n,
+        w,
+        rb,
+        TILE_PIECES,
+        |src, dst| dequantize_row_isa(isa, dtype, src, dst),
+        // SAFETY: the tile holds `rows` rows of k; columns n0..n0+rows are this task's.
+        |tile, rows, y, n0| unsafe { tile_dots(isa, x, m, k, tile.as_ptr(), rows, y, n, n0) },
+    );
     Ok(())
 }
 

@@ -43,9 +43,9 @@ struct Shared {
     wake: Condvar,
 }
 
-// SAFETY: `job` is written only by the thread that runs `Pool::run` (which holds `&mut Pool`
-// access through `run_lock`) before the epoch is published with Release, and read by workers
-// after they observe the epoch with Acquire; the closure it points to is `Sync` and outlives
+// SAFETY: `job` is written only by the thread in `Pool::run` (which holds `run_lock`) before
+// the epoch is bumped (SeqCst, so a release), and read by workers after they observe the new
+// epoch with Acquire; the closure it points to is `Sync` and outlives
 // the job because `run` waits for every worker to leave it before returning.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
@@ -59,8 +59,8 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// A pool of `threads` threads in all: the caller and `threads - 1` workers. Returns the
-    /// pool and the number of threads actually started (fewer if the OS refused some).
+    /// A pool of `threads` threads in all: the caller and `threads - 1` workers (fewer if the
+    /// OS refuses to start some; [`Pool::threads`] says how many run).
     pub fn new(threads: usize) -> Pool {
         let shared = Arc::new(Shared {
             epoch: AtomicU64::new(0),
@@ -147,16 +147,22 @@ thread_local! {
     static CURRENT: std::cell::Cell<*const Pool> = const { std::cell::Cell::new(std::ptr::null()) };
 }
 
-/// Runs `f` with `pool` as this thread's current pool: [`par`] and [`par_ranges`] inside it
-/// use it. Elsewhere (inside another pool's task, in tests) they run serially.
-pub(crate) fn with_pool<R>(pool: &Pool, f: impl FnOnce() -> R) -> R {
-    struct Reset(*const Pool);
-    impl Drop for Reset {
+/// Makes `pool` (or none, for a null pointer) this thread's current pool until the returned
+/// guard drops, which puts the previous one back.
+fn set_current(pool: *const Pool) -> impl Drop {
+    struct Restore(*const Pool);
+    impl Drop for Restore {
         fn drop(&mut self) {
             CURRENT.with(|c| c.set(self.0));
         }
     }
-    let _reset = Reset(CURRENT.with(|c| c.replace(pool as *const Pool)));
+    Restore(CURRENT.with(|c| c.replace(pool)))
+}
+
+/// Runs `f` with `pool` as this thread's current pool: [`par`] and [`par_ranges`] inside it
+/// use it. Elsewhere (inside another pool's task, in tests) they run serially.
+pub(crate) fn with_pool<R>(pool: &Pool, f: impl FnOnce() -> R) -> R {
+    let _current = set_current(pool);
     f()
 }
 
@@ -177,18 +183,9 @@ pub(crate) fn threads() -> usize {
 pub(crate) fn par<F: Fn(usize) + Sync>(n_tasks: usize, f: F) {
     current(|p| match p {
         Some(p) => {
-            let p: *const Pool = p;
             // Inside the tasks no pool is current, so nested calls run serially.
-            CURRENT.with(|c| c.set(std::ptr::null()));
-            struct Reset(*const Pool);
-            impl Drop for Reset {
-                fn drop(&mut self) {
-                    CURRENT.with(|c| c.set(self.0));
-                }
-            }
-            let _reset = Reset(p);
-            // SAFETY: `p` came from the current pool, alive for the enclosing `with_pool`.
-            unsafe { &*p }.run(n_tasks, f)
+            let _none = set_current(std::ptr::null());
+            p.run(n_tasks, f)
         }
         None => (0..n_tasks).for_each(f),
     })
