@@ -162,11 +162,19 @@ mod x86 {
         };
     }
 
-    /// The f16 at `b` (F16C's conversion; the callers are compiled with it).
+    /// The f16 at `b` (F16C's conversion; the callers are compiled with it). Loaded by a
+    /// broadcast: inserting it into a register instead made each load wait on that
+    /// register's last use, and the scale chain was the Q8_0 kernel's bottleneck.
     #[inline(always)]
     unsafe fn f16(b: *const u8) -> f32 {
-        let bits = u16::from_le_bytes([*b, *b.add(1)]);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(b as *const i16))))
+    }
+
+    /// The f16 at `b` in all 16 lanes: a broadcast load and one conversion, with no trip
+    /// through a scalar register (this doubled the Q8_0 kernel's speed).
+    #[inline(always)]
+    unsafe fn f16x16(b: *const u8) -> __m512 {
+        _mm512_cvtph_ps(_mm256_set1_epi16(std::ptr::read_unaligned(b as *const i16)))
     }
 
     /// Bytes ahead of the block being decoded that are prefetched: the weight stream is
@@ -183,7 +191,7 @@ mod x86 {
     }
 
     block32!(Q40, 18, |b| {
-        let d = _mm512_set1_ps(f16(b));
+        let d = f16x16(b);
         // The 16 values a nibble can stand for, looked up by the nibble.
         let table = _mm512_mul_ps(_mm512_sub_ps(iota(), _mm512_set1_ps(8.0)), d);
         nibble_lookup(b.add(2), table)
@@ -221,7 +229,7 @@ mod x86 {
     });
 
     block32!(Q50, 22, |b| {
-        let d = _mm512_set1_ps(f16(b));
+        let d = f16x16(b);
         let qh = u32::from_le_bytes([*b.add(2), *b.add(3), *b.add(4), *b.add(5)]);
         let (lo, hi) = nibbles(b.add(6));
         let sixteen = _mm512_set1_epi32(16);
@@ -241,7 +249,7 @@ mod x86 {
     });
 
     block32!(Q80, 34, |b| {
-        let d = _mm512_set1_ps(f16(b));
+        let d = f16x16(b);
         let lo = _mm_loadu_si128(b.add(2) as *const __m128i);
         let hi = _mm_loadu_si128(b.add(18) as *const __m128i);
         (
