@@ -20,6 +20,12 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+thread_local! {
+    /// The activations of a fused prefill matmul in the tile kernel's pass order, reused
+    /// across calls on the thread that starts them.
+    static PASS_X: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Pieces per thread for the tiled paths: enough that a core slowed by other work hands some
 /// to the other.
 const TILE_PIECES: usize = 4;
@@ -86,7 +92,8 @@ fn tiled(
 }
 
 /// [`tile_dots`] for tiles decoded by the fused kernels' decoders, through their tile kernel
-/// (which sums in the fused decode order, so a row's bits do not depend on the batch).
+/// (which sums in the fused decode order, so a row's bits do not depend on the batch). `x` and
+/// the tile are in [`qdot::passes`] order.
 ///
 /// # Safety
 /// As for [`tile_dots`]; the weights' format has a fused kernel and `k` is a multiple of 32.
@@ -101,22 +108,24 @@ unsafe fn fused_tile_dots(
     ldy: usize,
     n0: usize,
 ) {
-    let mut out = [[0f32; 2]; qdot::TILE_ROWS];
+    const C: usize = qdot::TILE_COLS;
+    let mut out = [[0f32; C]; qdot::TILE_ROWS];
     let mut i = 0;
     while i < m {
         let mr = qdot::TILE_ROWS.min(m - i);
         let mut j = 0;
         while j < rows {
-            let nr = 2.min(rows - j);
-            // One weight row left repeats it; its sums are not stored.
-            let w = [wt.add(j * k), wt.add((j + nr - 1) * k)];
-            qdot::tile_dots(x.as_ptr().add(i * k), k, mr, w, k, &mut out);
+            let nr = C.min(rows - j);
+            // Fewer than four weight rows repeat the last one; its sums are not stored.
+            let w = std::array::from_fn(|t| wt.add((j + t.min(nr - 1)) * k));
+            qdot::tile_dots(x.as_ptr().add(i * k), k, mr, w, k, out.as_mut_ptr().cast(), C);
             for (ii, o) in out.iter().enumerate().take(mr) {
+                let dst = y.add((i + ii) * ldy + n0 + j);
                 for (jj, v) in o.iter().enumerate().take(nr) {
-                    *y.add((i + ii) * ldy + n0 + j + jj) = *v;
+                    *dst.add(jj) = *v;
                 }
             }
-            j += 2;
+            j += C;
         }
         i += mr;
     }
@@ -218,6 +227,13 @@ pub(crate) fn gemm(
                 }
             });
         } else {
+            // The activations in the tile kernel's pass order (as the tiles are decoded).
+            let mut xp = PASS_X.with(|c| c.take());
+            xp.resize(m * k, 0.0);
+            for (src, dst) in x[..m * k].chunks_exact(k).zip(xp.chunks_exact_mut(k)) {
+                qdot::to_pass_order(src, dst);
+            }
+            let x = &xp[..];
             tiled(
                 k,
                 &yp,
@@ -233,6 +249,7 @@ pub(crate) fn gemm(
                     fused_tile_dots(x, m, k, tile.as_ptr(), rows, y, n, n0)
                 },
             );
+            PASS_X.with(|c| c.replace(xp));
         }
         return Ok(());
     }
