@@ -211,15 +211,8 @@ pub(crate) fn gemm(
                     // SAFETY: the fused kernel handles `dtype` here; row r lies inside `w`,
                     // and column r of y is this task's alone.
                     unsafe {
-                        qdot::row_dots(
-                            dtype,
-                            x.as_ptr(),
-                            k,
-                            m,
-                            k,
-                            w.as_ptr().add(r * rb),
-                            &mut out,
-                        );
+                        let row = w.as_ptr().add(r * rb);
+                        qdot::row_dots(dtype, x.as_ptr(), k, m, k, row, &mut out);
                         for (i, v) in out.iter().enumerate().take(m) {
                             *yp.0.add(i * n + r) = *v;
                         }

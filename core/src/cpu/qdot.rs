@@ -60,21 +60,31 @@ pub(crate) unsafe fn row_dots(
                 }
             };
         }
-        match dtype {
-            DType::Q4_0 => go!(Q40),
-            DType::Q4_1 => go!(Q41),
-            DType::Q5_0 => go!(Q50),
-            DType::Q8_0 => go!(Q80),
-            DType::Q4_K => go!(Q4K),
-            DType::Q6_K => go!(Q6K),
-            _ => {}
-        }
+        dispatch!(dtype, go);
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (dtype, x, ldx, mr, k, w, out);
     }
 }
+
+/// Runs `$go!(Format)` for the fused kernel's format of `$dtype`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! dispatch {
+    ($dtype:expr, $go:ident) => {
+        match $dtype {
+            DType::Q4_0 => $go!(Q40),
+            DType::Q4_1 => $go!(Q41),
+            DType::Q5_0 => $go!(Q50),
+            DType::Q8_0 => $go!(Q80),
+            DType::Q4_K => $go!(Q4K),
+            DType::Q6_K => $go!(Q6K),
+            _ => {}
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+use dispatch;
 
 /// The order the prefill tile kernel reads a row of `k` elements in ("pass order"): the
 /// fused kernel keeps four accumulators per row (the two 16-element halves of each 32-element
@@ -197,16 +207,9 @@ mod x86 {
         };
     }
 
-    /// The f16 at `b` (F16C's conversion; the callers are compiled with it). Loaded by a
-    /// broadcast: inserting it into a register instead made each load wait on that
-    /// register's last use, and the scale chain was the Q8_0 kernel's bottleneck.
-    #[inline(always)]
-    unsafe fn f16(b: *const u8) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(b as *const i16))))
-    }
-
-    /// The f16 at `b` in all 16 lanes: a broadcast load and one conversion, with no trip
-    /// through a scalar register (this doubled the Q8_0 kernel's speed).
+    /// The f16 at `b` in all 16 lanes: a broadcast load and one conversion (F16C's; the
+    /// callers are compiled with it). Inserting it into a register instead made each load
+    /// wait on that register's last use; the Q8_0 kernel ran at half speed on that chain.
     #[inline(always)]
     unsafe fn f16x16(b: *const u8) -> __m512 {
         _mm512_cvtph_ps(_mm256_set1_epi16(std::ptr::read_unaligned(b as *const i16)))
@@ -216,14 +219,6 @@ mod x86 {
     /// sequential, but one core alone does not keep enough misses in flight to fill the
     /// memory bus without help.
     const PREFETCH: usize = 1536;
-
-    /// The low and high nibbles of 16 bytes.
-    #[inline(always)]
-    unsafe fn nibbles(p: *const u8) -> (__m128i, __m128i) {
-        let v = _mm_loadu_si128(p as *const __m128i);
-        let m = _mm_set1_epi8(0x0F);
-        (_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m))
-    }
 
     block32!(Q40, 18, |b| {
         let d = f16x16(b);
@@ -265,22 +260,19 @@ mod x86 {
 
     block32!(Q50, 22, |b| {
         let d = f16x16(b);
-        let qh = u32::from_le_bytes([*b.add(2), *b.add(3), *b.add(4), *b.add(5)]);
-        let (lo, hi) = nibbles(b.add(6));
-        let sixteen = _mm512_set1_epi32(16);
-        // Bit j of qh is bit 4 of element j: OR 16 into the lanes whose bit is set.
-        let lo = _mm512_cvtepu8_epi32(lo);
-        let hi = _mm512_cvtepu8_epi32(hi);
-        let lo = _mm512_mask_or_epi32(lo, qh as u16, lo, sixteen);
-        let hi = _mm512_mask_or_epi32(hi, (qh >> 16) as u16, hi, sixteen);
-        // The 32 values a 5-bit code stands for, (q - 16)·d, in two tables of 16 that
-        // vpermt2ps indexes with the code's 5 bits.
+        let v = _mm_loadu_si128(b.add(6) as *const __m128i);
+        // The low 4 bits of each code (vpermps reads only those of an index).
+        let lo = _mm512_cvtepu8_epi32(v);
+        let hi = _mm512_cvtepu8_epi32(_mm_srli_epi16(v, 4));
+        // Bit j of qh is bit 4 of element j: it picks the table of codes 16..31.
+        let qh = std::ptr::read_unaligned(b.add(2) as *const u32);
+        // (q - 16)·d for the codes 0..15 and 16..31.
         let t0 = _mm512_mul_ps(_mm512_sub_ps(iota(), _mm512_set1_ps(16.0)), d);
         let t1 = _mm512_mul_ps(iota(), d);
-        (
-            _mm512_permutex2var_ps(t0, lo, t1),
-            _mm512_permutex2var_ps(t0, hi, t1),
-        )
+        let pick = |q, bits| {
+            _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(q, t0), bits, q, t1)
+        };
+        (pick(lo, qh as u16), pick(hi, (qh >> 16) as u16))
     });
 
     block32!(Q80, 34, |b| {
@@ -298,35 +290,39 @@ mod x86 {
     impl Format for Q4K {
         const BYTES: usize = 144;
         const GROUPS: usize = 8;
-        /// Per group: (d · scale, dmin · min).
-        type Head = [(f32, f32); 8];
+        /// Lane g < 8: d · scale of group g; lane 8 + g: -dmin · min of group g.
+        type Head = __m512;
         #[inline(always)]
-        unsafe fn head(b: *const u8) -> Self::Head {
-            let d = f16(b);
-            let dmin = f16(b.add(2));
-            let s = std::slice::from_raw_parts(b.add(4), 12);
-            let mut h = [(0f32, 0f32); 8];
-            for (j, h) in h.iter_mut().enumerate() {
-                let (sc, m) = if j < 4 {
-                    (s[j] & 63, s[j + 4] & 63)
-                } else {
-                    (
-                        (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
-                        (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-                    )
-                };
-                *h = (d * sc as f32, dmin * m as f32);
-            }
-            h
+        unsafe fn head(b: *const u8) -> __m512 {
+            // The 12 bytes of scales and mins (and 4 of nibbles, unused).
+            let s = _mm_loadu_si128(b.add(4) as *const __m128i);
+            // Lanes 0..8 become the scales, 8..16 the mins. Groups 0..4 have them in the low
+            // 6 bits of bytes 0..4 and 4..8; groups 4..8 in the low and high nibbles of bytes
+            // 8..12, with bits 4 and 5 in the top two bits of bytes 0..4 and 4..8.
+            let a = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+            let t = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7));
+            let nib = _mm_set1_epi8(0x0F);
+            let low6 = _mm_and_si128(a, _mm_set1_epi8(63));
+            let lo4 = _mm_and_si128(a, nib);
+            let hi4 = _mm_and_si128(_mm_srli_epi16(a, 4), nib);
+            let top = _mm_and_si128(_mm_srli_epi16(t, 2), _mm_set1_epi8(0x30));
+            let packed = _mm_or_si128(_mm_mask_blend_epi8(0xF000, lo4, hi4), top);
+            let q = _mm_mask_blend_epi8(0xF0F0, low6, packed);
+            // [d × 8, -dmin × 8] from the two f16s.
+            let dm = _mm512_cvtph_ps(_mm256_set1_epi32(std::ptr::read_unaligned(b as *const i32)));
+            let dm = _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), dm);
+            let dm = _mm512_mask_sub_ps(dm, 0xFF00, _mm512_setzero_ps(), dm);
+            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), dm)
         }
         #[inline(always)]
-        unsafe fn group(b: *const u8, h: &Self::Head, g: usize) -> (__m512, __m512) {
-            let (d1, m1) = h[g];
+        unsafe fn group(b: *const u8, h: &__m512, g: usize) -> (__m512, __m512) {
+            let d1 = _mm512_permutexvar_ps(_mm512_set1_epi32(g as i32), *h);
+            let m1 = _mm512_permutexvar_ps(_mm512_set1_epi32(8 + g as i32), *h);
             let p = b.add(16 + 32 * (g / 2));
             let v = _mm256_loadu_si256(p as *const __m256i);
             // Odd groups are the high nibbles; the lookup reads only the low 4 bits.
             let v = _mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (g as i32 & 1)));
-            let table = _mm512_fmadd_ps(iota(), _mm512_set1_ps(d1), _mm512_set1_ps(-m1));
+            let table = _mm512_fmadd_ps(iota(), d1, m1);
             (
                 _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(v)), table),
                 _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(v, 1)), table),
@@ -339,13 +335,15 @@ mod x86 {
     impl Format for Q6K {
         const BYTES: usize = 210;
         const GROUPS: usize = 8;
-        type Head = f32;
+        /// The 16 scales times d.
+        type Head = __m512;
         #[inline(always)]
-        unsafe fn head(b: *const u8) -> f32 {
-            f16(b.add(208))
+        unsafe fn head(b: *const u8) -> __m512 {
+            let sc = _mm_loadu_si128(b.add(192) as *const __m128i);
+            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)), f16x16(b.add(208)))
         }
         #[inline(always)]
-        unsafe fn group(b: *const u8, d: &f32, g: usize) -> (__m512, __m512) {
+        unsafe fn group(b: *const u8, s: &__m512, g: usize) -> (__m512, __m512) {
             // Group g: half h = g / 4, part p = g % 4 (elements 32p..32p+32 of the half).
             let (h, p) = (g / 4, g % 4);
             let ql = _mm256_loadu_si256(b.add(64 * h + 32 * (p & 1)) as *const __m256i);
@@ -358,20 +356,51 @@ mod x86 {
                 _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * p as i32)),
                 _mm256_set1_epi8(3),
             );
-            let q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-            let sc = b.add(192 + 8 * h + 2 * p);
-            let s0 = *d * (*sc as i8) as f32;
-            let s1 = *d * (*sc.add(1) as i8) as f32;
-            // (q - 32)·s as q·s - 32·s: one multiply-add per vector.
-            let q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q)));
-            let q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1)));
-            (
-                _mm512_fmadd_ps(q0, _mm512_set1_ps(s0), _mm512_set1_ps(-32.0 * s0)),
-                _mm512_fmadd_ps(q1, _mm512_set1_ps(s1), _mm512_set1_ps(-32.0 * s1)),
-            )
+            // The 6-bit codes less 32, as signed bytes.
+            let q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+            let s0 = _mm512_permutexvar_ps(_mm512_set1_epi32((8 * h + 2 * p) as i32), *s);
+            let s1 = _mm512_permutexvar_ps(_mm512_set1_epi32((8 * h + 2 * p + 1) as i32), *s);
+            let q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+            let q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+            (_mm512_mul_ps(q0, s0), _mm512_mul_ps(q1, s1))
         }
     }
 
+    /// One 32-element group at `kk` (two vectors of weights) into accumulators `P` and
+    /// `P + 1` of each of `MR` activation rows: `P` is 0 for even groups, 2 for odd ones.
+    #[inline(always)]
+    unsafe fn fma_group<const MR: usize, const P: usize>(
+        acc: &mut [[__m512; 4]; MR],
+        x: *const f32,
+        ldx: usize,
+        kk: usize,
+        (w0, w1): (__m512, __m512),
+    ) {
+        for (i, a) in acc.iter_mut().enumerate() {
+            let xp = x.add(i * ldx + kk);
+            a[P] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp), a[P]);
+            a[P + 1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xp.add(16)), a[P + 1]);
+        }
+    }
+
+    /// Prefetches the block `PREFETCH` bytes past `b`.
+    #[inline(always)]
+    unsafe fn prefetch<F: Format>(b: *const u8) {
+        // A prefetch past the end of the weights is harmless (it never faults).
+        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH) as *const i8);
+        if F::BYTES > 64 {
+            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH + 64) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH + 128) as *const i8);
+        }
+    }
+
+    /// `out[i] = x[i] · W` for `MR` activation rows and one weight row `w`.
+    ///
+    /// Four accumulators per pair: the two halves of each group, even and odd groups apart,
+    /// so four chains of multiply-adds are in flight (with two, a row waited on FMA latency).
+    /// Groups go in (even, odd) pairs with the accumulators at constant indices (a computed
+    /// index would put them on the stack); a block of 32 elements is one group, so those
+    /// formats take two blocks a round.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     pub unsafe fn run<F: Format, const MR: usize>(
         x: *const f32,
@@ -380,35 +409,34 @@ mod x86 {
         w: *const u8,
         out: &mut [f32; super::MAX_ROWS],
     ) {
-        let blocks = k / (32 * F::GROUPS);
-        // Four accumulators per row: the two halves of each group, even and odd groups apart.
-        // Four chains of multiply-adds in flight: with two, one row waited on FMA latency.
         let mut acc = [[_mm512_setzero_ps(); 4]; MR];
-        for bi in 0..blocks {
-            let b = w.add(bi * F::BYTES);
-            // A prefetch past the end of the weights is harmless (it never faults).
-            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH) as *const i8);
-            if F::BYTES > 64 {
-                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH + 64) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH + 128) as *const i8);
+        let a = &mut acc;
+        if F::GROUPS == 1 {
+            let blocks = k / 32;
+            let mut bi = 0;
+            while bi + 2 <= blocks {
+                let b0 = w.add(bi * F::BYTES);
+                let b1 = b0.add(F::BYTES);
+                prefetch::<F>(b0);
+                prefetch::<F>(b1);
+                fma_group::<MR, 0>(a, x, ldx, bi * 32, F::group(b0, &F::head(b0), 0));
+                fma_group::<MR, 2>(a, x, ldx, bi * 32 + 32, F::group(b1, &F::head(b1), 0));
+                bi += 2;
             }
-            let head = F::head(b);
-            for g in 0..F::GROUPS {
-                let (w0, w1) = F::group(b, &head, g);
-                let kk = (bi * F::GROUPS + g) * 32;
-                // Constant indices in each arm keep the accumulators in registers (a
-                // computed index would put the array on the stack).
-                let odd = (kk / 32) & 1 == 1;
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let xp = x.add(i * ldx + kk);
-                    let (x0, x1) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
-                    if odd {
-                        a[2] = _mm512_fmadd_ps(w0, x0, a[2]);
-                        a[3] = _mm512_fmadd_ps(w1, x1, a[3]);
-                    } else {
-                        a[0] = _mm512_fmadd_ps(w0, x0, a[0]);
-                        a[1] = _mm512_fmadd_ps(w1, x1, a[1]);
-                    }
+            if bi < blocks {
+                let b = w.add(bi * F::BYTES);
+                fma_group::<MR, 0>(a, x, ldx, bi * 32, F::group(b, &F::head(b), 0));
+            }
+        } else {
+            // An even number of groups per block: a block's group g has the parity of g.
+            for bi in 0..k / (32 * F::GROUPS) {
+                let b = w.add(bi * F::BYTES);
+                prefetch::<F>(b);
+                let head = F::head(b);
+                for g in (0..F::GROUPS).step_by(2) {
+                    let kk = (bi * F::GROUPS + g) * 32;
+                    fma_group::<MR, 0>(a, x, ldx, kk, F::group(b, &head, g));
+                    fma_group::<MR, 2>(a, x, ldx, kk + 32, F::group(b, &head, g + 1));
                 }
             }
         }
