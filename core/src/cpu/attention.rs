@@ -1,7 +1,6 @@
 //! Attention over contiguous K/V, paged attention through a block table, and the KV write by
 //! slot mapping that fills the paged caches.
 
-use super::matmul::dot;
 use super::softmax::softmax_row;
 use super::{index, pool, simd, In, KResult, KernelError, Out};
 use crate::op::AttnParams;
@@ -14,45 +13,81 @@ thread_local! {
         const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
-/// Softmax-weighted sum over keys `lo..hi` for one query row. `key(j, buf)` and `val(j, buf)`
-/// give the row of key position `j`: `Some` slice of the cache itself where it is f32, else
-/// `None` after filling `buf` with the dequantized row.
+/// Softmax-weighted sums over keys `lo..hi` for the `heads` query rows of one token that
+/// share a KV head (`q`: `heads` rows of `d`; `out`: `heads` rows of `dv`). `key(j, buf)` and
+/// `val(j, buf)` give the row of key position `j`: `Some` slice of the cache itself where it
+/// is f32, else `None` after filling `buf` with the dequantized row.
+///
+/// The scores go through the dot micro-kernel four keys by up to four heads at a time, so a
+/// key row is read once for its whole group of heads; each score is summed in the same order
+/// whatever the batch, the heads or the key count around it.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn attend<'c>(
     p: &AttnParams,
     q: &[f32],
+    heads: usize,
     lo: usize,
     hi: usize,
     out: &mut [f32],
     mut key: impl FnMut(usize, &mut [f32]) -> Option<&'c [f32]>,
     mut val: impl FnMut(usize, &mut [f32]) -> Option<&'c [f32]>,
 ) {
+    let d = q.len() / heads.max(1);
+    let dv = out.len() / heads.max(1);
+    let n = hi.saturating_sub(lo);
+    if heads == 0 || d == 0 {
+        return;
+    }
+    let isa = simd::isa();
+    let mr_max = simd::max_rows(isa);
     BUFS.with(|b| {
         let mut b = b.borrow_mut();
         let (kb, vb, scores) = &mut *b;
-        kb.resize(q.len(), 0.0);
-        vb.resize(out.len(), 0.0);
+        kb.resize(4 * d, 0.0);
+        vb.resize(dv, 0.0);
         scores.clear();
-        for j in lo..hi {
-            let kr = match key(j, kb) {
-                Some(r) => r,
-                None => &kb[..],
-            };
-            let mut s = dot(q, kr) * p.scale;
-            if let Some(c) = p.soft_cap {
-                s = c * (s / c).tanh();
+        scores.resize(heads * n, 0.0);
+        let mut sums: simd::Sums = [[0.0; 4]; 4];
+        for j0 in (lo..hi).step_by(4) {
+            let nk = 4.min(hi - j0);
+            // Fewer than four keys repeat the last one; its scores are not kept.
+            let mut rows = [std::ptr::null::<f32>(); 4];
+            for (t, r) in rows.iter_mut().enumerate() {
+                let buf = &mut kb[t * d..(t + 1) * d];
+                *r = match key(j0 + t.min(nk - 1), buf) {
+                    Some(row) if row.len() >= d => row.as_ptr(),
+                    _ => buf.as_ptr(),
+                };
             }
-            scores.push(s);
+            for h0 in (0..heads).step_by(mr_max) {
+                let mr = mr_max.min(heads - h0);
+                // SAFETY: q holds `heads` rows of d from h0 on, each key row d f32 (a cache
+                // row checked above or a row of kb, which is not resized in this loop).
+                unsafe { simd::dots(isa, q[h0 * d..].as_ptr(), d, mr, rows, d, &mut sums) };
+                for (i, row) in sums.iter().enumerate().take(mr) {
+                    for (t, &v) in row.iter().enumerate().take(nk) {
+                        let mut s = v * p.scale;
+                        if let Some(c) = p.soft_cap {
+                            s = c * (s / c).tanh();
+                        }
+                        scores[(h0 + i) * n + (j0 - lo) + t] = s;
+                    }
+                }
+            }
         }
-        softmax_row(scores);
+        for h in 0..heads {
+            softmax_row(&mut scores[h * n..(h + 1) * n]);
+        }
         out.fill(0.0);
-        for (j, &w) in (lo..hi).zip(scores.iter()) {
+        for j in lo..hi {
             let vr = match val(j, vb) {
                 Some(r) => r,
                 None => &vb[..],
             };
-            simd::axpy(w, vr, out);
+            for (h, o) in out.chunks_exact_mut(dv).enumerate() {
+                simd::axpy(scores[h * n + (j - lo)], vr, o);
+            }
         }
     })
 }
@@ -65,19 +100,21 @@ pub(crate) fn attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
     let (s, hkv) = (i[1].dims()[0], i[1].dims()[1]);
     let dv = i[2].dims()[2];
     let group = hq / hkv;
-    let dv1 = dv.max(1);
+    // One task row: the `group` heads of a token that share KV head g (contiguous in q and
+    // in the output).
+    let unit = (group * dv).max(1);
     o[0].with_f32(false, |y| {
-        pool::par_rows(y, dv1, 0, |r0, ys| {
-            for (ri, out) in ys.chunks_mut(dv1).enumerate() {
+        pool::par_rows(y, unit, 0, |r0, ys| {
+            for (ri, out) in ys.chunks_mut(unit).enumerate() {
                 let row = r0 + ri;
-                let (ti, h) = (row / hq, row % hq);
-                let g = h / group;
+                let (ti, g) = (row / hkv, row % hkv);
                 let pos = s - t + ti;
                 let (lo, hi) = p.mask.key_range(pos, s);
-                let qr = &q[row * d..(row + 1) * d];
+                let h0 = (ti * hq + g * group) * d;
                 attend(
                     p,
-                    qr,
+                    &q[h0..h0 + group * d],
+                    group,
                     lo,
                     hi,
                     out,
@@ -196,18 +233,20 @@ pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResul
     let vf: Option<&[f32]> = (vc.desc.dtype == DType::F32)
         .then(|| bytemuck::try_cast_slice(vc.bytes).ok())
         .flatten();
-    let dv1 = dv.max(1);
+    // One task row: the `group` heads of a token that share KV head g.
+    let unit = (group * dv).max(1);
     o[0].with_f32(false, |y| {
-        pool::par_rows(y, dv1, 0, |r0, ys| {
-            for (ri, out) in ys.chunks_mut(dv1).enumerate() {
+        pool::par_rows(y, unit, 0, |r0, ys| {
+            for (ri, out) in ys.chunks_mut(unit).enumerate() {
                 let row = r0 + ri;
-                let (ti, h) = (row / hq, row % hq);
+                let (ti, g) = (row / hkv, row % hkv);
                 let (s, pos) = (b.seq_of[ti], b.pos_of[ti]);
-                let g = h / group;
                 let (lo, hi) = p.mask.key_range(pos, b.seq_lens[s]);
+                let h0 = (ti * hq + g * group) * d;
                 attend(
                     p,
-                    &q[row * d..(row + 1) * d],
+                    &q[h0..h0 + group * d],
+                    group,
                     lo,
                     hi,
                     out,

@@ -9,12 +9,6 @@ use crate::tensor::DType;
 /// Weight rows dequantized at a time: one tile, reused by every activation row.
 const TILE: usize = 8;
 
-/// `Σ a[i]·b[i]`, vectorised for this CPU.
-#[inline]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    simd::dot(a, b)
-}
-
 thread_local! {
     /// Dequantized weight rows of the current tile, reused across tiles on a thread.
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
