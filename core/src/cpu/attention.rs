@@ -272,8 +272,9 @@ pub(crate) fn kv_write(i: &[In], o: &mut [Out]) -> KResult {
                 continue;
             }
             let slot = index(slot, nblocks * bs, "slot")?;
-            let enc = quant::quantize(dtype, &x[t * width..(t + 1) * width])?;
-            dst.bytes[slot * row_bytes..(slot + 1) * row_bytes].copy_from_slice(&enc);
+            let row = &x[t * width..(t + 1) * width];
+            let out = &mut dst.bytes[slot * row_bytes..(slot + 1) * row_bytes];
+            quant::quantize_into(dtype, row, out)?;
         }
     }
     Ok(())

@@ -133,6 +133,14 @@ pub fn quantize_supported(dtype: DType) -> bool {
 /// F16 and BF16 round to nearest even (BF16 turns NaNs quiet, as ggml does). Non-finite inputs
 /// to the block formats give some bytes without panicking, but nothing meaningful.
 pub fn quantize(dtype: DType, src: &[f32]) -> Result<Vec<u8>> {
+    let bytes = dtype.bytes_for(src.len()).unwrap_or(0);
+    let mut out = vec![0u8; bytes];
+    quantize_into(dtype, src, &mut out)?;
+    Ok(out)
+}
+
+/// [`quantize`] into `out`, which must be exactly `dtype.bytes_for(src.len())` bytes.
+pub fn quantize_into(dtype: DType, src: &[f32], out: &mut [u8]) -> Result<()> {
     if !quantize_supported(dtype) {
         return Err(Error::quant(dtype, "quantize: no quantizer for this type"));
     }
@@ -146,29 +154,34 @@ pub fn quantize(dtype: DType, src: &[f32]) -> Result<Vec<u8>> {
             ),
         )
     })?;
-    let mut out = vec![0u8; bytes];
+    if out.len() != bytes {
+        return Err(Error::quant(
+            dtype,
+            format!("quantize: {} elements need {bytes} bytes, the output has {}", src.len(), out.len()),
+        ));
+    }
     match dtype {
-        DType::F32 => quant_each_block(src, &mut out, float::quant_f32),
-        DType::F16 => quant_each_block(src, &mut out, float::quant_f16),
-        DType::BF16 => quant_each_block(src, &mut out, float::quant_bf16),
-        DType::Q4_0 => quant_each_block(src, &mut out, legacy::quant_q4_0),
-        DType::Q4_1 => quant_each_block(src, &mut out, legacy::quant_q4_1),
-        DType::Q5_0 => quant_each_block(src, &mut out, legacy::quant_q5_0),
-        DType::Q5_1 => quant_each_block(src, &mut out, legacy::quant_q5_1),
-        DType::Q8_0 => quant_each_block(src, &mut out, legacy::quant_q8_0),
-        DType::Q2_K => quant_each_block(src, &mut out, k_quants::quant_q2_k),
-        DType::Q3_K => quant_each_block(src, &mut out, k_quants::quant_q3_k),
-        DType::Q4_K => quant_each_block(src, &mut out, k_quants::quant_q4_k),
-        DType::Q5_K => quant_each_block(src, &mut out, k_quants::quant_q5_k),
-        DType::Q6_K => quant_each_block(src, &mut out, k_quants::quant_q6_k),
-        DType::Q8_K => quant_each_block(src, &mut out, k_quants::quant_q8_k),
-        DType::MXFP4 => quant_each_block(src, &mut out, fp4::quant_mxfp4),
-        DType::NVFP4 => quant_each_block(src, &mut out, fp4::quant_nvfp4),
+        DType::F32 => quant_each_block(src, out, float::quant_f32),
+        DType::F16 => quant_each_block(src, out, float::quant_f16),
+        DType::BF16 => quant_each_block(src, out, float::quant_bf16),
+        DType::Q4_0 => quant_each_block(src, out, legacy::quant_q4_0),
+        DType::Q4_1 => quant_each_block(src, out, legacy::quant_q4_1),
+        DType::Q5_0 => quant_each_block(src, out, legacy::quant_q5_0),
+        DType::Q5_1 => quant_each_block(src, out, legacy::quant_q5_1),
+        DType::Q8_0 => quant_each_block(src, out, legacy::quant_q8_0),
+        DType::Q2_K => quant_each_block(src, out, k_quants::quant_q2_k),
+        DType::Q3_K => quant_each_block(src, out, k_quants::quant_q3_k),
+        DType::Q4_K => quant_each_block(src, out, k_quants::quant_q4_k),
+        DType::Q5_K => quant_each_block(src, out, k_quants::quant_q5_k),
+        DType::Q6_K => quant_each_block(src, out, k_quants::quant_q6_k),
+        DType::Q8_K => quant_each_block(src, out, k_quants::quant_q8_k),
+        DType::MXFP4 => quant_each_block(src, out, fp4::quant_mxfp4),
+        DType::NVFP4 => quant_each_block(src, out, fp4::quant_nvfp4),
         DType::I32 | DType::U32 => {
             return Err(Error::quant(dtype, "quantize: no quantizer for this type"))
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Runs `f` on every (block bytes, block output) pair; `TS` bytes make `BS` elements. The
