@@ -200,18 +200,11 @@ pub(crate) fn gemm(
         if m <= qdot::MAX_ROWS {
             pool::par_ranges(n, 4, 4, |range| {
                 let yp = &yp;
-                let mut out = [0f32; qdot::MAX_ROWS];
-                for r in range {
-                    // SAFETY: the fused kernel handles `dtype` here; row r lies inside `w`,
-                    // and column r of y is this task's alone.
-                    unsafe {
-                        let row = w.as_ptr().add(r * rb);
-                        qdot::row_dots(dtype, x.as_ptr(), k, m, k, row, &mut out);
-                        for (i, v) in out.iter().enumerate().take(m) {
-                            *yp.0.add(i * n + r) = *v;
-                        }
-                    }
-                }
+                // SAFETY: the fused kernel handles `dtype` here; the rows lie inside `w`, and
+                // the columns of y in `range` are this task's alone.
+                unsafe {
+                    qdot::rows_dots(dtype, x.as_ptr(), k, m, k, (w.as_ptr(), rb), range, (yp.0, n))
+                };
             });
         } else {
             // The activations in the tile kernel's pass order (as the tiles are decoded).

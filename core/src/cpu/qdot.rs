@@ -29,13 +29,53 @@ pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
     }
 }
 
-/// `out[i] = Σₖ x[i·ldx + k] · W[k]` for `i < mr` (1..=6), with `w` one row of `k` elements
-/// of `dtype`.
+/// `y[i·ldy + r] = Σₖ x[i·ldx + k] · W_r[k]` for `i < mr` (1..=6) and each weight row `r` in
+/// `rows`, where row r is the `k` elements of `dtype` at `w + r·rb`.
 ///
 /// # Safety
-/// [`supported`] is true for `dtype` on this CPU; `k` is a multiple of the block size; `w`
-/// points to `dtype.bytes_for(k)` readable bytes and `x` to `mr` rows of `k` f32 at `ldx`.
-#[inline]
+/// [`supported`] is true for `dtype` on this CPU; `k` is a multiple of the block size; each
+/// row in `rows` lies in readable memory at `w + r·rb` (`dtype.bytes_for(k)` bytes), `x`
+/// points to `mr` rows of `k` f32 at `ldx`, and `y` to `mr` rows at `ldy` writable at the
+/// columns in `rows`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn rows_dots(
+    dtype: DType,
+    x: *const f32,
+    ldx: usize,
+    mr: usize,
+    k: usize,
+    (w, rb): (*const u8, usize),
+    rows: std::ops::Range<usize>,
+    (y, ldy): (*mut f32, usize),
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use x86::*;
+        macro_rules! go {
+            ($f:ty) => {
+                match mr {
+                    1 => run::<$f, 1>(x, ldx, k, w, rb, rows, y, ldy),
+                    2 => run::<$f, 2>(x, ldx, k, w, rb, rows, y, ldy),
+                    3 => run::<$f, 3>(x, ldx, k, w, rb, rows, y, ldy),
+                    4 => run::<$f, 4>(x, ldx, k, w, rb, rows, y, ldy),
+                    5 => run::<$f, 5>(x, ldx, k, w, rb, rows, y, ldy),
+                    _ => run::<$f, 6>(x, ldx, k, w, rb, rows, y, ldy),
+                }
+            };
+        }
+        dispatch!(dtype, go);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (dtype, x, ldx, mr, k, w, rb, rows, y, ldy);
+    }
+}
+
+/// [`rows_dots`] for one weight row `w`: `out[i] = x[i] · W`.
+///
+/// # Safety
+/// As for [`rows_dots`].
+#[cfg(test)]
 pub(crate) unsafe fn row_dots(
     dtype: DType,
     x: *const f32,
@@ -45,27 +85,7 @@ pub(crate) unsafe fn row_dots(
     w: *const u8,
     out: &mut [f32; MAX_ROWS],
 ) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use x86::*;
-        macro_rules! go {
-            ($f:ty) => {
-                match mr {
-                    1 => run::<$f, 1>(x, ldx, k, w, out),
-                    2 => run::<$f, 2>(x, ldx, k, w, out),
-                    3 => run::<$f, 3>(x, ldx, k, w, out),
-                    4 => run::<$f, 4>(x, ldx, k, w, out),
-                    5 => run::<$f, 5>(x, ldx, k, w, out),
-                    _ => run::<$f, 6>(x, ldx, k, w, out),
-                }
-            };
-        }
-        dispatch!(dtype, go);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (dtype, x, ldx, mr, k, w, out);
-    }
+    rows_dots(dtype, x, ldx, mr, k, (w, 0), 0..1, (out.as_mut_ptr(), 1));
 }
 
 /// Runs `$go!(Format)` for the fused kernel's format of `$dtype`.
@@ -414,21 +434,43 @@ mod x86 {
         }
     }
 
-    /// `out[i] = x[i] · W` for `MR` activation rows and one weight row `w`.
+    /// `y[i·ldy + r] = x[i] · W_r` for `MR` activation rows and the weight rows `rows`, row r
+    /// at `w + r·rb`. The loop over rows is in here so that one row's final sums overlap the
+    /// next row's loads (a call per row left them waiting on each other).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn run<F: Format, const MR: usize>(
+        x: *const f32,
+        ldx: usize,
+        k: usize,
+        w: *const u8,
+        rb: usize,
+        rows: std::ops::Range<usize>,
+        y: *mut f32,
+        ldy: usize,
+    ) {
+        for r in rows {
+            let sums = row::<F, MR>(x, ldx, k, w.add(r * rb));
+            for (i, s) in sums.iter().enumerate() {
+                *y.add(i * ldy + r) = *s;
+            }
+        }
+    }
+
+    /// One weight row `w` against `MR` activation rows.
     ///
     /// Four accumulators per pair: the two halves of each group, even and odd groups apart,
     /// so four chains of multiply-adds are in flight (with two, a row waited on FMA latency).
     /// Groups go in (even, odd) pairs with the accumulators at constant indices (a computed
     /// index would put them on the stack); a block of 32 elements is one group, so those
     /// formats take two blocks a round.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    pub unsafe fn run<F: Format, const MR: usize>(
+    #[inline(always)]
+    unsafe fn row<F: Format, const MR: usize>(
         x: *const f32,
         ldx: usize,
         k: usize,
         w: *const u8,
-        out: &mut [f32; super::MAX_ROWS],
-    ) {
+    ) -> [f32; MR] {
         let mut acc = [[_mm512_setzero_ps(); 4]; MR];
         let a = &mut acc;
         if F::GROUPS == 1 {
@@ -460,9 +502,7 @@ mod x86 {
                 }
             }
         }
-        for (o, a) in out.iter_mut().zip(&acc) {
-            *o = finish(a);
-        }
+        acc.map(|a| finish(&a))
     }
 
     /// A row's four accumulators summed: the one reduction both paths use.
