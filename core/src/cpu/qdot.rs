@@ -273,15 +273,23 @@ mod x86 {
         )
     }
 
+    /// The bytes at `p` widened to 32-bit lanes, and the same shifted right by 4: in the low
+    /// 4 bits of each lane, the low and the high nibbles of bytes 0..16 (the upper bits are
+    /// left for the permutes, which read only the low 4). One widening (a shuffle) and one
+    /// shift (not a shuffle): the decoders are bound by the shuffle unit.
+    #[inline(always)]
+    unsafe fn nibble_codes(p: *const u8) -> (__m512i, __m512i) {
+        let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+        (v, _mm512_srli_epi32(v, 4))
+    }
+
     /// The 32 elements of 16 bytes of nibbles (element j in the low nibble of byte j, element
     /// j + 16 in its high nibble), each the entry of `table` its nibble selects: a lookup in
     /// one instruction (vpermps reads only the low 4 bits of each index) instead of a
     /// conversion and a multiply-add.
     #[inline(always)]
     unsafe fn nibble_lookup(p: *const u8, table: __m512) -> (__m512, __m512) {
-        let v = _mm_loadu_si128(p as *const __m128i);
-        let lo = _mm512_cvtepu8_epi32(v);
-        let hi = _mm512_cvtepu8_epi32(_mm_srli_epi16(v, 4));
+        let (lo, hi) = nibble_codes(p);
         (
             _mm512_permutexvar_ps(lo, table),
             _mm512_permutexvar_ps(hi, table),
@@ -298,10 +306,8 @@ mod x86 {
 
     block32!(Q50, 22, |b| {
         let d = f16x16(b);
-        let v = _mm_loadu_si128(b.add(6) as *const __m128i);
         // The low 4 bits of each code (vpermps reads only those of an index).
-        let lo = _mm512_cvtepu8_epi32(v);
-        let hi = _mm512_cvtepu8_epi32(_mm_srli_epi16(v, 4));
+        let (lo, hi) = nibble_codes(b.add(6));
         // Bit j of qh is bit 4 of element j: it picks the table of codes 16..31.
         let qh = std::ptr::read_unaligned(b.add(2) as *const u32);
         // (q - 16)·d for the codes 0..15 and 16..31.
@@ -356,15 +362,14 @@ mod x86 {
         unsafe fn group(b: *const u8, h: &__m512, g: usize) -> (__m512, __m512) {
             let d1 = _mm512_permutexvar_ps(_mm512_set1_epi32(g as i32), *h);
             let m1 = _mm512_permutexvar_ps(_mm512_set1_epi32(8 + g as i32), *h);
+            // Groups 2i and 2i + 1 are the low and high nibbles of the same 32 bytes (the
+            // widening is shared between the two after inlining).
             let p = b.add(16 + 32 * (g / 2));
-            let v = _mm256_loadu_si256(p as *const __m256i);
-            // Odd groups are the high nibbles; the lookup reads only the low 4 bits.
-            let v = _mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (g as i32 & 1)));
+            let (lo0, hi0) = nibble_codes(p);
+            let (lo1, hi1) = nibble_codes(p.add(16));
+            let (c0, c1) = if g % 2 == 0 { (lo0, lo1) } else { (hi0, hi1) };
             let table = _mm512_fmadd_ps(iota(), d1, m1);
-            (
-                _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(v)), table),
-                _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(v, 1)), table),
-            )
+            (_mm512_permutexvar_ps(c0, table), _mm512_permutexvar_ps(c1, table))
         }
     }
 
