@@ -8,7 +8,7 @@ use crate::quant;
 use crate::tensor::DType;
 
 thread_local! {
-    /// Per-thread buffers of the attention kernels: key row, value row, scores.
+    /// Per-thread buffers of the attention kernels: four key rows, a value row, the scores.
     static BUFS: std::cell::RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
@@ -36,7 +36,7 @@ fn attend<'c>(
     let d = q.len() / heads.max(1);
     let dv = out.len() / heads.max(1);
     let n = hi.saturating_sub(lo);
-    if heads == 0 || d == 0 {
+    if heads == 0 {
         return;
     }
     let isa = simd::isa();
@@ -47,14 +47,14 @@ fn attend<'c>(
         kb.resize(4 * d, 0.0);
         vb.resize(dv, 0.0);
         scores.clear();
+        // Zero-width keys score 0 (the softmax then weighs the values evenly).
         scores.resize(heads * n, 0.0);
         let mut sums: simd::Sums = [[0.0; 4]; 4];
-        for j0 in (lo..hi).step_by(4) {
+        for j0 in (lo..hi).step_by(4).filter(|_| d > 0) {
             let nk = 4.min(hi - j0);
             // Fewer than four keys repeat the last one; its scores are not kept.
             let mut rows = [std::ptr::null::<f32>(); 4];
-            for (t, r) in rows.iter_mut().enumerate() {
-                let buf = &mut kb[t * d..(t + 1) * d];
+            for ((t, r), buf) in rows.iter_mut().enumerate().zip(kb.chunks_exact_mut(d)) {
                 *r = match key(j0 + t.min(nk - 1), buf) {
                     Some(row) if row.len() >= d => row.as_ptr(),
                     _ => buf.as_ptr(),
@@ -63,7 +63,8 @@ fn attend<'c>(
             for h0 in (0..heads).step_by(mr_max) {
                 let mr = mr_max.min(heads - h0);
                 // SAFETY: q holds `heads` rows of d from h0 on, each key row d f32 (a cache
-                // row checked above or a row of kb, which is not resized in this loop).
+                // row checked above or a row of kb, each borrowed once and not resized while
+                // the pointers live).
                 unsafe { simd::dots(isa, q[h0 * d..].as_ptr(), d, mr, rows, d, &mut sums) };
                 for (i, row) in sums.iter().enumerate().take(mr) {
                     for (t, &v) in row.iter().enumerate().take(nk) {
@@ -92,6 +93,17 @@ fn attend<'c>(
     })
 }
 
+/// Query heads per task: the whole group that shares a KV head (each key row read once for
+/// all of them), unless that leaves fewer tasks than threads (decode on a model with one KV
+/// head), then one head per task. A score's bits do not depend on this.
+fn unit_heads(t: usize, hkv: usize, group: usize) -> usize {
+    if t * hkv < pool::threads() {
+        1
+    } else {
+        group.max(1)
+    }
+}
+
 pub(crate) fn attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
     let q = i[0].f32()?;
     let k = i[1].f32()?;
@@ -100,21 +112,19 @@ pub(crate) fn attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
     let (s, hkv) = (i[1].dims()[0], i[1].dims()[1]);
     let dv = i[2].dims()[2];
     let group = hq / hkv;
-    // One task row: the `group` heads of a token that share KV head g (contiguous in q and
-    // in the output).
-    let unit = (group * dv).max(1);
+    let heads = unit_heads(t, hkv, group);
+    let unit = (heads * dv).max(1);
     o[0].with_f32(false, |y| {
         pool::par_rows(y, unit, 0, |r0, ys| {
             for (ri, out) in ys.chunks_mut(unit).enumerate() {
-                let row = r0 + ri;
-                let (ti, g) = (row / hkv, row % hkv);
+                let h = (r0 + ri) * heads;
+                let (ti, g) = (h / hq, h % hq / group);
                 let pos = s - t + ti;
                 let (lo, hi) = p.mask.key_range(pos, s);
-                let h0 = (ti * hq + g * group) * d;
                 attend(
                     p,
-                    &q[h0..h0 + group * d],
-                    group,
+                    &q[h * d..(h + heads) * d],
+                    heads,
                     lo,
                     hi,
                     out,
@@ -233,20 +243,19 @@ pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResul
     let vf: Option<&[f32]> = (vc.desc.dtype == DType::F32)
         .then(|| bytemuck::try_cast_slice(vc.bytes).ok())
         .flatten();
-    // One task row: the `group` heads of a token that share KV head g.
-    let unit = (group * dv).max(1);
+    let heads = unit_heads(t, hkv, group);
+    let unit = (heads * dv).max(1);
     o[0].with_f32(false, |y| {
         pool::par_rows(y, unit, 0, |r0, ys| {
             for (ri, out) in ys.chunks_mut(unit).enumerate() {
-                let row = r0 + ri;
-                let (ti, g) = (row / hkv, row % hkv);
+                let h = (r0 + ri) * heads;
+                let (ti, g) = (h / hq, h % hq / group);
                 let (s, pos) = (b.seq_of[ti], b.pos_of[ti]);
                 let (lo, hi) = p.mask.key_range(pos, b.seq_lens[s]);
-                let h0 = (ti * hq + g * group) * d;
                 attend(
                     p,
-                    &q[h0..h0 + group * d],
-                    group,
+                    &q[h * d..(h + heads) * d],
+                    heads,
                     lo,
                     hi,
                     out,

@@ -1,18 +1,21 @@
-//! Fused dequantize-and-dot for decode: a weight row is read once in its block format, each
-//! 32-element group decoded into two f32 vectors in registers and multiplied into up to six
-//! f32 activation rows at once (a batch of decoding sequences reads each weight once). No scratch buffer, no activation quantization: the products
-//! are the exact dequantized weights times the f32 activations, accumulated in f32.
+//! Fused dequantize-and-dot: a weight row is read once in its block format, each 32-element
+//! group decoded into two f32 vectors in registers and multiplied into up to six f32
+//! activation rows at once (a batch of decoding sequences reads each weight once). No scratch
+//! buffer, no activation quantization: the products are the exact dequantized weights times
+//! the f32 activations, accumulated in f32. Prefill decodes weight tiles once with the same
+//! decoders and runs a tile kernel that sums in the same order, so a row's bits never depend
+//! on the batch it came in.
 //!
 //! AVX-512 only (16 lanes, byte shuffles and masks make the decoders short); other CPUs and
 //! formats take the dequantize-a-tile path in `matmul.rs`.
 
 use crate::tensor::DType;
 
-/// Activation rows one call covers at most.
-/// Six rows × four accumulators stay in the 32 vector registers (eight spilled).
+/// Activation rows one call covers at most: six rows × four accumulators fit in the 32 vector
+/// registers with the weights and activations (eight rows spilled).
 pub(crate) const MAX_ROWS: usize = 6;
 
-/// Whether [`row_dots`] handles `dtype` on this CPU.
+/// Whether [`rows_dots`] handles `dtype` on this CPU.
 pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -138,7 +141,7 @@ pub(crate) fn to_pass_order(src: &[f32], dst: &mut [f32]) {
 /// fused kernels' decoders (so the stored values are the ones they multiply).
 ///
 /// # Safety
-/// As for [`row_dots`]; `out` has room for `k` f32.
+/// As for [`rows_dots`]; `out` has room for `k` f32.
 pub(crate) unsafe fn decode_row(dtype: DType, w: *const u8, k: usize, out: *mut f32) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -166,7 +169,7 @@ pub(crate) const TILE_COLS: usize = 4;
 
 /// `out[i·ldo + j] = x[i] · w[j]` for `mr` (1..=6) activation rows at stride `ldx` and four
 /// weight rows, all in pass order (the weights decoded by [`decode_row`]), with the bits
-/// [`row_dots`] gives for the same rows.
+/// [`rows_dots`] gives for the same rows.
 ///
 /// # Safety
 /// [`supported`] holds for the weights' format; `k` is a multiple of 32; the pointers cover

@@ -388,6 +388,16 @@ fn attention(c: &mut Vec<Case>) -> Result<()> {
             n(F32, &[11, 2, 32]),
         ],
     )?);
+    // Six query heads on one KV head: more heads than one pass of the CPU's score kernel.
+    c.push(Case::new(
+        Op::Attention(p),
+        "soft cap 20 T=5 S=13 Hq=6 Hkv=1",
+        vec![
+            n(F32, &[5, 6, 32]),
+            n(F32, &[13, 1, 32]),
+            n(F32, &[13, 1, 32]),
+        ],
+    )?);
     let p = AttnParams {
         scale: 0.125,
         soft_cap: None,
