@@ -372,7 +372,7 @@ mod x86 {
             let p = b.add(16 + 32 * (g / 2));
             let (lo0, hi0) = nibble_codes(p);
             let (lo1, hi1) = nibble_codes(p.add(16));
-            let (c0, c1) = if g % 2 == 0 { (lo0, lo1) } else { (hi0, hi1) };
+            let (c0, c1) = if g.is_multiple_of(2) { (lo0, lo1) } else { (hi0, hi1) };
             let table = _mm512_fmadd_ps(iota(), d1, m1);
             (_mm512_permutexvar_ps(c0, table), _mm512_permutexvar_ps(c1, table))
         }
