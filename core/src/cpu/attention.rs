@@ -93,6 +93,9 @@ fn attend<'c>(
     })
 }
 
+/// Pieces per thread: a causal prompt's later rows cost more, so many small pieces.
+const ATTN_PIECES: usize = 8;
+
 /// Query heads per task: the whole group that shares a KV head (each key row read once for
 /// all of them), unless that leaves fewer tasks than threads (decode on a model with one KV
 /// head), then one head per task. A score's bits do not depend on this.
@@ -115,7 +118,7 @@ pub(crate) fn attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
     let heads = unit_heads(t, hkv, group);
     let unit = (heads * dv).max(1);
     o[0].with_f32(false, |y| {
-        pool::par_rows(y, unit, 0, |r0, ys| {
+        pool::par_rows_in(y, unit, 0, ATTN_PIECES, |r0, ys| {
             for (ri, out) in ys.chunks_mut(unit).enumerate() {
                 let h = (r0 + ri) * heads;
                 let (ti, g) = (h / hq, h % hq / group);
@@ -246,7 +249,7 @@ pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResul
     let heads = unit_heads(t, hkv, group);
     let unit = (heads * dv).max(1);
     o[0].with_f32(false, |y| {
-        pool::par_rows(y, unit, 0, |r0, ys| {
+        pool::par_rows_in(y, unit, 0, ATTN_PIECES, |r0, ys| {
             for (ri, out) in ys.chunks_mut(unit).enumerate() {
                 let h = (r0 + ri) * heads;
                 let (ti, g) = (h / hq, h % hq / group);

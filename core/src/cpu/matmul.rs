@@ -210,9 +210,11 @@ pub(crate) fn gemm(
             // The activations in the tile kernel's pass order (as the tiles are decoded).
             let mut xp = PASS_X.with(|c| c.take());
             xp.resize(m * k, 0.0);
-            for (src, dst) in x[..m * k].chunks_exact(k).zip(xp.chunks_exact_mut(k)) {
-                qdot::to_pass_order(src, dst);
-            }
+            pool::par_rows(&mut xp[..], k, norm::PAR_MIN, |r0, rows| {
+                for (r, dst) in rows.chunks_exact_mut(k).enumerate() {
+                    qdot::to_pass_order(&x[(r0 + r) * k..(r0 + r + 1) * k], dst);
+                }
+            });
             let x = &xp[..];
             tiled(
                 k,

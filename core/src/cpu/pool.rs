@@ -225,6 +225,18 @@ pub(crate) fn par_rows<T: Send, F: Fn(usize, &mut [T]) + Sync>(
     min_par: usize,
     f: F,
 ) {
+    par_rows_in(y, row, min_par, 2, f)
+}
+
+/// [`par_rows`] in about `per_thread` pieces per thread: more, smaller pieces for rows whose
+/// costs differ (causal attention: a row costs its position), so the threads finish together.
+pub(crate) fn par_rows_in<T: Send, F: Fn(usize, &mut [T]) + Sync>(
+    y: &mut [T],
+    row: usize,
+    min_par: usize,
+    per_thread: usize,
+    f: F,
+) {
     let row = row.max(1);
     let n = y.len() / row;
     if y.len() < min_par || threads() <= 1 {
@@ -232,7 +244,7 @@ pub(crate) fn par_rows<T: Send, F: Fn(usize, &mut [T]) + Sync>(
         return;
     }
     let base = SendPtr(y.as_mut_ptr());
-    par_ranges(n, 1, 2, |r| {
+    par_ranges(n, 1, per_thread, |r| {
         let b = &base;
         // SAFETY: the ranges are disjoint, so each task gets its own rows of `y`.
         let part = unsafe { std::slice::from_raw_parts_mut(b.0.add(r.start * row), r.len() * row) };
