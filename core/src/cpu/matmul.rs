@@ -8,6 +8,9 @@ use crate::tensor::DType;
 
 /// Weight rows dequantized at a time: one tile, reused by every activation row.
 const TILE: usize = 8;
+/// The same for the fused formats' prefill: a larger tile reads the activations fewer times
+/// (Gemma 3's pp128: +8% over 8 rows, at 1 and 2 threads; 64 rows measured slower).
+const TILE_FUSED: usize = 32;
 
 thread_local! {
     /// Dequantized weight rows of the current tile, reused across tiles on a thread.
@@ -52,7 +55,7 @@ fn dequantize_row_isa(isa: Isa, dtype: DType, src: &[u8], dst: &mut [f32]) {
 }
 
 /// The tiled matmul shared by every path that dequantizes weights: the weight rows are split
-/// over the pool in pieces of whole tiles; for each tile of up to [`TILE`] rows, `decode(src,
+/// over the pool in pieces of whole tiles; for each tile of up to `tile_rows` rows, `decode(src,
 /// dst)` turns each weight row's `rb` bytes into its `k` f32 in the tile, and `dots(tile, rows,
 /// y, n0)` multiplies the tile into columns `n0..n0 + rows` of `y`.
 #[allow(clippy::too_many_arguments)]
@@ -62,18 +65,18 @@ fn tiled(
     n: usize,
     w: &[u8],
     rb: usize,
-    pieces: usize,
+    (tile_rows, pieces): (usize, usize),
     decode: impl Fn(&[u8], &mut [f32]) + Sync,
     dots: impl Fn(&[f32], usize, *mut f32, usize) + Sync,
 ) {
-    pool::par_ranges(n, TILE, pieces, |range| {
+    pool::par_ranges(n, tile_rows, pieces, |range| {
         let mut tile = SCRATCH.with(|c| c.take());
-        if tile.len() < TILE * k {
-            tile.resize(TILE * k, 0.0);
+        if tile.len() < tile_rows * k {
+            tile.resize(tile_rows * k, 0.0);
         }
         let mut n0 = range.start;
         while n0 < range.end {
-            let rows = TILE.min(range.end - n0);
+            let rows = tile_rows.min(range.end - n0);
             for r in 0..rows {
                 let src = &w[(n0 + r) * rb..(n0 + r + 1) * rb];
                 decode(src, &mut tile[r * k..(r + 1) * k]);
@@ -222,7 +225,7 @@ pub(crate) fn gemm(
                 n,
                 w,
                 rb,
-                TILE_PIECES_FUSED,
+                (TILE_FUSED, TILE_PIECES_FUSED),
                 // SAFETY: the fused kernels handle `dtype` and k is a multiple of 32; `src` is a
                 // whole weight row and `dst` holds k f32.
                 |src, dst| unsafe { qdot::decode_row(dtype, src.as_ptr(), k, dst.as_mut_ptr()) },
@@ -250,7 +253,7 @@ pub(crate) fn gemm(
         n,
         w,
         rb,
-        TILE_PIECES,
+        (TILE, TILE_PIECES),
         |src, dst| dequantize_row_isa(isa, dtype, src, dst),
         // SAFETY: the tile holds `rows` rows of k; columns n0..n0+rows are this task's.
         |tile, rows, y, n0| unsafe { tile_dots(isa, x, m, k, tile.as_ptr(), rows, y, n, n0) },
