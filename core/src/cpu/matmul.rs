@@ -8,8 +8,9 @@ use crate::tensor::DType;
 
 /// Weight rows dequantized at a time: one tile, reused by every activation row.
 const TILE: usize = 8;
-/// The same for the fused formats' prefill: a larger tile reads the activations fewer times
-/// (Gemma 3's pp128: +8% over 8 rows, at 1 and 2 threads; 64 rows measured slower).
+/// The same for the fused formats' prefill of at least as many activation rows: a larger
+/// tile reads the activations fewer times (Gemma 3's pp128: +8% over 8 rows, at 1 and 2
+/// threads; 64 rows measured slower). A small batch of decodes keeps [`TILE`].
 const TILE_FUSED: usize = 32;
 
 thread_local! {
@@ -225,7 +226,7 @@ pub(crate) fn gemm(
                 n,
                 w,
                 rb,
-                (TILE_FUSED, TILE_PIECES_FUSED),
+                (if m >= TILE_FUSED { TILE_FUSED } else { TILE }, TILE_PIECES_FUSED),
                 // SAFETY: the fused kernels handle `dtype` and k is a multiple of 32; `src` is a
                 // whole weight row and `dst` holds k f32.
                 |src, dst| unsafe { qdot::decode_row(dtype, src.as_ptr(), k, dst.as_mut_ptr()) },
