@@ -306,3 +306,48 @@ fn dropped_streams_are_cancelled_while_queued_or_prefilling() {
     assert_eq!(s.kv_free, idle.kv_free);
     assert_eq!(s.kv_free, s.kv_total);
 }
+
+/// A pool just above one request's need, prefix caching on, and 3 to 7 requests that share a
+/// long prefix: preempting one counts only the blocks no other request holds, so no step asks
+/// the pool for more than it has and no request fails; each gets the tokens it gets alone.
+#[test]
+fn requests_sharing_a_prefix_finish_in_a_pool_just_above_one_request() {
+    let Some((file, tok)) = load() else {
+        return;
+    };
+    let shared = "You are a careful assistant. Answer briefly and precisely, in plain English, \
+                  without lists. Keep to the facts you are sure of and say so when unsure. "
+        .repeat(3);
+    let asks: Vec<String> = ["France", "Spain", "Italy", "Peru", "Japan", "Chile", "Kenya"]
+        .iter()
+        .map(|c| format!("{shared}Question: what is the capital of {c}? Answer:"))
+        .collect();
+    let n = 40;
+    let alone: Vec<Vec<u32>> = {
+        let h = spawn(engine(&file, 1, None));
+        asks.iter()
+            .map(|p| collect(&h.submit(request(&tok, p, n))))
+            .collect()
+    };
+    let longest = asks
+        .iter()
+        .map(|p| tok.encode(p, true).expect("encode").len())
+        .max()
+        .unwrap_or(0);
+    // (requests, blocks beyond one request's need, step tokens). Before preemption counted
+    // shared blocks as freed, (7, 3, 512) failed every request of a step with "out of KV
+    // blocks".
+    for (reqs, extra, step) in [(3, 1, 16), (5, 2, 64), (7, 3, 512), (7, 4, 512)] {
+        let blocks = (longest + n).div_ceil(16) + extra;
+        let h = spawn(engine_with(&file, reqs, Some(blocks), step, true));
+        let rxs: Vec<Stream> = asks[..reqs]
+            .iter()
+            .map(|p| h.submit(request(&tok, p, n)))
+            .collect();
+        let got: Vec<Vec<u32>> = rxs.iter().map(|r| collect(r)).collect();
+        let stats = h.shutdown().expect("engine thread");
+        println!("{reqs} requests, {blocks} blocks, step {step}: {stats:?}");
+        assert_eq!(got, alone[..reqs], "{reqs} requests, {blocks} blocks, step {step}");
+        assert!(stats.prefix_hit_tokens > 0, "the shared prefix was never reused");
+    }
+}

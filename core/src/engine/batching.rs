@@ -187,6 +187,15 @@ impl KvBudget for RunnerBudget<'_> {
             .and_then(|m| m.block_table(req))
             .map_or(0, |t| t.len())
     }
+    fn blocks_freed(&self, req: ReqId) -> usize {
+        self.manager().map_or(0, |m| {
+            m.block_table(req).map_or(0, |t| {
+                t.iter()
+                    .filter(|&&b| m.pool().ref_count(b) == Some(1))
+                    .count()
+            })
+        })
+    }
     fn cached_prefix(&self, tokens: &[u32]) -> (usize, usize) {
         self.0.cached_prefix(tokens)
     }

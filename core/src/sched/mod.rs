@@ -29,8 +29,13 @@ pub trait KvBudget {
     fn blocks_needed(&self, req: ReqId, len: usize) -> usize;
     /// Blocks free now.
     fn free_blocks(&self) -> usize;
-    /// Blocks `req` holds now (freed if it is preempted).
+    /// Blocks `req` holds now.
     fn blocks_held(&self, req: ReqId) -> usize;
+    /// Blocks preempting `req` would return to the pool: those it holds that no other request
+    /// shares (a prefix block shared with a running request stays taken).
+    fn blocks_freed(&self, req: ReqId) -> usize {
+        self.blocks_held(req)
+    }
     /// For a request not resident: how many leading `tokens` the prefix cache holds (a multiple
     /// of the block size, less than `tokens.len()`), and how many free blocks taking them uses
     /// (cached blocks no request holds count as free). Without a prefix cache, none.
@@ -196,7 +201,7 @@ impl Scheduler {
             let Some(victim) = self.preempt_newest() else {
                 break;
             };
-            *blocks += kv.blocks_held(victim);
+            *blocks += kv.blocks_freed(victim);
             if let Some(k) = plan.items.iter().position(|it| it.id == victim) {
                 let it = plan.items.remove(k);
                 *budget += it.end - it.start;
