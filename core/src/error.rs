@@ -31,6 +31,10 @@ pub enum Error {
     Tokenizer(String),
     #[error("model: {0}")]
     Model(String),
+    /// The KV cache pool had fewer free blocks than a forward pass asked for. Nothing was
+    /// computed; the pass can run once blocks are freed.
+    #[error("kv cache: {0}")]
+    KvFull(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -456,6 +456,8 @@ impl Engine {
                     .unwrap_or_default();
                 let reused = self.runner.start_cached(it.id, &tokens, it.start)?;
                 self.stats.prefix_hit_tokens += reused as u64;
+                // The reused tokens are computed whatever becomes of this step.
+                self.sched.advance(it.id, reused, None);
                 if reused < it.start {
                     let n = it.end - it.start;
                     it.start = reused;
@@ -497,6 +499,16 @@ impl Engine {
         self.stats.steps += 1;
         let out = match self.runner.step(&refs) {
             Ok(out) => out,
+            // The plan asked the pool for more blocks than it had. Nothing was computed: the
+            // newest running request goes back to the queue and the next step plans again.
+            // A request running alone that still does not fit fails below.
+            Err(Error::KvFull(_)) if self.sched.running().len() > 1 => {
+                if let Some(victim) = self.sched.preempt() {
+                    self.runner.release(victim)?;
+                    self.stats.preemptions += 1;
+                }
+                return Ok(());
+            }
             Err(e) => {
                 // The step's requests fail; the engine and the others go on.
                 for it in &plan.items {

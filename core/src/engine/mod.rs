@@ -338,5 +338,8 @@ impl Runner {
 }
 
 fn kv_err(e: crate::kv::KvError) -> Error {
-    Error::Model(format!("kv cache: {e}"))
+    match e {
+        crate::kv::KvError::OutOfBlocks { .. } => Error::KvFull(e.to_string()),
+        _ => Error::Model(format!("kv cache: {e}")),
+    }
 }

@@ -265,6 +265,12 @@ impl Scheduler {
         }
     }
 
+    /// Preempts the newest running request outside planning (a step the pool could not take
+    /// after all): it goes back to the front of the queue; the engine frees its KV blocks.
+    pub fn preempt(&mut self) -> Option<ReqId> {
+        self.preempt_newest()
+    }
+
     /// Takes the newest running request back to the front of the queue, to be recomputed from
     /// scratch; the engine frees its KV blocks.
     fn preempt_newest(&mut self) -> Option<ReqId> {
