@@ -317,16 +317,6 @@ impl Op {
         )
     }
 
-    /// Whether this is a fused op (taken only when the backend says it supports it).
-    pub fn is_fused(&self) -> bool {
-        matches!(
-            self,
-            Op::RmsNormMatMul { .. }
-                | Op::GluMatMul(_)
-                | Op::DeltaNetDecode { .. }
-                | Op::Conv1dDecode { .. }
-        )
-    }
 
     /// Checks that `inputs` and `outputs` fit this op: counts, dtypes, shapes and parameters.
     /// The error names the op and every shape.

@@ -3,11 +3,80 @@
 
 use super::Executor;
 use crate::error::{Error, Result};
-use crate::op::{AttnParams, GluOp, Op, RopeParams, UnaryOp};
+use crate::op::{AttnParams, GluOp, MoeGating, Op, RopeParams, UnaryOp};
 use crate::quant;
 use crate::tensor::{DType, Tensor, TensorDesc};
 
 impl Executor {
+    /// The two outputs of an op that has two (output, new state; weights, ids).
+    fn two(&self, op: &Op, inputs: &[&Tensor]) -> Result<(Tensor, Tensor)> {
+        let mut out = self.run(op, inputs)?.into_iter();
+        match (out.next(), out.next()) {
+            (Some(a), Some(b)) => Ok((a, b)),
+            _ => Err(Error::Op {
+                op: op.name().into(),
+                msg: "produced fewer than two outputs".into(),
+                inputs: String::new(),
+                outputs: String::new(),
+            }),
+        }
+    }
+
+    /// Each token's rows of `w` (experts `[E, N, K]`) chosen by `ids [T, k]`: `[T, k, N]`.
+    pub fn matmul_id(&self, x: &Tensor, w: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        self.one(&Op::MatMulId, &[x, w, ids])
+    }
+    /// `Σⱼ x[t, j, :] · weights[t, j]`: the experts' outputs mixed by their weights.
+    pub fn moe_sum(&self, x: &Tensor, weights: &Tensor) -> Result<Tensor> {
+        self.one(&Op::MoeSum, &[x, weights])
+    }
+    /// The top `k` experts of each token's router logits: (weights, ids).
+    pub fn moe_route(
+        &self,
+        logits: &Tensor,
+        k: usize,
+        gating: MoeGating,
+        normalize: bool,
+    ) -> Result<(Tensor, Tensor)> {
+        let op = Op::MoeRoute {
+            k,
+            gating,
+            normalize,
+        };
+        self.two(&op, &[logits])
+    }
+    /// L2 normalisation of each row of the last dimension.
+    pub fn l2_norm(&self, x: &Tensor, eps: f32) -> Result<Tensor> {
+        self.one(&Op::L2Norm { eps }, &[x])
+    }
+    /// Causal depthwise conv1d over each sequence, continuing from `state`: (output, new
+    /// state).
+    pub fn conv1d(
+        &self,
+        silu: bool,
+        x: &Tensor,
+        w: &Tensor,
+        state: &Tensor,
+        seq_start: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        self.two(&Op::Conv1d { silu }, &[x, w, state, seq_start])
+    }
+    /// The Gated DeltaNet recurrence over each sequence, from `state`: (output, new state).
+    #[allow(clippy::too_many_arguments)]
+    pub fn delta_net(
+        &self,
+        scale: f32,
+        chunk: Option<usize>,
+        qkv: [&Tensor; 3],
+        g: &Tensor,
+        beta: &Tensor,
+        state: &Tensor,
+        seq_start: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let [q, k, v] = qkv;
+        self.two(&Op::DeltaNet { scale, chunk }, &[q, k, v, g, beta, state, seq_start])
+    }
+
     fn one(&self, op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {
         self.run(op, inputs)?
             .into_iter()

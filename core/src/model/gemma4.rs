@@ -18,7 +18,7 @@ use super::{ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
 use crate::backend::Executor;
 use crate::error::{Error, Result};
 use crate::load::gguf::{GgufFile, Value};
-use crate::op::{AttnParams, GluOp, Mask, MoeGating, Op, RopeMode, RopeParams, UnaryOp};
+use crate::op::{AttnParams, GluOp, Mask, MoeGating, RopeMode, RopeParams, UnaryOp};
 use crate::tensor::Tensor;
 
 /// The frequency factor of a pair that does not turn (frequency / factor ≈ 0).
@@ -444,30 +444,17 @@ impl Gemma4 {
         let t = res.shape().dims()[0];
         let r = ex.mul(&self.norm(ex, res, &m.ones)?, &m.router_scale)?;
         let logits = ex.matmul(&r, &m.router)?;
-        let route = Op::MoeRoute {
-            k: m.k,
-            gating: MoeGating::Softmax,
-            normalize: true,
-        };
-        let mut out = ex.run(&route, &[&logits])?;
-        let ids = out
-            .pop()
-            .ok_or_else(|| Error::Model("moe_route: no ids".into()))?;
-        let weights = out
-            .pop()
-            .ok_or_else(|| Error::Model("moe_route: no weights".into()))?;
+        let (weights, ids) = ex.moe_route(&logits, m.k, MoeGating::Softmax, true)?;
         let pes = ex
             .get_rows(&m.per_expert_scale, &ids.reshape([t * m.k])?)?
             .reshape([t, m.k])?;
         let weights = ex.mul(&weights, &pes)?;
         let h = self.norm(ex, res, &m.pre_norm_2)?;
-        let gate = ex.run(&Op::MatMulId, &[&h, &m.gate_exps, &ids])?.remove(0);
-        let up = ex.run(&Op::MatMulId, &[&h, &m.up_exps, &ids])?.remove(0);
+        let gate = ex.matmul_id(&h, &m.gate_exps, &ids)?;
+        let up = ex.matmul_id(&h, &m.up_exps, &ids)?;
         let act = ex.glu(GluOp::GeGlu, &gate, &up)?;
-        let down = ex
-            .run(&Op::MatMulId, &[&act, &m.down_exps, &ids])?
-            .remove(0);
-        let y = ex.run(&Op::MoeSum, &[&down, &weights])?.remove(0);
+        let down = ex.matmul_id(&act, &m.down_exps, &ids)?;
+        let y = ex.moe_sum(&down, &weights)?;
         self.norm(ex, &y, &m.post_norm_2)
     }
 }

@@ -22,11 +22,13 @@ use super::{ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
 use crate::backend::Executor;
 use crate::error::{Error, Result};
 use crate::load::gguf::{GgufFile, Value};
-use crate::op::{AttnParams, GluOp, Mask, Op, RopeMode, RopeParams, UnaryOp};
+use crate::op::{AttnParams, GluOp, Mask, RopeMode, RopeParams, UnaryOp};
 use crate::tensor::Tensor;
 
 /// Tokens per chunk of the chunked delta rule in prefill.
 const CHUNK: usize = 64;
+/// The epsilon of the L2 norm on the DeltaNet queries and keys.
+const L2_EPS: f32 = 1e-6;
 
 struct Linear {
     wq: Tensor,
@@ -410,37 +412,21 @@ impl Qwen35 {
         let s = self.ssm;
         let conv = |x: &Tensor, w: &Tensor, pool: usize| -> Result<(Tensor, Tensor)> {
             let state = self.gather(ex, kv, pool, io)?;
-            let mut out = ex.run(&Op::Conv1d { silu: true }, &[x, w, &state, seq_start])?;
-            let st = out
-                .pop()
-                .ok_or_else(|| Error::Model("conv1d: no state".into()))?;
-            let y = out
-                .pop()
-                .ok_or_else(|| Error::Model("conv1d: no output".into()))?;
-            Ok((y, st))
+            ex.conv1d(true, x, w, &state, seq_start)
         };
         let (q, cq) = conv(&ex.matmul(h, &m.wq)?, &m.conv_q, m.pool)?;
         let (k, ck) = conv(&ex.matmul(h, &m.wk)?, &m.conv_k, m.pool + 1)?;
         let (v, cv) = conv(&ex.matmul(h, &m.wv)?, &m.conv_v, m.pool + 2)?;
-        let l2 = Op::L2Norm { eps: 1e-6 };
-        let q = ex.run(&l2, &[&q.reshape([t, s.hk, s.dk])?])?.remove(0);
-        let k = ex.run(&l2, &[&k.reshape([t, s.hk, s.dk])?])?.remove(0);
+        let q = ex.l2_norm(&q.reshape([t, s.hk, s.dk])?, L2_EPS)?;
+        let k = ex.l2_norm(&k.reshape([t, s.hk, s.dk])?, L2_EPS)?;
         let v = v.reshape([t, s.hv, s.dv])?;
         let beta = ex.unary(UnaryOp::Sigmoid, &ex.matmul(h, &m.w_b)?)?;
         let a = ex.add(&ex.matmul(h, &m.w_a)?, &m.dt_bias)?;
         let g = ex.mul(&ex.unary(UnaryOp::Softplus, &a)?, &m.a)?;
         let state = self.gather(ex, kv, m.pool + 3, io)?;
-        let op = Op::DeltaNet {
-            scale: 1.0 / (s.dk as f32).sqrt(),
-            chunk: (t > 1).then_some(CHUNK),
-        };
-        let mut out = ex.run(&op, &[&q, &k, &v, &g, &beta, &state, seq_start])?;
-        let st = out
-            .pop()
-            .ok_or_else(|| Error::Model("delta_net: no state".into()))?;
-        let o = out
-            .pop()
-            .ok_or_else(|| Error::Model("delta_net: no output".into()))?;
+        let scale = 1.0 / (s.dk as f32).sqrt();
+        let chunk = (t > 1).then_some(CHUNK);
+        let (o, st) = ex.delta_net(scale, chunk, [&q, &k, &v], &g, &beta, &state, seq_start)?;
         self.scatter(ex, kv, m.pool, &cq, &ck, io)?;
         self.scatter(ex, kv, m.pool + 2, &cv, &st, io)?;
         let o = ex.rms_norm(&o, &m.norm, self.eps, false)?;
@@ -454,32 +440,17 @@ impl Qwen35 {
 fn moe(ex: &Executor, m: &Moe, h: &Tensor) -> Result<Tensor> {
     let t = h.shape().dims()[0];
     let logits = ex.matmul(h, &m.router)?;
-    let route = Op::MoeRoute {
-        k: m.k,
-        gating: crate::op::MoeGating::Softmax,
-        normalize: true,
-    };
-    let mut r = ex.run(&route, &[&logits])?;
-    let ids = r
-        .pop()
-        .ok_or_else(|| Error::Model("moe_route: no ids".into()))?;
-    let weights = r
-        .pop()
-        .ok_or_else(|| Error::Model("moe_route: no weights".into()))?;
-    let gate = ex.run(&Op::MatMulId, &[h, &m.gate_exps, &ids])?.remove(0);
-    let up = ex.run(&Op::MatMulId, &[h, &m.up_exps, &ids])?.remove(0);
+    let (weights, ids) = ex.moe_route(&logits, m.k, crate::op::MoeGating::Softmax, true)?;
+    let gate = ex.matmul_id(h, &m.gate_exps, &ids)?;
+    let up = ex.matmul_id(h, &m.up_exps, &ids)?;
     let act = ex.glu(GluOp::SwiGlu, &gate, &up)?;
-    let down = ex
-        .run(&Op::MatMulId, &[&act, &m.down_exps, &ids])?
-        .remove(0);
-    let mut out = ex.run(&Op::MoeSum, &[&down, &weights])?.remove(0);
+    let down = ex.matmul_id(&act, &m.down_exps, &ids)?;
+    let mut out = ex.moe_sum(&down, &weights)?;
     if let Some((g, u, d, sg)) = &m.shared {
         let s = ex.glu_matmul(GluOp::SwiGlu, &ex.matmul(h, g)?, &ex.matmul(h, u)?, d)?;
         let e = s.shape().dims()[1];
         let gate = ex.unary(UnaryOp::Sigmoid, &ex.matmul(h, sg)?)?;
-        let s = ex
-            .run(&Op::MoeSum, &[&s.reshape([t, 1, e])?, &gate])?
-            .remove(0);
+        let s = ex.moe_sum(&s.reshape([t, 1, e])?, &gate)?;
         out = ex.add(&out, &s)?;
     }
     Ok(out)
