@@ -317,7 +317,6 @@ impl Op {
         )
     }
 
-
     /// Checks that `inputs` and `outputs` fit this op: counts, dtypes, shapes and parameters.
     /// The error names the op and every shape.
     pub fn check(&self, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {

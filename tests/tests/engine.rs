@@ -318,10 +318,12 @@ fn requests_sharing_a_prefix_finish_in_a_pool_just_above_one_request() {
     let shared = "You are a careful assistant. Answer briefly and precisely, in plain English, \
                   without lists. Keep to the facts you are sure of and say so when unsure. "
         .repeat(3);
-    let asks: Vec<String> = ["France", "Spain", "Italy", "Peru", "Japan", "Chile", "Kenya"]
-        .iter()
-        .map(|c| format!("{shared}Question: what is the capital of {c}? Answer:"))
-        .collect();
+    let asks: Vec<String> = [
+        "France", "Spain", "Italy", "Peru", "Japan", "Chile", "Kenya",
+    ]
+    .iter()
+    .map(|c| format!("{shared}Question: what is the capital of {c}? Answer:"))
+    .collect();
     let n = 40;
     let alone: Vec<Vec<u32>> = {
         let h = spawn(engine(&file, 1, None));
@@ -347,7 +349,14 @@ fn requests_sharing_a_prefix_finish_in_a_pool_just_above_one_request() {
         let got: Vec<Vec<u32>> = rxs.iter().map(|r| collect(r)).collect();
         let stats = h.shutdown().expect("engine thread");
         println!("{reqs} requests, {blocks} blocks, step {step}: {stats:?}");
-        assert_eq!(got, alone[..reqs], "{reqs} requests, {blocks} blocks, step {step}");
-        assert!(stats.prefix_hit_tokens > 0, "the shared prefix was never reused");
+        assert_eq!(
+            got,
+            alone[..reqs],
+            "{reqs} requests, {blocks} blocks, step {step}"
+        );
+        assert!(
+            stats.prefix_hit_tokens > 0,
+            "the shared prefix was never reused"
+        );
     }
 }

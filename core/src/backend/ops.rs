@@ -74,7 +74,10 @@ impl Executor {
         seq_start: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
         let [q, k, v] = qkv;
-        self.two(&Op::DeltaNet { scale, chunk }, &[q, k, v, g, beta, state, seq_start])
+        self.two(
+            &Op::DeltaNet { scale, chunk },
+            &[q, k, v, g, beta, state, seq_start],
+        )
     }
 
     fn one(&self, op: &Op, inputs: &[&Tensor]) -> Result<Tensor> {

@@ -116,7 +116,15 @@ unsafe fn fused_tile_dots(
             let nr = C.min(rows - j);
             // Fewer than four weight rows repeat the last one; its sums are not stored.
             let w = std::array::from_fn(|t| wt.add((j + t.min(nr - 1)) * k));
-            qdot::tile_dots(x.as_ptr().add(i * k), k, mr, w, k, out.as_mut_ptr().cast(), C);
+            qdot::tile_dots(
+                x.as_ptr().add(i * k),
+                k,
+                mr,
+                w,
+                k,
+                out.as_mut_ptr().cast(),
+                C,
+            );
             for (ii, o) in out.iter().enumerate().take(mr) {
                 let dst = y.add((i + ii) * ldy + n0 + j);
                 for (jj, v) in o.iter().enumerate().take(nr) {
@@ -207,7 +215,16 @@ pub(crate) fn gemm(
                 // SAFETY: the fused kernel handles `dtype` here; the rows lie inside `w`, and
                 // the columns of y in `range` are this task's alone.
                 unsafe {
-                    qdot::rows_dots(dtype, x.as_ptr(), k, m, k, (w.as_ptr(), rb), range, (yp.0, n))
+                    qdot::rows_dots(
+                        dtype,
+                        x.as_ptr(),
+                        k,
+                        m,
+                        k,
+                        (w.as_ptr(), rb),
+                        range,
+                        (yp.0, n),
+                    )
                 };
             });
         } else {
@@ -226,7 +243,10 @@ pub(crate) fn gemm(
                 n,
                 w,
                 rb,
-                (if m >= TILE_FUSED { TILE_FUSED } else { TILE }, TILE_PIECES_FUSED),
+                (
+                    if m >= TILE_FUSED { TILE_FUSED } else { TILE },
+                    TILE_PIECES_FUSED,
+                ),
                 // SAFETY: the fused kernels handle `dtype` and k is a multiple of 32; `src` is a
                 // whole weight row and `dst` holds k f32.
                 |src, dst| unsafe { qdot::decode_row(dtype, src.as_ptr(), k, dst.as_mut_ptr()) },

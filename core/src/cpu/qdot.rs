@@ -118,7 +118,12 @@ pub(crate) fn passes(k: usize) -> [(usize, usize); 4] {
     let groups = k / 32;
     let even = groups.div_ceil(2) * 16;
     let odd = (groups / 2) * 16;
-    [(0, even), (even, even), (2 * even, odd), (2 * even + odd, odd)]
+    [
+        (0, even),
+        (even, even),
+        (2 * even, odd),
+        (2 * even + odd, odd),
+    ]
 }
 
 /// Where element `kk` (a multiple of 16) of a row lies in pass order.
@@ -318,9 +323,7 @@ mod x86 {
         // (q - 16)·d for the codes 0..15 and 16..31.
         let t0 = _mm512_mul_ps(_mm512_sub_ps(iota(), _mm512_set1_ps(16.0)), d);
         let t1 = _mm512_mul_ps(iota(), d);
-        let pick = |q, bits| {
-            _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(q, t0), bits, q, t1)
-        };
+        let pick = |q, bits| _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(q, t0), bits, q, t1);
         (pick(lo, qh as u16), pick(hi, (qh >> 16) as u16))
     });
 
@@ -348,8 +351,14 @@ mod x86 {
             // Lanes 0..8 become the scales, 8..16 the mins. Groups 0..4 have them in the low
             // 6 bits of bytes 0..4 and 4..8; groups 4..8 in the low and high nibbles of bytes
             // 8..12, with bits 4 and 5 in the top two bits of bytes 0..4 and 4..8.
-            let a = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
-            let t = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7));
+            let a = _mm_shuffle_epi8(
+                s,
+                _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11),
+            );
+            let t = _mm_shuffle_epi8(
+                s,
+                _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7),
+            );
             let nib = _mm_set1_epi8(0x0F);
             let low6 = _mm_and_si128(a, _mm_set1_epi8(63));
             let lo4 = _mm_and_si128(a, nib);
@@ -359,7 +368,10 @@ mod x86 {
             let q = _mm_mask_blend_epi8(0xF0F0, low6, packed);
             // [d × 8, -dmin × 8] from the two f16s.
             let dm = _mm512_cvtph_ps(_mm256_set1_epi32(std::ptr::read_unaligned(b as *const i32)));
-            let dm = _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), dm);
+            let dm = _mm512_permutexvar_ps(
+                _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                dm,
+            );
             let dm = _mm512_mask_sub_ps(dm, 0xFF00, _mm512_setzero_ps(), dm);
             _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), dm)
         }
@@ -372,9 +384,16 @@ mod x86 {
             let p = b.add(16 + 32 * (g / 2));
             let (lo0, hi0) = nibble_codes(p);
             let (lo1, hi1) = nibble_codes(p.add(16));
-            let (c0, c1) = if g.is_multiple_of(2) { (lo0, lo1) } else { (hi0, hi1) };
+            let (c0, c1) = if g.is_multiple_of(2) {
+                (lo0, lo1)
+            } else {
+                (hi0, hi1)
+            };
             let table = _mm512_fmadd_ps(iota(), d1, m1);
-            (_mm512_permutexvar_ps(c0, table), _mm512_permutexvar_ps(c1, table))
+            (
+                _mm512_permutexvar_ps(c0, table),
+                _mm512_permutexvar_ps(c1, table),
+            )
         }
     }
 
@@ -389,7 +408,13 @@ mod x86 {
         unsafe fn head(b: *const u8) -> [f32; 16] {
             let sc = _mm_loadu_si128(b.add(192) as *const __m128i);
             let mut h = [0f32; 16];
-            _mm512_storeu_ps(h.as_mut_ptr(), _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)), f16x16(b.add(208))));
+            _mm512_storeu_ps(
+                h.as_mut_ptr(),
+                _mm512_mul_ps(
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)),
+                    f16x16(b.add(208)),
+                ),
+            );
             h
         }
         #[inline(always)]
@@ -407,7 +432,10 @@ mod x86 {
                 _mm256_set1_epi8(3),
             );
             // The 6-bit codes less 32, as signed bytes.
-            let q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+            let q = _mm256_sub_epi8(
+                _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)),
+                _mm256_set1_epi8(32),
+            );
             let s0 = splat(&s[8 * h + 2 * p]);
             let s1 = splat(&s[8 * h + 2 * p + 1]);
             let q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
@@ -619,7 +647,11 @@ mod tests {
         let mut rng = Rng::new(11);
         for &dt in &types {
             // 288: an odd number of 32-element groups (the even passes are longer).
-            let ks: &[usize] = if dt.block_size() == 32 { &[256, 288, 768] } else { &[256, 768] };
+            let ks: &[usize] = if dt.block_size() == 32 {
+                &[256, 288, 768]
+            } else {
+                &[256, 768]
+            };
             for &k in ks {
                 let wf: Vec<f32> = (0..k).map(|_| rng.normal()).collect();
                 let wq = quant::quantize(dt, &wf).unwrap();

@@ -157,7 +157,11 @@ pub fn quantize_into(dtype: DType, src: &[f32], out: &mut [u8]) -> Result<()> {
     if out.len() != bytes {
         return Err(Error::quant(
             dtype,
-            format!("quantize: {} elements need {bytes} bytes, the output has {}", src.len(), out.len()),
+            format!(
+                "quantize: {} elements need {bytes} bytes, the output has {}",
+                src.len(),
+                out.len()
+            ),
         ));
     }
     match dtype {
