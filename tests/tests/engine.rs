@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver};
 
 use kiln_core::backend::Executor;
-use kiln_core::engine::batching::{spawn, Engine, Event, Finish, GenRequest, SlotState, Stream};
+use kiln_core::engine::batching::{
+    spawn, Engine, EngineStats, Event, Finish, GenRequest, SlotState, Stream,
+};
 use kiln_core::engine::{Runner, RunnerConfig};
 use kiln_core::load::gguf::GgufFile;
 use kiln_core::model::build_from_gguf;
@@ -82,6 +84,23 @@ fn alone(file: &GgufFile, tok: &Tokenizer, n: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Every prompt submitted at once to `engine`, `n` tokens each: the tokens of each, and the
+/// engine's counters once it has shut down.
+fn all_at_once(
+    engine: Engine,
+    tok: &Tokenizer,
+    prompts: &[impl AsRef<str>],
+    n: usize,
+) -> (Vec<Vec<u32>>, EngineStats) {
+    let h = spawn(engine);
+    let rxs: Vec<Stream> = prompts
+        .iter()
+        .map(|p| h.submit(request(tok, p.as_ref(), n)))
+        .collect();
+    let got = rxs.iter().map(|r| collect(r)).collect();
+    (got, h.shutdown().expect("engine thread"))
+}
+
 fn load() -> Option<(GgufFile, Tokenizer)> {
     let path = model_file(SMOLLM2)?;
     let file = GgufFile::open(&path).expect("model parses");
@@ -104,13 +123,8 @@ fn batched_requests_get_the_tokens_they_get_alone_even_when_preempted() {
         (Some(7), false, "small pool"),
         (Some(7), true, "small pool, prefix cache"),
     ] {
-        let h = spawn(engine_with(&file, PROMPTS.len(), blocks, 16, cache));
-        let rxs: Vec<Stream> = PROMPTS
-            .iter()
-            .map(|p| h.submit(request(&tok, p, n)))
-            .collect();
-        let got: Vec<Vec<u32>> = rxs.iter().map(|r| collect(r)).collect();
-        let stats = h.shutdown().expect("engine thread");
+        let engine = engine_with(&file, PROMPTS.len(), blocks, 16, cache);
+        let (got, stats) = all_at_once(engine, &tok, &PROMPTS, n);
         println!("{label}: {stats:?}");
         for (i, p) in PROMPTS.iter().enumerate() {
             assert_eq!(got[i], want[i], "{label}: {p:?} batched vs alone");
@@ -341,13 +355,8 @@ fn requests_sharing_a_prefix_finish_in_a_pool_just_above_one_request() {
     // blocks".
     for (reqs, extra, step) in [(3, 1, 16), (5, 2, 64), (7, 3, 512), (7, 4, 512)] {
         let blocks = (longest + n).div_ceil(16) + extra;
-        let h = spawn(engine_with(&file, reqs, Some(blocks), step, true));
-        let rxs: Vec<Stream> = asks[..reqs]
-            .iter()
-            .map(|p| h.submit(request(&tok, p, n)))
-            .collect();
-        let got: Vec<Vec<u32>> = rxs.iter().map(|r| collect(r)).collect();
-        let stats = h.shutdown().expect("engine thread");
+        let engine = engine_with(&file, reqs, Some(blocks), step, true);
+        let (got, stats) = all_at_once(engine, &tok, &asks[..reqs], n);
         println!("{reqs} requests, {blocks} blocks, step {step}: {stats:?}");
         assert_eq!(
             got,

@@ -151,15 +151,12 @@ pub(crate) unsafe fn decode_row(dtype: DType, w: *const u8, k: usize, out: *mut 
     #[cfg(target_arch = "x86_64")]
     {
         use x86::*;
-        match dtype {
-            DType::Q4_0 => decode::<Q40>(w, k, out),
-            DType::Q4_1 => decode::<Q41>(w, k, out),
-            DType::Q5_0 => decode::<Q50>(w, k, out),
-            DType::Q8_0 => decode::<Q80>(w, k, out),
-            DType::Q4_K => decode::<Q4K>(w, k, out),
-            DType::Q6_K => decode::<Q6K>(w, k, out),
-            _ => {}
+        macro_rules! go {
+            ($f:ty) => {
+                decode::<$f>(w, k, out)
+            };
         }
+        dispatch!(dtype, go);
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -555,16 +552,14 @@ mod x86 {
     /// decoders as [`run`], so the stored values are the ones it multiplies.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     pub unsafe fn decode<F: Format>(w: *const u8, k: usize, out: *mut f32) {
-        let p = super::passes(k);
         for bi in 0..k / (32 * F::GROUPS) {
             let b = w.add(bi * F::BYTES);
             let head = F::head(b);
             for g in 0..F::GROUPS {
                 let (w0, w1) = F::group(b, &head, g);
-                let gg = bi * F::GROUPS + g;
-                let at = (gg / 2) * 16;
-                _mm512_storeu_ps(out.add(p[2 * (gg % 2)].0 + at), w0);
-                _mm512_storeu_ps(out.add(p[2 * (gg % 2) + 1].0 + at), w1);
+                let kk = (bi * F::GROUPS + g) * 32;
+                _mm512_storeu_ps(out.add(super::pass_index(k, kk)), w0);
+                _mm512_storeu_ps(out.add(super::pass_index(k, kk + 16)), w1);
             }
         }
     }
