@@ -5,9 +5,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use kiln_core::chat::{ChatTemplate, Message};
+use kiln_core::engine::batching::{Engine, Event, GenRequest};
 use kiln_core::engine::{Logits, Runner, RunnerConfig};
 use kiln_core::kv::SeqId;
-use kiln_core::sample::{log_softmax, Sampler, SamplingParams, StopMatcher};
+use kiln_core::sample::{log_softmax, SamplingParams, StopMatcher};
 use kiln_core::tokenizer::{StreamDecoder, Tokenizer};
 use serde::Serialize;
 
@@ -86,49 +87,63 @@ struct RunJson {
 
 const SEQ: SeqId = 1;
 
-/// Generates up to `n` tokens after `prompt`, calling `emit` with each piece of visible text.
-/// Returns the generated token ids.
+/// The request `kiln run` and `chat` hand the engine.
+fn request(tok: &Tokenizer, prompt: &[u32], n: usize, sample: &SampleArgs) -> Result<GenRequest> {
+    if prompt.is_empty() {
+        bail!("the prompt is empty (and the model adds no BOS token)");
+    }
+    Ok(GenRequest {
+        prompt: prompt.to_vec(),
+        params: sample.params(),
+        max_tokens: n,
+        stop_ids: if sample.ignore_eos {
+            Vec::new()
+        } else {
+            tok.eog_ids().to_vec()
+        },
+        logprobs: None,
+    })
+}
+
+/// Generates up to `n` tokens after `prompt` as one request of `engine` (the engine `kiln
+/// serve` runs), calling `emit` with each piece of visible text. Returns the generated token
+/// ids and how many prompt tokens came from the prefix cache.
 pub fn generate(
-    runner: &mut Runner,
+    engine: &mut Engine,
     tok: &Tokenizer,
-    seq: SeqId,
     prompt: &[u32],
     n: usize,
     sample: &SampleArgs,
     mut emit: impl FnMut(&str) -> Result<()>,
-) -> Result<Vec<u32>> {
-    if prompt.is_empty() {
-        bail!("the prompt is empty (and the model adds no BOS token)");
-    }
-    let mut sampler = Sampler::new(sample.params())?;
-    let mut history = prompt.to_vec();
+) -> Result<(Vec<u32>, usize)> {
+    let req = request(tok, prompt, n, sample)?;
     let mut out = Vec::new();
+    let mut cached = 0;
     let mut stream = StreamDecoder::new();
     let mut stops = StopMatcher::new(&sample.stop);
-    let mut logits = runner
-        .feed(seq, prompt, Logits::Last)?
-        .pop()
-        .context("no logits")?;
-    for _ in 0..n {
-        let t = sampler.sample(&mut logits, &history);
-        if !sample.ignore_eos && tok.is_eog(t) {
-            break;
+    let mut failed: Option<anyhow::Error> = None;
+    engine.run_one(req, |ev| {
+        match ev {
+            Event::Token(t, _) => {
+                out.push(t);
+                if let Err(e) = emit(&stops.push(&stream.push(tok, t))) {
+                    failed = Some(e);
+                    return Ok(false);
+                }
+                return Ok(!stops.stopped());
+            }
+            Event::Cached(c) => cached = c,
+            Event::Done { .. } | Event::Error(_) => {}
         }
-        out.push(t);
-        history.push(t);
-        emit(&stops.push(&stream.push(tok, t)))?;
-        if stops.stopped() || out.len() == n {
-            break;
-        }
-        logits = runner
-            .feed(seq, &[t], Logits::Last)?
-            .pop()
-            .context("no logits")?;
+        Ok(true)
+    })?;
+    if let Some(e) = failed {
+        return Err(e);
     }
     let tail = stream.finish();
     emit(&stops.push(&tail))?;
     emit(&stops.finish())?;
-    Ok(out)
+    Ok((out, cached))
 }
 
 fn read_prompt(p: &Option<String>) -> Result<String> {
@@ -156,37 +171,31 @@ impl<R: std::io::Read> ReadLossy for R {
 
 pub fn run(a: &RunArgs) -> Result<()> {
     let prompt = read_prompt(&a.prompt)?;
-    let mut m = load(&a.model, RunnerConfig::default())?;
+    let m = load(&a.model, RunnerConfig::default())?;
     let ids = m.tokenizer.encode(&prompt, true)?;
-    let room = m.runner.config().ctx.saturating_sub(ids.len());
+    let ctx = m.runner.config().ctx;
+    let room = ctx.saturating_sub(ids.len());
     if room == 0 {
         bail!(
-            "the prompt has {} tokens, which fills the context of {}",
-            ids.len(),
-            m.runner.config().ctx
+            "the prompt has {} tokens, which fills the context of {ctx}",
+            ids.len()
         );
     }
     let n = a.n_predict.min(room);
+    let tok = m.tokenizer;
+    let mut engine = Engine::new(m.runner, 1);
     let mut stdout = std::io::stdout().lock();
     let mut text = String::new();
     let json = a.json;
-    let tokens = generate(
-        &mut m.runner,
-        &m.tokenizer,
-        SEQ,
-        &ids,
-        n,
-        &a.sample,
-        |piece| {
-            if json {
-                text.push_str(piece);
-            } else {
-                stdout.write_all(piece.as_bytes())?;
-                stdout.flush()?;
-            }
-            Ok(())
-        },
-    )?;
+    let (tokens, _) = generate(&mut engine, &tok, &ids, n, &a.sample, |piece| {
+        if json {
+            text.push_str(piece);
+        } else {
+            stdout.write_all(piece.as_bytes())?;
+            stdout.flush()?;
+        }
+        Ok(())
+    })?;
     if json {
         let j = RunJson {
             prompt_tokens: ids,
@@ -369,7 +378,7 @@ pub struct BenchArgs {
 /// One request alone, then `c` at once, through the batching engine: aggregate generated
 /// tokens per second (from the first submission to the last token, prefill included).
 fn bench_concurrent(a: &BenchArgs, c: usize) -> Result<()> {
-    use kiln_core::engine::batching::{spawn, Engine, Event, GenRequest};
+    use kiln_core::engine::batching::spawn;
     let cfg = RunnerConfig {
         max_seqs: c,
         max_batch_tokens: a.n_prompt.max(c).max(64),
@@ -406,6 +415,7 @@ fn bench_concurrent(a: &BenchArgs, c: usize) -> Result<()> {
                 match rx.recv() {
                     Ok(Event::Token(..)) => generated += 1,
                     Ok(Event::Done { .. }) => break,
+                    Ok(Event::Cached(_)) => {}
                     Ok(Event::Error(e)) => bail!("request failed: {e}"),
                     Err(_) => bail!("the engine stopped"),
                 }
@@ -469,7 +479,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     };
     let mut margs = a.model.clone();
     margs.ctx = Some((a.n_prompt + a.n_gen + 1).max(margs.ctx.unwrap_or(0)));
-    let mut m = load(&margs, cfg)?;
+    let m = load(&margs, cfg)?;
     let vocab = m.runner.model().info().vocab as u64;
     let mut rng = kiln_core::rng::Rng::new(42);
     let mut toks =
@@ -478,47 +488,36 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     let caps = m.runner.executor().backend().capabilities();
     let threads = (caps.kind == kiln_core::backend::DeviceKind::Cpu).then_some(caps.parallelism);
     let backend = m.runner.executor().backend().name().to_string();
+    let (file, path) = (m.file, m.path);
+    // The engine `kiln serve` runs, with one request at a time: pp is a prompt and its first
+    // token, tg one token in and `n_gen` generated (as many forward passes).
+    let mut engine = Engine::new(m.runner, 1);
     // One warm-up of each.
-    let warm = toks(a.n_prompt.max(1));
-    m.runner.feed(1, &warm, Logits::Last)?;
-    m.runner.feed(1, &toks(1), Logits::Last)?;
-    m.runner.release(1)?;
+    timed(&mut engine, toks(a.n_prompt.max(1)), 1)?;
+    timed(&mut engine, toks(1), 2)?;
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
-    for r in 0..a.reps.max(1) {
-        let seq = 10 + r as SeqId;
+    for _ in 0..a.reps.max(1) {
         if a.n_prompt > 0 {
-            let p = toks(a.n_prompt);
-            let t0 = Instant::now();
-            m.runner.feed(seq, &p, Logits::Last)?;
-            pp.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
-            m.runner.release(seq)?;
+            pp.push(a.n_prompt as f64 / timed(&mut engine, toks(a.n_prompt), 1)?);
         }
         if a.n_gen > 0 {
-            let g = toks(a.n_gen);
-            let t0 = Instant::now();
-            for t in &g {
-                m.runner
-                    .feed(seq + 1000, std::slice::from_ref(t), Logits::Last)?;
-            }
-            tg.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
-            m.runner.release(seq + 1000)?;
+            tg.push(a.n_gen as f64 / timed(&mut engine, toks(1), a.n_gen)?);
         }
     }
     let (pm, ps) = mean_std(&pp);
     let (gm, gs) = mean_std(&tg);
     // The roofline: the weights a decode token reads over the measured copy bandwidth.
-    let decode_bytes = crate::roofline::decode_bytes(&m.file);
+    let decode_bytes = crate::roofline::decode_bytes(&file);
     // Measured after the runs; a device too full for the copy's buffers loses only this.
     let bandwidth = if a.n_gen > 0 {
-        crate::roofline::copy_bandwidth(m.runner.executor())
+        crate::roofline::copy_bandwidth(engine.runner().executor())
             .map_err(|e| eprintln!("kiln: copy bandwidth not measured: {e}"))
             .ok()
     } else {
         None
     };
     let roof = bandwidth.map(|bw| bw / decode_bytes.max(1) as f64);
-    let name = m
-        .path
+    let name = path
         .file_name()
         .map(|s| s.to_string_lossy().to_string())
         .unwrap_or_default();
@@ -567,9 +566,9 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         }
     }
     if a.profile {
-        profile(&mut m.runner, a, &mut toks)?;
+        profile(&mut engine, a, &mut toks)?;
     }
-    let fb = m.runner.executor().fallbacks();
+    let fb = engine.runner().executor().fallbacks();
     if !fb.is_empty() {
         eprintln!(
             "kiln: CPU fallbacks: {}",
@@ -582,39 +581,48 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// One greedy request of `prompt` generating exactly `n` tokens (no stop tokens): seconds from
+/// submission to its end.
+fn timed(engine: &mut Engine, prompt: Vec<u32>, n: usize) -> Result<f64> {
+    let req = GenRequest::new(prompt, SamplingParams::greedy(), n);
+    let t0 = Instant::now();
+    let mut got = 0;
+    engine.run_one(req, |ev| {
+        if let Event::Token(..) = ev {
+            got += 1;
+        }
+        Ok(true)
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    if got != n {
+        bail!("the engine generated {got} tokens of {n}");
+    }
+    Ok(secs)
+}
+
 /// `kiln bench --profile`: one prompt and one generation with every op timed; a table of
 /// milliseconds per token per op family (and the rest of the step: scheduling, uploads,
 /// logits download), in the order of their share of the generation time.
 fn profile(
-    runner: &mut Runner,
+    engine: &mut Engine,
     a: &BenchArgs,
     toks: &mut impl FnMut(usize) -> Vec<u32>,
 ) -> Result<()> {
     use std::collections::BTreeMap;
     /// One phase: (seconds, calls) per op family, wall seconds, tokens.
     type Phase = (BTreeMap<&'static str, (f64, u64)>, f64, usize);
-    let seq: SeqId = 5000;
     let mut phases: Vec<Phase> = Vec::new();
     for (n, decode) in [(a.n_prompt, false), (a.n_gen, true)] {
         let mut fam = BTreeMap::new();
         let mut wall = 0.0;
         if n > 0 {
-            let t = toks(n);
-            runner.executor().set_profiling(true);
-            let t0 = Instant::now();
-            if decode {
-                for x in &t {
-                    runner.feed(seq, std::slice::from_ref(x), Logits::Last)?;
-                }
-            } else {
-                runner.feed(seq, &t, Logits::Last)?;
-            }
-            wall = t0.elapsed().as_secs_f64();
-            for (op, ot) in runner.executor().profile() {
+            let (prompt, gen) = if decode { (toks(1), n) } else { (toks(n), 1) };
+            engine.runner().executor().set_profiling(true);
+            wall = timed(engine, prompt, gen)?;
+            for (op, ot) in engine.runner().executor().profile() {
                 fam.insert(op, (ot.seconds, ot.calls));
             }
-            runner.executor().set_profiling(false);
-            runner.release(seq)?;
+            engine.runner().executor().set_profiling(false);
         }
         phases.push((fam, wall, n));
     }
@@ -648,7 +656,7 @@ fn profile(
     let total =
         |p: &(BTreeMap<&'static str, (f64, u64)>, f64, usize)| 1e3 * p.1 / p.2.max(1) as f64;
     println!(
-        "| (outside ops: batch set-up, uploads, logits download) | {:.4} | {:.4} | |",
+        "| (outside ops: scheduling, batch set-up, uploads, logits download, sampling) | {:.4} | {:.4} | |",
         rest(&phases[0]),
         rest(&phases[1])
     );
@@ -675,19 +683,26 @@ pub struct ChatArgs {
 }
 
 pub fn chat(a: &ChatArgs) -> Result<()> {
-    let mut m = load(&a.model, RunnerConfig::default())?;
-    let src = m
-        .tokenizer
+    // Each turn is one request with the whole conversation; the prefix cache holds the turns
+    // before, so only the new message and the reply are computed.
+    let cfg = RunnerConfig {
+        prefix_caching: true,
+        ..RunnerConfig::default()
+    };
+    let m = load(&a.model, cfg)?;
+    let tok = m.tokenizer;
+    let src = tok
         .chat_template()
         .context("this model has no chat template (tokenizer.chat_template); use `kiln run`")?
         .to_string();
-    let piece = |id: Option<u32>| id.map(|i| m.tokenizer.decode(&[i])).unwrap_or_default();
-    let tpl = ChatTemplate::new(&src, &piece(m.tokenizer.bos()), &piece(m.tokenizer.eos()))?;
+    let piece = |id: Option<u32>| id.map(|i| tok.decode(&[i])).unwrap_or_default();
+    let tpl = ChatTemplate::new(&src, &piece(tok.bos()), &piece(tok.eos()))?;
+    let ctx = m.runner.config().ctx;
+    let mut engine = Engine::new(m.runner, 1);
     let mut messages = Vec::new();
     if let Some(s) = &a.system {
         messages.push(Message::new("system", s.clone()));
     }
-    let mut cached: Vec<u32> = Vec::new();
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     eprintln!("kiln chat: type a message; an empty line or Ctrl-D ends.");
@@ -702,46 +717,25 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
             line.trim_end_matches(['\n', '\r']).to_string(),
         ));
         let prompt = tpl.render(&messages, true)?;
-        let ids = m.tokenizer.encode(
+        let ids = tok.encode(
             &prompt,
-            !prompt.starts_with(&piece(m.tokenizer.bos())) || m.tokenizer.bos().is_none(),
+            !prompt.starts_with(&piece(tok.bos())) || tok.bos().is_none(),
         )?;
-        // Reuse the cached conversation when the new prompt extends it.
-        if !(ids.len() > cached.len() && ids[..cached.len()] == cached[..]) {
-            m.runner.release(SEQ)?;
-            cached.clear();
-        }
-        let new = &ids[cached.len()..];
-        if ids.len() + a.n_predict > m.runner.config().ctx {
-            bail!(
-                "the conversation has reached the context of {} tokens",
-                m.runner.config().ctx
-            );
+        if ids.len() + a.n_predict > ctx {
+            bail!("the conversation has reached the context of {ctx} tokens");
         }
         let mut reply = String::new();
-        let gen = generate(
-            &mut m.runner,
-            &m.tokenizer,
-            SEQ,
-            new,
-            a.n_predict,
-            &a.sample,
-            |p| {
-                reply.push_str(p);
-                out.write_all(p.as_bytes())?;
-                out.flush()?;
-                Ok(())
-            },
+        let (_, cached) = generate(&mut engine, &tok, &ids, a.n_predict, &a.sample, |p| {
+            reply.push_str(p);
+            out.write_all(p.as_bytes())?;
+            out.flush()?;
+            Ok(())
+        })?;
+        tracing::debug!(
+            "turn of {} prompt tokens, {cached} from the prefix cache",
+            ids.len()
         );
-        // `generate` fed the prompt and every sampled token but the last.
-        let gen = gen?;
         writeln!(out)?;
-        cached = ids.clone();
-        cached.extend(gen.iter().take(gen.len().saturating_sub(1)));
-        if m.runner.seq_len(SEQ) != cached.len() {
-            m.runner.release(SEQ)?;
-            cached.clear();
-        }
         messages.push(Message::new("assistant", reply));
     }
     Ok(())

@@ -57,6 +57,9 @@ pub enum Finish {
 /// What a request's channel carries.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
+    /// How many prompt tokens came from the prefix cache, when the request starts (again,
+    /// after a preemption) from a cached prefix; before its first token.
+    Cached(usize),
     /// A generated token, with its log-probabilities when the request asked for them.
     Token(u32, Option<TokenLogprobs>),
     Done {
@@ -206,9 +209,13 @@ impl Engine {
     /// runner's `max_seqs`, which sized its KV pools).
     pub fn new(runner: Runner, max_running: usize) -> Engine {
         let cfg = runner.config();
+        // A recurrent model's prefix snapshots are states after a full block: prefills stop
+        // at the last block boundary of the prompt to leave one there.
+        let snapshots = cfg.prefix_caching && runner.state_stats().is_some();
         let sched = Scheduler::new(SchedConfig {
             max_batch_tokens: cfg.max_batch_tokens,
             max_running: max_running.clamp(1, cfg.max_seqs.max(1)),
+            snapshot_blocks: snapshots.then_some(cfg.block_size),
         });
         Engine {
             runner,
@@ -343,6 +350,47 @@ impl Engine {
         Ok(id)
     }
 
+    /// Runs one request to its end on this thread, stepping the engine (requests queued
+    /// beside it advance too): `kiln run`, `chat` and `bench` are this with one request.
+    /// `on` sees each of the request's events as it happens and returns `Ok(false)` to stop
+    /// early; the request is then cancelled and its blocks freed (so it is on an error from
+    /// `on`, which is returned). A request the engine fails returns its error.
+    pub fn run_one(
+        &mut self,
+        req: GenRequest,
+        mut on: impl FnMut(Event) -> Result<bool>,
+    ) -> Result<()> {
+        let (tx, rx) = mpsc::channel();
+        let id = self.submit(req, tx)?;
+        let mut idle = false;
+        loop {
+            let mut any = false;
+            for ev in rx.try_iter() {
+                any = true;
+                let end = match &ev {
+                    Event::Done { .. } => true,
+                    Event::Error(e) => return Err(Error::Model(e.clone())),
+                    _ => false,
+                };
+                match on(ev) {
+                    Ok(true) if end => return Ok(()),
+                    Ok(true) => {}
+                    Ok(false) => return self.cancel(id),
+                    Err(e) => {
+                        self.cancel(id)?;
+                        return Err(e);
+                    }
+                }
+            }
+            if idle && !any {
+                return Err(Error::Model(
+                    "the engine went idle before the request ended".into(),
+                ));
+            }
+            idle = !self.step()?;
+        }
+    }
+
     /// Cancels a request (queued or running); its blocks return to the pool.
     pub fn cancel(&mut self, id: ReqId) -> Result<()> {
         if self.active.contains_key(&id) {
@@ -456,6 +504,9 @@ impl Engine {
                     .unwrap_or_default();
                 let reused = self.runner.start_cached(it.id, &tokens, it.start)?;
                 self.stats.prefix_hit_tokens += reused as u64;
+                if let (true, Some(a)) = (reused > 0, self.active.get(&it.id)) {
+                    let _ = a.tx.send(Event::Cached(reused));
+                }
                 // The reused tokens are computed whatever becomes of this step.
                 self.sched.advance(it.id, reused, None);
                 if reused < it.start {

@@ -7,7 +7,7 @@ pub mod batching;
 
 use crate::backend::Executor;
 use crate::error::{Error, Result};
-use crate::kv::{KvManager, SeqId};
+use crate::kv::{KvManager, SeqId, StatePool, StateStats};
 use crate::model::{ForwardBatch, KvCaches, Model, SeqInput};
 use crate::tensor::DType;
 
@@ -47,6 +47,14 @@ pub struct RunnerConfig {
     /// Blocks in each full-attention KV pool; default enough for `max_seqs` full contexts.
     /// Smaller pools make the batching engine preempt instead.
     pub kv_blocks: Option<usize>,
+    /// Tokens a sequence can always drop again with [`Runner::rollback`] without recomputing
+    /// them: sliding windows keep that many more tokens, and a recurrent model keeps that many
+    /// state checkpoints per sequence (one per step). Rolling back further recomputes from
+    /// the newest checkpoint or snapshot before the target, where one exists.
+    pub max_rollback: usize,
+    /// Recurrent-state snapshots kept for prefix caching (the state after a full KV block);
+    /// default: up to 256 MiB of them, at most `4 * max_seqs + 4`.
+    pub state_snapshots: Option<usize>,
 }
 
 impl Default for RunnerConfig {
@@ -59,20 +67,23 @@ impl Default for RunnerConfig {
             kv_dtype: DType::F32,
             prefix_caching: false,
             kv_blocks: None,
+            max_rollback: 0,
+            state_snapshots: None,
         }
     }
 }
+
+/// Memory the default recurrent-state snapshot budget may take.
+const SNAPSHOT_BYTES: usize = 256 << 20;
 
 pub struct Runner {
     ex: Executor,
     model: Box<dyn Model>,
     caches: KvCaches,
     kv: Vec<KvManager>,
+    /// Recurrent-state slots, checkpoints and snapshots; `None` for a model without state.
+    states: Option<StatePool>,
     cfg: RunnerConfig,
-    /// Recurrent-state slots: which sequence holds which, and the free ones (slot 0 is the
-    /// zero state and never handed out).
-    state_slots: std::collections::HashMap<SeqId, usize>,
-    free_state_slots: Vec<usize>,
 }
 
 impl Runner {
@@ -89,28 +100,33 @@ impl Runner {
             .kv_groups()
             .iter()
             .map(|g| match g.window {
-                // Blocks in the window, the chunk being computed, and one partly filled.
-                Some(w) => {
-                    (cfg.max_seqs * ((w + cfg.max_batch_tokens).div_ceil(bs) + 2) + 1).min(full)
-                }
+                // Blocks in the window (and the rollback margin), the chunk being computed,
+                // and one partly filled.
+                Some(w) => (cfg.max_seqs
+                    * ((w + cfg.max_rollback + cfg.max_batch_tokens).div_ceil(bs) + 2)
+                    + 1)
+                .min(full),
                 None => full,
             })
             .collect();
         let mut caches = KvCaches::alloc(&ex, model.kv_groups(), bs, &blocks, cfg.kv_dtype)?;
         let state_shapes = model.state_shapes();
-        let n_state_slots = if state_shapes.is_empty() {
-            0
+        let states = if state_shapes.is_empty() {
+            None
         } else {
-            cfg.max_seqs + 1
+            let slot_bytes: usize = state_shapes
+                .iter()
+                .map(|s| s.iter().product::<usize>() * 4)
+                .sum();
+            let snapshots = match (cfg.prefix_caching, cfg.state_snapshots) {
+                (false, _) => 0,
+                (true, Some(n)) => n,
+                (true, None) => (SNAPSHOT_BYTES / slot_bytes.max(1)).clamp(1, 4 * cfg.max_seqs + 4),
+            };
+            let slots = StatePool::slots_needed(cfg.max_seqs, cfg.max_rollback, snapshots);
+            caches.alloc_states(&ex, &state_shapes, slots)?;
+            Some(StatePool::new(slots, cfg.max_rollback, snapshots))
         };
-        caches.alloc_states(&ex, &state_shapes, n_state_slots)?;
-        // Prefix caching needs one full-attention KV group (sliding-window layers drop the
-        // blocks a later request would reuse) and no recurrent state (which a cached prefix
-        // cannot restore).
-        let groups = model.kv_groups();
-        cfg.prefix_caching &= groups.len() == 1
-            && groups.iter().all(|g| g.window.is_none())
-            && state_shapes.is_empty();
         let kv = blocks
             .iter()
             .map(|&n| KvManager::new(n, bs, cfg.prefix_caching).map_err(kv_err))
@@ -120,9 +136,8 @@ impl Runner {
             model,
             caches,
             kv,
+            states,
             cfg,
-            state_slots: Default::default(),
-            free_state_slots: (1..n_state_slots).rev().collect(),
         })
     }
 
@@ -137,6 +152,10 @@ impl Runner {
     }
     pub fn kv_managers(&self) -> &[KvManager] {
         &self.kv
+    }
+    /// The recurrent-state pool's counters (a model without state has none).
+    pub fn state_stats(&self) -> Option<StateStats> {
+        self.states.as_ref().map(StatePool::stats)
     }
 
     /// Tokens of `seq` already in the cache.
@@ -191,30 +210,46 @@ impl Runner {
                     .collect()
             });
             row += n;
-            for (m, g) in self.kv.iter_mut().zip(self.model.kv_groups()) {
-                m.commit_tokens(*seq, toks).map_err(kv_err)?;
-                if let Some(w) = g.window {
-                    m.release_outside_window(*seq, w).map_err(kv_err)?;
-                }
-            }
+            self.commit(*seq, toks)?;
         }
         Ok(out)
     }
 
-    /// Reserves cache slots for every item in every KV group (all or nothing per group), and a
-    /// recurrent-state slot for each new sequence of a model that has state.
-    fn reserve(&mut self, items: &[(SeqId, &[u32], Logits)]) -> Result<()> {
-        if !self.caches.states.is_empty() {
-            for (seq, _, _) in items {
-                if !self.state_slots.contains_key(seq) {
-                    let slot = self.free_state_slots.pop().ok_or_else(|| {
-                        Error::Model(format!(
-                            "no recurrent-state slot left for sequence {seq} ({} in use)",
-                            self.state_slots.len()
-                        ))
-                    })?;
-                    self.state_slots.insert(*seq, slot);
+    /// After a forward pass: `toks` of `seq` are computed in every KV group and its new
+    /// recurrent state is current; the blocks a sliding window no longer sees go back, and a
+    /// state that ends a full block is kept as that block's snapshot.
+    fn commit(&mut self, seq: SeqId, toks: &[u32]) -> Result<()> {
+        let margin = self.cfg.max_rollback;
+        for (m, g) in self.kv.iter_mut().zip(self.model.kv_groups()) {
+            m.commit_tokens(seq, toks).map_err(kv_err)?;
+            if let Some(w) = g.window {
+                m.release_outside_window(seq, w + margin).map_err(kv_err)?;
+            }
+        }
+        let len = self.seq_len(seq);
+        if let Some(st) = &mut self.states {
+            st.commit(seq, len).map_err(kv_err)?;
+            let bs = self.cfg.block_size;
+            if self.cfg.prefix_caching && len % bs == 0 && len > 0 {
+                if let Some(h) = self
+                    .kv
+                    .first()
+                    .and_then(|m| m.block_hash(seq, len / bs - 1))
+                {
+                    st.snapshot(seq, h);
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reserves cache slots for every item in every KV group (all or nothing per group), and
+    /// the recurrent-state slot each item's step writes.
+    fn reserve(&mut self, items: &[(SeqId, &[u32], Logits)]) -> Result<()> {
+        if let Some(st) = &mut self.states {
+            for (seq, _, _) in items {
+                st.start(*seq);
+                st.begin(*seq).map_err(kv_err)?;
             }
         }
         for m in self.kv.iter_mut() {
@@ -231,33 +266,185 @@ impl Runner {
         Ok(())
     }
 
-    /// Starts a new sequence from the cached full blocks of its prompt's first `max` tokens
-    /// (only those blocks are taken; the rest is reserved as it is fed). Returns how many
-    /// leading tokens are already computed: 0 without prefix caching, without a hit, or when the
-    /// pool cannot take the blocks now (the sequence then starts empty on its first step).
-    pub fn start_cached(&mut self, seq: SeqId, prompt: &[u32], max: usize) -> Result<usize> {
-        if !self.cfg.prefix_caching || self.kv.len() != 1 || self.kv[0].contains(seq) {
-            return Ok(0);
-        }
-        match self.kv[0].attach_prefix(seq, prompt, max) {
-            Ok(reused) => Ok(reused),
-            Err(crate::kv::KvError::OutOfBlocks { .. }) => Ok(0),
-            Err(e) => Err(kv_err(e)),
-        }
+    /// The first block a KV group needs of a sequence `n` blocks long: 0, or for a sliding
+    /// window the first one it still sees.
+    fn first_needed(&self, window: Option<usize>, n: usize) -> usize {
+        window.map_or(0, |w| {
+            (n * self.cfg.block_size).saturating_sub(w) / self.cfg.block_size
+        })
     }
 
-    /// Leading tokens of `prompt` the prefix cache holds now, and the free blocks taking them
-    /// would use; (0, 0) without prefix caching.
-    pub fn cached_prefix(&self, prompt: &[u32]) -> (usize, usize) {
-        match (&self.kv[..], self.cfg.prefix_caching) {
-            ([m], true) => m.cached_prefix(prompt),
-            _ => (0, 0),
+    /// The most full blocks of `prompt` (at most `max` tokens' worth) that a new sequence can
+    /// resume from: every KV group holds the cached blocks it needs of them (all of them for
+    /// full attention, those inside the window for a sliding one) and, for a recurrent model,
+    /// the state after them is kept as a snapshot.
+    fn prefix_blocks(&self, prompt: &[u32], max: usize) -> usize {
+        if !self.cfg.prefix_caching || self.kv.is_empty() {
+            return 0;
         }
+        let bs = self.cfg.block_size;
+        let groups = self.model.kv_groups();
+        let maps: Vec<Vec<Option<crate::kv::BlockId>>> =
+            self.kv.iter().map(|m| m.cached_blocks(prompt)).collect();
+        let mut most = max / bs;
+        for (g, map) in groups.iter().zip(&maps) {
+            most = most.min(map.len());
+            if g.window.is_none() {
+                most = most.min(map.iter().take_while(|b| b.is_some()).count());
+            }
+        }
+        let hashes = match &self.states {
+            Some(_) => crate::kv::block_hash::hash_full_blocks(&prompt[..most * bs], bs, None),
+            None => Vec::new(),
+        };
+        (1..=most)
+            .rev()
+            .find(|&n| {
+                let windows = groups.iter().zip(&maps).all(|(g, map)| {
+                    map[self.first_needed(g.window, n)..n]
+                        .iter()
+                        .all(Option::is_some)
+                });
+                windows
+                    && self
+                        .states
+                        .as_ref()
+                        .is_none_or(|st| st.has_snapshot(&hashes[n - 1]))
+            })
+            .unwrap_or(0)
+    }
+
+    /// Starts a new sequence from the cached full blocks of its prompt's first `max` tokens
+    /// (only those blocks are taken; the rest is reserved as it is fed), and for a recurrent
+    /// model from the state snapshot after them. Returns how many leading tokens are already
+    /// computed: 0 without prefix caching, without a hit, or when the pool cannot take the
+    /// blocks now (the sequence then starts empty on its first step).
+    pub fn start_cached(&mut self, seq: SeqId, prompt: &[u32], max: usize) -> Result<usize> {
+        if self.has_sequence(seq) {
+            return Ok(0);
+        }
+        let n = self.prefix_blocks(prompt, max);
+        if n == 0 {
+            return Ok(0);
+        }
+        let want = n * self.cfg.block_size;
+        let firsts: Vec<usize> = (self.model.kv_groups().iter())
+            .map(|g| self.first_needed(g.window, n))
+            .collect();
+        let mut ok = true;
+        for (m, first) in self.kv.iter_mut().zip(firsts) {
+            match m.attach_blocks(seq, prompt, n, first) {
+                Ok(r) if r == want => {}
+                Ok(_) | Err(crate::kv::KvError::OutOfBlocks { .. }) => {
+                    ok = false;
+                    break;
+                }
+                Err(e) => {
+                    self.release(seq)?;
+                    return Err(kv_err(e));
+                }
+            }
+        }
+        if let (true, Some(st)) = (ok, &mut self.states) {
+            let hash = self.kv.first().and_then(|m| m.block_hash(seq, n - 1));
+            ok = hash.is_some_and(|h| st.start_at(seq, want, &h));
+        }
+        if !ok {
+            self.release(seq)?;
+            return Ok(0);
+        }
+        Ok(want)
+    }
+
+    /// Leading tokens of `prompt` the prefix cache holds now, and the free blocks of the
+    /// (first) full-attention pool taking them would use; (0, 0) without prefix caching.
+    pub fn cached_prefix(&self, prompt: &[u32]) -> (usize, usize) {
+        let n = self.prefix_blocks(prompt, usize::MAX);
+        if n == 0 {
+            return (0, 0);
+        }
+        let groups = self.model.kv_groups();
+        let g = groups.iter().position(|g| g.window.is_none()).unwrap_or(0);
+        let free = self.kv.get(g).map_or(0, |m| {
+            let held: Vec<_> = m
+                .cached_blocks(prompt)
+                .into_iter()
+                .take(n)
+                .flatten()
+                .collect();
+            m.free_among(&held)
+        });
+        (n * self.cfg.block_size, free)
     }
 
     /// Whether `seq` has KV state.
     pub fn has_sequence(&self, seq: SeqId) -> bool {
         self.kv.iter().any(|m| m.contains(seq))
+            || self.states.as_ref().is_some_and(|s| s.contains(seq))
+    }
+
+    /// Drops the last `k` computed tokens of `seq`, as if they had never been fed: their KV
+    /// slots are released, and a recurrent state returns to its checkpoint (or prefix snapshot)
+    /// at the new length. Without one there, the state restarts from the newest earlier one and
+    /// the tokens between are fed again. Fails, changing nothing, if a sliding window already
+    /// released a block the shorter sequence needs (see [`RunnerConfig::max_rollback`]).
+    pub fn rollback(&mut self, seq: SeqId, k: usize) -> Result<()> {
+        let len = self.seq_len(seq);
+        if k > len {
+            return Err(Error::Model(format!(
+                "sequence {seq} has {len} tokens; cannot roll back {k}"
+            )));
+        }
+        if k == 0 {
+            return Ok(());
+        }
+        let target = len - k;
+        let bs = self.cfg.block_size;
+        let tokens: Vec<u32> = self
+            .kv
+            .first()
+            .and_then(|m| m.computed_tokens(seq))
+            .map(|t| t[..target].to_vec())
+            .unwrap_or_default();
+        // Where the state can resume: a checkpoint, or a nearer prefix snapshot.
+        let mut from = target;
+        let mut snapshot = None;
+        if let Some(st) = &self.states {
+            from = st.checkpoint_at(seq, target);
+            if self.cfg.prefix_caching {
+                for i in (from / bs + 1..=target / bs).rev() {
+                    let h = self.kv.first().and_then(|m| m.block_hash(seq, i - 1));
+                    if let Some(h) = h.filter(|h| st.has_snapshot(h)) {
+                        from = i * bs;
+                        snapshot = Some(h);
+                        break;
+                    }
+                }
+            }
+        }
+        let groups = self.model.kv_groups().to_vec();
+        for (m, g) in self.kv.iter().zip(&groups) {
+            m.check_truncate(seq, from, g.window).map_err(kv_err)?;
+        }
+        if let Some(st) = &mut self.states {
+            match snapshot {
+                Some(h) => {
+                    st.restore(seq, from, &h);
+                }
+                None => {
+                    st.rollback(seq, from).map_err(kv_err)?;
+                }
+            }
+        }
+        for (gi, (m, g)) in self.kv.iter_mut().zip(&groups).enumerate() {
+            if let Some((src, dst)) = m.truncate(seq, from, g.window).map_err(kv_err)? {
+                self.caches.copy_block(&self.ex, gi, src, dst)?;
+            }
+        }
+        if from < target {
+            self.feed(seq, &tokens[from..target], Logits::None)?;
+        }
+        Ok(())
     }
 
     fn build_batch(&self, items: &[(SeqId, &[u32], Logits)]) -> ForwardBatch {
@@ -280,6 +467,12 @@ impl Runner {
                         .unwrap_or_default(),
                 );
             }
+            let (state_read, state_slot) = self.states.as_ref().map_or((0, 0), |st| {
+                (
+                    st.current(*seq).map_or(0, |c| c.1),
+                    st.pending(*seq).unwrap_or(0),
+                )
+            });
             b.seqs.push(SeqInput {
                 q_start,
                 q_len: toks.len(),
@@ -289,7 +482,8 @@ impl Runner {
                     .iter()
                     .map(|m| m.block_table(*seq).unwrap_or(&[]).to_vec())
                     .collect(),
-                state_slot: self.state_slots.get(seq).copied().unwrap_or(0),
+                state_read,
+                state_slot,
             });
         }
         b
@@ -323,10 +517,10 @@ impl Runner {
         Ok(out)
     }
 
-    /// Frees a sequence's cache blocks.
+    /// Frees a sequence's cache blocks and state slots.
     pub fn release(&mut self, seq: SeqId) -> Result<()> {
-        if let Some(slot) = self.state_slots.remove(&seq) {
-            self.free_state_slots.push(slot);
+        if let Some(st) = &mut self.states {
+            st.free_seq(seq);
         }
         for m in self.kv.iter_mut() {
             if m.contains(seq) {
@@ -339,7 +533,9 @@ impl Runner {
 
 fn kv_err(e: crate::kv::KvError) -> Error {
     match e {
-        crate::kv::KvError::OutOfBlocks { .. } => Error::KvFull(e.to_string()),
+        crate::kv::KvError::OutOfBlocks { .. } | crate::kv::KvError::OutOfStateSlots { .. } => {
+            Error::KvFull(e.to_string())
+        }
         _ => Error::Model(format!("kv cache: {e}")),
     }
 }

@@ -247,6 +247,17 @@ impl BlockPool {
         Ok(true)
     }
 
+    /// Forgets `block`'s prefix-cache entry (its contents are about to change). Only a block
+    /// held by exactly one owner may be uncached.
+    pub fn uncache(&mut self, block: BlockId) -> Result<(), KvError> {
+        self.check_id(block, "uncache")?;
+        if self.refs[block as usize] != 1 {
+            return Err(KvError::NotInUse { block });
+        }
+        self.evict(block);
+        Ok(())
+    }
+
     /// The block cached under `hash`, if its stored tokens equal `tokens`. Does not touch it.
     pub fn get_cached(&self, hash: BlockHash, tokens: &[u32]) -> Option<BlockId> {
         let &block = self.cache_map.get(&hash)?;

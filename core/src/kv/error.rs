@@ -36,6 +36,16 @@ pub enum KvError {
     AlreadyCached { block: BlockId },
     #[error("a full KV block has {expected} tokens, got {got}")]
     WrongBlockLength { expected: usize, got: usize },
+    #[error("out of recurrent-state slots: all {slots} hold a sequence's state")]
+    OutOfStateSlots { slots: usize },
+    #[error("sequence {seq} has no step in flight")]
+    NoStepInFlight { seq: SeqId },
+    #[error("sequence {seq}: cannot roll back to {to} tokens: {reason}")]
+    Rollback {
+        seq: SeqId,
+        to: usize,
+        reason: &'static str,
+    },
     #[error("unknown sequence {seq}")]
     UnknownSequence { seq: SeqId },
     #[error("sequence {seq} already exists")]

@@ -180,31 +180,168 @@ impl KvManager {
         prompt: &[u32],
         max: usize,
     ) -> Result<usize, KvError> {
+        let (hits, _) = self.lookup_prefix(prompt, None);
+        let n = hits.len().min(max / self.block_size());
+        self.attach_blocks(seq, prompt, n, 0)
+    }
+
+    /// Per leading full block of `prompt` that a lookup may reuse (never the block of the last
+    /// token): the cached block holding it, if any. Unlike a prefix lookup this goes on past a
+    /// miss, as a sliding window needs only the blocks inside it.
+    pub fn cached_blocks(&self, prompt: &[u32]) -> Vec<Option<BlockId>> {
+        if !self.prefix_caching {
+            return Vec::new();
+        }
+        let bs = self.block_size();
+        let lookable = prompt.len().saturating_sub(1) / bs;
+        let mut parent = None;
+        prompt
+            .chunks_exact(bs)
+            .take(lookable)
+            .map(|tokens| {
+                let hash = hash_block(parent, tokens, None);
+                parent = Some(hash);
+                self.pool.get_cached(hash, tokens)
+            })
+            .collect()
+    }
+
+    /// Starts `seq` at the end of `prompt`'s first `n` full blocks, taking the cached blocks
+    /// `first..n` (all must be cached) and leaving the ones before `first` null, as a sliding
+    /// window that no longer sees them would have. The sequence's length and computed tokens
+    /// are `n` blocks. Returns the tokens reused. On error nothing changes.
+    pub fn attach_blocks(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        n: usize,
+        first: usize,
+    ) -> Result<usize, KvError> {
         if self.seqs.contains_key(&seq) {
             return Err(KvError::SequenceExists { seq });
         }
-        let (mut hits, mut hashes) = self.lookup_prefix(prompt, None);
-        let keep = max / self.block_size();
-        hits.truncate(keep);
-        hashes.truncate(keep);
-        let reused = hits.len() * self.block_size();
-        let blocks = self.take_blocks(&hits, reused)?;
+        let bs = self.block_size();
+        let first = first.min(n);
+        let cached = self.cached_blocks(prompt);
+        let hits: Option<Vec<BlockId>> = cached
+            .get(first..n)
+            .and_then(|c| c.iter().copied().collect());
+        let hits = match hits {
+            Some(h) if n > 0 => h,
+            _ => return Ok(0),
+        };
+        self.take_held(&hits)?;
+        let reused = n * bs;
+        let mut hashes = Vec::with_capacity(n);
+        for tokens in prompt.chunks_exact(bs).take(n) {
+            hashes.push(hash_block(hashes.last().copied(), tokens, None));
+        }
         if self.prefix_caching {
             self.stats.requests += 1;
             self.stats.queried_tokens += prompt.len() as u64;
             self.stats.hit_tokens += reused as u64;
         }
+        let mut blocks = vec![NULL_BLOCK; first];
+        blocks.extend(hits);
         let state = SeqState {
             len: reused,
             blocks,
             tokens: prompt.to_vec(),
             computed: reused,
             hashes,
-            released: 0,
+            released: first,
             extra: None,
         };
         self.seqs.insert(seq, state);
         Ok(reused)
+    }
+
+    /// How many of `blocks` are free now (cached but held by nobody): taking them uses that
+    /// many free blocks.
+    pub fn free_among(&self, blocks: &[BlockId]) -> usize {
+        blocks.iter().filter(|&&b| self.pool.is_free(b)).count()
+    }
+
+    /// The chained hash of full block `i` of `seq`, once it is computed (prefix caching only).
+    pub fn block_hash(&self, seq: SeqId, i: usize) -> Option<BlockHash> {
+        self.seqs.get(&seq)?.hashes.get(i).copied()
+    }
+
+    /// The computed tokens of `seq`.
+    pub fn computed_tokens(&self, seq: SeqId) -> Option<&[u32]> {
+        let s = self.seqs.get(&seq)?;
+        s.tokens.get(..s.computed)
+    }
+
+    /// Whether `truncate(seq, len, window)` can succeed.
+    pub fn check_truncate(
+        &self,
+        seq: SeqId,
+        len: usize,
+        window: Option<usize>,
+    ) -> Result<(), KvError> {
+        let state = self.state(seq)?;
+        if len > state.computed {
+            return Err(KvError::Rollback {
+                seq,
+                to: len,
+                reason: "past the computed tokens",
+            });
+        }
+        let needed_from = window.map_or(0, |w| len.saturating_sub(w) / self.block_size());
+        if needed_from < state.released {
+            return Err(KvError::Rollback {
+                seq,
+                to: len,
+                reason: "the sliding window has released a block it needs",
+            });
+        }
+        Ok(())
+    }
+
+    /// Drops every token of `seq` from `len` on: blocks past it go back to the pool (tail
+    /// first) and a block it now ends inside leaves the prefix cache, as its tail will be
+    /// written again. Returns `Some((shared, fresh))` when that block is also held by another
+    /// sequence: `seq` then holds the fresh block `fresh` in its place, and the caller must
+    /// copy the block's contents from `shared` to `fresh` before writing. Fails (changing
+    /// nothing) if a sliding window already released a block the shorter sequence needs.
+    pub fn truncate(
+        &mut self,
+        seq: SeqId,
+        len: usize,
+        window: Option<usize>,
+    ) -> Result<Option<(BlockId, BlockId)>, KvError> {
+        self.check_truncate(seq, len, window)?;
+        let bs = self.block_size();
+        let state = self.state(seq)?;
+        let keep = len.div_ceil(bs);
+        let tail = live_blocks_reversed(&state.blocks[keep.min(state.blocks.len())..]);
+        // The block the new end lies inside, if it was registered as full.
+        let partial = (len % bs != 0 && state.hashes.len() > len / bs)
+            .then(|| state.blocks[len / bs])
+            .filter(|&b| b != NULL_BLOCK);
+        let mut copy = None;
+        if let Some(b) = partial {
+            if self.pool.ref_count(b) == Some(1) {
+                self.pool.uncache(b)?;
+            } else {
+                let fresh = self.pool.allocate(1)?;
+                copy = fresh.first().map(|&f| (b, f));
+            }
+        }
+        self.pool.free(&tail)?;
+        let state = self.state_mut(seq)?;
+        if let Some((old, fresh)) = copy {
+            state.blocks[len / bs] = fresh;
+            self.pool.free(&[old])?;
+        }
+        let state = self.state_mut(seq)?;
+        state.blocks.truncate(keep);
+        state.len = len;
+        state.computed = len;
+        state.tokens.truncate(len);
+        state.hashes.truncate(len / bs);
+        Ok(copy)
     }
 
     /// Grows `seq` by `n` token slots, allocating blocks as needed. On `OutOfBlocks` nothing
@@ -343,6 +480,18 @@ impl KvManager {
             hashes.push(hash);
         }
         (hits, hashes)
+    }
+
+    /// Takes a ref on each of the cached `hits`; all or nothing.
+    fn take_held(&mut self, hits: &[BlockId]) -> Result<(), KvError> {
+        let free_hits = self.free_among(hits);
+        if free_hits > self.pool.num_free() {
+            return Err(KvError::OutOfBlocks {
+                requested: free_hits,
+                free: self.pool.num_free(),
+            });
+        }
+        self.pool.touch(hits)
     }
 
     /// Touches `hits` and allocates the rest of a table for `len` tokens; all or nothing.

@@ -70,6 +70,21 @@ impl KvCaches {
         })
     }
 
+    /// Copies KV block `src` to `dst` in every layer of group `g` (copy-on-write of a shared
+    /// block).
+    pub fn copy_block(&self, ex: &Executor, g: usize, src: u32, dst: u32) -> Result<()> {
+        let Some((ks, vs)) = self.groups.get(g) else {
+            return Err(crate::Error::Model(format!("no KV group {g}")));
+        };
+        for t in ks.iter().chain(vs) {
+            let dims = t.shape().dims().to_vec();
+            let per: usize = dims[1..].iter().product();
+            let at = |b: u32| t.view(b as usize * per, dims[1..].to_vec());
+            ex.exec(&crate::op::Op::Copy, &[&at(src)?], &[&at(dst)?])?;
+        }
+        Ok(())
+    }
+
     /// Allocates the recurrent state pools: `slots` slots of each shape.
     pub fn alloc_states(
         &mut self,
@@ -99,7 +114,9 @@ pub struct SeqInput {
     pub seq_len: usize,
     /// Block table per KV group.
     pub block_tables: Vec<Vec<u32>>,
-    /// The sequence's slot in the recurrent state pools (0 for models without them).
+    /// The slot of the recurrent state pools this step reads (0: the zero state) and the one
+    /// it writes (never the same; both 0 for models without state).
+    pub state_read: usize,
     pub state_slot: usize,
 }
 

@@ -473,17 +473,7 @@ impl Model for Qwen35 {
         let i = &self.info;
         let t = check_batch(b, i.vocab)?;
         let bt = upload_batch(ex, b, self.groups.len())?;
-        let read: Vec<i32> = b
-            .seqs
-            .iter()
-            .map(|s| {
-                if s.seq_len == s.q_len {
-                    0
-                } else {
-                    s.state_slot as i32
-                }
-            })
-            .collect();
+        let read: Vec<i32> = b.seqs.iter().map(|s| s.state_read as i32).collect();
         let write: Vec<i32> = b.seqs.iter().map(|s| s.state_slot as i32).collect();
         if write.contains(&0) {
             return Err(Error::Model(

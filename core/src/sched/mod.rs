@@ -21,6 +21,11 @@ pub struct SchedConfig {
     pub max_batch_tokens: usize,
     /// Most requests resident in the KV cache at once.
     pub max_running: usize,
+    /// With `Some(block_size)`, a prefill chunk that would run past the last full block before
+    /// the prompt's end stops there, so the step ends on a block boundary (a recurrent model's
+    /// state after it can be kept as a prefix-cache snapshot); the rest follows as a chunk of
+    /// its own.
+    pub snapshot_blocks: Option<usize>,
 }
 
 /// What the KV cache can take; the engine answers from its KV managers.
@@ -110,6 +115,7 @@ impl Scheduler {
             cfg: Some(SchedConfig {
                 max_batch_tokens: cfg.max_batch_tokens.max(1),
                 max_running: cfg.max_running.max(1),
+                snapshot_blocks: cfg.snapshot_blocks.filter(|&b| b > 0),
             }),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -120,6 +126,7 @@ impl Scheduler {
         self.cfg.clone().unwrap_or(SchedConfig {
             max_batch_tokens: 512,
             max_running: 1,
+            snapshot_blocks: None,
         })
     }
 
@@ -147,6 +154,22 @@ impl Scheduler {
             .iter()
             .chain(self.waiting.iter())
             .find(|s| s.id == id)
+    }
+
+    /// How many of `n` tokens from `start` (of `len`) one step takes: all of them, or with
+    /// `snapshot_blocks` those up to the last block boundary before `len` when they cross it.
+    fn chunk(&self, start: usize, n: usize, len: usize) -> usize {
+        match self.cfg.as_ref().and_then(|c| c.snapshot_blocks) {
+            Some(bs) => {
+                let boundary = (len.saturating_sub(1) / bs) * bs;
+                if start < boundary && start + n > boundary {
+                    boundary - start
+                } else {
+                    n
+                }
+            }
+            None => n,
+        }
     }
 
     /// Plans the next step: decodes, then prefill chunks, preempting when the pool is short.
@@ -177,7 +200,7 @@ impl Scheduler {
                 let s = &self.running[i];
                 (s.id, s.computed, s.pending(), s.tokens.len())
             };
-            let n = pending.min(*budget);
+            let n = self.chunk(computed, pending.min(*budget), len);
             if n == 0 {
                 i += 1;
                 continue;
@@ -243,7 +266,7 @@ impl Scheduler {
             };
             let hit = hit.min(s.tokens.len().saturating_sub(1));
             let start = s.computed.max(hit);
-            let n = (s.tokens.len() - start).min(*budget);
+            let n = self.chunk(start, (s.tokens.len() - start).min(*budget), s.tokens.len());
             let need = kv
                 .blocks_needed(s.id, start + n)
                 .saturating_sub(kv.blocks_needed(s.id, hit))
@@ -366,7 +389,34 @@ mod tests {
         Scheduler::new(SchedConfig {
             max_batch_tokens: tokens,
             max_running: running,
+            snapshot_blocks: None,
         })
+    }
+
+    #[test]
+    fn snapshot_blocks_end_a_prefill_chunk_on_the_last_block_boundary() {
+        let mut s = Scheduler::new(SchedConfig {
+            max_batch_tokens: 64,
+            max_running: 2,
+            snapshot_blocks: Some(16),
+        });
+        let mut kv = Pool {
+            bs: 16,
+            free: 100,
+            held: HashMap::new(),
+        };
+        // 40 tokens: the last boundary before the end is 32.
+        s.admit(Seq::new(1, (0..40).collect()));
+        // 32 tokens end exactly on a boundary: the one before the last token is 16.
+        s.admit(Seq::new(2, (0..32).collect()));
+        let p = s.schedule(&kv);
+        assert_eq!(p.items, vec![item(1, 0, 32, false), item(2, 0, 16, false)]);
+        kv.held.insert(1, 2);
+        kv.held.insert(2, 1);
+        s.advance(1, 32, None);
+        s.advance(2, 16, None);
+        let p = s.schedule(&kv);
+        assert_eq!(p.items, vec![item(1, 32, 40, true), item(2, 16, 32, true)]);
     }
 
     #[test]

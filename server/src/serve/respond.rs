@@ -48,6 +48,8 @@ enum Piece {
         index: usize,
         finish: &'static str,
         completion: usize,
+        /// Prompt tokens served from the prefix cache.
+        cached: usize,
     },
     Failed(String),
 }
@@ -67,6 +69,8 @@ struct Choice {
     parser: Option<OutputParser>,
     generated: usize,
     calls: usize,
+    /// Prompt tokens the engine took from the prefix cache.
+    cached: usize,
 }
 
 impl Choice {
@@ -79,6 +83,7 @@ impl Choice {
                 .then(|| OutputParser::new(spec.syntax, spec.in_reasoning)),
             generated: 0,
             calls: 0,
+            cached: 0,
         }
     }
 
@@ -138,6 +143,7 @@ impl Choice {
                 finish
             },
             completion: self.generated,
+            cached: self.cached,
         }
     }
 }
@@ -211,6 +217,10 @@ fn start(state: &Arc<AppState>, spec: &GenSpec) -> mpsc::Receiver<Piece> {
                         last = Some(at);
                         choice.token(&st, t, lp)
                     }
+                    Event::Cached(n) => {
+                        choice.cached = n;
+                        Vec::new()
+                    }
                     Event::Done { finish, .. } => choice.done(finish),
                     Event::Error(e) => vec![Piece::Failed(e)],
                 };
@@ -260,9 +270,10 @@ fn record(st: &AppState, outcome: &'static str, generated: usize) {
     });
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
+fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion,
-           "total_tokens": prompt + completion})
+           "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 fn tool_calls_json(calls: &[ToolCall], id: &str, index: usize) -> Value {
@@ -313,6 +324,7 @@ struct Gathered {
     calls: Vec<ToolCall>,
     logprobs: Vec<TokenLp>,
     finish: Option<&'static str>,
+    cached: usize,
     completion: usize,
 }
 
@@ -369,10 +381,12 @@ async fn whole(
                 index,
                 finish,
                 completion,
+                cached,
             } => {
                 if let Some(g) = choices.get_mut(index) {
                     g.finish = Some(finish);
                     g.completion = completion;
+                    g.cached = cached;
                     ended += 1;
                 }
             }
@@ -380,6 +394,7 @@ async fn whole(
         }
     }
     let completion: usize = choices.iter().map(|g| g.completion).sum();
+    let cached = choices.iter().map(|g| g.cached).max().unwrap_or(0);
     let choices: Vec<Value> = choices
         .iter()
         .enumerate()
@@ -415,7 +430,7 @@ async fn whole(
     };
     Json(
         json!({"id": id, "object": object, "created": now(), "model": state.model,
-        "choices": choices, "usage": usage(spec.prompt.len(), completion)}),
+        "choices": choices, "usage": usage(spec.prompt.len(), completion, cached)}),
     )
     .into_response()
 }
@@ -451,6 +466,7 @@ fn stream(state: Arc<AppState>, spec: GenSpec, rx: mpsc::Receiver<Piece>, id: St
         rx: mpsc::Receiver<Piece>,
         ended: usize,
         completion: usize,
+        cached: usize,
         offsets: Vec<usize>,
         done: bool,
     }
@@ -461,6 +477,7 @@ fn stream(state: Arc<AppState>, spec: GenSpec, rx: mpsc::Receiver<Piece>, id: St
     let st = St {
         rx,
         ended: 0,
+        cached: 0,
         completion: 0,
         offsets: vec![0; n],
         done: false,
@@ -508,9 +525,11 @@ fn stream(state: Arc<AppState>, spec: GenSpec, rx: mpsc::Receiver<Piece>, id: St
                     index,
                     finish,
                     completion,
+                    cached,
                 }) => {
                     st.ended += 1;
                     st.completion += completion;
+                    st.cached = st.cached.max(cached);
                     let empty = match kind {
                         Kind::Text => json!({"index": index, "text": "", "logprobs": null,
                                              "finish_reason": finish}),
@@ -521,7 +540,7 @@ fn stream(state: Arc<AppState>, spec: GenSpec, rx: mpsc::Receiver<Piece>, id: St
                     if st.ended == n {
                         if include_usage {
                             let mut u = chunk(json!([]));
-                            u["usage"] = usage(prompt_len, st.completion);
+                            u["usage"] = usage(prompt_len, st.completion, st.cached);
                             v.push(u.to_string());
                         }
                         v.push("[DONE]".into());
