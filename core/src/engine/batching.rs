@@ -99,6 +99,11 @@ pub struct Snapshot {
     pub kv_total: usize,
     /// Blocks of that pool registered in the prefix cache (held by a request or free).
     pub kv_cached: usize,
+    /// Recurrent-state snapshots held for prefix caching, the most that may be, and the bytes
+    /// one takes (all zero for a model without recurrent state).
+    pub state_snapshots: usize,
+    pub state_snapshots_max: usize,
+    pub state_snapshot_bytes: usize,
     /// CPU fallbacks per op name.
     pub fallbacks: Vec<(String, &'static str, u64)>,
     /// Every request the engine holds, running ones first.
@@ -272,7 +277,11 @@ impl Engine {
         let slots = (self.sched.running().iter().map(|s| slot(s, true)))
             .chain(self.sched.queued().map(|s| slot(s, false)))
             .collect();
+        let st = self.runner.state_stats().unwrap_or_default();
         Snapshot {
+            state_snapshots: st.snapshots,
+            state_snapshots_max: st.max_snapshots,
+            state_snapshot_bytes: st.slot_bytes,
             slots,
             kv_cached: budget.manager().map_or(0, |m| m.pool().num_cached()),
             stats: self.stats.clone(),

@@ -125,7 +125,7 @@ impl Runner {
             };
             let slots = StatePool::slots_needed(cfg.max_seqs, cfg.max_rollback, snapshots);
             caches.alloc_states(&ex, &state_shapes, slots)?;
-            Some(StatePool::new(slots, cfg.max_rollback, snapshots))
+            Some(StatePool::new(slots, cfg.max_rollback, snapshots).with_slot_bytes(slot_bytes))
         };
         let kv = blocks
             .iter()

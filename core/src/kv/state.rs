@@ -40,6 +40,8 @@ pub struct StateStats {
     /// Slots in use (checkpoints, snapshots and steps in flight), and in all (slot 0 left out).
     pub slots_used: usize,
     pub slots_total: usize,
+    /// Bytes of one slot (as the owner of the state tensors set them).
+    pub slot_bytes: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -53,6 +55,7 @@ pub struct StatePool {
     tick: u64,
     max_snapshots: usize,
     keep: usize,
+    slot_bytes: usize,
 }
 
 impl StatePool {
@@ -73,7 +76,14 @@ impl StatePool {
             tick: 0,
             max_snapshots,
             keep,
+            slot_bytes: 0,
         }
+    }
+
+    /// Records the bytes one slot takes, for [`StatePool::stats`].
+    pub fn with_slot_bytes(mut self, bytes: usize) -> StatePool {
+        self.slot_bytes = bytes;
+        self
     }
 
     pub fn stats(&self) -> StateStats {
@@ -82,6 +92,7 @@ impl StatePool {
             max_snapshots: self.max_snapshots,
             slots_used: self.refs.len() - 1 - self.free.len(),
             slots_total: self.refs.len() - 1,
+            slot_bytes: self.slot_bytes,
         }
     }
 

@@ -70,7 +70,7 @@ impl Metrics {
     /// The whole /metrics page.
     pub fn render(&self, s: &Snapshot) -> String {
         let mut out = String::new();
-        let gauges: [(&str, &str, f64); 6] = [
+        let gauges: [(&str, &str, f64); 9] = [
             (
                 "kiln_requests_waiting",
                 "Requests queued.",
@@ -95,6 +95,21 @@ impl Metrics {
                 "kiln_kv_blocks_cached",
                 "KV cache blocks registered in the prefix cache (held or free).",
                 s.kv_cached as f64,
+            ),
+            (
+                "kiln_state_snapshots",
+                "Recurrent-state snapshots held for prefix caching.",
+                s.state_snapshots as f64,
+            ),
+            (
+                "kiln_state_snapshot_bytes",
+                "Memory the recurrent-state snapshots take.",
+                (s.state_snapshots * s.state_snapshot_bytes) as f64,
+            ),
+            (
+                "kiln_state_snapshot_budget_bytes",
+                "Memory the recurrent-state snapshots may take.",
+                (s.state_snapshots_max * s.state_snapshot_bytes) as f64,
             ),
             (
                 "kiln_prefix_cache_hit_rate",

@@ -21,7 +21,15 @@ pub struct Server {
 }
 
 pub fn start(max_batch: usize, api_key: Option<&str>) -> Option<Server> {
-    let path = model_file(SMOLLM2)?;
+    start_model(&model_file(SMOLLM2)?, max_batch, api_key)
+}
+
+/// A server of the model at `path` (a GGUF file or a Hugging Face directory), as `start`.
+pub fn start_model(
+    path: &std::path::Path,
+    max_batch: usize,
+    api_key: Option<&str>,
+) -> Option<Server> {
     let args = ModelArgs {
         model: Some(path.display().to_string()),
         backend: "cpu".into(),
