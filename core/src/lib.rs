@@ -6,6 +6,7 @@ pub mod chat;
 pub mod cpu;
 pub mod engine;
 pub mod error;
+pub mod exec;
 pub mod kv;
 pub mod load;
 pub mod model;

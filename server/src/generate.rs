@@ -13,6 +13,7 @@ use kiln_core::tokenizer::{StreamDecoder, Tokenizer};
 use serde::Serialize;
 
 use crate::load::{load, ModelArgs};
+use crate::timings::Timings;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct SampleArgs {
@@ -73,9 +74,13 @@ pub struct RunArgs {
     pub n_predict: usize,
     #[command(flatten)]
     pub sample: SampleArgs,
-    /// Print {"prompt_tokens":[…],"tokens":[…],"text":"…"} instead of streaming text.
+    /// Print {"prompt_tokens":[…],"tokens":[…],"text":"…","timings":{…}} instead of streaming
+    /// text.
     #[arg(long)]
     pub json: bool,
+    /// After the text, print the prompt and generation speed to standard error.
+    #[arg(long)]
+    pub timings: bool,
 }
 
 #[derive(Serialize)]
@@ -83,6 +88,8 @@ struct RunJson {
     prompt_tokens: Vec<u32>,
     tokens: Vec<u32>,
     text: String,
+    /// As `kiln serve` reports them (llama.cpp's `timings`).
+    timings: serde_json::Value,
 }
 
 const SEQ: SeqId = 1;
@@ -105,9 +112,16 @@ fn request(tok: &Tokenizer, prompt: &[u32], n: usize, sample: &SampleArgs) -> Re
     })
 }
 
+/// What [`generate`] made: the token ids, how many prompt tokens came from the prefix cache,
+/// and when the tokens came.
+pub struct Generated {
+    pub tokens: Vec<u32>,
+    pub cached: usize,
+    pub timings: Timings,
+}
+
 /// Generates up to `n` tokens after `prompt` as one request of `engine` (the engine `kiln
-/// serve` runs), calling `emit` with each piece of visible text. Returns the generated token
-/// ids and how many prompt tokens came from the prefix cache.
+/// serve` runs), calling `emit` with each piece of visible text.
 pub fn generate(
     engine: &mut Engine,
     tok: &Tokenizer,
@@ -115,8 +129,9 @@ pub fn generate(
     n: usize,
     sample: &SampleArgs,
     mut emit: impl FnMut(&str) -> Result<()>,
-) -> Result<(Vec<u32>, usize)> {
+) -> Result<Generated> {
     let req = request(tok, prompt, n, sample)?;
+    let mut timings = Timings::start(prompt.len());
     let mut out = Vec::new();
     let mut cached = 0;
     let mut stream = StreamDecoder::new();
@@ -125,6 +140,7 @@ pub fn generate(
     engine.run_one(req, |ev| {
         match ev {
             Event::Token(t, _) => {
+                timings.token();
                 out.push(t);
                 if let Err(e) = emit(&stops.push(&stream.push(tok, t))) {
                     failed = Some(e);
@@ -143,7 +159,11 @@ pub fn generate(
     let tail = stream.finish();
     emit(&stops.push(&tail))?;
     emit(&stops.finish())?;
-    Ok((out, cached))
+    Ok(Generated {
+        tokens: out,
+        cached,
+        timings,
+    })
 }
 
 fn read_prompt(p: &Option<String>) -> Result<String> {
@@ -187,7 +207,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     let mut text = String::new();
     let json = a.json;
-    let (tokens, _) = generate(&mut engine, &tok, &ids, n, &a.sample, |piece| {
+    let got = generate(&mut engine, &tok, &ids, n, &a.sample, |piece| {
         if json {
             text.push_str(piece);
         } else {
@@ -199,12 +219,16 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if json {
         let j = RunJson {
             prompt_tokens: ids,
-            tokens,
+            tokens: got.tokens,
             text,
+            timings: got.timings.json(),
         };
         writeln!(stdout, "{}", serde_json::to_string(&j)?)?;
     } else {
         writeln!(stdout)?;
+        if a.timings {
+            eprintln!("kiln: {}", got.timings.line());
+        }
     }
     Ok(())
 }
@@ -219,7 +243,7 @@ pub struct TokenizeArgs {
 pub fn tokenize(a: &TokenizeArgs) -> Result<()> {
     let path = crate::models::resolve(a.model.model.as_deref())?;
     let file = kiln_core::load::open_model(&path)?;
-    let tok = kiln_core::load::open_tokenizer(&path, &file)?;
+    let tok = kiln_core::tokenizer::open_tokenizer(&path, &file)?;
     println!("{}", serde_json::to_string(&tok.encode(&a.text, true)?)?);
     Ok(())
 }
@@ -725,15 +749,17 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
             bail!("the conversation has reached the context of {ctx} tokens");
         }
         let mut reply = String::new();
-        let (_, cached) = generate(&mut engine, &tok, &ids, a.n_predict, &a.sample, |p| {
+        let got = generate(&mut engine, &tok, &ids, a.n_predict, &a.sample, |p| {
             reply.push_str(p);
             out.write_all(p.as_bytes())?;
             out.flush()?;
             Ok(())
         })?;
         tracing::debug!(
-            "turn of {} prompt tokens, {cached} from the prefix cache",
-            ids.len()
+            "turn of {} prompt tokens, {} from the prefix cache; {}",
+            ids.len(),
+            got.cached,
+            got.timings.line()
         );
         writeln!(out)?;
         messages.push(Message::new("assistant", reply));

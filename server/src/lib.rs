@@ -7,4 +7,5 @@ pub mod load;
 pub mod models;
 pub mod roofline;
 pub mod serve;
+pub mod timings;
 pub mod validate;

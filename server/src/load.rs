@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use kiln_core::backend::Executor;
 use kiln_core::cpu::CpuBackend;
 use kiln_core::engine::{Runner, RunnerConfig};
+use kiln_core::exec::Executor;
 use kiln_core::load::gguf::GgufFile;
 use kiln_core::model::build_from_gguf;
 use kiln_core::tokenizer::Tokenizer;
@@ -89,7 +89,7 @@ pub fn executor(backend: &str, threads: Option<usize>, strict: bool) -> Result<E
 pub fn load(args: &ModelArgs, cfg: RunnerConfig) -> Result<Loaded> {
     let path = crate::models::resolve(args.model.as_deref())?;
     let file = kiln_core::load::open_model(&path)?;
-    let tokenizer = kiln_core::load::open_tokenizer(&path, &file)
+    let tokenizer = kiln_core::tokenizer::open_tokenizer(&path, &file)
         .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
     let ex = executor(&args.backend, args.threads, args.strict)?;
     let model = build_from_gguf(&file, &ex)?;

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use kiln_core::backend::Executor;
+use kiln_core::exec::Executor;
 use kiln_core::load::gguf::GgufFile;
 use kiln_core::op::Op;
 use kiln_core::tensor::{DType, TensorDesc};

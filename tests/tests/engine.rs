@@ -5,11 +5,11 @@
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver};
 
-use kiln_core::backend::Executor;
 use kiln_core::engine::batching::{
     spawn, Engine, EngineStats, Event, Finish, GenRequest, SlotState, Stream,
 };
 use kiln_core::engine::{Runner, RunnerConfig};
+use kiln_core::exec::Executor;
 use kiln_core::load::gguf::GgufFile;
 use kiln_core::model::build_from_gguf;
 use kiln_core::sample::SamplingParams;
@@ -71,6 +71,7 @@ fn collect(rx: &Receiver<Event>) -> Vec<u32> {
                 return out;
             }
             Event::Error(e) => panic!("request failed: {e}"),
+            Event::Cached(_) => {}
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Wrong calls return errors that name the op and the shapes; nothing panics.
 
-use kiln_core::backend::{Backend, Executor};
+use kiln_core::backend::Backend;
 use kiln_core::cpu::CpuBackend;
+use kiln_core::exec::Executor;
 use kiln_core::op::{AttnParams, Mask, Op, RopeMode, RopeParams};
 use kiln_core::tensor::{DType, TensorDesc};
 use kiln_core::Error;

@@ -4,8 +4,8 @@
 //! 1e-3. This is what "exact" means for kiln's CPU: no activation quantization, f32
 //! accumulation, only the order of the additions differs from the f64 sums.
 
-use kiln_core::backend::Executor;
 use kiln_core::engine::{Logits, Runner, RunnerConfig};
+use kiln_core::exec::Executor;
 use kiln_core::load::gguf::GgufFile;
 use kiln_core::model::build_from_gguf;
 use kiln_core::quant;

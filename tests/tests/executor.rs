@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use kiln_core::backend::Executor;
+use kiln_core::exec::Executor;
 use kiln_core::op::{AttnParams, Mask, Op};
 use kiln_core::tensor::{DType, Tensor, TensorDesc};
 use kiln_core::validate::rng::Rng;

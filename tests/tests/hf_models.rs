@@ -5,10 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
-use kiln_core::backend::Executor;
 use kiln_core::engine::{Logits, Runner, RunnerConfig};
-use kiln_core::load::{open_model, open_tokenizer};
+use kiln_core::exec::Executor;
+use kiln_core::load::open_model;
 use kiln_core::model::build_from_gguf;
+use kiln_core::tokenizer::open_tokenizer;
 use kiln_tests::{fixtures, optional_backend};
 use serde_json::Value;
 
@@ -306,6 +307,7 @@ fn qwen3_5_batched_requests_keep_their_own_state() {
                         Event::Token(t, _) => out.push(t),
                         Event::Done { .. } => return out,
                         Event::Error(e) => panic!("{e}"),
+                        Event::Cached(_) => {}
                     }
                 }
             })

@@ -1,8 +1,8 @@
 //! Real GGUF models on the CPU against llama.cpp (commit 0c1e570): greedy continuations and
 //! perplexity. The reference data and how it was made are in fixtures/llamacpp/.
 
-use kiln_core::backend::Executor;
 use kiln_core::engine::{Logits, Runner, RunnerConfig};
+use kiln_core::exec::Executor;
 use kiln_core::load::gguf::GgufFile;
 use kiln_core::model::build_from_gguf;
 use kiln_core::sample::argmax;

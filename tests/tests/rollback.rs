@@ -5,8 +5,8 @@
 
 use std::path::PathBuf;
 
-use kiln_core::backend::Executor;
 use kiln_core::engine::{Logits, Runner, RunnerConfig};
+use kiln_core::exec::Executor;
 use kiln_core::load::open_model;
 use kiln_core::model::build_from_gguf;
 use kiln_core::rng::Rng;

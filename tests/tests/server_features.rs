@@ -172,7 +172,7 @@ fn logprobs_match_the_model() {
     let tok = kiln_core::tokenizer::Tokenizer::from_gguf(&file).expect("tokenizer");
     let prompt = "The capital of France is";
     let ids = tok.encode(prompt, true).expect("encode");
-    let ex = kiln_core::backend::Executor::cpu();
+    let ex = kiln_core::exec::Executor::cpu();
     let model = kiln_core::model::build_from_gguf(&file, &ex).expect("model");
     let mut runner =
         kiln_core::engine::Runner::new(ex, model, RunnerConfig::default()).expect("runner");

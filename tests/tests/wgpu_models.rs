@@ -3,8 +3,8 @@
 //! counters stay at zero). Two sequences decode in one batch, so the paged attention kernel
 //! reads two block tables per step.
 
-use kiln_core::backend::Executor;
 use kiln_core::engine::{Logits, Runner, RunnerConfig};
+use kiln_core::exec::Executor;
 use kiln_core::load::gguf::GgufFile;
 use kiln_core::model::build_from_gguf;
 use kiln_core::sample::argmax;

@@ -1,11 +1,7 @@
-//! The `Backend` trait, what a backend says it can do, and the executor: the one dispatcher.
-
-mod executor;
-mod ops;
+//! The `Backend` trait and what a backend says it can do. The executor (in `exec`) is the
+//! one dispatcher over it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-
-pub use executor::{Executor, FallbackCount, OpTime};
 
 use crate::error::Result;
 use crate::op::{Op, OpDesc};

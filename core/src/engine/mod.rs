@@ -5,8 +5,8 @@
 
 pub mod batching;
 
-use crate::backend::Executor;
 use crate::error::{Error, Result};
+use crate::exec::Executor;
 use crate::kv::{KvManager, SeqId, StatePool, StateStats};
 use crate::model::{ForwardBatch, KvCaches, Model, SeqInput};
 use crate::tensor::DType;
@@ -230,7 +230,7 @@ impl Runner {
         if let Some(st) = &mut self.states {
             st.commit(seq, len).map_err(kv_err)?;
             let bs = self.cfg.block_size;
-            if self.cfg.prefix_caching && len % bs == 0 && len > 0 {
+            if self.cfg.prefix_caching && len.is_multiple_of(bs) && len > 0 {
                 if let Some(h) = self
                     .kv
                     .first()

@@ -20,12 +20,7 @@ use std::collections::HashMap;
 
 use super::block_hash::BlockHash;
 use super::error::KvError;
-
-/// Index of a KV block in the pool.
-pub type BlockId = u32;
-
-/// The null block: padding in block tables, never allocated or freed.
-pub const NULL_BLOCK: BlockId = 0;
+use super::{BlockId, NULL_BLOCK};
 
 /// What the pool remembers of a block cached for prefix reuse.
 #[derive(Debug, Clone)]

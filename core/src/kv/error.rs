@@ -1,8 +1,7 @@
 //! The error type of the paged-KV bookkeeping. Every misuse is a value that names the block or
 //! sequence involved; nothing in `kv` panics on bad input.
 
-use super::block_pool::BlockId;
-use super::manager::SeqId;
+use super::{BlockId, SeqId};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KvError {

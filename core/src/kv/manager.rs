@@ -17,11 +17,9 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use super::block_hash::{hash_block, BlockHash};
-use super::block_pool::{BlockId, BlockPool, NULL_BLOCK};
+use super::block_pool::BlockPool;
 use super::error::KvError;
-
-/// Identifies a sequence (request) in the manager.
-pub type SeqId = u64;
+use super::{BlockId, SeqId, NULL_BLOCK};
 
 /// The slot id of padding / positions with no KV block (vLLM's `PAD_SLOT_ID`).
 pub const PAD_SLOT: i32 = -1;
@@ -317,7 +315,7 @@ impl KvManager {
         let keep = len.div_ceil(bs);
         let tail = live_blocks_reversed(&state.blocks[keep.min(state.blocks.len())..]);
         // The block the new end lies inside, if it was registered as full.
-        let partial = (len % bs != 0 && state.hashes.len() > len / bs)
+        let partial = (!len.is_multiple_of(bs) && state.hashes.len() > len / bs)
             .then(|| state.blocks[len / bs])
             .filter(|&b| b != NULL_BLOCK);
         let mut copy = None;

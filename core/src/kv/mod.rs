@@ -8,7 +8,16 @@ pub mod manager;
 pub mod state;
 
 pub use block_hash::{hash_block, BlockHash};
-pub use block_pool::{BlockId, BlockPool, NULL_BLOCK};
+pub use block_pool::BlockPool;
 pub use error::KvError;
-pub use manager::{KvManager, PrefixCacheStats, SeqId, PAD_SLOT};
+pub use manager::{KvManager, PrefixCacheStats, PAD_SLOT};
 pub use state::{StatePool, StateStats};
+
+/// Identifies a sequence (request) in the KV managers and the state pool.
+pub type SeqId = u64;
+
+/// Index of a KV block in a pool.
+pub type BlockId = u32;
+
+/// The null block: padding in block tables, never allocated or freed.
+pub const NULL_BLOCK: BlockId = 0;

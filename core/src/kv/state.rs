@@ -17,7 +17,7 @@ use std::collections::{HashMap, VecDeque};
 
 use super::block_hash::BlockHash;
 use super::error::KvError;
-use super::manager::SeqId;
+use super::SeqId;
 
 /// Slot 0: the zero state.
 pub const ZERO_STATE: usize = 0;

@@ -4,8 +4,8 @@
 
 use super::weights::Weights;
 use super::{ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
-use crate::backend::Executor;
 use crate::error::{Error, Result};
+use crate::exec::Executor;
 use crate::load::gguf::GgufFile;
 use crate::op::{AttnParams, GluOp, Mask, RopeParams};
 use crate::tensor::Tensor;

@@ -8,8 +8,8 @@
 use super::decoder::{Decoder, DecoderSpec};
 use super::llama::{base_info, f32_or, n_rot, rope_freq_scale};
 use super::Model;
-use crate::backend::Executor;
 use crate::error::{Error, Result};
+use crate::exec::Executor;
 use crate::load::gguf::{GgufFile, Value};
 use crate::op::{GluOp, RopeMode, RopeParams};
 

@@ -3,8 +3,8 @@
 
 use super::decoder::{Decoder, DecoderSpec};
 use super::{Model, ModelInfo};
-use crate::backend::Executor;
 use crate::error::{Error, Result};
+use crate::exec::Executor;
 use crate::load::gguf::GgufFile;
 use crate::op::{GluOp, RopeMode, RopeParams};
 

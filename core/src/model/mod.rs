@@ -9,8 +9,8 @@ pub mod qwen35;
 pub mod registry;
 mod weights;
 
-use crate::backend::Executor;
 use crate::error::Result;
+use crate::exec::Executor;
 use crate::tensor::Tensor;
 
 pub use registry::{build_from_gguf, ARCHITECTURES};

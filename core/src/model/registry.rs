@@ -1,8 +1,8 @@
 //! The one table from architecture name (GGUF `general.architecture`) to builder.
 
 use super::Model;
-use crate::backend::Executor;
 use crate::error::{Error, Result};
+use crate::exec::Executor;
 use crate::load::gguf::GgufFile;
 
 type Builder = fn(&GgufFile, &Executor) -> Result<Box<dyn Model>>;

@@ -1,7 +1,7 @@
 //! Uploading a file's tensors to the backend, checking their shapes.
 
-use crate::backend::Executor;
 use crate::error::{Error, Result};
+use crate::exec::Executor;
 use crate::load::gguf::GgufFile;
 use crate::tensor::{DType, Tensor, TensorDesc};
 

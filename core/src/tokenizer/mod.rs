@@ -395,5 +395,15 @@ fn tail_after(full: &str, prefix: &str) -> String {
     full[cut..].to_string()
 }
 
+/// The tokenizer of a model opened with [`crate::load::open_model`]: the GGUF file's own, or
+/// the directory's `tokenizer.json` (with `tokenizer_config.json` and `chat_template.jinja`).
+pub fn open_tokenizer(path: &std::path::Path, file: &GgufFile) -> Result<Tokenizer> {
+    if crate::load::hf::is_model_dir(path) {
+        Tokenizer::from_hf_file(&path.join("tokenizer.json"))
+    } else {
+        Tokenizer::from_gguf(file)
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -78,7 +78,8 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let cfg = RunnerConfig {
         max_seqs: a.max_batch.max(1),
         kv_blocks: a.kv_blocks,
-        // Used where the model allows it (one full-attention KV group).
+        // Every family: sliding windows keep the blocks a cached prefix needs, recurrent
+        // models resume from state snapshots.
         prefix_caching: true,
         ..RunnerConfig::default()
     };

@@ -11,6 +11,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::timings::Timings;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Json, Response};
 use kiln_core::chat::parse::{Delta, OutputParser, ToolCall};
@@ -50,6 +51,7 @@ enum Piece {
         completion: usize,
         /// Prompt tokens served from the prefix cache.
         cached: usize,
+        timings: Timings,
     },
     Failed(String),
 }
@@ -71,6 +73,7 @@ struct Choice {
     calls: usize,
     /// Prompt tokens the engine took from the prefix cache.
     cached: usize,
+    timings: Timings,
 }
 
 impl Choice {
@@ -84,6 +87,7 @@ impl Choice {
             generated: 0,
             calls: 0,
             cached: 0,
+            timings: Timings::start(spec.prompt.len()),
         }
     }
 
@@ -118,6 +122,7 @@ impl Choice {
 
     fn token(&mut self, state: &AppState, t: u32, lp: Option<TokenLogprobs>) -> Vec<Piece> {
         self.generated += 1;
+        self.timings.token();
         let text = self.stop.push(&self.dec.push(&state.tokenizer, t));
         let lps = lp.map(|l| token_lp(state, &l)).into_iter().collect();
         if self.stop.stopped() {
@@ -144,6 +149,7 @@ impl Choice {
             },
             completion: self.generated,
             cached: self.cached,
+            timings: self.timings,
         }
     }
 }
@@ -325,6 +331,7 @@ struct Gathered {
     logprobs: Vec<TokenLp>,
     finish: Option<&'static str>,
     cached: usize,
+    timings: Option<Timings>,
     completion: usize,
 }
 
@@ -382,8 +389,10 @@ async fn whole(
                 finish,
                 completion,
                 cached,
+                timings,
             } => {
                 if let Some(g) = choices.get_mut(index) {
+                    g.timings = Some(timings);
                     g.finish = Some(finish);
                     g.completion = completion;
                     g.cached = cached;
@@ -395,6 +404,7 @@ async fn whole(
     }
     let completion: usize = choices.iter().map(|g| g.completion).sum();
     let cached = choices.iter().map(|g| g.cached).max().unwrap_or(0);
+    let timings = choices.first().and_then(|g| g.timings).map(|t| t.json());
     let choices: Vec<Value> = choices
         .iter()
         .enumerate()
@@ -430,7 +440,8 @@ async fn whole(
     };
     Json(
         json!({"id": id, "object": object, "created": now(), "model": state.model,
-        "choices": choices, "usage": usage(spec.prompt.len(), completion, cached)}),
+        "choices": choices, "usage": usage(spec.prompt.len(), completion, cached),
+        "timings": timings}),
     )
     .into_response()
 }
@@ -526,6 +537,7 @@ fn stream(state: Arc<AppState>, spec: GenSpec, rx: mpsc::Receiver<Piece>, id: St
                     finish,
                     completion,
                     cached,
+                    ..
                 }) => {
                     st.ended += 1;
                     st.completion += completion;

@@ -4,8 +4,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use kiln_core::backend::{Backend, Executor};
+use kiln_core::backend::Backend;
 use kiln_core::cpu::CpuBackend;
+use kiln_core::exec::Executor;
 use kiln_core::op::Op;
 use kiln_core::quant::{dequantize, quantize};
 use kiln_core::validate::rng::Rng;

@@ -1,7 +1,12 @@
+//! The executor: the one dispatcher between model code and a backend (checks, dispatch, CPU
+//! fallback, counters, profiling), and in `ops` the typed op helpers models call.
+
+mod ops;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use super::Backend;
+use crate::backend::Backend;
 use crate::cpu::CpuBackend;
 use crate::error::{Error, Result};
 use crate::op::{Op, OpDesc};
