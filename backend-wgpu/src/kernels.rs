@@ -79,372 +79,67 @@ macro_rules! ranked {
     };
 }
 
+/// A kernel of a per-format family: entry `<family>_<format>`, the format's chunk decoder
+/// (`DQ32` ← `dq32_<format>`) filled in.
 macro_rules! weighted {
-    ($name:ident, $entry:literal, $file:literal, $src:ident, $dq:literal) => {
-        pub const $name: Kernel = Kernel {
-            entry: $entry,
-            file: $file,
+    ($family:literal, $format:literal, $src:ident) => {
+        Kernel {
+            entry: concat!($family, "_", $format),
+            file: $family,
             source: $src,
             commons: &[DEQUANT, FLOAT_ROWS],
-            subst: &[("ENTRY", $entry), ("DQ32", $dq)],
-        };
+            subst: &[
+                ("ENTRY", concat!($family, "_", $format)),
+                ("DQ32", concat!("dq32_", $format)),
+            ],
+        }
     };
 }
 
-macro_rules! vec_kernel {
-    ($name:ident, $entry:literal, $dot:literal) => {
-        pub const $name: Kernel = Kernel {
-            entry: $entry,
+/// The per-format kernel tables, all from one list of the weight formats WGSL decodes (the
+/// dtype and its name in entry points): one kernel per format in each table, in that order.
+macro_rules! per_format {
+    ($($dtype:ident $format:literal),* $(,)?) => {
+        /// The weight formats of the per-format tables, in their order.
+        pub const FORMATS: &[DType] = &[$(DType::$dtype),*];
+        /// `mat_vec_<format>`: one activation row times a weight matrix (decode).
+        pub const MAT_VEC_KERNELS: &[Kernel] = &[$(Kernel {
+            entry: concat!("mat_vec_", $format),
             file: "mat_vec",
             source: MAT_VEC,
             commons: &[DEQUANT, DOT],
-            subst: &[("ENTRY", $entry), ("DOT32", $dot)],
-        };
+            subst: &[
+                ("ENTRY", concat!("mat_vec_", $format)),
+                ("DOT32", concat!("dot32_", $format)),
+            ],
+        }),*];
+        /// `mat_mul_<format>`: tiled matrix product (prefill).
+        pub const MAT_MUL_KERNELS: &[Kernel] = &[$(weighted!("mat_mul", $format, MAT_MUL)),*];
+        /// `get_rows_<format>`: rows of a table (embeddings), dequantized.
+        pub const GET_ROWS_KERNELS: &[Kernel] = &[$(weighted!("get_rows", $format, GET_ROWS)),*];
+        /// `mat_mul_id_<format>`: each token's rows through its chosen experts.
+        pub const MAT_MUL_ID_KERNELS: &[Kernel] =
+            &[$(weighted!("mat_mul_id", $format, MAT_MUL_ID)),*];
     };
 }
 
-vec_kernel!(MAT_VEC_F32, "mat_vec_f32", "dot32_f32");
-vec_kernel!(MAT_VEC_F16, "mat_vec_f16", "dot32_f16");
-vec_kernel!(MAT_VEC_BF16, "mat_vec_bf16", "dot32_bf16");
-vec_kernel!(MAT_VEC_Q4_0, "mat_vec_q4_0", "dot32_q4_0");
-vec_kernel!(MAT_VEC_Q4_1, "mat_vec_q4_1", "dot32_q4_1");
-vec_kernel!(MAT_VEC_Q5_0, "mat_vec_q5_0", "dot32_q5_0");
-vec_kernel!(MAT_VEC_Q5_1, "mat_vec_q5_1", "dot32_q5_1");
-vec_kernel!(MAT_VEC_Q8_0, "mat_vec_q8_0", "dot32_q8_0");
-vec_kernel!(MAT_VEC_Q2_K, "mat_vec_q2_k", "dot32_q2_k");
-vec_kernel!(MAT_VEC_Q3_K, "mat_vec_q3_k", "dot32_q3_k");
-vec_kernel!(MAT_VEC_Q4_K, "mat_vec_q4_k", "dot32_q4_k");
-vec_kernel!(MAT_VEC_Q5_K, "mat_vec_q5_k", "dot32_q5_k");
-vec_kernel!(MAT_VEC_Q6_K, "mat_vec_q6_k", "dot32_q6_k");
-vec_kernel!(MAT_VEC_Q8_K, "mat_vec_q8_k", "dot32_q8_k");
-vec_kernel!(MAT_VEC_MXFP4, "mat_vec_mxfp4", "dot32_mxfp4");
-vec_kernel!(MAT_VEC_NVFP4, "mat_vec_nvfp4", "dot32_nvfp4");
-
-weighted!(MAT_MUL_F32, "mat_mul_f32", "mat_mul", MAT_MUL, "dq32_f32");
-weighted!(MAT_MUL_F16, "mat_mul_f16", "mat_mul", MAT_MUL, "dq32_f16");
-weighted!(
-    MAT_MUL_BF16,
-    "mat_mul_bf16",
-    "mat_mul",
-    MAT_MUL,
-    "dq32_bf16"
-);
-weighted!(
-    MAT_MUL_Q4_0,
-    "mat_mul_q4_0",
-    "mat_mul",
-    MAT_MUL,
-    "dq32_q4_0"
-);
-weighted!(
-    MAT_MUL_Q4_1,
-    "mat_mul_q4_1",
-    "mat_mul",
-    MAT_MUL,
-    "dq32_q4_1"
-);
-weighted!(
-    MAT_MUL_Q5_0,
-    "mat_mul_q5_0",
-    "mat_mul",
-    MAT_MUL,
-    "dq32_q5_0"
-);
-weighted!(
-    MAT_MUL_Q5_1,
-    "mat_mul_q5_1",
-    "mat_mul",
-    MAT_MUL,
-    "dq32_q5_1"
-);
-weighted!(
-    MAT_MUL_Q8_0,
-    "mat_mul_q8_0",
-    "mat_mul",
-    MAT_MUL,
-    "dq32_q8_0"
-);
-weighted!(
-    MAT_MUL_Q2_K,
-    "mat_mul_q2_k",
-    "mat_mul",
-    MAT_MUL,
-    "dq32_q2_k"
-);
-weighted!(
-    MAT_MUL_Q3_K,
-    "mat_mul_q3_k",
-    "mat_mul",
-    MAT_MUL,
-    "dq32_q3_k"
-);
-weighted!(
-    MAT_MUL_Q4_K,
-    "mat_mul_q4_k",
-    "mat_mul",
-    MAT_MUL,
-    "dq32_q4_k"
-);
-weighted!(
-    MAT_MUL_Q5_K,
-    "mat_mul_q5_k",
-    "mat_mul",
-    MAT_MUL,
-    "dq32_q5_k"
-);
-weighted!(
-    MAT_MUL_Q6_K,
-    "mat_mul_q6_k",
-    "mat_mul",
-    MAT_MUL,
-    "dq32_q6_k"
-);
-weighted!(
-    MAT_MUL_Q8_K,
-    "mat_mul_q8_k",
-    "mat_mul",
-    MAT_MUL,
-    "dq32_q8_k"
-);
-weighted!(
-    MAT_MUL_MXFP4,
-    "mat_mul_mxfp4",
-    "mat_mul",
-    MAT_MUL,
-    "dq32_mxfp4"
-);
-weighted!(
-    MAT_MUL_NVFP4,
-    "mat_mul_nvfp4",
-    "mat_mul",
-    MAT_MUL,
-    "dq32_nvfp4"
-);
-
-weighted!(
-    GET_ROWS_F32,
-    "get_rows_f32",
-    "get_rows",
-    GET_ROWS,
-    "dq32_f32"
-);
-weighted!(
-    GET_ROWS_F16,
-    "get_rows_f16",
-    "get_rows",
-    GET_ROWS,
-    "dq32_f16"
-);
-weighted!(
-    GET_ROWS_BF16,
-    "get_rows_bf16",
-    "get_rows",
-    GET_ROWS,
-    "dq32_bf16"
-);
-weighted!(
-    GET_ROWS_Q4_0,
-    "get_rows_q4_0",
-    "get_rows",
-    GET_ROWS,
-    "dq32_q4_0"
-);
-weighted!(
-    GET_ROWS_Q4_1,
-    "get_rows_q4_1",
-    "get_rows",
-    GET_ROWS,
-    "dq32_q4_1"
-);
-weighted!(
-    GET_ROWS_Q5_0,
-    "get_rows_q5_0",
-    "get_rows",
-    GET_ROWS,
-    "dq32_q5_0"
-);
-weighted!(
-    GET_ROWS_Q5_1,
-    "get_rows_q5_1",
-    "get_rows",
-    GET_ROWS,
-    "dq32_q5_1"
-);
-weighted!(
-    GET_ROWS_Q8_0,
-    "get_rows_q8_0",
-    "get_rows",
-    GET_ROWS,
-    "dq32_q8_0"
-);
-weighted!(
-    GET_ROWS_Q2_K,
-    "get_rows_q2_k",
-    "get_rows",
-    GET_ROWS,
-    "dq32_q2_k"
-);
-weighted!(
-    GET_ROWS_Q3_K,
-    "get_rows_q3_k",
-    "get_rows",
-    GET_ROWS,
-    "dq32_q3_k"
-);
-weighted!(
-    GET_ROWS_Q4_K,
-    "get_rows_q4_k",
-    "get_rows",
-    GET_ROWS,
-    "dq32_q4_k"
-);
-weighted!(
-    GET_ROWS_Q5_K,
-    "get_rows_q5_k",
-    "get_rows",
-    GET_ROWS,
-    "dq32_q5_k"
-);
-weighted!(
-    GET_ROWS_Q6_K,
-    "get_rows_q6_k",
-    "get_rows",
-    GET_ROWS,
-    "dq32_q6_k"
-);
-weighted!(
-    GET_ROWS_Q8_K,
-    "get_rows_q8_k",
-    "get_rows",
-    GET_ROWS,
-    "dq32_q8_k"
-);
-weighted!(
-    GET_ROWS_MXFP4,
-    "get_rows_mxfp4",
-    "get_rows",
-    GET_ROWS,
-    "dq32_mxfp4"
-);
-weighted!(
-    GET_ROWS_NVFP4,
-    "get_rows_nvfp4",
-    "get_rows",
-    GET_ROWS,
-    "dq32_nvfp4"
-);
-
-weighted!(
-    MAT_MUL_ID_F32,
-    "mat_mul_id_f32",
-    "mat_mul_id",
-    MAT_MUL_ID,
-    "dq32_f32"
-);
-weighted!(
-    MAT_MUL_ID_F16,
-    "mat_mul_id_f16",
-    "mat_mul_id",
-    MAT_MUL_ID,
-    "dq32_f16"
-);
-weighted!(
-    MAT_MUL_ID_BF16,
-    "mat_mul_id_bf16",
-    "mat_mul_id",
-    MAT_MUL_ID,
-    "dq32_bf16"
-);
-weighted!(
-    MAT_MUL_ID_Q4_0,
-    "mat_mul_id_q4_0",
-    "mat_mul_id",
-    MAT_MUL_ID,
-    "dq32_q4_0"
-);
-weighted!(
-    MAT_MUL_ID_Q4_1,
-    "mat_mul_id_q4_1",
-    "mat_mul_id",
-    MAT_MUL_ID,
-    "dq32_q4_1"
-);
-weighted!(
-    MAT_MUL_ID_Q5_0,
-    "mat_mul_id_q5_0",
-    "mat_mul_id",
-    MAT_MUL_ID,
-    "dq32_q5_0"
-);
-weighted!(
-    MAT_MUL_ID_Q5_1,
-    "mat_mul_id_q5_1",
-    "mat_mul_id",
-    MAT_MUL_ID,
-    "dq32_q5_1"
-);
-weighted!(
-    MAT_MUL_ID_Q8_0,
-    "mat_mul_id_q8_0",
-    "mat_mul_id",
-    MAT_MUL_ID,
-    "dq32_q8_0"
-);
-weighted!(
-    MAT_MUL_ID_Q2_K,
-    "mat_mul_id_q2_k",
-    "mat_mul_id",
-    MAT_MUL_ID,
-    "dq32_q2_k"
-);
-weighted!(
-    MAT_MUL_ID_Q3_K,
-    "mat_mul_id_q3_k",
-    "mat_mul_id",
-    MAT_MUL_ID,
-    "dq32_q3_k"
-);
-weighted!(
-    MAT_MUL_ID_Q4_K,
-    "mat_mul_id_q4_k",
-    "mat_mul_id",
-    MAT_MUL_ID,
-    "dq32_q4_k"
-);
-weighted!(
-    MAT_MUL_ID_Q5_K,
-    "mat_mul_id_q5_k",
-    "mat_mul_id",
-    MAT_MUL_ID,
-    "dq32_q5_k"
-);
-weighted!(
-    MAT_MUL_ID_Q6_K,
-    "mat_mul_id_q6_k",
-    "mat_mul_id",
-    MAT_MUL_ID,
-    "dq32_q6_k"
-);
-weighted!(
-    MAT_MUL_ID_Q8_K,
-    "mat_mul_id_q8_k",
-    "mat_mul_id",
-    MAT_MUL_ID,
-    "dq32_q8_k"
-);
-weighted!(
-    MAT_MUL_ID_MXFP4,
-    "mat_mul_id_mxfp4",
-    "mat_mul_id",
-    MAT_MUL_ID,
-    "dq32_mxfp4"
-);
-weighted!(
-    MAT_MUL_ID_NVFP4,
-    "mat_mul_id_nvfp4",
-    "mat_mul_id",
-    MAT_MUL_ID,
-    "dq32_nvfp4"
+per_format!(
+    F32 "f32",
+    F16 "f16",
+    BF16 "bf16",
+    Q4_0 "q4_0",
+    Q4_1 "q4_1",
+    Q5_0 "q5_0",
+    Q5_1 "q5_1",
+    Q8_0 "q8_0",
+    Q2_K "q2_k",
+    Q3_K "q3_k",
+    Q4_K "q4_k",
+    Q5_K "q5_k",
+    Q6_K "q6_k",
+    Q8_K "q8_k",
+    MXFP4 "mxfp4",
+    NVFP4 "nvfp4",
 );
 
 plain!(ADD_F32, "add_f32", "elementwise", ELEMENTWISE);
@@ -499,56 +194,8 @@ plain!(DELTA_NET_F32, "delta_net_f32", "delta_net", DELTA_NET);
 ranked!(MOE_ROUTE_F32, "moe_route_f32", "moe", MOE);
 plain!(MOE_SUM_F32, "moe_sum_f32", "moe_sum", MOE_SUM);
 
-/// Every declared kernel (a test builds each module and finds each entry point).
-pub const ALL: &[&Kernel] = &[
-    &MAT_VEC_F32,
-    &MAT_VEC_F16,
-    &MAT_VEC_BF16,
-    &MAT_VEC_Q4_0,
-    &MAT_VEC_Q4_1,
-    &MAT_VEC_Q5_0,
-    &MAT_VEC_Q5_1,
-    &MAT_VEC_Q8_0,
-    &MAT_VEC_Q2_K,
-    &MAT_VEC_Q3_K,
-    &MAT_VEC_Q4_K,
-    &MAT_VEC_Q5_K,
-    &MAT_VEC_Q6_K,
-    &MAT_VEC_Q8_K,
-    &MAT_VEC_MXFP4,
-    &MAT_VEC_NVFP4,
-    &MAT_MUL_F32,
-    &MAT_MUL_F16,
-    &MAT_MUL_BF16,
-    &MAT_MUL_Q4_0,
-    &MAT_MUL_Q4_1,
-    &MAT_MUL_Q5_0,
-    &MAT_MUL_Q5_1,
-    &MAT_MUL_Q8_0,
-    &MAT_MUL_Q2_K,
-    &MAT_MUL_Q3_K,
-    &MAT_MUL_Q4_K,
-    &MAT_MUL_Q5_K,
-    &MAT_MUL_Q6_K,
-    &MAT_MUL_Q8_K,
-    &MAT_MUL_MXFP4,
-    &MAT_MUL_NVFP4,
-    &GET_ROWS_F32,
-    &GET_ROWS_F16,
-    &GET_ROWS_BF16,
-    &GET_ROWS_Q4_0,
-    &GET_ROWS_Q4_1,
-    &GET_ROWS_Q5_0,
-    &GET_ROWS_Q5_1,
-    &GET_ROWS_Q8_0,
-    &GET_ROWS_Q2_K,
-    &GET_ROWS_Q3_K,
-    &GET_ROWS_Q4_K,
-    &GET_ROWS_Q5_K,
-    &GET_ROWS_Q6_K,
-    &GET_ROWS_Q8_K,
-    &GET_ROWS_MXFP4,
-    &GET_ROWS_NVFP4,
+/// The kernels of no weight format.
+const PLAIN: &[&Kernel] = &[
     &ADD_F32,
     &MUL_F32,
     &SCALE_F32,
@@ -580,113 +227,42 @@ pub const ALL: &[&Kernel] = &[
     &DELTA_NET_F32,
     &MOE_ROUTE_F32,
     &MOE_SUM_F32,
-    &MAT_MUL_ID_F32,
-    &MAT_MUL_ID_F16,
-    &MAT_MUL_ID_BF16,
-    &MAT_MUL_ID_Q4_0,
-    &MAT_MUL_ID_Q4_1,
-    &MAT_MUL_ID_Q5_0,
-    &MAT_MUL_ID_Q5_1,
-    &MAT_MUL_ID_Q8_0,
-    &MAT_MUL_ID_Q2_K,
-    &MAT_MUL_ID_Q3_K,
-    &MAT_MUL_ID_Q4_K,
-    &MAT_MUL_ID_Q5_K,
-    &MAT_MUL_ID_Q6_K,
-    &MAT_MUL_ID_Q8_K,
-    &MAT_MUL_ID_MXFP4,
-    &MAT_MUL_ID_NVFP4,
 ];
+
+/// Every declared kernel, the plain ones then each per-format table (a test builds each
+/// module and finds each entry point).
+pub fn all() -> impl Iterator<Item = &'static Kernel> {
+    let tables = [
+        MAT_VEC_KERNELS,
+        MAT_MUL_KERNELS,
+        GET_ROWS_KERNELS,
+        MAT_MUL_ID_KERNELS,
+    ];
+    PLAIN.iter().copied().chain(tables.into_iter().flatten())
+}
+
+/// The index of `w` in the per-format tables.
+fn format(w: DType) -> Option<usize> {
+    FORMATS.iter().position(|&d| d == w)
+}
 
 /// The matmul kernel for a weight dtype.
 pub fn mat_mul(w: DType) -> Option<&'static Kernel> {
-    Some(match w {
-        DType::F32 => &MAT_MUL_F32,
-        DType::F16 => &MAT_MUL_F16,
-        DType::BF16 => &MAT_MUL_BF16,
-        DType::Q4_0 => &MAT_MUL_Q4_0,
-        DType::Q4_1 => &MAT_MUL_Q4_1,
-        DType::Q5_0 => &MAT_MUL_Q5_0,
-        DType::Q5_1 => &MAT_MUL_Q5_1,
-        DType::Q8_0 => &MAT_MUL_Q8_0,
-        DType::Q2_K => &MAT_MUL_Q2_K,
-        DType::Q3_K => &MAT_MUL_Q3_K,
-        DType::Q4_K => &MAT_MUL_Q4_K,
-        DType::Q5_K => &MAT_MUL_Q5_K,
-        DType::Q6_K => &MAT_MUL_Q6_K,
-        DType::Q8_K => &MAT_MUL_Q8_K,
-        DType::MXFP4 => &MAT_MUL_MXFP4,
-        DType::NVFP4 => &MAT_MUL_NVFP4,
-        DType::I32 | DType::U32 => return None,
-    })
+    MAT_MUL_KERNELS.get(format(w)?)
 }
 
 /// The embedding-lookup kernel for a table dtype.
 pub fn get_rows(w: DType) -> Option<&'static Kernel> {
-    Some(match w {
-        DType::F32 => &GET_ROWS_F32,
-        DType::F16 => &GET_ROWS_F16,
-        DType::BF16 => &GET_ROWS_BF16,
-        DType::Q4_0 => &GET_ROWS_Q4_0,
-        DType::Q4_1 => &GET_ROWS_Q4_1,
-        DType::Q5_0 => &GET_ROWS_Q5_0,
-        DType::Q5_1 => &GET_ROWS_Q5_1,
-        DType::Q8_0 => &GET_ROWS_Q8_0,
-        DType::Q2_K => &GET_ROWS_Q2_K,
-        DType::Q3_K => &GET_ROWS_Q3_K,
-        DType::Q4_K => &GET_ROWS_Q4_K,
-        DType::Q5_K => &GET_ROWS_Q5_K,
-        DType::Q6_K => &GET_ROWS_Q6_K,
-        DType::Q8_K => &GET_ROWS_Q8_K,
-        DType::MXFP4 => &GET_ROWS_MXFP4,
-        DType::NVFP4 => &GET_ROWS_NVFP4,
-        DType::I32 | DType::U32 => return None,
-    })
+    GET_ROWS_KERNELS.get(format(w)?)
 }
 
 /// The matmul-by-expert-id kernel for a weight dtype.
 pub fn mat_mul_id(w: DType) -> Option<&'static Kernel> {
-    Some(match w {
-        DType::F32 => &MAT_MUL_ID_F32,
-        DType::F16 => &MAT_MUL_ID_F16,
-        DType::BF16 => &MAT_MUL_ID_BF16,
-        DType::Q4_0 => &MAT_MUL_ID_Q4_0,
-        DType::Q4_1 => &MAT_MUL_ID_Q4_1,
-        DType::Q5_0 => &MAT_MUL_ID_Q5_0,
-        DType::Q5_1 => &MAT_MUL_ID_Q5_1,
-        DType::Q8_0 => &MAT_MUL_ID_Q8_0,
-        DType::Q2_K => &MAT_MUL_ID_Q2_K,
-        DType::Q3_K => &MAT_MUL_ID_Q3_K,
-        DType::Q4_K => &MAT_MUL_ID_Q4_K,
-        DType::Q5_K => &MAT_MUL_ID_Q5_K,
-        DType::Q6_K => &MAT_MUL_ID_Q6_K,
-        DType::Q8_K => &MAT_MUL_ID_Q8_K,
-        DType::MXFP4 => &MAT_MUL_ID_MXFP4,
-        DType::NVFP4 => &MAT_MUL_ID_NVFP4,
-        DType::I32 | DType::U32 => return None,
-    })
+    MAT_MUL_ID_KERNELS.get(format(w)?)
 }
 
 /// The decode (one token) matvec kernel for a weight dtype; it reads whole 32-element chunks,
 /// so it serves only rows whose length is a multiple of 32.
 pub fn mat_vec(w: DType) -> Option<&'static Kernel> {
-    Some(match w {
-        DType::F32 => &MAT_VEC_F32,
-        DType::F16 => &MAT_VEC_F16,
-        DType::BF16 => &MAT_VEC_BF16,
-        DType::Q4_0 => &MAT_VEC_Q4_0,
-        DType::Q4_1 => &MAT_VEC_Q4_1,
-        DType::Q5_0 => &MAT_VEC_Q5_0,
-        DType::Q5_1 => &MAT_VEC_Q5_1,
-        DType::Q8_0 => &MAT_VEC_Q8_0,
-        DType::Q2_K => &MAT_VEC_Q2_K,
-        DType::Q3_K => &MAT_VEC_Q3_K,
-        DType::Q4_K => &MAT_VEC_Q4_K,
-        DType::Q5_K => &MAT_VEC_Q5_K,
-        DType::Q6_K => &MAT_VEC_Q6_K,
-        DType::Q8_K => &MAT_VEC_Q8_K,
-        DType::MXFP4 => &MAT_VEC_MXFP4,
-        DType::NVFP4 => &MAT_VEC_NVFP4,
-        DType::I32 | DType::U32 => return None,
-    })
+    MAT_VEC_KERNELS.get(format(w)?)
 }

@@ -158,7 +158,7 @@ mod tests {
             if path.extension().is_some_and(|e| e == "wgsl") {
                 let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
                 assert!(
-                    kernels::ALL.iter().any(|k| k.file == stem),
+                    kernels::all().any(|k| k.file == stem),
                     "{} declares no kernel in backend-wgpu/src/kernels.rs",
                     path.display()
                 );
@@ -190,7 +190,7 @@ mod tests {
     #[test]
     fn every_declared_kernel_builds_and_has_its_entry_point() {
         let mut names = std::collections::HashSet::new();
-        for k in kernels::ALL {
+        for k in kernels::all() {
             assert!(names.insert(k.entry), "{} declared twice", k.entry);
             let src = k.source();
             let module = naga::front::wgsl::parse_str(&src)
@@ -205,6 +205,31 @@ mod tests {
                 k.file
             );
         }
-        println!("{} kernels validated", kernels::ALL.len());
+        println!("{} kernels validated", names.len());
+    }
+
+    #[test]
+    fn every_weight_format_has_its_kernels() {
+        let formats: Vec<_> = kiln_core::DType::ALL
+            .iter()
+            .filter(|d| !d.is_int())
+            .copied()
+            .collect();
+        assert_eq!(kernels::FORMATS, &formats[..]);
+        for &d in &formats {
+            for k in [
+                kernels::mat_vec(d),
+                kernels::mat_mul(d),
+                kernels::get_rows(d),
+                kernels::mat_mul_id(d),
+            ] {
+                let k = k.unwrap_or_else(|| panic!("no kernel for {d}"));
+                assert!(
+                    k.entry.ends_with(&d.name().to_lowercase()),
+                    "{} for {d}",
+                    k.entry
+                );
+            }
+        }
     }
 }

@@ -275,6 +275,45 @@ pub enum Op {
 }
 
 impl Op {
+    /// Every name [`Op::name`] gives, each once: the op families, with each unary and GLU op
+    /// under its own name. Tests that go through every op use this list.
+    pub const NAMES: [&'static str; 34] = [
+        "mat_mul",
+        "mat_mul_id",
+        "moe_sum",
+        "get_rows",
+        "add",
+        "mul",
+        "scale",
+        "silu",
+        "gelu_tanh",
+        "sigmoid",
+        "softplus",
+        "exp",
+        "neg",
+        "tanh",
+        "swiglu",
+        "geglu",
+        "rms_norm",
+        "l2_norm",
+        "rope",
+        "softmax",
+        "attention",
+        "paged_attention",
+        "kv_write",
+        "argmax",
+        "top_k",
+        "conv1d",
+        "delta_net",
+        "moe_route",
+        "cast",
+        "copy",
+        "rms_norm_mat_mul",
+        "glu_mat_mul",
+        "delta_net_decode",
+        "conv1d_decode",
+    ];
+
     /// The op's family name, as counters, logs and `kiln validate` show it.
     pub fn name(&self) -> &'static str {
         match self {

@@ -35,36 +35,7 @@ fn every_planned_launch_matches_its_kernel() {
             }
         }
     }
-    for op in [
-        "mat_mul",
-        "mat_mul_id",
-        "get_rows",
-        "add",
-        "mul",
-        "scale",
-        "silu",
-        "gelu_tanh",
-        "swiglu",
-        "rms_norm",
-        "l2_norm",
-        "rope",
-        "softmax",
-        "paged_attention",
-        "kv_write",
-        "moe_route",
-        "moe_sum",
-        "cast",
-        "copy",
-        "delta_net_decode",
-        "conv1d_decode",
-        "delta_net",
-        "conv1d",
-        "attention",
-        "argmax",
-        "top_k",
-        "rms_norm_mat_mul",
-        "glu_mat_mul",
-    ] {
+    for op in Op::NAMES {
         assert!(claimed.contains(op), "no case of {op} is planned");
     }
     // Every matmul weight type with a kernel, at decode and prefill sizes.

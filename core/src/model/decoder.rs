@@ -2,6 +2,9 @@
 //! QK-norm, Qwen3): pre-norm attention and gated MLP blocks, each with optional post-norms,
 //! over the paged KV cache. Family files fill in a `DecoderSpec` from their metadata.
 
+use super::blocks::{
+    attention, check_batch, normed_matmuls, upload_batch, GatedFfn, Head, NormSpec,
+};
 use super::weights::Weights;
 use super::{ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
 use crate::error::{Error, Result};
@@ -44,9 +47,7 @@ struct Layer {
     k_norm: Option<Tensor>,
     post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
-    w_gate: Tensor,
-    w_up: Tensor,
-    w_down: Tensor,
+    ffn: GatedFfn,
     post_ffn_norm: Option<Tensor>,
     /// (KV group, index of this layer within the group)
     kv: (usize, usize),
@@ -54,9 +55,7 @@ struct Layer {
 
 pub struct Decoder {
     spec: DecoderSpec,
-    tok_embd: Tensor,
-    out_norm: Tensor,
-    output: Tensor,
+    head: Head,
     layers: Vec<Layer>,
     groups: Vec<KvGroup>,
     rope_freqs: Option<Tensor>,
@@ -112,12 +111,7 @@ impl Decoder {
         }
         let (groups, place) = kv_groups(&spec.window, nkv, hd);
         let mut w = Weights::new(file, ex);
-        let tok_embd = w.get("token_embd.weight", &[v, e])?;
-        let out_norm = w.get("output_norm.weight", &[e])?;
-        let output = match w.get_opt("output.weight", &[v, e])? {
-            Some(t) => t,
-            None => tok_embd.clone(),
-        };
+        let head = Head::load(&mut w, v, e)?;
         let rope_freqs = match &spec.rope_freqs {
             Some(f) => Some(ex.upload_f32(&[f.len()], f)?),
             None => None,
@@ -143,20 +137,15 @@ impl Decoder {
                 k_norm: opt_norm(&mut w, "attn_k_norm", hd, spec.qk_norm)?,
                 post_attn_norm: opt_norm(&mut w, "post_attention_norm", e, spec.post_norms)?,
                 ffn_norm: w.get(&n("ffn_norm"), &[e])?,
-                w_gate: w.get(&n("ffn_gate"), &[ff, e])?,
-                w_up: w.get(&n("ffn_up"), &[ff, e])?,
-                w_down: w.get(&n("ffn_down"), &[e, ff])?,
+                ffn: GatedFfn::load(&mut w, l, e, ff, spec.act)?,
                 post_ffn_norm: opt_norm(&mut w, "post_ffw_norm", e, spec.post_norms)?,
                 kv,
             });
         }
-        spec.info.n_params = w.n_params;
-        spec.info.dtypes = w.counts.iter().map(|(d, n)| (*d, *n)).collect();
+        w.describe(&mut spec.info);
         Ok(Decoder {
             spec,
-            tok_embd,
-            out_norm,
-            output,
+            head,
             layers,
             groups,
             rope_freqs,
@@ -167,131 +156,12 @@ impl Decoder {
         ex.rms_norm(x, w, self.spec.eps, self.spec.norm_one_plus)
     }
 
-    /// `norm(x)` projected by each of `ws`, through the fused norm-matmul where the backend
-    /// has it.
-    fn normed_matmuls<const N: usize>(
-        &self,
-        ex: &Executor,
-        x: &Tensor,
-        norm_w: &Tensor,
-        ws: [&Tensor; N],
-    ) -> Result<[Tensor; N]> {
-        let out = ex.rms_norm_matmuls(x, norm_w, self.spec.eps, self.spec.norm_one_plus, &ws)?;
-        out.try_into()
-            .map_err(|_| Error::Model("a matmul per weight".into()))
-    }
-}
-
-/// The batch's index tensors, uploaded once per forward.
-pub(crate) struct BatchTensors {
-    pub positions: Tensor,
-    pub seq_lens: Tensor,
-    pub q_start: Tensor,
-    /// Per KV group: block table and slot mapping.
-    pub tables: Vec<(Tensor, Tensor)>,
-}
-
-pub(crate) fn upload_batch(
-    ex: &Executor,
-    b: &ForwardBatch,
-    n_groups: usize,
-) -> Result<BatchTensors> {
-    let t = b.tokens.len();
-    let s = b.seqs.len();
-    let positions = ex.upload_i32(&[t], &b.positions)?;
-    let seq_lens: Vec<i32> = b.seqs.iter().map(|q| q.seq_len as i32).collect();
-    let mut q_start: Vec<i32> = b.seqs.iter().map(|q| q.q_start as i32).collect();
-    q_start.push(t as i32);
-    let mut tables = Vec::with_capacity(n_groups);
-    for g in 0..n_groups {
-        let width = b
-            .seqs
-            .iter()
-            .map(|q| q.block_tables.get(g).map_or(0, |t| t.len()))
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        let mut table = vec![0i32; s * width];
-        for (si, q) in b.seqs.iter().enumerate() {
-            let bt = q.block_tables.get(g).ok_or_else(|| {
-                Error::Model(format!("sequence {si} has no block table for KV group {g}"))
-            })?;
-            for (j, &blk) in bt.iter().enumerate() {
-                table[si * width + j] = blk as i32;
-            }
+    fn norm_spec(&self) -> NormSpec {
+        NormSpec {
+            eps: self.spec.eps,
+            one_plus: self.spec.norm_one_plus,
         }
-        let slots = b
-            .slots
-            .get(g)
-            .ok_or_else(|| Error::Model(format!("no slot mapping for KV group {g}")))?;
-        tables.push((
-            ex.upload_i32(&[s, width], &table)?,
-            ex.upload_i32(&[t], slots)?,
-        ));
     }
-    Ok(BatchTensors {
-        positions,
-        seq_lens: ex.upload_i32(&[s], &seq_lens)?,
-        q_start: ex.upload_i32(&[s + 1], &q_start)?,
-        tables,
-    })
-}
-
-/// Checks a batch against the model: tokens and positions agree, every id is in the
-/// vocabulary. Returns the token count.
-pub(crate) fn check_batch(b: &ForwardBatch, vocab: usize) -> Result<usize> {
-    let t = b.tokens.len();
-    if t == 0 || b.positions.len() != t {
-        return Err(Error::Model(format!(
-            "batch of {t} tokens with {} positions",
-            b.positions.len()
-        )));
-    }
-    if let Some(&bad) = b.tokens.iter().find(|&&tok| tok as usize >= vocab) {
-        return Err(Error::Model(format!(
-            "token id {bad} is outside the vocabulary of {vocab}"
-        )));
-    }
-    Ok(t)
-}
-
-/// The model's head on the rows that want logits (only those go through the final RMSNorm,
-/// `(eps, one_plus)`, and the output matrix, fused where the backend has the fused op):
-/// `[rows, vocab]`, soft-capped when `soft_cap` is set.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn logits_head(
-    ex: &Executor,
-    x: &Tensor,
-    b: &ForwardBatch,
-    out_norm: &Tensor,
-    output: &Tensor,
-    (eps, one_plus): (f32, bool),
-    vocab: usize,
-    soft_cap: Option<f32>,
-) -> Result<Tensor> {
-    let t = b.tokens.len();
-    let rows: Vec<i32> = b.logits_rows.iter().map(|&r| r as i32).collect();
-    if rows.is_empty() {
-        return ex
-            .backend()
-            .alloc(&crate::TensorDesc::new(crate::DType::F32, [0, vocab]));
-    }
-    if rows.iter().any(|&r| r as usize >= t) {
-        return Err(Error::Model(format!(
-            "logits rows {:?} out of the batch of {t}",
-            b.logits_rows
-        )));
-    }
-    let sel = ex.get_rows(x, &ex.upload_i32(&[rows.len()], &rows)?)?;
-    let mut logits = ex
-        .rms_norm_matmuls(&sel, out_norm, eps, one_plus, &[output])?
-        .remove(0);
-    if let Some(c) = soft_cap {
-        logits = ex.scale(&logits, 1.0 / c)?;
-        logits = ex.unary(crate::op::UnaryOp::Tanh, &logits)?;
-        logits = ex.scale(&logits, c)?;
-    }
-    Ok(logits)
 }
 
 impl Model for Decoder {
@@ -308,17 +178,21 @@ impl Model for Decoder {
         let i = &sp.info;
         let t = check_batch(b, i.vocab)?;
         let bt = upload_batch(ex, b, self.groups.len())?;
-        let ids: Vec<i32> = b.tokens.iter().map(|&x| x as i32).collect();
-        let ids = ex.upload_i32(&[t], &ids)?;
-        let mut x = ex.get_rows(&self.tok_embd, &ids)?;
+        let ns = self.norm_spec();
+        let (mut x, _) = self.head.embed(ex, b)?;
         if let Some(s) = sp.embed_scale {
             x = ex.scale(&x, s)?;
         }
         let (hd, nh, nkv) = (i.head_dim, i.n_head, i.n_head_kv);
         for (l, layer) in self.layers.iter().enumerate() {
             // Attention.
-            let [q, k, v] =
-                self.normed_matmuls(ex, &x, &layer.attn_norm, [&layer.wq, &layer.wk, &layer.wv])?;
+            let [q, k, v] = normed_matmuls(
+                ex,
+                &x,
+                &layer.attn_norm,
+                ns,
+                [&layer.wq, &layer.wk, &layer.wv],
+            )?;
             let mut q = q.reshape([t, nh, hd])?;
             let mut k = k.reshape([t, nkv, hd])?;
             let v = v.reshape([t, nkv, hd])?;
@@ -328,10 +202,6 @@ impl Model for Decoder {
             }
             q = ex.rope(&q, &bt.positions, sp.rope[l], self.rope_freqs.as_ref())?;
             k = ex.rope(&k, &bt.positions, sp.rope[l], self.rope_freqs.as_ref())?;
-            let (g, gi) = layer.kv;
-            let (kc, vc) = (&kv.groups[g].0[gi], &kv.groups[g].1[gi]);
-            let (table, slots) = &bt.tables[g];
-            ex.kv_write(&k, &v, slots, kc, vc)?;
             let mask = match sp.window[l] {
                 Some(w) => Mask::SlidingWindow(w),
                 None => Mask::Causal,
@@ -341,30 +211,19 @@ impl Model for Decoder {
                 soft_cap: sp.attn_soft_cap,
                 mask,
             };
-            let a = ex.paged_attention(p, &q, kc, vc, table, &bt.seq_lens, &bt.q_start)?;
-            let mut o = ex.matmul(&a.reshape([t, nh * hd])?, &layer.wo)?;
+            let a = attention(ex, &bt, kv, layer.kv, &q, Some((&k, &v)), p)?;
+            let mut o = ex.matmul(&a, &layer.wo)?;
             if let Some(pn) = &layer.post_attn_norm {
                 o = self.norm(ex, &o, pn)?;
             }
             x = ex.add(&x, &o)?;
             // MLP.
-            let [gate, up] =
-                self.normed_matmuls(ex, &x, &layer.ffn_norm, [&layer.w_gate, &layer.w_up])?;
-            let mut d = ex.glu_matmul(sp.act, &gate, &up, &layer.w_down)?;
+            let mut d = layer.ffn.forward(ex, &x, &layer.ffn_norm, ns)?;
             if let Some(pn) = &layer.post_ffn_norm {
                 d = self.norm(ex, &d, pn)?;
             }
             x = ex.add(&x, &d)?;
         }
-        logits_head(
-            ex,
-            &x,
-            b,
-            &self.out_norm,
-            &self.output,
-            (self.spec.eps, self.spec.norm_one_plus),
-            i.vocab,
-            sp.final_soft_cap,
-        )
+        self.head.logits(ex, &x, b, ns, sp.final_soft_cap)
     }
 }

@@ -11,7 +11,7 @@
 //! That is the RoPE op over the whole head with frequency factors: 1 for the turning pairs, a
 //! huge number (frequency 0) for the others.
 
-use super::decoder::{check_batch, logits_head, upload_batch};
+use super::blocks::{attention, check_batch, experts, upload_batch, GatedFfn, Head, NormSpec};
 use super::llama::{base_info, f32_or};
 use super::weights::Weights;
 use super::{ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
@@ -67,9 +67,7 @@ struct Layer {
     attn_norm: Tensor,
     attn: Attn,
     ffn_norm: Tensor,
-    w_gate: Tensor,
-    w_up: Tensor,
-    w_down: Tensor,
+    ffn: GatedFfn,
     post_ffn_norm: Tensor,
     moe: Option<Moe>,
     ple: Option<Ple>,
@@ -88,9 +86,7 @@ pub struct Gemma4 {
     info: ModelInfo,
     eps: f32,
     soft_cap: Option<f32>,
-    tok_embd: Tensor,
-    out_norm: Tensor,
-    output: Tensor,
+    head: Head,
     layers: Vec<Layer>,
     groups: Vec<KvGroup>,
     ple: Option<PleInputs>,
@@ -247,12 +243,7 @@ impl Gemma4 {
         };
 
         let mut w = Weights::new(f, ex);
-        let tok_embd = w.get("token_embd.weight", &[v, e])?;
-        let out_norm = w.get("output_norm.weight", &[e])?;
-        let output = match w.get_opt("output.weight", &[v, e])? {
-            Some(t) => t,
-            None => tok_embd.clone(),
-        };
+        let head = Head::load(&mut w, v, e)?;
         let ple = if ple_width > 0 {
             let p = ple_width;
             let vp = f
@@ -395,24 +386,19 @@ impl Gemma4 {
                 attn_norm: w.get(&name("attn_norm.weight"), &[e])?,
                 attn,
                 ffn_norm: w.get(&name("ffn_norm.weight"), &[e])?,
-                w_gate: w.get(&name("ffn_gate.weight"), &[ff, e])?,
-                w_up: w.get(&name("ffn_up.weight"), &[ff, e])?,
-                w_down: w.get(&name("ffn_down.weight"), &[e, ff])?,
+                ffn: GatedFfn::load(&mut w, l, e, ff, GluOp::GeGlu)?,
                 post_ffn_norm: w.get(&name("post_ffw_norm.weight"), &[e])?,
                 moe,
                 ple,
                 scalar,
             });
         }
-        info.n_params = w.n_params;
-        info.dtypes = w.counts.iter().map(|(d, n)| (*d, *n)).collect();
+        w.describe(&mut info);
         Ok(Gemma4 {
             info,
             eps,
             soft_cap,
-            tok_embd,
-            out_norm,
-            output,
+            head,
             layers,
             groups,
             ple,
@@ -450,11 +436,8 @@ impl Gemma4 {
             .reshape([t, m.k])?;
         let weights = ex.mul(&weights, &pes)?;
         let h = self.norm(ex, res, &m.pre_norm_2)?;
-        let gate = ex.matmul_id(&h, &m.gate_exps, &ids)?;
-        let up = ex.matmul_id(&h, &m.up_exps, &ids)?;
-        let act = ex.glu(GluOp::GeGlu, &gate, &up)?;
-        let down = ex.matmul_id(&act, &m.down_exps, &ids)?;
-        let y = ex.moe_sum(&down, &weights)?;
+        let exps = (&m.gate_exps, &m.up_exps, &m.down_exps);
+        let y = experts(ex, &h, exps, GluOp::GeGlu, &ids, &weights)?;
         self.norm(ex, &y, &m.post_norm_2)
     }
 }
@@ -472,12 +455,12 @@ impl Model for Gemma4 {
         let i = &self.info;
         let t = check_batch(b, i.vocab)?;
         let bt = upload_batch(ex, b, self.groups.len())?;
-        let ids: Vec<i32> = b.tokens.iter().map(|&x| x as i32).collect();
-        let ids = ex.upload_i32(&[t], &ids)?;
-        let mut x = ex.scale(
-            &ex.get_rows(&self.tok_embd, &ids)?,
-            (i.n_embd as f32).sqrt(),
-        )?;
+        let (x0, ids) = self.head.embed(ex, b)?;
+        let mut x = ex.scale(&x0, (i.n_embd as f32).sqrt())?;
+        let ns = NormSpec {
+            eps: self.eps,
+            one_plus: false,
+        };
         let ple = self.ple_inputs(ex, &x, &ids)?;
         let nh = i.n_head;
         for (l, layer) in self.layers.iter().enumerate() {
@@ -495,9 +478,7 @@ impl Model for Gemma4 {
                 a.rope,
                 factors,
             )?;
-            let (g, gi) = a.cache;
-            let (kc, vc) = (&kv.groups[g].0[gi], &kv.groups[g].1[gi]);
-            let (table, slots) = &bt.tables[g];
+            let mut new_kv = None;
             if let Some((wk, wv, k_norm)) = &a.kv {
                 let k_raw = ex.matmul(&h, wk)?.reshape([t, a.n_kv, a.hd])?;
                 let v_raw = match wv {
@@ -511,7 +492,7 @@ impl Model for Gemma4 {
                     factors,
                 )?;
                 let v = self.norm(ex, &v_raw, &a.ones)?;
-                ex.kv_write(&k, &v, slots, kc, vc)?;
+                new_kv = Some((k, v));
             }
             let p = AttnParams {
                 scale: 1.0,
@@ -521,15 +502,13 @@ impl Model for Gemma4 {
                     None => Mask::Causal,
                 },
             };
-            let o = ex.paged_attention(p, &q, kc, vc, table, &bt.seq_lens, &bt.q_start)?;
-            let o = ex.matmul(&o.reshape([t, nh * a.hd])?, &a.wo)?;
+            let new_kv = new_kv.as_ref().map(|(k, v)| (k, v));
+            let o = attention(ex, &bt, kv, a.cache, &q, new_kv, p)?;
+            let o = ex.matmul(&o, &a.wo)?;
             x = ex.add(&x, &self.norm(ex, &o, &a.post_norm)?)?;
             // MLP (and the MoE block beside it).
             let res = x.clone();
-            let hn = self.norm(ex, &res, &layer.ffn_norm)?;
-            let gate = ex.matmul(&hn, &layer.w_gate)?;
-            let up = ex.matmul(&hn, &layer.w_up)?;
-            let mut y = ex.glu_matmul(GluOp::GeGlu, &gate, &up, &layer.w_down)?;
+            let mut y = layer.ffn.forward(ex, &res, &layer.ffn_norm, ns)?;
             if let Some(m) = &layer.moe {
                 let y1 = self.norm(ex, &y, &m.post_norm_1)?;
                 y = ex.add(&y1, &self.moe(ex, m, &res)?)?;
@@ -545,15 +524,6 @@ impl Model for Gemma4 {
                 x = ex.scale(&x, layer.scalar)?;
             }
         }
-        logits_head(
-            ex,
-            &x,
-            b,
-            &self.out_norm,
-            &self.output,
-            (self.eps, false),
-            i.vocab,
-            self.soft_cap,
-        )
+        self.head.logits(ex, &x, b, ns, self.soft_cap)
     }
 }

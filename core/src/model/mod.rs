@@ -1,6 +1,7 @@
 //! Model families. `registry.rs` is the one table from architecture name to builder; each
 //! family file maps its file's metadata and tensor names onto a shared implementation.
 
+mod blocks;
 pub mod decoder;
 pub mod gemma3;
 pub mod gemma4;

@@ -15,7 +15,7 @@
 //! except the gated norm, which is a plain one. GGUF files from llama.cpp and Hugging Face
 //! checkpoints differ only in the order of the value heads, which is undone at load.
 
-use super::decoder::{check_batch, logits_head, upload_batch};
+use super::blocks::{attention, check_batch, experts, upload_batch, GatedFfn, Head, NormSpec};
 use super::llama::{base_info, f32_or};
 use super::weights::Weights;
 use super::{ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
@@ -74,15 +74,12 @@ struct Moe {
     up_exps: Tensor,
     down_exps: Tensor,
     k: usize,
-    shared: Option<(Tensor, Tensor, Tensor, Tensor)>,
+    /// The shared expert and its gate `[1, E]`.
+    shared: Option<(GatedFfn, Tensor)>,
 }
 
 enum Ffn {
-    Dense {
-        w_gate: Tensor,
-        w_up: Tensor,
-        w_down: Tensor,
-    },
+    Dense(GatedFfn),
     Moe(Box<Moe>),
 }
 
@@ -109,9 +106,7 @@ pub struct Qwen35 {
     eps: f32,
     rope: RopeParams,
     ssm: Ssm,
-    tok_embd: Tensor,
-    out_norm: Tensor,
-    output: Tensor,
+    head: Head,
     layers: Vec<Layer>,
     groups: Vec<KvGroup>,
     states: Vec<Vec<usize>>,
@@ -217,12 +212,7 @@ impl Qwen35 {
         let c = 2 * kd + vd;
         let km1 = ssm.kernel - 1;
         let mut w = Weights::new(f, ex);
-        let tok_embd = w.get("token_embd.weight", &[v, e])?;
-        let out_norm = w.get("output_norm.weight", &[e])?;
-        let output = match w.get_opt("output.weight", &[v, e])? {
-            Some(t) => t,
-            None => tok_embd.clone(),
-        };
+        let head = Head::load(&mut w, v, e)?;
         // (experts, used per token, expert FFN width, shared expert width) for MoE models.
         let experts = match f.get(&f.arch_key("expert_count")) {
             Some(_) => {
@@ -306,9 +296,12 @@ impl Qwen35 {
                 Some((ne, k, fe, fs)) => {
                     let shared = if fs > 0 {
                         Some((
-                            w.get(&n("ffn_gate_shexp.weight"), &[fs, e])?,
-                            w.get(&n("ffn_up_shexp.weight"), &[fs, e])?,
-                            w.get(&n("ffn_down_shexp.weight"), &[e, fs])?,
+                            GatedFfn {
+                                gate: w.get(&n("ffn_gate_shexp.weight"), &[fs, e])?,
+                                up: w.get(&n("ffn_up_shexp.weight"), &[fs, e])?,
+                                down: w.get(&n("ffn_down_shexp.weight"), &[e, fs])?,
+                                act: GluOp::SwiGlu,
+                            },
                             w.get(&n("ffn_gate_inp_shexp.weight"), &[1, e])?,
                         ))
                     } else {
@@ -323,11 +316,7 @@ impl Qwen35 {
                         shared,
                     }))
                 }
-                None => Ffn::Dense {
-                    w_gate: w.get(&n("ffn_gate.weight"), &[ff, e])?,
-                    w_up: w.get(&n("ffn_up.weight"), &[ff, e])?,
-                    w_down: w.get(&n("ffn_down.weight"), &[e, ff])?,
-                },
+                None => Ffn::Dense(GatedFfn::load(&mut w, l, e, ff, GluOp::SwiGlu)?),
             };
             layers.push(Layer {
                 attn_norm: w.get(&n("attn_norm.weight"), &[e])?,
@@ -336,16 +325,13 @@ impl Qwen35 {
                 ffn,
             });
         }
-        info.n_params = w.n_params;
-        info.dtypes = w.counts.iter().map(|(d, n)| (*d, *n)).collect();
+        w.describe(&mut info);
         Ok(Qwen35 {
             info,
             eps,
             rope,
             ssm,
-            tok_embd,
-            out_norm,
-            output,
+            head,
             layers,
             groups,
             states,
@@ -441,13 +427,10 @@ fn moe(ex: &Executor, m: &Moe, h: &Tensor) -> Result<Tensor> {
     let t = h.shape().dims()[0];
     let logits = ex.matmul(h, &m.router)?;
     let (weights, ids) = ex.moe_route(&logits, m.k, crate::op::MoeGating::Softmax, true)?;
-    let gate = ex.matmul_id(h, &m.gate_exps, &ids)?;
-    let up = ex.matmul_id(h, &m.up_exps, &ids)?;
-    let act = ex.glu(GluOp::SwiGlu, &gate, &up)?;
-    let down = ex.matmul_id(&act, &m.down_exps, &ids)?;
-    let mut out = ex.moe_sum(&down, &weights)?;
-    if let Some((g, u, d, sg)) = &m.shared {
-        let s = ex.glu_matmul(GluOp::SwiGlu, &ex.matmul(h, g)?, &ex.matmul(h, u)?, d)?;
+    let exps = (&m.gate_exps, &m.up_exps, &m.down_exps);
+    let mut out = experts(ex, h, exps, GluOp::SwiGlu, &ids, &weights)?;
+    if let Some((ffn, sg)) = &m.shared {
+        let s = ffn.forward_on(ex, h)?;
         let e = s.shape().dims()[1];
         let gate = ex.unary(UnaryOp::Sigmoid, &ex.matmul(h, sg)?)?;
         let s = ex.moe_sum(&s.reshape([t, 1, e])?, &gate)?;
@@ -484,9 +467,12 @@ impl Model for Qwen35 {
             read: ex.upload_i32(&[read.len()], &read)?,
             write: ex.upload_i32(&[write.len()], &write)?,
         };
-        let ids: Vec<i32> = b.tokens.iter().map(|&x| x as i32).collect();
-        let mut x = ex.get_rows(&self.tok_embd, &ex.upload_i32(&[t], &ids)?)?;
+        let (mut x, _) = self.head.embed(ex, b)?;
         let (hd, nh, nkv) = (i.head_dim, i.n_head, i.n_head_kv);
+        let ns = NormSpec {
+            eps: self.eps,
+            one_plus: false,
+        };
         for layer in &self.layers {
             let h = ex.rms_norm(&x, &layer.attn_norm, self.eps, false)?;
             let o = match &layer.mixer {
@@ -499,45 +485,24 @@ impl Model for Qwen35 {
                     let k = ex.rms_norm(&k, &m.k_norm, self.eps, false)?;
                     let q = ex.rope(&q, &bt.positions, self.rope, None)?;
                     let k = ex.rope(&k, &bt.positions, self.rope, None)?;
-                    let (kc, vc) = (&kv.groups[0].0[m.kv], &kv.groups[0].1[m.kv]);
-                    let (table, slots) = &bt.tables[0];
-                    ex.kv_write(&k, &v, slots, kc, vc)?;
                     let p = AttnParams {
                         scale: 1.0 / (hd as f32).sqrt(),
                         soft_cap: None,
                         mask: Mask::Causal,
                     };
-                    let a = ex.paged_attention(p, &q, kc, vc, table, &bt.seq_lens, &bt.q_start)?;
+                    let a = attention(ex, &bt, kv, (0, m.kv), &q, Some((&k, &v)), p)?;
                     let gate = ex.unary(UnaryOp::Sigmoid, &ex.matmul(&h, &m.w_gate)?)?;
-                    let a = ex.mul(&a.reshape([t, nh * hd])?, &gate)?;
+                    let a = ex.mul(&a, &gate)?;
                     ex.matmul(&a, &m.wo)?
                 }
             };
             x = ex.add(&x, &o)?;
-            let h = ex.rms_norm(&x, &layer.ffn_norm, self.eps, false)?;
             let d = match &layer.ffn {
-                Ffn::Dense {
-                    w_gate,
-                    w_up,
-                    w_down,
-                } => {
-                    let gate = ex.matmul(&h, w_gate)?;
-                    let up = ex.matmul(&h, w_up)?;
-                    ex.glu_matmul(GluOp::SwiGlu, &gate, &up, w_down)?
-                }
-                Ffn::Moe(m) => moe(ex, m, &h)?,
+                Ffn::Dense(f) => f.forward(ex, &x, &layer.ffn_norm, ns)?,
+                Ffn::Moe(m) => moe(ex, m, &ex.rms_norm(&x, &layer.ffn_norm, self.eps, false)?)?,
             };
             x = ex.add(&x, &d)?;
         }
-        logits_head(
-            ex,
-            &x,
-            b,
-            &self.out_norm,
-            &self.output,
-            (self.eps, false),
-            i.vocab,
-            None,
-        )
+        self.head.logits(ex, &x, b, ns, None)
     }
 }

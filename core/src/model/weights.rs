@@ -22,6 +22,12 @@ impl<'a> Weights<'a> {
         }
     }
 
+    /// Writes what was loaded (parameter count, tensors per dtype) into `info`.
+    pub fn describe(&self, info: &mut super::ModelInfo) {
+        info.n_params = self.n_params;
+        info.dtypes = self.counts.iter().map(|(d, n)| (*d, *n)).collect();
+    }
+
     /// The tensor `name`, which must have `shape` (outermost first).
     pub fn get(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let (info, bytes) = self.file.data(name)?;

@@ -1,0 +1,278 @@
+//! The blocks every family is built from, in one place: the batch's index tensors, the
+//! norm-then-projections and gated FFN (through the fused norm-matmul and GLU-matmul ops where
+//! the backend has them: the fused-op gate, taken the same way by every family), one layer's
+//! paged attention, the mixture-of-experts expert pass, and the logits head.
+
+use super::weights::Weights;
+use super::{ForwardBatch, KvCaches};
+use crate::error::{Error, Result};
+use crate::exec::Executor;
+use crate::op::{AttnParams, GluOp};
+use crate::tensor::Tensor;
+
+/// An RMSNorm's settings: epsilon, and whether the weight is applied as `1 + w` (Gemma's HF
+/// checkpoints).
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct NormSpec {
+    pub eps: f32,
+    pub one_plus: bool,
+}
+
+/// `norm(x)` projected by each of `ws`, through the fused norm-matmul where the backend has
+/// it.
+pub(crate) fn normed_matmuls<const N: usize>(
+    ex: &Executor,
+    x: &Tensor,
+    norm_w: &Tensor,
+    n: NormSpec,
+    ws: [&Tensor; N],
+) -> Result<[Tensor; N]> {
+    let out = ex.rms_norm_matmuls(x, norm_w, n.eps, n.one_plus, &ws)?;
+    out.try_into()
+        .map_err(|_| Error::Model("a matmul per weight".into()))
+}
+
+/// A gated feed-forward block: `down(act(gate·x) ⊙ up·x)`.
+pub(crate) struct GatedFfn {
+    pub gate: Tensor,
+    pub up: Tensor,
+    pub down: Tensor,
+    pub act: GluOp,
+}
+
+impl GatedFfn {
+    /// Layer `l`'s `ffn_gate`, `ffn_up` and `ffn_down` (`[ff, e]`, `[ff, e]`, `[e, ff]`).
+    pub fn load(w: &mut Weights, l: usize, e: usize, ff: usize, act: GluOp) -> Result<GatedFfn> {
+        let n = |s: &str| format!("blk.{l}.ffn_{s}.weight");
+        Ok(GatedFfn {
+            gate: w.get(&n("gate"), &[ff, e])?,
+            up: w.get(&n("up"), &[ff, e])?,
+            down: w.get(&n("down"), &[e, ff])?,
+            act,
+        })
+    }
+
+    /// The block on `h` as it is.
+    pub fn forward_on(&self, ex: &Executor, h: &Tensor) -> Result<Tensor> {
+        let gate = ex.matmul(h, &self.gate)?;
+        let up = ex.matmul(h, &self.up)?;
+        ex.glu_matmul(self.act, &gate, &up, &self.down)
+    }
+
+    /// The block on `norm(x)` (the norm fused into the projections where the backend can).
+    pub fn forward(
+        &self,
+        ex: &Executor,
+        x: &Tensor,
+        norm_w: &Tensor,
+        n: NormSpec,
+    ) -> Result<Tensor> {
+        let [gate, up] = normed_matmuls(ex, x, norm_w, n, [&self.gate, &self.up])?;
+        ex.glu_matmul(self.act, &gate, &up, &self.down)
+    }
+}
+
+/// One layer's paged attention: `k`, `v` (`[T, kv_heads, dim]`, positions already applied)
+/// written into the layer's cache when given (a layer that shares another's KV gives none),
+/// then `q` (`[T, heads, dim]`) attends through the block table. Returns `[T, heads·dim]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention(
+    ex: &Executor,
+    bt: &BatchTensors,
+    kv: &KvCaches,
+    (g, gi): (usize, usize),
+    q: &Tensor,
+    new_kv: Option<(&Tensor, &Tensor)>,
+    p: AttnParams,
+) -> Result<Tensor> {
+    let (kc, vc) = kv
+        .groups
+        .get(g)
+        .and_then(|(ks, vs)| Some((ks.get(gi)?, vs.get(gi)?)))
+        .ok_or_else(|| Error::Model(format!("no KV cache for layer {gi} of group {g}")))?;
+    let (table, slots) = bt
+        .tables
+        .get(g)
+        .ok_or_else(|| Error::Model(format!("no block table for KV group {g}")))?;
+    if let Some((k, v)) = new_kv {
+        ex.kv_write(k, v, slots, kc, vc)?;
+    }
+    let a = ex.paged_attention(p, q, kc, vc, table, &bt.seq_lens, &bt.q_start)?;
+    let d = q.shape().dims();
+    a.reshape([d[0], d[1] * d[2]])
+}
+
+/// The routed experts of a mixture-of-experts block on `h [T, E]`: each token through its
+/// chosen experts (`ids [T, k]`) as gated FFNs, mixed by `weights [T, k]`.
+pub(crate) fn experts(
+    ex: &Executor,
+    h: &Tensor,
+    (gate, up, down): (&Tensor, &Tensor, &Tensor),
+    act: GluOp,
+    ids: &Tensor,
+    weights: &Tensor,
+) -> Result<Tensor> {
+    let g = ex.matmul_id(h, gate, ids)?;
+    let u = ex.matmul_id(h, up, ids)?;
+    let a = ex.glu(act, &g, &u)?;
+    let d = ex.matmul_id(&a, down, ids)?;
+    ex.moe_sum(&d, weights)
+}
+
+/// The token embeddings and the logits head (final norm and output matrix).
+pub(crate) struct Head {
+    pub tok_embd: Tensor,
+    pub out_norm: Tensor,
+    pub output: Tensor,
+}
+
+impl Head {
+    /// `token_embd` `[vocab, e]`, `output_norm` `[e]` and `output` `[vocab, e]` (the
+    /// embeddings again when the checkpoint ties them).
+    pub fn load(w: &mut Weights, vocab: usize, e: usize) -> Result<Head> {
+        let tok_embd = w.get("token_embd.weight", &[vocab, e])?;
+        let out_norm = w.get("output_norm.weight", &[e])?;
+        let output = match w.get_opt("output.weight", &[vocab, e])? {
+            Some(t) => t,
+            None => tok_embd.clone(),
+        };
+        Ok(Head {
+            tok_embd,
+            out_norm,
+            output,
+        })
+    }
+
+    /// The token embeddings of a batch, and the uploaded ids (for per-layer inputs).
+    pub fn embed(&self, ex: &Executor, b: &ForwardBatch) -> Result<(Tensor, Tensor)> {
+        let ids: Vec<i32> = b.tokens.iter().map(|&x| x as i32).collect();
+        let ids = ex.upload_i32(&[ids.len()], &ids)?;
+        Ok((ex.get_rows(&self.tok_embd, &ids)?, ids))
+    }
+
+    /// The logits of the rows that want them (see [`logits_head`]).
+    pub fn logits(
+        &self,
+        ex: &Executor,
+        x: &Tensor,
+        b: &ForwardBatch,
+        n: NormSpec,
+        soft_cap: Option<f32>,
+    ) -> Result<Tensor> {
+        let vocab = self.output.shape().dims()[0];
+        let (norm, out) = (&self.out_norm, &self.output);
+        logits_head(ex, x, b, norm, out, (n.eps, n.one_plus), vocab, soft_cap)
+    }
+}
+
+/// The batch's index tensors, uploaded once per forward.
+pub(crate) struct BatchTensors {
+    pub positions: Tensor,
+    pub seq_lens: Tensor,
+    pub q_start: Tensor,
+    /// Per KV group: block table and slot mapping.
+    pub tables: Vec<(Tensor, Tensor)>,
+}
+
+pub(crate) fn upload_batch(
+    ex: &Executor,
+    b: &ForwardBatch,
+    n_groups: usize,
+) -> Result<BatchTensors> {
+    let t = b.tokens.len();
+    let s = b.seqs.len();
+    let positions = ex.upload_i32(&[t], &b.positions)?;
+    let seq_lens: Vec<i32> = b.seqs.iter().map(|q| q.seq_len as i32).collect();
+    let mut q_start: Vec<i32> = b.seqs.iter().map(|q| q.q_start as i32).collect();
+    q_start.push(t as i32);
+    let mut tables = Vec::with_capacity(n_groups);
+    for g in 0..n_groups {
+        let width = b
+            .seqs
+            .iter()
+            .map(|q| q.block_tables.get(g).map_or(0, |t| t.len()))
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut table = vec![0i32; s * width];
+        for (si, q) in b.seqs.iter().enumerate() {
+            let bt = q.block_tables.get(g).ok_or_else(|| {
+                Error::Model(format!("sequence {si} has no block table for KV group {g}"))
+            })?;
+            for (j, &blk) in bt.iter().enumerate() {
+                table[si * width + j] = blk as i32;
+            }
+        }
+        let slots = b
+            .slots
+            .get(g)
+            .ok_or_else(|| Error::Model(format!("no slot mapping for KV group {g}")))?;
+        tables.push((
+            ex.upload_i32(&[s, width], &table)?,
+            ex.upload_i32(&[t], slots)?,
+        ));
+    }
+    Ok(BatchTensors {
+        positions,
+        seq_lens: ex.upload_i32(&[s], &seq_lens)?,
+        q_start: ex.upload_i32(&[s + 1], &q_start)?,
+        tables,
+    })
+}
+
+/// Checks a batch against the model: tokens and positions agree, every id is in the
+/// vocabulary. Returns the token count.
+pub(crate) fn check_batch(b: &ForwardBatch, vocab: usize) -> Result<usize> {
+    let t = b.tokens.len();
+    if t == 0 || b.positions.len() != t {
+        return Err(Error::Model(format!(
+            "batch of {t} tokens with {} positions",
+            b.positions.len()
+        )));
+    }
+    if let Some(&bad) = b.tokens.iter().find(|&&tok| tok as usize >= vocab) {
+        return Err(Error::Model(format!(
+            "token id {bad} is outside the vocabulary of {vocab}"
+        )));
+    }
+    Ok(t)
+}
+
+/// The model's head on the rows that want logits (only those go through the final RMSNorm,
+/// `(eps, one_plus)`, and the output matrix, fused where the backend has the fused op):
+/// `[rows, vocab]`, soft-capped when `soft_cap` is set.
+#[allow(clippy::too_many_arguments)]
+fn logits_head(
+    ex: &Executor,
+    x: &Tensor,
+    b: &ForwardBatch,
+    out_norm: &Tensor,
+    output: &Tensor,
+    (eps, one_plus): (f32, bool),
+    vocab: usize,
+    soft_cap: Option<f32>,
+) -> Result<Tensor> {
+    let t = b.tokens.len();
+    let rows: Vec<i32> = b.logits_rows.iter().map(|&r| r as i32).collect();
+    if rows.is_empty() {
+        return ex
+            .backend()
+            .alloc(&crate::TensorDesc::new(crate::DType::F32, [0, vocab]));
+    }
+    if rows.iter().any(|&r| r as usize >= t) {
+        return Err(Error::Model(format!(
+            "logits rows {:?} out of the batch of {t}",
+            b.logits_rows
+        )));
+    }
+    let sel = ex.get_rows(x, &ex.upload_i32(&[rows.len()], &rows)?)?;
+    let mut logits = ex
+        .rms_norm_matmuls(&sel, out_norm, eps, one_plus, &[output])?
+        .remove(0);
+    if let Some(c) = soft_cap {
+        logits = ex.scale(&logits, 1.0 / c)?;
+        logits = ex.unary(crate::op::UnaryOp::Tanh, &logits)?;
+        logits = ex.scale(&logits, c)?;
+    }
+    Ok(logits)
+}
