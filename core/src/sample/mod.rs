@@ -115,7 +115,12 @@ impl Sampler {
     /// output, for the penalties). `logits` is modified.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
         self.apply_penalties(logits, history);
-        if self.params.temperature <= 0.0 {
+        // A NaN logit (a broken model or kernel) is never chosen.
+        for l in logits.iter_mut().filter(|l| l.is_nan()) {
+            *l = f32::NEG_INFINITY;
+        }
+        // Below the floor, logit / temperature overflows and the draw is the argmax anyway.
+        if self.params.temperature < GREEDY_BELOW {
             return argmax(logits);
         }
         // Candidates sorted by logit, best first.
@@ -154,8 +159,14 @@ impl Sampler {
             let keep = cand.iter().take_while(|c| c.1 >= cut).count();
             cand.truncate(keep.max(1));
         }
+        // Scaled relative to the best logit, so nothing overflows to +inf.
         let t = self.params.temperature;
-        let probs = softmax(&cand.iter().map(|c| c.1 / t).collect::<Vec<_>>());
+        let top = cand.first().map_or(0.0, |c| c.1);
+        let scaled: Vec<f32> = cand
+            .iter()
+            .map(|c| if c.1 == top { 0.0 } else { (c.1 - top) / t })
+            .collect();
+        let probs = softmax(&scaled);
         let r = self.rng.f64() as f32;
         let mut acc = 0f32;
         for (c, p) in cand.iter().zip(&probs) {
@@ -195,21 +206,34 @@ impl Sampler {
     }
 }
 
-/// The first index of the largest value.
+/// Temperatures below this sample greedily (vLLM's floor): `logit / t` would overflow and
+/// the softmax would put all its mass on the argmax anyway.
+pub const GREEDY_BELOW: f32 = 1e-5;
+
+/// The first index of the largest value (NaN never wins; 0 when every value is NaN).
 pub fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0usize;
+    let mut best: Option<(usize, f32)> = None;
     for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
+        if !x.is_nan() && best.is_none_or(|(_, b)| x > b) {
+            best = Some((i, x));
         }
     }
-    best as u32
+    best.map_or(0, |(i, _)| i as u32)
 }
 
-/// Softmax in f32 (max-subtracted).
+/// Softmax in f32 (max-subtracted), for any input: NaN counts as −∞; with +∞ present the
+/// mass is shared by the +∞ entries; with nothing above −∞, it is uniform. The result is
+/// always a distribution (no NaN).
 pub fn softmax(v: &[f32]) -> Vec<f32> {
-    let m = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let e: Vec<f32> = v.iter().map(|x| (x - m).exp()).collect();
+    let clean = |x: f32| if x.is_nan() { f32::NEG_INFINITY } else { x };
+    let m = v.iter().map(|&x| clean(x)).fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = if m == f32::INFINITY {
+        v.iter().map(|&x| (x == f32::INFINITY) as u32 as f32).collect()
+    } else if m == f32::NEG_INFINITY {
+        vec![1.0; v.len()]
+    } else {
+        v.iter().map(|&x| (clean(x) - m).exp()).collect()
+    };
     let s: f32 = e.iter().sum();
     e.iter().map(|x| x / s).collect()
 }
@@ -297,6 +321,74 @@ mod tests {
         }
         assert!(TokenLogprobs::of(&l, 3, 0).top.is_empty());
         assert_eq!(TokenLogprobs::of(&l[..3], 0, 9).top.len(), 3);
+    }
+
+    /// Extreme logits and parameters never give NaN probabilities or the least likely token.
+    #[test]
+    fn extreme_logits_and_temperatures_sample_sensibly() {
+        let base = logits(5, 300);
+        let best = argmax(&base) as usize;
+        let worst = base
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1.total_cmp(b.1))
+            .map_or(0, |x| x.0);
+        // Tiny positive temperatures (logit / t overflows past the floor) are greedy.
+        for t in [1e-30f32, 1e-12, 1e-6, GREEDY_BELOW * 0.999] {
+            for seed in 0..20 {
+                let p = SamplingParams {
+                    temperature: t,
+                    top_k: 0,
+                    top_p: 1.0,
+                    min_p: 0.0,
+                    seed: Some(seed),
+                    ..SamplingParams::default()
+                };
+                let got = Sampler::new(p).unwrap().sample(&mut base.clone(), &[]);
+                assert_eq!(got as usize, best, "temperature {t}");
+            }
+        }
+        // Just above the floor, with logits near f32::MAX: still a valid, likely token.
+        let mut huge = base.iter().map(|x| x * 1e37).collect::<Vec<_>>();
+        let p = SamplingParams {
+            temperature: GREEDY_BELOW * 2.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: Some(3),
+            ..SamplingParams::default()
+        };
+        let got = Sampler::new(p.clone()).unwrap().sample(&mut huge, &[]);
+        assert_ne!(got as usize, worst);
+        assert_eq!(got as usize, best);
+        // +inf, -inf and NaN among the logits.
+        let mut odd = base.clone();
+        odd[17] = f32::INFINITY;
+        odd[3] = f32::NAN;
+        odd[4] = f32::NEG_INFINITY;
+        for temperature in [0.0, 0.7, 100.0] {
+            let p = SamplingParams {
+                temperature,
+                seed: Some(9),
+                ..SamplingParams::default()
+            };
+            assert_eq!(Sampler::new(p).unwrap().sample(&mut odd.clone(), &[]), 17);
+        }
+        // Every logit NaN or -inf: some token, not a panic.
+        let mut none = vec![f32::NAN; 8];
+        none[5] = f32::NEG_INFINITY;
+        let p = SamplingParams {
+            temperature: 1.0,
+            seed: Some(1),
+            ..SamplingParams::default()
+        };
+        assert!(Sampler::new(p).unwrap().sample(&mut none, &[]) < 8);
+        for v in [&odd[..], &none[..], &huge[..], &[f32::INFINITY, f32::INFINITY][..]] {
+            let probs = softmax(v);
+            assert!(probs.iter().all(|p| p.is_finite() && *p >= 0.0), "{probs:?}");
+            assert!((probs.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+        }
+        assert_eq!(argmax(&[f32::NAN, 1.0, 2.0, f32::NAN]), 2);
     }
 
     #[test]

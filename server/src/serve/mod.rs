@@ -57,6 +57,10 @@ pub struct ServeArgs {
     /// KV cache blocks (16 tokens each); default enough for --max-batch full contexts.
     #[arg(long)]
     pub kv_blocks: Option<usize>,
+    /// With --api-key: let /metrics answer without the key (for a scraper on a private
+    /// network). Off by default: its counters say things about other users' requests.
+    #[arg(long)]
+    pub public_metrics: bool,
 }
 
 /// What the handlers share.
@@ -69,6 +73,8 @@ pub struct AppState {
     pub model: String,
     pub ctx: usize,
     pub api_key: Option<String>,
+    /// `/metrics` answers without the key.
+    pub public_metrics: bool,
     metrics: Metrics,
     /// Settings /props reports.
     props: Value,
@@ -83,7 +89,12 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         prefix_caching: true,
         ..RunnerConfig::default()
     };
-    let state = state(load(&a.model, cfg)?, a.max_batch, a.api_key.clone())?;
+    let state = state_with(
+        load(&a.model, cfg)?,
+        a.max_batch,
+        a.api_key.clone(),
+        a.public_metrics,
+    )?;
     let addr: SocketAddr = format!("{}:{}", a.host, a.port)
         .parse()
         .with_context(|| format!("bad address {}:{}", a.host, a.port))?;
@@ -103,6 +114,16 @@ pub fn run(a: &ServeArgs) -> Result<()> {
 /// The server's state over a loaded model: the engine thread, the tokenizer and the chat
 /// template.
 pub fn state(m: Loaded, max_batch: usize, api_key: Option<String>) -> Result<Arc<AppState>> {
+    state_with(m, max_batch, api_key, false)
+}
+
+/// [`state`], with `/metrics` open to clients without the key when `public_metrics`.
+pub fn state_with(
+    m: Loaded,
+    max_batch: usize,
+    api_key: Option<String>,
+    public_metrics: bool,
+) -> Result<Arc<AppState>> {
     let cfg = m.runner.config().clone();
     let ctx = cfg.ctx;
     let model = m
@@ -167,6 +188,7 @@ pub fn state(m: Loaded, max_batch: usize, api_key: Option<String>) -> Result<Arc
         model,
         ctx,
         api_key,
+        public_metrics,
         metrics: Metrics::default(),
         props,
     }))
@@ -182,6 +204,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .fallback(|| async { ApiError::status(StatusCode::NOT_FOUND, "no such route").into_response() })
+        .method_not_allowed_fallback(|| async {
+            ApiError::status(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
+                .into_response()
+        })
+        .layer(middleware::from_fn_with_state(state.clone(), require_key))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn_with_state(state.clone(), count_status))
         .with_state(state)
@@ -197,6 +225,19 @@ async fn count_status(State(state): State<Arc<AppState>>, req: Request, next: Ne
     res
 }
 
+/// With an API key set, every route but `/health` (and `/metrics` under `--public-metrics`)
+/// needs it; unknown routes too, so they reveal nothing.
+async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let open = path == "/health" || (path == "/metrics" && state.public_metrics);
+    if !open {
+        if let Err(e) = authorize(&state, req.headers()) {
+            return e.into_response();
+        }
+    }
+    next.run(req).await
+}
+
 /// Constant-time comparison of the presented key with the configured one.
 fn key_matches(given: &[u8], want: &[u8]) -> bool {
     let mut diff = (given.len() ^ want.len()) as u8 | u8::from(given.len() != want.len());
@@ -210,11 +251,13 @@ fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &state.api_key else {
         return Ok(());
     };
+    // The scheme is case-insensitive (RFC 9110 §11.1).
     let given = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map_or("", |(_, key)| key.trim());
     if key_matches(given.as_bytes(), key.as_bytes()) {
         Ok(())
     } else {
@@ -227,10 +270,7 @@ fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorize(&state, &headers) {
-        return e.into_response();
-    }
+async fn models(State(state): State<Arc<AppState>>) -> Response {
     Json(json!({"object": "list", "data": [
         {"id": state.model, "object": "model", "created": now(), "owned_by": "kiln"}
     ]}))
@@ -238,18 +278,12 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
 }
 
 /// The model and the server's settings.
-async fn props(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorize(&state, &headers) {
-        return e.into_response();
-    }
+async fn props(State(state): State<Arc<AppState>>) -> Response {
     Json(state.props.clone()).into_response()
 }
 
 /// The requests the engine holds (running first, then queued) and the KV pool.
-async fn slots(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorize(&state, &headers) {
-        return e.into_response();
-    }
+async fn slots(State(state): State<Arc<AppState>>) -> Response {
     let s = state.engine.snapshot();
     let slots: Vec<Value> = s
         .slots
@@ -294,11 +328,9 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
 
 async fn completions(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = (|| {
-        authorize(&state, &headers)?;
         let b = body_json(&body_bytes(body)?)?;
         let prompt = completion_prompt(&state, &b)?;
         common(&state, Kind::Text, &b, prompt, 16)
@@ -311,11 +343,9 @@ async fn completions(
 
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = (|| {
-        authorize(&state, &headers)?;
         let b = body_json(&body_bytes(body)?)?;
         let (prompt, syntax, in_reasoning) = chat_prompt(&state, &b)?;
         let room = state.ctx.saturating_sub(prompt.len() + 1).max(1);

@@ -22,6 +22,16 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// An error with `status` and no parameter or code.
+    pub fn status(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+
     pub fn bad(message: impl Into<String>, param: Option<&'static str>) -> ApiError {
         ApiError {
             status: StatusCode::BAD_REQUEST,
