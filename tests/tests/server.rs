@@ -331,6 +331,89 @@ fn bad_requests_get_openai_style_errors() {
 }
 
 /// The official `openai` Python package against the server: chat, streamed chat, completions.
+/// One GET with a raw `Authorization` header value: (status, body).
+fn get_with_auth(addr: std::net::SocketAddr, path: &str, auth: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: kiln\r\nConnection: close\r\nAuthorization: {auth}\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).expect("write");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("a response");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status");
+    (status, body.to_string())
+}
+
+/// With a key set, every route but /health needs it (unknown routes too); the scheme is
+/// case-insensitive; 404 and 405 are JSON errors; `--public-metrics` opens /metrics alone.
+#[test]
+fn every_route_but_health_needs_the_key() {
+    let Some(srv) = start(1, Some("sk-kiln")) else {
+        return;
+    };
+    let key = Some("sk-kiln");
+    let json_error = |what: &str, text: &str| {
+        let v: Value =
+            serde_json::from_str(text).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {text}"));
+        assert!(v["error"]["message"].is_string(), "{what}: {text}");
+    };
+    for path in [
+        "/v1/models",
+        "/props",
+        "/slots",
+        "/metrics",
+        "/no/such/route",
+    ] {
+        let (st, text) = http(srv.addr, "GET", path, b"", None);
+        assert_eq!(st, 401, "{path} without the key: {text}");
+        json_error(path, &text);
+        let (st, text) = http(srv.addr, "GET", path, b"", key);
+        let want = if path.starts_with("/no") { 404 } else { 200 };
+        assert_eq!(st, want, "{path} with the key: {text}");
+        if want == 404 {
+            json_error(path, &text);
+        }
+    }
+    let (st, _) = http(srv.addr, "GET", "/health", b"", None);
+    assert_eq!(st, 200);
+    for auth in ["bearer sk-kiln", "BEARER  sk-kiln", "Bearer sk-kiln"] {
+        let (st, text) = get_with_auth(srv.addr, "/v1/models", auth);
+        assert_eq!(st, 200, "{auth:?}: {text}");
+    }
+    for auth in ["Basic sk-kiln", "sk-kiln", "Bearer sk-kil", "Bearersk-kiln"] {
+        let (st, _) = get_with_auth(srv.addr, "/v1/models", auth);
+        assert_eq!(st, 401, "{auth:?}");
+    }
+    let (st, text) = http(srv.addr, "POST", "/v1/models", b"{}", key);
+    assert_eq!(st, 405, "{text}");
+    json_error("POST /v1/models", &text);
+
+    // --public-metrics: /metrics answers without the key, nothing else does.
+    let Some(path) = kiln_tests::model_file(kiln_tests::SMOLLM2) else {
+        return;
+    };
+    let args = kiln_server::load::ModelArgs {
+        model: Some(path.display().to_string()),
+        backend: "cpu".into(),
+        threads: None,
+        ctx: Some(256),
+        strict: false,
+        kv_type: kiln_core::DType::F32,
+    };
+    let loaded = kiln_server::load::load(&args, kiln_core::engine::RunnerConfig::default())
+        .expect("model loads");
+    let st = kiln_server::serve::state_with(loaded, 1, Some("sk-kiln".into()), true)
+        .expect("server state");
+    let open = serve(st);
+    assert_eq!(http(open.addr, "GET", "/metrics", b"", None).0, 200);
+    assert_eq!(http(open.addr, "GET", "/props", b"", None).0, 401);
+}
+
 #[test]
 fn the_openai_python_client_drives_kiln_serve() {
     let pypath = std::env::var("KILN_TEST_PYTHONPATH").unwrap_or_default();

@@ -226,9 +226,14 @@ pub fn argmax(v: &[f32]) -> u32 {
 /// always a distribution (no NaN).
 pub fn softmax(v: &[f32]) -> Vec<f32> {
     let clean = |x: f32| if x.is_nan() { f32::NEG_INFINITY } else { x };
-    let m = v.iter().map(|&x| clean(x)).fold(f32::NEG_INFINITY, f32::max);
+    let m = v
+        .iter()
+        .map(|&x| clean(x))
+        .fold(f32::NEG_INFINITY, f32::max);
     let e: Vec<f32> = if m == f32::INFINITY {
-        v.iter().map(|&x| (x == f32::INFINITY) as u32 as f32).collect()
+        v.iter()
+            .map(|&x| (x == f32::INFINITY) as u32 as f32)
+            .collect()
     } else if m == f32::NEG_INFINITY {
         vec![1.0; v.len()]
     } else {
@@ -383,9 +388,17 @@ mod tests {
             ..SamplingParams::default()
         };
         assert!(Sampler::new(p).unwrap().sample(&mut none, &[]) < 8);
-        for v in [&odd[..], &none[..], &huge[..], &[f32::INFINITY, f32::INFINITY][..]] {
+        for v in [
+            &odd[..],
+            &none[..],
+            &huge[..],
+            &[f32::INFINITY, f32::INFINITY][..],
+        ] {
             let probs = softmax(v);
-            assert!(probs.iter().all(|p| p.is_finite() && *p >= 0.0), "{probs:?}");
+            assert!(
+                probs.iter().all(|p| p.is_finite() && *p >= 0.0),
+                "{probs:?}"
+            );
             assert!((probs.iter().sum::<f32>() - 1.0).abs() < 1e-5);
         }
         assert_eq!(argmax(&[f32::NAN, 1.0, 2.0, f32::NAN]), 2);

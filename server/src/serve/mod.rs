@@ -204,10 +204,15 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
-        .fallback(|| async { ApiError::status(StatusCode::NOT_FOUND, "no such route").into_response() })
+        .fallback(|| async {
+            ApiError::status(StatusCode::NOT_FOUND, "no such route").into_response()
+        })
         .method_not_allowed_fallback(|| async {
-            ApiError::status(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
-                .into_response()
+            ApiError::status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed on this route",
+            )
+            .into_response()
         })
         .layer(middleware::from_fn_with_state(state.clone(), require_key))
         .layer(DefaultBodyLimit::max(MAX_BODY))
