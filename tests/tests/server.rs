@@ -331,6 +331,63 @@ fn bad_requests_get_openai_style_errors() {
 }
 
 /// The official `openai` Python package against the server: chat, streamed chat, completions.
+/// 500 requests at once against a queue of 64: each gets its completion or a 429 (an
+/// OpenAI-style rate-limit error), never a 5xx or a hang; the pool is free afterwards.
+#[test]
+fn a_burst_past_the_queue_limit_gets_429s_and_nothing_worse() {
+    let Some(path) = kiln_tests::model_file(kiln_tests::SMOLLM2) else {
+        return;
+    };
+    let args = kiln_server::load::ModelArgs {
+        model: Some(path.display().to_string()),
+        backend: "cpu".into(),
+        threads: None,
+        ctx: Some(256),
+        strict: false,
+        kv_type: kiln_core::DType::F32,
+    };
+    let cfg = kiln_core::engine::RunnerConfig {
+        max_seqs: 2,
+        max_batch_tokens: 64,
+        prefix_caching: true,
+        ..kiln_core::engine::RunnerConfig::default()
+    };
+    let loaded = kiln_server::load::load(&args, cfg).expect("model loads");
+    let opts = kiln_server::serve::ServeOptions {
+        max_queue: 64,
+        ..kiln_server::serve::ServeOptions::new(2)
+    };
+    let srv = serve(kiln_server::serve::state_with(loaded, opts).expect("server state"));
+    let addr = srv.addr;
+    let t0 = Instant::now();
+    let threads: Vec<_> = (0..500)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let body = json!({"prompt": format!("Request {i}: the capital of France is"),
+                                  "max_tokens": 3, "temperature": 0});
+                post(addr, "/v1/completions", &body)
+            })
+        })
+        .collect();
+    let mut counts = std::collections::BTreeMap::new();
+    for t in threads {
+        let (st, text) = t.join().expect("client thread");
+        *counts.entry(st).or_insert(0) += 1;
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{st}: {e}: {text}"));
+        match st {
+            200 => assert!(v["choices"][0]["text"].is_string(), "{text}"),
+            429 => assert_eq!(v["error"]["type"], "rate_limit_error", "{text}"),
+            _ => panic!("status {st}: {text}"),
+        }
+    }
+    println!("{counts:?} in {:.1} s", t0.elapsed().as_secs_f64());
+    assert!(counts.get(&200).copied().unwrap_or(0) >= 66, "{counts:?}");
+    assert!(counts.get(&429).copied().unwrap_or(0) > 0, "{counts:?}");
+    let s = srv.state.engine.snapshot();
+    assert_eq!((s.running, s.waiting), (0, 0), "{s:?}");
+    assert_eq!(s.kv_free, s.kv_total, "{s:?}");
+}
+
 /// One GET with a raw `Authorization` header value: (status, body).
 fn get_with_auth(addr: std::net::SocketAddr, path: &str, auth: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect");
@@ -407,8 +464,12 @@ fn every_route_but_health_needs_the_key() {
     };
     let loaded = kiln_server::load::load(&args, kiln_core::engine::RunnerConfig::default())
         .expect("model loads");
-    let st = kiln_server::serve::state_with(loaded, 1, Some("sk-kiln".into()), true)
-        .expect("server state");
+    let opts = kiln_server::serve::ServeOptions {
+        api_key: Some("sk-kiln".into()),
+        public_metrics: true,
+        ..kiln_server::serve::ServeOptions::new(1)
+    };
+    let st = kiln_server::serve::state_with(loaded, opts).expect("server state");
     let open = serve(st);
     assert_eq!(http(open.addr, "GET", "/metrics", b"", None).0, 200);
     assert_eq!(http(open.addr, "GET", "/props", b"", None).0, 401);

@@ -108,6 +108,8 @@ pub struct Snapshot {
     pub fallbacks: Vec<(String, &'static str, u64)>,
     /// Every request the engine holds, running ones first.
     pub slots: Vec<Slot>,
+    /// When the engine last finished a step (or started, before the first).
+    pub last_step: Option<std::time::Instant>,
 }
 
 /// One request as /slots reports it.
@@ -161,6 +163,7 @@ pub struct Engine {
     stats: EngineStats,
     /// Where a spawned engine publishes its state for other threads.
     published: Option<Arc<std::sync::Mutex<Snapshot>>>,
+    last_step: std::time::Instant,
 }
 
 /// The scheduler's view of the runner's KV pool: the full-attention group (sliding-window
@@ -229,6 +232,7 @@ impl Engine {
             next_id: 1,
             stats: EngineStats::default(),
             published: None,
+            last_step: std::time::Instant::now(),
         }
     }
 
@@ -279,6 +283,7 @@ impl Engine {
             .collect();
         let st = self.runner.state_stats().unwrap_or_default();
         Snapshot {
+            last_step: Some(self.last_step),
             state_snapshots: st.snapshots,
             state_snapshots_max: st.max_snapshots,
             state_snapshot_bytes: st.slot_bytes,
@@ -449,6 +454,7 @@ impl Engine {
             return Ok(!self.sched.is_idle());
         }
         self.run(&plan)?;
+        self.last_step = std::time::Instant::now();
         Ok(true)
     }
 
@@ -699,7 +705,11 @@ fn serve(engine: &mut Engine, rx: &Receiver<Cmd>) {
                 return;
             }
             match rx.recv() {
-                Ok(cmd) => accept(engine, cmd),
+                Ok(cmd) => {
+                    // Idle time is not a stall.
+                    engine.last_step = std::time::Instant::now();
+                    accept(engine, cmd)
+                }
                 Err(_) => return,
             }
         }
@@ -734,6 +744,11 @@ impl EngineHandle {
             let _ = tx.send(Event::Error("the engine has stopped".into()));
         }
         Stream { rx, cancelled }
+    }
+
+    /// Whether the engine thread is still running (it ends only on shutdown, or on a panic).
+    pub fn is_alive(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
     /// The engine's state after its latest step.

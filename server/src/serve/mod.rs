@@ -61,6 +61,13 @@ pub struct ServeArgs {
     /// network). Off by default: its counters say things about other users' requests.
     #[arg(long)]
     pub public_metrics: bool,
+    /// Requests that may wait beyond the running batch (default: 4 × --max-batch); past it a
+    /// request gets 429 with Retry-After.
+    #[arg(long)]
+    pub max_queue: Option<usize>,
+    /// Requests in flight at most, running and queued (default: --max-batch + --max-queue).
+    #[arg(long)]
+    pub max_concurrent: Option<usize>,
 }
 
 /// What the handlers share.
@@ -78,6 +85,94 @@ pub struct AppState {
     metrics: Metrics,
     /// Settings /props reports.
     props: Value,
+    /// Choices admitted and not yet finished, and the most there may be.
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    max_in_flight: usize,
+}
+
+/// How `kiln serve` treats its clients, beside the model.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Requests decoded together.
+    pub max_batch: usize,
+    pub api_key: Option<String>,
+    pub public_metrics: bool,
+    /// Requests that may wait beyond the running batch; more get 429.
+    pub max_queue: usize,
+    /// Requests in flight at most (running and queued); more get 429.
+    pub max_concurrent: Option<usize>,
+}
+
+impl ServeOptions {
+    /// Defaults for `max_batch` requests at once: a queue of four batches.
+    pub fn new(max_batch: usize) -> ServeOptions {
+        ServeOptions {
+            max_batch: max_batch.max(1),
+            api_key: None,
+            public_metrics: false,
+            max_queue: 4 * max_batch.max(1),
+            max_concurrent: None,
+        }
+    }
+}
+
+/// A request's share of the admission limit (one per choice), given back when dropped.
+pub(crate) struct Admitted {
+    count: Arc<std::sync::atomic::AtomicUsize>,
+    n: usize,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.count
+            .fetch_sub(self.n, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// An engine with work queued that has not finished a step for this long is wedged.
+const WEDGED_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl AppState {
+    /// Why the engine cannot take work now, if it cannot: its thread has ended, or it has had
+    /// work and made no step for [`WEDGED_AFTER`].
+    pub fn unhealthy(&self) -> Option<&'static str> {
+        if !self.engine.is_alive() {
+            return Some("the engine has stopped");
+        }
+        let s = self.engine.snapshot();
+        let busy = s.waiting + s.running > 0;
+        if busy && s.last_step.is_some_and(|t| t.elapsed() > WEDGED_AFTER) {
+            return Some("the engine has made no progress for 30 s");
+        }
+        None
+    }
+
+    /// Admits `n` choices, or says why not (429: over the limits; 503: the engine is
+    /// unhealthy).
+    pub(crate) fn admit(&self, n: usize) -> Result<Admitted, ApiError> {
+        use std::sync::atomic::Ordering;
+        if let Some(why) = self.unhealthy() {
+            return Err(ApiError::status(StatusCode::SERVICE_UNAVAILABLE, why));
+        }
+        let before = self.in_flight.fetch_add(n, Ordering::AcqRel);
+        let admitted = Admitted {
+            count: self.in_flight.clone(),
+            n,
+        };
+        if before + n > self.max_in_flight {
+            drop(admitted);
+            return Err(ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                message: format!(
+                    "the server is at its limit of {} requests in flight; retry shortly",
+                    self.max_in_flight
+                ),
+                param: None,
+                code: Some("rate_limit_exceeded"),
+            });
+        }
+        Ok(admitted)
+    }
 }
 
 pub fn run(a: &ServeArgs) -> Result<()> {
@@ -91,9 +186,13 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     };
     let state = state_with(
         load(&a.model, cfg)?,
-        a.max_batch,
-        a.api_key.clone(),
-        a.public_metrics,
+        ServeOptions {
+            api_key: a.api_key.clone(),
+            public_metrics: a.public_metrics,
+            max_queue: a.max_queue.unwrap_or(4 * a.max_batch.max(1)),
+            max_concurrent: a.max_concurrent,
+            ..ServeOptions::new(a.max_batch)
+        },
     )?;
     let addr: SocketAddr = format!("{}:{}", a.host, a.port)
         .parse()
@@ -114,16 +213,23 @@ pub fn run(a: &ServeArgs) -> Result<()> {
 /// The server's state over a loaded model: the engine thread, the tokenizer and the chat
 /// template.
 pub fn state(m: Loaded, max_batch: usize, api_key: Option<String>) -> Result<Arc<AppState>> {
-    state_with(m, max_batch, api_key, false)
+    state_with(
+        m,
+        ServeOptions {
+            api_key,
+            ..ServeOptions::new(max_batch)
+        },
+    )
 }
 
-/// [`state`], with `/metrics` open to clients without the key when `public_metrics`.
-pub fn state_with(
-    m: Loaded,
-    max_batch: usize,
-    api_key: Option<String>,
-    public_metrics: bool,
-) -> Result<Arc<AppState>> {
+/// The server's state over a loaded model, with these options.
+pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
+    let (max_batch, api_key, public_metrics) = (o.max_batch, o.api_key, o.public_metrics);
+    let max_in_flight = o
+        .max_concurrent
+        .unwrap_or(usize::MAX)
+        .min(max_batch + o.max_queue)
+        .max(1);
     let cfg = m.runner.config().clone();
     let ctx = cfg.ctx;
     let model = m
@@ -189,6 +295,8 @@ pub fn state_with(
         ctx,
         api_key,
         public_metrics,
+        in_flight: Default::default(),
+        max_in_flight,
         metrics: Metrics::default(),
         props,
     }))
@@ -197,7 +305,7 @@ pub fn state_with(
 /// The HTTP routes over `state`.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/props", get(props))
         .route("/slots", get(slots))
@@ -228,6 +336,18 @@ async fn count_status(State(state): State<Arc<AppState>>, req: Request, next: Ne
         .metrics
         .with(|m| *m.http.entry(code).or_insert(0) += 1);
     res
+}
+
+/// 200 while the engine takes work; 503 when its thread has ended or it is wedged.
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    match state.unhealthy() {
+        None => Json(json!({"status": "ok"})).into_response(),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "error", "message": why})),
+        )
+            .into_response(),
+    }
 }
 
 /// With an API key set, every route but `/health` (and `/metrics` under `--public-metrics`)

@@ -55,6 +55,7 @@ impl IntoResponse for ApiError {
         let kind = match self.status {
             StatusCode::UNAUTHORIZED => "authentication_error",
             StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
             s if s.is_server_error() => "server_error",
             _ => "invalid_request_error",
         };
@@ -64,7 +65,18 @@ impl IntoResponse for ApiError {
             "param": self.param,
             "code": self.code,
         }});
-        (self.status, Json(body)).into_response()
+        let retry = matches!(
+            self.status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        );
+        let mut res = (self.status, Json(body)).into_response();
+        if retry {
+            res.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        res
     }
 }
 

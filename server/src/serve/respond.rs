@@ -178,7 +178,12 @@ fn token_lp(state: &AppState, l: &TokenLogprobs) -> TokenLp {
 }
 
 /// Starts every choice of `spec` on the engine; their pieces arrive on one channel.
-fn start(state: &Arc<AppState>, spec: &GenSpec) -> mpsc::Receiver<Piece> {
+/// Each choice's thread holds `admitted` until its choice ends.
+fn start(
+    state: &Arc<AppState>,
+    spec: &GenSpec,
+    admitted: &Arc<super::Admitted>,
+) -> mpsc::Receiver<Piece> {
     let (tx, rx) = mpsc::channel::<Piece>(64);
     let arrived = Instant::now();
     state
@@ -202,7 +207,9 @@ fn start(state: &Arc<AppState>, spec: &GenSpec) -> mpsc::Receiver<Piece> {
         let st = state.clone();
         let tx = tx.clone();
         let mut choice = Choice::new(index, spec);
+        let admitted = admitted.clone();
         tokio::task::spawn_blocking(move || {
+            let _admitted = admitted;
             let mut last: Option<Instant> = None;
             let unrecorded: Option<&'static str> = loop {
                 let ev = match stream.recv_timeout(POLL) {
@@ -336,9 +343,13 @@ struct Gathered {
 }
 
 pub async fn respond(state: Arc<AppState>, spec: GenSpec) -> Response {
+    let admitted = match state.admit(spec.n) {
+        Ok(a) => Arc::new(a),
+        Err(e) => return e.into_response(),
+    };
     let prompt_len = spec.prompt.len();
     let kind = spec.kind;
-    let rx = start(&state, &spec);
+    let rx = start(&state, &spec, &admitted);
     let id = format!(
         "{}-{:x}",
         if kind == Kind::Chat {
