@@ -59,6 +59,7 @@ impl SampleArgs {
             frequency_penalty: self.frequency_penalty,
             penalty_last_n: 64,
             seed: self.seed,
+            logit_bias: Vec::new(),
         }
     }
 }

@@ -47,6 +47,95 @@ fn a_shared_prefix_is_served_from_the_cache_with_hits_in_metrics() {
     assert!(metric(&after, "kiln_prefix_cache_hit_rate") > 0.0);
 }
 
+/// Every request field either works or is refused by name: `logit_bias` bans and forces
+/// tokens, `echo` prepends the prompt, and `response_format`, `suffix`, `best_of`, echo with
+/// log-probabilities and image parts get a 400 naming the field.
+#[test]
+fn fields_work_or_are_refused_by_name() {
+    let Some(srv) = start(1, None) else {
+        return;
+    };
+    let prompt = "The capital of France is";
+    let base = json!({"prompt": prompt, "max_tokens": 3, "temperature": 0});
+    let with = |extra: Value| {
+        let mut b = base.clone();
+        for (k, v) in extra.as_object().expect("an object") {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let plain = completion(srv.addr, &base);
+    let text = |r: &Value| r["choices"][0]["text"].as_str().expect("text").to_string();
+    // The first greedy token, by its id.
+    let first = completion(srv.addr, &with(json!({"max_tokens": 1, "logprobs": 1})));
+    let first_text = text(&first);
+    let tok = srv
+        .state
+        .tokenizer
+        .encode(&first_text, false)
+        .expect("encode");
+    assert_eq!(tok.len(), 1, "{first_text:?}");
+    let banned = completion(
+        srv.addr,
+        &with(json!({"logit_bias": {tok[0].to_string(): -100}})),
+    );
+    assert!(!text(&banned).starts_with(&first_text), "{banned}");
+    let forced_id = srv
+        .state
+        .tokenizer
+        .encode(" banana", false)
+        .expect("encode")[0];
+    let forced = completion(
+        srv.addr,
+        &with(json!({"logit_bias": {forced_id.to_string(): 100}})),
+    );
+    let piece = srv.state.tokenizer.decode(&[forced_id]);
+    assert_eq!(text(&forced), piece.repeat(3), "{forced}");
+    // echo: the prompt, then the same completion.
+    let echoed = completion(srv.addr, &with(json!({"echo": true})));
+    assert_eq!(text(&echoed), format!("{prompt}{}", text(&plain)));
+    let (st, body) = post(
+        srv.addr,
+        "/v1/completions",
+        &with(json!({"echo": true, "stream": true})),
+    );
+    assert_eq!(st, 200);
+    assert_eq!(streamed_text(&body), format!("{prompt}{}", text(&plain)));
+    // response_format text is plain text.
+    assert_eq!(
+        text(&completion(
+            srv.addr,
+            &with(json!({"response_format": {"type": "text"}}))
+        )),
+        text(&plain)
+    );
+    for (extra, param) in [
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (json!({"suffix": "end"}), "suffix"),
+        (json!({"best_of": 2}), "best_of"),
+        (json!({"echo": true, "logprobs": 1}), "echo"),
+        (json!({"logit_bias": {"999999999": 5}}), "logit_bias"),
+        (json!({"logit_bias": {"1": 150}}), "logit_bias"),
+    ] {
+        let (st, body) = post(srv.addr, "/v1/completions", &with(extra.clone()));
+        assert_eq!(st, 400, "{extra}: {body}");
+        let v: Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(v["error"]["param"], param, "{extra}: {body}");
+    }
+    let image = json!({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]});
+    let (st, body) = post(srv.addr, "/v1/chat/completions", &image);
+    assert_eq!(st, 400, "{body}");
+    assert!(
+        body.contains("not supported") || body.contains("only text"),
+        "{body}"
+    );
+}
+
 /// /props describes the server; /slots shows a running request with the KV blocks it holds;
 /// /metrics has the latency histograms and the outcome and status counters.
 #[test]

@@ -33,6 +33,9 @@ pub struct SamplingParams {
     pub penalty_last_n: usize,
     /// Seed of the draw; `None` seeds from the clock.
     pub seed: Option<u64>,
+    /// Added to these tokens' logits before anything else (OpenAI's `logit_bias`; −100 bans a
+    /// token, +100 all but forces it).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -47,6 +50,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             penalty_last_n: 64,
             seed: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -83,6 +87,13 @@ impl SamplingParams {
         if !self.frequency_penalty.is_finite() || self.frequency_penalty.abs() > 2.0 {
             return bad("frequency_penalty", self.frequency_penalty);
         }
+        if let Some(&(_, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !b.is_finite() || b.abs() > 100.0)
+        {
+            return bad("logit_bias", b);
+        }
         Ok(())
     }
 }
@@ -114,6 +125,11 @@ impl Sampler {
     /// Picks the next token from `logits` given the tokens so far (`history`: prompt and
     /// output, for the penalties). `logits` is modified.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        for &(t, b) in &self.params.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += b;
+            }
+        }
         self.apply_penalties(logits, history);
         // A NaN logit (a broken model or kernel) is never chosen.
         for l in logits.iter_mut().filter(|l| l.is_nan()) {
@@ -402,6 +418,33 @@ mod tests {
             assert!((probs.iter().sum::<f32>() - 1.0).abs() < 1e-5);
         }
         assert_eq!(argmax(&[f32::NAN, 1.0, 2.0, f32::NAN]), 2);
+    }
+
+    #[test]
+    fn logit_bias_bans_and_forces_tokens() {
+        let l = logits(4, 200);
+        let best = argmax(&l);
+        let worst = l
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1.total_cmp(b.1))
+            .map_or(0, |x| x.0 as u32);
+        let greedy = |bias: Vec<(u32, f32)>| {
+            let p = SamplingParams {
+                logit_bias: bias,
+                ..SamplingParams::greedy()
+            };
+            Sampler::new(p).unwrap().sample(&mut l.clone(), &[])
+        };
+        assert_ne!(greedy(vec![(best, -100.0)]), best);
+        assert_eq!(greedy(vec![(worst, 100.0)]), worst);
+        // Out of the vocabulary: no effect, no panic.
+        assert_eq!(greedy(vec![(10_000, 100.0)]), best);
+        let p = SamplingParams {
+            logit_bias: vec![(1, 101.0)],
+            ..SamplingParams::greedy()
+        };
+        assert!(p.validate().is_err());
     }
 
     #[test]

@@ -458,7 +458,10 @@ async fn completions(
     let r = (|| {
         let b = body_json(&body_bytes(body)?)?;
         let prompt = completion_prompt(&state, &b)?;
-        common(&state, Kind::Text, &b, prompt, 16)
+        let echo = request::echo_text(&state, &b, &prompt)?;
+        let mut spec = common(&state, Kind::Text, &b, prompt, 16)?;
+        spec.echo = echo;
+        Ok::<_, ApiError>(spec)
     })();
     match r {
         Ok(spec) => respond::respond(state, spec).await,

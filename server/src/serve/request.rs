@@ -107,6 +107,8 @@ pub struct GenSpec {
     /// Keep generating past the model's end-of-generation tokens (`ignore_eos`, the vLLM and
     /// llama.cpp extension benchmark clients send).
     pub ignore_eos: bool,
+    /// Completions with `echo`: the prompt's text, sent before the generated text.
+    pub echo: Option<String>,
 }
 
 pub type Body = Map<String, Value>;
@@ -302,6 +304,8 @@ pub fn common(
         }
     };
     let n = integer(b, "n", 1, MAX_N)?.unwrap_or(1) as usize;
+    params.logit_bias = logit_bias(state, b)?;
+    refuse_unsupported(kind, b, n)?;
     Ok(GenSpec {
         kind,
         prompt,
@@ -315,7 +319,113 @@ pub fn common(
         syntax: Syntax::default(),
         in_reasoning: false,
         ignore_eos: boolean(b, "ignore_eos")?.unwrap_or(false),
+        echo: None,
     })
+}
+
+/// `logit_bias`: `{"token id": bias}` with biases in [−100, 100] and ids in the vocabulary.
+fn logit_bias(state: &AppState, b: &Body) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |m: String| ApiError::bad(m, Some("logit_bias"));
+    let map = match b.get("logit_bias") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(bad("logit_bias must map token ids to numbers".into())),
+    };
+    let vocab = state.tokenizer.vocab_size();
+    let mut out = Vec::with_capacity(map.len());
+    for (k, v) in map {
+        let id = k
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|&t| (t as usize) < vocab)
+            .ok_or_else(|| {
+                bad(format!(
+                    "{k:?} is not a token id of the vocabulary of {vocab}"
+                ))
+            })?;
+        let bias = v
+            .as_f64()
+            .filter(|x| (-100.0..=100.0).contains(x))
+            .ok_or_else(|| {
+                bad(format!(
+                    "the bias of token {k} must be a number in [-100, 100]"
+                ))
+            })?;
+        out.push((id, bias as f32));
+    }
+    Ok(out)
+}
+
+/// Fields kiln does not implement are refused by name rather than silently ignored.
+fn refuse_unsupported(kind: Kind, b: &Body, n: usize) -> Result<(), ApiError> {
+    let present = |k: &str| b.get(k).is_some_and(|v| !v.is_null());
+    if let Some(f) = b.get("response_format").filter(|v| !v.is_null()) {
+        if f.get("type").and_then(Value::as_str) != Some("text") {
+            return Err(ApiError::bad(
+                "response_format other than {\"type\": \"text\"} is not supported yet",
+                Some("response_format"),
+            ));
+        }
+    }
+    if kind == Kind::Text {
+        if present("suffix") {
+            return Err(ApiError::bad(
+                "suffix (fill-in-the-middle) is not supported",
+                Some("suffix"),
+            ));
+        }
+        if let Some(best) = b.get("best_of").filter(|v| !v.is_null()) {
+            if best.as_u64() != Some(n as u64) {
+                return Err(ApiError::bad(
+                    "best_of is not supported (other than equal to n)",
+                    Some("best_of"),
+                ));
+            }
+        }
+        if b.get("echo").and_then(Value::as_bool) == Some(true) && present("logprobs") {
+            return Err(ApiError::bad(
+                "echo with logprobs (the prompt's log-probabilities) is not supported",
+                Some("echo"),
+            ));
+        }
+    }
+    if kind == Kind::Chat {
+        let images = b
+            .get("messages")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m.get("content").and_then(Value::as_array))
+            .flatten()
+            .any(|p| {
+                p.get("type")
+                    .and_then(Value::as_str)
+                    .is_some_and(|t| t != "text")
+            });
+        if images {
+            return Err(ApiError::bad(
+                "only text content parts are supported (no images or audio)",
+                Some("messages"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// With `echo: true`, the text a completion starts with: the prompt as given (a string), or
+/// its ids decoded.
+pub fn echo_text(state: &AppState, b: &Body, ids: &[u32]) -> Result<Option<String>, ApiError> {
+    if !boolean(b, "echo")?.unwrap_or(false) {
+        return Ok(None);
+    }
+    Ok(Some(match b.get("prompt") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(v)) if v.len() == 1 && v[0].is_string() => {
+            v[0].as_str().unwrap_or("").to_string()
+        }
+        _ => state.tokenizer.decode(ids),
+    }))
 }
 
 /// A /v1/completions prompt: a string, a one-string list, or a list of token ids.

@@ -207,6 +207,16 @@ fn start(
         let st = state.clone();
         let tx = tx.clone();
         let mut choice = Choice::new(index, spec);
+        if let Some(text) = &spec.echo {
+            // The channel is empty: the echoed prompt goes first without waiting.
+            let _ = tx.try_send(Piece::Out {
+                index,
+                content: text.clone(),
+                reasoning: String::new(),
+                calls: Vec::new(),
+                logprobs: Vec::new(),
+            });
+        }
         let admitted = admitted.clone();
         tokio::task::spawn_blocking(move || {
             let _admitted = admitted;
