@@ -239,6 +239,24 @@ fn broken_checkpoints_are_clear_errors() {
     let w = std::fs::read(src.join("model.safetensors")).expect("weights");
     std::fs::write(tmp.join("model.safetensors"), &w[..w.len() / 2]).expect("write");
     assert!(err("truncated").contains("model.safetensors") || err("truncated").contains("bytes"));
+    // MoE configs with zero experts, or more per token than there are: errors, not panics.
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).expect("tmp dir");
+    let moe = dir("gemma4_moe");
+    for f in ["model.safetensors", "tokenizer.json"] {
+        std::fs::copy(moe.join(f), tmp.join(f)).expect("copy");
+    }
+    let cfg = std::fs::read_to_string(moe.join("config.json")).expect("config");
+    for (from, to) in [
+        ("\"num_experts\": 4", "\"num_experts\": 0"),
+        ("\"top_k_experts\": 2", "\"top_k_experts\": 9"),
+        ("\"top_k_experts\": 2", "\"top_k_experts\": 0"),
+    ] {
+        assert!(cfg.contains(from), "{from}");
+        std::fs::write(tmp.join("config.json"), cfg.replace(from, to)).expect("write");
+        let e = std::panic::catch_unwind(|| err(to)).unwrap_or_else(|_| panic!("{to}: a panic"));
+        assert!(!e.is_empty());
+    }
     let _ = std::fs::remove_dir_all(&tmp);
 }
 

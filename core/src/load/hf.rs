@@ -718,6 +718,12 @@ fn stack_experts(
         if rows % 2 != 0 {
             return Err(c.err(format!("layer {l}: gate_up of {rows} rows")));
         }
+        if e == 0 || data.len() % (2 * e) != 0 {
+            return Err(c.err(format!(
+                "layer {l}: fused gate_up experts of shape {shape:?} in {} bytes",
+                data.len()
+            )));
+        }
         let half = data.len() / e / 2;
         let (mut gate, mut up) = (Vec::new(), Vec::new());
         for x in 0..e {
@@ -742,7 +748,9 @@ fn stack_experts(
         ]);
     }
     list.sort_by_key(|x| x.0);
-    let (dtype, shape) = (list[0].1, list[0].2.clone());
+    let Some((dtype, shape)) = list.first().map(|x| (x.1, x.2.clone())) else {
+        return Err(c.err(format!("layer {l}: no {part} experts")));
+    };
     let mut data = Vec::new();
     for (i, (e, dt, sh, d)) in list.iter().enumerate() {
         if *e != Some(i) || *dt != dtype || *sh != shape {

@@ -276,11 +276,16 @@ impl Gemma4 {
             None
         };
         let experts = match f.get(&f.arch_key("expert_count")) {
-            Some(_) => Some((
-                u("expert_count")?,
-                u("expert_used_count")?,
-                u("expert_feed_forward_length")?,
-            )),
+            Some(_) => {
+                let (ne, k) = (u("expert_count")?, u("expert_used_count")?);
+                if k == 0 || k > ne {
+                    return Err(Error::load(
+                        f.path(),
+                        format!("{k} experts per token of {ne}"),
+                    ));
+                }
+                Some((ne, k, u("expert_feed_forward_length")?))
+            }
             None => None,
         };
         let mut layers = Vec::with_capacity(n);
