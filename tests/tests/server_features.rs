@@ -136,6 +136,35 @@ fn fields_work_or_are_refused_by_name() {
     );
 }
 
+/// A chat template that does not compile costs the chat endpoint only: the server starts,
+/// completions work, and chat requests get a 400 that says why.
+#[test]
+fn a_broken_chat_template_leaves_completions_working() {
+    let tmp = std::env::temp_dir().join(format!("kiln-broken-template-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).expect("tmp dir");
+    let src = kiln_tests::fixtures().join("hf/llama");
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(src.join(f), tmp.join(f)).expect("copy");
+    }
+    let mut cfg: Value = serde_json::from_str(
+        &std::fs::read_to_string(src.join("tokenizer_config.json")).expect("tokenizer_config"),
+    )
+    .expect("JSON");
+    cfg["chat_template"] = json!("{% for m in messages %}{{ m.content }");
+    std::fs::write(tmp.join("tokenizer_config.json"), cfg.to_string()).expect("write");
+    let Some(srv) = start_model(&tmp, 1, None) else {
+        return;
+    };
+    let r = completion(srv.addr, &json!({"prompt": "hello", "max_tokens": 2}));
+    assert!(r["choices"][0]["text"].is_string(), "{r}");
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let (st, body) = post(srv.addr, "/v1/chat/completions", &chat);
+    assert_eq!(st, 400, "{body}");
+    assert!(body.contains("does not compile"), "{body}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 /// /props describes the server; /slots shows a running request with the KV blocks it holds;
 /// /metrics has the latency histograms and the outcome and status counters.
 #[test]

@@ -75,6 +75,8 @@ pub struct AppState {
     pub engine: EngineHandle,
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
+    /// Why the model's chat template is not usable, when it has one that does not compile.
+    pub template_error: Option<String>,
     /// What the chat template shows the model writes: reasoning, tool calls.
     syntax: Syntax,
     pub model: String,
@@ -194,9 +196,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             ..ServeOptions::new(a.max_batch)
         },
     )?;
-    let addr: SocketAddr = format!("{}:{}", a.host, a.port)
-        .parse()
-        .with_context(|| format!("bad address {}:{}", a.host, a.port))?;
+    let addr = listen_addr(&a.host, a.port)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -208,6 +208,21 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         axum::serve(listener, router(state)).await?;
         Ok(())
     })
+}
+
+/// The address `--host` and `--port` name: an IP address (v4, or v6 with or without
+/// brackets) or a host name resolved now (`localhost`), first address first.
+pub fn listen_addr(host: &str, port: u16) -> Result<SocketAddr> {
+    use std::net::{IpAddr, ToSocketAddrs};
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    (bare, port)
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve --host {host}"))?
+        .next()
+        .with_context(|| format!("--host {host} resolves to no address"))
 }
 
 /// The server's state over a loaded model: the engine thread, the tokenizer and the chat
@@ -238,14 +253,22 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         .map(|s| s.to_string_lossy().to_string())
         .unwrap_or_else(|| "kiln".into());
     let source = m.tokenizer.chat_template().map(str::to_string);
+    let mut template_error = None;
     let template = match &source {
         Some(src) => {
             let piece = |id: Option<u32>| id.map(|i| m.tokenizer.decode(&[i])).unwrap_or_default();
-            Some(ChatTemplate::new(
-                src,
-                &piece(m.tokenizer.bos()),
-                &piece(m.tokenizer.eos()),
-            )?)
+            // A template kiln cannot compile costs the chat endpoint only.
+            match ChatTemplate::new(src, &piece(m.tokenizer.bos()), &piece(m.tokenizer.eos())) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::warn!(
+                        "the chat template does not compile ({e}); /v1/chat/completions is off"
+                    );
+                    eprintln!("kiln: the model's chat template does not compile ({e}); serving /v1/completions only");
+                    template_error = Some(e.to_string());
+                    None
+                }
+            }
         }
         None => None,
     };
@@ -290,6 +313,7 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         engine: spawn(Engine::new(m.runner, max_batch)),
         tokenizer: m.tokenizer,
         template,
+        template_error,
         syntax,
         model,
         ctx,
@@ -490,7 +514,7 @@ async fn chat_completions(
 
 #[cfg(test)]
 mod tests {
-    use super::key_matches;
+    use super::{key_matches, listen_addr};
 
     #[test]
     fn api_keys_compare_exactly() {
@@ -499,5 +523,21 @@ mod tests {
         assert!(!key_matches(b"secret1", b"secret"));
         assert!(!key_matches(b"secre", b"secret"));
         assert!(!key_matches(b"", b"secret"));
+    }
+
+    #[test]
+    fn host_names_and_v6_addresses_are_listen_addresses() {
+        for (host, loopback) in [
+            ("127.0.0.1", true),
+            ("::1", true),
+            ("[::1]", true),
+            ("localhost", true),
+            ("0.0.0.0", false),
+        ] {
+            let a = listen_addr(host, 8080).unwrap_or_else(|e| panic!("{host}: {e}"));
+            assert_eq!(a.port(), 8080);
+            assert_eq!(a.ip().is_loopback(), loopback, "{host} → {a}");
+        }
+        assert!(listen_addr("not an address!", 1).is_err());
     }
 }

@@ -502,9 +502,16 @@ fn tools(b: &Body) -> Result<Option<Value>, ApiError> {
 
 /// A chat request's prompt tokens, and how its output is to be parsed.
 pub fn chat_prompt(state: &AppState, b: &Body) -> Result<(Vec<u32>, Syntax, bool), ApiError> {
-    let tpl = state.template.as_ref().ok_or_else(|| {
-        ApiError::bad("this model has no chat template; use /v1/completions", None)
-    })?;
+    let tpl = state
+        .template
+        .as_ref()
+        .ok_or_else(|| match &state.template_error {
+            Some(e) => ApiError::bad(
+                format!("this model's chat template does not compile ({e}); use /v1/completions"),
+                None,
+            ),
+            None => ApiError::bad("this model has no chat template; use /v1/completions", None),
+        })?;
     let list = b
         .get("messages")
         .and_then(Value::as_array)
