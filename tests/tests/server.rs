@@ -388,6 +388,55 @@ fn a_burst_past_the_queue_limit_gets_429s_and_nothing_worse() {
     assert_eq!(s.kv_free, s.kv_total, "{s:?}");
 }
 
+/// Tokenizing runs off the async workers: while 16 clients send prompts of almost 1 MiB,
+/// /health answers in well under 100 ms.
+#[test]
+fn health_answers_quickly_while_huge_prompts_are_tokenized() {
+    let Some(srv) = start(2, None) else {
+        return;
+    };
+    let addr = srv.addr;
+    let words = "lorem ipsum dolor sit amet, consectetur adipiscing elit ";
+    let prompt = words.repeat((kiln_server::serve::MAX_BODY - 4096) / words.len());
+    let body = json!({"prompt": prompt, "max_tokens": 1}).to_string();
+    let body = std::sync::Arc::new(body);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let clients: Vec<_> = (0..16)
+        .map(|_| {
+            let (body, done) = (body.clone(), done.clone());
+            std::thread::spawn(move || {
+                let (st, text) = http(addr, "POST", "/v1/completions", body.as_bytes(), None);
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                (st, text)
+            })
+        })
+        .collect();
+    // Let the uploads land and the tokenizers start.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut worst = Duration::ZERO;
+    let mut probes = 0;
+    while done.load(std::sync::atomic::Ordering::SeqCst) < 16 && probes < 40 {
+        let t0 = Instant::now();
+        let (st, _) = http(addr, "GET", "/health", b"", None);
+        worst = worst.max(t0.elapsed());
+        assert_eq!(st, 200);
+        probes += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for c in clients {
+        let (st, text) = c.join().expect("client");
+        // Far longer than the context: refused, after tokenizing.
+        assert_eq!(st, 400, "{}", &text[..text.len().min(300)]);
+        assert!(text.contains("context"), "{}", &text[..text.len().min(300)]);
+    }
+    println!("{probes} /health probes while tokenizing; the slowest took {worst:?}");
+    assert!(
+        probes >= 3,
+        "the prompts were tokenized before /health was asked"
+    );
+    assert!(worst < Duration::from_millis(100), "/health took {worst:?}");
+}
+
 /// One GET with a raw `Authorization` header value: (status, body).
 fn get_with_auth(addr: std::net::SocketAddr, path: &str, auth: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect");

@@ -34,7 +34,7 @@ use serde_json::{json, Value};
 
 use crate::load::{load, Loaded, ModelArgs};
 use metrics::Metrics;
-use request::{body_json, chat_prompt, common, completion_prompt, ApiError, Kind};
+use request::{body_json, chat_prompt, common, completion_prompt, ApiError, GenSpec, Kind};
 
 /// Largest request body, in bytes.
 pub const MAX_BODY: usize = 1 << 20;
@@ -475,41 +475,61 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     })
 }
 
+/// Runs a request's preparation (JSON parsing, template rendering, tokenizing: all of it
+/// CPU work that grows with the prompt) on a blocking thread, off the async workers that
+/// answer every other connection; then generates.
+async fn prepared(
+    state: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    prepare: fn(&AppState, &Bytes) -> Result<GenSpec, ApiError>,
+) -> Response {
+    let bytes = match body_bytes(body) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let st = state.clone();
+    let spec = tokio::task::spawn_blocking(move || prepare(&st, &bytes))
+        .await
+        .unwrap_or_else(|e| {
+            Err(ApiError::internal(format!(
+                "preparing the request failed: {e}"
+            )))
+        });
+    match spec {
+        Ok(spec) => respond::respond(state, spec).await,
+        Err(e) => e.into_response(),
+    }
+}
+
 async fn completions(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = (|| {
-        let b = body_json(&body_bytes(body)?)?;
-        let prompt = completion_prompt(&state, &b)?;
-        let echo = request::echo_text(&state, &b, &prompt)?;
-        let mut spec = common(&state, Kind::Text, &b, prompt, 16)?;
+    prepared(state, body, |state, bytes| {
+        let b = body_json(bytes)?;
+        let prompt = completion_prompt(state, &b)?;
+        let echo = request::echo_text(state, &b, &prompt)?;
+        let mut spec = common(state, Kind::Text, &b, prompt, 16)?;
         spec.echo = echo;
-        Ok::<_, ApiError>(spec)
-    })();
-    match r {
-        Ok(spec) => respond::respond(state, spec).await,
-        Err(e) => e.into_response(),
-    }
+        Ok(spec)
+    })
+    .await
 }
 
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = (|| {
-        let b = body_json(&body_bytes(body)?)?;
-        let (prompt, syntax, in_reasoning) = chat_prompt(&state, &b)?;
+    prepared(state, body, |state, bytes| {
+        let b = body_json(bytes)?;
+        let (prompt, syntax, in_reasoning) = chat_prompt(state, &b)?;
         let room = state.ctx.saturating_sub(prompt.len() + 1).max(1);
-        let mut spec = common(&state, Kind::Chat, &b, prompt, room)?;
+        let mut spec = common(state, Kind::Chat, &b, prompt, room)?;
         spec.syntax = syntax;
         spec.in_reasoning = in_reasoning;
-        Ok::<_, ApiError>(spec)
-    })();
-    match r {
-        Ok(spec) => respond::respond(state, spec).await,
-        Err(e) => e.into_response(),
-    }
+        Ok(spec)
+    })
+    .await
 }
 
 #[cfg(test)]
