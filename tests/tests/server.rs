@@ -437,6 +437,95 @@ fn health_answers_quickly_while_huge_prompts_are_tokenized() {
     assert!(worst < Duration::from_millis(100), "/health took {worst:?}");
 }
 
+/// A raw HTTP/1.1 request with these headers: (status, body).
+fn raw(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: &str,
+) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    for h in headers {
+        req.push_str(h);
+        req.push_str("\r\n");
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    s.write_all(req.as_bytes()).expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    let (head, rest) = out.split_once("\r\n\r\n").expect("a response");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status");
+    (status, rest.to_string())
+}
+
+/// A keyless server on loopback answers only requests addressed to a loopback host (DNS
+/// rebinding) and only JSON bodies (a browser's form posts need no preflight).
+#[test]
+fn a_keyless_loopback_server_refuses_other_hosts_and_non_json_bodies() {
+    let Some(path) = kiln_tests::model_file(kiln_tests::SMOLLM2) else {
+        return;
+    };
+    let args = kiln_server::load::ModelArgs {
+        model: Some(path.display().to_string()),
+        backend: "cpu".into(),
+        threads: None,
+        ctx: Some(256),
+        strict: false,
+        kv_type: kiln_core::DType::F32,
+    };
+    let loaded = kiln_server::load::load(&args, kiln_core::engine::RunnerConfig::default())
+        .expect("model loads");
+    let opts = kiln_server::serve::ServeOptions {
+        loopback_only: true,
+        ..kiln_server::serve::ServeOptions::new(1)
+    };
+    let srv = serve(kiln_server::serve::state_with(loaded, opts).expect("server state"));
+    let body = r#"{"prompt":"Hi","max_tokens":1}"#;
+    let json = "Content-Type: application/json";
+    for host in ["localhost", "127.0.0.1:8080", "[::1]:80"] {
+        let h = format!("Host: {host}");
+        let (st, text) = raw(srv.addr, "POST", "/v1/completions", &[&h, json], body);
+        assert_eq!(st, 200, "{host}: {text}");
+    }
+    for host in [
+        "evil.example",
+        "evil.example:8080",
+        "localhost.evil.example",
+    ] {
+        let h = format!("Host: {host}");
+        let (st, text) = raw(srv.addr, "GET", "/v1/models", &[&h], "");
+        assert_eq!(st, 403, "{host}: {text}");
+        assert!(text.contains("error"), "{text}");
+    }
+    for ct in [
+        "Content-Type: text/plain",
+        "Content-Type: application/x-www-form-urlencoded",
+    ] {
+        let (st, text) = raw(
+            srv.addr,
+            "POST",
+            "/v1/completions",
+            &["Host: localhost", ct],
+            body,
+        );
+        assert_eq!(st, 415, "{ct}: {text}");
+    }
+    let (st, _) = raw(
+        srv.addr,
+        "POST",
+        "/v1/completions",
+        &["Host: localhost"],
+        body,
+    );
+    assert_eq!(st, 415, "no content type");
+}
+
 /// One GET with a raw `Authorization` header value: (status, body).
 fn get_with_auth(addr: std::net::SocketAddr, path: &str, auth: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect");

@@ -6,12 +6,12 @@
 //! the sequence up to the end of this block", and a block that differs changes every later hash.
 //!
 //! # The hash
-//! FNV-1a with 128-bit state (offset basis `0x6c62272e07bb014262b821756295c58d`, prime
-//! `2^88 + 0x13b`), fed this byte string, all integers little-endian:
+//! SHA-256 of this byte string, all integers little-endian; the whole 32-byte digest is the
+//! block's hash (and the next block's parent):
 //!
 //! | field  | bytes                                                   |
 //! |--------|---------------------------------------------------------|
-//! | parent | `0x00` for the first block, else `0x01` + 16 bytes u128 |
+//! | parent | `0x00` for the first block, else `0x01` + 32 bytes      |
 //! | extra  | `0x00` for none, else `0x01` + 8 bytes u64              |
 //! | count  | number of tokens, 8 bytes u64                           |
 //! | tokens | each token id, 4 bytes u32                              |
@@ -19,67 +19,51 @@
 //! It is deterministic across runs, processes and machines (no random seed).
 //!
 //! # Collisions
-//! FNV-1a is not cryptographic: collisions can be constructed on purpose. The block pool therefore
-//! stores the token ids of every cached block and a lookup only hits when they are equal, so a
-//! collision can never return a block holding other tokens. What is *not* checked is the chain
-//! before the block: a wrong hit needs two different prefixes whose 128-bit hashes collide, with
-//! both blocks cached at once. For accidental collisions that chance is about `n^2 / 2^129` for `n`
-//! cached blocks; a deployment that serves untrusted prompts from a shared cache and fears crafted
-//! collisions should move to a keyed or cryptographic hash here.
+//! A cryptographic hash chained over the whole prefix: a client cannot craft two prefixes
+//! with the same hash to read another's cached KV (vLLM moved to SHA-256 for this after
+//! CVE-2025-25183; kiln used FNV-1a before). The block pool also stores the token ids of
+//! every cached block and a lookup only hits when they are equal.
+
+use sha2::{Digest, Sha256};
 
 /// The chained hash of one full block (see the module docs for the exact definition).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BlockHash(pub u128);
+pub struct BlockHash(pub [u8; 32]);
 
-const FNV128_OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
-const FNV128_PRIME: u128 = 0x0000000001000000000000000000013b;
-
-/// FNV-1a over a stream of bytes with 128-bit state.
-#[derive(Debug, Clone, Copy)]
-pub struct Fnv1a128(u128);
-
-impl Default for Fnv1a128 {
-    fn default() -> Self {
-        Fnv1a128(FNV128_OFFSET)
-    }
-}
-
-impl Fnv1a128 {
-    pub fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= b as u128;
-            self.0 = self.0.wrapping_mul(FNV128_PRIME);
-        }
-    }
-
-    pub fn finish(&self) -> u128 {
-        self.0
+impl BlockHash {
+    /// A hash with these leading bytes (for tests and fixtures).
+    pub fn from_u128(v: u128) -> BlockHash {
+        let mut b = [0u8; 32];
+        b[..16].copy_from_slice(&v.to_le_bytes());
+        BlockHash(b)
     }
 }
 
 /// Hash of one full block: `parent` is the hash of the previous block (`None` for the first),
 /// `tokens` the block's token ids, `extra` an optional key such as a LoRA or model id.
 pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32], extra: Option<u64>) -> BlockHash {
-    let mut h = Fnv1a128::default();
+    let mut h = Sha256::new();
     match parent {
-        None => h.write(&[0]),
+        None => h.update([0]),
         Some(p) => {
-            h.write(&[1]);
-            h.write(&p.0.to_le_bytes());
+            h.update([1]);
+            h.update(p.0);
         }
     }
     match extra {
-        None => h.write(&[0]),
+        None => h.update([0]),
         Some(e) => {
-            h.write(&[1]);
-            h.write(&e.to_le_bytes());
+            h.update([1]);
+            h.update(e.to_le_bytes());
         }
     }
-    h.write(&(tokens.len() as u64).to_le_bytes());
+    h.update((tokens.len() as u64).to_le_bytes());
+    let mut bytes = Vec::with_capacity(tokens.len() * 4);
     for t in tokens {
-        h.write(&t.to_le_bytes());
+        bytes.extend_from_slice(&t.to_le_bytes());
     }
-    BlockHash(h.finish())
+    h.update(&bytes);
+    BlockHash(h.finalize().into())
 }
 
 /// Chained hashes of every *full* block of `tokens` (a trailing partial block is not hashed).
@@ -98,17 +82,15 @@ pub fn hash_full_blocks(tokens: &[u32], block_size: usize, extra: Option<u64>) -
 mod tests {
     use super::*;
 
-    fn fnv(bytes: &[u8]) -> u128 {
-        let mut h = Fnv1a128::default();
-        h.write(bytes);
-        h.finish()
-    }
+    /// The first block of `[1, 2]` with no extra key, against SHA-256 of its byte string as
+    /// `sha256sum` gives it (`printf '\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00' | sha256sum`).
+    const SHA256_OF_1_2: &str = "216dcd42442e9f8a641dd6fbabe67a0c437f1a98bfff327af55988f4ffb1ce2f";
 
     #[test]
-    fn fnv1a_128_reference_vectors() {
-        assert_eq!(fnv(b""), 0x6c62272e07bb014262b821756295c58d);
-        assert_eq!(fnv(b"a"), 0xd228cb696f1a8caf78912b704e4a8964);
-        assert_eq!(fnv(b"foobar"), 0x343e1662793c64bf6f0d3597ba446f18);
+    fn the_hash_is_sha256_of_the_documented_bytes() {
+        let h = hash_block(None, &[1, 2], None);
+        let hex: String = h.0.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, SHA256_OF_1_2);
     }
 
     #[test]
@@ -133,7 +115,7 @@ mod tests {
     fn parent_and_extra_key_are_part_of_the_hash() {
         let t = [7, 7, 7, 7];
         let root = hash_block(None, &t, None);
-        assert_ne!(root, hash_block(Some(BlockHash(0)), &t, None));
+        assert_ne!(root, hash_block(Some(BlockHash([0; 32])), &t, None));
         assert_ne!(root, hash_block(None, &t, Some(0)));
         assert_ne!(hash_block(None, &t, Some(1)), hash_block(None, &t, Some(2)));
     }

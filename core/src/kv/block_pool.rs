@@ -564,7 +564,7 @@ mod tests {
     #[test]
     fn cache_lookup_verifies_tokens() {
         let mut p = pool(4);
-        let h = BlockHash(42);
+        let h = BlockHash::from_u128(42);
         let b = p.allocate(2).unwrap();
         p.cache_full_block(b[0], h, &[1, 2, 3, 4]).unwrap();
         assert_eq!(p.get_cached(h, &[1, 2, 3, 4]), Some(b[0]));
@@ -572,7 +572,7 @@ mod tests {
         assert_eq!(p.cache_full_block(b[1], h, &[1, 2, 3, 5]), Ok(false));
         assert_eq!(p.cache_full_block(b[0], h, &[1, 2, 3, 4]), Ok(false));
         assert_eq!(
-            p.cache_full_block(b[0], BlockHash(7), &[1, 2, 3, 4]),
+            p.cache_full_block(b[0], BlockHash::from_u128(7), &[1, 2, 3, 4]),
             Err(KvError::AlreadyCached { block: b[0] })
         );
         assert_eq!(
@@ -583,7 +583,7 @@ mod tests {
             })
         );
         assert_eq!(
-            p.cache_full_block(3, BlockHash(9), &[0; 4]),
+            p.cache_full_block(3, BlockHash::from_u128(9), &[0; 4]),
             Err(KvError::NotInUse { block: 3 })
         );
         assert_eq!(p.num_cached(), 1);

@@ -364,7 +364,7 @@ mod tests {
     use super::*;
 
     fn h(i: u128) -> BlockHash {
-        BlockHash(i)
+        BlockHash::from_u128(i)
     }
 
     /// One step of `seq` to `pos`: the slot read and the slot written.

@@ -84,6 +84,8 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// `/metrics` answers without the key.
     pub public_metrics: bool,
+    /// See [`ServeOptions::loopback_only`].
+    pub loopback_only: bool,
     metrics: Metrics,
     /// Settings /props reports.
     props: Value,
@@ -103,6 +105,10 @@ pub struct ServeOptions {
     pub max_queue: usize,
     /// Requests in flight at most (running and queued); more get 429.
     pub max_concurrent: Option<usize>,
+    /// Refuse requests whose `Host` is not a loopback name or address, and POST bodies that
+    /// are not `application/json` (against DNS rebinding and browser "simple" requests):
+    /// what a keyless server on a loopback address does.
+    pub loopback_only: bool,
 }
 
 impl ServeOptions {
@@ -114,6 +120,7 @@ impl ServeOptions {
             public_metrics: false,
             max_queue: 4 * max_batch.max(1),
             max_concurrent: None,
+            loopback_only: false,
         }
     }
 }
@@ -186,6 +193,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         prefix_caching: true,
         ..RunnerConfig::default()
     };
+    let addr = listen_addr(&a.host, a.port)?;
     let state = state_with(
         load(&a.model, cfg)?,
         ServeOptions {
@@ -193,10 +201,10 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             public_metrics: a.public_metrics,
             max_queue: a.max_queue.unwrap_or(4 * a.max_batch.max(1)),
             max_concurrent: a.max_concurrent,
+            loopback_only: addr.ip().is_loopback() && a.api_key.is_none(),
             ..ServeOptions::new(a.max_batch)
         },
     )?;
-    let addr = listen_addr(&a.host, a.port)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -319,6 +327,7 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         ctx,
         api_key,
         public_metrics,
+        loopback_only: o.loopback_only,
         in_flight: Default::default(),
         max_in_flight,
         metrics: Metrics::default(),
@@ -347,6 +356,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             .into_response()
         })
         .layer(middleware::from_fn_with_state(state.clone(), require_key))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard_loopback,
+        ))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn_with_state(state.clone(), count_status))
         .with_state(state)
@@ -372,6 +385,63 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         )
             .into_response(),
     }
+}
+
+/// A keyless server on loopback answers only requests addressed to a loopback host, and
+/// takes only JSON bodies: a web page cannot reach it by DNS rebinding or a form post.
+async fn guard_loopback(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if state.loopback_only {
+        let host = req
+            .headers()
+            .get(axum::http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        if !is_loopback_host(host) {
+            return ApiError::status(
+                StatusCode::FORBIDDEN,
+                format!("Host {host:?} is not a loopback name; this server answers local clients only (set --api-key to serve others)"),
+            )
+            .into_response();
+        }
+        let json = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|c| c.split(';').next())
+            .is_some_and(|c| c.trim().eq_ignore_ascii_case("application/json"));
+        if req.method() == axum::http::Method::POST && !json {
+            return ApiError::status(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "request bodies must be Content-Type: application/json",
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// `localhost`, `*.localhost`, a loopback IPv4 address or `[::1]`, with or without a port.
+fn is_loopback_host(host: &str) -> bool {
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return ip.is_loopback();
+    }
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        host.rsplit_once(':').map_or(host, |(h, p)| {
+            if p.chars().all(|c| c.is_ascii_digit()) {
+                h
+            } else {
+                host
+            }
+        })
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// With an API key set, every route but `/health` (and `/metrics` under `--public-metrics`)
@@ -534,7 +604,36 @@ async fn chat_completions(
 
 #[cfg(test)]
 mod tests {
-    use super::{key_matches, listen_addr};
+    use super::{is_loopback_host, key_matches, listen_addr};
+
+    #[test]
+    fn loopback_hosts() {
+        for h in [
+            "localhost",
+            "localhost:8080",
+            "LOCALHOST.",
+            "api.localhost:1",
+            "127.0.0.1",
+            "127.0.0.1:8080",
+            "127.1.2.3",
+            "[::1]",
+            "[::1]:8080",
+            "::1",
+        ] {
+            assert!(is_loopback_host(h), "{h}");
+        }
+        for h in [
+            "",
+            "evil.example",
+            "evil.example:8080",
+            "localhost.evil.example",
+            "10.0.0.1",
+            "[::2]:80",
+            "127.0.0.1.nip.io",
+        ] {
+            assert!(!is_loopback_host(h), "{h}");
+        }
+    }
 
     #[test]
     fn api_keys_compare_exactly() {
