@@ -358,14 +358,40 @@ fn a_burst_past_the_queue_limit_gets_429s_and_nothing_worse() {
         ..kiln_server::serve::ServeOptions::new(2)
     };
     let srv = serve(kiln_server::serve::state_with(loaded, opts).expect("server state"));
-    let addr = srv.addr;
+    // All 500 connections first (a storm of simultaneous connects overflows the kernel's
+    // accept queue and tests the kernel, not kiln), then all requests at once.
+    let conns: Vec<TcpStream> = (0..500)
+        .map(|_| TcpStream::connect(srv.addr).expect("connect"))
+        .collect();
     let t0 = Instant::now();
-    let threads: Vec<_> = (0..500)
-        .map(|i| {
+    let threads: Vec<_> = conns
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut c)| {
             std::thread::spawn(move || {
                 let body = json!({"prompt": format!("Request {i}: the capital of France is"),
-                                  "max_tokens": 3, "temperature": 0});
-                post(addr, "/v1/completions", &body)
+                                  "max_tokens": 3, "temperature": 0})
+                .to_string();
+                let req = format!(
+                    "POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                c.write_all(req.as_bytes()).expect("write");
+                let mut raw = Vec::new();
+                c.read_to_end(&mut raw).expect("read");
+                let text = String::from_utf8_lossy(&raw).to_string();
+                let (head, rest) = text.split_once("\r\n\r\n").expect("a response");
+                let st: u16 = head
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|c| c.parse().ok())
+                    .expect("a status");
+                let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+                    dechunk(rest)
+                } else {
+                    rest.to_string()
+                };
+                (st, body)
             })
         })
         .collect();
@@ -435,6 +461,99 @@ fn health_answers_quickly_while_huge_prompts_are_tokenized() {
         "the prompts were tokenized before /health was asked"
     );
     assert!(worst < Duration::from_millis(100), "/health took {worst:?}");
+}
+
+/// 32 streaming clients that never read (and small socket buffers on both sides, so their
+/// output backs up into the server quickly): a fresh client still gets its completion at
+/// once, and the stalled ones are dropped after the stall timeout with their KV freed.
+#[test]
+fn stalled_streams_are_dropped_and_others_keep_going() {
+    use socket2::{Domain, Socket, Type};
+    let path = kiln_tests::fixtures().join("hf/qwen3_5");
+    let args = kiln_server::load::ModelArgs {
+        model: Some(path.display().to_string()),
+        backend: "cpu".into(),
+        threads: None,
+        ctx: Some(1024),
+        strict: false,
+        kv_type: kiln_core::DType::F32,
+    };
+    let cfg = kiln_core::engine::RunnerConfig {
+        max_seqs: 40,
+        max_batch_tokens: 256,
+        prefix_caching: true,
+        ..kiln_core::engine::RunnerConfig::default()
+    };
+    let loaded = kiln_server::load::load(&args, cfg).expect("fixture loads");
+    let opts = kiln_server::serve::ServeOptions {
+        stall_timeout: Duration::from_secs(2),
+        ..kiln_server::serve::ServeOptions::new(40)
+    };
+    let st = kiln_server::serve::state_with(loaded, opts).expect("server state");
+    // The server's sockets get a small send buffer (no autotuning up to megabytes).
+    let sock = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    sock.set_send_buffer_size(4096).expect("SO_SNDBUF");
+    sock.bind(
+        &"127.0.0.1:0"
+            .parse::<std::net::SocketAddr>()
+            .expect("addr")
+            .into(),
+    )
+    .expect("bind");
+    sock.listen(128).expect("listen");
+    let srv = serve_on(st, sock.into());
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 900, "stream": true,
+                      "temperature": 0, "ignore_eos": true})
+    .to_string();
+    let stalled: Vec<Socket> = (0..32)
+        .map(|_| {
+            let c = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+            c.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+            c.connect(&srv.addr.into()).expect("connect");
+            let req = format!(
+                "POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let mut w: &Socket = &c;
+            w.write_all(req.as_bytes()).expect("send");
+            c
+        })
+        .collect();
+    // Let them start and back up.
+    std::thread::sleep(Duration::from_millis(700));
+    let t0 = Instant::now();
+    let r = completion(
+        srv.addr,
+        &json!({"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}),
+    );
+    let fresh = t0.elapsed();
+    assert!(r["choices"][0]["text"].is_string(), "{r}");
+    println!("a fresh completion beside 32 stalled streams took {fresh:?}");
+    assert!(
+        fresh < Duration::from_secs(2),
+        "the fresh client waited {fresh:?}"
+    );
+    // The stalled ones are dropped after 2 s without reading; their KV comes back.
+    let t1 = Instant::now();
+    loop {
+        let s = srv.state.engine.snapshot();
+        let m = metrics_text(srv.addr);
+        let dropped = m
+            .lines()
+            .find_map(|l| l.strip_prefix("kiln_requests_total{status=\"stalled\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if dropped == 32.0 && s.running == 0 && s.waiting == 0 && s.kv_free == s.kv_total {
+            assert!(s.slots.is_empty(), "{:?}", s.slots);
+            break;
+        }
+        assert!(
+            t1.elapsed() < Duration::from_secs(30),
+            "stalled streams not dropped: {dropped} of 32, {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(stalled);
 }
 
 /// A raw HTTP/1.1 request with these headers: (status, body).

@@ -45,6 +45,18 @@ impl GenRequest {
     }
 }
 
+/// Where a request's events go: a channel end the engine never blocks on. `send` returns
+/// false once nobody listens; the request is then cancelled.
+pub trait EventSink: Send {
+    fn send(&mut self, ev: Event) -> bool;
+}
+
+impl EventSink for Sender<Event> {
+    fn send(&mut self, ev: Event) -> bool {
+        Sender::send(self, ev).is_ok()
+    }
+}
+
 /// Why a generation ended.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Finish {
@@ -150,7 +162,7 @@ struct Active {
     prompt_len: usize,
     generated: usize,
     logprobs: Option<usize>,
-    tx: Sender<Event>,
+    tx: Box<dyn EventSink>,
     /// Set by the client's side when it stops listening.
     cancelled: Option<Arc<AtomicBool>>,
 }
@@ -307,8 +319,8 @@ impl Engine {
     /// Queues a request; its tokens and its end arrive on `tx`. Fails (and sends nothing) on
     /// an empty prompt, a prompt that leaves no room in the context, or bad sampling
     /// parameters.
-    pub fn submit(&mut self, req: GenRequest, tx: Sender<Event>) -> Result<ReqId> {
-        self.submit_with(req, tx, None)
+    pub fn submit(&mut self, req: GenRequest, tx: impl EventSink + 'static) -> Result<ReqId> {
+        self.submit_with(req, Box::new(tx), None)
     }
 
     /// `submit` with a flag the client sets when it stops listening: the request is then
@@ -316,30 +328,10 @@ impl Engine {
     pub fn submit_with(
         &mut self,
         req: GenRequest,
-        tx: Sender<Event>,
+        tx: Box<dyn EventSink>,
         cancelled: Option<Arc<AtomicBool>>,
     ) -> Result<ReqId> {
-        let ctx = self.runner.config().ctx;
-        if req.prompt.is_empty() {
-            return Err(Error::Model("the prompt is empty".into()));
-        }
-        if req.prompt.len() >= ctx {
-            return Err(Error::Model(format!(
-                "the prompt has {} tokens; the context holds {ctx}",
-                req.prompt.len()
-            )));
-        }
-        let vocab = self.runner.model().info().vocab;
-        if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::Model(format!(
-                "token id {t} is outside the vocabulary of {vocab}"
-            )));
-        }
-        if req.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
-            return Err(Error::Model(format!(
-                "at most {MAX_TOP_LOGPROBS} top log-probabilities per token"
-            )));
-        }
+        self.check(&req)?;
         let sampler = Sampler::new(req.params)?;
         let id = self.next_id;
         self.next_id += 1;
@@ -362,6 +354,33 @@ impl Engine {
         }
         self.sched.admit(Seq::new(id, req.prompt));
         Ok(id)
+    }
+
+    /// Whether `submit` would take `req`: a prompt that is not empty, leaves room in the
+    /// context and stays in the vocabulary; sampling parameters in range.
+    pub fn check(&self, req: &GenRequest) -> Result<()> {
+        let ctx = self.runner.config().ctx;
+        if req.prompt.is_empty() {
+            return Err(Error::Model("the prompt is empty".into()));
+        }
+        if req.prompt.len() >= ctx {
+            return Err(Error::Model(format!(
+                "the prompt has {} tokens; the context holds {ctx}",
+                req.prompt.len()
+            )));
+        }
+        let vocab = self.runner.model().info().vocab;
+        if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Model(format!(
+                "token id {t} is outside the vocabulary of {vocab}"
+            )));
+        }
+        if req.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+            return Err(Error::Model(format!(
+                "at most {MAX_TOP_LOGPROBS} top log-probabilities per token"
+            )));
+        }
+        crate::sample::SamplingParams::validate(&req.params)
     }
 
     /// Runs one request to its end on this thread, stepping the engine (requests queued
@@ -418,10 +437,10 @@ impl Engine {
         if self.sched.finish(id) {
             self.runner.release(id)?;
         }
-        if let (Some(a), Some(finish)) = (self.active.remove(&id), finish) {
+        if let (Some(mut a), Some(finish)) = (self.active.remove(&id), finish) {
             // Whoever is told the request ended finds the engine's state already past it.
             self.publish();
-            let _ = a.tx.send(Event::Done {
+            a.tx.send(Event::Done {
                 finish,
                 prompt_tokens: a.prompt_len,
                 generated: a.generated,
@@ -431,8 +450,8 @@ impl Engine {
     }
 
     fn fail(&mut self, id: ReqId, msg: String) -> Result<()> {
-        if let Some(a) = self.active.get(&id) {
-            let _ = a.tx.send(Event::Error(msg));
+        if let Some(a) = self.active.get_mut(&id) {
+            a.tx.send(Event::Error(msg));
         }
         self.active.remove(&id);
         self.end(id, None)
@@ -519,8 +538,8 @@ impl Engine {
                     .unwrap_or_default();
                 let reused = self.runner.start_cached(it.id, &tokens, it.start)?;
                 self.stats.prefix_hit_tokens += reused as u64;
-                if let (true, Some(a)) = (reused > 0, self.active.get(&it.id)) {
-                    let _ = a.tx.send(Event::Cached(reused));
+                if let (true, Some(a)) = (reused > 0, self.active.get_mut(&it.id)) {
+                    a.tx.send(Event::Cached(reused));
                 }
                 // The reused tokens are computed whatever becomes of this step.
                 self.sched.advance(it.id, reused, None);
@@ -622,7 +641,7 @@ impl Engine {
             Some(Finish::Stop)
         } else {
             a.generated += 1;
-            if a.tx.send(Event::Token(tok, lp)).is_err() {
+            if !a.tx.send(Event::Token(tok, lp)) {
                 self.stats.cancelled += 1;
                 self.active.remove(&id);
                 return self.end(id, None);
@@ -637,7 +656,16 @@ impl Engine {
 }
 
 enum Cmd {
-    Submit(GenRequest, Sender<Event>, Arc<AtomicBool>),
+    Submit(GenRequest, Box<dyn EventSink>, Arc<AtomicBool>),
+}
+
+/// Cancels its request at the engine's next step when dropped ([`EngineHandle::submit_to`]).
+pub struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// A request's events, as [`EngineHandle::submit`] returns them (it dereferences to the
@@ -689,9 +717,16 @@ pub fn spawn(mut engine: Engine) -> EngineHandle {
 }
 
 fn accept(engine: &mut Engine, cmd: Cmd) {
-    let Cmd::Submit(req, out, cancelled) = cmd;
-    if let Err(e) = engine.submit_with(req, out.clone(), Some(cancelled)) {
-        let _ = out.send(Event::Error(e.to_string()));
+    let Cmd::Submit(req, mut out, cancelled) = cmd;
+    match engine.check(&req) {
+        Ok(()) => {
+            if let Err(e) = engine.submit_with(req, out, Some(cancelled)) {
+                tracing::warn!("a checked request was refused: {e}");
+            }
+        }
+        Err(e) => {
+            out.send(Event::Error(e.to_string()));
+        }
     }
 }
 
@@ -737,13 +772,32 @@ impl EngineHandle {
         let (tx, rx) = mpsc::channel();
         let cancelled = Arc::new(AtomicBool::new(false));
         let sent = self.tx.as_ref().map(|t| {
-            t.send(Cmd::Submit(req, tx.clone(), cancelled.clone()))
+            t.send(Cmd::Submit(req, Box::new(tx.clone()), cancelled.clone()))
                 .is_ok()
         });
         if sent != Some(true) {
             let _ = tx.send(Event::Error("the engine has stopped".into()));
         }
         Stream { rx, cancelled }
+    }
+
+    /// Queues a request whose events go to `sink` (which the engine never blocks on).
+    /// Dropping the returned guard cancels the request at the engine's next step.
+    pub fn submit_to(&self, req: GenRequest, mut sink: Box<dyn EventSink>) -> CancelOnDrop {
+        let cancelled = Arc::new(AtomicBool::new(false));
+        match &self.tx {
+            Some(t) => {
+                if let Err(mpsc::SendError(Cmd::Submit(_, mut sink, _))) =
+                    t.send(Cmd::Submit(req, sink, cancelled.clone()))
+                {
+                    sink.send(Event::Error("the engine has stopped".into()));
+                }
+            }
+            None => {
+                sink.send(Event::Error("the engine has stopped".into()));
+            }
+        }
+        CancelOnDrop(cancelled)
     }
 
     /// Whether the engine thread is still running (it ends only on shutdown, or on a panic).

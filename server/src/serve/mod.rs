@@ -68,6 +68,10 @@ pub struct ServeArgs {
     /// Requests in flight at most, running and queued (default: --max-batch + --max-queue).
     #[arg(long)]
     pub max_concurrent: Option<usize>,
+    /// Seconds a client may leave its output unread (a stalled stream) before it is dropped
+    /// and its request cancelled, freeing its KV blocks.
+    #[arg(long, default_value_t = 60.0)]
+    pub stream_stall_timeout: f64,
 }
 
 /// What the handlers share.
@@ -86,6 +90,8 @@ pub struct AppState {
     pub public_metrics: bool,
     /// See [`ServeOptions::loopback_only`].
     pub loopback_only: bool,
+    /// A streaming client that takes no piece for this long is dropped.
+    pub stall_timeout: std::time::Duration,
     metrics: Metrics,
     /// Settings /props reports.
     props: Value,
@@ -109,6 +115,9 @@ pub struct ServeOptions {
     /// are not `application/json` (against DNS rebinding and browser "simple" requests):
     /// what a keyless server on a loopback address does.
     pub loopback_only: bool,
+    /// A client that takes none of its output for this long is dropped and its request
+    /// cancelled.
+    pub stall_timeout: std::time::Duration,
 }
 
 impl ServeOptions {
@@ -121,6 +130,7 @@ impl ServeOptions {
             max_queue: 4 * max_batch.max(1),
             max_concurrent: None,
             loopback_only: false,
+            stall_timeout: std::time::Duration::from_secs(60),
         }
     }
 }
@@ -202,6 +212,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             max_queue: a.max_queue.unwrap_or(4 * a.max_batch.max(1)),
             max_concurrent: a.max_concurrent,
             loopback_only: addr.ip().is_loopback() && a.api_key.is_none(),
+            stall_timeout: std::time::Duration::from_secs_f64(a.stream_stall_timeout.max(0.1)),
             ..ServeOptions::new(a.max_batch)
         },
     )?;
@@ -328,6 +339,7 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         api_key,
         public_metrics,
         loopback_only: o.loopback_only,
+        stall_timeout: o.stall_timeout,
         in_flight: Default::default(),
         max_in_flight,
         metrics: Metrics::default(),

@@ -9,13 +9,13 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::timings::Timings;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Json, Response};
 use kiln_core::chat::parse::{Delta, OutputParser, ToolCall};
-use kiln_core::engine::batching::{Event, Finish, GenRequest};
+use kiln_core::engine::batching::{Event, EventSink, Finish, GenRequest};
 use kiln_core::sample::{StopMatcher, TokenLogprobs};
 use kiln_core::tokenizer::StreamDecoder;
 use serde_json::{json, Value};
@@ -26,7 +26,6 @@ use super::{now, AppState};
 
 /// How often a choice's thread checks whether its response is still wanted while the engine
 /// sends nothing (queued, or prefilling a long prompt).
-const POLL: Duration = Duration::from_millis(20);
 
 /// One token's log-probabilities, with the text of each token.
 struct TokenLp {
@@ -193,17 +192,21 @@ fn start(
         let mut params = spec.params.clone();
         // Choices differ; a seeded request stays reproducible.
         params.seed = params.seed.map(|s| s.wrapping_add(index as u64));
-        let stream = state.engine.submit(GenRequest {
-            prompt: spec.prompt.clone(),
-            params,
-            max_tokens: spec.max_tokens,
-            stop_ids: if spec.ignore_eos {
-                Vec::new()
-            } else {
-                state.tokenizer.eog_ids().to_vec()
+        let (etx, mut events) = tokio::sync::mpsc::unbounded_channel::<Event>();
+        let cancel = state.engine.submit_to(
+            GenRequest {
+                prompt: spec.prompt.clone(),
+                params,
+                max_tokens: spec.max_tokens,
+                stop_ids: if spec.ignore_eos {
+                    Vec::new()
+                } else {
+                    state.tokenizer.eog_ids().to_vec()
+                },
+                logprobs: spec.logprobs,
             },
-            logprobs: spec.logprobs,
-        });
+            Box::new(ToTask(etx)),
+        );
         let st = state.clone();
         let tx = tx.clone();
         let mut choice = Choice::new(index, spec);
@@ -218,17 +221,21 @@ fn start(
             });
         }
         let admitted = admitted.clone();
-        tokio::task::spawn_blocking(move || {
+        let stall = state.stall_timeout;
+        // One task per choice: it waits on the engine's events and on the client, never on a
+        // thread; a client that takes none of its pieces for `stall` is dropped.
+        tokio::spawn(async move {
             let _admitted = admitted;
+            // Dropping it cancels the request if it is still running.
+            let _cancel = cancel;
             let mut last: Option<Instant> = None;
             let unrecorded: Option<&'static str> = loop {
-                let ev = match stream.recv_timeout(POLL) {
-                    Ok(ev) => ev,
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) if tx.is_closed() => {
-                        break Some("cancelled");
-                    }
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
-                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break Some("error"),
+                let ev = tokio::select! {
+                    ev = events.recv() => ev,
+                    _ = tx.closed() => break Some("cancelled"),
+                };
+                let Some(ev) = ev else {
+                    break Some("error");
                 };
                 let pieces = match ev {
                     Event::Token(t, lp) => {
@@ -263,11 +270,16 @@ fn start(
                     if p.is_empty() {
                         continue;
                     }
-                    if tx.blocking_send(p).is_err() {
+                    let gone = match tokio::time::timeout(stall, tx.send(p)).await {
+                        Ok(Ok(())) => None,
+                        Ok(Err(_)) => Some("cancelled"),
+                        Err(_) => Some("stalled"),
+                    };
+                    if let Some(g) = gone {
                         if outcome.is_none() {
-                            record(&st, "cancelled", choice.generated);
+                            record(&st, g, choice.generated);
                         }
-                        outcome = Some("cancelled");
+                        outcome = Some(g);
                         break;
                     }
                 }
@@ -275,14 +287,22 @@ fn start(
                     break None;
                 }
             };
-            // Dropping the engine stream cancels the request if it is still running.
-            drop(stream);
             if let Some(o) = unrecorded {
                 record(&st, o, choice.generated);
             }
         });
     }
     rx
+}
+
+/// Hands the engine's events to a choice's task (an unbounded channel: the engine never
+/// waits; a request produces at most `max_tokens` events).
+struct ToTask(tokio::sync::mpsc::UnboundedSender<Event>);
+
+impl EventSink for ToTask {
+    fn send(&mut self, ev: Event) -> bool {
+        self.0.send(ev).is_ok()
+    }
 }
 
 /// Counts a finished choice in /metrics.

@@ -54,6 +54,30 @@ pub fn start_model(
     Some(serve(st))
 }
 
+/// Serves `st` on `listener` (a bound, listening std socket) from a runtime of its own.
+pub fn serve_on(st: Arc<AppState>, listener: std::net::TcpListener) -> Server {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let addr = listener.local_addr().expect("addr");
+    let listener = {
+        let _guard = rt.enter();
+        tokio::net::TcpListener::from_std(listener).expect("tokio listener")
+    };
+    let app = router(st.clone());
+    rt.spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Server {
+        addr,
+        state: st,
+        _rt: rt,
+    }
+}
+
 /// Serves `st` on a free local port from a runtime of its own.
 pub fn serve(st: Arc<AppState>) -> Server {
     let rt = tokio::runtime::Builder::new_multi_thread()
