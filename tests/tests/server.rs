@@ -556,6 +556,102 @@ fn stalled_streams_are_dropped_and_others_keep_going() {
     drop(stalled);
 }
 
+/// A model that panics on one token and stalls on another (a bug in a kernel, a hung device).
+struct Faulty {
+    inner: Box<dyn kiln_core::model::Model>,
+}
+
+const PANICS: u32 = 300;
+const STALLS: u32 = 301;
+
+impl kiln_core::model::Model for Faulty {
+    fn info(&self) -> &kiln_core::model::ModelInfo {
+        self.inner.info()
+    }
+    fn kv_groups(&self) -> &[kiln_core::model::KvGroup] {
+        self.inner.kv_groups()
+    }
+    fn state_shapes(&self) -> Vec<Vec<usize>> {
+        self.inner.state_shapes()
+    }
+    fn forward(
+        &self,
+        ex: &kiln_core::exec::Executor,
+        b: &kiln_core::model::ForwardBatch,
+        kv: &kiln_core::model::KvCaches,
+    ) -> kiln_core::Result<kiln_core::Tensor> {
+        assert!(!b.tokens.contains(&PANICS), "the test's poisoned token");
+        if b.tokens.contains(&STALLS) {
+            std::thread::sleep(Duration::from_secs(3));
+        }
+        self.inner.forward(ex, b, kv)
+    }
+}
+
+/// A panic inside a step fails that step's request and the engine goes on serving; an
+/// engine that makes no progress with work queued makes /health and new requests answer 503
+/// (with Retry-After) until it moves again.
+#[test]
+fn a_panicking_step_fails_its_request_and_a_wedged_engine_is_reported() {
+    use kiln_core::exec::Executor;
+    let dir = kiln_tests::fixtures().join("hf/llama");
+    let file = kiln_core::load::open_model(&dir).expect("fixture");
+    let tokenizer = kiln_core::tokenizer::open_tokenizer(&dir, &file).expect("tokenizer");
+    let ex = Executor::cpu();
+    let inner = kiln_core::model::build_from_gguf(&file, &ex).expect("model");
+    let runner = kiln_core::engine::Runner::new(
+        ex,
+        Box::new(Faulty { inner }),
+        kiln_core::engine::RunnerConfig {
+            max_seqs: 2,
+            ..Default::default()
+        },
+    )
+    .expect("runner");
+    let loaded = kiln_server::load::Loaded {
+        path: dir.clone(),
+        file,
+        tokenizer,
+        runner,
+    };
+    let opts = kiln_server::serve::ServeOptions {
+        wedged_after: Duration::from_secs(1),
+        ..kiln_server::serve::ServeOptions::new(2)
+    };
+    let srv = serve(kiln_server::serve::state_with(loaded, opts).expect("server state"));
+    let ask = |prompt: Vec<u32>| {
+        post(
+            srv.addr,
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 2, "temperature": 0}),
+        )
+    };
+    let (st, text) = ask(vec![5, 6, PANICS]);
+    assert_eq!(st, 500, "{text}");
+    assert!(text.contains("panicked"), "{text}");
+    let (st, text) = ask(vec![5, 6, 7]);
+    assert_eq!(st, 200, "after a panic: {text}");
+    assert_eq!(http(srv.addr, "GET", "/health", b"", None).0, 200);
+    let s = srv.state.engine.snapshot();
+    assert_eq!(s.kv_free, s.kv_total, "{s:?}");
+    // A step that takes 3 s: after 1 s the engine counts as wedged.
+    let addr = srv.addr;
+    let slow = std::thread::spawn(move || {
+        post(
+            addr,
+            "/v1/completions",
+            &json!({"prompt": [5, STALLS], "max_tokens": 1}),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(1600));
+    let (st, text) = http(srv.addr, "GET", "/health", b"", None);
+    assert_eq!(st, 503, "{text}");
+    let (st, text) = ask(vec![5, 6, 8]);
+    assert_eq!(st, 503, "{text}");
+    assert_eq!(slow.join().expect("slow client").0, 200);
+    assert_eq!(http(srv.addr, "GET", "/health", b"", None).0, 200);
+}
+
 /// A raw HTTP/1.1 request with these headers: (status, body).
 fn raw(
     addr: std::net::SocketAddr,

@@ -755,11 +755,32 @@ fn serve(engine: &mut Engine, rx: &Receiver<Cmd>) {
                 Err(TryRecvError::Disconnected) => open = false,
             }
         }
-        if let Err(e) = engine.step() {
-            tracing::error!("engine step failed: {e}");
-            let ids: Vec<ReqId> = engine.active.keys().copied().collect();
+        // Watchers see the requests just taken before a step that may be long.
+        engine.publish();
+        // A panic inside a step (a model or kernel bug) fails the requests of that step, not
+        // the engine: the queued ones and later requests are still served.
+        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.step()));
+        let failure = match step {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some((format!("engine error: {e}"), false)),
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into());
+                Some((format!("engine step panicked: {msg}"), true))
+            }
+        };
+        if let Some((msg, running_only)) = failure {
+            tracing::error!("{msg}");
+            let ids: Vec<ReqId> = if running_only {
+                engine.sched.running().iter().map(|s| s.id).collect()
+            } else {
+                engine.active.keys().copied().collect()
+            };
             for id in ids {
-                let _ = engine.fail(id, format!("engine error: {e}"));
+                let _ = engine.fail(id, msg.clone());
             }
         }
     }

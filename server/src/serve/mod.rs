@@ -92,6 +92,8 @@ pub struct AppState {
     pub loopback_only: bool,
     /// A streaming client that takes no piece for this long is dropped.
     pub stall_timeout: std::time::Duration,
+    /// See [`ServeOptions::wedged_after`].
+    pub wedged_after: std::time::Duration,
     metrics: Metrics,
     /// Settings /props reports.
     props: Value,
@@ -118,6 +120,9 @@ pub struct ServeOptions {
     /// A client that takes none of its output for this long is dropped and its request
     /// cancelled.
     pub stall_timeout: std::time::Duration,
+    /// An engine with work that has not finished a step for this long is wedged: /health
+    /// and new requests get 503 until it moves again.
+    pub wedged_after: std::time::Duration,
 }
 
 impl ServeOptions {
@@ -131,6 +136,7 @@ impl ServeOptions {
             max_concurrent: None,
             loopback_only: false,
             stall_timeout: std::time::Duration::from_secs(60),
+            wedged_after: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -148,20 +154,17 @@ impl Drop for Admitted {
     }
 }
 
-/// An engine with work queued that has not finished a step for this long is wedged.
-const WEDGED_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
-
 impl AppState {
     /// Why the engine cannot take work now, if it cannot: its thread has ended, or it has had
-    /// work and made no step for [`WEDGED_AFTER`].
+    /// work and made no step for [`ServeOptions::wedged_after`].
     pub fn unhealthy(&self) -> Option<&'static str> {
         if !self.engine.is_alive() {
             return Some("the engine has stopped");
         }
         let s = self.engine.snapshot();
         let busy = s.waiting + s.running > 0;
-        if busy && s.last_step.is_some_and(|t| t.elapsed() > WEDGED_AFTER) {
-            return Some("the engine has made no progress for 30 s");
+        if busy && s.last_step.is_some_and(|t| t.elapsed() > self.wedged_after) {
+            return Some("the engine has made no progress for a while (wedged)");
         }
         None
     }
@@ -340,6 +343,7 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         public_metrics,
         loopback_only: o.loopback_only,
         stall_timeout: o.stall_timeout,
+        wedged_after: o.wedged_after,
         in_flight: Default::default(),
         max_in_flight,
         metrics: Metrics::default(),
