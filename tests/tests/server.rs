@@ -652,6 +652,102 @@ fn a_panicking_step_fails_its_request_and_a_wedged_engine_is_reported() {
     assert_eq!(http(srv.addr, "GET", "/health", b"", None).0, 200);
 }
 
+/// Whether the server has closed `c` (a read gives EOF or a reset) within `within`.
+fn closed_within(c: &mut TcpStream, within: Duration) -> bool {
+    c.set_read_timeout(Some(within)).expect("timeout");
+    let mut buf = [0u8; 4096];
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => return true,
+            // A 408 or other answer before the close: keep reading to the end.
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Slow or idle connections are closed after the header timeout, a body that trickles gets
+/// 408, and connections past the cap are closed at once.
+#[test]
+fn slow_idle_and_excess_connections_are_closed() {
+    let Some(path) = kiln_tests::model_file(kiln_tests::SMOLLM2) else {
+        return;
+    };
+    let args = kiln_server::load::ModelArgs {
+        model: Some(path.display().to_string()),
+        backend: "cpu".into(),
+        threads: None,
+        ctx: Some(256),
+        strict: false,
+        kv_type: kiln_core::DType::F32,
+    };
+    let loaded = kiln_server::load::load(&args, kiln_core::engine::RunnerConfig::default())
+        .expect("model loads");
+    let opts = kiln_server::serve::ServeOptions {
+        read_timeout: Duration::from_secs(1),
+        ..kiln_server::serve::ServeOptions::new(1)
+    };
+    let st = kiln_server::serve::state_with(loaded, opts).expect("server state");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let limits = kiln_server::serve::ConnLimits {
+        max_connections: 4,
+        header_timeout: Duration::from_secs(1),
+    };
+    rt.spawn(kiln_server::serve::serve_connections(
+        listener,
+        kiln_server::serve::router(st),
+        limits,
+    ));
+    // Headers that never end, and a connection that says nothing.
+    let mut slow = TcpStream::connect(addr).expect("connect");
+    slow.write_all(b"GET /health HTTP/1.1\r\nHost: kiln\r\n")
+        .expect("write");
+    let mut idle = TcpStream::connect(addr).expect("connect");
+    // A body that stops short of its Content-Length.
+    let mut trickle = TcpStream::connect(addr).expect("connect");
+    trickle
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+        .expect("write");
+    // The fourth connection is still allowed; a fifth is closed at once.
+    let fourth = TcpStream::connect(addr).expect("connect");
+    std::thread::sleep(Duration::from_millis(200));
+    let mut fifth = TcpStream::connect(addr).expect("connect");
+    assert!(
+        closed_within(&mut fifth, Duration::from_millis(500)),
+        "a fifth connection stayed open"
+    );
+    let t0 = Instant::now();
+    let mut answer = String::new();
+    trickle
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let _ = trickle.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        closed_within(&mut slow, Duration::from_secs(3)),
+        "slow headers kept"
+    );
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(3)),
+        "an idle connection kept"
+    );
+    println!("closed after {:?}", t0.elapsed());
+    drop(fourth);
+    // With the others gone, a normal request goes through.
+    std::thread::sleep(Duration::from_millis(100));
+    let (st, _) = http(addr, "GET", "/health", b"", None);
+    assert_eq!(st, 200);
+}
+
 /// A raw HTTP/1.1 request with these headers: (status, body).
 fn raw(
     addr: std::net::SocketAddr,

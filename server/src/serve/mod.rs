@@ -72,6 +72,13 @@ pub struct ServeArgs {
     /// and its request cancelled, freeing its KV blocks.
     #[arg(long, default_value_t = 60.0)]
     pub stream_stall_timeout: f64,
+    /// Open connections at most; more are closed at once.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Seconds a connection may take to send a request's headers (and may stay idle between
+    /// requests) before it is closed; a request's body has as long again (408).
+    #[arg(long, default_value_t = 30.0)]
+    pub header_timeout: f64,
 }
 
 /// What the handlers share.
@@ -94,6 +101,8 @@ pub struct AppState {
     pub stall_timeout: std::time::Duration,
     /// See [`ServeOptions::wedged_after`].
     pub wedged_after: std::time::Duration,
+    /// See [`ServeOptions::read_timeout`].
+    pub read_timeout: std::time::Duration,
     metrics: Metrics,
     /// Settings /props reports.
     props: Value,
@@ -123,6 +132,8 @@ pub struct ServeOptions {
     /// An engine with work that has not finished a step for this long is wedged: /health
     /// and new requests get 503 until it moves again.
     pub wedged_after: std::time::Duration,
+    /// A request body must arrive within this long (408 past it).
+    pub read_timeout: std::time::Duration,
 }
 
 impl ServeOptions {
@@ -137,6 +148,7 @@ impl ServeOptions {
             loopback_only: false,
             stall_timeout: std::time::Duration::from_secs(60),
             wedged_after: std::time::Duration::from_secs(30),
+            read_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -216,6 +228,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             max_concurrent: a.max_concurrent,
             loopback_only: addr.ip().is_loopback() && a.api_key.is_none(),
             stall_timeout: std::time::Duration::from_secs_f64(a.stream_stall_timeout.max(0.1)),
+            read_timeout: std::time::Duration::from_secs_f64(a.header_timeout.max(0.1)),
             ..ServeOptions::new(a.max_batch)
         },
     )?;
@@ -227,9 +240,60 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("listening on {addr}"))?;
         eprintln!("kiln: serving {} on http://{addr}/v1", state.model);
-        axum::serve(listener, router(state)).await?;
+        let limits = ConnLimits {
+            max_connections: a.max_connections.max(1),
+            header_timeout: std::time::Duration::from_secs_f64(a.header_timeout.max(0.1)),
+        };
+        serve_connections(listener, router(state), limits).await;
         Ok(())
     })
+}
+
+/// Limits on the connections themselves, beside the requests.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnLimits {
+    /// Open connections at most; one more is closed as soon as it is accepted.
+    pub max_connections: usize,
+    /// A connection must deliver a request's headers within this long of opening (or of its
+    /// previous response), else it is closed: slow or idle clients do not hold sockets.
+    pub header_timeout: std::time::Duration,
+}
+
+/// Accepts connections on `listener` and serves `app` on each (HTTP/1.1), under `limits`.
+/// Runs until the listener fails for good.
+pub async fn serve_connections(listener: tokio::net::TcpListener, app: Router, limits: ConnLimits) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    let open = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of file descriptors and the like: wait a little rather than spin.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            tracing::warn!("connection refused: {} open", limits.max_connections);
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let svc = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .serve_connection(TokioIo::new(stream), svc)
+                .with_upgrades();
+            if let Err(e) = conn.await {
+                tracing::debug!("connection ended: {e}");
+            }
+        });
+    }
 }
 
 /// The address `--host` and `--port` name: an IP address (v4, or v6 with or without
@@ -344,6 +408,7 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         loopback_only: o.loopback_only,
         stall_timeout: o.stall_timeout,
         wedged_after: o.wedged_after,
+        read_timeout: o.read_timeout,
         in_flight: Default::default(),
         max_in_flight,
         metrics: Metrics::default(),
@@ -371,6 +436,11 @@ pub fn router(state: Arc<AppState>) -> Router {
             )
             .into_response()
         })
+        // Innermost first: the body is read only for a request that passed the checks.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            read_body_in_time,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), require_key))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -400,6 +470,39 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
             Json(json!({"status": "error", "message": why})),
         )
             .into_response(),
+    }
+}
+
+/// Reads a request's body within the read timeout (a client that trickles its body does not
+/// hold a connection and a handler): 408 past it, 413 over [`MAX_BODY`].
+async fn read_body_in_time(
+    State(state): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let read = axum::body::to_bytes(body, MAX_BODY);
+    match tokio::time::timeout(state.read_timeout, read).await {
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+                .await
+        }
+        Ok(Err(e)) if e.to_string().contains("length limit") => ApiError::status(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is over the limit of {MAX_BODY} bytes"),
+        )
+        .into_response(),
+        Ok(Err(e)) => {
+            ApiError::bad(format!("cannot read the request body: {e}"), None).into_response()
+        }
+        Err(_) => ApiError::status(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} s",
+                state.read_timeout.as_secs_f64()
+            ),
+        )
+        .into_response(),
     }
 }
 
