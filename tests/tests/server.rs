@@ -330,29 +330,19 @@ fn bad_requests_get_openai_style_errors() {
     assert_eq!(st, 200, "{text}");
 }
 
-/// The official `openai` Python package against the server: chat, streamed chat, completions.
 /// 500 requests at once against a queue of 64: each gets its completion or a 429 (an
 /// OpenAI-style rate-limit error), never a 5xx or a hang; the pool is free afterwards.
 #[test]
 fn a_burst_past_the_queue_limit_gets_429s_and_nothing_worse() {
-    let Some(path) = kiln_tests::model_file(kiln_tests::SMOLLM2) else {
-        return;
-    };
-    let args = kiln_server::load::ModelArgs {
-        model: Some(path.display().to_string()),
-        backend: "cpu".into(),
-        threads: None,
-        ctx: Some(256),
-        strict: false,
-        kv_type: kiln_core::DType::F32,
-    };
     let cfg = kiln_core::engine::RunnerConfig {
         max_seqs: 2,
         max_batch_tokens: 64,
         prefix_caching: true,
         ..kiln_core::engine::RunnerConfig::default()
     };
-    let loaded = kiln_server::load::load(&args, cfg).expect("model loads");
+    let Some(loaded) = smollm2(256, cfg) else {
+        return;
+    };
     let opts = kiln_server::serve::ServeOptions {
         max_queue: 64,
         ..kiln_server::serve::ServeOptions::new(2)
@@ -377,21 +367,7 @@ fn a_burst_past_the_queue_limit_gets_429s_and_nothing_worse() {
                     body.len()
                 );
                 c.write_all(req.as_bytes()).expect("write");
-                let mut raw = Vec::new();
-                c.read_to_end(&mut raw).expect("read");
-                let text = String::from_utf8_lossy(&raw).to_string();
-                let (head, rest) = text.split_once("\r\n\r\n").expect("a response");
-                let st: u16 = head
-                    .split_whitespace()
-                    .nth(1)
-                    .and_then(|c| c.parse().ok())
-                    .expect("a status");
-                let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-                    dechunk(rest)
-                } else {
-                    rest.to_string()
-                };
-                (st, body)
+                read_response(&mut c)
             })
         })
         .collect();
@@ -470,21 +446,13 @@ fn health_answers_quickly_while_huge_prompts_are_tokenized() {
 fn stalled_streams_are_dropped_and_others_keep_going() {
     use socket2::{Domain, Socket, Type};
     let path = kiln_tests::fixtures().join("hf/qwen3_5");
-    let args = kiln_server::load::ModelArgs {
-        model: Some(path.display().to_string()),
-        backend: "cpu".into(),
-        threads: None,
-        ctx: Some(1024),
-        strict: false,
-        kv_type: kiln_core::DType::F32,
-    };
     let cfg = kiln_core::engine::RunnerConfig {
         max_seqs: 40,
         max_batch_tokens: 256,
         prefix_caching: true,
         ..kiln_core::engine::RunnerConfig::default()
     };
-    let loaded = kiln_server::load::load(&args, cfg).expect("fixture loads");
+    let loaded = load_model(&path, 1024, cfg);
     let opts = kiln_server::serve::ServeOptions {
         stall_timeout: Duration::from_secs(2),
         ..kiln_server::serve::ServeOptions::new(40)
@@ -671,19 +639,9 @@ fn closed_within(c: &mut TcpStream, within: Duration) -> bool {
 /// 408, and connections past the cap are closed at once.
 #[test]
 fn slow_idle_and_excess_connections_are_closed() {
-    let Some(path) = kiln_tests::model_file(kiln_tests::SMOLLM2) else {
+    let Some(loaded) = smollm2(256, kiln_core::engine::RunnerConfig::default()) else {
         return;
     };
-    let args = kiln_server::load::ModelArgs {
-        model: Some(path.display().to_string()),
-        backend: "cpu".into(),
-        threads: None,
-        ctx: Some(256),
-        strict: false,
-        kv_type: kiln_core::DType::F32,
-    };
-    let loaded = kiln_server::load::load(&args, kiln_core::engine::RunnerConfig::default())
-        .expect("model loads");
     let opts = kiln_server::serve::ServeOptions {
         read_timeout: Duration::from_secs(1),
         ..kiln_server::serve::ServeOptions::new(1)
@@ -764,34 +722,16 @@ fn raw(
     }
     req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
     s.write_all(req.as_bytes()).expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read");
-    let (head, rest) = out.split_once("\r\n\r\n").expect("a response");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("a status");
-    (status, rest.to_string())
+    read_response(&mut s)
 }
 
 /// A keyless server on loopback answers only requests addressed to a loopback host (DNS
 /// rebinding) and only JSON bodies (a browser's form posts need no preflight).
 #[test]
 fn a_keyless_loopback_server_refuses_other_hosts_and_non_json_bodies() {
-    let Some(path) = kiln_tests::model_file(kiln_tests::SMOLLM2) else {
+    let Some(loaded) = smollm2(256, kiln_core::engine::RunnerConfig::default()) else {
         return;
     };
-    let args = kiln_server::load::ModelArgs {
-        model: Some(path.display().to_string()),
-        backend: "cpu".into(),
-        threads: None,
-        ctx: Some(256),
-        strict: false,
-        kv_type: kiln_core::DType::F32,
-    };
-    let loaded = kiln_server::load::load(&args, kiln_core::engine::RunnerConfig::default())
-        .expect("model loads");
     let opts = kiln_server::serve::ServeOptions {
         loopback_only: true,
         ..kiln_server::serve::ServeOptions::new(1)
@@ -844,15 +784,7 @@ fn get_with_auth(addr: std::net::SocketAddr, path: &str, auth: &str) -> (u16, St
         "GET {path} HTTP/1.1\r\nHost: kiln\r\nConnection: close\r\nAuthorization: {auth}\r\n\r\n"
     );
     s.write_all(req.as_bytes()).expect("write");
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("read");
-    let (head, body) = raw.split_once("\r\n\r\n").expect("a response");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("a status");
-    (status, body.to_string())
+    read_response(&mut s)
 }
 
 /// With a key set, every route but /health needs it (unknown routes too); the scheme is
@@ -900,19 +832,9 @@ fn every_route_but_health_needs_the_key() {
     json_error("POST /v1/models", &text);
 
     // --public-metrics: /metrics answers without the key, nothing else does.
-    let Some(path) = kiln_tests::model_file(kiln_tests::SMOLLM2) else {
+    let Some(loaded) = smollm2(256, kiln_core::engine::RunnerConfig::default()) else {
         return;
     };
-    let args = kiln_server::load::ModelArgs {
-        model: Some(path.display().to_string()),
-        backend: "cpu".into(),
-        threads: None,
-        ctx: Some(256),
-        strict: false,
-        kv_type: kiln_core::DType::F32,
-    };
-    let loaded = kiln_server::load::load(&args, kiln_core::engine::RunnerConfig::default())
-        .expect("model loads");
     let opts = kiln_server::serve::ServeOptions {
         api_key: Some("sk-kiln".into()),
         public_metrics: true,
@@ -924,6 +846,7 @@ fn every_route_but_health_needs_the_key() {
     assert_eq!(http(open.addr, "GET", "/props", b"", None).0, 401);
 }
 
+/// The official `openai` Python package against the server: chat, streamed chat, completions.
 #[test]
 fn the_openai_python_client_drives_kiln_serve() {
     let pypath = std::env::var("KILN_TEST_PYTHONPATH").unwrap_or_default();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use kiln_core::engine::RunnerConfig;
 use kiln_core::DType;
-use kiln_server::load::{load, ModelArgs};
+use kiln_server::load::{load, Loaded, ModelArgs};
 use kiln_server::serve::{router, state, AppState};
 use kiln_tests::{model_file, SMOLLM2};
 use serde_json::Value;
@@ -24,20 +24,54 @@ pub fn start(max_batch: usize, api_key: Option<&str>) -> Option<Server> {
     start_model(&model_file(SMOLLM2)?, max_batch, api_key)
 }
 
+/// The model at `path` (a GGUF file or a Hugging Face directory) loaded as `kiln serve`
+/// loads it, on the CPU, with a context of `ctx`.
+pub fn load_model(path: &std::path::Path, ctx: usize, cfg: RunnerConfig) -> Loaded {
+    let args = ModelArgs {
+        model: Some(path.display().to_string()),
+        backend: "cpu".into(),
+        threads: None,
+        ctx: Some(ctx),
+        strict: false,
+        kv_type: DType::F32,
+    };
+    load(&args, cfg).expect("model loads")
+}
+
+/// SmolLM2 loaded as by [`load_model`]; `None` (the test skips) when it is not downloaded.
+pub fn smollm2(ctx: usize, cfg: RunnerConfig) -> Option<Loaded> {
+    Some(load_model(&model_file(SMOLLM2)?, ctx, cfg))
+}
+
+/// Reads one HTTP/1.1 response from `s` to its end: (status, body with any chunked encoding
+/// removed).
+pub fn read_response(s: &mut impl Read) -> (u16, String) {
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read");
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, rest) = text.split_once("\r\n\r\n").expect("a response head");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status code");
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    (status, body)
+}
+
 /// A server of the model at `path` (a GGUF file or a Hugging Face directory), as `start`.
 pub fn start_model(
     path: &std::path::Path,
     max_batch: usize,
     api_key: Option<&str>,
 ) -> Option<Server> {
-    let args = ModelArgs {
-        model: Some(path.display().to_string()),
-        backend: "cpu".into(),
-        threads: None,
-        ctx: Some(512),
-        strict: false,
-        kv_type: DType::F32,
-    };
     let cfg = RunnerConfig {
         max_seqs: max_batch,
         max_batch_tokens: 64,
@@ -46,7 +80,7 @@ pub fn start_model(
         ..RunnerConfig::default()
     };
     let st = state(
-        load(&args, cfg).expect("model loads"),
+        load_model(path, 512, cfg),
         max_batch,
         api_key.map(String::from),
     )
@@ -80,24 +114,10 @@ pub fn serve_on(st: Arc<AppState>, listener: std::net::TcpListener) -> Server {
 
 /// Serves `st` on a free local port from a runtime of its own.
 pub fn serve(st: Arc<AppState>) -> Server {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let app = router(st.clone());
-    rt.spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    Server {
-        addr,
-        state: st,
-        _rt: rt,
-    }
+    serve_on(
+        st,
+        std::net::TcpListener::bind("127.0.0.1:0").expect("bind"),
+    )
 }
 
 /// One HTTP/1.1 exchange: (status, body with any chunked encoding removed).
@@ -116,24 +136,7 @@ pub fn http(
     );
     s.write_all(head.as_bytes()).expect("write");
     let _ = s.write_all(body);
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read");
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let (head, rest) = text.split_once("\r\n\r\n").expect("a response head");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("a status code");
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(rest)
-    } else {
-        rest.to_string()
-    };
-    (status, body)
+    read_response(&mut s)
 }
 
 pub fn dechunk(mut s: &str) -> String {
