@@ -58,6 +58,17 @@ pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 
 /// The fixtures folder of the source tree.
+/// The transformers fixture checkpoints in `tests/fixtures/hf/`, one per family variant.
+pub const HF_MODELS: &[&str] = &[
+    "llama",
+    "qwen3",
+    "gemma3",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "gemma4",
+    "gemma4_moe",
+];
+
 pub fn fixtures() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
 }

@@ -13,15 +13,7 @@ use kiln_core::tokenizer::open_tokenizer;
 use kiln_tests::{fixtures, optional_backend};
 use serde_json::Value;
 
-const MODELS: &[&str] = &[
-    "llama",
-    "qwen3",
-    "gemma3",
-    "qwen3_5",
-    "qwen3_5_moe",
-    "gemma4",
-    "gemma4_moe",
-];
+use kiln_tests::HF_MODELS as MODELS;
 /// Largest difference from transformers' f32 logits.
 const TOL: f32 = 1e-3;
 

@@ -12,15 +12,7 @@ use kiln_core::model::build_from_gguf;
 use kiln_core::rng::Rng;
 use kiln_tests::{fixtures, optional_backend};
 
-const MODELS: &[&str] = &[
-    "llama",
-    "qwen3",
-    "gemma3",
-    "qwen3_5",
-    "qwen3_5_moe",
-    "gemma4",
-    "gemma4_moe",
-];
+use kiln_tests::HF_MODELS as MODELS;
 
 fn dir(name: &str) -> PathBuf {
     fixtures().join("hf").join(name)
