@@ -101,10 +101,16 @@ pub fn serve_on(st: Arc<AppState>, listener: std::net::TcpListener) -> Server {
         let _guard = rt.enter();
         tokio::net::TcpListener::from_std(listener).expect("tokio listener")
     };
-    let app = router(st.clone());
-    rt.spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    // The connection loop `kiln serve` runs, with its default limits.
+    let limits = kiln_server::serve::ConnLimits {
+        max_connections: 1024,
+        header_timeout: std::time::Duration::from_secs(30),
+    };
+    rt.spawn(kiln_server::serve::serve_connections(
+        listener,
+        router(st.clone()),
+        limits,
+    ));
     Server {
         addr,
         state: st,
