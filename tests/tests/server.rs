@@ -706,6 +706,79 @@ fn slow_idle_and_excess_connections_are_closed() {
     assert_eq!(st, 200);
 }
 
+/// 1,000 requests dropped at random moments (before the response head, while queued,
+/// prefilling or decoding, streamed or not) leave no request in the engine and every KV
+/// block free, on a recurrent model with prefix caching (state slots and snapshots too).
+#[test]
+fn a_thousand_random_drops_leave_the_pool_free() {
+    let path = kiln_tests::fixtures().join("hf/qwen3_5");
+    let cfg = kiln_core::engine::RunnerConfig {
+        max_seqs: 8,
+        max_batch_tokens: 64,
+        prefix_caching: true,
+        ..kiln_core::engine::RunnerConfig::default()
+    };
+    let loaded = load_model(&path, 512, cfg);
+    let opts = kiln_server::serve::ServeOptions {
+        max_queue: 2000,
+        ..kiln_server::serve::ServeOptions::new(8)
+    };
+    let srv = serve(kiln_server::serve::state_with(loaded, opts).expect("server state"));
+    let addr = srv.addr;
+    let threads: Vec<_> = (0..40u64)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut rng = kiln_core::rng::Rng::new(1000 + t);
+                for i in 0..25 {
+                    let stream = rng.next_u64() % 2 == 0;
+                    let long = "a lighthouse on the rocks ".repeat(1 + (rng.next_u64() % 8) as usize);
+                    let body = json!({"prompt": format!("{i} {long}"), "stream": stream,
+                                      "max_tokens": 4 + rng.next_u64() % 60, "temperature": 0})
+                    .to_string();
+                    let mut c = TcpStream::connect(addr).expect("connect");
+                    let req = format!(
+                        "POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    c.write_all(req.as_bytes()).expect("write");
+                    // Leave after 0–40 ms, having read something or not.
+                    std::thread::sleep(Duration::from_millis(rng.next_u64() % 40));
+                    if rng.next_u64() % 2 == 0 {
+                        let mut buf = [0u8; 256];
+                        c.set_read_timeout(Some(Duration::from_millis(5))).expect("timeout");
+                        let _ = c.read(&mut buf);
+                    }
+                    drop(c);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("client thread");
+    }
+    let t0 = Instant::now();
+    loop {
+        let s = srv.state.engine.snapshot();
+        if s.running == 0 && s.waiting == 0 && s.kv_free == s.kv_total {
+            println!("{:?}", s.stats);
+            assert!(
+                s.stats.cancelled > 0,
+                "no request was cancelled: {:?}",
+                s.stats
+            );
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "requests left: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The pool still serves.
+    let r = completion(srv.addr, &json!({"prompt": "hello", "max_tokens": 2}));
+    assert!(r["choices"][0]["text"].is_string(), "{r}");
+}
+
 /// A raw HTTP/1.1 request with these headers: (status, body).
 fn raw(
     addr: std::net::SocketAddr,
