@@ -730,7 +730,7 @@ fn a_thousand_random_drops_leave_the_pool_free() {
             std::thread::spawn(move || {
                 let mut rng = kiln_core::rng::Rng::new(1000 + t);
                 for i in 0..25 {
-                    let stream = rng.next_u64() % 2 == 0;
+                    let stream = rng.next_u64().is_multiple_of(2);
                     let long = "a lighthouse on the rocks ".repeat(1 + (rng.next_u64() % 8) as usize);
                     let body = json!({"prompt": format!("{i} {long}"), "stream": stream,
                                       "max_tokens": 4 + rng.next_u64() % 60, "temperature": 0})
@@ -743,7 +743,7 @@ fn a_thousand_random_drops_leave_the_pool_free() {
                     c.write_all(req.as_bytes()).expect("write");
                     // Leave after 0–40 ms, having read something or not.
                     std::thread::sleep(Duration::from_millis(rng.next_u64() % 40));
-                    if rng.next_u64() % 2 == 0 {
+                    if rng.next_u64().is_multiple_of(2) {
                         let mut buf = [0u8; 256];
                         c.set_read_timeout(Some(Duration::from_millis(5))).expect("timeout");
                         let _ = c.read(&mut buf);

@@ -24,9 +24,6 @@ use tokio::sync::mpsc;
 use super::request::{ApiError, GenSpec, Kind};
 use super::{now, AppState};
 
-/// How often a choice's thread checks whether its response is still wanted while the engine
-/// sends nothing (queued, or prefilling a long prompt).
-
 /// One token's log-probabilities, with the text of each token.
 struct TokenLp {
     token: String,
