@@ -387,7 +387,9 @@ impl Runner {
     /// slots are released, and a recurrent state returns to its checkpoint (or prefix snapshot)
     /// at the new length. Without one there, the state restarts from the newest earlier one and
     /// the tokens between are fed again. Fails, changing nothing, if a sliding window already
-    /// released a block the shorter sequence needs (see [`RunnerConfig::max_rollback`]).
+    /// released a block the shorter sequence needs (see [`RunnerConfig::max_rollback`]) or
+    /// the pool has no block for a copy-on-write; if feeding the tokens again fails, the
+    /// sequence is left at the checkpoint it resumed from (`seq_len` says where).
     pub fn rollback(&mut self, seq: SeqId, k: usize) -> Result<()> {
         let len = self.seq_len(seq);
         if k > len {
@@ -426,6 +428,11 @@ impl Runner {
         for (m, g) in self.kv.iter().zip(&groups) {
             m.check_truncate(seq, from, g.window).map_err(kv_err)?;
         }
+        for (gi, (m, g)) in self.kv.iter_mut().zip(&groups).enumerate() {
+            if let Some((src, dst)) = m.truncate(seq, from, g.window).map_err(kv_err)? {
+                self.caches.copy_block(&self.ex, gi, src, dst)?;
+            }
+        }
         if let Some(st) = &mut self.states {
             match snapshot {
                 Some(h) => {
@@ -434,11 +441,6 @@ impl Runner {
                 None => {
                     st.rollback(seq, from).map_err(kv_err)?;
                 }
-            }
-        }
-        for (gi, (m, g)) in self.kv.iter_mut().zip(&groups).enumerate() {
-            if let Some((src, dst)) = m.truncate(seq, from, g.window).map_err(kv_err)? {
-                self.caches.copy_block(&self.ex, gi, src, dst)?;
             }
         }
         if from < target {

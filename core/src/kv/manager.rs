@@ -286,12 +286,26 @@ impl KvManager {
                 reason: "past the computed tokens",
             });
         }
-        let needed_from = window.map_or(0, |w| len.saturating_sub(w) / self.block_size());
+        let bs = self.block_size();
+        let needed_from = window.map_or(0, |w| len.saturating_sub(w) / bs);
         if needed_from < state.released {
             return Err(KvError::Rollback {
                 seq,
                 to: len,
                 reason: "the sliding window has released a block it needs",
+            });
+        }
+        // A shared block the new end lies inside is copied to a fresh one.
+        let shared_partial = !len.is_multiple_of(bs)
+            && state.hashes.len() > len / bs
+            && state
+                .blocks
+                .get(len / bs)
+                .is_some_and(|&b| b != NULL_BLOCK && self.pool.ref_count(b) != Some(1));
+        if shared_partial && self.pool.num_free() == 0 {
+            return Err(KvError::OutOfBlocks {
+                requested: 1,
+                free: 0,
             });
         }
         Ok(())
@@ -428,7 +442,9 @@ impl KvManager {
             .seqs
             .get_mut(&seq)
             .ok_or(KvError::UnknownSequence { seq })?;
-        let end = state.len.saturating_sub(window) / bs;
+        // From the computed tokens: slots reserved ahead of them (a step that did not run)
+        // are not yet in the window.
+        let end = state.computed.saturating_sub(window) / bs;
         if end <= state.released {
             return Ok(0);
         }
@@ -763,6 +779,21 @@ mod tests {
         assert_eq!(m.release_outside_window(1, 6).unwrap(), 0);
         m.free_sequence(1).unwrap();
         assert_eq!(m.num_free_blocks(), 15);
+        m.pool().check_invariants();
+    }
+
+    /// Slots reserved for a step that did not run are not in the window: only blocks wholly
+    /// before `computed - window` go.
+    #[test]
+    fn the_window_is_measured_from_the_computed_tokens() {
+        let mut m = manager(16);
+        add_and_compute(&mut m, 1, &tokens(0..20));
+        // 12 more slots reserved (a step that failed), none computed.
+        m.append_slots(1, 12).unwrap();
+        assert_eq!(m.seq_len(1), Some(32));
+        // The window of 6 over 20 computed tokens needs positions 14.. (block 3 on).
+        assert_eq!(m.release_outside_window(1, 6).unwrap(), 3);
+        assert!(m.slot(1, 14).is_some() && m.slot(1, 13).is_some());
         m.pool().check_invariants();
     }
 
