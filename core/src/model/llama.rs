@@ -31,18 +31,38 @@ pub(crate) fn base_info(f: &GgufFile) -> Result<ModelInfo> {
     };
     let tok = f.tensor("token_embd.weight")?;
     let vocab = tok.shape.first().copied().unwrap_or(0);
+    let n_layer = u("block_count")?;
+    // MoE-only models have no dense FFN width: the experts' width stands in.
+    let n_ff = u("feed_forward_length").or_else(|_| u("expert_feed_forward_length"))?;
+    // Sizes from a file are bounded before any shape is computed from them (products of two
+    // then fit in a usize, and nothing overflows on the way to a shape check).
+    for (what, v, most) in [
+        ("block_count", n_layer, 1 << 16),
+        ("embedding_length", n_embd, 1 << 22),
+        ("attention.head_count", n_head, 1 << 16),
+        ("attention.head_count_kv", n_head_kv, 1 << 16),
+        ("attention.key_length", head_dim, 1 << 16),
+        ("vocabulary", vocab, 1 << 24),
+        ("feed_forward_length", n_ff, 1 << 22),
+    ] {
+        if v > most {
+            return Err(crate::Error::load(
+                f.path(),
+                format!("{what} = {v} is beyond any model kiln runs (at most {most})"),
+            ));
+        }
+    }
     Ok(ModelInfo {
         name: f
             .get("general.name")
             .and_then(|v| v.as_str())
             .map(str::to_string),
-        n_layer: u("block_count")?,
+        n_layer,
         n_embd,
         n_head,
         n_head_kv,
         head_dim,
-        // MoE-only models have no dense FFN width: the experts' width stands in.
-        n_ff: u("feed_forward_length").or_else(|_| u("expert_feed_forward_length"))?,
+        n_ff,
         vocab,
         context_length: u("context_length")?,
         architecture: arch,

@@ -40,8 +40,22 @@ fn token_str(v: &serde_json::Value) -> Option<String> {
 
 impl HfTokenizer {
     pub(crate) fn from_file(path: &Path) -> Result<HfTokenizer> {
-        let tok = tokenizers::Tokenizer::from_file(path)
+        let bytes = std::fs::read(path)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        // Well-formed JSON first: the tokenizers crate panics on some malformed files (its
+        // decoder deserializer unwraps), and a panic must not be what a bad file gets.
+        serde_json::from_slice::<serde_json::Value>(&bytes)
+            .map_err(|e| Error::Tokenizer(format!("{}: not JSON: {e}", path.display())))?;
+        let parsed = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(&bytes));
+        let tok = match parsed {
+            Ok(t) => t.map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?,
+            Err(_) => {
+                return Err(Error::Tokenizer(format!(
+                    "{}: the tokenizers library could not read this file",
+                    path.display()
+                )))
+            }
+        };
 
         // tokenizer_config.json beside it
         let mut config = serde_json::Value::Null;

@@ -8,7 +8,7 @@
 //! the engine cancels its request at its next step.
 
 mod metrics;
-mod request;
+pub mod request;
 mod respond;
 
 use std::net::SocketAddr;
