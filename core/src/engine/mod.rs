@@ -7,7 +7,7 @@ pub mod batching;
 
 use crate::error::{Error, Result};
 use crate::exec::Executor;
-use crate::kv::{KvManager, SeqId, StatePool, StateStats};
+use crate::kv::{BlockId, KvManager, SeqId, StatePool, StateStats};
 use crate::model::{ForwardBatch, KvCaches, Model, SeqInput};
 use crate::tensor::DType;
 
@@ -277,14 +277,15 @@ impl Runner {
     /// The most full blocks of `prompt` (at most `max` tokens' worth) that a new sequence can
     /// resume from: every KV group holds the cached blocks it needs of them (all of them for
     /// full attention, those inside the window for a sliding one) and, for a recurrent model,
-    /// the state after them is kept as a snapshot.
-    fn prefix_blocks(&self, prompt: &[u32], max: usize) -> usize {
+    /// the state after them is kept as a snapshot. With the cached block per lookable block
+    /// of each group, which it looked up on the way.
+    fn prefix_blocks(&self, prompt: &[u32], max: usize) -> (usize, Vec<Vec<Option<BlockId>>>) {
         if !self.cfg.prefix_caching || self.kv.is_empty() {
-            return 0;
+            return (0, Vec::new());
         }
         let bs = self.cfg.block_size;
         let groups = self.model.kv_groups();
-        let maps: Vec<Vec<Option<crate::kv::BlockId>>> =
+        let maps: Vec<Vec<Option<BlockId>>> =
             self.kv.iter().map(|m| m.cached_blocks(prompt)).collect();
         let mut most = max / bs;
         for (g, map) in groups.iter().zip(&maps) {
@@ -297,7 +298,7 @@ impl Runner {
             Some(_) => crate::kv::block_hash::hash_full_blocks(&prompt[..most * bs], bs, None),
             None => Vec::new(),
         };
-        (1..=most)
+        let n = (1..=most)
             .rev()
             .find(|&n| {
                 let windows = groups.iter().zip(&maps).all(|(g, map)| {
@@ -311,7 +312,8 @@ impl Runner {
                         .as_ref()
                         .is_none_or(|st| st.has_snapshot(&hashes[n - 1]))
             })
-            .unwrap_or(0)
+            .unwrap_or(0);
+        (n, maps)
     }
 
     /// Starts a new sequence from the cached full blocks of its prompt's first `max` tokens
@@ -323,7 +325,7 @@ impl Runner {
         if self.has_sequence(seq) {
             return Ok(0);
         }
-        let n = self.prefix_blocks(prompt, max);
+        let (n, _) = self.prefix_blocks(prompt, max);
         if n == 0 {
             return Ok(0);
         }
@@ -359,21 +361,19 @@ impl Runner {
     /// Leading tokens of `prompt` the prefix cache holds now, and the free blocks of the
     /// (first) full-attention pool taking them would use; (0, 0) without prefix caching.
     pub fn cached_prefix(&self, prompt: &[u32]) -> (usize, usize) {
-        let n = self.prefix_blocks(prompt, usize::MAX);
+        let (n, maps) = self.prefix_blocks(prompt, usize::MAX);
         if n == 0 {
             return (0, 0);
         }
         let groups = self.model.kv_groups();
         let g = groups.iter().position(|g| g.window.is_none()).unwrap_or(0);
-        let free = self.kv.get(g).map_or(0, |m| {
-            let held: Vec<_> = m
-                .cached_blocks(prompt)
-                .into_iter()
-                .take(n)
-                .flatten()
-                .collect();
-            m.free_among(&held)
-        });
+        let free = match (self.kv.get(g), maps.get(g)) {
+            (Some(m), Some(map)) => {
+                let held: Vec<BlockId> = map.iter().take(n).flatten().copied().collect();
+                m.free_among(&held)
+            }
+            _ => 0,
+        };
         (n * self.cfg.block_size, free)
     }
 
