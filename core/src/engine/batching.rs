@@ -8,7 +8,7 @@
 //! model and the backend); requests reach it over a channel.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -163,8 +163,6 @@ struct Active {
     generated: usize,
     logprobs: Option<usize>,
     tx: Box<dyn EventSink>,
-    /// Set by the client's side when it stops listening.
-    cancelled: Option<Arc<AtomicBool>>,
 }
 
 pub struct Engine {
@@ -175,6 +173,8 @@ pub struct Engine {
     stats: EngineStats,
     /// Where a spawned engine publishes its state for other threads.
     published: Option<Arc<std::sync::Mutex<Snapshot>>>,
+    /// When the full snapshot (every request's slot) was last published.
+    published_slots: Option<std::time::Instant>,
     last_step: std::time::Instant,
 }
 
@@ -244,6 +244,7 @@ impl Engine {
             next_id: 1,
             stats: EngineStats::default(),
             published: None,
+            published_slots: None,
             last_step: std::time::Instant::now(),
         }
     }
@@ -259,19 +260,44 @@ impl Engine {
     }
     /// Requests queued and running.
     pub fn load(&self) -> (usize, usize) {
-        (self.sched.waiting(), self.sched.running().len())
+        (self.sched.waiting(), self.sched.num_running())
     }
 
-    /// Publishes the current state where a spawned engine's handle reads it.
-    fn publish(&self) {
-        if let Some(p) = &self.published {
-            if let Ok(mut s) = p.lock() {
-                *s = self.snapshot();
+    /// Publishes the current state where a spawned engine's handle reads it. The counters go
+    /// out every time; the list of every request's slot (a walk over the whole queue) at most
+    /// every [`SLOTS_EVERY`], and whenever the engine is idle.
+    fn publish(&mut self) {
+        let Some(p) = &self.published else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        let slots = self.sched.is_idle()
+            || self
+                .published_slots
+                .is_none_or(|t| now.duration_since(t) >= SLOTS_EVERY);
+        let snap = self.snapshot_with(slots);
+        if let Ok(mut s) = p.lock() {
+            if !slots {
+                // Keep the slots last listed, less the requests that ended since.
+                let held = &self.active;
+                let mut old = std::mem::take(&mut s.slots);
+                old.retain(|x| held.contains_key(&x.id));
+                *s = Snapshot { slots: old, ..snap };
+            } else {
+                *s = snap;
             }
+        }
+        if slots {
+            self.published_slots = Some(now);
         }
     }
 
     pub fn snapshot(&self) -> Snapshot {
+        self.snapshot_with(true)
+    }
+
+    /// The state; with `slots`, every request's slot too.
+    fn snapshot_with(&self, slots: bool) -> Snapshot {
         let budget = RunnerBudget(&self.runner);
         let slot = |s: &crate::sched::Seq, running: bool| {
             let a = self.active.get(&s.id);
@@ -290,9 +316,12 @@ impl Engine {
                 preemptions: s.preemptions,
             }
         };
-        let slots = (self.sched.running().iter().map(|s| slot(s, true)))
-            .chain(self.sched.queued().map(|s| slot(s, false)))
-            .collect();
+        let slots = match slots {
+            true => (self.sched.running().map(|s| slot(s, true)))
+                .chain(self.sched.queued().map(|s| slot(s, false)))
+                .collect(),
+            false => Vec::new(),
+        };
         let st = self.runner.state_stats().unwrap_or_default();
         Snapshot {
             last_step: Some(self.last_step),
@@ -303,7 +332,7 @@ impl Engine {
             kv_cached: budget.manager().map_or(0, |m| m.pool().num_cached()),
             stats: self.stats.clone(),
             waiting: self.sched.waiting(),
-            running: self.sched.running().len(),
+            running: self.sched.num_running(),
             kv_free: budget.free_blocks(),
             kv_total: budget.manager().map_or(0, |m| m.pool().num_blocks() - 1),
             fallbacks: self
@@ -320,21 +349,20 @@ impl Engine {
     /// an empty prompt, a prompt that leaves no room in the context, or bad sampling
     /// parameters.
     pub fn submit(&mut self, req: GenRequest, tx: impl EventSink + 'static) -> Result<ReqId> {
-        self.submit_with(req, Box::new(tx), None)
+        let id = self.next_id;
+        self.submit_as(id, req, Box::new(tx))?;
+        Ok(id)
     }
 
-    /// `submit` with a flag the client sets when it stops listening: the request is then
-    /// cancelled at the start of the next step, queued or running.
-    pub fn submit_with(
-        &mut self,
-        req: GenRequest,
-        tx: Box<dyn EventSink>,
-        cancelled: Option<Arc<AtomicBool>>,
-    ) -> Result<ReqId> {
+    /// `submit` under an id the caller chose (a spawned engine's handle numbers its
+    /// requests, so it can cancel them): one not held already, at least `next_id`.
+    fn submit_as(&mut self, id: ReqId, req: GenRequest, tx: Box<dyn EventSink>) -> Result<()> {
         self.check(&req)?;
+        if id < self.next_id || self.active.contains_key(&id) {
+            return Err(Error::Model(format!("request id {id} was used already")));
+        }
         let sampler = Sampler::new(req.params)?;
-        let id = self.next_id;
-        self.next_id += 1;
+        self.next_id = id + 1;
         self.active.insert(
             id,
             Active {
@@ -345,15 +373,13 @@ impl Engine {
                 generated: 0,
                 logprobs: req.logprobs,
                 tx,
-                cancelled,
             },
         );
         if req.max_tokens == 0 {
-            self.end(id, Some(Finish::Length))?;
-            return Ok(id);
+            return self.end(id, Some(Finish::Length));
         }
         self.sched.admit(Seq::new(id, req.prompt));
-        Ok(id)
+        Ok(())
     }
 
     /// Whether `submit` would take `req`: a prompt that is not empty, leaves room in the
@@ -459,7 +485,6 @@ impl Engine {
 
     /// Runs one forward pass. Returns false when there is nothing to do.
     pub fn step(&mut self) -> Result<bool> {
-        self.reap_cancelled()?;
         if self.sched.is_idle() {
             return Ok(false);
         }
@@ -477,36 +502,13 @@ impl Engine {
         Ok(true)
     }
 
-    /// Cancels the requests whose clients stopped listening.
-    fn reap_cancelled(&mut self) -> Result<()> {
-        let gone: Vec<ReqId> = self
-            .active
-            .iter()
-            .filter(|(_, a)| {
-                a.cancelled
-                    .as_ref()
-                    .is_some_and(|c| c.load(Ordering::Relaxed))
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for id in gone {
-            self.cancel(id)?;
-        }
-        Ok(())
-    }
-
     /// Nothing could be scheduled: with nothing running, the queue's head needs more KV than
     /// the whole pool has. It fails alone.
     fn unblock(&mut self) -> Result<()> {
-        if !self.sched.running().is_empty() {
+        if self.sched.num_running() > 0 {
             return Ok(());
         }
-        let head = self
-            .active
-            .keys()
-            .copied()
-            .filter(|id| self.sched.get(*id).is_some())
-            .min();
+        let head = self.sched.queued().next().map(|s| s.id);
         if let Some(id) = head {
             let len = self.sched.get(id).map_or(0, |s| s.tokens.len());
             self.fail(
@@ -587,7 +589,7 @@ impl Engine {
             // The plan asked the pool for more blocks than it had. Nothing was computed: the
             // newest running request goes back to the queue and the next step plans again.
             // A request running alone that still does not fit fails below.
-            Err(Error::KvFull(_)) if self.sched.running().len() > 1 => {
+            Err(Error::KvFull(_)) if self.sched.num_running() > 1 => {
                 if let Some(victim) = self.sched.preempt() {
                     self.runner.release(victim)?;
                     self.stats.preemptions += 1;
@@ -655,16 +657,22 @@ impl Engine {
     }
 }
 
-enum Cmd {
-    Submit(GenRequest, Box<dyn EventSink>, Arc<AtomicBool>),
-}
+/// A spawned engine's requests, numbered by its handle.
+struct Submit(ReqId, GenRequest, Box<dyn EventSink>);
 
-/// Cancels its request at the engine's next step when dropped ([`EngineHandle::submit_to`]).
-pub struct CancelOnDrop(Arc<AtomicBool>);
+/// Cancels its request at the engine's next step when dropped ([`EngineHandle::submit_to`]):
+/// the id goes to the engine, which finds the request by it (no scan over the requests).
+pub struct CancelOnDrop {
+    id: ReqId,
+    cancel: Option<Sender<ReqId>>,
+}
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
+        if let Some(c) = &self.cancel {
+            // An engine that has stopped has nothing left to cancel.
+            let _ = c.send(self.id);
+        }
     }
 }
 
@@ -673,7 +681,7 @@ impl Drop for CancelOnDrop {
 /// queued, prefilling or decoding.
 pub struct Stream {
     rx: Receiver<Event>,
-    cancelled: Arc<AtomicBool>,
+    _cancel: CancelOnDrop,
 }
 
 impl std::ops::Deref for Stream {
@@ -683,44 +691,48 @@ impl std::ops::Deref for Stream {
     }
 }
 
-impl Drop for Stream {
-    fn drop(&mut self) {
-        self.cancelled.store(true, Ordering::Relaxed);
-    }
-}
+/// How often a busy engine lists every request's slot for /slots (the counters are
+/// published after every step).
+pub const SLOTS_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// An engine running on its own thread. Dropping the handle stops the thread after the
 /// requests in flight end.
 pub struct EngineHandle {
-    tx: Option<Sender<Cmd>>,
+    tx: Option<Sender<Submit>>,
+    cancel: Sender<ReqId>,
+    next_id: std::sync::atomic::AtomicU64,
     thread: Option<JoinHandle<EngineStats>>,
     snapshot: std::sync::Arc<std::sync::Mutex<Snapshot>>,
 }
 
 /// Starts `engine` on a thread of its own.
 pub fn spawn(mut engine: Engine) -> EngineHandle {
-    let (tx, rx) = mpsc::channel::<Cmd>();
+    let (tx, rx) = mpsc::channel::<Submit>();
+    let (cancel, cancels) = mpsc::channel::<ReqId>();
     let snapshot = Arc::new(std::sync::Mutex::new(engine.snapshot()));
     engine.published = Some(snapshot.clone());
+    let next_id = std::sync::atomic::AtomicU64::new(engine.next_id);
     let thread = std::thread::Builder::new()
         .name("kiln-engine".into())
         .spawn(move || {
-            serve(&mut engine, &rx);
+            serve(&mut engine, &rx, &cancels);
             engine.stats.clone()
         })
         .ok();
     EngineHandle {
         tx: Some(tx),
+        cancel,
+        next_id,
         thread,
         snapshot,
     }
 }
 
-fn accept(engine: &mut Engine, cmd: Cmd) {
-    let Cmd::Submit(req, mut out, cancelled) = cmd;
+fn accept(engine: &mut Engine, cmd: Submit) {
+    let Submit(id, req, mut out) = cmd;
     match engine.check(&req) {
         Ok(()) => {
-            if let Err(e) = engine.submit_with(req, out, Some(cancelled)) {
+            if let Err(e) = engine.submit_as(id, req, out) {
                 tracing::warn!("a checked request was refused: {e}");
             }
         }
@@ -731,7 +743,7 @@ fn accept(engine: &mut Engine, cmd: Cmd) {
 }
 
 /// The engine thread: take requests (blocking only when idle), then step.
-fn serve(engine: &mut Engine, rx: &Receiver<Cmd>) {
+fn serve(engine: &mut Engine, rx: &Receiver<Submit>, cancels: &Receiver<ReqId>) {
     let mut open = true;
     loop {
         engine.publish();
@@ -755,6 +767,12 @@ fn serve(engine: &mut Engine, rx: &Receiver<Cmd>) {
                 Err(TryRecvError::Disconnected) => open = false,
             }
         }
+        // After the submissions: a request cancelled at once is known by now.
+        for id in cancels.try_iter() {
+            if let Err(e) = engine.cancel(id) {
+                tracing::warn!("cancelling request {id}: {e}");
+            }
+        }
         // Watchers see the requests just taken before a step that may be long.
         engine.publish();
         // A panic inside a step (a model or kernel bug) fails the requests of that step, not
@@ -775,7 +793,7 @@ fn serve(engine: &mut Engine, rx: &Receiver<Cmd>) {
         if let Some((msg, running_only)) = failure {
             tracing::error!("{msg}");
             let ids: Vec<ReqId> = if running_only {
-                engine.sched.running().iter().map(|s| s.id).collect()
+                engine.sched.running().map(|s| s.id).collect()
             } else {
                 engine.active.keys().copied().collect()
             };
@@ -787,38 +805,57 @@ fn serve(engine: &mut Engine, rx: &Receiver<Cmd>) {
 }
 
 impl EngineHandle {
+    /// Sends a request to the engine under a fresh id; a stopped engine hands the sink back.
+    fn send(
+        &self,
+        req: GenRequest,
+        sink: Box<dyn EventSink>,
+    ) -> std::result::Result<ReqId, Box<dyn EventSink>> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        match &self.tx {
+            Some(t) => match t.send(Submit(id, req, sink)) {
+                Ok(()) => Ok(id),
+                Err(mpsc::SendError(Submit(_, _, sink))) => Err(sink),
+            },
+            None => Err(sink),
+        }
+    }
+
+    fn guard(&self, id: Option<ReqId>) -> CancelOnDrop {
+        CancelOnDrop {
+            id: id.unwrap_or(0),
+            cancel: id.map(|_| self.cancel.clone()),
+        }
+    }
+
     /// Queues a request; its events arrive on the returned stream. Dropping the stream
     /// cancels the request at the engine's next step.
     pub fn submit(&self, req: GenRequest) -> Stream {
         let (tx, rx) = mpsc::channel();
-        let cancelled = Arc::new(AtomicBool::new(false));
-        let sent = self.tx.as_ref().map(|t| {
-            t.send(Cmd::Submit(req, Box::new(tx.clone()), cancelled.clone()))
-                .is_ok()
-        });
-        if sent != Some(true) {
-            let _ = tx.send(Event::Error("the engine has stopped".into()));
+        let id = match self.send(req, Box::new(tx)) {
+            Ok(id) => Some(id),
+            Err(mut sink) => {
+                sink.send(Event::Error("the engine has stopped".into()));
+                None
+            }
+        };
+        Stream {
+            rx,
+            _cancel: self.guard(id),
         }
-        Stream { rx, cancelled }
     }
 
     /// Queues a request whose events go to `sink` (which the engine never blocks on).
     /// Dropping the returned guard cancels the request at the engine's next step.
-    pub fn submit_to(&self, req: GenRequest, mut sink: Box<dyn EventSink>) -> CancelOnDrop {
-        let cancelled = Arc::new(AtomicBool::new(false));
-        match &self.tx {
-            Some(t) => {
-                if let Err(mpsc::SendError(Cmd::Submit(_, mut sink, _))) =
-                    t.send(Cmd::Submit(req, sink, cancelled.clone()))
-                {
-                    sink.send(Event::Error("the engine has stopped".into()));
-                }
-            }
-            None => {
+    pub fn submit_to(&self, req: GenRequest, sink: Box<dyn EventSink>) -> CancelOnDrop {
+        let id = match self.send(req, sink) {
+            Ok(id) => Some(id),
+            Err(mut sink) => {
                 sink.send(Event::Error("the engine has stopped".into()));
+                None
             }
-        }
-        CancelOnDrop(cancelled)
+        };
+        self.guard(id)
     }
 
     /// Whether the engine thread is still running (it ends only on shutdown, or on a panic).

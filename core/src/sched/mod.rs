@@ -9,7 +9,7 @@
 //!
 //! KV capacity is asked of a [`KvBudget`], so the planner can be tested without a model.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 /// A request's id (also its KV sequence id).
 pub type ReqId = u64;
@@ -100,13 +100,26 @@ impl Plan {
     }
 }
 
-/// The queue and the running set.
+/// The queue and the running set. Every lookup by id is a hash lookup; a request that ends
+/// while queued leaves its place in the queue to be skipped when it comes up (the queue is
+/// compacted when such places outnumber the live ones), so no operation scans the queue.
 #[derive(Debug, Default)]
 pub struct Scheduler {
     cfg: Option<SchedConfig>,
-    waiting: VecDeque<Seq>,
-    /// Resident requests, oldest first.
-    running: Vec<Seq>,
+    /// Every request held, queued or resident.
+    seqs: HashMap<ReqId, Entry>,
+    /// Queue order. An id whose request is no longer queued is a stale place.
+    waiting: VecDeque<ReqId>,
+    /// Live places in `waiting`.
+    n_waiting: usize,
+    /// Resident requests, oldest first (at most `max_running`).
+    running: Vec<ReqId>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    seq: Seq,
+    resident: bool,
 }
 
 impl Scheduler {
@@ -117,8 +130,7 @@ impl Scheduler {
                 max_running: cfg.max_running.max(1),
                 snapshot_blocks: cfg.snapshot_blocks.filter(|&b| b > 0),
             }),
-            waiting: VecDeque::new(),
-            running: Vec::new(),
+            ..Scheduler::default()
         }
     }
 
@@ -130,30 +142,57 @@ impl Scheduler {
         })
     }
 
-    /// Queues a new request (it needs at least one token).
+    /// Queues a new request (it needs at least one token). An id already held is ignored.
     pub fn admit(&mut self, seq: Seq) {
-        self.waiting.push_back(seq);
+        let id = seq.id;
+        if self.seqs.contains_key(&id) {
+            return;
+        }
+        self.seqs.insert(
+            id,
+            Entry {
+                seq,
+                resident: false,
+            },
+        );
+        self.waiting.push_back(id);
+        self.n_waiting += 1;
     }
 
     pub fn waiting(&self) -> usize {
-        self.waiting.len()
+        self.n_waiting
     }
-    pub fn running(&self) -> &[Seq] {
-        &self.running
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+    /// Resident requests, oldest first.
+    pub fn running(&self) -> impl Iterator<Item = &Seq> {
+        self.running.iter().filter_map(|id| self.get(*id))
     }
     /// Queued requests, next first.
     pub fn queued(&self) -> impl Iterator<Item = &Seq> {
-        self.waiting.iter()
+        self.waiting
+            .iter()
+            .filter_map(|id| self.seqs.get(id).filter(|e| !e.resident))
+            .map(|e| &e.seq)
     }
     pub fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.running.is_empty()
+        self.seqs.is_empty()
     }
     /// A resident or queued request.
     pub fn get(&self, id: ReqId) -> Option<&Seq> {
-        self.running
-            .iter()
-            .chain(self.waiting.iter())
-            .find(|s| s.id == id)
+        self.seqs.get(&id).map(|e| &e.seq)
+    }
+
+    /// The next queued request, dropping the stale places before it.
+    fn head(&mut self) -> Option<ReqId> {
+        while let Some(&id) = self.waiting.front() {
+            if self.seqs.get(&id).is_some_and(|e| !e.resident) {
+                return Some(id);
+            }
+            self.waiting.pop_front();
+        }
+        None
     }
 
     /// How many of `n` tokens from `start` (of `len`) one step takes: all of them, or with
@@ -196,10 +235,12 @@ impl Scheduler {
         let mut planned: Vec<(ReqId, usize)> = Vec::new();
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
-            let (id, computed, pending, len) = {
-                let s = &self.running[i];
-                (s.id, s.computed, s.pending(), s.tokens.len())
+            let id = self.running[i];
+            let Some(s) = self.get(id) else {
+                self.running.remove(i);
+                continue;
             };
+            let (computed, pending, len) = (s.computed, s.pending(), s.tokens.len());
             let n = self.chunk(computed, pending.min(*budget), len);
             if n == 0 {
                 i += 1;
@@ -249,27 +290,31 @@ impl Scheduler {
         blocks: &mut usize,
     ) {
         while *budget > 0 && self.running.len() < cfg.max_running {
-            let Some(s) = self.waiting.front() else {
+            let Some(id) = self.head() else {
                 break;
             };
             // A request preempted while planning this step waits for the next one (its blocks
             // are freed only after this plan).
-            if plan.preempted.contains(&s.id) {
+            if plan.preempted.contains(&id) {
                 break;
             }
+            let Some(s) = self.get(id) else {
+                break;
+            };
             // A request starting afresh skips the blocks the prefix cache holds: those are
             // taken rather than allocated, and cost only the ones no request holds now.
-            let fresh = s.computed == 0 && kv.blocks_held(s.id) == 0;
+            let fresh = s.computed == 0 && kv.blocks_held(id) == 0;
             let (hit, hit_blocks) = match fresh {
                 true => kv.cached_prefix(&s.tokens),
                 false => (0, 0),
             };
-            let hit = hit.min(s.tokens.len().saturating_sub(1));
+            let len = s.tokens.len();
+            let hit = hit.min(len.saturating_sub(1));
             let start = s.computed.max(hit);
-            let n = self.chunk(start, (s.tokens.len() - start).min(*budget), s.tokens.len());
+            let n = self.chunk(start, (len - start).min(*budget), len);
             let need = kv
-                .blocks_needed(s.id, start + n)
-                .saturating_sub(kv.blocks_needed(s.id, hit))
+                .blocks_needed(id, start + n)
+                .saturating_sub(kv.blocks_needed(id, hit))
                 + hit_blocks;
             if n == 0 || need > *blocks {
                 break;
@@ -277,14 +322,17 @@ impl Scheduler {
             *blocks -= need;
             *budget -= n;
             plan.items.push(Item {
-                id: s.id,
+                id,
                 start,
                 end: start + n,
-                sample: start + n == s.tokens.len(),
+                sample: start + n == len,
             });
-            if let Some(s) = self.waiting.pop_front() {
-                self.running.push(s);
+            self.waiting.pop_front();
+            self.n_waiting -= 1;
+            if let Some(e) = self.seqs.get_mut(&id) {
+                e.resident = true;
             }
+            self.running.push(id);
         }
     }
 
@@ -297,18 +345,22 @@ impl Scheduler {
     /// Takes the newest running request back to the front of the queue, to be recomputed from
     /// scratch; the engine frees its KV blocks.
     fn preempt_newest(&mut self) -> Option<ReqId> {
-        let mut s = self.running.pop()?;
-        s.computed = 0;
-        s.preemptions += 1;
-        let id = s.id;
-        self.waiting.push_front(s);
+        let id = self.running.pop()?;
+        if let Some(e) = self.seqs.get_mut(&id) {
+            e.seq.computed = 0;
+            e.seq.preemptions += 1;
+            e.resident = false;
+        }
+        self.waiting.push_front(id);
+        self.n_waiting += 1;
         Some(id)
     }
 
     /// After a step: the planned tokens of `id` are computed, and `sampled` (if any) is its
     /// new token.
     pub fn advance(&mut self, id: ReqId, end: usize, sampled: Option<u32>) {
-        if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
+        if let Some(e) = self.seqs.get_mut(&id).filter(|e| e.resident) {
+            let s = &mut e.seq;
             s.computed = end.min(s.tokens.len());
             if let Some(t) = sampled {
                 s.tokens.push(t);
@@ -317,21 +369,36 @@ impl Scheduler {
     }
 
     /// Removes a finished or cancelled request (running or queued); true if it was resident
-    /// (its KV blocks must be freed).
+    /// (its KV blocks must be freed). A queued one leaves a stale place behind.
     pub fn finish(&mut self, id: ReqId) -> bool {
-        if let Some(i) = self.running.iter().position(|s| s.id == id) {
-            self.running.remove(i);
+        let Some(e) = self.seqs.remove(&id) else {
+            return false;
+        };
+        if e.resident {
+            // At most `max_running` ids.
+            self.running.retain(|&r| r != id);
             return true;
         }
-        self.waiting.retain(|s| s.id != id);
+        self.n_waiting -= 1;
+        // Stale places are dropped as they reach the front; should they pile up behind a
+        // head that cannot start, the queue is rebuilt (amortized O(1) per request).
+        if self.waiting.len() > 2 * self.n_waiting + 64 {
+            let seqs = &self.seqs;
+            self.waiting
+                .retain(|id| seqs.get(id).is_some_and(|e| !e.resident));
+        }
         false
+    }
+
+    /// Places in the queue, stale ones included (for tests of the compaction).
+    #[cfg(test)]
+    fn queue_places(&self) -> usize {
+        self.waiting.len()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use super::*;
 
     /// A pool of `free` blocks of `bs` tokens, with each request's current allocation.
@@ -557,7 +624,7 @@ mod tests {
         pool.run(&mut s, &p);
         // It cannot come back either: the engine sees an empty plan with nothing running.
         let p = s.schedule(&pool);
-        assert!(p.items.is_empty() && s.running().is_empty() && s.waiting() == 1);
+        assert!(p.items.is_empty() && s.num_running() == 0 && s.waiting() == 1);
     }
 
     #[test]
@@ -586,14 +653,13 @@ mod tests {
                 assert!(steps < 10_000, "no progress");
                 let p = s.schedule(&pool);
                 assert!(p.tokens() <= s.cfg().max_batch_tokens);
-                if p.items.is_empty() && s.running().is_empty() {
+                if p.items.is_empty() && s.num_running() == 0 {
                     // Only a request bigger than the pool can stall; none is here.
                     panic!("stalled with {} waiting", s.waiting());
                 }
                 pool.run(&mut s, &p);
                 let done: Vec<ReqId> = s
                     .running()
-                    .iter()
                     .filter(|q| q.tokens.len() >= want[&q.id])
                     .map(|q| q.id)
                     .collect();
@@ -603,5 +669,49 @@ mod tests {
             }
             assert!(pool.held.is_empty());
         }
+    }
+
+    /// A long queue with requests cancelled anywhere in it: order, counts and lookups stay
+    /// right, and the places the cancelled ones leave behind are bounded by the live ones.
+    #[test]
+    fn cancelling_inside_a_long_queue_keeps_order_and_bounds_stale_places() {
+        let mut rng = crate::rng::Rng::new(5);
+        let mut s = sched(16, 2);
+        let pool = Pool {
+            bs: 4,
+            free: 1_000,
+            held: HashMap::new(),
+        };
+        let mut live: Vec<ReqId> = Vec::new();
+        for id in 1..=5_000u64 {
+            s.admit(Seq::new(id, vec![(id % 50) as u32; 1 + (id % 7) as usize]));
+            live.push(id);
+            // Cancel a random queued request about two times in three.
+            if rng.next_u64() % 3 != 0 {
+                let k = (rng.next_u64() as usize) % live.len();
+                let gone = live.remove(k);
+                assert!(!s.finish(gone), "{gone} was queued, not resident");
+                assert!(s.get(gone).is_none());
+            }
+            assert_eq!(s.waiting(), live.len());
+            assert!(
+                s.queue_places() <= 2 * live.len() + 65,
+                "{} places for {} queued",
+                s.queue_places(),
+                live.len()
+            );
+        }
+        let order: Vec<ReqId> = s.queued().map(|q| q.id).collect();
+        assert_eq!(order, live);
+        for &id in live.iter().step_by(97) {
+            assert_eq!(s.get(id).map(|q| q.tokens.len()), Some(1 + (id % 7) as usize));
+        }
+        // The next step starts the two oldest live requests, skipping the stale places.
+        let p = s.schedule(&pool);
+        let ids: Vec<ReqId> = p.items.iter().map(|i| i.id).collect();
+        assert_eq!(ids, live[..2].to_vec());
+        assert_eq!(s.waiting(), live.len() - 2);
+        assert!(s.finish(live[0]), "a running request is resident");
+        assert_eq!(s.num_running(), 1);
     }
 }
