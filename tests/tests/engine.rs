@@ -211,6 +211,34 @@ fn bad_requests_fail_alone() {
     assert_eq!(collect(&good).len(), 4);
 }
 
+/// Requests submitted from many threads at once (their ids are taken in one order and may
+/// reach the engine in another) each finish with their tokens; none is lost or refused.
+#[test]
+fn requests_submitted_from_many_threads_all_finish() {
+    let Some((file, tok)) = load() else {
+        return;
+    };
+    let h = std::sync::Arc::new(spawn(engine(&file, 4, None)));
+    let prompt = tok.encode(PROMPTS[4], true).expect("encode");
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (h, prompt) = (h.clone(), prompt.clone());
+            std::thread::spawn(move || {
+                let streams: Vec<Stream> = (0..16)
+                    .map(|_| h.submit(GenRequest::new(prompt.clone(), SamplingParams::greedy(), 2)))
+                    .collect();
+                streams.iter().map(|s| collect(s)).collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let outs: Vec<Vec<u32>> = threads
+        .into_iter()
+        .flat_map(|t| t.join().expect("client thread"))
+        .collect();
+    assert_eq!(outs.len(), 128);
+    assert!(outs.iter().all(|o| o == &outs[0] && o.len() == 2), "{outs:?}");
+}
+
 /// Two requests sharing a long prompt prefix: with prefix caching the second reuses the
 /// first's full blocks (fewer tokens computed) and still gets exactly the tokens it gets
 /// without the cache.

@@ -355,14 +355,14 @@ impl Engine {
     }
 
     /// `submit` under an id the caller chose (a spawned engine's handle numbers its
-    /// requests, so it can cancel them): one not held already, at least `next_id`.
+    /// requests, so it can cancel them; they may arrive out of order): one not held now.
     fn submit_as(&mut self, id: ReqId, req: GenRequest, tx: Box<dyn EventSink>) -> Result<()> {
         self.check(&req)?;
-        if id < self.next_id || self.active.contains_key(&id) {
-            return Err(Error::Model(format!("request id {id} was used already")));
+        if self.active.contains_key(&id) {
+            return Err(Error::Model(format!("request id {id} is in use")));
         }
         let sampler = Sampler::new(req.params)?;
-        self.next_id = id + 1;
+        self.next_id = self.next_id.max(id + 1);
         self.active.insert(
             id,
             Active {
@@ -730,7 +730,11 @@ pub fn spawn(mut engine: Engine) -> EngineHandle {
 
 fn accept(engine: &mut Engine, cmd: Submit) {
     let Submit(id, req, mut out) = cmd;
-    match engine.check(&req) {
+    let ok = match engine.active.contains_key(&id) {
+        true => Err(Error::Model(format!("request id {id} is in use"))),
+        false => engine.check(&req),
+    };
+    match ok {
         Ok(()) => {
             if let Err(e) = engine.submit_as(id, req, out) {
                 tracing::warn!("a checked request was refused: {e}");

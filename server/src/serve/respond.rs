@@ -1,11 +1,12 @@
 //! Running a request's choices on the engine and answering: one JSON body, or server-sent
 //! events in OpenAI's chunk format.
 //!
-//! Each choice is one engine request, drained on a blocking thread that turns tokens into
-//! text (whole characters only, stop strings held back), splits chat output into content,
-//! reasoning and tool calls, and measures latencies. The thread watches its outgoing channel:
-//! when the response is dropped (the client left) it drops the engine stream, which cancels
-//! the request at the engine's next step.
+//! Each choice is one engine request, drained by a task that hands the events to a blocking
+//! thread to turn tokens into text (whole characters only, stop strings held back) and split
+//! chat output into content, reasoning and tool calls, and measures latencies. The task
+//! watches its outgoing channel: when the response is dropped (the client left, or stopped
+//! reading for the stall timeout) it drops the engine request, which cancels it at the
+//! engine's next step.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -127,6 +128,30 @@ impl Choice {
         vec![self.piece(&text, false, lps)]
     }
 
+    /// The pieces of a run of events, up to the one that ends the choice.
+    fn events(&mut self, state: &AppState, events: Vec<Event>) -> Vec<Piece> {
+        let mut out = Vec::new();
+        for ev in events {
+            let pieces = match ev {
+                Event::Token(t, lp) => self.token(state, t, lp),
+                Event::Cached(n) => {
+                    self.cached = n;
+                    Vec::new()
+                }
+                Event::Done { finish, .. } => self.done(finish),
+                Event::Error(e) => vec![Piece::Failed(e)],
+            };
+            let ends = pieces
+                .iter()
+                .any(|p| matches!(p, Piece::End { .. } | Piece::Failed(_)));
+            out.extend(pieces);
+            if ends {
+                break;
+            }
+        }
+        out
+    }
+
     fn done(&mut self, finish: Finish) -> Vec<Piece> {
         let mut tail = self.stop.push(&self.dec.finish());
         tail.push_str(&self.stop.finish());
@@ -206,7 +231,7 @@ fn start(
         );
         let st = state.clone();
         let tx = tx.clone();
-        let mut choice = Choice::new(index, spec);
+        let choice = Choice::new(index, spec);
         if let Some(text) = &spec.echo {
             // The channel is empty: the echoed prompt goes first without waiting.
             let _ = tx.try_send(Piece::Out {
@@ -220,12 +245,15 @@ fn start(
         let admitted = admitted.clone();
         let stall = state.stall_timeout;
         // One task per choice: it waits on the engine's events and on the client, never on a
-        // thread; a client that takes none of its pieces for `stall` is dropped.
+        // thread; a client that takes none of its pieces for `stall` is dropped. Turning
+        // tokens into text (detokenizing, stop strings, the chat parser) runs on a blocking
+        // thread, over every event that has arrived by then.
         tokio::spawn(async move {
             let _admitted = admitted;
             // Dropping it cancels the request if it is still running.
             let _cancel = cancel;
             let mut last: Option<Instant> = None;
+            let mut choice = Some(choice);
             let unrecorded: Option<&'static str> = loop {
                 let ev = tokio::select! {
                     ev = events.recv() => ev,
@@ -234,23 +262,40 @@ fn start(
                 let Some(ev) = ev else {
                     break Some("error");
                 };
-                let pieces = match ev {
-                    Event::Token(t, lp) => {
+                let mut batch = vec![ev];
+                while batch.len() < MAX_BATCH {
+                    match events.try_recv() {
+                        Ok(ev) => batch.push(ev),
+                        Err(_) => break,
+                    }
+                }
+                for ev in &batch {
+                    if let Event::Token(..) = ev {
                         let at = Instant::now();
                         st.metrics.with(|m| match last {
                             None => m.ttft.observe((at - arrived).as_secs_f64()),
                             Some(prev) => m.itl.observe((at - prev).as_secs_f64()),
                         });
                         last = Some(at);
-                        choice.token(&st, t, lp)
                     }
-                    Event::Cached(n) => {
-                        choice.cached = n;
-                        Vec::new()
-                    }
-                    Event::Done { finish, .. } => choice.done(finish),
-                    Event::Error(e) => vec![Piece::Failed(e)],
+                }
+                let Some(mut c) = choice.take() else {
+                    break Some("error");
                 };
+                let s2 = st.clone();
+                let worked = tokio::task::spawn_blocking(move || {
+                    let pieces = c.events(&s2, batch);
+                    (c, pieces)
+                })
+                .await;
+                let pieces = match worked {
+                    Ok((c, pieces)) => {
+                        choice = Some(c);
+                        pieces
+                    }
+                    Err(e) => vec![Piece::Failed(format!("turning tokens into text failed: {e}"))],
+                };
+                let generated = choice.as_ref().map_or(0, |c| c.generated);
                 let mut outcome = None;
                 for p in pieces {
                     let ends = match &p {
@@ -261,7 +306,7 @@ fn start(
                     // The outcome is counted before the last piece goes out, so a client that
                     // has its answer finds it in /metrics.
                     if let Some(o) = ends {
-                        record(&st, o, choice.generated);
+                        record(&st, o, generated);
                         outcome = Some(o);
                     }
                     if p.is_empty() {
@@ -274,7 +319,7 @@ fn start(
                     };
                     if let Some(g) = gone {
                         if outcome.is_none() {
-                            record(&st, g, choice.generated);
+                            record(&st, g, generated);
                         }
                         outcome = Some(g);
                         break;
@@ -285,12 +330,15 @@ fn start(
                 }
             };
             if let Some(o) = unrecorded {
-                record(&st, o, choice.generated);
+                record(&st, o, choice.as_ref().map_or(0, |c| c.generated));
             }
         });
     }
     rx
 }
+
+/// Most engine events turned into text in one go.
+const MAX_BATCH: usize = 256;
 
 /// Hands the engine's events to a choice's task (an unbounded channel: the engine never
 /// waits; a request produces at most `max_tokens` events).
