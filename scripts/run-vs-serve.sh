@@ -4,7 +4,7 @@
 # rounds. Usage: scripts/run-vs-serve.sh [MODEL] [N_TOKENS] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODEL=${1:-smollm2}
+MODEL=${1:-smollm2-135m-instruct}
 N=${2:-64}
 ROUNDS=${3:-3}
 PORT=${PORT:-18181}

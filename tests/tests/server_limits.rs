@@ -13,7 +13,9 @@ use common::*;
 use serde_json::{json, Value};
 
 /// 500 requests at once against a queue of 64: each gets its completion or a 429 (an
-/// OpenAI-style rate-limit error), never a 5xx or a hang; the pool is free afterwards.
+/// OpenAI-style rate-limit error), never a 5xx or a hang; the engine never holds more than
+/// the limit (what bounds the server's memory: a refused request holds nothing past its
+/// answer); the pool is free afterwards.
 #[test]
 fn a_burst_past_the_queue_limit_gets_429s_and_nothing_worse() {
     let cfg = kiln_core::engine::RunnerConfig {
@@ -36,6 +38,19 @@ fn a_burst_past_the_queue_limit_gets_429s_and_nothing_worse() {
         .map(|_| TcpStream::connect(srv.addr).expect("connect"))
         .collect();
     let t0 = Instant::now();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (state, stop) = (srv.state.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let s = state.engine.snapshot();
+                most = most.max(s.waiting + s.running);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            most
+        })
+    };
     let threads: Vec<_> = conns
         .into_iter()
         .enumerate()
@@ -64,7 +79,14 @@ fn a_burst_past_the_queue_limit_gets_429s_and_nothing_worse() {
             _ => panic!("status {st}: {text}"),
         }
     }
-    println!("{counts:?} in {:.1} s", t0.elapsed().as_secs_f64());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let most = watcher.join().expect("watcher");
+    println!(
+        "{counts:?} in {:.1} s; at most {most} requests held",
+        t0.elapsed().as_secs_f64()
+    );
+    // --max-queue 64 beside --max-batch 2.
+    assert!(most <= 66 && most >= 10, "{most} requests held at once");
     assert!(counts.get(&200).copied().unwrap_or(0) >= 66, "{counts:?}");
     assert!(counts.get(&429).copied().unwrap_or(0) > 0, "{counts:?}");
     let s = srv.state.engine.snapshot();
