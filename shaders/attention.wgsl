@@ -111,6 +111,9 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         hi = len;
     } else if (p.mask == 3u) {
         hi = min(max(pos + 1u, p.mask_n), len);
+    } else if (p.mask == 4u) {
+        lo = select(0u, len - p.mask_n, len > p.mask_n);
+        hi = len;
     }
     let a = lo + split * p.split_len;
     let b = min(hi, a + p.split_len);

@@ -124,18 +124,23 @@ pub enum Mask {
     Bidirectional,
     /// Causal, except the first `n` positions see each other: `j <= p || j < n` (prefix LM).
     PrefixBidirectional(usize),
+    /// Every query sees the last `n` keys of its sequence, whatever its own position:
+    /// `j >= len - n` (DiffusionGemma's decoder: a canvas over the tail of a sliding window).
+    Lookback(usize),
 }
 
 impl Mask {
-    /// Whether a query at position `p` sees the key at position `j`.
+    /// Whether a query at position `p` sees the key at position `j` of `len` keys.
     #[inline]
-    pub fn allows(self, p: usize, j: usize) -> bool {
-        match self {
-            Mask::Causal => j <= p,
-            Mask::SlidingWindow(w) => j <= p && p - j < w,
-            Mask::Bidirectional => true,
-            Mask::PrefixBidirectional(n) => j <= p || j < n,
-        }
+    pub fn allows(self, p: usize, j: usize, len: usize) -> bool {
+        j < len
+            && match self {
+                Mask::Causal => j <= p,
+                Mask::SlidingWindow(w) => j <= p && p - j < w,
+                Mask::Bidirectional => true,
+                Mask::PrefixBidirectional(n) => j <= p || j < n,
+                Mask::Lookback(n) => j + n >= len,
+            }
     }
     /// The key positions a query at `p` can see, out of `0..len`, as a half-open range
     /// (every mask above selects one contiguous run of keys).
@@ -146,6 +151,7 @@ impl Mask {
             Mask::SlidingWindow(w) => ((p + 1).saturating_sub(w), (p + 1).min(len)),
             Mask::Bidirectional => (0, len),
             Mask::PrefixBidirectional(n) => (0, (p + 1).max(n).min(len)),
+            Mask::Lookback(n) => (len.saturating_sub(n), len),
         }
     }
 }
@@ -429,13 +435,14 @@ mod tests {
             Mask::SlidingWindow(3),
             Mask::Bidirectional,
             Mask::PrefixBidirectional(4),
+            Mask::Lookback(5),
         ];
         for m in masks {
             for len in 1..10 {
                 for p in 0..len {
                     let (lo, hi) = m.key_range(p, len);
                     for j in 0..len {
-                        assert_eq!(m.allows(p, j), j >= lo && j < hi, "{m:?} p={p} j={j}");
+                        assert_eq!(m.allows(p, j, len), j >= lo && j < hi, "{m:?} p={p} j={j}");
                     }
                 }
             }

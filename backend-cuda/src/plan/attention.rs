@@ -15,6 +15,8 @@ fn mask_args(mask: Mask) -> Option<(u32, u32)> {
         Mask::SlidingWindow(w) => (w.min(i32::MAX as usize) as u32, 0),
         Mask::Bidirectional => (0, u32::MAX),
         Mask::PrefixBidirectional(n) => (0, u(n).unwrap_or(u32::MAX)),
+        // The kernels bound keys by the row's own position, not the sequence's end.
+        Mask::Lookback(_) => return None,
     })
 }
 

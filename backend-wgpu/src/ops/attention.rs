@@ -58,6 +58,7 @@ fn mask_code(m: Mask) -> (u32, usize) {
         Mask::SlidingWindow(w) => (1, w),
         Mask::Bidirectional => (2, 0),
         Mask::PrefixBidirectional(n) => (3, n),
+        Mask::Lookback(n) => (4, n),
     }
 }
 

@@ -350,6 +350,7 @@ fn attention(c: &mut Vec<Case>) -> Result<()> {
         ("sliding 5", Mask::SlidingWindow(5)),
         ("bidirectional", Mask::Bidirectional),
         ("prefix 6", Mask::PrefixBidirectional(6)),
+        ("lookback 12", Mask::Lookback(12)),
     ];
     for (mname, mask) in masks {
         for (t, s, hq, hkv, d, dv) in [
@@ -441,13 +442,15 @@ fn attention(c: &mut Vec<Case>) -> Result<()> {
                 table[s * maxb + b] = perm[next] as i32;
                 next += 1;
             }
-            if let (true, Mask::SlidingWindow(w)) = (null_out_of_window, mask) {
-                // Blocks wholly before the window of the sequence's first query are released.
-                let first_q = len - q_lens[s];
-                let lo = (first_q + 1).saturating_sub(w);
-                for b in 0..lo / bs {
-                    table[s * maxb + b] = -1;
-                }
+            // Blocks wholly before the keys of the sequence's first query are released.
+            let first_q = len - q_lens[s];
+            let lo = match (null_out_of_window, mask) {
+                (true, Mask::SlidingWindow(w)) => (first_q + 1).saturating_sub(w),
+                (true, Mask::Lookback(n)) => len.saturating_sub(n),
+                _ => 0,
+            };
+            for b in 0..lo / bs {
+                table[s * maxb + b] = -1;
             }
         }
         let t: usize = q_lens.iter().sum();
@@ -566,6 +569,30 @@ fn attention(c: &mut Vec<Case>) -> Result<()> {
         3,
         32,
         false,
+    )?;
+    // DiffusionGemma's decoder: a canvas of 8 sees the whole context (full layers), or the
+    // last 7 keys before it and itself (sliding layers, window 8).
+    paged(
+        "canvas 8 bidirectional 2 seqs",
+        Mask::Bidirectional,
+        &[44, 20],
+        &[8, 8],
+        F32,
+        4,
+        1,
+        32,
+        false,
+    )?;
+    paged(
+        "canvas 8 lookback 15, released blocks",
+        Mask::Lookback(15),
+        &[60, 12],
+        &[8, 8],
+        F32,
+        4,
+        2,
+        16,
+        true,
     )?;
     paged(
         "prefill sliding 8",
