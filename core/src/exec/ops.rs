@@ -146,6 +146,16 @@ impl Executor {
     pub fn unary(&self, u: UnaryOp, x: &Tensor) -> Result<Tensor> {
         self.one(&Op::Unary(u), &[x])
     }
+    /// Row softmax of `x · scale`.
+    pub fn softmax(&self, x: &Tensor, scale: f32) -> Result<Tensor> {
+        self.one(
+            &Op::Softmax {
+                scale,
+                soft_cap: None,
+            },
+            &[x],
+        )
+    }
     pub fn glu(&self, g: GluOp, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         self.one(&Op::Glu(g), &[gate, up])
     }

@@ -32,6 +32,8 @@ const TOWERS: &[&str] = &[
     "multi_modal_projector.",
     "audio_tower.",
     "mtp.",
+    "model.encoder.vision_tower.",
+    "model.encoder.embed_vision.",
 ];
 
 /// Whether `path` looks like a Hugging Face model directory.
@@ -43,6 +45,8 @@ pub fn is_model_dir(path: &Path) -> bool {
 struct Config {
     dir: String,
     text: Json,
+    /// The whole file (a multimodal model's top-level settings beside `text_config`).
+    root: Json,
     model_type: String,
 }
 
@@ -67,6 +71,7 @@ impl Config {
         Ok(Config {
             dir: name,
             text,
+            root,
             model_type,
         })
     }
@@ -174,6 +179,9 @@ enum Family {
     /// Qwen3.5 / 3.6 dense: Gated DeltaNet and gated full attention.
     Qwen35,
     Gemma4,
+    /// DiffusionGemma: Gemma 4 layers run as a causal encoder and a bidirectional canvas
+    /// decoder (the same weights), with self-conditioning.
+    DiffusionGemma,
 }
 
 fn family(model_type: &str) -> Option<(Family, &'static str)> {
@@ -184,6 +192,9 @@ fn family(model_type: &str) -> Option<(Family, &'static str)> {
         "qwen3_5" | "qwen3_5_text" => Some((Family::Qwen35, "qwen35")),
         "qwen3_5_moe" | "qwen3_5_moe_text" => Some((Family::Qwen35, "qwen35moe")),
         "gemma4" | "gemma4_text" => Some((Family::Gemma4, "gemma4")),
+        "diffusion_gemma" | "diffusion_gemma_text" => {
+            Some((Family::DiffusionGemma, "diffusion-gemma"))
+        }
         _ => None,
     }
 }
@@ -201,6 +212,7 @@ pub const MODEL_TYPES: &[&str] = &[
     "qwen3_5_moe_text",
     "gemma4",
     "gemma4_text",
+    "diffusion_gemma",
 ];
 
 /// The dense-transformer metadata every family shares.
@@ -303,6 +315,21 @@ fn family_meta(c: &Config, fam: Family, m: &mut Meta) -> Result<()> {
             m.set("attention.recurrent_layers", Value::Array(linear.collect()));
         }
         Family::Gemma4 => gemma4_meta(c, m)?,
+        Family::DiffusionGemma => {
+            gemma4_meta(c, m)?;
+            // The text config drops `attention_k_eq_v`; transformers then takes K as V on the
+            // full layers (they have no V projection).
+            m.set("attention.k_eq_v", Value::Bool(true));
+            let canvas = c
+                .root
+                .get("canvas_length")
+                .and_then(Json::as_u64)
+                .unwrap_or(256) as usize;
+            if canvas == 0 || canvas > 65_536 {
+                return Err(c.err(format!("canvas_length {canvas} is out of range")));
+            }
+            m.u("diffusion.canvas_length", canvas);
+        }
         Family::Gemma3 => {
             m.u("attention.sliding_window", c.usize("sliding_window")?);
             let full = Some("full_attention");
@@ -433,6 +460,10 @@ fn gguf_name(fam: Family, hf: &str) -> Option<String> {
         "per_layer_projection_norm.weight" => return Some("per_layer_proj_norm.weight".into()),
         "norm.weight" => return Some("output_norm.weight".into()),
         "lm_head.weight" => return Some("output.weight".into()),
+        "self_conditioning.pre_norm.weight" => return Some("self_cond.norm.weight".into()),
+        "self_conditioning.gate_proj.weight" => return Some("self_cond.gate.weight".into()),
+        "self_conditioning.up_proj.weight" => return Some("self_cond.up.weight".into()),
+        "self_conditioning.down_proj.weight" => return Some("self_cond.down.weight".into()),
         _ => {}
     }
     let rest = hf.strip_prefix("layers.")?;
@@ -449,21 +480,21 @@ fn gguf_name(fam: Family, hf: &str) -> Option<String> {
         ("mlp.gate_proj.weight", _) => "ffn_gate",
         ("mlp.up_proj.weight", _) => "ffn_up",
         ("mlp.down_proj.weight", _) => "ffn_down",
-        ("post_attention_layernorm.weight", Family::Gemma3 | Family::Gemma4) => {
+        ("post_attention_layernorm.weight", Family::Gemma3 | Family::Gemma4 | Family::DiffusionGemma) => {
             "post_attention_norm"
         }
-        ("pre_feedforward_layernorm.weight", Family::Gemma4) => "ffn_norm",
-        ("post_feedforward_layernorm.weight", Family::Gemma4) => "post_ffw_norm",
-        ("post_feedforward_layernorm_1.weight", Family::Gemma4) => "post_ffw_norm_1",
-        ("post_feedforward_layernorm_2.weight", Family::Gemma4) => "post_ffw_norm_2",
-        ("pre_feedforward_layernorm_2.weight", Family::Gemma4) => "pre_ffw_norm_2",
+        ("pre_feedforward_layernorm.weight", Family::Gemma4 | Family::DiffusionGemma) => "ffn_norm",
+        ("post_feedforward_layernorm.weight", Family::Gemma4 | Family::DiffusionGemma) => "post_ffw_norm",
+        ("post_feedforward_layernorm_1.weight", Family::Gemma4 | Family::DiffusionGemma) => "post_ffw_norm_1",
+        ("post_feedforward_layernorm_2.weight", Family::Gemma4 | Family::DiffusionGemma) => "post_ffw_norm_2",
+        ("pre_feedforward_layernorm_2.weight", Family::Gemma4 | Family::DiffusionGemma) => "pre_ffw_norm_2",
         ("per_layer_input_gate.weight", Family::Gemma4) => "inp_gate",
         ("per_layer_projection.weight", Family::Gemma4) => "proj",
         ("post_per_layer_input_norm.weight", Family::Gemma4) => "post_norm",
-        ("router.proj.weight", Family::Gemma4) => "ffn_gate_inp",
-        ("layer_scalar", Family::Gemma4) => return Some(format!("blk.{l}.layer_output_scale")),
-        ("router.scale", Family::Gemma4) => return Some(format!("blk.{l}.ffn_gate_inp.scale")),
-        ("router.per_expert_scale", Family::Gemma4) => {
+        ("router.proj.weight", Family::Gemma4 | Family::DiffusionGemma) => "ffn_gate_inp",
+        ("layer_scalar", Family::Gemma4 | Family::DiffusionGemma) => return Some(format!("blk.{l}.layer_output_scale")),
+        ("router.scale", Family::Gemma4 | Family::DiffusionGemma) => return Some(format!("blk.{l}.ffn_gate_inp.scale")),
+        ("router.per_expert_scale", Family::Gemma4 | Family::DiffusionGemma) => {
             return Some(format!("blk.{l}.ffn_down_exps.scale"))
         }
         ("linear_attn.in_proj_qkv.weight", Family::Qwen35) => "attn_qkv",
@@ -491,7 +522,13 @@ fn gguf_name(fam: Family, hf: &str) -> Option<String> {
 
 /// The text model's name for a checkpoint tensor: `Ok(None)` for a skipped tower.
 fn strip_prefix(hf: &str) -> Option<&str> {
-    for p in ["model.language_model.", "language_model.model.", "model."] {
+    for p in [
+        "model.language_model.",
+        "language_model.model.",
+        // DiffusionGemma: the decoder holds the weights the encoder shares.
+        "model.decoder.",
+        "model.",
+    ] {
         if let Some(rest) = hf.strip_prefix(p) {
             return Some(rest);
         }
@@ -573,10 +610,56 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
     let mut experts: BTreeMap<(usize, &'static str), Vec<Expert>> = BTreeMap::new();
     let heads = c.usize("num_attention_heads")?;
     let kv_heads = c.usize_or("num_key_value_heads", heads)?;
-    for path in shard_paths(dir)? {
-        let f = SafetensorsFile::open(&path)?;
+    let files = shard_paths(dir)?
+        .into_iter()
+        .map(|p| SafetensorsFile::open(&p).map(|f| (p, f)))
+        .collect::<Result<Vec<_>>>()?;
+    let names: std::collections::HashSet<String> = files
+        .iter()
+        .flat_map(|(_, f)| f.entries.iter().map(|e| e.name.clone()))
+        .collect();
+    // DiffusionGemma's encoder shares the decoder's weights (a checkpoint may hold either
+    // copy or both) but keeps its own per-layer output scalars.
+    let encoder = |name: &str| -> Option<String> {
+        let rest = name.strip_prefix("model.encoder.language_model.")?;
+        if let Some(l) = rest
+            .strip_prefix("layers.")
+            .and_then(|r| r.strip_suffix(".layer_scalar"))
+        {
+            return Some(format!("enc:{l}"));
+        }
+        match names.contains(&format!("model.decoder.{rest}")) {
+            true => Some(String::new()),
+            false => Some(format!("model.decoder.{rest}")),
+        }
+    };
+    for (path, f) in files {
         let b = blobs.len();
         for e in &f.entries {
+            let renamed;
+            let e = match (fam == Family::DiffusionGemma).then(|| encoder(&e.name)).flatten() {
+                // A tied copy of a decoder tensor.
+                Some(r) if r.is_empty() => continue,
+                Some(r) if r.starts_with("enc:") => {
+                    let info = TensorInfo {
+                        name: format!("blk.{}.enc_output_scale", &r[4..]),
+                        dtype: e.dtype,
+                        shape: e.shape.clone(),
+                        offset: e.offset,
+                        nbytes: e.nbytes,
+                    };
+                    tensors.push((info, b));
+                    continue;
+                }
+                Some(r) => {
+                    renamed = super::safetensors::Entry {
+                        name: r,
+                        ..e.clone()
+                    };
+                    &renamed
+                }
+                None => e,
+            };
             if let Some(t) = TOWERS.iter().find(|t| e.name.starts_with(**t)) {
                 *skipped
                     .entry(t.trim_end_matches('.').to_string())

@@ -72,6 +72,8 @@ struct Layer {
     moe: Option<Moe>,
     ple: Option<Ple>,
     scalar: f32,
+    /// DiffusionGemma's encoder scales the layer's output by a scalar of its own.
+    enc_scalar: f32,
 }
 
 /// The per-layer embedding inputs: a token table and a projection of the embeddings per layer.
@@ -83,19 +85,37 @@ struct PleInputs {
 }
 
 pub struct Gemma4 {
-    info: ModelInfo,
-    eps: f32,
-    soft_cap: Option<f32>,
-    head: Head,
+    pub(super) info: ModelInfo,
+    pub(super) eps: f32,
+    pub(super) soft_cap: Option<f32>,
+    pub(super) head: Head,
     layers: Vec<Layer>,
     groups: Vec<KvGroup>,
     ple: Option<PleInputs>,
     /// Frequency factors of the full layers' proportional RoPE.
     full_factors: Option<Tensor>,
+    /// DiffusionGemma's canvas decoder (the layers above run as its causal encoder).
+    pub(super) diffusion: Option<super::diffusion_gemma::Canvas>,
+}
+
+/// How a pass runs the layers: causally (a language model, or DiffusionGemma's encoder), or
+/// as DiffusionGemma's decoder over canvases of `canvas` tokens (full layers see the whole
+/// context, sliding layers the last `window - 1` keys before the canvas and the canvas).
+#[derive(Copy, Clone, Debug)]
+pub(super) enum Pass {
+    Causal,
+    Canvas(usize),
 }
 
 pub fn build(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
     Ok(Box::new(Gemma4::load(f, ex)?))
+}
+
+/// DiffusionGemma (`diffusion-gemma`): Gemma 4 layers with a canvas decoder.
+pub fn build_diffusion(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
+    let mut m = Gemma4::load(f, ex)?;
+    m.diffusion = Some(super::diffusion_gemma::Canvas::load(f, ex, &m)?);
+    Ok(Box::new(m))
 }
 
 fn list<T>(f: &GgufFile, key: &str, n: usize, get: impl Fn(&Value) -> Option<T>) -> Result<Vec<T>> {
@@ -387,7 +407,12 @@ impl Gemma4 {
                 .map(|s| w.host_f32(&name(s), 1).map(|v| v[0]))
                 .transpose()?
                 .unwrap_or(1.0);
+            let enc_scalar = match f.tensor(&name("enc_output_scale")) {
+                Ok(_) => w.host_f32(&name("enc_output_scale"), 1)?[0],
+                Err(_) => scalar,
+            };
             layers.push(Layer {
+                enc_scalar,
                 attn_norm: w.get(&name("attn_norm.weight"), &[e])?,
                 attn,
                 ffn_norm: w.get(&name("ffn_norm.weight"), &[e])?,
@@ -408,6 +433,7 @@ impl Gemma4 {
             groups,
             ple,
             full_factors,
+            diffusion: None,
         })
     }
 
@@ -458,15 +484,56 @@ impl Model for Gemma4 {
 
     fn forward(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
         let i = &self.info;
-        let t = check_batch(b, i.vocab)?;
-        let bt = upload_batch(ex, b, self.groups.len())?;
+        check_batch(b, i.vocab)?;
         let (x0, ids) = self.head.embed(ex, b)?;
-        let mut x = ex.scale(&x0, (i.n_embd as f32).sqrt())?;
-        let ns = NormSpec {
+        let x = ex.scale(&x0, (i.n_embd as f32).sqrt())?;
+        let ple = self.ple_inputs(ex, &x, &ids)?;
+        let x = self.layers_pass(ex, b, kv, x, &ple, Pass::Causal)?;
+        self.head.logits(ex, &x, b, self.norm_spec(), self.soft_cap)
+    }
+
+    fn canvas_length(&self) -> Option<usize> {
+        self.diffusion.as_ref().map(|d| d.length)
+    }
+
+    fn denoise(
+        &self,
+        ex: &Executor,
+        b: &ForwardBatch,
+        kv: &KvCaches,
+        self_cond: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        match &self.diffusion {
+            Some(d) => d.denoise(self, ex, b, kv, self_cond),
+            None => Err(crate::Error::Model(
+                "this model does not generate by diffusion".into(),
+            )),
+        }
+    }
+}
+
+impl Gemma4 {
+    pub(super) fn norm_spec(&self) -> NormSpec {
+        NormSpec {
             eps: self.eps,
             one_plus: false,
-        };
-        let ple = self.ple_inputs(ex, &x, &ids)?;
+        }
+    }
+
+    /// The layers over the embedded batch `x`.
+    pub(super) fn layers_pass(
+        &self,
+        ex: &Executor,
+        b: &ForwardBatch,
+        kv: &KvCaches,
+        mut x: Tensor,
+        ple: &[Tensor],
+        pass: Pass,
+    ) -> Result<Tensor> {
+        let i = &self.info;
+        let t = b.tokens.len();
+        let bt = upload_batch(ex, b, self.groups.len())?;
+        let ns = self.norm_spec();
         let nh = i.n_head;
         for (l, layer) in self.layers.iter().enumerate() {
             let a = &layer.attn;
@@ -502,9 +569,11 @@ impl Model for Gemma4 {
             let p = AttnParams {
                 scale: 1.0,
                 soft_cap: None,
-                mask: match a.window {
-                    Some(w) => Mask::SlidingWindow(w),
-                    None => Mask::Causal,
+                mask: match (a.window, pass) {
+                    (Some(w), Pass::Causal) => Mask::SlidingWindow(w),
+                    (None, Pass::Causal) => Mask::Causal,
+                    (Some(w), Pass::Canvas(c)) => Mask::Lookback(c + w.saturating_sub(1)),
+                    (None, Pass::Canvas(_)) => Mask::Bidirectional,
                 },
             };
             let new_kv = new_kv.as_ref().map(|(k, v)| (k, v));
@@ -525,10 +594,14 @@ impl Model for Gemma4 {
                 let y = self.norm(ex, &ex.matmul(&g, &p.proj)?, &p.post_norm)?;
                 x = ex.add(&x, &y)?;
             }
-            if layer.scalar != 1.0 {
-                x = ex.scale(&x, layer.scalar)?;
+            let scalar = match (pass, &self.diffusion) {
+                (Pass::Causal, Some(_)) => layer.enc_scalar,
+                _ => layer.scalar,
+            };
+            if scalar != 1.0 {
+                x = ex.scale(&x, scalar)?;
             }
         }
-        self.head.logits(ex, &x, b, ns, self.soft_cap)
+        Ok(x)
     }
 }

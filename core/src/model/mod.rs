@@ -3,6 +3,7 @@
 
 mod blocks;
 pub mod decoder;
+pub mod diffusion_gemma;
 pub mod gemma3;
 pub mod gemma4;
 pub mod llama;
@@ -163,4 +164,24 @@ pub trait Model: Send + Sync {
     }
     /// Runs one batch; returns logits `[logits_rows.len(), vocab]` (f32).
     fn forward(&self, ex: &Executor, batch: &ForwardBatch, kv: &KvCaches) -> Result<Tensor>;
+    /// A block-diffusion model's canvas length (`None`: an autoregressive model).
+    fn canvas_length(&self) -> Option<usize> {
+        None
+    }
+    /// One denoising step of a block-diffusion model: each sequence's last `q_len` tokens are
+    /// its canvas, predicted all at once from the cached prefix and the whole canvas; the
+    /// canvas's K/V go to its cache slots as scratch (the pass that commits the canvas
+    /// overwrites them). `self_cond`: the previous step's processed logits `[rows, vocab]`
+    /// (none on a canvas's first step). Returns logits `[logits_rows.len(), vocab]`.
+    fn denoise(
+        &self,
+        _ex: &Executor,
+        _batch: &ForwardBatch,
+        _kv: &KvCaches,
+        _self_cond: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        Err(crate::Error::Model(
+            "this model does not generate by diffusion".into(),
+        ))
+    }
 }

@@ -1,0 +1,177 @@
+//! DiffusionGemma's canvas decoder. The model is Gemma 4's layers run two ways over one paged
+//! KV cache: causally as the encoder (the prompt, then each committed canvas, written to the
+//! cache: [`super::Model::forward`]), and as the decoder ([`super::Model::denoise`]), which
+//! predicts every position of a canvas at once, attending to the cached prefix and to the
+//! whole canvas (sliding layers see only the last `window - 1` keys before the canvas).
+//!
+//! The decoder's input is the canvas's token embeddings mixed with a self-conditioning signal:
+//! the previous denoising step's processed logits turned into a soft embedding (the softmax
+//! over the vocabulary times the embedding table, times `sqrt(hidden)`), through a gated MLP
+//! between an RMSNorm and an unscaled RMSNorm: `post(x + mlp(pre(soft)))`. The soft
+//! embedding is dense (every row of the table, exact) or sparse (the top `k` logits of each
+//! position, softmax over those, `k` rows gathered: the fast path for a large vocabulary).
+
+use super::blocks::{check_batch, GatedFfn};
+use super::gemma4::{Gemma4, Pass};
+use super::weights::Weights;
+use super::{ForwardBatch, KvCaches};
+use crate::error::{Error, Result};
+use crate::exec::Executor;
+use crate::load::gguf::GgufFile;
+use crate::op::{GluOp, MoeGating};
+use crate::tensor::Tensor;
+
+/// How the soft embedding of the self-conditioning logits is formed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum SoftEmbedding {
+    /// Every vocabulary row, weighted by the softmax (exact).
+    Dense,
+    /// The top `k` logits of each position, softmax over those.
+    TopK(usize),
+}
+
+/// The decoder's own parts.
+pub struct Canvas {
+    /// Tokens per canvas.
+    pub length: usize,
+    sc_norm: Tensor,
+    sc_mlp: GatedFfn,
+    /// Ones `[hidden]`: the post-norm has no scale.
+    ones: Tensor,
+    /// The embedding table transposed, `[hidden, vocab]` f32, for the dense soft embedding
+    /// (built on first use).
+    embd_t: std::sync::OnceLock<Tensor>,
+    /// How the soft embedding is formed.
+    pub soft: std::sync::RwLock<SoftEmbedding>,
+}
+
+impl Canvas {
+    pub(super) fn load(f: &GgufFile, ex: &Executor, m: &Gemma4) -> Result<Canvas> {
+        let key = f.arch_key("diffusion.canvas_length");
+        let length = f.get_u64(&key)? as usize;
+        if length == 0 {
+            return Err(Error::load(f.path(), "canvas_length is 0"));
+        }
+        let e = m.info.n_embd;
+        let mut w = Weights::new(f, ex);
+        let ff = f
+            .tensor("self_cond.gate.weight")?
+            .shape
+            .first()
+            .copied()
+            .unwrap_or(0);
+        let sc_mlp = GatedFfn {
+            gate: w.get("self_cond.gate.weight", &[ff, e])?,
+            up: w.get("self_cond.up.weight", &[ff, e])?,
+            down: w.get("self_cond.down.weight", &[e, ff])?,
+            act: GluOp::GeGlu,
+        };
+        // Dense is exact; past a vocabulary of 32 Ki rows the top-k form is the default.
+        let soft = match m.info.vocab > 32_768 {
+            true => SoftEmbedding::TopK(256),
+            false => SoftEmbedding::Dense,
+        };
+        Ok(Canvas {
+            length,
+            sc_norm: w.get("self_cond.norm.weight", &[e])?,
+            sc_mlp,
+            ones: ex.upload_f32(&[e], &vec![1.0; e])?,
+            embd_t: std::sync::OnceLock::new(),
+            soft: std::sync::RwLock::new(soft),
+        })
+    }
+
+    /// Sets how the soft embedding is formed (`TopK(k)` with `k` ≥ the vocabulary is dense).
+    pub fn set_soft_embedding(&self, s: SoftEmbedding) {
+        if let Ok(mut g) = self.soft.write() {
+            *g = s;
+        }
+    }
+
+    fn soft_embedding(&self) -> SoftEmbedding {
+        self.soft.read().map_or(SoftEmbedding::Dense, |g| *g)
+    }
+
+    /// The embedding table transposed (for `probs · table`), made once.
+    fn table_t(&self, ex: &Executor, m: &Gemma4) -> Result<&Tensor> {
+        if let Some(t) = self.embd_t.get() {
+            return Ok(t);
+        }
+        let table = &m.head.tok_embd;
+        let (v, e) = (m.info.vocab, m.info.n_embd);
+        let ids: Vec<i32> = (0..v as i32).collect();
+        let rows = ex.get_rows(table, &ex.upload_i32(&[v], &ids)?)?;
+        let host = ex.download_f32(&rows)?;
+        let mut t = vec![0f32; v * e];
+        for (r, row) in host.chunks_exact(e).enumerate() {
+            for (c, &x) in row.iter().enumerate() {
+                t[c * v + r] = x;
+            }
+        }
+        let up = ex.upload_f32(&[e, v], &t)?;
+        Ok(self.embd_t.get_or_init(|| up))
+    }
+
+    /// `softmax(logits) · table · sqrt(hidden)`, `[T, hidden]`.
+    fn soft(&self, ex: &Executor, m: &Gemma4, logits: &Tensor) -> Result<Tensor> {
+        let (v, e) = (m.info.vocab, m.info.n_embd);
+        let d = logits.shape().dims();
+        if d.len() != 2 || d[1] != v {
+            return Err(Error::Model(format!(
+                "self-conditioning logits must be [rows, {v}], not {d:?}"
+            )));
+        }
+        let t = d[0];
+        let soft = match self.soft_embedding() {
+            SoftEmbedding::TopK(k) if k < v => {
+                let k = k.max(1);
+                let (w, ids) = ex.moe_route(logits, k, MoeGating::Softmax, true)?;
+                let rows = ex.get_rows(&m.head.tok_embd, &ids.reshape([t * k])?)?;
+                ex.moe_sum(&rows.reshape([t, k, e])?, &w)?
+            }
+            _ => {
+                let p = ex.softmax(logits, 1.0)?;
+                ex.matmul(&p, self.table_t(ex, m)?)?
+            }
+        };
+        ex.scale(&soft, (e as f32).sqrt())
+    }
+
+    pub(super) fn denoise(
+        &self,
+        m: &Gemma4,
+        ex: &Executor,
+        b: &ForwardBatch,
+        kv: &KvCaches,
+        self_cond: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let t = check_batch(b, m.info.vocab)?;
+        if let Some(s) = b.seqs.iter().find(|s| s.q_len != self.length) {
+            return Err(Error::Model(format!(
+                "a canvas of {} tokens; this model's canvas holds {}",
+                s.q_len, self.length
+            )));
+        }
+        let (x0, _) = m.head.embed(ex, b)?;
+        let x = ex.scale(&x0, (m.info.n_embd as f32).sqrt())?;
+        let ns = m.norm_spec();
+        // Without self-conditioning the MLP's input is zero, and so is its output.
+        let x = match self_cond {
+            Some(l) => {
+                if l.shape().dims().first() != Some(&t) {
+                    return Err(Error::Model(format!(
+                        "{} rows of self-conditioning logits for {t} canvas tokens",
+                        l.shape().dims().first().copied().unwrap_or(0)
+                    )));
+                }
+                let soft = self.soft(ex, m, l)?;
+                let y = self.sc_mlp.forward(ex, &soft, &self.sc_norm, ns)?;
+                ex.add(&x, &y)?
+            }
+            None => x,
+        };
+        let x = ex.rms_norm(&x, &self.ones, ns.eps, false)?;
+        let x = m.layers_pass(ex, b, kv, x, &[], Pass::Canvas(self.length))?;
+        m.head.logits(ex, &x, b, ns, m.soft_cap)
+    }
+}
