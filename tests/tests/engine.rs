@@ -236,7 +236,10 @@ fn requests_submitted_from_many_threads_all_finish() {
         .flat_map(|t| t.join().expect("client thread"))
         .collect();
     assert_eq!(outs.len(), 128);
-    assert!(outs.iter().all(|o| o == &outs[0] && o.len() == 2), "{outs:?}");
+    assert!(
+        outs.iter().all(|o| o == &outs[0] && o.len() == 2),
+        "{outs:?}"
+    );
 }
 
 /// Two requests sharing a long prompt prefix: with prefix caching the second reuses the

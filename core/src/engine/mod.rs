@@ -4,6 +4,7 @@
 //! The continuous-batching engine ([`batching`]) builds on `Runner::step`.
 
 pub mod batching;
+pub mod diffusion;
 
 use crate::error::{Error, Result};
 use crate::exec::Executor;
@@ -489,6 +490,63 @@ impl Runner {
             });
         }
         b
+    }
+
+    /// One denoising step of a block-diffusion model over `seq`'s next canvas (after its
+    /// computed tokens), with the previous step's processed logits (`[canvas × vocab]`, row
+    /// major) for self-conditioning. Returns the logits of every canvas position. The canvas
+    /// stays uncomputed: its slots are reused by the next step and by the pass that commits
+    /// the accepted canvas ([`Runner::feed`]).
+    pub fn denoise(
+        &mut self,
+        seq: SeqId,
+        canvas: &[u32],
+        self_cond: Option<&[f32]>,
+    ) -> Result<Vec<Vec<f32>>> {
+        let c = self
+            .model
+            .canvas_length()
+            .ok_or_else(|| Error::Model("this model does not generate by diffusion".into()))?;
+        if canvas.len() != c {
+            return Err(Error::Model(format!(
+                "a canvas of {} tokens; this model's canvas holds {c}",
+                canvas.len()
+            )));
+        }
+        if canvas.len() > self.cfg.max_batch_tokens {
+            return Err(Error::Model(format!(
+                "a canvas of {c} tokens exceeds the batch limit of {}",
+                self.cfg.max_batch_tokens
+            )));
+        }
+        let after = self.seq_len(seq) + c;
+        if after > self.cfg.ctx {
+            return Err(Error::Model(format!(
+                "sequence {seq} would reach {after} tokens, over the context of {}",
+                self.cfg.ctx
+            )));
+        }
+        let vocab = self.model.info().vocab;
+        let sc = match self_cond {
+            Some(l) if l.len() == c * vocab => Some(self.ex.upload_f32(&[c, vocab], l)?),
+            Some(l) => {
+                return Err(Error::Model(format!(
+                    "{} self-conditioning logits; a canvas of {c} over a vocabulary of {vocab} \
+                     takes {}",
+                    l.len(),
+                    c * vocab
+                )))
+            }
+            None => None,
+        };
+        let items = [(seq, canvas, Logits::All)];
+        self.reserve(&items)?;
+        let batch = self.build_batch(&items);
+        let logits = self
+            .model
+            .denoise(&self.ex, &batch, &self.caches, sc.as_ref())?;
+        let flat = self.ex.download_f32(&logits)?;
+        Ok(flat.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
     }
 
     /// Feeds `tokens` to one sequence in chunks of at most `max_batch_tokens`; returns the

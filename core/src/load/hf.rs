@@ -319,6 +319,7 @@ fn family_meta(c: &Config, fam: Family, m: &mut Meta) -> Result<()> {
             gemma4_meta(c, m)?;
             // The text config drops `attention_k_eq_v`; transformers then takes K as V on the
             // full layers (they have no V projection).
+            m.kv.retain(|(k, _)| !k.ends_with(".attention.k_eq_v"));
             m.set("attention.k_eq_v", Value::Bool(true));
             let canvas = c
                 .root
@@ -480,20 +481,33 @@ fn gguf_name(fam: Family, hf: &str) -> Option<String> {
         ("mlp.gate_proj.weight", _) => "ffn_gate",
         ("mlp.up_proj.weight", _) => "ffn_up",
         ("mlp.down_proj.weight", _) => "ffn_down",
-        ("post_attention_layernorm.weight", Family::Gemma3 | Family::Gemma4 | Family::DiffusionGemma) => {
-            "post_attention_norm"
-        }
+        (
+            "post_attention_layernorm.weight",
+            Family::Gemma3 | Family::Gemma4 | Family::DiffusionGemma,
+        ) => "post_attention_norm",
         ("pre_feedforward_layernorm.weight", Family::Gemma4 | Family::DiffusionGemma) => "ffn_norm",
-        ("post_feedforward_layernorm.weight", Family::Gemma4 | Family::DiffusionGemma) => "post_ffw_norm",
-        ("post_feedforward_layernorm_1.weight", Family::Gemma4 | Family::DiffusionGemma) => "post_ffw_norm_1",
-        ("post_feedforward_layernorm_2.weight", Family::Gemma4 | Family::DiffusionGemma) => "post_ffw_norm_2",
-        ("pre_feedforward_layernorm_2.weight", Family::Gemma4 | Family::DiffusionGemma) => "pre_ffw_norm_2",
+        ("post_feedforward_layernorm.weight", Family::Gemma4 | Family::DiffusionGemma) => {
+            "post_ffw_norm"
+        }
+        ("post_feedforward_layernorm_1.weight", Family::Gemma4 | Family::DiffusionGemma) => {
+            "post_ffw_norm_1"
+        }
+        ("post_feedforward_layernorm_2.weight", Family::Gemma4 | Family::DiffusionGemma) => {
+            "post_ffw_norm_2"
+        }
+        ("pre_feedforward_layernorm_2.weight", Family::Gemma4 | Family::DiffusionGemma) => {
+            "pre_ffw_norm_2"
+        }
         ("per_layer_input_gate.weight", Family::Gemma4) => "inp_gate",
         ("per_layer_projection.weight", Family::Gemma4) => "proj",
         ("post_per_layer_input_norm.weight", Family::Gemma4) => "post_norm",
         ("router.proj.weight", Family::Gemma4 | Family::DiffusionGemma) => "ffn_gate_inp",
-        ("layer_scalar", Family::Gemma4 | Family::DiffusionGemma) => return Some(format!("blk.{l}.layer_output_scale")),
-        ("router.scale", Family::Gemma4 | Family::DiffusionGemma) => return Some(format!("blk.{l}.ffn_gate_inp.scale")),
+        ("layer_scalar", Family::Gemma4 | Family::DiffusionGemma) => {
+            return Some(format!("blk.{l}.layer_output_scale"))
+        }
+        ("router.scale", Family::Gemma4 | Family::DiffusionGemma) => {
+            return Some(format!("blk.{l}.ffn_gate_inp.scale"))
+        }
         ("router.per_expert_scale", Family::Gemma4 | Family::DiffusionGemma) => {
             return Some(format!("blk.{l}.ffn_down_exps.scale"))
         }
@@ -637,7 +651,10 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
         let b = blobs.len();
         for e in &f.entries {
             let renamed;
-            let e = match (fam == Family::DiffusionGemma).then(|| encoder(&e.name)).flatten() {
+            let e = match (fam == Family::DiffusionGemma)
+                .then(|| encoder(&e.name))
+                .flatten()
+            {
                 // A tied copy of a decoder tensor.
                 Some(r) if r.is_empty() => continue,
                 Some(r) if r.starts_with("enc:") => {

@@ -492,8 +492,8 @@ impl Model for Gemma4 {
         self.head.logits(ex, &x, b, self.norm_spec(), self.soft_cap)
     }
 
-    fn canvas_length(&self) -> Option<usize> {
-        self.diffusion.as_ref().map(|d| d.length)
+    fn canvas(&self) -> Option<&super::diffusion_gemma::Canvas> {
+        self.diffusion.as_ref()
     }
 
     fn denoise(

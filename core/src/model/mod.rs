@@ -164,9 +164,13 @@ pub trait Model: Send + Sync {
     }
     /// Runs one batch; returns logits `[logits_rows.len(), vocab]` (f32).
     fn forward(&self, ex: &Executor, batch: &ForwardBatch, kv: &KvCaches) -> Result<Tensor>;
-    /// A block-diffusion model's canvas length (`None`: an autoregressive model).
-    fn canvas_length(&self) -> Option<usize> {
+    /// A block-diffusion model's canvas decoder (`None`: an autoregressive model).
+    fn canvas(&self) -> Option<&diffusion_gemma::Canvas> {
         None
+    }
+    /// A block-diffusion model's canvas length.
+    fn canvas_length(&self) -> Option<usize> {
+        self.canvas().map(|c| c.length)
     }
     /// One denoising step of a block-diffusion model: each sequence's last `q_len` tokens are
     /// its canvas, predicted all at once from the cached prefix and the whole canvas; the

@@ -2,6 +2,7 @@
 //! default order (penalties → top-k → top-p → min-p → temperature → draw). Temperature 0 is
 //! greedy.
 
+pub mod diffusion;
 mod stop;
 
 use std::collections::HashMap;

@@ -704,7 +704,10 @@ mod tests {
         let order: Vec<ReqId> = s.queued().map(|q| q.id).collect();
         assert_eq!(order, live);
         for &id in live.iter().step_by(97) {
-            assert_eq!(s.get(id).map(|q| q.tokens.len()), Some(1 + (id % 7) as usize));
+            assert_eq!(
+                s.get(id).map(|q| q.tokens.len()),
+                Some(1 + (id % 7) as usize)
+            );
         }
         // The next step starts the two oldest live requests, skipping the stale places.
         let p = s.schedule(&pool);

@@ -293,7 +293,9 @@ fn start(
                         choice = Some(c);
                         pieces
                     }
-                    Err(e) => vec![Piece::Failed(format!("turning tokens into text failed: {e}"))],
+                    Err(e) => vec![Piece::Failed(format!(
+                        "turning tokens into text failed: {e}"
+                    ))],
                 };
                 let generated = choice.as_ref().map_or(0, |c| c.generated);
                 let mut outcome = None;
