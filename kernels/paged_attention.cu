@@ -193,6 +193,12 @@ extern "C" __global__ void paged_decode_combine(const float* part, float* out, u
 
 // Key positions [lo, hi) a row at position `pos` sees out of `len` (Mask::key_range).
 __device__ __forceinline__ void key_range(int pos, int len, u32 window, u32 see_to, int* lo, int* hi) {
+    // The top bit: every row sees the last `window & 0x7fffffff` keys (Mask::Lookback).
+    if (window & 0x80000000u) {
+        *lo = max(0, len - (int)(window & 0x7fffffffu));
+        *hi = len;
+        return;
+    }
     *lo = window > 0 ? max(0, pos + 1 - (int)window) : 0;
     const long long end = max((long long)pos + 1, (long long)see_to);
     *hi = (int)min(end, (long long)len);

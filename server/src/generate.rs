@@ -82,6 +82,8 @@ pub struct RunArgs {
     /// After the text, print the prompt and generation speed to standard error.
     #[arg(long)]
     pub timings: bool,
+    #[command(flatten)]
+    pub diffusion: crate::diffusion::DiffusionArgs,
 }
 
 #[derive(Serialize)]
@@ -203,6 +205,15 @@ pub fn run(a: &RunArgs) -> Result<()> {
         );
     }
     let n = a.n_predict.min(room);
+    if m.runner.model().canvas_length().is_some() {
+        let stop = match a.sample.ignore_eos {
+            true => Vec::new(),
+            false => m.tokenizer.eog_ids().to_vec(),
+        };
+        let mut m = m;
+        let seed = a.sample.seed;
+        return crate::diffusion::run(&mut m, ids, n, &a.diffusion, seed, stop, a.json);
+    }
     let tok = m.tokenizer;
     let mut engine = Engine::new(m.runner, 1);
     let mut stdout = std::io::stdout().lock();
@@ -251,12 +262,20 @@ pub fn tokenize(a: &TokenizeArgs) -> Result<()> {
 
 #[derive(clap::Args, Debug)]
 pub struct LogitsArgs {
-    /// Comma-separated token ids, e.g. 1,2,3.
+    /// Comma-separated token ids, e.g. 1,2,3 (with --canvas: the prompt before the canvas).
     #[arg(long, value_delimiter = ',', required = true)]
     pub tokens: Vec<u32>,
     /// Logits of every position, not just the last.
     #[arg(long)]
     pub all: bool,
+    /// A block-diffusion model: one decoder step over this canvas (comma-separated ids, one
+    /// per canvas position) after --tokens; prints one row per canvas position.
+    #[arg(long, value_delimiter = ',')]
+    pub canvas: Option<Vec<u32>>,
+    /// With --canvas: the previous step's processed logits for self-conditioning, a JSON
+    /// array of canvas × vocabulary numbers.
+    #[arg(long, requires = "canvas")]
+    pub self_cond: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -264,7 +283,10 @@ pub struct LogitsArgs {
 pub fn logits(a: &LogitsArgs) -> Result<()> {
     let mut m = load(&a.model, RunnerConfig::default())?;
     let want = if a.all { Logits::All } else { Logits::Last };
-    let rows = m.runner.feed(SEQ, &a.tokens, want)?;
+    let rows = match &a.canvas {
+        Some(c) => crate::diffusion::logits(&mut m, &a.tokens, c, a.self_cond.as_deref())?,
+        None => m.runner.feed(SEQ, &a.tokens, want)?,
+    };
     #[derive(Serialize)]
     struct J {
         logits: Vec<Vec<f32>>,

@@ -3,7 +3,8 @@
 //! after a 12-token prompt (longer than the sliding window, so the decoder's sliding layers
 //! see only the tail of it), without and with self-conditioning; the top-k soft embedding
 //! against the dense one; and the first canvas of a generation from a fixed canvas at
-//! near-zero temperatures, on the CPU and on WebGPU (strict: no CPU fallback).
+//! near-zero temperatures, on the CPU, on WebGPU and on the emulated CUDA kernels (both
+//! strict: no CPU fallback).
 
 use std::path::PathBuf;
 
@@ -141,6 +142,24 @@ fn decoder_logits_and_first_canvas_match_transformers_on_webgpu() {
     check(|| Executor::new(gpu.clone()).strict(true), "wgpu");
 }
 
+/// The CUDA backend's kernels and launch plan, emulated on the CPU, strict (no op falls back).
+#[test]
+fn decoder_logits_and_first_canvas_match_transformers_on_emulated_cuda_kernels() {
+    let emu = match kiln_backend_cuda::emu::EmuBackend::open() {
+        Ok(b) => b,
+        Err(e) => {
+            assert!(
+                !kiln_tests::required("CUDA_EMU"),
+                "KILN_REQUIRE_CUDA_EMU is set: {e}"
+            );
+            println!("skipping: {e}");
+            return;
+        }
+    };
+    let backend: std::sync::Arc<dyn kiln_core::backend::Backend> = emu;
+    check(|| Executor::new(backend.clone()).strict(true), "cuda-emu");
+}
+
 /// The top-k soft embedding (softmax over the k largest logits, k rows of the table) against
 /// the dense one (every row): within 1e-3 for k ≥ 64 on self-conditioning input spread as
 /// a trained model's is. Its logits are soft-capped at 30 and span about 60 after the
@@ -177,4 +196,63 @@ fn top_k_self_conditioning_matches_the_dense_form() {
     set(&r, SoftEmbedding::TopK(2));
     let e = max_err(&step(&mut r, 3, 12, Some(&sc)), &dense.concat());
     assert!(e > TOL, "top-2 against dense: {e}");
+}
+
+/// `kiln logits --canvas … --self-cond FILE` (its library half): the self-conditioning logits
+/// read from a JSON file give transformers' logits; bad files and canvases are refused with
+/// errors. The denoising settings: flags over generation_config.json over the defaults.
+#[test]
+fn the_logits_command_reads_self_conditioning_from_json() {
+    let v = reference();
+    let args = kiln_server::load::ModelArgs {
+        model: Some(dir().display().to_string()),
+        backend: "cpu".into(),
+        threads: None,
+        ctx: Some(128),
+        strict: false,
+        kv_type: kiln_core::DType::F32,
+    };
+    let mut m = kiln_server::load::load(&args, RunnerConfig::default()).expect("loads");
+    let sc = f32s("self_cond.f32");
+    let vocab = m.runner.model().info().vocab;
+    let rows: Vec<Vec<f32>> = sc.chunks(vocab).map(<[f32]>::to_vec).collect();
+    let tmp = std::env::temp_dir().join(format!("kiln-sc-{}.json", std::process::id()));
+    std::fs::write(&tmp, serde_json::to_vec(&rows).expect("json")).expect("write");
+    let (prompt, canvas) = (ids(&v, "prompt"), ids(&v, "canvas"));
+    let got = kiln_server::diffusion::logits(&mut m, &prompt, &canvas, Some(&tmp)).expect("logits");
+    let e = max_err(&got, &f32s("logits_self_cond.f32"));
+    assert!(e < TOL, "{e}");
+    m.runner.release(1).expect("release");
+    // A canvas of the wrong length, and a file of the wrong shape.
+    let err = kiln_server::diffusion::logits(&mut m, &prompt, &canvas[..5], None)
+        .expect_err("a short canvas");
+    assert!(err.to_string().contains("canvas holds 8"), "{err}");
+    std::fs::write(&tmp, b"[[1, 2, 3]]").expect("write");
+    let err = kiln_server::diffusion::logits(&mut m, &prompt, &canvas, Some(&tmp))
+        .expect_err("a bad file");
+    assert!(err.to_string().contains("rows"), "{err}");
+    std::fs::remove_file(&tmp).ok();
+
+    let d = kiln_server::diffusion::DiffusionArgs::default();
+    // The fixture's generation_config.json sets nothing: transformers' defaults.
+    let p = d.params(&dir(), Some(5)).expect("defaults");
+    assert_eq!(
+        p,
+        DiffusionParams {
+            seed: 5,
+            ..DiffusionParams::default()
+        }
+    );
+    let d = kiln_server::diffusion::DiffusionArgs {
+        t_min: Some(0.2),
+        max_denoising_steps: Some(12),
+        ..Default::default()
+    };
+    let p = d.params(&dir(), Some(5)).expect("flags");
+    assert_eq!((p.t_min, p.max_denoising_steps, p.t_max), (0.2, 12, 0.8));
+    let bad = kiln_server::diffusion::DiffusionArgs {
+        t_min: Some(0.9),
+        ..Default::default()
+    };
+    assert!(bad.params(&dir(), None).is_err(), "t_min above t_max");
 }

@@ -6,7 +6,11 @@ use kiln_core::tensor::{DType, TensorDesc};
 use super::*;
 
 /// A mask as the attention kernels take it: `(window, see_to)`, where `window` (0: none)
-/// bounds a row's keys from below and every row sees at least the first `see_to` keys.
+/// bounds a row's keys from below and every row sees at least the first `see_to` keys; a
+/// window with the top bit set is a lookback instead: every row sees the last `window & !top`
+/// keys of its sequence.
+const LOOKBACK: u32 = 1 << 31;
+
 fn mask_args(mask: Mask) -> Option<(u32, u32)> {
     Some(match mask {
         Mask::Causal => (0, 0),
@@ -15,8 +19,7 @@ fn mask_args(mask: Mask) -> Option<(u32, u32)> {
         Mask::SlidingWindow(w) => (w.min(i32::MAX as usize) as u32, 0),
         Mask::Bidirectional => (0, u32::MAX),
         Mask::PrefixBidirectional(n) => (0, u(n).unwrap_or(u32::MAX)),
-        // The kernels bound keys by the row's own position, not the sequence's end.
-        Mask::Lookback(_) => return None,
+        Mask::Lookback(n) => (LOOKBACK | u(n).filter(|&n| n < LOOKBACK)?, 0),
     })
 }
 

@@ -1,0 +1,223 @@
+//! `kiln run` and `kiln logits` for block-diffusion models (DiffusionGemma): the denoising
+//! settings (flags over the checkpoint's `generation_config.json`, over transformers'
+//! defaults), generation canvas by canvas, and one decoder step's logits.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use kiln_core::engine::diffusion::{generate, DiffusionEvent, DiffusionRequest};
+use kiln_core::engine::Logits;
+use kiln_core::sample::diffusion::DiffusionParams;
+use kiln_core::tokenizer::StreamDecoder;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::load::Loaded;
+
+/// Denoising settings of a diffusion model (ignored by others). Unset ones come from the
+/// checkpoint's `generation_config.json`, else transformers' defaults.
+#[derive(clap::Args, Debug, Default)]
+pub struct DiffusionArgs {
+    /// Most denoising steps per canvas [default: 48].
+    #[arg(long)]
+    pub max_denoising_steps: Option<usize>,
+    /// Temperature at the last denoising step [default: 0.4].
+    #[arg(long)]
+    pub t_min: Option<f32>,
+    /// Temperature at the first denoising step [default: 0.8].
+    #[arg(long)]
+    pub t_max: Option<f32>,
+    /// Accept the lowest-entropy positions while their summed entropy, less the largest,
+    /// stays within this (nats); higher accepts more per step [default: 0.1].
+    #[arg(long)]
+    pub entropy_bound: Option<f32>,
+    /// Stop denoising a canvas once its argmax has held this many steps (and is confident)
+    /// [default: 1].
+    #[arg(long)]
+    pub stability_threshold: Option<usize>,
+    /// ... and the mean entropy is under this [default: 0.005].
+    #[arg(long)]
+    pub confidence_threshold: Option<f32>,
+    /// The first canvas's starting token ids, comma-separated (one per canvas position;
+    /// default: uniform noise).
+    #[arg(long, value_delimiter = ',')]
+    pub init_canvas: Option<Vec<u32>>,
+}
+
+impl DiffusionArgs {
+    /// The settings: these flags, over the checkpoint's `generation_config.json` (a model
+    /// directory's), over transformers' defaults.
+    pub fn params(&self, model: &Path, seed: Option<u64>) -> Result<DiffusionParams> {
+        let mut p = DiffusionParams::default();
+        let gc = model.join("generation_config.json");
+        if model.is_dir() && gc.is_file() {
+            let raw = std::fs::read(&gc).with_context(|| format!("reading {}", gc.display()))?;
+            let v: Value = serde_json::from_slice(&raw)
+                .with_context(|| format!("{} is not JSON", gc.display()))?;
+            let f = |k: &str| v.get(k).and_then(Value::as_f64);
+            if let Some(x) = v.get("max_denoising_steps").and_then(Value::as_u64) {
+                p.max_denoising_steps = x.min(100_000) as usize;
+            }
+            if let Some(x) = f("t_min") {
+                p.t_min = x as f32;
+            }
+            if let Some(x) = f("t_max") {
+                p.t_max = x as f32;
+            }
+            if let Some(x) = v
+                .get("sampler_config")
+                .and_then(|s| s.get("entropy_bound"))
+                .and_then(Value::as_f64)
+            {
+                p.entropy_bound = x as f32;
+            }
+            if let Some(x) = v.get("stability_threshold").and_then(Value::as_u64) {
+                p.stability_threshold = x.min(100_000) as usize;
+            }
+            if let Some(x) = f("confidence_threshold") {
+                p.confidence_threshold = x as f32;
+            }
+        }
+        if let Some(x) = self.max_denoising_steps {
+            p.max_denoising_steps = x;
+        }
+        if let Some(x) = self.t_min {
+            p.t_min = x;
+        }
+        if let Some(x) = self.t_max {
+            p.t_max = x;
+        }
+        if let Some(x) = self.entropy_bound {
+            p.entropy_bound = x;
+        }
+        if let Some(x) = self.stability_threshold {
+            p.stability_threshold = x;
+        }
+        if let Some(x) = self.confidence_threshold {
+            p.confidence_threshold = x;
+        }
+        p.seed = seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+        p.validate()?;
+        Ok(p)
+    }
+}
+
+#[derive(Serialize)]
+struct RunJson {
+    prompt_tokens: Vec<u32>,
+    tokens: Vec<u32>,
+    text: String,
+    canvases: usize,
+    denoising_steps: usize,
+    /// Generated tokens per second, and seconds per denoising step.
+    tokens_per_second: f64,
+    seconds_per_step: f64,
+}
+
+/// `kiln run` on a diffusion model: canvases printed as they are committed.
+pub fn run(
+    m: &mut Loaded,
+    ids: Vec<u32>,
+    n: usize,
+    args: &DiffusionArgs,
+    seed: Option<u64>,
+    stop_ids: Vec<u32>,
+    json: bool,
+) -> Result<()> {
+    let req = DiffusionRequest {
+        prompt: ids.clone(),
+        max_tokens: n,
+        params: args.params(&m.path, seed)?,
+        init_canvas: args.init_canvas.clone(),
+        stop_ids,
+    };
+    let mut stdout = std::io::stdout().lock();
+    let mut dec = StreamDecoder::new();
+    let (mut tokens, mut text) = (Vec::new(), String::new());
+    let t0 = Instant::now();
+    let tok = &m.tokenizer;
+    let io = |e: std::io::Error| kiln_core::Error::Model(format!("writing the output: {e}"));
+    let sum = generate(&mut m.runner, 1, &req, |ev| {
+        if let DiffusionEvent::Canvas { tokens: t, .. } = ev {
+            for &id in &t {
+                let piece = dec.push(tok, id);
+                if json {
+                    text.push_str(&piece);
+                } else {
+                    stdout.write_all(piece.as_bytes()).map_err(io)?;
+                }
+            }
+            stdout.flush().map_err(io)?;
+            tokens.extend(t);
+        }
+        Ok(true)
+    })?;
+    let tail = dec.finish();
+    let secs = t0.elapsed().as_secs_f64().max(1e-9);
+    if json {
+        text.push_str(&tail);
+        let j = RunJson {
+            prompt_tokens: ids,
+            tokens,
+            text,
+            canvases: sum.canvases,
+            denoising_steps: sum.steps,
+            tokens_per_second: sum.generated as f64 / secs,
+            seconds_per_step: secs / sum.steps.max(1) as f64,
+        };
+        writeln!(stdout, "{}", serde_json::to_string(&j)?)?;
+    } else {
+        writeln!(stdout, "{tail}")?;
+    }
+    Ok(())
+}
+
+/// `kiln logits --canvas`: one decoder step's logits over `canvas` after `prompt`, with the
+/// self-conditioning logits in `self_cond` (a JSON array of canvas × vocabulary numbers).
+pub fn logits(
+    m: &mut Loaded,
+    prompt: &[u32],
+    canvas: &[u32],
+    self_cond: Option<&Path>,
+) -> Result<Vec<Vec<f32>>> {
+    let Some(c) = m.runner.model().canvas_length() else {
+        bail!("--canvas needs a block-diffusion model; this one generates token by token");
+    };
+    if canvas.len() != c {
+        bail!(
+            "--canvas has {} ids; this model's canvas holds {c}",
+            canvas.len()
+        );
+    }
+    let sc = match self_cond {
+        Some(p) => {
+            let raw = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+            let v: Vec<Vec<f32>> = serde_json::from_slice(&raw).with_context(|| {
+                format!(
+                    "{}: expected a JSON array of {c} rows of logits",
+                    p.display()
+                )
+            })?;
+            let vocab = m.runner.model().info().vocab;
+            if v.len() != c || v.iter().any(|r| r.len() != vocab) {
+                bail!(
+                    "{}: {} rows; the canvas needs {c} rows of {vocab} logits",
+                    p.display(),
+                    v.len()
+                );
+            }
+            Some(v.concat())
+        }
+        None => None,
+    };
+    if !prompt.is_empty() {
+        m.runner.feed(1, prompt, Logits::None)?;
+    }
+    Ok(m.runner.denoise(1, canvas, sc.as_deref())?)
+}
