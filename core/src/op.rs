@@ -252,6 +252,13 @@ pub enum Op {
     },
     /// Mixing expert outputs: `y [T, k, N]`, `w [T, k]` (f32) → `[T, N]`, `Σᵢ w[t, i]·y[t, i]`.
     MoeSum,
+    /// A soft embedding: `logits [T, V]` (f32), `table [V, E]` (any dtype) → `[T, E]`,
+    /// `Σⱼ softmax(logits[t])ⱼ · table[j]` over every row (`top_k` 0 or ≥ V), or over the
+    /// `top_k` largest logits with the softmax taken over those (DiffusionGemma's
+    /// self-conditioning).
+    SoftEmbedding {
+        top_k: usize,
+    },
     /// Float → float of another (or the same) dtype, same shape.
     Cast,
     /// Same dtype and shape: a plain copy (views make reshapes free).
@@ -283,7 +290,7 @@ pub enum Op {
 impl Op {
     /// Every name [`Op::name`] gives, each once: the op families, with each unary and GLU op
     /// under its own name. Tests that go through every op use this list.
-    pub const NAMES: [&'static str; 34] = [
+    pub const NAMES: [&'static str; 35] = [
         "mat_mul",
         "mat_mul_id",
         "moe_sum",
@@ -318,6 +325,7 @@ impl Op {
         "glu_mat_mul",
         "delta_net_decode",
         "conv1d_decode",
+        "soft_embedding",
     ];
 
     /// The op's family name, as counters, logs and `kiln validate` show it.
@@ -350,6 +358,7 @@ impl Op {
             Op::GluMatMul(_) => "glu_mat_mul",
             Op::DeltaNetDecode { .. } => "delta_net_decode",
             Op::Conv1dDecode { .. } => "conv1d_decode",
+            Op::SoftEmbedding { .. } => "soft_embedding",
         }
     }
 

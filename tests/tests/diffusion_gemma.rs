@@ -94,6 +94,23 @@ fn check(ex: impl Fn() -> Executor, backend: &str) {
     assert!(e < TOL, "{backend}: {e}");
     // Self-conditioning changes the logits (the signal is not lost on the way).
     assert!(max_err(&step(&mut r, 3, 12, Some(&sc)), &plain) > 10.0 * TOL);
+    // The top-64 soft embedding (the fused op where the backend has it, else top-k routing,
+    // gathered rows and a weighted sum) against the dense one, on peaked inputs (see below).
+    let peaked: Vec<f32> = plain.iter().map(|x| x / 0.1).collect();
+    let set = |r: &Runner, s| {
+        r.model()
+            .canvas()
+            .expect("DiffusionGemma")
+            .set_soft_embedding(s)
+    };
+    set(&r, SoftEmbedding::Dense);
+    let dense = step(&mut r, 5, 12, Some(&peaked));
+    set(&r, SoftEmbedding::TopK(64));
+    let top = step(&mut r, 6, 12, Some(&peaked));
+    set(&r, SoftEmbedding::Dense);
+    let e = max_err(&top, &dense.concat());
+    println!("{backend}: top-64 against dense self-conditioning: max |Δ| {e:.2e}");
+    assert!(e < TOL, "{backend}: {e}");
 
     // The first canvas of a generation from the fixed canvas.
     let g = &v["generation"];
@@ -255,4 +272,45 @@ fn the_logits_command_reads_self_conditioning_from_json() {
         ..Default::default()
     };
     assert!(bad.params(&dir(), None).is_err(), "t_min above t_max");
+}
+
+/// The CPU's soft-embedding op against a naive f64 loop, dense and top-k, on random logits
+/// and a random table.
+#[test]
+fn the_soft_embedding_op_matches_a_naive_loop() {
+    let mut rng = kiln_core::rng::Rng::new(21);
+    let (t, v, e) = (5usize, 700usize, 24usize);
+    let logits: Vec<f32> = (0..t * v).map(|_| 4.0 * rng.normal()).collect();
+    let table: Vec<f32> = (0..v * e).map(|_| rng.normal()).collect();
+    let ex = Executor::cpu();
+    let lt = ex.upload_f32(&[t, v], &logits).expect("upload");
+    let tt = ex.upload_f32(&[v, e], &table).expect("upload");
+    for k in [0usize, 1, 40, 699] {
+        let got = ex
+            .soft_embedding(&lt, &tt, k, || unreachable!("the CPU has the fused op"))
+            .and_then(|y| ex.download_f32(&y))
+            .expect("soft embedding");
+        for r in 0..t {
+            let row = &logits[r * v..(r + 1) * v];
+            let mut ids: Vec<usize> = (0..v).collect();
+            ids.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+            if k > 0 {
+                ids.truncate(k);
+            }
+            let m = row[ids[0]] as f64;
+            let z: f64 = ids.iter().map(|&j| (row[j] as f64 - m).exp()).sum();
+            for c in 0..e {
+                let want: f64 = ids
+                    .iter()
+                    .map(|&j| (row[j] as f64 - m).exp() / z * table[j * e + c] as f64)
+                    .sum();
+                let d = (got[r * e + c] as f64 - want).abs();
+                assert!(
+                    d < 1e-5,
+                    "k={k} row {r} col {c}: {} vs {want}",
+                    got[r * e + c]
+                );
+            }
+        }
+    }
 }

@@ -80,7 +80,8 @@ pub(crate) fn supports(dev: &Device, desc: &OpDesc) -> bool {
         Op::RmsNormMatMul { .. }
         | Op::GluMatMul(_)
         | Op::DeltaNetDecode { .. }
-        | Op::Conv1dDecode { .. } => false,
+        | Op::Conv1dDecode { .. }
+        | Op::SoftEmbedding { .. } => false,
     }
 }
 

@@ -554,6 +554,7 @@ fn dispatch(op: &Op, i: &[In], o: &mut [Out]) -> KResult {
             normalize,
         } => moe::route(*k, *gating, *normalize, i, o),
         Op::MoeSum => moe::sum(i, o),
+        Op::SoftEmbedding { top_k } => get_rows::soft_embedding(*top_k, i, o),
         Op::RmsNormMatMul { eps, one_plus } => matmul::rms_norm_mat_mul(*eps, *one_plus, i, o),
         Op::GluMatMul(g) => matmul::glu_mat_mul(*g, i, o),
     }

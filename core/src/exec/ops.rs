@@ -228,6 +228,35 @@ impl Executor {
         ws.iter().map(|w| self.matmul(&h, w)).collect()
     }
 
+    /// `Σⱼ softmax(logits[t])ⱼ · table[j]` (`[T, E]`), over every row of `table [V, E]`
+    /// (`top_k` 0 or ≥ V) or the `top_k` largest logits: the fused op where the backend has
+    /// it (the fused-op gate), else composed. Composed, the top-k form is routing (top-k and
+    /// softmax over them), gathered rows and a weighted sum; the dense form a softmax and a
+    /// matmul by `table_t [E, V]`, the table transposed, which `table_t` supplies when asked.
+    pub fn soft_embedding<'t>(
+        &self,
+        logits: &Tensor,
+        table: &Tensor,
+        top_k: usize,
+        table_t: impl FnOnce() -> Result<&'t Tensor>,
+    ) -> Result<Tensor> {
+        let op = Op::SoftEmbedding { top_k };
+        let out = op.output_descs(&[logits.desc().clone(), table.desc().clone()])?;
+        if self.supports_op(&op, &[logits.desc(), table.desc()], &[&out[0]]) {
+            return self.one(&op, &[logits, table]);
+        }
+        let d = logits.shape().dims();
+        let (t, v) = (d[0], d[1]);
+        let e = table.shape().dims()[1];
+        if top_k > 0 && top_k < v {
+            let (w, ids) = self.moe_route(logits, top_k, MoeGating::Softmax, true)?;
+            let rows = self.get_rows(table, &ids.reshape([t * top_k])?)?;
+            return self.moe_sum(&rows.reshape([t, top_k, e])?, &w);
+        }
+        let p = self.softmax(logits, 1.0)?;
+        self.matmul(&p, table_t()?)
+    }
+
     /// `act(gate)·up` projected by `w_down`: the fused kernel where the backend has one (the
     /// fused-op gate), else the two plain ops.
     pub fn glu_matmul(

@@ -18,7 +18,7 @@ use super::{ForwardBatch, KvCaches};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::GgufFile;
-use crate::op::{GluOp, MoeGating};
+use crate::op::GluOp;
 use crate::tensor::Tensor;
 
 /// How the soft embedding of the self-conditioning logits is formed.
@@ -121,19 +121,11 @@ impl Canvas {
                 "self-conditioning logits must be [rows, {v}], not {d:?}"
             )));
         }
-        let t = d[0];
-        let soft = match self.soft_embedding() {
-            SoftEmbedding::TopK(k) if k < v => {
-                let k = k.max(1);
-                let (w, ids) = ex.moe_route(logits, k, MoeGating::Softmax, true)?;
-                let rows = ex.get_rows(&m.head.tok_embd, &ids.reshape([t * k])?)?;
-                ex.moe_sum(&rows.reshape([t, k, e])?, &w)?
-            }
-            _ => {
-                let p = ex.softmax(logits, 1.0)?;
-                ex.matmul(&p, self.table_t(ex, m)?)?
-            }
+        let top_k = match self.soft_embedding() {
+            SoftEmbedding::TopK(k) if k < v => k.max(1),
+            _ => 0,
         };
+        let soft = ex.soft_embedding(logits, &m.head.tok_embd, top_k, || self.table_t(ex, m))?;
         ex.scale(&soft, (e as f32).sqrt())
     }
 

@@ -480,6 +480,15 @@ fn check_inputs(c: &Ctx) -> Result<()> {
                 format!("w must be [{}, {}]", i[0].shape.0[0], i[0].shape.0[1])
             })
         }
+        Op::SoftEmbedding { .. } => {
+            c.n_inputs(&[2])?;
+            c.dtype(&i[0], DType::F32, "logits")?;
+            c.rank(&i[0], 2, "logits")?;
+            c.rank(&i[1], 2, "table")?;
+            c.ensure(i[1].shape.0[0] == i[0].shape.0[1], || {
+                format!("table must have {} rows", i[0].shape.0[1])
+            })
+        }
         Op::MoeRoute { k, .. } => {
             c.n_inputs(&[1])?;
             c.float(&i[0], "logits")?;
@@ -547,6 +556,10 @@ fn infer(c: &Ctx) -> Result<Vec<TensorDesc>> {
         Op::MoeSum => Ok(vec![TensorDesc::new(
             act,
             Shape(vec![i[0].shape.0[0], i[0].shape.0[2]]),
+        )]),
+        Op::SoftEmbedding { .. } => Ok(vec![TensorDesc::new(
+            DType::F32,
+            Shape(vec![i[0].shape.0[0], i[1].shape.0[1]]),
         )]),
         Op::MoeRoute { k, .. } => {
             let s = Shape(vec![i[0].shape.0[0], *k]);
