@@ -221,3 +221,64 @@ pub fn logits(
     }
     Ok(m.runner.denoise(1, canvas, sc.as_deref())?)
 }
+
+/// `kiln bench` on a diffusion model: a prompt of `n_prompt` random tokens, then canvases
+/// denoised for exactly `steps` steps each (no early stop) until `n_gen` tokens, `reps`
+/// times: seconds per denoising step, tokens per second per canvas, and the share of step
+/// time spent on the host.
+pub fn bench(
+    m: &mut Loaded,
+    n_prompt: usize,
+    n_gen: usize,
+    reps: usize,
+    steps: usize,
+) -> Result<Value> {
+    let c = m.runner.model().canvas_length().unwrap_or(1);
+    let vocab = m.runner.model().info().vocab as u64;
+    let mut rng = kiln_core::rng::Rng::new(42);
+    let params = DiffusionParams {
+        max_denoising_steps: steps.max(1),
+        // Never stable-and-confident: every canvas takes every step.
+        stability_threshold: 100_000,
+        confidence_threshold: f32::MIN_POSITIVE,
+        seed: 42,
+        ..DiffusionParams::default()
+    };
+    let backend = m.runner.executor().backend().name().to_string();
+    let mut rows = Vec::new();
+    // One warm-up run, then the timed ones.
+    for rep in 0..=reps.max(1) {
+        let req = DiffusionRequest {
+            prompt: (0..n_prompt.max(1))
+                .map(|_| (rng.next_u64() % vocab) as u32)
+                .collect(),
+            max_tokens: n_gen.max(1),
+            params: params.clone(),
+            init_canvas: None,
+            stop_ids: Vec::new(),
+        };
+        let sum = generate(&mut m.runner, 1, &req, |_| Ok(true))?;
+        if rep == 0 {
+            continue;
+        }
+        let step = (sum.decoder_seconds + sum.host_seconds) / sum.steps.max(1) as f64;
+        rows.push((
+            step,
+            sum.host_seconds / (sum.decoder_seconds + sum.host_seconds).max(1e-12),
+        ));
+    }
+    let mean =
+        |f: fn(&(f64, f64)) -> f64| rows.iter().map(f).sum::<f64>() / rows.len().max(1) as f64;
+    let (step, host) = (mean(|r| r.0), mean(|r| r.1));
+    let per_canvas = step * params.max_denoising_steps as f64;
+    Ok(serde_json::json!({
+        "backend": backend,
+        "canvas": c,
+        "denoising_steps": params.max_denoising_steps,
+        "prompt_tokens": n_prompt,
+        "generated_tokens": n_gen,
+        "seconds_per_step": step,
+        "tokens_per_second_per_canvas": c as f64 / per_canvas.max(1e-12),
+        "host_share": host,
+    }))
+}

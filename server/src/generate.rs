@@ -420,6 +420,9 @@ pub struct BenchArgs {
     /// are synchronised after each op for this, so it is not part of the speed figures).
     #[arg(long)]
     pub profile: bool,
+    /// A diffusion model: denoising steps per canvas (each canvas takes all of them).
+    #[arg(long, default_value_t = 16)]
+    pub denoising_steps: usize,
 }
 
 /// One request alone, then `c` at once, through the batching engine: aggregate generated
@@ -526,7 +529,29 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     };
     let mut margs = a.model.clone();
     margs.ctx = Some((a.n_prompt + a.n_gen + 1).max(margs.ctx.unwrap_or(0)));
-    let m = load(&margs, cfg)?;
+    let mut m = load(&margs, cfg)?;
+    if m.runner.model().canvas_length().is_some() {
+        let c = m.runner.model().canvas_length().unwrap_or(1);
+        if margs.ctx.unwrap_or(0) < a.n_prompt + a.n_gen + c {
+            bail!("--ctx must hold the prompt, the generated tokens and a canvas of {c}");
+        }
+        let j = crate::diffusion::bench(&mut m, a.n_prompt, a.n_gen, a.reps, a.denoising_steps)?;
+        if a.json {
+            println!("{j}");
+        } else {
+            println!(
+                "{} canvas {} × {} steps: {:.2} ms per denoising step, {:.1} tokens/s per canvas, \
+                 {:.1}% of step time on the host",
+                j["backend"].as_str().unwrap_or(""),
+                j["canvas"],
+                j["denoising_steps"],
+                j["seconds_per_step"].as_f64().unwrap_or(0.0) * 1e3,
+                j["tokens_per_second_per_canvas"].as_f64().unwrap_or(0.0),
+                j["host_share"].as_f64().unwrap_or(0.0) * 100.0
+            );
+        }
+        return Ok(());
+    }
     let vocab = m.runner.model().info().vocab as u64;
     let mut rng = kiln_core::rng::Rng::new(42);
     let mut toks =

@@ -43,6 +43,10 @@ pub struct DiffusionSummary {
     pub steps: usize,
     /// An end token was met (else `max_tokens` or the context).
     pub stopped: bool,
+    /// Seconds in the decoder's forward passes (logits downloaded), and on the host between
+    /// them (the sampler, the self-conditioning logits prepared for the next step).
+    pub decoder_seconds: f64,
+    pub host_seconds: f64,
 }
 
 /// Runs `req` on `seq` (a sequence not yet in the cache); `on` sees each event and returns
@@ -107,10 +111,14 @@ fn run(
         let mut argmax = canvas.clone();
         let mut steps = 0;
         for remaining in (1..=n_steps).rev() {
+            let t0 = std::time::Instant::now();
             let mut logits = runner.denoise(seq, &canvas, self_cond.as_deref())?;
+            let t1 = std::time::Instant::now();
             let out = sampler.step(&canvas, &mut logits, remaining)?;
             steps += 1;
             self_cond = Some(logits.concat());
+            sum.decoder_seconds += (t1 - t0).as_secs_f64();
+            sum.host_seconds += t1.elapsed().as_secs_f64();
             canvas = out.next;
             argmax = out.argmax;
             let draft = DiffusionEvent::Draft {
