@@ -199,8 +199,13 @@ fn naive_oracle_hand_checks() {
 
     // Masks: window 3 at position 5 sees 3, 4, 5; a prefix of 4 sees up to 3 from anywhere.
     let w: Vec<usize> = (0..8)
-        .filter(|&j| naive::Visible::Window(3).sees(5, j))
+        .filter(|&j| naive::Visible::Window(3).sees(5, j, 9))
         .collect();
     assert_eq!(w, vec![3, 4, 5]);
-    assert!(naive::Visible::Prefix(4).sees(1, 3) && !naive::Visible::Prefix(4).sees(1, 4));
+    assert!(naive::Visible::Prefix(4).sees(1, 3, 9) && !naive::Visible::Prefix(4).sees(1, 4, 9));
+    // The last 3 of 9 keys, from any position.
+    let l: Vec<usize> = (0..9)
+        .filter(|&j| naive::Visible::Last(3).sees(0, j, 9))
+        .collect();
+    assert_eq!(l, vec![6, 7, 8]);
 }

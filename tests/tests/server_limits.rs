@@ -86,7 +86,7 @@ fn a_burst_past_the_queue_limit_gets_429s_and_nothing_worse() {
         t0.elapsed().as_secs_f64()
     );
     // --max-queue 64 beside --max-batch 2.
-    assert!(most <= 66 && most >= 10, "{most} requests held at once");
+    assert!((10..=66).contains(&most), "{most} requests held at once");
     assert!(counts.get(&200).copied().unwrap_or(0) >= 66, "{counts:?}");
     assert!(counts.get(&429).copied().unwrap_or(0) > 0, "{counts:?}");
     let s = srv.state.engine.snapshot();

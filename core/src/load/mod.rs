@@ -3,6 +3,7 @@
 
 pub mod gguf;
 pub mod hf;
+mod hf_convert;
 pub mod safetensors;
 
 use std::path::Path;

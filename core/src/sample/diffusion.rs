@@ -60,13 +60,13 @@ impl DiffusionParams {
                 self.t_max, self.t_min
             ));
         }
-        if !(self.entropy_bound > 0.0) {
+        if self.entropy_bound.is_nan() || self.entropy_bound <= 0.0 {
             return bad(format!(
                 "entropy_bound must be above 0, not {}",
                 self.entropy_bound
             ));
         }
-        if !(self.confidence_threshold > 0.0) {
+        if self.confidence_threshold.is_nan() || self.confidence_threshold <= 0.0 {
             return bad(format!(
                 "confidence_threshold must be above 0, not {}",
                 self.confidence_threshold

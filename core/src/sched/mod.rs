@@ -687,7 +687,7 @@ mod tests {
             s.admit(Seq::new(id, vec![(id % 50) as u32; 1 + (id % 7) as usize]));
             live.push(id);
             // Cancel a random queued request about two times in three.
-            if rng.next_u64() % 3 != 0 {
+            if !rng.next_u64().is_multiple_of(3) {
                 let k = (rng.next_u64() as usize) % live.len();
                 let gone = live.remove(k);
                 assert!(!s.finish(gone), "{gone} was queued, not resident");

@@ -13,6 +13,7 @@ fn visible(m: Mask) -> Visible {
         Mask::SlidingWindow(w) => Visible::Window(w),
         Mask::Bidirectional => Visible::All,
         Mask::PrefixBidirectional(n) => Visible::Prefix(n),
+        Mask::Lookback(n) => Visible::Last(n),
     }
 }
 
@@ -40,6 +41,7 @@ fn attention_every_mask_gqa_soft_cap_and_dv() {
         Mask::SlidingWindow(3),
         Mask::Bidirectional,
         Mask::PrefixBidirectional(4),
+        Mask::Lookback(6),
     ];
     // (queries, keys): prefill from empty, prefill after context, decode.
     let lens = [(7, 7), (5, 9), (1, 11)];
@@ -178,6 +180,7 @@ fn paged_attention_decode_and_prefill_f16_and_q8_0_caches() {
                 Mask::Causal,
                 Mask::PrefixBidirectional(6),
                 Mask::Bidirectional,
+                Mask::Lookback(10),
             ] {
                 for cap in [None, Some(3.0f32)] {
                     let case = Paged {

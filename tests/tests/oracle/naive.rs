@@ -13,15 +13,18 @@ pub enum Visible {
     Window(usize),
     All,
     Prefix(usize),
+    /// The last `n` of the sequence's `len` keys, whatever the query's position.
+    Last(usize),
 }
 
 impl Visible {
-    pub fn sees(self, p: usize, j: usize) -> bool {
+    pub fn sees(self, p: usize, j: usize, len: usize) -> bool {
         match self {
             Visible::Causal => j <= p,
             Visible::Window(w) => j <= p && p - j < w,
             Visible::All => true,
             Visible::Prefix(n) => j <= p || j < n,
+            Visible::Last(n) => len - j <= n,
         }
     }
 }
@@ -234,7 +237,7 @@ pub fn attend_row(
     key: impl Fn(usize) -> Vec<f64>,
     val: impl Fn(usize) -> Vec<f64>,
 ) -> Vec<f64> {
-    let visible: Vec<usize> = (0..len).filter(|&j| a.mask.sees(pos, j)).collect();
+    let visible: Vec<usize> = (0..len).filter(|&j| a.mask.sees(pos, j, len)).collect();
     let mut scores = Vec::new();
     for &j in &visible {
         let k = key(j);
