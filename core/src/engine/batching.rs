@@ -8,11 +8,10 @@
 //! model and the backend); requests reach it over a channel.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
+pub use super::handle::{spawn, CancelOnDrop, EngineHandle, Stream, SLOTS_EVERY};
 use super::{Logits, Runner};
 use crate::error::{Error, Result};
 use crate::sample::{Sampler, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};
@@ -155,27 +154,30 @@ impl SlotState {
     }
 }
 
-struct Active {
+pub(super) struct Active {
     sampler: Sampler,
     max_tokens: usize,
     stop_ids: Vec<u32>,
     prompt_len: usize,
-    generated: usize,
+    pub(super) generated: usize,
     logprobs: Option<usize>,
-    tx: Box<dyn EventSink>,
+    pub(super) tx: Box<dyn EventSink>,
 }
 
 pub struct Engine {
-    runner: Runner,
-    sched: Scheduler,
-    active: HashMap<ReqId, Active>,
-    next_id: ReqId,
-    stats: EngineStats,
+    pub(super) runner: Runner,
+    pub(super) sched: Scheduler,
+    pub(super) active: HashMap<ReqId, Active>,
+    pub(super) next_id: ReqId,
+    pub(super) stats: EngineStats,
+    /// A block-diffusion model's requests (its engine runs only these; the scheduler stays
+    /// empty).
+    pub(super) diffusion: Option<super::diffusion::Tasks>,
     /// Where a spawned engine publishes its state for other threads.
-    published: Option<Arc<std::sync::Mutex<Snapshot>>>,
+    pub(super) published: Option<Arc<std::sync::Mutex<Snapshot>>>,
     /// When the full snapshot (every request's slot) was last published.
     published_slots: Option<std::time::Instant>,
-    last_step: std::time::Instant,
+    pub(super) last_step: std::time::Instant,
 }
 
 /// The scheduler's view of the runner's KV pool: the full-attention group (sliding-window
@@ -232,6 +234,7 @@ impl Engine {
         // A recurrent model's prefix snapshots are states after a full block: prefills stop
         // at the last block boundary of the prompt to leave one there.
         let snapshots = cfg.prefix_caching && runner.state_stats().is_some();
+        let runner_is_diffusion = runner.model().canvas_length().is_some();
         let sched = Scheduler::new(SchedConfig {
             max_batch_tokens: cfg.max_batch_tokens,
             max_running: max_running.clamp(1, cfg.max_seqs.max(1)),
@@ -245,6 +248,7 @@ impl Engine {
             stats: EngineStats::default(),
             published: None,
             published_slots: None,
+            diffusion: runner_is_diffusion.then(Default::default),
             last_step: std::time::Instant::now(),
         }
     }
@@ -256,17 +260,20 @@ impl Engine {
         &self.stats
     }
     pub fn is_idle(&self) -> bool {
-        self.sched.is_idle()
+        self.sched.is_idle() && self.diffusion.as_ref().is_none_or(|d| d.is_empty())
     }
     /// Requests queued and running.
     pub fn load(&self) -> (usize, usize) {
-        (self.sched.waiting(), self.sched.num_running())
+        (self.sched.waiting(), self.num_running())
+    }
+    fn num_running(&self) -> usize {
+        self.sched.num_running() + self.diffusion.as_ref().map_or(0, |d| d.len())
     }
 
     /// Publishes the current state where a spawned engine's handle reads it. The counters go
     /// out every time; the list of every request's slot (a walk over the whole queue) at most
     /// every [`SLOTS_EVERY`], and whenever the engine is idle.
-    fn publish(&mut self) {
+    pub(super) fn publish(&mut self) {
         let Some(p) = &self.published else {
             return;
         };
@@ -332,7 +339,7 @@ impl Engine {
             kv_cached: budget.manager().map_or(0, |m| m.pool().num_cached()),
             stats: self.stats.clone(),
             waiting: self.sched.waiting(),
-            running: self.sched.num_running(),
+            running: self.num_running(),
             kv_free: budget.free_blocks(),
             kv_total: budget.manager().map_or(0, |m| m.pool().num_blocks() - 1),
             fallbacks: self
@@ -356,19 +363,24 @@ impl Engine {
 
     /// `submit` under an id the caller chose (a spawned engine's handle numbers its
     /// requests, so it can cancel them; they may arrive out of order): one not held now.
-    fn submit_as(&mut self, id: ReqId, req: GenRequest, tx: Box<dyn EventSink>) -> Result<()> {
+    pub(super) fn submit_as(
+        &mut self,
+        id: ReqId,
+        req: GenRequest,
+        tx: Box<dyn EventSink>,
+    ) -> Result<()> {
         self.check(&req)?;
         if self.active.contains_key(&id) {
             return Err(Error::Model(format!("request id {id} is in use")));
         }
-        let sampler = Sampler::new(req.params)?;
+        let sampler = Sampler::new(req.params.clone())?;
         self.next_id = self.next_id.max(id + 1);
         self.active.insert(
             id,
             Active {
                 sampler,
                 max_tokens: req.max_tokens,
-                stop_ids: req.stop_ids,
+                stop_ids: req.stop_ids.clone(),
                 prompt_len: req.prompt.len(),
                 generated: 0,
                 logprobs: req.logprobs,
@@ -377,6 +389,9 @@ impl Engine {
         );
         if req.max_tokens == 0 {
             return self.end(id, Some(Finish::Length));
+        }
+        if self.diffusion.is_some() {
+            return self.admit_diffusion(id, req);
         }
         self.sched.admit(Seq::new(id, req.prompt));
         Ok(())
@@ -400,6 +415,11 @@ impl Engine {
             return Err(Error::Model(format!(
                 "token id {t} is outside the vocabulary of {vocab}"
             )));
+        }
+        if self.diffusion.is_some() && req.logprobs.is_some() {
+            return Err(Error::Model(
+                "log-probabilities are not available from a diffusion model".into(),
+            ));
         }
         if req.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
             return Err(Error::Model(format!(
@@ -459,10 +479,11 @@ impl Engine {
     }
 
     /// Removes a request, frees its KV blocks and, with `finish`, tells its receiver.
-    fn end(&mut self, id: ReqId, finish: Option<Finish>) -> Result<()> {
+    pub(super) fn end(&mut self, id: ReqId, finish: Option<Finish>) -> Result<()> {
         if self.sched.finish(id) {
             self.runner.release(id)?;
         }
+        self.drop_diffusion(id)?;
         if let (Some(mut a), Some(finish)) = (self.active.remove(&id), finish) {
             // Whoever is told the request ended finds the engine's state already past it.
             self.publish();
@@ -475,7 +496,7 @@ impl Engine {
         Ok(())
     }
 
-    fn fail(&mut self, id: ReqId, msg: String) -> Result<()> {
+    pub(super) fn fail(&mut self, id: ReqId, msg: String) -> Result<()> {
         if let Some(a) = self.active.get_mut(&id) {
             a.tx.send(Event::Error(msg));
         }
@@ -485,6 +506,9 @@ impl Engine {
 
     /// Runs one forward pass. Returns false when there is nothing to do.
     pub fn step(&mut self) -> Result<bool> {
+        if self.diffusion.is_some() {
+            return self.diffusion_step();
+        }
         if self.sched.is_idle() {
             return Ok(false);
         }
@@ -653,237 +677,6 @@ impl Engine {
         match finish {
             Some(f) => self.end(id, Some(f)),
             None => Ok(()),
-        }
-    }
-}
-
-/// A spawned engine's requests, numbered by its handle.
-struct Submit(ReqId, GenRequest, Box<dyn EventSink>);
-
-/// Cancels its request at the engine's next step when dropped ([`EngineHandle::submit_to`]):
-/// the id goes to the engine, which finds the request by it (no scan over the requests).
-pub struct CancelOnDrop {
-    id: ReqId,
-    cancel: Option<Sender<ReqId>>,
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if let Some(c) = &self.cancel {
-            // An engine that has stopped has nothing left to cancel.
-            let _ = c.send(self.id);
-        }
-    }
-}
-
-/// A request's events, as [`EngineHandle::submit`] returns them (it dereferences to the
-/// receiver). Dropping it cancels the request at the engine's next step, whether it is
-/// queued, prefilling or decoding.
-pub struct Stream {
-    rx: Receiver<Event>,
-    _cancel: CancelOnDrop,
-}
-
-impl std::ops::Deref for Stream {
-    type Target = Receiver<Event>;
-    fn deref(&self) -> &Receiver<Event> {
-        &self.rx
-    }
-}
-
-/// How often a busy engine lists every request's slot for /slots (the counters are
-/// published after every step).
-pub const SLOTS_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// An engine running on its own thread. Dropping the handle stops the thread after the
-/// requests in flight end.
-pub struct EngineHandle {
-    tx: Option<Sender<Submit>>,
-    cancel: Sender<ReqId>,
-    next_id: std::sync::atomic::AtomicU64,
-    thread: Option<JoinHandle<EngineStats>>,
-    snapshot: std::sync::Arc<std::sync::Mutex<Snapshot>>,
-}
-
-/// Starts `engine` on a thread of its own.
-pub fn spawn(mut engine: Engine) -> EngineHandle {
-    let (tx, rx) = mpsc::channel::<Submit>();
-    let (cancel, cancels) = mpsc::channel::<ReqId>();
-    let snapshot = Arc::new(std::sync::Mutex::new(engine.snapshot()));
-    engine.published = Some(snapshot.clone());
-    let next_id = std::sync::atomic::AtomicU64::new(engine.next_id);
-    let thread = std::thread::Builder::new()
-        .name("kiln-engine".into())
-        .spawn(move || {
-            serve(&mut engine, &rx, &cancels);
-            engine.stats.clone()
-        })
-        .ok();
-    EngineHandle {
-        tx: Some(tx),
-        cancel,
-        next_id,
-        thread,
-        snapshot,
-    }
-}
-
-fn accept(engine: &mut Engine, cmd: Submit) {
-    let Submit(id, req, mut out) = cmd;
-    let ok = match engine.active.contains_key(&id) {
-        true => Err(Error::Model(format!("request id {id} is in use"))),
-        false => engine.check(&req),
-    };
-    match ok {
-        Ok(()) => {
-            if let Err(e) = engine.submit_as(id, req, out) {
-                tracing::warn!("a checked request was refused: {e}");
-            }
-        }
-        Err(e) => {
-            out.send(Event::Error(e.to_string()));
-        }
-    }
-}
-
-/// The engine thread: take requests (blocking only when idle), then step.
-fn serve(engine: &mut Engine, rx: &Receiver<Submit>, cancels: &Receiver<ReqId>) {
-    let mut open = true;
-    loop {
-        engine.publish();
-        if engine.is_idle() {
-            if !open {
-                return;
-            }
-            match rx.recv() {
-                Ok(cmd) => {
-                    // Idle time is not a stall.
-                    engine.last_step = std::time::Instant::now();
-                    accept(engine, cmd)
-                }
-                Err(_) => return,
-            }
-        }
-        while open {
-            match rx.try_recv() {
-                Ok(cmd) => accept(engine, cmd),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => open = false,
-            }
-        }
-        // After the submissions: a request cancelled at once is known by now.
-        for id in cancels.try_iter() {
-            if let Err(e) = engine.cancel(id) {
-                tracing::warn!("cancelling request {id}: {e}");
-            }
-        }
-        // Watchers see the requests just taken before a step that may be long.
-        engine.publish();
-        // A panic inside a step (a model or kernel bug) fails the requests of that step, not
-        // the engine: the queued ones and later requests are still served.
-        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.step()));
-        let failure = match step {
-            Ok(Ok(_)) => None,
-            Ok(Err(e)) => Some((format!("engine error: {e}"), false)),
-            Err(panic) => {
-                let msg = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic".into());
-                Some((format!("engine step panicked: {msg}"), true))
-            }
-        };
-        if let Some((msg, running_only)) = failure {
-            tracing::error!("{msg}");
-            let ids: Vec<ReqId> = if running_only {
-                engine.sched.running().map(|s| s.id).collect()
-            } else {
-                engine.active.keys().copied().collect()
-            };
-            for id in ids {
-                let _ = engine.fail(id, msg.clone());
-            }
-        }
-    }
-}
-
-impl EngineHandle {
-    /// Sends a request to the engine under a fresh id; a stopped engine hands the sink back.
-    fn send(
-        &self,
-        req: GenRequest,
-        sink: Box<dyn EventSink>,
-    ) -> std::result::Result<ReqId, Box<dyn EventSink>> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        match &self.tx {
-            Some(t) => match t.send(Submit(id, req, sink)) {
-                Ok(()) => Ok(id),
-                Err(mpsc::SendError(Submit(_, _, sink))) => Err(sink),
-            },
-            None => Err(sink),
-        }
-    }
-
-    fn guard(&self, id: Option<ReqId>) -> CancelOnDrop {
-        CancelOnDrop {
-            id: id.unwrap_or(0),
-            cancel: id.map(|_| self.cancel.clone()),
-        }
-    }
-
-    /// Queues a request; its events arrive on the returned stream. Dropping the stream
-    /// cancels the request at the engine's next step.
-    pub fn submit(&self, req: GenRequest) -> Stream {
-        let (tx, rx) = mpsc::channel();
-        let id = match self.send(req, Box::new(tx)) {
-            Ok(id) => Some(id),
-            Err(mut sink) => {
-                sink.send(Event::Error("the engine has stopped".into()));
-                None
-            }
-        };
-        Stream {
-            rx,
-            _cancel: self.guard(id),
-        }
-    }
-
-    /// Queues a request whose events go to `sink` (which the engine never blocks on).
-    /// Dropping the returned guard cancels the request at the engine's next step.
-    pub fn submit_to(&self, req: GenRequest, sink: Box<dyn EventSink>) -> CancelOnDrop {
-        let id = match self.send(req, sink) {
-            Ok(id) => Some(id),
-            Err(mut sink) => {
-                sink.send(Event::Error("the engine has stopped".into()));
-                None
-            }
-        };
-        self.guard(id)
-    }
-
-    /// Whether the engine thread is still running (it ends only on shutdown, or on a panic).
-    pub fn is_alive(&self) -> bool {
-        self.thread.as_ref().is_some_and(|t| !t.is_finished())
-    }
-
-    /// The engine's state after its latest step.
-    pub fn snapshot(&self) -> Snapshot {
-        self.snapshot.lock().map(|s| s.clone()).unwrap_or_default()
-    }
-
-    /// Stops taking requests, waits for those in flight, and returns the engine's counters.
-    pub fn shutdown(mut self) -> Option<EngineStats> {
-        self.tx = None;
-        self.thread.take().and_then(|t| t.join().ok())
-    }
-}
-
-impl Drop for EngineHandle {
-    fn drop(&mut self) {
-        self.tx = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
         }
     }
 }

@@ -3,10 +3,14 @@
 //! committed by an encoder pass over its argmax tokens, until `max_tokens`, an end token
 //! inside a canvas, or the context's end.
 
+use std::collections::{HashMap, VecDeque};
+
+use super::batching::{Engine, Event, Finish, GenRequest};
 use super::{Logits, Runner};
 use crate::error::{Error, Result};
 use crate::kv::SeqId;
 use crate::sample::diffusion::{CanvasSampler, DiffusionParams};
+use crate::sched::ReqId;
 
 /// One diffusion generation.
 #[derive(Clone, Debug)]
@@ -70,84 +74,293 @@ fn run(
     req: &DiffusionRequest,
     on: &mut impl FnMut(DiffusionEvent) -> Result<bool>,
 ) -> Result<DiffusionSummary> {
-    let c = runner
-        .model()
-        .canvas_length()
-        .ok_or_else(|| Error::Model("this model does not generate by diffusion".into()))?;
-    let vocab = runner.model().info().vocab;
-    if req.prompt.is_empty() {
-        return Err(Error::Model("the prompt is empty".into()));
-    }
-    if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
-        return Err(Error::Model(format!(
-            "token id {t} is outside the vocabulary of {vocab}"
-        )));
-    }
-    if let Some(init) = &req.init_canvas {
-        if init.len() != c || init.iter().any(|&t| t as usize >= vocab) {
-            return Err(Error::Model(format!(
-                "the initial canvas must be {c} token ids below {vocab}"
-            )));
-        }
-    }
-    let ctx = runner.config().ctx;
-    if req.prompt.len() + c > ctx {
-        return Err(Error::Model(format!(
-            "a prompt of {} tokens leaves no room for a canvas of {c} in the context of {ctx}",
-            req.prompt.len()
-        )));
-    }
-    let mut sampler = CanvasSampler::new(req.params.clone(), vocab)?;
-    runner.feed(seq, &req.prompt, Logits::None)?;
-    let mut sum = DiffusionSummary::default();
-    let n_steps = req.params.max_denoising_steps;
-    while sum.generated < req.max_tokens && runner.seq_len(seq) + c <= ctx {
-        let mut canvas = match (&req.init_canvas, sum.canvases) {
-            (Some(init), 0) => init.clone(),
-            _ => sampler.noise(c),
-        };
-        sampler.reset();
-        let mut self_cond: Option<Vec<f32>> = None;
-        let mut argmax = canvas.clone();
-        let mut steps = 0;
-        for remaining in (1..=n_steps).rev() {
-            let t0 = std::time::Instant::now();
-            let mut logits = runner.denoise(seq, &canvas, self_cond.as_deref())?;
-            let t1 = std::time::Instant::now();
-            let out = sampler.step(&canvas, &mut logits, remaining)?;
-            steps += 1;
-            self_cond = Some(logits.concat());
-            sum.decoder_seconds += (t1 - t0).as_secs_f64();
-            sum.host_seconds += t1.elapsed().as_secs_f64();
-            canvas = out.next;
-            argmax = out.argmax;
+    let mut task = CanvasTask::new(runner, req.clone())?;
+    loop {
+        let s = task.step(runner, seq)?;
+        if let Some(tokens) = s.draft {
             let draft = DiffusionEvent::Draft {
-                canvas: sum.canvases,
-                step: steps,
-                tokens: argmax.clone(),
+                canvas: task.sum.canvases,
+                step: task.steps,
+                tokens,
             };
             if !on(draft)? {
-                return Ok(sum);
-            }
-            if out.stop {
-                break;
+                return Ok(task.sum);
             }
         }
-        sum.canvases += 1;
-        sum.steps += steps;
-        let mut tokens = argmax.clone();
-        if let Some(i) = tokens.iter().position(|t| req.stop_ids.contains(t)) {
-            tokens.truncate(i);
-            sum.stopped = true;
+        if let Some((tokens, steps)) = s.committed {
+            let more = on(DiffusionEvent::Canvas { tokens, steps })?;
+            if !more {
+                return Ok(task.sum);
+            }
         }
-        tokens.truncate(req.max_tokens - sum.generated);
-        sum.generated += tokens.len();
-        let more = on(DiffusionEvent::Canvas { tokens, steps })?;
-        if !more || sum.stopped || sum.generated >= req.max_tokens {
-            break;
+        if s.finished {
+            return Ok(task.sum);
         }
-        // The encoder commits the canvas: its K/V replace the decoder's scratch.
-        runner.feed(seq, &argmax, Logits::None)?;
     }
-    Ok(sum)
+}
+
+/// What one [`CanvasTask::step`] did.
+#[derive(Clone, Debug, Default)]
+pub struct TaskStep {
+    /// The step's argmax canvas (none for the step that only encoded the prompt).
+    pub draft: Option<Vec<u32>>,
+    /// A canvas committed this step: its tokens (cut at an end token or `max_tokens`) and the
+    /// denoising steps it took.
+    pub committed: Option<(Vec<u32>, usize)>,
+    /// The generation is over (`sum.stopped` says whether an end token ended it).
+    pub finished: bool,
+}
+
+/// One diffusion generation as a state machine advanced one forward pass at a time (the
+/// prompt's encoding, a denoising step, or a denoising step that ends a canvas and the
+/// encoder pass that commits it), so an engine can interleave it with other work.
+pub struct CanvasTask {
+    req: DiffusionRequest,
+    sampler: CanvasSampler,
+    canvas_len: usize,
+    prompt_fed: bool,
+    canvas: Vec<u32>,
+    argmax: Vec<u32>,
+    self_cond: Option<Vec<f32>>,
+    /// Denoising steps left for the current canvas, and taken so far.
+    remaining: usize,
+    steps: usize,
+    pub sum: DiffusionSummary,
+}
+
+impl CanvasTask {
+    /// Checks `req` against the runner's model and context.
+    pub fn new(runner: &Runner, req: DiffusionRequest) -> Result<CanvasTask> {
+        let c = runner
+            .model()
+            .canvas_length()
+            .ok_or_else(|| Error::Model("this model does not generate by diffusion".into()))?;
+        let vocab = runner.model().info().vocab;
+        if req.prompt.is_empty() {
+            return Err(Error::Model("the prompt is empty".into()));
+        }
+        if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Model(format!(
+                "token id {t} is outside the vocabulary of {vocab}"
+            )));
+        }
+        if let Some(init) = &req.init_canvas {
+            if init.len() != c || init.iter().any(|&t| t as usize >= vocab) {
+                return Err(Error::Model(format!(
+                    "the initial canvas must be {c} token ids below {vocab}"
+                )));
+            }
+        }
+        let ctx = runner.config().ctx;
+        if req.prompt.len() + c > ctx {
+            return Err(Error::Model(format!(
+                "a prompt of {} tokens leaves no room for a canvas of {c} in the context of {ctx}",
+                req.prompt.len()
+            )));
+        }
+        let mut sampler = CanvasSampler::new(req.params.clone(), vocab)?;
+        let canvas = match &req.init_canvas {
+            Some(init) => init.clone(),
+            None => sampler.noise(c),
+        };
+        Ok(CanvasTask {
+            remaining: req.params.max_denoising_steps,
+            req,
+            sampler,
+            canvas_len: c,
+            prompt_fed: false,
+            argmax: canvas.clone(),
+            canvas,
+            self_cond: None,
+            steps: 0,
+            sum: DiffusionSummary::default(),
+        })
+    }
+
+    /// The prompt's length.
+    pub fn prompt_len(&self) -> usize {
+        self.req.prompt.len()
+    }
+
+    /// One forward pass of `seq`'s generation (the sequence is not released here).
+    pub fn step(&mut self, runner: &mut Runner, seq: SeqId) -> Result<TaskStep> {
+        let mut out = TaskStep::default();
+        if !self.prompt_fed {
+            runner.feed(seq, &self.req.prompt, Logits::None)?;
+            self.prompt_fed = true;
+            out.finished = self.req.max_tokens == 0;
+            return Ok(out);
+        }
+        let t0 = std::time::Instant::now();
+        let mut logits = runner.denoise(seq, &self.canvas, self.self_cond.as_deref())?;
+        let t1 = std::time::Instant::now();
+        let s = self
+            .sampler
+            .step(&self.canvas, &mut logits, self.remaining)?;
+        self.steps += 1;
+        self.remaining -= 1;
+        self.self_cond = Some(logits.concat());
+        self.sum.decoder_seconds += (t1 - t0).as_secs_f64();
+        self.sum.host_seconds += t1.elapsed().as_secs_f64();
+        self.canvas = s.next;
+        self.argmax = s.argmax;
+        out.draft = Some(self.argmax.clone());
+        if !(s.stop || self.remaining == 0) {
+            return Ok(out);
+        }
+        // The canvas is done.
+        self.sum.canvases += 1;
+        self.sum.steps += self.steps;
+        let mut tokens = self.argmax.clone();
+        if let Some(i) = tokens.iter().position(|t| self.req.stop_ids.contains(t)) {
+            tokens.truncate(i);
+            self.sum.stopped = true;
+        }
+        tokens.truncate(self.req.max_tokens - self.sum.generated);
+        self.sum.generated += tokens.len();
+        out.committed = Some((tokens, self.steps));
+        let ctx = runner.config().ctx;
+        let room = runner.seq_len(seq) + 2 * self.canvas_len <= ctx;
+        out.finished = self.sum.stopped || self.sum.generated >= self.req.max_tokens || !room;
+        if !out.finished {
+            // The encoder commits the canvas: its K/V replace the decoder's scratch.
+            runner.feed(seq, &self.argmax, Logits::None)?;
+            self.canvas = self.sampler.noise(self.canvas_len);
+            self.sampler.reset();
+            self.self_cond = None;
+            self.remaining = self.req.params.max_denoising_steps;
+            self.steps = 0;
+        }
+        Ok(out)
+    }
+}
+
+/// The batching engine's diffusion requests, served in turn a forward pass each.
+#[derive(Default)]
+pub struct Tasks {
+    order: VecDeque<ReqId>,
+    tasks: HashMap<ReqId, CanvasTask>,
+    /// Denoising settings for requests (the checkpoint's `generation_config.json`).
+    pub defaults: DiffusionParams,
+}
+
+impl Tasks {
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+}
+
+impl Engine {
+    /// The denoising settings requests to a diffusion model get (their seed is the request's,
+    /// when it has one).
+    pub fn set_diffusion_defaults(&mut self, p: DiffusionParams) -> Result<()> {
+        p.validate()?;
+        if let Some(d) = &mut self.diffusion {
+            d.defaults = p;
+        }
+        Ok(())
+    }
+
+    /// Takes a checked request as a diffusion task.
+    pub(super) fn admit_diffusion(&mut self, id: ReqId, req: GenRequest) -> Result<()> {
+        let Some(d) = &self.diffusion else {
+            return Err(Error::Model("not a diffusion model".into()));
+        };
+        let mut params = d.defaults.clone();
+        params.seed = req
+            .params
+            .seed
+            .unwrap_or(params.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let r = DiffusionRequest {
+            prompt: req.prompt,
+            max_tokens: req.max_tokens,
+            params,
+            init_canvas: None,
+            stop_ids: req.stop_ids,
+        };
+        let task = match CanvasTask::new(&self.runner, r) {
+            Ok(t) => t,
+            Err(e) => return self.fail(id, e.to_string()),
+        };
+        if let Some(d) = &mut self.diffusion {
+            d.tasks.insert(id, task);
+            d.order.push_back(id);
+        }
+        Ok(())
+    }
+
+    /// Forgets `id`'s task (if any) and frees its cache.
+    pub(super) fn drop_diffusion(&mut self, id: ReqId) -> Result<()> {
+        let held = self
+            .diffusion
+            .as_mut()
+            .and_then(|d| d.tasks.remove(&id))
+            .is_some();
+        if held {
+            self.runner.release(id)?;
+        }
+        Ok(())
+    }
+
+    /// One forward pass of the next diffusion request in turn: its tokens go out when a
+    /// canvas is committed. Returns false when there is nothing to do.
+    pub(super) fn diffusion_step(&mut self) -> Result<bool> {
+        let Some(d) = &mut self.diffusion else {
+            return Ok(false);
+        };
+        // Ids of requests ended meanwhile are dropped here.
+        let id = loop {
+            match d.order.pop_front() {
+                Some(id) if d.tasks.contains_key(&id) => break id,
+                Some(_) => continue,
+                None => return Ok(false),
+            }
+        };
+        let Some(mut task) = d.tasks.remove(&id) else {
+            return Ok(false);
+        };
+        self.stats.steps += 1;
+        let s = match task.step(&mut self.runner, id) {
+            Ok(s) => s,
+            Err(e) => {
+                self.runner.release(id)?;
+                self.fail(id, format!("forward pass failed: {e}"))?;
+                return Ok(true);
+            }
+        };
+        let stopped = task.sum.stopped;
+        if let Some(d) = &mut self.diffusion {
+            d.tasks.insert(id, task);
+            if !s.finished {
+                d.order.push_back(id);
+            }
+        }
+        if let Some((tokens, _)) = s.committed {
+            for tok in tokens {
+                self.stats.generated += 1;
+                let Some(a) = self.active.get_mut(&id) else {
+                    break;
+                };
+                a.generated += 1;
+                if !a.tx.send(Event::Token(tok, None)) {
+                    self.stats.cancelled += 1;
+                    self.active.remove(&id);
+                    self.end(id, None)?;
+                    return Ok(true);
+                }
+            }
+        }
+        if s.finished {
+            let finish = if stopped {
+                Finish::Stop
+            } else {
+                Finish::Length
+            };
+            self.end(id, Some(finish))?;
+        }
+        Ok(true)
+    }
 }

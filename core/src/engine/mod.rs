@@ -5,6 +5,7 @@
 
 pub mod batching;
 pub mod diffusion;
+mod handle;
 
 use crate::error::{Error, Result};
 use crate::exec::Executor;

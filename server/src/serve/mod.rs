@@ -395,8 +395,14 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
             "max_tokens_chat": "the rest of the context",
         },
     });
+    let mut engine = Engine::new(m.runner, max_batch);
+    // A diffusion model denoises with its checkpoint's settings.
+    if engine.runner().model().canvas_length().is_some() {
+        let p = crate::diffusion::DiffusionArgs::default().params(&m.path, None)?;
+        engine.set_diffusion_defaults(p)?;
+    }
     Ok(Arc::new(AppState {
-        engine: spawn(Engine::new(m.runner, max_batch)),
+        engine: spawn(engine),
         tokenizer: m.tokenizer,
         template,
         template_error,
