@@ -43,6 +43,14 @@ fn completions_stream_canvases_and_free_the_pool() {
     if n > 8 {
         assert!(raw.matches("data: ").count() >= 3, "{raw}");
     }
+    // Chat through the checkpoint's own template.
+    let chat = json!({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 12,
+                      "seed": 2});
+    let (st, raw) = post(srv.addr, "/v1/chat/completions", &chat);
+    assert_eq!(st, 200, "{raw}");
+    let v: serde_json::Value = serde_json::from_str(&raw).expect("JSON");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant", "{v}");
+    assert!(v["usage"]["completion_tokens"].as_u64().is_some_and(|n| n <= 12), "{v}");
     // Two at once, with different seeds.
     let threads: Vec<_> = (0..2)
         .map(|i| {
