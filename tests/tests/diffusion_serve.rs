@@ -34,6 +34,14 @@ fn completions_stream_canvases_and_free_the_pool() {
     if a["choices"][0]["finish_reason"] == "length" {
         assert_eq!(n, 20, "{a}");
     }
+    // Canvases and their denoising steps are counted.
+    let m = metrics_text(srv.addr);
+    let (canvases, steps) = (
+        metric(&m, "kiln_diffusion_canvases_total"),
+        metric(&m, "kiln_diffusion_denoising_steps_total"),
+    );
+    assert!(canvases >= 2.0 * (n as f64 / 8.0).ceil(), "{canvases}");
+    assert!(steps >= canvases, "{steps} steps for {canvases} canvases");
     // Streamed: the same text, in more than one piece (canvases of 8).
     let mut sbody = body.clone();
     sbody["stream"] = json!(true);
@@ -50,7 +58,12 @@ fn completions_stream_canvases_and_free_the_pool() {
     assert_eq!(st, 200, "{raw}");
     let v: serde_json::Value = serde_json::from_str(&raw).expect("JSON");
     assert_eq!(v["choices"][0]["message"]["role"], "assistant", "{v}");
-    assert!(v["usage"]["completion_tokens"].as_u64().is_some_and(|n| n <= 12), "{v}");
+    assert!(
+        v["usage"]["completion_tokens"]
+            .as_u64()
+            .is_some_and(|n| n <= 12),
+        "{v}"
+    );
     // Two at once, with different seeds.
     let threads: Vec<_> = (0..2)
         .map(|i| {

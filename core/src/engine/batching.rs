@@ -96,6 +96,9 @@ pub struct EngineStats {
     /// Tokens of sequences starting (or restarting after a preemption), looked up in the
     /// prefix cache: the hit rate's denominator.
     pub prefix_queried_tokens: u64,
+    /// A diffusion model's canvases committed and the denoising steps they took.
+    pub canvases: u64,
+    pub denoising_steps: u64,
 }
 
 /// The engine's state as a server reports it.

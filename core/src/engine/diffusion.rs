@@ -338,7 +338,11 @@ impl Engine {
                 d.order.push_back(id);
             }
         }
+        if s.draft.is_some() {
+            self.stats.denoising_steps += 1;
+        }
         if let Some((tokens, _)) = s.committed {
+            self.stats.canvases += 1;
             for tok in tokens {
                 self.stats.generated += 1;
                 let Some(a) = self.active.get_mut(&id) else {

@@ -125,7 +125,7 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
         let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let counters: [(&str, &str, u64); 9] = [
+        let counters: [(&str, &str, u64); 11] = [
             ("kiln_kv_blocks_total", "Usable KV cache blocks in all.", s.kv_total as u64),
             ("kiln_engine_steps_total", "Forward passes.", s.stats.steps),
             (
@@ -157,6 +157,16 @@ impl Metrics {
                 "kiln_prefix_cache_queried_tokens_total",
                 "Prompt tokens looked up in the prefix cache.",
                 s.stats.prefix_queried_tokens,
+            ),
+            (
+                "kiln_diffusion_canvases_total",
+                "Canvases a diffusion model committed.",
+                s.stats.canvases,
+            ),
+            (
+                "kiln_diffusion_denoising_steps_total",
+                "Denoising steps of a diffusion model (steps per canvas: this over canvases).",
+                s.stats.denoising_steps,
             ),
             (
                 "kiln_engine_cancelled_total",
