@@ -238,6 +238,7 @@ impl Engine {
         // at the last block boundary of the prompt to leave one there.
         let snapshots = cfg.prefix_caching && runner.state_stats().is_some();
         let runner_is_diffusion = runner.model().canvas_length().is_some();
+        let resident = max_running.clamp(1, cfg.max_seqs.max(1));
         let sched = Scheduler::new(SchedConfig {
             max_batch_tokens: cfg.max_batch_tokens,
             max_running: max_running.clamp(1, cfg.max_seqs.max(1)),
@@ -251,7 +252,7 @@ impl Engine {
             stats: EngineStats::default(),
             published: None,
             published_slots: None,
-            diffusion: runner_is_diffusion.then(Default::default),
+            diffusion: runner_is_diffusion.then(|| super::diffusion::Tasks::new(resident)),
             last_step: std::time::Instant::now(),
         }
     }
@@ -267,10 +268,13 @@ impl Engine {
     }
     /// Requests queued and running.
     pub fn load(&self) -> (usize, usize) {
-        (self.sched.waiting(), self.num_running())
+        (self.num_waiting(), self.num_running())
     }
     fn num_running(&self) -> usize {
-        self.sched.num_running() + self.diffusion.as_ref().map_or(0, |d| d.len())
+        self.sched.num_running() + self.diffusion.as_ref().map_or(0, |d| d.running())
+    }
+    fn num_waiting(&self) -> usize {
+        self.sched.waiting() + self.diffusion.as_ref().map_or(0, |d| d.waiting())
     }
 
     /// Publishes the current state where a spawned engine's handle reads it. The counters go
@@ -341,7 +345,7 @@ impl Engine {
             slots,
             kv_cached: budget.manager().map_or(0, |m| m.pool().num_cached()),
             stats: self.stats.clone(),
-            waiting: self.sched.waiting(),
+            waiting: self.num_waiting(),
             running: self.num_running(),
             kv_free: budget.free_blocks(),
             kv_total: budget.manager().map_or(0, |m| m.pool().num_blocks() - 1),

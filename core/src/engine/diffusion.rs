@@ -235,18 +235,36 @@ impl CanvasTask {
     }
 }
 
-/// The batching engine's diffusion requests, served in turn a forward pass each.
+/// The batching engine's diffusion requests: at most `max_running` in the KV cache at once,
+/// served in turn a forward pass each; the rest wait their turn in arrival order.
 #[derive(Default)]
 pub struct Tasks {
+    /// Started requests, in turn.
     order: VecDeque<ReqId>,
+    /// Requests not started yet.
+    queue: VecDeque<ReqId>,
     tasks: HashMap<ReqId, CanvasTask>,
+    max_running: usize,
     /// Denoising settings for requests (the checkpoint's `generation_config.json`).
     pub defaults: DiffusionParams,
 }
 
 impl Tasks {
+    pub(super) fn new(max_running: usize) -> Tasks {
+        Tasks {
+            max_running: max_running.max(1),
+            ..Tasks::default()
+        }
+    }
     pub fn len(&self) -> usize {
         self.tasks.len()
+    }
+    /// Requests in the KV cache, and waiting to start.
+    pub fn running(&self) -> usize {
+        self.tasks.len().min(self.max_running)
+    }
+    pub fn waiting(&self) -> usize {
+        self.tasks.len() - self.running()
     }
     pub fn is_empty(&self) -> bool {
         self.tasks.is_empty()
@@ -287,7 +305,7 @@ impl Engine {
         };
         if let Some(d) = &mut self.diffusion {
             d.tasks.insert(id, task);
-            d.order.push_back(id);
+            d.queue.push_back(id);
         }
         Ok(())
     }
@@ -311,7 +329,16 @@ impl Engine {
         let Some(d) = &mut self.diffusion else {
             return Ok(false);
         };
-        // Ids of requests ended meanwhile are dropped here.
+        // Ids of requests ended meanwhile are dropped here; waiting requests start as places
+        // free up.
+        d.order.retain(|id| d.tasks.contains_key(id));
+        while d.order.len() < d.max_running {
+            match d.queue.pop_front() {
+                Some(id) if d.tasks.contains_key(&id) => d.order.push_back(id),
+                Some(_) => continue,
+                None => break,
+            }
+        }
         let id = loop {
             match d.order.pop_front() {
                 Some(id) if d.tasks.contains_key(&id) => break id,
