@@ -1,6 +1,7 @@
 //! `kiln serve` on a block-diffusion model (the tiny DiffusionGemma fixture): completions
 //! whole and streamed (committed canvases arrive as they are made), reproducible with a
-//! seed, several requests at once, and a client that leaves mid-stream frees its KV blocks.
+//! seed, a repeated prompt served from the prefix cache, several requests at once, and a
+//! client that leaves mid-stream frees its KV blocks.
 
 #[path = "common/server.rs"]
 mod common;
@@ -51,6 +52,14 @@ fn completions_stream_canvases_and_free_the_pool() {
     if n > 8 {
         assert!(raw.matches("data: ").count() >= 3, "{raw}");
     }
+    // A repeated long prompt starts from the prefix cache.
+    let long = "The quick brown fox jumps over the lazy dog. ".repeat(4);
+    let body2 = json!({"prompt": long, "max_tokens": 8, "seed": 4});
+    let first = completion(srv.addr, &body2);
+    let again = completion(srv.addr, &body2);
+    let cached = &again["usage"]["prompt_tokens_details"]["cached_tokens"];
+    assert!(cached.as_u64().is_some_and(|n| n >= 16), "{again}");
+    assert_eq!(first["choices"][0]["text"], again["choices"][0]["text"]);
     // Chat through the checkpoint's own template.
     let chat = json!({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 12,
                       "seed": 2});

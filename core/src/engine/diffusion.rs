@@ -109,6 +109,8 @@ pub struct TaskStep {
     pub committed: Option<(Vec<u32>, usize)>,
     /// The generation is over (`sum.stopped` says whether an end token ended it).
     pub finished: bool,
+    /// Prompt tokens taken from the prefix cache (on the step that encodes the prompt).
+    pub cached: usize,
 }
 
 /// One diffusion generation as a state machine advanced one forward pass at a time (the
@@ -186,7 +188,11 @@ impl CanvasTask {
     pub fn step(&mut self, runner: &mut Runner, seq: SeqId) -> Result<TaskStep> {
         let mut out = TaskStep::default();
         if !self.prompt_fed {
-            runner.feed(seq, &self.req.prompt, Logits::None)?;
+            // Full blocks the prefix cache holds are taken, not recomputed (the encoder is
+            // causal: its K/V for a prefix are the same whoever computed them).
+            let p = &self.req.prompt;
+            out.cached = runner.start_cached(seq, p, p.len() - 1)?;
+            runner.feed(seq, &p[out.cached..], Logits::None)?;
             self.prompt_fed = true;
             out.finished = self.req.max_tokens == 0;
             return Ok(out);
@@ -350,6 +356,7 @@ impl Engine {
             return Ok(false);
         };
         self.stats.steps += 1;
+        let fresh = !task.prompt_fed;
         let s = match task.step(&mut self.runner, id) {
             Ok(s) => s,
             Err(e) => {
@@ -359,6 +366,13 @@ impl Engine {
             }
         };
         let stopped = task.sum.stopped;
+        if fresh {
+            self.stats.prefix_queried_tokens += task.prompt_len() as u64;
+            self.stats.prefix_hit_tokens += s.cached as u64;
+            if let (true, Some(a)) = (s.cached > 0, self.active.get_mut(&id)) {
+                a.tx.send(Event::Cached(s.cached));
+            }
+        }
         if let Some(d) = &mut self.diffusion {
             d.tasks.insert(id, task);
             if !s.finished {
