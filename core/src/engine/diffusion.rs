@@ -251,6 +251,8 @@ pub struct Tasks {
     queue: VecDeque<ReqId>,
     tasks: HashMap<ReqId, CanvasTask>,
     max_running: usize,
+    /// The request whose step is running (its task is out of the map meanwhile).
+    pub(super) stepping: Option<ReqId>,
     /// Denoising settings for requests (the checkpoint's `generation_config.json`).
     pub defaults: DiffusionParams,
 }
@@ -316,14 +318,14 @@ impl Engine {
         Ok(())
     }
 
-    /// Forgets `id`'s task (if any) and frees its cache.
+    /// Forgets `id`'s task (if any) and frees its cache (also when its step failed or
+    /// panicked with the task out of the map).
     pub(super) fn drop_diffusion(&mut self, id: ReqId) -> Result<()> {
-        let held = self
-            .diffusion
-            .as_mut()
-            .and_then(|d| d.tasks.remove(&id))
-            .is_some();
-        if held {
+        let Some(d) = &mut self.diffusion else {
+            return Ok(());
+        };
+        d.tasks.remove(&id);
+        if self.runner.has_sequence(id) {
             self.runner.release(id)?;
         }
         Ok(())
@@ -355,17 +357,23 @@ impl Engine {
         let Some(mut task) = d.tasks.remove(&id) else {
             return Ok(false);
         };
+        d.stepping = Some(id);
         self.stats.steps += 1;
         let fresh = !task.prompt_fed;
         let s = match task.step(&mut self.runner, id) {
             Ok(s) => s,
             Err(e) => {
-                self.runner.release(id)?;
+                if let Some(d) = &mut self.diffusion {
+                    d.stepping = None;
+                }
                 self.fail(id, format!("forward pass failed: {e}"))?;
                 return Ok(true);
             }
         };
         let stopped = task.sum.stopped;
+        if let Some(d) = &mut self.diffusion {
+            d.stepping = None;
+        }
         if fresh {
             self.stats.prefix_queried_tokens += task.prompt_len() as u64;
             self.stats.prefix_hit_tokens += s.cached as u64;

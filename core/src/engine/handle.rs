@@ -151,7 +151,14 @@ fn serve(engine: &mut Engine, rx: &Receiver<Submit>, cancels: &Receiver<ReqId>) 
         if let Some((msg, running_only)) = failure {
             tracing::error!("{msg}");
             let ids: Vec<ReqId> = if running_only {
-                engine.sched.running().map(|s| s.id).collect()
+                // A diffusion request mid-step has left its task behind: it fails too.
+                let stepping = engine.diffusion.as_mut().and_then(|d| d.stepping.take());
+                engine
+                    .sched
+                    .running()
+                    .map(|s| s.id)
+                    .chain(stepping)
+                    .collect()
             } else {
                 engine.active.keys().copied().collect()
             };
