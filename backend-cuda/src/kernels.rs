@@ -30,6 +30,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("quant.cu", include_str!("../../kernels/quant.cu")),
     ("fused.cu", include_str!("../../kernels/fused.cu")),
     ("reduce.cu", include_str!("../../kernels/reduce.cu")),
+    ("canvas.cu", include_str!("../../kernels/canvas.cu")),
 ];
 
 /// The architectures kiln builds for: Hopper, datacenter Blackwell, consumer Blackwell.

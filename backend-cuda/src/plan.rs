@@ -92,6 +92,8 @@ const ARGMAX_THREADS: u32 = 256;
 const TOPK_THREADS: u32 = 256;
 /// The largest k the top-k kernel takes (it makes k passes over the row).
 const MAX_TOP_K: usize = 256;
+/// Threads of the canvas kernels (`CANVAS_THREADS` in canvas.cu).
+const CANVAS_THREADS: u32 = 256;
 /// Rows at or below which a matmul takes the mat-vec kernel.
 const MAT_VEC_ROWS: usize = 4;
 /// Output tile side and K step of the quantized prefill matmul (`QT`, `QK_STEP` in mat_mul.cu).
@@ -562,6 +564,49 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                 vec![In(0), Out(0), U32(u(n)?)],
             )
         }
+        Op::CanvasDraw { scale, seed } => {
+            let (t, v) = (dim(&i[0], 0), dim(&i[0], 1));
+            (o[0].dtype == DType::F32 && o[3].dtype == DType::F32 && v > 0).then_some(())?;
+            one(
+                "canvas_draw_f32",
+                (u(t)?, 1, 1),
+                (CANVAS_THREADS, 1, 1),
+                with_tensors(
+                    1,
+                    4,
+                    [
+                        U32(u(v)?),
+                        F32(*scale),
+                        U32(*seed as u32),
+                        U32((*seed >> 32) as u32),
+                    ],
+                ),
+            )
+        }
+        Op::CanvasAccept {
+            entropy_bound,
+            confidence,
+            stability,
+            vocab,
+            seed,
+        } => one(
+            "canvas_accept",
+            (1, 1, 1),
+            (CANVAS_THREADS, 1, 1),
+            with_tensors(
+                3,
+                3,
+                [
+                    U32(u(dim(&i[0], 0))?),
+                    U32(u(*stability)?),
+                    U32(u(*vocab)?),
+                    F32(*entropy_bound),
+                    F32(*confidence),
+                    U32(*seed as u32),
+                    U32((*seed >> 32) as u32),
+                ],
+            ),
+        ),
         Op::TopK(k) => {
             // k rounds over the row: for sampling's small k; a large k runs on the CPU.
             (i[0].dtype == DType::F32 && *k <= MAX_TOP_K).then_some(())?;

@@ -26,6 +26,9 @@ const DELTA_NET: &str = include_str!("../../shaders/delta_net.wgsl");
 const MOE: &str = include_str!("../../shaders/moe.wgsl");
 const MOE_SUM: &str = include_str!("../../shaders/moe_sum.wgsl");
 const MAT_MUL_ID: &str = include_str!("../../shaders/mat_mul_id.wgsl");
+const CANVAS_HASH: &str = include_str!("../../shaders/common/canvas_hash.wgsl");
+const CANVAS: &str = include_str!("../../shaders/canvas.wgsl");
+const CANVAS_ACCEPT: &str = include_str!("../../shaders/canvas_accept.wgsl");
 
 /// One compute entry point and how to build its module.
 pub struct Kernel {
@@ -193,6 +196,20 @@ plain!(CONV1D_STATE_F32, "conv1d_state_f32", "conv", CONV);
 plain!(DELTA_NET_F32, "delta_net_f32", "delta_net", DELTA_NET);
 ranked!(MOE_ROUTE_F32, "moe_route_f32", "moe", MOE);
 plain!(MOE_SUM_F32, "moe_sum_f32", "moe_sum", MOE_SUM);
+pub const CANVAS_DRAW_F32: Kernel = Kernel {
+    entry: "canvas_draw_f32",
+    file: "canvas",
+    source: CANVAS,
+    commons: &[ORDER, CANVAS_HASH],
+    subst: &[],
+};
+pub const CANVAS_ACCEPT_I32: Kernel = Kernel {
+    entry: "canvas_accept",
+    file: "canvas_accept",
+    source: CANVAS_ACCEPT,
+    commons: &[CANVAS_HASH],
+    subst: &[],
+};
 
 /// The kernels of no weight format.
 const PLAIN: &[&Kernel] = &[
@@ -227,6 +244,8 @@ const PLAIN: &[&Kernel] = &[
     &DELTA_NET_F32,
     &MOE_ROUTE_F32,
     &MOE_SUM_F32,
+    &CANVAS_DRAW_F32,
+    &CANVAS_ACCEPT_I32,
 ];
 
 /// Every declared kernel, the plain ones then each per-format table (a test builds each

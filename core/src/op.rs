@@ -9,6 +9,7 @@
 //! Fused ops are variants too. The CPU implements each as the composition of its plain ops, so
 //! a backend's fused kernel always has an oracle.
 
+pub mod canvas;
 mod check;
 
 use std::fmt;
@@ -259,6 +260,34 @@ pub enum Op {
     SoftEmbedding {
         top_k: usize,
     },
+    /// One denoising draw over a canvas (DiffusionGemma): `logits [T, V]` (f32) → `processed
+    /// [T, V]` (f32, `logits · scale`, where `scale` is 1 / the step's temperature), `argmax
+    /// [T]` (i32, of the logits, first of equal maxima in IEEE total order), `drawn [T]` (i32,
+    /// a draw from `softmax(processed)`: the Gumbel-max argmax of `processed + g`, with `g =
+    /// gumbel(seed, row, column)` of [`canvas`]), `entropy [T]` (f32, nats, of
+    /// `softmax(processed)`).
+    CanvasDraw {
+        scale: f32,
+        seed: u64,
+    },
+    /// Entropy-bound acceptance of a canvas's draws, in place. `argmax [T]`, `drawn [T]` (i32),
+    /// `entropy [T]` (f32) → output 0 `canvas [T]` (i32): `drawn` where accepted, else
+    /// re-noised with [`canvas::noise_token`]`(seed, i, vocab)`; output 1 `history [S, T]`
+    /// (i32, read and updated): the last `stability` argmax canvases, oldest first, `-1`
+    /// where none yet (`S = max(stability, 1)`); output 2 `status [2]` (i32): positions
+    /// accepted, and 1 when denoising stops here. Positions are ranked by (entropy, index)
+    /// and accepted while the running f32 sum of the ranked entropies less the position's own
+    /// stays within `entropy_bound`; denoising stops when every kept history row equals
+    /// `argmax` and the f32 sum of all entropies, in rank order, is under
+    /// `confidence · T` (mean entropy under `confidence`). `T` is at most
+    /// [`canvas::MAX_CANVAS`].
+    CanvasAccept {
+        entropy_bound: f32,
+        confidence: f32,
+        stability: usize,
+        vocab: usize,
+        seed: u64,
+    },
     /// Float → float of another (or the same) dtype, same shape.
     Cast,
     /// Same dtype and shape: a plain copy (views make reshapes free).
@@ -290,7 +319,7 @@ pub enum Op {
 impl Op {
     /// Every name [`Op::name`] gives, each once: the op families, with each unary and GLU op
     /// under its own name. Tests that go through every op use this list.
-    pub const NAMES: [&'static str; 35] = [
+    pub const NAMES: [&'static str; 37] = [
         "mat_mul",
         "mat_mul_id",
         "moe_sum",
@@ -326,6 +355,8 @@ impl Op {
         "delta_net_decode",
         "conv1d_decode",
         "soft_embedding",
+        "canvas_draw",
+        "canvas_accept",
     ];
 
     /// The op's family name, as counters, logs and `kiln validate` show it.
@@ -359,6 +390,8 @@ impl Op {
             Op::DeltaNetDecode { .. } => "delta_net_decode",
             Op::Conv1dDecode { .. } => "conv1d_decode",
             Op::SoftEmbedding { .. } => "soft_embedding",
+            Op::CanvasDraw { .. } => "canvas_draw",
+            Op::CanvasAccept { .. } => "canvas_accept",
         }
     }
 
@@ -367,7 +400,10 @@ impl Op {
     pub fn reads_outputs(&self) -> bool {
         matches!(
             self,
-            Op::KvWrite | Op::DeltaNetDecode { .. } | Op::Conv1dDecode { .. }
+            Op::KvWrite
+                | Op::DeltaNetDecode { .. }
+                | Op::Conv1dDecode { .. }
+                | Op::CanvasAccept { .. }
         )
     }
 

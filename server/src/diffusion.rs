@@ -136,6 +136,8 @@ pub fn run(
         params: args.params(&m.path, seed)?,
         init_canvas: args.init_canvas.clone(),
         stop_ids,
+        drafts: false,
+        timed: false,
     };
     let mut stdout = std::io::stdout().lock();
     let mut dec = StreamDecoder::new();
@@ -224,8 +226,9 @@ pub fn logits(
 
 /// `kiln bench` on a diffusion model: a prompt of `n_prompt` random tokens, then canvases
 /// denoised for exactly `steps` steps each (no early stop) until `n_gen` tokens, `reps`
-/// times: seconds per denoising step, tokens per second per canvas, and the share of step
-/// time spent on the host.
+/// times: seconds per denoising step (the decoder's and the sampler's, each waited for),
+/// tokens per second per canvas, and the share of step time the host spent working rather
+/// than waiting for the device (all of it on the CPU backend).
 pub fn bench(
     m: &mut Loaded,
     n_prompt: usize,
@@ -256,20 +259,24 @@ pub fn bench(
             params: params.clone(),
             init_canvas: None,
             stop_ids: Vec::new(),
+            drafts: false,
+            timed: true,
         };
         let sum = generate(&mut m.runner, 1, &req, |_| Ok(true))?;
         if rep == 0 {
             continue;
         }
-        let step = (sum.decoder_seconds + sum.host_seconds) / sum.steps.max(1) as f64;
-        rows.push((
-            step,
-            sum.host_seconds / (sum.decoder_seconds + sum.host_seconds).max(1e-12),
-        ));
+        let n = sum.steps.max(1) as f64;
+        let total = (sum.decoder_seconds + sum.sampler_seconds).max(1e-12);
+        rows.push([
+            total / n,
+            sum.decoder_seconds / n,
+            sum.sampler_seconds / n,
+            sum.host_seconds / total,
+        ]);
     }
-    let mean =
-        |f: fn(&(f64, f64)) -> f64| rows.iter().map(f).sum::<f64>() / rows.len().max(1) as f64;
-    let (step, host) = (mean(|r| r.0), mean(|r| r.1));
+    let mean = |k: usize| rows.iter().map(|r| r[k]).sum::<f64>() / rows.len().max(1) as f64;
+    let (step, host) = (mean(0), mean(3));
     let per_canvas = step * params.max_denoising_steps as f64;
     Ok(serde_json::json!({
         "backend": backend,
@@ -278,6 +285,8 @@ pub fn bench(
         "prompt_tokens": n_prompt,
         "generated_tokens": n_gen,
         "seconds_per_step": step,
+        "decoder_seconds_per_step": mean(1),
+        "sampler_seconds_per_step": mean(2),
         "tokens_per_second_per_canvas": c as f64 / per_canvas.max(1e-12),
         "host_share": host,
     }))

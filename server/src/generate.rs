@@ -540,12 +540,14 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             println!("{j}");
         } else {
             println!(
-                "{} canvas {} × {} steps: {:.2} ms per denoising step, {:.1} tokens/s per canvas, \
-                 {:.1}% of step time on the host",
+                "{} canvas {} × {} steps: {:.2} ms per denoising step (decoder {:.2}, sampler \
+                 {:.2}), {:.1} tokens/s per canvas, {:.1}% of step time on the host",
                 j["backend"].as_str().unwrap_or(""),
                 j["canvas"],
                 j["denoising_steps"],
                 j["seconds_per_step"].as_f64().unwrap_or(0.0) * 1e3,
+                j["decoder_seconds_per_step"].as_f64().unwrap_or(0.0) * 1e3,
+                j["sampler_seconds_per_step"].as_f64().unwrap_or(0.0) * 1e3,
                 j["tokens_per_second_per_canvas"].as_f64().unwrap_or(0.0),
                 j["host_share"].as_f64().unwrap_or(0.0) * 100.0
             );

@@ -129,6 +129,8 @@ fn check(ex: impl Fn() -> Executor, backend: &str) {
         },
         init_canvas: Some(ids(&v, "init_canvas")),
         stop_ids: Vec::new(),
+        drafts: true,
+        timed: false,
     };
     let mut canvas = Vec::new();
     let sum = generate(&mut r, 4, &req, |ev| {

@@ -2,6 +2,7 @@
 //! and the one place that says which ops this backend runs.
 
 mod attention;
+mod canvas;
 mod conv;
 mod delta_net;
 mod elementwise;
@@ -76,6 +77,10 @@ pub(crate) fn supports(dev: &Device, desc: &OpDesc) -> bool {
                 && dev.limits.max_storage_buffers_per_shader_stage >= delta_net::BINDINGS
                 && i.iter().chain(o).all(fits)
         }
+        Op::CanvasDraw { .. } => i.iter().chain(o).all(fits),
+        Op::CanvasAccept { .. } => {
+            dev.limits.max_storage_buffers_per_shader_stage >= 7 && i.iter().chain(o).all(fits)
+        }
         // Fused ops are CUDA's: WebGPU models take the decomposed path through the gate.
         Op::RmsNormMatMul { .. }
         | Op::GluMatMul(_)
@@ -112,6 +117,23 @@ pub(crate) fn execute(dev: &Device, op: &Op, i: &[&Tensor], o: &[&Tensor]) -> Re
         Op::Conv1d { silu } => conv::conv1d(dev, *silu, i, o),
         Op::DeltaNet { scale, .. } => delta_net::delta_net(dev, *scale, i, o),
         Op::TopK(k) => reduce::top_k(dev, *k, i[0], o[0], o[1]),
+        Op::CanvasDraw { scale, seed } => canvas::draw(dev, *scale, *seed, i[0], o),
+        Op::CanvasAccept {
+            entropy_bound,
+            confidence,
+            stability,
+            vocab,
+            seed,
+        } => canvas::accept(
+            dev,
+            *entropy_bound,
+            *confidence,
+            *stability,
+            *vocab,
+            *seed,
+            i,
+            o,
+        ),
         other => Err(err(format!(
             "{} has no WebGPU kernel (supports_op says no; the executor runs it on the CPU)",
             other.name()

@@ -5,6 +5,7 @@
 //! dtype. Weights and caches stay in their block formats and are dequantized a row at a time.
 
 mod attention;
+mod canvas;
 mod conv;
 mod delta_net;
 mod elementwise;
@@ -555,6 +556,14 @@ fn dispatch(op: &Op, i: &[In], o: &mut [Out]) -> KResult {
         } => moe::route(*k, *gating, *normalize, i, o),
         Op::MoeSum => moe::sum(i, o),
         Op::SoftEmbedding { top_k } => get_rows::soft_embedding(*top_k, i, o),
+        Op::CanvasDraw { scale, seed } => canvas::draw(*scale, *seed, i, o),
+        Op::CanvasAccept {
+            entropy_bound,
+            confidence,
+            stability,
+            vocab,
+            seed,
+        } => canvas::accept(*entropy_bound, *confidence, *stability, *vocab, *seed, i, o),
         Op::RmsNormMatMul { eps, one_plus } => matmul::rms_norm_mat_mul(*eps, *one_plus, i, o),
         Op::GluMatMul(g) => matmul::glu_mat_mul(*g, i, o),
     }

@@ -1,7 +1,7 @@
 //! Block-diffusion generation (DiffusionGemma): the prompt is encoded into the KV cache, then
-//! canvas after canvas is denoised ([`Runner::denoise`] and the [`CanvasSampler`]) and
-//! committed by an encoder pass over its argmax tokens, until `max_tokens`, an end token
-//! inside a canvas, or the context's end.
+//! canvas after canvas is denoised on the device ([`Runner::denoise_on_device`] and the
+//! canvas ops) and committed by an encoder pass over its argmax tokens, until `max_tokens`,
+//! an end token inside a canvas, or the context's end.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -9,8 +9,11 @@ use super::batching::{Engine, Event, Finish, GenRequest};
 use super::{Logits, Runner};
 use crate::error::{Error, Result};
 use crate::kv::SeqId;
-use crate::sample::diffusion::{CanvasSampler, DiffusionParams};
+use crate::op::canvas::MAX_CANVAS;
+use crate::rng::Rng;
+use crate::sample::diffusion::{step_seeds, DiffusionParams};
 use crate::sched::ReqId;
+use crate::tensor::Tensor;
 
 /// One diffusion generation.
 #[derive(Clone, Debug)]
@@ -23,6 +26,11 @@ pub struct DiffusionRequest {
     pub init_canvas: Option<Vec<u32>>,
     /// Tokens that end the generation (not emitted).
     pub stop_ids: Vec<u32>,
+    /// Whether every step's argmax canvas is read back and reported (a draft).
+    pub drafts: bool,
+    /// Whether each step waits for the decoder before the sampler (benchmarks: the
+    /// summary's decoder and sampler times are then each their own).
+    pub timed: bool,
 }
 
 /// What the generation reports as it goes.
@@ -47,9 +55,13 @@ pub struct DiffusionSummary {
     pub steps: usize,
     /// An end token was met (else `max_tokens` or the context).
     pub stopped: bool,
-    /// Seconds in the decoder's forward passes (logits downloaded), and on the host between
-    /// them (the sampler, the self-conditioning logits prepared for the next step).
+    /// Seconds in the decoder's forward passes (queued; on an asynchronous device the work
+    /// finishes inside the sampler's status read), and from then to the end of the step: the
+    /// draw and acceptance ops, the status read and any tokens read back.
     pub decoder_seconds: f64,
+    pub sampler_seconds: f64,
+    /// Of the steps' time, what the host spent itself (recording or running ops, reading
+    /// back, bookkeeping) rather than waiting for the device. On the CPU backend, all of it.
     pub host_seconds: f64,
 }
 
@@ -102,8 +114,11 @@ fn run(
 /// What one [`CanvasTask::step`] did.
 #[derive(Clone, Debug, Default)]
 pub struct TaskStep {
-    /// The step's argmax canvas (none for the step that only encoded the prompt).
+    /// The step's argmax canvas, when drafts are wanted (none for the step that only encoded
+    /// the prompt).
     pub draft: Option<Vec<u32>>,
+    /// Whether this step denoised (else it encoded the prompt).
+    pub denoised: bool,
     /// A canvas committed this step: its tokens (cut at an end token or `max_tokens`) and the
     /// denoising steps it took.
     pub committed: Option<(Vec<u32>, usize)>,
@@ -113,17 +128,34 @@ pub struct TaskStep {
     pub cached: usize,
 }
 
+/// The denoising state that lives on the device between steps.
+struct DeviceCanvas {
+    /// The canvas the next step denoises, `[canvas]` i32.
+    canvas: Tensor,
+    /// The last argmax canvases, `[max(stability, 1), canvas]` i32 (`-1`: none yet).
+    history: Tensor,
+    /// (accepted, stop), `[2]` i32: the one read per step.
+    status: Tensor,
+    /// The last step's processed logits (self-conditioning) and argmax.
+    processed: Option<Tensor>,
+    argmax: Option<Tensor>,
+}
+
 /// One diffusion generation as a state machine advanced one forward pass at a time (the
 /// prompt's encoding, a denoising step, or a denoising step that ends a canvas and the
-/// encoder pass that commits it), so an engine can interleave it with other work.
+/// encoder pass that commits it), so an engine can interleave it with other work. The
+/// denoising loop runs on the device ([`crate::op::Op::CanvasDraw`], [`crate::op::Op::CanvasAccept`]): a step reads
+/// back a two-word status, and a canvas's tokens once, when it is committed.
 pub struct CanvasTask {
     req: DiffusionRequest,
-    sampler: CanvasSampler,
+    vocab: usize,
     canvas_len: usize,
+    /// Noise for the starting canvases.
+    rng: Rng,
     prompt_fed: bool,
-    canvas: Vec<u32>,
-    argmax: Vec<u32>,
-    self_cond: Option<Vec<f32>>,
+    /// The next canvas's starting tokens (taken when its first step runs).
+    start: Option<Vec<u32>>,
+    dev: Option<DeviceCanvas>,
     /// Denoising steps left for the current canvas, and taken so far.
     remaining: usize,
     steps: usize,
@@ -153,6 +185,11 @@ impl CanvasTask {
                 )));
             }
         }
+        if c > MAX_CANVAS {
+            return Err(Error::Model(format!(
+                "a canvas of {c} positions; at most {MAX_CANVAS} are supported"
+            )));
+        }
         let ctx = runner.config().ctx;
         if req.prompt.len() + c > ctx {
             return Err(Error::Model(format!(
@@ -160,20 +197,21 @@ impl CanvasTask {
                 req.prompt.len()
             )));
         }
-        let mut sampler = CanvasSampler::new(req.params.clone(), vocab)?;
-        let canvas = match &req.init_canvas {
+        req.params.validate()?;
+        let mut rng = Rng::new(req.params.seed);
+        let start = match &req.init_canvas {
             Some(init) => init.clone(),
-            None => sampler.noise(c),
+            None => noise(&mut rng, c, vocab),
         };
         Ok(CanvasTask {
             remaining: req.params.max_denoising_steps,
             req,
-            sampler,
+            vocab,
             canvas_len: c,
+            rng,
             prompt_fed: false,
-            argmax: canvas.clone(),
-            canvas,
-            self_cond: None,
+            start: Some(start),
+            dev: None,
             steps: 0,
             sum: DiffusionSummary::default(),
         })
@@ -198,47 +236,98 @@ impl CanvasTask {
             return Ok(out);
         }
         let t0 = std::time::Instant::now();
-        let mut logits = runner.denoise(seq, &self.canvas, self.self_cond.as_deref())?;
+        let params = &self.req.params;
+        let (c, vocab) = (self.canvas_len, self.vocab);
+        if let Some(start) = self.start.take() {
+            let ex = runner.executor();
+            let ids: Vec<i32> = start.iter().map(|&t| t as i32).collect();
+            let s = params.stability_threshold.max(1);
+            self.dev = Some(DeviceCanvas {
+                canvas: ex.upload_i32(&[c], &ids)?,
+                history: ex.upload_i32(&[s, c], &vec![-1; s * c])?,
+                status: ex.upload_i32(&[2], &[0, 0])?,
+                processed: None,
+                argmax: None,
+            });
+        }
+        let Some(dev) = self.dev.as_mut() else {
+            return Err(Error::Model("a denoising step with no canvas".into()));
+        };
+        let logits = runner.denoise_on_device(seq, &dev.canvas, dev.processed.as_ref())?;
         let t1 = std::time::Instant::now();
-        let s = self
-            .sampler
-            .step(&self.canvas, &mut logits, self.remaining)?;
+        let ex = runner.executor();
+        if self.req.timed {
+            ex.backend().synchronize()?;
+        }
+        let t2 = std::time::Instant::now();
+        let (draw_seed, accept_seed) = step_seeds(params.seed, self.sum.canvases, self.steps);
+        let draw = params.draw_op(self.remaining, draw_seed);
+        let (processed, argmax, drawn, entropy) = ex.canvas_draw(&draw, &logits)?;
+        ex.canvas_accept(
+            &params.accept_op(vocab, accept_seed),
+            [&argmax, &drawn, &entropy],
+            &dev.canvas,
+            &dev.history,
+            &dev.status,
+        )?;
+        let t3 = std::time::Instant::now();
+        // The step's one read: accepted positions and whether to stop.
+        let status = ex.download_i32(&dev.status)?;
+        let t4 = std::time::Instant::now();
+        let stop = status.get(1).is_some_and(|&s| s != 0);
+        if self.req.drafts {
+            out.draft = Some(tokens(&ex.download_i32(&argmax)?));
+        }
+        dev.processed = Some(processed);
+        dev.argmax = Some(argmax);
+        out.denoised = true;
         self.steps += 1;
         self.remaining -= 1;
-        self.self_cond = Some(logits.concat());
-        self.sum.decoder_seconds += (t1 - t0).as_secs_f64();
-        self.sum.host_seconds += t1.elapsed().as_secs_f64();
-        self.canvas = s.next;
-        self.argmax = s.argmax;
-        out.draft = Some(self.argmax.clone());
-        if !(s.stop || self.remaining == 0) {
+        let t5 = std::time::Instant::now();
+        self.sum.decoder_seconds += (t2 - t0).as_secs_f64();
+        self.sum.sampler_seconds += (t5 - t2).as_secs_f64();
+        self.sum.host_seconds += ((t1 - t0) + (t3 - t2) + (t5 - t4)).as_secs_f64();
+        if !(stop || self.remaining == 0) {
             return Ok(out);
         }
-        // The canvas is done.
+        // The canvas is done: its argmax is read back and committed.
+        let argmax = match &dev.argmax {
+            Some(a) => tokens(&ex.download_i32(a)?),
+            None => return Err(Error::Model("a finished canvas with no argmax".into())),
+        };
         self.sum.canvases += 1;
         self.sum.steps += self.steps;
-        let mut tokens = self.argmax.clone();
-        if let Some(i) = tokens.iter().position(|t| self.req.stop_ids.contains(t)) {
-            tokens.truncate(i);
+        let mut kept = argmax.clone();
+        if let Some(i) = kept.iter().position(|t| self.req.stop_ids.contains(t)) {
+            kept.truncate(i);
             self.sum.stopped = true;
         }
-        tokens.truncate(self.req.max_tokens - self.sum.generated);
-        self.sum.generated += tokens.len();
-        out.committed = Some((tokens, self.steps));
+        kept.truncate(self.req.max_tokens - self.sum.generated);
+        self.sum.generated += kept.len();
+        out.committed = Some((kept, self.steps));
         let ctx = runner.config().ctx;
         let room = runner.seq_len(seq) + 2 * self.canvas_len <= ctx;
         out.finished = self.sum.stopped || self.sum.generated >= self.req.max_tokens || !room;
         if !out.finished {
             // The encoder commits the canvas: its K/V replace the decoder's scratch.
-            runner.feed(seq, &self.argmax, Logits::None)?;
-            self.canvas = self.sampler.noise(self.canvas_len);
-            self.sampler.reset();
-            self.self_cond = None;
+            runner.feed(seq, &argmax, Logits::None)?;
+            self.start = Some(noise(&mut self.rng, c, vocab));
+            self.dev = None;
             self.remaining = self.req.params.max_denoising_steps;
             self.steps = 0;
         }
         Ok(out)
     }
+}
+
+/// `n` uniformly random tokens below `vocab`.
+fn noise(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|_| rng.below(vocab) as u32).collect()
+}
+
+/// Token ids read back from the device (the ops write ids below the vocabulary).
+fn tokens(ids: &[i32]) -> Vec<u32> {
+    ids.iter().map(|&t| t.max(0) as u32).collect()
 }
 
 /// The batching engine's diffusion requests: at most `max_running` in the KV cache at once,
@@ -306,6 +395,8 @@ impl Engine {
             params,
             init_canvas: None,
             stop_ids: req.stop_ids,
+            drafts: false,
+            timed: false,
         };
         let task = match CanvasTask::new(&self.runner, r) {
             Ok(t) => t,
@@ -387,7 +478,7 @@ impl Engine {
                 d.order.push_back(id);
             }
         }
-        if s.draft.is_some() {
+        if s.denoised {
             self.stats.denoising_steps += 1;
         }
         if let Some((tokens, _)) = s.committed {

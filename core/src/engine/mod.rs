@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::kv::{BlockId, KvManager, SeqId, StatePool, StateStats};
 use crate::model::{ForwardBatch, KvCaches, Model, SeqInput};
-use crate::tensor::DType;
+use crate::tensor::{DType, Tensor};
 
 /// Which rows of a sequence's new tokens want logits.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -504,30 +504,19 @@ impl Runner {
         canvas: &[u32],
         self_cond: Option<&[f32]>,
     ) -> Result<Vec<Vec<f32>>> {
-        let c = self
-            .model
-            .canvas_length()
-            .ok_or_else(|| Error::Model("this model does not generate by diffusion".into()))?;
+        let c = self.canvas_len()?;
         if canvas.len() != c {
             return Err(Error::Model(format!(
                 "a canvas of {} tokens; this model's canvas holds {c}",
                 canvas.len()
             )));
         }
-        if canvas.len() > self.cfg.max_batch_tokens {
-            return Err(Error::Model(format!(
-                "a canvas of {c} tokens exceeds the batch limit of {}",
-                self.cfg.max_batch_tokens
-            )));
-        }
-        let after = self.seq_len(seq) + c;
-        if after > self.cfg.ctx {
-            return Err(Error::Model(format!(
-                "sequence {seq} would reach {after} tokens, over the context of {}",
-                self.cfg.ctx
-            )));
-        }
         let vocab = self.model.info().vocab;
+        if let Some(t) = canvas.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Model(format!(
+                "token id {t} is outside the vocabulary of {vocab}"
+            )));
+        }
         let sc = match self_cond {
             Some(l) if l.len() == c * vocab => Some(self.ex.upload_f32(&[c, vocab], l)?),
             Some(l) => {
@@ -540,14 +529,55 @@ impl Runner {
             }
             None => None,
         };
-        let items = [(seq, canvas, Logits::All)];
-        self.reserve(&items)?;
-        let batch = self.build_batch(&items);
-        let logits = self
-            .model
-            .denoise(&self.ex, &batch, &self.caches, sc.as_ref())?;
+        let ids: Vec<i32> = canvas.iter().map(|&t| t as i32).collect();
+        let ids = self.ex.upload_i32(&[c], &ids)?;
+        let logits = self.denoise_on_device(seq, &ids, sc.as_ref())?;
         let flat = self.ex.download_f32(&logits)?;
         Ok(flat.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    /// [`Runner::denoise`] with everything on the device: the canvas's ids (`[canvas]` i32,
+    /// each below the vocabulary) and the self-conditioning logits in, the logits
+    /// `[canvas, vocab]` out; nothing is read back.
+    pub fn denoise_on_device(
+        &mut self,
+        seq: SeqId,
+        canvas: &Tensor,
+        self_cond: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let c = self.canvas_len()?;
+        if canvas.numel() != c {
+            return Err(Error::Model(format!(
+                "a canvas of {} tokens; this model's canvas holds {c}",
+                canvas.numel()
+            )));
+        }
+        if c > self.cfg.max_batch_tokens {
+            return Err(Error::Model(format!(
+                "a canvas of {c} tokens exceeds the batch limit of {}",
+                self.cfg.max_batch_tokens
+            )));
+        }
+        let after = self.seq_len(seq) + c;
+        if after > self.cfg.ctx {
+            return Err(Error::Model(format!(
+                "sequence {seq} would reach {after} tokens, over the context of {}",
+                self.cfg.ctx
+            )));
+        }
+        // The batch's token ids are placeholders: the embedding reads `canvas`.
+        let placeholder = vec![0u32; c];
+        let items = [(seq, &placeholder[..], Logits::All)];
+        self.reserve(&items)?;
+        let batch = self.build_batch(&items);
+        self.model
+            .denoise(&self.ex, &batch, &self.caches, Some(canvas), self_cond)
+    }
+
+    fn canvas_len(&self) -> Result<usize> {
+        self.model
+            .canvas_length()
+            .ok_or_else(|| Error::Model("this model does not generate by diffusion".into()))
     }
 
     /// Feeds `tokens` to one sequence in chunks of at most `max_batch_tokens`; returns the

@@ -22,6 +22,36 @@ impl Executor {
         }
     }
 
+    /// One denoising draw (`op`, an [`Op::CanvasDraw`]) over a canvas's `logits [T, V]`:
+    /// (processed logits, argmax, drawn tokens, entropies).
+    pub fn canvas_draw(
+        &self,
+        op: &Op,
+        logits: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
+        let mut out = self.run(op, &[logits])?.into_iter();
+        match (out.next(), out.next(), out.next(), out.next()) {
+            (Some(a), Some(b), Some(c), Some(d)) => Ok((a, b, c, d)),
+            _ => Err(Error::Op {
+                op: op.name().into(),
+                msg: "produced fewer than four outputs".into(),
+                inputs: String::new(),
+                outputs: String::new(),
+            }),
+        }
+    }
+    /// Entropy-bound acceptance of a draw: updates `canvas`, `history` and `status` in place;
+    /// see [`Op::CanvasAccept`].
+    pub fn canvas_accept(
+        &self,
+        op: &Op,
+        draw: [&Tensor; 3],
+        canvas: &Tensor,
+        history: &Tensor,
+        status: &Tensor,
+    ) -> Result<()> {
+        self.exec(op, &draw, &[canvas, history, status])
+    }
     /// Each token's rows of `w` (experts `[E, N, K]`) chosen by `ids [T, k]`: `[T, k, N]`.
     pub fn matmul_id(&self, x: &Tensor, w: &Tensor, ids: &Tensor) -> Result<Tensor> {
         self.one(&Op::MatMulId, &[x, w, ids])

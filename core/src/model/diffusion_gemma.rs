@@ -135,6 +135,7 @@ impl Canvas {
         ex: &Executor,
         b: &ForwardBatch,
         kv: &KvCaches,
+        canvas: Option<&Tensor>,
         self_cond: Option<&Tensor>,
     ) -> Result<Tensor> {
         let t = check_batch(b, m.info.vocab)?;
@@ -144,7 +145,16 @@ impl Canvas {
                 s.q_len, self.length
             )));
         }
-        let (x0, _) = m.head.embed(ex, b)?;
+        let x0 = match canvas {
+            Some(ids) if ids.numel() == t => ex.get_rows(&m.head.tok_embd, ids)?,
+            Some(ids) => {
+                return Err(Error::Model(format!(
+                    "{} canvas ids for a batch of {t} rows",
+                    ids.numel()
+                )))
+            }
+            None => m.head.embed(ex, b)?.0,
+        };
         let x = ex.scale(&x0, (m.info.n_embd as f32).sqrt())?;
         let ns = m.norm_spec();
         // Without self-conditioning the MLP's input is zero, and so is its output.

@@ -501,10 +501,11 @@ impl Model for Gemma4 {
         ex: &Executor,
         b: &ForwardBatch,
         kv: &KvCaches,
+        canvas: Option<&Tensor>,
         self_cond: Option<&Tensor>,
     ) -> Result<Tensor> {
         match &self.diffusion {
-            Some(d) => d.denoise(self, ex, b, kv, self_cond),
+            Some(d) => d.denoise(self, ex, b, kv, canvas, self_cond),
             None => Err(crate::Error::Model(
                 "this model does not generate by diffusion".into(),
             )),

@@ -175,13 +175,15 @@ pub trait Model: Send + Sync {
     /// One denoising step of a block-diffusion model: each sequence's last `q_len` tokens are
     /// its canvas, predicted all at once from the cached prefix and the whole canvas; the
     /// canvas's K/V go to its cache slots as scratch (the pass that commits the canvas
-    /// overwrites them). `self_cond`: the previous step's processed logits `[rows, vocab]`
+    /// overwrites them). `canvas`: the canvas's token ids on the device (`[rows]` i32; else
+    /// the batch's tokens). `self_cond`: the previous step's processed logits `[rows, vocab]`
     /// (none on a canvas's first step). Returns logits `[logits_rows.len(), vocab]`.
     fn denoise(
         &self,
         _ex: &Executor,
         _batch: &ForwardBatch,
         _kv: &KvCaches,
+        _canvas: Option<&Tensor>,
         _self_cond: Option<&Tensor>,
     ) -> Result<Tensor> {
         Err(crate::Error::Model(

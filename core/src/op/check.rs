@@ -489,6 +489,43 @@ fn check_inputs(c: &Ctx) -> Result<()> {
                 format!("table must have {} rows", i[0].shape.0[1])
             })
         }
+        Op::CanvasDraw { scale, .. } => {
+            c.n_inputs(&[1])?;
+            c.dtype(&i[0], DType::F32, "logits")?;
+            c.rank(&i[0], 2, "logits")?;
+            c.ensure(i[0].shape.0[1] >= 1, || "the vocabulary is empty".into())?;
+            c.ensure(i[0].shape.0[1] <= i32::MAX as usize, || {
+                "the vocabulary must fit an i32 id".into()
+            })?;
+            c.ensure(scale.is_finite() && *scale > 0.0, || {
+                format!("scale {scale} must be finite and above 0")
+            })
+        }
+        Op::CanvasAccept {
+            entropy_bound,
+            confidence,
+            vocab,
+            ..
+        } => {
+            c.n_inputs(&[3])?;
+            c.dtype(&i[0], DType::I32, "argmax")?;
+            c.dtype(&i[1], DType::I32, "drawn")?;
+            c.dtype(&i[2], DType::F32, "entropy")?;
+            let t = i[0].shape.0.clone();
+            c.ensure(
+                t.len() == 1 && i[1].shape.0 == t && i[2].shape.0 == t,
+                || "argmax, drawn and entropy must be [T]".into(),
+            )?;
+            c.ensure(t[0] >= 1 && t[0] <= super::canvas::MAX_CANVAS, || {
+                format!("a canvas of 1 to {} positions", super::canvas::MAX_CANVAS)
+            })?;
+            c.ensure(*vocab >= 1 && *vocab <= i32::MAX as usize, || {
+                format!("vocabulary {vocab} must be 1 to {}", i32::MAX)
+            })?;
+            c.ensure(!entropy_bound.is_nan() && !confidence.is_nan(), || {
+                "bounds must not be NaN".into()
+            })
+        }
         Op::MoeRoute { k, .. } => {
             c.n_inputs(&[1])?;
             c.float(&i[0], "logits")?;
@@ -568,7 +605,19 @@ fn infer(c: &Ctx) -> Result<Vec<TensorDesc>> {
                 TensorDesc::new(DType::I32, s),
             ])
         }
-        Op::KvWrite | Op::DeltaNetDecode { .. } | Op::Conv1dDecode { .. } => Err(c.err(
+        Op::CanvasDraw { .. } => {
+            let (t, v) = (i[0].shape.0[0], i[0].shape.0[1]);
+            Ok(vec![
+                TensorDesc::new(DType::F32, Shape(vec![t, v])),
+                TensorDesc::new(DType::I32, Shape(vec![t])),
+                TensorDesc::new(DType::I32, Shape(vec![t])),
+                TensorDesc::new(DType::F32, Shape(vec![t])),
+            ])
+        }
+        Op::KvWrite
+        | Op::DeltaNetDecode { .. }
+        | Op::Conv1dDecode { .. }
+        | Op::CanvasAccept { .. } => Err(c.err(
             "updates its outputs in place: the caller supplies them, so they cannot be inferred",
         )),
     }
@@ -633,6 +682,23 @@ fn check_inplace_outputs(c: &Ctx) -> Result<()> {
             c.ensure(o[1].shape.0[1..] == [kw - 1, ch], || {
                 format!("state_pool must be [P, {}, {ch}]", kw - 1)
             })
+        }
+        Op::CanvasAccept { stability, .. } => {
+            let t = i[0].shape.0[0];
+            c.ensure(o.len() == 3, || {
+                format!(
+                    "updates canvas, history and status: 3 outputs, got {}",
+                    o.len()
+                )
+            })?;
+            let s = (*stability).max(1);
+            c.ensure(
+                o.iter().all(|d| d.dtype == DType::I32)
+                    && o[0].shape.0 == [t]
+                    && o[1].shape.0 == [s, t]
+                    && o[2].shape.0 == [2],
+                || format!("outputs must be i32 canvas [{t}], history [{s}, {t}], status [2]"),
+            )
         }
         _ => Err(c.err("is not an in-place op")),
     }
