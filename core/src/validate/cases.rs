@@ -9,6 +9,8 @@ use crate::tensor::{DType, TensorDesc};
 
 use DType::*;
 
+mod diffusion;
+
 /// A row width that is a whole number of blocks of `d` but not a power of two where possible.
 fn width(d: DType) -> usize {
     match d.block_size() {
@@ -42,6 +44,8 @@ pub fn cases() -> Result<Vec<Case>> {
     reduce_and_moe(&mut c)?;
     recurrent(&mut c)?;
     fused(&mut c)?;
+    diffusion::soft_embedding(&mut c)?;
+    diffusion::canvas(&mut c)?;
     Ok(c)
 }
 
@@ -713,25 +717,6 @@ fn reduce_and_moe(c: &mut Vec<Case>) -> Result<()> {
                 vec![n(F32, &[t, e])],
             )?);
         }
-    }
-    // DiffusionGemma's self-conditioning: a canvas of 8 positions over a small vocabulary,
-    // and over Gemma's 262,144 (where `--perf` shows what the top-k form saves).
-    for (k, v, e, dt) in [
-        (0usize, 320usize, 64usize, F32),
-        (64, 320, 64, F32),
-        (16, 2048, 64, Q8_0),
-        (0, 262_144, 64, F32),
-        (256, 262_144, 64, F32),
-    ] {
-        let form = match k {
-            0 => "dense".to_string(),
-            k => format!("top-{k}"),
-        };
-        c.push(Case::new(
-            Op::SoftEmbedding { top_k: k },
-            format!("{form} T=8 V={v} E={e} {dt:?} table"),
-            vec![n(F32, &[8, v]), n(dt, &[v, e])],
-        )?);
     }
     Ok(())
 }
