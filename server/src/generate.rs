@@ -112,6 +112,7 @@ fn request(tok: &Tokenizer, prompt: &[u32], n: usize, sample: &SampleArgs) -> Re
             tok.eog_ids().to_vec()
         },
         logprobs: None,
+        drafts: false,
     })
 }
 
@@ -152,7 +153,7 @@ pub fn generate(
                 return Ok(!stops.stopped());
             }
             Event::Cached(c) => cached = c,
-            Event::Done { .. } | Event::Error(_) => {}
+            Event::Done { .. } | Event::Error(_) | Event::Draft { .. } | Event::Canvas { .. } => {}
         }
         Ok(true)
     })?;
@@ -465,7 +466,7 @@ fn bench_concurrent(a: &BenchArgs, c: usize) -> Result<()> {
                 match rx.recv() {
                     Ok(Event::Token(..)) => generated += 1,
                     Ok(Event::Done { .. }) => break,
-                    Ok(Event::Cached(_)) => {}
+                    Ok(Event::Cached(_) | Event::Draft { .. } | Event::Canvas { .. }) => {}
                     Ok(Event::Error(e)) => bail!("request failed: {e}"),
                     Err(_) => bail!("the engine stopped"),
                 }

@@ -122,3 +122,97 @@ fn completions_stream_canvases_and_free_the_pool() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `stream_drafts`: every denoising step's draft arrives before its canvas's text, numbered
+/// canvas by canvas, and the last draft of a canvas is the text committed; usage reports
+/// canvases, steps per canvas and tokens per second. Asking for drafts without streaming, or
+/// from a model that does not denoise, is a 400.
+#[test]
+fn drafts_stream_step_by_step_and_usage_reports_the_denoising() {
+    let srv = server();
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 16, "seed": 5,
+                      "stream": true, "stream_drafts": true, "ignore_eos": true,
+                      "stream_options": {"include_usage": true}});
+    let (st, raw) = post(srv.addr, "/v1/completions", &body);
+    assert_eq!(st, 200, "{raw}");
+    let chunks: Vec<serde_json::Value> = raw
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).expect("chunk JSON"))
+        .collect();
+    let usage = chunks
+        .iter()
+        .find_map(|c| c.get("usage").filter(|u| !u.is_null()))
+        .expect("a usage chunk");
+    let canvases = usage["canvases"].as_u64().expect("canvases") as usize;
+    let steps = usage["denoising_steps"].as_u64().expect("steps") as usize;
+    assert_eq!(usage["completion_tokens"], 16, "{usage}");
+    assert_eq!(canvases, 2, "two canvases of 8: {usage}");
+    let per = usage["steps_per_canvas"]
+        .as_f64()
+        .expect("steps per canvas");
+    assert!((per - steps as f64 / 2.0).abs() < 1e-9, "{usage}");
+    assert!(
+        usage["tokens_per_second"].as_f64().is_some_and(|t| t > 0.0),
+        "{usage}"
+    );
+    // Drafts in order, steps counted from 1 in each canvas; a canvas's text follows its
+    // drafts (before the next canvas's) and is its last draft's.
+    let mut drafts: Vec<(u64, u64, String)> = Vec::new();
+    let mut texts = vec![String::new(); canvases];
+    for c in &chunks {
+        let ch = &c["choices"][0];
+        if let Some(d) = ch.get("draft") {
+            let canvas = d["canvas"].as_u64().expect("canvas");
+            let step = d["step"].as_u64().expect("step");
+            let want = match drafts.last() {
+                Some(&(c0, s0, _)) if c0 == canvas => (canvas, s0 + 1),
+                Some(&(c0, _, _)) => (c0 + 1, 1),
+                None => (0, 1),
+            };
+            assert_eq!((canvas, step), want, "{raw}");
+            drafts.push((canvas, step, d["text"].as_str().expect("text").into()));
+        } else if let Some(t) = ch["text"].as_str().filter(|t| !t.is_empty()) {
+            let last = drafts.last().expect("a canvas's text after its drafts");
+            texts[last.0 as usize].push_str(t);
+        }
+    }
+    assert_eq!(drafts.len(), steps, "one draft per denoising step");
+    let last: String = (0..canvases as u64)
+        .map(|c| {
+            let d = drafts.iter().filter(|d| d.0 == c).next_back();
+            d.expect("a canvas's drafts").2.clone()
+        })
+        .collect();
+    // (A character split between canvases decodes lossily in a draft.)
+    if !last.contains('\u{FFFD}') {
+        assert_eq!(last, texts.concat(), "{raw}");
+    }
+    // Without drafts the same seed gives the same text, and no draft chunks.
+    let mut plain = body.clone();
+    plain["stream_drafts"] = json!(false);
+    let (_, raw2) = post(srv.addr, "/v1/completions", &plain);
+    assert!(!raw2.contains("\"draft\""), "{raw2}");
+    assert_eq!(streamed_text(&raw2), streamed_text(&raw));
+    // Drafts need a stream.
+    let mut whole = body.clone();
+    whole["stream"] = json!(false);
+    let (st, raw3) = post(srv.addr, "/v1/completions", &whole);
+    assert_eq!(st, 400, "{raw3}");
+    assert!(raw3.contains("stream_drafts"), "{raw3}");
+    // A non-streamed diffusion response reports the denoising too.
+    whole["stream_drafts"] = json!(false);
+    let v = completion(srv.addr, &whole);
+    assert_eq!(v["usage"]["canvases"], 2, "{v}");
+}
+
+#[test]
+fn drafts_are_refused_for_a_model_that_does_not_denoise() {
+    let dir = kiln_tests::fixtures().join("hf").join("llama");
+    let srv = start_model(&dir, 1, None).expect("a server");
+    let body = json!({"prompt": "Hi", "max_tokens": 2, "stream": true, "stream_drafts": true});
+    let (st, raw) = post(srv.addr, "/v1/completions", &body);
+    assert_eq!(st, 400, "{raw}");
+    assert!(raw.contains("block-diffusion"), "{raw}");
+}

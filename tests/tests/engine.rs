@@ -72,6 +72,9 @@ fn collect(rx: &Receiver<Event>) -> Vec<u32> {
             }
             Event::Error(e) => panic!("request failed: {e}"),
             Event::Cached(_) => {}
+            e @ (Event::Draft { .. } | Event::Canvas { .. }) => {
+                panic!("a diffusion event from an autoregressive model: {e:?}")
+            }
         }
     }
 }

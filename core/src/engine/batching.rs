@@ -29,6 +29,8 @@ pub struct GenRequest {
     /// With `Some(n)`, each token comes with its log-probability and the `n` most likely
     /// alternatives (at most [`MAX_TOP_LOGPROBS`]).
     pub logprobs: Option<usize>,
+    /// A block-diffusion model sends each denoising step's argmax canvas ([`Event::Draft`]).
+    pub drafts: bool,
 }
 
 impl GenRequest {
@@ -40,6 +42,7 @@ impl GenRequest {
             max_tokens,
             stop_ids: Vec::new(),
             logprobs: None,
+            drafts: false,
         }
     }
 }
@@ -73,6 +76,16 @@ pub enum Event {
     Cached(usize),
     /// A generated token, with its log-probabilities when the request asked for them.
     Token(u32, Option<TokenLogprobs>),
+    /// A block-diffusion model's denoising step `step` of canvas `canvas`: its argmax canvas
+    /// (when the request asked for drafts).
+    Draft {
+        canvas: usize,
+        step: usize,
+        tokens: Vec<u32>,
+    },
+    /// A block-diffusion model committed a canvas after `steps` denoising steps (its tokens
+    /// came before, as `Token`s).
+    Canvas { steps: usize },
     Done {
         finish: Finish,
         prompt_tokens: usize,

@@ -91,8 +91,8 @@ fn run(
         let s = task.step(runner, seq)?;
         if let Some(tokens) = s.draft {
             let draft = DiffusionEvent::Draft {
-                canvas: task.sum.canvases,
-                step: task.steps,
+                canvas: s.canvas,
+                step: s.step,
                 tokens,
             };
             if !on(draft)? {
@@ -117,8 +117,11 @@ pub struct TaskStep {
     /// The step's argmax canvas, when drafts are wanted (none for the step that only encoded
     /// the prompt).
     pub draft: Option<Vec<u32>>,
-    /// Whether this step denoised (else it encoded the prompt).
+    /// Whether this step denoised (else it encoded the prompt), and which canvas (counted
+    /// from 0) and step (from 1) it was.
     pub denoised: bool,
+    pub canvas: usize,
+    pub step: usize,
     /// A canvas committed this step: its tokens (cut at an end token or `max_tokens`) and the
     /// denoising steps it took.
     pub committed: Option<(Vec<u32>, usize)>,
@@ -281,7 +284,9 @@ impl CanvasTask {
         dev.processed = Some(processed);
         dev.argmax = Some(argmax);
         out.denoised = true;
+        out.canvas = self.sum.canvases;
         self.steps += 1;
+        out.step = self.steps;
         self.remaining -= 1;
         let t5 = std::time::Instant::now();
         self.sum.decoder_seconds += (t2 - t0).as_secs_f64();
@@ -395,7 +400,7 @@ impl Engine {
             params,
             init_canvas: None,
             stop_ids: req.stop_ids,
-            drafts: false,
+            drafts: req.drafts,
             timed: false,
         };
         let task = match CanvasTask::new(&self.runner, r) {
@@ -481,7 +486,20 @@ impl Engine {
         if s.denoised {
             self.stats.denoising_steps += 1;
         }
-        if let Some((tokens, _)) = s.committed {
+        if let (Some(tokens), Some(a)) = (s.draft, self.active.get_mut(&id)) {
+            let draft = Event::Draft {
+                canvas: s.canvas,
+                step: s.step,
+                tokens,
+            };
+            if !a.tx.send(draft) {
+                self.stats.cancelled += 1;
+                self.active.remove(&id);
+                self.end(id, None)?;
+                return Ok(true);
+            }
+        }
+        if let Some((tokens, steps)) = s.committed {
             self.stats.canvases += 1;
             for tok in tokens {
                 self.stats.generated += 1;
@@ -490,6 +508,14 @@ impl Engine {
                 };
                 a.generated += 1;
                 if !a.tx.send(Event::Token(tok, None)) {
+                    self.stats.cancelled += 1;
+                    self.active.remove(&id);
+                    self.end(id, None)?;
+                    return Ok(true);
+                }
+            }
+            if let Some(a) = self.active.get_mut(&id) {
+                if !a.tx.send(Event::Canvas { steps }) {
                     self.stats.cancelled += 1;
                     self.active.remove(&id);
                     self.end(id, None)?;

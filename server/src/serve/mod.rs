@@ -106,6 +106,8 @@ pub struct AppState {
     metrics: Metrics,
     /// Settings /props reports.
     props: Value,
+    /// The model generates by block diffusion.
+    pub diffusion: bool,
     /// Choices admitted and not yet finished, and the most there may be.
     in_flight: Arc<std::sync::atomic::AtomicUsize>,
     max_in_flight: usize,
@@ -396,13 +398,15 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         },
     });
     let mut engine = Engine::new(m.runner, max_batch);
+    let diffusion = engine.runner().model().canvas_length().is_some();
     // A diffusion model denoises with its checkpoint's settings.
-    if engine.runner().model().canvas_length().is_some() {
+    if diffusion {
         let p = crate::diffusion::DiffusionArgs::default().params(&m.path, None)?;
         engine.set_diffusion_defaults(p)?;
     }
     Ok(Arc::new(AppState {
         engine: spawn(engine),
+        diffusion,
         tokenizer: m.tokenizer,
         template,
         template_error,

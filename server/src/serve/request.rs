@@ -109,6 +109,8 @@ pub struct GenSpec {
     pub ignore_eos: bool,
     /// Completions with `echo`: the prompt's text, sent before the generated text.
     pub echo: Option<String>,
+    /// `stream_drafts` (block-diffusion models, streamed): each denoising step's draft.
+    pub drafts: bool,
 }
 
 pub type Body = Map<String, Value>;
@@ -303,6 +305,19 @@ pub fn common(
             ))
         }
     };
+    let drafts = boolean(b, "stream_drafts")?.unwrap_or(false);
+    if drafts && !stream {
+        return Err(ApiError::bad(
+            "stream_drafts needs \"stream\": true",
+            Some("stream_drafts"),
+        ));
+    }
+    if drafts && !state.diffusion {
+        return Err(ApiError::bad(
+            "stream_drafts needs a block-diffusion model; this one generates token by token",
+            Some("stream_drafts"),
+        ));
+    }
     let n = integer(b, "n", 1, MAX_N)?.unwrap_or(1) as usize;
     params.logit_bias = logit_bias(state, b)?;
     refuse_unsupported(kind, b, n)?;
@@ -320,6 +335,7 @@ pub fn common(
         in_reasoning: false,
         ignore_eos: boolean(b, "ignore_eos")?.unwrap_or(false),
         echo: None,
+        drafts,
     })
 }
 

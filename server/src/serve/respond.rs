@@ -49,8 +49,38 @@ enum Piece {
         /// Prompt tokens served from the prefix cache.
         cached: usize,
         timings: Timings,
+        /// A block-diffusion model's canvases and steps.
+        denoised: Option<Denoised>,
+    },
+    /// A block-diffusion model's denoising step (streamed with `stream_drafts`): the text of
+    /// its argmax canvas.
+    Draft {
+        index: usize,
+        canvas: usize,
+        step: usize,
+        text: String,
     },
     Failed(String),
+}
+
+/// What a block-diffusion choice took: canvases, denoising steps, and seconds from the
+/// request's start to its end.
+#[derive(Clone, Copy, Debug, Default)]
+struct Denoised {
+    canvases: usize,
+    steps: usize,
+    seconds: f64,
+}
+
+impl Denoised {
+    /// The choices' canvases and steps together, over the longest one's time.
+    fn add(self, o: Denoised) -> Denoised {
+        Denoised {
+            canvases: self.canvases + o.canvases,
+            steps: self.steps + o.steps,
+            seconds: self.seconds.max(o.seconds),
+        }
+    }
 }
 
 impl Piece {
@@ -71,6 +101,10 @@ struct Choice {
     /// Prompt tokens the engine took from the prefix cache.
     cached: usize,
     timings: Timings,
+    /// Canvases committed and their denoising steps (block-diffusion models).
+    canvases: usize,
+    steps: usize,
+    started: Instant,
 }
 
 impl Choice {
@@ -85,6 +119,9 @@ impl Choice {
             calls: 0,
             cached: 0,
             timings: Timings::start(spec.prompt.len()),
+            canvases: 0,
+            steps: 0,
+            started: Instant::now(),
         }
     }
 
@@ -140,6 +177,21 @@ impl Choice {
                 }
                 Event::Done { finish, .. } => self.done(finish),
                 Event::Error(e) => vec![Piece::Failed(e)],
+                Event::Draft {
+                    canvas,
+                    step,
+                    tokens,
+                } => vec![Piece::Draft {
+                    index: self.index,
+                    canvas,
+                    step,
+                    text: state.tokenizer.decode(&tokens),
+                }],
+                Event::Canvas { steps } => {
+                    self.canvases += 1;
+                    self.steps += steps;
+                    Vec::new()
+                }
             };
             let ends = pieces
                 .iter()
@@ -171,6 +223,11 @@ impl Choice {
             completion: self.generated,
             cached: self.cached,
             timings: self.timings,
+            denoised: (self.canvases > 0).then(|| Denoised {
+                canvases: self.canvases,
+                steps: self.steps,
+                seconds: self.started.elapsed().as_secs_f64(),
+            }),
         }
     }
 }
@@ -226,6 +283,7 @@ fn start(
                     state.tokenizer.eog_ids().to_vec()
                 },
                 logprobs: spec.logprobs,
+                drafts: spec.drafts,
             },
             Box::new(ToTask(etx)),
         );
@@ -360,10 +418,19 @@ fn record(st: &AppState, outcome: &'static str, generated: usize) {
     });
 }
 
-fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion,
+/// The usage object; a block-diffusion model's adds its canvases, denoising steps, steps per
+/// canvas and generated tokens per second (from the request's start).
+fn usage(prompt: usize, completion: usize, cached: usize, denoised: Option<Denoised>) -> Value {
+    let mut u = json!({"prompt_tokens": prompt, "completion_tokens": completion,
            "total_tokens": prompt + completion,
-           "prompt_tokens_details": {"cached_tokens": cached}})
+           "prompt_tokens_details": {"cached_tokens": cached}});
+    if let Some(d) = denoised {
+        u["canvases"] = json!(d.canvases);
+        u["denoising_steps"] = json!(d.steps);
+        u["steps_per_canvas"] = json!(d.steps as f64 / d.canvases.max(1) as f64);
+        u["tokens_per_second"] = json!(completion as f64 / d.seconds.max(1e-9));
+    }
+    u
 }
 
 fn tool_calls_json(calls: &[ToolCall], id: &str, index: usize) -> Value {
@@ -417,6 +484,7 @@ struct Gathered {
     cached: usize,
     timings: Option<Timings>,
     completion: usize,
+    denoised: Option<Denoised>,
 }
 
 pub async fn respond(state: Arc<AppState>, spec: GenSpec) -> Response {
@@ -478,8 +546,10 @@ async fn whole(
                 completion,
                 cached,
                 timings,
+                denoised,
             } => {
                 if let Some(g) = choices.get_mut(index) {
+                    g.denoised = denoised;
                     g.timings = Some(timings);
                     g.finish = Some(finish);
                     g.completion = completion;
@@ -487,10 +557,16 @@ async fn whole(
                     ended += 1;
                 }
             }
+            // Drafts are streamed only.
+            Piece::Draft { .. } => {}
             Piece::Failed(e) => return ApiError::internal(e).into_response(),
         }
     }
     let completion: usize = choices.iter().map(|g| g.completion).sum();
+    let denoised = choices
+        .iter()
+        .filter_map(|g| g.denoised)
+        .reduce(Denoised::add);
     let cached = choices.iter().map(|g| g.cached).max().unwrap_or(0);
     let timings = choices.first().and_then(|g| g.timings).map(|t| t.json());
     let choices: Vec<Value> = choices
@@ -528,7 +604,7 @@ async fn whole(
     };
     Json(
         json!({"id": id, "object": object, "created": now(), "model": state.model,
-        "choices": choices, "usage": usage(spec.prompt.len(), completion, cached),
+        "choices": choices, "usage": usage(spec.prompt.len(), completion, cached, denoised),
         "timings": timings}),
     )
     .into_response()
@@ -566,6 +642,7 @@ fn stream(state: Arc<AppState>, spec: GenSpec, rx: mpsc::Receiver<Piece>, id: St
         ended: usize,
         completion: usize,
         cached: usize,
+        denoised: Option<Denoised>,
         offsets: Vec<usize>,
         done: bool,
     }
@@ -578,6 +655,7 @@ fn stream(state: Arc<AppState>, spec: GenSpec, rx: mpsc::Receiver<Piece>, id: St
         ended: 0,
         cached: 0,
         completion: 0,
+        denoised: None,
         offsets: vec![0; n],
         done: false,
     };
@@ -625,11 +703,16 @@ fn stream(state: Arc<AppState>, spec: GenSpec, rx: mpsc::Receiver<Piece>, id: St
                     finish,
                     completion,
                     cached,
+                    denoised,
                     ..
                 }) => {
                     st.ended += 1;
                     st.completion += completion;
                     st.cached = st.cached.max(cached);
+                    st.denoised = match (st.denoised, denoised) {
+                        (Some(a), Some(b)) => Some(a.add(b)),
+                        (a, b) => a.or(b),
+                    };
                     let empty = match kind {
                         Kind::Text => json!({"index": index, "text": "", "logprobs": null,
                                              "finish_reason": finish}),
@@ -640,13 +723,28 @@ fn stream(state: Arc<AppState>, spec: GenSpec, rx: mpsc::Receiver<Piece>, id: St
                     if st.ended == n {
                         if include_usage {
                             let mut u = chunk(json!([]));
-                            u["usage"] = usage(prompt_len, st.completion, st.cached);
+                            u["usage"] = usage(prompt_len, st.completion, st.cached, st.denoised);
                             v.push(u.to_string());
                         }
                         v.push("[DONE]".into());
                         st.done = true;
                     }
                     v
+                }
+                Some(Piece::Draft {
+                    index,
+                    canvas,
+                    step,
+                    text,
+                }) => {
+                    let draft = json!({"canvas": canvas, "step": step, "text": text});
+                    let choice = match kind {
+                        Kind::Text => json!({"index": index, "text": "", "logprobs": null,
+                                             "finish_reason": null, "draft": draft}),
+                        Kind::Chat => json!({"index": index, "delta": {}, "logprobs": null,
+                                             "finish_reason": null, "draft": draft}),
+                    };
+                    vec![chunk(json!([choice])).to_string()]
                 }
                 Some(Piece::Failed(e)) => {
                     st.done = true;
