@@ -125,8 +125,8 @@ fn completions_stream_canvases_and_free_the_pool() {
 
 /// `stream_drafts`: every denoising step's draft arrives before its canvas's text, numbered
 /// canvas by canvas, and the last draft of a canvas is the text committed; usage reports
-/// canvases, steps per canvas and tokens per second. Asking for drafts without streaming, or
-/// from a model that does not denoise, is a 400.
+/// canvases (the one a stop string ends in too), steps per canvas and tokens per second.
+/// Asking for drafts without streaming, or from a model that does not denoise, is a 400.
 #[test]
 fn drafts_stream_step_by_step_and_usage_reports_the_denoising() {
     let srv = server();
@@ -205,6 +205,15 @@ fn drafts_stream_step_by_step_and_usage_reports_the_denoising() {
     whole["stream_drafts"] = json!(false);
     let v = completion(srv.addr, &whole);
     assert_eq!(v["usage"]["canvases"], 2, "{v}");
+    // A stop string inside the first canvas ends the choice there, and that canvas counts.
+    let first: Vec<char> = texts[0].chars().collect();
+    if first.len() >= 2 && !texts[0].contains('\u{FFFD}') {
+        let stop: String = first[first.len() - 2..].iter().collect();
+        whole["stop"] = json!([stop]);
+        let v = completion(srv.addr, &whole);
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        assert_eq!(v["usage"]["canvases"], 1, "stopped in canvas 0: {v}");
+    }
 }
 
 #[test]

@@ -318,6 +318,9 @@ fn qwen3_5_batched_requests_keep_their_own_state() {
                         Event::Done { .. } => return out,
                         Event::Error(e) => panic!("{e}"),
                         Event::Cached(_) => {}
+                        e @ (Event::Draft { .. } | Event::Canvas { .. }) => {
+                            panic!("a diffusion event from an autoregressive model: {e:?}")
+                        }
                     }
                 }
             })

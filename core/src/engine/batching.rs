@@ -84,7 +84,7 @@ pub enum Event {
         tokens: Vec<u32>,
     },
     /// A block-diffusion model committed a canvas after `steps` denoising steps (its tokens
-    /// came before, as `Token`s).
+    /// follow, as `Token`s).
     Canvas { steps: usize },
     Done {
         finish: Finish,

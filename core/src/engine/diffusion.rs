@@ -501,6 +501,16 @@ impl Engine {
         }
         if let Some((tokens, steps)) = s.committed {
             self.stats.canvases += 1;
+            // The canvas is announced before its tokens: a stop string inside them ends the
+            // client's choice, and the canvas must be counted by then.
+            if let Some(a) = self.active.get_mut(&id) {
+                if !a.tx.send(Event::Canvas { steps }) {
+                    self.stats.cancelled += 1;
+                    self.active.remove(&id);
+                    self.end(id, None)?;
+                    return Ok(true);
+                }
+            }
             for tok in tokens {
                 self.stats.generated += 1;
                 let Some(a) = self.active.get_mut(&id) else {
@@ -508,14 +518,6 @@ impl Engine {
                 };
                 a.generated += 1;
                 if !a.tx.send(Event::Token(tok, None)) {
-                    self.stats.cancelled += 1;
-                    self.active.remove(&id);
-                    self.end(id, None)?;
-                    return Ok(true);
-                }
-            }
-            if let Some(a) = self.active.get_mut(&id) {
-                if !a.tx.send(Event::Canvas { steps }) {
                     self.stats.cancelled += 1;
                     self.active.remove(&id);
                     self.end(id, None)?;
