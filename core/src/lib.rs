@@ -15,6 +15,7 @@ pub mod quant;
 pub mod rng;
 pub mod sample;
 pub mod sched;
+pub mod spec;
 pub mod tensor;
 pub mod tokenizer;
 pub mod validate;

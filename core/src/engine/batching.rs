@@ -112,6 +112,8 @@ pub struct EngineStats {
     /// A diffusion model's canvases committed and the denoising steps they took.
     pub canvases: u64,
     pub denoising_steps: u64,
+    /// Speculative decoding's drafts and what the target accepted of them.
+    pub spec: super::SpecStats,
 }
 
 /// The engine's state as a server reports it.
@@ -171,12 +173,12 @@ impl SlotState {
 }
 
 pub(super) struct Active {
-    sampler: Sampler,
-    max_tokens: usize,
+    pub(super) sampler: Sampler,
+    pub(super) max_tokens: usize,
     stop_ids: Vec<u32>,
     prompt_len: usize,
     pub(super) generated: usize,
-    logprobs: Option<usize>,
+    pub(super) logprobs: Option<usize>,
     pub(super) tx: Box<dyn EventSink>,
 }
 
@@ -189,6 +191,8 @@ pub struct Engine {
     /// A block-diffusion model's requests (its engine runs only these; the scheduler stays
     /// empty).
     pub(super) diffusion: Option<super::diffusion::Tasks>,
+    /// The drafter, when the engine decodes speculatively.
+    pub(super) spec: Option<super::spec::Spec>,
     /// Where a spawned engine publishes its state for other threads.
     pub(super) published: Option<Arc<std::sync::Mutex<Snapshot>>>,
     /// When the full snapshot (every request's slot) was last published.
@@ -198,7 +202,7 @@ pub struct Engine {
 
 /// The scheduler's view of the runner's KV pool: the full-attention group (sliding-window
 /// groups hold fewer blocks per sequence and are sized for the same number of sequences).
-struct RunnerBudget<'a>(&'a Runner);
+pub(super) struct RunnerBudget<'a>(pub(super) &'a Runner);
 
 impl RunnerBudget<'_> {
     fn manager(&self) -> Option<&crate::kv::KvManager> {
@@ -266,6 +270,7 @@ impl Engine {
             published: None,
             published_slots: None,
             diffusion: runner_is_diffusion.then(|| super::diffusion::Tasks::new(resident)),
+            spec: None,
             last_step: std::time::Instant::now(),
         }
     }
@@ -504,6 +509,9 @@ impl Engine {
             self.runner.release(id)?;
         }
         self.drop_diffusion(id)?;
+        if let Some(s) = &mut self.spec {
+            s.drafter.release(id);
+        }
         if let (Some(mut a), Some(finish)) = (self.active.remove(&id), finish) {
             // Whoever is told the request ended finds the engine's state already past it.
             self.publish();
@@ -608,21 +616,21 @@ impl Engine {
             items,
             preempted: Vec::new(),
         };
+        let mut drafts = self.drafts(&plan.items);
         let inputs: Vec<(ReqId, Vec<u32>, Logits)> = plan
             .items
             .iter()
-            .map(|it| {
-                let toks = self
+            .zip(&drafts)
+            .map(|(it, d)| {
+                let mut toks = self
                     .sched
                     .get(it.id)
                     .map(|s| s.tokens[it.start..it.end].to_vec())
                     .unwrap_or_default();
-                let want = if it.sample {
-                    Logits::Last
-                } else {
-                    Logits::None
-                };
-                (it.id, toks, want)
+                if let Some(d) = d {
+                    toks.extend_from_slice(&d.tokens);
+                }
+                (it.id, toks, super::spec::want(d.as_ref(), it.sample))
             })
             .collect();
         let refs: Vec<(ReqId, &[u32], Logits)> =
@@ -648,8 +656,12 @@ impl Engine {
                 return Ok(());
             }
         };
-        self.stats.tokens_computed += plan.tokens() as u64;
-        for (it, mut rows) in plan.items.iter().zip(out) {
+        self.stats.tokens_computed += inputs.iter().map(|i| i.1.len() as u64).sum::<u64>();
+        for ((it, mut rows), draft) in plan.items.iter().zip(out).zip(drafts.iter_mut()) {
+            if let Some(d) = draft.take() {
+                self.accept(it, rows, d)?;
+                continue;
+            }
             let sampled = match (it.sample, rows.pop()) {
                 (true, Some(mut logits)) => Some(self.sample(it.id, &mut logits)),
                 _ => None,
@@ -676,7 +688,7 @@ impl Engine {
     }
 
     /// Sends a sampled token and ends the request when it is done or its receiver is gone.
-    fn emit(&mut self, id: ReqId, tok: u32, lp: Option<TokenLogprobs>) -> Result<()> {
+    pub(super) fn emit(&mut self, id: ReqId, tok: u32, lp: Option<TokenLogprobs>) -> Result<()> {
         let ctx = self.runner.config().ctx;
         let len = self.sched.get(id).map_or(0, |s| s.tokens.len());
         let Some(a) = self.active.get_mut(&id) else {

@@ -6,6 +6,9 @@
 pub mod batching;
 pub mod diffusion;
 mod handle;
+mod spec;
+
+pub use spec::SpecStats;
 
 use crate::error::{Error, Result};
 use crate::exec::Executor;
@@ -166,6 +169,14 @@ impl Runner {
             .first()
             .and_then(|m| m.num_computed(seq))
             .unwrap_or(0)
+    }
+
+    /// The tokens of `seq` in the cache, oldest first.
+    pub fn computed_tokens(&self, seq: SeqId) -> &[u32] {
+        self.kv
+            .first()
+            .and_then(|m| m.computed_tokens(seq))
+            .unwrap_or(&[])
     }
 
     /// One forward pass over several sequences' new tokens. Sequences not seen before start

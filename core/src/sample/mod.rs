@@ -126,6 +126,13 @@ impl Sampler {
     /// Picks the next token from `logits` given the tokens so far (`history`: prompt and
     /// output, for the penalties). `logits` is modified.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        let d = self.distribution(logits, history);
+        self.draw(&d)
+    }
+
+    /// The distribution [`Sampler::sample`] draws from: penalties, top-k, top-p, min-p and
+    /// temperature applied to `logits` (which are modified). Greedy is the argmax alone.
+    pub fn distribution(&self, logits: &mut [f32], history: &[u32]) -> Dist {
         for &(t, b) in &self.params.logit_bias {
             if let Some(l) = logits.get_mut(t as usize) {
                 *l += b;
@@ -138,7 +145,7 @@ impl Sampler {
         }
         // Below the floor, logit / temperature overflows and the draw is the argmax anyway.
         if self.params.temperature < GREEDY_BELOW {
-            return argmax(logits);
+            return Dist::point(argmax(logits));
         }
         // Candidates sorted by logit, best first.
         let mut cand: Vec<(u32, f32)> = logits
@@ -184,15 +191,32 @@ impl Sampler {
             .map(|c| if c.1 == top { 0.0 } else { (c.1 - top) / t })
             .collect();
         let probs = softmax(&scaled);
+        Dist {
+            tokens: cand.iter().map(|c| c.0).collect(),
+            probs,
+            greedy: false,
+        }
+    }
+
+    /// A token drawn from `d` (one uniform number, unless `d` is greedy).
+    pub fn draw(&mut self, d: &Dist) -> u32 {
+        if d.greedy {
+            return d.tokens.first().copied().unwrap_or(0);
+        }
         let r = self.rng.f64() as f32;
         let mut acc = 0f32;
-        for (c, p) in cand.iter().zip(&probs) {
+        for (&t, &p) in d.tokens.iter().zip(&d.probs) {
             acc += p;
             if r < acc {
-                return c.0;
+                return t;
             }
         }
-        cand.last().map_or(0, |c| c.0)
+        d.tokens.last().copied().unwrap_or(0)
+    }
+
+    /// A uniform number in [0, 1) from the request's generator (speculative acceptance).
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.f64()
     }
 
     fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
@@ -226,6 +250,33 @@ impl Sampler {
 /// Temperatures below this sample greedily (vLLM's floor): `logit / t` would overflow and
 /// the softmax would put all its mass on the argmax anyway.
 pub const GREEDY_BELOW: f32 = 1e-5;
+
+/// A sampling distribution over a few tokens (those top-k, top-p and min-p left), most
+/// likely first; `greedy` when it is the argmax alone, drawn without randomness.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dist {
+    pub tokens: Vec<u32>,
+    pub probs: Vec<f32>,
+    pub greedy: bool,
+}
+
+impl Dist {
+    /// All the mass on `t`, drawn without randomness.
+    pub fn point(t: u32) -> Dist {
+        Dist {
+            tokens: vec![t],
+            probs: vec![1.0],
+            greedy: true,
+        }
+    }
+    /// The probability of `t` (0 outside the support).
+    pub fn prob(&self, t: u32) -> f32 {
+        self.tokens
+            .iter()
+            .position(|&x| x == t)
+            .map_or(0.0, |i| self.probs[i])
+    }
+}
 
 /// The first index of the largest value (NaN never wins; 0 when every value is NaN).
 pub fn argmax(v: &[f32]) -> u32 {

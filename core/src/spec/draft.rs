@@ -1,0 +1,130 @@
+//! A smaller model sharing the target's vocabulary drafts autoregressively, in its own
+//! runner (its own paged KV cache, on the same backend). Each step it catches up with what
+//! the target accepted (rolling back what the target rejected), then drafts `k` tokens in
+//! `k` batched forward passes, drawing them with the request's own sampling parameters so
+//! that rejection sampling sees the distribution each draft came from.
+
+use std::collections::HashMap;
+
+use super::{Draft, DraftReq, Drafter};
+use crate::engine::{Logits, Runner};
+use crate::error::{Error, Result};
+use crate::sample::{Sampler, SamplingParams};
+use crate::sched::ReqId;
+
+pub struct DraftModel {
+    runner: Runner,
+    samplers: HashMap<ReqId, Sampler>,
+}
+
+impl DraftModel {
+    /// Drafts with `runner`'s model; fails when its vocabulary is not `target_vocab`.
+    pub fn new(runner: Runner, target_vocab: usize) -> Result<DraftModel> {
+        let v = runner.model().info().vocab;
+        if v != target_vocab {
+            return Err(Error::Model(format!(
+                "the draft model's vocabulary has {v} tokens, the target's {target_vocab}: \
+                 a draft model must share the target's tokenizer"
+            )));
+        }
+        Ok(DraftModel {
+            runner,
+            samplers: HashMap::new(),
+        })
+    }
+
+    pub fn runner(&self) -> &Runner {
+        &self.runner
+    }
+
+    /// Brings the draft sequence `id` to `tokens` (all computed): keeps the common prefix,
+    /// rolls back the rest, feeds what is missing. Returns false when it cannot (the
+    /// context is too short); the sequence is then dropped.
+    fn catch_up(&mut self, id: ReqId, tokens: &[u32]) -> Result<bool> {
+        if tokens.len() >= self.runner.config().ctx {
+            self.runner.release(id)?;
+            return Ok(false);
+        }
+        let have = self.runner.computed_tokens(id);
+        let common = have.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        let extra = have.len() - common;
+        if extra > 0 && self.runner.rollback(id, extra).is_err() {
+            // Too far back for a sliding window or a recurrent state: start again.
+            self.runner.release(id)?;
+        }
+        let at = self.runner.seq_len(id);
+        if at < tokens.len() {
+            self.runner.feed(id, &tokens[at..], Logits::None)?;
+        }
+        Ok(true)
+    }
+}
+
+impl Drafter for DraftModel {
+    fn name(&self) -> &'static str {
+        "draft"
+    }
+
+    fn propose(&mut self, reqs: &[DraftReq<'_>]) -> Result<Vec<Draft>> {
+        let mut out: Vec<Draft> = reqs.iter().map(|_| Draft::default()).collect();
+        // Every request's pending token is the first fed below; what comes before it must be
+        // in the draft cache.
+        let mut live = Vec::new();
+        for (i, r) in reqs.iter().enumerate() {
+            let Some((&last, before)) = r.tokens.split_last() else {
+                continue;
+            };
+            if r.k == 0 || r.tokens.len() + r.k > self.runner.config().ctx {
+                continue;
+            }
+            if self.catch_up(r.id, before)? {
+                if !self.samplers.contains_key(&r.id) {
+                    let params = SamplingParams {
+                        seed: Some(r.params.seed.unwrap_or(0) ^ 0xD7AF_7000_5EED_0001),
+                        ..r.params.clone()
+                    };
+                    self.samplers.insert(r.id, Sampler::new(params)?);
+                }
+                live.push((i, last));
+            }
+        }
+        let k_max = reqs.iter().map(|r| r.k).max().unwrap_or(0);
+        let mut feed: Vec<(usize, u32)> = live;
+        for step in 0..k_max {
+            feed.retain(|&(i, _)| reqs[i].k > step);
+            if feed.is_empty() {
+                break;
+            }
+            let items: Vec<(ReqId, [u32; 1])> =
+                feed.iter().map(|&(i, t)| (reqs[i].id, [t])).collect();
+            let refs: Vec<(ReqId, &[u32], Logits)> = items
+                .iter()
+                .map(|(id, t)| (*id, &t[..], Logits::Last))
+                .collect();
+            let rows = self.runner.step(&refs)?;
+            for ((i, t), mut row) in feed.iter_mut().zip(rows) {
+                let Some(mut logits) = row.pop() else {
+                    continue;
+                };
+                let r = &reqs[*i];
+                let mut history = r.tokens.to_vec();
+                history.extend_from_slice(&out[*i].tokens);
+                let Some(s) = self.samplers.get_mut(&r.id) else {
+                    continue;
+                };
+                let d = s.distribution(&mut logits, &history);
+                let tok = s.draw(&d);
+                out[*i].tokens.push(tok);
+                out[*i].q.get_or_insert_with(Vec::new).push(d);
+                *t = tok;
+            }
+        }
+        Ok(out)
+    }
+
+    fn release(&mut self, id: ReqId) {
+        self.samplers.remove(&id);
+        // A sequence the draft cache never held is not an error worth reporting.
+        let _ = self.runner.release(id);
+    }
+}

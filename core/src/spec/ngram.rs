@@ -1,0 +1,55 @@
+//! Prompt lookup: the longest suffix of the request's tokens (up to `max` tokens long, at
+//! least `min`) that occurred before, and the tokens that followed its latest occurrence.
+//! Free to run, and right surprisingly often wherever the output repeats its input: code
+//! edits, quotations, structured data.
+
+use super::{Draft, DraftReq, Drafter};
+use crate::error::Result;
+
+#[derive(Clone, Debug)]
+pub struct Ngram {
+    /// Longest suffix looked up.
+    pub max: usize,
+    /// Shortest suffix worth a proposal.
+    pub min: usize,
+}
+
+impl Default for Ngram {
+    fn default() -> Self {
+        Ngram { max: 4, min: 2 }
+    }
+}
+
+impl Ngram {
+    /// Up to `k` tokens continuing `tokens` as they continued before.
+    pub fn lookup(&self, tokens: &[u32], k: usize) -> Vec<u32> {
+        let len = tokens.len();
+        if k == 0 {
+            return Vec::new();
+        }
+        for n in (self.min.max(1)..=self.max.min(len.saturating_sub(1))).rev() {
+            let suffix = &tokens[len - n..];
+            // The latest earlier occurrence (it may overlap the suffix itself).
+            if let Some(j) = (0..len - n).rev().find(|&j| &tokens[j..j + n] == suffix) {
+                let from = j + n;
+                return tokens[from..(from + k).min(len)].to_vec();
+            }
+        }
+        Vec::new()
+    }
+}
+
+impl Drafter for Ngram {
+    fn name(&self) -> &'static str {
+        "ngram"
+    }
+    fn propose(&mut self, reqs: &[DraftReq<'_>]) -> Result<Vec<Draft>> {
+        Ok(reqs
+            .iter()
+            .map(|r| Draft {
+                tokens: self.lookup(r.tokens, r.k),
+                q: None,
+            })
+            .collect())
+    }
+}
