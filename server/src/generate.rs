@@ -84,6 +84,8 @@ pub struct RunArgs {
     pub timings: bool,
     #[command(flatten)]
     pub diffusion: crate::diffusion::DiffusionArgs,
+    #[command(flatten)]
+    pub spec: crate::spec::SpecArgs,
 }
 
 #[derive(Serialize)]
@@ -195,7 +197,9 @@ impl<R: std::io::Read> ReadLossy for R {
 
 pub fn run(a: &RunArgs) -> Result<()> {
     let prompt = read_prompt(&a.prompt)?;
-    let m = load(&a.model, RunnerConfig::default())?;
+    let mut cfg = RunnerConfig::default();
+    a.spec.prepare(&mut cfg)?;
+    let m = load(&a.model, cfg)?;
     let ids = m.tokenizer.encode(&prompt, true)?;
     let ctx = m.runner.config().ctx;
     let room = ctx.saturating_sub(ids.len());
@@ -216,7 +220,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         return crate::diffusion::run(&mut m, ids, n, &a.diffusion, seed, stop, a.json);
     }
     let tok = m.tokenizer;
-    let mut engine = Engine::new(m.runner, 1);
+    let mut engine = a.spec.attach(Engine::new(m.runner, 1))?;
     let mut stdout = std::io::stdout().lock();
     let mut text = String::new();
     let json = a.json;
@@ -424,6 +428,11 @@ pub struct BenchArgs {
     /// A diffusion model: denoising steps per canvas (each canvas takes all of them).
     #[arg(long, default_value_t = 16)]
     pub denoising_steps: usize,
+    /// With --spec: a code-editing prompt (-p is not used) generated greedily with and
+    /// without speculation, alternately; prints both speeds, the speedup, the acceptance
+    /// rate and the accepted-length distribution.
+    #[command(flatten)]
+    pub spec: crate::spec::SpecArgs,
 }
 
 /// One request alone, then `c` at once, through the batching engine: aggregate generated
@@ -521,6 +530,9 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
 }
 
 pub fn bench(a: &BenchArgs) -> Result<()> {
+    if a.spec.spec.is_some() {
+        return crate::spec::bench(&a.model, &a.spec, a.n_gen, a.reps, a.json);
+    }
     if let Some(c) = a.concurrent {
         return bench_concurrent(a, c.max(1));
     }
@@ -755,15 +767,18 @@ pub struct ChatArgs {
     pub n_predict: usize,
     #[command(flatten)]
     pub sample: SampleArgs,
+    #[command(flatten)]
+    pub spec: crate::spec::SpecArgs,
 }
 
 pub fn chat(a: &ChatArgs) -> Result<()> {
     // Each turn is one request with the whole conversation; the prefix cache holds the turns
     // before, so only the new message and the reply are computed.
-    let cfg = RunnerConfig {
+    let mut cfg = RunnerConfig {
         prefix_caching: true,
         ..RunnerConfig::default()
     };
+    a.spec.prepare(&mut cfg)?;
     let m = load(&a.model, cfg)?;
     let tok = m.tokenizer;
     let src = tok
@@ -773,7 +788,7 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
     let piece = |id: Option<u32>| id.map(|i| tok.decode(&[i])).unwrap_or_default();
     let tpl = ChatTemplate::new(&src, &piece(tok.bos()), &piece(tok.eos()))?;
     let ctx = m.runner.config().ctx;
-    let mut engine = Engine::new(m.runner, 1);
+    let mut engine = a.spec.attach(Engine::new(m.runner, 1))?;
     let mut messages = Vec::new();
     if let Some(s) = &a.system {
         messages.push(Message::new("system", s.clone()));

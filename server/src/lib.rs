@@ -8,5 +8,6 @@ pub mod load;
 pub mod models;
 pub mod roofline;
 pub mod serve;
+pub mod spec;
 pub mod timings;
 pub mod validate;

@@ -16,6 +16,8 @@ use crate::spec::{verify, Draft, DraftReq, Drafter};
 pub(super) struct Spec {
     pub(super) drafter: Box<dyn Drafter>,
     pub(super) k: usize,
+    /// Off: steps decode one token at a time (a benchmark's baseline, same engine).
+    pub(super) on: bool,
 }
 
 /// Speculation's counters, part of [`super::batching::EngineStats`].
@@ -63,8 +65,19 @@ impl Engine {
                  is {margin})"
             )));
         }
-        self.spec = Some(Spec { drafter, k });
+        self.spec = Some(Spec {
+            drafter,
+            k,
+            on: true,
+        });
         Ok(self)
+    }
+
+    /// Turns drafting on or off (an engine without a drafter stays as it is).
+    pub fn set_speculation(&mut self, on: bool) {
+        if let Some(s) = &mut self.spec {
+            s.on = on;
+        }
     }
 
     /// The drafter's name, when the engine speculates.
@@ -75,7 +88,7 @@ impl Engine {
     /// Drafts for the plan's decoding items (aligned with `items`; `None`: a plain step).
     pub(super) fn drafts(&mut self, items: &[Item]) -> Vec<Option<Draft>> {
         let mut out: Vec<Option<Draft>> = items.iter().map(|_| None).collect();
-        let Some(spec) = &self.spec else {
+        let Some(spec) = self.spec.as_ref().filter(|s| s.on) else {
             return out;
         };
         let cfg = self.runner.config();

@@ -82,6 +82,12 @@ impl Executor {
         &self.backend
     }
 
+    /// Another executor over the same backend and CPU reference, with the same strictness
+    /// and its own fallback counters (a draft model beside the target).
+    pub fn sibling(&self) -> Executor {
+        Executor::with_cpu(self.backend.clone(), self.cpu.clone()).strict(self.strict)
+    }
+
     /// Whether the backend runs `desc` itself. Model code asks this before choosing a fused
     /// op: this is the fused-op gate.
     pub fn supports(&self, desc: &OpDesc) -> bool {

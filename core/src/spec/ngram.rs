@@ -1,5 +1,6 @@
 //! Prompt lookup: the longest suffix of the request's tokens (up to `max` tokens long, at
-//! least `min`) that occurred before, and the tokens that followed its latest occurrence.
+//! least `min`) that occurred before, and the tokens that followed its latest occurrence
+//! (continued periodically when they reach the end: a loop drafts whole turns of itself).
 //! Free to run, and right surprisingly often wherever the output repeats its input: code
 //! edits, quotations, structured data.
 
@@ -31,8 +32,11 @@ impl Ngram {
             let suffix = &tokens[len - n..];
             // The latest earlier occurrence (it may overlap the suffix itself).
             if let Some(j) = (0..len - n).rev().find(|&j| &tokens[j..j + n] == suffix) {
+                // What followed, and should it run into the present, the same again: after
+                // the match, the text repeats with period `len - from`.
                 let from = j + n;
-                return tokens[from..(from + k).min(len)].to_vec();
+                let period = len - from;
+                return (0..k).map(|i| tokens[from + i % period]).collect();
             }
         }
         Vec::new()

@@ -109,9 +109,11 @@ fn ngram_drafts_what_followed_the_longest_latest_match() {
     // "1 2 3 4 … 1 2 3" → 4 5 follow; the latest occurrence wins.
     let t = [1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 6, 1, 2, 3];
     assert_eq!(ng.lookup(&t, 2), vec![7, 8]);
-    assert_eq!(ng.lookup(&t, 10), vec![7, 8, 6, 1, 2, 3]);
+    // Past the end, the text since the match repeats.
+    assert_eq!(ng.lookup(&t, 10), vec![7, 8, 6, 1, 2, 3, 7, 8, 6, 1]);
+    assert_eq!(ng.lookup(&[9, 4, 4, 4], 3), vec![4, 4, 4]);
     // Only a one-token match: its continuation.
-    assert_eq!(ng.lookup(&[5, 6, 5], 2), vec![6, 5]);
+    assert_eq!(ng.lookup(&[5, 6, 5], 3), vec![6, 5, 6]);
     // No match, nothing to draft; min above the match length, nothing either.
     assert!(ng.lookup(&[1, 2, 3], 4).is_empty());
     assert!(Ngram { max: 4, min: 2 }.lookup(&[5, 6, 5], 2).is_empty());

@@ -125,7 +125,7 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
         let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let counters: [(&str, &str, u64); 11] = [
+        let counters: [(&str, &str, u64); 14] = [
             ("kiln_kv_blocks_total", "Usable KV cache blocks in all.", s.kv_total as u64),
             ("kiln_engine_steps_total", "Forward passes.", s.stats.steps),
             (
@@ -169,6 +169,21 @@ impl Metrics {
                 s.stats.denoising_steps,
             ),
             (
+                "kiln_spec_verifications_total",
+                "Speculative decoding: a request's drafts scored by the target (one per request per step).",
+                s.stats.spec.verifications,
+            ),
+            (
+                "kiln_spec_draft_tokens_total",
+                "Speculative decoding: tokens drafted.",
+                s.stats.spec.drafted,
+            ),
+            (
+                "kiln_spec_accepted_tokens_total",
+                "Speculative decoding: drafted tokens the target accepted (acceptance rate: this over drafted).",
+                s.stats.spec.accepted,
+            ),
+            (
                 "kiln_engine_cancelled_total",
                 "Requests the engine dropped before their end (the client left, or a stop string matched).",
                 s.stats.cancelled,
@@ -184,6 +199,10 @@ impl Metrics {
                 out,
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
             );
+        }
+        out.push_str("# HELP kiln_spec_accept_length_total Speculative verifications by how many drafts they accepted.\n# TYPE kiln_spec_accept_length_total counter\n");
+        for (n, c) in s.stats.spec.accept_lengths.iter().enumerate() {
+            let _ = writeln!(out, "kiln_spec_accept_length_total{{accepted=\"{n}\"}} {c}");
         }
         out.push_str("# HELP kiln_requests_total Finished choices by outcome.\n# TYPE kiln_requests_total counter\n");
         for (status, n) in &g.finished {

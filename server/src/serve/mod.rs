@@ -51,6 +51,8 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer <KEY>` on every /v1 request.
     #[arg(long, env = "KILN_API_KEY")]
     pub api_key: Option<String>,
+    #[command(flatten)]
+    pub spec: crate::spec::SpecArgs,
     /// Requests decoded together (resident in the KV cache) at once.
     #[arg(long, default_value_t = 8)]
     pub max_batch: usize,
@@ -136,6 +138,8 @@ pub struct ServeOptions {
     pub wedged_after: std::time::Duration,
     /// A request body must arrive within this long (408 past it).
     pub read_timeout: std::time::Duration,
+    /// Speculative decoding (`--spec`), when asked for.
+    pub spec: Option<crate::spec::SpecArgs>,
 }
 
 impl ServeOptions {
@@ -151,6 +155,7 @@ impl ServeOptions {
             stall_timeout: std::time::Duration::from_secs(60),
             wedged_after: std::time::Duration::from_secs(30),
             read_timeout: std::time::Duration::from_secs(30),
+            spec: None,
         }
     }
 }
@@ -212,7 +217,7 @@ impl AppState {
 }
 
 pub fn run(a: &ServeArgs) -> Result<()> {
-    let cfg = RunnerConfig {
+    let mut cfg = RunnerConfig {
         max_seqs: a.max_batch.max(1),
         kv_blocks: a.kv_blocks,
         // Every family: sliding windows keep the blocks a cached prefix needs, recurrent
@@ -220,6 +225,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         prefix_caching: true,
         ..RunnerConfig::default()
     };
+    a.spec.prepare(&mut cfg)?;
     let addr = listen_addr(&a.host, a.port)?;
     let state = state_with(
         load(&a.model, cfg)?,
@@ -231,6 +237,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             loopback_only: addr.ip().is_loopback() && a.api_key.is_none(),
             stall_timeout: std::time::Duration::from_secs_f64(a.stream_stall_timeout.max(0.1)),
             read_timeout: std::time::Duration::from_secs_f64(a.header_timeout.max(0.1)),
+            spec: a.spec.spec.is_some().then(|| a.spec.clone()),
             ..ServeOptions::new(a.max_batch)
         },
     )?;
@@ -398,6 +405,9 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         },
     });
     let mut engine = Engine::new(m.runner, max_batch);
+    if let Some(spec) = &o.spec {
+        engine = spec.attach(engine)?;
+    }
     let diffusion = engine.runner().model().canvas_length().is_some();
     // A diffusion model denoises with its checkpoint's settings.
     if diffusion {

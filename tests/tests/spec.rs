@@ -1,0 +1,325 @@
+//! Speculative decoding is lossless. Greedy: with n-gram and draft-model drafters, every
+//! model family (the transformers fixtures and both real GGUF models) gives token for token
+//! the output it gives without speculation, over 256 tokens, alone and in a batch of 8 mixed
+//! requests (greedy and sampled, different prompts and lengths), on the CPU and on WebGPU.
+//! Sampling: with a deliberately poor draft model, the distribution of the token that
+//! rejection sampling decides is the target's (chi-square against the exact marginal).
+
+use std::path::{Path, PathBuf};
+
+use kiln_core::engine::batching::{spawn, Engine, EngineStats, Event, GenRequest};
+use kiln_core::engine::{Logits, Runner, RunnerConfig};
+use kiln_core::exec::Executor;
+use kiln_core::load::open_model;
+use kiln_core::model::build_from_gguf;
+use kiln_core::rng::Rng;
+use kiln_core::sample::SamplingParams;
+use kiln_core::spec::{DraftModel, Drafter, Ngram};
+use kiln_tests::{fixtures, model_file, optional_backend, GEMMA3, HF_MODELS, SMOLLM2};
+
+/// Drafts per step.
+const K: usize = 4;
+/// Tokens each greedy request generates.
+const N: usize = 256;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Spec {
+    Off,
+    Ngram,
+    Draft,
+}
+
+fn runner(path: &Path, ex: Executor, max_seqs: usize, ctx: usize) -> Runner {
+    let file = open_model(path).expect("opens");
+    let model = build_from_gguf(&file, &ex).expect("builds");
+    let cfg = RunnerConfig {
+        ctx,
+        max_seqs,
+        max_batch_tokens: 64,
+        max_rollback: K,
+        ..RunnerConfig::default()
+    };
+    Runner::new(ex, model, cfg).expect("runner")
+}
+
+/// An engine over `target`, speculating with `spec` (the draft model from `draft`).
+fn engine(
+    target: &Path,
+    draft: &Path,
+    ex: &dyn Fn() -> Executor,
+    spec: Spec,
+    max_seqs: usize,
+    ctx: usize,
+) -> Engine {
+    let r = runner(target, ex(), max_seqs, ctx);
+    let vocab = r.model().info().vocab;
+    let e = Engine::new(r, max_seqs);
+    let drafter: Box<dyn Drafter> = match spec {
+        Spec::Off => return e,
+        Spec::Ngram => Box::new(Ngram::default()),
+        Spec::Draft => Box::new(
+            DraftModel::new(runner(draft, ex(), max_seqs, ctx), vocab).expect("same vocabulary"),
+        ),
+    };
+    e.with_spec(drafter, K).expect("speculation")
+}
+
+/// Runs `reqs` together; each one's tokens, and the engine's counters.
+fn run(e: Engine, reqs: &[GenRequest]) -> (Vec<Vec<u32>>, EngineStats) {
+    let t0 = std::time::Instant::now();
+    let h = spawn(e);
+    let streams: Vec<_> = reqs.iter().map(|r| h.submit(r.clone())).collect();
+    let outs = streams
+        .iter()
+        .map(|s| {
+            let mut out = Vec::new();
+            loop {
+                match s.recv().expect("event") {
+                    Event::Token(t, _) => out.push(t),
+                    Event::Done { .. } => return out,
+                    Event::Error(e) => panic!("{e}"),
+                    Event::Cached(_) | Event::Draft { .. } | Event::Canvas { .. } => {}
+                }
+            }
+        })
+        .collect::<Vec<Vec<u32>>>();
+    let st = h.shutdown().expect("engine");
+    eprintln!(
+        "  {} requests, {} steps in {:.1} s",
+        reqs.len(),
+        st.steps,
+        t0.elapsed().as_secs_f64()
+    );
+    (outs, st)
+}
+
+/// Eight requests: prompts with and without repetition (so n-gram lookup has something to
+/// find, and sometimes nothing), six greedy with `N` tokens or fewer, two sampled.
+fn requests(vocab: usize, seed: u64) -> Vec<GenRequest> {
+    let mut r = Rng::new(seed);
+    (0..8)
+        .map(|i| {
+            let len = 6 + 5 * i;
+            let mut prompt: Vec<u32> = (0..len).map(|_| 3 + r.below(vocab - 3) as u32).collect();
+            if i % 2 == 0 {
+                let again = prompt[..len / 2].to_vec();
+                prompt.extend(again);
+            }
+            let params = if i == 3 || i == 6 {
+                SamplingParams {
+                    seed: Some(seed + i as u64),
+                    ..SamplingParams::default()
+                }
+            } else {
+                SamplingParams::greedy()
+            };
+            let n = if i % 3 == 1 { N / 2 + 7 * i } else { N };
+            GenRequest::new(prompt, params, n)
+        })
+        .collect()
+}
+
+/// Greedy output with each drafter equals the output without, alone and batched.
+fn check(label: &str, target: &Path, draft: &Path, ex: &dyn Fn() -> Executor, ctx: usize) {
+    let vocab = runner(target, Executor::cpu(), 1, 16).model().info().vocab;
+    let reqs = requests(vocab, 11);
+    let greedy: Vec<usize> = (0..reqs.len())
+        .filter(|&i| reqs[i].params.temperature == 0.0)
+        .collect();
+    let (base, _) = run(engine(target, draft, ex, Spec::Off, 8, ctx), &reqs);
+    assert!(base[0].len() == N, "{label}: {} tokens", base[0].len());
+    for spec in [Spec::Ngram, Spec::Draft] {
+        let (alone, st) = run(engine(target, draft, ex, spec, 1, ctx), &reqs[..1]);
+        assert_eq!(alone[0], base[0], "{label} {spec:?} alone");
+        let (batched, sb) = run(engine(target, draft, ex, spec, 8, ctx), &reqs);
+        for &i in &greedy {
+            assert_eq!(batched[i], base[i], "{label} {spec:?} batched, request {i}");
+        }
+        for (i, out) in batched.iter().enumerate() {
+            assert_eq!(
+                out.len(),
+                reqs[i].max_tokens,
+                "{label} {spec:?} request {i}"
+            );
+        }
+        let s = &sb.spec;
+        println!(
+            "{label} {spec:?}: alone {}/{} drafts accepted; batched {}/{} ({:.2} tokens per \
+             verification), lengths {:?}",
+            st.spec.accepted,
+            st.spec.drafted,
+            s.accepted,
+            s.drafted,
+            s.tokens_per_verification(),
+            s.accept_lengths
+        );
+        assert!(s.drafted > 0, "{label} {spec:?}: nothing drafted");
+    }
+}
+
+fn fixture(name: &str) -> PathBuf {
+    fixtures().join("hf").join(name)
+}
+
+/// A draft model for a fixture: another family's fixture (same tokenizer, other weights).
+fn fixture_draft(name: &str) -> PathBuf {
+    fixture(if name == "llama" { "qwen3" } else { "llama" })
+}
+
+#[test]
+fn greedy_speculation_is_exact_for_every_fixture_on_the_cpu() {
+    for name in HF_MODELS {
+        check(
+            name,
+            &fixture(name),
+            &fixture_draft(name),
+            &Executor::cpu,
+            320,
+        );
+    }
+}
+
+/// Strict: every op of the target and of the draft model on WebGPU kernels.
+#[test]
+fn greedy_speculation_is_exact_for_every_fixture_on_wgpu() {
+    let Some(gpu) = optional_backend("wgpu", kiln_backend_wgpu::open) else {
+        return;
+    };
+    let ex = move || Executor::new(gpu.clone()).strict(true);
+    // The model drafts for itself here: greedy, nearly all its drafts are accepted, so the
+    // software Vulkan driver runs about as many passes as without speculation. (The CPU test
+    // above covers a drafter whose drafts are mostly rejected.)
+    for name in HF_MODELS {
+        check(name, &fixture(name), &fixture(name), &ex, 320);
+    }
+}
+
+/// The real models draft for themselves (the only same-vocabulary pair at hand): greedy,
+/// nearly every draft is accepted, which exercises long accepted runs.
+#[test]
+fn greedy_speculation_is_exact_for_the_real_models() {
+    let gpu = optional_backend("wgpu", kiln_backend_wgpu::open);
+    for name in [SMOLLM2, GEMMA3] {
+        let Some(path) = model_file(name) else {
+            continue;
+        };
+        check(name, &path, &path, &Executor::cpu, 320);
+        if let Some(gpu) = &gpu {
+            let gpu = gpu.clone();
+            let ex = move || Executor::new(gpu.clone());
+            check(&format!("{name} wgpu"), &path, &path, &ex, 320);
+        }
+    }
+}
+
+/// Upper tail of the chi-square distribution (Wilson–Hilferty).
+fn chi_square_p(chi: f64, df: usize) -> f64 {
+    let k = df as f64;
+    let z = ((chi / k).powf(1.0 / 3.0) - (1.0 - 2.0 / (9.0 * k))) / (2.0 / (9.0 * k)).sqrt();
+    0.5 * erfc(z / std::f64::consts::SQRT_2)
+}
+
+fn erfc(x: f64) -> f64 {
+    // Abramowitz–Stegun 7.1.26, |error| < 1.5e-7.
+    let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
+    let y = t
+        * (0.254_829_592
+            + t * (-0.284_496_736
+                + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))))
+        * (-x * x).exp();
+    if x >= 0.0 {
+        y
+    } else {
+        2.0 - y
+    }
+}
+
+/// Softmax of `logits / t` in f64.
+fn probs(logits: &[f32], t: f64) -> Vec<f64> {
+    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let e: Vec<f64> = logits.iter().map(|&x| ((x as f64 - m) / t).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.iter().map(|x| x / s).collect()
+}
+
+/// The second generated token is the first one a draft decides (the first follows the
+/// prompt's prefill). Its exact marginal, Σ over t1 of p(t1 | prompt) · p(t2 | prompt, t1),
+/// comes from the target's CPU logits; 6000 requests sampled with speculation from a draft
+/// model of other weights (most of its drafts are rejected) must fit it.
+#[test]
+fn sampled_speculation_keeps_the_targets_distribution() {
+    let (target, draft) = (fixture("qwen3"), fixture("llama"));
+    let temp = 0.7;
+    let prompt: Vec<u32> = vec![5, 17, 42, 99, 7, 64, 12];
+    // The exact marginal.
+    let mut r = runner(&target, Executor::cpu(), 1, 64);
+    let p1 = probs(&r.feed(1, &prompt, Logits::Last).expect("prompt")[0], temp);
+    let vocab = p1.len();
+    let mut want = vec![0.0f64; vocab];
+    for (t1, &w) in p1.iter().enumerate() {
+        if w < 1e-12 {
+            continue;
+        }
+        let mut seq = prompt.clone();
+        seq.push(t1 as u32);
+        let id = 100 + t1 as u64;
+        let row = r.feed(id, &seq, Logits::Last).expect("t1")[0].clone();
+        r.release(id).expect("release");
+        for (x, p) in probs(&row, temp).iter().enumerate() {
+            want[x] += w * p;
+        }
+    }
+    // Sampled with speculation: top-k, top-p and min-p off, so p is the plain softmax.
+    let params = |seed| SamplingParams {
+        temperature: temp as f32,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    };
+    let n = 6000;
+    let reqs: Vec<GenRequest> = (0..n)
+        .map(|i| GenRequest::new(prompt.clone(), params(1000 + i as u64), 2 + 3))
+        .collect();
+    let (outs, stats) = run(
+        engine(&target, &draft, &Executor::cpu, Spec::Draft, 8, 64),
+        &reqs,
+    );
+    let mut counts = vec![0u64; vocab];
+    for o in &outs {
+        counts[o[1] as usize] += 1;
+    }
+    let s = &stats.spec;
+    assert!(
+        s.accepted > 0 && s.accepted < s.drafted,
+        "drafts both accepted and rejected: {}/{} accepted",
+        s.accepted,
+        s.drafted
+    );
+    // Pearson's chi-square, cells with an expected count under 5 pooled.
+    let (mut chi, mut cells, mut pool_o, mut pool_e) = (0.0, 0usize, 0.0, 0.0);
+    for (&c, &p) in counts.iter().zip(&want) {
+        let e = p * n as f64;
+        if e < 5.0 {
+            pool_o += c as f64;
+            pool_e += e;
+        } else {
+            chi += (c as f64 - e).powi(2) / e;
+            cells += 1;
+        }
+    }
+    if pool_e >= 5.0 {
+        chi += (pool_o - pool_e).powi(2) / pool_e;
+        cells += 1;
+    }
+    let df = cells - 1;
+    let pv = chi_square_p(chi, df);
+    println!(
+        "second token, {n} samples: chi² = {chi:.1} with {df} degrees of freedom, p = {pv:.3}; \
+         drafts accepted {}/{}",
+        s.accepted, s.drafted
+    );
+    assert!(df >= 10, "too few cells: {df}");
+    assert!(pv > 0.001, "chi² {chi:.1} ({df} df): p = {pv:.2e}");
+}
