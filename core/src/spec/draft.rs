@@ -1,7 +1,7 @@
 //! A smaller model sharing the target's vocabulary drafts autoregressively, in its own
-//! runner (its own paged KV cache, on the same backend). Each step it catches up with what
-//! the target accepted (rolling back what the target rejected), then drafts `k` tokens in
-//! `k` batched forward passes, drawing them with the request's own sampling parameters so
+//! runner (its own paged KV cache, on the same backend). Each step rolls back what the
+//! target rejected and drafts `k` tokens in `k` batched forward passes (the first also feeds
+//! what the target accepted since the last step), drawing them with the request's own sampling parameters so
 //! that rejection sampling sees the distribution each draft came from.
 
 use std::collections::HashMap;
@@ -37,26 +37,29 @@ impl DraftModel {
         &self.runner
     }
 
-    /// Brings the draft sequence `id` to `tokens` (all computed): keeps the common prefix,
-    /// rolls back the rest, feeds what is missing. Returns false when it cannot (the
-    /// context is too short); the sequence is then dropped.
-    fn catch_up(&mut self, id: ReqId, tokens: &[u32]) -> Result<bool> {
-        if tokens.len() >= self.runner.config().ctx {
+    /// Rolls the draft sequence `id` back to the longest prefix of `tokens` it holds
+    /// computed, and returns what is still to feed of `tokens` (never empty: `tokens` ends
+    /// with the pending token). `None` when the context is too short; the sequence is then
+    /// dropped.
+    fn catch_up(&mut self, id: ReqId, tokens: &[u32]) -> Result<Option<Vec<u32>>> {
+        if tokens.len() > self.runner.config().ctx {
             self.runner.release(id)?;
-            return Ok(false);
+            return Ok(None);
         }
         let have = self.runner.computed_tokens(id);
-        let common = have.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        // The pending token is always fed: it is the first draft pass's input.
+        let common = have
+            .iter()
+            .zip(&tokens[..tokens.len() - 1])
+            .take_while(|(a, b)| a == b)
+            .count();
         let extra = have.len() - common;
         if extra > 0 && self.runner.rollback(id, extra).is_err() {
             // Too far back for a sliding window or a recurrent state: start again.
             self.runner.release(id)?;
         }
         let at = self.runner.seq_len(id);
-        if at < tokens.len() {
-            self.runner.feed(id, &tokens[at..], Logits::None)?;
-        }
-        Ok(true)
+        Ok(Some(tokens[at..].to_vec()))
     }
 }
 
@@ -67,39 +70,49 @@ impl Drafter for DraftModel {
 
     fn propose(&mut self, reqs: &[DraftReq<'_>]) -> Result<Vec<Draft>> {
         let mut out: Vec<Draft> = reqs.iter().map(|_| Draft::default()).collect();
-        // Every request's pending token is the first fed below; what comes before it must be
-        // in the draft cache.
-        let mut live = Vec::new();
+        // The first pass feeds each request what the draft cache lacks (what the target
+        // accepted since, and the pending token) and drafts the first token; the later
+        // passes feed one drafted token each.
+        let mut first: Vec<(usize, Vec<u32>)> = Vec::new();
         for (i, r) in reqs.iter().enumerate() {
-            let Some((&last, before)) = r.tokens.split_last() else {
+            if r.tokens.is_empty() || r.k == 0 || r.tokens.len() + r.k > self.runner.config().ctx {
+                continue;
+            }
+            let Some(missing) = self.catch_up(r.id, r.tokens)? else {
                 continue;
             };
-            if r.k == 0 || r.tokens.len() + r.k > self.runner.config().ctx {
-                continue;
+            if !self.samplers.contains_key(&r.id) {
+                let params = SamplingParams {
+                    seed: Some(r.params.seed.unwrap_or(0) ^ 0xD7AF_7000_5EED_0001),
+                    ..r.params.clone()
+                };
+                self.samplers.insert(r.id, Sampler::new(params)?);
             }
-            if self.catch_up(r.id, before)? {
-                if !self.samplers.contains_key(&r.id) {
-                    let params = SamplingParams {
-                        seed: Some(r.params.seed.unwrap_or(0) ^ 0xD7AF_7000_5EED_0001),
-                        ..r.params.clone()
-                    };
-                    self.samplers.insert(r.id, Sampler::new(params)?);
-                }
-                live.push((i, last));
-            }
+            first.push((i, missing));
         }
+        // Over the pass's token limit (a new request's prompt): the longest go ahead alone.
+        let limit = self.runner.config().max_batch_tokens;
+        first.sort_by_key(|(_, m)| m.len());
+        while first.iter().map(|(_, m)| m.len()).sum::<usize>() > limit {
+            let Some((i, m)) = first.iter_mut().rev().find(|(_, m)| m.len() > 1) else {
+                break;
+            };
+            let n = m.len() - 1;
+            self.runner.feed(reqs[*i].id, &m[..n], Logits::None)?;
+            m.drain(..n);
+        }
+        first.sort_by_key(|(i, _)| *i);
+        let live: Vec<(usize, Vec<u32>)> = first;
         let k_max = reqs.iter().map(|r| r.k).max().unwrap_or(0);
-        let mut feed: Vec<(usize, u32)> = live;
+        let mut feed: Vec<(usize, Vec<u32>)> = live;
         for step in 0..k_max {
-            feed.retain(|&(i, _)| reqs[i].k > step);
+            feed.retain(|(i, _)| reqs[*i].k > step);
             if feed.is_empty() {
                 break;
             }
-            let items: Vec<(ReqId, [u32; 1])> =
-                feed.iter().map(|&(i, t)| (reqs[i].id, [t])).collect();
-            let refs: Vec<(ReqId, &[u32], Logits)> = items
+            let refs: Vec<(ReqId, &[u32], Logits)> = feed
                 .iter()
-                .map(|(id, t)| (*id, &t[..], Logits::Last))
+                .map(|(i, t)| (reqs[*i].id, &t[..], Logits::Last))
                 .collect();
             let rows = self.runner.step(&refs)?;
             for ((i, t), mut row) in feed.iter_mut().zip(rows) {
@@ -116,7 +129,7 @@ impl Drafter for DraftModel {
                 let tok = s.draw(&d);
                 out[*i].tokens.push(tok);
                 out[*i].q.get_or_insert_with(Vec::new).push(d);
-                *t = tok;
+                *t = vec![tok];
             }
         }
         Ok(out)
