@@ -198,6 +198,7 @@ fn greedy_speculation_is_exact_for_every_fixture_on_the_cpu() {
             &Executor::cpu,
             320,
             true,
+            BOTH,
         );
     }
 }
