@@ -7,8 +7,9 @@ use anyhow::{bail, Context, Result};
 use kiln_core::engine::batching::{Engine, Event, GenRequest};
 use kiln_core::engine::{Runner, RunnerConfig};
 use kiln_core::model::build_from_gguf;
+use kiln_core::model::gemma4_assistant::Gemma4Assistant;
 use kiln_core::sample::SamplingParams;
-use kiln_core::spec::{DraftModel, Drafter, Ngram};
+use kiln_core::spec::{DraftModel, Drafter, Mtp, Ngram};
 
 use crate::load::{load, ModelArgs};
 
@@ -19,6 +20,10 @@ pub enum SpecKind {
     Ngram,
     /// A smaller model with the same vocabulary (--draft-model) drafts autoregressively.
     Draft,
+    /// Gemma 4's MTP assistant (--draft-model: its Hugging Face directory,
+    /// `gemma4_assistant`): reads the model's own K/V and last hidden state, so it drafts
+    /// with no cache or prefill of its own.
+    Mtp,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -28,8 +33,8 @@ pub struct SpecArgs {
     /// distribution (rejection sampling).
     #[arg(long, value_enum)]
     pub spec: Option<SpecKind>,
-    /// The draft model for --spec draft: a .gguf file or an alias, sharing the model's
-    /// tokenizer.
+    /// The draft model for --spec draft (a .gguf file, a Hugging Face directory or an
+    /// alias, sharing the model's tokenizer), or the assistant's directory for --spec mtp.
     #[arg(long)]
     pub draft_model: Option<String>,
     /// Tokens drafted per step (1 to 16).
@@ -42,8 +47,11 @@ impl SpecArgs {
     pub fn prepare(&self, cfg: &mut RunnerConfig) -> Result<()> {
         match (self.spec, &self.draft_model) {
             (Some(SpecKind::Draft), None) => bail!("--spec draft needs --draft-model"),
+            (Some(SpecKind::Mtp), None) => {
+                bail!("--spec mtp needs --draft-model (the MTP assistant's directory)")
+            }
             (Some(SpecKind::Ngram) | None, Some(_)) => {
-                bail!("--draft-model is for --spec draft")
+                bail!("--draft-model is for --spec draft or --spec mtp")
             }
             _ => {}
         }
@@ -82,6 +90,16 @@ impl SpecArgs {
                 };
                 let vocab = target.model().info().vocab;
                 Box::new(DraftModel::new(Runner::new(ex, m, cfg)?, vocab)?)
+            }
+            SpecKind::Mtp => {
+                let name = self.draft_model.as_deref().unwrap_or_default();
+                let path = crate::models::resolve(Some(name))?;
+                let file = kiln_core::load::open_model(&path)
+                    .with_context(|| format!("opening the MTP assistant {}", path.display()))?;
+                let target = engine.runner();
+                let ex = target.executor().sibling();
+                let a = Gemma4Assistant::load(&file, &ex)?;
+                Box::new(Mtp::new(a, ex, target)?)
             }
         }))
     }

@@ -12,9 +12,10 @@ use kiln_core::engine::{Logits, Runner, RunnerConfig};
 use kiln_core::exec::Executor;
 use kiln_core::load::open_model;
 use kiln_core::model::build_from_gguf;
+use kiln_core::model::gemma4_assistant::Gemma4Assistant;
 use kiln_core::rng::Rng;
 use kiln_core::sample::SamplingParams;
-use kiln_core::spec::{DraftModel, Drafter, Ngram};
+use kiln_core::spec::{DraftModel, Drafter, Mtp, Ngram};
 use kiln_tests::{fixtures, model_file, optional_backend, GEMMA3, HF_MODELS, SMOLLM2};
 
 /// Drafts per step.
@@ -27,6 +28,8 @@ enum Spec {
     Off,
     Ngram,
     Draft,
+    /// Gemma 4's MTP assistant (`draft` is its directory).
+    Mtp,
 }
 
 const BOTH: &[Spec] = &[Spec::Ngram, Spec::Draft];
@@ -62,6 +65,12 @@ fn engine(
         Spec::Draft => Box::new(
             DraftModel::new(runner(draft, ex(), max_seqs, ctx), vocab).expect("same vocabulary"),
         ),
+        Spec::Mtp => {
+            let aex = e.runner().executor().sibling();
+            let file = open_model(draft).expect("assistant opens");
+            let a = Gemma4Assistant::load(&file, &aex).expect("assistant loads");
+            Box::new(Mtp::new(a, aex, e.runner()).expect("assistant binds"))
+        }
     };
     e.with_spec(drafter, K).expect("speculation")
 }
@@ -199,6 +208,35 @@ fn greedy_speculation_is_exact_for_every_fixture_on_the_cpu() {
             320,
             true,
             BOTH,
+        );
+    }
+}
+
+/// Gemma 4 with its MTP assistant (the tiny random one beside the gemma4 fixture, so most
+/// drafts are rejected): the same greedy output, alone and batched, on the CPU and strictly
+/// on WebGPU.
+#[test]
+fn greedy_mtp_speculation_is_exact_for_gemma4() {
+    let (target, assistant) = (fixture("gemma4"), fixture("gemma4_assistant"));
+    check(
+        "gemma4 mtp",
+        &target,
+        &assistant,
+        &Executor::cpu,
+        320,
+        true,
+        &[Spec::Mtp],
+    );
+    if let Some(gpu) = optional_backend("wgpu", kiln_backend_wgpu::open) {
+        let ex = move || Executor::new(gpu.clone()).strict(true);
+        check(
+            "gemma4 mtp wgpu",
+            &target,
+            &assistant,
+            &ex,
+            320,
+            full(),
+            &[Spec::Mtp],
         );
     }
 }

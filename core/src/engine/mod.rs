@@ -16,6 +16,10 @@ use crate::kv::{BlockId, KvManager, SeqId, StatePool, StateStats};
 use crate::model::{ForwardBatch, KvCaches, Model, SeqInput};
 use crate::tensor::{DType, Tensor};
 
+/// Per item, the logits rows a pass returns, and (when asked for and the model gives them)
+/// the hidden-state rows beside them.
+pub type StepRows = (Vec<Vec<Vec<f32>>>, Option<Vec<Vec<Vec<f32>>>>);
+
 /// Which rows of a sequence's new tokens want logits.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Logits {
@@ -182,6 +186,16 @@ impl Runner {
     /// One forward pass over several sequences' new tokens. Sequences not seen before start
     /// empty. Returns, per item, the logits rows asked for.
     pub fn step(&mut self, items: &[(SeqId, &[u32], Logits)]) -> Result<Vec<Vec<Vec<f32>>>> {
+        Ok(self.pass(items, false)?.0)
+    }
+
+    /// [`Runner::step`], and per item the final-normed hidden state of each logits row
+    /// (what an MTP drafter is fed); `None` when the model cannot give it.
+    pub fn step_hidden(&mut self, items: &[(SeqId, &[u32], Logits)]) -> Result<StepRows> {
+        self.pass(items, true)
+    }
+
+    fn pass(&mut self, items: &[(SeqId, &[u32], Logits)], hidden: bool) -> Result<StepRows> {
         let total: usize = items.iter().map(|i| i.1.len()).sum();
         if total == 0 {
             return Err(Error::Model(
@@ -205,16 +219,35 @@ impl Runner {
         }
         self.reserve(items)?;
         let batch = self.build_batch(items);
-        let logits = self.model.forward(&self.ex, &batch, &self.caches)?;
+        let (logits, h) = if hidden {
+            self.model.forward_hidden(&self.ex, &batch, &self.caches)?
+        } else {
+            (self.model.forward(&self.ex, &batch, &self.caches)?, None)
+        };
         let mut flat = self.ex.download_f32(&logits)?;
+        let h = match h {
+            Some(h) => {
+                let width = h.shape().dims().last().copied().unwrap_or(0);
+                Some((self.ex.download_f32(&h)?, width))
+            }
+            None => None,
+        };
         let vocab = self.model.info().vocab;
         // One row in all (a single decode step): hand the download over as it is.
         let single = flat.len() == vocab;
         // Hand the rows back per item, then mark the tokens computed.
         let mut out = Vec::with_capacity(items.len());
+        let mut hid = h.as_ref().map(|_| Vec::with_capacity(items.len()));
         let mut row = 0;
         for (seq, toks, want) in items {
             let n = want.rows(toks.len()).len();
+            if let (Some(hid), Some((h, w))) = (&mut hid, &h) {
+                hid.push(
+                    (row..row + n)
+                        .map(|r| h[r * w..(r + 1) * w].to_vec())
+                        .collect(),
+                );
+            }
             out.push(if single && n == 1 {
                 vec![std::mem::take(&mut flat)]
             } else {
@@ -225,7 +258,46 @@ impl Runner {
             row += n;
             self.commit(*seq, toks)?;
         }
-        Ok(out)
+        Ok((out, hid))
+    }
+
+    /// The KV caches (an MTP assistant reads the target's).
+    pub fn caches(&self) -> &KvCaches {
+        &self.caches
+    }
+
+    /// A batch that reads the cache and writes nothing: one row per `(seq, token)` at the
+    /// sequence's next position, attending to the tokens the cache holds of it (an MTP
+    /// assistant's drafting step over its target's cache). Every row wants logits.
+    pub fn lookahead_batch(&self, rows: &[(SeqId, u32)]) -> Result<ForwardBatch> {
+        let mut b = ForwardBatch {
+            slots: vec![vec![-1; rows.len()]; self.kv.len()],
+            ..Default::default()
+        };
+        for (i, &(seq, tok)) in rows.iter().enumerate() {
+            let len = self.seq_len(seq);
+            if len == 0 {
+                return Err(Error::Model(format!(
+                    "sequence {seq} has nothing in the cache to look ahead from"
+                )));
+            }
+            b.tokens.push(tok);
+            b.positions.push(len as i32);
+            b.logits_rows.push(i);
+            b.seqs.push(SeqInput {
+                q_start: i,
+                q_len: 1,
+                seq_len: len,
+                block_tables: self
+                    .kv
+                    .iter()
+                    .map(|m| m.block_table(seq).unwrap_or(&[]).to_vec())
+                    .collect(),
+                state_read: 0,
+                state_slot: 0,
+            });
+        }
+        Ok(b)
     }
 
     /// After a forward pass: `toks` of `seq` are computed in every KV group and its new

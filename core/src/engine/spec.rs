@@ -9,7 +9,7 @@ use super::batching::Engine;
 use super::Logits;
 use crate::error::{Error, Result};
 use crate::sample::TokenLogprobs;
-use crate::sched::{Item, KvBudget};
+use crate::sched::{Item, KvBudget, ReqId};
 use crate::spec::{verify, Draft, DraftReq, Drafter};
 
 /// The engine's drafter and how far it drafts.
@@ -149,7 +149,7 @@ impl Engine {
             })
             .collect();
         let spec = self.spec.as_mut().expect("checked above");
-        match spec.drafter.propose(&reqs) {
+        match spec.drafter.propose(&reqs, &self.runner) {
             Ok(drafts) => {
                 for (&(n, k), mut d) in ks.iter().zip(drafts) {
                     d.tokens.truncate(k);
@@ -169,10 +169,31 @@ impl Engine {
         out
     }
 
+    /// Whether steps should return the target's hidden states for the drafter.
+    pub(super) fn wants_hidden(&self) -> bool {
+        self.spec
+            .as_ref()
+            .is_some_and(|s| s.on && s.drafter.wants_hidden())
+    }
+
+    /// Hands the drafter the target's hidden state after the last token `id` has computed.
+    pub(super) fn observe(&mut self, id: ReqId, hidden: Vec<f32>) {
+        if let Some(s) = &mut self.spec {
+            s.drafter.observe(id, hidden);
+        }
+    }
+
     /// After the step scored `item`'s pending token and `draft` (`rows`: one logits row each,
-    /// the pending token's first): keeps what the target verifies, rolls the rest back, and
-    /// streams the tokens.
-    pub(super) fn accept(&mut self, it: &Item, rows: Vec<Vec<f32>>, draft: Draft) -> Result<()> {
+    /// the pending token's first; `hidden`: the hidden states beside them, when the drafter
+    /// wants them): keeps what the target verifies, rolls the rest back, and streams the
+    /// tokens.
+    pub(super) fn accept(
+        &mut self,
+        it: &Item,
+        rows: Vec<Vec<f32>>,
+        mut hidden: Vec<Vec<f32>>,
+        draft: Draft,
+    ) -> Result<()> {
         let id = it.id;
         let k = draft.tokens.len();
         let mut history = self
@@ -207,6 +228,11 @@ impl Engine {
             if let Err(e) = self.runner.rollback(id, k - v.accepted) {
                 return self.fail(id, format!("rolling back rejected drafts failed: {e}"));
             }
+        }
+        // The cache now ends at the last accepted draft: its row's hidden state is next.
+        if v.accepted < hidden.len() {
+            let h = hidden.swap_remove(v.accepted);
+            self.observe(id, h);
         }
         self.sched.advance(id, it.end + v.accepted, None);
         for (j, tok) in v.tokens.into_iter().enumerate() {

@@ -62,8 +62,11 @@ impl Config {
             Some(t) if t.is_object() => t.clone(),
             _ => root.clone(),
         };
+        // Gemma 4's MTP assistant wraps a plain Gemma 4 text config: the outer type decides.
+        let assistant = root.get("model_type").and_then(Json::as_str) == Some("gemma4_assistant");
         let model_type = text
             .get("model_type")
+            .filter(|_| !assistant)
             .or_else(|| root.get("model_type"))
             .and_then(Json::as_str)
             .ok_or_else(|| Error::load(&name, "config.json has no model_type"))?
@@ -182,6 +185,8 @@ enum Family {
     /// DiffusionGemma: Gemma 4 layers run as a causal encoder and a bidirectional canvas
     /// decoder (the same weights), with self-conditioning.
     DiffusionGemma,
+    /// Gemma 4's MTP assistant: Gemma 4 layers that all read the target's K/V.
+    Gemma4Assistant,
 }
 
 fn family(model_type: &str) -> Option<(Family, &'static str)> {
@@ -195,6 +200,7 @@ fn family(model_type: &str) -> Option<(Family, &'static str)> {
         "diffusion_gemma" | "diffusion_gemma_text" => {
             Some((Family::DiffusionGemma, "diffusion-gemma"))
         }
+        "gemma4_assistant" => Some((Family::Gemma4Assistant, "gemma4-assistant")),
         _ => None,
     }
 }
@@ -213,6 +219,7 @@ pub const MODEL_TYPES: &[&str] = &[
     "gemma4",
     "gemma4_text",
     "diffusion_gemma",
+    "gemma4_assistant",
 ];
 
 /// The dense-transformer metadata every family shares.
@@ -315,6 +322,28 @@ fn family_meta(c: &Config, fam: Family, m: &mut Meta) -> Result<()> {
             m.set("attention.recurrent_layers", Value::Array(linear.collect()));
         }
         Family::Gemma4 => gemma4_meta(c, m)?,
+        Family::Gemma4Assistant => {
+            gemma4_meta(c, m)?;
+            // The assistant's head is not soft-capped.
+            m.kv.retain(|(k, _)| !k.ends_with(".final_logit_softcapping"));
+            let root = |k: &str| c.root.get(k);
+            let backbone = root("backbone_hidden_size")
+                .and_then(Json::as_u64)
+                .ok_or_else(|| c.err("config.json: no backbone_hidden_size"))?;
+            m.u("assistant.backbone_length", backbone as usize);
+            let ordered = root("use_ordered_embeddings")
+                .and_then(Json::as_bool)
+                .unwrap_or(false);
+            m.set("assistant.ordered_embeddings", Value::Bool(ordered));
+            if ordered {
+                let n = |k: &str, d: u64| root(k).and_then(Json::as_u64).unwrap_or(d) as usize;
+                m.u("assistant.centroid_count", n("num_centroids", 2048));
+                m.u(
+                    "assistant.centroid_top_k",
+                    n("centroid_intermediate_top_k", 32),
+                );
+            }
+        }
         Family::DiffusionGemma => {
             gemma4_meta(c, m)?;
             // The text config drops `attention_k_eq_v`; transformers then takes K as V on the
@@ -465,6 +494,10 @@ fn gguf_name(fam: Family, hf: &str) -> Option<String> {
         "self_conditioning.gate_proj.weight" => return Some("self_cond.gate.weight".into()),
         "self_conditioning.up_proj.weight" => return Some("self_cond.up.weight".into()),
         "self_conditioning.down_proj.weight" => return Some("self_cond.down.weight".into()),
+        "pre_projection.weight" => return Some("mtp.pre_proj.weight".into()),
+        "post_projection.weight" => return Some("mtp.post_proj.weight".into()),
+        "masked_embedding.centroids.weight" => return Some("mtp.centroids.weight".into()),
+        "masked_embedding.token_ordering" => return Some("mtp.token_ordering".into()),
         _ => {}
     }
     let rest = hf.strip_prefix("layers.")?;
@@ -549,6 +582,13 @@ fn strip_prefix(hf: &str) -> Option<&str> {
     }
     if hf == "lm_head.weight" || hf == "language_model.lm_head.weight" {
         return Some("lm_head.weight");
+    }
+    // Gemma 4's MTP assistant: its projections and centroid head.
+    if hf.starts_with("pre_projection.")
+        || hf.starts_with("post_projection.")
+        || hf.starts_with("masked_embedding.")
+    {
+        return Some(hf);
     }
     None
 }
@@ -693,8 +733,13 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
                 ));
                 continue;
             }
+            // The assistant's layers are Gemma 4's.
+            let names_as = match fam {
+                Family::Gemma4Assistant => Family::Gemma4,
+                f => f,
+            };
             let name = strip_prefix(&e.name)
-                .and_then(|n| gguf_name(fam, n))
+                .and_then(|n| gguf_name(names_as, n))
                 .ok_or_else(|| {
                     c.err(format!(
                         "{}: tensor {} is not part of a {} model kiln knows",
@@ -714,7 +759,11 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
             let is_norm = info.name.ends_with("norm.weight");
             let one_centred = matches!(fam, Family::Gemma3 | Family::Qwen35)
                 && !info.name.ends_with("ssm_norm.weight");
-            if is_norm && one_centred {
+            if e.wide {
+                let narrow = super::safetensors::narrow_i64(f.data(e))
+                    .ok_or_else(|| c.err(format!("{}: a value does not fit 32 bits", e.name)))?;
+                pending.push((info, narrow));
+            } else if is_norm && one_centred {
                 pending.push(one_plus(&c, &info, f.data(e))?);
             } else if info.name.ends_with("ssm_a") {
                 // Stored as -exp(A_log), the decay rate itself (as llama.cpp does).

@@ -24,6 +24,8 @@ pub struct Entry {
     /// Absolute byte offset in the file.
     pub offset: usize,
     pub nbytes: usize,
+    /// Stored as I64 (`dtype` is then I32): the loader narrows it, checking every value fits.
+    pub wide: bool,
 }
 
 /// A memory-mapped safetensors file.
@@ -90,9 +92,10 @@ impl SafetensorsFile {
             let ds = field("dtype")?
                 .as_str()
                 .ok_or_else(|| bad(format!("tensor {tname}: dtype is not a string")))?;
-            let dt = dtype(ds).ok_or_else(|| {
+            let wide = ds == "I64";
+            let dt = if wide { Some(DType::I32) } else { dtype(ds) }.ok_or_else(|| {
                 bad(format!(
-                    "tensor {tname}: dtype {ds} is not supported (F32, F16, BF16)"
+                    "tensor {tname}: dtype {ds} is not supported (F32, F16, BF16, I32, I64)"
                 ))
             })?;
             let shape = field("shape")?
@@ -116,6 +119,7 @@ impl SafetensorsFile {
                 .ok_or_else(|| bad(format!("tensor {tname}: shape overflows")))?;
             let nbytes = dt
                 .bytes_for(n)
+                .and_then(|b| b.checked_mul(if wide { 2 } else { 1 }))
                 .ok_or_else(|| bad(format!("tensor {tname}: size overflows")))?;
             if range.0 > range.1 || range.1 > data_len || range.1 - range.0 != nbytes {
                 return Err(bad(format!(
@@ -129,6 +133,7 @@ impl SafetensorsFile {
                 shape,
                 offset: data_start + range.0,
                 nbytes,
+                wide,
             });
         }
         entries.sort_by_key(|e| e.offset);
@@ -138,6 +143,18 @@ impl SafetensorsFile {
     pub fn data(&self, e: &Entry) -> &[u8] {
         &self.bytes[e.offset..e.offset + e.nbytes]
     }
+}
+
+/// An I64 tensor's values as I32 bytes; `None` when one does not fit.
+pub fn narrow_i64(bytes: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(bytes.len() / 2);
+    for c in bytes.chunks_exact(8) {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(c);
+        let v = i32::try_from(i64::from_le_bytes(b)).ok()?;
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    Some(out)
 }
 
 #[cfg(test)]

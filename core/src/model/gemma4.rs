@@ -96,24 +96,31 @@ pub struct Gemma4 {
     full_factors: Option<Tensor>,
     /// DiffusionGemma's canvas decoder (the layers above run as its causal encoder).
     pub(super) diffusion: Option<super::diffusion_gemma::Canvas>,
+    /// An MTP assistant's layers read another model's caches: that model's KV group count
+    /// (`None`: this model's own groups).
+    source_groups: Option<usize>,
 }
 
 /// How a pass runs the layers: causally (a language model, or DiffusionGemma's encoder), or
 /// as DiffusionGemma's decoder over canvases of `canvas` tokens (full layers see the whole
-/// context, sliding layers the last `window - 1` keys before the canvas and the canvas).
+/// context, sliding layers the last `window - 1` keys before the canvas and the canvas), or
+/// as an MTP assistant's step: one query past what the cache holds, full layers seeing all
+/// of it and sliding layers its last `window + 1` keys (transformers' flipped bidirectional
+/// window: distance ≤ window from the newest key).
 #[derive(Copy, Clone, Debug)]
 pub(super) enum Pass {
     Causal,
     Canvas(usize),
+    Lookahead,
 }
 
 pub fn build(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
-    Ok(Box::new(Gemma4::load(f, ex)?))
+    Ok(Box::new(Gemma4::load(f, ex, false)?))
 }
 
 /// DiffusionGemma (`diffusion-gemma`): Gemma 4 layers with a canvas decoder.
 pub fn build_diffusion(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
-    let mut m = Gemma4::load(f, ex)?;
+    let mut m = Gemma4::load(f, ex, false)?;
     m.diffusion = Some(super::diffusion_gemma::Canvas::load(f, ex, &m)?);
     Ok(Box::new(m))
 }
@@ -134,7 +141,9 @@ fn list<T>(f: &GgufFile, key: &str, n: usize, get: impl Fn(&Value) -> Option<T>)
 }
 
 impl Gemma4 {
-    fn load(f: &GgufFile, ex: &Executor) -> Result<Gemma4> {
+    /// `assistant`: Gemma 4's MTP assistant, whose layers all read a target's K/V (bound
+    /// later by [`Gemma4::bind_shared`]).
+    pub(super) fn load(f: &GgufFile, ex: &Executor, assistant: bool) -> Result<Gemma4> {
         let mut info = base_info(f)?;
         let n = info.n_layer;
         let u = |k: &str| -> Result<usize> { Ok(f.get_u64(&f.arch_key(k))? as usize) };
@@ -191,7 +200,12 @@ impl Gemma4 {
         let full_factor = f32_or(f, &f.arch_key("rope.full_factor"), 1.0)?;
         let (e, nh, v) = (info.n_embd, info.n_head, info.vocab);
         let bad = |m: String| Error::load(f.path(), m);
-        if nh == 0 || n == 0 || n_shared >= n || kvs.iter().any(|&k| k == 0 || nh % k != 0) {
+        let bad_sharing = if assistant {
+            n_shared != n
+        } else {
+            n_shared >= n
+        };
+        if nh == 0 || n == 0 || bad_sharing || kvs.iter().any(|&k| k == 0 || nh % k != 0) {
             return Err(bad(format!(
                 "bad sizes: {nh} heads, KV heads {kvs:?}, {n_shared} of {n} layers sharing KV"
             )));
@@ -201,6 +215,9 @@ impl Gemma4 {
         let first_shared = n - n_shared;
         let mut producer = vec![0usize; n];
         for l in 0..n {
+            if assistant {
+                continue;
+            }
             producer[l] = if l < first_shared {
                 l
             } else {
@@ -434,7 +451,55 @@ impl Gemma4 {
             ple,
             full_factors,
             diffusion: None,
+            source_groups: None,
         })
+    }
+
+    /// The (KV group, index) of the cache the last layer of each kind computes K/V into, as
+    /// an MTP assistant reads them: (sliding, full).
+    pub(super) fn last_producers(&self) -> (Option<(usize, usize)>, Option<(usize, usize)>) {
+        let last = |sliding: bool| {
+            self.layers
+                .iter()
+                .rev()
+                .find(|l| l.attn.window.is_some() == sliding)
+                .map(|l| l.attn.cache)
+        };
+        (last(true), last(false))
+    }
+
+    /// An MTP assistant's layers read `groups`' caches: sliding layers the one at
+    /// `sliding`, full layers the one at `full` (head shapes must agree).
+    pub(super) fn bind_shared(
+        &mut self,
+        groups: &[KvGroup],
+        sliding: Option<(usize, usize)>,
+        full: Option<(usize, usize)>,
+    ) -> Result<()> {
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            let a = &mut layer.attn;
+            let kind = if a.window.is_some() {
+                "sliding"
+            } else {
+                "full"
+            };
+            let place = if a.window.is_some() { sliding } else { full };
+            let g = place.and_then(|(g, _)| groups.get(g)).ok_or_else(|| {
+                Error::Model(format!(
+                    "assistant layer {l} ({kind}) has no {kind} layer of the target to read"
+                ))
+            })?;
+            if g.head_dim != a.hd || g.n_kv_heads != a.n_kv || g.window != a.window {
+                return Err(Error::Model(format!(
+                    "assistant layer {l} ({kind}) expects {} KV heads of {} (window {:?}); \
+                     the target's have {} of {} (window {:?})",
+                    a.n_kv, a.hd, a.window, g.n_kv_heads, g.head_dim, g.window
+                )));
+            }
+            a.cache = place.unwrap_or_default();
+        }
+        self.source_groups = Some(groups.len());
+        Ok(())
     }
 
     fn norm(&self, ex: &Executor, x: &Tensor, w: &Tensor) -> Result<Tensor> {
@@ -483,13 +548,37 @@ impl Model for Gemma4 {
     }
 
     fn forward(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
-        let i = &self.info;
-        check_batch(b, i.vocab)?;
-        let (x0, ids) = self.head.embed(ex, b)?;
-        let x = ex.scale(&x0, (i.n_embd as f32).sqrt())?;
-        let ple = self.ple_inputs(ex, &x, &ids)?;
-        let x = self.layers_pass(ex, b, kv, x, &ple, Pass::Causal)?;
+        let x = self.causal(ex, b, kv)?;
         self.head.logits(ex, &x, b, self.norm_spec(), self.soft_cap)
+    }
+
+    fn forward_hidden(
+        &self,
+        ex: &Executor,
+        b: &ForwardBatch,
+        kv: &KvCaches,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let x = self.causal(ex, b, kv)?;
+        let logits = self
+            .head
+            .logits(ex, &x, b, self.norm_spec(), self.soft_cap)?;
+        let hidden = self.head.hidden(ex, &x, b, self.norm_spec())?;
+        Ok((logits, Some(hidden)))
+    }
+
+    fn mtp_source(&self) -> Option<super::MtpSource> {
+        if self.diffusion.is_some() || self.source_groups.is_some() {
+            return None;
+        }
+        let (sliding, full) = self.last_producers();
+        Some(super::MtpSource {
+            tok_embd: self.head.tok_embd.clone(),
+            embed_scale: (self.info.n_embd as f32).sqrt(),
+            hidden: self.info.n_embd,
+            groups: self.groups.clone(),
+            sliding,
+            full,
+        })
     }
 
     fn canvas(&self) -> Option<&super::diffusion_gemma::Canvas> {
@@ -521,6 +610,16 @@ impl Gemma4 {
         }
     }
 
+    /// The embedded batch through every layer, causally: the last hidden state `[T, e]`.
+    fn causal(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
+        let i = &self.info;
+        check_batch(b, i.vocab)?;
+        let (x0, ids) = self.head.embed(ex, b)?;
+        let x = ex.scale(&x0, (i.n_embd as f32).sqrt())?;
+        let ple = self.ple_inputs(ex, &x, &ids)?;
+        self.layers_pass(ex, b, kv, x, &ple, Pass::Causal)
+    }
+
     /// The layers over the embedded batch `x`.
     pub(super) fn layers_pass(
         &self,
@@ -533,7 +632,7 @@ impl Gemma4 {
     ) -> Result<Tensor> {
         let i = &self.info;
         let t = b.tokens.len();
-        let bt = upload_batch(ex, b, self.groups.len())?;
+        let bt = upload_batch(ex, b, self.source_groups.unwrap_or(self.groups.len()))?;
         let ns = self.norm_spec();
         let nh = i.n_head;
         for (l, layer) in self.layers.iter().enumerate() {
@@ -574,7 +673,8 @@ impl Gemma4 {
                     (Some(w), Pass::Causal) => Mask::SlidingWindow(w),
                     (None, Pass::Causal) => Mask::Causal,
                     (Some(w), Pass::Canvas(c)) => Mask::Lookback(c + w.saturating_sub(1)),
-                    (None, Pass::Canvas(_)) => Mask::Bidirectional,
+                    (None, Pass::Canvas(_) | Pass::Lookahead) => Mask::Bidirectional,
+                    (Some(w), Pass::Lookahead) => Mask::Lookback(w + 1),
                 },
             };
             let new_kv = new_kv.as_ref().map(|(k, v)| (k, v));

@@ -6,6 +6,7 @@ pub mod decoder;
 pub mod diffusion_gemma;
 pub mod gemma3;
 pub mod gemma4;
+pub mod gemma4_assistant;
 pub mod llama;
 pub mod qwen35;
 pub mod registry;
@@ -153,6 +154,19 @@ pub struct ModelInfo {
     pub dtypes: Vec<(crate::DType, usize)>,
 }
 
+/// What Gemma 4's MTP assistant reads of its target: the token embeddings (scaled by
+/// `embed_scale`), the width of the hidden state it is fed, and where the K/V of the last
+/// sliding and the last full layer live in the target's caches.
+#[derive(Clone)]
+pub struct MtpSource {
+    pub tok_embd: Tensor,
+    pub embed_scale: f32,
+    pub hidden: usize,
+    pub groups: Vec<KvGroup>,
+    pub sliding: Option<(usize, usize)>,
+    pub full: Option<(usize, usize)>,
+}
+
 /// A loaded model.
 pub trait Model: Send + Sync {
     fn info(&self) -> &ModelInfo;
@@ -164,6 +178,20 @@ pub trait Model: Send + Sync {
     }
     /// Runs one batch; returns logits `[logits_rows.len(), vocab]` (f32).
     fn forward(&self, ex: &Executor, batch: &ForwardBatch, kv: &KvCaches) -> Result<Tensor>;
+    /// [`Model::forward`], and the final-normed hidden state of the logits rows `[rows,
+    /// n_embd]` where the model can give it (what an MTP drafter is fed).
+    fn forward_hidden(
+        &self,
+        ex: &Executor,
+        batch: &ForwardBatch,
+        kv: &KvCaches,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        Ok((self.forward(ex, batch, kv)?, None))
+    }
+    /// What an MTP assistant reads of this model (`None`: no assistant can draft for it).
+    fn mtp_source(&self) -> Option<MtpSource> {
+        None
+    }
     /// A block-diffusion model's canvas decoder (`None`: an autoregressive model).
     fn canvas(&self) -> Option<&diffusion_gemma::Canvas> {
         None

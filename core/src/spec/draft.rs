@@ -68,7 +68,7 @@ impl Drafter for DraftModel {
         "draft"
     }
 
-    fn propose(&mut self, reqs: &[DraftReq<'_>]) -> Result<Vec<Draft>> {
+    fn propose(&mut self, reqs: &[DraftReq<'_>], _target: &Runner) -> Result<Vec<Draft>> {
         let mut out: Vec<Draft> = reqs.iter().map(|_| Draft::default()).collect();
         // The first pass feeds each request what the draft cache lacks (what the target
         // accepted since, and the pending token) and drafts the first token; the later

@@ -10,11 +10,14 @@
 //! drafts back ([`crate::engine::Runner::rollback`]).
 
 mod draft;
+mod mtp;
 mod ngram;
 
 pub use draft::DraftModel;
+pub use mtp::Mtp;
 pub use ngram::Ngram;
 
+use crate::engine::Runner;
 use crate::error::Result;
 use crate::sample::{Dist, Sampler, SamplingParams};
 use crate::sched::ReqId;
@@ -43,11 +46,19 @@ pub struct Draft {
 pub trait Drafter: Send {
     /// `ngram`, `draft`, …
     fn name(&self) -> &'static str;
-    /// One proposal per request (possibly empty), in order. An error turns speculation off
-    /// for this step only; the requests go on.
-    fn propose(&mut self, reqs: &[DraftReq<'_>]) -> Result<Vec<Draft>>;
+    /// One proposal per request (possibly empty), in order; `target` is the runner the
+    /// drafts will be verified on (its caches hold every request's computed tokens). An
+    /// error turns speculation off for this step only; the requests go on.
+    fn propose(&mut self, reqs: &[DraftReq<'_>], target: &Runner) -> Result<Vec<Draft>>;
     /// The request ended: forget what is kept for it.
     fn release(&mut self, _id: ReqId) {}
+    /// Whether the drafter is fed the target's hidden states ([`Drafter::observe`]).
+    fn wants_hidden(&self) -> bool {
+        false
+    }
+    /// After a step that sampled for `id`: the target's final-normed hidden state at the
+    /// last token its cache now holds.
+    fn observe(&mut self, _id: ReqId, _hidden: Vec<f32>) {}
 }
 
 /// The outcome of verifying one request's drafts.
