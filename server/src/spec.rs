@@ -7,9 +7,10 @@ use anyhow::{bail, Context, Result};
 use kiln_core::engine::batching::{Engine, Event, GenRequest};
 use kiln_core::engine::{Runner, RunnerConfig};
 use kiln_core::model::build_from_gguf;
+use kiln_core::model::dflash::DFlash;
 use kiln_core::model::gemma4_assistant::Gemma4Assistant;
 use kiln_core::sample::SamplingParams;
-use kiln_core::spec::{DraftModel, Drafter, Mtp, Ngram};
+use kiln_core::spec::{DFlashDrafter, DraftModel, Drafter, Mtp, Ngram};
 
 use crate::load::{load, ModelArgs};
 
@@ -24,6 +25,10 @@ pub enum SpecKind {
     /// `gemma4_assistant`): reads the model's own K/V and last hidden state, so it drafts
     /// with no cache or prefill of its own.
     Mtp,
+    /// A DFlash block-diffusion drafter (--draft-model: its Hugging Face directory, from
+    /// z-lab's DFlash checkpoints): drafts a whole block in one pass from the model's hidden
+    /// states (Llama, Qwen3 and Gemma 3 families).
+    Dflash,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -50,8 +55,11 @@ impl SpecArgs {
             (Some(SpecKind::Mtp), None) => {
                 bail!("--spec mtp needs --draft-model (the MTP assistant's directory)")
             }
+            (Some(SpecKind::Dflash), None) => {
+                bail!("--spec dflash needs --draft-model (the DFlash drafter's directory)")
+            }
             (Some(SpecKind::Ngram) | None, Some(_)) => {
-                bail!("--draft-model is for --spec draft or --spec mtp")
+                bail!("--draft-model is for --spec draft, mtp or dflash")
             }
             _ => {}
         }
@@ -100,6 +108,17 @@ impl SpecArgs {
                 let ex = target.executor().sibling();
                 let a = Gemma4Assistant::load(&file, &ex)?;
                 Box::new(Mtp::new(a, ex, target)?)
+            }
+            SpecKind::Dflash => {
+                let name = self.draft_model.as_deref().unwrap_or_default();
+                let path = crate::models::resolve(Some(name))?;
+                let file = kiln_core::load::open_model(&path)
+                    .with_context(|| format!("opening the DFlash drafter {}", path.display()))?;
+                let target = engine.runner();
+                let ex = target.executor().sibling();
+                let m = DFlash::load(&file, &ex)?;
+                let seqs = target.config().max_seqs;
+                Box::new(DFlashDrafter::new(m, ex, target, seqs)?)
             }
         }))
     }

@@ -12,6 +12,7 @@ use kiln_core::exec::Executor;
 use kiln_core::load::open_model;
 use kiln_core::model::build_from_gguf;
 use kiln_core::model::gemma4_assistant::Gemma4Assistant;
+use kiln_core::model::Features;
 use kiln_core::sample::argmax;
 use kiln_tests::{fixtures, optional_backend};
 use serde_json::Value;
@@ -57,7 +58,7 @@ fn check(ex: impl Fn() -> Executor, backend: &str) {
     let mut r = Runner::new(tex.sibling(), target, cfg).expect("runner");
     let vocab = r.model().info().vocab;
     let (rows, hidden) = r
-        .step_hidden(&[(1, &prompt, Logits::Last)])
+        .step_features(&[(1, &prompt, Logits::Last)], &Features::Final)
         .expect("target pass");
     let first = argmax(&rows[0][0]);
     assert_eq!(
@@ -66,14 +67,15 @@ fn check(ex: impl Fn() -> Executor, backend: &str) {
         "{backend}"
     );
     let hidden = hidden
-        .expect("Gemma 4 gives its hidden state")
+        .expect("Gemma 4 gives its hidden states")
         .remove(0)
-        .remove(0);
+        .pop()
+        .expect("the last token's");
 
     let afile = open_model(&dir("gemma4_assistant")).expect("assistant opens");
     let aex = tex.sibling();
     let mut a = Gemma4Assistant::load(&afile, &aex).expect("assistant loads");
-    a.bind(&r.model().mtp_source().expect("source"), vocab)
+    a.bind(&r.model().draft_source().expect("source"), vocab)
         .expect("binds to the target");
     let mut h = aex.upload_f32(&[1, hidden.len()], &hidden).expect("upload");
     let mut tok = first;

@@ -12,10 +12,11 @@ use kiln_core::engine::{Logits, Runner, RunnerConfig};
 use kiln_core::exec::Executor;
 use kiln_core::load::open_model;
 use kiln_core::model::build_from_gguf;
+use kiln_core::model::dflash::DFlash;
 use kiln_core::model::gemma4_assistant::Gemma4Assistant;
 use kiln_core::rng::Rng;
 use kiln_core::sample::SamplingParams;
-use kiln_core::spec::{DraftModel, Drafter, Mtp, Ngram};
+use kiln_core::spec::{DFlashDrafter, DraftModel, Drafter, Mtp, Ngram};
 use kiln_tests::{fixtures, model_file, optional_backend, GEMMA3, HF_MODELS, SMOLLM2};
 
 /// Drafts per step.
@@ -30,6 +31,8 @@ enum Spec {
     Draft,
     /// Gemma 4's MTP assistant (`draft` is its directory).
     Mtp,
+    /// A DFlash block drafter (`draft` is its directory).
+    DFlash,
 }
 
 const BOTH: &[Spec] = &[Spec::Ngram, Spec::Draft];
@@ -70,6 +73,12 @@ fn engine(
             let file = open_model(draft).expect("assistant opens");
             let a = Gemma4Assistant::load(&file, &aex).expect("assistant loads");
             Box::new(Mtp::new(a, aex, e.runner()).expect("assistant binds"))
+        }
+        Spec::DFlash => {
+            let dex = e.runner().executor().sibling();
+            let file = open_model(draft).expect("drafter opens");
+            let m = DFlash::load(&file, &dex).expect("drafter loads");
+            Box::new(DFlashDrafter::new(m, dex, e.runner(), max_seqs).expect("drafter binds"))
         }
     };
     e.with_spec(drafter, K).expect("speculation")
@@ -237,6 +246,34 @@ fn greedy_mtp_speculation_is_exact_for_gemma4() {
             320,
             full(),
             &[Spec::Mtp],
+        );
+    }
+}
+
+/// Qwen3 with a DFlash block drafter (the tiny random one beside the qwen3 fixture): the same
+/// greedy output, alone and batched, on the CPU and strictly on WebGPU.
+#[test]
+fn greedy_dflash_speculation_is_exact_for_qwen3() {
+    let (target, drafter) = (fixture("qwen3"), fixture("dflash"));
+    check(
+        "qwen3 dflash",
+        &target,
+        &drafter,
+        &Executor::cpu,
+        320,
+        true,
+        &[Spec::DFlash],
+    );
+    if let Some(gpu) = optional_backend("wgpu", kiln_backend_wgpu::open) {
+        let ex = move || Executor::new(gpu.clone()).strict(true);
+        check(
+            "qwen3 dflash wgpu",
+            &target,
+            &drafter,
+            &ex,
+            320,
+            full(),
+            &[Spec::DFlash],
         );
     }
 }

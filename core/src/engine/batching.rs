@@ -636,10 +636,9 @@ impl Engine {
         let refs: Vec<(ReqId, &[u32], Logits)> =
             inputs.iter().map(|(id, t, w)| (*id, &t[..], *w)).collect();
         self.stats.steps += 1;
-        let step = if self.wants_hidden() {
-            self.runner.step_hidden(&refs)
-        } else {
-            self.runner.step(&refs).map(|o| (o, None))
+        let step = match self.features() {
+            Some(f) => self.runner.step_features(&refs, &f),
+            None => self.runner.step(&refs).map(|o| (o, None)),
         };
         let (out, hidden) = match step {
             Ok(out) => out,
@@ -664,14 +663,12 @@ impl Engine {
         self.stats.tokens_computed += inputs.iter().map(|i| i.1.len() as u64).sum::<u64>();
         let mut hidden = hidden.map(Vec::into_iter);
         for ((it, mut rows), draft) in plan.items.iter().zip(out).zip(drafts.iter_mut()) {
-            let mut hid = hidden.as_mut().and_then(Iterator::next).unwrap_or_default();
+            let hid = hidden.as_mut().and_then(Iterator::next).unwrap_or_default();
             if let Some(d) = draft.take() {
                 self.accept(it, rows, hid, d)?;
                 continue;
             }
-            if let (true, Some(h)) = (it.sample, hid.pop()) {
-                self.observe(it.id, h);
-            }
+            self.observe(it.id, it.start, hid);
             let sampled = match (it.sample, rows.pop()) {
                 (true, Some(mut logits)) => Some(self.sample(it.id, &mut logits)),
                 _ => None,

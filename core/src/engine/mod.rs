@@ -13,11 +13,11 @@ pub use spec::SpecStats;
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::kv::{BlockId, KvManager, SeqId, StatePool, StateStats};
-use crate::model::{ForwardBatch, KvCaches, Model, SeqInput};
+use crate::model::{Features, ForwardBatch, KvCaches, Model, SeqInput};
 use crate::tensor::{DType, Tensor};
 
-/// Per item, the logits rows a pass returns, and (when asked for and the model gives them)
-/// the hidden-state rows beside them.
+/// Per item, the logits rows a pass returns, and (when asked for) the hidden-state rows of
+/// every token it fed.
 pub type StepRows = (Vec<Vec<Vec<f32>>>, Option<Vec<Vec<Vec<f32>>>>);
 
 /// Which rows of a sequence's new tokens want logits.
@@ -186,16 +186,24 @@ impl Runner {
     /// One forward pass over several sequences' new tokens. Sequences not seen before start
     /// empty. Returns, per item, the logits rows asked for.
     pub fn step(&mut self, items: &[(SeqId, &[u32], Logits)]) -> Result<Vec<Vec<Vec<f32>>>> {
-        Ok(self.pass(items, false)?.0)
+        Ok(self.pass(items, None)?.0)
     }
 
-    /// [`Runner::step`], and per item the final-normed hidden state of each logits row
-    /// (what an MTP drafter is fed); `None` when the model cannot give it.
-    pub fn step_hidden(&mut self, items: &[(SeqId, &[u32], Logits)]) -> Result<StepRows> {
-        self.pass(items, true)
+    /// [`Runner::step`], and per item the hidden states `f` names of every token fed (what
+    /// a drafter is fed), one row each.
+    pub fn step_features(
+        &mut self,
+        items: &[(SeqId, &[u32], Logits)],
+        f: &Features,
+    ) -> Result<StepRows> {
+        self.pass(items, Some(f))
     }
 
-    fn pass(&mut self, items: &[(SeqId, &[u32], Logits)], hidden: bool) -> Result<StepRows> {
+    fn pass(
+        &mut self,
+        items: &[(SeqId, &[u32], Logits)],
+        f: Option<&Features>,
+    ) -> Result<StepRows> {
         let total: usize = items.iter().map(|i| i.1.len()).sum();
         if total == 0 {
             return Err(Error::Model(
@@ -219,19 +227,16 @@ impl Runner {
         }
         self.reserve(items)?;
         let batch = self.build_batch(items);
-        let (logits, h) = if hidden {
-            self.model.forward_hidden(&self.ex, &batch, &self.caches)?
-        } else {
-            (self.model.forward(&self.ex, &batch, &self.caches)?, None)
+        let (logits, h) = match f {
+            Some(f) => {
+                let (l, pieces) = self
+                    .model
+                    .forward_features(&self.ex, &batch, &self.caches, f)?;
+                (l, Some(self.features(&pieces, total)?))
+            }
+            None => (self.model.forward(&self.ex, &batch, &self.caches)?, None),
         };
         let mut flat = self.ex.download_f32(&logits)?;
-        let h = match h {
-            Some(h) => {
-                let width = h.shape().dims().last().copied().unwrap_or(0);
-                Some((self.ex.download_f32(&h)?, width))
-            }
-            None => None,
-        };
         let vocab = self.model.info().vocab;
         // One row in all (a single decode step): hand the download over as it is.
         let single = flat.len() == vocab;
@@ -239,15 +244,17 @@ impl Runner {
         let mut out = Vec::with_capacity(items.len());
         let mut hid = h.as_ref().map(|_| Vec::with_capacity(items.len()));
         let mut row = 0;
+        let mut fed = 0;
         for (seq, toks, want) in items {
             let n = want.rows(toks.len()).len();
             if let (Some(hid), Some((h, w))) = (&mut hid, &h) {
                 hid.push(
-                    (row..row + n)
+                    (fed..fed + toks.len())
                         .map(|r| h[r * w..(r + 1) * w].to_vec())
                         .collect(),
                 );
             }
+            fed += toks.len();
             out.push(if single && n == 1 {
                 vec![std::mem::take(&mut flat)]
             } else {
@@ -259,6 +266,31 @@ impl Runner {
             self.commit(*seq, toks)?;
         }
         Ok((out, hid))
+    }
+
+    /// Column blocks `[t, w_i]` downloaded and laid side by side: `[t, Σ w_i]` row major,
+    /// with the row width.
+    fn features(&self, pieces: &[Tensor], t: usize) -> Result<(Vec<f32>, usize)> {
+        let mut cols = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            let w = p.shape().dims().last().copied().unwrap_or(0);
+            let v = self.ex.download_f32(p)?;
+            if v.len() != t * w {
+                return Err(Error::Model(format!(
+                    "hidden states of {} values for {t} rows of {w}",
+                    v.len()
+                )));
+            }
+            cols.push((v, w));
+        }
+        let width: usize = cols.iter().map(|c| c.1).sum();
+        let mut out = Vec::with_capacity(t * width);
+        for r in 0..t {
+            for (v, w) in &cols {
+                out.extend_from_slice(&v[r * w..(r + 1) * w]);
+            }
+        }
+        Ok((out, width))
     }
 
     /// The KV caches (an MTP assistant reads the target's).

@@ -8,6 +8,7 @@
 use super::batching::Engine;
 use super::Logits;
 use crate::error::{Error, Result};
+use crate::model::Features;
 use crate::sample::TokenLogprobs;
 use crate::sched::{Item, KvBudget, ReqId};
 use crate::spec::{verify, Draft, DraftReq, Drafter};
@@ -169,17 +170,18 @@ impl Engine {
         out
     }
 
-    /// Whether steps should return the target's hidden states for the drafter.
-    pub(super) fn wants_hidden(&self) -> bool {
+    /// The target's hidden states steps should return for the drafter.
+    pub(super) fn features(&self) -> Option<Features> {
         self.spec
             .as_ref()
-            .is_some_and(|s| s.on && s.drafter.wants_hidden())
+            .filter(|s| s.on)
+            .and_then(|s| s.drafter.features())
     }
 
-    /// Hands the drafter the target's hidden state after the last token `id` has computed.
-    pub(super) fn observe(&mut self, id: ReqId, hidden: Vec<f32>) {
-        if let Some(s) = &mut self.spec {
-            s.drafter.observe(id, hidden);
+    /// Hands the drafter the target's hidden states of `id`'s tokens from `first` on.
+    pub(super) fn observe(&mut self, id: ReqId, first: usize, rows: Vec<Vec<f32>>) {
+        if let (Some(s), false) = (&mut self.spec, rows.is_empty()) {
+            s.drafter.observe(id, first, rows);
         }
     }
 
@@ -229,11 +231,9 @@ impl Engine {
                 return self.fail(id, format!("rolling back rejected drafts failed: {e}"));
             }
         }
-        // The cache now ends at the last accepted draft: its row's hidden state is next.
-        if v.accepted < hidden.len() {
-            let h = hidden.swap_remove(v.accepted);
-            self.observe(id, h);
-        }
+        // The cache now ends at the last accepted draft.
+        hidden.truncate(v.accepted + 1);
+        self.observe(id, it.start, hidden);
         self.sched.advance(id, it.end + v.accepted, None);
         for (j, tok) in v.tokens.into_iter().enumerate() {
             if !self.active.contains_key(&id) {

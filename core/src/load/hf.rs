@@ -187,6 +187,9 @@ enum Family {
     DiffusionGemma,
     /// Gemma 4's MTP assistant: Gemma 4 layers that all read the target's K/V.
     Gemma4Assistant,
+    /// A DFlash block-diffusion drafter (z-lab/dflash): Qwen3-style layers over the
+    /// target's hidden states and a masked block, with no embeddings or head of its own.
+    DFlash,
 }
 
 fn family(model_type: &str) -> Option<(Family, &'static str)> {
@@ -322,6 +325,7 @@ fn family_meta(c: &Config, fam: Family, m: &mut Meta) -> Result<()> {
             m.set("attention.recurrent_layers", Value::Array(linear.collect()));
         }
         Family::Gemma4 => gemma4_meta(c, m)?,
+        Family::DFlash => dflash_meta(c, m)?,
         Family::Gemma4Assistant => {
             gemma4_meta(c, m)?;
             // The assistant's head is not soft-capped.
@@ -480,6 +484,74 @@ fn gemma4_meta(c: &Config, m: &mut Meta) -> Result<()> {
     Ok(())
 }
 
+/// A DFlash drafter's settings: Qwen3's RoPE, the block, the mask token, the target's
+/// layers it reads (its own list, or the reference code's default spread).
+fn dflash_meta(c: &Config, m: &mut Meta) -> Result<()> {
+    m.f("rope.freq_base", c.rope_theta(None).unwrap_or(10_000.0));
+    let (kind, _) = c.rope_scaling(None)?;
+    if kind != "none" {
+        return Err(c.err("DFlash RoPE scaling is not supported yet"));
+    }
+    if let Some(types) = c.layer_types() {
+        if types.iter().any(|t| t != "full_attention") {
+            return Err(c.err("DFlash drafters with sliding-window layers are not supported yet"));
+        }
+    }
+    let root = |k: &str| c.root.get(k).filter(|v| !v.is_null());
+    let dc = root("dflash_config").cloned().unwrap_or(Json::Null);
+    let block = root("block_size")
+        .or_else(|| dc.get("block_size"))
+        .and_then(Json::as_u64)
+        .ok_or_else(|| c.err("config.json: a DFlash drafter needs block_size"))?;
+    let mask = dc
+        .get("mask_token_id")
+        .and_then(Json::as_u64)
+        .ok_or_else(|| c.err("config.json: dflash_config needs mask_token_id"))?;
+    let drafts = c.usize("num_hidden_layers")?;
+    let layers: Vec<u64> = match dc.get("target_layer_ids").and_then(Json::as_array) {
+        Some(ids) => ids
+            .iter()
+            .map(Json::as_u64)
+            .collect::<Option<_>>()
+            .ok_or_else(|| c.err("config.json: target_layer_ids must be layer numbers"))?,
+        None => {
+            let n = root("num_target_layers")
+                .and_then(Json::as_u64)
+                .ok_or_else(|| c.err("config.json: no target_layer_ids nor num_target_layers"))?;
+            spread_layers(n as usize, drafts)
+        }
+    };
+    if block < 2 || block > 256 || layers.is_empty() || layers.len() > 64 {
+        return Err(c.err(format!(
+            "a DFlash block of {block} over {} target layers",
+            layers.len()
+        )));
+    }
+    m.u("block_size", block as usize);
+    m.u("mask_token_id", mask as usize);
+    m.set(
+        "target_layers",
+        Value::Array(layers.into_iter().map(Value::U64).collect()),
+    );
+    Ok(())
+}
+
+/// The reference code's default choice of target layers for `drafts` draft layers: one
+/// in the middle, or an even spread from layer 1 to the fourth from last.
+fn spread_layers(target: usize, drafts: usize) -> Vec<u64> {
+    if drafts <= 1 {
+        return vec![(target / 2) as u64];
+    }
+    let (start, end) = (1f64, target as f64 - 3.0);
+    (0..drafts)
+        .map(|i| {
+            (start + i as f64 * (end - start) / (drafts - 1) as f64)
+                .round()
+                .max(0.0) as u64
+        })
+        .collect()
+}
+
 /// llama.cpp's name for a Hugging Face tensor name (prefix already stripped), or None when the
 /// family does not know it.
 fn gguf_name(fam: Family, hf: &str) -> Option<String> {
@@ -498,6 +570,8 @@ fn gguf_name(fam: Family, hf: &str) -> Option<String> {
         "post_projection.weight" => return Some("mtp.post_proj.weight".into()),
         "masked_embedding.centroids.weight" => return Some("mtp.centroids.weight".into()),
         "masked_embedding.token_ordering" => return Some("mtp.token_ordering".into()),
+        "fc.weight" => return Some("dflash.fc.weight".into()),
+        "hidden_norm.weight" => return Some("dflash.hidden_norm.weight".into()),
         _ => {}
     }
     let rest = hf.strip_prefix("layers.")?;
@@ -583,10 +657,13 @@ fn strip_prefix(hf: &str) -> Option<&str> {
     if hf == "lm_head.weight" || hf == "language_model.lm_head.weight" {
         return Some("lm_head.weight");
     }
-    // Gemma 4's MTP assistant: its projections and centroid head.
+    // Gemma 4's MTP assistant: its projections and centroid head; a DFlash drafter's
+    // layers and projections (saved without a prefix).
     if hf.starts_with("pre_projection.")
         || hf.starts_with("post_projection.")
         || hf.starts_with("masked_embedding.")
+        || hf.starts_with("layers.")
+        || matches!(hf, "norm.weight" | "fc.weight" | "hidden_norm.weight")
     {
         return Some(hf);
     }
@@ -640,6 +717,11 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
             MODEL_TYPES.join(", ")
         ))
     })?;
+    // A DFlash drafter is a Qwen3 config with its own section.
+    let (fam, arch) = match c.root.get("dflash_config") {
+        Some(_) => (Family::DFlash, "dflash"),
+        None => (fam, arch),
+    };
     let mut meta = Meta {
         arch,
         kv: vec![
@@ -736,6 +818,7 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
             // The assistant's layers are Gemma 4's.
             let names_as = match fam {
                 Family::Gemma4Assistant => Family::Gemma4,
+                Family::DFlash => Family::Qwen3,
                 f => f,
             };
             let name = strip_prefix(&e.name)

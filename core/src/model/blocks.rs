@@ -165,27 +165,6 @@ impl Head {
     }
 }
 
-impl Head {
-    /// The final-normed hidden state of the rows that want logits: `[rows, e]`.
-    pub fn hidden(
-        &self,
-        ex: &Executor,
-        x: &Tensor,
-        b: &ForwardBatch,
-        n: NormSpec,
-    ) -> Result<Tensor> {
-        let rows: Vec<i32> = b.logits_rows.iter().map(|&r| r as i32).collect();
-        let e = x.shape().dims().last().copied().unwrap_or(0);
-        if rows.is_empty() {
-            return ex
-                .backend()
-                .alloc(&crate::TensorDesc::new(crate::DType::F32, [0, e]));
-        }
-        let sel = ex.get_rows(x, &ex.upload_i32(&[rows.len()], &rows)?)?;
-        ex.rms_norm(&sel, &self.out_norm, n.eps, n.one_plus)
-    }
-}
-
 /// The batch's index tensors, uploaded once per forward.
 pub(crate) struct BatchTensors {
     pub positions: Tensor,

@@ -6,7 +6,7 @@ use super::blocks::{
     attention, check_batch, normed_matmuls, upload_batch, GatedFfn, Head, NormSpec,
 };
 use super::weights::Weights;
-use super::{ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
+use super::{DraftSource, Features, ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::GgufFile;
@@ -174,9 +174,74 @@ impl Model for Decoder {
     }
 
     fn forward(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
+        let (x, _) = self.layers_pass(ex, b, kv, &[])?;
+        self.head
+            .logits(ex, &x, b, self.norm_spec(), self.spec.final_soft_cap)
+    }
+
+    fn forward_features(
+        &self,
+        ex: &Executor,
+        b: &ForwardBatch,
+        kv: &KvCaches,
+        f: &Features,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        let n = self.spec.info.n_layer;
+        let taps: Vec<usize> = match f {
+            Features::Final => Vec::new(),
+            Features::Layers(ls) => ls.clone(),
+        };
+        if let Some(&l) = taps.iter().find(|&&l| l >= n) {
+            return Err(Error::Model(format!(
+                "a drafter reads layer {l}; the model has {n}"
+            )));
+        }
+        let (x, taps) = self.layers_pass(ex, b, kv, &taps)?;
+        let ns = self.norm_spec();
+        let logits = self.head.logits(ex, &x, b, ns, self.spec.final_soft_cap)?;
+        let feats = match f {
+            Features::Final => vec![ex.rms_norm(&x, &self.head.out_norm, ns.eps, ns.one_plus)?],
+            Features::Layers(_) => taps,
+        };
+        Ok((logits, feats))
+    }
+
+    fn gives(&self, f: &Features) -> bool {
+        match f {
+            Features::Final => true,
+            Features::Layers(ls) => ls.iter().all(|&l| l < self.spec.info.n_layer),
+        }
+    }
+
+    fn draft_source(&self) -> Option<DraftSource> {
+        let i = &self.spec.info;
+        Some(DraftSource {
+            tok_embd: self.head.tok_embd.clone(),
+            embed_scale: self.spec.embed_scale.unwrap_or(1.0),
+            output: self.head.output.clone(),
+            hidden: i.n_embd,
+            n_layer: i.n_layer,
+            groups: self.groups.clone(),
+            sliding: None,
+            full: None,
+        })
+    }
+}
+
+impl Decoder {
+    /// The layers over the batch's embeddings: the last hidden state, and the outputs of
+    /// the layers in `taps` (in that order).
+    fn layers_pass(
+        &self,
+        ex: &Executor,
+        b: &ForwardBatch,
+        kv: &KvCaches,
+        taps: &[usize],
+    ) -> Result<(Tensor, Vec<Tensor>)> {
         let sp = &self.spec;
         let i = &sp.info;
         let t = check_batch(b, i.vocab)?;
+        let mut tapped: Vec<Option<Tensor>> = vec![None; taps.len()];
         let bt = upload_batch(ex, b, self.groups.len())?;
         let ns = self.norm_spec();
         let (mut x, _) = self.head.embed(ex, b)?;
@@ -223,7 +288,10 @@ impl Model for Decoder {
                 d = self.norm(ex, &d, pn)?;
             }
             x = ex.add(&x, &d)?;
+            for (slot, _) in tapped.iter_mut().zip(taps).filter(|(_, &tl)| tl == l) {
+                *slot = Some(x.clone());
+            }
         }
-        self.head.logits(ex, &x, b, ns, sp.final_soft_cap)
+        Ok((x, tapped.into_iter().flatten().collect()))
     }
 }

@@ -552,29 +552,44 @@ impl Model for Gemma4 {
         self.head.logits(ex, &x, b, self.norm_spec(), self.soft_cap)
     }
 
-    fn forward_hidden(
+    fn forward_features(
         &self,
         ex: &Executor,
         b: &ForwardBatch,
         kv: &KvCaches,
-    ) -> Result<(Tensor, Option<Tensor>)> {
+        f: &super::Features,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        if *f != super::Features::Final {
+            return Err(Error::Model(format!(
+                "Gemma 4 hands a drafter its final hidden state, not {f:?}"
+            )));
+        }
         let x = self.causal(ex, b, kv)?;
         let logits = self
             .head
             .logits(ex, &x, b, self.norm_spec(), self.soft_cap)?;
-        let hidden = self.head.hidden(ex, &x, b, self.norm_spec())?;
-        Ok((logits, Some(hidden)))
+        let n = self.norm_spec();
+        Ok((
+            logits,
+            vec![ex.rms_norm(&x, &self.head.out_norm, n.eps, n.one_plus)?],
+        ))
     }
 
-    fn mtp_source(&self) -> Option<super::MtpSource> {
+    fn gives(&self, f: &super::Features) -> bool {
+        *f == super::Features::Final && self.diffusion.is_none()
+    }
+
+    fn draft_source(&self) -> Option<super::DraftSource> {
         if self.diffusion.is_some() || self.source_groups.is_some() {
             return None;
         }
         let (sliding, full) = self.last_producers();
-        Some(super::MtpSource {
+        Some(super::DraftSource {
             tok_embd: self.head.tok_embd.clone(),
             embed_scale: (self.info.n_embd as f32).sqrt(),
+            output: self.head.output.clone(),
             hidden: self.info.n_embd,
+            n_layer: self.info.n_layer,
             groups: self.groups.clone(),
             sliding,
             full,

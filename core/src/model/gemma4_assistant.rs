@@ -12,7 +12,7 @@
 //! kept logit minus one.
 
 use super::gemma4::{Gemma4, Pass};
-use super::{ForwardBatch, KvCaches, ModelInfo, MtpSource};
+use super::{DraftSource, ForwardBatch, KvCaches, ModelInfo};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::{GgufFile, Value};
@@ -35,7 +35,7 @@ pub struct Gemma4Assistant {
     post: Tensor,
     centroids: Option<Centroids>,
     backbone: usize,
-    source: Option<MtpSource>,
+    source: Option<DraftSource>,
 }
 
 /// One drafting step's outputs.
@@ -124,7 +124,7 @@ impl Gemma4Assistant {
     }
 
     /// Reads `src`'s caches from now on: widths and head shapes must match the target's.
-    pub fn bind(&mut self, src: &MtpSource, target_vocab: usize) -> Result<()> {
+    pub fn bind(&mut self, src: &DraftSource, target_vocab: usize) -> Result<()> {
         if src.hidden != self.backbone {
             return Err(Error::Model(format!(
                 "the assistant was trained beside a model of width {}, the target's is {}",

@@ -3,6 +3,7 @@
 
 mod blocks;
 pub mod decoder;
+pub mod dflash;
 pub mod diffusion_gemma;
 pub mod gemma3;
 pub mod gemma4;
@@ -154,17 +155,29 @@ pub struct ModelInfo {
     pub dtypes: Vec<(crate::DType, usize)>,
 }
 
-/// What Gemma 4's MTP assistant reads of its target: the token embeddings (scaled by
-/// `embed_scale`), the width of the hidden state it is fed, and where the K/V of the last
-/// sliding and the last full layer live in the target's caches.
+/// What a drafter reads of its target's weights and caches: the token embeddings (scaled
+/// by `embed_scale`), the output matrix, the hidden width, and where the K/V of the last
+/// sliding and the last full layer live in the target's caches (Gemma 4's MTP assistant
+/// reads them).
 #[derive(Clone)]
-pub struct MtpSource {
+pub struct DraftSource {
     pub tok_embd: Tensor,
     pub embed_scale: f32,
+    pub output: Tensor,
     pub hidden: usize,
+    pub n_layer: usize,
     pub groups: Vec<KvGroup>,
     pub sliding: Option<(usize, usize)>,
     pub full: Option<(usize, usize)>,
+}
+
+/// Hidden states a drafter reads of every token the target computes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Features {
+    /// The final-normed hidden state (Gemma 4's MTP assistant).
+    Final,
+    /// The outputs of these layers, side by side (DFlash).
+    Layers(Vec<usize>),
 }
 
 /// A loaded model.
@@ -178,18 +191,26 @@ pub trait Model: Send + Sync {
     }
     /// Runs one batch; returns logits `[logits_rows.len(), vocab]` (f32).
     fn forward(&self, ex: &Executor, batch: &ForwardBatch, kv: &KvCaches) -> Result<Tensor>;
-    /// [`Model::forward`], and the final-normed hidden state of the logits rows `[rows,
-    /// n_embd]` where the model can give it (what an MTP drafter is fed).
-    fn forward_hidden(
+    /// [`Model::forward`], and the hidden states `f` names of every row of the batch, as
+    /// column blocks `[T, width]` side by side (what a drafter is fed).
+    fn forward_features(
         &self,
-        ex: &Executor,
-        batch: &ForwardBatch,
-        kv: &KvCaches,
-    ) -> Result<(Tensor, Option<Tensor>)> {
-        Ok((self.forward(ex, batch, kv)?, None))
+        _ex: &Executor,
+        _batch: &ForwardBatch,
+        _kv: &KvCaches,
+        f: &Features,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        Err(crate::Error::Model(format!(
+            "{} cannot hand its hidden states ({f:?}) to a drafter",
+            self.info().architecture
+        )))
     }
-    /// What an MTP assistant reads of this model (`None`: no assistant can draft for it).
-    fn mtp_source(&self) -> Option<MtpSource> {
+    /// Whether [`Model::forward_features`] gives `f`.
+    fn gives(&self, _f: &Features) -> bool {
+        false
+    }
+    /// What a drafter reads of this model's weights and caches (`None`: none can).
+    fn draft_source(&self) -> Option<DraftSource> {
         None
     }
     /// A block-diffusion model's canvas decoder (`None`: an autoregressive model).

@@ -9,16 +9,19 @@
 //! request of a step, verifies inside the same continuous batch, and rolls the rejected
 //! drafts back ([`crate::engine::Runner::rollback`]).
 
+mod dflash;
 mod draft;
 mod mtp;
 mod ngram;
 
+pub use dflash::DFlashDrafter;
 pub use draft::DraftModel;
 pub use mtp::Mtp;
 pub use ngram::Ngram;
 
 use crate::engine::Runner;
 use crate::error::Result;
+use crate::model::Features;
 use crate::sample::{Dist, Sampler, SamplingParams};
 use crate::sched::ReqId;
 
@@ -52,13 +55,14 @@ pub trait Drafter: Send {
     fn propose(&mut self, reqs: &[DraftReq<'_>], target: &Runner) -> Result<Vec<Draft>>;
     /// The request ended: forget what is kept for it.
     fn release(&mut self, _id: ReqId) {}
-    /// Whether the drafter is fed the target's hidden states ([`Drafter::observe`]).
-    fn wants_hidden(&self) -> bool {
-        false
+    /// The hidden states of the target the drafter is fed ([`Drafter::observe`]); `None`:
+    /// none.
+    fn features(&self) -> Option<Features> {
+        None
     }
-    /// After a step that sampled for `id`: the target's final-normed hidden state at the
-    /// last token its cache now holds.
-    fn observe(&mut self, _id: ReqId, _hidden: Vec<f32>) {}
+    /// After a step: the target's hidden states (as [`Drafter::features`] names them) of
+    /// `id`'s tokens from position `first` on, one row per token its cache now holds.
+    fn observe(&mut self, _id: ReqId, _first: usize, _rows: Vec<Vec<f32>>) {}
 }
 
 /// The outcome of verifying one request's drafts.

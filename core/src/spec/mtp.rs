@@ -13,6 +13,7 @@ use crate::engine::Runner;
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::model::gemma4_assistant::Gemma4Assistant;
+use crate::model::Features;
 use crate::sample::{Sampler, SamplingParams};
 use crate::sched::ReqId;
 
@@ -29,12 +30,15 @@ impl Mtp {
     /// fails when that model has no caches an assistant can read or the sizes differ.
     pub fn new(mut assistant: Gemma4Assistant, ex: Executor, target: &Runner) -> Result<Mtp> {
         let m = target.model();
-        let src = m.mtp_source().ok_or_else(|| {
-            Error::Model(format!(
-                "an MTP assistant drafts for Gemma 4 models; this one is {}",
-                m.info().architecture
-            ))
-        })?;
+        let src = m
+            .draft_source()
+            .filter(|s| (s.sliding.is_some() || s.full.is_some()) && m.gives(&Features::Final))
+            .ok_or_else(|| {
+                Error::Model(format!(
+                    "an MTP assistant drafts for Gemma 4 models; this one is {}",
+                    m.info().architecture
+                ))
+            })?;
         assistant.bind(&src, m.info().vocab)?;
         Ok(Mtp {
             assistant,
@@ -50,12 +54,14 @@ impl Drafter for Mtp {
         "mtp"
     }
 
-    fn wants_hidden(&self) -> bool {
-        true
+    fn features(&self) -> Option<Features> {
+        Some(Features::Final)
     }
 
-    fn observe(&mut self, id: ReqId, hidden: Vec<f32>) {
-        self.hidden.insert(id, hidden);
+    fn observe(&mut self, id: ReqId, _first: usize, mut rows: Vec<Vec<f32>>) {
+        if let Some(h) = rows.pop() {
+            self.hidden.insert(id, h);
+        }
     }
 
     fn propose(&mut self, reqs: &[DraftReq<'_>], target: &Runner) -> Result<Vec<Draft>> {
