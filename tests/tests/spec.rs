@@ -250,31 +250,36 @@ fn greedy_mtp_speculation_is_exact_for_gemma4() {
     }
 }
 
-/// Qwen3 with a DFlash block drafter (the tiny random one beside the qwen3 fixture): the same
-/// greedy output, alone and batched, on the CPU and strictly on WebGPU.
+/// A DFlash block drafter (the tiny random one made beside the qwen3 fixture; every family
+/// whose fixture is as wide can host it): the same greedy output, alone and batched, for
+/// the Llama, Qwen3, Gemma 3 and Qwen3.5 (dense and MoE, recurrent layers rolled back)
+/// fixtures on the CPU, and strictly on WebGPU for Qwen3 (every one with
+/// `KILN_SPEC_FULL=1`).
 #[test]
-fn greedy_dflash_speculation_is_exact_for_qwen3() {
-    let (target, drafter) = (fixture("qwen3"), fixture("dflash"));
-    check(
-        "qwen3 dflash",
-        &target,
-        &drafter,
-        &Executor::cpu,
-        320,
-        true,
-        &[Spec::DFlash],
-    );
-    if let Some(gpu) = optional_backend("wgpu", kiln_backend_wgpu::open) {
-        let ex = move || Executor::new(gpu.clone()).strict(true);
+fn greedy_dflash_speculation_is_exact() {
+    let drafter = fixture("dflash");
+    let names = ["llama", "qwen3", "gemma3", "qwen3_5", "qwen3_5_moe"];
+    for name in names {
+        let label = format!("{name} dflash");
+        let t = fixture(name);
         check(
-            "qwen3 dflash wgpu",
-            &target,
+            &label,
+            &t,
             &drafter,
-            &ex,
+            &Executor::cpu,
             320,
-            full(),
+            true,
             &[Spec::DFlash],
         );
+    }
+    if let Some(gpu) = optional_backend("wgpu", kiln_backend_wgpu::open) {
+        let ex = move || Executor::new(gpu.clone()).strict(true);
+        let on_gpu: &[&str] = if full() { &names } else { &["qwen3"] };
+        for name in on_gpu {
+            let label = format!("{name} dflash wgpu");
+            let t = fixture(name);
+            check(&label, &t, &drafter, &ex, 320, full(), &[Spec::DFlash]);
+        }
     }
 }
 

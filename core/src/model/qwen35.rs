@@ -18,7 +18,7 @@
 use super::blocks::{attention, check_batch, experts, upload_batch, GatedFfn, Head, NormSpec};
 use super::llama::{base_info, f32_or};
 use super::weights::Weights;
-use super::{ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
+use super::{DraftSource, Features, ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::{GgufFile, Value};
@@ -453,6 +453,77 @@ impl Model for Qwen35 {
     }
 
     fn forward(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
+        let (x, _) = self.layers_pass(ex, b, kv, &[])?;
+        self.head.logits(ex, &x, b, self.ns(), None)
+    }
+
+    fn forward_features(
+        &self,
+        ex: &Executor,
+        b: &ForwardBatch,
+        kv: &KvCaches,
+        f: &Features,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        if !self.gives(f) {
+            return Err(Error::Model(format!(
+                "Qwen3.5 has {} layers; a drafter asked for {f:?}",
+                self.info.n_layer
+            )));
+        }
+        let taps = match f {
+            Features::Final => Vec::new(),
+            Features::Layers(ls) => ls.clone(),
+        };
+        let (x, tapped) = self.layers_pass(ex, b, kv, &taps)?;
+        let ns = self.ns();
+        let logits = self.head.logits(ex, &x, b, ns, None)?;
+        let feats = match f {
+            Features::Final => vec![ex.rms_norm(&x, &self.head.out_norm, self.eps, false)?],
+            Features::Layers(_) => tapped,
+        };
+        Ok((logits, feats))
+    }
+
+    fn gives(&self, f: &Features) -> bool {
+        match f {
+            Features::Final => true,
+            Features::Layers(ls) => ls.iter().all(|&l| l < self.info.n_layer),
+        }
+    }
+
+    fn draft_source(&self) -> Option<DraftSource> {
+        let i = &self.info;
+        Some(DraftSource {
+            tok_embd: self.head.tok_embd.clone(),
+            embed_scale: 1.0,
+            output: self.head.output.clone(),
+            hidden: i.n_embd,
+            n_layer: i.n_layer,
+            groups: self.groups.clone(),
+            sliding: None,
+            full: None,
+        })
+    }
+}
+
+impl Qwen35 {
+    fn ns(&self) -> NormSpec {
+        NormSpec {
+            eps: self.eps,
+            one_plus: false,
+        }
+    }
+
+    /// The layers over the batch's embeddings: the last hidden state, and the outputs of
+    /// the layers in `taps` (in that order).
+    fn layers_pass(
+        &self,
+        ex: &Executor,
+        b: &ForwardBatch,
+        kv: &KvCaches,
+        taps: &[usize],
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        let mut tapped: Vec<Option<Tensor>> = vec![None; taps.len()];
         let i = &self.info;
         let t = check_batch(b, i.vocab)?;
         let bt = upload_batch(ex, b, self.groups.len())?;
@@ -473,7 +544,7 @@ impl Model for Qwen35 {
             eps: self.eps,
             one_plus: false,
         };
-        for layer in &self.layers {
+        for (l, layer) in self.layers.iter().enumerate() {
             let h = ex.rms_norm(&x, &layer.attn_norm, self.eps, false)?;
             let o = match &layer.mixer {
                 Mixer::Linear(m) => self.linear(ex, m, &h, kv, &io, &bt.q_start)?,
@@ -502,7 +573,10 @@ impl Model for Qwen35 {
                 Ffn::Moe(m) => moe(ex, m, &ex.rms_norm(&x, &layer.ffn_norm, self.eps, false)?)?,
             };
             x = ex.add(&x, &d)?;
+            for (slot, _) in tapped.iter_mut().zip(taps).filter(|(_, &tl)| tl == l) {
+                *slot = Some(x.clone());
+            }
         }
-        self.head.logits(ex, &x, b, ns, None)
+        Ok((x, tapped.into_iter().flatten().collect()))
     }
 }
