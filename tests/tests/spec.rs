@@ -331,6 +331,108 @@ fn greedy_speculation_is_exact_for_the_real_models() {
     }
 }
 
+/// A DFlash drafter with random weights (one layer reading two of the target's), for a
+/// target `hidden` wide with `layers` layers and `vocab` tokens, written as a Hugging Face
+/// directory under the temporary folder. Its drafts are nonsense: nearly all are rejected.
+fn random_dflash(hidden: usize, layers: usize, vocab: usize) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "kiln-dflash-{hidden}-{layers}-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    let (heads, kv, hd, ff) = (4usize, 2usize, 64usize, 256usize);
+    let config = serde_json::json!({
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": hidden,
+        "num_hidden_layers": 1,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": hd,
+        "intermediate_size": ff,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096,
+        "rope_theta": 1e6,
+        "vocab_size": vocab,
+        "block_size": 16,
+        "num_target_layers": layers,
+        "dflash_config": {"mask_token_id": vocab - 1, "target_layer_ids": [1, layers - 3]},
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).expect("config");
+    let shapes: Vec<(String, Vec<usize>)> = [
+        ("fc.weight", vec![hidden, 2 * hidden]),
+        ("hidden_norm.weight", vec![hidden]),
+        ("norm.weight", vec![hidden]),
+        ("layers.0.input_layernorm.weight", vec![hidden]),
+        ("layers.0.post_attention_layernorm.weight", vec![hidden]),
+        ("layers.0.self_attn.q_proj.weight", vec![heads * hd, hidden]),
+        ("layers.0.self_attn.k_proj.weight", vec![kv * hd, hidden]),
+        ("layers.0.self_attn.v_proj.weight", vec![kv * hd, hidden]),
+        ("layers.0.self_attn.o_proj.weight", vec![hidden, heads * hd]),
+        ("layers.0.self_attn.q_norm.weight", vec![hd]),
+        ("layers.0.self_attn.k_norm.weight", vec![hd]),
+        ("layers.0.mlp.gate_proj.weight", vec![ff, hidden]),
+        ("layers.0.mlp.up_proj.weight", vec![ff, hidden]),
+        ("layers.0.mlp.down_proj.weight", vec![hidden, ff]),
+    ]
+    .into_iter()
+    .map(|(n, s)| (n.to_string(), s))
+    .collect();
+    let mut r = Rng::new(hidden as u64 * 31 + layers as u64);
+    let mut header = serde_json::Map::new();
+    let mut data: Vec<u8> = Vec::new();
+    for (name, shape) in &shapes {
+        let n: usize = shape.iter().product();
+        let scale = 1.0 / (shape.last().copied().unwrap_or(1) as f32).sqrt();
+        let start = data.len();
+        for _ in 0..n {
+            let v = if shape.len() == 1 {
+                1.0 + 0.1 * r.normal()
+            } else {
+                scale * r.normal()
+            };
+            data.extend_from_slice(&v.to_le_bytes());
+        }
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    let h = serde_json::Value::Object(header).to_string().into_bytes();
+    let mut file = (h.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(&h);
+    file.extend_from_slice(&data);
+    std::fs::write(dir.join("model.safetensors"), file).expect("weights");
+    dir
+}
+
+/// The real models with a random DFlash drafter sized for each (nearly every draft
+/// rejected): the same greedy output, alone and batched. SmolLM2 on the CPU in CI; Gemma 3
+/// (a 262,144-token head for every drafted row) with `KILN_SPEC_FULL=1`.
+#[test]
+fn greedy_dflash_speculation_is_exact_for_the_real_models() {
+    for name in [SMOLLM2, GEMMA3] {
+        if name == GEMMA3 && !full() {
+            continue;
+        }
+        let Some(path) = model_file(name) else {
+            continue;
+        };
+        let info = runner(&path, Executor::cpu(), 1, 16).model().info().clone();
+        let drafter = random_dflash(info.n_embd, info.n_layer, info.vocab);
+        check(
+            &format!("{name} dflash"),
+            &path,
+            &drafter,
+            &Executor::cpu,
+            320,
+            true,
+            &[Spec::DFlash],
+        );
+        let _ = std::fs::remove_dir_all(&drafter);
+    }
+}
+
 /// Upper tail of the chi-square distribution (Wilson–Hilferty).
 fn chi_square_p(chi: f64, df: usize) -> f64 {
     let k = df as f64;
