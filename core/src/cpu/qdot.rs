@@ -51,6 +51,7 @@ pub(crate) unsafe fn rows_dots(
     rows: std::ops::Range<usize>,
     (y, ldy): (*mut f32, usize),
 ) {
+    debug_assert!((1..=MAX_ROWS).contains(&mr));
     #[cfg(target_arch = "x86_64")]
     {
         use x86::*;
