@@ -39,7 +39,8 @@ pub struct SpecArgs {
     #[arg(long, value_enum)]
     pub spec: Option<SpecKind>,
     /// The draft model for --spec draft (a .gguf file, a Hugging Face directory or an
-    /// alias, sharing the model's tokenizer), or the assistant's directory for --spec mtp.
+    /// alias, sharing the model's tokenizer); the MTP assistant's directory for --spec mtp;
+    /// the DFlash drafter's directory for --spec dflash.
     #[arg(long)]
     pub draft_model: Option<String>,
     /// Tokens drafted per step (1 to 16).
