@@ -31,6 +31,16 @@ pub fn optional_backend(
     }
 }
 
+/// The CUDA backend's kernels and launch plan emulated on the CPU (needs a C++ compiler):
+/// `None` with a printed reason when unavailable, a panic when `KILN_REQUIRE_CUDA_EMU` is set.
+pub fn cuda_emu() -> Option<Arc<dyn Backend>> {
+    optional_backend("cuda_emu", || {
+        kiln_backend_cuda::emu::EmuBackend::open()
+            .map(|b| b as Arc<dyn Backend>)
+            .map_err(kiln_core::Error::Model)
+    })
+}
+
 /// A real model file for end-to-end tests: from `KILN_TEST_MODELS` (a folder), else kiln's
 /// model cache. `None` (with a printed reason) when absent, unless `KILN_REQUIRE_MODELS` is set.
 pub fn model_file(name: &str) -> Option<std::path::PathBuf> {

@@ -141,17 +141,8 @@ fn dflash_drafts_match_the_reference_on_webgpu() {
 
 #[test]
 fn dflash_drafts_match_the_reference_on_emulated_cuda_kernels() {
-    let emu = match kiln_backend_cuda::emu::EmuBackend::open() {
-        Ok(b) => b,
-        Err(e) => {
-            assert!(
-                !kiln_tests::required("CUDA_EMU"),
-                "KILN_REQUIRE_CUDA_EMU is set: {e}"
-            );
-            println!("skipping: {e}");
-            return;
-        }
+    let Some(emu) = kiln_tests::cuda_emu() else {
+        return;
     };
-    let backend: std::sync::Arc<dyn kiln_core::backend::Backend> = emu;
-    check(|| Executor::new(backend.clone()).strict(true), "cuda-emu");
+    check(|| Executor::new(emu.clone()).strict(true), "cuda-emu");
 }

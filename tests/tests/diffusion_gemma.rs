@@ -164,19 +164,10 @@ fn decoder_logits_and_first_canvas_match_transformers_on_webgpu() {
 /// The CUDA backend's kernels and launch plan, emulated on the CPU, strict (no op falls back).
 #[test]
 fn decoder_logits_and_first_canvas_match_transformers_on_emulated_cuda_kernels() {
-    let emu = match kiln_backend_cuda::emu::EmuBackend::open() {
-        Ok(b) => b,
-        Err(e) => {
-            assert!(
-                !kiln_tests::required("CUDA_EMU"),
-                "KILN_REQUIRE_CUDA_EMU is set: {e}"
-            );
-            println!("skipping: {e}");
-            return;
-        }
+    let Some(emu) = kiln_tests::cuda_emu() else {
+        return;
     };
-    let backend: std::sync::Arc<dyn kiln_core::backend::Backend> = emu;
-    check(|| Executor::new(backend.clone()).strict(true), "cuda-emu");
+    check(|| Executor::new(emu.clone()).strict(true), "cuda-emu");
 }
 
 /// The top-k soft embedding (softmax over the k largest logits, k rows of the table) against

@@ -4,7 +4,7 @@
 //! paged attention, the mixture-of-experts expert pass, and the logits head.
 
 use super::weights::Weights;
-use super::{ForwardBatch, KvCaches};
+use super::{Features, ForwardBatch, KvCaches};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::op::{AttnParams, GluOp};
@@ -162,6 +162,78 @@ impl Head {
         let vocab = self.output.shape().dims()[0];
         let (norm, out) = (&self.out_norm, &self.output);
         logits_head(ex, x, b, norm, out, (n.eps, n.one_plus), vocab, soft_cap)
+    }
+}
+
+/// The hidden states a pass collects for a drafter ([`Features`]): the outputs of the
+/// layers it reads, or (for the final state) nothing until the end.
+pub(crate) struct Taps {
+    layers: Vec<usize>,
+    got: Vec<Option<Tensor>>,
+    last: bool,
+}
+
+impl Taps {
+    /// Nothing to collect (a plain forward).
+    pub fn none() -> Taps {
+        Taps {
+            layers: Vec::new(),
+            got: Vec::new(),
+            last: false,
+        }
+    }
+
+    /// `f` over a model of `n` layers; an error for a layer it does not have.
+    pub fn new(f: &Features, n: usize) -> Result<Taps> {
+        if !gives(f, n) {
+            return Err(Error::Model(format!(
+                "a drafter reads {f:?}; the model has {n} layers"
+            )));
+        }
+        let layers = match f {
+            Features::Final => Vec::new(),
+            Features::Layers(ls) => ls.clone(),
+        };
+        Ok(Taps {
+            got: vec![None; layers.len()],
+            layers,
+            last: *f == Features::Final,
+        })
+    }
+
+    /// After layer `l`: keeps its output `x` where a drafter reads it.
+    pub fn after(&mut self, l: usize, x: &Tensor) {
+        for (g, _) in self
+            .got
+            .iter_mut()
+            .zip(&self.layers)
+            .filter(|(_, &t)| t == l)
+        {
+            *g = Some(x.clone());
+        }
+    }
+
+    /// What the drafter is handed after the last layer's `x`: the final-normed state, or
+    /// the collected outputs in the order asked for.
+    pub fn finish(
+        self,
+        ex: &Executor,
+        x: &Tensor,
+        head: &Head,
+        n: NormSpec,
+    ) -> Result<Vec<Tensor>> {
+        if self.last {
+            return Ok(vec![ex.rms_norm(x, &head.out_norm, n.eps, n.one_plus)?]);
+        }
+        Ok(self.got.into_iter().flatten().collect())
+    }
+}
+
+/// Whether a model of `n` layers whose outputs it can hand over gives `f`.
+pub(crate) fn gives(f: &Features, n: usize) -> bool {
+    match f {
+        Features::Final => true,
+        Features::Layers(ls) => ls.iter().all(|&l| l < n),
     }
 }
 

@@ -3,7 +3,7 @@
 //! over the paged KV cache. Family files fill in a `DecoderSpec` from their metadata.
 
 use super::blocks::{
-    attention, check_batch, normed_matmuls, upload_batch, GatedFfn, Head, NormSpec,
+    attention, check_batch, gives, normed_matmuls, upload_batch, GatedFfn, Head, NormSpec, Taps,
 };
 use super::weights::Weights;
 use super::{DraftSource, Features, ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
@@ -174,7 +174,7 @@ impl Model for Decoder {
     }
 
     fn forward(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
-        let (x, _) = self.layers_pass(ex, b, kv, &[])?;
+        let x = self.layers_pass(ex, b, kv, &mut Taps::none())?;
         self.head
             .logits(ex, &x, b, self.norm_spec(), self.spec.final_soft_cap)
     }
@@ -186,31 +186,15 @@ impl Model for Decoder {
         kv: &KvCaches,
         f: &Features,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        let n = self.spec.info.n_layer;
-        let taps: Vec<usize> = match f {
-            Features::Final => Vec::new(),
-            Features::Layers(ls) => ls.clone(),
-        };
-        if let Some(&l) = taps.iter().find(|&&l| l >= n) {
-            return Err(Error::Model(format!(
-                "a drafter reads layer {l}; the model has {n}"
-            )));
-        }
-        let (x, taps) = self.layers_pass(ex, b, kv, &taps)?;
+        let mut taps = Taps::new(f, self.spec.info.n_layer)?;
+        let x = self.layers_pass(ex, b, kv, &mut taps)?;
         let ns = self.norm_spec();
         let logits = self.head.logits(ex, &x, b, ns, self.spec.final_soft_cap)?;
-        let feats = match f {
-            Features::Final => vec![ex.rms_norm(&x, &self.head.out_norm, ns.eps, ns.one_plus)?],
-            Features::Layers(_) => taps,
-        };
-        Ok((logits, feats))
+        Ok((logits, taps.finish(ex, &x, &self.head, ns)?))
     }
 
     fn gives(&self, f: &Features) -> bool {
-        match f {
-            Features::Final => true,
-            Features::Layers(ls) => ls.iter().all(|&l| l < self.spec.info.n_layer),
-        }
+        gives(f, self.spec.info.n_layer)
     }
 
     fn draft_source(&self) -> Option<DraftSource> {
@@ -229,19 +213,18 @@ impl Model for Decoder {
 }
 
 impl Decoder {
-    /// The layers over the batch's embeddings: the last hidden state, and the outputs of
-    /// the layers in `taps` (in that order).
+    /// The layers over the batch's embeddings: the last hidden state (`taps` collects the
+    /// layer outputs a drafter reads).
     fn layers_pass(
         &self,
         ex: &Executor,
         b: &ForwardBatch,
         kv: &KvCaches,
-        taps: &[usize],
-    ) -> Result<(Tensor, Vec<Tensor>)> {
+        taps: &mut Taps,
+    ) -> Result<Tensor> {
         let sp = &self.spec;
         let i = &sp.info;
         let t = check_batch(b, i.vocab)?;
-        let mut tapped: Vec<Option<Tensor>> = vec![None; taps.len()];
         let bt = upload_batch(ex, b, self.groups.len())?;
         let ns = self.norm_spec();
         let (mut x, _) = self.head.embed(ex, b)?;
@@ -288,10 +271,8 @@ impl Decoder {
                 d = self.norm(ex, &d, pn)?;
             }
             x = ex.add(&x, &d)?;
-            for (slot, _) in tapped.iter_mut().zip(taps).filter(|(_, &tl)| tl == l) {
-                *slot = Some(x.clone());
-            }
+            taps.after(l, &x);
         }
-        Ok((x, tapped.into_iter().flatten().collect()))
+        Ok(x)
     }
 }

@@ -199,6 +199,11 @@ impl DFlash {
         }
     }
 
+    /// Per-head RMSNorm, then RoPE at `positions`.
+    fn norm_rope(&self, ex: &Executor, x: &Tensor, w: &Tensor, pos: &Tensor) -> Result<Tensor> {
+        ex.rope(&ex.rms_norm(x, w, self.eps, false)?, pos, self.rope, None)
+    }
+
     /// Writes the K/V of context rows: `feats` `[T, feature_width]` are the target's hidden
     /// states of `b`'s tokens, whose positions and slots `b` gives.
     pub fn write_context(
@@ -221,12 +226,7 @@ impl DFlash {
             let k = ex
                 .matmul(&ctx, &layer.wk)?
                 .reshape([t, self.n_kv, self.hd])?;
-            let k = ex.rope(
-                &ex.rms_norm(&k, &layer.k_norm, self.eps, false)?,
-                &bt.positions,
-                self.rope,
-                None,
-            )?;
+            let k = self.norm_rope(ex, &k, &layer.k_norm, &bt.positions)?;
             let v = ex
                 .matmul(&ctx, &layer.wv)?
                 .reshape([t, self.n_kv, self.hd])?;
@@ -266,18 +266,8 @@ impl DFlash {
                 .reshape([t, self.n_head, self.hd])?;
             let k = ex.matmul(&h, &layer.wk)?.reshape([t, self.n_kv, self.hd])?;
             let v = ex.matmul(&h, &layer.wv)?.reshape([t, self.n_kv, self.hd])?;
-            let q = ex.rope(
-                &ex.rms_norm(&q, &layer.q_norm, self.eps, false)?,
-                &bt.positions,
-                self.rope,
-                None,
-            )?;
-            let k = ex.rope(
-                &ex.rms_norm(&k, &layer.k_norm, self.eps, false)?,
-                &bt.positions,
-                self.rope,
-                None,
-            )?;
+            let q = self.norm_rope(ex, &q, &layer.q_norm, &bt.positions)?;
+            let k = self.norm_rope(ex, &k, &layer.k_norm, &bt.positions)?;
             let a = attention(ex, &bt, kv, (0, l), &q, Some((&k, &v)), p)?;
             x = ex.add(&x, &ex.matmul(&a, &layer.wo)?)?;
             x = ex.add(&x, &layer.ffn.forward(ex, &x, &layer.ffn_norm, ns)?)?;

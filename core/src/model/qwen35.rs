@@ -15,7 +15,9 @@
 //! except the gated norm, which is a plain one. GGUF files from llama.cpp and Hugging Face
 //! checkpoints differ only in the order of the value heads, which is undone at load.
 
-use super::blocks::{attention, check_batch, experts, upload_batch, GatedFfn, Head, NormSpec};
+use super::blocks::{
+    attention, check_batch, experts, gives, upload_batch, GatedFfn, Head, NormSpec, Taps,
+};
 use super::llama::{base_info, f32_or};
 use super::weights::Weights;
 use super::{DraftSource, Features, ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
@@ -453,7 +455,7 @@ impl Model for Qwen35 {
     }
 
     fn forward(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
-        let (x, _) = self.layers_pass(ex, b, kv, &[])?;
+        let x = self.layers_pass(ex, b, kv, &mut Taps::none())?;
         self.head.logits(ex, &x, b, self.ns(), None)
     }
 
@@ -464,31 +466,15 @@ impl Model for Qwen35 {
         kv: &KvCaches,
         f: &Features,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        if !self.gives(f) {
-            return Err(Error::Model(format!(
-                "Qwen3.5 has {} layers; a drafter asked for {f:?}",
-                self.info.n_layer
-            )));
-        }
-        let taps = match f {
-            Features::Final => Vec::new(),
-            Features::Layers(ls) => ls.clone(),
-        };
-        let (x, tapped) = self.layers_pass(ex, b, kv, &taps)?;
+        let mut taps = Taps::new(f, self.info.n_layer)?;
+        let x = self.layers_pass(ex, b, kv, &mut taps)?;
         let ns = self.ns();
         let logits = self.head.logits(ex, &x, b, ns, None)?;
-        let feats = match f {
-            Features::Final => vec![ex.rms_norm(&x, &self.head.out_norm, self.eps, false)?],
-            Features::Layers(_) => tapped,
-        };
-        Ok((logits, feats))
+        Ok((logits, taps.finish(ex, &x, &self.head, ns)?))
     }
 
     fn gives(&self, f: &Features) -> bool {
-        match f {
-            Features::Final => true,
-            Features::Layers(ls) => ls.iter().all(|&l| l < self.info.n_layer),
-        }
+        gives(f, self.info.n_layer)
     }
 
     fn draft_source(&self) -> Option<DraftSource> {
@@ -514,16 +500,15 @@ impl Qwen35 {
         }
     }
 
-    /// The layers over the batch's embeddings: the last hidden state, and the outputs of
-    /// the layers in `taps` (in that order).
+    /// The layers over the batch's embeddings: the last hidden state (`taps` collects the
+    /// layer outputs a drafter reads).
     fn layers_pass(
         &self,
         ex: &Executor,
         b: &ForwardBatch,
         kv: &KvCaches,
-        taps: &[usize],
-    ) -> Result<(Tensor, Vec<Tensor>)> {
-        let mut tapped: Vec<Option<Tensor>> = vec![None; taps.len()];
+        taps: &mut Taps,
+    ) -> Result<Tensor> {
         let i = &self.info;
         let t = check_batch(b, i.vocab)?;
         let bt = upload_batch(ex, b, self.groups.len())?;
@@ -573,10 +558,8 @@ impl Qwen35 {
                 Ffn::Moe(m) => moe(ex, m, &ex.rms_norm(&x, &layer.ffn_norm, self.eps, false)?)?,
             };
             x = ex.add(&x, &d)?;
-            for (slot, _) in tapped.iter_mut().zip(taps).filter(|(_, &tl)| tl == l) {
-                *slot = Some(x.clone());
-            }
+            taps.after(l, &x);
         }
-        Ok((x, tapped.into_iter().flatten().collect()))
+        Ok(x)
     }
 }

@@ -17,7 +17,7 @@ use crate::exec::Executor;
 use crate::kv::KvManager;
 use crate::model::dflash::DFlash;
 use crate::model::{Features, ForwardBatch, KvCaches, SeqInput};
-use crate::sample::{Sampler, SamplingParams};
+use crate::sample::Sampler;
 use crate::sched::ReqId;
 
 /// Context rows written per pass.
@@ -238,11 +238,8 @@ impl Drafter for DFlashDrafter {
                 continue;
             }
             if !self.samplers.contains_key(&r.id) {
-                let params = SamplingParams {
-                    seed: Some(r.params.seed.unwrap_or(0) ^ 0xDF1A_5400_5EED_0001),
-                    ..r.params.clone()
-                };
-                self.samplers.insert(r.id, Sampler::new(params)?);
+                let s = super::draft_sampler(r.params, 0xDF1A_5400_5EED_0001)?;
+                self.samplers.insert(r.id, s);
             }
             let Some(sampler) = self.samplers.get_mut(&r.id) else {
                 continue;

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use super::{Draft, DraftReq, Drafter};
 use crate::engine::{Logits, Runner};
 use crate::error::{Error, Result};
-use crate::sample::{Sampler, SamplingParams};
+use crate::sample::Sampler;
 use crate::sched::ReqId;
 
 pub struct DraftModel {
@@ -82,11 +82,8 @@ impl Drafter for DraftModel {
                 continue;
             };
             if !self.samplers.contains_key(&r.id) {
-                let params = SamplingParams {
-                    seed: Some(r.params.seed.unwrap_or(0) ^ 0xD7AF_7000_5EED_0001),
-                    ..r.params.clone()
-                };
-                self.samplers.insert(r.id, Sampler::new(params)?);
+                let s = super::draft_sampler(r.params, 0xD7AF_7000_5EED_0001)?;
+                self.samplers.insert(r.id, s);
             }
             first.push((i, missing));
         }

@@ -65,6 +65,15 @@ pub trait Drafter: Send {
     fn observe(&mut self, _id: ReqId, _first: usize, _rows: Vec<Vec<f32>>) {}
 }
 
+/// The sampler a drafter draws one request's drafts with: the request's own parameters,
+/// its seed mixed with the drafter's `salt` so the drafts' randomness is not the target's.
+pub(crate) fn draft_sampler(params: &SamplingParams, salt: u64) -> Result<Sampler> {
+    Sampler::new(SamplingParams {
+        seed: Some(params.seed.unwrap_or(0) ^ salt),
+        ..params.clone()
+    })
+}
+
 /// The outcome of verifying one request's drafts.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Verdict {

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::model::gemma4_assistant::Gemma4Assistant;
 use crate::model::Features;
-use crate::sample::{Sampler, SamplingParams};
+use crate::sample::Sampler;
 use crate::sched::ReqId;
 
 pub struct Mtp {
@@ -79,11 +79,8 @@ impl Drafter for Mtp {
                 continue;
             }
             if !self.samplers.contains_key(&r.id) {
-                let params = SamplingParams {
-                    seed: Some(r.params.seed.unwrap_or(0) ^ 0x4D54_5000_5EED_0001),
-                    ..r.params.clone()
-                };
-                self.samplers.insert(r.id, Sampler::new(params)?);
+                let s = super::draft_sampler(r.params, 0x4D54_5000_5EED_0001)?;
+                self.samplers.insert(r.id, s);
             }
             live.push(i);
             hid.extend_from_slice(h);
