@@ -82,10 +82,7 @@ impl SpecArgs {
         Ok(Some(match kind {
             SpecKind::Ngram => Box::new(Ngram::default()),
             SpecKind::Draft => {
-                let name = self.draft_model.as_deref().unwrap_or_default();
-                let path = crate::models::resolve(Some(name))?;
-                let file = kiln_core::load::open_model(&path)
-                    .with_context(|| format!("opening the draft model {}", path.display()))?;
+                let file = self.open_draft("draft model")?;
                 let target = engine.runner();
                 let ex = target.executor().sibling();
                 let m = build_from_gguf(&file, &ex)?;
@@ -101,20 +98,14 @@ impl SpecArgs {
                 Box::new(DraftModel::new(Runner::new(ex, m, cfg)?, vocab)?)
             }
             SpecKind::Mtp => {
-                let name = self.draft_model.as_deref().unwrap_or_default();
-                let path = crate::models::resolve(Some(name))?;
-                let file = kiln_core::load::open_model(&path)
-                    .with_context(|| format!("opening the MTP assistant {}", path.display()))?;
+                let file = self.open_draft("MTP assistant")?;
                 let target = engine.runner();
                 let ex = target.executor().sibling();
                 let a = Gemma4Assistant::load(&file, &ex)?;
                 Box::new(Mtp::new(a, ex, target)?)
             }
             SpecKind::Dflash => {
-                let name = self.draft_model.as_deref().unwrap_or_default();
-                let path = crate::models::resolve(Some(name))?;
-                let file = kiln_core::load::open_model(&path)
-                    .with_context(|| format!("opening the DFlash drafter {}", path.display()))?;
+                let file = self.open_draft("DFlash drafter")?;
                 let target = engine.runner();
                 let ex = target.executor().sibling();
                 let m = DFlash::load(&file, &ex)?;
@@ -122,6 +113,14 @@ impl SpecArgs {
                 Box::new(DFlashDrafter::new(m, ex, target, seqs)?)
             }
         }))
+    }
+
+    /// The --draft-model file or directory, opened (`what` names it in errors).
+    fn open_draft(&self, what: &str) -> Result<kiln_core::load::gguf::GgufFile> {
+        let name = self.draft_model.as_deref().unwrap_or_default();
+        let path = crate::models::resolve(Some(name))?;
+        kiln_core::load::open_model(&path)
+            .with_context(|| format!("opening the {what} {}", path.display()))
     }
 
     /// `engine`, speculating as the flags say.
