@@ -305,9 +305,6 @@ pub struct PerplexityArgs {
     /// The text file to score.
     #[arg(long, short)]
     pub file: std::path::PathBuf,
-    /// Tokens per chunk.
-    #[arg(long, default_value_t = 128)]
-    pub ctx: usize,
     /// Score at most this many chunks.
     #[arg(long)]
     pub chunks: Option<usize>,
@@ -365,29 +362,34 @@ pub fn perplexity_text(s: &str) -> String {
     s.strip_suffix('\n').unwrap_or(s).to_string()
 }
 
+/// Tokens per perplexity chunk when `--ctx` is not given.
+pub const PERPLEXITY_CTX: usize = 128;
+
 pub fn perplexity(a: &PerplexityArgs) -> Result<()> {
+    // `--ctx` (the model flag) is the chunk length here.
+    let ctx = a.model.ctx.unwrap_or(PERPLEXITY_CTX);
     let text = std::fs::read(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
     let text = perplexity_text(&String::from_utf8_lossy(&text));
     let cfg = RunnerConfig {
-        max_batch_tokens: a.ctx.max(16),
+        max_batch_tokens: ctx.max(16),
         ..RunnerConfig::default()
     };
     let mut margs = a.model.clone();
-    margs.ctx = Some(a.ctx.max(margs.ctx.unwrap_or(0)));
+    margs.ctx = Some(ctx);
     let mut m = load(&margs, cfg)?;
     let tokens = m.tokenizer.encode(&text, true)?;
     eprintln!(
         "kiln: {} tokens, {} chunks of {}",
         tokens.len(),
-        tokens.len() / a.ctx,
-        a.ctx
+        tokens.len() / ctx,
+        ctx
     );
     let start = Instant::now();
     let (ppl, n) = perplexity_of(
         &mut m.runner,
         &m.tokenizer,
         &tokens,
-        a.ctx,
+        ctx,
         a.chunks,
         |i, n, p| {
             eprint!("\r[{i}/{n}] ppl {p:.4}   ");

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use kiln_core::cpu::CpuBackend;
 use kiln_core::engine::{Runner, RunnerConfig};
 use kiln_core::exec::Executor;
+use kiln_core::kv::KvTypes;
 use kiln_core::load::gguf::GgufFile;
 use kiln_core::model::build_from_gguf;
 use kiln_core::tokenizer::Tokenizer;
@@ -32,19 +33,59 @@ pub struct ModelArgs {
     /// Fail instead of running an op on the CPU when the backend lacks it.
     #[arg(long)]
     pub strict: bool,
-    /// KV cache element type: f32 (exact), f16 or bf16 (half the memory), q8_0 (about a
-    /// quarter). The WebGPU backend runs f32 and f16 caches; others fall back to the CPU.
-    #[arg(long, default_value = "f32", value_parser = parse_kv_type)]
-    pub kv_type: DType,
+    /// KV cache type of K and V: f32 (exact; the CPU's default), f16 (GPU backends' default)
+    /// or bf16 (half of f32), q8_0 (8.5 bits a value), q4_0 (4.5), or the TurboQuant-style
+    /// tq4, tq3, tq2 (4.5, 3.5, 2.5 bits: rows rotated so a Gaussian codebook fits them).
+    /// `kiln info` shows the bytes per token and how many tokens fit.
+    #[arg(long, value_parser = parse_kv_type)]
+    pub kv_type: Option<DType>,
+    /// K cache type (overrides --kv-type for K).
+    #[arg(long, value_parser = parse_kv_type)]
+    pub kv_type_k: Option<DType>,
+    /// V cache type (overrides --kv-type for V).
+    #[arg(long, value_parser = parse_kv_type)]
+    pub kv_type_v: Option<DType>,
+    /// Per-layer cache types, comma-separated `FIRST-LAST:TYPE` or `FIRST-LAST:KTYPE/VTYPE`,
+    /// e.g. `0-3:q8_0` to keep the first four layers at 8 bits.
+    #[arg(long, value_name = "LAYERS")]
+    pub kv_type_layers: Option<String>,
+}
+
+impl ModelArgs {
+    /// The cache types these flags ask for; unset types default to f32 on the CPU reference
+    /// and f16 on a GPU backend.
+    pub fn kv_types(&self, on_cpu: bool) -> Result<KvTypes> {
+        let base = self
+            .kv_type
+            .unwrap_or(if on_cpu { DType::F32 } else { DType::F16 });
+        Ok(KvTypes {
+            k: self.kv_type_k.unwrap_or(base),
+            v: self.kv_type_v.unwrap_or(base),
+            layers: match &self.kv_type_layers {
+                Some(s) => KvTypes::parse_layers(s)?,
+                None => Vec::new(),
+            },
+        })
+    }
+
+    /// Flags for `model` on `backend` with every other option at its default.
+    pub fn new(model: Option<String>, backend: &str) -> ModelArgs {
+        ModelArgs {
+            model,
+            backend: backend.into(),
+            threads: None,
+            ctx: None,
+            strict: false,
+            kv_type: None,
+            kv_type_k: None,
+            kv_type_v: None,
+            kv_type_layers: None,
+        }
+    }
 }
 
 fn parse_kv_type(s: &str) -> std::result::Result<DType, String> {
-    match DType::from_name(s) {
-        Some(d @ (DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0)) => Ok(d),
-        _ => Err(format!(
-            "{s:?} is not a KV cache type: use f32, f16, bf16 or q8_0"
-        )),
-    }
+    KvTypes::parse_type(s).map_err(|e| e.to_string())
 }
 
 pub struct Loaded {
@@ -95,7 +136,7 @@ pub fn load(args: &ModelArgs, cfg: RunnerConfig) -> Result<Loaded> {
     let model = build_from_gguf(&file, &ex)?;
     let mut cfg = cfg;
     cfg.ctx = args.ctx.unwrap_or(model.info().context_length.min(4096));
-    cfg.kv_dtype = args.kv_type;
+    cfg.kv_types = args.kv_types(ex.on_cpu())?;
     let runner = Runner::new(ex, model, cfg)?;
     Ok(Loaded {
         path,

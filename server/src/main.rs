@@ -32,8 +32,8 @@ enum Command {
     Tokenize(generate::TokenizeArgs),
     /// Print the logits of the last position (or every one) after some token ids, as JSON.
     Logits(generate::LogitsArgs),
-    /// Perplexity of a text file, by llama.cpp's method (chunks of --ctx tokens, the second
-    /// half of each scored).
+    /// Perplexity of a text file, by llama.cpp's method (chunks of --ctx tokens, default 128,
+    /// the second half of each scored).
     Perplexity(generate::PerplexityArgs),
     /// Prompt-processing and generation speed (tokens per second), and the decode roofline:
     /// the weight bytes a decode token reads over the backend's measured copy bandwidth, and

@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use kiln_core::engine::batching::{Engine, Event, GenRequest};
 use kiln_core::engine::{Runner, RunnerConfig};
+use kiln_core::kv::KvTypes;
 use kiln_core::model::build_from_gguf;
 use kiln_core::model::dflash::DFlash;
 use kiln_core::model::gemma4_assistant::Gemma4Assistant;
@@ -91,7 +92,11 @@ impl SpecArgs {
                     kv_blocks: None,
                     max_rollback: self.spec_tokens + 1,
                     state_snapshots: None,
-                    kv_dtype: target.config().kv_dtype,
+                    // The target's K and V types; its per-layer ranges name its own layers.
+                    kv_types: KvTypes {
+                        layers: Vec::new(),
+                        ..target.config().kv_types.clone()
+                    },
                     ..target.config().clone()
                 };
                 let vocab = target.model().info().vocab;

@@ -215,12 +215,8 @@ fn top_k_self_conditioning_matches_the_dense_form() {
 fn the_logits_command_reads_self_conditioning_from_json() {
     let v = reference();
     let args = kiln_server::load::ModelArgs {
-        model: Some(dir().display().to_string()),
-        backend: "cpu".into(),
-        threads: None,
         ctx: Some(128),
-        strict: false,
-        kv_type: kiln_core::DType::F32,
+        ..kiln_server::load::ModelArgs::new(Some(dir().display().to_string()), "cpu")
     };
     let mut m = kiln_server::load::load(&args, RunnerConfig::default()).expect("loads");
     let sc = f32s("self_cond.f32");

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kiln_core::engine::RunnerConfig;
-use kiln_core::DType;
 use kiln_server::load::{load, ModelArgs};
 use kiln_server::serve::state;
 use kiln_tests::{model_file, SMOLLM2};
@@ -446,12 +445,8 @@ fn a_thinking_template_turns_the_output_into_reasoning_content() {
     let cfg = json!({"eos_token": "<|im_end|>", "add_bos_token": false, "chat_template": template});
     std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).expect("write");
     let args = ModelArgs {
-        model: Some(dir.display().to_string()),
-        backend: "cpu".into(),
-        threads: None,
         ctx: Some(256),
-        strict: false,
-        kv_type: DType::F32,
+        ..ModelArgs::new(Some(dir.display().to_string()), "cpu")
     };
     let cfg = RunnerConfig {
         max_seqs: 2,

@@ -17,7 +17,7 @@ fn runner(file: &GgufFile, ex: Executor, kv_dtype: DType) -> Runner {
     let cfg = RunnerConfig {
         ctx: 512,
         max_batch_tokens: 128,
-        kv_dtype,
+        kv_types: kiln_core::kv::KvTypes::uniform(kv_dtype),
         ..RunnerConfig::default()
     };
     Runner::new(ex, model, cfg).expect("runner")

@@ -51,7 +51,8 @@ pub struct RunnerConfig {
     pub max_seqs: usize,
     /// Most tokens per forward pass (prefill chunk size).
     pub max_batch_tokens: usize,
-    pub kv_dtype: DType,
+    /// The K and V cache types (per layer where overridden).
+    pub kv_types: crate::kv::KvTypes,
     pub prefix_caching: bool,
     /// Blocks in each full-attention KV pool; default enough for `max_seqs` full contexts.
     /// Smaller pools make the batching engine preempt instead.
@@ -73,7 +74,7 @@ impl Default for RunnerConfig {
             ctx: 4096,
             max_seqs: 1,
             max_batch_tokens: 512,
-            kv_dtype: DType::F32,
+            kv_types: crate::kv::KvTypes::uniform(DType::F32),
             prefix_caching: false,
             kv_blocks: None,
             max_rollback: 0,
@@ -118,7 +119,7 @@ impl Runner {
                 None => full,
             })
             .collect();
-        let mut caches = KvCaches::alloc(&ex, model.kv_groups(), bs, &blocks, cfg.kv_dtype)?;
+        let mut caches = KvCaches::alloc(&ex, model.kv_groups(), bs, &blocks, &cfg.kv_types)?;
         let state_shapes = model.state_shapes();
         let states = if state_shapes.is_empty() {
             None

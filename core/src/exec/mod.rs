@@ -36,6 +36,8 @@ pub struct Executor {
     profile: Mutex<Option<HashMap<&'static str, OpTime>>>,
     /// Whether `profile` is on: read on every op without taking its lock.
     profiling: std::sync::atomic::AtomicBool,
+    /// The TurboQuant rotation matrices uploaded so far, by (head dim, inverse).
+    rotations: Mutex<HashMap<(usize, bool), Tensor>>,
 }
 
 /// Time spent in one op family while profiling.
@@ -50,6 +52,11 @@ impl Executor {
     pub fn new(backend: Arc<dyn Backend>) -> Self {
         let cpu = Arc::new(CpuBackend::new());
         Self::with_cpu(backend, cpu)
+    }
+
+    /// Whether the backend is the CPU reference itself.
+    pub fn on_cpu(&self) -> bool {
+        self.is_cpu
     }
 
     /// An executor over the CPU reference alone.
@@ -69,6 +76,7 @@ impl Executor {
             warned: Mutex::new(HashSet::new()),
             profile: Mutex::new(None),
             profiling: std::sync::atomic::AtomicBool::new(false),
+            rotations: Mutex::new(HashMap::new()),
         }
     }
 

@@ -205,6 +205,9 @@ impl Executor {
         }
     }
     #[allow(clippy::too_many_arguments)]
+    /// Paged attention. A TurboQuant cache (`tq*`, [`quant::turbo`]) holds rotated rows: the
+    /// queries are rotated the same way before they are scored against a rotated K, and the
+    /// output is rotated back when V is rotated.
     pub fn paged_attention(
         &self,
         p: AttnParams,
@@ -215,11 +218,25 @@ impl Executor {
         seq_lens: &Tensor,
         q_start: &Tensor,
     ) -> Result<Tensor> {
-        self.one(
+        let rq;
+        let q = if k_cache.dtype().is_turbo() {
+            rq = self.turbo_rotate(q, false)?;
+            &rq
+        } else {
+            q
+        };
+        let out = self.one(
             &Op::PagedAttention(p),
             &[q, k_cache, v_cache, block_table, seq_lens, q_start],
-        )
+        )?;
+        if v_cache.dtype().is_turbo() {
+            return self.turbo_rotate(&out, true);
+        }
+        Ok(out)
     }
+
+    /// Writes `k`, `v` into the caches at `slots`; rows bound for a TurboQuant cache are
+    /// rotated first ([`Executor::paged_attention`]).
     pub fn kv_write(
         &self,
         k: &Tensor,
@@ -228,7 +245,47 @@ impl Executor {
         k_cache: &Tensor,
         v_cache: &Tensor,
     ) -> Result<()> {
+        let (rk, rv);
+        let k = if k_cache.dtype().is_turbo() {
+            rk = self.turbo_rotate(k, false)?;
+            &rk
+        } else {
+            k
+        };
+        let v = if v_cache.dtype().is_turbo() {
+            rv = self.turbo_rotate(v, false)?;
+            &rv
+        } else {
+            v
+        };
         self.exec(&Op::KvWrite, &[k, v, slots], &[k_cache, v_cache])
+    }
+
+    /// Each head row of `x [.., d]` times the TurboQuant rotation ([`quant::turbo::rotate`]),
+    /// or its inverse: a matmul by the `d × d` matrix, uploaded once per head dim, so every
+    /// backend runs it with the matmul it has.
+    pub fn turbo_rotate(&self, x: &Tensor, inverse: bool) -> Result<Tensor> {
+        let d = x.shape().last();
+        if !quant::turbo::rotatable(d) {
+            return Err(Error::Model(format!(
+                "a TurboQuant KV cache needs a power-of-two head dimension of at least 32, not {d}"
+            )));
+        }
+        let m = {
+            let mut held = self
+                .rotations
+                .lock()
+                .map_err(|_| Error::Model("rotation cache poisoned".into()))?;
+            match held.get(&(d, inverse)) {
+                Some(m) => m.clone(),
+                None => {
+                    let m = self.upload_f32(&[d, d], &quant::turbo::rotation_matrix(d, inverse))?;
+                    held.insert((d, inverse), m.clone());
+                    m
+                }
+            }
+        };
+        self.matmul(x, &m)
     }
 
     /// `rms_norm(x) · wᵀ` for each `w` of `ws` (the projections that share one norm: Q/K/V,

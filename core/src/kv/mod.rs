@@ -6,12 +6,14 @@ pub mod block_pool;
 pub mod error;
 pub mod manager;
 pub mod state;
+pub mod types;
 
 pub use block_hash::{hash_block, BlockHash};
 pub use block_pool::BlockPool;
 pub use error::KvError;
 pub use manager::{KvManager, PrefixCacheStats, PAD_SLOT};
 pub use state::{StatePool, StateStats};
+pub use types::{KvTypes, LayerTypes};
 
 /// Identifies a sequence (request) in the KV managers and the state pool.
 pub type SeqId = u64;

@@ -42,26 +42,29 @@ pub struct KvCaches {
 }
 
 impl KvCaches {
-    /// Allocates zeroed caches for `groups`, `num_blocks[g]` blocks each.
+    /// Allocates zeroed caches for `groups`, `num_blocks[g]` blocks each, each layer's K and
+    /// V in the types `types` gives it (checked against the heads first).
     pub fn alloc(
         ex: &Executor,
         groups: &[KvGroup],
         block_size: usize,
         num_blocks: &[usize],
-        dtype: crate::DType,
+        types: &crate::kv::KvTypes,
     ) -> Result<KvCaches> {
+        types.check(groups)?;
         let mut out = Vec::new();
         for (g, nb) in groups.iter().zip(num_blocks) {
             let mut ks = Vec::new();
             let mut vs = Vec::new();
-            for _ in &g.layers {
+            for &l in &g.layers {
+                let (kt, vt) = types.of_layer(l);
                 let b = ex.backend();
                 ks.push(b.alloc(&crate::TensorDesc::new(
-                    dtype,
+                    kt,
                     [*nb, block_size, g.n_kv_heads, g.head_dim],
                 ))?);
                 vs.push(b.alloc(&crate::TensorDesc::new(
-                    dtype,
+                    vt,
                     [*nb, block_size, g.n_kv_heads, g.v_head_dim],
                 ))?);
             }

@@ -13,6 +13,7 @@ mod float;
 mod fp4;
 mod k_quants;
 mod legacy;
+pub mod turbo;
 
 use rayon::prelude::*;
 
@@ -70,6 +71,9 @@ pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         DType::Q8_K => for_each_block(src, dst, k_quants::dequant_q8_k),
         DType::MXFP4 => for_each_block(src, dst, fp4::dequant_mxfp4),
         DType::NVFP4 => for_each_block(src, dst, fp4::dequant_nvfp4),
+        DType::TQ4 => for_each_block(src, dst, turbo::dequant_tq4),
+        DType::TQ3 => for_each_block(src, dst, turbo::dequant_tq3),
+        DType::TQ2 => for_each_block(src, dst, turbo::dequant_tq2),
     }
     Ok(())
 }
@@ -119,6 +123,9 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
         DType::Q8_K => each!(k_quants::dequant_q8_k),
         DType::MXFP4 => each!(fp4::dequant_mxfp4),
         DType::NVFP4 => each!(fp4::dequant_nvfp4),
+        DType::TQ4 => each!(turbo::dequant_tq4),
+        DType::TQ3 => each!(turbo::dequant_tq3),
+        DType::TQ2 => each!(turbo::dequant_tq2),
     }
 }
 
@@ -181,6 +188,9 @@ pub fn quantize_into(dtype: DType, src: &[f32], out: &mut [u8]) -> Result<()> {
         DType::Q8_K => quant_each_block(src, out, k_quants::quant_q8_k),
         DType::MXFP4 => quant_each_block(src, out, fp4::quant_mxfp4),
         DType::NVFP4 => quant_each_block(src, out, fp4::quant_nvfp4),
+        DType::TQ4 => quant_each_block(src, out, turbo::quant_tq4),
+        DType::TQ3 => quant_each_block(src, out, turbo::quant_tq3),
+        DType::TQ2 => quant_each_block(src, out, turbo::quant_tq2),
         DType::I32 | DType::U32 => {
             return Err(Error::quant(dtype, "quantize: no quantizer for this type"))
         }
@@ -462,6 +472,11 @@ mod tests {
             DType::Q8_K => 3e-4,
             DType::MXFP4 => 2.5e-2,
             DType::NVFP4 => 1.5e-2,
+            // The Lloyd-Max distortions of a unit normal (0.0095, 0.035, 0.118) with room for
+            // the estimated scales; see quant/turbo.rs for the rotated-row bounds.
+            DType::TQ4 => 1.3e-2,
+            DType::TQ3 => 4.5e-2,
+            DType::TQ2 => 0.15,
             DType::I32 | DType::U32 => unreachable!(),
         }
     }
@@ -469,7 +484,7 @@ mod tests {
     #[test]
     fn round_trips_stay_within_error_bounds() {
         let mut rng = Rng(0x1234_5678_9ABC_DEF1);
-        for dtype in DType::ALL {
+        for dtype in DType::ALL.into_iter().chain(DType::KV_ONLY) {
             if !quantize_supported(dtype) {
                 continue;
             }
@@ -487,7 +502,11 @@ mod tests {
 
     #[test]
     fn zeros_round_trip_to_zeros() {
-        for dtype in DType::ALL.into_iter().filter(|&d| quantize_supported(d)) {
+        for dtype in DType::ALL
+            .into_iter()
+            .chain(DType::KV_ONLY)
+            .filter(|&d| quantize_supported(d))
+        {
             let x = vec![0.0f32; 512];
             let q = quantize(dtype, &x).unwrap();
             let mut y = vec![1.0f32; 512];

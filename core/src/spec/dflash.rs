@@ -63,7 +63,13 @@ impl DFlashDrafter {
         let ctx = target.config().ctx + model.block();
         let bs = 16;
         let blocks = max_seqs.max(1) * ctx.div_ceil(bs) + 1;
-        let caches = KvCaches::alloc(&ex, model.kv_groups(), bs, &[blocks], crate::DType::F32)?;
+        let caches = KvCaches::alloc(
+            &ex,
+            model.kv_groups(),
+            bs,
+            &[blocks],
+            &crate::kv::KvTypes::uniform(crate::DType::F32),
+        )?;
         Ok(DFlashDrafter {
             model,
             ex,

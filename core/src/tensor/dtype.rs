@@ -28,6 +28,11 @@ pub enum DType {
     Q8_K,
     MXFP4,
     NVFP4,
+    /// TurboQuant-style KV cache blocks (rotated coordinates, Gaussian codebooks; layout in
+    /// `quant/turbo.rs`). Cache-only: no GGUF type id, never a weight.
+    TQ4,
+    TQ3,
+    TQ2,
 }
 
 impl DType {
@@ -69,6 +74,21 @@ impl DType {
         DType::NVFP4,
     ];
 
+    /// The KV-cache-only types (not in [`DType::ALL`]: no weight is ever stored in them).
+    pub const KV_ONLY: [DType; 3] = [DType::TQ4, DType::TQ3, DType::TQ2];
+
+    /// The types a KV cache can hold (`--kv-type`), widest first.
+    pub const KV_CACHE: [DType; 8] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::TQ4,
+        DType::TQ3,
+        DType::TQ2,
+    ];
+
     /// Lower-case name as ggml prints it (`q4_K`, `f16`, `mxfp4`).
     pub fn name(self) -> &'static str {
         match self {
@@ -90,6 +110,9 @@ impl DType {
             DType::Q8_K => "q8_K",
             DType::MXFP4 => "mxfp4",
             DType::NVFP4 => "nvfp4",
+            DType::TQ4 => "tq4",
+            DType::TQ3 => "tq3",
+            DType::TQ2 => "tq2",
         }
     }
 
@@ -97,6 +120,7 @@ impl DType {
     pub fn from_name(s: &str) -> Option<DType> {
         DType::ALL
             .iter()
+            .chain(&DType::KV_ONLY)
             .copied()
             .find(|d| d.name().eq_ignore_ascii_case(s))
     }
@@ -105,9 +129,15 @@ impl DType {
     pub fn block_size(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 | DType::I32 | DType::U32 => 1,
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::MXFP4 => {
-                32
-            }
+            DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::MXFP4
+            | DType::TQ4
+            | DType::TQ3
+            | DType::TQ2 => 32,
             DType::NVFP4 => 64,
             DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
                 QK_K
@@ -133,6 +163,9 @@ impl DType {
             DType::Q8_K => 4 + QK_K + QK_K / 8,
             DType::MXFP4 => 1 + 16,
             DType::NVFP4 => 4 + 32,
+            DType::TQ4 => 2 + 16,
+            DType::TQ3 => 2 + 12,
+            DType::TQ2 => 2 + 8,
         }
     }
 
@@ -143,6 +176,11 @@ impl DType {
     /// f32, f16 or bf16: the activation types.
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F16 | DType::BF16)
+    }
+
+    /// A TurboQuant KV type: rows stored rotated (`quant/turbo.rs`).
+    pub fn is_turbo(self) -> bool {
+        matches!(self, DType::TQ4 | DType::TQ3 | DType::TQ2)
     }
 
     pub fn is_int(self) -> bool {
@@ -180,6 +218,8 @@ impl DType {
             DType::NVFP4 => 40,
             // ggml has no u32 tensor type; kiln uses it only for its own index tensors.
             DType::U32 => u32::MAX,
+            // Cache-only types (never in a file).
+            DType::TQ4 | DType::TQ3 | DType::TQ2 => u32::MAX,
         }
     }
 

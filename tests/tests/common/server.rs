@@ -8,7 +8,6 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 
 use kiln_core::engine::RunnerConfig;
-use kiln_core::DType;
 use kiln_server::load::{load, Loaded, ModelArgs};
 use kiln_server::serve::{router, state, AppState};
 use kiln_tests::{model_file, SMOLLM2};
@@ -28,12 +27,8 @@ pub fn start(max_batch: usize, api_key: Option<&str>) -> Option<Server> {
 /// loads it, on the CPU, with a context of `ctx`.
 pub fn load_model(path: &std::path::Path, ctx: usize, cfg: RunnerConfig) -> Loaded {
     let args = ModelArgs {
-        model: Some(path.display().to_string()),
-        backend: "cpu".into(),
-        threads: None,
         ctx: Some(ctx),
-        strict: false,
-        kv_type: DType::F32,
+        ..ModelArgs::new(Some(path.display().to_string()), "cpu")
     };
     load(&args, cfg).expect("model loads")
 }

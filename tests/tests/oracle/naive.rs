@@ -594,3 +594,23 @@ pub fn round_f16(x: f64) -> f64 {
 pub fn round_bf16(x: f64) -> f64 {
     round_float(x, 8, -126, (2.0 - 2f64.powi(-7)) * 2f64.powi(127))
 }
+
+/// A TurboQuant cache block (`tq4`/`tq3`/`tq2`, layout documented in kiln's
+/// `quant/turbo.rs`) decoded the slow way: the f16 scale, then code `i` read one bit at a
+/// time from the little-endian bit stream after it, looked up in `codebook` (increasing),
+/// times the scale in f32.
+pub fn dequant_tq_block(block: &[u8], bits: usize, codebook: &[f32]) -> Vec<f64> {
+    let s = half::f16::from_bits(u16::from_le_bytes([block[0], block[1]])).to_f32();
+    (0..32)
+        .map(|i| {
+            let mut code = 0usize;
+            for b in 0..bits {
+                let at = i * bits + b;
+                let bit = (block[2 + at / 8] >> (at % 8)) & 1;
+                code |= (bit as usize) << b;
+            }
+            // The product is an f32 one, as the format defines it.
+            (s * codebook[code]) as f64
+        })
+        .collect()
+}

@@ -1,0 +1,354 @@
+//! TurboQuant-style KV cache formats `tq4`, `tq3` and `tq2` (after Zandieh et al., "TurboQuant:
+//! Online Vector Quantization with Near-optimal Distortion Rate", arXiv 2504.19874): a fixed
+//! random rotation makes a head vector's coordinates close to independent Gaussians, and a
+//! small scalar codebook that is optimal for a Gaussian then quantizes each coordinate.
+//!
+//! Two pieces, used together by the KV cache:
+//!
+//! 1. **Rotation** ([`rotate`], [`unrotate`]): each head row of `d` elements (`d` a power of
+//!    two, at least 32) is multiplied by `H·S/√d`, where `S` is a diagonal of ±1 signs
+//!    ([`sign`]: the top bit of SplitMix64 of the coordinate index, the same for every layer,
+//!    head and model) and `H` the `d × d` Sylvester–Hadamard matrix. The map is orthogonal, so
+//!    `q·k = (Rq)·(Rk)` and a weighted sum of rotated values is the rotated weighted sum: the
+//!    executor rotates K and V before they are written, rotates each query before it is scored,
+//!    and rotates the attention output back when V is rotated (`exec`'s `paged_attention` and
+//!    `kv_write`). No copy of K or V is ever dequantized and rotated back.
+//! 2. **Blocks** of 32 rotated coordinates (the formats here):
+//!
+//!    | type | bytes | layout | bits per value |
+//!    |---|---|---|---|
+//!    | `tq4` | 18 | f16 scale `s`, then 32 4-bit codes | 4.5 |
+//!    | `tq3` | 14 | f16 scale `s`, then 32 3-bit codes | 3.5 |
+//!    | `tq2` | 10 | f16 scale `s`, then 32 2-bit codes | 2.5 |
+//!
+//!    The codes are one little-endian bit stream after the scale: code `i` is bits
+//!    `b·i .. b·i + b` of the bytes `2..`, bit 0 being the least significant bit of byte 2.
+//!    Element `i` decodes to `s · C[code]`, `C` the `2^b` Lloyd–Max reconstruction points of
+//!    the standard normal distribution ([`codebook`]), in increasing order.
+//!
+//!    Quantizing a block: `σ` = the block's root mean square; each element gets the code of
+//!    the nearest point of `σ·C` (ties to the lower code); then the scale is refitted to the
+//!    least-squares value for those codes, `s = Σ xᵢ·C[cᵢ] / Σ C[cᵢ]²`, and stored as f16. An
+//!    all-zero block stores `s = 0`.
+
+use super::to_f16;
+
+/// Elements per block.
+pub const QK_TQ: usize = 32;
+pub(super) const TQ4_BYTES: usize = 2 + 16;
+pub(super) const TQ3_BYTES: usize = 2 + 12;
+pub(super) const TQ2_BYTES: usize = 2 + 8;
+
+/// The Lloyd–Max points of N(0, 1) for 2, 3 and 4 bits (the positive halves; the codebook is
+/// symmetric). Each is the mean of the normal distribution over its cell, the cells' borders
+/// being the midpoints between neighbours (computed by Lloyd's iteration to convergence;
+/// `tests::points_are_the_means_of_their_cells` checks it by integration).
+const HALF2: [f32; 2] = [0.452_780_0, 1.510_417_6];
+const HALF3: [f32; 4] = [0.245_094_2, 0.756_005_3, 1.343_909_3, 2.151_945_7];
+const HALF4: [f32; 8] = [
+    0.128_395_0,
+    0.388_048_3,
+    0.656_759_1,
+    0.942_340_5,
+    1.256_231_2,
+    1.618_046_4,
+    2.069_017_2,
+    2.732_589_6,
+];
+
+/// The `2^bits` reconstruction points in increasing order (`bits` 2, 3 or 4; else empty).
+pub fn codebook(bits: u32) -> Vec<f32> {
+    let half: &[f32] = match bits {
+        2 => &HALF2,
+        3 => &HALF3,
+        4 => &HALF4,
+        _ => return Vec::new(),
+    };
+    half.iter()
+        .rev()
+        .map(|&c| -c)
+        .chain(half.iter().copied())
+        .collect()
+}
+
+/// The fixed sign of coordinate `i` of the rotation: the top bit of SplitMix64(`i`).
+#[inline]
+pub fn sign(i: usize) -> f32 {
+    let mut z = (i as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    if z >> 63 == 0 {
+        1.0
+    } else {
+        -1.0
+    }
+}
+
+/// Whether a head dimension can be rotated: a power of two of at least one block.
+pub fn rotatable(d: usize) -> bool {
+    d >= QK_TQ && d.is_power_of_two()
+}
+
+/// In-place unnormalised fast Walsh–Hadamard transform (Sylvester order) of a power-of-two row.
+#[inline]
+fn fwht(x: &mut [f32]) {
+    let n = x.len();
+    let mut h = 1;
+    while h < n {
+        for i in (0..n).step_by(2 * h) {
+            for j in i..i + h {
+                let (a, b) = (x[j], x[j + h]);
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+        }
+        h *= 2;
+    }
+}
+
+/// `x ← H·S·x/√d` for one head row (`d = x.len()`, [`rotatable`]).
+pub fn rotate(x: &mut [f32]) {
+    for (i, v) in x.iter_mut().enumerate() {
+        *v *= sign(i);
+    }
+    fwht(x);
+    let s = 1.0 / (x.len() as f32).sqrt();
+    x.iter_mut().for_each(|v| *v *= s);
+}
+
+/// The inverse of [`rotate`]: `x ← S·H·x/√d`.
+pub fn unrotate(x: &mut [f32]) {
+    fwht(x);
+    let s = 1.0 / (x.len() as f32).sqrt();
+    for (i, v) in x.iter_mut().enumerate() {
+        *v *= s * sign(i);
+    }
+}
+
+/// The rotation as a `[d, d]` row-major weight `W` for `y = x·Wᵀ`: `W = H·S/√d` (each
+/// column is [`rotate`] of a unit vector), or its transpose, the inverse, when `inverse`.
+pub fn rotation_matrix(d: usize, inverse: bool) -> Vec<f32> {
+    let mut w = vec![0.0f32; d * d];
+    let mut e = vec![0.0f32; d];
+    for j in 0..d {
+        e.fill(0.0);
+        e[j] = 1.0;
+        rotate(&mut e);
+        for (i, &v) in e.iter().enumerate() {
+            // Column j of R is rotate(e_j): R[i][j]; the inverse is Rᵀ.
+            let at = if inverse { j * d + i } else { i * d + j };
+            w[at] = v;
+        }
+    }
+    w
+}
+
+/// Decodes one block of `B` bytes holding `bits`-bit codes.
+#[inline(always)]
+fn dequant<const B: usize>(b: &[u8; B], y: &mut [f32; QK_TQ], half: &[f32]) {
+    let bits = (B - 2) * 8 / QK_TQ;
+    let s = super::f16_at(b, 0);
+    let n = half.len();
+    let mask = (1u32 << bits) - 1;
+    for (i, out) in y.iter_mut().enumerate() {
+        let bit = i * bits;
+        let (byte, shift) = (2 + bit / 8, bit % 8);
+        let lo = b[byte] as u32;
+        let hi = if byte + 1 < B { b[byte + 1] as u32 } else { 0 };
+        let code = ((lo | hi << 8) >> shift) & mask;
+        let c = code as usize;
+        // Codes below n are the negative half, mirrored.
+        let p = if c < n { -half[n - 1 - c] } else { half[c - n] };
+        *out = s * p;
+    }
+}
+
+/// Encodes one block into `B` bytes of `bits`-bit codes (the module's quantizer).
+#[inline(always)]
+fn quant<const B: usize>(x: &[f32; QK_TQ], b: &mut [u8; B], half: &[f32]) {
+    let bits = (B - 2) * 8 / QK_TQ;
+    let n = half.len();
+    let sumsq: f32 = x.iter().map(|v| v * v).sum();
+    let sigma = (sumsq / QK_TQ as f32).sqrt();
+    b.fill(0);
+    if !(sigma > 0.0) || !sigma.is_finite() {
+        return;
+    }
+    let inv = 1.0 / sigma;
+    let (mut num, mut den) = (0.0f32, 0.0f32);
+    for (i, &v) in x.iter().enumerate() {
+        let a = (v * inv).abs();
+        // The nearest positive point (cell borders are the midpoints; ties go low).
+        let mut k = 0;
+        while k + 1 < n && a > 0.5 * (half[k] + half[k + 1]) {
+            k += 1;
+        }
+        let (code, p) = if v < 0.0 {
+            (n - 1 - k, -half[k])
+        } else {
+            (n + k, half[k])
+        };
+        num += v * p;
+        den += p * p;
+        let bit = i * bits;
+        let (byte, shift) = (2 + bit / 8, bit % 8);
+        let c = (code as u32) << shift;
+        b[byte] |= c as u8;
+        if byte + 1 < B {
+            b[byte + 1] |= (c >> 8) as u8;
+        }
+    }
+    let s = if den > 0.0 { num / den } else { 0.0 };
+    let (h, _) = to_f16(s);
+    b[0] = h[0];
+    b[1] = h[1];
+}
+
+#[inline(always)]
+pub(super) fn dequant_tq4(b: &[u8; TQ4_BYTES], y: &mut [f32; QK_TQ]) {
+    dequant(b, y, &HALF4)
+}
+#[inline(always)]
+pub(super) fn dequant_tq3(b: &[u8; TQ3_BYTES], y: &mut [f32; QK_TQ]) {
+    dequant(b, y, &HALF3)
+}
+#[inline(always)]
+pub(super) fn dequant_tq2(b: &[u8; TQ2_BYTES], y: &mut [f32; QK_TQ]) {
+    dequant(b, y, &HALF2)
+}
+pub(super) fn quant_tq4(x: &[f32; QK_TQ], b: &mut [u8; TQ4_BYTES]) {
+    quant(x, b, &HALF4)
+}
+pub(super) fn quant_tq3(x: &[f32; QK_TQ], b: &mut [u8; TQ3_BYTES]) {
+    quant(x, b, &HALF3)
+}
+pub(super) fn quant_tq2(x: &[f32; QK_TQ], b: &mut [u8; TQ2_BYTES]) {
+    quant(x, b, &HALF2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{dequantize, quantize};
+    use crate::tensor::DType;
+
+    fn normal_pdf(x: f64) -> f64 {
+        (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt()
+    }
+
+    /// ∫ f over [a, b] by Simpson's rule on many panels.
+    fn simpson(a: f64, b: f64, f: impl Fn(f64) -> f64) -> f64 {
+        let n = 20_000;
+        let h = (b - a) / n as f64;
+        let mut s = f(a) + f(b);
+        for i in 1..n {
+            s += f(a + i as f64 * h) * if i % 2 == 1 { 4.0 } else { 2.0 };
+        }
+        s * h / 3.0
+    }
+
+    #[test]
+    fn points_are_the_means_of_their_cells() {
+        for bits in [2, 3, 4] {
+            let c = codebook(bits);
+            assert_eq!(c.len(), 1 << bits);
+            for i in 0..c.len() {
+                let lo = if i == 0 { -12.0 } else { 0.5 * (c[i - 1] + c[i]) as f64 };
+                let hi = if i + 1 == c.len() { 12.0 } else { 0.5 * (c[i] + c[i + 1]) as f64 };
+                let mass = simpson(lo, hi, normal_pdf);
+                let mean = simpson(lo, hi, |x| x * normal_pdf(x)) / mass;
+                assert!(
+                    (mean - c[i] as f64).abs() < 2e-6,
+                    "{bits} bits, point {i}: {} vs the cell mean {mean}",
+                    c[i]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rotation_is_orthogonal_and_inverted() {
+        let mut rng = crate::rng::Rng::new(7);
+        for d in [32, 64, 128, 256, 512] {
+            let x: Vec<f32> = (0..d).map(|_| rng.normal()).collect();
+            let y: Vec<f32> = (0..d).map(|_| rng.normal()).collect();
+            let (mut rx, mut ry) = (x.clone(), y.clone());
+            rotate(&mut rx);
+            rotate(&mut ry);
+            // Against the matrix written out in f64: H[i][j] = (-1)^popcount(i & j).
+            for (i, &r) in rx.iter().enumerate() {
+                let want: f64 = (0..d)
+                    .map(|j| {
+                        let h = if (i & j).count_ones() % 2 == 0 { 1.0 } else { -1.0 };
+                        h * sign(j) as f64 * x[j] as f64
+                    })
+                    .sum::<f64>()
+                    / (d as f64).sqrt();
+                assert!((r as f64 - want).abs() < 1e-4, "d {d} row {i}");
+            }
+            let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| (p * q) as f64).sum::<f64>();
+            assert!((dot(&x, &y) - dot(&rx, &ry)).abs() < 1e-3 * d as f64);
+            unrotate(&mut rx);
+            for (a, b) in x.iter().zip(&rx) {
+                assert!((a - b).abs() < 1e-5);
+            }
+        }
+    }
+
+    /// Round trips of rotated Gaussian rows keep close to the distortion of the ideal
+    /// quantizer of a Gaussian at that many bits (MSE/variance 0.1175, 0.03454, 0.009497 for
+    /// 2, 3, 4 bits), with room for the per-block scale's estimate and its f16 rounding.
+    #[test]
+    fn round_trip_error_near_the_lloyd_max_distortion() {
+        let mut rng = crate::rng::Rng::new(11);
+        for (dtype, ideal) in [(DType::TQ2, 0.1175), (DType::TQ3, 0.03454), (DType::TQ4, 0.009497)] {
+            let n = 128 * 256;
+            let mut x: Vec<f32> = (0..n).map(|_| rng.normal() * 3.0).collect();
+            // Outliers in a few channels, as keys have, spread out by the rotation.
+            for r in x.chunks_exact_mut(128) {
+                r[5] *= 20.0;
+                r[77] *= -15.0;
+            }
+            let mut rx = x.clone();
+            rx.chunks_exact_mut(128).for_each(rotate);
+            let q = quantize(dtype, &rx).unwrap();
+            assert_eq!(q.len(), dtype.bytes_for(n).unwrap());
+            let mut back = vec![0.0; n];
+            dequantize(dtype, &q, &mut back).unwrap();
+            let err: f64 = rx.iter().zip(&back).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+            let var: f64 = rx.iter().map(|a| (*a as f64).powi(2)).sum();
+            let rel = err / var;
+            assert!(rel < ideal * 1.25, "{dtype}: relative MSE {rel} vs ideal {ideal}");
+            // And back in the original space the error is the same (the rotation is orthogonal).
+            back.chunks_exact_mut(128).for_each(unrotate);
+            let err2: f64 = x.iter().zip(&back).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+            assert!((err2 - err).abs() < 1e-3 * err);
+        }
+    }
+
+    #[test]
+    fn codes_and_scale_decode_as_documented() {
+        // One block by hand: scale 2.0 (f16 0x4000), codes 0, 1, ..., 7, 0, 1, ... for tq3.
+        let mut b = [0u8; TQ3_BYTES];
+        b[..2].copy_from_slice(&half::f16::from_f32(2.0).to_bits().to_le_bytes());
+        let mut bits = 0u128;
+        for i in 0..32 {
+            bits |= ((i % 8) as u128) << (3 * i);
+        }
+        b[2..].copy_from_slice(&bits.to_le_bytes()[..12]);
+        let mut y = [0.0; QK_TQ];
+        dequant_tq3(&b, &mut y);
+        let c = codebook(3);
+        for i in 0..32 {
+            assert_eq!(y[i], 2.0 * c[i % 8], "element {i}");
+        }
+        // Zeros and non-finite blocks decode to zeros, without panicking.
+        for x in [[0.0f32; 32], [f32::NAN; 32]] {
+            let q = quantize(DType::TQ2, &x).unwrap();
+            let mut y = vec![1.0; 32];
+            dequantize(DType::TQ2, &q, &mut y).unwrap();
+            assert!(y.iter().all(|&v| v == 0.0));
+        }
+    }
+}
