@@ -1,6 +1,11 @@
 // Paged attention: queries attend to K/V read through the block table by index, in place.
 // With `paged = 0` the same kernel serves the contiguous Attention op (one sequence).
-// Template: KV_F16 is true for f16 caches, false for f32; ENTRY names the entry point.
+// Template: KFMT and VFMT are the K and V cache format codes (common/turbo.wgsl: f32, f16,
+// bf16, q8_0, q4_0, tq4, tq3, tq2); ENTRY names the entry point. Cache offsets are in bytes;
+// a row (one token slot of one KV head) starts at a 4-byte (f32) or 2-byte boundary, which
+// every format's row size keeps. Block formats are decoded element by element with the CPU's
+// arithmetic (scale as f32 times the code's value), so each K and V value is the CPU's bit
+// for bit.
 //
 // paged_attention_*: one workgroup of 64 threads per (query row, query head, split of the
 // key range). Keys are scored 64 at a time (one per thread), folded into a running max and
@@ -19,7 +24,7 @@ struct Params {
     max_blocks: u32, // block table width
     n_seqs: u32,
     q_off: u32,
-    k_off: u32,      // caches: offsets in elements of the cache dtype
+    k_off: u32,      // caches: offsets in bytes
     v_off: u32,
     table_off: u32,
     lens_off: u32,
@@ -44,28 +49,62 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> part: array<f32>;
 @group(0) @binding(7) var<storage, read> p: Params;
 
-const KV_F16: bool = KVF16;
+const KF: u32 = KFMT;
+const VF: u32 = VFMT;
 const NEG_BIG: f32 = -3.0e38;
 
-fn cache_at(word: u32, e: u32) -> f32 {
-    if (KV_F16) {
-        return unpack2x16float(word >> ((e & 1u) * 16u)).x;
+// Raw reads at a byte address of the K (`v` false) or V (`v` true) cache.
+fn c_u32(v: bool, b: u32) -> u32 {
+    if (v) {
+        return vc[b >> 2u];
     }
-    return bitcast<f32>(word);
+    return kc[b >> 2u];
 }
-fn k_at(e: u32) -> f32 {
-    let i = p.k_off + e;
-    if (KV_F16) {
-        return cache_at(kc[i >> 1u], i);
-    }
-    return cache_at(kc[i], i);
+fn c_u8(v: bool, b: u32) -> u32 {
+    return (c_u32(v, b) >> ((b & 3u) * 8u)) & 0xffu;
 }
-fn v_at(e: u32) -> f32 {
-    let i = p.v_off + e;
-    if (KV_F16) {
-        return cache_at(vc[i >> 1u], i);
+fn c_u16(v: bool, b: u32) -> u32 {
+    // Even addresses only.
+    return (c_u32(v, b) >> ((b & 2u) * 8u)) & 0xffffu;
+}
+fn c_f16(v: bool, b: u32) -> f32 {
+    return unpack2x16float(c_u16(v, b)).x;
+}
+
+// Element i of the row at byte `base` of a cache in format f.
+fn c_elem(v: bool, f: u32, base: u32, i: u32) -> f32 {
+    switch f {
+        case 0u: {
+            return bitcast<f32>(c_u32(v, base + 4u * i));
+        }
+        case 1u: {
+            return c_f16(v, base + 2u * i);
+        }
+        case 2u: {
+            return bitcast<f32>(c_u16(v, base + 2u * i) << 16u);
+        }
+        case 3u: {
+            let blk = base + (i / 32u) * 34u;
+            let q = i32(c_u8(v, blk + 2u + i % 32u) << 24u) >> 24u;
+            return f32(q) * c_f16(v, blk);
+        }
+        case 4u: {
+            let blk = base + (i / 32u) * 18u;
+            let j = i % 32u;
+            let byte = c_u8(v, blk + 2u + j % 16u);
+            let q = select(byte & 15u, byte >> 4u, j >= 16u);
+            return f32(i32(q) - 8) * c_f16(v, blk);
+        }
+        default: {
+            let bits = tq_bits(f);
+            let blk = base + (i / 32u) * (2u + 4u * bits);
+            let bit = (i % 32u) * bits;
+            let at = blk + 2u + bit / 8u;
+            let two = c_u8(v, at) | (c_u8(v, at + 1u) << 8u);
+            let code = (two >> (bit % 8u)) & ((1u << bits) - 1u);
+            return c_f16(v, blk) * tq_point(bits, code);
+        }
     }
-    return cache_at(vc[i], i);
 }
 
 // Cache row (token slot, kv head) of key position j of sequence s.
@@ -133,10 +172,10 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         let j = j0 + li;
         var score = NEG_BIG;
         if (j < b) {
-            let kb = slot_row(s, j, g) * p.d;
+            let kb = p.k_off + slot_row(s, j, g) * kvf_row_bytes(KF, p.d);
             var dot = 0.0;
             for (var i = 0u; i < p.d; i++) {
-                dot += qv[i] * k_at(kb + i);
+                dot += qv[i] * c_elem(false, KF, kb, i);
             }
             score = dot * p.scale;
             if (p.soft_cap != 0.0) {
@@ -158,11 +197,11 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         for (var x = 0u; x < n; x++) {
             let w = exp(sc[x] - tmax);
             l += w;
-            let vb = slot_row(s, j0 + x, g) * p.dv;
+            let vb = p.v_off + slot_row(s, j0 + x, g) * kvf_row_bytes(VF, p.dv);
             for (var c = 0u; c < 4u; c++) {
                 let dd = li + c * 64u;
                 if (dd < p.dv) {
-                    acc[c] += w * v_at(vb + dd);
+                    acc[c] += w * c_elem(true, VF, vb, dd);
                 }
             }
         }

@@ -1,10 +1,17 @@
-// Writes k [T, Hkv*D] and v [T, Hkv*Dv] into the paged caches at slots [T] (negative slots
-// are skipped). One thread per cache word: an f32 element, or a pair of f16 elements
-// (kv_write_f16 needs even row widths, checked by the launcher).
+// Writes k [T, Hkv*D] and v [T, Hkv*Dv] into the paged caches at slots [T] (negative slots,
+// and slots past the cache, are skipped): one launch per cache. Template: FMT is the cache
+// format code (common/turbo.wgsl), ENTRY the entry point.
+//
+// f32, f16, bf16: one thread per cache word (an f32, or a pair of halves: even row widths,
+// checked by the launcher). Block formats (q8_0, q4_0, tq4, tq3, tq2): one workgroup per
+// token row; each thread quantizes whole 32-element blocks with the CPU reference's
+// arithmetic (core/src/quant: q8_0 and q4_0 as ggml does, the TurboQuant blocks as
+// quant/turbo.rs documents), OR-ing the bytes into the row's words in workgroup memory; then
+// the row is stored a word at a time (rows are whole words, checked by the launcher).
 
 struct Params {
     t: u32,
-    width: u32,     // elements per token row (k or v: one launch each)
+    width: u32,     // elements per token row
     x_off: u32,
     slots_off: u32,
     c_off: u32,     // cache offset in words
@@ -17,34 +24,170 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> cache: array<u32>;
 @group(0) @binding(3) var<storage, read> p: Params;
 
-@compute @workgroup_size(256)
-fn kv_write_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let g = (wid.x + wid.y * p.nx) * 256u + li;
-    if (g >= p.t * p.width) {
-        return;
+const FMT: u32 = FMT_CODE;
+// The longest row of blocks a workgroup assembles, in words (9216 bytes: 8192 q8_0 values).
+const ROW_WORDS: u32 = 2304u;
+
+var<workgroup> row: array<atomic<u32>, ROW_WORDS>;
+
+// f32 -> bf16 bits: round to nearest even on the dropped 16 bits; a NaN keeps its top bits
+// and is made quiet (the CPU's `half::bf16::from_f32`).
+fn to_bf16(v: f32) -> u32 {
+    let b = bitcast<u32>(v);
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        return (b >> 16u) | 0x40u;
     }
-    let tok = g / p.width;
-    let e = g % p.width;
-    let slot = slots[p.slots_off + tok];
-    if (slot < 0 || u32(slot) >= p.n_slots) {
-        return;
-    }
-    cache[p.c_off + u32(slot) * p.width + e] = bitcast<u32>(x[p.x_off + g]);
+    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
 }
 
-@compute @workgroup_size(256)
-fn kv_write_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let half_w = p.width / 2u;
-    let g = (wid.x + wid.y * p.nx) * 256u + li;
-    if (g >= p.t * half_w) {
+fn f16_bits(v: f32) -> u32 {
+    return pack2x16float(vec2<f32>(v, 0.0)) & 0xffffu;
+}
+
+fn put_u8(at: u32, b: u32) {
+    atomicOr(&row[at >> 2u], (b & 0xffu) << ((at & 3u) * 8u));
+}
+
+fn put_u16(at: u32, h: u32) {
+    put_u8(at, h);
+    put_u8(at + 1u, h >> 8u);
+}
+
+// 1 / d, or 0 for a zero scale.
+fn inverse(d: f32) -> f32 {
+    return select(1.0 / d, 0.0, d == 0.0);
+}
+
+// Block b of the row whose elements start at x[xb], encoded at byte `at` of `row`.
+fn quant_block(xb: u32, at: u32) {
+    if (FMT == 3u) {
+        // q8_0: d = max|x| / 127, codes round(x / d), halves away from zero.
+        var amax = 0.0;
+        for (var j = 0u; j < 32u; j++) {
+            amax = max(amax, abs(x[xb + j]));
+        }
+        let d = amax / 127.0;
+        let id = inverse(d);
+        put_u16(at, f16_bits(d));
+        for (var j = 0u; j < 32u; j++) {
+            let v = x[xb + j] * id;
+            let q = i32(sign(v) * floor(abs(v) + 0.5));
+            put_u8(at + 2u + j, u32(clamp(q, -128, 127)) & 0xffu);
+        }
+    } else if (FMT == 4u) {
+        // q4_0: the first element of largest magnitude maps to -8; codes trunc(x / d + 8.5),
+        // capped at 15; byte j holds elements j (low nibble) and j + 16 (high).
+        var mx = x[xb];
+        var amax = abs(mx);
+        for (var j = 1u; j < 32u; j++) {
+            let v = x[xb + j];
+            if (abs(v) > amax) {
+                amax = abs(v);
+                mx = v;
+            }
+        }
+        let d = mx / -8.0;
+        let id = inverse(d);
+        put_u16(at, f16_bits(d));
+        for (var j = 0u; j < 16u; j++) {
+            let lo = u32(clamp(x[xb + j] * id + 8.5, 0.0, 15.0));
+            let hi = u32(clamp(x[xb + j + 16u] * id + 8.5, 0.0, 15.0));
+            put_u8(at + 2u + j, lo | (hi << 4u));
+        }
+    } else {
+        // TurboQuant: sigma = the block's RMS; each element's nearest point of sigma * C
+        // (ties low); then the least-squares scale for those codes, stored as f16.
+        let bits = tq_bits(FMT);
+        let n = 1u << (bits - 1u);
+        var sumsq = 0.0;
+        for (var j = 0u; j < 32u; j++) {
+            sumsq += x[xb + j] * x[xb + j];
+        }
+        let sigma = sqrt(sumsq / 32.0);
+        // Zero, NaN and infinite blocks stay all zero (scale 0).
+        if (!(sigma > 0.0) || sigma > 3.0e38) {
+            return;
+        }
+        let inv = 1.0 / sigma;
+        var num = 0.0;
+        var den = 0.0;
+        for (var j = 0u; j < 32u; j++) {
+            let v = x[xb + j];
+            let a = abs(v * inv);
+            var k = 0u;
+            while (k + 1u < n && a > 0.5 * (tq_half(bits, k) + tq_half(bits, k + 1u))) {
+                k += 1u;
+            }
+            var code = n + k;
+            var pt = tq_half(bits, k);
+            if (v < 0.0) {
+                code = n - 1u - k;
+                pt = -pt;
+            }
+            num += v * pt;
+            den += pt * pt;
+            let bit = j * bits;
+            let c = code << (bit % 8u);
+            put_u8(at + 2u + bit / 8u, c);
+            if ((c >> 8u) != 0u) {
+                put_u8(at + 3u + bit / 8u, c >> 8u);
+            }
+        }
+        put_u16(at, f16_bits(select(0.0, num / den, den > 0.0)));
+    }
+}
+
+// f32, f16, bf16: one thread per cache word.
+fn write_words(wid: vec3<u32>, li: u32) {
+    let per = select(2u, 1u, FMT == 0u);
+    let words = p.width / per;
+    let g = (wid.x + wid.y * p.nx) * 64u + li;
+    if (g >= p.t * words) {
         return;
     }
-    let tok = g / half_w;
-    let e = g % half_w;
+    let tok = g / words;
+    let e = g % words;
     let slot = slots[p.slots_off + tok];
     if (slot < 0 || u32(slot) >= p.n_slots) {
         return;
     }
-    let xi = p.x_off + tok * p.width + 2u * e;
-    cache[p.c_off + u32(slot) * half_w + e] = pack2x16float(vec2<f32>(x[xi], x[xi + 1u]));
+    let xi = p.x_off + tok * p.width + per * e;
+    var w = bitcast<u32>(x[xi]);
+    if (FMT == 1u) {
+        w = pack2x16float(vec2<f32>(x[xi], x[xi + 1u]));
+    } else if (FMT == 2u) {
+        w = to_bf16(x[xi]) | (to_bf16(x[xi + 1u]) << 16u);
+    }
+    cache[p.c_off + u32(slot) * words + e] = w;
+}
+
+@compute @workgroup_size(64)
+fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    if (FMT <= 2u) {
+        write_words(wid, li);
+        return;
+    }
+    // One workgroup per token row (the grid has exactly t workgroups, so `tok` is uniform).
+    let tok = wid.x + wid.y * p.nx;
+    let slot = slots[p.slots_off + min(tok, p.t - 1u)];
+    let live = tok < p.t && slot >= 0 && u32(slot) < p.n_slots;
+    let nblk = p.width / 32u;
+    let words = kvf_row_bytes(FMT, p.width) / 4u;
+    for (var w = li; w < words; w += 64u) {
+        atomicStore(&row[w], 0u);
+    }
+    workgroupBarrier();
+    if (live) {
+        let bb = kvf_row_bytes(FMT, 32u);
+        for (var b = li; b < nblk; b += 64u) {
+            quant_block(p.x_off + tok * p.width + b * 32u, b * bb);
+        }
+    }
+    workgroupBarrier();
+    if (live) {
+        let base = p.c_off + u32(slot) * words;
+        for (var w = li; w < words; w += 64u) {
+            cache[base + w] = atomicLoad(&row[w]);
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! Every kernel entry point, declared once. A kernel is an entry point in one WGSL family
 //! file of `shaders/`, with the shared helpers of `shaders/common/` it needs prepended and,
 //! for the dtype-templated families, its placeholders filled in (`ENTRY`, the entry point's
-//! name; `DQ32`, the weight format's chunk decoder; `KVF16`, the cache format).
+//! name; `DQ32`, the weight format's chunk decoder; `KFMT`/`VFMT`/`FMT_CODE`, the KV cache
+//! formats).
 
 use kiln_core::tensor::DType;
 
@@ -9,6 +10,7 @@ const DEQUANT: &str = include_str!("../../shaders/common/dequant.wgsl");
 const FLOAT_ROWS: &str = include_str!("../../shaders/common/float_rows.wgsl");
 const DOT: &str = include_str!("../../shaders/common/dot.wgsl");
 const ORDER: &str = include_str!("../../shaders/common/order.wgsl");
+const TURBO: &str = include_str!("../../shaders/common/turbo.wgsl");
 const MAT_VEC: &str = include_str!("../../shaders/mat_vec.wgsl");
 const MAT_MUL: &str = include_str!("../../shaders/mat_mul.wgsl");
 const GET_ROWS: &str = include_str!("../../shaders/get_rows.wgsl");
@@ -169,28 +171,60 @@ plain!(SOFTMAX_F32, "softmax_f32", "softmax", SOFTMAX);
 ranked!(ARGMAX_F32, "argmax_f32", "reduce", REDUCE);
 ranked!(TOP_K_F32, "top_k_f32", "reduce", REDUCE);
 
-pub const PAGED_ATTENTION_F32: Kernel = Kernel {
-    entry: "paged_attention_f32",
-    file: "attention",
-    source: ATTENTION,
-    commons: &[],
-    subst: &[("ENTRY", "paged_attention_f32"), ("KVF16", "false")],
-};
-pub const PAGED_ATTENTION_F16: Kernel = Kernel {
-    entry: "paged_attention_f16",
-    file: "attention",
-    source: ATTENTION,
-    commons: &[],
-    subst: &[("ENTRY", "paged_attention_f16"), ("KVF16", "true")],
-};
+/// The KV cache tables, from one list of the cache formats WGSL reads and writes (the dtype,
+/// its name in entry points, its code in shaders/common/turbo.wgsl), in code order.
+macro_rules! kv_formats {
+    (@go $all:tt $($dtype:ident $name:literal $code:literal),* $(,)?) => {
+        /// The cache formats of the KV tables, in their order.
+        pub const KV_FORMATS: &[DType] = &[$(DType::$dtype),*];
+        /// `paged_attention_<k>_<v>`, indexed by K format then V format.
+        pub const PAGED_ATTENTION_KERNELS: &[&[Kernel]] =
+            &[$(kv_formats!(@row $name $code $all)),*];
+        /// `kv_write_<format>`: rows into a cache by slot.
+        pub const KV_WRITE_KERNELS: &[Kernel] = &[$(Kernel {
+            entry: concat!("kv_write_", $name),
+            file: "kv_write",
+            source: KV_WRITE,
+            commons: &[TURBO],
+            subst: &[("ENTRY", concat!("kv_write_", $name)), ("FMT_CODE", $code)],
+        }),*];
+    };
+    (@row $kn:literal $kc:literal [$($vd:ident $vn:literal $vc:literal),* $(,)?]) => {
+        &[$(Kernel {
+            entry: concat!("paged_attention_", $kn, "_", $vn),
+            file: "attention",
+            source: ATTENTION,
+            commons: &[TURBO],
+            subst: &[
+                ("ENTRY", concat!("paged_attention_", $kn, "_", $vn)),
+                ("KFMT", $kc),
+                ("VFMT", $vc),
+            ],
+        }),*]
+    };
+    // Last: it would match the internal rules' calls too.
+    ($($t:tt)*) => {
+        kv_formats!(@go [$($t)*] $($t)*);
+    };
+}
+
+kv_formats!(
+    F32 "f32" "0u",
+    F16 "f16" "1u",
+    BF16 "bf16" "2u",
+    Q8_0 "q8_0" "3u",
+    Q4_0 "q4_0" "4u",
+    TQ4 "tq4" "5u",
+    TQ3 "tq3" "6u",
+    TQ2 "tq2" "7u",
+);
+
 plain!(
     PAGED_ATTENTION_COMBINE,
     "paged_attention_combine",
     "attention_combine",
     ATTENTION_COMBINE
 );
-plain!(KV_WRITE_F32, "kv_write_f32", "kv_write", KV_WRITE);
-plain!(KV_WRITE_F16, "kv_write_f16", "kv_write", KV_WRITE);
 plain!(CONV1D_F32, "conv1d_f32", "conv", CONV);
 plain!(CONV1D_STATE_F32, "conv1d_state_f32", "conv", CONV);
 plain!(DELTA_NET_F32, "delta_net_f32", "delta_net", DELTA_NET);
@@ -234,11 +268,7 @@ const PLAIN: &[&Kernel] = &[
     &SOFTMAX_F32,
     &ARGMAX_F32,
     &TOP_K_F32,
-    &PAGED_ATTENTION_F32,
-    &PAGED_ATTENTION_F16,
     &PAGED_ATTENTION_COMBINE,
-    &KV_WRITE_F32,
-    &KV_WRITE_F16,
     &CONV1D_F32,
     &CONV1D_STATE_F32,
     &DELTA_NET_F32,
@@ -257,7 +287,27 @@ pub fn all() -> impl Iterator<Item = &'static Kernel> {
         GET_ROWS_KERNELS,
         MAT_MUL_ID_KERNELS,
     ];
-    PLAIN.iter().copied().chain(tables.into_iter().flatten())
+    PLAIN
+        .iter()
+        .copied()
+        .chain(tables.into_iter().flatten())
+        .chain(PAGED_ATTENTION_KERNELS.iter().copied().flatten())
+        .chain(KV_WRITE_KERNELS)
+}
+
+/// The index of a KV cache dtype in the KV tables.
+fn kv_format(t: DType) -> Option<usize> {
+    KV_FORMATS.iter().position(|&d| d == t)
+}
+
+/// The paged attention kernel for K and V caches of these dtypes.
+pub fn paged_attention(k: DType, v: DType) -> Option<&'static Kernel> {
+    PAGED_ATTENTION_KERNELS.get(kv_format(k)?)?.get(kv_format(v)?)
+}
+
+/// The KV write kernel for a cache dtype.
+pub fn kv_write(t: DType) -> Option<&'static Kernel> {
+    KV_WRITE_KERNELS.get(kv_format(t)?)
 }
 
 /// The index of `w` in the per-format tables.

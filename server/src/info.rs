@@ -53,6 +53,25 @@ pub fn run(args: &InfoArgs) -> Result<()> {
                 grp.window.map_or("full".to_string(), |w| w.to_string())
             );
         }
+        let cfg = m.runner.config();
+        let per_token = cfg
+            .kv_types
+            .bytes_per_token(m.runner.model().kv_groups());
+        let capacity = m
+            .runner
+            .kv_managers()
+            .iter()
+            .map(|k| (k.pool().num_blocks() - 1) * cfg.block_size)
+            .max()
+            .unwrap_or(0);
+        println!(
+            "  kv cache: {} — {} bytes per token over all layers ({:.1} KiB); the pool holds {} tokens ({:.1} MiB at that rate)",
+            cfg.kv_types,
+            per_token,
+            per_token as f64 / 1024.0,
+            capacity,
+            (per_token * capacity) as f64 / (1024.0 * 1024.0)
+        );
         println!(
             "  tokenizer: {} tokens, BOS {:?} (added: {}), EOS {:?}",
             m.tokenizer.vocab_size(),

@@ -18,37 +18,53 @@ const SPLIT_KEYS: usize = 256;
 /// Head dims each thread group can hold (4 per thread, 64 threads).
 const MAX_HEAD_DIM: usize = 256;
 
-fn cache_ok(t: DType) -> bool {
-    matches!(t, DType::F32 | DType::F16)
-}
+/// Bytes of the longest row of blocks `kv_write` assembles in workgroup memory.
+const MAX_BLOCK_ROW_BYTES: usize = 9216;
 
-/// Paged (`q, k_cache, v_cache, ...`) and contiguous (`q, k, v`) attention alike.
+/// Paged (`q, k_cache, v_cache, ...`) and contiguous (`q, k, v`) attention alike: any pair of
+/// cache formats of the KV tables, block formats over heads of whole blocks.
 pub(super) fn supports(dev: &Device, d: &OpDesc) -> bool {
     let i = &d.inputs;
     let fits =
         |t: &kiln_core::tensor::TensorDesc| dev.fits_binding(t.nbytes().unwrap_or(usize::MAX));
+    let whole = |t: &kiln_core::tensor::TensorDesc| t.shape.last() % t.dtype.block_size() == 0;
     i[0].dtype == DType::F32
         && d.outputs[0].dtype == DType::F32
-        && cache_ok(i[1].dtype)
-        && i[1].dtype == i[2].dtype
+        && kernels::paged_attention(i[1].dtype, i[2].dtype).is_some()
+        && whole(&i[1])
+        && whole(&i[2])
         && i[0].shape.last() <= MAX_HEAD_DIM
         && i[2].shape.last() <= MAX_HEAD_DIM
         && i.iter().chain(&d.outputs).all(fits)
 }
 
+/// Whether a `width`-element token row can be written into a cache of `t` (see
+/// shaders/kv_write.wgsl): halves in pairs, blocks in rows of whole words that fit the
+/// workgroup's row buffer.
+fn kv_row_ok(t: DType, width: usize) -> bool {
+    if kernels::kv_write(t).is_none() {
+        return false;
+    }
+    match t {
+        DType::F32 => true,
+        DType::F16 | DType::BF16 => width % 2 == 0,
+        _ => match t.bytes_for(width) {
+            Some(b) => b % 4 == 0 && b <= MAX_BLOCK_ROW_BYTES,
+            None => false,
+        },
+    }
+}
+
 pub(super) fn supports_kv_write(dev: &Device, d: &OpDesc) -> bool {
     let fits =
         |t: &kiln_core::tensor::TensorDesc| dev.fits_binding(t.nbytes().unwrap_or(usize::MAX));
-    let widths_even = d.inputs[..2]
-        .iter()
-        .all(|t| (t.numel() / t.shape.0[0].max(1)) % 2 == 0);
+    let width = |t: &kiln_core::tensor::TensorDesc| t.numel() / t.shape.0[0].max(1);
     d.inputs[0].dtype == DType::F32
         && d.inputs[1].dtype == DType::F32
-        && d.outputs.iter().all(|c| match c.dtype {
-            DType::F32 => true,
-            DType::F16 => widths_even,
-            _ => false,
-        })
+        && d.outputs
+            .iter()
+            .zip(&d.inputs[..2])
+            .all(|(c, x)| kv_row_ok(c.dtype, width(x)))
         && d.inputs.iter().chain(&d.outputs).all(fits)
 }
 
@@ -88,15 +104,13 @@ fn run(dev: &Device, p: &AttnParams, l: &Launch<'_>, y: &Tensor) -> Result<()> {
     let (t, hq, d) = (qd[0], qd[1], qd[2]);
     let hkv = l.k.shape().dims()[l.k.shape().rank() - 2];
     let dv = l.v.shape().last();
-    let kernel = match l.k.dtype() {
-        DType::F32 => &kernels::PAGED_ATTENTION_F32,
-        DType::F16 => &kernels::PAGED_ATTENTION_F16,
-        other => {
-            return Err(err(format!(
-                "attention over {other} K/V has no WebGPU kernel"
-            )))
-        }
-    };
+    let kernel = kernels::paged_attention(l.k.dtype(), l.v.dtype()).ok_or_else(|| {
+        err(format!(
+            "attention over a {} K and {} V cache has no WebGPU kernel",
+            l.k.dtype(),
+            l.v.dtype()
+        ))
+    })?;
     let ctx = l.ctx.max(1);
     let (splits, split_len) = if l.decode {
         (ctx.div_ceil(SPLIT_KEYS), SPLIT_KEYS)
@@ -104,19 +118,25 @@ fn run(dev: &Device, p: &AttnParams, l: &Launch<'_>, y: &Tensor) -> Result<()> {
         (1, ctx)
     };
     let scratch = dev.scratch(t * hq * splits * (dv + 2))?;
-    let unit = if l.k.dtype() == DType::F16 { 2 } else { 4 };
+    // Cache offsets go in bytes; rows must sit on the boundary their format reads at.
+    let align = |t: &Tensor| if t.dtype() == DType::F32 { 4 } else { 2 };
     let (bound, offs) = bind(
         dev,
         &[
             (l.q, 4),
-            (l.k, unit),
-            (l.v, unit),
+            (l.k, 1),
+            (l.v, 1),
             (l.table, 4),
             (l.lens, 4),
             (l.q_start, 4),
             (&scratch, 4),
         ],
     )?;
+    for (t, off) in [(l.k, offs[1]), (l.v, offs[2])] {
+        if off % align(t) != 0 {
+            return Err(err(format!("a {} cache view starts at byte {off}", t.dtype())));
+        }
+    }
     let (mask, mask_n) = mask_code(p.mask);
     let rows = u(t * hq)?;
     let (gx, gz) = fold(rows, dev.limits.max_compute_workgroups_per_dimension);
@@ -209,18 +229,23 @@ pub(super) fn kv_write(dev: &Device, i: &[&Tensor], o: &[&Tensor]) -> Result<()>
         let width = x.numel() / t.max(1);
         let cd = cache.shape().dims();
         let n_slots = cd[0] * cd[1];
-        let (kernel, words) = match cache.dtype() {
-            DType::F32 => (&kernels::KV_WRITE_F32, t * width),
-            DType::F16 => (&kernels::KV_WRITE_F16, t * width / 2),
-            other => {
-                return Err(err(format!(
-                    "kv_write into a {other} cache has no WebGPU kernel"
-                )))
-            }
+        if !kv_row_ok(cache.dtype(), width) {
+            return Err(err(format!(
+                "kv_write of {width}-element rows into a {} cache has no WebGPU kernel",
+                cache.dtype()
+            )));
+        }
+        let kernel = kernels::kv_write(cache.dtype())
+            .ok_or_else(|| err(format!("no kv_write kernel for {}", cache.dtype())))?;
+        // Elementwise formats: a thread per cache word; block formats: a workgroup per row.
+        let groups = match cache.dtype() {
+            DType::F32 => (t * width).div_ceil(64),
+            DType::F16 | DType::BF16 => (t * width / 2).div_ceil(64),
+            _ => t,
         };
         let (bound, offs) = bind(dev, &[(x, 4), (slots, 4), (cache, 4)])?;
         let params = vec![u(t)?, u(width)?, offs[0], offs[1], offs[2], u(n_slots)?];
-        launch_1d(dev, kernel, &bound, params, words.div_ceil(256))?;
+        launch_1d(dev, kernel, &bound, params, groups)?;
     }
     Ok(())
 }

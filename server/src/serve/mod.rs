@@ -393,7 +393,13 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         "kv_cache_type_k": cfg.kv_types.k.name(),
         "kv_cache_type_v": cfg.kv_types.v.name(),
         "kv_bytes_per_token": cfg.kv_types.bytes_per_token(m.runner.model().kv_groups()),
-        "kv_tokens_capacity": kv_total * cfg.block_size,
+        "kv_tokens_capacity": m
+            .runner
+            .kv_managers()
+            .iter()
+            .map(|k| (k.pool().num_blocks() - 1) * cfg.block_size)
+            .max()
+            .unwrap_or(0),
         "prefix_caching": cfg.prefix_caching,
         "chat_template": source,
         "reasoning": syntax.reasoning,
