@@ -72,6 +72,65 @@ fn thirty_two_concurrent_streams_each_equal_the_request_alone() {
     assert_eq!(snap.running, 0);
 }
 
+/// The server on a quantized cache (K q8_0, V tq3) with prefix caching: concurrent streams
+/// equal each request alone, a repeated prompt comes from the cache with the same text,
+/// `/props` reports the cache, and the pool is free at the end.
+#[test]
+fn a_q8_0_k_tq3_v_cache_serves_with_prefix_caching() {
+    let Some(path) = kiln_tests::model_file(kiln_tests::SMOLLM2) else {
+        return;
+    };
+    let srv = start_with(&path, 8, None, |a| {
+        a.kv_type_k = Some(kiln_core::DType::Q8_0);
+        a.kv_type_v = Some(kiln_core::DType::TQ3);
+    })
+    .expect("server");
+    let props = get(srv.addr, "/props");
+    assert_eq!(props["kv_cache_type_k"], "q8_0", "{props}");
+    assert_eq!(props["kv_cache_type_v"], "tq3", "{props}");
+    // 30 layers x 3 heads of 64: two blocks each, 2 x 34 bytes of q8_0 K and 2 x 14 of tq3 V.
+    assert_eq!(props["kv_bytes_per_token"], 30 * 3 * (68 + 28), "{props}");
+    assert_eq!(props["prefix_caching"], true);
+    let free = srv.state.engine.snapshot().kv_free;
+    let req = |p: &str, stream: bool| json!({"prompt": p, "max_tokens": 12, "temperature": 0, "stream": stream});
+    let alone: Vec<String> = PROMPTS
+        .iter()
+        .map(|p| completion(srv.addr, &req(p, false))["choices"][0]["text"]
+            .as_str()
+            .expect("text")
+            .to_string())
+        .collect();
+    let addr = srv.addr;
+    let threads: Vec<_> = (0..16)
+        .map(|i| {
+            let body = req(PROMPTS[i % PROMPTS.len()], true);
+            std::thread::spawn(move || post(addr, "/v1/completions", &body))
+        })
+        .collect();
+    for (i, t) in threads.into_iter().enumerate() {
+        let (st, body) = t.join().expect("client thread");
+        assert_eq!(st, 200, "{body}");
+        assert_eq!(streamed_text(&body), alone[i % PROMPTS.len()], "stream {i}");
+    }
+    // A long prompt twice: the second time its full blocks come from the cache.
+    let long = "The history of the city begins with a small settlement on the river, where \
+                traders met to exchange salt, grain and cloth. Over the centuries it grew into \
+                a market town, then a port, and finally the capital of the region. Its";
+    let first = completion(srv.addr, &req(long, false));
+    let again = completion(srv.addr, &req(long, false));
+    let cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(cached >= 32, "only {cached} cached tokens: {again}");
+    assert_eq!(first["choices"][0]["text"], again["choices"][0]["text"]);
+    let t0 = Instant::now();
+    while srv.state.engine.snapshot().running > 0 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Freed blocks stay in the prefix cache but count as free.
+    assert_eq!(srv.state.engine.snapshot().kv_free, free);
+}
+
 #[test]
 fn clients_dropped_mid_stream_leave_the_kv_pool_free() {
     let Some(srv) = start(4, None) else {

@@ -9,15 +9,16 @@ use kiln_core::load::gguf::GgufFile;
 use kiln_core::model::build_from_gguf;
 use kiln_core::sample::argmax;
 use kiln_core::tokenizer::Tokenizer;
+use kiln_core::kv::KvTypes;
 use kiln_core::DType;
 use kiln_tests::{model_file, optional_backend, GEMMA3, SMOLLM2};
 
-fn runner(file: &GgufFile, ex: Executor, kv_dtype: DType) -> Runner {
+fn runner(file: &GgufFile, ex: Executor, kv: KvTypes) -> Runner {
     let model = build_from_gguf(file, &ex).expect("model builds");
     let cfg = RunnerConfig {
         ctx: 512,
         max_batch_tokens: 128,
-        kv_types: kiln_core::kv::KvTypes::uniform(kv_dtype),
+        kv_types: kv,
         ..RunnerConfig::default()
     };
     Runner::new(ex, model, cfg).expect("runner")
@@ -66,7 +67,7 @@ fn greedy(
     (out, gaps)
 }
 
-fn same_greedy_tokens_as_the_cpu(model: &str, kv: DType, prompts: &[&str], steps: usize) {
+fn same_greedy_tokens_as_the_cpu(model: &str, kv: KvTypes, prompts: &[&str], steps: usize) {
     let Some(gpu) = optional_backend("wgpu", kiln_backend_wgpu::open) else {
         return;
     };
@@ -75,7 +76,7 @@ fn same_greedy_tokens_as_the_cpu(model: &str, kv: DType, prompts: &[&str], steps
     };
     let file = GgufFile::open(&path).expect("model parses");
     let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
-    let mut cpu = runner(&file, Executor::cpu(), kv);
+    let mut cpu = runner(&file, Executor::cpu(), kv.clone());
     let (want, gaps) = greedy(&mut cpu, &tok, prompts, steps);
     let mut wgpu = runner(&file, Executor::new(gpu).strict(true), kv);
     let (got, _) = greedy(&mut wgpu, &tok, prompts, steps);
@@ -103,7 +104,7 @@ fn same_greedy_tokens_as_the_cpu(model: &str, kv: DType, prompts: &[&str], steps
 fn smollm2_on_wgpu_gives_the_cpu_greedy_tokens_with_no_fallback() {
     same_greedy_tokens_as_the_cpu(
         SMOLLM2,
-        DType::F32,
+        KvTypes::uniform(DType::F32),
         &["The capital of France is", "def fibonacci(n):"],
         16,
     );
@@ -113,14 +114,39 @@ fn smollm2_on_wgpu_gives_the_cpu_greedy_tokens_with_no_fallback() {
 /// same cache type.
 #[test]
 fn smollm2_on_wgpu_with_an_f16_kv_cache_gives_the_cpu_greedy_tokens() {
-    same_greedy_tokens_as_the_cpu(SMOLLM2, DType::F16, &["Water boils at"], 8);
+    same_greedy_tokens_as_the_cpu(SMOLLM2, KvTypes::uniform(DType::F16), &["Water boils at"], 8);
+}
+
+/// Quantized caches, K and V of different types (the TurboQuant ones rotated by the
+/// executor's matmul, the blocks quantized on the GPU): the CPU's tokens with the same types.
+#[test]
+fn smollm2_on_wgpu_with_quantized_kv_caches_gives_the_cpu_greedy_tokens() {
+    for (k, v) in [(DType::Q8_0, DType::TQ3), (DType::TQ4, DType::Q4_0), (DType::BF16, DType::TQ2)] {
+        let kv = KvTypes {
+            k,
+            v,
+            layers: Vec::new(),
+        };
+        same_greedy_tokens_as_the_cpu(SMOLLM2, kv, &["The capital of France is", "Water boils at"], 8);
+    }
+}
+
+/// Gemma 3's 256-wide heads in tq3, its sliding layers in q8_0 K.
+#[test]
+fn gemma3_on_wgpu_with_a_tq3_cache_gives_the_cpu_greedy_tokens() {
+    let kv = KvTypes {
+        k: DType::TQ3,
+        v: DType::TQ3,
+        layers: KvTypes::parse_layers("0-4:q8_0/tq3").expect("layers"),
+    };
+    same_greedy_tokens_as_the_cpu(GEMMA3, kv, &["Once upon a time"], 6);
 }
 
 #[test]
 fn gemma3_on_wgpu_gives_the_cpu_greedy_tokens_with_no_fallback() {
     same_greedy_tokens_as_the_cpu(
         GEMMA3,
-        DType::F32,
+        KvTypes::uniform(DType::F32),
         &["The capital of France is", "Once upon a time"],
         8,
     );

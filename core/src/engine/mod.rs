@@ -20,6 +20,11 @@ use crate::tensor::{DType, Tensor};
 /// every token it fed.
 pub type StepRows = (Vec<Vec<Vec<f32>>>, Option<Vec<Vec<Vec<f32>>>>);
 
+/// Tokens of the key-center calibration pass ([`Runner::new`] with a lossy K cache).
+pub const CALIBRATION_TOKENS: usize = 64;
+/// The sequence id the calibration pass runs as (released before any request).
+const CALIBRATION_SEQ: SeqId = SeqId::MAX;
+
 /// Which rows of a sequence's new tokens want logits.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Logits {
@@ -53,6 +58,9 @@ pub struct RunnerConfig {
     pub max_batch_tokens: usize,
     /// The K and V cache types (per layer where overridden).
     pub kv_types: crate::kv::KvTypes,
+    /// Subtract each layer's mean key (measured by one calibration pass at start) before a
+    /// lossy K cache quantizes it ([`KvCaches::centered_keys`]; exact for attention).
+    pub kv_center_keys: bool,
     pub prefix_caching: bool,
     /// Blocks in each full-attention KV pool; default enough for `max_seqs` full contexts.
     /// Smaller pools make the batching engine preempt instead.
@@ -75,6 +83,7 @@ impl Default for RunnerConfig {
             max_seqs: 1,
             max_batch_tokens: 512,
             kv_types: crate::kv::KvTypes::uniform(DType::F32),
+            kv_center_keys: false,
             prefix_caching: false,
             kv_blocks: None,
             max_rollback: 0,
@@ -141,14 +150,42 @@ impl Runner {
             .iter()
             .map(|&n| KvManager::new(n, bs, cfg.prefix_caching).map_err(kv_err))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Runner {
+        let mut runner = Runner {
             ex,
             model,
             caches,
             kv,
             states,
             cfg,
-        })
+        };
+        runner.calibrate_key_centers()?;
+        Ok(runner)
+    }
+
+    /// For lossy K caches with `kv_center_keys`: one pass over [`CALIBRATION_TOKENS`] fixed pseudo-random tokens
+    /// measures each layer's mean key, which every later key has subtracted before it is
+    /// quantized ([`KvCaches::centered_keys`]: attention is unchanged, the quantization error
+    /// shrinks). The calibration sequence is released at once; its blocks are never cached.
+    fn calibrate_key_centers(&mut self) -> Result<()> {
+        let lossy = self.model.kv_groups().iter().any(|g| {
+            g.layers
+                .iter()
+                .any(|&l| !self.cfg.kv_types.of_layer(l).0.is_float())
+        });
+        if !lossy || !self.cfg.kv_center_keys {
+            return Ok(());
+        }
+        let n = CALIBRATION_TOKENS
+            .min(self.cfg.ctx)
+            .min(self.cfg.max_batch_tokens);
+        let vocab = self.model.info().vocab.max(1);
+        let mut rng = crate::rng::Rng::new(0x6b69_6c6e_6b65_7973);
+        let toks: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
+        self.caches.begin_calibration();
+        let r = self.pass(&[(CALIBRATION_SEQ, &toks, Logits::None)], None);
+        self.release(CALIBRATION_SEQ)?;
+        r?;
+        self.caches.finish_calibration(&self.ex)
     }
 
     pub fn executor(&self) -> &Executor {

@@ -95,7 +95,8 @@ pub(crate) fn attention(
         .get(g)
         .ok_or_else(|| Error::Model(format!("no block table for KV group {g}")))?;
     if let Some((k, v)) = new_kv {
-        ex.kv_write(k, v, slots, kc, vc)?;
+        let centered = kv.centered_keys(ex, (g, gi), k, p.soft_cap.is_some())?;
+        ex.kv_write(centered.as_ref().unwrap_or(k), v, slots, kc, vc)?;
     }
     let a = ex.paged_attention(p, q, kc, vc, table, &bt.seq_lens, &bt.q_start)?;
     let d = q.shape().dims();

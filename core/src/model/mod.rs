@@ -39,6 +39,12 @@ pub struct KvCaches {
     /// [`Model::state_shapes`]: `[slots, 1, 1, numel]` (f32, zeroed). Slot 0 stays zero: a
     /// sequence's first step reads it as its initial state.
     pub states: Vec<Tensor>,
+    /// Per group and layer: minus the key center subtracted from every key before it is
+    /// written (`[kv_heads, head_dim]`), where the layer's K cache is lossy. See
+    /// [`KvCaches::centered_keys`].
+    centers: Vec<Vec<Option<Tensor>>>,
+    /// While calibrating: per (group, layer), the running sum of the keys seen and the count.
+    calibration: std::sync::Mutex<Option<std::collections::HashMap<(usize, usize), (Vec<f64>, usize)>>>,
 }
 
 impl KvCaches {
@@ -72,9 +78,89 @@ impl KvCaches {
         }
         Ok(KvCaches {
             block_size,
+            centers: out.iter().map(|(ks, _)| vec![None; ks.len()]).collect(),
             groups: out,
             states: Vec::new(),
+            calibration: std::sync::Mutex::new(None),
         })
+    }
+
+    /// The keys to write into layer `gi` of group `g`: `k` less the layer's key center when
+    /// it has one. Attention is unchanged by it: every key a query sees has the same vector
+    /// subtracted, so every score drops by the same `q·center` and the softmax cancels it
+    /// (which is why `soft_capped` layers, whose cap is not shift-invariant, are never
+    /// centered). What it buys is precision: many models' keys share a large constant part
+    /// (a few outlier channels of one sign), which a lossy cache would otherwise spend its
+    /// bits on. While calibrating, the keys are also summed per channel.
+    pub fn centered_keys(
+        &self,
+        ex: &Executor,
+        (g, gi): (usize, usize),
+        k: &Tensor,
+        soft_capped: bool,
+    ) -> Result<Option<Tensor>> {
+        if let Ok(mut cal) = self.calibration.lock() {
+            if let Some(sums) = cal.as_mut() {
+                let x = ex.download_f32(k)?;
+                let width = k.numel() / k.shape().dims()[0].max(1);
+                let (sum, n) = sums
+                    .entry((g, gi))
+                    .or_insert_with(|| (vec![0.0; width], 0));
+                if sum.len() == width {
+                    for row in x.chunks_exact(width) {
+                        for (s, v) in sum.iter_mut().zip(row) {
+                            *s += *v as f64;
+                        }
+                        *n += 1;
+                    }
+                }
+            }
+        }
+        match self.centers.get(g).and_then(|c| c.get(gi)).cloned().flatten() {
+            Some(neg) if !soft_capped => Ok(Some(ex.add(k, &neg)?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Starts summing the keys every layer writes ([`KvCaches::centered_keys`]).
+    pub fn begin_calibration(&self) {
+        if let Ok(mut c) = self.calibration.lock() {
+            *c = Some(std::collections::HashMap::new());
+        }
+    }
+
+    /// Ends the calibration: each layer whose K cache is not exact (not f32, f16 or bf16) and
+    /// which saw keys gets their mean, per KV head and channel, as its key center.
+    pub fn finish_calibration(&mut self, ex: &Executor) -> Result<()> {
+        let sums = match self.calibration.lock() {
+            Ok(mut c) => c.take(),
+            Err(_) => None,
+        };
+        let Some(sums) = sums else { return Ok(()) };
+        for ((g, gi), (sum, n)) in sums {
+            let Some(k) = self.groups.get(g).and_then(|(ks, _)| ks.get(gi)) else {
+                continue;
+            };
+            if k.dtype().is_float() || n == 0 {
+                continue;
+            }
+            let dims = k.shape().dims();
+            let (heads, d) = (dims[2], dims[3]);
+            if sum.len() != heads * d {
+                continue;
+            }
+            let neg: Vec<f32> = sum.iter().map(|s| (-s / n as f64) as f32).collect();
+            let t = ex.upload_f32(&[heads, d], &neg)?;
+            if let Some(slot) = self.centers.get_mut(g).and_then(|c| c.get_mut(gi)) {
+                *slot = Some(t);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether any layer's keys are centered.
+    pub fn keys_centered(&self) -> bool {
+        self.centers.iter().flatten().any(Option::is_some)
     }
 
     /// Copies KV block `src` to `dst` in every layer of group `g` (copy-on-write of a shared

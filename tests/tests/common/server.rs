@@ -67,6 +67,21 @@ pub fn start_model(
     max_batch: usize,
     api_key: Option<&str>,
 ) -> Option<Server> {
+    start_with(path, max_batch, api_key, |_| {})
+}
+
+/// [`start_model`] with the model flags changed by `edit` (cache types, say) first.
+pub fn start_with(
+    path: &std::path::Path,
+    max_batch: usize,
+    api_key: Option<&str>,
+    edit: impl FnOnce(&mut ModelArgs),
+) -> Option<Server> {
+    let mut args = ModelArgs {
+        ctx: Some(512),
+        ..ModelArgs::new(Some(path.display().to_string()), "cpu")
+    };
+    edit(&mut args);
     let cfg = RunnerConfig {
         max_seqs: max_batch,
         max_batch_tokens: 64,
@@ -75,7 +90,7 @@ pub fn start_model(
         ..RunnerConfig::default()
     };
     let st = state(
-        load_model(path, 512, cfg),
+        load(&args, cfg).expect("model loads"),
         max_batch,
         api_key.map(String::from),
     )
