@@ -277,3 +277,101 @@ template <typename B>
 __device__ __forceinline__ const u8* weight_row(const void* w, size_t r, u32 k) {
     return (const u8*)w + r * (k / B::QK) * B::BYTES;
 }
+
+// ---- KV cache formats ----------------------------------------------------------------------
+// The cache types a paged cache can hold, by code (shaders/common/turbo.wgsl uses the same):
+// 0 f32, 1 f16, 2 bf16, 3 q8_0, 4 q4_0, 5 tq4, 6 tq3, 7 tq2. The TurboQuant blocks (tq*,
+// core/src/quant/turbo.rs): an f16 scale, then 32 b-bit codes as one little-endian bit
+// stream; value = scale * the code's Lloyd-Max point of N(0, 1) (the CPU's f32 points).
+
+// Bits per code of a TurboQuant format code (5, 6, 7 -> 4, 3, 2).
+__device__ __forceinline__ u32 kv_tq_bits(u32 f) { return 9u - f; }
+
+// Bytes of a row of n values (n a multiple of 32 for the block formats).
+__device__ __forceinline__ u32 kv_row_bytes(u32 f, u32 n) {
+    switch (f) {
+        case 0: return 4u * n;
+        case 1:
+        case 2: return 2u * n;
+        case 3: return n / 32u * 34u;
+        case 4:
+        case 5: return n / 32u * 18u;
+        case 6: return n / 32u * 14u;
+        default: return n / 32u * 10u;
+    }
+}
+
+// The positive half of a TurboQuant codebook, point k (literals, not a table: no global
+// arrays in code every kernel file includes).
+__device__ __forceinline__ float kv_tq_half(u32 bits, u32 k) {
+    if (bits == 4u) {
+        switch (k) {
+            case 0: return 0.128395f;
+            case 1: return 0.3880483f;
+            case 2: return 0.6567591f;
+            case 3: return 0.9423405f;
+            case 4: return 1.2562312f;
+            case 5: return 1.6180464f;
+            case 6: return 2.0690172f;
+            default: return 2.7325896f;
+        }
+    }
+    if (bits == 3u) {
+        switch (k) {
+            case 0: return 0.2450942f;
+            case 1: return 0.7560053f;
+            case 2: return 1.3439093f;
+            default: return 2.1519457f;
+        }
+    }
+    return k == 0 ? 0.45278f : 1.5104176f;
+}
+
+// Point `code` of the increasing codebook (codes below 2^(bits-1) are the mirrored negatives).
+__device__ __forceinline__ float kv_tq_point(u32 bits, u32 code) {
+    const u32 n = 1u << (bits - 1u);
+    return code < n ? -kv_tq_half(bits, n - 1u - code) : kv_tq_half(bits, code - n);
+}
+
+// Value j of a row (its bytes at `row`) of a cache in format f, with the CPU's arithmetic.
+__device__ __forceinline__ float kv_at(u32 f, const u8* row, u32 j) {
+    switch (f) {
+        case 0: return ((const float*)row)[j];
+        case 1: return __half2float(((const __half*)row)[j]);
+        case 2: return __bfloat162float(((const __nv_bfloat16*)row)[j]);
+        case 3: {
+            const u8* b = row + (j / 32u) * 34u;
+            return (float)(i8)b[2 + j % 32u] * f16_at(b);
+        }
+        case 4: {
+            const u8* b = row + (j / 32u) * 18u;
+            const u32 i = j % 32u;
+            const int q = i < 16u ? (b[2 + i] & 0xF) : (b[2 + i - 16u] >> 4);
+            return (float)(q - 8) * f16_at(b);
+        }
+        default: {
+            const u32 bits = kv_tq_bits(f);
+            const u8* b = row + (j / 32u) * (2u + 4u * bits);
+            const u32 bit = (j % 32u) * bits, at = 2u + bit / 8u;
+            // The last code of a block ends inside its byte; never read past the block.
+            const u32 two = b[at] | ((at + 1u < 2u + 4u * bits ? (u32)b[at + 1u] : 0u) << 8);
+            const u32 code = (two >> (bit % 8u)) & ((1u << bits) - 1u);
+            return f16_at(b) * kv_tq_point(bits, code);
+        }
+    }
+}
+
+// Rows of a paged cache as f32 values: plain float storage.
+template <typename C>
+struct KvPlain {
+    const C* p;
+    u32 width;
+    __device__ __forceinline__ float at(long long row, u32 j) const { return to_f32(p[(size_t)row * width + j]); }
+};
+
+// Rows of a paged cache in any format code.
+struct KvCoded {
+    const u8* p;
+    u32 fmt, rb;
+    __device__ __forceinline__ float at(long long row, u32 j) const { return kv_at(fmt, p + (size_t)row * rb, j); }
+};

@@ -28,3 +28,94 @@ extern "C" __global__ void kv_write_f16(const float* k, const float* v, const in
                                         __half* vc, u32 t, u32 hd, u32 hdv, u32 n_slots) {
     kv_write(k, v, slots, kc, vc, t, hd, hdv, n_slots);
 }
+
+// Any cache format (codes in formats.cuh), K and V each its own: one thread per 32-value block
+// of a token's row, encoding it with the CPU reference's arithmetic (core/src/quant: q8_0 and
+// q4_0 as ggml does, the TurboQuant blocks as quant/turbo.rs documents; floats rounded to
+// nearest even). A block's bytes are its thread's alone.
+// (Every field sits at an even address: block and row sizes are even; f32 rows at multiples
+// of 4.)
+__device__ __forceinline__ void kv_store_f16(u8* p, float v) { *(__half*)p = __float2half_rn(v); }
+
+__device__ void kv_encode32(u32 f, const float* x, u8* out) {
+    switch (f) {
+        case 0:
+            for (int j = 0; j < 32; j++) ((float*)out)[j] = x[j];
+            return;
+        case 1:
+            for (int j = 0; j < 32; j++) kv_store_f16(out + 2 * j, x[j]);
+            return;
+        case 2:
+            for (int j = 0; j < 32; j++) ((__nv_bfloat16*)out)[j] = __float2bfloat16_rn(x[j]);
+            return;
+        case 3: {
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            kv_store_f16(out, d);
+            for (int j = 0; j < 32; j++) {
+                const float r = roundf(x[j] * id);  // halves away from zero
+                out[2 + j] = (u8)(i8)(r >= 127.0f ? 127 : (r <= -128.0f ? -128 : (int)r));
+            }
+            return;
+        }
+        case 4: {
+            float mx = x[0], amax = fabsf(x[0]);
+            for (int j = 1; j < 32; j++)
+                if (fabsf(x[j]) > amax) {
+                    amax = fabsf(x[j]);
+                    mx = x[j];
+                }
+            const float d = mx / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            kv_store_f16(out, d);
+            int q[32];
+            for (int j = 0; j < 32; j++) {
+                const float v = x[j] * id + 8.5f;
+                q[j] = v > 0.0f ? (v < 15.0f ? (int)v : 15) : 0;
+            }
+            for (int j = 0; j < 16; j++) out[2 + j] = (u8)(q[j] | (q[j + 16] << 4));
+            return;
+        }
+        default: {
+            const u32 bits = kv_tq_bits(f), n = 1u << (bits - 1u), bytes = 2u + 4u * bits;
+            for (u32 j = 0; j < bytes; j++) out[j] = 0;
+            float sumsq = 0.0f;
+            for (int j = 0; j < 32; j++) sumsq += x[j] * x[j];
+            const float sigma = sqrtf(sumsq / 32.0f);
+            if (!(sigma > 0.0f) || sigma > 3.0e38f) return;  // zero, NaN, infinite: all zeros
+            const float inv = 1.0f / sigma;
+            float num = 0.0f, den = 0.0f;
+            for (u32 j = 0; j < 32; j++) {
+                const float v = x[j], a = fabsf(v * inv);
+                u32 k = 0;
+                while (k + 1 < n && a > 0.5f * (kv_tq_half(bits, k) + kv_tq_half(bits, k + 1))) k++;
+                const float pt = v < 0.0f ? -kv_tq_half(bits, k) : kv_tq_half(bits, k);
+                const u32 code = v < 0.0f ? n - 1 - k : n + k;
+                num += v * pt;
+                den += pt * pt;
+                const u32 bit = j * bits, c = code << (bit % 8u);
+                out[2 + bit / 8u] |= (u8)c;
+                if (c >> 8) out[3 + bit / 8u] |= (u8)(c >> 8);
+            }
+            kv_store_f16(out, den > 0.0f ? num / den : 0.0f);
+            return;
+        }
+    }
+}
+
+extern "C" __global__ void kv_write_kv(const float* k, const float* v, const int* slots, u8* kc, u8* vc, u32 t,
+                                       u32 hd, u32 hdv, u32 n_slots, u32 kfmt, u32 vfmt) {
+    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    const u32 kb = hd / 32u, row = kb + hdv / 32u;
+    if (i >= t * row) return;
+    const u32 tok = i / row, b = i % row;
+    const int s = slots[tok];
+    if (s < 0 || (u32)s >= n_slots) return;
+    if (b < kb) {
+        const u32 rb = kv_row_bytes(kfmt, hd);
+        kv_encode32(kfmt, k + (size_t)tok * hd + b * 32u, kc + (size_t)s * rb + kv_row_bytes(kfmt, b * 32u));
+    } else {
+        const u32 bv = b - kb, rb = kv_row_bytes(vfmt, hdv);
+        kv_encode32(vfmt, v + (size_t)tok * hdv + bv * 32u, vc + (size_t)s * rb + kv_row_bytes(vfmt, bv * 32u));
+    }
+}

@@ -9,7 +9,8 @@
 // range is split over several blocks (few sequences, long contexts: not enough blocks to fill
 // the GPU otherwise) each block writes its partial (max, sum, weighted V) and
 // paged_decode_combine merges them. Head dims up to 256 (8 values per lane). K/V caches
-// [B, bs, Hkv, D] in f32 or f16; the block table is read in the kernel, and an entry outside
+// [B, bs, Hkv, D] in f32 or f16 (the `_kv` kernels: any pair of the cache formats of
+// formats.cuh, decoded value by value); the block table is read in the kernel, and an entry outside
 // the cache's B blocks is skipped rather than read.
 
 #define MAX_D 256
@@ -23,8 +24,8 @@ __device__ __forceinline__ float* split_record(float* part, u32 row_q, u32 h, u3
     return part + (((size_t)row_q * hq + h) * n_split + split) * (d + 2);
 }
 
-template <typename C>
-__device__ __forceinline__ void paged_decode_row(const float* q, const C* kc, const C* vc, const int* table,
+template <typename KR, typename VR>
+__device__ __forceinline__ void paged_decode_row(const float* q, KR kc, VR vc, const int* table,
                                                  float* out, float* part, u32 seq, u32 row_q, int pos, u32 hq,
                                                  u32 hkv, u32 d, u32 bs, u32 max_blocks, u32 n_blocks,
                                                  float scale, float cap, u32 window, int kbeg, int kend) {
@@ -56,13 +57,13 @@ __device__ __forceinline__ void paged_decode_row(const float* q, const C* kc, co
     for (int p = first + (int)warp; p < last; p += DECODE_WARPS) {
         const int blk = table[(size_t)seq * max_blocks + p / bs];
         if (blk < 0 || (u32)blk >= n_blocks) continue;
-        const size_t row = (((size_t)blk * bs + p % bs) * hkv + kvh) * d;
+        const long long row = ((long long)blk * bs + p % bs) * hkv + kvh;
         float kv[8], vv[8];
 #pragma unroll
         for (u32 i = 0; i < 8; i++) {
             const u32 j = lane + i * WARP;
-            kv[i] = (i < per && j < d) ? to_f32(kc[row + j]) : 0.0f;
-            vv[i] = (i < per && j < d) ? to_f32(vc[row + j]) : 0.0f;
+            kv[i] = (i < per && j < d) ? kc.at(row, j) : 0.0f;
+            vv[i] = (i < per && j < d) ? vc.at(row, j) : 0.0f;
         }
 #pragma unroll
         for (u32 g = 0; g < MAX_GROUP; g++) {
@@ -125,8 +126,8 @@ __device__ __forceinline__ void paged_decode_row(const float* q, const C* kc, co
 // (one in a decode step); each row sees keys up to its own position. Split z of the grid
 // takes keys z·chunk .. (z+1)·chunk; with one split, `part` is null and the block writes
 // `out` itself.
-template <typename C>
-__device__ __forceinline__ void paged_decode(const float* q, const C* kc, const C* vc, const int* table,
+template <typename KR, typename VR>
+__device__ __forceinline__ void paged_decode(const float* q, KR kc, VR vc, const int* table,
                                              const int* seq_lens, const int* q_start, float* out, float* part,
                                              u32 t, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks,
                                              u32 n_blocks, float scale, float cap, u32 window, u32 chunk) {
@@ -147,7 +148,7 @@ extern "C" __global__ void __launch_bounds__(DECODE_WARPS * WARP)
 paged_decode_f32(const float* q, const float* kc, const float* vc, const int* table, const int* seq_lens,
                  const int* q_start, float* out, float* part, u32 t, u32 hq, u32 hkv, u32 d, u32 bs,
                  u32 max_blocks, u32 n_blocks, float scale, float cap, u32 window, u32 chunk) {
-    paged_decode(q, kc, vc, table, seq_lens, q_start, out, part, t, hq, hkv, d, bs, max_blocks, n_blocks,
+    paged_decode(q, KvPlain<float>{kc, d}, KvPlain<float>{vc, d}, table, seq_lens, q_start, out, part, t, hq, hkv, d, bs, max_blocks, n_blocks,
                  scale, cap, window, chunk);
 }
 
@@ -156,8 +157,19 @@ extern "C" __global__ void __launch_bounds__(DECODE_WARPS * WARP)
 paged_decode_f16(const float* q, const __half* kc, const __half* vc, const int* table, const int* seq_lens,
                  const int* q_start, float* out, float* part, u32 t, u32 hq, u32 hkv, u32 d, u32 bs,
                  u32 max_blocks, u32 n_blocks, float scale, float cap, u32 window, u32 chunk) {
-    paged_decode(q, kc, vc, table, seq_lens, q_start, out, part, t, hq, hkv, d, bs, max_blocks, n_blocks,
+    paged_decode(q, KvPlain<__half>{kc, d}, KvPlain<__half>{vc, d}, table, seq_lens, q_start, out, part, t, hq, hkv, d, bs, max_blocks, n_blocks,
                  scale, cap, window, chunk);
+}
+
+// Any other pair of cache formats (format codes in formats.cuh: bf16, q8_0, q4_0, the
+// TurboQuant blocks, and mixed K/V types), decoded value by value.
+// @hot
+extern "C" __global__ void __launch_bounds__(DECODE_WARPS * WARP)
+paged_decode_kv(const float* q, const u8* kc, const u8* vc, const int* table, const int* seq_lens,
+                const int* q_start, float* out, float* part, u32 t, u32 hq, u32 hkv, u32 d, u32 bs,
+                u32 max_blocks, u32 n_blocks, float scale, float cap, u32 window, u32 chunk, u32 kfmt, u32 vfmt) {
+    paged_decode(q, KvCoded{kc, kfmt, kv_row_bytes(kfmt, d)}, KvCoded{vc, vfmt, kv_row_bytes(vfmt, d)}, table,
+                 seq_lens, q_start, out, part, t, hq, hkv, d, bs, max_blocks, n_blocks, scale, cap, window, chunk);
 }
 
 // Merges the splits of paged_decode: one block per (query row, head) of the `rows` rows,
@@ -223,8 +235,8 @@ struct ContiguousRows {
 
 // One warp: the query row `qrow` [d] against keys lo..hi, writing `orow` [dv] (zeros when no
 // key is seen, as the CPU gives).
-template <typename C, typename Rows>
-__device__ __forceinline__ void attend_warp(const float* qrow, const C* kc, const C* vc, Rows rows, int lo, int hi,
+template <typename KR, typename VR, typename Rows>
+__device__ __forceinline__ void attend_warp(const float* qrow, KR kc, VR vc, Rows rows, int lo, int hi,
                                             u32 d, u32 dv, float scale, float cap, float* orow) {
     const u32 lane = threadIdx.x % WARP;
     float qv[8], acc[8];
@@ -238,13 +250,11 @@ __device__ __forceinline__ void attend_warp(const float* qrow, const C* kc, cons
     for (int p = lo; p < hi; p++) {
         const long long row = rows(p);
         if (row < 0) continue;
-        const C* kr = kc + (size_t)row * d;
-        const C* vr = vc + (size_t)row * dv;
         float sc = 0.0f;
 #pragma unroll
         for (u32 i = 0; i < 8; i++) {
             const u32 j = lane + i * WARP;
-            if (j < d) sc += qv[i] * to_f32(kr[j]);
+            if (j < d) sc += qv[i] * kc.at(row, j);
         }
         sc = warp_sum(sc) * scale;
         if (cap > 0.0f) sc = cap * tanhf(sc / cap);
@@ -254,7 +264,7 @@ __device__ __forceinline__ void attend_warp(const float* qrow, const C* kc, cons
 #pragma unroll
         for (u32 i = 0; i < 8; i++) {
             const u32 j = lane + i * WARP;
-            acc[i] = acc[i] * corr + (j < dv ? e * to_f32(vr[j]) : 0.0f);
+            acc[i] = acc[i] * corr + (j < dv ? e * vc.at(row, j) : 0.0f);
         }
         m = mn;
     }
@@ -266,8 +276,8 @@ __device__ __forceinline__ void attend_warp(const float* qrow, const C* kc, cons
 }
 
 // A sequence's query rows are q_start[seq] .. q_start[seq + 1], the last ones of its context.
-template <typename C>
-__device__ __forceinline__ void paged_prefill(const float* q, const C* kc, const C* vc, const int* table,
+template <typename KR, typename VR>
+__device__ __forceinline__ void paged_prefill(const float* q, KR kc, VR vc, const int* table,
                                               const int* seq_lens, const int* q_start, float* out, u32 n_seqs,
                                               u32 t, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks,
                                               u32 n_blocks, float scale, float cap, u32 window, u32 see_to) {
@@ -291,7 +301,7 @@ extern "C" __global__ void paged_prefill_f32(const float* q, const float* kc, co
                                              float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d,
                                              u32 bs, u32 max_blocks, u32 n_blocks, float scale, float cap,
                                              u32 window, u32 see_to) {
-    paged_prefill(q, kc, vc, table, seq_lens, q_start, out, n_seqs, t, hq, hkv, d, bs, max_blocks, n_blocks,
+    paged_prefill(q, KvPlain<float>{kc, d}, KvPlain<float>{vc, d}, table, seq_lens, q_start, out, n_seqs, t, hq, hkv, d, bs, max_blocks, n_blocks,
                   scale, cap, window, see_to);
 }
 
@@ -300,8 +310,17 @@ extern "C" __global__ void paged_prefill_f16(const float* q, const __half* kc, c
                                              float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d,
                                              u32 bs, u32 max_blocks, u32 n_blocks, float scale, float cap,
                                              u32 window, u32 see_to) {
-    paged_prefill(q, kc, vc, table, seq_lens, q_start, out, n_seqs, t, hq, hkv, d, bs, max_blocks, n_blocks,
+    paged_prefill(q, KvPlain<__half>{kc, d}, KvPlain<__half>{vc, d}, table, seq_lens, q_start, out, n_seqs, t, hq, hkv, d, bs, max_blocks, n_blocks,
                   scale, cap, window, see_to);
+}
+
+extern "C" __global__ void paged_prefill_kv(const float* q, const u8* kc, const u8* vc, const int* table,
+                                            const int* seq_lens, const int* q_start, float* out, u32 n_seqs, u32 t,
+                                            u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks, u32 n_blocks,
+                                            float scale, float cap, u32 window, u32 see_to, u32 kfmt, u32 vfmt) {
+    paged_prefill(q, KvCoded{kc, kfmt, kv_row_bytes(kfmt, d)}, KvCoded{vc, vfmt, kv_row_bytes(vfmt, d)}, table,
+                  seq_lens, q_start, out, n_seqs, t, hq, hkv, d, bs, max_blocks, n_blocks, scale, cap, window,
+                  see_to);
 }
 
 // Attention over contiguous K/V: q [T, Hq, D], k [S, Hkv, D], v [S, Hkv, Dv] → [T, Hq, Dv];
@@ -316,7 +335,8 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
     int lo, hi;
     key_range(pos, (int)s, window, see_to, &lo, &hi);
     const ContiguousRows rows{hkv, h / (hq / hkv)};
-    attend_warp(q + ((size_t)r * hq + h) * d, k, v, rows, lo, hi, d, dv, scale, cap,
+    attend_warp(q + ((size_t)r * hq + h) * d, KvPlain<float>{k, d}, KvPlain<float>{v, dv}, rows, lo, hi, d, dv,
+                scale, cap,
                 out + ((size_t)r * hq + h) * dv);
 }
 
@@ -360,8 +380,8 @@ struct ContiguousBatch {
     __device__ __forceinline__ ContiguousRows keys(u32, u32 kvh) const { return ContiguousRows{hkv, kvh}; }
 };
 
-template <typename C, typename Batch>
-__device__ __forceinline__ void attend_tiled(const float* q, const C* kc, const C* vc, Batch batch, float* out,
+template <typename KR, typename VR, typename Batch>
+__device__ __forceinline__ void attend_tiled(const float* q, KR kc, VR vc, Batch batch, float* out,
                                              u32 t, u32 hq, u32 hkv, u32 d, u32 dv, float scale, float cap,
                                              u32 window, u32 see_to, u32 qr) {
     __shared__ float ks[PREFILL_KT * MAX_D], vs[PREFILL_KT * MAX_D];
@@ -421,8 +441,8 @@ __device__ __forceinline__ void attend_tiled(const float* q, const C* kc, const 
             const u32 j = e / max(d, dv), c = e % max(d, dv);
             const int p = k0 + (int)j;
             const long long row = p < hi_all ? rows(p) : -1;
-            if (c < d) ks[j * d + c] = row >= 0 ? to_f32(kc[(size_t)row * d + c]) : 0.0f;
-            if (c < dv) vs[j * dv + c] = row >= 0 ? to_f32(vc[(size_t)row * dv + c]) : 0.0f;
+            if (c < d) ks[j * d + c] = row >= 0 ? kc.at(row, c) : 0.0f;
+            if (c < dv) vs[j * dv + c] = row >= 0 ? vc.at(row, c) : 0.0f;
         }
         __syncthreads();
 #pragma unroll
@@ -469,7 +489,7 @@ paged_prefill_tiled_f32(const float* q, const float* kc, const float* vc, const 
                         const int* q_start, float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d, u32 bs,
                         u32 max_blocks, u32 n_blocks, float scale, float cap, u32 window, u32 see_to, u32 qr) {
     const PagedBatch b{table, seq_lens, q_start, n_seqs, max_blocks, bs, hkv, n_blocks};
-    attend_tiled(q, kc, vc, b, out, t, hq, hkv, d, d, scale, cap, window, see_to, qr);
+    attend_tiled(q, KvPlain<float>{kc, d}, KvPlain<float>{vc, d}, b, out, t, hq, hkv, d, d, scale, cap, window, see_to, qr);
 }
 
 // @hot
@@ -478,12 +498,23 @@ paged_prefill_tiled_f16(const float* q, const __half* kc, const __half* vc, cons
                         const int* q_start, float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d, u32 bs,
                         u32 max_blocks, u32 n_blocks, float scale, float cap, u32 window, u32 see_to, u32 qr) {
     const PagedBatch b{table, seq_lens, q_start, n_seqs, max_blocks, bs, hkv, n_blocks};
-    attend_tiled(q, kc, vc, b, out, t, hq, hkv, d, d, scale, cap, window, see_to, qr);
+    attend_tiled(q, KvPlain<__half>{kc, d}, KvPlain<__half>{vc, d}, b, out, t, hq, hkv, d, d, scale, cap, window, see_to, qr);
 }
 
 // @hot
 extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * WARP)
 attention_tiled_f32(const float* q, const float* k, const float* v, float* out, u32 t, u32 s, u32 hq, u32 hkv,
                     u32 d, u32 dv, float scale, float cap, u32 window, u32 see_to, u32 qr) {
-    attend_tiled(q, k, v, ContiguousBatch{t, s, hkv}, out, t, hq, hkv, d, dv, scale, cap, window, see_to, qr);
+    attend_tiled(q, KvPlain<float>{k, d}, KvPlain<float>{v, dv}, ContiguousBatch{t, s, hkv}, out, t, hq, hkv, d, dv, scale, cap, window, see_to, qr);
+}
+
+// @hot
+extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * WARP)
+paged_prefill_tiled_kv(const float* q, const u8* kc, const u8* vc, const int* table, const int* seq_lens,
+                       const int* q_start, float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d, u32 bs,
+                       u32 max_blocks, u32 n_blocks, float scale, float cap, u32 window, u32 see_to, u32 qr,
+                       u32 kfmt, u32 vfmt) {
+    const PagedBatch b{table, seq_lens, q_start, n_seqs, max_blocks, bs, hkv, n_blocks};
+    attend_tiled(q, KvCoded{kc, kfmt, kv_row_bytes(kfmt, d)}, KvCoded{vc, vfmt, kv_row_bytes(vfmt, d)}, b, out, t,
+                 hq, hkv, d, d, scale, cap, window, see_to, qr);
 }

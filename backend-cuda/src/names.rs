@@ -111,3 +111,21 @@ mod tests {
         }
     }
 }
+
+/// The KV cache formats the `_kv` attention and KV-write kernels decode and encode, with
+/// their codes (`formats.cuh`; the WGSL shaders use the same).
+pub const KV_FORMATS: &[(DType, u32)] = &[
+    (DType::F32, 0),
+    (DType::F16, 1),
+    (DType::BF16, 2),
+    (DType::Q8_0, 3),
+    (DType::Q4_0, 4),
+    (DType::TQ4, 5),
+    (DType::TQ3, 6),
+    (DType::TQ2, 7),
+];
+
+/// The code of a KV cache format, if the `_kv` kernels read it.
+pub fn kv_format(d: DType) -> Option<u32> {
+    KV_FORMATS.iter().find(|(t, _)| *t == d).map(|&(_, c)| c)
+}

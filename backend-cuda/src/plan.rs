@@ -10,7 +10,7 @@
 use kiln_core::op::{GluOp, MoeGating, Op, OpDesc, UnaryOp};
 use kiln_core::tensor::{DType, TensorDesc};
 
-use crate::names::{is_block_quantized, weight_kernels, WeightKernels};
+use crate::names::{self, is_block_quantized, weight_kernels, WeightKernels};
 
 mod attention;
 #[cfg(test)]
@@ -408,17 +408,37 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
             )
         }
         Op::KvWrite => {
-            (all_f32(&i[..2]) && o[0].dtype == o[1].dtype).then_some(())?;
-            let kernel = match o[0].dtype {
-                DType::F32 => "kv_write_f32",
-                DType::F16 => "kv_write_f16",
-                _ => return None,
-            };
+            all_f32(&i[..2]).then_some(())?;
             let t = dim(&i[0], 0);
             let hd = i[0].numel() / t.max(1);
             let hdv = i[1].numel() / t.max(1);
             // Cache rows: B · bs.
             let n_slots = dim(&o[0], 0) * dim(&o[0], 1);
+            let kernel = match (o[0].dtype, o[1].dtype) {
+                (DType::F32, DType::F32) => "kv_write_f32",
+                (DType::F16, DType::F16) => "kv_write_f16",
+                (kt, vt) => {
+                    // Any other pair: a thread per 32-value block of a row.
+                    let (kf, vf) = (names::kv_format(kt)?, names::kv_format(vt)?);
+                    (hd % 32 == 0 && hdv % 32 == 0).then_some(())?;
+                    return launch1(
+                        "kv_write_kv",
+                        t * (hd + hdv) / 32,
+                        with_tensors(
+                            3,
+                            2,
+                            [
+                                U32(u(t)?),
+                                U32(u(hd)?),
+                                U32(u(hdv)?),
+                                U32(u(n_slots)?),
+                                U32(kf),
+                                U32(vf),
+                            ],
+                        ),
+                    );
+                }
+            };
             launch1(
                 kernel,
                 t * (hd + hdv),
@@ -810,7 +830,8 @@ pub fn check_launch(
         Elem::F16 => d == DType::F16,
         Elem::BF16 => d == DType::BF16,
         Elem::I32 => d == DType::I32,
-        Elem::Bytes => d.is_quantized(),
+        // Raw bytes: block formats, and floats where a `_kv` kernel decodes them itself.
+        Elem::Bytes => d.is_quantized() || d.is_float(),
     };
     for (n, (p, a)) in sig.params.iter().zip(&l.args).enumerate() {
         let ok = match (*p, *a) {

@@ -4,6 +4,7 @@ use kiln_core::op::{AttnParams, Mask};
 use kiln_core::tensor::{DType, TensorDesc};
 
 use super::*;
+use crate::names;
 
 /// A mask as the attention kernels take it: `(window, see_to)`, where `window` (0: none)
 /// bounds a row's keys from below and every row sees at least the first `see_to` keys; a
@@ -75,7 +76,6 @@ pub(super) fn plan_paged_attention(
 ) -> Option<Vec<Step>> {
     use Arg::{Out, F32, U32};
     (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
-    (i[1].dtype == i[2].dtype).then_some(())?;
     let (window, see_to) = mask_args(p.mask)?;
     let (t, hq, d) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
     let (bs, hkv, dv) = (dim(&i[1], 1), dim(&i[1], 2), dim(&i[2], 3));
@@ -84,10 +84,26 @@ pub(super) fn plan_paged_attention(
     (s > 0 && d == dv && d <= MAX_HEAD_DIM && hkv > 0 && hq % hkv == 0).then_some(())?;
     let cap = p.soft_cap.unwrap_or(0.0);
     (cap >= 0.0).then_some(())?;
-    let f16 = match i[1].dtype {
-        DType::F32 => false,
-        DType::F16 => true,
-        _ => return None,
+    // f32 and f16 caches (K and V alike) have kernels of their own; every other pair of
+    // cache formats goes to the `_kv` kernels, which take the two format codes last.
+    let (f16, coded) = match (i[1].dtype, i[2].dtype) {
+        (DType::F32, DType::F32) => (false, None),
+        (DType::F16, DType::F16) => (true, None),
+        (kt, vt) => {
+            let codes = (names::kv_format(kt)?, names::kv_format(vt)?);
+            (d % 32 == 0).then_some(())?;
+            (false, Some(codes))
+        }
+    };
+    let pick = |plain: &'static str, half: &'static str, kv: &'static str| match (coded, f16) {
+        (Some(_), _) => kv,
+        (None, true) => half,
+        (None, false) => plain,
+    };
+    let codes = |args: &mut Vec<Arg>| {
+        if let Some((kf, vf)) = coded {
+            args.extend([U32(kf), U32(vf)]);
+        }
     };
     let n_blocks = dim(&i[1], 0);
     let common = [
@@ -116,11 +132,7 @@ pub(super) fn plan_paged_attention(
         let chunk = capacity.div_ceil(splits).max(1);
         // Key positions up to splits · chunk are computed in 32-bit ints.
         i32::try_from(splits * chunk + chunk).ok()?;
-        let kernel = if f16 {
-            "paged_decode_f16"
-        } else {
-            "paged_decode_f32"
-        };
+        let kernel = pick("paged_decode_f32", "paged_decode_f16", "paged_decode_kv");
         let part = if splits > 1 {
             Arg::Scratch(0)
         } else {
@@ -129,6 +141,7 @@ pub(super) fn plan_paged_attention(
         let mut args = with_tensors(6, 1, [part, U32(u(t)?), U32(u(hq)?), U32(u(hkv)?)]);
         args.extend(common);
         args.push(U32(u(chunk)?));
+        codes(&mut args);
         let mut steps = one(kernel, (u(s)?, u(hkv)?, u(splits)?), (128, 1, 1), args)?;
         if splits > 1 {
             let records = t * hq * splits * (d + 2);
@@ -154,11 +167,12 @@ pub(super) fn plan_paged_attention(
     args.push(U32(see_to));
     if let Some(qr) = tiled_rows(hq / hkv) {
         args.push(U32(qr));
-        let kernel = if f16 {
-            "paged_prefill_tiled_f16"
-        } else {
-            "paged_prefill_tiled_f32"
-        };
+        codes(&mut args);
+        let kernel = pick(
+            "paged_prefill_tiled_f32",
+            "paged_prefill_tiled_f16",
+            "paged_prefill_tiled_kv",
+        );
         return one(
             kernel,
             (u(t.div_ceil(qr as usize))?, u(hkv)?, 1),
@@ -166,11 +180,8 @@ pub(super) fn plan_paged_attention(
             args,
         );
     }
-    let kernel = if f16 {
-        "paged_prefill_f16"
-    } else {
-        "paged_prefill_f32"
-    };
+    codes(&mut args);
+    let kernel = pick("paged_prefill_f32", "paged_prefill_f16", "paged_prefill_kv");
     launch1(kernel, t * hq * 32, args)
 }
 
