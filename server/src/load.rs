@@ -27,7 +27,8 @@ pub struct ModelArgs {
     /// CPU threads (default: all cores).
     #[arg(long, short)]
     pub threads: Option<usize>,
-    /// Longest context (tokens); default the model's, capped at 4096.
+    /// Longest context (tokens); default the model's, capped at 4096 (`kiln perplexity`: the
+    /// chunk length, default 128).
     #[arg(long)]
     pub ctx: Option<usize>,
     /// Fail instead of running an op on the CPU when the backend lacks it.
