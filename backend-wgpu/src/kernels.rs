@@ -302,7 +302,9 @@ fn kv_format(t: DType) -> Option<usize> {
 
 /// The paged attention kernel for K and V caches of these dtypes.
 pub fn paged_attention(k: DType, v: DType) -> Option<&'static Kernel> {
-    PAGED_ATTENTION_KERNELS.get(kv_format(k)?)?.get(kv_format(v)?)
+    PAGED_ATTENTION_KERNELS
+        .get(kv_format(k)?)?
+        .get(kv_format(v)?)
 }
 
 /// The KV write kernel for a cache dtype.

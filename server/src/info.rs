@@ -54,9 +54,7 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             );
         }
         let cfg = m.runner.config();
-        let per_token = cfg
-            .kv_types
-            .bytes_per_token(m.runner.model().kv_groups());
+        let per_token = cfg.kv_types.bytes_per_token(m.runner.model().kv_groups());
         let capacity = m
             .runner
             .kv_managers()

@@ -95,10 +95,12 @@ fn a_q8_0_k_tq3_v_cache_serves_with_prefix_caching() {
     let req = |p: &str, stream: bool| json!({"prompt": p, "max_tokens": 12, "temperature": 0, "stream": stream});
     let alone: Vec<String> = PROMPTS
         .iter()
-        .map(|p| completion(srv.addr, &req(p, false))["choices"][0]["text"]
-            .as_str()
-            .expect("text")
-            .to_string())
+        .map(|p| {
+            completion(srv.addr, &req(p, false))["choices"][0]["text"]
+                .as_str()
+                .expect("text")
+                .to_string()
+        })
         .collect();
     let addr = srv.addr;
     let threads: Vec<_> = (0..16)

@@ -5,11 +5,11 @@
 
 use kiln_core::engine::{Logits, Runner, RunnerConfig};
 use kiln_core::exec::Executor;
+use kiln_core::kv::KvTypes;
 use kiln_core::load::gguf::GgufFile;
 use kiln_core::model::build_from_gguf;
 use kiln_core::sample::argmax;
 use kiln_core::tokenizer::Tokenizer;
-use kiln_core::kv::KvTypes;
 use kiln_core::DType;
 use kiln_tests::{model_file, optional_backend, GEMMA3, SMOLLM2};
 
@@ -114,20 +114,34 @@ fn smollm2_on_wgpu_gives_the_cpu_greedy_tokens_with_no_fallback() {
 /// same cache type.
 #[test]
 fn smollm2_on_wgpu_with_an_f16_kv_cache_gives_the_cpu_greedy_tokens() {
-    same_greedy_tokens_as_the_cpu(SMOLLM2, KvTypes::uniform(DType::F16), &["Water boils at"], 8);
+    same_greedy_tokens_as_the_cpu(
+        SMOLLM2,
+        KvTypes::uniform(DType::F16),
+        &["Water boils at"],
+        8,
+    );
 }
 
 /// Quantized caches, K and V of different types (the TurboQuant ones rotated by the
 /// executor's matmul, the blocks quantized on the GPU): the CPU's tokens with the same types.
 #[test]
 fn smollm2_on_wgpu_with_quantized_kv_caches_gives_the_cpu_greedy_tokens() {
-    for (k, v) in [(DType::Q8_0, DType::TQ3), (DType::TQ4, DType::Q4_0), (DType::BF16, DType::TQ2)] {
+    for (k, v) in [
+        (DType::Q8_0, DType::TQ3),
+        (DType::TQ4, DType::Q4_0),
+        (DType::BF16, DType::TQ2),
+    ] {
         let kv = KvTypes {
             k,
             v,
             layers: Vec::new(),
         };
-        same_greedy_tokens_as_the_cpu(SMOLLM2, kv, &["The capital of France is", "Water boils at"], 8);
+        same_greedy_tokens_as_the_cpu(
+            SMOLLM2,
+            kv,
+            &["The capital of France is", "Water boils at"],
+            8,
+        );
     }
 }
 

@@ -134,7 +134,10 @@ fn run(dev: &Device, p: &AttnParams, l: &Launch<'_>, y: &Tensor) -> Result<()> {
     )?;
     for (t, off) in [(l.k, offs[1]), (l.v, offs[2])] {
         if off % align(t) != 0 {
-            return Err(err(format!("a {} cache view starts at byte {off}", t.dtype())));
+            return Err(err(format!(
+                "a {} cache view starts at byte {off}",
+                t.dtype()
+            )));
         }
     }
     let (mask, mask_n) = mask_code(p.mask);

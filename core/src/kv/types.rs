@@ -204,7 +204,11 @@ mod tests {
         assert_eq!(t.bytes_per_token(&g), 2 * (256 + 56));
         assert!(t.check(&g).is_ok());
         assert!(t.check(&[group(vec![0], 96)]).is_err());
-        assert!(KvTypes::uniform(DType::Q8_0).check(&[group(vec![0], 96)]).is_ok());
-        assert!(KvTypes::uniform(DType::Q4_0).check(&[group(vec![0], 80)]).is_err());
+        assert!(KvTypes::uniform(DType::Q8_0)
+            .check(&[group(vec![0], 96)])
+            .is_ok());
+        assert!(KvTypes::uniform(DType::Q4_0)
+            .check(&[group(vec![0], 80)])
+            .is_err());
     }
 }

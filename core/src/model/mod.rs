@@ -44,7 +44,8 @@ pub struct KvCaches {
     /// [`KvCaches::centered_keys`].
     centers: Vec<Vec<Option<Tensor>>>,
     /// While calibrating: per (group, layer), the running sum of the keys seen and the count.
-    calibration: std::sync::Mutex<Option<std::collections::HashMap<(usize, usize), (Vec<f64>, usize)>>>,
+    calibration:
+        std::sync::Mutex<Option<std::collections::HashMap<(usize, usize), (Vec<f64>, usize)>>>,
 }
 
 impl KvCaches {
@@ -103,9 +104,7 @@ impl KvCaches {
             if let Some(sums) = cal.as_mut() {
                 let x = ex.download_f32(k)?;
                 let width = k.numel() / k.shape().dims()[0].max(1);
-                let (sum, n) = sums
-                    .entry((g, gi))
-                    .or_insert_with(|| (vec![0.0; width], 0));
+                let (sum, n) = sums.entry((g, gi)).or_insert_with(|| (vec![0.0; width], 0));
                 if sum.len() == width {
                     for row in x.chunks_exact(width) {
                         for (s, v) in sum.iter_mut().zip(row) {
@@ -116,7 +115,13 @@ impl KvCaches {
                 }
             }
         }
-        match self.centers.get(g).and_then(|c| c.get(gi)).cloned().flatten() {
+        match self
+            .centers
+            .get(g)
+            .and_then(|c| c.get(gi))
+            .cloned()
+            .flatten()
+        {
             Some(neg) if !soft_capped => Ok(Some(ex.add(k, &neg)?)),
             _ => Ok(None),
         }

@@ -254,8 +254,16 @@ mod tests {
             let c = codebook(bits);
             assert_eq!(c.len(), 1 << bits);
             for i in 0..c.len() {
-                let lo = if i == 0 { -12.0 } else { 0.5 * (c[i - 1] + c[i]) as f64 };
-                let hi = if i + 1 == c.len() { 12.0 } else { 0.5 * (c[i] + c[i + 1]) as f64 };
+                let lo = if i == 0 {
+                    -12.0
+                } else {
+                    0.5 * (c[i - 1] + c[i]) as f64
+                };
+                let hi = if i + 1 == c.len() {
+                    12.0
+                } else {
+                    0.5 * (c[i] + c[i + 1]) as f64
+                };
                 let mass = simpson(lo, hi, normal_pdf);
                 let mean = simpson(lo, hi, |x| x * normal_pdf(x)) / mass;
                 assert!(
@@ -280,14 +288,19 @@ mod tests {
             for (i, &r) in rx.iter().enumerate() {
                 let want: f64 = (0..d)
                     .map(|j| {
-                        let h = if (i & j).count_ones() % 2 == 0 { 1.0 } else { -1.0 };
+                        let h = if (i & j).count_ones() % 2 == 0 {
+                            1.0
+                        } else {
+                            -1.0
+                        };
                         h * sign(j) as f64 * x[j] as f64
                     })
                     .sum::<f64>()
                     / (d as f64).sqrt();
                 assert!((r as f64 - want).abs() < 1e-4, "d {d} row {i}");
             }
-            let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| (p * q) as f64).sum::<f64>();
+            let dot =
+                |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| (p * q) as f64).sum::<f64>();
             assert!((dot(&x, &y) - dot(&rx, &ry)).abs() < 1e-3 * d as f64);
             unrotate(&mut rx);
             for (a, b) in x.iter().zip(&rx) {
@@ -302,7 +315,11 @@ mod tests {
     #[test]
     fn round_trip_error_near_the_lloyd_max_distortion() {
         let mut rng = crate::rng::Rng::new(11);
-        for (dtype, ideal) in [(DType::TQ2, 0.1175), (DType::TQ3, 0.03454), (DType::TQ4, 0.009497)] {
+        for (dtype, ideal) in [
+            (DType::TQ2, 0.1175),
+            (DType::TQ3, 0.03454),
+            (DType::TQ4, 0.009497),
+        ] {
             let n = 128 * 256;
             let mut x: Vec<f32> = (0..n).map(|_| rng.normal() * 3.0).collect();
             // Outliers in a few channels, as keys have, spread out by the rotation.
@@ -316,13 +333,24 @@ mod tests {
             assert_eq!(q.len(), dtype.bytes_for(n).unwrap());
             let mut back = vec![0.0; n];
             dequantize(dtype, &q, &mut back).unwrap();
-            let err: f64 = rx.iter().zip(&back).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+            let err: f64 = rx
+                .iter()
+                .zip(&back)
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum();
             let var: f64 = rx.iter().map(|a| (*a as f64).powi(2)).sum();
             let rel = err / var;
-            assert!(rel < ideal * 1.25, "{dtype}: relative MSE {rel} vs ideal {ideal}");
+            assert!(
+                rel < ideal * 1.25,
+                "{dtype}: relative MSE {rel} vs ideal {ideal}"
+            );
             // And back in the original space the error is the same (the rotation is orthogonal).
             back.chunks_exact_mut(128).for_each(unrotate);
-            let err2: f64 = x.iter().zip(&back).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+            let err2: f64 = x
+                .iter()
+                .zip(&back)
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum();
             assert!((err2 - err).abs() < 1e-3 * err);
         }
     }

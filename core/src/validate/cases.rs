@@ -635,9 +635,21 @@ fn attention(c: &mut Vec<Case>) -> Result<()> {
     // Block caches: the q4_0 and TurboQuant blocks (read as stored: the rotation is the
     // executor's, outside the op), and K and V of different types.
     for (label, types, d, seqs, qs) in [
-        ("decode q4_0 cache", (Q4_0, Q4_0), 64, &[45usize, 17][..], &[1usize, 1][..]),
+        (
+            "decode q4_0 cache",
+            (Q4_0, Q4_0),
+            64,
+            &[45usize, 17][..],
+            &[1usize, 1][..],
+        ),
         ("decode tq4 cache", (TQ4, TQ4), 64, &[45, 17], &[1, 1]),
-        ("decode tq3 cache, D=128", (TQ3, TQ3), 128, &[300, 20], &[1, 1]),
+        (
+            "decode tq3 cache, D=128",
+            (TQ3, TQ3),
+            128,
+            &[300, 20],
+            &[1, 1],
+        ),
         ("decode tq2 cache", (TQ2, TQ2), 64, &[33, 70], &[1, 1]),
         ("decode K q8_0, V tq3", (Q8_0, TQ3), 64, &[45, 17], &[1, 1]),
         ("decode K f16, V q4_0", (F16, Q4_0), 64, &[60], &[1]),

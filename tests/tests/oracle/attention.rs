@@ -345,8 +345,16 @@ fn tq_row_holds(what: &str, cdt: DType, row: &[u8], x: &[f64]) {
         slow.extend(naive::dequant_tq_block(b, bits, &book));
     }
     let fast = held(cdt, row, x.len());
-    assert_eq!(slow, fast, "{what}: decoding disagrees with the documented layout");
+    assert_eq!(
+        slow, fast,
+        "{what}: decoding disagrees with the documented layout"
+    );
     let err: f64 = slow.iter().zip(x).map(|(a, b)| (a - b).powi(2)).sum();
     let var: f64 = x.iter().map(|b| b * b).sum();
-    assert!(err / var < 1.5 * ideal, "{what}: normalised MSE {} over {}", err / var, 1.5 * ideal);
+    assert!(
+        err / var < 1.5 * ideal,
+        "{what}: normalised MSE {} over {}",
+        err / var,
+        1.5 * ideal
+    );
 }
