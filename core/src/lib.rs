@@ -7,6 +7,7 @@ pub mod cpu;
 pub mod engine;
 pub mod error;
 pub mod exec;
+pub mod grammar;
 pub mod kv;
 pub mod load;
 pub mod model;

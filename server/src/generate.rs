@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use kiln_core::chat::{ChatTemplate, Message};
 use kiln_core::engine::batching::{Engine, Event, GenRequest};
 use kiln_core::engine::{Logits, Runner, RunnerConfig};
+use kiln_core::grammar::{GrammarSpec, Grammars};
 use kiln_core::kv::SeqId;
 use kiln_core::sample::{log_softmax, SamplingParams, StopMatcher};
 use kiln_core::tokenizer::{StreamDecoder, Tokenizer};
@@ -45,6 +46,11 @@ pub struct SampleArgs {
     /// Keep going past the model's end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Constrain the output to a grammar: `json` (any JSON object), `regex:EXPR`, a `.json`
+    /// file (a JSON schema) or any other file (a Lark grammar, llguidance's dialect). The
+    /// output ends when the grammar is complete.
+    #[arg(long, value_name = "SPEC")]
+    pub grammar: Option<String>,
 }
 
 impl SampleArgs {
@@ -100,10 +106,23 @@ struct RunJson {
 const SEQ: SeqId = 1;
 
 /// The request `kiln run` and `chat` hand the engine.
-fn request(tok: &Tokenizer, prompt: &[u32], n: usize, sample: &SampleArgs) -> Result<GenRequest> {
+fn request(
+    tok: &Tokenizer,
+    vocab: usize,
+    prompt: &[u32],
+    n: usize,
+    sample: &SampleArgs,
+) -> Result<GenRequest> {
     if prompt.is_empty() {
         bail!("the prompt is empty (and the model adds no BOS token)");
     }
+    let constraint = match &sample.grammar {
+        Some(g) => {
+            let spec = GrammarSpec::parse_arg(g)?;
+            Some(Grammars::new(tok, vocab)?.compile(&spec)?)
+        }
+        None => None,
+    };
     Ok(GenRequest {
         prompt: prompt.to_vec(),
         params: sample.params(),
@@ -115,6 +134,7 @@ fn request(tok: &Tokenizer, prompt: &[u32], n: usize, sample: &SampleArgs) -> Re
         },
         logprobs: None,
         drafts: false,
+        constraint,
     })
 }
 
@@ -136,7 +156,8 @@ pub fn generate(
     sample: &SampleArgs,
     mut emit: impl FnMut(&str) -> Result<()>,
 ) -> Result<Generated> {
-    let req = request(tok, prompt, n, sample)?;
+    let vocab = engine.runner().model().info().vocab;
+    let req = request(tok, vocab, prompt, n, sample)?;
     let mut timings = Timings::start(prompt.len());
     let mut out = Vec::new();
     let mut cached = 0;
@@ -435,6 +456,12 @@ pub struct BenchArgs {
     /// rate and the accepted-length distribution.
     #[command(flatten)]
     pub spec: crate::spec::SpecArgs,
+    /// Decode under a grammar (`json`, `regex:EXPR`, a `.json` schema file or a Lark file):
+    /// a prompt asking for JSON is generated greedily with and without the grammar,
+    /// alternately; prints both decode speeds and the mask time per token (computed beside
+    /// the forward pass, and the part of it the step waited for).
+    #[arg(long, value_name = "SPEC")]
+    pub grammar: Option<String>,
 }
 
 /// One request alone, then `c` at once, through the batching engine: aggregate generated
@@ -537,6 +564,9 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     }
     if let Some(c) = a.concurrent {
         return bench_concurrent(a, c.max(1));
+    }
+    if let Some(g) = &a.grammar {
+        return bench_grammar(a, g);
     }
     let cfg = RunnerConfig {
         max_batch_tokens: a.n_prompt.max(1),
@@ -665,6 +695,95 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
                 .map(|f| format!("{}×{}", f.op, f.count))
                 .collect::<Vec<_>>()
                 .join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// `kiln bench --grammar`: decode speed with and without a grammar, and the mask time.
+fn bench_grammar(a: &BenchArgs, grammar: &str) -> Result<()> {
+    let spec = GrammarSpec::parse_arg(grammar)?;
+    let m = load(&a.model, RunnerConfig::default())?;
+    let tok = m.tokenizer;
+    let vocab = m.runner.model().info().vocab;
+    let backend = m.runner.executor().backend().name().to_string();
+    let name = m
+        .path
+        .file_name()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let grammars = Grammars::new(&tok, vocab)?;
+    let ask = "Describe a person as a JSON object with a name, an age, a city and a list of \
+               hobbies.";
+    let text = match tok.chat_template() {
+        Some(src) => {
+            let piece = |id: Option<u32>| id.map(|i| tok.decode(&[i])).unwrap_or_default();
+            ChatTemplate::new(src, &piece(tok.bos()), &piece(tok.eos()))?
+                .render(&[Message::new("user", ask)], true)?
+        }
+        None => format!("{ask}\n"),
+    };
+    let prompt = tok.encode(&text, tok.chat_template().is_none())?;
+    let mut engine = Engine::new(m.runner, 1);
+    // Decode time: from the first token to the last (the prompt's prefill left out).
+    let run = |engine: &mut Engine, req: GenRequest| -> Result<(usize, f64)> {
+        let (mut first, mut last, mut n) = (None, Instant::now(), 0usize);
+        engine.run_one(req, |ev| {
+            if let Event::Token(..) = ev {
+                last = Instant::now();
+                first.get_or_insert(last);
+                n += 1;
+            }
+            Ok(true)
+        })?;
+        let secs = first.map_or(0.0, |f| (last - f).as_secs_f64());
+        Ok((n, secs))
+    };
+    let constrained = |engine: &mut Engine| -> Result<(usize, f64)> {
+        let mut req = GenRequest::new(prompt.clone(), SamplingParams::greedy(), a.n_gen);
+        req.stop_ids = tok.eog_ids().to_vec();
+        req.constraint = Some(grammars.compile(&spec)?);
+        run(engine, req)
+    };
+    constrained(&mut engine)?;
+    let before = engine.stats().clone();
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    let mut generated = 0;
+    for _ in 0..a.reps.max(1) {
+        let (n, secs) = constrained(&mut engine)?;
+        generated += n;
+        if n < 2 {
+            bail!("the grammar let the model write {n} token(s); nothing to time");
+        }
+        with.push((n - 1) as f64 / secs);
+        let (m2, secs2) = run(
+            &mut engine,
+            GenRequest::new(prompt.clone(), SamplingParams::greedy(), n),
+        )?;
+        without.push((m2.max(2) - 1) as f64 / secs2.max(1e-9));
+    }
+    let st = engine.stats();
+    let masks = (st.masks - before.masks).max(1) as f64;
+    let mask_us = (st.mask_us - before.mask_us) as f64 / masks;
+    let wait_us = (st.mask_wait_us - before.mask_wait_us) as f64 / generated.max(1) as f64;
+    let (wm, ws) = mean_std(&with);
+    let (om, os) = mean_std(&without);
+    if a.json {
+        let j = serde_json::json!({
+            "model": name, "backend": backend, "grammar": grammar,
+            "tokens_per_run": generated / a.reps.max(1),
+            "gen_tps_grammar": wm, "gen_tps_grammar_std": ws,
+            "gen_tps_plain": om, "gen_tps_plain_std": os,
+            "mask_us_per_token": mask_us, "mask_wait_us_per_token": wait_us,
+        });
+        println!("{j}");
+    } else {
+        println!("| model | backend | grammar | tokens | plain t/s | grammar t/s | ratio | mask µs/token | waited µs/token |");
+        println!("|---|---|---|---|---|---|---|---|---|");
+        println!(
+            "| {name} | {backend} | {grammar} | {} | {om:.2} ± {os:.2} | {wm:.2} ± {ws:.2} | {:.3} | {mask_us:.0} | {wait_us:.0} |",
+            generated / a.reps.max(1),
+            wm / om.max(1e-9)
         );
     }
     Ok(())

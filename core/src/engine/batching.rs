@@ -10,10 +10,12 @@
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
+use std::time::Duration;
 
 pub use super::handle::{spawn, CancelOnDrop, EngineHandle, Stream, SLOTS_EVERY};
 use super::{Logits, Runner};
 use crate::error::{Error, Result};
+use crate::grammar::Constraint;
 use crate::sample::{Sampler, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};
 use crate::sched::{KvBudget, Plan, ReqId, SchedConfig, Scheduler, Seq};
 
@@ -31,6 +33,9 @@ pub struct GenRequest {
     pub logprobs: Option<usize>,
     /// A block-diffusion model sends each denoising step's argmax canvas ([`Event::Draft`]).
     pub drafts: bool,
+    /// A grammar the output must follow ([`crate::grammar`]); the request ends when the
+    /// grammar is complete. Such a request is never drafted for.
+    pub constraint: Option<Constraint>,
 }
 
 impl GenRequest {
@@ -43,6 +48,7 @@ impl GenRequest {
             stop_ids: Vec::new(),
             logprobs: None,
             drafts: false,
+            constraint: None,
         }
     }
 }
@@ -114,6 +120,11 @@ pub struct EngineStats {
     pub denoising_steps: u64,
     /// Speculative decoding's drafts and what the target accepted of them.
     pub spec: super::SpecStats,
+    /// Grammar masks computed, their total time, and the time the engine waited for them
+    /// after the forward pass (the part not hidden behind it), in microseconds.
+    pub masks: u64,
+    pub mask_us: u64,
+    pub mask_wait_us: u64,
 }
 
 /// The engine's state as a server reports it.
@@ -179,6 +190,7 @@ pub(super) struct Active {
     prompt_len: usize,
     pub(super) generated: usize,
     pub(super) logprobs: Option<usize>,
+    pub(super) constraint: Option<Constraint>,
     pub(super) tx: Box<dyn EventSink>,
 }
 
@@ -409,6 +421,7 @@ impl Engine {
                 prompt_len: req.prompt.len(),
                 generated: 0,
                 logprobs: req.logprobs,
+                constraint: req.constraint.clone(),
                 tx,
             },
         );
@@ -444,6 +457,12 @@ impl Engine {
         if self.diffusion.is_some() && req.logprobs.is_some() {
             return Err(Error::Model(
                 "log-probabilities are not available from a diffusion model".into(),
+            ));
+        }
+        if self.diffusion.is_some() && req.constraint.is_some() {
+            return Err(Error::Model(
+                "grammars are not available with a diffusion model (it samples whole blocks)"
+                    .into(),
             ));
         }
         if req.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
@@ -636,10 +655,49 @@ impl Engine {
         let refs: Vec<(ReqId, &[u32], Logits)> =
             inputs.iter().map(|(id, t, w)| (*id, &t[..], *w)).collect();
         self.stats.steps += 1;
-        let step = match self.features() {
-            Some(f) => self.runner.step_features(&refs, &f),
-            None => self.runner.step(&refs).map(|o| (o, None)),
-        };
+        let features = self.features();
+        // The grammar masks of the rows about to sample, computed beside the forward pass.
+        let mut masks: Vec<(ReqId, Constraint)> = plan
+            .items
+            .iter()
+            .filter(|it| it.sample)
+            .filter_map(|it| {
+                let c = self.active.get_mut(&it.id)?.constraint.take()?;
+                Some((it.id, c))
+            })
+            .collect();
+        let runner = &mut self.runner;
+        let (step, spent, waited) = std::thread::scope(|s| {
+            let worker = (!masks.is_empty()).then(|| {
+                s.spawn(|| {
+                    let mut spent = (0u64, Duration::ZERO);
+                    for (_, c) in masks.iter_mut() {
+                        if let Some(t) = c.prepare() {
+                            spent.0 += 1;
+                            spent.1 += t;
+                        }
+                    }
+                    spent
+                })
+            });
+            let step = match &features {
+                Some(f) => runner.step_features(&refs, f),
+                None => runner.step(&refs).map(|o| (o, None)),
+            };
+            let t = std::time::Instant::now();
+            let spent = worker.map(|w| w.join().unwrap_or_default());
+            (step, spent.unwrap_or_default(), t.elapsed())
+        });
+        if !masks.is_empty() {
+            self.stats.masks += spent.0;
+            self.stats.mask_us += spent.1.as_micros() as u64;
+            self.stats.mask_wait_us += waited.as_micros() as u64;
+        }
+        for (id, c) in masks {
+            if let Some(a) = self.active.get_mut(&id) {
+                a.constraint = Some(c);
+            }
+        }
         let (out, hidden) = match step {
             Ok(out) => out,
             // The plan asked the pool for more blocks than it had. Nothing was computed: the
@@ -670,7 +728,13 @@ impl Engine {
             }
             self.observe(it.id, it.start, hid);
             let sampled = match (it.sample, rows.pop()) {
-                (true, Some(mut logits)) => Some(self.sample(it.id, &mut logits)),
+                (true, Some(mut logits)) => match self.sample(it.id, &mut logits) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        self.fail(it.id, e.to_string())?;
+                        continue;
+                    }
+                },
                 _ => None,
             };
             self.sched
@@ -684,14 +748,22 @@ impl Engine {
 
     /// Samples `id`'s next token; with its log-probabilities when the request wants them
     /// (taken from the logits before the sampler changes them).
-    fn sample(&mut self, id: ReqId, logits: &mut [f32]) -> (u32, Option<TokenLogprobs>) {
+    /// A grammar's mask applies before the sampler; a grammar that cannot go on is an error
+    /// (the request fails).
+    fn sample(&mut self, id: ReqId, logits: &mut [f32]) -> Result<(u32, Option<TokenLogprobs>)> {
         let history: &[u32] = self.sched.get(id).map_or(&[], |s| &s.tokens[..]);
         let Some(a) = self.active.get_mut(&id) else {
-            return (crate::sample::argmax(logits), None);
+            return Ok((crate::sample::argmax(logits), None));
         };
         let raw = a.logprobs.map(|n| (logits.to_vec(), n));
+        if let Some(c) = a.constraint.as_mut() {
+            c.apply(logits)?;
+        }
         let tok = a.sampler.sample(logits, history);
-        (tok, raw.map(|(l, n)| TokenLogprobs::of(&l, tok, n)))
+        if let Some(c) = a.constraint.as_mut() {
+            c.consume(tok)?;
+        }
+        Ok((tok, raw.map(|(l, n)| TokenLogprobs::of(&l, tok, n))))
     }
 
     /// Sends a sampled token and ends the request when it is done or its receiver is gone.
@@ -711,7 +783,11 @@ impl Engine {
                 self.active.remove(&id);
                 return self.end(id, None);
             }
-            (a.generated >= a.max_tokens || len >= ctx).then_some(Finish::Length)
+            if a.constraint.as_ref().is_some_and(Constraint::finished) {
+                Some(Finish::Stop)
+            } else {
+                (a.generated >= a.max_tokens || len >= ctx).then_some(Finish::Length)
+            }
         };
         match finish {
             Some(f) => self.end(id, Some(f)),

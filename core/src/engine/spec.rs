@@ -110,7 +110,8 @@ impl Engine {
                 continue;
             };
             let len = seq.tokens.len();
-            if !(it.sample && it.end == len && it.end - it.start == 1) {
+            // A grammar decides each token after the one before: nothing to draft.
+            if !(it.sample && it.end == len && it.end - it.start == 1) || a.constraint.is_some() {
                 continue;
             }
             // Room for the drafts and the target's token: output, context and step budget.

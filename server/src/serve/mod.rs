@@ -28,6 +28,7 @@ use kiln_core::chat::parse::Syntax;
 use kiln_core::chat::ChatTemplate;
 use kiln_core::engine::batching::{spawn, Engine, EngineHandle};
 use kiln_core::engine::RunnerConfig;
+use kiln_core::grammar::Grammars;
 use kiln_core::sample::SamplingParams;
 use kiln_core::tokenizer::Tokenizer;
 use serde_json::{json, Value};
@@ -108,6 +109,10 @@ pub struct AppState {
     metrics: Metrics,
     /// Settings /props reports.
     props: Value,
+    /// The model's logit rows.
+    vocab: usize,
+    /// The vocabulary's token trie for grammars, made on the first request with one.
+    grammars: std::sync::OnceLock<Result<Grammars, String>>,
     /// The model generates by block diffusion.
     pub diffusion: bool,
     /// Choices admitted and not yet finished, and the most there may be.
@@ -174,6 +179,19 @@ impl Drop for Admitted {
 }
 
 impl AppState {
+    /// The grammar compiler over this model's vocabulary (built once, on first use).
+    pub fn grammars(&self) -> Result<&Grammars, String> {
+        self.grammars
+            .get_or_init(|| {
+                let t = std::time::Instant::now();
+                let g = Grammars::new(&self.tokenizer, self.vocab).map_err(|e| e.to_string());
+                tracing::info!("grammar token trie built in {:.0?}", t.elapsed());
+                g
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
     /// Why the engine cannot take work now, if it cannot: its thread has ended, or it has had
     /// work and made no step for [`ServeOptions::wedged_after`].
     pub fn unhealthy(&self) -> Option<&'static str> {
@@ -443,6 +461,8 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         max_in_flight,
         metrics: Metrics::default(),
         props,
+        vocab: info.vocab,
+        grammars: std::sync::OnceLock::new(),
     }))
 }
 
@@ -730,6 +750,7 @@ async fn completions(
         let echo = request::echo_text(state, &b, &prompt)?;
         let mut spec = common(state, Kind::Text, &b, prompt, 16)?;
         spec.echo = echo;
+        request::constrain(state, &mut spec)?;
         Ok(spec)
     })
     .await
@@ -741,11 +762,24 @@ async fn chat_completions(
 ) -> Response {
     prepared(state, body, |state, bytes| {
         let b = body_json(bytes)?;
-        let (prompt, syntax, in_reasoning) = chat_prompt(state, &b)?;
-        let room = state.ctx.saturating_sub(prompt.len() + 1).max(1);
-        let mut spec = common(state, Kind::Chat, &b, prompt, room)?;
-        spec.syntax = syntax;
-        spec.in_reasoning = in_reasoning;
+        let chat = chat_prompt(state, &b)?;
+        let room = state.ctx.saturating_sub(chat.ids.len() + 1).max(1);
+        let mut spec = common(state, Kind::Chat, &b, chat.ids, room)?;
+        spec.syntax = chat.syntax;
+        spec.in_reasoning = chat.in_reasoning;
+        if let Some(g) = chat.grammar {
+            if spec.grammar.is_some() {
+                return Err(ApiError::bad(
+                    "a forced tool call and response_format or grammar cannot be combined",
+                    Some("tool_choice"),
+                ));
+            }
+            spec.grammar = Some(g);
+        } else if chat.in_reasoning {
+            // The prompt opened `<think>`: a JSON answer comes after closing it.
+            spec.grammar = spec.grammar.map(|g| g.after_reasoning());
+        }
+        request::constrain(state, &mut spec)?;
         Ok(spec)
     })
     .await

@@ -5,6 +5,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
 use kiln_core::chat::parse::OutputParser;
 use kiln_core::chat::parse::Syntax;
+use kiln_core::grammar::{Constraint, GrammarSpec};
 use kiln_core::sample::{SamplingParams, MAX_TOP_LOGPROBS};
 use serde_json::{json, Map, Value};
 
@@ -111,6 +112,10 @@ pub struct GenSpec {
     pub echo: Option<String>,
     /// `stream_drafts` (block-diffusion models, streamed): each denoising step's draft.
     pub drafts: bool,
+    /// What the output must follow: `response_format`, `grammar`, or a forced tool call.
+    pub grammar: Option<GrammarSpec>,
+    /// `grammar` compiled ([`constrain`]).
+    pub constraint: Option<Constraint>,
 }
 
 pub type Body = Map<String, Value>;
@@ -336,7 +341,89 @@ pub fn common(
         ignore_eos: boolean(b, "ignore_eos")?.unwrap_or(false),
         echo: None,
         drafts,
+        grammar: grammar(b)?,
+        constraint: None,
     })
+}
+
+/// `response_format` (`text`, `json_object`, `json_schema` with its `schema`) and `grammar`
+/// (a grammar in llguidance's Lark dialect, which embeds JSON schemas as `%json {…}` and
+/// regular expressions as `/…/`); at most one of them.
+fn grammar(b: &Body) -> Result<Option<GrammarSpec>, ApiError> {
+    let bad = |m: &str| ApiError::bad(m, Some("response_format"));
+    let format = match b.get("response_format") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(f)) => match f.get("type").and_then(Value::as_str) {
+            Some("text") => None,
+            // llama-server's extension: a schema beside json_object.
+            Some("json_object") => Some(match f.get("schema") {
+                Some(s @ Value::Object(_)) => GrammarSpec::JsonSchema(s.clone()),
+                _ => GrammarSpec::json_object(),
+            }),
+            Some("json_schema") => {
+                let schema = f
+                    .get("json_schema")
+                    .and_then(|j| j.get("schema"))
+                    .or_else(|| f.get("schema"))
+                    .ok_or_else(|| {
+                        bad("response_format json_schema needs json_schema.schema (an object)")
+                    })?;
+                match schema {
+                    Value::Object(_) | Value::Bool(true) => {
+                        Some(GrammarSpec::JsonSchema(schema.clone()))
+                    }
+                    _ => return Err(bad("json_schema.schema must be a JSON schema object")),
+                }
+            }
+            _ => {
+                return Err(bad(
+                    "response_format.type must be \"text\", \"json_object\" or \"json_schema\"",
+                ))
+            }
+        },
+        Some(_) => return Err(bad("response_format must be an object")),
+    };
+    let lark = match b.get("grammar") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(g)) if !g.trim().is_empty() => Some(GrammarSpec::Lark(g.clone())),
+        Some(_) => {
+            return Err(ApiError::bad(
+                "grammar must be a non-empty string (a Lark grammar)",
+                Some("grammar"),
+            ))
+        }
+    };
+    match (format, lark) {
+        (Some(_), Some(_)) => Err(ApiError::bad(
+            "give response_format or grammar, not both",
+            Some("grammar"),
+        )),
+        (f, g) => Ok(f.or(g)),
+    }
+}
+
+/// Compiles the request's grammar for this model (a grammar that does not compile is a 400
+/// saying why).
+pub fn constrain(state: &AppState, spec: &mut GenSpec) -> Result<(), ApiError> {
+    let Some(g) = &spec.grammar else {
+        return Ok(());
+    };
+    if state.diffusion {
+        return Err(ApiError::bad(
+            "grammars are not available with a block-diffusion model",
+            Some("response_format"),
+        ));
+    }
+    let grammars = state.grammars().map_err(ApiError::internal)?;
+    let param = match g {
+        GrammarSpec::Lark(_) => "grammar",
+        _ => "response_format",
+    };
+    let c = grammars
+        .compile(g)
+        .map_err(|e| ApiError::bad(e.to_string(), Some(param)))?;
+    spec.constraint = Some(c);
+    Ok(())
 }
 
 /// `logit_bias`: `{"token id": bias}` with biases in [−100, 100] and ids in the vocabulary.
@@ -376,14 +463,6 @@ fn logit_bias(state: &AppState, b: &Body) -> Result<Vec<(u32, f32)>, ApiError> {
 /// Fields kiln does not implement are refused by name rather than silently ignored.
 fn refuse_unsupported(kind: Kind, b: &Body, n: usize) -> Result<(), ApiError> {
     let present = |k: &str| b.get(k).is_some_and(|v| !v.is_null());
-    if let Some(f) = b.get("response_format").filter(|v| !v.is_null()) {
-        if f.get("type").and_then(Value::as_str) != Some("text") {
-            return Err(ApiError::bad(
-                "response_format other than {\"type\": \"text\"} is not supported yet",
-                Some("response_format"),
-            ));
-        }
-    }
     if kind == Kind::Text {
         if present("suffix") {
             return Err(ApiError::bad(
@@ -483,25 +562,51 @@ pub fn completion_prompt(state: &AppState, b: &Body) -> Result<Vec<u32>, ApiErro
     Ok(ids)
 }
 
-/// The request's `tools`: a list of `{"type": "function", "function": {"name": …}}`, or none
-/// (also with `tool_choice: "none"`).
-fn tools(b: &Body) -> Result<Option<Value>, ApiError> {
-    let choice = match b.get("tool_choice") {
-        None | Some(Value::Null) => "auto",
-        Some(Value::String(s)) if s == "none" || s == "auto" => s.as_str(),
-        Some(_) => {
-            return Err(ApiError::bad(
-                "tool_choice must be \"auto\" or \"none\" (forcing a tool is not supported)",
-                Some("tool_choice"),
-            ))
+/// What `tool_choice` asks for.
+#[derive(Clone, Debug, PartialEq)]
+enum Force {
+    /// The model decides (`auto`).
+    Auto,
+    /// At least one call (`required`).
+    Required,
+    /// A call of this function.
+    Named(String),
+}
+
+/// The request's `tools` (a list of `{"type": "function", "function": {"name": …}}`, or none,
+/// also with `tool_choice: "none"`) and what `tool_choice` forces.
+fn tools(b: &Body) -> Result<(Option<Vec<Value>>, Force), ApiError> {
+    let bad_choice = || {
+        ApiError::bad(
+            "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}",
+            Some("tool_choice"),
+        )
+    };
+    let (none, force) = match b.get("tool_choice") {
+        None | Some(Value::Null) => (false, Force::Auto),
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => (false, Force::Auto),
+            "none" => (true, Force::Auto),
+            "required" => (false, Force::Required),
+            _ => return Err(bad_choice()),
+        },
+        Some(Value::Object(o)) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .filter(|_| o.get("type").and_then(Value::as_str) == Some("function"))
+                .ok_or_else(bad_choice)?;
+            (false, Force::Named(name.to_string()))
         }
+        Some(_) => return Err(bad_choice()),
     };
     let list = match b.get("tools") {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::Array(v)) => v,
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(v)) => v.clone(),
         Some(_) => return Err(ApiError::bad("tools must be a list", Some("tools"))),
     };
-    for t in list {
+    for t in &list {
         let named = t
             .get("function")
             .and_then(|f| f.get("name"))
@@ -513,11 +618,88 @@ fn tools(b: &Body) -> Result<Option<Value>, ApiError> {
             ));
         }
     }
-    Ok((choice == "auto" && !list.is_empty()).then(|| Value::Array(list.clone())))
+    if force != Force::Auto && list.is_empty() {
+        return Err(ApiError::bad(
+            "tool_choice forces a tool call but tools is empty",
+            Some("tool_choice"),
+        ));
+    }
+    if let Force::Named(n) = &force {
+        let known = list
+            .iter()
+            .any(|t| t["function"]["name"].as_str() == Some(n.as_str()));
+        if !known {
+            return Err(ApiError::bad(
+                format!("tool_choice names {n:?}, which is not in tools"),
+                Some("tool_choice"),
+            ));
+        }
+    }
+    Ok(((!none && !list.is_empty()).then_some(list), force))
+}
+
+/// The grammar of a forced tool call in the Hermes/Qwen format the template uses:
+/// `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`, once or (`required` with
+/// `parallel_tool_calls` not false) several times, each call's arguments following its
+/// function's `parameters` schema. `<tool_call>` and `</tool_call>` are matched as the
+/// vocabulary's tokens when it has them as control tokens.
+fn tool_grammar(
+    state: &AppState,
+    tools: &[Value],
+    force: &Force,
+    parallel: bool,
+    in_reasoning: bool,
+) -> GrammarSpec {
+    let calls: Vec<Value> = tools
+        .iter()
+        .filter(|t| match force {
+            Force::Named(n) => t["function"]["name"].as_str() == Some(n.as_str()),
+            _ => true,
+        })
+        .map(|t| {
+            let params = match t["function"].get("parameters") {
+                Some(p @ Value::Object(_)) => p.clone(),
+                _ => json!({"type": "object"}),
+            };
+            json!({
+                "type": "object",
+                "properties": {"name": {"const": t["function"]["name"]}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
+    let mut schema = if calls.len() == 1 {
+        calls[0].clone()
+    } else {
+        json!({ "anyOf": calls })
+    };
+    schema["x-guidance"] = json!({
+        "whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ",
+    });
+    let tag = |t: &str| match state.tokenizer.token_to_id(t) {
+        Some(id) if state.tokenizer.is_special(id) => format!("<[{id}]>"),
+        _ => json!(t).to_string(),
+    };
+    let more = match force {
+        Force::Required if parallel => "(\"\\n\" call)*",
+        _ => "",
+    };
+    // A prompt that opened `<think>` gets it closed at once (no reasoning before the call).
+    let think = if in_reasoning {
+        "\"</think>\\n\\n\" "
+    } else {
+        ""
+    };
+    GrammarSpec::Lark(format!(
+        "start: {think}call {more}\ncall: {open} \"\\n\" body \"\\n\" {close}\nbody: %json {schema}\n",
+        open = tag("<tool_call>"),
+        close = tag("</tool_call>"),
+    ))
 }
 
 /// A chat request's prompt tokens, and how its output is to be parsed.
-pub fn chat_prompt(state: &AppState, b: &Body) -> Result<(Vec<u32>, Syntax, bool), ApiError> {
+pub fn chat_prompt(state: &AppState, b: &Body) -> Result<ChatPrompt, ApiError> {
     let tpl = state
         .template
         .as_ref()
@@ -572,19 +754,49 @@ pub fn chat_prompt(state: &AppState, b: &Body) -> Result<(Vec<u32>, Syntax, bool
         msg.insert("content".into(), Value::String(content));
         messages.push(Value::Object(msg));
     }
-    let tools = tools(b)?;
+    let (tools, force) = tools(b)?;
+    let listed = tools.clone().map(Value::Array);
     let text = tpl
-        .render_json(&messages, tools.as_ref(), true)
+        .render_json(&messages, listed.as_ref(), true)
         .map_err(|e| ApiError::bad(format!("chat template: {e}"), Some("messages")))?;
     let syntax = Syntax {
         reasoning: state.syntax.reasoning,
         tool_calls: state.syntax.tool_calls && tools.is_some(),
     };
     let in_reasoning = syntax.reasoning && OutputParser::prompt_opens_reasoning(&text);
+    let grammar = match (&tools, &force) {
+        (Some(list), Force::Required | Force::Named(_)) => {
+            if !syntax.tool_calls {
+                return Err(ApiError::bad(
+                    "this model's chat template has no <tool_call> format, so a tool call cannot be forced",
+                    Some("tool_choice"),
+                ));
+            }
+            let parallel = boolean(b, "parallel_tool_calls")?.unwrap_or(true);
+            Some(tool_grammar(state, list, &force, parallel, in_reasoning))
+        }
+        _ => None,
+    };
     // The template writes BOS itself where the model wants one.
     let ids = state
         .tokenizer
         .encode(&text, false)
         .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
-    Ok((ids, syntax, in_reasoning))
+    Ok(ChatPrompt {
+        ids,
+        syntax,
+        in_reasoning,
+        grammar,
+    })
+}
+
+/// A chat request's prompt and what it implies for the output.
+pub struct ChatPrompt {
+    pub ids: Vec<u32>,
+    /// How the output is split into content, reasoning and tool calls.
+    pub syntax: Syntax,
+    /// The prompt left the model inside `<think>`.
+    pub in_reasoning: bool,
+    /// The grammar of a tool call that `tool_choice` forces.
+    pub grammar: Option<GrammarSpec>,
 }

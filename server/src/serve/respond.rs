@@ -284,6 +284,7 @@ fn start(
                 },
                 logprobs: spec.logprobs,
                 drafts: spec.drafts,
+                constraint: spec.constraint.clone(),
             },
             Box::new(ToTask(etx)),
         );
