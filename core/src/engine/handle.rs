@@ -8,11 +8,19 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::batching::{Engine, EngineStats, Event, EventSink, GenRequest, Snapshot};
+use super::embed::Pooling;
 use crate::error::Error;
 use crate::sched::ReqId;
 
 /// A spawned engine's requests, numbered by its handle.
 struct Submit(ReqId, GenRequest, Box<dyn EventSink>);
+
+/// What the engine thread is sent.
+enum Cmd {
+    Generate(Submit),
+    /// Tokens to embed, and where the vector goes.
+    Embed(Vec<u32>, Pooling, Sender<crate::error::Result<Vec<f32>>>),
+}
 
 /// Cancels its request at the engine's next step when dropped ([`EngineHandle::submit_to`]):
 /// the id goes to the engine, which finds the request by it (no scan over the requests).
@@ -52,7 +60,7 @@ pub const SLOTS_EVERY: std::time::Duration = std::time::Duration::from_millis(50
 /// An engine running on its own thread. Dropping the handle stops the thread after the
 /// requests in flight end.
 pub struct EngineHandle {
-    tx: Option<Sender<Submit>>,
+    tx: Option<Sender<Cmd>>,
     cancel: Sender<ReqId>,
     next_id: std::sync::atomic::AtomicU64,
     thread: Option<JoinHandle<EngineStats>>,
@@ -61,7 +69,7 @@ pub struct EngineHandle {
 
 /// Starts `engine` on a thread of its own.
 pub fn spawn(mut engine: Engine) -> EngineHandle {
-    let (tx, rx) = mpsc::channel::<Submit>();
+    let (tx, rx) = mpsc::channel::<Cmd>();
     let (cancel, cancels) = mpsc::channel::<ReqId>();
     let snapshot = Arc::new(std::sync::Mutex::new(engine.snapshot()));
     engine.published = Some(snapshot.clone());
@@ -82,8 +90,14 @@ pub fn spawn(mut engine: Engine) -> EngineHandle {
     }
 }
 
-fn accept(engine: &mut Engine, cmd: Submit) {
-    let Submit(id, req, mut out) = cmd;
+fn accept(engine: &mut Engine, cmd: Cmd) {
+    let Submit(id, req, mut out) = match cmd {
+        Cmd::Generate(s) => s,
+        Cmd::Embed(tokens, pooling, reply) => {
+            let _ = reply.send(engine.embed(&tokens, pooling));
+            return;
+        }
+    };
     let ok = match engine.active.contains_key(&id) {
         true => Err(Error::Model(format!("request id {id} is in use"))),
         false => engine.check(&req),
@@ -101,7 +115,7 @@ fn accept(engine: &mut Engine, cmd: Submit) {
 }
 
 /// The engine thread: take requests (blocking only when idle), then step.
-fn serve(engine: &mut Engine, rx: &Receiver<Submit>, cancels: &Receiver<ReqId>) {
+fn serve(engine: &mut Engine, rx: &Receiver<Cmd>, cancels: &Receiver<ReqId>) {
     let mut open = true;
     loop {
         engine.publish();
@@ -178,9 +192,10 @@ impl EngineHandle {
     ) -> std::result::Result<ReqId, Box<dyn EventSink>> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         match &self.tx {
-            Some(t) => match t.send(Submit(id, req, sink)) {
+            Some(t) => match t.send(Cmd::Generate(Submit(id, req, sink))) {
                 Ok(()) => Ok(id),
-                Err(mpsc::SendError(Submit(_, _, sink))) => Err(sink),
+                Err(mpsc::SendError(Cmd::Generate(Submit(_, _, sink)))) => Err(sink),
+                Err(_) => unreachable!("a generation request comes back as one"),
             },
             None => Err(sink),
         }
@@ -221,6 +236,24 @@ impl EngineHandle {
             }
         };
         self.guard(id)
+    }
+
+    /// The embedding of `tokens` (computed on the engine thread between two steps); a
+    /// receiver of the result, so an async caller can wait without blocking.
+    pub fn embed(
+        &self,
+        tokens: Vec<u32>,
+        pooling: Pooling,
+    ) -> Receiver<crate::error::Result<Vec<f32>>> {
+        let (reply, rx) = mpsc::channel();
+        let sent = self
+            .tx
+            .as_ref()
+            .is_some_and(|t| t.send(Cmd::Embed(tokens, pooling, reply.clone())).is_ok());
+        if !sent {
+            let _ = reply.send(Err(Error::Model("the engine has stopped".into())));
+        }
+        rx
     }
 
     /// Whether the engine thread is still running (it ends only on shutdown, or on a panic).

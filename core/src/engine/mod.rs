@@ -5,6 +5,7 @@
 
 pub mod batching;
 pub mod diffusion;
+pub mod embed;
 mod handle;
 mod spec;
 

@@ -10,6 +10,7 @@
 mod metrics;
 pub mod request;
 mod respond;
+mod utility;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,6 +28,7 @@ use axum::{Json, Router};
 use kiln_core::chat::parse::Syntax;
 use kiln_core::chat::ChatTemplate;
 use kiln_core::engine::batching::{spawn, Engine, EngineHandle};
+use kiln_core::engine::embed::Pooling;
 use kiln_core::engine::RunnerConfig;
 use kiln_core::grammar::Grammars;
 use kiln_core::sample::SamplingParams;
@@ -82,6 +84,15 @@ pub struct ServeArgs {
     /// requests) before it is closed; a request's body has as long again (408).
     #[arg(long, default_value_t = 30.0)]
     pub header_timeout: f64,
+    /// How /v1/embeddings pools a text's hidden states: mean, cls (the first token) or last.
+    /// Default: what the model's config names (GGUF `pooling_type`, a sentence-transformers
+    /// `1_Pooling/config.json`), else last.
+    #[arg(long, value_name = "POOLING", value_parser = ["mean", "cls", "last"])]
+    pub pooling: Option<String>,
+    /// Let browser pages from this origin call the API (CORS; repeatable; `*` for any).
+    /// Off by default: a page on another origin cannot read the server's answers.
+    #[arg(long, value_name = "ORIGIN")]
+    pub cors_origin: Vec<String>,
 }
 
 /// What the handlers share.
@@ -111,6 +122,11 @@ pub struct AppState {
     props: Value,
     /// The model's logit rows.
     vocab: usize,
+    /// How /v1/embeddings pools hidden states, and their width.
+    pub pooling: Pooling,
+    pub embedding_width: usize,
+    /// See [`ServeOptions::cors_origins`].
+    cors_origins: Vec<String>,
     /// The vocabulary's token trie for grammars, made on the first request with one.
     grammars: std::sync::OnceLock<Result<Grammars, String>>,
     /// The model generates by block diffusion.
@@ -145,6 +161,10 @@ pub struct ServeOptions {
     pub read_timeout: std::time::Duration,
     /// Speculative decoding (`--spec`), when asked for.
     pub spec: Option<crate::spec::SpecArgs>,
+    /// `--pooling`; `None`: the model's config, else last.
+    pub pooling: Option<Pooling>,
+    /// Origins browser pages may call from (`--cors-origin`); empty: no CORS headers.
+    pub cors_origins: Vec<String>,
 }
 
 impl ServeOptions {
@@ -161,6 +181,8 @@ impl ServeOptions {
             wedged_after: std::time::Duration::from_secs(30),
             read_timeout: std::time::Duration::from_secs(30),
             spec: None,
+            pooling: None,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -256,6 +278,8 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             stall_timeout: std::time::Duration::from_secs_f64(a.stream_stall_timeout.max(0.1)),
             read_timeout: std::time::Duration::from_secs_f64(a.header_timeout.max(0.1)),
             spec: a.spec.spec.is_some().then(|| a.spec.clone()),
+            pooling: a.pooling.as_deref().and_then(Pooling::parse),
+            cors_origins: a.cors_origin.clone(),
             ..ServeOptions::new(a.max_batch)
         },
     )?;
@@ -432,6 +456,9 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
             "max_tokens_chat": "the rest of the context",
         },
     });
+    let pooling = o
+        .pooling
+        .unwrap_or_else(|| config_pooling(&m.path, &m.file));
     let mut engine = Engine::new(m.runner, max_batch);
     if let Some(spec) = &o.spec {
         engine = spec.attach(engine)?;
@@ -463,12 +490,66 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         props,
         vocab: info.vocab,
         grammars: std::sync::OnceLock::new(),
+        pooling,
+        embedding_width: info.n_embd,
+        cors_origins: o.cors_origins,
     }))
+}
+
+/// The pooling a model's config names: GGUF `{arch}.pooling_type`, or for a Hugging Face
+/// directory a sentence-transformers `1_Pooling/config.json`; the last token's otherwise.
+fn config_pooling(path: &std::path::Path, file: &kiln_core::load::gguf::GgufFile) -> Pooling {
+    if let Some(p) = file
+        .get_u64(&file.arch_key("pooling_type"))
+        .ok()
+        .and_then(Pooling::from_gguf_code)
+    {
+        return p;
+    }
+    let st: Option<Value> = std::fs::read(path.join("1_Pooling").join("config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let on = |k: &str| st.as_ref().and_then(|v| v.get(k)?.as_bool()) == Some(true);
+    if on("pooling_mode_mean_tokens") {
+        Pooling::Mean
+    } else if on("pooling_mode_cls_token") {
+        Pooling::First
+    } else {
+        Pooling::Last
+    }
+}
+
+/// `--cors-origin`: answers preflights and adds the CORS headers for these origins (any
+/// with `*`), for GET and POST with whatever headers the page asks to send.
+fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use axum::http::Method;
+    use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(
+            origins
+                .iter()
+                .filter_map(|o| axum::http::HeaderValue::from_str(o.trim_end_matches('/')).ok()),
+        )
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+            // Mirrored rather than `*`: a wildcard does not cover `Authorization`.
+            .allow_headers(AllowHeaders::mirror_request())
+            .max_age(std::time::Duration::from_secs(600)),
+    )
 }
 
 /// The HTTP routes over `state`.
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    let cors = cors(&state.cors_origins);
+    let app = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/props", get(props))
@@ -476,6 +557,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/embeddings", post(utility::embeddings))
+        .route("/tokenize", post(utility::tokenize))
+        .route("/detokenize", post(utility::detokenize))
+        .route("/apply-template", post(utility::apply_template))
         .fallback(|| async {
             ApiError::status(StatusCode::NOT_FOUND, "no such route").into_response()
         })
@@ -498,7 +583,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         ))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn_with_state(state.clone(), count_status))
-        .with_state(state)
+        .with_state(state);
+    // Outermost: a browser's preflight carries no key and gets its answer here.
+    match cors {
+        Some(c) => app.layer(c),
+        None => app,
+    }
 }
 
 /// Counts every response by status for /metrics.
@@ -705,7 +795,7 @@ fn now() -> u64 {
 }
 
 /// The body, or an OpenAI-style error (413 when it is over the size limit).
-fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|e| ApiError {
         status: e.status(),
         message: format!("cannot read the request body: {}", e.body_text()),

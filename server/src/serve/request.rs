@@ -166,7 +166,7 @@ fn integer(b: &Body, key: &'static str, lo: u64, hi: u64) -> Result<Option<u64>,
     }
 }
 
-fn boolean(b: &Body, key: &'static str) -> Result<Option<bool>, ApiError> {
+pub fn boolean(b: &Body, key: &'static str) -> Result<Option<bool>, ApiError> {
     match b.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(v)) => Ok(Some(*v)),
@@ -175,7 +175,7 @@ fn boolean(b: &Body, key: &'static str) -> Result<Option<bool>, ApiError> {
 }
 
 /// The `model` field names this server's model (or is empty or absent).
-fn check_model(state: &AppState, b: &Body) -> Result<(), ApiError> {
+pub fn check_model(state: &AppState, b: &Body) -> Result<(), ApiError> {
     let Some(m) = b.get("model") else {
         return Ok(());
     };
@@ -564,7 +564,7 @@ pub fn completion_prompt(state: &AppState, b: &Body) -> Result<Vec<u32>, ApiErro
 
 /// What `tool_choice` asks for.
 #[derive(Clone, Debug, PartialEq)]
-enum Force {
+pub enum Force {
     /// The model decides (`auto`).
     Auto,
     /// At least one call (`required`).
@@ -700,6 +700,44 @@ fn tool_grammar(
 
 /// A chat request's prompt tokens, and how its output is to be parsed.
 pub fn chat_prompt(state: &AppState, b: &Body) -> Result<ChatPrompt, ApiError> {
+    let (text, tools, force) = chat_text(state, b)?;
+    let syntax = Syntax {
+        reasoning: state.syntax.reasoning,
+        tool_calls: state.syntax.tool_calls && tools.is_some(),
+    };
+    let in_reasoning = syntax.reasoning && OutputParser::prompt_opens_reasoning(&text);
+    let grammar = match (&tools, &force) {
+        (Some(list), Force::Required | Force::Named(_)) => {
+            if !syntax.tool_calls {
+                return Err(ApiError::bad(
+                    "this model's chat template has no <tool_call> format, so a tool call cannot be forced",
+                    Some("tool_choice"),
+                ));
+            }
+            let parallel = boolean(b, "parallel_tool_calls")?.unwrap_or(true);
+            Some(tool_grammar(state, list, &force, parallel, in_reasoning))
+        }
+        _ => None,
+    };
+    // The template writes BOS itself where the model wants one.
+    let ids = state
+        .tokenizer
+        .encode(&text, false)
+        .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
+    Ok(ChatPrompt {
+        ids,
+        syntax,
+        in_reasoning,
+        grammar,
+    })
+}
+
+/// A chat request's messages rendered by the model's template (with the generation prompt),
+/// the tools offered and what `tool_choice` forces.
+pub fn chat_text(
+    state: &AppState,
+    b: &Body,
+) -> Result<(String, Option<Vec<Value>>, Force), ApiError> {
     let tpl = state
         .template
         .as_ref()
@@ -759,35 +797,7 @@ pub fn chat_prompt(state: &AppState, b: &Body) -> Result<ChatPrompt, ApiError> {
     let text = tpl
         .render_json(&messages, listed.as_ref(), true)
         .map_err(|e| ApiError::bad(format!("chat template: {e}"), Some("messages")))?;
-    let syntax = Syntax {
-        reasoning: state.syntax.reasoning,
-        tool_calls: state.syntax.tool_calls && tools.is_some(),
-    };
-    let in_reasoning = syntax.reasoning && OutputParser::prompt_opens_reasoning(&text);
-    let grammar = match (&tools, &force) {
-        (Some(list), Force::Required | Force::Named(_)) => {
-            if !syntax.tool_calls {
-                return Err(ApiError::bad(
-                    "this model's chat template has no <tool_call> format, so a tool call cannot be forced",
-                    Some("tool_choice"),
-                ));
-            }
-            let parallel = boolean(b, "parallel_tool_calls")?.unwrap_or(true);
-            Some(tool_grammar(state, list, &force, parallel, in_reasoning))
-        }
-        _ => None,
-    };
-    // The template writes BOS itself where the model wants one.
-    let ids = state
-        .tokenizer
-        .encode(&text, false)
-        .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
-    Ok(ChatPrompt {
-        ids,
-        syntax,
-        in_reasoning,
-        grammar,
-    })
+    Ok((text, tools, force))
 }
 
 /// A chat request's prompt and what it implies for the output.
