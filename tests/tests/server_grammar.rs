@@ -5,11 +5,10 @@
 #[path = "common/server.rs"]
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::start_model;
-use kiln_tests::{fixtures, model_file, required, GEMMA3, SMOLLM2};
-use serde_json::json;
+use common::{start_model, tiny_with_tools};
+use kiln_tests::{model_file, required, GEMMA3, SMOLLM2};
 
 /// Whether python3 imports the client and the validator; fails under `KILN_REQUIRE_OPENAI`.
 fn python_ready() -> Option<String> {
@@ -60,31 +59,12 @@ fn run_client(pypath: &str, model: &Path, count: usize, tools: bool) {
     );
 }
 
-/// The tiny Qwen3 fixture with a chat template that offers tools and asks for Hermes-style
-/// `<tool_call>` JSON (as Qwen's own templates do), copied to a scratch directory.
-fn tiny_with_tools() -> PathBuf {
-    let src = fixtures().join("hf").join("qwen3");
-    let dir = std::env::temp_dir().join(format!("kiln-grammar-tools-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch directory");
-    for e in std::fs::read_dir(&src).expect("fixture") {
-        let e = e.expect("entry");
-        if e.file_name() != "tokenizer_config.json" {
-            std::fs::copy(e.path(), dir.join(e.file_name())).expect("copy");
-        }
-    }
-    let template = "{% if tools %}{{ '<|im_start|>system\\nTools: ' }}{% for t in tools %}{{ t.function.name + ' ' }}{% endfor %}{{ 'Call one as <tool_call>\\n{\"name\": …, \"arguments\": …}\\n</tool_call><|im_end|>\\n' }}{% endif %}{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + (m['content'] or '') + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-    let cfg = json!({"eos_token": "<|im_end|>", "add_bos_token": false, "chat_template": template});
-    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).expect("write");
-    dir
-}
-
 #[test]
 fn structured_output_on_the_tiny_model_with_forced_tool_calls() {
     let Some(pypath) = python_ready() else {
         return;
     };
-    let dir = tiny_with_tools();
+    let dir = tiny_with_tools("grammar");
     run_client(&pypath, &dir, 20, true);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,6 +7,8 @@ pub struct StopMatcher {
     stops: Vec<String>,
     held: String,
     stopped: bool,
+    /// The stop string found.
+    matched: Option<String>,
 }
 
 impl StopMatcher {
@@ -15,11 +17,17 @@ impl StopMatcher {
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             held: String::new(),
             stopped: false,
+            matched: None,
         }
     }
 
     pub fn stopped(&self) -> bool {
         self.stopped
+    }
+
+    /// The stop string that ended the text, once one has.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Adds `piece`; returns the text that can be shown now. After a stop string is found,
@@ -30,12 +38,13 @@ impl StopMatcher {
         }
         self.held.push_str(piece);
         // A complete stop string: emit what precedes the earliest one.
-        if let Some(at) = self
+        if let Some((at, s)) = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min()
+            .filter_map(|s| Some((self.held.find(s.as_str())?, s)))
+            .min_by_key(|&(at, _)| at)
         {
+            self.matched = Some(s.clone());
             self.stopped = true;
             let out = self.held[..at].to_string();
             self.held.clear();

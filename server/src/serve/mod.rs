@@ -7,6 +7,7 @@
 //! JSON with a 4xx status. A client that goes away is noticed within a few milliseconds, and
 //! the engine cancels its request at its next step.
 
+mod compat;
 mod metrics;
 pub mod request;
 mod respond;
@@ -558,6 +559,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/embeddings", post(utility::embeddings))
+        .route("/v1/messages", post(compat::messages))
+        .route("/v1/responses", post(compat::responses))
         .route("/tokenize", post(utility::tokenize))
         .route("/detokenize", post(utility::detokenize))
         .route("/apply-template", post(utility::apply_template))
@@ -730,18 +733,22 @@ fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
         return Ok(());
     };
     // The scheme is case-insensitive (RFC 9110 §11.1).
+    // Anthropic's clients send the key as `x-api-key`.
     let given = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map_or("", |(_, key)| key.trim());
+        .map(|(_, key)| key.trim())
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .unwrap_or("");
     if key_matches(given.as_bytes(), key.as_bytes()) {
         Ok(())
     } else {
         Err(ApiError {
             status: StatusCode::UNAUTHORIZED,
-            message: "invalid or missing API key (Authorization: Bearer <key>)".into(),
+            message: "invalid or missing API key (Authorization: Bearer <key>, or x-api-key)"
+                .into(),
             param: None,
             code: Some("invalid_api_key"),
         })
@@ -851,28 +858,33 @@ async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     prepared(state, body, |state, bytes| {
-        let b = body_json(bytes)?;
-        let chat = chat_prompt(state, &b)?;
-        let room = state.ctx.saturating_sub(chat.ids.len() + 1).max(1);
-        let mut spec = common(state, Kind::Chat, &b, chat.ids, room)?;
-        spec.syntax = chat.syntax;
-        spec.in_reasoning = chat.in_reasoning;
-        if let Some(g) = chat.grammar {
-            if spec.grammar.is_some() {
-                return Err(ApiError::bad(
-                    "a forced tool call and response_format or grammar cannot be combined",
-                    Some("tool_choice"),
-                ));
-            }
-            spec.grammar = Some(g);
-        } else if chat.in_reasoning {
-            // The prompt opened `<think>`: a JSON answer comes after closing it.
-            spec.grammar = spec.grammar.map(|g| g.after_reasoning());
-        }
-        request::constrain(state, &mut spec)?;
-        Ok(spec)
+        chat_spec(state, &body_json(bytes)?)
     })
     .await
+}
+
+/// A chat request's generation settings: the prompt rendered and tokenized, the sampling
+/// settings, and the grammar (`response_format`, `grammar`, or a forced tool call) compiled.
+pub(crate) fn chat_spec(state: &AppState, b: &request::Body) -> Result<GenSpec, ApiError> {
+    let chat = chat_prompt(state, b)?;
+    let room = state.ctx.saturating_sub(chat.ids.len() + 1).max(1);
+    let mut spec = common(state, Kind::Chat, b, chat.ids, room)?;
+    spec.syntax = chat.syntax;
+    spec.in_reasoning = chat.in_reasoning;
+    if let Some(g) = chat.grammar {
+        if spec.grammar.is_some() {
+            return Err(ApiError::bad(
+                "a forced tool call and response_format or grammar cannot be combined",
+                Some("tool_choice"),
+            ));
+        }
+        spec.grammar = Some(g);
+    } else if chat.in_reasoning {
+        // The prompt opened `<think>`: a JSON answer comes after closing it.
+        spec.grammar = spec.grammar.map(|g| g.after_reasoning());
+    }
+    request::constrain(state, &mut spec)?;
+    Ok(spec)
 }
 
 #[cfg(test)]

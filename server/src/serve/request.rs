@@ -15,6 +15,7 @@ use super::AppState;
 pub const MAX_N: u64 = 16;
 
 /// An OpenAI-style error response.
+#[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,

@@ -26,7 +26,7 @@ use super::request::{ApiError, GenSpec, Kind};
 use super::{now, AppState};
 
 /// One token's log-probabilities, with the text of each token.
-struct TokenLp {
+pub(super) struct TokenLp {
     token: String,
     bytes: Vec<u8>,
     logprob: f32,
@@ -34,7 +34,7 @@ struct TokenLp {
 }
 
 /// What a choice's thread sends.
-enum Piece {
+pub(super) enum Piece {
     Out {
         index: usize,
         content: String,
@@ -51,6 +51,8 @@ enum Piece {
         timings: Timings,
         /// A block-diffusion model's canvases and steps.
         denoised: Option<Denoised>,
+        /// The stop string that ended the output, if one did.
+        stop_sequence: Option<String>,
     },
     /// A block-diffusion model's denoising step (streamed with `stream_drafts`): the text of
     /// its argmax canvas.
@@ -66,7 +68,7 @@ enum Piece {
 /// What a block-diffusion choice took: canvases, denoising steps, and seconds from the
 /// request's start to its end.
 #[derive(Clone, Copy, Debug, Default)]
-struct Denoised {
+pub(super) struct Denoised {
     canvases: usize,
     steps: usize,
     seconds: f64,
@@ -228,6 +230,7 @@ impl Choice {
                 steps: self.steps,
                 seconds: self.started.elapsed().as_secs_f64(),
             }),
+            stop_sequence: self.stop.matched().map(str::to_string),
         }
     }
 }
@@ -488,6 +491,16 @@ struct Gathered {
     denoised: Option<Denoised>,
 }
 
+/// Admits `spec` (its choices count against the limit until they end) and starts it: the
+/// pieces of its choices arrive on the receiver.
+pub(super) fn launch(
+    state: &Arc<AppState>,
+    spec: &GenSpec,
+) -> Result<mpsc::Receiver<Piece>, ApiError> {
+    let admitted = Arc::new(state.admit(spec.n)?);
+    Ok(start(state, spec, &admitted))
+}
+
 pub async fn respond(state: Arc<AppState>, spec: GenSpec) -> Response {
     let admitted = match state.admit(spec.n) {
         Ok(a) => Arc::new(a),
@@ -548,6 +561,7 @@ async fn whole(
                 cached,
                 timings,
                 denoised,
+                ..
             } => {
                 if let Some(g) = choices.get_mut(index) {
                     g.denoised = denoised;
@@ -770,7 +784,7 @@ fn stream(state: Arc<AppState>, spec: GenSpec, rx: mpsc::Receiver<Piece>, id: St
 }
 
 /// A few bits that differ between requests, for response ids.
-fn rand_bits() -> u64 {
+pub(super) fn rand_bits() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     N.fetch_add(1, Ordering::Relaxed)
