@@ -110,8 +110,22 @@ fn fields_work_or_are_refused_by_name() {
     );
     for (extra, param) in [
         (
-            json!({"response_format": {"type": "json_object"}}),
+            json!({"response_format": {"type": "xml"}}),
             "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema",
+                   "json_schema": {"schema": {"type": "object", "required": 5}}}}),
+            "response_format",
+        ),
+        (json!({"grammar": "start: missing_rule"}), "grammar"),
+        (
+            json!({"grammar": "start: \"a\"", "response_format": {"type": "json_object"}}),
+            "grammar",
         ),
         (json!({"suffix": "end"}), "suffix"),
         (json!({"best_of": 2}), "best_of"),
