@@ -3,7 +3,7 @@
 
 pub mod parse;
 
-use minijinja::{context, Environment, Error as JinjaError, ErrorKind};
+use minijinja::{Environment, Error as JinjaError, ErrorKind};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -35,6 +35,115 @@ fn raise_exception(msg: String) -> std::result::Result<String, JinjaError> {
     Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
 }
 
+/// Python's `json.dumps` as transformers' templates call it: `", "` and `": "` between
+/// items (or newlines and `indent` spaces), keys in their order unless `sort_keys`, and no
+/// escaping of non-ASCII text unless `ensure_ascii` (minijinja's own filter writes compact,
+/// HTML-escaped JSON, which would change the prompt).
+fn tojson(
+    v: minijinja::Value,
+    kwargs: minijinja::value::Kwargs,
+) -> std::result::Result<minijinja::Value, JinjaError> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort: Option<bool> = kwargs.get("sort_keys")?;
+    let ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(&v)
+        .map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let mut out = String::new();
+    py_json(
+        &json,
+        indent,
+        sort.unwrap_or(false),
+        ascii.unwrap_or(false),
+        0,
+        &mut out,
+    );
+    Ok(minijinja::Value::from_safe_string(out))
+}
+
+fn py_string(s: &str, ascii: bool, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 || (ascii && (c as u32) > 0x7f) => {
+                let mut buf = [0u16; 2];
+                for u in c.encode_utf16(&mut buf) {
+                    out.push_str(&format!("\\u{u:04x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+fn py_json(
+    v: &serde_json::Value,
+    indent: Option<usize>,
+    sort: bool,
+    ascii: bool,
+    level: usize,
+    out: &mut String,
+) {
+    use serde_json::Value as J;
+    let (item_sep, newline) = match indent {
+        Some(n) => (
+            ",".to_string(),
+            format!("\n{}", " ".repeat(n * (level + 1))),
+        ),
+        None => (", ".to_string(), String::new()),
+    };
+    let close = match indent {
+        Some(n) => format!("\n{}", " ".repeat(n * level)),
+        None => String::new(),
+    };
+    match v {
+        J::Null => out.push_str("null"),
+        J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        J::Number(n) => out.push_str(&n.to_string()),
+        J::String(s) => py_string(s, ascii, out),
+        J::Array(a) if a.is_empty() => out.push_str("[]"),
+        J::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&item_sep);
+                }
+                out.push_str(&newline);
+                py_json(x, indent, sort, ascii, level + 1, out);
+            }
+            out.push_str(&close);
+            out.push(']');
+        }
+        J::Object(m) if m.is_empty() => out.push_str("{}"),
+        J::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            if sort {
+                keys.sort();
+            }
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&item_sep);
+                }
+                out.push_str(&newline);
+                py_string(k, ascii, out);
+                out.push_str(": ");
+                py_json(&m[k], indent, sort, ascii, level + 1, out);
+            }
+            out.push_str(&close);
+            out.push('}');
+        }
+    }
+}
+
 impl ChatTemplate {
     /// Compiles `source`; `bos`/`eos` are the texts of the model's BOS and EOS tokens.
     pub fn new(source: &str, bos: &str, eos: &str) -> Result<ChatTemplate> {
@@ -47,6 +156,7 @@ impl ChatTemplate {
             let _ = fmt;
             "26 Jul 2024".to_string()
         });
+        env.add_filter("tojson", tojson);
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.add_template_owned("chat", source.to_string())
@@ -77,18 +187,42 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_with(
+            messages,
+            tools,
+            add_generation_prompt,
+            &serde_json::Map::new(),
+        )
+    }
+
+    /// `render_json` with extra variables for the template (a request's
+    /// `chat_template_kwargs`, such as `enable_thinking`); they cannot replace the messages,
+    /// tools, generation prompt or special tokens.
+    pub fn render_with(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
         let t = self
             .env
             .get_template("chat")
             .map_err(|e| Error::Tokenizer(format!("chat template: {e}")))?;
-        t.render(context! {
-            messages => messages,
-            tools => tools,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos,
-            eos_token => self.eos,
-        })
-        .map_err(|e| Error::Tokenizer(format!("chat template failed: {e}")))
+        let mut ctx = kwargs.clone();
+        ctx.insert(
+            "messages".into(),
+            serde_json::Value::from(messages.to_vec()),
+        );
+        ctx.insert(
+            "tools".into(),
+            tools.cloned().unwrap_or(serde_json::Value::Null),
+        );
+        ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
+        ctx.insert("bos_token".into(), self.bos.clone().into());
+        ctx.insert("eos_token".into(), self.eos.clone().into());
+        t.render(minijinja::Value::from_serialize(&ctx))
+            .map_err(|e| Error::Tokenizer(format!("chat template failed: {e}")))
     }
 }
 
@@ -145,6 +279,31 @@ mod tests {
             .render_json(&messages, None, false)
             .unwrap()
             .contains("[get_weather]"));
+    }
+
+    #[test]
+    fn tojson_writes_what_python_json_dumps_writes() {
+        let src = "{{ v | tojson }}|{{ v | tojson(ensure_ascii=true) }}|{{ v | tojson(indent=2) }}|{{ v | tojson(sort_keys=true) }}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let v = serde_json::json!({"z": [1, 2.5, "é\n<&>\""], "a": null, "e": {}, "t": true});
+        let got = t
+            .render_with(
+                &[],
+                None,
+                false,
+                &serde_json::Map::from_iter([("v".to_string(), v)]),
+            )
+            .unwrap();
+        // Python: json.dumps(v), json.dumps(v, ensure_ascii=True), json.dumps(v, indent=2),
+        // json.dumps(v, sort_keys=True) — with transformers' ensure_ascii=False default.
+        let want = [
+            r#"{"z": [1, 2.5, "é\n<&>\""], "a": null, "e": {}, "t": true}"#,
+            r#"{"z": [1, 2.5, "\u00e9\n<&>\""], "a": null, "e": {}, "t": true}"#,
+            "{\n  \"z\": [\n    1,\n    2.5,\n    \"é\\n<&>\\\"\"\n  ],\n  \"a\": null,\n  \"e\": {},\n  \"t\": true\n}",
+            r#"{"a": null, "e": {}, "t": true, "z": [1, 2.5, "é\n<&>\""]}"#,
+        ]
+        .join("|");
+        assert_eq!(got, want);
     }
 
     #[test]
