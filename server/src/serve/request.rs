@@ -3,7 +3,6 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
-use kiln_core::chat::parse::OutputParser;
 use kiln_core::chat::parse::Syntax;
 use kiln_core::grammar::{Constraint, GrammarSpec};
 use kiln_core::sample::{SamplingParams, MAX_TOP_LOGPROBS};
@@ -703,10 +702,10 @@ fn tool_grammar(
 pub fn chat_prompt(state: &AppState, b: &Body) -> Result<ChatPrompt, ApiError> {
     let (text, tools, force) = chat_text(state, b)?;
     let syntax = Syntax {
-        reasoning: state.syntax.reasoning,
         tool_calls: state.syntax.tool_calls && tools.is_some(),
+        ..state.syntax
     };
-    let in_reasoning = syntax.reasoning && OutputParser::prompt_opens_reasoning(&text);
+    let in_reasoning = syntax.prompt_opens_reasoning(&text);
     let grammar = match (&tools, &force) {
         (Some(list), Force::Required | Force::Named(_)) => {
             if !syntax.tool_calls {
