@@ -1,6 +1,7 @@
 //! Chat templates: the model's own Jinja template (from `tokenizer.chat_template`), rendered
 //! with minijinja and Python-compatible string methods.
 
+pub mod calls;
 pub mod parse;
 
 use minijinja::{Environment, Error as JinjaError, ErrorKind};

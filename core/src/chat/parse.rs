@@ -21,9 +21,11 @@ use serde_json::Value;
 /// Which family of tags a model writes.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub enum Format {
-    /// `<think>`, `<tool_call>` (JSON or XML bodies).
+    /// `<think>`, `<tool_call>` with a JSON body (either body is read back).
     #[default]
     Hermes,
+    /// `<think>`, `<tool_call>` with an XML body (Qwen3.5/3.6, Qwen3-Coder).
+    QwenXml,
     /// `<|channel>thought`, `<|tool_call>call:…`.
     Gemma4,
 }
@@ -57,7 +59,7 @@ const GEMMA4: Tags = Tags {
 impl Format {
     fn tags(self) -> &'static Tags {
         match self {
-            Format::Hermes => &HERMES,
+            Format::Hermes | Format::QwenXml => &HERMES,
             Format::Gemma4 => &GEMMA4,
         }
     }
@@ -86,7 +88,11 @@ impl Syntax {
         Syntax {
             reasoning: source.contains(HERMES.think_open),
             tool_calls: source.contains(HERMES.tool_open),
-            format: Format::Hermes,
+            format: if source.contains("<function=") {
+                Format::QwenXml
+            } else {
+                Format::Hermes
+            },
         }
     }
 
@@ -292,7 +298,9 @@ impl OutputParser {
     fn close_call(&mut self, body: &str, out: &mut Vec<Delta>) {
         self.mode = Mode::Content;
         let parsed = match self.syntax.format {
-            Format::Hermes => parse_call(body).or_else(|| parse_xml_call(body, &self.strings)),
+            Format::Hermes | Format::QwenXml => {
+                parse_call(body).or_else(|| parse_xml_call(body, &self.strings))
+            }
             Format::Gemma4 => parse_gemma_call(body),
         };
         match parsed {

@@ -871,6 +871,7 @@ pub(crate) fn chat_spec(state: &AppState, b: &request::Body) -> Result<GenSpec, 
     let mut spec = common(state, Kind::Chat, b, chat.ids, room)?;
     spec.syntax = chat.syntax;
     spec.in_reasoning = chat.in_reasoning;
+    spec.tools = chat.tools;
     if let Some(g) = chat.grammar {
         if spec.grammar.is_some() {
             return Err(ApiError::bad(

@@ -3,6 +3,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
+use kiln_core::chat::calls::{tool_call_grammar, Calls};
 use kiln_core::chat::parse::Syntax;
 use kiln_core::grammar::{Constraint, GrammarSpec};
 use kiln_core::sample::{SamplingParams, MAX_TOP_LOGPROBS};
@@ -116,6 +117,8 @@ pub struct GenSpec {
     pub grammar: Option<GrammarSpec>,
     /// `grammar` compiled ([`constrain`]).
     pub constraint: Option<Constraint>,
+    /// A chat request's tools (their schemas type the parsed calls' arguments).
+    pub tools: Vec<Value>,
 }
 
 pub type Body = Map<String, Value>;
@@ -343,6 +346,7 @@ pub fn common(
         drafts,
         grammar: grammar(b)?,
         constraint: None,
+        tools: Vec::new(),
     })
 }
 
@@ -638,63 +642,42 @@ fn tools(b: &Body) -> Result<(Option<Vec<Value>>, Force), ApiError> {
     Ok(((!none && !list.is_empty()).then_some(list), force))
 }
 
-/// The grammar of a forced tool call in the Hermes/Qwen format the template uses:
-/// `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`, once or (`required` with
-/// `parallel_tool_calls` not false) several times, each call's arguments following its
-/// function's `parameters` schema. `<tool_call>` and `</tool_call>` are matched as the
-/// vocabulary's tokens when it has them as control tokens.
+/// The grammar of a forced tool call in the format the model's template uses (Hermes JSON,
+/// Qwen XML or Gemma 4's; see [`kiln_core::chat::calls`]): once, or (`required` with
+/// `parallel_tool_calls` not false) several times. Its tags are matched as the vocabulary's
+/// tokens where it has them as control tokens.
 fn tool_grammar(
     state: &AppState,
+    syntax: Syntax,
     tools: &[Value],
     force: &Force,
     parallel: bool,
     in_reasoning: bool,
 ) -> GrammarSpec {
-    let calls: Vec<Value> = tools
-        .iter()
-        .filter(|t| match force {
-            Force::Named(n) => t["function"]["name"].as_str() == Some(n.as_str()),
-            _ => true,
-        })
-        .map(|t| {
-            let params = match t["function"].get("parameters") {
-                Some(p @ Value::Object(_)) => p.clone(),
-                _ => json!({"type": "object"}),
-            };
-            json!({
-                "type": "object",
-                "properties": {"name": {"const": t["function"]["name"]}, "arguments": params},
-                "required": ["name", "arguments"],
-                "additionalProperties": false,
-            })
-        })
-        .collect();
-    let mut schema = if calls.len() == 1 {
-        calls[0].clone()
-    } else {
-        json!({ "anyOf": calls })
+    let special: Vec<(&'static str, u32)> = [
+        "<tool_call>",
+        "</tool_call>",
+        "<|tool_call>",
+        "<tool_call|>",
+    ]
+    .into_iter()
+    .filter_map(|t| {
+        let id = state.tokenizer.token_to_id(t)?;
+        state.tokenizer.is_special(id).then_some((t, id))
+    })
+    .collect();
+    let (only, calls) = match force {
+        Force::Named(n) => (Some(n.as_str()), Calls::One),
+        _ if parallel => (None, Calls::Many),
+        _ => (None, Calls::One),
     };
-    schema["x-guidance"] = json!({
-        "whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ",
-    });
-    let tag = |t: &str| match state.tokenizer.token_to_id(t) {
-        Some(id) if state.tokenizer.is_special(id) => format!("<[{id}]>"),
-        _ => json!(t).to_string(),
-    };
-    let more = match force {
-        Force::Required if parallel => "(\"\\n\" call)*",
-        _ => "",
-    };
-    // A prompt that opened `<think>` gets it closed at once (no reasoning before the call).
-    let think = if in_reasoning {
-        "\"</think>\\n\\n\" "
-    } else {
-        ""
-    };
-    GrammarSpec::Lark(format!(
-        "start: {think}call {more}\ncall: {open} \"\\n\" body \"\\n\" {close}\nbody: %json {schema}\n",
-        open = tag("<tool_call>"),
-        close = tag("</tool_call>"),
+    GrammarSpec::Lark(tool_call_grammar(
+        syntax,
+        tools,
+        only,
+        calls,
+        in_reasoning,
+        Box::new(move |t| special.iter().find(|(s, _)| *s == t).map(|&(_, id)| id)),
     ))
 }
 
@@ -710,12 +693,19 @@ pub fn chat_prompt(state: &AppState, b: &Body) -> Result<ChatPrompt, ApiError> {
         (Some(list), Force::Required | Force::Named(_)) => {
             if !syntax.tool_calls {
                 return Err(ApiError::bad(
-                    "this model's chat template has no <tool_call> format, so a tool call cannot be forced",
+                    "this model's chat template has no tool-call format, so a tool call cannot be forced",
                     Some("tool_choice"),
                 ));
             }
             let parallel = boolean(b, "parallel_tool_calls")?.unwrap_or(true);
-            Some(tool_grammar(state, list, &force, parallel, in_reasoning))
+            Some(tool_grammar(
+                state,
+                syntax,
+                list,
+                &force,
+                parallel,
+                in_reasoning,
+            ))
         }
         _ => None,
     };
@@ -729,6 +719,7 @@ pub fn chat_prompt(state: &AppState, b: &Body) -> Result<ChatPrompt, ApiError> {
         syntax,
         in_reasoning,
         grammar,
+        tools: tools.unwrap_or_default(),
     })
 }
 
@@ -790,12 +781,35 @@ pub fn chat_text(
             Value::String(if role == "developer" { "system" } else { role }.into()),
         );
         msg.insert("content".into(), Value::String(content));
+        // Templates iterate a call's arguments (Qwen3.5's `arguments|items`, Gemma 4's
+        // `dictsort`): the JSON text OpenAI clients send becomes the object it encodes.
+        if let Some(Value::Array(calls)) = msg.get_mut("tool_calls") {
+            for c in calls.iter_mut() {
+                let parsed = c["function"]["arguments"]
+                    .as_str()
+                    .and_then(|a| serde_json::from_str::<Value>(a).ok())
+                    .filter(Value::is_object);
+                if let Some(obj) = parsed {
+                    c["function"]["arguments"] = obj;
+                }
+            }
+        }
         messages.push(Value::Object(msg));
     }
     let (tools, force) = tools(b)?;
     let listed = tools.clone().map(Value::Array);
+    let kwargs = match b.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(_) => {
+            return Err(ApiError::bad(
+                "chat_template_kwargs must be an object",
+                Some("chat_template_kwargs"),
+            ))
+        }
+    };
     let text = tpl
-        .render_json(&messages, listed.as_ref(), true)
+        .render_with(&messages, listed.as_ref(), true, &kwargs)
         .map_err(|e| ApiError::bad(format!("chat template: {e}"), Some("messages")))?;
     Ok((text, tools, force))
 }
@@ -809,4 +823,6 @@ pub struct ChatPrompt {
     pub in_reasoning: bool,
     /// The grammar of a tool call that `tool_choice` forces.
     pub grammar: Option<GrammarSpec>,
+    /// The tools offered.
+    pub tools: Vec<Value>,
 }

@@ -116,7 +116,7 @@ impl Choice {
             dec: StreamDecoder::new(),
             stop: StopMatcher::new(&spec.stop),
             parser: (spec.kind == Kind::Chat)
-                .then(|| OutputParser::new(spec.syntax, spec.in_reasoning)),
+                .then(|| OutputParser::new(spec.syntax, spec.in_reasoning).with_tools(&spec.tools)),
             generated: 0,
             calls: 0,
             cached: 0,
