@@ -103,6 +103,16 @@ fn function_tool(name: &Value, description: Option<&Value>, parameters: Option<&
     json!({"type": "function", "function": f})
 }
 
+/// Sets `enable_thinking` among the template's variables (unless the request set it).
+fn thinking(out: &mut Body, on: bool) {
+    let kw = out
+        .entry("chat_template_kwargs")
+        .or_insert_with(|| json!({}));
+    if let Some(m) = kw.as_object_mut() {
+        m.entry("enable_thinking").or_insert(json!(on));
+    }
+}
+
 /// An Anthropic Messages request as a chat-completions body.
 fn messages_to_chat(b: &Body) -> Result<Body, ApiError> {
     let mut out = Map::new();
@@ -120,8 +130,23 @@ fn messages_to_chat(b: &Body) -> Result<Body, ApiError> {
     copy_keys(
         b,
         &mut out,
-        &["model", "temperature", "top_p", "top_k", "stream"],
+        &[
+            "model",
+            "temperature",
+            "top_p",
+            "top_k",
+            "stream",
+            "chat_template_kwargs",
+        ],
     );
+    // Extended thinking on or off reaches a template that has the switch.
+    if let Some(t) = b
+        .get("thinking")
+        .and_then(|t| t.get("type"))
+        .and_then(Value::as_str)
+    {
+        thinking(&mut out, t != "disabled");
+    }
     if let Some(s) = b.get("stop_sequences") {
         out.insert("stop".into(), s.clone());
     }
@@ -283,8 +308,17 @@ fn responses_to_chat(b: &Body) -> Result<Body, ApiError> {
             "top_p",
             "stream",
             "parallel_tool_calls",
+            "chat_template_kwargs",
         ],
     );
+    // `reasoning.effort` "none" (or "minimal") asks for no thinking; any other for thinking.
+    if let Some(e) = b
+        .get("reasoning")
+        .and_then(|r| r.get("effort"))
+        .and_then(Value::as_str)
+    {
+        thinking(&mut out, !matches!(e, "none" | "minimal"));
+    }
     if let Some(m) = b.get("max_output_tokens").filter(|v| !v.is_null()) {
         out.insert("max_tokens".into(), m.clone());
     }
@@ -1086,6 +1120,12 @@ mod tests {
         assert_eq!(m[3]["tool_call_id"], "t1");
         assert_eq!(m[3]["content"], "-3 C");
         assert!(messages_to_chat(&body(json!({"messages": []}))).is_err());
+        let t = messages_to_chat(&body(
+            json!({"max_tokens": 5, "thinking": {"type": "enabled",
+            "budget_tokens": 100}, "messages": [{"role": "user", "content": "x"}]}),
+        ))
+        .expect("translates");
+        assert_eq!(t["chat_template_kwargs"]["enable_thinking"], true);
         assert!(messages_to_chat(&body(json!({"max_tokens": 5, "messages": [
             {"role": "user", "content": [{"type": "image", "source": {}}]}]})))
         .is_err());
