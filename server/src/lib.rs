@@ -3,6 +3,7 @@
 pub mod backends;
 pub mod diffusion;
 pub mod generate;
+pub mod hub;
 pub mod info;
 pub mod load;
 pub mod models;

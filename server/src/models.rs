@@ -80,6 +80,13 @@ pub fn alias(name: &str) -> Option<&'static Alias> {
 /// Resolves `--model`: a file path, or an alias (fetched if missing).
 pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
     let m = model.unwrap_or(DEFAULT_MODEL);
+    if m.starts_with("hf:") {
+        let spec = crate::hub::HubSpec::parse(m)?;
+        if let Some(p) = crate::hub::cached(&spec) {
+            return Ok(p);
+        }
+        return crate::hub::pull(&spec, &crate::hub::PullOptions::default());
+    }
     let p = Path::new(m);
     if p.is_file() {
         return Ok(p.to_path_buf());
