@@ -229,21 +229,34 @@ impl Constraint {
             )));
         };
         let end = mask.is_allowed(self.eos);
-        let mut any = false;
-        for (i, l) in logits.iter_mut().enumerate() {
-            let id = i as u32;
-            let ok = if self.stop.contains(&id) {
-                end
-            } else {
-                i < mask.len() && mask.is_allowed(id)
-            };
-            if ok {
-                any |= *l > f32::NEG_INFINITY;
-            } else {
-                *l = f32::NEG_INFINITY;
+        // The end-of-generation ids are decided by `end`, whatever their own bit says.
+        let kept: Vec<(usize, f32)> = self
+            .stop
+            .iter()
+            .map(|&t| t as usize)
+            .filter(|&t| t < logits.len())
+            .map(|t| (t, logits[t]))
+            .collect();
+        // Word by word: a word of allowed tokens costs one compare.
+        let words = mask.as_slice();
+        for (w, &bits) in words.iter().enumerate() {
+            let mut banned = !bits;
+            while banned != 0 {
+                let i = w * 32 + banned.trailing_zeros() as usize;
+                banned &= banned - 1;
+                match logits.get_mut(i) {
+                    Some(l) => *l = f32::NEG_INFINITY,
+                    None => break,
+                }
             }
         }
-        if !any {
+        for l in logits.iter_mut().skip(words.len() * 32) {
+            *l = f32::NEG_INFINITY;
+        }
+        for (t, l) in kept {
+            logits[t] = if end { l } else { f32::NEG_INFINITY };
+        }
+        if !logits.iter().any(|&l| l > f32::NEG_INFINITY) {
             return Err(Error::Model(
                 "grammar: the model gives every allowed token zero probability".into(),
             ));
