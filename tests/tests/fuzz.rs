@@ -217,7 +217,9 @@ fn generated_chat_templates_are_errors_not_panics() {
 
 #[test]
 fn random_request_json_is_a_value_or_an_error_not_a_panic() {
-    use kiln_server::serve::request::{body_json, chat_prompt, common, completion_prompt, Kind};
+    use kiln_server::serve::request::{
+        body_json, chat_prompt, common, completion_prompt, constrain, Kind,
+    };
     let dir = fixtures().join("hf/llama");
     let file = open_model(&dir).expect("fixture");
     let tokenizer = kiln_core::tokenizer::open_tokenizer(&dir, &file).expect("tokenizer");
@@ -257,6 +259,9 @@ fn random_request_json_is_a_value_or_an_error_not_a_panic() {
         "presence_penalty",
         "frequency_penalty",
         "ignore_eos",
+        "grammar",
+        "chat_template_kwargs",
+        "parallel_tool_calls",
     ];
     let mut rng = Rng::new(5);
     let n = iters(2000);
@@ -280,10 +285,15 @@ fn random_request_json_is_a_value_or_an_error_not_a_panic() {
                 return;
             };
             if let Ok(p) = completion_prompt(&state, &b) {
-                let _ = common(&state, Kind::Text, &b, p, 16);
+                if let Ok(mut spec) = common(&state, Kind::Text, &b, p, 16) {
+                    let _ = constrain(&state, &mut spec);
+                }
             }
-            if let Ok((p, _, _)) = chat_prompt(&state, &b) {
-                let _ = common(&state, Kind::Chat, &b, p, 16);
+            if let Ok(c) = chat_prompt(&state, &b) {
+                if let Ok(mut spec) = common(&state, Kind::Chat, &b, c.ids, 16) {
+                    spec.grammar = spec.grammar.or(c.grammar);
+                    let _ = constrain(&state, &mut spec);
+                }
             }
         }));
         assert!(r.is_ok(), "a panic on request {i}: {text}");

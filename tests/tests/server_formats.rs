@@ -12,7 +12,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use kiln_tests::{fixtures, required};
+use kiln_tests::required;
 use serde_json::{json, Value};
 
 fn templates() -> Option<PathBuf> {
@@ -31,16 +31,7 @@ fn templates() -> Option<PathBuf> {
 /// The fixture `family` with the real template `template` and `eos` as its end token, in a
 /// scratch directory.
 fn with_template(family: &str, template: &Path, eos: &str) -> PathBuf {
-    let src = fixtures().join("hf").join(family);
-    let dir = std::env::temp_dir().join(format!("kiln-format-{family}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch directory");
-    for e in std::fs::read_dir(&src).expect("fixture") {
-        let e = e.expect("entry");
-        if e.file_name() != "tokenizer_config.json" {
-            std::fs::copy(e.path(), dir.join(e.file_name())).expect("copy");
-        }
-    }
+    let dir = fixture_copy(family, &format!("format-{family}"));
     // The real templates' tool prompts run to ~1,000 byte-level tokens of the tiny
     // vocabulary: room for them (the weights are random; positions are RoPE's).
     let mut config: Value =
@@ -215,6 +206,16 @@ fn forced_calls(addr: std::net::SocketAddr, extra: Value) {
     }
 }
 
+/// The prompt `/apply-template` renders for `body`.
+fn rendered(addr: std::net::SocketAddr, body: &Value) -> String {
+    let (code, text) = post(addr, "/apply-template", body);
+    assert_eq!(code, 200, "{text}");
+    serde_json::from_str::<Value>(&text).expect("JSON")["prompt"]
+        .as_str()
+        .expect("prompt")
+        .to_string()
+}
+
 /// An OpenAI-style history: the assistant's call with JSON-text arguments, the tool's result.
 fn history() -> Value {
     json!([
@@ -250,20 +251,12 @@ fn qwen3_5_xml_calls_and_thinking() {
         "{m:?}"
     );
     // enable_thinking false: the template writes an empty think block; the output is content.
-    let (_, body) = post(
+    let prompt = rendered(
         srv.addr,
-        "/apply-template",
         &json!({"messages": [{"role": "user", "content": "Hi"}],
                 "chat_template_kwargs": {"enable_thinking": false}}),
     );
-    let prompt: Value = serde_json::from_str(&body).expect("JSON");
-    assert!(
-        prompt["prompt"]
-            .as_str()
-            .unwrap_or("")
-            .ends_with("<think>\n\n</think>\n\n"),
-        "{prompt}"
-    );
+    assert!(prompt.ends_with("<think>\n\n</think>\n\n"), "{prompt}");
     let m = ask(
         srv.addr,
         &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
@@ -271,16 +264,10 @@ fn qwen3_5_xml_calls_and_thinking() {
     );
     assert!(m.reasoning.is_empty(), "{m:?}");
     // A history with a call and its result renders in Qwen's XML.
-    let (code, body) = post(
+    let p = rendered(
         srv.addr,
-        "/apply-template",
         &json!({"messages": history(), "tools": [weather()]}),
     );
-    assert_eq!(code, 200, "{body}");
-    let p = serde_json::from_str::<Value>(&body).expect("JSON")["prompt"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
     assert!(
         p.contains("<function=get_weather>\n<parameter=city>\nOslo\n</parameter>"),
         "{p}"
@@ -317,16 +304,10 @@ fn gemma4_calls_and_thought_channel() {
         !m.content.contains('<') && !m.reasoning.contains("channel"),
         "{m:?}"
     );
-    let (code, body) = post(
+    let p = rendered(
         srv.addr,
-        "/apply-template",
         &json!({"messages": history(), "tools": [weather()]}),
     );
-    assert_eq!(code, 200, "{body}");
-    let p = serde_json::from_str::<Value>(&body).expect("JSON")["prompt"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
     assert!(
         p.contains(
             "<|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>,unit:<|\"|>C<|\"|>}<tool_call|>"

@@ -103,6 +103,34 @@ fn function_tool(name: &Value, description: Option<&Value>, parameters: Option<&
     json!({"type": "function", "function": f})
 }
 
+/// The request's `tools` as chat-completions function tools: each must pass `accepted`
+/// (else `refusal`), have a `name`, and has its schema under `schema_key`.
+fn client_tools(
+    b: &Body,
+    accepted: impl Fn(&Value) -> bool,
+    schema_key: &str,
+    refusal: &str,
+) -> Result<Option<Vec<Value>>, ApiError> {
+    let Some(tools) = b.get("tools").filter(|t| !t.is_null()) else {
+        return Ok(None);
+    };
+    let list = tools
+        .as_array()
+        .ok_or_else(|| ApiError::bad("tools must be a list", Some("tools")))?;
+    let mut fns = Vec::with_capacity(list.len());
+    for t in list {
+        if !accepted(t) {
+            return Err(ApiError::bad(refusal, Some("tools")));
+        }
+        let name = t
+            .get("name")
+            .filter(|n| n.is_string())
+            .ok_or_else(|| ApiError::bad("each tool needs a name", Some("tools")))?;
+        fns.push(function_tool(name, t.get("description"), t.get(schema_key)));
+    }
+    Ok(Some(fns))
+}
+
 /// Sets `enable_thinking` among the template's variables (unless the request set it).
 fn thinking(out: &mut Body, on: bool) {
     let kw = out
@@ -242,31 +270,16 @@ fn messages_to_chat(b: &Body) -> Result<Body, ApiError> {
         msgs.push(msg);
     }
     out.insert("messages".into(), Value::Array(msgs));
-    if let Some(tools) = b.get("tools").filter(|t| !t.is_null()) {
-        let list = tools
-            .as_array()
-            .ok_or_else(|| ApiError::bad("tools must be a list", Some("tools")))?;
-        let mut fns = Vec::with_capacity(list.len());
-        for t in list {
-            if t.get("type")
+    if let Some(fns) = client_tools(
+        b,
+        |t| {
+            t.get("type")
                 .and_then(Value::as_str)
-                .is_some_and(|ty| ty != "custom")
-            {
-                return Err(ApiError::bad(
-                    "only client tools ({\"name\", \"input_schema\"}) are supported",
-                    Some("tools"),
-                ));
-            }
-            let name = t
-                .get("name")
-                .filter(|n| n.is_string())
-                .ok_or_else(|| ApiError::bad("each tool needs a name", Some("tools")))?;
-            fns.push(function_tool(
-                name,
-                t.get("description"),
-                t.get("input_schema"),
-            ));
-        }
+                .is_none_or(|ty| ty == "custom")
+        },
+        "input_schema",
+        "only client tools ({\"name\", \"input_schema\"}) are supported",
+    )? {
         out.insert("tools".into(), Value::Array(fns));
     }
     if let Some(c) = b.get("tool_choice").filter(|c| !c.is_null()) {
@@ -396,28 +409,12 @@ fn responses_to_chat(b: &Body) -> Result<Body, ApiError> {
         }
     }
     out.insert("messages".into(), Value::Array(msgs));
-    if let Some(tools) = b.get("tools").filter(|t| !t.is_null()) {
-        let list = tools
-            .as_array()
-            .ok_or_else(|| ApiError::bad("tools must be a list", Some("tools")))?;
-        let mut fns = Vec::with_capacity(list.len());
-        for t in list {
-            if t.get("type").and_then(Value::as_str) != Some("function") {
-                return Err(ApiError::bad(
-                    "only function tools are supported",
-                    Some("tools"),
-                ));
-            }
-            let name = t
-                .get("name")
-                .filter(|n| n.is_string())
-                .ok_or_else(|| ApiError::bad("each tool needs a name", Some("tools")))?;
-            fns.push(function_tool(
-                name,
-                t.get("description"),
-                t.get("parameters"),
-            ));
-        }
+    if let Some(fns) = client_tools(
+        b,
+        |t| t.get("type").and_then(Value::as_str) == Some("function"),
+        "parameters",
+        "only function tools are supported",
+    )? {
         out.insert("tools".into(), Value::Array(fns));
     }
     if let Some(c) = b.get("tool_choice").filter(|c| !c.is_null()) {

@@ -221,8 +221,18 @@ pub fn completion(addr: SocketAddr, body: &Value) -> Value {
 /// The tiny Qwen3 fixture with a chat template that offers tools and asks for Hermes-style
 /// `<tool_call>` JSON (as Qwen's own templates do), copied to a scratch directory.
 pub fn tiny_with_tools(tag: &str) -> std::path::PathBuf {
-    let src = kiln_tests::fixtures().join("hf").join("qwen3");
-    let dir = std::env::temp_dir().join(format!("kiln-{tag}-tools-{}", std::process::id()));
+    let dir = fixture_copy("qwen3", &format!("{tag}-tools"));
+    let template = "{% if tools %}{{ '<|im_start|>system\\nTools: ' }}{% for t in tools %}{{ t.function.name + ' ' }}{% endfor %}{{ 'Call one as <tool_call>\\n{\"name\": …, \"arguments\": …}\\n</tool_call><|im_end|>\\n' }}{% endif %}{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + (m['content'] or '') + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+    let cfg = serde_json::json!({"eos_token": "<|im_end|>", "add_bos_token": false, "chat_template": template});
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).expect("write");
+    dir
+}
+
+/// The tiny fixture `family` copied to a scratch directory named after `tag`, without its
+/// tokenizer_config.json (the caller writes its own).
+pub fn fixture_copy(family: &str, tag: &str) -> std::path::PathBuf {
+    let src = kiln_tests::fixtures().join("hf").join(family);
+    let dir = std::env::temp_dir().join(format!("kiln-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch directory");
     for e in std::fs::read_dir(&src).expect("fixture") {
@@ -231,8 +241,5 @@ pub fn tiny_with_tools(tag: &str) -> std::path::PathBuf {
             std::fs::copy(e.path(), dir.join(e.file_name())).expect("copy");
         }
     }
-    let template = "{% if tools %}{{ '<|im_start|>system\\nTools: ' }}{% for t in tools %}{{ t.function.name + ' ' }}{% endfor %}{{ 'Call one as <tool_call>\\n{\"name\": …, \"arguments\": …}\\n</tool_call><|im_end|>\\n' }}{% endif %}{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + (m['content'] or '') + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-    let cfg = serde_json::json!({"eos_token": "<|im_end|>", "add_bos_token": false, "chat_template": template});
-    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).expect("write");
     dir
 }
