@@ -62,13 +62,14 @@ impl GrammarSpec {
 }
 
 impl GrammarSpec {
-    /// The grammar after a closed reasoning block: for a prompt that opened `<think>`, the
-    /// output first closes it (`</think>` and a blank line), then follows the grammar. Only
-    /// JSON schemas are wrapped; a Lark grammar or regex stays as given (it decides itself).
-    pub fn after_reasoning(self) -> GrammarSpec {
+    /// The grammar after a closed reasoning block: for a prompt that opened the reasoning,
+    /// the output first closes it (`close`, a Lark expression: the format's closing tag as
+    /// text or as a control token, then a blank line), then follows the grammar. Only JSON
+    /// schemas are wrapped; a Lark grammar or regex stays as given (it decides itself).
+    pub fn after_reasoning(self, close: &str) -> GrammarSpec {
         match self {
             GrammarSpec::JsonSchema(s) => GrammarSpec::Lark(format!(
-                "start: \"</think>\\n\\n\" body\nbody: %json {}\n",
+                "start: {close} \"\\n\\n\" body\nbody: %json {}\n",
                 json_style(s)
             )),
             g => g,

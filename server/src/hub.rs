@@ -76,20 +76,40 @@ impl Default for PullOptions {
     }
 }
 
-fn api(opts: &PullOptions) -> Result<Api> {
+/// Where a pull goes: the endpoint, the repository and the token.
+struct Hub {
+    endpoint: String,
+    repo: String,
+    token: Option<String>,
+}
+
+fn api(repo: &str, opts: &PullOptions) -> Result<(Api, Hub)> {
     let cache = Cache::from_env();
     let token = std::env::var("HF_TOKEN")
         .ok()
         .filter(|t| !t.is_empty())
         .or_else(|| cache.token());
-    let mut b = ApiBuilder::from_env()
-        .with_token(token)
+    let endpoint = std::env::var("HF_ENDPOINT")
+        .ok()
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| "https://huggingface.co".to_string())
+        .trim_end_matches('/')
+        .to_string();
+    let api = ApiBuilder::from_env()
+        .with_endpoint(endpoint.clone())
+        .with_token(token.clone())
         .with_retries(opts.retries)
-        .with_progress(false);
-    if let Ok(e) = std::env::var("HF_ENDPOINT") {
-        b = b.with_endpoint(e.trim_end_matches('/').to_string());
-    }
-    b.build().context("setting up the Hub client")
+        .with_progress(false)
+        .build()
+        .context("setting up the Hub client")?;
+    Ok((
+        api,
+        Hub {
+            endpoint,
+            repo: repo.to_string(),
+            token,
+        },
+    ))
 }
 
 /// Progress to stderr: an indicatif bar on a terminal, a line per tenth otherwise.
@@ -181,7 +201,8 @@ fn sha256_file(path: &Path) -> Result<String> {
 /// Downloads one file of `repo` (resuming a `.part` left by an interrupted run) and checks
 /// it: a large file's blob is named by its SHA-256 in the cache, so the name is compared with
 /// the content. A mismatch removes the file.
-fn fetch_file(repo: &ApiRepo, file: &str, opts: &PullOptions) -> Result<PathBuf> {
+fn fetch_file(hub: &Hub, repo: &ApiRepo, file: &str, opts: &PullOptions) -> Result<PathBuf> {
+    check_names(&hub.endpoint, &hub.repo, file, hub.token.as_deref())?;
     let bar = opts.bar.unwrap_or_else(|| std::io::stderr().is_terminal());
     // The crate panics on some malformed answers (a bad status or Location): an error here.
     let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -209,6 +230,49 @@ fn fetch_file(repo: &ApiRepo, file: &str, opts: &PullOptions) -> Result<PathBuf>
     Ok(path)
 }
 
+/// A repository path that stays inside the folder it is joined to: relative, `/`-separated
+/// components, none empty, `.` or `..`, no backslash.
+fn safe_name(f: &str) -> bool {
+    !f.is_empty()
+        && !f.starts_with('/')
+        && !f.contains('\\')
+        && f.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+}
+
+/// The commit and ETag the server gives for `file`, checked before the download uses them as
+/// folder and file names in the cache (the crate would take them as they come): a commit is
+/// hex, an ETag hex or letters, digits and `-`.
+fn check_names(endpoint: &str, repo: &str, file: &str, token: Option<&str>) -> Result<()> {
+    let url = format!("{endpoint}/{repo}/resolve/main/{file}");
+    let agent = ureq::AgentBuilder::new().redirects(0).build();
+    let mut req = agent.get(&url).set("Range", "bytes=0-0");
+    if let Some(t) = token {
+        req = req.set("Authorization", &format!("Bearer {t}"));
+    }
+    let resp = match req.call() {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => bail!("asking for {file}: {e}"),
+    };
+    if resp.status() >= 400 {
+        bail!("asking for {file}: HTTP {}", resp.status());
+    }
+    let ok = |v: &str| {
+        !v.is_empty() && v.len() <= 128 && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    };
+    let commit = resp.header("x-repo-commit").unwrap_or("");
+    let etag = resp
+        .header("x-linked-etag")
+        .or_else(|| resp.header("etag"))
+        .unwrap_or("")
+        .trim_start_matches("W/")
+        .replace('"', "");
+    if !ok(commit) || !ok(&etag) {
+        bail!("the server's commit or ETag for {file} is not a plain name ({commit:?}, {etag:?})");
+    }
+    Ok(())
+}
+
 /// The files of a Hugging Face model directory worth fetching.
 fn wanted_in_dir(name: &str) -> bool {
     matches!(
@@ -221,7 +285,7 @@ fn wanted_in_dir(name: &str) -> bool {
             | "chat_template.jinja"
             | "chat_template.json"
             | "model.safetensors.index.json"
-    ) || (name.ends_with(".safetensors") && !name.contains('/'))
+    ) || (name.ends_with(".safetensors") && !name.contains('/') && !name.contains('\\'))
 }
 
 /// Picks the GGUF `select` names among `files` (a file name, or a quantization such as
@@ -318,7 +382,7 @@ pub fn cached(spec: &HubSpec) -> Option<PathBuf> {
 /// Fetches what `spec` names (see the module docs) and returns the local path: the GGUF
 /// file, or the model directory (a snapshot folder of the cache).
 pub fn pull(spec: &HubSpec, opts: &PullOptions) -> Result<PathBuf> {
-    let api = api(opts)?;
+    let (api, hub) = api(&spec.repo, opts)?;
     let repo = api.repo(Repo::new(spec.repo.clone(), RepoType::Model));
     let info = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| repo.info()))
         .map_err(|_| {
@@ -328,9 +392,15 @@ pub fn pull(spec: &HubSpec, opts: &PullOptions) -> Result<PathBuf> {
             )
         })?
         .with_context(|| format!("looking up {} on the Hub", spec.repo))?;
-    let files: Vec<String> = info.siblings.into_iter().map(|s| s.rfilename).collect();
+    // The listing comes from the server: names that could leave the cache are dropped.
+    let files: Vec<String> = info
+        .siblings
+        .into_iter()
+        .map(|s| s.rfilename)
+        .filter(|f| safe_name(f))
+        .collect();
     if let Some(f) = pick_gguf(&files, spec.select.as_deref())? {
-        return fetch_file(&repo, &f, opts);
+        return fetch_file(&hub, &repo, &f, opts);
     }
     let want: Vec<&String> = files.iter().filter(|f| wanted_in_dir(f)).collect();
     if !want.iter().any(|f| *f == "config.json") {
@@ -342,7 +412,7 @@ pub fn pull(spec: &HubSpec, opts: &PullOptions) -> Result<PathBuf> {
     }
     let mut dir = None;
     for f in want {
-        let p = fetch_file(&repo, f, opts)?;
+        let p = fetch_file(&hub, &repo, f, opts)?;
         if f == "config.json" {
             dir = p.parent().map(Path::to_path_buf);
         }
@@ -367,6 +437,17 @@ mod tests {
         for bad in ["repo", "a/b/c", "../x", "org/..", "o/r:../../etc", "o rg/x"] {
             assert!(HubSpec::parse(bad).is_err(), "{bad}");
         }
+        for bad in [
+            "../../x.gguf",
+            "/tmp/x.gguf",
+            "a//b.gguf",
+            "a/./b",
+            "a\\b.gguf",
+            "",
+        ] {
+            assert!(!safe_name(bad), "{bad}");
+        }
+        assert!(safe_name("sub/dir/model-Q4_K_M.gguf"));
     }
 
     #[test]

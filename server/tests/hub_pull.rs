@@ -233,10 +233,22 @@ fn pull_downloads_resumes_verifies_and_shows_progress() {
             file(std::fs::read(fixtures.join(f)).expect("fixture")),
         );
     }
+    // A listing that points outside the cache, and an ETag that is a path.
+    let mut evil = HashMap::new();
+    evil.insert(
+        "../../../escaped.gguf".to_string(),
+        file(random_bytes(100, 4)),
+    );
+    let mut path_etag = file(random_bytes(100, 5));
+    path_etag.etag = "../../../../escaped-blob".into();
+    let mut etag = HashMap::new();
+    etag.insert("x-Q4_K_M.gguf".to_string(), path_etag);
     let hub = Arc::new(Hub {
         repos: HashMap::from([
             ("org/tiny".to_string(), tiny),
             ("org/llama".to_string(), llama),
+            ("org/evil".to_string(), evil),
+            ("org/etag".to_string(), etag),
         ]),
         seen: Mutex::new(Seen::default()),
     });
@@ -299,6 +311,16 @@ fn pull_downloads_resumes_verifies_and_shows_progress() {
     assert!(!ok && err.contains("tiny-Q8_0.gguf"), "{err}");
     let (ok, _, err) = kiln(&endpoint, &home, &["pull", "org/missing"]);
     assert!(!ok && err.contains("org/missing"), "{err}");
+
+    // Names from the server that would leave the cache are refused; nothing is written
+    // outside it.
+    let (ok, _, err) = kiln(&endpoint, &home, &["pull", "org/evil"]);
+    assert!(!ok, "{err}");
+    let (ok, _, err) = kiln(&endpoint, &home, &["pull", "org/etag"]);
+    assert!(!ok && err.contains("not a plain name"), "{err}");
+    let outside = home.parent().expect("temp").join("escaped.gguf");
+    assert!(!outside.exists() && !home.join("escaped.gguf").exists());
+    assert!(!home.join("escaped-blob").exists());
 
     // A model directory, then run from the cache by `hf:` name.
     let (ok, dir, err) = kiln(&endpoint, &home, &["pull", "org/llama"]);

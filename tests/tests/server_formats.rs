@@ -191,7 +191,11 @@ fn forced_calls(addr: std::net::SocketAddr, extra: Value) {
                 body[k] = v.clone();
             }
             let m = ask(addr, &body);
-            assert_eq!(m.finish, "tool_calls", "{choice} {seed}: {m:?}");
+            // With parallel calls a random model may go on calling until max_tokens.
+            assert!(
+                m.finish == "tool_calls" || (parallel && m.finish == "length"),
+                "{choice} {seed}: {m:?}"
+            );
             assert!(!m.calls.is_empty(), "{m:?}");
             if !parallel {
                 assert_eq!(m.calls.len(), 1, "{m:?}");

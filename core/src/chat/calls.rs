@@ -22,9 +22,6 @@ pub enum Calls {
     Many,
 }
 
-/// The longest string value a forced call writes where the schema gives no `maxLength`.
-const MAX_TEXT: u64 = 64;
-
 /// A Lark string literal.
 fn lit(s: &str) -> String {
     json!(s).to_string()
@@ -64,15 +61,19 @@ impl Rules {
         self.add(format!("%json {s}"))
     }
 
-    /// Free text of `min..=max` characters with none of `<` and, with `one_line`, no newline.
-    fn text(&mut self, schema: &Value, one_line: bool) -> String {
-        let max = schema["maxLength"]
-            .as_u64()
-            .unwrap_or(MAX_TEXT)
-            .min(MAX_TEXT * 4);
-        let min = schema["minLength"].as_u64().unwrap_or(0).min(max);
-        let class = if one_line { "[^<\\n]" } else { "[^<]" };
-        self.add(format!("/{class}{{{min},{max}}}/"))
+    /// Free text of the schema's length ending at `suffix` (which is written after it): any
+    /// character may appear, the text ends where the suffix first does.
+    fn text(&mut self, schema: &Value, suffix: &str) -> String {
+        let min = schema["minLength"].as_u64().unwrap_or(0);
+        let body = match schema["maxLength"].as_u64() {
+            Some(max) => format!("/(?s:.{{{},{max}}})/", min.min(max)),
+            None if min > 0 => format!("/(?s:.{{{min},}})/"),
+            None => "/(?s:.*)/".to_string(),
+        };
+        let name = format!("r{}", self.rules.len());
+        self.rules
+            .push(format!("{name}[suffix={}]: {body}", lit(suffix)));
+        name
     }
 
     /// A string enum's alternatives, each written by `quote`.
@@ -87,17 +88,20 @@ impl Rules {
         (!alts.is_empty()).then(|| self.add(alts.join(" | ")))
     }
 
-    /// An XML parameter's value: text for strings, JSON for the rest.
+    /// An XML parameter's value and the closing `\n</parameter>\n`: text for strings, JSON
+    /// for the rest.
     fn xml_value(&mut self, schema: &Value) -> String {
+        const CLOSE: &str = "\n</parameter>\n";
         if let Some(e) = schema["enum"].as_array() {
             if let Some(r) = self.choices(e, lit) {
-                return r;
+                return format!("{r} {}", lit(CLOSE));
             }
         }
         if schema["type"] == "string" {
-            return self.text(schema, false);
+            return self.text(schema, CLOSE);
         }
-        self.json(schema)
+        let j = self.json(schema);
+        format!("{j} {}", lit(CLOSE))
     }
 
     /// A value in Gemma 4's syntax.
@@ -110,8 +114,8 @@ impl Rules {
         }
         match schema["type"].as_str() {
             Some("string") => {
-                let t = self.text(schema, false);
-                self.add(format!("\"<|\\\"|>\" {t} \"<|\\\"|>\""))
+                let t = self.text(schema, "<|\"|>");
+                self.add(format!("\"<|\\\"|>\" {t}"))
             }
             Some("array") if depth < 4 => {
                 let item = self.gemma_value(&schema["items"], depth + 1);
@@ -220,7 +224,7 @@ pub fn tool_call_grammar(
                 r.tag("<tool_call>"),
                 r.tag("</tool_call>")
             ));
-            (call, "\"\\n\"", "\"</think>\\n\\n\"")
+            (call, "\"\\n\"", format!("{} \"\\n\\n\"", r.tag("</think>")))
         }
         Format::QwenXml => {
             let mut fns = Vec::new();
@@ -234,11 +238,7 @@ pub fn tool_call_grammar(
                 let mut seq = vec![lit(&format!("<function={name}>\n"))];
                 for (k, v) in p["properties"].as_object().into_iter().flatten() {
                     let val = r.xml_value(v);
-                    let one = r.add(format!(
-                        "{} {val} {}",
-                        lit(&format!("<parameter={k}>\n")),
-                        lit("\n</parameter>\n")
-                    ));
+                    let one = r.add(format!("{} {val}", lit(&format!("<parameter={k}>\n"))));
                     seq.push(if required.contains(&k.as_str()) {
                         one
                     } else {
@@ -254,7 +254,7 @@ pub fn tool_call_grammar(
                 r.tag("<tool_call>"),
                 r.tag("</tool_call>")
             ));
-            (call, "\"\\n\"", "\"</think>\\n\\n\"")
+            (call, "\"\\n\"", format!("{} \"\\n\\n\"", r.tag("</think>")))
         }
         Format::Gemma4 => {
             let mut fns = Vec::new();
@@ -272,10 +272,11 @@ pub fn tool_call_grammar(
                 r.tag("<|tool_call>"),
                 r.tag("<tool_call|>")
             ));
-            (call, "\"\"", "\"<channel|>\"")
+            (call, "", r.tag("<channel|>"))
         }
     };
     let more = match calls {
+        Calls::Many if sep.is_empty() => format!(" ({call})*"),
         Calls::Many => format!(" ({sep} {call})*"),
         Calls::One => String::new(),
     };

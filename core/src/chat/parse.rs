@@ -57,6 +57,11 @@ const GEMMA4: Tags = Tags {
 };
 
 impl Format {
+    /// The tag that ends the reasoning.
+    pub fn think_close(self) -> &'static str {
+        self.tags().think_close
+    }
+
     fn tags(self) -> &'static Tags {
         match self {
             Format::Hermes | Format::QwenXml => &HERMES,
@@ -401,7 +406,10 @@ fn parse_gemma_call(body: &str) -> Option<(String, String)> {
     if name.is_empty() {
         return None;
     }
-    let mut p = GemmaArgs { s: &b[brace..] };
+    let mut p = GemmaArgs {
+        s: &b[brace..],
+        depth: 0,
+    };
     let v = p.value()?;
     if !v.is_object() || !p.s.trim().is_empty() {
         return None;
@@ -412,7 +420,12 @@ fn parse_gemma_call(body: &str) -> Option<(String, String)> {
 /// A recursive-descent reader of Gemma 4's argument syntax.
 struct GemmaArgs<'a> {
     s: &'a str,
+    /// Containers open around the value being read (bounded: the text is the model's).
+    depth: usize,
 }
+
+/// Deeper nesting than this is not a call (as serde_json bounds its recursion).
+const MAX_DEPTH: usize = 128;
 
 const GEMMA_QUOTE: &str = "<|\"|>";
 
@@ -428,6 +441,16 @@ impl GemmaArgs<'_> {
     }
 
     fn value(&mut self) -> Option<Value> {
+        if self.depth >= MAX_DEPTH {
+            return None;
+        }
+        self.depth += 1;
+        let v = self.value_inner();
+        self.depth -= 1;
+        v
+    }
+
+    fn value_inner(&mut self) -> Option<Value> {
         self.s = self.s.trim_start();
         if self.eat(GEMMA_QUOTE) {
             let end = self.s.find(GEMMA_QUOTE)?;
@@ -703,6 +726,13 @@ mod tests {
         assert!(!GEMMA.prompt_opens_reasoning("<|turn>model\n<|channel>thought\n<channel|>"));
         let s = Syntax::of_template("{{ '<|tool_call>call:' }}{{ '<|channel>thought' }}");
         assert_eq!(s, GEMMA);
+        let deep = format!(
+            "<|tool_call>call:f{{a:{}1{}}}<tool_call|>",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        let got = parse_pieces(GEMMA, false, &[&deep]);
+        assert!(got.calls.is_empty() && got.content == deep);
         let broken = "<|tool_call>call:f{a:<|\"|>x}<tool_call|>";
         let got = parse_pieces(GEMMA, false, &[broken]);
         assert_eq!(got.content, broken);

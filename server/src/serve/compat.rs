@@ -505,10 +505,12 @@ impl Blocks {
                     self.ensure(Block::Text, &mut out);
                     out.push(Ev::Delta(content));
                 }
-                for c in calls {
+                for mut c in calls {
                     if self.open.take().is_some() {
                         out.push(Ev::Stop);
                     }
+                    // Both APIs carry arguments as a JSON object.
+                    c.arguments = object_args(&c.arguments);
                     out.push(Ev::Start(Block::Call(c.clone())));
                     out.push(Ev::Delta(c.arguments));
                     out.push(Ev::Stop);
@@ -535,6 +537,15 @@ impl Blocks {
             Piece::Failed(e) => out.push(Ev::Failed(e)),
         }
         out
+    }
+}
+
+/// A call's arguments as a JSON object's text: as written when they are one, `{}` otherwise
+/// (a model may write a string or a list).
+fn object_args(a: &str) -> String {
+    match serde_json::from_str::<Value>(a) {
+        Ok(v @ Value::Object(_)) => v.to_string(),
+        _ => "{}".to_string(),
     }
 }
 

@@ -882,7 +882,8 @@ pub(crate) fn chat_spec(state: &AppState, b: &request::Body) -> Result<GenSpec, 
         spec.grammar = Some(g);
     } else if chat.in_reasoning {
         // The prompt opened `<think>`: a JSON answer comes after closing it.
-        spec.grammar = spec.grammar.map(|g| g.after_reasoning());
+        let close = request::lark_tag(state, chat.syntax.format.think_close());
+        spec.grammar = spec.grammar.map(|g| g.after_reasoning(&close));
     }
     request::constrain(state, &mut spec)?;
     Ok(spec)

@@ -642,6 +642,15 @@ fn tools(b: &Body) -> Result<(Option<Vec<Value>>, Force), ApiError> {
     Ok(((!none && !list.is_empty()).then_some(list), force))
 }
 
+/// A tag in a Lark grammar: the vocabulary's control token (`<[id]>`) when it has the tag
+/// as one, else its text.
+pub fn lark_tag(state: &AppState, tag: &str) -> String {
+    match state.tokenizer.token_to_id(tag) {
+        Some(id) if state.tokenizer.is_special(id) => format!("<[{id}]>"),
+        _ => json!(tag).to_string(),
+    }
+}
+
 /// The grammar of a forced tool call in the format the model's template uses (Hermes JSON,
 /// Qwen XML or Gemma 4's; see [`kiln_core::chat::calls`]): once, or (`required` with
 /// `parallel_tool_calls` not false) several times. Its tags are matched as the vocabulary's
@@ -659,6 +668,8 @@ fn tool_grammar(
         "</tool_call>",
         "<|tool_call>",
         "<tool_call|>",
+        "</think>",
+        "<channel|>",
     ]
     .into_iter()
     .filter_map(|t| {
