@@ -433,6 +433,11 @@ pub struct BenchArgs {
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 3)]
     pub reps: usize,
+    /// Decode after this many tokens of context (llama-bench's depth): the generation test
+    /// prefills a prompt of this length first (not timed) and times its -n decode steps, so
+    /// each reads a KV cache this long.
+    #[arg(short = 'd', long, default_value_t = 0)]
+    pub depth: usize,
     /// Also serve this many requests at once through the continuous-batching engine (each a
     /// prompt of -p tokens and -n generated), next to one request alone, and print the
     /// aggregate generation tokens/s of both.
@@ -569,11 +574,11 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         return bench_grammar(a, g);
     }
     let cfg = RunnerConfig {
-        max_batch_tokens: a.n_prompt.max(1),
+        max_batch_tokens: a.n_prompt.max(a.depth).max(1),
         ..RunnerConfig::default()
     };
     let mut margs = a.model.clone();
-    margs.ctx = Some((a.n_prompt + a.n_gen + 1).max(margs.ctx.unwrap_or(0)));
+    margs.ctx = Some((a.n_prompt.max(a.depth) + a.n_gen + 1).max(margs.ctx.unwrap_or(0)));
     let mut m = load(&margs, cfg)?;
     if m.runner.model().canvas_length().is_some() {
         let c = m.runner.model().canvas_length().unwrap_or(1);
@@ -620,7 +625,11 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             pp.push(a.n_prompt as f64 / timed(&mut engine, toks(a.n_prompt), 1)?);
         }
         if a.n_gen > 0 {
-            tg.push(a.n_gen as f64 / timed(&mut engine, toks(1), a.n_gen)?);
+            tg.push(if a.depth > 0 {
+                decode_at_depth(&mut engine, toks(a.depth), a.n_gen)?
+            } else {
+                a.n_gen as f64 / timed(&mut engine, toks(1), a.n_gen)?
+            });
         }
     }
     let (pm, ps) = mean_std(&pp);
@@ -668,8 +677,13 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             );
         }
         if a.n_gen > 0 {
+            let at = if a.depth > 0 {
+                format!(" @ d{}", a.depth)
+            } else {
+                String::new()
+            };
             println!(
-                "| {name} | {backend} | {threads} | tg{} | {gm:.2} ± {gs:.2} |",
+                "| {name} | {backend} | {threads} | tg{}{at} | {gm:.2} ± {gs:.2} |",
                 a.n_gen
             );
         }
@@ -787,6 +801,29 @@ fn bench_grammar(a: &BenchArgs, grammar: &str) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Decode tokens per second after `prompt`: `n` greedy tokens, timed from the first (which
+/// the prompt's prefill produces) to the last, so `n - 1` decode steps over a cache of at
+/// least the prompt's length.
+fn decode_at_depth(engine: &mut Engine, prompt: Vec<u32>, n: usize) -> Result<f64> {
+    if n < 2 {
+        bail!("-n must be at least 2 to time decoding after --depth");
+    }
+    let (mut first, mut last, mut got) = (None, Instant::now(), 0usize);
+    engine.run_one(GenRequest::new(prompt, SamplingParams::greedy(), n), |ev| {
+        if let Event::Token(..) = ev {
+            last = Instant::now();
+            first.get_or_insert(last);
+            got += 1;
+        }
+        Ok(true)
+    })?;
+    if got != n {
+        bail!("the engine generated {got} tokens of {n}");
+    }
+    let secs = first.map_or(0.0, |f| (last - f).as_secs_f64());
+    Ok((n - 1) as f64 / secs.max(1e-9))
 }
 
 /// One greedy request of `prompt` generating exactly `n` tokens (no stop tokens): seconds from
