@@ -739,20 +739,7 @@ fn bench_grammar(a: &BenchArgs, grammar: &str) -> Result<()> {
     };
     let prompt = tok.encode(&text, tok.chat_template().is_none())?;
     let mut engine = Engine::new(m.runner, 1);
-    // Decode time: from the first token to the last (the prompt's prefill left out).
-    let run = |engine: &mut Engine, req: GenRequest| -> Result<(usize, f64)> {
-        let (mut first, mut last, mut n) = (None, Instant::now(), 0usize);
-        engine.run_one(req, |ev| {
-            if let Event::Token(..) = ev {
-                last = Instant::now();
-                first.get_or_insert(last);
-                n += 1;
-            }
-            Ok(true)
-        })?;
-        let secs = first.map_or(0.0, |f| (last - f).as_secs_f64());
-        Ok((n, secs))
-    };
+    let run = decode_timed;
     let constrained = |engine: &mut Engine| -> Result<(usize, f64)> {
         let mut req = GenRequest::new(prompt.clone(), SamplingParams::greedy(), a.n_gen);
         req.stop_ids = tok.eog_ids().to_vec();
@@ -810,20 +797,26 @@ fn decode_at_depth(engine: &mut Engine, prompt: Vec<u32>, n: usize) -> Result<f6
     if n < 2 {
         bail!("-n must be at least 2 to time decoding after --depth");
     }
-    let (mut first, mut last, mut got) = (None, Instant::now(), 0usize);
-    engine.run_one(GenRequest::new(prompt, SamplingParams::greedy(), n), |ev| {
-        if let Event::Token(..) = ev {
-            last = Instant::now();
-            first.get_or_insert(last);
-            got += 1;
-        }
-        Ok(true)
-    })?;
+    let (got, secs) = decode_timed(engine, GenRequest::new(prompt, SamplingParams::greedy(), n))?;
     if got != n {
         bail!("the engine generated {got} tokens of {n}");
     }
-    let secs = first.map_or(0.0, |f| (last - f).as_secs_f64());
     Ok((n - 1) as f64 / secs.max(1e-9))
+}
+
+/// Runs `req`: the tokens it generated and the seconds from the first to the last (its
+/// decoding, the prompt's prefill left out).
+fn decode_timed(engine: &mut Engine, req: GenRequest) -> Result<(usize, f64)> {
+    let (mut first, mut last, mut n) = (None, Instant::now(), 0usize);
+    engine.run_one(req, |ev| {
+        if let Event::Token(..) = ev {
+            last = Instant::now();
+            first.get_or_insert(last);
+            n += 1;
+        }
+        Ok(true)
+    })?;
+    Ok((n, first.map_or(0.0, |f| (last - f).as_secs_f64())))
 }
 
 /// One greedy request of `prompt` generating exactly `n` tokens (no stop tokens): seconds from

@@ -670,6 +670,19 @@ pub async fn messages(
     .into_response()
 }
 
+/// The SSE response: the `start` events, then each batch `body` yields.
+fn sse_response(
+    start: Vec<(&'static str, Value)>,
+    body: impl futures_util::Stream<Item = Vec<Result<SseEvent, Infallible>>> + Send + 'static,
+) -> Response {
+    let all = futures_util::StreamExt::chain(futures_util::stream::iter(vec![sse(start)]), body);
+    Sse::new(futures_util::StreamExt::flat_map(
+        all,
+        futures_util::stream::iter,
+    ))
+    .into_response()
+}
+
 fn sse(events: Vec<(&'static str, Value)>) -> Vec<Result<SseEvent, Infallible>> {
     events
         .into_iter()
@@ -796,12 +809,7 @@ fn messages_stream(
             Some((sse(out), st))
         }
     });
-    let body = futures_util::StreamExt::chain(futures_util::stream::iter(vec![sse(start)]), body);
-    Sse::new(futures_util::StreamExt::flat_map(
-        body,
-        futures_util::stream::iter,
-    ))
-    .into_response()
+    sse_response(start, body)
 }
 
 /// A Responses output item for a finished block.
@@ -1080,12 +1088,7 @@ fn responses_stream(
             Some((sse(out), st))
         }
     });
-    let body = futures_util::StreamExt::chain(futures_util::stream::iter(vec![sse(start)]), body);
-    Sse::new(futures_util::StreamExt::flat_map(
-        body,
-        futures_util::stream::iter,
-    ))
-    .into_response()
+    sse_response(start, body)
 }
 
 #[cfg(test)]
