@@ -1,6 +1,7 @@
 //! The `kiln` command's pieces, as a library so the end-to-end tests can drive them.
 
 pub mod backends;
+pub mod bench;
 pub mod diffusion;
 pub mod generate;
 pub mod hub;
