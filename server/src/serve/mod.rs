@@ -459,7 +459,7 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
     });
     let pooling = o
         .pooling
-        .unwrap_or_else(|| config_pooling(&m.path, &m.file));
+        .unwrap_or_else(|| utility::config_pooling(&m.path, &m.file));
     let mut engine = Engine::new(m.runner, max_batch);
     if let Some(spec) = &o.spec {
         engine = spec.attach(engine)?;
@@ -497,59 +497,9 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
     }))
 }
 
-/// The pooling a model's config names: GGUF `{arch}.pooling_type`, or for a Hugging Face
-/// directory a sentence-transformers `1_Pooling/config.json`; the last token's otherwise.
-fn config_pooling(path: &std::path::Path, file: &kiln_core::load::gguf::GgufFile) -> Pooling {
-    if let Some(p) = file
-        .get_u64(&file.arch_key("pooling_type"))
-        .ok()
-        .and_then(Pooling::from_gguf_code)
-    {
-        return p;
-    }
-    let st: Option<Value> = std::fs::read(path.join("1_Pooling").join("config.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
-    let on = |k: &str| st.as_ref().and_then(|v| v.get(k)?.as_bool()) == Some(true);
-    if on("pooling_mode_mean_tokens") {
-        Pooling::Mean
-    } else if on("pooling_mode_cls_token") {
-        Pooling::First
-    } else {
-        Pooling::Last
-    }
-}
-
-/// `--cors-origin`: answers preflights and adds the CORS headers for these origins (any
-/// with `*`), for GET and POST with whatever headers the page asks to send.
-fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
-    use axum::http::Method;
-    use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
-    if origins.is_empty() {
-        return None;
-    }
-    let allow = if origins.iter().any(|o| o == "*") {
-        AllowOrigin::any()
-    } else {
-        AllowOrigin::list(
-            origins
-                .iter()
-                .filter_map(|o| axum::http::HeaderValue::from_str(o.trim_end_matches('/')).ok()),
-        )
-    };
-    Some(
-        CorsLayer::new()
-            .allow_origin(allow)
-            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
-            // Mirrored rather than `*`: a wildcard does not cover `Authorization`.
-            .allow_headers(AllowHeaders::mirror_request())
-            .max_age(std::time::Duration::from_secs(600)),
-    )
-}
-
 /// The HTTP routes over `state`.
 pub fn router(state: Arc<AppState>) -> Router {
-    let cors = cors(&state.cors_origins);
+    let cors = utility::cors(&state.cors_origins);
     let app = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))

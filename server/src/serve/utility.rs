@@ -8,6 +8,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
+use kiln_core::engine::embed::Pooling;
 use serde_json::{json, Value};
 
 use super::request::{body_json, boolean, chat_text, check_model, ApiError, Body};
@@ -255,6 +256,59 @@ pub async fn embeddings(
         }))
     })
     .await
+}
+
+/// The pooling a model's config names: GGUF `{arch}.pooling_type`, or for a Hugging Face
+/// directory a sentence-transformers `1_Pooling/config.json`; the last token's otherwise.
+pub(super) fn config_pooling(
+    path: &std::path::Path,
+    file: &kiln_core::load::gguf::GgufFile,
+) -> Pooling {
+    if let Some(p) = file
+        .get_u64(&file.arch_key("pooling_type"))
+        .ok()
+        .and_then(Pooling::from_gguf_code)
+    {
+        return p;
+    }
+    let st: Option<Value> = std::fs::read(path.join("1_Pooling").join("config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let on = |k: &str| st.as_ref().and_then(|v| v.get(k)?.as_bool()) == Some(true);
+    if on("pooling_mode_mean_tokens") {
+        Pooling::Mean
+    } else if on("pooling_mode_cls_token") {
+        Pooling::First
+    } else {
+        Pooling::Last
+    }
+}
+
+/// `--cors-origin`: answers preflights and adds the CORS headers for these origins (any
+/// with `*`), for GET and POST with whatever headers the page asks to send.
+pub(super) fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use axum::http::Method;
+    use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(
+            origins
+                .iter()
+                .filter_map(|o| axum::http::HeaderValue::from_str(o.trim_end_matches('/')).ok()),
+        )
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+            // Mirrored rather than `*`: a wildcard does not cover `Authorization`.
+            .allow_headers(AllowHeaders::mirror_request())
+            .max_age(std::time::Duration::from_secs(600)),
+    )
 }
 
 #[cfg(test)]
