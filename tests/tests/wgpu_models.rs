@@ -24,14 +24,17 @@ fn runner(file: &GgufFile, ex: Executor, kv: KvTypes) -> Runner {
     Runner::new(ex, model, cfg).expect("runner")
 }
 
+/// Per step of each sequence: the runner-up token and its logit's distance below the top one.
+type RunnerUps = Vec<Vec<(u32, f32)>>;
+
 /// Greedy tokens for each prompt, the prompts prefilled one by one and then decoded together
-/// in one batch per step. Also returns, per step, the CPU-side top-2 gap of each sequence.
+/// in one batch per step. Also returns, per step, each sequence's runner-up and top-2 gap.
 fn greedy(
     runner: &mut Runner,
     tok: &Tokenizer,
     prompts: &[&str],
     steps: usize,
-) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
+) -> (Vec<Vec<u32>>, RunnerUps) {
     let mut last = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
         let ids = tok.encode(p, true).expect("encode");
@@ -47,9 +50,11 @@ fn greedy(
     for _ in 0..steps {
         let picks: Vec<u32> = last.iter().map(|l| argmax(l)).collect();
         for (s, l) in last.iter().enumerate() {
-            let mut v = l.clone();
-            v.sort_by(|a, b| b.total_cmp(a));
-            gaps[s].push(v[0] - v[1]);
+            let second = (0..l.len())
+                .filter(|&i| i as u32 != picks[s])
+                .max_by(|&a, &b| l[a].total_cmp(&l[b]))
+                .expect("two tokens");
+            gaps[s].push((second as u32, l[picks[s] as usize] - l[second]));
             out[s].push(picks[s]);
         }
         let toks: Vec<[u32; 1]> = picks.iter().map(|&t| [t]).collect();
@@ -67,7 +72,20 @@ fn greedy(
     (out, gaps)
 }
 
+/// The largest top-2 logit gap at which a quantized cache may flip the pick. A lossy cache
+/// turns the last-bit differences between the two backends' K and V (summation order) into
+/// different roundings now and then, which moves later logits by ~0.1 (q8_0) to a few
+/// units (tq2/tq3); a near-tie can then go the other way. A wrong kernel shows up as picks
+/// outside the CPU's top two, or as a flip at a clear choice.
+const LOSSY_TIE: f32 = 1.0;
+
+/// The CPU's greedy tokens on WebGPU. With an f32 or f16 cache, every token; with a lossy one,
+/// every token up to the first near-tie flip (the WebGPU pick being the CPU's runner-up at
+/// a gap under [`LOSSY_TIE`]), after which the two histories differ and comparing stops.
 fn same_greedy_tokens_as_the_cpu(model: &str, kv: KvTypes, prompts: &[&str], steps: usize) {
+    let lossless = |t: DType| matches!(t, DType::F32 | DType::F16);
+    let lossy = !(lossless(kv.k) && lossless(kv.v))
+        || kv.layers.iter().any(|l| !(lossless(l.k) && lossless(l.v)));
     let Some(gpu) = optional_backend("wgpu", kiln_backend_wgpu::open) else {
         return;
     };
@@ -92,9 +110,16 @@ fn same_greedy_tokens_as_the_cpu(model: &str, kv: KvTypes, prompts: &[&str], ste
             tok.decode(&got[s])
         );
         if let Some(step) = (0..steps).find(|&i| want[s][i] != got[s][i]) {
+            let (second, gap) = gaps[s][step];
+            if lossy && got[s][step] == second && gap < LOSSY_TIE {
+                println!(
+                    "  near-tie at step {step} (CPU top-2 gap {gap:.4}): wgpu took the CPU's runner-up; {step} tokens compared"
+                );
+                continue;
+            }
             panic!(
-                "{model} {p:?}: wgpu chose token {} where the CPU chose {} at step {step} (CPU top-2 gap {:.4}); cpu {:?} wgpu {:?}",
-                got[s][step], want[s][step], gaps[s][step], want[s], got[s]
+                "{model} {p:?}: wgpu chose token {} where the CPU chose {} at step {step} (CPU runner-up {second}, top-2 gap {gap:.4}); cpu {:?} wgpu {:?}",
+                got[s][step], want[s][step], want[s], got[s]
             );
         }
     }
