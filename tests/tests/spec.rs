@@ -23,6 +23,8 @@ use kiln_tests::{fixtures, model_file, optional_backend, GEMMA3, HF_MODELS, SMOL
 const K: usize = 4;
 /// Tokens each greedy request generates.
 const N: usize = 256;
+/// The context of every engine under test (the longest prompt plus `N`, with room).
+const CTX: usize = 320;
 
 /// Tokens per greedy request on WebGPU: `N` with `KILN_SPEC_FULL=1`; in CI fewer, because the
 /// software Vulkan driver runs a verified batch with a drafter at about 1 step per second
@@ -152,13 +154,11 @@ fn requests(vocab: usize, seed: u64, n: usize) -> Vec<GenRequest> {
 
 /// Greedy output with each drafter equals the output without (`n` tokens), batched and
 /// (`alone`) for a request on its own.
-#[allow(clippy::too_many_arguments)]
 fn check(
     label: &str,
     target: &Path,
     draft: &Path,
     ex: &dyn Fn() -> Executor,
-    ctx: usize,
     n: usize,
     alone: bool,
     specs: &[Spec],
@@ -168,17 +168,17 @@ fn check(
     let greedy: Vec<usize> = (0..reqs.len())
         .filter(|&i| reqs[i].params.temperature == 0.0)
         .collect();
-    let (base, _) = run(engine(target, draft, ex, Spec::Off, 8, ctx), &reqs);
+    let (base, _) = run(engine(target, draft, ex, Spec::Off, 8, CTX), &reqs);
     assert!(base[0].len() == n, "{label}: {} tokens", base[0].len());
     for &spec in specs {
         let st = if alone {
-            let (one, st) = run(engine(target, draft, ex, spec, 1, ctx), &reqs[..1]);
+            let (one, st) = run(engine(target, draft, ex, spec, 1, CTX), &reqs[..1]);
             assert_eq!(one[0], base[0], "{label} {spec:?} alone");
             st.spec
         } else {
             Default::default()
         };
-        let (batched, sb) = run(engine(target, draft, ex, spec, 8, ctx), &reqs);
+        let (batched, sb) = run(engine(target, draft, ex, spec, 8, CTX), &reqs);
         for &i in &greedy {
             assert_eq!(batched[i], base[i], "{label} {spec:?} batched, request {i}");
         }
@@ -227,7 +227,6 @@ fn greedy_speculation_is_exact_for_every_fixture_on_the_cpu() {
             &fixture(name),
             &fixture_draft(name),
             &Executor::cpu,
-            320,
             N,
             true,
             BOTH,
@@ -246,7 +245,6 @@ fn greedy_mtp_speculation_is_exact_for_gemma4() {
         &target,
         &assistant,
         &Executor::cpu,
-        320,
         N,
         true,
         &[Spec::Mtp],
@@ -258,7 +256,6 @@ fn greedy_mtp_speculation_is_exact_for_gemma4() {
             &target,
             &assistant,
             &ex,
-            320,
             gpu_tokens(),
             full(),
             &[Spec::Mtp],
@@ -283,7 +280,6 @@ fn greedy_dflash_speculation_is_exact() {
             &t,
             &drafter,
             &Executor::cpu,
-            320,
             N,
             true,
             &[Spec::DFlash],
@@ -295,8 +291,15 @@ fn greedy_dflash_speculation_is_exact() {
         for name in on_gpu {
             let label = format!("{name} dflash wgpu");
             let t = fixture(name);
-            let n = gpu_tokens();
-            check(&label, &t, &drafter, &ex, 320, n, full(), &[Spec::DFlash]);
+            check(
+                &label,
+                &t,
+                &drafter,
+                &ex,
+                gpu_tokens(),
+                full(),
+                &[Spec::DFlash],
+            );
         }
     }
 }
@@ -319,17 +322,8 @@ fn greedy_speculation_is_exact_on_wgpu() {
         vec!["llama", "qwen3_5", "gemma4"]
     };
     for name in names {
-        let n = gpu_tokens();
-        check(
-            name,
-            &fixture(name),
-            &fixture(name),
-            &ex,
-            320,
-            n,
-            full(),
-            BOTH,
-        );
+        let f = fixture(name);
+        check(name, &f, &f, &ex, gpu_tokens(), full(), BOTH);
     }
 }
 
@@ -350,12 +344,12 @@ fn greedy_speculation_is_exact_for_the_real_models() {
         } else {
             &[Spec::Ngram][..]
         };
-        check(name, &path, &path, &Executor::cpu, 320, N, true, specs);
+        check(name, &path, &path, &Executor::cpu, N, true, specs);
         if let Some(gpu) = gpu.as_ref().filter(|_| full()) {
             let gpu = gpu.clone();
             let ex = move || Executor::new(gpu.clone());
             let label = format!("{name} wgpu");
-            check(&label, &path, &path, &ex, 320, N, true, BOTH);
+            check(&label, &path, &path, &ex, N, true, BOTH);
         }
     }
 }
@@ -454,7 +448,6 @@ fn greedy_dflash_speculation_is_exact_for_the_real_models() {
             &path,
             &drafter,
             &Executor::cpu,
-            320,
             N,
             true,
             &[Spec::DFlash],
