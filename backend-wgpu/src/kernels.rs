@@ -13,6 +13,7 @@ const ORDER: &str = include_str!("../../shaders/common/order.wgsl");
 const TURBO: &str = include_str!("../../shaders/common/turbo.wgsl");
 const MAT_VEC: &str = include_str!("../../shaders/mat_vec.wgsl");
 const MAT_MUL: &str = include_str!("../../shaders/mat_mul.wgsl");
+const MAT_MUL_TILED: &str = include_str!("../../shaders/mat_mul_tiled.wgsl");
 const GET_ROWS: &str = include_str!("../../shaders/get_rows.wgsl");
 const ELEMENTWISE: &str = include_str!("../../shaders/elementwise.wgsl");
 const COPY: &str = include_str!("../../shaders/copy.wgsl");
@@ -120,6 +121,9 @@ macro_rules! per_format {
         }),*];
         /// `mat_mul_<format>`: tiled matrix product (prefill).
         pub const MAT_MUL_KERNELS: &[Kernel] = &[$(weighted!("mat_mul", $format, MAT_MUL)),*];
+        /// `mat_mul_tiled_<format>`: workgroup-tiled matrix product (prefill of many tokens).
+        pub const MAT_MUL_TILED_KERNELS: &[Kernel] =
+            &[$(weighted!("mat_mul_tiled", $format, MAT_MUL_TILED)),*];
         /// `get_rows_<format>`: rows of a table (embeddings), dequantized.
         pub const GET_ROWS_KERNELS: &[Kernel] = &[$(weighted!("get_rows", $format, GET_ROWS)),*];
         /// `mat_mul_id_<format>`: each token's rows through its chosen experts.
@@ -284,6 +288,7 @@ pub fn all() -> impl Iterator<Item = &'static Kernel> {
     let tables = [
         MAT_VEC_KERNELS,
         MAT_MUL_KERNELS,
+        MAT_MUL_TILED_KERNELS,
         GET_ROWS_KERNELS,
         MAT_MUL_ID_KERNELS,
     ];
@@ -320,6 +325,11 @@ fn format(w: DType) -> Option<usize> {
 /// The matmul kernel for a weight dtype.
 pub fn mat_mul(w: DType) -> Option<&'static Kernel> {
     MAT_MUL_KERNELS.get(format(w)?)
+}
+
+/// The workgroup-tiled matmul kernel for a weight dtype (many tokens).
+pub fn mat_mul_tiled(w: DType) -> Option<&'static Kernel> {
+    MAT_MUL_TILED_KERNELS.get(format(w)?)
 }
 
 /// The embedding-lookup kernel for a table dtype.

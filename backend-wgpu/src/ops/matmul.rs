@@ -11,6 +11,14 @@ use crate::kernels;
 
 const ROWS_PER_GROUP: usize = 4;
 const TOKENS_PER_GROUP: usize = 8;
+/// The tiled kernel's tile: tokens by output features.
+const TILE_M: usize = 64;
+const TILE_N: usize = 64;
+/// From this many tokens on, the tiled kernel (each weight chunk decoded once per 64 tokens,
+/// activations reused from workgroup memory); below it, the row kernel (a chunk decoded once
+/// per 8 tokens, a few tokens spread over 16 times as many workgroups). On lavapipe the two
+/// cost the same per token at about 20 tokens.
+const TILED_MIN_TOKENS: usize = 24;
 
 pub(super) fn supports(dev: &Device, d: &OpDesc) -> bool {
     let (x, w, y) = (&d.inputs[0], &d.inputs[1], &d.outputs[0]);
@@ -37,6 +45,8 @@ pub(super) fn mat_mul(dev: &Device, x: &Tensor, w: &Tensor, y: &Tensor) -> Resul
     // One token: the matvec kernel, which reads whole 32-element chunks (always so for the
     // block formats; float rows of other lengths keep mat_mul).
     let vec_kernel = kernels::mat_vec(w.dtype()).filter(|_| m == 1 && k % 32 == 0);
+    let tiled = kernels::mat_mul_tiled(w.dtype()).filter(|_| m >= TILED_MIN_TOKENS);
+    let per_group = if tiled.is_some() { TILE_N } else { ROWS_PER_GROUP };
     let mut n0 = 0;
     while n0 < n {
         let nn = per.min(n - n0);
@@ -47,23 +57,28 @@ pub(super) fn mat_mul(dev: &Device, x: &Tensor, w: &Tensor, y: &Tensor) -> Resul
         };
         let (bound, offs) = bind(dev, &[(x, 4), (&part, 1), (y, 4)])?;
         let (gx, gz) = fold(
-            u(nn.div_ceil(ROWS_PER_GROUP))?,
+            u(nn.div_ceil(per_group))?,
             dev.limits.max_compute_workgroups_per_dimension,
         );
         let (k_row, offs_w) = (u(row_bytes)?, [offs[0], offs[1]]);
-        match vec_kernel {
-            Some(vk) => {
+        match (vec_kernel, tiled) {
+            (Some(vk), _) => {
                 let mut params = vec![u(nn)?, u(k)?];
                 params.extend(offs_w);
                 params.extend([k_row, offs[2], u(n0)?, gx]);
                 dev.dispatch_bound(vk, &bound, &params, [gx, 1, gz])?;
             }
-            None => {
+            (None, tk) => {
+                // The row and tiled kernels share one parameter block.
                 let mut params = vec![u(m)?, u(nn)?, u(k)?];
                 params.extend(offs_w);
                 params.extend([k_row, offs[2], u(n)?, u(n0)?, gx]);
-                let gy = u(m.div_ceil(TOKENS_PER_GROUP))?;
-                dev.dispatch_bound(kernel, &bound, &params, [gx, gy, gz])?;
+                let (kern, per_y) = match tk {
+                    Some(t) => (t, TILE_M),
+                    None => (kernel, TOKENS_PER_GROUP),
+                };
+                let gy = u(m.div_ceil(per_y))?;
+                dev.dispatch_bound(kern, &bound, &params, [gx, gy, gz])?;
             }
         }
         n0 += nn;

@@ -52,7 +52,9 @@ pub fn cases() -> Result<Vec<Case>> {
 fn matmul(c: &mut Vec<Case>) -> Result<()> {
     for w in DType::ALL.into_iter().filter(|d| !d.is_int()) {
         let k = width(w);
-        for (m, phase) in [(1, "decode"), (7, "prefill")] {
+        // 40 tokens: past the point where a GPU backend may switch to a tiled prefill kernel
+        // (float rows of 100 leave a ragged last 32-element chunk).
+        for (m, phase) in [(1, "decode"), (7, "prefill"), (40, "prefill")] {
             c.push(Case::new(
                 Op::MatMul,
                 format!("f32 x {w} {phase} m={m} k={k} n=67"),
