@@ -117,7 +117,8 @@ fn slot_row(s: u32, j: u32, g: u32) -> u32 {
 }
 
 var<workgroup> qv: array<f32, 256>;
-var<workgroup> sc: array<f32, 64>;
+var<workgroup> sc: array<f32, 64>;   // a tile's scores, then their softmax weights
+var<workgroup> vrow: array<u32, 64>; // a tile's V row byte addresses
 var<workgroup> info: array<u32, 4>;
 
 @compute @workgroup_size(64)
@@ -183,21 +184,31 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             }
         }
         sc[li] = score;
+        // This key's V row, looked up once for the whole workgroup.
+        if (j < b) {
+            vrow[li] = p.v_off + slot_row(s, j, g) * kvf_row_bytes(VF, p.dv);
+        }
         workgroupBarrier();
         var tmax = m;
         let n = min(64u, b - j0);
         for (var x = 0u; x < n; x++) {
             tmax = max(tmax, sc[x]);
         }
+        workgroupBarrier();
+        // Each thread turns its own key's score into its weight, once.
+        if (li < n) {
+            sc[li] = exp(score - tmax);
+        }
+        workgroupBarrier();
         let corr = exp(m - tmax);
         l *= corr;
         for (var c = 0u; c < 4u; c++) {
             acc[c] *= corr;
         }
         for (var x = 0u; x < n; x++) {
-            let w = exp(sc[x] - tmax);
+            let w = sc[x];
             l += w;
-            let vb = p.v_off + slot_row(s, j0 + x, g) * kvf_row_bytes(VF, p.dv);
+            let vb = vrow[x];
             for (var c = 0u; c < 4u; c++) {
                 let dd = li + c * 64u;
                 if (dd < p.dv) {
