@@ -133,19 +133,40 @@ impl DFlashDrafter {
                 }
             }
         }
-        for (id, at, rows, toks) in todo {
+        // Every request's rows go through one pass (split at CHUNK rows): the write is row by
+        // row (projections, norm, rope, a slot each), so requests share a batch freely.
+        let mut pieces: Vec<(ReqId, usize, &[Vec<f32>], &[u32])> = Vec::new();
+        for (id, at, rows, toks) in &todo {
             for (c, (rows, toks)) in rows.chunks(CHUNK).zip(toks.chunks(CHUNK)).enumerate() {
-                let at = at + c * CHUNK;
-                let mut b = ForwardBatch {
-                    slots: vec![Vec::new()],
-                    ..Default::default()
-                };
+                pieces.push((*id, at + c * CHUNK, rows, toks));
+            }
+        }
+        let mut rest = pieces.as_slice();
+        while !rest.is_empty() {
+            let mut n = 0;
+            let mut take = 0;
+            while take < rest.len() && (take == 0 || n + rest[take].2.len() <= CHUNK) {
+                n += rest[take].2.len();
+                take += 1;
+            }
+            let (batch, tail) = rest.split_at(take);
+            rest = tail;
+            let mut b = ForwardBatch {
+                slots: vec![Vec::new()],
+                ..Default::default()
+            };
+            let mut flat: Vec<f32> = Vec::with_capacity(n * width);
+            for &(id, at, rows, toks) in batch {
                 b.tokens.extend_from_slice(toks);
                 self.entry(id, at, toks.len(), &mut b)?;
-                let flat: Vec<f32> = rows.concat();
-                let feats = self.ex.upload_f32(&[toks.len(), width], &flat)?;
-                self.model
-                    .write_context(&self.ex, &b, &self.caches, &feats)?;
+                for r in rows {
+                    flat.extend_from_slice(r);
+                }
+            }
+            let feats = self.ex.upload_f32(&[b.tokens.len(), width], &flat)?;
+            self.model
+                .write_context(&self.ex, &b, &self.caches, &feats)?;
+            for &(id, _, _, toks) in batch {
                 self.kv.commit_tokens(id, toks).map_err(kv_err)?;
             }
         }
