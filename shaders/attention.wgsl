@@ -7,8 +7,8 @@
 // arithmetic (scale as f32 times the code's value), so each K and V value is the CPU's bit
 // for bit.
 //
-// paged_attention_*: one workgroup of 64 threads per (query row, query head, split of the
-// key range). Keys are scored 64 at a time (one per thread), folded into a running max and
+// paged_attention_*: one workgroup of 64 threads per (query row, pack of up to 4 query heads
+// that read the same KV head, split of the key range). Keys are scored 64 at a time (one per thread), folded into a running max and
 // sum (online softmax), and each thread accumulates up to 4 output dims. Each split writes
 // (max, sum, acc[Dv]) to a scratch buffer; paged_attention_combine merges the splits. Decode
 // (one query per sequence) uses many splits so long contexts spread over the device; prefill
@@ -38,6 +38,7 @@ struct Params {
     paged: u32,      // 0: contiguous K/V [S, Hkv, D] of one sequence (the Attention op)
     s_len: u32,      // contiguous: S
     nx: u32,
+    pack: u32,       // query heads per workgroup (1..4; divides the heads per KV head)
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
@@ -116,21 +117,24 @@ fn slot_row(s: u32, j: u32, g: u32) -> u32 {
     return (blk * p.bs + j % p.bs) * p.hkv + g;
 }
 
-var<workgroup> qv: array<f32, 256>;
-var<workgroup> sc: array<f32, 64>;   // a tile's scores, then their softmax weights
-var<workgroup> vrow: array<u32, 64>; // a tile's V row byte addresses
-var<workgroup> info: array<u32, 4>;
+// Up to PACK query heads of one KV head share a workgroup: each K and V element is read
+// once for all of them.
+const PACK: u32 = 4u;
+var<workgroup> qv: array<f32, 1024>;  // the pack's query rows, head-major
+var<workgroup> sc: array<f32, 256>;   // a tile's scores, then weights: [head][key]
+var<workgroup> vrow: array<u32, 64>;  // a tile's V row byte addresses
 
 @compute @workgroup_size(64)
 fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let rh = wid.x + wid.z * p.nx;   // row * hq + head
+    let packs = p.hq / p.pack;
+    let rp = wid.x + wid.z * p.nx;   // row * packs + pack
     let split = wid.y;
-    if (rh >= p.t * p.hq) {
+    if (rp >= p.t * packs) {
         return;
     }
-    let row = rh / p.hq;
-    let h = rh % p.hq;
-    let g = h / (p.hq / p.hkv);
+    let row = rp / packs;
+    let h0 = (rp % packs) * p.pack;  // the pack's first head
+    let g = h0 / (p.hq / p.hkv);
     // The query row's sequence and absolute position.
     var s = 0u;
     var len = p.s_len;
@@ -158,56 +162,81 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let a = lo + split * p.split_len;
     let b = min(hi, a + p.split_len);
 
-    for (var i = li; i < p.d; i += 64u) {
-        qv[i] = q[p.q_off + rh * p.d + i];
+    let rh0 = row * p.hq + h0;       // the pack's first (row, head)
+    for (var i = li; i < p.pack * p.d; i += 64u) {
+        qv[i] = q[p.q_off + rh0 * p.d + i];
     }
     workgroupBarrier();
 
-    var m = NEG_BIG;
-    var l = 0.0;
-    var acc: array<f32, 4>;
+    var m: array<f32, 4>;
+    var l: array<f32, 4>;
+    var acc: array<vec4<f32>, 4>;  // acc[c][hh]: output dim li + 64c of head h0 + hh
+    for (var hh = 0u; hh < PACK; hh++) {
+        m[hh] = NEG_BIG;
+    }
     var j0 = a;
     // Every thread runs the same number of tiles, so the barriers stay uniform.
     let tiles = select(0u, (b - a + 63u) / 64u, b > a);
     for (var tile = 0u; tile < tiles; tile++) {
         let j = j0 + li;
-        var score = NEG_BIG;
+        var score = vec4<f32>(NEG_BIG);
         if (j < b) {
             let kb = p.k_off + slot_row(s, j, g) * kvf_row_bytes(KF, p.d);
-            var dot = 0.0;
+            var dot = vec4<f32>(0.0);
             for (var i = 0u; i < p.d; i++) {
-                dot += qv[i] * c_elem(false, KF, kb, i);
+                let kv = c_elem(false, KF, kb, i);
+                for (var hh = 0u; hh < PACK; hh++) {
+                    if (hh < p.pack) {
+                        dot[hh] += qv[hh * p.d + i] * kv;
+                    }
+                }
             }
             score = dot * p.scale;
             if (p.soft_cap != 0.0) {
-                score = p.soft_cap * tanh(clamp(score / p.soft_cap, -15.0, 15.0));
+                score = p.soft_cap * tanh(clamp(score / p.soft_cap, vec4<f32>(-15.0), vec4<f32>(15.0)));
             }
-        }
-        sc[li] = score;
-        // This key's V row, looked up once for the whole workgroup.
-        if (j < b) {
+            // This key's V row, looked up once for the whole workgroup.
             vrow[li] = p.v_off + slot_row(s, j, g) * kvf_row_bytes(VF, p.dv);
         }
+        for (var hh = 0u; hh < PACK; hh++) {
+            sc[hh * 64u + li] = score[hh];
+        }
         workgroupBarrier();
-        var tmax = m;
         let n = min(64u, b - j0);
-        for (var x = 0u; x < n; x++) {
-            tmax = max(tmax, sc[x]);
+        var tmax: array<f32, 4>;
+        for (var hh = 0u; hh < PACK; hh++) {
+            tmax[hh] = m[hh];
+            if (hh < p.pack) {
+                for (var x = 0u; x < n; x++) {
+                    tmax[hh] = max(tmax[hh], sc[hh * 64u + x]);
+                }
+            }
         }
         workgroupBarrier();
-        // Each thread turns its own key's score into its weight, once.
+        // Each thread turns its own key's scores into its weights, once.
         if (li < n) {
-            sc[li] = exp(score - tmax);
+            for (var hh = 0u; hh < PACK; hh++) {
+                sc[hh * 64u + li] = exp(score[hh] - tmax[hh]);
+            }
         }
         workgroupBarrier();
-        let corr = exp(m - tmax);
-        l *= corr;
-        for (var c = 0u; c < 4u; c++) {
-            acc[c] *= corr;
+        for (var hh = 0u; hh < PACK; hh++) {
+            let corr = exp(m[hh] - tmax[hh]);
+            l[hh] *= corr;
+            for (var c = 0u; c < 4u; c++) {
+                acc[c][hh] *= corr;
+            }
+            m[hh] = tmax[hh];
         }
         for (var x = 0u; x < n; x++) {
-            let w = sc[x];
-            l += w;
+            var w: vec4<f32>;
+            for (var hh = 0u; hh < PACK; hh++) {
+                w[hh] = sc[hh * 64u + x];
+            }
+            l[0] += w[0];
+            l[1] += w[1];
+            l[2] += w[2];
+            l[3] += w[3];
             let vb = vrow[x];
             for (var c = 0u; c < 4u; c++) {
                 let dd = li + c * 64u;
@@ -216,19 +245,20 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
                 }
             }
         }
-        m = tmax;
         j0 += 64u;
         workgroupBarrier();
     }
-    let base = (rh * p.splits + split) * (p.dv + 2u);
-    if (li == 0u) {
-        part[base] = m;
-        part[base + 1u] = l;
-    }
-    for (var c = 0u; c < 4u; c++) {
-        let dd = li + c * 64u;
-        if (dd < p.dv) {
-            part[base + 2u + dd] = acc[c];
+    for (var hh = 0u; hh < p.pack; hh++) {
+        let base = ((rh0 + hh) * p.splits + split) * (p.dv + 2u);
+        if (li == 0u) {
+            part[base] = m[hh];
+            part[base + 1u] = l[hh];
+        }
+        for (var c = 0u; c < 4u; c++) {
+            let dd = li + c * 64u;
+            if (dd < p.dv) {
+                part[base + 2u + dd] = acc[c][hh];
+            }
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Paged attention (decode and prefill) and the KV write, both through the block table.
 //!
-//! Attention is two launches: the split kernel (one workgroup per query row, head and split
+//! Attention is two launches: the split kernel (one workgroup per query row, pack of heads
+//! sharing a KV head, and split
 //! of the key range, reading K/V by block-table index) and the combine. Decode batches (one
 //! query per sequence) split long contexts into chunks of `SPLIT_KEYS` keys so the work
 //! spreads over the device; prefill uses one split per row.
@@ -78,6 +79,16 @@ fn mask_code(m: Mask) -> (u32, usize) {
     }
 }
 
+/// Query heads one workgroup scores together (shaders/attention.wgsl's PACK is the most): the
+/// largest of 4, 3, 2 that divides the query heads per KV head, else 1.
+fn head_pack(hq: usize, hkv: usize) -> usize {
+    let per_kv = hq / hkv.max(1);
+    [4, 3, 2]
+        .into_iter()
+        .find(|&p| per_kv >= p && per_kv % p == 0)
+        .unwrap_or(1)
+}
+
 /// One attention launch: the split kernel, then the combine.
 struct Launch<'a> {
     q: &'a Tensor,
@@ -142,7 +153,11 @@ fn run(dev: &Device, p: &AttnParams, l: &Launch<'_>, y: &Tensor) -> Result<()> {
     }
     let (mask, mask_n) = mask_code(p.mask);
     let rows = u(t * hq)?;
-    let (gx, gz) = fold(rows, dev.limits.max_compute_workgroups_per_dimension);
+    let pack = head_pack(hq, hkv);
+    let (gx, gz) = fold(
+        u(t * hq / pack)?,
+        dev.limits.max_compute_workgroups_per_dimension,
+    );
     let mut params = vec![
         u(t)?,
         u(hq)?,
@@ -164,6 +179,7 @@ fn run(dev: &Device, p: &AttnParams, l: &Launch<'_>, y: &Tensor) -> Result<()> {
         l.contiguous.is_none() as u32,
         u(l.contiguous.unwrap_or(0))?,
         gx,
+        u(pack)?,
     ]);
     dev.dispatch_bound(kernel, &bound, &params, [gx, u(splits)?, gz])?;
     let (bound, offs) = bind(dev, &[(&scratch, 4), (y, 4)])?;
