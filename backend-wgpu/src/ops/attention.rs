@@ -85,7 +85,7 @@ fn head_pack(hq: usize, hkv: usize) -> usize {
     let per_kv = hq / hkv.max(1);
     [4, 3, 2]
         .into_iter()
-        .find(|&p| per_kv >= p && per_kv % p == 0)
+        .find(|&p| per_kv >= p && per_kv.is_multiple_of(p))
         .unwrap_or(1)
 }
 

@@ -46,7 +46,11 @@ pub(super) fn mat_mul(dev: &Device, x: &Tensor, w: &Tensor, y: &Tensor) -> Resul
     // block formats; float rows of other lengths keep mat_mul).
     let vec_kernel = kernels::mat_vec(w.dtype()).filter(|_| m == 1 && k % 32 == 0);
     let tiled = kernels::mat_mul_tiled(w.dtype()).filter(|_| m >= TILED_MIN_TOKENS);
-    let per_group = if tiled.is_some() { TILE_N } else { ROWS_PER_GROUP };
+    let per_group = if tiled.is_some() {
+        TILE_N
+    } else {
+        ROWS_PER_GROUP
+    };
     let mut n0 = 0;
     while n0 < n {
         let nn = per.min(n - n0);
