@@ -11,6 +11,7 @@ const FLOAT_ROWS: &str = include_str!("../../shaders/common/float_rows.wgsl");
 const DOT: &str = include_str!("../../shaders/common/dot.wgsl");
 const ORDER: &str = include_str!("../../shaders/common/order.wgsl");
 const TURBO: &str = include_str!("../../shaders/common/turbo.wgsl");
+const MAT_MUL_IO: &str = include_str!("../../shaders/common/mat_mul_io.wgsl");
 const MAT_VEC: &str = include_str!("../../shaders/mat_vec.wgsl");
 const MAT_MUL: &str = include_str!("../../shaders/mat_mul.wgsl");
 const MAT_MUL_TILED: &str = include_str!("../../shaders/mat_mul_tiled.wgsl");
@@ -86,14 +87,17 @@ macro_rules! ranked {
 }
 
 /// A kernel of a per-format family: entry `<family>_<format>`, the format's chunk decoder
-/// (`DQ32` ← `dq32_<format>`) filled in.
+/// (`DQ32` ← `dq32_<format>`) filled in; the decoders prepended, or the commons given.
 macro_rules! weighted {
     ($family:literal, $format:literal, $src:ident) => {
+        weighted!($family, $format, $src, DEQUANT, FLOAT_ROWS)
+    };
+    ($family:literal, $format:literal, $src:ident, $($common:ident),+) => {
         Kernel {
             entry: concat!($family, "_", $format),
             file: $family,
             source: $src,
-            commons: &[DEQUANT, FLOAT_ROWS],
+            commons: &[$($common),+],
             subst: &[
                 ("ENTRY", concat!($family, "_", $format)),
                 ("DQ32", concat!("dq32_", $format)),
@@ -120,10 +124,10 @@ macro_rules! per_format {
             ],
         }),*];
         /// `mat_mul_<format>`: tiled matrix product (prefill).
-        pub const MAT_MUL_KERNELS: &[Kernel] = &[$(weighted!("mat_mul", $format, MAT_MUL)),*];
+        pub const MAT_MUL_KERNELS: &[Kernel] = &[$(weighted!("mat_mul", $format, MAT_MUL, DEQUANT, FLOAT_ROWS, MAT_MUL_IO)),*];
         /// `mat_mul_tiled_<format>`: workgroup-tiled matrix product (prefill of many tokens).
         pub const MAT_MUL_TILED_KERNELS: &[Kernel] =
-            &[$(weighted!("mat_mul_tiled", $format, MAT_MUL_TILED)),*];
+            &[$(weighted!("mat_mul_tiled", $format, MAT_MUL_TILED, DEQUANT, FLOAT_ROWS, MAT_MUL_IO)),*];
         /// `get_rows_<format>`: rows of a table (embeddings), dequantized.
         pub const GET_ROWS_KERNELS: &[Kernel] = &[$(weighted!("get_rows", $format, GET_ROWS)),*];
         /// `mat_mul_id_<format>`: each token's rows through its chosen experts.
