@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (issue #22): validate CUDA and WebGPU against the CPU, greedy
+# tokens against the CPU, decode speed against the measured copy bandwidth.
+#
+#   scripts/gpu/device-check.sh [STEP...]     (default: every step, in priority order)
+#
+# Expects, in the repository root: .dev/kiln (a stripped release build made elsewhere),
+# .dev/tok.gguf (`random-gguf.py template` of SmolLM2's GGUF), .whl/gguf-*.whl and, for the
+# WebGPU steps, .gl/*.deb (the Vulkan loader; the device tool's README says how to fetch them).
+# Every step runs under its own time cap and within KILN_GPU_DEADLINE seconds (default 330)
+# from the start; logs go to one archive, $OUT/logs.tgz, with $OUT/summary.txt beside it.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-/tmp/kiln-gpu-out}
+LOGS=/tmp/kiln-gpu-logs
+MODELS=/tmp/kiln-gpu-models
+mkdir -p "$OUT" "$LOGS" "$MODELS"
+K=$ROOT/.dev/kiln
+T0=$(date +%s)
+DEADLINE=${KILN_GPU_DEADLINE:-330}
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+
+say() { echo "$*" | tee -a "$SUMMARY"; }
+left() { echo $((DEADLINE - ($(date +%s) - T0))); }
+pack() { tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null; }
+# run NAME CAP CMD...: the command under min(CAP, time left), output in $LOGS/NAME.log.
+run() {
+    local name=$1 cap=$2 t
+    shift 2
+    t=$(left)
+    [ "$t" -lt "$cap" ] && cap=$t
+    if [ "$cap" -le 5 ]; then
+        say "$name: skipped (deadline)"
+        return 99
+    fi
+    local s=$(date +%s)
+    timeout -k 5 "$cap" "$@" >"$LOGS/$name.log" 2>&1
+    local rc=$?
+    say "$name: rc=$rc $(($(date +%s) - s))s"
+    pack
+    return $rc
+}
+
+# NVRTC and the headers: the toolkit's, else those of PyTorch's pip packages (nvidia/cu13).
+if [ -z "${KILN_CUDA_ROOT:-}" ]; then
+    KILN_CUDA_ROOT=/usr/local/cuda
+    if [ ! -e $KILN_CUDA_ROOT/include/cuda_fp4.h ]; then
+        KILN_CUDA_ROOT=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))' 2>/dev/null)
+    fi
+fi
+export KILN_CUDA_ROOT
+export KILN_CACHE_DIR=/tmp/kiln-cache
+export RUST_BACKTRACE=1
+# validate opens the backend unchecked; every other command skips the start-up self-check (the
+# comparisons below catch what it would).
+export KILN_CUDA_SELF_CHECK=0
+
+setup() {
+    {
+        nvidia-smi
+        nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,clocks.max.sm,power.draw,temperature.gpu --format=csv
+        nproc
+        ls "$KILN_CUDA_ROOT"/lib64/libnvrtc* "$KILN_CUDA_ROOT"/include/cuda_fp4.h
+        "$KILN_CUDA_ROOT"/bin/nvcc --version | tail -2
+        python3 - <<'EOF'
+import torch
+x = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda"); x.random_(0, 255)
+y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+ts = []
+for _ in range(10):
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record(); y.copy_(x); b.record(); b.synchronize(); ts.append(a.elapsed_time(b))
+ts.sort(); ms = ts[len(ts) // 2]
+print(f"torch copy 2 GiB: median {ms:.3f} ms, {2 * x.numel() / ms / 1e9:.0f} GB/s read+written")
+EOF
+    } >"$LOGS/setup.log" 2>&1
+    grep -E "GB/s|NVIDIA H|release" "$LOGS/setup.log" | tee -a "$SUMMARY"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl \
+        >>"$LOGS/setup.log" 2>&1
+}
+
+# Random-weight Llama-shaped checkpoints, written in the background while the GPU checks run.
+models() {
+    local g="python3 scripts/gpu/random-gguf.py make --template .dev/tok.gguf --head-type q6_k"
+    # KILN_GPU_SMALL=1: toy sizes, to try this script on a machine without a GPU.
+    [ "${KILN_GPU_SMALL:-0}" = 1 ] && g="$g --shrink 8"
+    (
+        export PYTHONPATH=/tmp/site
+        $g --out $MODELS/llama-1b-q4_k.gguf --hidden 2048 --layers 16 --ffn 8192 --heads 32 --kv-heads 8 --type q4_k
+        $g --out $MODELS/llama-3b-q4_k.gguf --hidden 3072 --layers 28 --ffn 8192 --heads 24 --kv-heads 8 --type q4_k
+        $g --out $MODELS/llama-3b-nvfp4.gguf --hidden 3072 --layers 28 --ffn 8192 --heads 24 --kv-heads 8 --type nvfp4
+        $g --out $MODELS/llama-1b-bf16.gguf --hidden 2048 --layers 16 --ffn 8192 --heads 32 --kv-heads 8 --type bf16
+        touch $MODELS/done
+    ) >"$LOGS/models.log" 2>&1 &
+}
+wait_models() {
+    while [ ! -f $MODELS/done ] && [ "$(left)" -gt 10 ]; do sleep 1; done
+    cat "$LOGS/models.log" >>"$SUMMARY"
+}
+
+validate_cuda() {
+    run validate-cuda 200 "$K" validate --backend cuda
+    grep -E "passed|FAIL|fail" "$LOGS/validate-cuda.log" | tail -15 | tee -a "$SUMMARY"
+}
+
+# greedy NAME MODEL BACKEND...: 16 greedy tokens on the CPU and on each backend, compared.
+greedy() {
+    local name=$1 model=$2
+    shift 2
+    run "greedy-$name-cpu" 60 "$K" run -m "$model" --backend cpu --json --ignore-eos -n 16 --temp 0 "The quick brown fox"
+    for b in "$@"; do
+        # The CPU's f32 cache on the GPU too: with the GPU default (f16) near-ties may flip.
+        run "greedy-$name-$b" 60 "$K" run -m "$model" --backend "$b" --strict --kv-type f32 --json --ignore-eos -n 16 --temp 0 "The quick brown fox"
+        python3 - "$LOGS/greedy-$name-cpu.log" "$LOGS/greedy-$name-$b.log" <<'EOF' | tee -a "$SUMMARY"
+import json, sys
+def toks(p):
+    for line in open(p, errors="replace"):
+        if line.startswith("{"):
+            return json.loads(line)["tokens"]
+    return None
+a, b = toks(sys.argv[1]), toks(sys.argv[2])
+name = sys.argv[2].rsplit("/", 1)[-1][:-4]
+if a is None or b is None:
+    print(f"{name}: NO OUTPUT")
+else:
+    same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+    print(f"{name}: {'EQUAL' if a == b else f'DIFFER at {same}'} ({len(b)} tokens)")
+EOF
+    done
+}
+
+greedy_tiny() {
+    local b
+    for m in llama qwen3 gemma3 qwen3_5 qwen3_5_moe gemma4 gemma4_moe; do
+        greedy "$m" tests/fixtures/hf/$m "$@"
+    done
+    for m in qwen3_5 qwen3_5_moe gemma4 gemma4_moe; do
+        greedy "gguf-$m" tests/fixtures/hf/gguf/$m.gguf "$@"
+    done
+}
+
+bench() {
+    local name=$1 model=$2 backend=$3
+    shift 3
+    run "bench-$name-$backend" 90 "$K" bench -m "$model" --backend "$backend" -p 512 -n 128 -r 2 "$@"
+    grep -E "^\||roofline" "$LOGS/bench-$name-$backend.log" | grep -v -- "---" | tee -a "$SUMMARY"
+}
+
+vulkan() {
+    for f in .gl/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+    if [ ! -e /usr/share/vulkan/icd.d/nvidia_icd.json ] && [ -e /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+        export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    fi
+    "$K" info 2>&1 | grep -i -E "wgpu|vulkan|cuda" | head -8 | tee -a "$SUMMARY"
+}
+
+# Per-kernel time and DRAM traffic of decode steps: `kiln run` of a few tokens, the kernels
+# after the prefill's.
+ncu_decode() {
+    local ncu
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    run ncu-decode-3b-q4_k 90 "$ncu" --clock-control none --launch-skip 1200 --launch-count 400 \
+        --csv --page raw --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread \
+        "$K" run -m $MODELS/llama-3b-q4_k.gguf --backend cuda --ignore-eos -n 8 --temp 0 "The quick brown fox"
+    python3 - "$LOGS/ncu-decode-3b-q4_k.log" <<'EOF' | tee -a "$SUMMARY"
+import csv, sys, collections
+rows = [r for r in csv.reader(l for l in open(sys.argv[1], errors="replace") if l.startswith('"'))]
+if len(rows) < 3:
+    print("ncu: no rows"); sys.exit()
+h = rows[0]; data = rows[2:]
+col = {n: h.index(n) for n in h}
+def num(r, n):
+    try: return float(r[col[n]].replace(",", ""))
+    except (KeyError, ValueError): return 0.0
+agg = collections.defaultdict(lambda: [0, 0.0, 0.0])
+for r in data:
+    a = agg[r[col["Kernel Name"]][:60]]
+    a[0] += 1; a[1] += num(r, "gpu__time_duration.sum"); a[2] += num(r, "dram__bytes_read.sum")
+tot = sum(a[1] for a in agg.values())
+print(f"ncu: {len(data)} kernels, total time {tot:.0f} (units: {rows[1][col['gpu__time_duration.sum']]}, read {rows[1][col['dram__bytes_read.sum']]})")
+for k, (n, t, b) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:12]:
+    print(f"  {k:60s} n={n:4d} time={t:12.0f} read={b:14.0f}")
+EOF
+}
+
+sanitize() {
+    local tool=$1
+    run "sanitizer-$tool" 150 compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 50 \
+        "$K" validate --backend cuda -q
+    grep -E "ERROR SUMMARY|passed|Error|Invalid" "$LOGS/sanitizer-$tool.log" | head -12 | tee -a "$SUMMARY"
+}
+
+steps=${*:-"setup models validate_cuda greedy_tiny_cuda bench_cuda greedy_big ncu_decode vulkan_all sanitize_memcheck"}
+for s in $steps; do
+    case $s in
+        setup) setup ;;
+        models) models ;;
+        validate_cuda) validate_cuda ;;
+        greedy_tiny_cuda) greedy_tiny cuda ;;
+        greedy_tiny_wgpu) greedy_tiny wgpu ;;
+        bench_cuda)
+            wait_models
+            bench 1b-q4_k $MODELS/llama-1b-q4_k.gguf cuda
+            bench 3b-q4_k $MODELS/llama-3b-q4_k.gguf cuda
+            bench 3b-nvfp4 $MODELS/llama-3b-nvfp4.gguf cuda
+            bench 1b-bf16 $MODELS/llama-1b-bf16.gguf cuda
+            ;;
+        greedy_big) greedy 1b-q4_k $MODELS/llama-1b-q4_k.gguf cuda ;;
+        vulkan_all)
+            vulkan
+            run validate-wgpu 120 "$K" validate --backend wgpu
+            grep -E "passed|FAIL" "$LOGS/validate-wgpu.log" | tail -8 | tee -a "$SUMMARY"
+            greedy llama tests/fixtures/hf/llama wgpu
+            greedy 1b-q4_k $MODELS/llama-1b-q4_k.gguf wgpu
+            bench 3b-q4_k $MODELS/llama-3b-q4_k.gguf wgpu
+            ;;
+        ncu_decode) ncu_decode ;;
+        sanitize_memcheck) sanitize memcheck ;;
+        sanitize_racecheck) sanitize racecheck ;;
+        *) say "unknown step $s" ;;
+    esac
+done
+say "total $(($(date +%s) - T0))s"
+pack
