@@ -11,6 +11,31 @@ typedef signed char i8;
 // +inf (NVRTC has no math.h, so no INFINITY).
 #define KILN_INF __int_as_float(0x7f800000)
 
+// 8 consecutive bytes at p as two little-endian words, in the widest loads p's alignment
+// allows (block formats' fields are at odd offsets in 17-, 18-, 34- or 210-byte blocks; the
+// branch is the same for a warp's lanes in every caller).
+__device__ __forceinline__ uint2 bytes8(const u8* p) {
+    const size_t a = (size_t)p;
+    uint2 r;
+    if ((a & 7) == 0) {
+        r = *(const uint2*)p;
+    } else if ((a & 3) == 0) {
+        r.x = *(const u32*)p;
+        r.y = *(const u32*)(p + 4);
+    } else if ((a & 1) == 0) {
+        const unsigned short* h = (const unsigned short*)p;
+        r.x = (u32)h[0] | ((u32)h[1] << 16);
+        r.y = (u32)h[2] | ((u32)h[3] << 16);
+    } else {
+        r.x = (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+        r.y = (u32)p[4] | ((u32)p[5] << 8) | ((u32)p[6] << 16) | ((u32)p[7] << 24);
+    }
+    return r;
+}
+
+// Byte i (0..7, a compile-time constant in unrolled loops) of bytes8's result.
+__device__ __forceinline__ u32 byte_of(uint2 q, int i) { return ((i < 4 ? q.x : q.y) >> (8 * (i & 3))) & 0xFFu; }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -20,8 +20,9 @@ struct Q8_0 {
     __device__ static void load8(const u8* row, u32 v, float* out) {
         const u8* b = row + (v / QK) * BYTES;
         const float d = f16_at(b);
+        const uint2 q = bytes8(b + 2 + v % QK);
 #pragma unroll
-        for (int i = 0; i < 8; i++) out[i] = d * (float)(i8)b[2 + v % QK + i];
+        for (int i = 0; i < 8; i++) out[i] = d * (float)(i8)byte_of(q, i);
     }
 };
 
@@ -32,13 +33,10 @@ struct Q4_0 {
     __device__ static void load8(const u8* row, u32 v, float* out) {
         const u8* b = row + (v / QK) * BYTES;
         const float d = f16_at(b);
-        const u32 j0 = v % QK;
+        const u32 j0 = v % QK, shift = j0 < 16 ? 0 : 4;  // 8 values never straddle 16
+        const uint2 q = bytes8(b + 2 + j0 % 16);
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const u32 j = j0 + i;
-            const int q = j < 16 ? (b[2 + j] & 0xF) : (b[2 + j - 16] >> 4);
-            out[i] = d * (float)(q - 8);
-        }
+        for (int i = 0; i < 8; i++) out[i] = d * (float)((int)((byte_of(q, i) >> shift) & 0xF) - 8);
     }
 };
 
@@ -49,13 +47,10 @@ struct Q4_1 {
     __device__ static void load8(const u8* row, u32 v, float* out) {
         const u8* b = row + (v / QK) * BYTES;
         const float d = __half2float(*(const __half*)b), m = __half2float(*(const __half*)(b + 2));
-        const u32 j0 = v % QK;
+        const u32 j0 = v % QK, shift = j0 < 16 ? 0 : 4;
+        const uint2 q = bytes8(b + 4 + j0 % 16);
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const u32 j = j0 + i;
-            const int q = j < 16 ? (b[4 + j] & 0xF) : (b[4 + j - 16] >> 4);
-            out[i] = d * (float)q + m;
-        }
+        for (int i = 0; i < 8; i++) out[i] = d * (float)((byte_of(q, i) >> shift) & 0xF) + m;
     }
 };
 
@@ -100,10 +95,10 @@ struct Q4_K {
         float sc, m;
         scale_min_k4(g, b + 4, &sc, &m);
         const float d1 = d * sc, m1 = dmin * m;
-        const u8* qs = b + 16 + 32 * (g / 2);
+        const uint2 q = bytes8(b + 16 + 32 * (g / 2) + e0 % 32);
         const u32 shift = 4 * (g % 2);
 #pragma unroll
-        for (int i = 0; i < 8; i++) out[i] = d1 * (float)((qs[(e0 % 32) + i] >> shift) & 0xF) - m1;
+        for (int i = 0; i < 8; i++) out[i] = d1 * (float)((byte_of(q, i) >> shift) & 0xF) - m1;
     }
 };
 
@@ -116,14 +111,14 @@ struct Q6_K {
         const u8* b = row + (v / QK) * BYTES;
         const float d = __half2float(*(const __half*)(b + 208));
         const u32 e0 = v % QK, h = e0 / 128, r = e0 % 128, q = r / 32, l0 = r % 32;
-        const u8* ql = b + 64 * h + 32 * (q % 2);
-        const u8* qh = b + 128 + 32 * h;
+        const uint2 ql = bytes8(b + 64 * h + 32 * (q % 2) + l0);
+        const uint2 qh = bytes8(b + 128 + 32 * h + l0);
         const float sc = d * (float)(i8)b[192 + 8 * h + l0 / 16 + 2 * q];
+        const u32 lshift = q < 2 ? 0 : 4, hshift = 2 * q;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const u32 l = l0 + i;
-            const int lo = q < 2 ? (ql[l] & 0xF) : (ql[l] >> 4);
-            const int hi = (qh[l] >> (2 * q)) & 3;
+            const int lo = (int)((byte_of(ql, i) >> lshift) & 0xF);
+            const int hi = (int)((byte_of(qh, i) >> hshift) & 3);
             out[i] = sc * (float)((lo | (hi << 4)) - 32);
         }
     }
@@ -221,13 +216,10 @@ struct MXFP4 {
         const u8* b = row + (v / QK) * BYTES;
         const u32 e = b[0];
         const float d = __int_as_float(e < 2 ? (int)(0x00200000u << e) : (int)((e - 1) << 23));
-        const u32 j0 = v % QK;
+        const u32 j0 = v % QK, shift = j0 < 16 ? 0 : 4;
+        const uint2 q = bytes8(b + 1 + j0 % 16);
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const u32 j = j0 + i;
-            const u32 c = j < 16 ? (b[1 + j] & 0xF) : (b[1 + j - 16] >> 4);
-            out[i] = d * (float)e2m1x2(c);
-        }
+        for (int i = 0; i < 8; i++) out[i] = d * (float)e2m1x2((byte_of(q, i) >> shift) & 0xF);
     }
 };
 
@@ -248,24 +240,41 @@ struct NVFP4 {
         const u8* b = row + (v / QK) * BYTES;
         const u32 j0 = v % QK, s = j0 / 16, i0 = j0 % 16;
         const float d = ue4m3_half(b[s]);
-        const u8* qs = b + 4 + 8 * s;
+        const uint2 q = bytes8(b + 4 + 8 * s);
+        const u32 shift = i0 < 8 ? 0 : 4;  // i0 is 0 or 8
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const u32 j = i0 + i;
-            const u32 c = j < 8 ? (qs[j] & 0xF) : (qs[j - 8] >> 4);
-            out[i] = d * (float)e2m1x2(c);
-        }
+        for (int i = 0; i < 8; i++) out[i] = d * (float)e2m1x2((byte_of(q, i) >> shift) & 0xF);
     }
 };
 
 // Float weights: 8 values of the row, converted to f32.
+__device__ __forceinline__ float f32_of_bits(const __half*, u32 b) {
+    return __half2float(__ushort_as_half((unsigned short)b));
+}
+__device__ __forceinline__ float f32_of_bits(const __nv_bfloat16*, u32 b) { return __uint_as_float(b << 16); }
+
+// 16-byte loads where the row allows (rows of a multiple of 8 values in an aligned buffer).
 template <typename T, u32 SIZE>
 struct FloatFormat {
     static constexpr u32 QK = 8, BYTES = 8 * SIZE;
     __device__ static void load8(const u8* row, u32 v, float* out) {
         const T* p = (const T*)row + v;
+        if (((size_t)p & 15) != 0) {
 #pragma unroll
-        for (int i = 0; i < 8; i++) out[i] = to_f32(p[i]);
+            for (int i = 0; i < 8; i++) out[i] = to_f32(p[i]);
+        } else if constexpr (SIZE == 4) {
+            const float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];
+            out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+            out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+        } else {
+            const uint4 u = *(const uint4*)p;
+            const u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                out[2 * i] = f32_of_bits(p, w[i] & 0xFFFFu);
+                out[2 * i + 1] = f32_of_bits(p, w[i] >> 16);
+            }
+        }
     }
 };
 typedef FloatFormat<float, 4> F32W;
@@ -277,6 +286,127 @@ template <typename B>
 __device__ __forceinline__ const u8* weight_row(const void* w, size_t r, u32 k) {
     return (const u8*)w + r * (k / B::QK) * B::BYTES;
 }
+
+// ---- the decode mat-vec ------------------------------------------------------------------
+// y [m, n] = xs [m, k] · w [n, k]ᵀ for m ≤ 4 token rows, where xs is what a source makes of
+// its inputs 8 values at a time (the activations as they are, rms-normalised, or a GLU's
+// act(gate) · up). A block of MV_WARPS warps computes MV_ROWS consecutive outputs of one token
+// row: its warps split the row's k values in chunks of 256 (warp w takes chunks w, w + 4, ..),
+// each lane 8 values of a chunk; each lane makes its 8 source values once and multiplies them
+// into all MV_ROWS weight rows, so the source is read once per 4 outputs and each lane has
+// MV_ROWS independent weight loads in flight. The warps' sums meet in shared memory and are
+// added in warp order. Rows must hold a multiple of 8 values; the grid is
+// (ceil(n / MV_ROWS), m) blocks of MV_WARPS * 32 threads.
+#define MV_WARPS 4
+#define MV_ROWS 4
+
+template <typename B, typename Src>
+__device__ __forceinline__ void mat_vec_rows(const Src& src, const void* w, float* y, u32 n, u32 k) {
+    __shared__ float part[MV_WARPS][MV_ROWS + 1];
+    const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const u32 col0 = blockIdx.x * MV_ROWS, row = blockIdx.y;
+    const u32 rows = min((u32)MV_ROWS, n - col0);
+    const u8* wr[MV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) wr[r] = weight_row<B>(w, col0 + min((u32)r, rows - 1), k);
+    float acc[MV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) acc[r] = 0.0f;
+    float ss = 0.0f;
+#pragma unroll 2
+    for (u32 s = warp * 256; s < k; s += MV_WARPS * 256) {
+        const u32 v = s + 8 * lane;
+        if (v < k) {
+            float xv[8];
+            src.load8(row, v, xv, ss);
+#pragma unroll
+            for (int r = 0; r < MV_ROWS; r++) {
+                float wv[8];
+                B::load8(wr[r], v, wv);
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[r] += xv[i] * wv[i];
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) acc[r] = warp_sum(acc[r]);
+    if (Src::SQUARES) ss = warp_sum(ss);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; r++) part[warp][r] = acc[r];
+        part[warp][MV_ROWS] = ss;
+    }
+    __syncthreads();
+    if (threadIdx.x < rows) {
+        float t = 0.0f, q = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MV_WARPS; i++) {
+            t += part[i][threadIdx.x];
+            q += part[i][MV_ROWS];
+        }
+        y[(size_t)row * n + col0 + threadIdx.x] = src.finish(t, q, k);
+    }
+}
+
+// 8 floats of row `row` at v (v a multiple of 8): two 16-byte loads where aligned.
+__device__ __forceinline__ void load8_f32(const float* x, u32 k, u32 row, u32 v, float* out) {
+    const float* p = x + (size_t)row * k + v;
+    if (((size_t)p & 15) == 0) {
+        const float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];
+        out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+        out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = p[i];
+    }
+}
+
+// The activations as they are.
+struct MvPlain {
+    static constexpr bool SQUARES = false;
+    const float* x;
+    u32 k;
+    __device__ __forceinline__ void load8(u32 row, u32 v, float* out, float&) const { load8_f32(x, k, row, v, out); }
+    __device__ __forceinline__ float finish(float t, float, u32) const { return t; }
+};
+
+// rms_norm(x) with weight nw (+1 for Gemma's norms): x · nw goes into the dot products and the
+// squares of x are summed on the way, so the norm needs no pass of its own; the dot products
+// are scaled by 1 / rms at the end.
+struct MvRmsNorm {
+    static constexpr bool SQUARES = true;
+    const float* x;
+    const float* nw;
+    u32 k;
+    float add, eps;
+    __device__ __forceinline__ void load8(u32 row, u32 v, float* out, float& ss) const {
+        float n8[8];
+        load8_f32(x, k, row, v, out);
+        load8_f32(nw, k, 0, v, n8);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            ss += out[i] * out[i];
+            out[i] = out[i] * (n8[i] + add);
+        }
+    }
+    __device__ __forceinline__ float finish(float t, float q, u32 k) const { return t * rsqrtf(q / (float)k + eps); }
+};
+
+// A GLU's hidden row, act(gate) · up (act 0 SiLU, 1 tanh-GELU), made 8 values at a time.
+struct MvGlu {
+    static constexpr bool SQUARES = false;
+    const float* gate;
+    const float* up;
+    u32 k, act;
+    __device__ __forceinline__ void load8(u32 row, u32 v, float* out, float&) const {
+        float u8v[8];
+        load8_f32(gate, k, row, v, out);
+        load8_f32(up, k, row, v, u8v);
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = (act == 0 ? silu(out[i]) : gelu_tanh(out[i])) * u8v[i];
+    }
+    __device__ __forceinline__ float finish(float t, float, u32) const { return t; }
+};
 
 // ---- KV cache formats ----------------------------------------------------------------------
 // The cache types a paged cache can hold, by code (shaders/common/turbo.wgsl uses the same):

@@ -1,6 +1,5 @@
-// Block-quantized weights (formats.cuh): decode mat-vec, embedding lookup and the matmul by
-// expert id, for every GGUF format the CPU reference reads. Mat-vec: each warp takes the row
-// in chunks of 256 values, each lane 8 of them.
+// Block-quantized weights (formats.cuh): decode mat-vec (formats.cuh's mat_vec_rows), embedding
+// lookup and the matmul by expert id, for every GGUF format the CPU reference reads.
 
 // y [T, k, N] = x [T, (k or 1), K] · w[ids[t, i]]ᵀ for block-quantized w [E, N, K]: a warp per
 // output, as mat_vec_blocks; a bad expert id gives zeros.
@@ -31,23 +30,7 @@ __device__ __forceinline__ void mat_mul_id_blocks(const float* x, const u8* w, c
 
 template <typename B>
 __device__ __forceinline__ void mat_vec_blocks(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
-    const u32 col = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-    const u32 row = blockIdx.y;
-    const u32 lane = threadIdx.x % WARP;
-    if (col >= n || row >= m) return;
-    const float* xr = x + (size_t)row * k;
-    const u8* wr = w + (size_t)col * (k / B::QK) * B::BYTES;
-    float acc = 0.0f;
-    for (u32 s = 0; s < k; s += 256) {
-        const u32 v = s + 8 * lane;
-        if (v >= k) break;
-        float wv[8];
-        B::load8(wr, v, wv);
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc += xr[v + i] * wv[i];
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) y[(size_t)row * n + col] = acc;
+    mat_vec_rows<B>(MvPlain{x, k}, w, y, n, k);
 }
 
 // Embedding lookup: one thread per 8 values of an output row; bad ids give zeros.

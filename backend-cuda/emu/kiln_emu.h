@@ -39,6 +39,17 @@
 using std::max;
 using std::min;
 
+// CUDA's vector types, with their alignment (kernels load through them).
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
 };
@@ -148,6 +159,13 @@ inline float __half2float(__half h) {
     float out;
     std::memcpy(&out, &f, 4);
     return out;
+}
+
+inline __half __ushort_as_half(unsigned short b) { return __half{b}; }
+inline float __uint_as_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
 }
 
 inline __half __float2half_rn(float v) {

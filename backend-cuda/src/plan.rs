@@ -104,8 +104,10 @@ const QUANT_TILE_K: usize = 32;
 const MOE_GROUP_THREADS: u32 = 256;
 const MAX_EXPERTS: usize = 1024;
 
-/// Outputs per block of `glu_mat_vec` (`GLU_WARPS · GLU_COLS` in fused.cu).
-const GLU_BLOCK_COLS: usize = 32;
+/// Outputs per block and threads of the decode mat-vec kernels (`MV_ROWS`, `MV_WARPS · 32` in
+/// formats.cuh's `mat_vec_rows`): every `mat_vec_*`, `rms_norm_mat_vec_*` and `glu_mat_vec_*`.
+const MV_ROWS: usize = 4;
+const MV_THREADS: u32 = 128;
 
 /// The kernels of a block-quantized weight type.
 fn quantized(d: DType) -> Option<&'static WeightKernels> {
@@ -649,8 +651,8 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
             let kernel = weight_kernels(i[2].dtype)?.rms_norm_mat_vec;
             one(
                 kernel,
-                (u(n.div_ceil(4))?, u(m)?, 1),
-                (128, 1, 1),
+                (u(n.div_ceil(MV_ROWS))?, u(m)?, 1),
+                (MV_THREADS, 1, 1),
                 with_tensors(
                     3,
                     1,
@@ -676,8 +678,8 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
             };
             one(
                 kernel,
-                (u(n.div_ceil(GLU_BLOCK_COLS))?, u(m)?, 1),
-                (256, 1, 1),
+                (u(n.div_ceil(MV_ROWS))?, u(m)?, 1),
+                (MV_THREADS, 1, 1),
                 with_tensors(3, 1, [U32(u(m)?), U32(u(n)?), U32(u(k)?), U32(act)]),
             )
         } // Not written yet: these run on the CPU reference through the executor (counted and
@@ -777,7 +779,8 @@ fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
     let m = i[0].numel() / k.max(1);
     let args = vec![In(0), In(1), Out(0), U32(u(m)?), U32(u(n)?), U32(u(k)?)];
     let w = weight_kernels(i[1].dtype)?;
-    if m > MAT_VEC_ROWS {
+    // The mat-vec reads 8 values at a time: float rows of another length take the GEMM.
+    if m > MAT_VEC_ROWS || k % 8 != 0 {
         if !is_block_quantized(i[1].dtype) {
             return one(
                 w.mat_mul,
@@ -797,8 +800,13 @@ fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
             );
         }
     }
-    // Decode: a warp per output, four outputs per block, one grid row per activation row.
-    one(w.mat_vec, (u(n.div_ceil(4))?, u(m)?, 1), (128, 1, 1), args)
+    // Decode: four outputs per block, one grid row per activation row.
+    one(
+        w.mat_vec,
+        (u(n.div_ceil(MV_ROWS))?, u(m)?, 1),
+        (MV_THREADS, 1, 1),
+        args,
+    )
 }
 
 /// Checks one launch against the kernel's declaration: the argument count, each argument's

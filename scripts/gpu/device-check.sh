@@ -74,7 +74,7 @@ for _ in range(10):
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record(); y.copy_(x); b.record(); b.synchronize(); ts.append(a.elapsed_time(b))
 ts.sort(); ms = ts[len(ts) // 2]
-print(f"torch copy 2 GiB: median {ms:.3f} ms, {2 * x.numel() / ms / 1e9:.0f} GB/s read+written")
+print(f"torch copy 2 GiB: median {ms:.3f} ms, {2 * x.numel() / ms / 1e6:.0f} GB/s read+written")
 EOF
     } >"$LOGS/setup.log" 2>&1
     grep -E "GB/s|NVIDIA H|release" "$LOGS/setup.log" | tee -a "$SUMMARY"
@@ -89,6 +89,7 @@ models() {
     [ "${KILN_GPU_SMALL:-0}" = 1 ] && g="$g --shrink 8"
     (
         export PYTHONPATH=/tmp/site
+        $g --out $MODELS/llama-0.3b-q4_k.gguf --hidden 1024 --layers 16 --ffn 4096 --heads 16 --kv-heads 4 --type q4_k
         $g --out $MODELS/llama-1b-q4_k.gguf --hidden 2048 --layers 16 --ffn 8192 --heads 32 --kv-heads 8 --type q4_k
         $g --out $MODELS/llama-3b-q4_k.gguf --hidden 3072 --layers 28 --ffn 8192 --heads 24 --kv-heads 8 --type q4_k
         $g --out $MODELS/llama-3b-nvfp4.gguf --hidden 3072 --layers 28 --ffn 8192 --heads 24 --kv-heads 8 --type nvfp4
@@ -204,6 +205,7 @@ for s in $steps; do
         greedy_tiny_wgpu) greedy_tiny wgpu ;;
         bench_cuda)
             wait_models
+            bench 0.3b-q4_k $MODELS/llama-0.3b-q4_k.gguf cuda
             bench 1b-q4_k $MODELS/llama-1b-q4_k.gguf cuda
             bench 3b-q4_k $MODELS/llama-3b-q4_k.gguf cuda
             bench 3b-nvfp4 $MODELS/llama-3b-nvfp4.gguf cuda
@@ -219,6 +221,11 @@ for s in $steps; do
             bench 3b-q4_k $MODELS/llama-3b-q4_k.gguf wgpu
             ;;
         ncu_decode) ncu_decode ;;
+        bench_wgpu)
+            vulkan
+            wait_models
+            for m in 0.3b-q4_k 1b-q4_k 3b-q4_k 3b-nvfp4 1b-bf16; do bench $m $MODELS/llama-$m.gguf wgpu; done
+            ;;
         sanitize_memcheck) sanitize memcheck ;;
         sanitize_racecheck) sanitize racecheck ;;
         *) say "unknown step $s" ;;
