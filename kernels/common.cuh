@@ -11,18 +11,18 @@ typedef signed char i8;
 // +inf (NVRTC has no math.h, so no INFINITY).
 #define KILN_INF __int_as_float(0x7f800000)
 
-// 8 consecutive bytes at p as two little-endian words, in the widest loads p's alignment
-// allows (block formats' fields are at odd offsets in 17-, 18-, 34- or 210-byte blocks; the
-// branch is the same for a warp's lanes in every caller).
+// 8 consecutive bytes at p as two little-endian words, read in loads of A bytes (8, 4, 2 or 1:
+// what the caller knows of p's alignment at compile time, so no branch stands between a
+// kernel's loads and they can all be in flight at once).
+template <u32 A>
 __device__ __forceinline__ uint2 bytes8(const u8* p) {
-    const size_t a = (size_t)p;
     uint2 r;
-    if ((a & 7) == 0) {
+    if constexpr (A >= 8) {
         r = *(const uint2*)p;
-    } else if ((a & 3) == 0) {
+    } else if constexpr (A >= 4) {
         r.x = *(const u32*)p;
         r.y = *(const u32*)(p + 4);
-    } else if ((a & 1) == 0) {
+    } else if constexpr (A >= 2) {
         const unsigned short* h = (const unsigned short*)p;
         r.x = (u32)h[0] | ((u32)h[1] << 16);
         r.y = (u32)h[2] | ((u32)h[3] << 16);
@@ -32,6 +32,9 @@ __device__ __forceinline__ uint2 bytes8(const u8* p) {
     }
     return r;
 }
+
+// The f16 whose bits are the low 16 of h.
+__device__ __forceinline__ float f16_bits(u32 h) { return __half2float(__ushort_as_half((unsigned short)h)); }
 
 // Byte i (0..7, a compile-time constant in unrolled loops) of bytes8's result.
 __device__ __forceinline__ u32 byte_of(uint2 q, int i) { return ((i < 4 ? q.x : q.y) >> (8 * (i & 3))) & 0xFFu; }

@@ -3,7 +3,9 @@
 // load8, which dequantizes 8 consecutive values (starting at a multiple of 8 from the row
 // start, so never across a scale group) into registers: every GGUF block format the CPU
 // reference reads, and the float formats as 8-value "blocks", so one kernel template serves
-// every weight type.
+// every weight type. load8<A> with A > 1 may assume the weight's first byte is 16-byte aligned,
+// so every block starts at a multiple of gcd(16, BYTES) (rows are whole blocks), and reads in
+// loads as wide as that leaves its fields aligned; load8<1> (the default) assumes nothing.
 
 // 2 × the E2M1 (FP4) value of a 4-bit code: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 doubled.
 __device__ __forceinline__ int e2m1x2(u32 c) {
@@ -13,51 +15,118 @@ __device__ __forceinline__ int e2m1x2(u32 c) {
 }
 
 __device__ __forceinline__ float f16_at(const u8* p) { return __half2float(*(const __half*)p); }
+__device__ __forceinline__ u32 u16_at(const u8* p) { return *(const unsigned short*)p; }
+
+// A little-endian word at p in loads of A bytes (as bytes8).
+template <u32 A>
+__device__ __forceinline__ u32 word_at(const u8* p) {
+    if constexpr (A >= 4) {
+        return *(const u32*)p;
+    } else if constexpr (A >= 2) {
+        return u16_at(p) | (u16_at(p + 2) << 16);
+    } else {
+        return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+    }
+}
+
+// Two phases of load8, for kernels that want every load of a step in flight before any
+// arithmetic: fetch<A> issues the loads of 8 values and returns the raw words (Raw), decode<A>
+// turns them into floats; load8<A> is the two in a row. The formats off the hot path keep
+// their plain load8 and get these from LoadLater, whose fetch only remembers the row.
+template <typename F>
+struct LoadLater {
+    struct Raw {
+        const u8* row;
+    };
+    template <u32 A = 1>
+    __device__ static Raw fetch(const u8* row, u32) {
+        return {row};
+    }
+    template <u32 A = 1>
+    __device__ static void decode(const Raw& r, u32 v, float* out) {
+        F::template load8<A>(r.row, v, out);
+    }
+};
+
+// The load8 of a format with fetch and decode.
+#define LOAD8_FROM_PHASES                                                \
+    template <u32 A = 1>                                                 \
+    __device__ static void load8(const u8* row, u32 v, float* out) {     \
+        decode<A>(fetch<A>(row, v), v, out);                             \
+    }
 
 struct Q8_0 {
     static constexpr u32 QK = 32, BYTES = 34;
     // d (f16), 32 int8 values; value = d * q.
-    __device__ static void load8(const u8* row, u32 v, float* out) {
+    struct Raw {
+        u32 d;
+        uint2 q;
+    };
+    template <u32 A = 1>
+    __device__ static Raw fetch(const u8* row, u32 v) {
         const u8* b = row + (v / QK) * BYTES;
-        const float d = f16_at(b);
-        const uint2 q = bytes8(b + 2 + v % QK);
-#pragma unroll
-        for (int i = 0; i < 8; i++) out[i] = d * (float)(i8)byte_of(q, i);
+        return {u16_at(b), bytes8<A < 2 ? A : 2>(b + 2 + v % QK)};
     }
+    template <u32 A = 1>
+    __device__ static void decode(const Raw& r, u32, float* out) {
+        const float d = f16_bits(r.d);
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = d * (float)(i8)byte_of(r.q, i);
+    }
+    LOAD8_FROM_PHASES
 };
 
 struct Q4_0 {
     static constexpr u32 QK = 32, BYTES = 18;
     // d (f16), 16 bytes of nibbles (value j < 16 low nibble of byte j, else high nibble of
-    // byte j - 16); value = d * (q - 8).
-    __device__ static void load8(const u8* row, u32 v, float* out) {
+    // byte j - 16); value = d * (q - 8). 8 values never straddle 16.
+    struct Raw {
+        u32 d;
+        uint2 q;
+    };
+    template <u32 A = 1>
+    __device__ static Raw fetch(const u8* row, u32 v) {
         const u8* b = row + (v / QK) * BYTES;
-        const float d = f16_at(b);
-        const u32 j0 = v % QK, shift = j0 < 16 ? 0 : 4;  // 8 values never straddle 16
-        const uint2 q = bytes8(b + 2 + j0 % 16);
-#pragma unroll
-        for (int i = 0; i < 8; i++) out[i] = d * (float)((int)((byte_of(q, i) >> shift) & 0xF) - 8);
+        return {u16_at(b), bytes8<A < 2 ? A : 2>(b + 2 + v % 16)};
     }
+    template <u32 A = 1>
+    __device__ static void decode(const Raw& r, u32 v, float* out) {
+        const float d = f16_bits(r.d);
+        const u32 shift = v % QK < 16 ? 0 : 4;
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = d * (float)((int)((byte_of(r.q, i) >> shift) & 0xF) - 8);
+    }
+    LOAD8_FROM_PHASES
 };
 
 struct Q4_1 {
     static constexpr u32 QK = 32, BYTES = 20;
     // d, m (f16), then 16 bytes of nibbles: value j < 16 the low nibble of byte j, j >= 16 the
     // high nibble of byte j - 16; value = d * q + m.
-    __device__ static void load8(const u8* row, u32 v, float* out) {
+    struct Raw {
+        u32 dm;
+        uint2 q;
+    };
+    template <u32 A = 1>
+    __device__ static Raw fetch(const u8* row, u32 v) {
         const u8* b = row + (v / QK) * BYTES;
-        const float d = __half2float(*(const __half*)b), m = __half2float(*(const __half*)(b + 2));
-        const u32 j0 = v % QK, shift = j0 < 16 ? 0 : 4;
-        const uint2 q = bytes8(b + 4 + j0 % 16);
-#pragma unroll
-        for (int i = 0; i < 8; i++) out[i] = d * (float)((byte_of(q, i) >> shift) & 0xF) + m;
+        return {word_at<A < 4 ? (A < 2 ? 2 : A) : 4>(b), bytes8<A < 4 ? A : 4>(b + 4 + v % 16)};
     }
+    template <u32 A = 1>
+    __device__ static void decode(const Raw& r, u32 v, float* out) {
+        const float d = f16_bits(r.dm & 0xFFFF), m = f16_bits(r.dm >> 16);
+        const u32 shift = v % QK < 16 ? 0 : 4;
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = d * (float)((byte_of(r.q, i) >> shift) & 0xF) + m;
+    }
+    LOAD8_FROM_PHASES
 };
 
-struct Q5_0 {
+struct Q5_0 : LoadLater<Q5_0> {
     static constexpr u32 QK = 32, BYTES = 22;
     // d (f16), qh (32 high bits, little-endian), 16 bytes of nibbles; value = d * (q - 16)
     // where q is the nibble with bit j of qh on top.
+    template <u32 A = 1>
     __device__ static void load8(const u8* row, u32 v, float* out) {
         const u8* b = row + (v / QK) * BYTES;
         const float d = __half2float(*(const __half*)b);
@@ -87,19 +156,32 @@ __device__ __forceinline__ void scale_min_k4(u32 j, const u8* s, float* sc, floa
 struct Q4_K {
     static constexpr u32 QK = 256, BYTES = 144;
     // d, dmin (f16), 12 bytes of packed 6-bit scales/mins, 128 bytes of nibbles: group g of 32
-    // values is the low (g even) or high (g odd) nibbles of bytes 32*(g/2) .. +32.
-    __device__ static void load8(const u8* row, u32 v, float* out) {
+    // values is the low (g even) or high (g odd) nibbles of bytes 32*(g/2) .. +32. Fetched as
+    // four words (d and dmin, the scales) and the 8 bytes of nibbles; scale_min_k4 by shifts.
+    struct Raw {
+        u32 dm, s0, s1, s2;
+        uint2 q;
+    };
+    template <u32 A = 1>
+    __device__ static Raw fetch(const u8* row, u32 v) {
         const u8* b = row + (v / QK) * BYTES;
-        const float d = __half2float(*(const __half*)b), dmin = __half2float(*(const __half*)(b + 2));
         const u32 e0 = v % QK, g = e0 / 32;
-        float sc, m;
-        scale_min_k4(g, b + 4, &sc, &m);
-        const float d1 = d * sc, m1 = dmin * m;
-        const uint2 q = bytes8(b + 16 + 32 * (g / 2) + e0 % 32);
+        constexpr u32 W = A < 4 ? (A < 2 ? 2 : A) : 4;
+        return {word_at<W>(b), word_at<W>(b + 4), word_at<W>(b + 8), word_at<W>(b + 12),
+                bytes8<A < 8 ? A : 8>(b + 16 + 32 * (g / 2) + e0 % 32)};
+    }
+    template <u32 A = 1>
+    __device__ static void decode(const Raw& r, u32 v, float* out) {
+        const u32 g = (v % QK) / 32, sh = 8 * (g & 3);
+        const u32 s0 = (r.s0 >> sh) & 0xFF, s1 = (r.s1 >> sh) & 0xFF, s2 = (r.s2 >> sh) & 0xFF;
+        const float sc = (float)(g < 4 ? (s0 & 63) : ((s2 & 0xF) | ((s0 >> 6) << 4)));
+        const float m = (float)(g < 4 ? (s1 & 63) : ((s2 >> 4) | ((s1 >> 6) << 4)));
+        const float d1 = f16_bits(r.dm & 0xFFFF) * sc, m1 = f16_bits(r.dm >> 16) * m;
         const u32 shift = 4 * (g % 2);
 #pragma unroll
-        for (int i = 0; i < 8; i++) out[i] = d1 * (float)((byte_of(q, i) >> shift) & 0xF) - m1;
+        for (int i = 0; i < 8; i++) out[i] = d1 * (float)((byte_of(r.q, i) >> shift) & 0xF) - m1;
     }
+    LOAD8_FROM_PHASES
 };
 
 struct Q6_K {
@@ -107,26 +189,35 @@ struct Q6_K {
     // ql[128], qh[64], scales[16] (int8), d (f16). In half h (128 values), quarter q, index l:
     // low 4 bits from ql[64h + 32*(q%2) + l] (low nibble for q < 2, high for q >= 2), top 2
     // bits from qh[32h + l] at shift 2q, scale scales[8h + l/16 + 2q]; value = d*sc*(q6 - 32).
-    __device__ static void load8(const u8* row, u32 v, float* out) {
+    struct Raw {
+        uint2 ql, qh;
+        u32 sc, d;
+    };
+    template <u32 A = 1>
+    __device__ static Raw fetch(const u8* row, u32 v) {
         const u8* b = row + (v / QK) * BYTES;
-        const float d = __half2float(*(const __half*)(b + 208));
         const u32 e0 = v % QK, h = e0 / 128, r = e0 % 128, q = r / 32, l0 = r % 32;
-        const uint2 ql = bytes8(b + 64 * h + 32 * (q % 2) + l0);
-        const uint2 qh = bytes8(b + 128 + 32 * h + l0);
-        const float sc = d * (float)(i8)b[192 + 8 * h + l0 / 16 + 2 * q];
-        const u32 lshift = q < 2 ? 0 : 4, hshift = 2 * q;
+        return {bytes8<A < 2 ? A : 2>(b + 64 * h + 32 * (q % 2) + l0), bytes8<A < 2 ? A : 2>(b + 128 + 32 * h + l0),
+                b[192 + 8 * h + l0 / 16 + 2 * q], u16_at(b + 208)};
+    }
+    template <u32 A = 1>
+    __device__ static void decode(const Raw& r, u32 v, float* out) {
+        const u32 q = (v % 128) / 32, lshift = q < 2 ? 0 : 4, hshift = 2 * q;
+        const float sc = f16_bits(r.d) * (float)(i8)r.sc;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const int lo = (int)((byte_of(ql, i) >> lshift) & 0xF);
-            const int hi = (int)((byte_of(qh, i) >> hshift) & 3);
+            const int lo = (int)((byte_of(r.ql, i) >> lshift) & 0xF);
+            const int hi = (int)((byte_of(r.qh, i) >> hshift) & 3);
             out[i] = sc * (float)((lo | (hi << 4)) - 32);
         }
     }
+    LOAD8_FROM_PHASES
 };
 
-struct Q5_1 {
+struct Q5_1 : LoadLater<Q5_1> {
     static constexpr u32 QK = 32, BYTES = 24;
     // d, m (f16), qh (32 high bits), 16 bytes of nibbles as in Q4_1; value = d * q + m.
+    template <u32 A = 1>
     __device__ static void load8(const u8* row, u32 v, float* out) {
         const u8* b = row + (v / QK) * BYTES;
         const float d = f16_at(b), m = f16_at(b + 2);
@@ -141,10 +232,11 @@ struct Q5_1 {
     }
 };
 
-struct Q2_K {
+struct Q2_K : LoadLater<Q2_K> {
     static constexpr u32 QK = 256, BYTES = 84;
     // scales[16] (scale | min << 4 per group of 16), qs[64], d, dmin (f16). Element
     // 128h + 32s + l is bits 2s of qs[32h + l]; value = d * sc * q - dmin * min.
+    template <u32 A = 1>
     __device__ static void load8(const u8* row, u32 v, float* out) {
         const u8* b = row + (v / QK) * BYTES;
         const u32 e0 = v % QK, h = e0 / 128, s = (e0 % 128) / 32, l0 = e0 % 32;
@@ -156,10 +248,11 @@ struct Q2_K {
     }
 };
 
-struct Q3_K {
+struct Q3_K : LoadLater<Q3_K> {
     static constexpr u32 QK = 256, BYTES = 110;
     // hmask[32], qs[64], 12 bytes of packed 6-bit scales, d (f16). As Q2_K for the low two
     // bits; the third is bit 4h + s of hmask[l], and a clear bit subtracts 4.
+    template <u32 A = 1>
     __device__ static void load8(const u8* row, u32 v, float* out) {
         const u8* b = row + (v / QK) * BYTES;
         const u32 e0 = v % QK, h = e0 / 128, s = (e0 % 128) / 32, l0 = e0 % 32, g = e0 / 16;
@@ -177,10 +270,11 @@ struct Q3_K {
     }
 };
 
-struct Q5_K {
+struct Q5_K : LoadLater<Q5_K> {
     static constexpr u32 QK = 256, BYTES = 176;
     // d, dmin (f16), 12 bytes of 6-bit scales/mins as Q4_K, qh[32], qs[128]: as Q4_K, with
     // bit 4 of group g's element l in bit g of qh[l].
+    template <u32 A = 1>
     __device__ static void load8(const u8* row, u32 v, float* out) {
         const u8* b = row + (v / QK) * BYTES;
         const u32 e0 = v % QK, g = e0 / 32, l0 = e0 % 32;
@@ -197,9 +291,10 @@ struct Q5_K {
     }
 };
 
-struct Q8_K {
+struct Q8_K : LoadLater<Q8_K> {
     static constexpr u32 QK = 256, BYTES = 292;
     // d (f32), 256 int8 values, 16 int16 group sums (unused here); value = d * q.
+    template <u32 A = 1>
     __device__ static void load8(const u8* row, u32 v, float* out) {
         const u8* b = row + (v / QK) * BYTES;
         const float d = *(const float*)b;
@@ -208,16 +303,17 @@ struct Q8_K {
     }
 };
 
-struct MXFP4 {
+struct MXFP4 : LoadLater<MXFP4> {
     static constexpr u32 QK = 32, BYTES = 17;
     // e (E8M0 scale 2^(e-127)), 16 bytes of E2M1 codes (value j < 16 low nibble of byte j,
     // else high nibble of byte j - 16). Codes are doubled integers, so the scale is halved.
+    template <u32 A = 1>
     __device__ static void load8(const u8* row, u32 v, float* out) {
         const u8* b = row + (v / QK) * BYTES;
         const u32 e = b[0];
         const float d = __int_as_float(e < 2 ? (int)(0x00200000u << e) : (int)((e - 1) << 23));
         const u32 j0 = v % QK, shift = j0 < 16 ? 0 : 4;
-        const uint2 q = bytes8(b + 1 + j0 % 16);
+        const uint2 q = bytes8<1>(b + 1 + j0 % 16);
 #pragma unroll
         for (int i = 0; i < 8; i++) out[i] = d * (float)e2m1x2((byte_of(q, i) >> shift) & 0xF);
     }
@@ -236,15 +332,24 @@ struct NVFP4 {
     static constexpr u32 QK = 64, BYTES = 36;
     // 4 UE4M3 scales, then 4 sub-blocks of 16 E2M1 codes in 8 bytes each (value i < 8 low
     // nibble of byte i, else high nibble of byte i - 8).
-    __device__ static void load8(const u8* row, u32 v, float* out) {
+    struct Raw {
+        u32 s;
+        uint2 q;
+    };
+    template <u32 A = 1>
+    __device__ static Raw fetch(const u8* row, u32 v) {
         const u8* b = row + (v / QK) * BYTES;
-        const u32 j0 = v % QK, s = j0 / 16, i0 = j0 % 16;
-        const float d = ue4m3_half(b[s]);
-        const uint2 q = bytes8(b + 4 + 8 * s);
-        const u32 shift = i0 < 8 ? 0 : 4;  // i0 is 0 or 8
-#pragma unroll
-        for (int i = 0; i < 8; i++) out[i] = d * (float)e2m1x2((byte_of(q, i) >> shift) & 0xF);
+        const u32 s = (v % QK) / 16;
+        return {b[s], bytes8<A < 4 ? A : 4>(b + 4 + 8 * s)};
     }
+    template <u32 A = 1>
+    __device__ static void decode(const Raw& r, u32 v, float* out) {
+        const float d = ue4m3_half(r.s);
+        const u32 shift = v % 16 < 8 ? 0 : 4;  // 0 or 8 into the sub-block
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = d * (float)e2m1x2((byte_of(r.q, i) >> shift) & 0xF);
+    }
+    LOAD8_FROM_PHASES
 };
 
 // Float weights: 8 values of the row, converted to f32.
@@ -253,29 +358,43 @@ __device__ __forceinline__ float f32_of_bits(const __half*, u32 b) {
 }
 __device__ __forceinline__ float f32_of_bits(const __nv_bfloat16*, u32 b) { return __uint_as_float(b << 16); }
 
-// 16-byte loads where the row allows (rows of a multiple of 8 values in an aligned buffer).
+// With A > 1, 16-byte loads (a row of a multiple of 8 values starts 16-byte aligned). Raw holds
+// the 8 values' bits: 8 words for f32, 4 words of two halves for f16 and bf16.
 template <typename T, u32 SIZE>
 struct FloatFormat {
     static constexpr u32 QK = 8, BYTES = 8 * SIZE;
-    __device__ static void load8(const u8* row, u32 v, float* out) {
-        const T* p = (const T*)row + v;
-        if (((size_t)p & 15) != 0) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) out[i] = to_f32(p[i]);
-        } else if constexpr (SIZE == 4) {
-            const float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];
-            out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
-            out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+    struct Raw {
+        u32 w[SIZE == 4 ? 8 : 4];
+    };
+    template <u32 A = 1>
+    __device__ static Raw fetch(const u8* row, u32 v) {
+        const u8* p = row + (size_t)v * SIZE;
+        Raw r;
+        if constexpr (A > 1 && SIZE == 4) {
+            const uint4 a = ((const uint4*)p)[0], b = ((const uint4*)p)[1];
+            r.w[0] = a.x, r.w[1] = a.y, r.w[2] = a.z, r.w[3] = a.w;
+            r.w[4] = b.x, r.w[5] = b.y, r.w[6] = b.z, r.w[7] = b.w;
+        } else if constexpr (A > 1) {
+            const uint4 a = *(const uint4*)p;
+            r.w[0] = a.x, r.w[1] = a.y, r.w[2] = a.z, r.w[3] = a.w;
         } else {
-            const uint4 u = *(const uint4*)p;
-            const u32 w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                out[2 * i] = f32_of_bits(p, w[i] & 0xFFFFu);
-                out[2 * i + 1] = f32_of_bits(p, w[i] >> 16);
+            for (int i = 0; i < (SIZE == 4 ? 8 : 4); i++) r.w[i] = word_at<SIZE == 4 ? 4 : 2>(p + 4 * i);
+        }
+        return r;
+    }
+    template <u32 A = 1>
+    __device__ static void decode(const Raw& r, u32, float* out) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            if constexpr (SIZE == 4) {
+                out[i] = __uint_as_float(r.w[i]);
+            } else {
+                out[i] = f32_of_bits((const T*)nullptr, i % 2 ? r.w[i / 2] >> 16 : r.w[i / 2] & 0xFFFFu);
             }
         }
     }
+    LOAD8_FROM_PHASES
 };
 typedef FloatFormat<float, 4> F32W;
 typedef FloatFormat<__half, 2> F16W;
@@ -293,15 +412,15 @@ __device__ __forceinline__ const u8* weight_row(const void* w, size_t r, u32 k) 
 // act(gate) · up). A block of MV_WARPS warps computes MV_ROWS consecutive outputs of one token
 // row: its warps split the row's k values in chunks of 256 (warp w takes chunks w, w + 4, ..),
 // each lane 8 values of a chunk; each lane makes its 8 source values once and multiplies them
-// into all MV_ROWS weight rows, so the source is read once per 4 outputs and each lane has
-// MV_ROWS independent weight loads in flight. The warps' sums meet in shared memory and are
+// into all MV_ROWS weight rows, so the source is read once per 4 outputs, and the next chunk's
+// loads (MV_ROWS weight rows and the source) are in flight while a chunk is computed. The warps' sums meet in shared memory and are
 // added in warp order. Rows must hold a multiple of 8 values; the grid is
 // (ceil(n / MV_ROWS), m) blocks of MV_WARPS * 32 threads.
 #define MV_WARPS 4
 #define MV_ROWS 4
 
-template <typename B, typename Src>
-__device__ __forceinline__ void mat_vec_rows(const Src& src, const void* w, float* y, u32 n, u32 k) {
+template <typename B, u32 A, typename Src>
+__device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, float* y, u32 n, u32 k) {
     __shared__ float part[MV_WARPS][MV_ROWS + 1];
     const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const u32 col0 = blockIdx.x * MV_ROWS, row = blockIdx.y;
@@ -313,20 +432,41 @@ __device__ __forceinline__ void mat_vec_rows(const Src& src, const void* w, floa
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r++) acc[r] = 0.0f;
     float ss = 0.0f;
-#pragma unroll 2
-    for (u32 s = warp * 256; s < k; s += MV_WARPS * 256) {
-        const u32 v = s + 8 * lane;
+    // Software-pipelined: the loads of the warp's next chunk are issued before the current
+    // one's arithmetic, so a chunk's memory latency hides behind the previous chunk's work (the
+    // compiler keeps loads next to their uses within a step). Lanes past the row's end load
+    // its last 8 values again and add nothing.
+    constexpr u32 STEP = MV_WARPS * 256;
+    typename B::Raw raw[MV_ROWS];
+    typename Src::Raw xraw;
+    u32 s = warp * 256;
+    if (s < k) {
+        const u32 v = min(s + 8 * lane, k - 8);
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; r++) raw[r] = B::template fetch<A>(wr[r], v);
+        src.template fetch<A>(row, v, xraw);
+    }
+    for (; s < k; s += STEP) {
+        const u32 v = s + 8 * lane, vn = min(s + STEP + 8 * lane, k - 8);
+        typename B::Raw next[MV_ROWS];
+        typename Src::Raw xnext;
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; r++) next[r] = B::template fetch<A>(wr[r], vn);
+        src.template fetch<A>(row, vn, xnext);
         if (v < k) {
             float xv[8];
-            src.load8(row, v, xv, ss);
+            src.make(xraw, xv, ss);
 #pragma unroll
             for (int r = 0; r < MV_ROWS; r++) {
                 float wv[8];
-                B::load8(wr[r], v, wv);
+                B::template decode<A>(raw[r], v, wv);
 #pragma unroll
                 for (int i = 0; i < 8; i++) acc[r] += xv[i] * wv[i];
             }
         }
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; r++) raw[r] = next[r];
+        xraw = xnext;
     }
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r++) acc[r] = warp_sum(acc[r]);
@@ -348,10 +488,22 @@ __device__ __forceinline__ void mat_vec_rows(const Src& src, const void* w, floa
     }
 }
 
-// 8 floats of row `row` at v (v a multiple of 8): two 16-byte loads where aligned.
+// The weight and the source's rows 16-byte aligned (as allocations are; a view may not be):
+// wide loads with no alignment test in the loop; else byte-wise ones. Uniform over the grid.
+template <typename B, typename Src>
+__device__ __forceinline__ void mat_vec_rows(const Src& src, const void* w, float* y, u32 n, u32 k) {
+    if ((((size_t)w) & 15) == 0 && src.aligned())
+        mat_vec_rows_at<B, 16>(src, w, y, n, k);
+    else
+        mat_vec_rows_at<B, 1>(src, w, y, n, k);
+}
+
+// 8 floats of row `row` at v (v a multiple of 8): two 16-byte loads when A > 1 (x 16-byte
+// aligned and k a multiple of 4).
+template <u32 A>
 __device__ __forceinline__ void load8_f32(const float* x, u32 k, u32 row, u32 v, float* out) {
     const float* p = x + (size_t)row * k + v;
-    if (((size_t)p & 15) == 0) {
+    if constexpr (A > 1) {
         const float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];
         out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
         out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
@@ -361,12 +513,28 @@ __device__ __forceinline__ void load8_f32(const float* x, u32 k, u32 row, u32 v,
     }
 }
 
+__device__ __forceinline__ bool aligned16(const void* p) { return (((size_t)p) & 15) == 0; }
+
+// The sources: fetch<A> loads a lane's 8 values of each input (Raw), make turns them into
+// the values the dot products take (and adds the squares of x to ss where SQUARES).
+
 // The activations as they are.
 struct MvPlain {
     static constexpr bool SQUARES = false;
+    struct Raw {
+        float x[8];
+    };
     const float* x;
     u32 k;
-    __device__ __forceinline__ void load8(u32 row, u32 v, float* out, float&) const { load8_f32(x, k, row, v, out); }
+    __device__ __forceinline__ bool aligned() const { return aligned16(x) && k % 4 == 0; }
+    template <u32 A>
+    __device__ __forceinline__ void fetch(u32 row, u32 v, Raw& r) const {
+        load8_f32<A>(x, k, row, v, r.x);
+    }
+    __device__ __forceinline__ void make(const Raw& r, float* out, float&) const {
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = r.x[i];
+    }
     __device__ __forceinline__ float finish(float t, float, u32) const { return t; }
 };
 
@@ -375,18 +543,24 @@ struct MvPlain {
 // are scaled by 1 / rms at the end.
 struct MvRmsNorm {
     static constexpr bool SQUARES = true;
+    struct Raw {
+        float x[8], w[8];
+    };
     const float* x;
     const float* nw;
     u32 k;
     float add, eps;
-    __device__ __forceinline__ void load8(u32 row, u32 v, float* out, float& ss) const {
-        float n8[8];
-        load8_f32(x, k, row, v, out);
-        load8_f32(nw, k, 0, v, n8);
+    __device__ __forceinline__ bool aligned() const { return aligned16(x) && aligned16(nw) && k % 4 == 0; }
+    template <u32 A>
+    __device__ __forceinline__ void fetch(u32 row, u32 v, Raw& r) const {
+        load8_f32<A>(x, k, row, v, r.x);
+        load8_f32<A>(nw, k, 0, v, r.w);
+    }
+    __device__ __forceinline__ void make(const Raw& r, float* out, float& ss) const {
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            ss += out[i] * out[i];
-            out[i] = out[i] * (n8[i] + add);
+            ss += r.x[i] * r.x[i];
+            out[i] = r.x[i] * (r.w[i] + add);
         }
     }
     __device__ __forceinline__ float finish(float t, float q, u32 k) const { return t * rsqrtf(q / (float)k + eps); }
@@ -395,15 +569,21 @@ struct MvRmsNorm {
 // A GLU's hidden row, act(gate) · up (act 0 SiLU, 1 tanh-GELU), made 8 values at a time.
 struct MvGlu {
     static constexpr bool SQUARES = false;
+    struct Raw {
+        float g[8], u[8];
+    };
     const float* gate;
     const float* up;
     u32 k, act;
-    __device__ __forceinline__ void load8(u32 row, u32 v, float* out, float&) const {
-        float u8v[8];
-        load8_f32(gate, k, row, v, out);
-        load8_f32(up, k, row, v, u8v);
+    __device__ __forceinline__ bool aligned() const { return aligned16(gate) && aligned16(up) && k % 4 == 0; }
+    template <u32 A>
+    __device__ __forceinline__ void fetch(u32 row, u32 v, Raw& r) const {
+        load8_f32<A>(gate, k, row, v, r.g);
+        load8_f32<A>(up, k, row, v, r.u);
+    }
+    __device__ __forceinline__ void make(const Raw& r, float* out, float&) const {
 #pragma unroll
-        for (int i = 0; i < 8; i++) out[i] = (act == 0 ? silu(out[i]) : gelu_tanh(out[i])) * u8v[i];
+        for (int i = 0; i < 8; i++) out[i] = (act == 0 ? silu(r.g[i]) : gelu_tanh(r.g[i])) * r.u[i];
     }
     __device__ __forceinline__ float finish(float t, float, u32) const { return t; }
 };
