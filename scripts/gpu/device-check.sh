@@ -221,6 +221,11 @@ for s in $steps; do
             bench 3b-q4_k $MODELS/llama-3b-q4_k.gguf wgpu
             ;;
         ncu_decode) ncu_decode ;;
+        profile_cuda)
+            wait_models
+            run profile-3b-q4_k-cuda 60 "$K" bench -m $MODELS/llama-3b-q4_k.gguf --backend cuda -p 512 -n 128 -r 1 --profile
+            tail -30 "$LOGS/profile-3b-q4_k-cuda.log" | tee -a "$SUMMARY"
+            ;;
         bench_wgpu)
             vulkan
             wait_models
