@@ -412,12 +412,20 @@ __device__ __forceinline__ const u8* weight_row(const void* w, size_t r, u32 k) 
 // act(gate) · up). A block of MV_WARPS warps computes MV_ROWS consecutive outputs of one token
 // row: its warps split the row's k values in chunks of 256 (warp w takes chunks w, w + 4, ..),
 // each lane 8 values of a chunk; each lane makes its 8 source values once and multiplies them
-// into all MV_ROWS weight rows, so the source is read once per 4 outputs, and the next chunk's
-// loads (MV_ROWS weight rows and the source) are in flight while a chunk is computed. The warps' sums meet in shared memory and are
+// into all MV_ROWS weight rows, so the source is read once per 4 outputs, and later chunks'
+// loads are in flight while a chunk is computed. The warps' sums meet in shared memory and are
 // added in warp order. Rows must hold a multiple of 8 values; the grid is
 // (ceil(n / MV_ROWS), m) blocks of MV_WARPS * 32 threads.
 #define MV_WARPS 4
 #define MV_ROWS 4
+// Tuning knobs (KILN_CUDA_DEFINES sets them without a rebuild): the chunks in the ring, and
+// whether the source's values are fetched with the weights (else as their chunk is computed).
+#ifndef MV_DEPTH
+#define MV_DEPTH 2
+#endif
+#ifndef MV_X_EARLY
+#define MV_X_EARLY 1
+#endif
 
 template <typename B, u32 A, typename Src>
 __device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, float* y, u32 n, u32 k) {
@@ -432,41 +440,52 @@ __device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, f
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r++) acc[r] = 0.0f;
     float ss = 0.0f;
-    // Software-pipelined: the loads of the warp's next chunk are issued before the current
-    // one's arithmetic, so a chunk's memory latency hides behind the previous chunk's work (the
-    // compiler keeps loads next to their uses within a step). Lanes past the row's end load
-    // its last 8 values again and add nothing.
+    // Software-pipelined over a ring of MV_DEPTH chunks: a chunk's loads (its MV_ROWS weight
+    // rows, and the source's values if MV_X_EARLY) are issued MV_DEPTH - 1 chunks before its
+    // arithmetic, so memory latency hides behind the chunks in between (a chunk's loads
+    // written next to its arithmetic would be scheduled next to it). Lanes past the row's end
+    // load its last 8 values again and add nothing.
     constexpr u32 STEP = MV_WARPS * 256;
-    typename B::Raw raw[MV_ROWS];
-    typename Src::Raw xraw;
-    u32 s = warp * 256;
-    if (s < k) {
-        const u32 v = min(s + 8 * lane, k - 8);
+    typename B::Raw raw[MV_DEPTH][MV_ROWS];
+    typename Src::Raw xraw[MV_X_EARLY ? MV_DEPTH : 1];
+    const u32 first = warp * 256;
 #pragma unroll
-        for (int r = 0; r < MV_ROWS; r++) raw[r] = B::template fetch<A>(wr[r], v);
-        src.template fetch<A>(row, v, xraw);
+    for (int d = 0; d < MV_DEPTH; d++) {
+        const u32 s = first + d * STEP;
+        if (s < k) {
+            const u32 v = min(s + 8 * lane, k - 8);
+#pragma unroll
+            for (int r = 0; r < MV_ROWS; r++) raw[d][r] = B::template fetch<A>(wr[r], v);
+            if constexpr (MV_X_EARLY) src.template fetch<A>(row, v, xraw[d]);
+        }
     }
-    for (; s < k; s += STEP) {
-        const u32 v = s + 8 * lane, vn = min(s + STEP + 8 * lane, k - 8);
-        typename B::Raw next[MV_ROWS];
-        typename Src::Raw xnext;
+    for (u32 s = first; s < k; s += MV_DEPTH * STEP) {
 #pragma unroll
-        for (int r = 0; r < MV_ROWS; r++) next[r] = B::template fetch<A>(wr[r], vn);
-        src.template fetch<A>(row, vn, xnext);
-        if (v < k) {
-            float xv[8];
-            src.make(xraw, xv, ss);
+        for (int d = 0; d < MV_DEPTH; d++) {
+            const u32 sd = s + d * STEP;
+            if (sd < k) {  // the same for the whole warp
+                const u32 v = sd + 8 * lane;
+                if constexpr (!MV_X_EARLY) src.template fetch<A>(row, min(v, k - 8), xraw[0]);
+                if (v < k) {
+                    float xv[8];
+                    src.make(xraw[MV_X_EARLY ? d : 0], xv, ss);
 #pragma unroll
-            for (int r = 0; r < MV_ROWS; r++) {
-                float wv[8];
-                B::template decode<A>(raw[r], v, wv);
+                    for (int r = 0; r < MV_ROWS; r++) {
+                        float wv[8];
+                        B::template decode<A>(raw[d][r], v, wv);
 #pragma unroll
-                for (int i = 0; i < 8; i++) acc[r] += xv[i] * wv[i];
+                        for (int i = 0; i < 8; i++) acc[r] += xv[i] * wv[i];
+                    }
+                }
+                const u32 sn = sd + MV_DEPTH * STEP;
+                if (sn < k) {
+                    const u32 vn = min(sn + 8 * lane, k - 8);
+#pragma unroll
+                    for (int r = 0; r < MV_ROWS; r++) raw[d][r] = B::template fetch<A>(wr[r], vn);
+                    if constexpr (MV_X_EARLY) src.template fetch<A>(row, vn, xraw[d]);
+                }
             }
         }
-#pragma unroll
-        for (int r = 0; r < MV_ROWS; r++) raw[r] = next[r];
-        xraw = xnext;
     }
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r++) acc[r] = warp_sum(acc[r]);

@@ -36,16 +36,41 @@ pub const FILES: &[(&str, &str)] = &[
 /// The architectures kiln builds for: Hopper, datacenter Blackwell, consumer Blackwell.
 pub const ARCHS: &[&str] = &["sm_90a", "sm_100a", "sm_120a"];
 
-/// A file's full source as NVRTC sees it.
+/// A file's full source as NVRTC sees it, after the tuning defines of `KILN_CUDA_DEFINES`.
 pub fn source(file: &str) -> Option<String> {
+    let defines = tuning_defines();
     FILES
         .iter()
         .find(|(n, _)| *n == file)
         .map(|(_, s)| {
             format!(
-                "#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"formats.cuh\"\n{FORMATS}\n#line 1 \"{file}\"\n{s}"
+                "{defines}#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"formats.cuh\"\n{FORMATS}\n#line 1 \"{file}\"\n{s}"
             )
         })
+}
+
+/// `KILN_CUDA_DEFINES=NAME=VALUE,...` as `#define` lines: the kernels' tuning knobs (those
+/// behind `#ifndef` in formats.cuh, e.g. `MV_DEPTH=3`), for measuring variants without a
+/// rebuild. The cubin cache keys on the source, so each variant compiles once. Entries that
+/// are not an identifier and a number are ignored, with a warning.
+fn tuning_defines() -> String {
+    let Ok(spec) = std::env::var("KILN_CUDA_DEFINES") else {
+        return String::new();
+    };
+    let mut out = String::new();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let ok = item.split_once('=').filter(|(n, v)| {
+            !n.is_empty()
+                && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !n.starts_with(|c: char| c.is_ascii_digit())
+                && v.parse::<i64>().is_ok()
+        });
+        match ok {
+            Some((n, v)) => out.push_str(&format!("#define {n} {v}\n")),
+            None => tracing::warn!("KILN_CUDA_DEFINES: ignoring {item:?} (expected NAME=NUMBER)"),
+        }
+    }
+    out
 }
 
 /// The `extern "C" __global__` kernels of a file, with whether each is marked hot.

@@ -221,6 +221,23 @@ for s in $steps; do
             bench 3b-q4_k $MODELS/llama-3b-q4_k.gguf wgpu
             ;;
         ncu_decode) ncu_decode ;;
+        variants)
+            # The decode mat-vec's tuning knobs (formats.cuh), each validated and timed.
+            wait_models
+            for v in ${KILN_GPU_VARIANTS:-"MV_DEPTH=2,MV_X_EARLY=1 MV_DEPTH=3,MV_X_EARLY=1 MV_DEPTH=2,MV_X_EARLY=0 MV_DEPTH=3,MV_X_EARLY=0 MV_DEPTH=4,MV_X_EARLY=0"}; do
+                export KILN_CUDA_DEFINES=$v
+                tag=$(echo "$v" | tr -d 'MV_DEPTHXRLY=' | tr ',' '-')
+                say "== variant $v"
+                run "validate-cuda-v$tag" 90 "$K" validate --backend cuda -q
+                grep -E "passed|FAIL" "$LOGS/validate-cuda-v$tag.log" | tail -4 | tee -a "$SUMMARY"
+                for m in 3b-q4_k 1b-bf16 3b-nvfp4; do
+                    run "bench-$m-v$tag" 40 "$K" bench -m $MODELS/llama-$m.gguf --backend cuda -p 16 -n 128 -r 2
+                    grep -E "tg128" "$LOGS/bench-$m-v$tag.log" | tee -a "$SUMMARY"
+                done
+                greedy "1b-q4_k-v$tag" $MODELS/llama-1b-q4_k.gguf cuda
+            done
+            unset KILN_CUDA_DEFINES
+            ;;
         profile_cuda)
             wait_models
             run profile-3b-q4_k-cuda 60 "$K" bench -m $MODELS/llama-3b-q4_k.gguf --backend cuda -p 512 -n 128 -r 1 --profile
