@@ -62,6 +62,19 @@ fn matmul(c: &mut Vec<Case>) -> Result<()> {
             )?);
         }
     }
+    // Decode with the activations and the weight starting off an allocation's alignment (a
+    // GPU kernel that loads wide where operands are aligned takes its other path).
+    for w in [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, NVFP4, MXFP4] {
+        let k = if w.block_size() == 1 { 128 } else { width(w) };
+        c.push(
+            Case::new(
+                Op::MatMul,
+                format!("f32 x {w} decode m=1 k={k} n=67"),
+                vec![n(F32, &[1, k]), n(w, &[67, k])],
+            )?
+            .offset_inputs(),
+        );
+    }
     for (a, w) in [
         (F16, F16),
         (BF16, BF16),
@@ -825,7 +838,7 @@ fn fused(c: &mut Vec<Case>) -> Result<()> {
         }
     }
     // Decode-sized float weights with rows a multiple of 8 (the kernels' vector width), and a
-    // GLU row longer than one 2048-value chunk of CUDA's fused kernel.
+    // GLU row of many 256-value chunks per warp of CUDA's decode kernel.
     c.push(Case::new(
         Op::RmsNormMatMul {
             eps: 1e-5,
@@ -858,6 +871,26 @@ fn fused(c: &mut Vec<Case>) -> Result<()> {
             )?);
         }
     }
+    // Both fusions with every operand off an allocation's alignment.
+    c.push(
+        Case::new(
+            Op::RmsNormMatMul {
+                eps: 1e-6,
+                one_plus: true,
+            },
+            "q8_0 m=1 k=1024 n=21 one_plus=true",
+            vec![n(F32, &[1, 1024]), n(F32, &[1024]), n(Q8_0, &[21, 1024])],
+        )?
+        .offset_inputs(),
+    );
+    c.push(
+        Case::new(
+            Op::GluMatMul(GluOp::SwiGlu),
+            "q4_K m=1 f=1536 n=19",
+            vec![n(F32, &[1, 1536]), n(F32, &[1, 1536]), n(Q4_K, &[19, 1536])],
+        )?
+        .offset_inputs(),
+    );
     for l2 in [None, Some(1e-6)] {
         let (s, hk, hv, dk, dv, pool) = (3usize, 2usize, 4usize, 16usize, 24usize, 5usize);
         c.push(Case::in_place(
