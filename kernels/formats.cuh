@@ -557,52 +557,47 @@ struct MvPlain {
     __device__ __forceinline__ float finish(float t, float, u32) const { return t; }
 };
 
-// rms_norm(x) with weight nw (+1 for Gemma's norms): x · nw goes into the dot products and the
-// squares of x are summed on the way, so the norm needs no pass of its own; the dot products
-// are scaled by 1 / rms at the end.
-struct MvRmsNorm {
-    static constexpr bool SQUARES = true;
+// The two-input sources' loads: a at the token's row, b at the token's row or, for a weight
+// shared by every row (b_shared), row 0.
+struct MvTwo {
     struct Raw {
-        float x[8], w[8];
+        float a[8], b[8];
     };
-    const float* x;
-    const float* nw;
+    const float* a;
+    const float* b;
     u32 k;
-    float add, eps;
-    __device__ __forceinline__ bool aligned() const { return aligned16(x) && aligned16(nw) && k % 4 == 0; }
+    bool b_shared;
+    __device__ __forceinline__ bool aligned() const { return aligned16(a) && aligned16(b) && k % 4 == 0; }
     template <u32 A>
     __device__ __forceinline__ void fetch(u32 row, u32 v, Raw& r) const {
-        load8_f32<A>(x, k, row, v, r.x);
-        load8_f32<A>(nw, k, 0, v, r.w);
+        load8_f32<A>(a, k, row, v, r.a);
+        load8_f32<A>(b, k, b_shared ? 0 : row, v, r.b);
     }
+};
+
+// rms_norm(x) with weight nw (a = x, b = nw; +1 for Gemma's norms): x · nw goes into the dot
+// products and the squares of x are summed on the way, so the norm needs no pass of its own;
+// the dot products are scaled by 1 / rms at the end.
+struct MvRmsNorm : MvTwo {
+    static constexpr bool SQUARES = true;
+    float add, eps;
     __device__ __forceinline__ void make(const Raw& r, float* out, float& ss) const {
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            ss += r.x[i] * r.x[i];
-            out[i] = r.x[i] * (r.w[i] + add);
+            ss += r.a[i] * r.a[i];
+            out[i] = r.a[i] * (r.b[i] + add);
         }
     }
     __device__ __forceinline__ float finish(float t, float q, u32 k) const { return t * rsqrtf(q / (float)k + eps); }
 };
 
-// A GLU's hidden row, act(gate) · up (act 0 SiLU, 1 tanh-GELU), made 8 values at a time.
-struct MvGlu {
+// A GLU's hidden row, act(gate) · up (a = gate, b = up; act 0 SiLU, 1 tanh-GELU).
+struct MvGlu : MvTwo {
     static constexpr bool SQUARES = false;
-    struct Raw {
-        float g[8], u[8];
-    };
-    const float* gate;
-    const float* up;
-    u32 k, act;
-    __device__ __forceinline__ bool aligned() const { return aligned16(gate) && aligned16(up) && k % 4 == 0; }
-    template <u32 A>
-    __device__ __forceinline__ void fetch(u32 row, u32 v, Raw& r) const {
-        load8_f32<A>(gate, k, row, v, r.g);
-        load8_f32<A>(up, k, row, v, r.u);
-    }
+    u32 act;
     __device__ __forceinline__ void make(const Raw& r, float* out, float&) const {
 #pragma unroll
-        for (int i = 0; i < 8; i++) out[i] = (act == 0 ? silu(r.g[i]) : gelu_tanh(r.g[i])) * r.u[i];
+        for (int i = 0; i < 8; i++) out[i] = (act == 0 ? silu(r.a[i]) : gelu_tanh(r.a[i])) * r.b[i];
     }
     __device__ __forceinline__ float finish(float t, float, u32) const { return t; }
 };

@@ -9,14 +9,14 @@
 template <typename B>
 __device__ __forceinline__ void rms_norm_mat_vec(const float* x, const float* nw, const void* w, float* y, u32 m,
                                                  u32 n, u32 k, float eps, u32 one_plus) {
-    const MvRmsNorm src{x, nw, k, one_plus ? 1.0f : 0.0f, eps};
+    const MvRmsNorm src{{x, nw, k, true}, one_plus ? 1.0f : 0.0f, eps};
     mat_vec_rows<B>(src, w, y, n, k);
 }
 
 template <typename B>
 __device__ __forceinline__ void glu_mat_vec(const float* gate, const float* up, const void* w, float* y, u32 m,
                                             u32 n, u32 k, u32 act) {
-    const MvGlu src{gate, up, k, act};
+    const MvGlu src{{gate, up, k, false}, act};
     mat_vec_rows<B>(src, w, y, n, k);
 }
 
