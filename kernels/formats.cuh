@@ -448,16 +448,17 @@ __device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, f
     constexpr u32 STEP = MV_WARPS * 256;
     typename B::Raw raw[MV_DEPTH][MV_ROWS];
     typename Src::Raw xraw[MV_X_EARLY ? MV_DEPTH : 1];
+    // Issues the loads of the chunk at s into slot d (d a constant once unrolled).
+    auto fetch_chunk = [&](int d, u32 s) {
+        const u32 v = min(s + 8 * lane, k - 8);
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; r++) raw[d][r] = B::template fetch<A>(wr[r], v);
+        if constexpr (MV_X_EARLY) src.template fetch<A>(row, v, xraw[d]);
+    };
     const u32 first = warp * 256;
 #pragma unroll
     for (int d = 0; d < MV_DEPTH; d++) {
-        const u32 s = first + d * STEP;
-        if (s < k) {
-            const u32 v = min(s + 8 * lane, k - 8);
-#pragma unroll
-            for (int r = 0; r < MV_ROWS; r++) raw[d][r] = B::template fetch<A>(wr[r], v);
-            if constexpr (MV_X_EARLY) src.template fetch<A>(row, v, xraw[d]);
-        }
+        if (first + d * STEP < k) fetch_chunk(d, first + d * STEP);
     }
     for (u32 s = first; s < k; s += MV_DEPTH * STEP) {
 #pragma unroll
@@ -477,13 +478,7 @@ __device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, f
                         for (int i = 0; i < 8; i++) acc[r] += xv[i] * wv[i];
                     }
                 }
-                const u32 sn = sd + MV_DEPTH * STEP;
-                if (sn < k) {
-                    const u32 vn = min(sn + 8 * lane, k - 8);
-#pragma unroll
-                    for (int r = 0; r < MV_ROWS; r++) raw[d][r] = B::template fetch<A>(wr[r], vn);
-                    if constexpr (MV_X_EARLY) src.template fetch<A>(row, vn, xraw[d]);
-                }
+                if (sd + MV_DEPTH * STEP < k) fetch_chunk(d, sd + MV_DEPTH * STEP);
             }
         }
     }
