@@ -426,6 +426,7 @@ __device__ __forceinline__ const u8* weight_row(const void* w, size_t r, u32 k) 
 #ifndef MV_X_EARLY
 #define MV_X_EARLY 1
 #endif
+static_assert(MV_DEPTH >= 1 && MV_DEPTH <= 8, "MV_DEPTH: 1 to 8 chunks");
 
 template <typename B, u32 A, typename Src>
 __device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, float* y, u32 n, u32 k) {

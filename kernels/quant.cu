@@ -2,7 +2,7 @@
 // lookup and the matmul by expert id, for every GGUF format the CPU reference reads.
 
 // y [T, k, N] = x [T, (k or 1), K] · w[ids[t, i]]ᵀ for block-quantized w [E, N, K]: a warp per
-// output, as mat_vec_blocks; a bad expert id gives zeros.
+// output; a bad expert id gives zeros.
 template <typename B>
 __device__ __forceinline__ void mat_mul_id_blocks(const float* x, const u8* w, const int* ids, float* y, u32 t,
                                                   u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne) {

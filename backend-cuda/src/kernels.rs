@@ -49,25 +49,37 @@ pub fn source(file: &str) -> Option<String> {
         })
 }
 
-/// `KILN_CUDA_DEFINES=NAME=VALUE,...` as `#define` lines: the kernels' tuning knobs (those
-/// behind `#ifndef` in formats.cuh, e.g. `MV_DEPTH=3`), for measuring variants without a
-/// rebuild. The cubin cache keys on the source, so each variant compiles once. Entries that
-/// are not an identifier and a number are ignored, with a warning.
+/// The kernels' tuning knobs (behind `#ifndef` in formats.cuh) and the values each may take.
+const TUNING_KNOBS: &[(&str, i64, i64)] = &[("MV_DEPTH", 1, 8), ("MV_X_EARLY", 0, 1)];
+
+/// `KILN_CUDA_DEFINES=NAME=VALUE,...` as `#define` lines: the kernels' tuning knobs (e.g.
+/// `MV_DEPTH=3`), for measuring variants without a rebuild. The cubin cache keys on the
+/// source, so each variant compiles once. Unknown names and values out of range are ignored,
+/// with a warning.
 fn tuning_defines() -> String {
-    let Ok(spec) = std::env::var("KILN_CUDA_DEFINES") else {
-        return String::new();
-    };
+    std::env::var("KILN_CUDA_DEFINES")
+        .map(|spec| defines_from(&spec))
+        .unwrap_or_default()
+}
+
+fn defines_from(spec: &str) -> String {
     let mut out = String::new();
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let ok = item.split_once('=').filter(|(n, v)| {
-            !n.is_empty()
-                && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                && !n.starts_with(|c: char| c.is_ascii_digit())
-                && v.parse::<i64>().is_ok()
+        let known = item.split_once('=').and_then(|(n, v)| {
+            let v = v.trim().parse::<i64>().ok()?;
+            let &(name, lo, hi) = TUNING_KNOBS.iter().find(|k| k.0 == n.trim())?;
+            (lo..=hi).contains(&v).then_some((name, v))
         });
-        match ok {
+        match known {
             Some((n, v)) => out.push_str(&format!("#define {n} {v}\n")),
-            None => tracing::warn!("KILN_CUDA_DEFINES: ignoring {item:?} (expected NAME=NUMBER)"),
+            None => tracing::warn!(
+                "KILN_CUDA_DEFINES: ignoring {item:?} (known: {})",
+                TUNING_KNOBS
+                    .iter()
+                    .map(|(n, lo, hi)| format!("{n}={lo}..{hi}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         }
     }
     out
@@ -280,5 +292,24 @@ mod tests {
                 mutable: false
             }
         );
+    }
+}
+
+#[cfg(test)]
+mod tuning_tests {
+    use super::defines_from;
+
+    #[test]
+    fn only_known_knobs_in_range_become_defines() {
+        assert_eq!(
+            defines_from("MV_DEPTH=3, MV_X_EARLY=0"),
+            "#define MV_DEPTH 3\n#define MV_X_EARLY 0\n"
+        );
+        // Unknown names, out-of-range values, junk and injection attempts are dropped.
+        assert_eq!(
+            defines_from("MV_DEPTH=0,MV_ROWS=8,FOO=1,MV_X_EARLY=2,MV_DEPTH=x,=3,MV_DEPTH=2\n#x"),
+            ""
+        );
+        assert_eq!(defines_from(""), "");
     }
 }

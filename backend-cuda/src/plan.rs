@@ -790,7 +790,7 @@ fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
             );
         }
         // Every block format's rows are whole blocks of 32 or more, so this holds for any
-        // well-formed weight; the mat-vec below covers anything else.
+        // well-formed weight (and such rows suit the mat-vec below too).
         if k % QUANT_TILE_K == 0 {
             return one(
                 w.mat_mul,

@@ -62,6 +62,13 @@ fn matmul(c: &mut Vec<Case>) -> Result<()> {
             )?);
         }
     }
+    // A row of 73 blocks: several 256-value chunks per warp of CUDA's decode kernel and a
+    // partial last one.
+    c.push(Case::new(
+        Op::MatMul,
+        "f32 x q8_0 decode m=1 k=2336 n=13",
+        vec![n(F32, &[1, 2336]), n(Q8_0, &[13, 2336])],
+    )?);
     // Decode with the activations and the weight starting off an allocation's alignment (a
     // GPU kernel that loads wide where operands are aligned takes its other path).
     for w in [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, NVFP4, MXFP4] {
