@@ -1,0 +1,352 @@
+//! Attention's cases: contiguous attention under every mask, and paged attention through the
+//! block table at decode and prefill shapes over every KV cache type.
+
+use super::super::rng::Rng;
+use super::super::{Case, Gen};
+use super::{ids, n};
+use crate::error::Result;
+use crate::op::{AttnParams, Mask, Op};
+use crate::tensor::{DType, TensorDesc};
+
+use DType::*;
+
+pub(super) fn attention(c: &mut Vec<Case>) -> Result<()> {
+    let masks = [
+        ("causal", Mask::Causal),
+        ("sliding 5", Mask::SlidingWindow(5)),
+        ("bidirectional", Mask::Bidirectional),
+        ("prefix 6", Mask::PrefixBidirectional(6)),
+        ("lookback 12", Mask::Lookback(12)),
+    ];
+    for (mname, mask) in masks {
+        for (t, s, hq, hkv, d, dv) in [
+            (1usize, 37usize, 4usize, 2usize, 64usize, 64usize),
+            (9, 9, 4, 1, 32, 48),
+            (5, 23, 6, 6, 40, 40),
+        ] {
+            let p = AttnParams {
+                scale: 1.0 / (d as f32).sqrt(),
+                soft_cap: None,
+                mask,
+            };
+            let label = format!("{mname} T={t} S={s} Hq={hq} Hkv={hkv} D={d} Dv={dv}");
+            c.push(Case::new(
+                Op::Attention(p),
+                label,
+                vec![
+                    n(F32, &[t, hq, d]),
+                    n(F32, &[s, hkv, d]),
+                    n(F32, &[s, hkv, dv]),
+                ],
+            )?);
+        }
+    }
+    let p = AttnParams {
+        scale: 0.3,
+        soft_cap: Some(20.0),
+        mask: Mask::Causal,
+    };
+    c.push(Case::new(
+        Op::Attention(p),
+        "soft cap 20 T=6 S=11",
+        vec![
+            n(F32, &[6, 2, 32]),
+            n(F32, &[11, 2, 32]),
+            n(F32, &[11, 2, 32]),
+        ],
+    )?);
+    // Six query heads on one KV head: more heads than one pass of the CPU's score kernel.
+    c.push(Case::new(
+        Op::Attention(p),
+        "soft cap 20 T=5 S=13 Hq=6 Hkv=1",
+        vec![
+            n(F32, &[5, 6, 32]),
+            n(F32, &[13, 1, 32]),
+            n(F32, &[13, 1, 32]),
+        ],
+    )?);
+    let p = AttnParams {
+        scale: 0.125,
+        soft_cap: None,
+        mask: Mask::Causal,
+    };
+    c.push(Case::new(
+        Op::Attention(p),
+        "f16 q/k/v T=3 S=20",
+        vec![
+            n(F16, &[3, 4, 64]),
+            n(F16, &[20, 2, 64]),
+            n(F16, &[20, 2, 64]),
+        ],
+    )?);
+
+    // Paged: a pool of 24 blocks of 16, block tables drawn from a permutation.
+    let bs = 16usize;
+    let nb = 24usize;
+    let mut paged = |label: &str,
+                     mask: Mask,
+                     seq_lens: &[usize],
+                     q_lens: &[usize],
+                     (kt, vt): (DType, DType),
+                     hq: usize,
+                     hkv: usize,
+                     d: usize,
+                     null_out_of_window: bool|
+     -> Result<()> {
+        let mut r = Rng::from_label(label);
+        let perm = r.permutation(nb);
+        let maxb = seq_lens
+            .iter()
+            .map(|l| l.div_ceil(bs))
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let mut table = vec![-1i32; seq_lens.len() * maxb];
+        let mut next = 0;
+        for (s, &len) in seq_lens.iter().enumerate() {
+            for b in 0..len.div_ceil(bs) {
+                table[s * maxb + b] = perm[next] as i32;
+                next += 1;
+            }
+            // Blocks wholly before the keys of the sequence's first query are released.
+            let first_q = len - q_lens[s];
+            let lo = match (null_out_of_window, mask) {
+                (true, Mask::SlidingWindow(w)) => (first_q + 1).saturating_sub(w),
+                (true, Mask::Lookback(n)) => len.saturating_sub(n),
+                _ => 0,
+            };
+            for b in 0..lo / bs {
+                table[s * maxb + b] = -1;
+            }
+        }
+        let t: usize = q_lens.iter().sum();
+        let mut qs = vec![0i32];
+        for &q in q_lens {
+            qs.push(qs.last().copied().unwrap_or(0) + q as i32);
+        }
+        let p = AttnParams {
+            scale: 1.0 / (d as f32).sqrt(),
+            soft_cap: None,
+            mask,
+        };
+        c.push(Case::new(
+            Op::PagedAttention(p),
+            label,
+            vec![
+                n(F32, &[t, hq, d]),
+                n(kt, &[nb, bs, hkv, d]),
+                n(vt, &[nb, bs, hkv, d]),
+                ids(&[seq_lens.len(), maxb], table),
+                ids(
+                    &[seq_lens.len()],
+                    seq_lens.iter().map(|&l| l as i32).collect(),
+                ),
+                ids(&[seq_lens.len() + 1], qs),
+            ],
+        )?);
+        Ok(())
+    };
+    paged(
+        "decode f32 3 seqs 37/1/70",
+        Mask::Causal,
+        &[37, 1, 70],
+        &[1, 1, 1],
+        (F32, F32),
+        8,
+        2,
+        64,
+        false,
+    )?;
+    paged(
+        "decode f16 cache 2 seqs",
+        Mask::Causal,
+        &[50, 129],
+        &[1, 1],
+        (F16, F16),
+        4,
+        4,
+        64,
+        false,
+    )?;
+    paged(
+        "decode q8_0 cache",
+        Mask::Causal,
+        &[45, 17],
+        &[1, 1],
+        (Q8_0, Q8_0),
+        4,
+        2,
+        64,
+        false,
+    )?;
+    paged(
+        "decode sliding 20, released blocks",
+        Mask::SlidingWindow(20),
+        &[90, 33],
+        &[1, 1],
+        (F32, F32),
+        4,
+        2,
+        32,
+        true,
+    )?;
+    // Long contexts with few sequences: backends that split the keys over several blocks
+    // (CUDA's decode) take that path here.
+    paged(
+        "decode long context 300/45, D=128",
+        Mask::Causal,
+        &[300, 45],
+        &[1, 1],
+        (F32, F32),
+        8,
+        2,
+        128,
+        false,
+    )?;
+    paged(
+        "decode sliding 100 at 350, released blocks, f16 cache",
+        Mask::SlidingWindow(100),
+        &[350],
+        &[1],
+        (F16, F16),
+        4,
+        1,
+        64,
+        true,
+    )?;
+    paged(
+        "decode-shaped, 2 rows for one sequence and none for the other",
+        Mask::Causal,
+        &[200, 30],
+        &[2, 0],
+        (F32, F32),
+        4,
+        2,
+        32,
+        false,
+    )?;
+    paged(
+        "prefill 2 seqs q 5/7 after context",
+        Mask::Causal,
+        &[21, 7],
+        &[5, 7],
+        (F32, F32),
+        6,
+        3,
+        32,
+        false,
+    )?;
+    // DiffusionGemma's decoder: a canvas of 8 sees the whole context (full layers), or the
+    // last 7 keys before it and itself (sliding layers, window 8).
+    paged(
+        "canvas 8 bidirectional 2 seqs",
+        Mask::Bidirectional,
+        &[44, 20],
+        &[8, 8],
+        (F32, F32),
+        4,
+        1,
+        32,
+        false,
+    )?;
+    paged(
+        "canvas 8 lookback 15, released blocks",
+        Mask::Lookback(15),
+        &[60, 12],
+        &[8, 8],
+        (F32, F32),
+        4,
+        2,
+        16,
+        true,
+    )?;
+    paged(
+        "prefill sliding 8",
+        Mask::SlidingWindow(8),
+        &[40],
+        &[13],
+        (F32, F32),
+        2,
+        1,
+        64,
+        false,
+    )?;
+    paged(
+        "prefill bidirectional",
+        Mask::Bidirectional,
+        &[19],
+        &[19],
+        (F32, F32),
+        2,
+        2,
+        32,
+        false,
+    )?;
+    paged(
+        "prefill prefix 10 f16 cache",
+        Mask::PrefixBidirectional(10),
+        &[25],
+        &[25],
+        (F16, F16),
+        4,
+        2,
+        64,
+        false,
+    )?;
+
+    // Block caches: the q4_0 and TurboQuant blocks (read as stored: the rotation is the
+    // executor's, outside the op), and K and V of different types.
+    for (label, types, d, seqs, qs) in [
+        (
+            "decode q4_0 cache",
+            (Q4_0, Q4_0),
+            64,
+            &[45usize, 17][..],
+            &[1usize, 1][..],
+        ),
+        ("decode tq4 cache", (TQ4, TQ4), 64, &[45, 17], &[1, 1]),
+        (
+            "decode tq3 cache, D=128",
+            (TQ3, TQ3),
+            128,
+            &[300, 20],
+            &[1, 1],
+        ),
+        ("decode tq2 cache", (TQ2, TQ2), 64, &[33, 70], &[1, 1]),
+        ("decode K q8_0, V tq3", (Q8_0, TQ3), 64, &[45, 17], &[1, 1]),
+        ("decode K f16, V q4_0", (F16, Q4_0), 64, &[60], &[1]),
+        ("decode K bf16, V bf16", (BF16, BF16), 64, &[50, 3], &[1, 1]),
+        ("prefill K tq3, V q8_0", (TQ3, Q8_0), 64, &[21, 7], &[5, 7]),
+        ("prefill K tq4, V tq2, D=256", (TQ4, TQ2), 256, &[19], &[6]),
+    ] {
+        paged(label, Mask::Causal, seqs, qs, types, 4, 2, d, false)?;
+    }
+
+    // KV write.
+    for (kv, label) in [
+        (F32, "f32 cache"),
+        (F16, "f16 cache"),
+        (BF16, "bf16 cache"),
+        (Q8_0, "q8_0 cache"),
+        (Q4_0, "q4_0 cache"),
+        (TQ4, "tq4 cache"),
+        (TQ3, "tq3 cache"),
+        (TQ2, "tq2 cache"),
+    ] {
+        let (t, hkv, d) = (5usize, 2usize, 64usize);
+        let mut r = Rng::from_label(label);
+        let perm = r.permutation(8 * 16);
+        let mut slots: Vec<i32> = perm[..t].iter().map(|&s| s as i32).collect();
+        slots[2] = -1; // padding row: skipped
+        c.push(Case::in_place(
+            Op::KvWrite,
+            format!("{label} T={t} Hkv={hkv} D={d}"),
+            vec![n(F32, &[t, hkv, d]), n(F32, &[t, hkv, d]), ids(&[t], slots)],
+            vec![
+                (TensorDesc::new(kv, [8, 16, hkv, d]), Gen::Normal(1.0)),
+                (TensorDesc::new(kv, [8, 16, hkv, d]), Gen::Normal(1.0)),
+            ],
+        ));
+    }
+    Ok(())
+}
