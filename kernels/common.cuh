@@ -11,26 +11,33 @@ typedef signed char i8;
 // +inf (NVRTC has no math.h, so no INFINITY).
 #define KILN_INF __int_as_float(0x7f800000)
 
-// 8 consecutive bytes at p as two little-endian words, read in loads of A bytes (8, 4, 2 or 1:
-// what the caller knows of p's alignment at compile time, so no branch stands between a
-// kernel's loads and they can all be in flight at once).
+__device__ __forceinline__ u32 u16_at(const u8* p) { return *(const unsigned short*)p; }
+
+// A little-endian word at p, read in loads of A bytes (4, 2 or 1: what the caller knows of
+// p's alignment at compile time, so no branch stands between a kernel's loads and they can
+// all be in flight at once).
+template <u32 A>
+__device__ __forceinline__ u32 word_at(const u8* p) {
+    if constexpr (A >= 4) {
+        return *(const u32*)p;
+    } else if constexpr (A >= 2) {
+        return u16_at(p) | (u16_at(p + 2) << 16);
+    } else {
+        return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+    }
+}
+
+// 8 consecutive bytes at p as two little-endian words, in loads of A bytes (8, 4, 2 or 1).
 template <u32 A>
 __device__ __forceinline__ uint2 bytes8(const u8* p) {
-    uint2 r;
     if constexpr (A >= 8) {
-        r = *(const uint2*)p;
-    } else if constexpr (A >= 4) {
-        r.x = *(const u32*)p;
-        r.y = *(const u32*)(p + 4);
-    } else if constexpr (A >= 2) {
-        const unsigned short* h = (const unsigned short*)p;
-        r.x = (u32)h[0] | ((u32)h[1] << 16);
-        r.y = (u32)h[2] | ((u32)h[3] << 16);
+        return *(const uint2*)p;
     } else {
-        r.x = (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
-        r.y = (u32)p[4] | ((u32)p[5] << 8) | ((u32)p[6] << 16) | ((u32)p[7] << 24);
+        uint2 r;
+        r.x = word_at<A>(p);
+        r.y = word_at<A>(p + 4);
+        return r;
     }
-    return r;
 }
 
 // The f16 whose bits are the low 16 of h.

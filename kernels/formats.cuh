@@ -15,20 +15,6 @@ __device__ __forceinline__ int e2m1x2(u32 c) {
 }
 
 __device__ __forceinline__ float f16_at(const u8* p) { return __half2float(*(const __half*)p); }
-__device__ __forceinline__ u32 u16_at(const u8* p) { return *(const unsigned short*)p; }
-
-// A little-endian word at p in loads of A bytes (as bytes8).
-template <u32 A>
-__device__ __forceinline__ u32 word_at(const u8* p) {
-    if constexpr (A >= 4) {
-        return *(const u32*)p;
-    } else if constexpr (A >= 2) {
-        return u16_at(p) | (u16_at(p + 2) << 16);
-    } else {
-        return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
-    }
-}
-
 // Two phases of load8, for kernels that want every load of a step in flight before any
 // arithmetic: fetch<A> issues the loads of 8 values and returns the raw words (Raw), decode<A>
 // turns them into floats; load8<A> is the two in a row. The formats off the hot path keep
@@ -353,9 +339,7 @@ struct NVFP4 {
 };
 
 // Float weights: 8 values of the row, converted to f32.
-__device__ __forceinline__ float f32_of_bits(const __half*, u32 b) {
-    return __half2float(__ushort_as_half((unsigned short)b));
-}
+__device__ __forceinline__ float f32_of_bits(const __half*, u32 b) { return f16_bits(b); }
 __device__ __forceinline__ float f32_of_bits(const __nv_bfloat16*, u32 b) { return __uint_as_float(b << 16); }
 
 // With A > 1, 16-byte loads (a row of a multiple of 8 values starts 16-byte aligned). Raw holds
