@@ -72,6 +72,16 @@ fn c_f16(v: bool, b: u32) -> f32 {
     return unpack2x16float(c_u16(v, b)).x;
 }
 
+// The 4 bytes at byte address b (any alignment) of a cache, little-endian.
+fn c_word(v: bool, b: u32) -> u32 {
+    let w0 = c_u32(v, b);
+    let sh = (b & 3u) * 8u;
+    if (sh == 0u) {
+        return w0;
+    }
+    return (w0 >> sh) | (c_u32(v, b + 4u) << (32u - sh));
+}
+
 // Element i of the row at byte `base` of a cache in format f.
 fn c_elem(v: bool, f: u32, base: u32, i: u32) -> f32 {
     switch f {
@@ -108,6 +118,68 @@ fn c_elem(v: bool, f: u32, base: u32, i: u32) -> f32 {
     }
 }
 
+// Elements e..e+7 of the row at byte `base` (e a multiple of 8, e + 8 at most the row's
+// length): the same values as c_elem, with the block's scale read once and the codes read a
+// word at a time (the 8 codes of a TurboQuant group are `bits` whole bytes).
+fn c_elems8(v: bool, f: u32, base: u32, e: u32) -> array<f32, 8> {
+    var r: array<f32, 8>;
+    switch f {
+        case 0u: {
+            for (var k = 0u; k < 8u; k++) {
+                r[k] = bitcast<f32>(c_u32(v, base + 4u * (e + k)));
+            }
+        }
+        case 1u, 2u: {
+            for (var k = 0u; k < 4u; k++) {
+                let w = c_word(v, base + 2u * (e + 2u * k));
+                if (f == 1u) {
+                    let h = unpack2x16float(w);
+                    r[2u * k] = h.x;
+                    r[2u * k + 1u] = h.y;
+                } else {
+                    r[2u * k] = bitcast<f32>(w << 16u);
+                    r[2u * k + 1u] = bitcast<f32>(w & 0xffff0000u);
+                }
+            }
+        }
+        case 3u: {
+            let blk = base + (e / 32u) * 34u;
+            let d = c_f16(v, blk);
+            let at = blk + 2u + e % 32u;
+            let w = array<u32, 2>(c_word(v, at), c_word(v, at + 4u));
+            for (var k = 0u; k < 8u; k++) {
+                let q = i32(w[k / 4u] << (24u - 8u * (k % 4u))) >> 24u;
+                r[k] = f32(q) * d;
+            }
+        }
+        case 4u: {
+            let blk = base + (e / 32u) * 18u;
+            let d = c_f16(v, blk);
+            let j = e % 32u;
+            // Values j < 16 are the low nibbles of bytes j, values j >= 16 the high nibbles of
+            // bytes j - 16.
+            let at = blk + 2u + j % 16u;
+            let sh = select(0u, 4u, j >= 16u);
+            let w = array<u32, 2>(c_word(v, at), c_word(v, at + 4u));
+            for (var k = 0u; k < 8u; k++) {
+                let q = (w[k / 4u] >> (8u * (k % 4u) + sh)) & 15u;
+                r[k] = f32(i32(q) - 8) * d;
+            }
+        }
+        default: {
+            let bits = tq_bits(f);
+            let blk = base + (e / 32u) * (2u + 4u * bits);
+            let d = c_f16(v, blk);
+            let w = c_word(v, blk + 2u + (e % 32u) / 8u * bits);
+            let mask = (1u << bits) - 1u;
+            for (var k = 0u; k < 8u; k++) {
+                r[k] = d * tq_point(bits, (w >> (k * bits)) & mask);
+            }
+        }
+    }
+    return r;
+}
+
 // Cache row (token slot, kv head) of key position j of sequence s.
 fn slot_row(s: u32, j: u32, g: u32) -> u32 {
     if (p.paged == 0u) {
@@ -123,6 +195,8 @@ const PACK: u32 = 4u;
 var<workgroup> qv: array<f32, 1024>;  // the pack's query rows, head-major
 var<workgroup> sc: array<f32, 256>;   // a tile's scores, then weights: [head][key]
 var<workgroup> vrow: array<u32, 64>;  // a tile's V row byte addresses
+// The key groups' partial weighted V sums, [key group][dim][head], merged at the end.
+var<workgroup> red: array<f32, 2048>;
 
 @compute @workgroup_size(64)
 fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -162,18 +236,24 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let a = lo + split * p.split_len;
     let b = min(hi, a + p.split_len);
 
+    // The pack's query rows; the heads past the pack read zeros.
     let rh0 = row * p.hq + h0;       // the pack's first (row, head)
-    for (var i = li; i < p.pack * p.d; i += 64u) {
-        qv[i] = q[p.q_off + rh0 * p.d + i];
+    for (var i = li; i < PACK * p.d; i += 64u) {
+        qv[i] = select(0.0, q[p.q_off + rh0 * p.d + i], i < p.pack * p.d);
     }
     workgroupBarrier();
 
-    var m: array<f32, 4>;
-    var l: array<f32, 4>;
-    var acc: array<vec4<f32>, 4>;  // acc[c][hh]: output dim li + 64c of head h0 + hh
-    for (var hh = 0u; hh < PACK; hh++) {
-        m[hh] = NEG_BIG;
-    }
+    // Scores: each thread takes one key of a 64-key tile over all of D. Weighted V: each
+    // thread sums 8 consecutive dims (dim group `dg`) over the tile's keys of its key group
+    // `kg` (every kgs-th key); the key groups are merged at the end.
+    let dgs = (p.dv + 7u) / 8u;
+    let kgs = 64u / dgs;
+    let kg = li / dgs;
+    let dg = li % dgs;
+    let d8 = p.d / 8u * 8u;
+    var m = vec4<f32>(NEG_BIG);
+    var l = vec4<f32>(0.0);          // this thread's keys' share of the weights' sum
+    var acc: array<vec4<f32>, 8>;    // acc[k][hh]: dim 8 dg + k of head h0 + hh
     var j0 = a;
     // Every thread runs the same number of tiles, so the barriers stay uniform.
     let tiles = select(0u, (b - a + 63u) / 64u, b > a);
@@ -183,13 +263,15 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         if (j < b) {
             let kb = p.k_off + slot_row(s, j, g) * kvf_row_bytes(KF, p.d);
             var dot = vec4<f32>(0.0);
-            for (var i = 0u; i < p.d; i++) {
-                let kv = c_elem(false, KF, kb, i);
-                for (var hh = 0u; hh < PACK; hh++) {
-                    if (hh < p.pack) {
-                        dot[hh] += qv[hh * p.d + i] * kv;
-                    }
+            for (var i = 0u; i < d8; i += 8u) {
+                let kv = c_elems8(false, KF, kb, i);
+                for (var k = 0u; k < 8u; k++) {
+                    let x = i + k;
+                    dot += vec4<f32>(qv[x], qv[p.d + x], qv[2u * p.d + x], qv[3u * p.d + x]) * kv[k];
                 }
+            }
+            for (var x = d8; x < p.d; x++) {
+                dot += vec4<f32>(qv[x], qv[p.d + x], qv[2u * p.d + x], qv[3u * p.d + x]) * c_elem(false, KF, kb, x);
             }
             score = dot * p.scale;
             if (p.soft_cap != 0.0) {
@@ -203,9 +285,8 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         }
         workgroupBarrier();
         let n = min(64u, b - j0);
-        var tmax: array<f32, 4>;
+        var tmax = m;
         for (var hh = 0u; hh < PACK; hh++) {
-            tmax[hh] = m[hh];
             if (hh < p.pack) {
                 for (var x = 0u; x < n; x++) {
                     tmax[hh] = max(tmax[hh], sc[hh * 64u + x]);
@@ -220,45 +301,64 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             }
         }
         workgroupBarrier();
-        for (var hh = 0u; hh < PACK; hh++) {
-            let corr = exp(m[hh] - tmax[hh]);
-            l[hh] *= corr;
-            for (var c = 0u; c < 4u; c++) {
-                acc[c][hh] *= corr;
-            }
-            m[hh] = tmax[hh];
+        let corr = exp(m - tmax);
+        l *= corr;
+        for (var k = 0u; k < 8u; k++) {
+            acc[k] *= corr;
         }
-        for (var x = 0u; x < n; x++) {
-            var w: vec4<f32>;
-            for (var hh = 0u; hh < PACK; hh++) {
-                w[hh] = sc[hh * 64u + x];
-            }
-            l[0] += w[0];
-            l[1] += w[1];
-            l[2] += w[2];
-            l[3] += w[3];
-            let vb = vrow[x];
-            for (var c = 0u; c < 4u; c++) {
-                let dd = li + c * 64u;
-                if (dd < p.dv) {
-                    acc[c] += w * c_elem(true, VF, vb, dd);
+        m = tmax;
+        if (kg < kgs) {
+            let e = 8u * dg;
+            for (var x = kg; x < n; x += kgs) {
+                let w = vec4<f32>(sc[x], sc[64u + x], sc[128u + x], sc[192u + x]);
+                l += w;
+                let vb = vrow[x];
+                if (e + 8u <= p.dv) {
+                    let vv = c_elems8(true, VF, vb, e);
+                    for (var k = 0u; k < 8u; k++) {
+                        acc[k] += w * vv[k];
+                    }
+                } else {
+                    for (var k = 0u; e + k < p.dv; k++) {
+                        acc[k] += w * c_elem(true, VF, vb, e + k);
+                    }
                 }
             }
         }
         j0 += 64u;
         workgroupBarrier();
     }
-    for (var hh = 0u; hh < p.pack; hh++) {
-        let base = ((rh0 + hh) * p.splits + split) * (p.dv + 2u);
-        if (li == 0u) {
-            part[base] = m[hh];
-            part[base + 1u] = l[hh];
-        }
-        for (var c = 0u; c < 4u; c++) {
-            let dd = li + c * 64u;
-            if (dd < p.dv) {
-                part[base + 2u + dd] = acc[c][hh];
+    // Merge the key groups: their partial sums through workgroup memory (the weights' sums
+    // in sc, now free).
+    let width = dgs * 8u;
+    if (kg < kgs) {
+        for (var k = 0u; k < 8u; k++) {
+            let at = (kg * width + 8u * dg + k) * PACK;
+            for (var hh = 0u; hh < PACK; hh++) {
+                red[at + hh] = acc[k][hh];
             }
         }
+        if (dg == 0u) {
+            for (var hh = 0u; hh < PACK; hh++) {
+                sc[kg * PACK + hh] = l[hh];
+            }
+        }
+    }
+    workgroupBarrier();
+    for (var o = li; o < p.pack * p.dv; o += 64u) {
+        let hh = o / p.dv;
+        let dd = o % p.dv;
+        var sum = 0.0;
+        var lsum = 0.0;
+        for (var x = 0u; x < kgs; x++) {
+            sum += red[(x * width + dd) * PACK + hh];
+            lsum += sc[x * PACK + hh];
+        }
+        let base = ((rh0 + hh) * p.splits + split) * (p.dv + 2u);
+        if (dd == 0u) {
+            part[base] = m[hh];
+            part[base + 1u] = lsum;
+        }
+        part[base + 2u + dd] = sum;
     }
 }

@@ -22,28 +22,26 @@ fn tq_bits(f: u32) -> u32 {
     return 9u - f;
 }
 
-const TQ4_HALF = array<f32, 8>(0.128395, 0.3880483, 0.6567591, 0.9423405, 1.2562312, 1.6180464,
-                               2.0690172, 2.7325896);
-const TQ3_HALF = array<f32, 4>(0.2450942, 0.7560053, 1.3439093, 2.1519457);
-const TQ2_HALF = array<f32, 2>(0.45278, 1.5104176);
-
-// The positive half of a TurboQuant codebook, point k (k < 2^(bits-1)).
+// The positive half of a TurboQuant codebook, point k (k < 2^(bits-1)): the Lloyd-Max
+// points of a standard normal (the CPU's f32 values), chosen by selects rather than read from
+// an array (a dynamically indexed constant array is a copy in private memory on some drivers).
 fn tq_half(bits: u32, k: u32) -> f32 {
     if (bits == 4u) {
-        return TQ4_HALF[min(k, 7u)];
+        let lo = select(select(0.128395, 0.3880483, k == 1u), select(0.6567591, 0.9423405, k == 3u), k >= 2u);
+        let hi = select(select(1.2562312, 1.6180464, k == 5u), select(2.0690172, 2.7325896, k >= 7u), k >= 6u);
+        return select(lo, hi, k >= 4u);
     }
     if (bits == 3u) {
-        return TQ3_HALF[min(k, 3u)];
+        return select(select(0.2450942, 0.7560053, k == 1u), select(1.3439093, 2.1519457, k >= 3u), k >= 2u);
     }
-    return TQ2_HALF[min(k, 1u)];
+    return select(0.45278, 1.5104176, k >= 1u);
 }
 
 // Point `code` of the increasing codebook: codes below n = 2^(bits-1) are the mirrored
 // negative half.
 fn tq_point(bits: u32, code: u32) -> f32 {
     let n = 1u << (bits - 1u);
-    if (code < n) {
-        return -tq_half(bits, n - 1u - code);
-    }
-    return tq_half(bits, code - n);
+    let neg = code < n;
+    let h = tq_half(bits, select(code - n, n - 1u - code, neg));
+    return select(h, -h, neg);
 }

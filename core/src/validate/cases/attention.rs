@@ -23,6 +23,8 @@ pub(super) fn attention(c: &mut Vec<Case>) -> Result<()> {
             (1usize, 37usize, 4usize, 2usize, 64usize, 64usize),
             (9, 9, 4, 1, 32, 48),
             (5, 23, 6, 6, 40, 40),
+            // Head dims that are not whole groups of 8 (the kernels' tails).
+            (4, 19, 4, 2, 20, 12),
         ] {
             let p = AttnParams {
                 scale: 1.0 / (d as f32).sqrt(),
@@ -316,6 +318,7 @@ pub(super) fn attention(c: &mut Vec<Case>) -> Result<()> {
         ("decode K q8_0, V tq3", (Q8_0, TQ3), 64, &[45, 17], &[1, 1]),
         ("decode K f16, V q4_0", (F16, Q4_0), 64, &[60], &[1]),
         ("decode K bf16, V bf16", (BF16, BF16), 64, &[50, 3], &[1, 1]),
+        ("decode K f16, V bf16, D=20", (F16, BF16), 20, &[40, 9], &[1, 1]),
         ("prefill K tq3, V q8_0", (TQ3, Q8_0), 64, &[21, 7], &[5, 7]),
         ("prefill K tq4, V tq2, D=256", (TQ4, TQ2), 256, &[19], &[6]),
     ] {
