@@ -3,16 +3,20 @@
 // Template: KFMT and VFMT are the K and V cache format codes (common/turbo.wgsl: f32, f16,
 // bf16, q8_0, q4_0, tq4, tq3, tq2); ENTRY names the entry point. Cache offsets are in bytes;
 // a row (one token slot of one KV head) starts at a 4-byte (f32) or 2-byte boundary, which
-// every format's row size keeps. Block formats are decoded element by element with the CPU's
-// arithmetic (scale as f32 times the code's value), so each K and V value is the CPU's bit
-// for bit.
+// every format's row size keeps. Block formats are decoded 4 or 8 values at a time (the
+// block's scale read once, the codes a word at a time) with the CPU's arithmetic (scale as
+// f32 times the code's value), so each K and V value is the CPU's bit for bit.
 //
-// paged_attention_*: one workgroup of 64 threads per (query row, pack of up to 4 query heads
-// that read the same KV head, split of the key range). Keys are scored 64 at a time (one per thread), folded into a running max and
-// sum (online softmax), and each thread accumulates up to 4 output dims. Each split writes
-// (max, sum, acc[Dv]) to a scratch buffer; paged_attention_combine merges the splits. Decode
-// (one query per sequence) uses many splits so long contexts spread over the device; prefill
-// uses one.
+// paged_attention_*: one workgroup of 64 threads per (tile of query rows of one sequence,
+// pack of up to 4 query heads that read the same KV head, split of the key range). A
+// workgroup scores its "slots" (row, head) together, up to 16 in 4 banks of 4: decode (one
+// query row per sequence) takes one row and many splits so long contexts spread over the
+// device; prefill takes as many rows as fit (`rtile`) and one split, so each K and V value
+// is decoded once for all of them rather than once per row. Keys are scored 64 at a time
+// (a key per thread, all of D, 8 values at a time), folded into a running max and sum per
+// slot (online softmax). The weighted V sum: each thread keeps 4 dims of one bank's 4 slots
+// over the keys of its key group, merged at the end. Each split writes (max, sum, acc[Dv])
+// per slot to a scratch buffer; paged_attention_combine merges the splits.
 
 struct Params {
     t: u32,          // query rows
@@ -33,12 +37,16 @@ struct Params {
     split_len: u32,
     scale: f32,
     soft_cap: f32,   // 0: none
-    mask: u32,       // 0 causal, 1 sliding window, 2 bidirectional, 3 prefix-bidirectional
-    mask_n: u32,     // window or prefix length
+    mask: u32,       // 0 causal, 1 sliding window, 2 bidirectional, 3 prefix-bidirectional,
+                     // 4 lookback (the last mask_n keys of the sequence)
+    mask_n: u32,     // window, prefix or lookback length
     paged: u32,      // 0: contiguous K/V [S, Hkv, D] of one sequence (the Attention op)
     s_len: u32,      // contiguous: S
     nx: u32,
     pack: u32,       // query heads per workgroup (1..4; divides the heads per KV head)
+    rtile: u32,      // query rows per workgroup (1 in decode); rtile * pack slots
+    banks: u32,      // ceil(slots / 4): rtile * pack <= 4 * banks, 4 * banks * d <= 1024,
+                     // banks * ceil(dv / 4) <= 64
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
@@ -180,6 +188,60 @@ fn c_elems8(v: bool, f: u32, base: u32, e: u32) -> array<f32, 8> {
     return r;
 }
 
+// Elements e..e+3 (e a multiple of 4, e + 4 at most the row's length), as c_elems8 reads them.
+fn c_elems4(v: bool, f: u32, base: u32, e: u32) -> vec4<f32> {
+    var r: vec4<f32>;
+    switch f {
+        case 0u: {
+            for (var k = 0u; k < 4u; k++) {
+                r[k] = bitcast<f32>(c_u32(v, base + 4u * (e + k)));
+            }
+        }
+        case 1u, 2u: {
+            for (var k = 0u; k < 2u; k++) {
+                let w = c_word(v, base + 2u * (e + 2u * k));
+                if (f == 1u) {
+                    let h = unpack2x16float(w);
+                    r[2u * k] = h.x;
+                    r[2u * k + 1u] = h.y;
+                } else {
+                    r[2u * k] = bitcast<f32>(w << 16u);
+                    r[2u * k + 1u] = bitcast<f32>(w & 0xffff0000u);
+                }
+            }
+        }
+        case 3u: {
+            let blk = base + (e / 32u) * 34u;
+            let d = c_f16(v, blk);
+            let w = c_word(v, blk + 2u + e % 32u);
+            for (var k = 0u; k < 4u; k++) {
+                r[k] = f32(i32(w << (24u - 8u * k)) >> 24u) * d;
+            }
+        }
+        case 4u: {
+            let blk = base + (e / 32u) * 18u;
+            let d = c_f16(v, blk);
+            let j = e % 32u;
+            let w = c_word(v, blk + 2u + j % 16u) >> select(0u, 4u, j >= 16u);
+            for (var k = 0u; k < 4u; k++) {
+                r[k] = f32(i32((w >> (8u * k)) & 15u) - 8) * d;
+            }
+        }
+        default: {
+            let bits = tq_bits(f);
+            let blk = base + (e / 32u) * (2u + 4u * bits);
+            let d = c_f16(v, blk);
+            let bit = (e % 32u) * bits;
+            let w = c_word(v, blk + 2u + bit / 8u) >> (bit % 8u);
+            let mask = (1u << bits) - 1u;
+            for (var k = 0u; k < 4u; k++) {
+                r[k] = d * tq_point(bits, (w >> (k * bits)) & mask);
+            }
+        }
+    }
+    return r;
+}
+
 // Cache row (token slot, kv head) of key position j of sequence s.
 fn slot_row(s: u32, j: u32, g: u32) -> u32 {
     if (p.paged == 0u) {
@@ -189,38 +251,8 @@ fn slot_row(s: u32, j: u32, g: u32) -> u32 {
     return (blk * p.bs + j % p.bs) * p.hkv + g;
 }
 
-// Up to PACK query heads of one KV head share a workgroup: each K and V element is read
-// once for all of them.
-const PACK: u32 = 4u;
-var<workgroup> qv: array<f32, 1024>;  // the pack's query rows, head-major
-var<workgroup> sc: array<f32, 256>;   // a tile's scores, then weights: [head][key]
-var<workgroup> vrow: array<u32, 64>;  // a tile's V row byte addresses
-// The key groups' partial weighted V sums, [key group][dim][head], merged at the end.
-var<workgroup> red: array<f32, 2048>;
-
-@compute @workgroup_size(64)
-fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let packs = p.hq / p.pack;
-    let rp = wid.x + wid.z * p.nx;   // row * packs + pack
-    let split = wid.y;
-    if (rp >= p.t * packs) {
-        return;
-    }
-    let row = rp / packs;
-    let h0 = (rp % packs) * p.pack;  // the pack's first head
-    let g = h0 / (p.hq / p.hkv);
-    // The query row's sequence and absolute position.
-    var s = 0u;
-    var len = p.s_len;
-    var q_end = p.t;
-    if (p.paged != 0u) {
-        while (s + 1u < p.n_seqs && u32(q_start[p.qs_off + s + 1u]) <= row) {
-            s += 1u;
-        }
-        len = u32(seq_lens[p.lens_off + s]);
-        q_end = u32(q_start[p.qs_off + s + 1u]);
-    }
-    let pos = len - (q_end - row);
+// The keys [lo, hi) that a query at position `pos` of a sequence of `len` keys sees.
+fn key_range(pos: u32, len: u32) -> vec2<u32> {
     var lo = 0u;
     var hi = min(pos + 1u, len);
     if (p.mask == 1u) {
@@ -233,89 +265,169 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         lo = select(0u, len - p.mask_n, len > p.mask_n);
         hi = len;
     }
-    let a = lo + split * p.split_len;
-    let b = min(hi, a + p.split_len);
+    return vec2<u32>(lo, hi);
+}
 
-    // The pack's query rows; the heads past the pack read zeros.
-    let rh0 = row * p.hq + h0;       // the pack's first (row, head)
-    for (var i = li; i < PACK * p.d; i += 64u) {
-        qv[i] = select(0.0, q[p.q_off + rh0 * p.d + i], i < p.pack * p.d);
+const BANKS: u32 = 4u;
+const SLOTS: u32 = 16u;
+var<workgroup> qv: array<f32, 1024>;   // the slots' query rows, slot-major (zeros past them)
+var<workgroup> sc: array<f32, 1024>;   // a tile's scores, then weights: [slot][key]
+var<workgroup> vrow: array<u32, 64>;   // a tile's V row byte addresses
+var<workgroup> mx: array<f32, 16>;     // each slot's running max
+var<workgroup> cor: array<f32, 16>;    // each slot's rescale of this tile
+// The key groups' partial weighted V sums, [key group][bank][dim quad][dim][slot of bank].
+var<workgroup> red: array<f32, 1024>;
+
+@compute @workgroup_size(64)
+fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let packs = p.hq / p.pack;
+    let tp = wid.x + wid.z * p.nx;   // tile * packs + pack
+    let split = wid.y;
+    let h0 = (tp % packs) * p.pack;  // the pack's first head
+    let g = h0 / (p.hq / p.hkv);
+    // The tile's sequence, first row and rows; the sequence's length and end row.
+    var tile = tp / packs;
+    var s = 0u;
+    var r0 = 0u;
+    var nr = 0u;
+    var len = p.s_len;
+    var q_end = p.t;
+    if (p.paged != 0u) {
+        for (; s < p.n_seqs; s++) {
+            let qa = max(q_start[p.qs_off + s], 0);
+            let qb = max(q_start[p.qs_off + s + 1u], qa);
+            let tiles_s = (u32(qb - qa) + p.rtile - 1u) / p.rtile;
+            if (tile < tiles_s) {
+                r0 = u32(qa) + tile * p.rtile;
+                nr = min(p.rtile, u32(qb) - r0);
+                q_end = u32(qb);
+                break;
+            }
+            tile -= tiles_s;
+        }
+        if (nr == 0u) {
+            return;
+        }
+        len = u32(seq_lens[p.lens_off + s]);
+    } else {
+        r0 = tile * p.rtile;
+        if (r0 >= p.t) {
+            return;
+        }
+        nr = min(p.rtile, p.t - r0);
+    }
+    if (r0 + nr > p.t || q_end - r0 > len) {
+        return;
+    }
+    let pos0 = len - (q_end - r0);   // the first row's position
+    let nslots = nr * p.pack;
+    // Every row's keys lie in [first row's lo, last row's hi): both grow with the position.
+    let a = key_range(pos0, len).x + split * p.split_len;
+    let b = min(key_range(pos0 + nr - 1u, len).y, a + p.split_len);
+
+    for (var i = li; i < 4u * p.banks * p.d; i += 64u) {
+        let sl = i / p.d;
+        var x = 0.0;
+        if (sl < nslots) {
+            let rh = (r0 + sl / p.pack) * p.hq + h0 + sl % p.pack;
+            x = q[p.q_off + rh * p.d + i % p.d];
+        }
+        qv[i] = x;
+    }
+    if (li < SLOTS) {
+        mx[li] = NEG_BIG;
+        cor[li] = 1.0;
     }
     workgroupBarrier();
 
-    // Scores: each thread takes one key of a 64-key tile over all of D. Weighted V: each
-    // thread sums 8 consecutive dims (dim group `dg`) over the tile's keys of its key group
-    // `kg` (every kgs-th key); the key groups are merged at the end.
-    let dgs = (p.dv + 7u) / 8u;
-    let kgs = 64u / dgs;
-    let kg = li / dgs;
-    let dg = li % dgs;
+    // V lanes: dim quad dq of bank sb over the keys of key group kg (every kgs-th key).
+    let nq = (p.dv + 3u) / 4u;
+    let kgs = 64u / (nq * p.banks);
+    let dq = li % nq;
+    let sb = (li / nq) % p.banks;
+    let kg = li / (nq * p.banks);
     let d8 = p.d / 8u * 8u;
-    var m = vec4<f32>(NEG_BIG);
-    var l = vec4<f32>(0.0);          // this thread's keys' share of the weights' sum
-    var acc: array<vec4<f32>, 8>;    // acc[k][hh]: dim 8 dg + k of head h0 + hh
+    var l = vec4<f32>(0.0);          // this thread's keys' share of its bank's weight sums
+    var acc: array<vec4<f32>, 4>;    // acc[k][c]: dim 4 dq + k of slot 4 sb + c
     var j0 = a;
     // Every thread runs the same number of tiles, so the barriers stay uniform.
     let tiles = select(0u, (b - a + 63u) / 64u, b > a);
-    for (var tile = 0u; tile < tiles; tile++) {
+    for (var t = 0u; t < tiles; t++) {
         let j = j0 + li;
-        var score = vec4<f32>(NEG_BIG);
+        var dot: array<vec4<f32>, BANKS>;
         if (j < b) {
             let kb = p.k_off + slot_row(s, j, g) * kvf_row_bytes(KF, p.d);
-            var dot = vec4<f32>(0.0);
             for (var i = 0u; i < d8; i += 8u) {
                 let kv = c_elems8(false, KF, kb, i);
                 for (var k = 0u; k < 8u; k++) {
                     let x = i + k;
-                    dot += vec4<f32>(qv[x], qv[p.d + x], qv[2u * p.d + x], qv[3u * p.d + x]) * kv[k];
+                    for (var bk = 0u; bk < BANKS; bk++) {
+                        if (bk < p.banks) {
+                            let o = 4u * bk * p.d + x;
+                            dot[bk] += vec4<f32>(qv[o], qv[o + p.d], qv[o + 2u * p.d], qv[o + 3u * p.d]) * kv[k];
+                        }
+                    }
                 }
             }
             for (var x = d8; x < p.d; x++) {
-                dot += vec4<f32>(qv[x], qv[p.d + x], qv[2u * p.d + x], qv[3u * p.d + x]) * c_elem(false, KF, kb, x);
-            }
-            score = dot * p.scale;
-            if (p.soft_cap != 0.0) {
-                score = p.soft_cap * tanh(clamp(score / p.soft_cap, vec4<f32>(-15.0), vec4<f32>(15.0)));
+                let kv = c_elem(false, KF, kb, x);
+                for (var bk = 0u; bk < BANKS; bk++) {
+                    if (bk < p.banks) {
+                        let o = 4u * bk * p.d + x;
+                        dot[bk] += vec4<f32>(qv[o], qv[o + p.d], qv[o + 2u * p.d], qv[o + 3u * p.d]) * kv;
+                    }
+                }
             }
             // This key's V row, looked up once for the whole workgroup.
             vrow[li] = p.v_off + slot_row(s, j, g) * kvf_row_bytes(VF, p.dv);
         }
-        for (var hh = 0u; hh < PACK; hh++) {
-            sc[hh * 64u + li] = score[hh];
+        for (var sl = 0u; sl < 4u * p.banks; sl++) {
+            var score = NEG_BIG;
+            let r = key_range(pos0 + sl / p.pack, len);
+            if (j < b && sl < nslots && j >= r.x && j < r.y) {
+                score = dot[sl / 4u][sl % 4u] * p.scale;
+                if (p.soft_cap != 0.0) {
+                    score = p.soft_cap * tanh(clamp(score / p.soft_cap, -15.0, 15.0));
+                }
+            }
+            sc[sl * 64u + li] = score;
         }
         workgroupBarrier();
         let n = min(64u, b - j0);
-        var tmax = m;
-        for (var hh = 0u; hh < PACK; hh++) {
-            if (hh < p.pack) {
-                for (var x = 0u; x < n; x++) {
-                    tmax[hh] = max(tmax[hh], sc[hh * 64u + x]);
-                }
+        if (li < nslots) {
+            var tm = mx[li];
+            for (var x = 0u; x < n; x++) {
+                tm = max(tm, sc[li * 64u + x]);
             }
+            cor[li] = exp(mx[li] - tm);
+            mx[li] = tm;
         }
         workgroupBarrier();
-        // Each thread turns its own key's scores into its weights, once.
+        // Each thread turns its own key's scores into weights (0 where the slot does not see
+        // the key).
         if (li < n) {
-            for (var hh = 0u; hh < PACK; hh++) {
-                sc[hh * 64u + li] = exp(score[hh] - tmax[hh]);
+            for (var sl = 0u; sl < 4u * p.banks; sl++) {
+                let x = sc[sl * 64u + li];
+                sc[sl * 64u + li] = select(0.0, exp(x - mx[sl]), x > NEG_BIG);
             }
         }
         workgroupBarrier();
-        let corr = exp(m - tmax);
-        l *= corr;
-        for (var k = 0u; k < 8u; k++) {
-            acc[k] *= corr;
-        }
-        m = tmax;
         if (kg < kgs) {
-            let e = 8u * dg;
+            let c0 = 4u * sb;
+            let corr = vec4<f32>(cor[c0], cor[c0 + 1u], cor[c0 + 2u], cor[c0 + 3u]);
+            l *= corr;
+            for (var k = 0u; k < 4u; k++) {
+                acc[k] *= corr;
+            }
+            let e = 4u * dq;
             for (var x = kg; x < n; x += kgs) {
-                let w = vec4<f32>(sc[x], sc[64u + x], sc[128u + x], sc[192u + x]);
+                let w = vec4<f32>(sc[c0 * 64u + x], sc[(c0 + 1u) * 64u + x], sc[(c0 + 2u) * 64u + x],
+                                  sc[(c0 + 3u) * 64u + x]);
                 l += w;
                 let vb = vrow[x];
-                if (e + 8u <= p.dv) {
-                    let vv = c_elems8(true, VF, vb, e);
-                    for (var k = 0u; k < 8u; k++) {
+                if (e + 4u <= p.dv) {
+                    let vv = c_elems4(true, VF, vb, e);
+                    for (var k = 0u; k < 4u; k++) {
                         acc[k] += w * vv[k];
                     }
                 } else {
@@ -328,35 +440,36 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         j0 += 64u;
         workgroupBarrier();
     }
-    // Merge the key groups: their partial sums through workgroup memory (the weights' sums
-    // in sc, now free).
-    let width = dgs * 8u;
+    // Merge the key groups through workgroup memory (the weight sums in sc, now free).
     if (kg < kgs) {
-        for (var k = 0u; k < 8u; k++) {
-            let at = (kg * width + 8u * dg + k) * PACK;
-            for (var hh = 0u; hh < PACK; hh++) {
-                red[at + hh] = acc[k][hh];
+        let at = ((kg * p.banks + sb) * nq + dq) * 16u;
+        for (var k = 0u; k < 4u; k++) {
+            for (var c = 0u; c < 4u; c++) {
+                red[at + 4u * k + c] = acc[k][c];
             }
         }
-        if (dg == 0u) {
-            for (var hh = 0u; hh < PACK; hh++) {
-                sc[kg * PACK + hh] = l[hh];
+        if (dq == 0u) {
+            for (var c = 0u; c < 4u; c++) {
+                sc[(kg * p.banks + sb) * 4u + c] = l[c];
             }
         }
     }
     workgroupBarrier();
-    for (var o = li; o < p.pack * p.dv; o += 64u) {
-        let hh = o / p.dv;
+    for (var o = li; o < nslots * p.dv; o += 64u) {
+        let sl = o / p.dv;
         let dd = o % p.dv;
+        let bk = sl / 4u;
+        let c = sl % 4u;
         var sum = 0.0;
         var lsum = 0.0;
         for (var x = 0u; x < kgs; x++) {
-            sum += red[(x * width + dd) * PACK + hh];
-            lsum += sc[x * PACK + hh];
+            sum += red[((x * p.banks + bk) * nq + dd / 4u) * 16u + 4u * (dd % 4u) + c];
+            lsum += sc[(x * p.banks + bk) * 4u + c];
         }
-        let base = ((rh0 + hh) * p.splits + split) * (p.dv + 2u);
+        let rh = (r0 + sl / p.pack) * p.hq + h0 + sl % p.pack;
+        let base = (rh * p.splits + split) * (p.dv + 2u);
         if (dd == 0u) {
-            part[base] = m[hh];
+            part[base] = mx[sl];
             part[base + 1u] = lsum;
         }
         part[base + 2u + dd] = sum;

@@ -1,10 +1,10 @@
 //! Paged attention (decode and prefill) and the KV write, both through the block table.
 //!
-//! Attention is two launches: the split kernel (one workgroup per query row, pack of heads
-//! sharing a KV head, and split
-//! of the key range, reading K/V by block-table index) and the combine. Decode batches (one
-//! query per sequence) split long contexts into chunks of `SPLIT_KEYS` keys so the work
-//! spreads over the device; prefill uses one split per row.
+//! Attention is two launches: the split kernel (one workgroup per tile of query rows, pack of
+//! heads sharing a KV head, and split of the key range, reading K/V by block-table index) and
+//! the combine. Decode batches (one query per sequence) take a row a workgroup and split long
+//! contexts into chunks of `SPLIT_KEYS` keys so the work spreads over the device; prefill
+//! takes several rows a workgroup (`row_tile`) and one split.
 
 use kiln_core::op::{AttnParams, Mask, OpDesc};
 use kiln_core::tensor::{DType, Tensor};
@@ -89,6 +89,25 @@ fn head_pack(hq: usize, hkv: usize) -> usize {
         .unwrap_or(1)
 }
 
+/// Query rows one workgroup takes (`rtile`) and its banks of 4 (row, head) slots, within
+/// shaders/attention.wgsl's workgroup arrays: at most 16 slots, the slots' query rows in 1024
+/// floats, and each V lane (4 dims of one bank) once among the 64 threads. Decode takes one
+/// row (its parallelism comes from splitting the keys); prefill as many as fit, so every
+/// K and V value a workgroup decodes serves them all.
+fn row_tile(decode: bool, pack: usize, d: usize, dv: usize) -> (usize, usize) {
+    let quads = dv.div_ceil(4);
+    let fits = |r: usize| {
+        let banks = (r * pack).div_ceil(4);
+        banks <= 4 && 4 * banks * d <= 1024 && banks * quads <= 64
+    };
+    let r = if decode {
+        1
+    } else {
+        (1..=16).rev().find(|&r| fits(r)).unwrap_or(1)
+    };
+    (r, (r * pack).div_ceil(4))
+}
+
 /// One attention launch: the split kernel, then the combine.
 struct Launch<'a> {
     q: &'a Tensor,
@@ -154,8 +173,15 @@ fn run(dev: &Device, p: &AttnParams, l: &Launch<'_>, y: &Tensor) -> Result<()> {
     let (mask, mask_n) = mask_code(p.mask);
     let rows = u(t * hq)?;
     let pack = head_pack(hq, hkv);
+    let (rtile, banks) = row_tile(l.decode, pack, d, dv);
+    // Row tiles never span two sequences: one partial tile a sequence at most.
+    let tiles = if rtile == 1 {
+        t
+    } else {
+        t.div_ceil(rtile) + l.n_seqs
+    };
     let (gx, gz) = fold(
-        u(t * hq / pack)?,
+        u(tiles * hq / pack)?,
         dev.limits.max_compute_workgroups_per_dimension,
     );
     let mut params = vec![
@@ -180,6 +206,8 @@ fn run(dev: &Device, p: &AttnParams, l: &Launch<'_>, y: &Tensor) -> Result<()> {
         u(l.contiguous.unwrap_or(0))?,
         gx,
         u(pack)?,
+        u(rtile)?,
+        u(banks)?,
     ]);
     dev.dispatch_bound(kernel, &bound, &params, [gx, u(splits)?, gz])?;
     let (bound, offs) = bind(dev, &[(&scratch, 4), (y, 4)])?;
@@ -267,4 +295,31 @@ pub(super) fn kv_write(dev: &Device, i: &[&Tensor], o: &[&Tensor]) -> Result<()>
         launch_1d(dev, kernel, &bound, params, groups)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::row_tile;
+
+    /// Every head shape the launcher accepts gets a tile within the shader's arrays, decode
+    /// one row, and prefill as many rows as those arrays allow.
+    #[test]
+    fn row_tiles_fit_the_shader_arrays() {
+        for pack in 1..=4 {
+            for d in (1..=256).step_by(7).chain([64, 128, 256]) {
+                for dv in (1..=256).step_by(11).chain([64, 128, 256]) {
+                    assert_eq!(row_tile(true, pack, d, dv), (1, 1));
+                    let (r, banks) = row_tile(false, pack, d, dv);
+                    assert!(r >= 1 && r * pack <= 4 * banks && banks <= 4);
+                    assert!(4 * banks * d <= 1024 && banks * dv.div_ceil(4) <= 64);
+                    // One more row would not fit.
+                    let more = (r + 1) * pack;
+                    let b = more.div_ceil(4);
+                    assert!(r == 16 || b > 4 || 4 * b * d > 1024 || b * dv.div_ceil(4) > 64);
+                }
+            }
+        }
+        assert_eq!(row_tile(false, 3, 64, 64), (5, 4));
+        assert_eq!(row_tile(false, 4, 256, 256), (1, 1));
+    }
 }
