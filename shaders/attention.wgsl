@@ -132,22 +132,12 @@ fn c_elem(v: bool, f: u32, base: u32, i: u32) -> f32 {
 fn c_elems8(v: bool, f: u32, base: u32, e: u32) -> array<f32, 8> {
     var r: array<f32, 8>;
     switch f {
-        case 0u: {
-            for (var k = 0u; k < 8u; k++) {
-                r[k] = bitcast<f32>(c_u32(v, base + 4u * (e + k)));
-            }
-        }
-        case 1u, 2u: {
+        case 0u, 1u, 2u: {
+            let lo = c_elems4(v, f, base, e);
+            let hi = c_elems4(v, f, base, e + 4u);
             for (var k = 0u; k < 4u; k++) {
-                let w = c_word(v, base + 2u * (e + 2u * k));
-                if (f == 1u) {
-                    let h = unpack2x16float(w);
-                    r[2u * k] = h.x;
-                    r[2u * k + 1u] = h.y;
-                } else {
-                    r[2u * k] = bitcast<f32>(w << 16u);
-                    r[2u * k + 1u] = bitcast<f32>(w & 0xffff0000u);
-                }
+                r[k] = lo[k];
+                r[k + 4u] = hi[k];
             }
         }
         case 3u: {
