@@ -318,7 +318,13 @@ pub(super) fn attention(c: &mut Vec<Case>) -> Result<()> {
         ("decode K q8_0, V tq3", (Q8_0, TQ3), 64, &[45, 17], &[1, 1]),
         ("decode K f16, V q4_0", (F16, Q4_0), 64, &[60], &[1]),
         ("decode K bf16, V bf16", (BF16, BF16), 64, &[50, 3], &[1, 1]),
-        ("decode K f16, V bf16, D=20", (F16, BF16), 20, &[40, 9], &[1, 1]),
+        (
+            "decode K f16, V bf16, D=20",
+            (F16, BF16),
+            20,
+            &[40, 9],
+            &[1, 1],
+        ),
         ("prefill K tq3, V q8_0", (TQ3, Q8_0), 64, &[21, 7], &[5, 7]),
         ("prefill K tq4, V tq2, D=256", (TQ4, TQ2), 256, &[19], &[6]),
     ] {
