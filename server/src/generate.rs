@@ -331,6 +331,16 @@ pub struct PerplexityArgs {
     /// Score at most this many chunks.
     #[arg(long)]
     pub chunks: Option<usize>,
+    /// Save this run's next-token distributions (the 32 most likely tokens at each scored
+    /// position) as the base for `--compare`, e.g. from the CPU with an f32 cache.
+    #[arg(long, value_name = "FILE")]
+    pub save_base: Option<std::path::PathBuf>,
+    /// Compare this run with a `--save-base` file of the same text, chunks and vocabulary:
+    /// the change in log-perplexity with its standard error, the KL divergence from the base
+    /// and how often the most likely token is the same (another backend, KV cache type or
+    /// weight format against the base).
+    #[arg(long, value_name = "FILE", conflicts_with = "save_base")]
+    pub compare: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -343,15 +353,40 @@ pub fn perplexity_of(
     tokens: &[u32],
     ctx: usize,
     max_chunks: Option<usize>,
+    progress: impl FnMut(usize, usize, f64),
+) -> Result<(f64, usize)> {
+    perplexity_with(
+        runner,
+        tok,
+        tokens,
+        ctx,
+        max_chunks,
+        progress,
+        |_, _| Ok(()),
+    )
+}
+
+/// The chunks `perplexity_of` scores for a text of `n` tokens.
+pub fn perplexity_chunks(n: usize, ctx: usize, max_chunks: Option<usize>) -> usize {
+    let c = n / ctx.max(1);
+    max_chunks.map_or(c, |m| c.min(m))
+}
+
+/// [`perplexity_of`], handing `each` every scored position's log-probabilities and the token
+/// that came next.
+pub fn perplexity_with(
+    runner: &mut Runner,
+    tok: &Tokenizer,
+    tokens: &[u32],
+    ctx: usize,
+    max_chunks: Option<usize>,
     mut progress: impl FnMut(usize, usize, f64),
+    mut each: impl FnMut(&[f64], u32) -> Result<()>,
 ) -> Result<(f64, usize)> {
     if ctx < 4 {
         bail!("--ctx must be at least 4");
     }
-    let mut n_chunks = tokens.len() / ctx;
-    if let Some(m) = max_chunks {
-        n_chunks = n_chunks.min(m);
-    }
+    let n_chunks = perplexity_chunks(tokens.len(), ctx, max_chunks);
     if n_chunks == 0 {
         bail!(
             "the text has {} tokens; perplexity needs at least one chunk of {ctx}",
@@ -372,8 +407,16 @@ pub fn perplexity_of(
         runner.release(seq)?;
         for (i, row) in rows.iter().enumerate().take(ctx - 1 - first) {
             let lp = log_softmax(row);
-            nll -= lp[chunk[first + i + 1] as usize];
+            let next = chunk[first + i + 1];
+            let Some(l) = lp.get(next as usize) else {
+                bail!(
+                    "token {next} is outside the model's {} logits (a tokenizer larger than the output layer)",
+                    lp.len()
+                );
+            };
+            nll -= l;
             count += 1;
+            each(&lp, next)?;
         }
         progress(c + 1, n_chunks, (nll / count as f64).exp());
     }
@@ -407,8 +450,36 @@ pub fn perplexity(a: &PerplexityArgs) -> Result<()> {
         tokens.len() / ctx,
         ctx
     );
+    let chunks = perplexity_chunks(tokens.len(), ctx, a.chunks);
+    let shape = |vocab: usize| crate::kld::Shape::of(&tokens, ctx, ctx / 2, chunks, vocab);
+    let base = match &a.compare {
+        Some(p) => {
+            let b = crate::kld::Base::read(p)?;
+            let want = shape(b.shape.vocab as usize);
+            if b.shape != want {
+                bail!(
+                    "{} was saved from other tokens or chunks (ctx {}, {} chunks, vocabulary {}; this run: ctx {ctx}, {chunks} chunks, vocabulary {}{}): run both with the same model vocabulary, --file, --ctx and --chunks",
+                    p.display(),
+                    b.shape.ctx,
+                    b.shape.chunks,
+                    b.shape.vocab,
+                    want.vocab,
+                    if b.shape.hash != want.hash && b.shape.chunks == want.chunks {
+                        ", other tokens"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            Some(b)
+        }
+        None => None,
+    };
+    let mut saver: Option<crate::kld::BaseWriter> = None;
+    let mut stats = crate::kld::Stats::default();
+    let mut at = 0usize;
     let start = Instant::now();
-    let (ppl, n) = perplexity_of(
+    let (ppl, n) = perplexity_with(
         &mut m.runner,
         &m.tokenizer,
         &tokens,
@@ -417,10 +488,53 @@ pub fn perplexity(a: &PerplexityArgs) -> Result<()> {
         |i, n, p| {
             eprint!("\r[{i}/{n}] ppl {p:.4}   ");
         },
+        |lp, next| {
+            if let Some(path) = &a.save_base {
+                saver
+                    .get_or_insert_with(|| crate::kld::BaseWriter::new(path, shape(lp.len())))
+                    .push(&crate::kld::Record::of(lp, next));
+            }
+            if let Some(b) = &base {
+                if lp.len() != b.shape.vocab as usize {
+                    bail!(
+                        "the base has a vocabulary of {}, this model {}",
+                        b.shape.vocab,
+                        lp.len()
+                    );
+                }
+                let Some(r) = b.records.get(at) else {
+                    bail!("the base has only {} positions", b.records.len());
+                };
+                if r.target != next {
+                    bail!(
+                        "position {at}: the base scored token {}, this run {next}",
+                        r.target
+                    );
+                }
+                stats.add(r, lp);
+            }
+            at += 1;
+            Ok(())
+        },
     )?;
     eprintln!();
     eprintln!("kiln: {n} chunks in {:.1} s", start.elapsed().as_secs_f64());
     println!("ppl = {ppl:.4}");
+    if let Some(w) = saver {
+        w.finish()?;
+        if let Some(p) = &a.save_base {
+            eprintln!("kiln: saved {at} positions to {}", p.display());
+        }
+    }
+    if let Some(b) = &base {
+        if at != b.records.len() {
+            bail!(
+                "the base has {} positions, this run scored {at}",
+                b.records.len()
+            );
+        }
+        println!("{}", stats.summary());
+    }
     Ok(())
 }
 

@@ -6,6 +6,7 @@ pub mod diffusion;
 pub mod generate;
 pub mod hub;
 pub mod info;
+pub mod kld;
 pub mod load;
 pub mod models;
 pub mod roofline;

@@ -6,6 +6,7 @@ use kiln_core::exec::Executor;
 use kiln_core::load::gguf::GgufFile;
 use kiln_core::model::build_from_gguf;
 use kiln_core::sample::argmax;
+use kiln_core::tensor::DType;
 use kiln_core::tokenizer::Tokenizer;
 use kiln_tests::{fixtures, model_file, GEMMA3, SMOLLM2};
 use serde_json::Value;
@@ -202,6 +203,79 @@ fn smollm2_perplexity_matches_llama_cpp() {
 #[test]
 fn gemma3_perplexity_matches_llama_cpp() {
     perplexity_matches_llama_cpp(GEMMA3, "ppl_gemma3.json", 24);
+}
+
+/// `kiln perplexity --save-base` / `--compare` on a real model: a run compared with its own
+/// base shows no change; a q8_0-cache run's per-position figures add up to the change of the
+/// two perplexities that `perplexity_of` computes on its own.
+#[test]
+fn smollm2_compare_with_a_saved_base() {
+    use kiln_server::kld::{Record, Stats};
+    let Some(path) = model_file(SMOLLM2) else {
+        return;
+    };
+    let file = GgufFile::open(&path).expect("model parses");
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer loads");
+    let runner = |kv: DType| {
+        let ex = Executor::cpu();
+        let model = build_from_gguf(&file, &ex).expect("model builds");
+        let cfg = RunnerConfig {
+            ctx: 256,
+            max_batch_tokens: 128,
+            kv_types: kiln_core::kv::KvTypes::uniform(kv),
+            ..RunnerConfig::default()
+        };
+        Runner::new(ex, model, cfg).expect("runner")
+    };
+    let text = std::fs::read_to_string(fixtures().join("text").join("ppl.txt")).expect("text");
+    let tokens = tok
+        .encode(&kiln_server::generate::perplexity_text(&text), true)
+        .expect("encode");
+    let (ctx, chunks) = (128, Some(2));
+    let mut base = Vec::new();
+    let (ppl_base, _) = kiln_server::generate::perplexity_with(
+        &mut runner(DType::F32),
+        &tok,
+        &tokens,
+        ctx,
+        chunks,
+        |_, _, _| {},
+        |lp, next| {
+            base.push(Record::of(lp, next));
+            Ok(())
+        },
+    )
+    .expect("base");
+    assert_eq!(base.len(), 2 * (ctx - 1 - ctx / 2));
+    for kv in [DType::F32, DType::Q8_0] {
+        let (mut st, mut at) = (Stats::default(), 0);
+        let (ppl, _) = kiln_server::generate::perplexity_with(
+            &mut runner(kv),
+            &tok,
+            &tokens,
+            ctx,
+            chunks,
+            |_, _, _| {},
+            |lp, next| {
+                assert_eq!(base[at].target, next);
+                st.add(&base[at], lp);
+                at += 1;
+                Ok(())
+            },
+        )
+        .expect("compared run");
+        let s = st.summary();
+        println!("{kv:?} cache against f32:\n{s}");
+        assert_eq!(s.n, base.len());
+        assert!((s.ln_ratio - (ppl / ppl_base).ln()).abs() < 1e-5, "{s}");
+        if kv == DType::F32 {
+            assert_eq!(s.same_top, 1.0, "{s}");
+            assert!(s.kl_max < 1e-6, "{s}");
+        } else {
+            assert!(s.kl_mean > 0.0 && s.kl_mean < 0.05, "{s}");
+            assert!(s.same_top > 0.9, "{s}");
+        }
+    }
 }
 
 /// Chunked prefill and token-by-token decode give the same logits as one big prefill, and a
