@@ -476,7 +476,7 @@ pub fn perplexity(a: &PerplexityArgs) -> Result<()> {
         None => None,
     };
     let mut saver: Option<crate::kld::BaseWriter> = None;
-    let mut stats = crate::kld::Stats::default();
+    let mut stats = crate::kld::Stats::new(ctx - 1 - ctx / 2);
     let mut at = 0usize;
     let start = Instant::now();
     let (ppl, n) = perplexity_with(

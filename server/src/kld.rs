@@ -223,6 +223,10 @@ impl Base {
 /// Running sums of a comparison.
 #[derive(Default, Debug)]
 pub struct Stats {
+    /// Scored positions per chunk (0: one chunk).
+    per_chunk: usize,
+    /// Σ of the change per chunk.
+    chunk_d: Vec<f64>,
     n: usize,
     /// Σ and Σ² of the per-token change of the target's negative log-likelihood.
     d: f64,
@@ -259,6 +263,14 @@ pub fn kl_top(r: &Record, q: &[f64]) -> f64 {
 }
 
 impl Stats {
+    /// A comparison of chunks of `per_chunk` scored positions each.
+    pub fn new(per_chunk: usize) -> Stats {
+        Stats {
+            per_chunk,
+            ..Stats::default()
+        }
+    }
+
     /// Adds a position: the base's record and this run's log-probabilities.
     pub fn add(&mut self, r: &Record, q: &[f64]) {
         let nll = -q
@@ -267,6 +279,11 @@ impl Stats {
             .unwrap_or(f64::NEG_INFINITY);
         let nb = -(r.logprob as f64);
         let d = nll - nb;
+        let c = self.n.checked_div(self.per_chunk).unwrap_or(0);
+        if self.chunk_d.len() <= c {
+            self.chunk_d.resize(c + 1, 0.0);
+        }
+        self.chunk_d[c] += d;
         self.n += 1;
         self.d += d;
         self.d2 += d * d;
@@ -306,12 +323,27 @@ impl Stats {
                 .unwrap_or(0.0)
         };
         let same_top = self.same_top as f64 / n;
+        // The chunks' mean changes as the samples: positions of a chunk share its cache, so
+        // a difference early in a chunk carries on through it.
+        let ln_ratio_se_chunks = (self.per_chunk > 0 && self.chunk_d.len() >= 2).then(|| {
+            let means: Vec<f64> = self
+                .chunk_d
+                .iter()
+                .enumerate()
+                .map(|(c, s)| s / (self.n - c * self.per_chunk).min(self.per_chunk) as f64)
+                .collect();
+            let k = means.len() as f64;
+            let m = means.iter().sum::<f64>() / k;
+            let var = means.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (k - 1.0);
+            (var / k).sqrt()
+        });
         Summary {
             n: self.n,
             ppl_base: (self.nll_base / n).exp(),
             ppl: (self.nll / n).exp(),
             ln_ratio,
             ln_ratio_se,
+            ln_ratio_se_chunks,
             kl_mean,
             kl_se,
             kl_median: pct(0.5),
@@ -323,8 +355,8 @@ impl Stats {
     }
 }
 
-/// A comparison's figures. Standard errors treat positions as independent (as llama.cpp's
-/// do); positions of one chunk are not, so read them as a lower bound.
+/// A comparison's figures. Standard errors by position treat positions as independent (as
+/// llama.cpp's do); positions of one chunk are not, so read those as a lower bound.
 #[derive(Clone, Copy, Debug)]
 pub struct Summary {
     pub n: usize,
@@ -333,6 +365,9 @@ pub struct Summary {
     /// Mean change of the target's negative log-likelihood: ln(ppl / ppl base).
     pub ln_ratio: f64,
     pub ln_ratio_se: f64,
+    /// The same from the chunks' means (two chunks or more): positions of a chunk are not
+    /// independent, so this is the more honest of the two where chunks are many.
+    pub ln_ratio_se_chunks: Option<f64>,
     pub kl_mean: f64,
     pub kl_se: f64,
     pub kl_median: f64,
@@ -348,14 +383,18 @@ impl std::fmt::Display for Summary {
         let r = self.ln_ratio.exp();
         writeln!(f, "positions compared: {}", self.n)?;
         writeln!(f, "ppl base = {:.4}, ppl = {:.4}", self.ppl_base, self.ppl)?;
-        writeln!(
+        write!(
             f,
-            "ln(ppl / ppl base) = {:+.5} ± {:.5} (ppl {:+.3} % ± {:.3} %)",
+            "ln(ppl / ppl base) = {:+.5} ± {:.5} by position (ppl {:+.3} % ± {:.3} %)",
             self.ln_ratio,
             self.ln_ratio_se,
             100.0 * (r - 1.0),
             100.0 * r * self.ln_ratio_se
         )?;
+        match self.ln_ratio_se_chunks {
+            Some(se) => writeln!(f, ", ± {se:.5} by chunk (± {:.3} %)", 100.0 * r * se)?,
+            None => writeln!(f)?,
+        }
         writeln!(
             f,
             "KL divergence from base (top {TOP} + rest): mean {:.6} ± {:.6}, median {:.6}, 99 % {:.6}, max {:.6}",
@@ -461,7 +500,7 @@ mod tests {
     fn stats_of_a_changed_run_match_its_perplexities() {
         let ps = rows(21, 400, 64);
         let noise = rows(22, 400, 64);
-        let mut st = Stats::default();
+        let mut st = Stats::new(100);
         let (mut nb, mut nq, mut same) = (0f64, 0f64, 0usize);
         for (i, (p, e)) in ps.iter().zip(&noise).enumerate() {
             let q = lsm(&p
@@ -490,6 +529,29 @@ mod tests {
             "{s}"
         );
         assert!(s.kl_median <= s.kl_p99 && s.kl_p99 <= s.kl_max, "{s}");
+        // Four chunks of 100: the spread of their mean changes, recomputed here.
+        let d: Vec<f64> = ps
+            .iter()
+            .zip(&noise)
+            .enumerate()
+            .map(|(i, (p, e))| {
+                let q = lsm(&p
+                    .iter()
+                    .zip(e)
+                    .map(|(a, b)| a + 0.8 * b)
+                    .collect::<Vec<_>>());
+                let t = i * 7 % 64;
+                p[t] as f32 as f64 - q[t]
+            })
+            .collect();
+        let means: Vec<f64> = d
+            .chunks(100)
+            .map(|c| c.iter().sum::<f64>() / 100.0)
+            .collect();
+        let m = means.iter().sum::<f64>() / 4.0;
+        let sd = (means.iter().map(|x| (x - m).powi(2)).sum::<f64>() / 3.0).sqrt();
+        let se = s.ln_ratio_se_chunks.expect("four chunks");
+        assert!((se - sd / 2.0).abs() < 1e-9, "{se} vs {}", sd / 2.0);
     }
 
     #[test]

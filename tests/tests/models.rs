@@ -248,7 +248,7 @@ fn smollm2_compare_with_a_saved_base() {
     .expect("base");
     assert_eq!(base.len(), 2 * (ctx - 1 - ctx / 2));
     for kv in [DType::F32, DType::Q8_0] {
-        let (mut st, mut at) = (Stats::default(), 0);
+        let (mut st, mut at) = (Stats::new(ctx - 1 - ctx / 2), 0);
         let (ppl, _) = kiln_server::generate::perplexity_with(
             &mut runner(kv),
             &tok,
@@ -267,6 +267,7 @@ fn smollm2_compare_with_a_saved_base() {
         let s = st.summary();
         println!("{kv:?} cache against f32:\n{s}");
         assert_eq!(s.n, base.len());
+        assert!(s.ln_ratio_se_chunks.is_some(), "{s}");
         assert!((s.ln_ratio - (ppl / ppl_base).ln()).abs() < 1e-5, "{s}");
         if kv == DType::F32 {
             assert_eq!(s.same_top, 1.0, "{s}");
