@@ -231,39 +231,34 @@ fn smollm2_compare_with_a_saved_base() {
     let tokens = tok
         .encode(&kiln_server::generate::perplexity_text(&text), true)
         .expect("encode");
-    let (ctx, chunks) = (128, Some(2));
-    let mut base = Vec::new();
-    let (ppl_base, _) = kiln_server::generate::perplexity_with(
-        &mut runner(DType::F32),
-        &tok,
-        &tokens,
-        ctx,
-        chunks,
-        |_, _, _| {},
-        |lp, next| {
-            base.push(Record::of(lp, next));
-            Ok(())
-        },
-    )
-    .expect("base");
-    assert_eq!(base.len(), 2 * (ctx - 1 - ctx / 2));
-    for kv in [DType::F32, DType::Q8_0] {
-        let (mut st, mut at) = (Stats::new(ctx - 1 - ctx / 2), 0);
-        let (ppl, _) = kiln_server::generate::perplexity_with(
+    let ctx = 128;
+    // A run with the cache type `kv`, handing every scored position to `each`.
+    let score = |kv: DType, each: &mut dyn FnMut(&[f64], u32)| {
+        kiln_server::generate::perplexity_with(
             &mut runner(kv),
             &tok,
             &tokens,
             ctx,
-            chunks,
+            Some(2),
             |_, _, _| {},
             |lp, next| {
-                assert_eq!(base[at].target, next);
-                st.add(&base[at], lp);
-                at += 1;
+                each(lp, next);
                 Ok(())
             },
         )
-        .expect("compared run");
+        .expect("perplexity")
+        .0
+    };
+    let mut base = Vec::new();
+    let ppl_base = score(DType::F32, &mut |lp, next| base.push(Record::of(lp, next)));
+    assert_eq!(base.len(), 2 * (ctx - 1 - ctx / 2));
+    for kv in [DType::F32, DType::Q8_0] {
+        let (mut st, mut at) = (Stats::new(ctx - 1 - ctx / 2), 0);
+        let ppl = score(kv, &mut |lp, next| {
+            assert_eq!(base[at].target, next);
+            st.add(&base[at], lp);
+            at += 1;
+        });
         let s = st.summary();
         println!("{kv:?} cache against f32:\n{s}");
         assert_eq!(s.n, base.len());
