@@ -6,8 +6,10 @@
 # MODEL: a .gguf file or an alias; CTX tokens per chunk (default 512); CHUNKS at most this
 # many chunks (default all); BACKEND cpu (default) or wgpu; PAIRS "all" (every pair of
 # f16 q8_0 q4_0 tq4 tq3 tq2, default) or "same" (K and V of one type). The text is
-# tests/fixtures/text/ppl.txt; the f32 cache is the reference row. Needs a release build
-# (cargo build --release).
+# tests/fixtures/text/ppl.txt; the f32 cache is the reference row and the base each run is
+# compared with (change of perplexity with its standard error, KL divergence, same top
+# token: `kiln perplexity --compare`). KV_TYPES="q8_0 tq3" limits the types; KILN the binary.
+# Needs a release build (cargo build --release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:?usage: scripts/kv-perplexity.sh MODEL [CTX] [CHUNKS] [BACKEND] [PAIRS]}
@@ -16,29 +18,39 @@ chunks=${3:-}
 backend=${4:-cpu}
 pairs=${5:-all}
 kiln=${KILN:-target/release/kiln}
-types="f16 q8_0 q4_0 tq4 tq3 tq2"
+types=${KV_TYPES:-"f16 q8_0 q4_0 tq4 tq3 tq2"}
 extra=()
 [ -n "$chunks" ] && extra+=(--chunks "$chunks")
 
-ppl() { # K V -> "ppl bytes_per_token"
-  local p b
-  p=$("$kiln" perplexity -m "$model" --backend "$backend" --ctx "$ctx" "${extra[@]}" \
-      -f tests/fixtures/text/ppl.txt --kv-type-k "$1" --kv-type-v "$2" 2>/dev/null |
-      sed -n 's/^ppl = //p')
-  b=$("$kiln" info -m "$model" --backend cpu --kv-type-k "$1" --kv-type-v "$2" 2>/dev/null |
+base=$(mktemp /tmp/kiln-kv-base.XXXXXX)
+out=$(mktemp /tmp/kiln-kv-out.XXXXXX)
+trap 'rm -f "$base" "$out"' EXIT
+
+# K V FLAG... -> "ppl bytes_per_token"; the run's output stays in $out.
+ppl() {
+  local k=$1 v=$2 p b
+  shift 2
+  "$kiln" perplexity -m "$model" --backend "$backend" --ctx "$ctx" "${extra[@]}" \
+    -f tests/fixtures/text/ppl.txt --kv-type-k "$k" --kv-type-v "$v" "$@" >"$out" 2>/dev/null
+  p=$(sed -n 's/^ppl = //p' "$out")
+  b=$("$kiln" info -m "$model" --backend cpu --kv-type-k "$k" --kv-type-v "$v" 2>/dev/null |
       sed -n 's/.* — \([0-9]*\) bytes per token.*/\1/p')
   echo "$p $b"
 }
 
-read -r ref ref_b < <(ppl f32 f32)
-echo "| K | V | perplexity | change from f32 | KV bytes per token |"
-echo "|---|---|---|---|---|"
-echo "| f32 | f32 | $ref | — | $ref_b |"
+# The f32 run is the base every other run is compared with (kiln perplexity --compare).
+read -r ref ref_b < <(ppl f32 f32 --save-base "$base")
+echo "| K | V | perplexity | change from f32 (± s.e. by chunk) | KL divergence from f32 | same top token | KV bytes per token |"
+echo "|---|---|---|---|---|---|---|"
+echo "| f32 | f32 | $ref | — | — | — | $ref_b |"
 for k in $types; do
   for v in $types; do
     [ "$pairs" = same ] && [ "$k" != "$v" ] && continue
-    read -r p b < <(ppl "$k" "$v")
-    d=$(python3 -c "print(f'{($p / $ref - 1) * 100:+.2f} %')")
-    echo "| $k | $v | $p | $d | $b |"
+    read -r p b < <(ppl "$k" "$v" --compare "$base")
+    d=$(sed -n 's/.*(ppl \([^ ]*\) %.*by chunk (± \([^ ]*\) %).*/\1 % ± \2/p' "$out")
+    [ -n "$d" ] || d=$(sed -n 's/.*(ppl \([^ ]*\) % .*/\1 %/p' "$out")
+    kl=$(sed -n 's/^KL divergence.*: mean \([^ ]*\) .*/\1/p' "$out")
+    same=$(sed -n 's/^same most likely token: \([^ ]*\) .*/\1 %/p' "$out")
+    echo "| $k | $v | $p | $d | $kl | $same | $b |"
   done
 done
