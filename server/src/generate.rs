@@ -442,6 +442,12 @@ pub fn perplexity(a: &PerplexityArgs) -> Result<()> {
     };
     let mut margs = a.model.clone();
     margs.ctx = Some(ctx);
+    // A bad base file fails before the model loads.
+    let base = a
+        .compare
+        .as_deref()
+        .map(crate::kld::Base::read)
+        .transpose()?;
     let mut m = load(&margs, cfg)?;
     let tokens = m.tokenizer.encode(&text, true)?;
     eprintln!(
@@ -452,29 +458,23 @@ pub fn perplexity(a: &PerplexityArgs) -> Result<()> {
     );
     let chunks = perplexity_chunks(tokens.len(), ctx, a.chunks);
     let shape = |vocab: usize| crate::kld::Shape::of(&tokens, ctx, ctx / 2, chunks, vocab);
-    let base = match &a.compare {
-        Some(p) => {
-            let b = crate::kld::Base::read(p)?;
-            let want = shape(b.shape.vocab as usize);
-            if b.shape != want {
-                bail!(
-                    "{} was saved from other tokens or chunks (ctx {}, {} chunks, vocabulary {}; this run: ctx {ctx}, {chunks} chunks, vocabulary {}{}): run both with the same model vocabulary, --file, --ctx and --chunks",
-                    p.display(),
-                    b.shape.ctx,
-                    b.shape.chunks,
-                    b.shape.vocab,
-                    want.vocab,
-                    if b.shape.hash != want.hash && b.shape.chunks == want.chunks {
-                        ", other tokens"
-                    } else {
-                        ""
-                    }
-                );
-            }
-            Some(b)
+    if let (Some(b), Some(p)) = (&base, &a.compare) {
+        // The vocabulary is checked against the first row of logits.
+        let want = shape(b.shape.vocab as usize);
+        if b.shape != want {
+            bail!(
+                "{} was saved from other tokens or chunks (ctx {}, {} chunks; this run: ctx {ctx}, {chunks} chunks{}): run both with the same --file, --ctx and --chunks and a model of the same vocabulary",
+                p.display(),
+                b.shape.ctx,
+                b.shape.chunks,
+                if b.shape.hash != want.hash && b.shape.chunks == want.chunks {
+                    ", other tokens"
+                } else {
+                    ""
+                }
+            );
         }
-        None => None,
-    };
+    }
     let mut saver: Option<crate::kld::BaseWriter> = None;
     let mut stats = crate::kld::Stats::new(ctx - 1 - ctx / 2);
     let mut at = 0usize;
