@@ -24,14 +24,15 @@ extra=()
 
 base=$(mktemp /tmp/kiln-kv-base.XXXXXX)
 out=$(mktemp /tmp/kiln-kv-out.XXXXXX)
-trap 'rm -f "$base" "$out"' EXIT
+trap 'rm -f "$base" "$out" "$out.err"' EXIT
 
 # K V FLAG... -> "ppl bytes_per_token"; the run's output stays in $out.
 ppl() {
   local k=$1 v=$2 p b
   shift 2
   "$kiln" perplexity -m "$model" --backend "$backend" --ctx "$ctx" "${extra[@]}" \
-    -f tests/fixtures/text/ppl.txt --kv-type-k "$k" --kv-type-v "$v" "$@" >"$out" 2>/dev/null
+    -f tests/fixtures/text/ppl.txt --kv-type-k "$k" --kv-type-v "$v" "$@" >"$out" 2>"$out.err" ||
+    { echo "kiln perplexity failed for K $k, V $v:" >&2; cat "$out.err" >&2; }
   p=$(sed -n 's/^ppl = //p' "$out")
   b=$("$kiln" info -m "$model" --backend cpu --kv-type-k "$k" --kv-type-v "$v" 2>/dev/null |
       sed -n 's/.* — \([0-9]*\) bytes per token.*/\1/p')
@@ -40,6 +41,7 @@ ppl() {
 
 # The f32 run is the base every other run is compared with (kiln perplexity --compare).
 read -r ref ref_b < <(ppl f32 f32 --save-base "$base")
+[ -n "$ref" ] || exit 1
 echo "| K | V | perplexity | change from f32 (± s.e. by chunk) | KL divergence from f32 | same top token | KV bytes per token |"
 echo "|---|---|---|---|---|---|---|"
 echo "| f32 | f32 | $ref | — | — | — | $ref_b |"
@@ -47,7 +49,8 @@ for k in $types; do
   for v in $types; do
     [ "$pairs" = same ] && [ "$k" != "$v" ] && continue
     read -r p b < <(ppl "$k" "$v" --compare "$base")
-    d=$(sed -n 's/.*(ppl \([^ ]*\) %.*by chunk (± \([^ ]*\) %).*/\1 % ± \2/p' "$out")
+    [ -n "$p" ] || exit 1
+    d=$(sed -n 's/.*(ppl \([^ ]*\) %.*by chunk (± \([^ ]*\) %.*/\1 % ± \2 %/p' "$out")
     [ -n "$d" ] || d=$(sed -n 's/.*(ppl \([^ ]*\) % .*/\1 %/p' "$out")
     kl=$(sed -n 's/^KL divergence.*: mean \([^ ]*\) .*/\1/p' "$out")
     same=$(sed -n 's/^same most likely token: \([^ ]*\) .*/\1 %/p' "$out")

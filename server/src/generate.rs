@@ -337,7 +337,8 @@ pub struct PerplexityArgs {
     pub save_base: Option<std::path::PathBuf>,
     /// Compare this run with a `--save-base` file of the same text, chunks and vocabulary:
     /// the change in log-perplexity with its standard error, the KL divergence from the base
-    /// and how often the most likely token is the same (another backend, KV cache type or
+    /// (over the base's 32 most likely tokens and the rest as one: a lower bound of the full
+    /// KL) and how often the most likely token is the same (another backend, KV cache type or
     /// weight format against the base).
     #[arg(long, value_name = "FILE", conflicts_with = "save_base")]
     pub compare: Option<std::path::PathBuf>,
@@ -489,6 +490,9 @@ pub fn perplexity(a: &PerplexityArgs) -> Result<()> {
             eprint!("\r[{i}/{n}] ppl {p:.4}   ");
         },
         |lp, next| {
+            if (a.save_base.is_some() || base.is_some()) && lp.iter().any(|x| x.is_nan()) {
+                bail!("position {at}: the logits hold NaN (the backend's output is broken)");
+            }
             if let Some(path) = &a.save_base {
                 saver
                     .get_or_insert_with(|| crate::kld::BaseWriter::new(path, shape(lp.len())))

@@ -7,15 +7,16 @@
 //! `TOP` most likely tokens with theirs (not the whole vocabulary: a full row of a 262k
 //! vocabulary is a megabyte). The KL divergence is therefore computed over the base's top
 //! tokens plus one bucket for the rest of the vocabulary: merging outcomes can only lower a
-//! KL divergence, so the figure is a lower bound that is exact where the two runs agree on
-//! the tail's total, and it is the same coarsening for every run compared to one base.
+//! KL divergence, so the figure is a lower bound of the full one (equal to it where the run's
+//! tail is proportional to the base's), the same coarsening for every run compared to one
+//! base. llama.cpp's KLD sums the whole vocabulary; the two agree where the tail is small.
 //!
 //! Layout (little-endian): `KILNKLD1`, then u32 ctx, u32 first scored position of a chunk,
 //! u32 chunks, u32 TOP, u32 vocabulary size, u64 FNV-1a hash of the scored chunks' tokens,
 //! u64 records; then per record u32 target, f32 its log-probability, and TOP × (u32 token,
 //! f32 log-probability), most likely first.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -24,6 +25,8 @@ use anyhow::{bail, Context, Result};
 pub const TOP: usize = 32;
 const MAGIC: &[u8; 8] = b"KILNKLD1";
 const HEADER: usize = 8 + 5 * 4 + 2 * 8;
+/// Bytes of a record: target, its log-probability, TOP × (token, log-probability).
+const RECORD: usize = 8 + 8 * TOP;
 
 /// What identifies the scored text: a comparison needs the same chunks of the same tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,7 +134,9 @@ impl BaseWriter {
         out.extend_from_slice(&s.hash.to_le_bytes());
         out.extend_from_slice(&self.n.to_le_bytes());
         out.extend_from_slice(&self.body);
-        let tmp = self.path.with_extension("partial");
+        let mut tmp = self.path.clone().into_os_string();
+        tmp.push(".partial");
+        let tmp = std::path::PathBuf::from(tmp);
         let mut f =
             std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         f.write_all(&out)
@@ -156,50 +161,83 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 
 impl Base {
     pub fn read(path: &Path) -> Result<Base> {
-        let b = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-        Base::parse(&b).with_context(|| format!("{} is not a usable base file", path.display()))
+        let what = || format!("{} is not a usable base file", path.display());
+        let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        // The header says how long the file must be: nothing more is read than that.
+        let mut b = vec![0u8; HEADER];
+        f.read_exact(&mut b)
+            .map_err(|_| anyhow::anyhow!("shorter than a header"))
+            .with_context(what)?;
+        let want = Base::file_len(&b).with_context(what)?;
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if len != want {
+            bail!("{}: its header says {want} bytes, the file has {len}", what());
+        }
+        f.read_to_end(&mut b)
+            .with_context(|| format!("reading {}", path.display()))?;
+        Base::parse(&b).with_context(what)
+    }
+
+    /// The length a file with this header has (the header checked).
+    fn file_len(b: &[u8]) -> Result<u64> {
+        if b.len() < HEADER || &b[..8] != MAGIC {
+            bail!("no KILNKLD1 header (write one with `kiln perplexity --save-base FILE`)");
+        }
+        let top = u32_at(b, 20);
+        if top as usize != TOP {
+            bail!("it keeps {top} tokens a position; this kiln reads {TOP}");
+        }
+        let n = u64::from_le_bytes(b[36..44].try_into()?);
+        n.checked_mul(RECORD as u64)
+            .and_then(|x| x.checked_add(HEADER as u64))
+            .ok_or_else(|| anyhow::anyhow!("it says {n} positions, more than any file holds"))
     }
 
     /// Parses a base file's bytes; every count is checked against the length first.
     pub fn parse(b: &[u8]) -> Result<Base> {
-        if b.len() < HEADER || &b[..8] != MAGIC {
-            bail!("no KILNKLD1 header (write one with `kiln perplexity --save-base FILE`)");
+        let want = Base::file_len(b)?;
+        if want != b.len() as u64 {
+            bail!("its header says {want} bytes, it has {}", b.len());
         }
         let f = |i: usize| u32_at(b, 8 + 4 * i);
-        let (ctx, first, chunks, top, vocab) = (f(0), f(1), f(2), f(3), f(4));
+        let (ctx, first, chunks, vocab) = (f(0), f(1), f(2), f(4));
         let hash = u64::from_le_bytes(b[28..36].try_into()?);
-        let n = u64::from_le_bytes(b[36..44].try_into()?);
-        if top as usize != TOP {
-            bail!("it keeps {top} tokens a position; this kiln reads {TOP}");
-        }
-        let rec = 8 + 8 * TOP;
-        let body = &b[HEADER..];
-        if n.checked_mul(rec as u64) != Some(body.len() as u64) {
-            bail!(
-                "it says {n} positions but holds {} bytes of them ({rec} each)",
-                body.len()
-            );
-        }
-        let mut records = Vec::with_capacity(n as usize);
-        for r in body.chunks_exact(rec) {
+        let mut records = Vec::with_capacity(b.len() / RECORD);
+        for (i, r) in b[HEADER..].chunks_exact(RECORD).enumerate() {
             let target = u32_at(r, 0);
             let logprob = f32::from_le_bytes([r[4], r[5], r[6], r[7]]);
             if target >= vocab {
-                bail!("a target token {target} outside its vocabulary of {vocab}");
+                bail!("position {i}: a target token {target} outside its vocabulary of {vocab}");
             }
-            let mut top = Vec::with_capacity(TOP);
+            // A log-probability is at most 0 (f32 rounding aside) and never NaN.
+            let lp_ok = |l: f32| l <= 1e-4;
+            if !lp_ok(logprob) {
+                bail!("position {i}: the target's log-probability is {logprob}");
+            }
+            let mut top: Vec<(u32, f32)> = Vec::with_capacity(TOP);
             for k in 0..TOP {
                 let t = u32_at(r, 8 + 8 * k);
+                let l = f32::from_le_bytes([r[12 + 8 * k], r[13 + 8 * k], r[14 + 8 * k], r[15 + 8 * k]]);
                 if t == u32::MAX {
+                    // Padding runs to the end of the record.
+                    if (k..TOP).any(|j| u32_at(r, 8 + 8 * j) != u32::MAX) {
+                        bail!("position {i}: a token after the padding");
+                    }
                     break;
                 }
                 if t >= vocab {
-                    bail!("a top token {t} outside its vocabulary of {vocab}");
+                    bail!("position {i}: a top token {t} outside its vocabulary of {vocab}");
                 }
-                top.push((t, f32::from_le_bytes(r[12 + 8 * k..16 + 8 * k].try_into()?)));
+                if !lp_ok(l) || top.last().is_some_and(|&(_, p)| l > p) || top.iter().any(|&(u, _)| u == t) {
+                    bail!("position {i}: its top tokens are not distinct log-probabilities, most likely first");
+                }
+                top.push((t, l));
             }
             if top.is_empty() {
-                bail!("a position with no tokens");
+                bail!("position {i}: no tokens");
+            }
+            if top.iter().map(|&(_, l)| (l as f64).exp()).sum::<f64>() > 1.001 {
+                bail!("position {i}: its top tokens' probabilities sum past 1");
             }
             records.push(Record {
                 target,
@@ -255,11 +293,13 @@ pub fn kl_top(r: &Record, q: &[f64]) -> f64 {
             kl += p * (lp - lq);
         }
     }
-    let (pr, qr) = ((1.0 - pm).max(0.0), (1.0 - qm).max(0.0));
+    // Rounding can take the sums a hair past 1; a NaN stays NaN (`f64::max` would drop it).
+    let clamp = |x: f64| if x < 0.0 { 0.0 } else { x };
+    let (pr, qr) = (clamp(1.0 - pm), clamp(1.0 - qm));
     if pr > 1e-12 {
         kl += pr * (pr.ln() - qr.max(1e-300).ln());
     }
-    kl.max(0.0)
+    clamp(kl)
 }
 
 impl Stats {
@@ -308,23 +348,21 @@ impl Stats {
     /// The figures of the positions added so far.
     pub fn summary(&self) -> Summary {
         let n = self.n.max(1) as f64;
+        // One position has no spread to estimate: its standard errors are NaN.
+        let one = if self.n < 2 { f64::NAN } else { 1.0 };
         let se = |s: f64, s2: f64| {
             let m = s / n;
             let var = (s2 / n - m * m).max(0.0) * n / (n - 1.0).max(1.0);
-            (m, (var / n).sqrt())
+            (m, one * (var / n).sqrt())
         };
         let (ln_ratio, ln_ratio_se) = se(self.d, self.d2);
         let (kl_mean, kl_se) = se(self.kl, self.kl2);
         let mut kls = self.kls.clone();
         kls.sort_by(f64::total_cmp);
-        let pct = |p: f64| {
-            kls.get(((kls.len() as f64 - 1.0).max(0.0) * p).round() as usize)
-                .copied()
-                .unwrap_or(0.0)
-        };
         let same_top = self.same_top as f64 / n;
         // The chunks' mean changes as the samples: positions of a chunk share its cache, so
-        // a difference early in a chunk carries on through it.
+        // a difference early in a chunk carries on through it. (A last chunk shorter than the
+        // others counts as much as they do; `perplexity_with` scores whole chunks.)
         let ln_ratio_se_chunks = (self.per_chunk > 0 && self.chunk_d.len() >= 2).then(|| {
             let means: Vec<f64> = self
                 .chunk_d
@@ -346,13 +384,23 @@ impl Stats {
             ln_ratio_se_chunks,
             kl_mean,
             kl_se,
-            kl_median: pct(0.5),
-            kl_p99: pct(0.99),
+            kl_median: percentile(&kls, 0.5),
+            kl_p99: percentile(&kls, 0.99),
             kl_max: kls.last().copied().unwrap_or(0.0),
             same_top,
-            same_top_se: (same_top * (1.0 - same_top) / n).sqrt(),
+            same_top_se: one * (same_top * (1.0 - same_top) / n).sqrt(),
+            chunks: self.chunk_d.len(),
         }
     }
+}
+
+/// The value at fraction `p` of the way through `sorted` (nearest rank; 0 when empty).
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let last = sorted.len().saturating_sub(1);
+    sorted
+        .get(((last as f64) * p).round() as usize)
+        .copied()
+        .unwrap_or(0.0)
 }
 
 /// A comparison's figures. Standard errors by position treat positions as independent (as
@@ -368,6 +416,8 @@ pub struct Summary {
     /// The same from the chunks' means (two chunks or more): positions of a chunk are not
     /// independent, so this is the more honest of the two where chunks are many.
     pub ln_ratio_se_chunks: Option<f64>,
+    /// Chunks behind `ln_ratio_se_chunks` (few chunks: the estimate is itself rough).
+    pub chunks: usize,
     pub kl_mean: f64,
     pub kl_se: f64,
     pub kl_median: f64,
@@ -392,17 +442,22 @@ impl std::fmt::Display for Summary {
             100.0 * r * self.ln_ratio_se
         )?;
         match self.ln_ratio_se_chunks {
-            Some(se) => writeln!(f, ", ± {se:.5} by chunk (± {:.3} %)", 100.0 * r * se)?,
+            Some(se) => writeln!(
+                f,
+                ", ± {se:.5} by chunk (± {:.3} %, {} chunks)",
+                100.0 * r * se,
+                self.chunks
+            )?,
             None => writeln!(f)?,
         }
         writeln!(
             f,
-            "KL divergence from base (top {TOP} + rest): mean {:.6} ± {:.6}, median {:.6}, 99 % {:.6}, max {:.6}",
+            "KL divergence from base (its top {TOP} + the rest as one, a lower bound): mean {:.6} ± {:.6} by position, median {:.6}, 99 % {:.6}, max {:.6}",
             self.kl_mean, self.kl_se, self.kl_median, self.kl_p99, self.kl_max
         )?;
         write!(
             f,
-            "same most likely token: {:.3} % ± {:.3} %",
+            "same most likely token: {:.3} % ± {:.3} % by position",
             100.0 * self.same_top,
             100.0 * self.same_top_se
         )
@@ -460,6 +515,45 @@ mod tests {
                 assert_eq!(row[t as usize] as f32, l);
             }
         }
+    }
+
+    /// Σ p ln(p/q) over explicit probabilities.
+    fn kl_of(p: &[f64], q: &[f64]) -> f64 {
+        p.iter().zip(q).map(|(a, b)| a * (a / b).ln()).sum()
+    }
+
+    #[test]
+    fn kl_over_the_top_tokens_and_the_rest() {
+        // Base: tokens 0 and 1 kept (0.5, 0.3), the rest 0.2 spread over tokens 2 and 3.
+        let r = Record {
+            target: 0,
+            logprob: 0.5f32.ln(),
+            top: vec![(0, 0.5f32.ln()), (1, 0.3f32.ln())],
+        };
+        let p = [0.5f32 as f64, 0.3f32 as f64];
+        let rest = 1.0 - p[0] - p[1];
+        // A run whose tail is not proportional: the coarsened KL is three outcomes' KL.
+        let q = [0.4, 0.35, 0.2, 0.05];
+        let lq: Vec<f64> = q.iter().map(|x: &f64| x.ln()).collect();
+        let want = kl_of(&[p[0], p[1], rest], &[0.4, 0.35, 0.25]);
+        assert!((kl_top(&r, &lq) - want).abs() < 1e-12, "{} vs {want}", kl_top(&r, &lq));
+        // A tail proportional to the base's (0.15 : 0.05 both): it equals the full KL.
+        let pf = [p[0], p[1], rest * 0.75, rest * 0.25];
+        let q = [0.45, 0.35, 0.2 * 0.75, 0.2 * 0.25];
+        let lq: Vec<f64> = q.iter().map(|x: &f64| x.ln()).collect();
+        assert!((kl_top(&r, &lq) - kl_of(&pf, &q)).abs() < 1e-12);
+        // A run of NaN (a broken backend) shows NaN, not a perfect 0.
+        assert!(kl_top(&r, &[f64::NAN; 4]).is_nan());
+    }
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let v: Vec<f64> = (0..=100).map(|x| x as f64).collect();
+        assert_eq!(percentile(&v, 0.5), 50.0);
+        assert_eq!(percentile(&v, 0.99), 99.0);
+        assert_eq!(percentile(&v, 1.0), 100.0);
+        assert_eq!(percentile(&[7.0], 0.99), 7.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
     }
 
     #[test]
@@ -573,8 +667,22 @@ mod tests {
         let mut bad = good.clone();
         bad[36] = 9; // more records than bytes
         assert!(Base::parse(&bad).is_err());
-        let mut bad = good;
+        let mut bad = good.clone();
         bad[0] = b'X';
         assert!(Base::parse(&bad).is_err());
+        // Record contents: a top token's bytes at 8 + 8k, its log-probability at 12 + 8k.
+        let at = |k: usize| HEADER + 8 + 8 * k;
+        let cases: [(&str, Box<dyn Fn(&mut Vec<u8>)>); 5] = [
+            ("second token = first", Box::new(move |b| b.copy_within(at(0)..at(0) + 4, at(1)))),
+            ("order", Box::new(move |b| b[at(1) + 4..at(1) + 8].copy_from_slice(&0.0f32.to_le_bytes()))),
+            ("positive log-prob", Box::new(move |b| b[at(0) + 4..at(0) + 8].copy_from_slice(&0.5f32.to_le_bytes()))),
+            ("NaN target log-prob", Box::new(|b| b[HEADER + 4..HEADER + 8].copy_from_slice(&f32::NAN.to_le_bytes()))),
+            ("token after padding", Box::new(move |b| b[at(3)..at(3) + 4].copy_from_slice(&u32::MAX.to_le_bytes()))),
+        ];
+        for (what, f) in cases {
+            let mut bad = good.clone();
+            f(&mut bad);
+            assert!(Base::parse(&bad).is_err(), "{what}");
+        }
     }
 }
