@@ -162,7 +162,8 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 impl Base {
     pub fn read(path: &Path) -> Result<Base> {
         let what = || format!("{} is not a usable base file", path.display());
-        let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let mut f =
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
         // The header says how long the file must be: nothing more is read than that.
         let mut b = vec![0u8; HEADER];
         f.read_exact(&mut b)
@@ -171,7 +172,10 @@ impl Base {
         let want = Base::file_len(&b).with_context(what)?;
         let len = f.metadata().map(|m| m.len()).unwrap_or(0);
         if len != want {
-            bail!("{}: its header says {want} bytes, the file has {len}", what());
+            bail!(
+                "{}: its header says {want} bytes, the file has {len}",
+                what()
+            );
         }
         f.read_to_end(&mut b)
             .with_context(|| format!("reading {}", path.display()))?;
@@ -217,7 +221,12 @@ impl Base {
             let mut top: Vec<(u32, f32)> = Vec::with_capacity(TOP);
             for k in 0..TOP {
                 let t = u32_at(r, 8 + 8 * k);
-                let l = f32::from_le_bytes([r[12 + 8 * k], r[13 + 8 * k], r[14 + 8 * k], r[15 + 8 * k]]);
+                let l = f32::from_le_bytes([
+                    r[12 + 8 * k],
+                    r[13 + 8 * k],
+                    r[14 + 8 * k],
+                    r[15 + 8 * k],
+                ]);
                 if t == u32::MAX {
                     // Padding runs to the end of the record.
                     if (k..TOP).any(|j| u32_at(r, 8 + 8 * j) != u32::MAX) {
@@ -228,7 +237,10 @@ impl Base {
                 if t >= vocab {
                     bail!("position {i}: a top token {t} outside its vocabulary of {vocab}");
                 }
-                if !lp_ok(l) || top.last().is_some_and(|&(_, p)| l > p) || top.iter().any(|&(u, _)| u == t) {
+                if !lp_ok(l)
+                    || top.last().is_some_and(|&(_, p)| l > p)
+                    || top.iter().any(|&(u, _)| u == t)
+                {
                     bail!("position {i}: its top tokens are not distinct log-probabilities, most likely first");
                 }
                 top.push((t, l));
@@ -530,13 +542,18 @@ mod tests {
             logprob: 0.5f32.ln(),
             top: vec![(0, 0.5f32.ln()), (1, 0.3f32.ln())],
         };
-        let p = [0.5f32 as f64, 0.3f32 as f64];
+        // The probabilities the record's f32 log-probabilities stand for.
+        let p = [(0.5f32.ln() as f64).exp(), (0.3f32.ln() as f64).exp()];
         let rest = 1.0 - p[0] - p[1];
         // A run whose tail is not proportional: the coarsened KL is three outcomes' KL.
         let q = [0.4, 0.35, 0.2, 0.05];
         let lq: Vec<f64> = q.iter().map(|x: &f64| x.ln()).collect();
         let want = kl_of(&[p[0], p[1], rest], &[0.4, 0.35, 0.25]);
-        assert!((kl_top(&r, &lq) - want).abs() < 1e-12, "{} vs {want}", kl_top(&r, &lq));
+        assert!(
+            (kl_top(&r, &lq) - want).abs() < 1e-12,
+            "{} vs {want}",
+            kl_top(&r, &lq)
+        );
         // A tail proportional to the base's (0.15 : 0.05 both): it equals the full KL.
         let pf = [p[0], p[1], rest * 0.75, rest * 0.25];
         let q = [0.45, 0.35, 0.2 * 0.75, 0.2 * 0.25];
@@ -673,11 +690,26 @@ mod tests {
         // Record contents: a top token's bytes at 8 + 8k, its log-probability at 12 + 8k.
         let at = |k: usize| HEADER + 8 + 8 * k;
         let cases: [(&str, Box<dyn Fn(&mut Vec<u8>)>); 5] = [
-            ("second token = first", Box::new(move |b| b.copy_within(at(0)..at(0) + 4, at(1)))),
-            ("order", Box::new(move |b| b[at(1) + 4..at(1) + 8].copy_from_slice(&0.0f32.to_le_bytes()))),
-            ("positive log-prob", Box::new(move |b| b[at(0) + 4..at(0) + 8].copy_from_slice(&0.5f32.to_le_bytes()))),
-            ("NaN target log-prob", Box::new(|b| b[HEADER + 4..HEADER + 8].copy_from_slice(&f32::NAN.to_le_bytes()))),
-            ("token after padding", Box::new(move |b| b[at(3)..at(3) + 4].copy_from_slice(&u32::MAX.to_le_bytes()))),
+            (
+                "second token = first",
+                Box::new(move |b| b.copy_within(at(0)..at(0) + 4, at(1))),
+            ),
+            (
+                "order",
+                Box::new(move |b| b[at(1) + 4..at(1) + 8].copy_from_slice(&0.0f32.to_le_bytes())),
+            ),
+            (
+                "positive log-prob",
+                Box::new(move |b| b[at(0) + 4..at(0) + 8].copy_from_slice(&0.5f32.to_le_bytes())),
+            ),
+            (
+                "NaN target log-prob",
+                Box::new(|b| b[HEADER + 4..HEADER + 8].copy_from_slice(&f32::NAN.to_le_bytes())),
+            ),
+            (
+                "token after padding",
+                Box::new(move |b| b[at(3)..at(3) + 4].copy_from_slice(&u32::MAX.to_le_bytes())),
+            ),
         ];
         for (what, f) in cases {
             let mut bad = good.clone();
