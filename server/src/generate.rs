@@ -496,7 +496,7 @@ pub fn perplexity(a: &PerplexityArgs) -> Result<()> {
             if let Some(path) = &a.save_base {
                 saver
                     .get_or_insert_with(|| crate::kld::BaseWriter::new(path, shape(lp.len())))
-                    .push(&crate::kld::Record::of(lp, next));
+                    .push(&crate::kld::record(lp, next));
             }
             if let Some(b) = &base {
                 if lp.len() != b.shape.vocab as usize {
@@ -509,10 +509,10 @@ pub fn perplexity(a: &PerplexityArgs) -> Result<()> {
                 let Some(r) = b.records.get(at) else {
                     bail!("the base has only {} positions", b.records.len());
                 };
-                if r.target != next {
+                if r.token != next {
                     bail!(
                         "position {at}: the base scored token {}, this run {next}",
-                        r.target
+                        r.token
                     );
                 }
                 stats.add(r, lp);

@@ -57,35 +57,13 @@ impl Shape {
     }
 }
 
-/// One scored position of the base.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Record {
-    pub target: u32,
-    pub logprob: f32,
-    /// The most likely tokens, most likely first.
-    pub top: Vec<(u32, f32)>,
-}
+/// One scored position of the base: the token that came next with its log-probability, and
+/// the base's most likely tokens with theirs, most likely first.
+pub type Record = kiln_core::sample::TokenLogprobs;
 
-impl Record {
-    /// The record of a row of log-probabilities and the token that came next.
-    pub fn of(lp: &[f64], target: u32) -> Record {
-        let mut idx: Vec<u32> = (0..lp.len() as u32).collect();
-        let n = TOP.min(idx.len());
-        let by = |a: &u32, b: &u32| lp[*b as usize].total_cmp(&lp[*a as usize]).then(a.cmp(b));
-        if n < idx.len() {
-            idx.select_nth_unstable_by(n, by);
-            idx.truncate(n);
-        }
-        idx.sort_by(by);
-        Record {
-            target,
-            logprob: lp
-                .get(target as usize)
-                .copied()
-                .unwrap_or(f64::NEG_INFINITY) as f32,
-            top: idx.iter().map(|&i| (i, lp[i as usize] as f32)).collect(),
-        }
-    }
+/// The record of a row of log-probabilities and the token that came next.
+pub fn record(lp: &[f64], next: u32) -> Record {
+    Record::of_logprobs(lp, next, TOP)
 }
 
 /// A base file being written.
@@ -107,7 +85,7 @@ impl BaseWriter {
     }
 
     pub fn push(&mut self, r: &Record) {
-        self.body.extend_from_slice(&r.target.to_le_bytes());
+        self.body.extend_from_slice(&r.token.to_le_bytes());
         self.body.extend_from_slice(&r.logprob.to_le_bytes());
         for k in 0..TOP {
             // Fewer tokens than TOP (a tiny vocabulary): the slot is padded with an
@@ -252,7 +230,7 @@ impl Base {
                 bail!("position {i}: its top tokens' probabilities sum past 1");
             }
             records.push(Record {
-                target,
+                token: target,
                 logprob,
                 top,
             });
@@ -326,7 +304,7 @@ impl Stats {
     /// Adds a position: the base's record and this run's log-probabilities.
     pub fn add(&mut self, r: &Record, q: &[f64]) {
         let nll = -q
-            .get(r.target as usize)
+            .get(r.token as usize)
             .copied()
             .unwrap_or(f64::NEG_INFINITY);
         let nb = -(r.logprob as f64);
@@ -508,7 +486,7 @@ mod tests {
         let recs: Vec<Record> = rs
             .iter()
             .enumerate()
-            .map(|(i, r)| Record::of(r, (i * 37) as u32))
+            .map(|(i, r)| record(r, (i * 37) as u32))
             .collect();
         for r in &recs {
             w.push(r);
@@ -538,7 +516,7 @@ mod tests {
     fn kl_over_the_top_tokens_and_the_rest() {
         // Base: tokens 0 and 1 kept (0.5, 0.3), the rest 0.2 spread over tokens 2 and 3.
         let r = Record {
-            target: 0,
+            token: 0,
             logprob: 0.5f32.ln(),
             top: vec![(0, 0.5f32.ln()), (1, 0.3f32.ln())],
         };
@@ -578,7 +556,7 @@ mod tests {
         let rs = rows(11, 20, 200);
         let qs = rows(12, 20, 200);
         for (p, q) in rs.iter().zip(&qs) {
-            let r = Record::of(p, 3);
+            let r = record(p, 3);
             assert!(kl_top(&r, p) < 1e-6, "{}", kl_top(&r, p));
             // A perturbed row: the coarsened KL is positive and at most the full one.
             let mixed = lsm(&p
@@ -597,7 +575,7 @@ mod tests {
         let rs = rows(3, 50, 100);
         let mut st = Stats::default();
         for (i, p) in rs.iter().enumerate() {
-            st.add(&Record::of(p, (i % 100) as u32), p);
+            st.add(&record(p, (i % 100) as u32), p);
         }
         let s = st.summary();
         assert_eq!(s.n, 50);
@@ -624,7 +602,7 @@ mod tests {
             nq -= q[t as usize];
             let arg = |v: &[f64]| (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b });
             same += (arg(p) == arg(&q)) as usize;
-            st.add(&Record::of(p, t), &q);
+            st.add(&record(p, t), &q);
         }
         let s = st.summary();
         let n = ps.len() as f64;
@@ -670,7 +648,7 @@ mod tests {
         let shape = Shape::of(&[5; 8], 4, 2, 2, 50);
         let path = std::env::temp_dir().join(format!("kiln-kld-bad-{}.bin", std::process::id()));
         let mut w = BaseWriter::new(&path, shape);
-        w.push(&Record::of(&rows(1, 1, 50)[0], 9));
+        w.push(&record(&rows(1, 1, 50)[0], 9));
         w.finish().unwrap();
         let good = std::fs::read(&path).unwrap();
         std::fs::remove_file(&path).ok();

@@ -210,7 +210,7 @@ fn gemma3_perplexity_matches_llama_cpp() {
 /// two perplexities that `perplexity_of` computes on its own.
 #[test]
 fn smollm2_compare_with_a_saved_base() {
-    use kiln_server::kld::{Record, Stats};
+    use kiln_server::kld::{record, Stats};
     let Some(path) = model_file(SMOLLM2) else {
         return;
     };
@@ -250,12 +250,12 @@ fn smollm2_compare_with_a_saved_base() {
         .0
     };
     let mut base = Vec::new();
-    let ppl_base = score(DType::F32, &mut |lp, next| base.push(Record::of(lp, next)));
+    let ppl_base = score(DType::F32, &mut |lp, next| base.push(record(lp, next)));
     assert_eq!(base.len(), 2 * (ctx - 1 - ctx / 2));
     for kv in [DType::F32, DType::Q8_0] {
         let (mut st, mut at) = (Stats::new(ctx - 1 - ctx / 2), 0);
         let ppl = score(kv, &mut |lp, next| {
-            assert_eq!(base[at].target, next);
+            assert_eq!(base[at].token, next);
             st.add(&base[at], lp);
             at += 1;
         });

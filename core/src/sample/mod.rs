@@ -347,24 +347,47 @@ impl TokenLogprobs {
                 .get(t as usize)
                 .map_or(f32::NEG_INFINITY, |&x| (x as f64 - lse) as f32)
         };
-        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-        let n = n.min(idx.len());
         let order = |a: &u32, b: &u32| {
             logits[*b as usize]
                 .total_cmp(&logits[*a as usize])
                 .then(a.cmp(b))
         };
-        if n > 0 && n < idx.len() {
-            idx.select_nth_unstable_by(n - 1, order);
-        }
-        idx.truncate(n);
-        idx.sort_by(order);
         TokenLogprobs {
             token,
             logprob: lp(token),
-            top: idx.into_iter().map(|t| (t, lp(t))).collect(),
+            top: top_ids(logits.len(), n, order)
+                .into_iter()
+                .map(|t| (t, lp(t)))
+                .collect(),
         }
     }
+
+    /// The same from a row that is already log-probabilities (`log_softmax`'s).
+    pub fn of_logprobs(lp: &[f64], token: u32, n: usize) -> TokenLogprobs {
+        let order = |a: &u32, b: &u32| lp[*b as usize].total_cmp(&lp[*a as usize]).then(a.cmp(b));
+        TokenLogprobs {
+            token,
+            logprob: lp
+                .get(token as usize)
+                .map_or(f32::NEG_INFINITY, |&x| x as f32),
+            top: top_ids(lp.len(), n, order)
+                .into_iter()
+                .map(|t| (t, lp[t as usize] as f32))
+                .collect(),
+        }
+    }
+}
+
+/// The first `n` of ids `0..len` in `order`, in order.
+fn top_ids(len: usize, n: usize, order: impl Fn(&u32, &u32) -> std::cmp::Ordering) -> Vec<u32> {
+    let mut idx: Vec<u32> = (0..len as u32).collect();
+    let n = n.min(idx.len());
+    if n > 0 && n < idx.len() {
+        idx.select_nth_unstable_by(n - 1, &order);
+    }
+    idx.truncate(n);
+    idx.sort_by(&order);
+    idx
 }
 
 #[cfg(test)]
