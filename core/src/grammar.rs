@@ -22,6 +22,8 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
 
+pub mod limits;
+
 /// What a request constrains its output to.
 #[derive(Clone, Debug, PartialEq)]
 pub enum GrammarSpec {
@@ -151,6 +153,8 @@ impl Grammars {
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| Error::Model(format!("grammar setup: {e}")))?;
         factory.quiet();
+        // Errors go back to clients: no parser state or grammar dump in them.
+        factory.limits_mut().verbose_errors = false;
         Ok(Grammars {
             factory: Arc::new(factory),
             stop: stop.into(),
@@ -159,28 +163,64 @@ impl Grammars {
     }
 
     /// A fresh constraint for one request; a grammar that does not compile is an error that
-    /// says why.
+    /// says why. The grammar is first checked against [`limits`] (size, `$ref` depth, rule
+    /// count and depth: an error naming the limit), then compiled on a thread of its
+    /// own with a [`limits::COMPILE_STACK`] stack, so that no grammar within the limits can
+    /// overflow the caller's stack; the first token's mask is computed there too, so a grammar
+    /// beyond the parser's own limits is refused here rather than after the request starts.
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Constraint> {
-        let grammar = match spec {
-            GrammarSpec::JsonSchema(s) => TopLevelGrammar::from_json_schema(json_style(s.clone())),
-            GrammarSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
-            GrammarSpec::Regex(r) => TopLevelGrammar::from_regex(r),
+        limits::check(spec)?;
+        let spec = match spec {
+            GrammarSpec::JsonSchema(s) => GrammarSpec::JsonSchema(json_style(s.clone())),
+            g => g.clone(),
         };
-        let parser = self
-            .factory
-            .create_parser(grammar)
-            .map_err(|e| Error::Model(format!("grammar: {e}")))?;
-        let matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            return Err(Error::Model(format!("grammar: {e}")));
-        }
+        let factory = self.factory.clone();
+        let compiled = std::thread::Builder::new()
+            .name("kiln-grammar".into())
+            .stack_size(limits::COMPILE_STACK)
+            .spawn(
+                move || -> std::result::Result<(Matcher, Option<SimpleVob>), String> {
+                    let grammar = match &spec {
+                        GrammarSpec::JsonSchema(s) => TopLevelGrammar::from_json_schema(s.clone()),
+                        GrammarSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+                        GrammarSpec::Regex(r) => TopLevelGrammar::from_regex(r),
+                    };
+                    let parser = factory.create_parser(grammar).map_err(|e| e.to_string())?;
+                    let mut matcher = Matcher::new(Ok(parser));
+                    if let Some(e) = matcher.get_error() {
+                        return Err(e);
+                    }
+                    let mask = if matcher.is_stopped() {
+                        None
+                    } else {
+                        Some(matcher.compute_mask().map_err(|e| e.to_string())?)
+                    };
+                    Ok((matcher, mask))
+                },
+            )
+            .map_err(|e| Error::Model(format!("grammar: no thread to compile it on: {e}")))?
+            .join();
+        let (matcher, mask) = match compiled {
+            Ok(r) => r.map_err(|e| Error::Model(format!("grammar: {}", short_error(&e))))?,
+            Err(_) => return Err(Error::Model("grammar: the compiler failed on it".into())),
+        };
         Ok(Constraint {
             matcher,
             stop: self.stop.clone(),
             eos: self.eos,
-            mask: None,
+            mask,
         })
     }
+}
+
+/// The first lines of a parser error, at most 400 characters: the client's mistake in a
+/// sentence, not the parser's state.
+fn short_error(e: &str) -> String {
+    let mut out: String = e.lines().take(3).collect::<Vec<_>>().join("; ");
+    if out.chars().count() > 400 {
+        out = out.chars().take(400).collect::<String>() + "…";
+    }
+    out
 }
 
 /// One request's grammar state. Cloning gives an independent copy (a request with `n`

@@ -1,7 +1,7 @@
 //! Models from the Hugging Face Hub: `kiln pull org/repo[:file-or-quant]` and
-//! `--model hf:org/repo[:…]`, through the `hf-hub` crate into the standard Hugging Face cache
-//! (`HF_HOME`, default `~/.cache/huggingface`), from `HF_ENDPOINT` (default the Hub) with
-//! `HF_TOKEN` (or the cache's token file) for gated repositories.
+//! `--model hf:org/repo[:…]`, into the standard Hugging Face cache (`HF_HUB_CACHE`, else
+//! `HF_HOME/hub`, default `~/.cache/huggingface/hub`), from `HF_ENDPOINT` (default the Hub)
+//! with `HF_TOKEN` (or the token file under `HF_HOME`) for gated repositories.
 //!
 //! What is fetched: a `.gguf` file named after the colon, or the GGUF whose name holds the
 //! quantization named (`:Q4_K_M`); without one, the repository's only GGUF or its Q4_K_M; a
@@ -9,15 +9,42 @@
 //! Downloads resume where an interrupted one stopped (the `.part` file in the cache), are
 //! checked against the SHA-256 the Hub gives for large files, and show a progress bar on a
 //! terminal (plain lines otherwise).
+//!
+//! The server is not trusted with the local file system. Everything it names is checked
+//! before it becomes part of a path, and refused rather than cleaned up: the commit is 40 hex
+//! digits, an ETag an opaque tag (`[A-Za-z0-9-]`, at most 128), a file name a relative,
+//! normalized path. The revision is pinned once (the listing's `sha`) and every file is asked
+//! for at that commit; the ETag that names a blob comes from the answer that delivers (or
+//! redirects to) its bytes. Redirects are followed by hand (at most 5, http and https only;
+//! the token goes to the endpoint's origin alone), bodies are held to the size announced,
+//! and nothing is written through a link that leads out of the cache. The layout is the one
+//! `huggingface_hub` uses: `models--org--repo/{blobs/<etag>, snapshots/<commit>/<file> (a
+//! relative link to the blob), refs/main}`.
 
-use std::io::{IsTerminal, Read};
-use std::path::{Path, PathBuf};
+use std::fs::{File, OpenOptions};
+use std::io::{ErrorKind, IsTerminal, Read, Write};
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use hf_hub::api::sync::{Api, ApiBuilder, ApiRepo};
-use hf_hub::api::Progress;
-use hf_hub::{Cache, Repo, RepoType};
+use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
+use url::Url;
+
+/// The Hub itself.
+const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+/// Redirects followed for one request.
+const MAX_REDIRECTS: usize = 5;
+/// The largest repository listing read.
+const MAX_INFO_BYTES: u64 = 16 << 20;
+/// The most files a listing may name.
+const MAX_SIBLINGS: usize = 100_000;
+/// The longest file name taken from a listing, and the longest part of one.
+const MAX_NAME_BYTES: usize = 1024;
+const MAX_COMPONENT_BYTES: usize = 255;
+/// The largest token file read.
+const MAX_TOKEN_BYTES: u64 = 4096;
+/// The longest wait between two tries.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(10);
 
 /// A parsed `org/repo[:selector]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,6 +83,11 @@ impl HubSpec {
             select,
         })
     }
+
+    /// The repository's folder in the cache, `models--org--repo`.
+    fn folder(&self) -> String {
+        format!("models--{}", self.repo.replace('/', "--"))
+    }
 }
 
 /// How a pull reports and retries.
@@ -76,49 +108,86 @@ impl Default for PullOptions {
     }
 }
 
-/// Where a pull goes: the endpoint, the repository and the token.
-struct Hub {
-    endpoint: String,
-    repo: String,
-    token: Option<String>,
+/// Where a pull comes from and goes to. [`HubConfig::from_env`] reads what the Hugging Face
+/// tools read; tests build one by hand.
+#[derive(Clone)]
+pub struct HubConfig {
+    /// The server, `https://huggingface.co` or `HF_ENDPOINT` (no trailing `/`).
+    pub endpoint: String,
+    /// Sent as `Authorization: Bearer …`, to the endpoint's origin only.
+    pub token: Option<String>,
+    /// The cache root, the folder holding `models--org--repo`.
+    pub cache: PathBuf,
+    /// The first wait before a retry (doubled each time, at most 10 s).
+    pub retry_wait: Duration,
 }
 
-fn api(repo: &str, opts: &PullOptions) -> Result<(Api, Hub)> {
-    let cache = Cache::from_env();
-    let token = std::env::var("HF_TOKEN")
-        .ok()
-        .filter(|t| !t.is_empty())
-        .or_else(|| cache.token());
-    let endpoint = std::env::var("HF_ENDPOINT")
-        .ok()
-        .filter(|e| !e.is_empty())
-        .unwrap_or_else(|| "https://huggingface.co".to_string())
-        .trim_end_matches('/')
-        .to_string();
-    let api = ApiBuilder::from_env()
-        .with_endpoint(endpoint.clone())
-        .with_token(token.clone())
-        .with_retries(opts.retries)
-        .with_progress(false)
-        .build()
-        .context("setting up the Hub client")?;
-    Ok((
-        api,
-        Hub {
+impl std::fmt::Debug for HubConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HubConfig")
+            .field("endpoint", &self.endpoint)
+            .field("token", &self.token.as_ref().map(|_| "…"))
+            .field("cache", &self.cache)
+            .field("retry_wait", &self.retry_wait)
+            .finish()
+    }
+}
+
+impl HubConfig {
+    /// The endpoint from `HF_ENDPOINT`; the cache root from `HF_HUB_CACHE`, else
+    /// `HF_HOME/hub`, else `~/.cache/huggingface/hub`; the token from `HF_TOKEN`, else the
+    /// `token` file under `HF_HOME` (as `huggingface-cli login` leaves it).
+    pub fn from_env() -> Result<HubConfig> {
+        let var = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        let home = var("HOME").or_else(|| var("USERPROFILE"));
+        let hf_home = var("HF_HOME").or_else(|| home.map(|h| h.join(".cache").join("huggingface")));
+        let cache = var("HF_HUB_CACHE")
+            .or_else(|| hf_home.as_ref().map(|h| h.join("hub")))
+            .context("no place for the Hugging Face cache: set HF_HOME (or HF_HUB_CACHE)")?;
+        let token = std::env::var("HF_TOKEN")
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .or_else(|| hf_home.and_then(|h| read_token(&h.join("token"))));
+        let endpoint = std::env::var("HF_ENDPOINT")
+            .ok()
+            .map(|e| e.trim().trim_end_matches('/').to_string())
+            .filter(|e| !e.is_empty())
+            .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
+        Ok(HubConfig {
             endpoint,
-            repo: repo.to_string(),
             token,
-        },
-    ))
+            cache,
+            retry_wait: Duration::from_millis(300),
+        })
+    }
+}
+
+/// The token file's content, trimmed; nothing when it is missing, empty, not text or too
+/// large to be a token.
+fn read_token(path: &Path) -> Option<String> {
+    let f = File::open(path).ok()?;
+    let mut buf = Vec::new();
+    f.take(MAX_TOKEN_BYTES + 1).read_to_end(&mut buf).ok()?;
+    if buf.len() as u64 > MAX_TOKEN_BYTES {
+        tracing::warn!("{} is too large to be a token; ignored", path.display());
+        return None;
+    }
+    let t = String::from_utf8(buf).ok()?.trim().to_string();
+    (!t.is_empty()).then_some(t)
 }
 
 /// Progress to stderr: an indicatif bar on a terminal, a line per tenth otherwise.
 struct Report {
     bar: Option<indicatif::ProgressBar>,
     name: String,
-    total: usize,
-    done: usize,
-    tenth: usize,
+    total: u64,
+    done: u64,
+    tenth: u64,
 }
 
 impl Report {
@@ -138,30 +207,32 @@ impl Report {
             name: String::new(),
             total: 0,
             done: 0,
-            tenth: usize::MAX,
+            tenth: u64::MAX,
         }
     }
-}
 
-impl Progress for Report {
-    fn init(&mut self, size: usize, filename: &str) {
+    fn init(&mut self, size: u64, filename: &str) {
         self.total = size;
         self.done = 0;
-        self.tenth = usize::MAX;
+        self.tenth = u64::MAX;
         self.name = filename.to_string();
         if let Some(b) = &self.bar {
-            b.set_length(size as u64);
+            b.set_length(size);
             b.set_position(0);
             b.set_message(filename.to_string());
         }
     }
 
-    fn update(&mut self, n: usize) {
-        self.done += n;
+    fn update(&mut self, n: u64) {
+        self.done = self.done.saturating_add(n);
         match &self.bar {
-            Some(b) => b.set_position(self.done as u64),
+            Some(b) => b.set_position(self.done),
             None => {
-                let t = (self.done * 10).checked_div(self.total).unwrap_or(10);
+                let t = self
+                    .done
+                    .saturating_mul(10)
+                    .checked_div(self.total)
+                    .unwrap_or(10);
                 if t != self.tenth {
                     self.tenth = t;
                     eprintln!(
@@ -183,51 +254,56 @@ impl Progress for Report {
     }
 }
 
-/// The SHA-256 of a file, hex.
-fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = std::fs::File::open(path).with_context(|| format!("{}", path.display()))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
+/// A server-given string as it appears in a message: quoted, escaped, at most 100 characters.
+fn shown(s: &str) -> String {
+    match s.char_indices().nth(100) {
+        Some((i, _)) => format!("{:?}…", &s[..i]),
+        None => format!("{s:?}"),
     }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Downloads one file of `repo` (resuming a `.part` left by an interrupted run) and checks
-/// it: a large file's blob is named by its SHA-256 in the cache, so the name is compared with
-/// the content. A mismatch removes the file.
-fn fetch_file(hub: &Hub, repo: &ApiRepo, file: &str, opts: &PullOptions) -> Result<PathBuf> {
-    check_names(&hub.endpoint, &hub.repo, file, hub.token.as_deref())?;
-    let bar = opts.bar.unwrap_or_else(|| std::io::stderr().is_terminal());
-    // The crate panics on some malformed answers (a bad status or Location): an error here.
-    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        repo.download_with_progress(file, Report::new(bar))
-    }));
-    let path = match got {
-        Ok(r) => r.with_context(|| format!("downloading {file}"))?,
-        Err(_) => bail!("downloading {file}: the server's answer could not be understood"),
-    };
-    let blob = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
-    let name = blob
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
-    if name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
-        let sum = sha256_file(&blob)?;
-        if !sum.eq_ignore_ascii_case(&name) {
-            let _ = std::fs::remove_file(&blob);
-            let _ = std::fs::remove_file(&path);
-            bail!(
-                "{file}: checksum mismatch (SHA-256 {sum}, the Hub says {name}); the file was removed, pull again"
-            );
-        }
+/// A commit id: 40 hex digits, lowercased.
+fn commit_id(v: &str) -> Option<String> {
+    (v.len() == 40 && v.bytes().all(|b| b.is_ascii_hexdigit())).then(|| v.to_ascii_lowercase())
+}
+
+/// An ETag as a blob name: without `W/` and the quotes, `[A-Za-z0-9-]{1,128}`.
+fn opaque_etag(v: &str) -> Option<String> {
+    let v = v.trim();
+    let v = v.strip_prefix("W/").unwrap_or(v);
+    let v = v.strip_prefix('"').unwrap_or(v);
+    let v = v.strip_suffix('"').unwrap_or(v);
+    (!v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+        .then(|| v.to_string())
+}
+
+/// A byte count from a header: decimal digits only.
+fn byte_count(v: &str) -> Option<u64> {
+    let v = v.trim();
+    (!v.is_empty() && v.len() <= 20 && v.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| v.parse().ok())
+        .flatten()
+}
+
+/// `bytes first-last/total` (total may be `*`): the first byte and the total.
+fn content_range(v: &str) -> Option<(u64, Option<u64>)> {
+    let (span, total) = v.trim().strip_prefix("bytes ")?.split_once('/')?;
+    let (first, last) = span.split_once('-')?;
+    let (first, last) = (byte_count(first)?, byte_count(last)?);
+    if last < first {
+        return None;
     }
-    Ok(path)
+    let total = match total.trim() {
+        "*" => None,
+        t => {
+            let t = byte_count(t)?;
+            if t <= last {
+                return None;
+            }
+            Some(t)
+        }
+    };
+    Some((first, total))
 }
 
 /// A repository path that stays inside the folder it is joined to: relative, `/`-separated
@@ -239,38 +315,879 @@ fn safe_name(f: &str) -> bool {
         && f.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
 }
 
-/// The commit and ETag the server gives for `file`, checked before the download uses them as
-/// folder and file names in the cache (the crate would take them as they come): a commit is
-/// hex, an ETag hex or letters, digits and `-`.
-fn check_names(endpoint: &str, repo: &str, file: &str, token: Option<&str>) -> Result<()> {
-    let url = format!("{endpoint}/{repo}/resolve/main/{file}");
-    let agent = ureq::AgentBuilder::new().redirects(0).build();
-    let mut req = agent.get(&url).set("Range", "bytes=0-0");
-    if let Some(t) = token {
-        req = req.set("Authorization", &format!("Bearer {t}"));
+/// Why a file name from a listing cannot be used as a path in the cache, if it cannot.
+fn bad_name(f: &str) -> Option<&'static str> {
+    if f.is_empty() {
+        Some("is empty")
+    } else if f.len() > MAX_NAME_BYTES {
+        Some("is longer than 1024 bytes")
+    } else if f.chars().any(char::is_control) {
+        Some("holds control characters")
+    } else if !safe_name(f) || !f.split('/').all(plain_component) {
+        Some("is not a relative, normalized path")
+    } else if f.split('/').any(|c| c.len() > MAX_COMPONENT_BYTES) {
+        Some("has a part longer than 255 bytes")
+    } else {
+        None
     }
-    let resp = match req.call() {
-        Ok(r) => r,
-        Err(ureq::Error::Status(_, r)) => r,
-        Err(e) => bail!("asking for {file}: {e}"),
+}
+
+/// One plain path component on this system (no root, prefix, `.` or `..`).
+fn plain_component(c: &str) -> bool {
+    let mut parts = Path::new(c).components();
+    matches!(parts.next(), Some(Component::Normal(n)) if n == c) && parts.next().is_none()
+}
+
+/// `dir/name` for a name already checked, checked again: one plain component.
+fn child(dir: &Path, name: &str) -> Result<PathBuf> {
+    if !plain_component(name) || name.contains('/') || name.contains('\\') {
+        bail!("{} is not a plain name; nothing was written", shown(name));
+    }
+    Ok(dir.join(name))
+}
+
+/// `root/parts…`, each folder created where missing, none a link leading out of `root`, and
+/// none something other than a folder.
+fn ensure_dir(root: &Path, parts: &[&str]) -> Result<PathBuf> {
+    std::fs::create_dir_all(root)
+        .with_context(|| format!("creating the cache folder {}", root.display()))?;
+    let real_root = std::fs::canonicalize(root)
+        .with_context(|| format!("the cache folder {}", root.display()))?;
+    let mut p = root.to_path_buf();
+    for part in parts {
+        p = child(&p, part)?;
+        let mut created = false;
+        loop {
+            match std::fs::symlink_metadata(&p) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    let real = std::fs::canonicalize(&p).ok();
+                    match real {
+                        Some(r) if r.starts_with(&real_root) && r.is_dir() => break,
+                        _ => bail!(
+                            "{} is a link that leads out of the cache{}; refusing to write through it",
+                            p.display(),
+                            real.map(|r| format!(" (to {})", r.display()))
+                                .unwrap_or_default()
+                        ),
+                    }
+                }
+                Ok(m) if m.is_dir() => break,
+                Ok(_) => bail!("{} is in the way: it is not a folder", p.display()),
+                Err(e) if e.kind() == ErrorKind::NotFound && !created => {
+                    created = true;
+                    match std::fs::create_dir(&p) {
+                        Ok(()) => break,
+                        Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
+                        Err(e) => {
+                            return Err(e).with_context(|| format!("creating {}", p.display()))
+                        }
+                    }
+                }
+                Err(e) => return Err(e).with_context(|| format!("{}", p.display())),
+            }
+        }
+    }
+    Ok(p)
+}
+
+/// Removes `p` when it is a link or a plain file (a link is removed, not what it points to).
+fn remove_entry(p: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => bail!("{} is in the way: it is a folder", p.display()),
+        Ok(_) => std::fs::remove_file(p).with_context(|| format!("removing {}", p.display())),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("{}", p.display())),
+    }
+}
+
+/// A path's file-system entry, without following a link.
+enum Entry {
+    Missing,
+    File(u64),
+    Link,
+    Other,
+}
+
+fn entry(p: &Path) -> Result<Entry> {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.file_type().is_symlink() => Ok(Entry::Link),
+        Ok(m) if m.is_file() => Ok(Entry::File(m.len())),
+        Ok(_) => Ok(Entry::Other),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(Entry::Missing),
+        Err(e) => Err(e).with_context(|| format!("{}", p.display())),
+    }
+}
+
+/// Whether the file at `p` has other names (a hard link: appending to it would change them).
+fn hard_linked(p: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(p).is_ok_and(|m| m.nlink() > 1)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = p;
+        false
+    }
+}
+
+/// A new file at `p` (`O_CREAT|O_EXCL`: never through a link); a link or file there is
+/// removed first.
+fn create_new(p: &Path) -> Result<File> {
+    remove_entry(p)?;
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(p)
+        .with_context(|| format!("creating {}", p.display()))
+}
+
+/// What a try at one file came to.
+enum Fail {
+    /// Refused: the server's answer is wrong; trying again will not help.
+    Fatal(anyhow::Error),
+    /// Interrupted or refused for now (a dropped connection, a 5xx): try again, resuming.
+    Retry(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Fail {
+    fn from(e: anyhow::Error) -> Fail {
+        Fail::Fatal(e)
+    }
+}
+
+fn fatal(msg: String) -> Fail {
+    Fail::Fatal(anyhow!(msg))
+}
+
+/// HTTP to the Hub: one agent that never follows redirects itself.
+struct Client {
+    agent: ureq::Agent,
+    endpoint: Url,
+    token: Option<String>,
+    retry_wait: Duration,
+}
+
+impl Client {
+    fn new(cfg: &HubConfig) -> Result<Client> {
+        let endpoint = Url::parse(cfg.endpoint.trim_end_matches('/'))
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
+            .with_context(|| {
+                format!("the Hub endpoint {:?} is not an http(s) URL", cfg.endpoint)
+            })?;
+        if let Some(t) = &cfg.token {
+            if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) {
+                bail!("the Hugging Face token (HF_TOKEN or the token file) holds characters an HTTP header cannot carry");
+            }
+        }
+        let agent = ureq::AgentBuilder::new()
+            .redirects(0)
+            .try_proxy_from_env(true)
+            .timeout_connect(Duration::from_secs(30))
+            .timeout_read(Duration::from_secs(120))
+            .user_agent(concat!("kiln/", env!("CARGO_PKG_VERSION")))
+            .build();
+        Ok(Client {
+            agent,
+            endpoint,
+            token: cfg.token.clone(),
+            retry_wait: cfg.retry_wait,
+        })
+    }
+
+    /// The endpoint's own origin (scheme, host and port): where the token may go.
+    fn is_endpoint(&self, url: &Url) -> bool {
+        url.origin() == self.endpoint.origin()
+    }
+
+    /// `{endpoint}/{rest}`, `rest` built from checked names.
+    fn url(&self, rest: &str) -> Result<Url> {
+        let base = self.endpoint.as_str().trim_end_matches('/');
+        Url::parse(&format!("{base}/{rest}")).with_context(|| format!("the URL {base}/{rest}"))
+    }
+
+    /// One GET, answered with whatever status the server gives (a transport error is worth
+    /// another try; `what` names it).
+    fn get(&self, url: &Url, from: Option<u64>, what: &str) -> Result<ureq::Response, Fail> {
+        let mut req = self.agent.request_url("GET", url);
+        if let Some(n) = from {
+            req = req.set("Range", &format!("bytes={n}-"));
+        }
+        if let Some(t) = self.token.as_deref().filter(|_| self.is_endpoint(url)) {
+            req = req.set("Authorization", &format!("Bearer {t}"));
+        }
+        match req.call() {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => Ok(r),
+            Err(e) => {
+                let mut msg = e.to_string();
+                if let Some((i, _)) = msg.char_indices().nth(300) {
+                    msg.truncate(i);
+                    msg.push('…');
+                }
+                Err(Fail::Retry(anyhow!("{what}: {msg}")))
+            }
+        }
+    }
+
+    /// The wait before retry `n` (from 0).
+    fn wait(&self, n: usize) {
+        let w = self
+            .retry_wait
+            .saturating_mul(1u32 << n.min(16))
+            .min(MAX_RETRY_WAIT);
+        std::thread::sleep(w);
+    }
+}
+
+/// The last failure of a transfer tried `failures + 1` times.
+fn gave_up(e: anyhow::Error, failures: usize) -> anyhow::Error {
+    match failures {
+        0 => e,
+        n => anyhow!("{e:#} (tried {} times)", n + 1),
+    }
+}
+
+fn is_redirect(status: u16) -> bool {
+    matches!(status, 301 | 302 | 303 | 307 | 308)
+}
+
+/// Where a redirect leads: its `Location` resolved against `url`, http or https only.
+fn redirect_target(url: &Url, resp: &ureq::Response, what: &str) -> Result<Url, Fail> {
+    let status = resp.status();
+    let Some(loc) = resp.header("location") else {
+        return Err(fatal(format!(
+            "{what}: the server redirected (HTTP {status}) without saying where; nothing was written"
+        )));
     };
-    if resp.status() >= 400 {
-        bail!("asking for {file}: HTTP {}", resp.status());
+    let next = url.join(loc).map_err(|_| {
+        fatal(format!(
+            "{what}: the server redirected to {}, which is not a URL; nothing was written",
+            shown(loc)
+        ))
+    })?;
+    if !matches!(next.scheme(), "http" | "https") || next.host_str().is_none() {
+        return Err(fatal(format!(
+            "{what}: the server redirected to {}, which is not an http(s) URL; nothing was written",
+            shown(loc)
+        )));
     }
-    let ok = |v: &str| {
-        !v.is_empty() && v.len() <= 128 && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    Ok(next)
+}
+
+/// An error status as a failure: 5xx, 408 and 429 are worth another try.
+fn status_failure(status: u16, what: &str) -> Fail {
+    let msg = match status {
+        401 | 403 => format!(
+            "{what}: access denied (HTTP {status}); a gated or private repository needs a token (HF_TOKEN or `huggingface-cli login`) that has been granted access"
+        ),
+        404 => format!("{what}: not found (HTTP 404)"),
+        _ => format!("{what}: the server answered HTTP {status}"),
     };
-    let commit = resp.header("x-repo-commit").unwrap_or("");
-    let etag = resp
-        .header("x-linked-etag")
-        .or_else(|| resp.header("etag"))
-        .unwrap_or("")
-        .trim_start_matches("W/")
-        .replace('"', "");
-    if !ok(commit) || !ok(&etag) {
-        bail!("the server's commit or ETag for {file} is not a plain name ({commit:?}, {etag:?})");
+    if status >= 500 || status == 408 || status == 429 {
+        Fail::Retry(anyhow!(msg))
+    } else {
+        Fail::Fatal(anyhow!(msg))
     }
-    Ok(())
+}
+
+/// `{file}` as a URL path: each part percent-encoded but for unreserved characters.
+fn url_path(file: &str) -> String {
+    let mut s = String::with_capacity(file.len());
+    for b in file.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            s.push(b as char);
+        } else {
+            s.push_str(&format!("%{b:02X}"));
+        }
+    }
+    s
+}
+
+/// The repository's commit (the listing's `sha`, pinned for every file) and its file names,
+/// every one checked.
+fn repo_info(client: &Client, spec: &HubSpec, opts: &PullOptions) -> Result<(String, Vec<String>)> {
+    let what = format!("looking up {} on the Hub", spec.repo);
+    let start = client.url(&format!("api/models/{}/revision/main", spec.repo))?;
+    let mut failures = 0;
+    let body = loop {
+        match info_body(client, &start, &what) {
+            Ok(b) => break b,
+            Err(Fail::Fatal(e)) => return Err(e),
+            Err(Fail::Retry(e)) if failures >= opts.retries => {
+                return Err(gave_up(e, failures));
+            }
+            Err(Fail::Retry(_)) => {
+                client.wait(failures);
+                failures += 1;
+            }
+        }
+    };
+    let v: serde_json::Value =
+        serde_json::from_slice(&body).with_context(|| format!("{what}: the answer is not JSON"))?;
+    let sha = v
+        .get("sha")
+        .and_then(|s| s.as_str())
+        .with_context(|| format!("{what}: the answer names no commit (\"sha\")"))?;
+    let commit = commit_id(sha).with_context(|| {
+        format!(
+            "{what}: the repository's commit {} is not a commit id (40 hex digits); nothing was written",
+            shown(sha)
+        )
+    })?;
+    let siblings = v
+        .get("siblings")
+        .and_then(|s| s.as_array())
+        .with_context(|| format!("{what}: the answer lists no files (\"siblings\")"))?;
+    if siblings.len() > MAX_SIBLINGS {
+        bail!(
+            "{what}: the listing names {} files, more than the {MAX_SIBLINGS} taken; nothing was written",
+            siblings.len()
+        );
+    }
+    let mut files = Vec::with_capacity(siblings.len());
+    for s in siblings {
+        let name = s
+            .get("rfilename")
+            .and_then(|n| n.as_str())
+            .with_context(|| {
+                format!("{what}: a file in the listing has no name (\"rfilename\")")
+            })?;
+        if let Some(why) = bad_name(name) {
+            bail!(
+                "{what}: the listing names a file {} that {why}; nothing was written",
+                shown(name)
+            );
+        }
+        files.push(name.to_string());
+    }
+    Ok((commit, files))
+}
+
+/// The listing's bytes (at most 16 MiB), following redirects.
+fn info_body(client: &Client, start: &Url, what: &str) -> Result<Vec<u8>, Fail> {
+    let mut url = start.clone();
+    for _ in 0..=MAX_REDIRECTS {
+        let resp = client.get(&url, None, what)?;
+        let status = resp.status();
+        if is_redirect(status) {
+            url = redirect_target(&url, &resp, what)?;
+            continue;
+        }
+        if status != 200 {
+            return Err(status_failure(status, what));
+        }
+        let mut body = Vec::new();
+        resp.into_reader()
+            .take(MAX_INFO_BYTES + 1)
+            .read_to_end(&mut body)
+            .map_err(|e| Fail::Retry(anyhow!("{what}: reading the answer: {e}")))?;
+        if body.len() as u64 > MAX_INFO_BYTES {
+            return Err(fatal(format!(
+                "{what}: the answer is larger than {} MiB; nothing was written",
+                MAX_INFO_BYTES >> 20
+            )));
+        }
+        return Ok(body);
+    }
+    Err(fatal(format!(
+        "{what}: more than {MAX_REDIRECTS} redirects; nothing was written"
+    )))
+}
+
+/// A repository in the cache, at the pinned commit.
+struct Snapshot<'a> {
+    root: &'a Path,
+    /// `org/repo`.
+    repo: &'a str,
+    /// `models--org--repo`.
+    folder: String,
+    commit: String,
+}
+
+/// What the Hub's own answer about a file says (the answer that serves its bytes or
+/// redirects to where they are).
+struct Meta {
+    etag: String,
+    /// `x-linked-size`: the size of a file served from elsewhere.
+    size: Option<u64>,
+}
+
+/// The Hub's answer about `file`, checked: its commit (when it gives one) is the pinned
+/// one, its ETag an opaque tag.
+fn hub_meta(resp: &ureq::Response, file: &str, commit: &str) -> Result<Meta, Fail> {
+    if let Some(c) = resp.header("x-repo-commit") {
+        let Some(c) = commit_id(c) else {
+            return Err(fatal(format!(
+                "the server's commit for {file} is not a commit id ({}); nothing was written",
+                shown(c)
+            )));
+        };
+        if c != commit {
+            return Err(fatal(format!(
+                "the server answered for {file} from commit {c}, not from {commit} that its listing gave; nothing was written"
+            )));
+        }
+    }
+    let Some(raw) = resp.header("x-linked-etag").or_else(|| resp.header("etag")) else {
+        return Err(fatal(format!(
+            "the server gave no ETag for {file}; nothing was written"
+        )));
+    };
+    let Some(etag) = opaque_etag(raw) else {
+        return Err(fatal(format!(
+            "the server's ETag for {file} is not an opaque tag ({}); nothing was written",
+            shown(raw)
+        )));
+    };
+    let size = match resp.header("x-linked-size") {
+        None => None,
+        Some(s) => Some(byte_count(s).ok_or_else(|| {
+            fatal(format!(
+                "the server's size for {file} is not a number ({}); nothing was written",
+                shown(s)
+            ))
+        })?),
+    };
+    Ok(Meta { etag, size })
+}
+
+/// How a try ended without failing.
+enum Step {
+    /// The blob `blobs/<etag>` is in place (new when `true`).
+    Have(String, bool),
+    /// Ask again, from where the `.part` file ends (learned from this answer).
+    Again,
+}
+
+/// A 64-hex-digit ETag is the file's SHA-256 (a large file on the Hub).
+fn is_sha256(etag: &str) -> bool {
+    etag.len() == 64 && etag.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The SHA-256 of the first `len` bytes of a file.
+fn hash_prefix(path: &Path, len: u64) -> Result<Sha256> {
+    let f = File::open(path).with_context(|| format!("{}", path.display()))?;
+    let mut h = Sha256::new();
+    let mut r = f.take(len);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Where one file's blob goes.
+struct Blob {
+    etag: String,
+    path: PathBuf,
+    part: PathBuf,
+}
+
+impl Blob {
+    fn new(snap: &Snapshot, etag: &str) -> Result<Blob> {
+        let dir = ensure_dir(snap.root, &[&snap.folder, "blobs"])?;
+        Ok(Blob {
+            etag: etag.to_string(),
+            path: child(&dir, etag)?,
+            part: child(&dir, &format!("{etag}.part"))?,
+        })
+    }
+
+    /// The bytes already in the `.part` file (a link there, symbolic or hard, is removed,
+    /// never written through).
+    fn part_len(&self) -> Result<u64> {
+        match entry(&self.part)? {
+            Entry::Missing => Ok(0),
+            Entry::File(n) if !hard_linked(&self.part) => Ok(n),
+            Entry::File(_) | Entry::Link => {
+                remove_entry(&self.part)?;
+                Ok(0)
+            }
+            Entry::Other => bail!("{} is in the way: it is not a file", self.part.display()),
+        }
+    }
+
+    /// Checks a complete `.part` against a SHA-256 ETag and renames it to the blob.
+    fn finish(&self, file: &str, hash: Option<Sha256>) -> Result<(), Fail> {
+        if let Some(h) = hash {
+            let sum = hex(&h.finalize());
+            if !sum.eq_ignore_ascii_case(&self.etag) {
+                let _ = remove_entry(&self.part);
+                return Err(fatal(format!(
+                    "{file}: checksum mismatch (SHA-256 {sum}, the Hub says {}); the file was removed, pull again",
+                    self.etag
+                )));
+            }
+        }
+        remove_entry(&self.path)?;
+        std::fs::rename(&self.part, &self.path).with_context(|| {
+            format!(
+                "renaming {} to {}",
+                self.part.display(),
+                self.path.display()
+            )
+        })?;
+        Ok(())
+    }
+}
+
+/// One try at `file`: ask the Hub at the pinned commit, follow redirects, and stream the
+/// bytes into `blobs/<etag>.part` from where it ends.
+fn try_file(
+    client: &Client,
+    snap: &Snapshot,
+    file: &str,
+    start: &Url,
+    guess: &mut Option<(String, u64)>,
+    report: &mut Report,
+) -> Result<Step, Fail> {
+    let what = format!("downloading {file}");
+    let mut url = start.clone();
+    // Where the bytes asked for begin: the `.part` of the ETag the last answer gave.
+    let mut from = guess.as_ref().map(|g| g.1).unwrap_or(0);
+    let mut blob: Option<(Blob, Option<u64>)> = None;
+    for _ in 0..=MAX_REDIRECTS {
+        let resp = client.get(&url, Some(from), &what)?;
+        let status = resp.status();
+        let next = if is_redirect(status) {
+            Some(redirect_target(&url, &resp, &what)?)
+        } else {
+            None
+        };
+        if status == 416 && from > 0 {
+            // The part file is not a prefix the server knows: start over.
+            if let Some((etag, _)) = guess.take() {
+                let b = Blob::new(snap, &etag)?;
+                remove_entry(&b.part)?;
+                *guess = Some((etag, 0));
+            }
+            return Ok(Step::Again);
+        }
+        if status >= 400 {
+            return Err(status_failure(status, &what));
+        }
+        if next.is_none() && !matches!(status, 200 | 206) {
+            return Err(fatal(format!(
+                "{what}: the server answered HTTP {status}; nothing was written"
+            )));
+        }
+        // The Hub's own answer: the first that is not a redirect within the endpoint's origin.
+        let own_redirect = next.as_ref().is_some_and(|n| client.is_endpoint(n));
+        if blob.is_none() && !own_redirect {
+            if !client.is_endpoint(&url) {
+                return Err(fatal(format!(
+                    "{what}: the server's answer came from {}, not from the Hub; nothing was written",
+                    shown(url.as_str())
+                )));
+            }
+            let meta = hub_meta(&resp, file, &snap.commit)?;
+            if let Some((etag, _)) = guess.as_ref() {
+                if *etag != meta.etag {
+                    return Err(fatal(format!(
+                        "the server's ETag for {file} changed between requests ({} then {}); nothing more was written",
+                        etag, meta.etag
+                    )));
+                }
+            }
+            let b = Blob::new(snap, &meta.etag)?;
+            match entry(&b.path)? {
+                Entry::File(_) => return Ok(Step::Have(meta.etag, false)),
+                Entry::Link => remove_entry(&b.path)?,
+                Entry::Missing => {}
+                Entry::Other => {
+                    return Err(fatal(format!(
+                        "{} is in the way: it is not a file",
+                        b.path.display()
+                    )))
+                }
+            }
+            let mut have = b.part_len()?;
+            if meta.size.is_some_and(|s| have > s) {
+                remove_entry(&b.part)?;
+                have = 0;
+            }
+            *guess = Some((meta.etag.clone(), have));
+            if have > 0 && meta.size == Some(have) {
+                // A complete transfer that was not renamed yet.
+                let hash = if is_sha256(&b.etag) {
+                    Some(hash_prefix(&b.part, have)?)
+                } else {
+                    None
+                };
+                b.finish(file, hash)?;
+                return Ok(Step::Have(meta.etag, true));
+            }
+            if have != from {
+                if next.is_none() {
+                    // These bytes start elsewhere than the part file ends: ask again.
+                    return Ok(Step::Again);
+                }
+                from = have;
+            }
+            blob = Some((b, meta.size));
+        }
+        match next {
+            Some(n) => url = n,
+            None => {
+                let Some((b, size)) = blob else {
+                    return Err(fatal(format!(
+                        "{what}: the server's answer could not be placed"
+                    )));
+                };
+                return receive(resp, file, &b, size, from, report)
+                    .map(|new| Step::Have(b.etag.clone(), new));
+            }
+        }
+    }
+    Err(fatal(format!(
+        "{what}: more than {MAX_REDIRECTS} redirects; nothing was written"
+    )))
+}
+
+/// Streams a file answer into the blob's `.part` file (asked for from byte `from`), held to
+/// the size announced, then checks and renames it.
+fn receive(
+    resp: ureq::Response,
+    file: &str,
+    blob: &Blob,
+    linked: Option<u64>,
+    from: u64,
+    report: &mut Report,
+) -> Result<bool, Fail> {
+    let mut start = from;
+    let mut range_total = None;
+    match resp.status() {
+        200 => start = 0,
+        _ => {
+            let Some(cr) = resp.header("content-range") else {
+                return Err(fatal(format!(
+                    "the server's partial answer for {file} has no Content-Range; nothing more was written"
+                )));
+            };
+            let Some((first, total)) = content_range(cr) else {
+                return Err(fatal(format!(
+                    "the server's Content-Range for {file} is malformed ({}); nothing more was written",
+                    shown(cr)
+                )));
+            };
+            if first != from {
+                return Err(fatal(format!(
+                    "the server sent {file} from byte {first}, not from byte {from} as asked; nothing more was written"
+                )));
+            }
+            range_total = total;
+        }
+    }
+    let length = match resp.header("content-length") {
+        None => None,
+        Some(v) => Some(byte_count(v).ok_or_else(|| {
+            fatal(format!(
+                "the server's Content-Length for {file} is not a number ({}); nothing more was written",
+                shown(v)
+            ))
+        })?),
+    };
+    if let (Some(a), Some(b)) = (linked, range_total) {
+        if a != b {
+            return Err(fatal(format!(
+                "the server gives two sizes for {file} ({a} and {b} bytes); nothing more was written"
+            )));
+        }
+    }
+    let Some(total) = linked
+        .or(range_total)
+        .or(length.and_then(|n| n.checked_add(start)))
+    else {
+        return Err(fatal(format!(
+            "the server gave no size for {file}; nothing was written"
+        )));
+    };
+    if start > total {
+        return Err(fatal(format!(
+            "the server sent {file} from byte {start}, past its {total} bytes; nothing more was written"
+        )));
+    }
+    if let Some(n) = length {
+        if n > total - start {
+            return Err(fatal(format!(
+                "the server's answer for {file} holds {n} bytes from byte {start}, more than the {total} bytes announced; nothing more was written"
+            )));
+        }
+    }
+    let mut out = if start == 0 {
+        create_new(&blob.part)?
+    } else {
+        match entry(&blob.part)? {
+            Entry::File(n) if n == start && !hard_linked(&blob.part) => OpenOptions::new()
+                .append(true)
+                .open(&blob.part)
+                .with_context(|| format!("{}", blob.part.display()))?,
+            _ => {
+                return Err(Fail::Retry(anyhow!(
+                    "{} changed during the download",
+                    blob.part.display()
+                )))
+            }
+        }
+    };
+    let mut hash = if is_sha256(&blob.etag) {
+        Some(if start > 0 {
+            hash_prefix(&blob.part, start)?
+        } else {
+            Sha256::new()
+        })
+    } else {
+        None
+    };
+    report.init(total, file);
+    report.update(start);
+    let mut reader = resp.into_reader();
+    let mut buf = vec![0u8; 256 << 10];
+    let mut have = start;
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => {
+                report.finish();
+                return Err(Fail::Retry(anyhow!(
+                    "downloading {file}: the transfer stopped at byte {have} of {total}: {e}"
+                )));
+            }
+        };
+        if have + n as u64 > total {
+            report.finish();
+            drop(out);
+            let _ = remove_entry(&blob.part);
+            return Err(fatal(format!(
+                "the server sent more than the {total} bytes it announced for {file}; the partial file was removed"
+            )));
+        }
+        out.write_all(&buf[..n])
+            .with_context(|| format!("writing {}", blob.part.display()))?;
+        if let Some(h) = hash.as_mut() {
+            h.update(&buf[..n]);
+        }
+        have += n as u64;
+        report.update(n as u64);
+    }
+    report.finish();
+    out.flush()
+        .with_context(|| format!("writing {}", blob.part.display()))?;
+    drop(out);
+    if have < total {
+        return Err(Fail::Retry(anyhow!(
+            "downloading {file}: the transfer stopped at byte {have} of {total}"
+        )));
+    }
+    blob.finish(file, hash)?;
+    Ok(true)
+}
+
+/// `snapshots/<commit>/<file>` as a relative link to `../../blobs/<etag>` (one more `../`
+/// per folder in the file's name); where links cannot be made, the blob is moved there (a
+/// new one) or copied.
+fn link_snapshot(snap: &Snapshot, file: &str, etag: &str, new_blob: bool) -> Result<PathBuf> {
+    let parts: Vec<&str> = file.split('/').collect();
+    let Some((name, folders)) = parts.split_last() else {
+        bail!("{} is not a file name", shown(file));
+    };
+    let mut dirs = vec![snap.folder.as_str(), "snapshots", snap.commit.as_str()];
+    dirs.extend_from_slice(folders);
+    let dir = ensure_dir(snap.root, &dirs)?;
+    let dst = child(&dir, name)?;
+    let blobs = ensure_dir(snap.root, &[&snap.folder, "blobs"])?;
+    let blob = child(&blobs, etag)?;
+    let target: PathBuf = std::iter::repeat_n("..", folders.len() + 2)
+        .chain(["blobs", etag])
+        .collect();
+    match entry(&dst)? {
+        Entry::Link if std::fs::read_link(&dst).ok().as_deref() == Some(target.as_path()) => {
+            return Ok(dst)
+        }
+        Entry::Other => bail!("{} is in the way: it is not a file", dst.display()),
+        _ => remove_entry(&dst)?,
+    }
+    #[cfg(unix)]
+    let linked = std::os::unix::fs::symlink(&target, &dst);
+    #[cfg(windows)]
+    let linked = std::os::windows::fs::symlink_file(&target, &dst);
+    #[cfg(not(any(unix, windows)))]
+    let linked: std::io::Result<()> = Err(std::io::Error::other("no symbolic links"));
+    if linked.is_err() {
+        if new_blob {
+            std::fs::rename(&blob, &dst)
+                .with_context(|| format!("moving {} to {}", blob.display(), dst.display()))?;
+        } else {
+            let mut src = File::open(&blob).with_context(|| format!("{}", blob.display()))?;
+            let mut out = create_new(&dst)?;
+            std::io::copy(&mut src, &mut out)
+                .with_context(|| format!("copying {} to {}", blob.display(), dst.display()))?;
+        }
+    }
+    Ok(dst)
+}
+
+/// `refs/main` holding the commit (written to a new file, then renamed over the old one).
+fn write_ref(snap: &Snapshot) -> Result<()> {
+    let dir = ensure_dir(snap.root, &[&snap.folder, "refs"])?;
+    let path = child(&dir, "main")?;
+    if let Entry::File(_) = entry(&path)? {
+        if std::fs::read(&path).ok().as_deref() == Some(snap.commit.as_bytes()) {
+            return Ok(());
+        }
+    }
+    let tmp = child(&dir, &format!("main.{}.tmp", std::process::id()))?;
+    let mut f = create_new(&tmp)?;
+    f.write_all(snap.commit.as_bytes())
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    drop(f);
+    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Downloads one file of the pinned snapshot (resuming a `.part` left by an interrupted run,
+/// retrying as `opts` says) and returns its path in the snapshot.
+fn fetch_file(client: &Client, snap: &Snapshot, file: &str, opts: &PullOptions) -> Result<PathBuf> {
+    let start = client.url(&format!(
+        "{}/resolve/{}/{}",
+        snap.repo,
+        snap.commit,
+        url_path(file)
+    ))?;
+    let bar = opts.bar.unwrap_or_else(|| std::io::stderr().is_terminal());
+    let mut report = Report::new(bar);
+    let mut guess = None;
+    let (mut failures, mut agains) = (0, 0);
+    let (etag, new) = loop {
+        match try_file(client, snap, file, &start, &mut guess, &mut report) {
+            Ok(Step::Have(etag, new)) => break (etag, new),
+            Ok(Step::Again) if agains < 3 => agains += 1,
+            Ok(Step::Again) => bail!(
+                "downloading {file}: the server keeps answering for other bytes than asked; stopped"
+            ),
+            Err(Fail::Fatal(e)) => return Err(e),
+            Err(Fail::Retry(e)) if failures >= opts.retries => return Err(gave_up(e, failures)),
+            Err(Fail::Retry(e)) => {
+                tracing::warn!("{e:#}; trying again");
+                client.wait(failures);
+                failures += 1;
+            }
+        }
+    };
+    let path = link_snapshot(snap, file, &etag, new)?;
+    write_ref(snap)?;
+    Ok(path)
 }
 
 /// The files of a Hugging Face model directory worth fetching.
@@ -343,12 +1260,10 @@ fn pick_gguf(files: &[String], select: Option<&str>) -> Result<Option<String>> {
     }
 }
 
-/// What `spec` names, when a pull already put it in the cache (no network needed): the
-/// newest snapshot holding a matching GGUF, or a model directory.
-pub fn cached(spec: &HubSpec) -> Option<PathBuf> {
-    let root = Cache::from_env()
-        .path()
-        .join(format!("models--{}", spec.repo.replace('/', "--")));
+/// What `spec` names, when a pull already put it in the cache under `cfg` (no network
+/// needed): the newest snapshot holding a matching GGUF, or a model directory.
+pub fn cached(cfg: &HubConfig, spec: &HubSpec) -> Option<PathBuf> {
+    let root = cfg.cache.join(spec.folder());
     let mut snaps: Vec<(std::time::SystemTime, PathBuf)> =
         std::fs::read_dir(root.join("snapshots"))
             .ok()?
@@ -379,28 +1294,23 @@ pub fn cached(spec: &HubSpec) -> Option<PathBuf> {
     None
 }
 
-/// Fetches what `spec` names (see the module docs) and returns the local path: the GGUF
-/// file, or the model directory (a snapshot folder of the cache).
-pub fn pull(spec: &HubSpec, opts: &PullOptions) -> Result<PathBuf> {
-    let (api, hub) = api(&spec.repo, opts)?;
-    let repo = api.repo(Repo::new(spec.repo.clone(), RepoType::Model));
-    let info = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| repo.info()))
-        .map_err(|_| {
-            anyhow::anyhow!(
-                "the Hub's answer about {} could not be understood",
-                spec.repo
-            )
-        })?
-        .with_context(|| format!("looking up {} on the Hub", spec.repo))?;
-    // The listing comes from the server: names that could leave the cache are dropped.
-    let files: Vec<String> = info
-        .siblings
-        .into_iter()
-        .map(|s| s.rfilename)
-        .filter(|f| safe_name(f))
-        .collect();
+/// Fetches what `spec` names (see the module docs) from `cfg`'s endpoint into its cache and
+/// returns the local path: the GGUF file, or the model directory (a snapshot folder).
+pub fn pull(cfg: &HubConfig, spec: &HubSpec, opts: &PullOptions) -> Result<PathBuf> {
+    let spec = HubSpec::parse(&spec.repo).map(|s| HubSpec {
+        repo: s.repo,
+        select: spec.select.clone(),
+    })?;
+    let client = Client::new(cfg)?;
+    let (commit, files) = repo_info(&client, &spec, opts)?;
+    let snap = Snapshot {
+        root: &cfg.cache,
+        repo: &spec.repo,
+        folder: spec.folder(),
+        commit,
+    };
     if let Some(f) = pick_gguf(&files, spec.select.as_deref())? {
-        return fetch_file(&hub, &repo, &f, opts);
+        return fetch_file(&client, &snap, &f, opts);
     }
     let want: Vec<&String> = files.iter().filter(|f| wanted_in_dir(f)).collect();
     if !want.iter().any(|f| *f == "config.json") {
@@ -412,7 +1322,7 @@ pub fn pull(spec: &HubSpec, opts: &PullOptions) -> Result<PathBuf> {
     }
     let mut dir = None;
     for f in want {
-        let p = fetch_file(&hub, &repo, f, opts)?;
+        let p = fetch_file(&client, &snap, f, opts)?;
         if f == "config.json" {
             dir = p.parent().map(Path::to_path_buf);
         }

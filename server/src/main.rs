@@ -94,6 +94,7 @@ fn main() -> std::process::ExitCode {
             Some(a) if a.contains('/') => hub::HubSpec::parse(a)
                 .and_then(|s| {
                     hub::pull(
+                        &hub::HubConfig::from_env()?,
                         &s,
                         &hub::PullOptions {
                             retries: *retries,

@@ -82,10 +82,11 @@ pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
     let m = model.unwrap_or(DEFAULT_MODEL);
     if m.starts_with("hf:") {
         let spec = crate::hub::HubSpec::parse(m)?;
-        if let Some(p) = crate::hub::cached(&spec) {
+        let hub = crate::hub::HubConfig::from_env()?;
+        if let Some(p) = crate::hub::cached(&hub, &spec) {
             return Ok(p);
         }
-        return crate::hub::pull(&spec, &crate::hub::PullOptions::default());
+        return crate::hub::pull(&hub, &spec, &crate::hub::PullOptions::default());
     }
     let p = Path::new(m);
     if p.is_file() {

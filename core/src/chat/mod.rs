@@ -2,7 +2,10 @@
 //! with minijinja and Python-compatible string methods.
 
 pub mod calls;
+pub mod limits;
 pub mod parse;
+#[cfg(unix)]
+pub mod sandbox;
 
 use minijinja::{Environment, Error as JinjaError, ErrorKind};
 use serde::Serialize;
@@ -25,9 +28,12 @@ impl Message {
     }
 }
 
+pub use limits::{Limit, RenderError, RenderLimits};
+
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos: String,
     eos: String,
 }
@@ -145,28 +151,84 @@ fn py_json(
     }
 }
 
+/// The environment templates render in: Python-compatible string methods, transformers'
+/// `raise_exception`, `strftime_now` and `tojson`, Jinja's block trimming, and `fuel`
+/// instructions at most per render.
+fn environment(source: &str, fuel: u64) -> std::result::Result<Environment<'static>, JinjaError> {
+    let mut env = Environment::new();
+    minijinja_contrib::add_to_environment(&mut env);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", raise_exception);
+    env.add_function("strftime_now", |fmt: String| -> String {
+        // Templates use it for "today's date"; a fixed format keeps prompts reproducible.
+        let _ = fmt;
+        "26 Jul 2024".to_string()
+    });
+    env.add_filter("tojson", tojson);
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_fuel(Some(fuel));
+    env.add_template_owned("chat", source.to_string())?;
+    Ok(env)
+}
+
+/// Renders the compiled template `env` over `ctx` within `limits`' fuel and output size
+/// (memory and time are the sandbox's to bound).
+fn render_env(
+    env: &Environment<'static>,
+    ctx: &serde_json::Value,
+    limits: &RenderLimits,
+) -> std::result::Result<String, RenderError> {
+    let t = env
+        .get_template("chat")
+        .map_err(|e| RenderError::Template(format!("chat template: {e}")))?;
+    let mut out = limits::Capped {
+        buf: Vec::new(),
+        cap: limits.max_output,
+        over: false,
+    };
+    match t.render_captured_to(minijinja::Value::from_serialize(ctx), &mut out) {
+        Ok(_) => String::from_utf8(out.buf)
+            .map_err(|_| RenderError::Template("chat template: output is not UTF-8".into())),
+        Err(_) if out.over => Err(RenderError::Limit(
+            Limit::Output,
+            Limit::Output.describe(limits),
+        )),
+        Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(RenderError::Limit(
+            Limit::Fuel,
+            Limit::Fuel.describe(limits),
+        )),
+        Err(e) => Err(RenderError::Template(format!("chat template failed: {e}"))),
+    }
+}
+
+/// Compiles `source` and renders it over `ctx` (what the sandbox process runs).
+pub(crate) fn render_source(
+    source: &str,
+    ctx: &serde_json::Value,
+    limits: &RenderLimits,
+) -> std::result::Result<String, RenderError> {
+    let env = environment(source, limits.fuel)
+        .map_err(|e| RenderError::Template(format!("chat template does not compile: {e}")))?;
+    render_env(&env, ctx, limits)
+}
+
 impl ChatTemplate {
     /// Compiles `source`; `bos`/`eos` are the texts of the model's BOS and EOS tokens.
     pub fn new(source: &str, bos: &str, eos: &str) -> Result<ChatTemplate> {
-        let mut env = Environment::new();
-        minijinja_contrib::add_to_environment(&mut env);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", raise_exception);
-        env.add_function("strftime_now", |fmt: String| -> String {
-            // Templates use it for "today's date"; a fixed format keeps prompts reproducible.
-            let _ = fmt;
-            "26 Jul 2024".to_string()
-        });
-        env.add_filter("tojson", tojson);
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        env.add_template_owned("chat", source.to_string())
+        let env = environment(source, RenderLimits::default().fuel)
             .map_err(|e| Error::Tokenizer(format!("chat template does not compile: {e}")))?;
         Ok(ChatTemplate {
             env,
+            source: source.to_string(),
             bos: bos.to_string(),
             eos: eos.to_string(),
         })
+    }
+
+    /// The template's source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The prompt text for `messages`, ending with the assistant's turn opened when
@@ -206,10 +268,44 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         kwargs: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String> {
-        let t = self
-            .env
-            .get_template("chat")
-            .map_err(|e| Error::Tokenizer(format!("chat template: {e}")))?;
+        let ctx = self.context(messages, tools, add_generation_prompt, kwargs);
+        render_env(&self.env, &ctx, &RenderLimits::default())
+            .map_err(|e| Error::Tokenizer(e.to_string()))
+    }
+
+    /// `render_with` under `limits`, for templates that came from outside (a served model's):
+    /// on Unix in the sandbox process (memory and wall-clock bounded, stopped as soon as
+    /// `cancelled` says so), elsewhere in this process with fuel and the output cap only.
+    pub fn render_limited(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+        limits: &RenderLimits,
+        cancelled: &dyn Fn() -> bool,
+    ) -> std::result::Result<String, RenderError> {
+        let ctx = self.context(messages, tools, add_generation_prompt, kwargs);
+        #[cfg(unix)]
+        {
+            sandbox::render(&self.source, &ctx, limits, cancelled)
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = cancelled;
+            render_source(&self.source, &ctx, limits)
+        }
+    }
+
+    /// The variables a render sees: `kwargs` (a request's `chat_template_kwargs`), which
+    /// cannot replace the messages, tools, generation prompt or special tokens.
+    fn context(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> serde_json::Value {
         let mut ctx = kwargs.clone();
         ctx.insert(
             "messages".into(),
@@ -222,8 +318,7 @@ impl ChatTemplate {
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
         ctx.insert("bos_token".into(), self.bos.clone().into());
         ctx.insert("eos_token".into(), self.eos.clone().into());
-        t.render(minijinja::Value::from_serialize(&ctx))
-            .map_err(|e| Error::Tokenizer(format!("chat template failed: {e}")))
+        serde_json::Value::Object(ctx)
     }
 }
 

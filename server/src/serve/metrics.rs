@@ -55,6 +55,12 @@ pub struct Counters {
     pub generated_tokens: u64,
     pub ttft: Histogram,
     pub itl: Histogram,
+    /// Chat-template renders by outcome: ok, error (the template failed), fuel, output,
+    /// memory, time (a limit), cancelled (the client left), sandbox (the sandbox failed).
+    pub renders: BTreeMap<&'static str, u64>,
+    /// Renders running now.
+    pub renders_active: u64,
+    pub render_seconds: Histogram,
 }
 
 #[derive(Debug, Default)]
@@ -212,6 +218,23 @@ impl Metrics {
         for (code, n) in &g.http {
             let _ = writeln!(out, "kiln_http_responses_total{{code=\"{code}\"}} {n}");
         }
+        let _ = writeln!(
+            out,
+            "# HELP kiln_template_renders_active Chat-template renders running now.\n# TYPE kiln_template_renders_active gauge\nkiln_template_renders_active {}",
+            g.renders_active
+        );
+        out.push_str("# HELP kiln_template_renders_total Chat-template renders by outcome (ok, error, a limit: fuel, output, memory, time; cancelled; sandbox).\n# TYPE kiln_template_renders_total counter\n");
+        for (outcome, n) in &g.renders {
+            let _ = writeln!(
+                out,
+                "kiln_template_renders_total{{outcome=\"{outcome}\"}} {n}"
+            );
+        }
+        g.render_seconds.render(
+            &mut out,
+            "kiln_template_render_seconds",
+            "Time to render a request's chat template (in the sandbox).",
+        );
         g.ttft.render(
             &mut out,
             "kiln_time_to_first_token_seconds",

@@ -27,7 +27,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use kiln_core::chat::parse::Syntax;
-use kiln_core::chat::ChatTemplate;
+use kiln_core::chat::{ChatTemplate, RenderLimits};
 use kiln_core::engine::batching::{spawn, Engine, EngineHandle};
 use kiln_core::engine::embed::Pooling;
 use kiln_core::engine::RunnerConfig;
@@ -90,6 +90,19 @@ pub struct ServeArgs {
     /// `1_Pooling/config.json`), else last.
     #[arg(long, value_name = "POOLING", value_parser = ["mean", "cls", "last"])]
     pub pooling: Option<String>,
+    /// Instructions a chat-template render may run (the model's template is code from the
+    /// model file; a request whose render runs out gets 400).
+    #[arg(long, default_value_t = RenderLimits::default().fuel)]
+    pub template_fuel: u64,
+    /// Seconds a chat-template render may take (it runs in a child process, killed at this).
+    #[arg(long, default_value_t = RenderLimits::default().timeout.as_secs_f64())]
+    pub template_timeout: f64,
+    /// MiB of memory a chat-template render may allocate (its child process's limit).
+    #[arg(long, default_value_t = RenderLimits::default().max_memory >> 20)]
+    pub template_max_memory: usize,
+    /// Bytes a rendered chat prompt may have.
+    #[arg(long, default_value_t = RenderLimits::default().max_output)]
+    pub template_max_output: usize,
     /// Let browser pages from this origin call the API (CORS; repeatable; `*` for any).
     /// Off by default: a page on another origin cannot read the server's answers.
     #[arg(long, value_name = "ORIGIN")]
@@ -135,6 +148,8 @@ pub struct AppState {
     /// Choices admitted and not yet finished, and the most there may be.
     in_flight: Arc<std::sync::atomic::AtomicUsize>,
     max_in_flight: usize,
+    /// What one chat-template render may use.
+    pub template_limits: RenderLimits,
 }
 
 /// How `kiln serve` treats its clients, beside the model.
@@ -166,6 +181,8 @@ pub struct ServeOptions {
     pub pooling: Option<Pooling>,
     /// Origins browser pages may call from (`--cors-origin`); empty: no CORS headers.
     pub cors_origins: Vec<String>,
+    /// What one chat-template render may use (`--template-*`).
+    pub template_limits: RenderLimits,
 }
 
 impl ServeOptions {
@@ -184,6 +201,7 @@ impl ServeOptions {
             spec: None,
             pooling: None,
             cors_origins: Vec::new(),
+            template_limits: RenderLimits::default(),
         }
     }
 }
@@ -213,6 +231,52 @@ impl AppState {
             })
             .as_ref()
             .map_err(Clone::clone)
+    }
+
+    /// The model's chat template rendered over a request's messages within
+    /// [`AppState::template_limits`] (in the sandbox process on Unix), counted in `/metrics`;
+    /// a limit or a failing template is a 400 that says which, and a render whose client
+    /// left is stopped.
+    pub fn render_template(
+        &self,
+        tpl: &ChatTemplate,
+        messages: &[Value],
+        tools: Option<&Value>,
+        kwargs: &serde_json::Map<String, Value>,
+    ) -> Result<String, ApiError> {
+        use kiln_core::chat::RenderError;
+        self.metrics.with(|c| c.renders_active += 1);
+        let t = std::time::Instant::now();
+        let r = tpl.render_limited(
+            messages,
+            tools,
+            true,
+            kwargs,
+            &self.template_limits,
+            &client_left,
+        );
+        let outcome = match &r {
+            Ok(_) => "ok",
+            Err(RenderError::Limit(l, _)) => l.name(),
+            Err(RenderError::Template(_)) => "error",
+            Err(RenderError::Cancelled) => "cancelled",
+            Err(RenderError::Sandbox(_)) => "sandbox",
+        };
+        self.metrics.with(|c| {
+            c.renders_active = c.renders_active.saturating_sub(1);
+            *c.renders.entry(outcome).or_insert(0) += 1;
+            c.render_seconds.observe(t.elapsed().as_secs_f64());
+        });
+        r.map_err(|e| match e {
+            RenderError::Limit(..) | RenderError::Template(_) => {
+                ApiError::bad(format!("chat template: {e}"), Some("messages"))
+            }
+            RenderError::Cancelled => ApiError::bad("the client left", None),
+            RenderError::Sandbox(m) => {
+                tracing::error!("chat-template sandbox: {m}");
+                ApiError::internal(format!("the chat template could not be rendered: {m}"))
+            }
+        })
     }
 
     /// Why the engine cannot take work now, if it cannot: its thread has ended, or it has had
@@ -258,6 +322,21 @@ impl AppState {
 }
 
 pub fn run(a: &ServeArgs) -> Result<()> {
+    // The chat-template sandbox's helper process forks now, while this process is small and
+    // has no threads.
+    #[cfg(unix)]
+    if let Err(e) = kiln_core::chat::sandbox::start() {
+        anyhow::bail!("starting the chat-template sandbox: {e}");
+    }
+    if !(a.template_timeout > 0.0 && a.template_timeout.is_finite()) {
+        anyhow::bail!("--template-timeout must be a positive number of seconds");
+    }
+    let template_limits = RenderLimits {
+        fuel: a.template_fuel.max(1),
+        timeout: std::time::Duration::from_secs_f64(a.template_timeout.min(3600.0)),
+        max_memory: a.template_max_memory.max(1).saturating_mul(1 << 20),
+        max_output: a.template_max_output.max(1),
+    };
     let mut cfg = RunnerConfig {
         max_seqs: a.max_batch.max(1),
         kv_blocks: a.kv_blocks,
@@ -281,6 +360,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             spec: a.spec.spec.is_some().then(|| a.spec.clone()),
             pooling: a.pooling.as_deref().and_then(Pooling::parse),
             cors_origins: a.cors_origin.clone(),
+            template_limits,
             ..ServeOptions::new(a.max_batch)
         },
     )?;
@@ -410,6 +490,9 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         }
         None => None,
     };
+    if let Some(t) = &template {
+        check_template(t, &o.template_limits);
+    }
     let syntax = source
         .as_deref()
         .map(Syntax::of_template)
@@ -487,6 +570,7 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         read_timeout: o.read_timeout,
         in_flight: Default::default(),
         max_in_flight,
+        template_limits: o.template_limits,
         metrics: Metrics::default(),
         props,
         vocab: info.vocab,
@@ -739,6 +823,47 @@ async fn slots(State(state): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
+/// Renders the model's template once over a representative conversation (a system prompt,
+/// a tool, two user turns and an answer) under the server's limits, and warns when it is slow
+/// or goes over a limit: a template that does either on a short chat fails real requests.
+fn check_template(tpl: &ChatTemplate, limits: &RenderLimits) {
+    use kiln_core::chat::RenderError;
+    let messages = [
+        json!({"role": "system", "content": "You are a helpful assistant."}),
+        json!({"role": "user", "content": "What is the capital of France?"}),
+        json!({"role": "assistant", "content": "Paris."}),
+        json!({"role": "user", "content": "And of Italy? Answer in one word."}),
+    ];
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]);
+    let t = std::time::Instant::now();
+    let r = tpl.render_limited(
+        &messages,
+        Some(&tools),
+        true,
+        &serde_json::Map::new(),
+        limits,
+        &|| false,
+    );
+    let took = t.elapsed();
+    match r {
+        Ok(_) if took > std::time::Duration::from_millis(250) => {
+            let m = format!("the model's chat template took {took:.0?} to render a four-message chat; chat requests will be slow");
+            tracing::warn!("{m}");
+            eprintln!("kiln: {m}");
+        }
+        Ok(_) => tracing::info!("chat template renders a four-message chat in {took:.1?}"),
+        Err(RenderError::Limit(_, m)) | Err(RenderError::Sandbox(m)) => {
+            tracing::warn!("chat template check: {m}");
+            eprintln!("kiln: the model's chat template failed a four-message chat: {m}");
+        }
+        // A template may refuse tools or roles; real requests tell.
+        Err(e) => tracing::info!("chat template check: {e}"),
+    }
+}
+
 /// Prometheus text format.
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let out = state.metrics.render(&state.engine.snapshot());
@@ -773,18 +898,58 @@ async fn prepared(
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    let st = state.clone();
-    let spec = tokio::task::spawn_blocking(move || prepare(&st, &bytes))
-        .await
-        .unwrap_or_else(|e| {
-            Err(ApiError::internal(format!(
-                "preparing the request failed: {e}"
-            )))
-        });
-    match spec {
+    match prepare_blocking(&state, move |st| prepare(st, &bytes)).await {
         Ok(spec) => respond::respond(state, spec).await,
         Err(e) => e.into_response(),
     }
+}
+
+thread_local! {
+    /// Set while a request is prepared on this blocking thread: true once its client has
+    /// left (the handler's future was dropped).
+    static LEFT: std::cell::RefCell<Option<Arc<std::sync::atomic::AtomicBool>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Whether the client of the request prepared on this thread has left.
+fn client_left() -> bool {
+    LEFT.with(|l| {
+        l.borrow()
+            .as_ref()
+            .is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed))
+    })
+}
+
+/// Runs `f` (a request's preparation) on a blocking thread, holding one admission slot
+/// meanwhile (preparation counts against `--max-concurrent`: 429 past it); when the future
+/// is dropped because the client left, a chat-template render under way is stopped.
+pub(crate) async fn prepare_blocking<T: Send + 'static>(
+    state: &Arc<AppState>,
+    f: impl FnOnce(&AppState) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    struct SetOnDrop(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for SetOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let slot = state.admit(1)?;
+    let left = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let _guard = SetOnDrop(left.clone());
+    let st = state.clone();
+    tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        LEFT.with(|l| *l.borrow_mut() = Some(left));
+        let r = f(&st);
+        LEFT.with(|l| l.borrow_mut().take());
+        r
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(ApiError::internal(format!(
+            "preparing the request failed: {e}"
+        )))
+    })
 }
 
 async fn completions(

@@ -819,9 +819,7 @@ pub fn chat_text(
             ))
         }
     };
-    let text = tpl
-        .render_with(&messages, listed.as_ref(), true, &kwargs)
-        .map_err(|e| ApiError::bad(format!("chat template: {e}"), Some("messages")))?;
+    let text = state.render_template(tpl, &messages, listed.as_ref(), &kwargs)?;
     Ok((text, tools, force))
 }
 

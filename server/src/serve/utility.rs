@@ -28,9 +28,7 @@ async fn blocking(
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    let r = tokio::task::spawn_blocking(move || f(&state, &body_json(&bytes)?))
-        .await
-        .unwrap_or_else(|e| Err(ApiError::internal(format!("the request failed: {e}"))));
+    let r = super::prepare_blocking(&state, move |st| f(st, &body_json(&bytes)?)).await;
     match r {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),

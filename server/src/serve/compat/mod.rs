@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 
 use super::request::{body_json, ApiError, Body, GenSpec};
 use super::respond::{launch, Piece};
-use super::{body_bytes, chat_spec, AppState};
+use super::{body_bytes, chat_spec, prepare_blocking, AppState};
 
 mod messages;
 mod responses;
@@ -307,21 +307,15 @@ pub(super) async fn begin(
     api: Api,
 ) -> Result<(GenSpec, mpsc::Receiver<Piece>), ApiError> {
     let bytes = body_bytes(body)?;
-    let st = state.clone();
-    let spec = tokio::task::spawn_blocking(move || {
+    let spec = prepare_blocking(state, move |st| {
         let b = body_json(&bytes)?;
         let chat = match api {
             Api::Messages => messages::messages_to_chat(&b)?,
             Api::Responses => responses::responses_to_chat(&b)?,
         };
-        chat_spec(&st, &chat)
+        chat_spec(st, &chat)
     })
-    .await
-    .unwrap_or_else(|e| {
-        Err(ApiError::internal(format!(
-            "preparing the request failed: {e}"
-        )))
-    })?;
+    .await?;
     let rx = launch(state, &spec)?;
     Ok((spec, rx))
 }

@@ -1,0 +1,109 @@
+//! The grammar compiler's limits (`core/src/grammar/limits.rs`) against the shapes an
+//! adversarial review used to overflow a worker's stack and abort the server: `$ref`s that
+//! chain definitions hundreds deep, Lark rules chained a thousand long. At each limit the
+//! grammar compiles — on a caller thread with a small stack, which shows the compile does
+//! not run there — and past it, and at twice the depth, it is an error naming the limit.
+
+use kiln_core::grammar::limits::{MAX_REF_DEPTH, MAX_RULE_DEPTH};
+use kiln_core::grammar::{GrammarSpec, Grammars};
+use kiln_core::tokenizer::Tokenizer;
+use kiln_tests::fixtures;
+use serde_json::{json, Map, Value};
+
+fn grammars() -> Grammars {
+    let tok = Tokenizer::from_hf_file(&fixtures().join("hf/llama/tokenizer.json"))
+        .expect("the tiny Llama tokenizer");
+    Grammars::new(&tok, tok.vocab_size()).expect("grammars")
+}
+
+/// Definitions `d0 … d(n-1)`, each an object whose property refers to the next: `n` `$ref`s
+/// from the root to an integer.
+pub fn ref_chain(n: usize) -> Value {
+    let mut defs = Map::new();
+    for i in 0..n {
+        let d = if i + 1 < n {
+            json!({"properties": {"x": {"$ref": format!("#/$defs/d{}", i + 1)}}})
+        } else {
+            json!({"type": "integer"})
+        };
+        defs.insert(format!("d{i}"), d);
+    }
+    json!({"$defs": defs, "$ref": "#/$defs/d0"})
+}
+
+/// `start` naming `r0`, each `ri` naming `r(i+1)`: a chain of `n + 1` rule references.
+pub fn lark_chain(n: usize) -> String {
+    let mut s = String::from("start: r0\n");
+    for i in 0..n {
+        s.push_str(&format!("r{i}: r{} \"a\"\n", i + 1));
+    }
+    s + &format!("r{n}: \"b\"\n")
+}
+
+/// Compiles `spec` on a thread with a 256 KiB stack (far less than a chain at the limits
+/// needs: the compile must run elsewhere); the error text, if any.
+fn compile_on_small_stack(g: &Grammars, spec: GrammarSpec) -> Option<String> {
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn_scoped(s, || g.compile(&spec).err().map(|e| e.to_string()))
+            .expect("thread")
+            .join()
+            .expect("no panic")
+    })
+}
+
+#[test]
+fn ref_chains_compile_to_the_limit_and_are_refused_past_it() {
+    let g = grammars();
+    assert_eq!(
+        compile_on_small_stack(&g, GrammarSpec::JsonSchema(ref_chain(MAX_REF_DEPTH))),
+        None
+    );
+    // The review's shape (a few hundred definitions, under 20 KB) and twice the limit.
+    for n in [MAX_REF_DEPTH + 1, 300, 2 * MAX_REF_DEPTH, 4 * MAX_REF_DEPTH] {
+        let schema = ref_chain(n);
+        let e = compile_on_small_stack(&g, GrammarSpec::JsonSchema(schema))
+            .unwrap_or_else(|| panic!("a chain of {n} compiled"));
+        assert!(
+            e.contains("$ref") && e.contains(&format!("limit of {MAX_REF_DEPTH}")),
+            "{n}: {e}"
+        );
+    }
+    assert!(ref_chain(300).to_string().len() < 20_000);
+}
+
+#[test]
+fn lark_rule_chains_compile_to_the_limit_and_are_refused_past_it() {
+    let g = grammars();
+    // start + r0 … r(n): a chain of n + 1 references.
+    assert_eq!(
+        compile_on_small_stack(&g, GrammarSpec::Lark(lark_chain(MAX_RULE_DEPTH - 1))),
+        None
+    );
+    for n in [MAX_RULE_DEPTH, 1000, 2000] {
+        let e = compile_on_small_stack(&g, GrammarSpec::Lark(lark_chain(n)))
+            .unwrap_or_else(|| panic!("a chain of {n} compiled"));
+        assert!(
+            e.contains("rule references") && e.contains(&format!("limit of {MAX_RULE_DEPTH}")),
+            "{n}: {e}"
+        );
+    }
+    assert!(lark_chain(1000).len() < 30_000);
+    // A schema embedded in a Lark grammar meets the schema limits.
+    let embedded = format!("start: %json {}\n", ref_chain(2 * MAX_REF_DEPTH));
+    let e = compile_on_small_stack(&g, GrammarSpec::Lark(embedded)).expect("refused");
+    assert!(e.contains("$ref"), "{e}");
+}
+
+#[test]
+fn a_grammar_the_parser_refuses_is_a_short_error() {
+    let g = grammars();
+    // A long grammar with a mistake at its end: the answer is a sentence or three, not the
+    // grammar or the parser's state.
+    let bad = lark_chain(200).replace("r200: \"b\"", "r200: \"b\" nowhere_defined");
+    let e = compile_on_small_stack(&g, GrammarSpec::Lark(bad)).expect("refused");
+    assert!(e.len() <= 450, "{} chars: {e}", e.len());
+    assert!(e.contains("nowhere_defined"), "{e}");
+    assert!(!e.contains("r150"), "{e}");
+}
