@@ -215,6 +215,174 @@ fn generated_chat_templates_are_errors_not_panics() {
     println!("{n} generated chat templates");
 }
 
+/// A random JSON schema over a random `$ref` graph: chains, cycles, diamonds, refs to the
+/// root, escaped and unresolvable pointers, nested `properties`/`items`/`anyOf`.
+fn wild_schema(rng: &mut Rng) -> Value {
+    // Mostly small graphs, one in eight past the depth limit.
+    let most = if below(rng, 8) == 0 { 400 } else { 40 };
+    let defs = 1 + below(rng, most);
+    let target = |rng: &mut Rng| match below(rng, 12) {
+        0 => "#".to_string(),
+        1 => "#/nowhere".to_string(),
+        2 => "http://example.com/s.json".to_string(),
+        3 => "#/$defs/a~1b".to_string(),
+        4 => "#/%24defs/d0".to_string(),
+        _ => format!("#/$defs/d{}", below(rng, defs)),
+    };
+    let mut map = Map::new();
+    for i in 0..defs {
+        let mut node = json!({"$ref": target(rng)});
+        for _ in 0..below(rng, 6) {
+            node = match below(rng, 5) {
+                0 => json!({"type": "object", "properties": {"p": node}}),
+                1 => json!({"type": "array", "items": node}),
+                2 => json!({"anyOf": [node, {"type": "null"}]}),
+                3 => json!({"allOf": [node, {"$ref": target(rng)}]}),
+                _ => json!({"properties": {"a": node, "b": {"$ref": target(rng)}}}),
+            };
+        }
+        map.insert(format!("d{i}"), node);
+    }
+    map.insert("a/b".into(), json!({"type": "string"}));
+    json!({"$defs": map, "$ref": target(rng)})
+}
+
+/// A random Lark grammar over a random rule graph, with embedded schemas and junk.
+fn wild_lark(rng: &mut Rng) -> String {
+    let most = if below(rng, 8) == 0 { 1500 } else { 60 };
+    let rules = 1 + below(rng, most);
+    let mut s = String::from("start: r0\n");
+    for i in 0..rules {
+        s.push_str(&format!("r{i}: "));
+        for k in 0..1 + below(rng, 3) {
+            if k > 0 {
+                s.push_str(if below(rng, 2) == 0 { " | " } else { " " });
+            }
+            match below(rng, 10) {
+                0 => s.push_str("\"x\""),
+                1 => s.push_str("/[a-z]+/"),
+                2 => s.push_str(&format!("%json {}", json!({"$ref": "#", "type": "object"}))),
+                3 => s.push_str(&format!("(r{})*", below(rng, rules))),
+                4 => s.push_str("<|junk|>"),
+                5 => s.push_str("\"y\"{2,5}"),
+                6 => s.push_str(&format!("r{}", i + 1)),
+                _ => s.push_str(&format!("r{}", below(rng, rules))),
+            }
+        }
+        s.push('\n');
+    }
+    s.push_str(&format!("r{rules}: \"end\"\n"));
+    s
+}
+
+/// Schemas and grammars with deep and tangled references compile or are refused — never a
+/// panic, and never the stack overflow that aborts the process (which would end this test
+/// binary: a crash). `KILN_FUZZ_ITERS` inputs (each half schemas, half grammars).
+#[test]
+fn schemas_and_grammars_with_deep_references_compile_or_are_refused() {
+    use kiln_core::grammar::{GrammarSpec, Grammars};
+    let tok = Tokenizer::from_hf_file(&fixtures().join("hf/llama/tokenizer.json")).expect("tok");
+    let g = Grammars::new(&tok, tok.vocab_size()).expect("grammars");
+    let mut rng = Rng::new(36);
+    let n = iters(40);
+    let (mut ok, mut refused) = (0, 0);
+    for i in 0..n {
+        let spec = if i % 2 == 0 {
+            GrammarSpec::JsonSchema(wild_schema(&mut rng))
+        } else {
+            GrammarSpec::Lark(wild_lark(&mut rng))
+        };
+        let r = catch_unwind(AssertUnwindSafe(|| g.compile(&spec).is_ok()));
+        match r {
+            Ok(true) => ok += 1,
+            Ok(false) => refused += 1,
+            Err(_) => panic!("a panic on input {i}: {spec:?}"),
+        }
+    }
+    println!("{n} schemas and grammars: {ok} compiled, {refused} refused");
+}
+
+/// Templates that loop, grow, recurse and repeat, rendered in the sandbox under small
+/// limits: each ends in a prompt or an error within its deadline, and no render child is
+/// left behind.
+#[cfg(unix)]
+#[test]
+fn hostile_chat_templates_end_within_their_limits() {
+    use kiln_core::chat::{RenderError, RenderLimits};
+    use std::time::{Duration, Instant};
+    const LEAVES: &[&str] = &[
+        "{% set ns.s = ns.s ~ ns.s %}",
+        "{{ ns.s | length }}",
+        "{{ 'x' * 100000000 }}",
+        "{{ messages * 100000 }}",
+        "{{ (messages | tojson) * 1000 }}",
+        "{{ range(100000) | join(',') }}",
+        "{{ 'y' | center(1000000000) }}",
+        "{{ f('a') }}",
+        "{{ m.content }}",
+        "{{ raise_exception('no') }}",
+        "{{ ns.s ~ ns.s ~ ns.s }}",
+        "text ",
+    ];
+    const OPENS: &[(&str, &str)] = &[
+        ("{% for i in range(100000) %}", "{% endfor %}"),
+        ("{% for m in messages %}", "{% endfor %}"),
+        ("{% if add_generation_prompt %}", "{% endif %}"),
+        ("{% for j in range(1000) %}", "{% endfor %}"),
+    ];
+    /// A balanced block of up to `depth` nested loops and conditions.
+    fn block(rng: &mut Rng, depth: usize, out: &mut String) {
+        for _ in 0..1 + below(rng, 3) {
+            if depth > 0 && below(rng, 2) == 0 {
+                let (open, close) = OPENS[below(rng, OPENS.len())];
+                out.push_str(open);
+                block(rng, depth - 1, out);
+                out.push_str(close);
+            } else {
+                out.push_str(LEAVES[below(rng, LEAVES.len())]);
+            }
+        }
+    }
+    let limits = RenderLimits {
+        fuel: 1_000_000,
+        max_output: 1 << 20,
+        max_memory: 64 << 20,
+        timeout: Duration::from_millis(300),
+    };
+    let messages = vec![json!({"role": "user", "content": "hi"})];
+    let mut rng = Rng::new(37);
+    let n = iters(40);
+    let mut outcomes = std::collections::BTreeMap::new();
+    for i in 0..n {
+        let mut src = String::from(
+            "{% set ns = namespace(s='ab') %}{% macro f(x) %}{{ f(x ~ x) }}{% endmacro %}",
+        );
+        block(&mut rng, 3, &mut src);
+        let Ok(tpl) = ChatTemplate::new(&src, "<s>", "</s>") else {
+            *outcomes.entry("does not compile").or_insert(0) += 1;
+            continue;
+        };
+        let t0 = Instant::now();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            tpl.render_limited(&messages, None, true, &Map::new(), &limits, &|| false)
+        }));
+        let took = t0.elapsed();
+        let kind = match r {
+            Ok(Ok(_)) => "ok",
+            Ok(Err(RenderError::Limit(l, _))) => l.name(),
+            Ok(Err(RenderError::Template(_))) => "error",
+            Ok(Err(e)) => panic!("input {i}: {e}: {src}"),
+            Err(_) => panic!("a panic on input {i}: {src}"),
+        };
+        *outcomes.entry(kind).or_insert(0) += 1;
+        assert!(
+            took < Duration::from_secs(3),
+            "input {i} took {took:?}: {src}"
+        );
+    }
+    println!("{n} hostile templates: {outcomes:?}");
+}
+
 #[test]
 fn random_request_json_is_a_value_or_an_error_not_a_panic() {
     use kiln_server::serve::request::{
