@@ -4,7 +4,7 @@
 //! grammar compiles — on a caller thread with a small stack, which shows the compile does
 //! not run there — and past it, and at twice the depth, it is an error naming the limit.
 
-use kiln_core::grammar::limits::{MAX_REF_DEPTH, MAX_RULE_DEPTH};
+use kiln_core::grammar::limits::{MAX_REF_DEPTH, MAX_RULE_DEPTH, MAX_SCHEMA_NESTING};
 use kiln_core::grammar::{GrammarSpec, Grammars};
 use kiln_core::tokenizer::Tokenizer;
 use kiln_tests::fixtures;
@@ -71,6 +71,39 @@ fn ref_chains_compile_to_the_limit_and_are_refused_past_it() {
         );
     }
     assert!(ref_chain(300).to_string().len() < 20_000);
+}
+
+/// `n` definitions, each holding a reference to the next `levels` levels of `items` down.
+fn nested_chain(n: usize, levels: usize) -> Value {
+    let mut defs = Map::new();
+    for i in 0..n {
+        let mut node = json!({"$ref": format!("#/$defs/d{}", i + 1)});
+        for _ in 0..levels {
+            node = json!({"items": node});
+        }
+        defs.insert(format!("d{i}"), node);
+    }
+    defs.insert(format!("d{n}"), json!({"type": "integer"}));
+    json!({"$defs": defs, "$ref": "#/$defs/d0"})
+}
+
+#[test]
+fn nesting_through_refs_compiles_to_the_limit_and_is_refused_past_it() {
+    let g = grammars();
+    // 48 references 20 levels apart: about 1,000 levels, just under the limit.
+    let at = nested_chain(48, 20);
+    assert_eq!(
+        compile_on_small_stack(&g, GrammarSpec::JsonSchema(at)),
+        None
+    );
+    for (n, levels) in [(100, 20), (120, 40)] {
+        let e = compile_on_small_stack(&g, GrammarSpec::JsonSchema(nested_chain(n, levels)))
+            .unwrap_or_else(|| panic!("{n} × {levels} compiled"));
+        assert!(
+            e.contains("nests") && e.contains(&format!("limit of {MAX_SCHEMA_NESTING}")),
+            "{e}"
+        );
+    }
 }
 
 #[test]

@@ -18,11 +18,17 @@ use crate::error::{Error, Result};
 /// The largest grammar text: a JSON schema as serialized, a Lark grammar, a regex.
 pub const MAX_BYTES: usize = 512 * 1024;
 /// The longest chain of `$ref`s a JSON schema may hold (a `$ref` inside the target of a
-/// `$ref` inside …; a reference back into the chain is recursion, compiled lazily, and does
-/// not count).
+/// `$ref` inside …; a reference back into the chain is recursion, compiled lazily: it
+/// counts one hop, not the chain again).
 pub const MAX_REF_DEPTH: usize = 128;
+/// The deepest a JSON schema may nest counting through its `$ref`s: the levels of JSON
+/// down to each `$ref`, plus those of its target, and so on (one level is about 2.3 KiB of
+/// the compiler's stack: a chain of 300 `$ref`s at 3 levels each overflowed 2 MiB).
+pub const MAX_SCHEMA_NESTING: usize = 1024;
 /// Distinct `$ref` targets in one JSON schema.
 pub const MAX_REF_TARGETS: usize = 4096;
+/// JSON values the `$ref` analysis may visit (nested targets are walked once each).
+pub const MAX_VISITS: usize = 4_000_000;
 /// Rules and terminals in one Lark grammar.
 pub const MAX_RULES: usize = 4096;
 /// The longest chain of rule references in a Lark grammar (a rule naming a rule naming …).
@@ -51,7 +57,9 @@ pub fn check(spec: &super::GrammarSpec) -> Result<()> {
     }
 }
 
-/// The JSON schema limits: its size, its distinct `$ref` targets and its `$ref` depth.
+/// The JSON schema limits: its size, its `$ref` targets, the depth of its `$ref` chains and
+/// its nesting through them. Every `$ref` must name a place in the schema (`#` or `#/…`,
+/// resolved as the compiler resolves them); anything else is refused here.
 pub fn check_schema(schema: &Value) -> Result<()> {
     let size = serde_json::to_vec(schema).map(|v| v.len()).unwrap_or(0);
     if size > MAX_BYTES {
@@ -59,150 +67,165 @@ pub fn check_schema(schema: &Value) -> Result<()> {
             "the JSON schema is {size} bytes, over the limit of {MAX_BYTES}"
         )));
     }
-    let depth = ref_depth(schema)?;
-    if depth > MAX_REF_DEPTH {
+    let (refs, nesting) = ref_depth(schema)?;
+    if refs > MAX_REF_DEPTH {
         return Err(limit(format!(
-            "the JSON schema's $ref chains are {depth} deep, over the limit of {MAX_REF_DEPTH}"
+            "the JSON schema's $ref chains are {refs} deep, over the limit of {MAX_REF_DEPTH}"
+        )));
+    }
+    if nesting > MAX_SCHEMA_NESTING {
+        return Err(limit(format!(
+            "the JSON schema nests {nesting} levels deep through its $refs, over the limit of {MAX_SCHEMA_NESTING}"
         )));
     }
     Ok(())
 }
 
-/// The `$ref` strings anywhere below `v` (an explicit stack: no recursion on the client's
-/// structure).
-fn refs_below(v: &Value) -> Vec<&str> {
+/// The `$ref` strings anywhere below `v` with the JSON depth they sit at, and `v`'s own
+/// depth (an explicit stack: no recursion on the client's structure). `visits` counts the
+/// values walked.
+fn refs_below<'a>(v: &'a Value, visits: &mut usize) -> Result<(Vec<(&'a str, usize)>, usize)> {
     let mut out = Vec::new();
-    let mut stack = vec![v];
-    while let Some(v) = stack.pop() {
+    let mut deepest = 0;
+    let mut stack = vec![(v, 0usize)];
+    while let Some((v, d)) = stack.pop() {
+        *visits += 1;
+        if *visits > MAX_VISITS {
+            return Err(limit(format!(
+                "the JSON schema's $refs lead through more than {MAX_VISITS} values"
+            )));
+        }
+        deepest = deepest.max(d);
         match v {
             Value::Object(m) => {
                 for (k, x) in m {
                     match (k.as_str(), x) {
-                        ("$ref", Value::String(r)) => out.push(r.as_str()),
-                        _ => stack.push(x),
+                        ("$ref", Value::String(r)) => out.push((r.as_str(), d + 1)),
+                        _ => stack.push((x, d + 1)),
                     }
                 }
             }
-            Value::Array(a) => stack.extend(a.iter()),
+            Value::Array(a) => stack.extend(a.iter().map(|x| (x, d + 1))),
             _ => {}
         }
     }
-    out
+    Ok((out, deepest))
 }
 
-/// The longest `$ref` chain of `schema`: a graph of the local targets (`#…` JSON pointers),
-/// each node's edges the targets referenced anywhere inside it.
-fn ref_depth(schema: &Value) -> Result<usize> {
-    let mut ids: HashMap<&str, usize> = HashMap::new();
+/// The longest `$ref` chain of `schema` and its deepest nesting through `$ref`s: a graph of
+/// the targets (each node a distinct JSON value, however its pointer is spelled), each
+/// node's edges the targets referenced inside it, weighted by the depth of the reference.
+fn ref_depth(schema: &Value) -> Result<(usize, usize)> {
+    let mut ids: HashMap<*const Value, usize> = HashMap::new();
     let mut nodes: Vec<&Value> = vec![schema];
-    let mut edges: Vec<Vec<usize>> = Vec::new();
+    ids.insert(schema as *const Value, 0);
+    let mut hops: Vec<Vec<(usize, usize)>> = Vec::new();
+    let mut levels: Vec<Vec<(usize, usize)>> = Vec::new();
+    let mut own: Vec<usize> = Vec::new();
+    let mut visits = 0;
     let mut next = 0;
     while next < nodes.len() {
-        let mut out = Vec::new();
-        for r in refs_below(nodes[next]) {
-            let id = match ids.get(r) {
+        let (refs, deepest) = refs_below(nodes[next], &mut visits)?;
+        let mut out = Vec::with_capacity(refs.len());
+        for (r, d) in refs {
+            let target = resolve(schema, r).ok_or_else(|| {
+                limit(format!(
+                    "the JSON schema's $ref {:?} does not name a place in the schema (only \"#\" and \"#/…\" references are followed)",
+                    r.chars().take(100).collect::<String>()
+                ))
+            })?;
+            let id = match ids.get(&(target as *const Value)) {
                 Some(&id) => id,
                 None => {
-                    let Some(target) = resolve(schema, r) else {
-                        // Not a local pointer (a remote or `$id` reference): the compiler
-                        // refuses or resolves it; nothing to follow here.
-                        continue;
-                    };
-                    if nodes.len() > MAX_REF_TARGETS {
+                    if nodes.len() >= MAX_REF_TARGETS {
                         return Err(limit(format!(
                             "the JSON schema has more than {MAX_REF_TARGETS} distinct $ref targets"
                         )));
                     }
                     nodes.push(target);
-                    ids.insert(r, nodes.len() - 1);
+                    ids.insert(target as *const Value, nodes.len() - 1);
                     nodes.len() - 1
                 }
             };
-            out.push(id);
+            out.push((id, d));
         }
         out.sort_unstable();
         out.dedup();
-        edges.push(out);
+        hops.push(out.iter().map(|&(id, _)| (id, 1)).collect());
+        levels.push(out);
+        own.push(deepest);
         next += 1;
     }
-    // The root itself is not reached through a `$ref`.
-    Ok(longest_path(&edges, 0).saturating_sub(1))
+    let zero = vec![0; nodes.len()];
+    Ok((
+        longest_path(&hops, &zero, 0),
+        longest_path(&levels, &own, 0),
+    ))
 }
 
-/// The node a local `$ref` names: `#` or `#/json/pointer` (with `~0`, `~1` and `%xx`).
+/// The value a `$ref` names, resolved exactly as llguidance resolves it without its
+/// `referencing` feature: `#`, `#/`, or `#/a/b/0` split at `/`, each segment a key or an
+/// array index, taken as written.
 fn resolve<'a>(root: &'a Value, r: &str) -> Option<&'a Value> {
-    let p = r.strip_prefix('#')?;
-    if p.is_empty() {
+    if r == "#" || r == "#/" {
         return Some(root);
     }
-    if !p.starts_with('/') {
-        return None;
+    let mut v = root;
+    for seg in r.strip_prefix("#/")?.split('/') {
+        v = match v {
+            Value::Array(a) => a.get(seg.parse::<usize>().ok()?)?,
+            _ => v.get(seg)?,
+        };
     }
-    let decoded = percent_decode(p)?;
-    root.pointer(&decoded)
+    Some(v)
 }
 
-fn percent_decode(s: &str) -> Option<String> {
-    if !s.contains('%') {
-        return Some(s.to_string());
-    }
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            let h = std::str::from_utf8(&b[i + 1..i + 3]).ok()?;
-            out.push(u8::from_str_radix(h, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// The number of nodes on the longest path from `start` along `edges`, an edge back to a
-/// node on the path (recursion) counting nothing. An explicit stack; each node is finished
+/// The heaviest path from `start` along weighted `edges`: a node's value is the larger of
+/// its `own` and, over its edges, the weight plus the child's value; an edge back to a node
+/// on the path (recursion) counts its weight only. An explicit stack; each node is finished
 /// once, so the time is linear in the edges.
-fn longest_path(edges: &[Vec<usize>], start: usize) -> usize {
+fn longest_path(edges: &[Vec<(usize, usize)>], own: &[usize], start: usize) -> usize {
     const NEW: usize = usize::MAX;
     const OPEN: usize = usize::MAX - 1;
-    let mut depth = vec![NEW; edges.len()];
-    // (node, next edge, best child depth so far)
-    let mut stack: Vec<(usize, usize, usize)> = vec![(start, 0, 0)];
-    depth[start] = OPEN;
+    let mut value = vec![NEW; edges.len()];
+    // (node, next edge, best so far)
+    let mut stack: Vec<(usize, usize, usize)> = vec![(start, 0, own[start])];
+    value[start] = OPEN;
     while let Some(top) = stack.last_mut() {
         let (node, i, best) = *top;
         match edges[node].get(i) {
-            Some(&child) => {
+            Some(&(child, w)) => {
                 top.1 += 1;
-                match depth[child] {
+                match value[child] {
                     NEW => {
-                        depth[child] = OPEN;
-                        stack.push((child, 0, 0));
+                        value[child] = OPEN;
+                        stack.push((child, 0, own[child]));
                     }
-                    OPEN => {}
-                    d => top.2 = best.max(d),
+                    OPEN => top.2 = best.max(w),
+                    v => top.2 = best.max(w.saturating_add(v)),
                 }
             }
             None => {
-                depth[node] = best + 1;
+                value[node] = best;
                 stack.pop();
                 if let Some(parent) = stack.last_mut() {
-                    parent.2 = parent.2.max(best + 1);
+                    // The edge just followed is the parent's previous one.
+                    let w = edges[parent.0][parent.1 - 1].1;
+                    parent.2 = parent.2.max(w.saturating_add(best));
                 }
             }
         }
     }
-    match depth[start] {
+    match value[start] {
         NEW | OPEN => 0,
-        d => d,
+        v => v,
     }
 }
 
 /// The Lark limits: size, rule count, the depth of rule references, and the JSON limits for
-/// each embedded `%json {…}` schema.
+/// each embedded `%json {…}` schema. Text the scan cannot read as llguidance would (an
+/// unterminated string or regex, a `%json` block that is not JSON) is refused: the scan
+/// must never see fewer rules than the compiler.
 pub fn check_lark(src: &str) -> Result<()> {
     if src.len() > MAX_BYTES {
         return Err(limit(format!(
@@ -210,12 +233,11 @@ pub fn check_lark(src: &str) -> Result<()> {
             src.len()
         )));
     }
-    let lark = scan_lark(src);
+    let lark = scan_lark(src)?;
     for j in &lark.json {
-        // A schema that does not parse is the compiler's to report.
-        if let Ok(v) = serde_json::from_str::<Value>(j) {
-            check_schema(&v)?;
-        }
+        let v = serde_json::from_str::<Value>(j)
+            .map_err(|e| limit(format!("a %json block is not JSON: {e}")))?;
+        check_schema(&v)?;
     }
     if lark.rules.len() > MAX_RULES {
         return Err(limit(format!(
@@ -223,25 +245,29 @@ pub fn check_lark(src: &str) -> Result<()> {
             lark.rules.len()
         )));
     }
-    let ids: HashMap<&str, usize> = lark
-        .rules
-        .iter()
-        .enumerate()
-        .map(|(i, (name, _))| (*name, i))
-        .collect();
-    // Node 0 is a virtual root naming every rule, so the longest chain anywhere counts.
-    let mut edges: Vec<Vec<usize>> = vec![(1..=lark.rules.len()).collect()];
-    for (_, refs) in &lark.rules {
-        let mut out: Vec<usize> = refs
-            .iter()
-            .filter_map(|r| ids.get(r).map(|&i| i + 1))
-            .collect();
-        out.sort_unstable();
-        out.dedup();
-        edges.push(out);
+    let mut ids: HashMap<&str, usize> = HashMap::new();
+    for (i, (name, _)) in lark.rules.iter().enumerate() {
+        ids.entry(*name).or_insert(i + 1);
     }
-    // Nodes on the path less the virtual root, less one: references.
-    let depth = longest_path(&edges, 0).saturating_sub(2);
+    // Node 0 is a virtual root naming every rule (weight 0), so the longest chain anywhere
+    // counts; each reference weighs 1. A name defined twice (in nested `%lark` grammars)
+    // takes the union of both bodies' references.
+    let mut edges: Vec<Vec<(usize, usize)>> =
+        vec![(1..=lark.rules.len()).map(|i| (i, 0)).collect()];
+    edges.resize(lark.rules.len() + 1, Vec::new());
+    for (name, refs) in &lark.rules {
+        let Some(&me) = ids.get(name) else { continue };
+        for r in refs {
+            if let Some(&to) = ids.get(r) {
+                edges[me].push((to, 1));
+            }
+        }
+    }
+    for e in edges.iter_mut().skip(1) {
+        e.sort_unstable();
+        e.dedup();
+    }
+    let depth = longest_path(&edges, &vec![0; edges.len()], 0);
     if depth > MAX_RULE_DEPTH {
         return Err(limit(format!(
             "the grammar's rule references chain {depth} deep, over the limit of {MAX_RULE_DEPTH}"
@@ -251,34 +277,36 @@ pub fn check_lark(src: &str) -> Result<()> {
 }
 
 /// What the limits need of a Lark grammar: each definition's name with the names its body
-/// mentions, and the embedded `%json` schemas' text. Strings, regexes, comments, `<…>`
-/// tokens and `{…}` blocks are skipped; this is a scan for the limits, not a parser (the
+/// mentions, and the embedded `%json` schemas' text. Tokens as llguidance's Lark lexer reads
+/// them: names `[!?_]*[A-Za-z][A-Za-z0-9_-]*`, JSON-style strings on one line, `/regexes/`
+/// that may span lines, `<special>` tokens, `#` and `//` comments; `%json`, `%regex` and
+/// `%llguidance` blocks skipped (the first kept for the schema limits), a `%lark { … }`
+/// grammar scanned as part of this one. This is a scan for the limits, not a parser (the
 /// compiler reports syntax errors).
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Lark<'a> {
     rules: Vec<(&'a str, Vec<&'a str>)>,
     json: Vec<&'a str>,
 }
 
-fn scan_lark(src: &str) -> Lark<'_> {
+fn scan_lark(src: &str) -> Result<Lark<'_>> {
     let b = src.as_bytes();
     let mut out = Lark::default();
     let mut i = 0;
     let mut line_start = true;
+    let name_char = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'-';
     let ident = |i: usize| {
         let mut j = i;
-        while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
+        while j < b.len() && name_char(b[j]) {
             j += 1;
         }
         j
     };
-    // Skips a quoted span starting at `i` (the opening quote) and returns the index after it.
-    let quoted = |i: usize, q: u8| {
-        let mut j = i + 1;
-        while j < b.len() && b[j] != q && b[j] != b'\n' {
-            j += if b[j] == b'\\' { 2 } else { 1 };
-        }
-        (j + 1).min(b.len())
+    let unterminated = |what: &str, at: usize| {
+        let line = src[..at].matches('\n').count() + 1;
+        limit(format!(
+            "an unterminated {what} on line {line} of the grammar"
+        ))
     };
     while i < b.len() {
         let c = b[i];
@@ -303,20 +331,61 @@ fn scan_lark(src: &str) -> Lark<'_> {
                     i += 1;
                 }
             }
-            b'"' | b'\'' => i = quoted(i, c),
-            // A directive (`%json`, `%ignore`, `%import`): its name is not a reference.
-            b'%' => i = ident(i + 1),
-            b'/' => i = quoted(i, b'/'),
-            b'<' => {
+            b'"' | b'\'' => {
+                // A string: on one line.
                 let mut j = i + 1;
-                while j < b.len() && b[j] != b'>' && b[j] != b'\n' {
+                while j < b.len() && b[j] != c {
+                    if b[j] == b'\n' {
+                        return Err(unterminated("string", i));
+                    }
+                    j += if b[j] == b'\\' { 2 } else { 1 };
+                }
+                if j >= b.len() {
+                    return Err(unterminated("string", i));
+                }
+                i = j + 1;
+            }
+            b'/' => {
+                // A regex: may span lines.
+                let mut j = i + 1;
+                while j < b.len() && b[j] != b'/' {
+                    j += if b[j] == b'\\' { 2 } else { 1 };
+                }
+                if j >= b.len() {
+                    return Err(unterminated("regex", i));
+                }
+                i = j + 1;
+            }
+            b'<' => {
+                // A special token `<[^<>\s]+>`; a lone `<` is one character.
+                let mut j = i + 1;
+                while j < b.len() && !b"<>\n\r\t ".contains(&b[j]) {
                     j += 1;
                 }
-                i = (j + 1).min(b.len());
+                i = if j < b.len() && b[j] == b'>' {
+                    j + 1
+                } else {
+                    i + 1
+                };
+            }
+            b'%' => {
+                let end = ident(i + 1);
+                let directive = &src[i + 1..end];
+                i = end;
+                if directive == "lark" {
+                    // A nested grammar: its `{` opens rules scanned with the rest.
+                    while i < b.len() && (b[i] == b' ' || b[i] == b'\t') {
+                        i += 1;
+                    }
+                    if i < b.len() && b[i] == b'{' {
+                        i += 1;
+                        line_start = true;
+                    }
+                }
             }
             b'{' => {
-                // A balanced block (a `%json` schema, a `%llguidance` object, …), strings
-                // inside it skipped.
+                // A balanced block (a `%json` schema, a `%regex` or `%llguidance` object, a
+                // repetition count), strings inside it skipped.
                 let start = i;
                 let mut level = 0usize;
                 let mut j = i;
@@ -330,26 +399,31 @@ fn scan_lark(src: &str) -> Lark<'_> {
                             }
                         }
                         b'"' => {
-                            j = quoted(j, b'"');
-                            continue;
+                            j += 1;
+                            while j < b.len() && b[j] != b'"' {
+                                j += if b[j] == b'\\' { 2 } else { 1 };
+                            }
                         }
                         _ => {}
                     }
                     j += 1;
                 }
-                let end = (j + 1).min(b.len());
+                if j >= b.len() {
+                    return Err(unterminated("{ block", start));
+                }
+                let end = j + 1;
                 if src[..start].trim_end().ends_with("%json") {
                     out.json.push(&src[start..end]);
                 }
                 i = end;
             }
-            c if c.is_ascii_alphabetic()
-                || c == b'_'
-                || (at_line_start && (c == b'?' || c == b'!')) =>
-            {
-                let name_start = if c == b'?' || c == b'!' { i + 1 } else { i };
+            c if c.is_ascii_alphabetic() || c == b'_' || c == b'!' || c == b'?' => {
+                let mut name_start = i;
+                while name_start < b.len() && (b[name_start] == b'!' || b[name_start] == b'?') {
+                    name_start += 1;
+                }
                 let end = ident(name_start);
-                let name = &src[name_start..end];
+                let name = src[name_start..end].trim_start_matches('_');
                 // `name:`, `name.2:` at the start of a line defines; elsewhere it references.
                 let mut k = end;
                 if k < b.len() && b[k] == b'.' {
@@ -364,13 +438,18 @@ fn scan_lark(src: &str) -> Lark<'_> {
                 while k < b.len() && (b[k] == b' ' || b[k] == b'\t') {
                     k += 1;
                 }
-                if at_line_start && !name.is_empty() && k < b.len() && b[k] == b':' {
-                    out.rules.push((name, Vec::new()));
+                let defines = at_line_start
+                    && !name.is_empty()
+                    && k < b.len()
+                    && b[k] == b':'
+                    && b.get(k + 1) != Some(&b':');
+                if defines {
+                    out.rules.push((&src[name_start..end], Vec::new()));
                     i = k + 1;
                 } else {
-                    if !name.is_empty() {
+                    if end > name_start {
                         if let Some((_, refs)) = out.rules.last_mut() {
-                            refs.push(name);
+                            refs.push(&src[name_start..end]);
                         }
                     }
                     i = end.max(i + 1);
@@ -379,7 +458,7 @@ fn scan_lark(src: &str) -> Lark<'_> {
             _ => i += 1,
         }
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -406,21 +485,56 @@ mod tests {
 
     #[test]
     fn ref_depth_counts_the_longest_chain_and_not_recursion() {
-        assert_eq!(ref_depth(&json!({"type": "object"})).unwrap(), 0);
+        assert_eq!(ref_depth(&json!({"type": "object"})).unwrap().0, 0);
         for n in [1, 2, 7, 300] {
-            assert_eq!(ref_depth(&chain(n, None)).unwrap(), n, "{n}");
-            // A reference back to the start is recursion: the chain is no longer.
-            assert_eq!(ref_depth(&chain(n, Some(0))).unwrap(), n, "{n}");
+            assert_eq!(ref_depth(&chain(n, None)).unwrap().0, n, "{n}");
+            // A reference back to the start is recursion: one hop more, not the chain again.
+            assert_eq!(ref_depth(&chain(n, Some(0))).unwrap().0, n + 1, "{n}");
         }
         // Two references to one target: linear, and counted once on each path.
         let diamond = json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"type": "string"}},
                              "properties": {"x": {"$ref": "#/$defs/a"}, "y": {"$ref": "#/$defs/b"}}});
-        assert_eq!(ref_depth(&diamond).unwrap(), 2);
-        // Escaped pointers resolve; unresolvable and remote ones are left to the compiler.
-        let esc = json!({"$defs": {"a/b": {"$ref": "#/$defs/c~0d"}, "c~d": {}},
-                         "$ref": "#/$defs/a~1b", "items": {"$ref": "http://x/y"},
-                         "not": {"$ref": "#/nowhere"}});
-        assert_eq!(ref_depth(&esc).unwrap(), 2);
+        assert_eq!(ref_depth(&diamond).unwrap().0, 2);
+        // Pointers are taken as written (as the compiler takes them), array indices too.
+        let raw = json!({"$defs": {"a~1b": {"$ref": "#/$defs/l/1"}, "l": [{}, {}]},
+                         "$ref": "#/$defs/a~1b"});
+        assert_eq!(ref_depth(&raw).unwrap().0, 2);
+        // What the compiler would not resolve the same way is refused.
+        for r in [
+            "http://x/y",
+            "#/nowhere",
+            "#anchor",
+            "urn:x",
+            "#/$defs/a%7E1b",
+        ] {
+            let e = ref_depth(&json!({"$defs": {"a~1b": {}}, "$ref": r}))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("does not name a place"), "{r}: {e}");
+        }
+    }
+
+    #[test]
+    fn nesting_counts_through_refs() {
+        // Each definition holds the next 20 levels down: 60 refs, 1,200+ levels.
+        let mut defs = serde_json::Map::new();
+        for i in 0..60 {
+            let mut node = json!({"$ref": format!("#/$defs/d{}", i + 1)});
+            for _ in 0..20 {
+                node = json!({"items": node});
+            }
+            defs.insert(format!("d{i}"), node);
+        }
+        defs.insert("d60".into(), json!({}));
+        let s = json!({"$defs": defs, "$ref": "#/$defs/d0"});
+        let (refs, nesting) = ref_depth(&s).unwrap();
+        assert_eq!(refs, 61);
+        assert!(nesting > 60 * 20, "{nesting}");
+        let e = check_schema(&s).unwrap_err().to_string();
+        assert!(
+            e.contains("nests") && e.contains(&MAX_SCHEMA_NESTING.to_string()),
+            "{e}"
+        );
     }
 
     #[test]
@@ -436,7 +550,7 @@ mod tests {
     }
 
     #[test]
-    fn exponential_ref_fanout_is_checked_in_linear_time() {
+    fn exponential_fanout_and_aliases_are_checked_in_linear_time() {
         // d_i refers to d_{i+1} twice: 2^60 paths, 60 targets.
         let mut defs = serde_json::Map::new();
         for i in 0..60 {
@@ -449,38 +563,91 @@ mod tests {
         defs.insert("d60".into(), json!({}));
         let t = std::time::Instant::now();
         assert_eq!(
-            ref_depth(&json!({"$defs": defs, "$ref": "#/$defs/d0"})).unwrap(),
+            ref_depth(&json!({"$defs": defs, "$ref": "#/$defs/d0"}))
+                .unwrap()
+                .0,
             61
         );
-        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        // Many spellings of one big target: one node, walked once.
+        let big: Vec<Value> = (0..50_000).map(|i| json!([i])).collect();
+        let aliases: Vec<Value> = (0..4000)
+            .map(
+                |i| json!({"$ref": format!("#/{}", "$defs/".repeat(0) + &format!("big{}", i % 1))}),
+            )
+            .collect();
+        assert_eq!(
+            ref_depth(&json!({"big0": big, "anyOf": aliases}))
+                .unwrap()
+                .0,
+            1
+        );
+        assert!(t.elapsed() < std::time::Duration::from_secs(2));
     }
 
     #[test]
     fn lark_rules_and_their_chains() {
-        let g = "// a comment: naming x: y\nstart: a \"b: c\" /d:e/ <[1]>\n?a.2 : b | c\n    | d\nb: %json {\"$ref\": \"#\", \"x\": \"}\"}\nc: <|im_end|>\nD: /[0-9]+/\n";
-        let l = scan_lark(g);
+        let g = "// a comment: naming x: y\nstart: a \"b: c\" /d:\ne/ <[1]>\n?a.2 : b | c\n    | d\nb: %json {\"$ref\": \"#\", \"x\": \"}\"}\nc: <|im_end|>\n!?D-x: /[0-9]+/\n%lark {\ninner: start\n}\n";
+        let l = scan_lark(g).unwrap();
         let names: Vec<&str> = l.rules.iter().map(|r| r.0).collect();
-        assert_eq!(names, ["start", "a", "b", "c", "D"]);
+        assert_eq!(names, ["start", "a", "b", "c", "D-x", "inner"]);
         assert_eq!(l.rules[0].1, ["a"]);
         assert_eq!(l.rules[1].1, ["b", "c", "d"]);
         assert!(l.rules[2].1.is_empty());
+        assert_eq!(l.rules[5].1, ["start"]);
         assert_eq!(l.json, ["{\"$ref\": \"#\", \"x\": \"}\"}"]);
-        let lark_chain = |n: usize| {
-            let mut s = String::from("start: r0\n");
-            for i in 0..n {
-                s.push_str(&format!("r{i}: r{} \"a\"\n", i + 1));
-            }
-            s + &format!("r{n}: \"b\"\n")
-        };
-        // start, r0 … r(n): n + 2 rules, a chain n + 1 references long.
-        assert!(check_lark(&lark_chain(MAX_RULE_DEPTH - 1)).is_ok());
-        let e = check_lark(&lark_chain(MAX_RULE_DEPTH))
+        for bad in [
+            "start: \"open\n",
+            "start: /open\n",
+            "start: %json {\"a\": 1\n",
+        ] {
+            assert!(
+                scan_lark(bad)
+                    .unwrap_err()
+                    .to_string()
+                    .contains("unterminated"),
+                "{bad}"
+            );
+        }
+        assert!(check_lark("start: %json {\"a\": }\n")
             .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("chain") && e.contains(&MAX_RULE_DEPTH.to_string()),
-            "{e}"
+            .to_string()
+            .contains("not JSON"));
+        let lark_chain = |n: usize, name: &dyn Fn(usize) -> String| {
+            let mut s = format!("start: {}\n", name(0));
+            for i in 0..n {
+                s.push_str(&format!("{}: {} \"a\"\n", name(i), name(i + 1)));
+            }
+            s + &format!("{}: \"b\"\n", name(n))
+        };
+        // start, r0 … r(n): n + 2 rules, a chain n + 1 references long; in every spelling
+        // llguidance takes (hyphens, `!?` prefixes), and inside a nested grammar.
+        let plain = |i: usize| format!("r{i}");
+        let hyphen = |i: usize| format!("r-{i}");
+        let prefixed = |i: usize| format!("!?r{i}");
+        for name in [&plain as &dyn Fn(usize) -> String, &hyphen, &prefixed] {
+            assert!(check_lark(&lark_chain(MAX_RULE_DEPTH - 1, name)).is_ok());
+            let e = check_lark(&lark_chain(MAX_RULE_DEPTH, name))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("chain") && e.contains(&MAX_RULE_DEPTH.to_string()),
+                "{e}"
+            );
+        }
+        let nested = format!(
+            "start: @sub\n%lark {{\n{}}}\n",
+            lark_chain(2 * MAX_RULE_DEPTH, &plain)
         );
+        assert!(check_lark(&nested)
+            .unwrap_err()
+            .to_string()
+            .contains("chain"));
+        // A regex spanning lines hides no rules.
+        let hidden = lark_chain(2 * MAX_RULE_DEPTH, &plain).replacen("\"a\"", "/a\n/", 1);
+        assert!(check_lark(&hidden)
+            .unwrap_err()
+            .to_string()
+            .contains("chain"));
         // Many rules side by side: the count limit.
         let wide: String = (0..=MAX_RULES).map(|i| format!("w{i}: \"x\"\n")).collect();
         let e = check_lark(&wide).unwrap_err().to_string();
