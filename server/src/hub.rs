@@ -573,7 +573,46 @@ fn redirect_target(url: &Url, resp: &ureq::Response, what: &str) -> Result<Url, 
             shown(loc)
         )));
     }
+    if url.scheme() == "https" && next.scheme() == "http" {
+        return Err(fatal(format!(
+            "{what}: the server redirected from https to plain http ({}); nothing was written",
+            shown(loc)
+        )));
+    }
+    // A public server may not send kiln to this machine's or its network's own services
+    // (a cloud metadata address, say) and have the answer stored as a model file.
+    if !is_local(url) && is_local(&next) {
+        return Err(fatal(format!(
+            "{what}: the server redirected to a local or private address ({}); nothing was written",
+            shown(loc)
+        )));
+    }
     Ok(next)
+}
+
+/// Whether `u` names a loopback, private, link-local or unspecified address (a literal IP,
+/// or `localhost`).
+fn is_local(u: &Url) -> bool {
+    match u.host() {
+        Some(url::Host::Ipv4(a)) => {
+            a.is_loopback() || a.is_private() || a.is_link_local() || a.is_unspecified()
+        }
+        Some(url::Host::Ipv6(a)) => {
+            a.is_loopback()
+                || a.is_unspecified()
+                // fc00::/7 unique local, fe80::/10 link-local
+                || (a.segments()[0] & 0xfe00) == 0xfc00
+                || (a.segments()[0] & 0xffc0) == 0xfe80
+                || a.to_ipv4_mapped().is_some_and(|v| {
+                    v.is_loopback() || v.is_private() || v.is_link_local() || v.is_unspecified()
+                })
+        }
+        Some(url::Host::Domain(d)) => {
+            let d = d.trim_end_matches('.').to_ascii_lowercase();
+            d == "localhost" || d.ends_with(".localhost")
+        }
+        None => false,
+    }
 }
 
 /// An error status as a failure: 5xx, 408 and 429 are worth another try.
@@ -1387,6 +1426,30 @@ mod tests {
         );
         assert!(pick_gguf(&files, Some("Q2_K")).is_err());
         assert_eq!(pick_gguf(&["config.json".to_string()], None).unwrap(), None);
+    }
+
+    #[test]
+    fn redirects_from_a_public_server_stay_public_and_encrypted() {
+        let local = [
+            "http://127.0.0.1/x",
+            "http://169.254.169.254/latest/meta-data/",
+            "http://10.1.2.3/",
+            "http://192.168.0.1/",
+            "http://[::1]/",
+            "http://[fd00::1]/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://localhost:8080/",
+        ];
+        for u in local {
+            assert!(is_local(&Url::parse(u).expect("url")), "{u}");
+        }
+        for u in [
+            "https://huggingface.co/",
+            "https://1.2.3.4/",
+            "https://[2001:db8::1]/",
+        ] {
+            assert!(!is_local(&Url::parse(u).expect("url")), "{u}");
+        }
     }
 
     #[test]

@@ -34,9 +34,12 @@ const FAILED: u8 = 3;
 
 /// The largest frame either side accepts beyond a render's own output cap.
 const SLACK: usize = 64 << 10;
+/// The largest output cap a render may have (its answer's length is a u32).
+const MAX_OUTPUT: usize = 1 << 30;
 
 /// The server's handle on the zygote.
 struct Zygote {
+    pid: libc::pid_t,
     to: Mutex<File>,
     pending: Arc<Mutex<HashMap<u64, mpsc::Sender<(u8, Vec<u8>)>>>>,
     alive: Arc<AtomicBool>,
@@ -97,6 +100,11 @@ pub fn render(
     cancelled: &dyn Fn() -> bool,
 ) -> Result<String, RenderError> {
     let z = get().map_err(RenderError::Sandbox)?;
+    // Answers are framed with a u32 length.
+    let limits = &RenderLimits {
+        max_output: limits.max_output.min(MAX_OUTPUT),
+        ..*limits
+    };
     let ctx = serde_json::to_vec(ctx).map_err(|e| RenderError::Sandbox(e.to_string()))?;
     let mut job = Vec::with_capacity(40 + source.len() + ctx.len());
     job.extend_from_slice(&limits.fuel.to_le_bytes());
@@ -129,14 +137,22 @@ pub fn render(
             Ok((kind, body)) => return answer(kind, body, limits),
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 let over = t0.elapsed() > give_up;
-                if over || cancelled() {
+                if over {
+                    // The zygote is stuck: end it; the next render starts a fresh one.
+                    lock(&z.pending).remove(&id);
+                    z.alive.store(false, Ordering::Release);
+                    // SAFETY: our own child, reaped by its reader thread (so not reused yet).
+                    unsafe {
+                        libc::kill(z.pid, libc::SIGKILL);
+                    }
+                    return Err(RenderError::Sandbox(
+                        "the sandbox process does not answer".into(),
+                    ));
+                }
+                if cancelled() {
                     lock(&z.pending).remove(&id);
                     let _ = lock(&z.to).write_all(&frame(id, CANCEL, &[]));
-                    return Err(if over {
-                        RenderError::Sandbox("the sandbox process does not answer".into())
-                    } else {
-                        RenderError::Cancelled
-                    });
+                    return Err(RenderError::Cancelled);
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -184,7 +200,10 @@ fn spawn() -> Result<Zygote, String> {
             libc::close(to_z_write);
             libc::close(from_z_read);
         }
-        zygote(to_z_read, from_z_write);
+        // A panic must not unwind into the copy of the server's stack.
+        let _ = std::panic::catch_unwind(|| zygote(to_z_read, from_z_write));
+        // SAFETY: ending the forked process without running the server's exit handlers.
+        unsafe { libc::_exit(1) }
     }
     // SAFETY: the parent owns these descriptors from here on.
     let (to, from) = unsafe {
@@ -217,6 +236,7 @@ fn spawn() -> Result<Zygote, String> {
         })
         .map_err(|e| format!("sandbox reader thread: {e}"))?;
     Ok(Zygote {
+        pid,
         to: Mutex::new(to),
         pending,
         alive,
@@ -227,16 +247,23 @@ fn spawn() -> Result<Zygote, String> {
 /// A pipe whose ends close on `exec` (no program the server starts inherits them).
 fn pipe() -> Result<(RawFd, RawFd), String> {
     let mut fds = [0 as RawFd; 2];
+    // Atomically close-on-exec where the system can (no window for a concurrent exec).
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
     // SAFETY: `fds` is a valid out-array of two descriptors.
-    let r = unsafe { libc::pipe(fds.as_mut_ptr()) };
+    let r = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
+    // SAFETY: as above; the flag is set right after.
+    let r = unsafe {
+        let r = libc::pipe(fds.as_mut_ptr());
+        if r == 0 {
+            for fd in fds {
+                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            }
+        }
+        r
+    };
     if r != 0 {
         return Err(format!("pipe: {}", std::io::Error::last_os_error()));
-    }
-    for fd in fds {
-        // SAFETY: setting a flag on descriptors we own.
-        unsafe {
-            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-        }
     }
     Ok((fds[0], fds[1]))
 }
@@ -272,8 +299,15 @@ fn close_others(keep: &[RawFd]) {
 /// The zygote's loop: forks a child per render and relays its answer.
 fn zygote(cmd: RawFd, answers: RawFd) -> ! {
     close_others(&[cmd, answers]);
-    // A child that dies must not print into the server's log.
-    std::panic::set_hook(Box::new(|_| {}));
+    // No core files: a child killed at its memory or CPU limit would write one per render.
+    let none = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a limit on this process (inherited by its children).
+    unsafe {
+        libc::setrlimit(libc::RLIMIT_CORE, &none);
+    }
     // SAFETY: the descriptors are ours (kept open above).
     let (mut cmd_file, mut out) = unsafe { (File::from_raw_fd(cmd), File::from_raw_fd(answers)) };
     let mut jobs: HashMap<u64, Job> = HashMap::new();
@@ -345,7 +379,7 @@ fn zygote(cmd: RawFd, answers: RawFd) -> ! {
                 let got = unsafe { libc::read(j.fd, buf.as_mut_ptr().cast(), buf.len()) };
                 if got > 0 {
                     j.out.extend_from_slice(&buf[..got as usize]);
-                    if j.out.len() > j.cap + SLACK {
+                    if j.out.len() > j.cap.saturating_add(SLACK) {
                         if let Some(j) = jobs.remove(id) {
                             kill(&j);
                         }
@@ -541,12 +575,16 @@ fn address_space() -> Option<usize> {
 mod tests {
     use super::*;
 
+    /// One test at a time: one of them kills the zygote the others share.
+    static ONE: Mutex<()> = Mutex::new(());
+
     fn ctx() -> serde_json::Value {
         serde_json::json!({"messages": [{"role": "user", "content": "hi"}]})
     }
 
     #[test]
     fn a_template_renders_in_the_sandbox() {
+        let _one = lock(&ONE);
         let l = RenderLimits::default();
         let out = render(
             "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}",
@@ -564,6 +602,7 @@ mod tests {
 
     #[test]
     fn growth_loops_and_cancellation_end_in_their_limits() {
+        let _one = lock(&ONE);
         let l = RenderLimits {
             fuel: 2_000_000,
             max_memory: 64 << 20,
@@ -600,5 +639,27 @@ mod tests {
         assert_eq!(e, RenderError::Cancelled);
         // The sandbox still renders.
         assert_eq!(render("ok", &ctx(), &l, &|| false), Ok("ok".into()));
+    }
+
+    #[test]
+    fn a_dead_zygote_is_replaced() {
+        let _one = lock(&ONE);
+        let l = RenderLimits::default();
+        assert_eq!(render("a", &ctx(), &l, &|| false), Ok("a".into()));
+        let z = get().expect("zygote");
+        // SAFETY: killing the zygote this process forked.
+        unsafe {
+            libc::kill(z.pid, libc::SIGKILL);
+        }
+        let t = Instant::now();
+        while z.alive.load(Ordering::Acquire) {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the death went unnoticed"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(render("b", &ctx(), &l, &|| false), Ok("b".into()));
+        assert_ne!(get().expect("zygote").pid, z.pid);
     }
 }

@@ -28,6 +28,27 @@ async fn blocking(
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
+    let r = tokio::task::spawn_blocking(move || f(&state, &body_json(&bytes)?))
+        .await
+        .unwrap_or_else(|e| Err(ApiError::internal(format!("the request failed: {e}"))));
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// [`blocking`] for work that renders the chat template or runs the model: it holds an
+/// admission slot meanwhile (429 past `--max-concurrent`), and a render is stopped when the
+/// client leaves.
+async fn admitted(
+    state: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    f: fn(&AppState, &Body) -> Result<Value, ApiError>,
+) -> Response {
+    let bytes = match body_bytes(body) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
     let r = super::prepare_blocking(&state, move |st| f(st, &body_json(&bytes)?)).await;
     match r {
         Ok(v) => Json(v).into_response(),
@@ -113,7 +134,7 @@ pub async fn apply_template(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    blocking(state, body, |state, b| {
+    admitted(state, body, |state, b| {
         let (text, _, _) = chat_text(state, b)?;
         Ok(json!({ "prompt": text }))
     })
