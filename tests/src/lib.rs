@@ -153,3 +153,30 @@ impl Backend for FakeDevice {
         Ok(())
     }
 }
+
+/// Grammars in the shapes that once overflowed the grammar compiler's stack.
+pub mod grammars {
+    /// Definitions `d0 … d(n-1)`, each an object whose property refers to the next: `n` `$ref`s
+    /// from the root to an integer.
+    pub fn ref_chain(n: usize) -> serde_json::Value {
+        let mut defs = serde_json::Map::new();
+        for i in 0..n {
+            let d = if i + 1 < n {
+                serde_json::json!({"properties": {"x": {"$ref": format!("#/$defs/d{}", i + 1)}}})
+            } else {
+                serde_json::json!({"type": "integer"})
+            };
+            defs.insert(format!("d{i}"), d);
+        }
+        serde_json::json!({"$defs": defs, "$ref": "#/$defs/d0"})
+    }
+
+    /// `start` naming `r0`, each `ri` naming `r(i+1)`: a chain of `n + 1` rule references.
+    pub fn lark_chain(n: usize) -> String {
+        let mut s = String::from("start: r0\n");
+        for i in 0..n {
+            s.push_str(&format!("r{i}: r{} \"a\"\n", i + 1));
+        }
+        s + &format!("r{n}: \"b\"\n")
+    }
+}

@@ -343,11 +343,12 @@ fn hostile_chat_templates_end_within_their_limits() {
             }
         }
     }
+    // Small limits, so that an input that reaches one costs milliseconds.
     let limits = RenderLimits {
-        fuel: 1_000_000,
+        fuel: 500_000,
         max_output: 1 << 20,
-        max_memory: 64 << 20,
-        timeout: Duration::from_millis(300),
+        max_memory: 16 << 20,
+        timeout: Duration::from_millis(150),
     };
     let messages = vec![json!({"role": "user", "content": "hi"})];
     let mut rng = Rng::new(37);

@@ -8,36 +8,13 @@ use kiln_core::grammar::limits::{MAX_REF_DEPTH, MAX_RULE_DEPTH, MAX_SCHEMA_NESTI
 use kiln_core::grammar::{GrammarSpec, Grammars};
 use kiln_core::tokenizer::Tokenizer;
 use kiln_tests::fixtures;
+use kiln_tests::grammars::{lark_chain, ref_chain};
 use serde_json::{json, Map, Value};
 
 fn grammars() -> Grammars {
     let tok = Tokenizer::from_hf_file(&fixtures().join("hf/llama/tokenizer.json"))
         .expect("the tiny Llama tokenizer");
     Grammars::new(&tok, tok.vocab_size()).expect("grammars")
-}
-
-/// Definitions `d0 … d(n-1)`, each an object whose property refers to the next: `n` `$ref`s
-/// from the root to an integer.
-pub fn ref_chain(n: usize) -> Value {
-    let mut defs = Map::new();
-    for i in 0..n {
-        let d = if i + 1 < n {
-            json!({"properties": {"x": {"$ref": format!("#/$defs/d{}", i + 1)}}})
-        } else {
-            json!({"type": "integer"})
-        };
-        defs.insert(format!("d{i}"), d);
-    }
-    json!({"$defs": defs, "$ref": "#/$defs/d0"})
-}
-
-/// `start` naming `r0`, each `ri` naming `r(i+1)`: a chain of `n + 1` rule references.
-pub fn lark_chain(n: usize) -> String {
-    let mut s = String::from("start: r0\n");
-    for i in 0..n {
-        s.push_str(&format!("r{i}: r{} \"a\"\n", i + 1));
-    }
-    s + &format!("r{n}: \"b\"\n")
 }
 
 /// Compiles `spec` on a thread with a 256 KiB stack (far less than a chain at the limits

@@ -19,7 +19,8 @@ use common::*;
 use kiln_core::chat::RenderLimits;
 use kiln_core::engine::RunnerConfig;
 use kiln_server::serve::{state_with, ServeOptions};
-use serde_json::{json, Map, Value};
+use kiln_tests::grammars::{lark_chain, ref_chain};
+use serde_json::{json, Value};
 
 /// The tests count this process's render children: one at a time.
 static ONE: Mutex<()> = Mutex::new(());
@@ -95,28 +96,6 @@ fn render_children() -> usize {
         .unwrap_or_default();
     let zygotes: Vec<u32> = all.iter().filter(|p| p.1 == me).map(|p| p.0).collect();
     all.iter().filter(|p| zygotes.contains(&p.1)).count()
-}
-
-/// Definitions `d0 … d(n-1)`, each referring to the next.
-fn ref_chain(n: usize) -> Value {
-    let mut defs = Map::new();
-    for i in 0..n {
-        let d = if i + 1 < n {
-            json!({"properties": {"x": {"$ref": format!("#/$defs/d{}", i + 1)}}})
-        } else {
-            json!({"type": "integer"})
-        };
-        defs.insert(format!("d{i}"), d);
-    }
-    json!({"$defs": defs, "$ref": "#/$defs/d0"})
-}
-
-fn lark_chain(n: usize) -> String {
-    let mut s = String::from("start: r0\n");
-    for i in 0..n {
-        s.push_str(&format!("r{i}: r{} \"a\"\n", i + 1));
-    }
-    s + &format!("r{n}: \"b\"\n")
 }
 
 #[test]

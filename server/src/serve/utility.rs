@@ -17,43 +17,46 @@ use super::{body_bytes, AppState};
 /// Inputs one `/v1/embeddings` request may hold.
 pub const MAX_EMBED_INPUTS: usize = 256;
 
-/// Runs `f` over the parsed body on a blocking thread (tokenizing and rendering grow with
-/// the input) and answers with its JSON.
-async fn blocking(
+/// Runs `f` over the request's JSON on a blocking thread. With `admit` (work that renders the
+/// chat template or runs the model), it holds an admission slot meanwhile (429 past
+/// `--max-concurrent`), and a render is stopped when the client leaves.
+async fn blocking_with(
     state: Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
+    admit: bool,
     f: fn(&AppState, &Body) -> Result<Value, ApiError>,
 ) -> Response {
     let bytes = match body_bytes(body) {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    let r = tokio::task::spawn_blocking(move || f(&state, &body_json(&bytes)?))
-        .await
-        .unwrap_or_else(|e| Err(ApiError::internal(format!("the request failed: {e}"))));
+    let r = if admit {
+        super::prepare_blocking(&state, move |st| f(st, &body_json(&bytes)?)).await
+    } else {
+        tokio::task::spawn_blocking(move || f(&state, &body_json(&bytes)?))
+            .await
+            .unwrap_or_else(|e| Err(ApiError::internal(format!("the request failed: {e}"))))
+    };
     match r {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-/// [`blocking`] for work that renders the chat template or runs the model: it holds an
-/// admission slot meanwhile (429 past `--max-concurrent`), and a render is stopped when the
-/// client leaves.
+async fn blocking(
+    state: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    f: fn(&AppState, &Body) -> Result<Value, ApiError>,
+) -> Response {
+    blocking_with(state, body, false, f).await
+}
+
 async fn admitted(
     state: Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
     f: fn(&AppState, &Body) -> Result<Value, ApiError>,
 ) -> Response {
-    let bytes = match body_bytes(body) {
-        Ok(b) => b,
-        Err(e) => return e.into_response(),
-    };
-    let r = super::prepare_blocking(&state, move |st| f(st, &body_json(&bytes)?)).await;
-    match r {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    blocking_with(state, body, true, f).await
 }
 
 /// A token's text, or its bytes when they are not UTF-8 on their own (a piece of a
