@@ -298,6 +298,9 @@ fn schemas_and_grammars_with_deep_references_compile_or_are_refused() {
             Ok(false) => refused += 1,
             Err(_) => panic!("a panic on input {i}: {spec:?}"),
         }
+        if (i + 1) % 50_000 == 0 {
+            println!("{} inputs: {ok} compiled, {refused} refused", i + 1);
+        }
     }
     println!("{n} schemas and grammars: {ok} compiled, {refused} refused");
 }
@@ -380,6 +383,9 @@ fn hostile_chat_templates_end_within_their_limits() {
             took < Duration::from_secs(3),
             "input {i} took {took:?}: {src}"
         );
+        if (i + 1) % 1000 == 0 {
+            println!("{} inputs: {outcomes:?}", i + 1);
+        }
     }
     println!("{n} hostile templates: {outcomes:?}");
 }
