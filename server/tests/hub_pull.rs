@@ -1386,6 +1386,13 @@ fn hostile_hub_responses_write_nothing_outside_the_cache() {
             Ok(Err(_)) => refused += 1,
         }
         check_outside(&base, &cache, &planted, i);
+        if (i + 1) % 20_000 == 0 {
+            eprintln!(
+                "{} iterations in {:.0?}: {pulled} pulls succeeded, {refused} failed",
+                i + 1,
+                t0.elapsed()
+            );
+        }
     }
     let leaks = hub.leaks.lock().expect("lock").clone();
     assert!(leaks.is_empty(), "the token went elsewhere: {leaks:?}");
