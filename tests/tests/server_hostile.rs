@@ -146,8 +146,9 @@ fn hostile_templates_end_in_a_400_within_seconds_with_memory_bounded() {
     for (mode, n, limit) in [
         ("grow", 40, "memory"),
         ("grow", 80, "memory"),
-        ("spin", 100_000, "fuel"),
-        ("spin3", 100_000, "fuel"),
+        // Fuel ends a spin within about a second; on a slow machine the clock may first.
+        ("spin", 100_000, "fuel|time"),
+        ("spin3", 100_000, "fuel|time"),
     ] {
         let body = chat(json!({"chat_template_kwargs": {"mode": mode, "n": n}}));
         let t = Instant::now();
@@ -156,7 +157,9 @@ fn hostile_templates_end_in_a_400_within_seconds_with_memory_bounded() {
         assert_eq!(st, 400, "{mode} {n}: {text}");
         let m = message(&text);
         assert!(
-            m.contains(&format!("template {limit} limit")),
+            limit
+                .split('|')
+                .any(|l| m.contains(&format!("template {l} limit"))),
             "{mode} {n}: {m}"
         );
         assert!(took < Duration::from_secs(8), "{mode} {n}: {took:?}");
@@ -176,10 +179,18 @@ fn hostile_templates_end_in_a_400_within_seconds_with_memory_bounded() {
         metric(&metrics, "kiln_template_renders_total{outcome=\"memory\"}"),
         2.0
     );
-    assert_eq!(
-        metric(&metrics, "kiln_template_renders_total{outcome=\"fuel\"}"),
-        2.0
-    );
+    let count = |outcome: &str| {
+        metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!(
+                    "kiln_template_renders_total{{outcome=\"{outcome}\"}} "
+                ))
+            })
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(count("fuel") + count("time"), 2.0, "{metrics}");
     assert_eq!(metric(&metrics, "kiln_template_renders_active"), 0.0);
     // The server goes on: a chat and a completion.
     let (st, text) = post(srv.addr, "/v1/chat/completions", &chat(json!({})));
