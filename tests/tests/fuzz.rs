@@ -354,39 +354,58 @@ fn hostile_chat_templates_end_within_their_limits() {
         timeout: Duration::from_millis(150),
     };
     let messages = vec![json!({"role": "user", "content": "hi"})];
-    let mut rng = Rng::new(37);
     let n = iters(40);
-    let mut outcomes = std::collections::BTreeMap::new();
-    for i in 0..n {
-        let mut src = String::from(
-            "{% set ns = namespace(s='ab') %}{% macro f(x) %}{{ f(x ~ x) }}{% endmacro %}",
-        );
-        block(&mut rng, 3, &mut src);
-        let Ok(tpl) = ChatTemplate::new(&src, "<s>", "</s>") else {
-            *outcomes.entry("does not compile").or_insert(0) += 1;
-            continue;
-        };
-        let t0 = Instant::now();
-        let r = catch_unwind(AssertUnwindSafe(|| {
-            tpl.render_limited(&messages, None, true, &Map::new(), &limits, &|| false)
-        }));
-        let took = t0.elapsed();
-        let kind = match r {
-            Ok(Ok(_)) => "ok",
-            Ok(Err(RenderError::Limit(l, _))) => l.name(),
-            Ok(Err(RenderError::Template(_))) => "error",
-            Ok(Err(e)) => panic!("input {i}: {e}: {src}"),
-            Err(_) => panic!("a panic on input {i}: {src}"),
-        };
-        *outcomes.entry(kind).or_insert(0) += 1;
-        assert!(
-            took < Duration::from_secs(3),
-            "input {i} took {took:?}: {src}"
-        );
-        if (i + 1) % 1000 == 0 {
-            println!("{} inputs: {outcomes:?}", i + 1);
+    // Renders run side by side in the sandbox (`KILN_FUZZ_THREADS` callers, default 2): the
+    // concurrent path is exercised too, and waits at the deadlines overlap.
+    let threads: usize = std::env::var("KILN_FUZZ_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+        .max(1);
+    let outcomes = std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let (outcomes, done, messages, limits) = (&outcomes, &done, &messages, &limits);
+            scope.spawn(move || {
+                let mut rng = Rng::new(37 + t as u64);
+                for i in (t..n).step_by(threads) {
+                    let mut src = String::from(
+                        "{% set ns = namespace(s='ab') %}{% macro f(x) %}{{ f(x ~ x) }}{% endmacro %}",
+                    );
+                    block(&mut rng, 3, &mut src);
+                    let kind = match ChatTemplate::new(&src, "<s>", "</s>") {
+                        Err(_) => "does not compile",
+                        Ok(tpl) => {
+                            let t0 = Instant::now();
+                            let r = catch_unwind(AssertUnwindSafe(|| {
+                                tpl.render_limited(messages, None, true, &Map::new(), limits, &|| false)
+                            }));
+                            let took = t0.elapsed();
+                            assert!(
+                                took < Duration::from_secs(3),
+                                "input {i} took {took:?}: {src}"
+                            );
+                            match r {
+                                Ok(Ok(_)) => "ok",
+                                Ok(Err(RenderError::Limit(l, _))) => l.name(),
+                                Ok(Err(RenderError::Template(_))) => "error",
+                                Ok(Err(e)) => panic!("input {i}: {e}: {src}"),
+                                Err(_) => panic!("a panic on input {i}: {src}"),
+                            }
+                        }
+                    };
+                    let mut o = outcomes.lock().unwrap_or_else(|e| e.into_inner());
+                    *o.entry(kind).or_insert(0) += 1;
+                    let d = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                    if d % 1000 == 0 {
+                        println!("{d} inputs: {o:?}");
+                    }
+                }
+            });
         }
-    }
+    });
+    let outcomes = outcomes.into_inner().unwrap_or_else(|e| e.into_inner());
     println!("{n} hostile templates: {outcomes:?}");
 }
 
