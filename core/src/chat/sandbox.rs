@@ -48,6 +48,57 @@ struct Zygote {
 
 static ZYGOTE: Mutex<Option<Arc<Zygote>>> = Mutex::new(None);
 
+impl Zygote {
+    /// Writes `bytes` to the zygote by `deadline` (the pipe is non-blocking: a zygote that
+    /// stops reading cannot hold the caller); false if it could not.
+    fn send(&self, bytes: &[u8], deadline: Instant) -> bool {
+        use std::os::fd::AsRawFd;
+        let to = lock(&self.to);
+        let fd = to.as_raw_fd();
+        let mut off = 0;
+        while off < bytes.len() {
+            let rest = &bytes[off..];
+            // SAFETY: writing from a live buffer of the length given to our own pipe.
+            let n = unsafe { libc::write(fd, rest.as_ptr().cast(), rest.len()) };
+            if n > 0 {
+                off += n as usize;
+                continue;
+            }
+            match std::io::Error::last_os_error().kind() {
+                std::io::ErrorKind::Interrupted => {}
+                std::io::ErrorKind::WouldBlock => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return false;
+                    }
+                    let mut p = libc::pollfd {
+                        fd,
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    };
+                    // SAFETY: one valid pollfd.
+                    unsafe {
+                        libc::poll(&mut p, 1, left.as_millis().min(1000) as libc::c_int + 1);
+                    }
+                }
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// Ends a zygote that is stuck or whose request stream broke (a frame half written); the
+    /// next render forks a fresh one.
+    fn stop(&self) {
+        self.alive.store(false, Ordering::Release);
+        // SAFETY: our own child, reaped only by its reader thread once its pipe closes, so
+        // its pid is not reused before this.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+        }
+    }
+}
+
 /// Forks the zygote now, if it is not running. Call it early — before threads start and
 /// before large allocations, so that the zygote (and every child) is small and shares
 /// nothing else with the server.
@@ -123,35 +174,33 @@ pub fn render(
     let id = z.next.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::channel();
     lock(&z.pending).insert(id, tx);
-    let sent = lock(&z.to).write_all(&frame(id, RENDER, &job));
-    if sent.is_err() {
-        lock(&z.pending).remove(&id);
-        z.alive.store(false, Ordering::Release);
-        return Err(RenderError::Sandbox("the sandbox process is gone".into()));
-    }
     let t0 = Instant::now();
     // The zygote answers at the deadline; past it by this much, it is not answering.
     let give_up = limits.timeout + Duration::from_secs(5);
+    if !z.send(&frame(id, RENDER, &job), t0 + give_up) {
+        lock(&z.pending).remove(&id);
+        z.stop();
+        return Err(RenderError::Sandbox(
+            "the sandbox process does not take requests".into(),
+        ));
+    }
     loop {
         match rx.recv_timeout(Duration::from_millis(5)) {
             Ok((kind, body)) => return answer(kind, body, limits),
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                let over = t0.elapsed() > give_up;
-                if over {
-                    // The zygote is stuck: end it; the next render starts a fresh one.
+                if t0.elapsed() > give_up {
                     lock(&z.pending).remove(&id);
-                    z.alive.store(false, Ordering::Release);
-                    // SAFETY: our own child, reaped by its reader thread (so not reused yet).
-                    unsafe {
-                        libc::kill(z.pid, libc::SIGKILL);
-                    }
+                    z.stop();
                     return Err(RenderError::Sandbox(
                         "the sandbox process does not answer".into(),
                     ));
                 }
                 if cancelled() {
                     lock(&z.pending).remove(&id);
-                    let _ = lock(&z.to).write_all(&frame(id, CANCEL, &[]));
+                    let by = Instant::now() + Duration::from_secs(5);
+                    if !z.send(&frame(id, CANCEL, &[]), by) {
+                        z.stop();
+                    }
                     return Err(RenderError::Cancelled);
                 }
             }
@@ -205,10 +254,13 @@ fn spawn() -> Result<Zygote, String> {
         // SAFETY: ending the forked process without running the server's exit handlers.
         unsafe { libc::_exit(1) }
     }
-    // SAFETY: the parent owns these descriptors from here on.
+    // SAFETY: the parent owns these descriptors from here on; its requests are written
+    // without blocking (`Zygote::send`).
     let (to, from) = unsafe {
         libc::close(to_z_read);
         libc::close(from_z_write);
+        let flags = libc::fcntl(to_z_write, libc::F_GETFL);
+        libc::fcntl(to_z_write, libc::F_SETFL, flags | libc::O_NONBLOCK);
         (
             File::from_raw_fd(to_z_write),
             File::from_raw_fd(from_z_read),
@@ -660,6 +712,26 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(render("b", &ctx(), &l, &|| false), Ok("b".into()));
+        assert_ne!(get().expect("zygote").pid, z.pid);
+        // A zygote that stops answering (stopped here) costs the render in flight a
+        // "does not answer" after its deadline and five seconds; the next gets a fresh one.
+        let z = get().expect("zygote");
+        // SAFETY: stopping the zygote this process forked.
+        unsafe {
+            libc::kill(z.pid, libc::SIGSTOP);
+        }
+        let short = RenderLimits {
+            timeout: Duration::from_millis(100),
+            ..l
+        };
+        let t = Instant::now();
+        let e = render("c", &ctx(), &short, &|| false).unwrap_err();
+        assert!(
+            matches!(&e, RenderError::Sandbox(m) if m.contains("answer")),
+            "{e:?}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+        assert_eq!(render("d", &ctx(), &l, &|| false), Ok("d".into()));
         assert_ne!(get().expect("zygote").pid, z.pid);
     }
 }
