@@ -37,11 +37,14 @@ const SLACK: usize = 64 << 10;
 /// The largest output cap a render may have (its answer's length is a u32).
 const MAX_OUTPUT: usize = 1 << 30;
 
+/// Renders waiting for their answer, by job id: the channel the answer goes to.
+type Pending = Arc<Mutex<HashMap<u64, mpsc::Sender<(u8, Vec<u8>)>>>>;
+
 /// The server's handle on the zygote.
 struct Zygote {
     pid: libc::pid_t,
     to: Mutex<File>,
-    pending: Arc<Mutex<HashMap<u64, mpsc::Sender<(u8, Vec<u8>)>>>>,
+    pending: Pending,
     alive: Arc<AtomicBool>,
     next: AtomicU64,
 }
@@ -266,7 +269,7 @@ fn spawn() -> Result<Zygote, String> {
             File::from_raw_fd(from_z_read),
         )
     };
-    let pending: Arc<Mutex<HashMap<u64, mpsc::Sender<(u8, Vec<u8>)>>>> = Arc::default();
+    let pending: Pending = Arc::default();
     let alive = Arc::new(AtomicBool::new(true));
     let (p, a) = (pending.clone(), alive.clone());
     std::thread::Builder::new()
