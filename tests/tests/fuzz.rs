@@ -362,13 +362,18 @@ fn hostile_chat_templates_end_within_their_limits() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(2)
         .max(1);
+    // Another seed (`KILN_FUZZ_SEED`) gives other inputs to a run that continues an earlier one.
+    let seed: u64 = std::env::var("KILN_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(37);
     let outcomes = std::sync::Mutex::new(std::collections::BTreeMap::new());
     let done = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|scope| {
         for t in 0..threads {
             let (outcomes, done, messages, limits) = (&outcomes, &done, &messages, &limits);
             scope.spawn(move || {
-                let mut rng = Rng::new(37 + t as u64);
+                let mut rng = Rng::new(seed + t as u64);
                 for i in (t..n).step_by(threads) {
                     let mut src = String::from(
                         "{% set ns = namespace(s='ab') %}{% macro f(x) %}{{ f(x ~ x) }}{% endmacro %}",
