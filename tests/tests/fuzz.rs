@@ -379,7 +379,7 @@ fn hostile_chat_templates_end_within_their_limits() {
                         "{% set ns = namespace(s='ab') %}{% macro f(x) %}{{ f(x ~ x) }}{% endmacro %}",
                     );
                     block(&mut rng, 3, &mut src);
-                    let kind = match ChatTemplate::new(&src, "<s>", "</s>") {
+                    let kind = match ChatTemplate::sandboxed(&src, "<s>", "</s>", limits) {
                         Err(_) => "does not compile",
                         Ok(tpl) => {
                             let t0 = Instant::now();

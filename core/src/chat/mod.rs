@@ -32,7 +32,9 @@ pub use limits::{Limit, RenderError, RenderLimits};
 
 /// A compiled chat template.
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    /// The compiled template, made on first in-process use for a template that was only
+    /// checked in the sandbox ([`ChatTemplate::sandboxed`]).
+    env: std::sync::OnceLock<std::result::Result<Environment<'static>, String>>,
     source: String,
     bos: String,
     eos: String,
@@ -210,6 +212,10 @@ pub(crate) fn render_source(
 ) -> std::result::Result<String, RenderError> {
     let env = environment(source, limits.fuel)
         .map_err(|e| RenderError::Template(format!("chat template does not compile: {e}")))?;
+    // A null context asks for the compile alone ([`sandbox::compile_check`]).
+    if ctx.is_null() {
+        return Ok(String::new());
+    }
     render_env(&env, ctx, limits)
 }
 
@@ -219,11 +225,52 @@ impl ChatTemplate {
         let env = environment(source, RenderLimits::default().fuel)
             .map_err(|e| Error::Tokenizer(format!("chat template does not compile: {e}")))?;
         Ok(ChatTemplate {
-            env,
+            env: std::sync::OnceLock::from(Ok(env)),
             source: source.to_string(),
             bos: bos.to_string(),
             eos: eos.to_string(),
         })
+    }
+
+    /// A template from outside (a served model's), compiled only in the sandbox, within
+    /// `limits`: minijinja folds constant expressions when it compiles (`'x' * 100000000`
+    /// is a 100 MB string, and concatenations of such strings double), so even compiling
+    /// untrusted source can take gigabytes. Renders go through [`ChatTemplate::render_limited`];
+    /// the in-process methods compile it on first use. Without Unix processes, as `new`.
+    pub fn sandboxed(
+        source: &str,
+        bos: &str,
+        eos: &str,
+        limits: &RenderLimits,
+    ) -> Result<ChatTemplate> {
+        #[cfg(unix)]
+        {
+            sandbox::compile_check(source, limits).map_err(|e| match e {
+                RenderError::Template(m) => Error::Tokenizer(m),
+                e => Error::Tokenizer(format!("chat template does not compile: {e}")),
+            })?;
+            Ok(ChatTemplate {
+                env: std::sync::OnceLock::new(),
+                source: source.to_string(),
+                bos: bos.to_string(),
+                eos: eos.to_string(),
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = limits;
+            ChatTemplate::new(source, bos, eos)
+        }
+    }
+
+    /// The compiled template (compiled now if it was only checked in the sandbox).
+    fn env(&self) -> Result<&Environment<'static>> {
+        self.env
+            .get_or_init(|| {
+                environment(&self.source, RenderLimits::default().fuel).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| Error::Tokenizer(format!("chat template does not compile: {e}")))
     }
 
     /// The template's source.
@@ -269,7 +316,7 @@ impl ChatTemplate {
         kwargs: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String> {
         let ctx = self.context(messages, tools, add_generation_prompt, kwargs);
-        render_env(&self.env, &ctx, &RenderLimits::default())
+        render_env(self.env()?, &ctx, &RenderLimits::default())
             .map_err(|e| Error::Tokenizer(e.to_string()))
     }
 

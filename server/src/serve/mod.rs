@@ -476,7 +476,14 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         Some(src) => {
             let piece = |id: Option<u32>| id.map(|i| m.tokenizer.decode(&[i])).unwrap_or_default();
             // A template kiln cannot compile costs the chat endpoint only.
-            match ChatTemplate::new(src, &piece(m.tokenizer.bos()), &piece(m.tokenizer.eos())) {
+            // Compiled in the sandbox only: compiling folds constants, which untrusted source
+            // can make take gigabytes.
+            match ChatTemplate::sandboxed(
+                src,
+                &piece(m.tokenizer.bos()),
+                &piece(m.tokenizer.eos()),
+                &o.template_limits,
+            ) {
                 Ok(t) => Some(t),
                 Err(e) => {
                     tracing::warn!(
