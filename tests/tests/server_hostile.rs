@@ -236,7 +236,7 @@ fn a_render_whose_client_left_is_stopped_and_renders_count_as_admitted() {
     let active = || metric(&metrics_text(srv.addr), "kiln_template_renders_active");
     let conn = spinning_request(srv.addr);
     wait_for("the render to start", || active() == 1.0);
-    assert_eq!(render_children(), 1);
+    wait_for("the render child", || render_children() == 1);
     // A render holds its request's admission: a second request is over --max-concurrent.
     let (st, text) = post(
         srv.addr,
