@@ -1282,6 +1282,11 @@ fn hostile_hub_responses_write_nothing_outside_the_cache() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
+    // `KILN_FUZZ_FROM` continues an earlier run: iteration i's inputs depend only on i.
+    let from: u64 = std::env::var("KILN_FUZZ_FROM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let base = std::env::temp_dir().join(format!("kiln-fuzz-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(base.join("outside")).expect("outside");
@@ -1333,7 +1338,7 @@ fn hostile_hub_responses_write_nothing_outside_the_cache() {
     let t0 = std::time::Instant::now();
     let (mut pulled, mut refused) = (0, 0);
     let mut planted: Vec<(PathBuf, PathBuf)> = Vec::new();
-    for i in 0..iters {
+    for i in from..from.saturating_add(iters) {
         let mut rng = Rng(i ^ 0x5EED_0000);
         *hub.rng.lock().expect("lock") = Rng(i.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 1);
         let wildness = *rng.pick(&[100, 100, 50, 20, 5]);
@@ -1376,9 +1381,10 @@ fn hostile_hub_responses_write_nothing_outside_the_cache() {
             Ok(Err(_)) => refused += 1,
         }
         check_outside(&base, &cache, &planted, i);
-        if (i + 1) % 20_000 == 0 {
+        if (i + 1 - from) % 20_000 == 0 {
             eprintln!(
-                "{} iterations in {:.0?}: {pulled} pulls succeeded, {refused} failed",
+                "{} iterations (to {}) in {:.0?}: {pulled} pulls succeeded, {refused} failed",
+                i + 1 - from,
                 i + 1,
                 t0.elapsed()
             );

@@ -351,7 +351,14 @@ fn hostile_chat_templates_end_within_their_limits() {
         fuel: 500_000,
         max_output: 1 << 20,
         max_memory: 16 << 20,
-        timeout: Duration::from_millis(150),
+        // `KILN_FUZZ_TEMPLATE_MS` shortens the deadline for long runs by hand: the inputs that
+        // reach it are a tenth of all and each holds a core until it.
+        timeout: Duration::from_millis(
+            std::env::var("KILN_FUZZ_TEMPLATE_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(150),
+        ),
     };
     let messages = vec![json!({"role": "user", "content": "hi"})];
     let n = iters(40);
