@@ -9,6 +9,7 @@ use kiln_core::exec::Executor;
 use kiln_core::load::gguf::GgufFile;
 use kiln_core::model::build_from_gguf;
 use kiln_core::quant;
+use kiln_core::tensor::DType;
 use kiln_tests::{model_file, SMOLLM2};
 
 /// A GGUF tensor as f64, row-major `[rows, cols]` (`cols` = the GGUF's first dimension).
@@ -128,17 +129,14 @@ fn forward_f64(f: &GgufFile, tokens: &[u32]) -> Vec<Vec<f64>> {
         .collect()
 }
 
-#[test]
-fn smollm2_logits_match_an_f64_forward_at_every_position() {
-    let Some(path) = model_file(SMOLLM2) else {
-        return;
-    };
-    let file = GgufFile::open(&path).expect("model parses");
+/// The logits of `file` (a Llama-family model) at every position of a short prompt, by
+/// prefill and by token-by-token decode, against the f64 forward over the same weights.
+fn check_against_f64(file: &GgufFile) {
     // A prompt of real text's ids and a few arbitrary ones, 9 positions in all.
     let tokens: Vec<u32> = vec![504, 3458, 282, 4649, 314, 7042, 30, 1116, 40000];
-    let want = forward_f64(&file, &tokens);
+    let want = forward_f64(file, &tokens);
     let ex = Executor::cpu();
-    let model = build_from_gguf(&file, &ex).expect("model builds");
+    let model = build_from_gguf(file, &ex).expect("model builds");
     let cfg = RunnerConfig {
         ctx: 64,
         max_batch_tokens: 64,
@@ -171,4 +169,47 @@ fn smollm2_logits_match_an_f64_forward_at_every_position() {
             rows.len()
         );
     }
+    // A row's logits do not depend on the batch it came in.
+    for (p, (a, b)) in got.iter().zip(&stepped).enumerate() {
+        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "position {p}: prefill and decode logits differ");
+    }
+}
+
+#[test]
+fn smollm2_logits_match_an_f64_forward_at_every_position() {
+    let Some(path) = model_file(SMOLLM2) else {
+        return;
+    };
+    let file = GgufFile::open(&path).expect("model parses");
+    check_against_f64(&file);
+}
+
+/// SmolLM2 with every matrix whose rows are whole 256-element blocks (its FFN down
+/// projections: 1,536 wide; the others are 576) re-encoded as `dtype`, so the K-quant kernels
+/// (on AVX2, the integer ones) run on real activations, outliers included.
+fn smollm2_as(dtype: DType) {
+    let Some(path) = model_file(SMOLLM2) else {
+        return;
+    };
+    let file = GgufFile::open(&path).expect("model parses");
+    let file = file
+        .requantized(|t| {
+            let k = t.shape.last().copied().unwrap_or(0);
+            (t.shape.len() == 2 && k % 256 == 0 && t.name != "token_embd.weight").then_some(dtype)
+        })
+        .expect("requantize");
+    let n = file.tensors().iter().filter(|t| t.dtype == dtype).count();
+    assert!(n >= 30, "{n} tensors in {dtype:?}");
+    check_against_f64(&file);
+}
+
+#[test]
+fn smollm2_with_q4_k_matrices_matches_an_f64_forward() {
+    smollm2_as(DType::Q4_K);
+}
+
+#[test]
+fn smollm2_with_q6_k_matrices_matches_an_f64_forward() {
+    smollm2_as(DType::Q6_K);
 }

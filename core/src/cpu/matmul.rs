@@ -1,7 +1,7 @@
 //! MatMul and its fused forms: `y = x · Wᵀ` with W in any dtype, dequantized a row at a time.
 
 use super::simd::{self, Isa};
-use super::{elementwise, norm, pool, qdot, In, KResult, Out};
+use super::{elementwise, norm, pool, qdot, qdot_int, In, KResult, Out};
 use crate::op::GluOp;
 use crate::quant;
 use crate::tensor::DType;
@@ -23,6 +23,18 @@ thread_local! {
     /// across calls on the thread that starts them.
     static PASS_X: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
+
+thread_local! {
+    /// The activations of an integer-kernel matmul split into digits (`qdot_int`), reused
+    /// across calls on the thread that starts them.
+    static SPLIT_X: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The integer kernels' prefill: activation rows per pass over a piece's weight rows (their
+/// split digits, ~6 KB a row at k = 2048, stay in L2) and weight rows per tile (in L1 while
+/// the pass's rows go by).
+const INT_ACT_ROWS: usize = 64;
+const INT_TILE: usize = 16;
 
 /// Activation rows up to which the fused kernel runs; more take the tile path (same bits).
 /// Measured on the 2-core AVX-512 machine, prompt tokens/s of a pass of m rows, fused
@@ -215,6 +227,59 @@ pub(crate) fn gemm(
     // once with the same decoders and run the tile kernel, which sums in the fused kernel's
     // order. Both give the same bits for a row, so no result depends on the batch it came in
     // (a prefix-cache hit, a batch of sequences and a whole prompt agree exactly).
+    // K-quants on AVX2: integer dot products over activations split into three byte digits
+    // (`qdot_int`: within the f32 bound). Every batch size runs the same row kernel, so a row's
+    // bits never depend on the batch.
+    if qdot_int::supported(isa, dtype) && k.is_multiple_of(qdot_int::BLOCK) {
+        let rl = qdot_int::row_bytes(k);
+        let mut xs = SPLIT_X.with(|c| c.take());
+        xs.resize(m * rl, 0);
+        pool::par_rows(&mut xs[..], rl, norm::PAR_MIN, |r0, rows| {
+            for (r, dst) in rows.chunks_exact_mut(rl).enumerate() {
+                qdot_int::split_row(&x[(r0 + r) * k..(r0 + r + 1) * k], dst);
+            }
+        });
+        let xp = pool::SendPtr(xs.as_ptr() as *mut u8);
+        let pieces = if m <= FUSED_ROWS {
+            4
+        } else {
+            TILE_PIECES_FUSED
+        };
+        pool::par_ranges(n, 4, pieces, |range| {
+            let (yp, xp) = (&yp, &xp);
+            let mut a0 = 0;
+            while a0 < m {
+                let a1 = (a0 + INT_ACT_ROWS).min(m);
+                let mut n0 = range.start;
+                while n0 < range.end {
+                    let n1 = (n0 + INT_TILE).min(range.end);
+                    let mut i = a0;
+                    while i < a1 {
+                        let mr = qdot_int::MAX_ROWS.min(a1 - i);
+                        // SAFETY: the kernel handles `dtype` here and k is a multiple of its
+                        // block; rows i..i + mr of the split are filled; weight rows n0..n1 lie
+                        // inside `w`; y's columns in `range` are this task's alone.
+                        unsafe {
+                            qdot_int::rows_dots(
+                                dtype,
+                                xp.0.add(i * rl),
+                                mr,
+                                k,
+                                (w.as_ptr(), rb),
+                                n0..n1,
+                                (yp.0.add(i * n), n),
+                            )
+                        };
+                        i += mr;
+                    }
+                    n0 = n1;
+                }
+                a0 = a1;
+            }
+        });
+        SPLIT_X.with(|c| c.replace(xs));
+        return Ok(());
+    }
     if qdot::supported(isa, dtype) && k.is_multiple_of(32) {
         if m <= FUSED_ROWS {
             pool::par_ranges(n, 4, 4, |range| {

@@ -406,6 +406,42 @@ impl GgufFile {
         let t = self.tensor(name)?;
         Ok((t, self.tensor_data(t)))
     }
+
+    /// A copy of this model, held in memory, with each tensor for which `pick` names a type
+    /// re-encoded in it (dequantized, then quantized again: the new format's approximation of
+    /// the stored values); the other tensors and the metadata are kept as they are. For
+    /// checking one format's kernels on a real model's weights.
+    pub fn requantized(&self, pick: impl Fn(&TensorInfo) -> Option<DType>) -> Result<GgufFile> {
+        let mut blob = Vec::new();
+        let mut tensors = Vec::with_capacity(self.header.tensors.len());
+        for t in &self.header.tensors {
+            let data = self.tensor_data(t);
+            let (dtype, bytes) = match pick(t) {
+                Some(to) if to != t.dtype => {
+                    let mut f = vec![0f32; t.n_elements()];
+                    crate::quant::dequantize(t.dtype, data, &mut f)?;
+                    (to, crate::quant::quantize(to, &f)?)
+                }
+                _ => (t.dtype, data.to_vec()),
+            };
+            blob.resize(blob.len().next_multiple_of(DEFAULT_ALIGNMENT), 0);
+            let info = TensorInfo {
+                name: t.name.clone(),
+                dtype,
+                shape: t.shape.clone(),
+                offset: blob.len(),
+                nbytes: bytes.len(),
+            };
+            blob.extend_from_slice(&bytes);
+            tensors.push((info, 0));
+        }
+        GgufFile::from_parts(
+            self.path.clone(),
+            self.header.metadata.clone(),
+            tensors,
+            vec![Bytes::Owned(blob)],
+        )
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
