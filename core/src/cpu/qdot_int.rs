@@ -10,17 +10,19 @@
 //!   x_j = s · (b2_j · 2¹⁶ + b1_j · 2⁸ + b0_j) + ε_j,    s = 2^e,  b0, b1 ∈ [0, 255],  b2 ∈ [-64, 64]
 //! ```
 //!
-//! and `Σ sc · Σ q_j · b_pj` is computed exactly in 32-bit integers (`vpmaddubsw` multiplies
-//! byte pairs, `vpmaddwd` multiplies their sums by the scale), then converted to f32 once per
-//! block and multiplied by `d · s` there.
+//! and each weight group's (or sub-block's) `Σ q_j · x_q,j` is computed exactly in 32-bit
+//! integers: `vpmaddubsw` multiplies code and digit bytes, `vpmaddwd` sums the pairs, and a
+//! tree of horizontal adds gives the group totals, which are converted to f32 once each and
+//! multiplied by `d · sc · s` (the scales never enter the integer part, so no scale is
+//! broadcast per group).
 //!
 //! # The bound
 //! `e` is chosen from the block's largest `|x|`, `M ∈ [2^E, 2^(E+1))`, as `E − 21`: then
 //! `|x_j / s| < 2^22`, the rounding `x_q = round(x_j / s)` fits in 23 bits (the three digits
 //! above), and `|ε_j| ≤ s / 2 = 2^(E−22) ≤ 2^-22 · M`. Scaling by a power of two is exact, so
 //! ε is the only approximation before the integer sums, which are exact (the lane bounds are
-//! at each kernel). After them come the conversions to f32 (one rounding of a 4-element
-//! partial sum) and f32 accumulation of one term per block and lane, as in any f32 dot. So
+//! at each kernel). After them come the conversions to f32 (one rounding of a group's total)
+//! and f32 accumulation of one term per group, as in any f32 dot. So
 //!
 //! ```text
 //!   |result − Σ w_j x_j| ≤ Σ_blocks 2^-22 · M_block · Σ_block |w_j|  +  f32 summation error
@@ -160,7 +162,7 @@ mod x86 {
 
     /// Bytes ahead of the weight block being read that are prefetched (the stream is
     /// sequential, but one core alone keeps too few misses in flight without help).
-    const PREFETCH: usize = 2048;
+    const PREFETCH: usize = 4096;
 
     /// A row kernel: `MR` split activation rows (at stride [`row_bytes`]) against one weight row.
     pub type RowFn<const MR: usize> = unsafe fn(*const u8, usize, *const u8) -> [f32; MR];
@@ -193,6 +195,11 @@ mod x86 {
     }
 
     #[inline(always)]
+    unsafe fn u32_at(p: *const u8) -> u32 {
+        std::ptr::read_unaligned(p as *const u32)
+    }
+
+    #[inline(always)]
     unsafe fn f32_at(p: *const u8) -> f32 {
         std::ptr::read_unaligned(p as *const f32)
     }
@@ -221,65 +228,56 @@ mod x86 {
         (r, r.add(3 * k), r.add(3 * k + 4 * (k / 32)))
     }
 
-    /// The integer sums of one 32-element group `wq` (bytes; codes as signed or unsigned bytes
-    /// per the caller) against the digits at `a` (b0, b1, b2 at +0, +32, +64), under the
-    /// group's scale as i16 pairs: `s1` = sc, `s256` = 256·sc. Adds `sc · (256·Σ q·b2 + Σ q·b1)`
-    /// into `hi` and `sc · Σ q·b0` into `lo`, lane l holding elements 4l..4l+3.
+    /// The digit sums of one 32-element group of codes `wq` against the digits at `a` (b0, b1,
+    /// b2 at +0, +32, +64), unscaled: lane l (elements 4l..4l+3) of `hi` holds
+    /// `256·Σ q·b2 + Σ q·b1` and of `lo` `Σ q·b0`.
     ///
-    /// `q_top` is what multiplies b2 (signed) as the unsigned operand: the codes themselves
-    /// when they are unsigned, their absolute values when not (then `b2` is given the codes'
-    /// signs by the caller through `sign_top`).
+    /// `q_top` multiplies b2 (signed) as the unsigned operand: the codes themselves when they
+    /// are unsigned; their absolute values when not (`SIGNED`), b2 then taking their signs.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn group_sums<const SIGNED: bool>(
+    unsafe fn group_digits<const SIGNED: bool>(
         a: *const u8,
         wq: __m256i,
         q_top: __m256i,
-        s1: __m256i,
-        s256: __m256i,
-        hi: &mut __m256i,
-        lo: &mut __m256i,
-    ) {
+    ) -> (__m256i, __m256i) {
         let b0 = _mm256_loadu_si256(a as *const __m256i);
         let b1 = _mm256_loadu_si256(a.add(32) as *const __m256i);
         let mut b2 = _mm256_loadu_si256(a.add(64) as *const __m256i);
         if SIGNED {
             b2 = _mm256_sign_epi8(b2, wq);
         }
-        // vpmaddubsw: unsigned bytes (first) times signed bytes, adjacent pairs summed to i16.
+        // vpmaddubsw: unsigned bytes (first) times signed bytes, adjacent pairs summed to i16;
+        // vpmaddwd by 256 or 1 sums adjacent i16 pairs into i32.
         let p0 = _mm256_maddubs_epi16(b0, wq);
         let p1 = _mm256_maddubs_epi16(b1, wq);
         let p2 = _mm256_maddubs_epi16(q_top, b2);
-        let t = _mm256_add_epi32(_mm256_madd_epi16(p2, s256), _mm256_madd_epi16(p1, s1));
-        *hi = _mm256_add_epi32(*hi, t);
-        *lo = _mm256_add_epi32(*lo, _mm256_madd_epi16(p0, s1));
-    }
-
-    /// Adds `(256·hi + lo) · ds` into `acc` (hi and lo converted to f32, one rounding each).
-    #[inline(always)]
-    unsafe fn flush(acc: &mut __m256, hi: __m256i, lo: __m256i, ds: f32) {
-        let f = _mm256_fmadd_ps(
-            _mm256_cvtepi32_ps(hi),
-            _mm256_set1_ps(256.0),
-            _mm256_cvtepi32_ps(lo),
+        let hi = _mm256_add_epi32(
+            _mm256_madd_epi16(p2, _mm256_set1_epi16(256)),
+            _mm256_madd_epi16(p1, _mm256_set1_epi16(1)),
         );
-        *acc = _mm256_fmadd_ps(f, _mm256_set1_ps(ds), *acc);
+        (hi, _mm256_madd_epi16(p0, _mm256_set1_epi16(1)))
     }
 
-    /// An i16 pair `(v, v)` as one i32, for a broadcast multiplier of `vpmaddwd`.
+    /// Eight vectors' lane sums (each lane sum below 2³¹), in order, from the two halves of
+    /// the horizontal-add tree: `a` = hadd(hadd(v0, v1), hadd(v2, v3)), `b` the same of v4..v7.
     #[inline(always)]
-    fn pair(v: i32) -> i32 {
-        (v & 0xFFFF) | (v << 16)
+    unsafe fn totals8(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256(a, b, 0x20),
+            _mm256_permute2x128_si256(a, b, 0x31),
+        )
     }
 
     /// Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles; weight
     /// `d·sc_g·q − dmin·mn_g` in group g of 32, q in 0..=15.
     ///
-    /// Lane bounds (i32, per block): |b2| ≤ 64, so `vpmaddubsw(q, b2)` ≤ 2·15·64 = 1,920 and
-    /// `vpmaddubsw(b1, q)` ≤ 2·255·15 = 7,650 (no saturation at 32,767); times 256·sc ≤ 16,128
-    /// and sc ≤ 63 by `vpmaddwd`: ≤ 2·1,920·16,128 + 2·7,650·63 ≈ 6.3e7 per group, 5.1e8 over
-    /// the block's 8 groups, below 2³¹. The mins term `dmin · Σ mn_g · Σ_g x_q` is in f32 from
-    /// the group sums.
+    /// Each group's `Σ q·x_q` is an exact integer: per lane of 4 elements, `vpmaddubsw(q, b2)`
+    /// ≤ 2·15·64 = 1,920 and `vpmaddubsw(b1, q)`, `vpmaddubsw(b0, q)` ≤ 2·255·15 = 7,650 (no
+    /// saturation at 32,767), so `256·(256·Σb2 + Σb1) + Σb0` ≤ 256·(2·1,920·256 + 2·7,650) +
+    /// 2·7,650 ≈ 2.56e8, and the group's 8 lanes ≤ 2.045e9, below 2³¹. The eight group totals
+    /// are converted to f32 (one rounding each) and multiplied by `d·s·sc_g`; the mins term
+    /// `dmin·s·Σ mn_g·Σ_g x_q` comes from the group sums. Both accumulate in f32 lanes (one per
+    /// group) in block order.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn row_q4k<const MR: usize>(x: *const u8, k: usize, w: *const u8) -> [f32; MR] {
         let mut acc = [_mm256_setzero_ps(); MR];
@@ -289,42 +287,48 @@ mod x86 {
             prefetch(b, 144);
             let d = f16_at(b);
             let dmin = f16_at(b.add(2));
-            let s = std::slice::from_raw_parts(b.add(4), 12);
-            let mut sc = [0i32; 8];
-            let mut mn = [0i32; 8];
-            for j in 0..4 {
-                sc[j] = (s[j] & 63) as i32;
-                mn[j] = (s[j + 4] & 63) as i32;
-                sc[j + 4] = ((s[j + 8] & 0x0F) | ((s[j] >> 6) << 4)) as i32;
-                mn[j + 4] = ((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4)) as i32;
-            }
-            let mins = _mm256_cvtepi32_ps(_mm256_loadu_si256(mn.as_ptr() as *const __m256i));
-            let mut hi = [_mm256_setzero_si256(); MR];
-            let mut lo = [_mm256_setzero_si256(); MR];
-            for c in 0..4 {
-                let v = _mm256_loadu_si256(b.add(16 + 32 * c) as *const __m256i);
-                let codes = [
-                    _mm256_and_si256(v, nib),
-                    _mm256_and_si256(_mm256_srli_epi16(v, 4), nib),
-                ];
-                for (h, q) in codes.into_iter().enumerate() {
-                    let g = 2 * c + h;
-                    let s1 = _mm256_set1_epi32(pair(sc[g]));
-                    let s256 = _mm256_set1_epi32(pair(256 * sc[g]));
+            // The 6-bit scales and mins: groups 0..4 in the low 6 bits of bytes 0..4 and
+            // 4..8; groups 4..8 in the nibbles of bytes 8..12, with bits 4 and 5 in the top
+            // two bits of bytes 0..4 and 4..8.
+            let (w0, w1, w2) = (u32_at(b.add(4)), u32_at(b.add(8)), u32_at(b.add(12)));
+            let sc = (w0 & 0x3f3f_3f3f) as u64
+                | (((w2 & 0x0f0f_0f0f) | (((w0 >> 6) & 0x0303_0303) << 4)) as u64) << 32;
+            let mn = (w1 & 0x3f3f_3f3f) as u64
+                | ((((w2 >> 4) & 0x0f0f_0f0f) | (((w1 >> 6) & 0x0303_0303) << 4)) as u64) << 32;
+            let scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64)));
+            let mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64)));
+            // Per row: hadd(hadd(C0, C1), hadd(C2, C3)) and the same of C4..C7.
+            let mut half = [[_mm256_setzero_si256(); 2]; MR];
+            for c2 in 0..2 {
+                let mut pair = [[_mm256_setzero_si256(); 2]; MR];
+                for c1 in 0..2 {
+                    let c = 2 * c2 + c1;
+                    let v = _mm256_loadu_si256(b.add(16 + 32 * c) as *const __m256i);
+                    let q0 = _mm256_and_si256(v, nib);
+                    let q1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
                     for i in 0..MR {
                         let (dg, _, _) = parts(x, k, i);
-                        let a = dg.add(96 * (bi * 8 + g));
-                        group_sums::<false>(a, q, q, s1, s256, &mut hi[i], &mut lo[i]);
+                        let a = dg.add(96 * (bi * 8 + 2 * c));
+                        let (h0, l0) = group_digits::<false>(a, q0, q0);
+                        let (h1, l1) = group_digits::<false>(a.add(96), q1, q1);
+                        let c0 = _mm256_add_epi32(_mm256_slli_epi32(h0, 8), l0);
+                        let c1v = _mm256_add_epi32(_mm256_slli_epi32(h1, 8), l1);
+                        pair[i][c1] = _mm256_hadd_epi32(c0, c1v);
                     }
+                }
+                for i in 0..MR {
+                    half[i][c2] = _mm256_hadd_epi32(pair[i][0], pair[i][1]);
                 }
             }
             for i in 0..MR {
                 let (_, sums, scales) = parts(x, k, i);
                 let sx = f32_at(scales.add(4 * bi));
-                flush(&mut acc[i], hi[i], lo[i], d * sx);
+                let tot = _mm256_cvtepi32_ps(totals8(half[i][0], half[i][1]));
+                let dsc = _mm256_mul_ps(scf, _mm256_set1_ps(d * sx));
+                acc[i] = _mm256_fmadd_ps(tot, dsc, acc[i]);
                 let gs = _mm256_loadu_ps(sums.add(4 * 8 * bi) as *const f32);
                 acc[i] =
-                    _mm256_fnmadd_ps(_mm256_mul_ps(mins, gs), _mm256_set1_ps(dmin * sx), acc[i]);
+                    _mm256_fnmadd_ps(_mm256_mul_ps(mnf, gs), _mm256_set1_ps(dmin * sx), acc[i]);
             }
         }
         acc.map(|a| hsum(a))
@@ -334,10 +338,12 @@ mod x86 {
     /// weights), f16 d; weight `d·sc·(q − 32)`, q in 0..=63.
     ///
     /// The codes less 32 are signed bytes in -32..=31; b2 takes their signs (`vpsignb`) so that
-    /// it can be the signed operand against their absolute values. Lane bounds (i32, per half
-    /// block of 128): `vpmaddubsw(|q−32|, ±b2)` ≤ 2·32·64 = 4,096 and `vpmaddubsw(b1, q−32)` ≤
-    /// 2·255·32 = 16,320; times |256·sc| ≤ 32,768 and |sc| ≤ 128: ≤ 2.73e8 per group, 1.1e9 over
-    /// a half's 4 groups, below 2³¹ (so the sums are flushed to f32 every half block).
+    /// it can be the signed operand against their absolute values. Each 16-weight sub-block's
+    /// `256·Σ(q−32)·b2 + Σ(q−32)·b1` and `Σ(q−32)·b0` are exact integers: per lane,
+    /// `vpmaddubsw(|q−32|, ±b2)` ≤ 2·32·64 = 4,096 and the others ≤ 2·255·32 = 16,320, so the
+    /// first ≤ 2·4,096·256 + 2·16,320 ≈ 2.1e6 and the second ≤ 32,640; a sub-block's 4 lanes
+    /// stay below 2²⁴, exact in f32. The sub-block's total `256·first + second` is rounded to
+    /// f32 once and multiplied by `d·s·sc`; f32 lanes accumulate in block order.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn row_q6k<const MR: usize>(x: *const u8, k: usize, w: *const u8) -> [f32; MR] {
         let mut acc = [_mm256_setzero_ps(); MR];
@@ -345,46 +351,61 @@ mod x86 {
             let b = w.add(bi * 210);
             prefetch(b, 210);
             let d = f16_at(b.add(208));
-            let scp = b.add(192) as *const i8;
+            let scp = b.add(192);
             for h in 0..2 {
-                let mut hi = [_mm256_setzero_si256(); MR];
-                let mut lo = [_mm256_setzero_si256(); MR];
+                // Sub-block totals come out as [p0a, p1a, p2a, p3a | p0b, p1b, p2b, p3b] (group
+                // p's halves a and b): scales 8h + 2p and 8h + 2p + 1.
+                let sv = _mm256_cvtepi8_epi32(_mm_loadl_epi64(scp.add(8 * h) as *const __m128i));
+                let scf = _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(
+                    sv,
+                    _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7),
+                ));
                 let qh = _mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i);
-                for p in 0..4 {
-                    let ql = _mm256_loadu_si256(b.add(64 * h + 32 * (p & 1)) as *const __m256i);
-                    let low = _mm256_and_si256(
-                        _mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (p as i32 >> 1))),
-                        _mm256_set1_epi8(0x0F),
-                    );
-                    let top = _mm256_and_si256(
-                        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * p as i32)),
-                        _mm256_set1_epi8(3),
-                    );
-                    let q = _mm256_sub_epi8(
-                        _mm256_or_si256(low, _mm256_slli_epi16(top, 4)),
-                        _mm256_set1_epi8(32),
-                    );
-                    let aq = _mm256_abs_epi8(q);
-                    // Elements 0..16 of the group have scale 8h + 2p, 16..32 the next.
-                    let (s0, s1) = (
-                        *scp.add(8 * h + 2 * p) as i32,
-                        *scp.add(8 * h + 2 * p + 1) as i32,
-                    );
-                    let m1 = _mm256_setr_m128i(_mm_set1_epi32(pair(s0)), _mm_set1_epi32(pair(s1)));
-                    let m256 = _mm256_setr_m128i(
-                        _mm_set1_epi32(pair(256 * s0)),
-                        _mm_set1_epi32(pair(256 * s1)),
-                    );
-                    let g = 4 * h + p;
+                let mut pair_hi = [[_mm256_setzero_si256(); 2]; MR];
+                let mut pair_lo = [[_mm256_setzero_si256(); 2]; MR];
+                for p2 in 0..2 {
+                    let mut cur = [[_mm256_setzero_si256(); 4]; MR];
+                    for p1 in 0..2 {
+                        let p = 2 * p2 + p1;
+                        let ql = _mm256_loadu_si256(b.add(64 * h + 32 * (p & 1)) as *const __m256i);
+                        let low = _mm256_and_si256(
+                            _mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (p as i32 >> 1))),
+                            _mm256_set1_epi8(0x0F),
+                        );
+                        let top = _mm256_and_si256(
+                            _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * p as i32)),
+                            _mm256_set1_epi8(3),
+                        );
+                        let q = _mm256_sub_epi8(
+                            _mm256_or_si256(low, _mm256_slli_epi16(top, 4)),
+                            _mm256_set1_epi8(32),
+                        );
+                        let aq = _mm256_abs_epi8(q);
+                        let g = 4 * h + p;
+                        for i in 0..MR {
+                            let (dg, _, _) = parts(x, k, i);
+                            let a = dg.add(96 * (bi * 8 + g));
+                            let (hv, lv) = group_digits::<true>(a, q, aq);
+                            cur[i][p1] = hv;
+                            cur[i][2 + p1] = lv;
+                        }
+                    }
                     for i in 0..MR {
-                        let (dg, _, _) = parts(x, k, i);
-                        let a = dg.add(96 * (bi * 8 + g));
-                        group_sums::<true>(a, q, aq, m1, m256, &mut hi[i], &mut lo[i]);
+                        pair_hi[i][p2] = _mm256_hadd_epi32(cur[i][0], cur[i][1]);
+                        pair_lo[i][p2] = _mm256_hadd_epi32(cur[i][2], cur[i][3]);
                     }
                 }
                 for i in 0..MR {
                     let (_, _, scales) = parts(x, k, i);
-                    flush(&mut acc[i], hi[i], lo[i], d * f32_at(scales.add(4 * bi)));
+                    let sx = f32_at(scales.add(4 * bi));
+                    let th = _mm256_hadd_epi32(pair_hi[i][0], pair_hi[i][1]);
+                    let tl = _mm256_hadd_epi32(pair_lo[i][0], pair_lo[i][1]);
+                    let t = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(th),
+                        _mm256_set1_ps(256.0),
+                        _mm256_cvtepi32_ps(tl),
+                    );
+                    acc[i] = _mm256_fmadd_ps(t, _mm256_mul_ps(scf, _mm256_set1_ps(d * sx)), acc[i]);
                 }
             }
         }
