@@ -185,9 +185,10 @@ fn smollm2_logits_match_an_f64_forward_at_every_position() {
     check_against_f64(&file);
 }
 
-/// SmolLM2 with every matrix whose rows are whole 256-element blocks (its FFN down
-/// projections: 1,536 wide; the others are 576) re-encoded as `dtype`, so the K-quant kernels
-/// (on AVX2, the integer ones) run on real activations, outliers included.
+/// SmolLM2 with every matrix whose rows are whole blocks of `dtype` re-encoded in it (for the
+/// K-quants' 256-element blocks, its FFN down projections: 1,536 wide; the others are 576), so
+/// that format's kernels (on AVX2, the integer ones for the K-quants) run on real
+/// activations, outliers included.
 fn smollm2_as(dtype: DType) {
     let Some(path) = model_file(SMOLLM2) else {
         return;
@@ -196,7 +197,8 @@ fn smollm2_as(dtype: DType) {
     let file = file
         .requantized(|t| {
             let k = t.shape.last().copied().unwrap_or(0);
-            (t.shape.len() == 2 && k % 256 == 0 && t.name != "token_embd.weight").then_some(dtype)
+            (t.shape.len() == 2 && k % dtype.block_size() == 0 && t.name != "token_embd.weight")
+                .then_some(dtype)
         })
         .expect("requantize");
     let n = file.tensors().iter().filter(|t| t.dtype == dtype).count();
@@ -212,4 +214,9 @@ fn smollm2_with_q4_k_matrices_matches_an_f64_forward() {
 #[test]
 fn smollm2_with_q6_k_matrices_matches_an_f64_forward() {
     smollm2_as(DType::Q6_K);
+}
+
+#[test]
+fn smollm2_with_q8_0_matrices_matches_an_f64_forward() {
+    smollm2_as(DType::Q8_0);
 }

@@ -1,7 +1,7 @@
 //! MatMul and its fused forms: `y = x · Wᵀ` with W in any dtype, dequantized a row at a time.
 
 use super::simd::{self, Isa};
-use super::{elementwise, norm, pool, qdot, qdot_int, In, KResult, Out};
+use super::{elementwise, norm, pool, qdot, qdot256, qdot_int, In, KResult, Out};
 use crate::op::GluOp;
 use crate::quant;
 use crate::tensor::DType;
@@ -197,6 +197,42 @@ unsafe fn tile_dots(
     }
 }
 
+/// Runs a row kernel over an `m × n` output: the weight rows (columns of y) are split over the
+/// pool; each piece goes through the activation rows [`INT_ACT_ROWS`] at a time, a tile of
+/// [`INT_TILE`] weight rows at a time, calling `kernel(i, mr, cols)` for activation rows
+/// `i..i + mr` (`mr ≤ max_rows`) and weight rows `cols`. A call's columns belong to its piece
+/// alone.
+fn row_tiles(
+    m: usize,
+    n: usize,
+    max_rows: usize,
+    kernel: impl Fn(usize, usize, std::ops::Range<usize>) + Sync,
+) {
+    let pieces = if m <= FUSED_ROWS {
+        4
+    } else {
+        TILE_PIECES_FUSED
+    };
+    pool::par_ranges(n, 4, pieces, |range| {
+        let mut a0 = 0;
+        while a0 < m {
+            let a1 = (a0 + INT_ACT_ROWS).min(m);
+            let mut n0 = range.start;
+            while n0 < range.end {
+                let n1 = (n0 + INT_TILE).min(range.end);
+                let mut i = a0;
+                while i < a1 {
+                    let mr = max_rows.min(a1 - i);
+                    kernel(i, mr, n0..n1);
+                    i += mr;
+                }
+                n0 = n1;
+            }
+            a0 = a1;
+        }
+    });
+}
+
 /// `y [m, n] = x [m, k] · Wᵀ` where `w` holds `n` rows of `k` elements of `dtype`: weight
 /// rows are split over the CPU pool; each thread dequantizes a tile of rows once into a small
 /// buffer that stays in cache and runs the vectorised dot micro-kernel over every activation
@@ -240,44 +276,47 @@ pub(crate) fn gemm(
             }
         });
         let xp = pool::SendPtr(xs.as_ptr() as *mut u8);
-        let pieces = if m <= FUSED_ROWS {
-            4
-        } else {
-            TILE_PIECES_FUSED
-        };
-        pool::par_ranges(n, 4, pieces, |range| {
-            let (yp, xp) = (&yp, &xp);
-            let mut a0 = 0;
-            while a0 < m {
-                let a1 = (a0 + INT_ACT_ROWS).min(m);
-                let mut n0 = range.start;
-                while n0 < range.end {
-                    let n1 = (n0 + INT_TILE).min(range.end);
-                    let mut i = a0;
-                    while i < a1 {
-                        let mr = qdot_int::MAX_ROWS.min(a1 - i);
-                        // SAFETY: the kernel handles `dtype` here and k is a multiple of its
-                        // block; rows i..i + mr of the split are filled; weight rows n0..n1 lie
-                        // inside `w`; y's columns in `range` are this task's alone.
-                        unsafe {
-                            qdot_int::rows_dots(
-                                dtype,
-                                xp.0.add(i * rl),
-                                mr,
-                                k,
-                                (w.as_ptr(), rb),
-                                n0..n1,
-                                (yp.0.add(i * n), n),
-                            )
-                        };
-                        i += mr;
-                    }
-                    n0 = n1;
-                }
-                a0 = a1;
-            }
+        row_tiles(m, n, qdot_int::MAX_ROWS, |i, mr, cols| {
+            let (xp, yp) = (&xp, &yp);
+            // SAFETY: the kernel handles `dtype` here and k is a multiple of its block; rows
+            // i..i + mr of the split are filled; the weight rows in `cols` lie inside `w`; y's
+            // columns in `cols` are this task's alone (`row_tiles`).
+            unsafe {
+                qdot_int::rows_dots(
+                    dtype,
+                    xp.0.add(i * rl),
+                    mr,
+                    k,
+                    (w.as_ptr(), rb),
+                    cols,
+                    (yp.0.add(i * n), n),
+                )
+            };
         });
         SPLIT_X.with(|c| c.replace(xs));
+        return Ok(());
+    }
+    // Q8_0 on AVX2: the fused f32 kernel over tiles of rows (the same kernel for every batch).
+    if qdot256::supported(isa, dtype) && k.is_multiple_of(32) {
+        let xp = pool::SendPtr(x.as_ptr() as *mut f32);
+        row_tiles(m, n, qdot256::MAX_ROWS, |i, mr, cols| {
+            let (xp, yp) = (&xp, &yp);
+            // SAFETY: the kernel handles `dtype` here and k is a multiple of 32; x holds m rows
+            // of k; the weight rows in `cols` lie inside `w`; y's columns in `cols` are this
+            // task's alone (`row_tiles`).
+            unsafe {
+                qdot256::rows_dots(
+                    dtype,
+                    xp.0.add(i * k),
+                    k,
+                    mr,
+                    k,
+                    (w.as_ptr(), rb),
+                    cols,
+                    (yp.0.add(i * n), n),
+                )
+            };
+        });
         return Ok(());
     }
     if qdot::supported(isa, dtype) && k.is_multiple_of(32) {

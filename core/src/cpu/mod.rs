@@ -15,6 +15,7 @@ mod moe;
 mod norm;
 pub(crate) mod pool;
 mod qdot;
+mod qdot256;
 mod qdot_int;
 mod reduce;
 mod rope;
