@@ -296,24 +296,24 @@ pub(crate) fn gemm(
         SPLIT_X.with(|c| c.replace(xs));
         return Ok(());
     }
-    // Q8_0 on AVX2: the fused f32 kernel over tiles of rows (the same kernel for every batch).
-    if qdot256::supported(isa, dtype) && k.is_multiple_of(32) {
-        let xp = pool::SendPtr(x.as_ptr() as *mut f32);
-        row_tiles(m, n, qdot256::MAX_ROWS, |i, mr, cols| {
-            let (xp, yp) = (&xp, &yp);
-            // SAFETY: the kernel handles `dtype` here and k is a multiple of 32; x holds m rows
-            // of k; the weight rows in `cols` lie inside `w`; y's columns in `cols` are this
-            // task's alone (`row_tiles`).
+    // Q8_0 on AVX2, a few activation rows (decode): the fused kernel, which does the tile
+    // path's operations in its order (same bits); more rows take the tile path below.
+    if qdot256::supported(isa, dtype) && k.is_multiple_of(32) && m <= qdot256::MAX_ROWS {
+        pool::par_ranges(n, 4, 4, |range| {
+            let yp = &yp;
+            // SAFETY: the kernel handles `dtype` here and k is a multiple of 32; x holds m
+            // rows of k; the rows in `range` lie inside `w`; y's columns in `range` are this
+            // task's alone.
             unsafe {
                 qdot256::rows_dots(
                     dtype,
-                    xp.0.add(i * k),
+                    x.as_ptr(),
                     k,
-                    mr,
+                    m,
                     k,
                     (w.as_ptr(), rb),
-                    cols,
-                    (yp.0.add(i * n), n),
+                    range,
+                    (yp.0, n),
                 )
             };
         });

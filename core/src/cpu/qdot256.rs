@@ -1,15 +1,15 @@
-//! Fused dequantize-and-dot for Q8_0 on AVX2 CPUs (no AVX-512): each 32-element block's codes
-//! are widened to f32 in registers and multiplied into up to four f32 activation rows, the
-//! block's sum scaled by its `d` once. No scratch buffer and no activation quantization: the
-//! products are f32 products of the stored codes and the activations, as in any f32 dot.
-//!
-//! Prefill runs the same kernel over tiles of rows, so a row's bits never depend on the batch
-//! it came in.
+//! Fused dequantize-and-dot for Q8_0 on AVX2 CPUs (no AVX-512), for decoding: the codes of
+//! four weight rows are widened to f32 and multiplied by their block's `d` in registers (the
+//! dequantized weight `d·q`, exact in f32), then multiplied into up to two activation rows with
+//! one fused multiply-add chain per (activation row, weight row) over 8-element steps, and the
+//! chain's eight lanes summed by `simd`'s reduction: the very operations, in the same order, of
+//! the tile path (`simd::dots` over rows dequantized into a tile), which prefill keeps. So a
+//! row's bits do not depend on the batch, and prefill keeps the tile kernel's speed.
 
 use crate::tensor::DType;
 
-/// Activation rows one call covers at most.
-pub(crate) const MAX_ROWS: usize = 4;
+/// Activation rows one call covers at most (the tile kernel's AVX2 rows).
+pub(crate) const MAX_ROWS: usize = 2;
 
 /// Whether [`rows_dots`] handles `dtype` on this CPU.
 pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
@@ -24,7 +24,7 @@ pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
     }
 }
 
-/// `y[i·ldy + r] = Σₖ x[i·ldx + k] · W_r[k]` for `i < mr` (1..=4) and each weight row `r` in
+/// `y[i·ldy + r] = Σₖ x[i·ldx + k] · W_r[k]` for `i < mr` (1..=2) and each weight row `r` in
 /// `rows`, row r being the `k` elements of `dtype` at `w + r·rb`.
 ///
 /// # Safety
@@ -47,9 +47,7 @@ pub(crate) unsafe fn rows_dots(
     if dtype == DType::Q8_0 {
         match mr {
             1 => x86::run::<1>(x, ldx, k, w, rb, rows, y, ldy),
-            2 => x86::run::<2>(x, ldx, k, w, rb, rows, y, ldy),
-            3 => x86::run::<3>(x, ldx, k, w, rb, rows, y, ldy),
-            _ => x86::run::<4>(x, ldx, k, w, rb, rows, y, ldy),
+            _ => x86::run::<2>(x, ldx, k, w, rb, rows, y, ldy),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -62,9 +60,8 @@ pub(crate) unsafe fn rows_dots(
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// Bytes ahead of the block being read that are prefetched.
-    const PREFETCH: usize = 4096;
-
+    /// Weight rows `rows` four at a time (fewer at the end repeat the last; their sums are not
+    /// stored).
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn run<const MR: usize>(
@@ -77,68 +74,66 @@ mod x86 {
         y: *mut f32,
         ldy: usize,
     ) {
-        for r in rows {
-            let s = row::<MR>(x, ldx, k, w.add(r * rb));
-            for (i, v) in s.iter().enumerate() {
-                *y.add(i * ldy + r) = *v;
+        let mut r = rows.start;
+        while r < rows.end {
+            let nr = 4.min(rows.end - r);
+            let mut wr = [w; 4];
+            for (t, p) in wr.iter_mut().enumerate() {
+                *p = w.add((r + t.min(nr - 1)) * rb);
             }
-        }
-    }
-
-    /// One Q8_0 block (f16 d, 32 signed bytes) as four vectors of its codes in f32, and d.
-    #[inline(always)]
-    unsafe fn block(b: *const u8) -> ([__m256; 4], __m256) {
-        let d = _mm256_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(b as *const i16)));
-        let q = std::array::from_fn(|j| {
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                b.add(2 + 8 * j) as *const __m128i
-            )))
-        });
-        (q, d)
-    }
-
-    /// `Σ q·x` over one block for activation row `xp` (32 f32).
-    #[inline(always)]
-    unsafe fn block_dot(q: &[__m256; 4], xp: *const f32) -> __m256 {
-        let mut s = _mm256_mul_ps(q[0], _mm256_loadu_ps(xp));
-        s = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xp.add(8)), s);
-        s = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xp.add(16)), s);
-        _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xp.add(24)), s)
-    }
-
-    /// One weight row against `MR` activation rows: per block, `Σ q·x` in eight lanes, then
-    /// times d into one of two accumulators (even and odd blocks, so two chains are in
-    /// flight), summed at the end in a fixed order.
-    #[inline(always)]
-    unsafe fn row<const MR: usize>(x: *const f32, ldx: usize, k: usize, w: *const u8) -> [f32; MR] {
-        let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-        let blocks = k / 32;
-        let mut bi = 0;
-        while bi + 2 <= blocks {
-            for h in 0..2 {
-                let b = w.add((bi + h) * 34);
-                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH) as *const i8);
-                let (q, d) = block(b);
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let s = block_dot(&q, x.add(i * ldx + (bi + h) * 32));
-                    a[h] = _mm256_fmadd_ps(s, d, a[h]);
+            let s = four::<MR>(x, ldx, k, wr, 4 * rb);
+            for i in 0..MR {
+                for t in 0..nr {
+                    *y.add(i * ldy + r + t) = s[i][t];
                 }
             }
-            bi += 2;
+            r += nr;
         }
-        if bi < blocks {
-            let (q, d) = block(w.add(bi * 34));
-            for (i, a) in acc.iter_mut().enumerate() {
-                let s = block_dot(&q, x.add(i * ldx + bi * 32));
-                a[0] = _mm256_fmadd_ps(s, d, a[0]);
+    }
+
+    /// Four Q8_0 weight rows against `MR` activation rows (prefetching `ahead` bytes past each): per 8 elements, each row's weights
+    /// `d·q` (exact in f32) and `acc[i][j] = fma(x_i, w_j, acc[i][j])`, as `simd::dots`' AVX2
+    /// kernel does over a dequantized tile; then its lane reduction.
+    #[inline(always)]
+    unsafe fn four<const MR: usize>(
+        x: *const f32,
+        ldx: usize,
+        k: usize,
+        w: [*const u8; 4],
+        ahead: usize,
+    ) -> [[f32; 4]; MR] {
+        let mut acc = [[_mm256_setzero_ps(); 4]; MR];
+        for bi in 0..k / 32 {
+            let mut d = [_mm256_setzero_ps(); 4];
+            for j in 0..4 {
+                let b = w[j].add(bi * 34);
+                // The same block of the row four ahead (the four rows are read side by side,
+                // so the stream ahead of them is the next call's rows).
+                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(ahead) as *const i8);
+                d[j] = _mm256_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(b as *const i16)));
+            }
+            for c in 0..4 {
+                let mut wv = [_mm256_setzero_ps(); 4];
+                for j in 0..4 {
+                    let codes = _mm_loadl_epi64(w[j].add(bi * 34 + 2 + 8 * c) as *const __m128i);
+                    wv[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), d[j]);
+                }
+                let kk = bi * 32 + 8 * c;
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm256_loadu_ps(x.add(i * ldx + kk));
+                    for j in 0..4 {
+                        a[j] = _mm256_fmadd_ps(xv, wv[j], a[j]);
+                    }
+                }
             }
         }
-        acc.map(|[a, b]| {
-            let v = _mm256_add_ps(a, b);
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-        })
+        let mut out = [[0f32; 4]; MR];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for j in 0..4 {
+                o[j] = crate::cpu::simd::hsum256(a[j]);
+            }
+        }
+        out
     }
 }
 
@@ -149,10 +144,10 @@ mod tests {
     use crate::quant;
     use crate::rng::Rng;
 
-    /// Every row against an f64 dot over the dequantized weights (within f32 rounding), and
-    /// the same bits whatever the number of rows in the call.
+    /// Every row against an f64 dot over the dequantized weights (within f32 rounding), the
+    /// same bits as the tile path, and the same bits whatever the number of rows in the call.
     #[test]
-    fn q8_0_rows_match_an_f64_dot_and_do_not_depend_on_the_batch() {
+    fn q8_0_rows_match_an_f64_dot_and_the_tile_path_bit_for_bit() {
         let isa = simd::isa();
         if !supported(isa, DType::Q8_0) {
             eprintln!("skipped: no AVX2 kernel on this CPU ({isa:?})");
@@ -198,6 +193,23 @@ mod tests {
                         (got - want).abs() <= 1e-6 * mag + 1e-30,
                         "k={k} row {i} col {r}: {got} vs {want}"
                     );
+                }
+            }
+            // The tile path (rows dequantized, then `simd::dots`) gives the same bits.
+            for i in 0..m {
+                for r0 in (0..n).step_by(4) {
+                    let rowp: [*const f32; 4] =
+                        std::array::from_fn(|t| wd[(r0 + t).min(n - 1) * k..].as_ptr());
+                    let mut sums = [[0f32; 4]; 4];
+                    unsafe { simd::dots(isa, x.as_ptr().add(i * ldx), ldx, 1, rowp, k, &mut sums) };
+                    for t in 0..4.min(n - r0) {
+                        assert_eq!(
+                            sums[0][t].to_bits(),
+                            full[i * n + r0 + t].to_bits(),
+                            "k={k} row {i} col {}",
+                            r0 + t
+                        );
+                    }
                 }
             }
             for mr in 1..=m {

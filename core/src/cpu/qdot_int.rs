@@ -331,7 +331,11 @@ mod x86 {
                     _mm256_fnmadd_ps(_mm256_mul_ps(mnf, gs), _mm256_set1_ps(dmin * sx), acc[i]);
             }
         }
-        acc.map(|a| hsum(a))
+        let mut out = [0f32; MR];
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = hsum(a);
+        }
+        out
     }
 
     /// Q6_K: 128 bytes of low nibbles, 64 of 2-bit highs, 16 signed scales (one per 16
@@ -409,7 +413,11 @@ mod x86 {
                 }
             }
         }
-        acc.map(|a| hsum(a))
+        let mut out = [0f32; MR];
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = hsum(a);
+        }
+        out
     }
 }
 

@@ -178,6 +178,9 @@ pub fn axpy(s: f32, x: &[f32], y: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) use x86::hsum256;
+
+#[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::Sums;
     use std::arch::x86_64::*;
@@ -244,8 +247,9 @@ mod x86 {
         )
     }
 
+    /// The lanes of `v` summed in the order every AVX2 dot of this crate uses.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum256(v: __m256) -> f32 {
+    pub(crate) unsafe fn hsum256(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
