@@ -169,11 +169,6 @@ fn check_against_f64(file: &GgufFile) {
             rows.len()
         );
     }
-    // A row's logits do not depend on the batch it came in.
-    for (p, (a, b)) in got.iter().zip(&stepped).enumerate() {
-        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(same, "position {p}: prefill and decode logits differ");
-    }
 }
 
 #[test]
