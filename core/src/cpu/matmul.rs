@@ -35,6 +35,9 @@ thread_local! {
 /// the pass's rows go by).
 const INT_ACT_ROWS: usize = 64;
 const INT_TILE: usize = 16;
+/// Activation rows per integer-kernel call in prefill: 1B Llama pp128 on 2 AVX2 threads, Q6_K
+/// 15 / 19-22 / 25 t/s and Q4_K 26 / 29-30 / 27-33 at 4 / 2 / 3 rows (4 spills registers).
+const INT_ROWS: usize = 3;
 
 /// Activation rows up to which the fused kernel runs; more take the tile path (same bits).
 /// Measured on the 2-core AVX-512 machine, prompt tokens/s of a pass of m rows, fused
@@ -276,7 +279,7 @@ pub(crate) fn gemm(
             }
         });
         let xp = pool::SendPtr(xs.as_ptr() as *mut u8);
-        row_tiles(m, n, qdot_int::MAX_ROWS, |i, mr, cols| {
+        row_tiles(m, n, INT_ROWS, |i, mr, cols| {
             let (xp, yp) = (&xp, &yp);
             // SAFETY: the kernel handles `dtype` here and k is a multiple of its block; rows
             // i..i + mr of the split are filled; the weight rows in `cols` lie inside `w`; y's
