@@ -11,22 +11,6 @@ use crate::tensor::DType;
 /// Activation rows one call covers at most (the tile kernel's AVX2 rows).
 pub(crate) const MAX_ROWS: usize = 2;
 
-/// Whether this CPU can run the kernels at all (AVX2, FMA, F16C): the tests run them on every
-/// such CPU, also where [`supported`] picks another path (AVX-512).
-#[cfg(test)]
-fn runs_here() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// Whether [`rows_dots`] handles `dtype` on this CPU.
 pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -165,7 +149,7 @@ mod tests {
     /// same bits as the tile path, and the same bits whatever the number of rows in the call.
     #[test]
     fn q8_0_rows_match_an_f64_dot_and_the_tile_path_bit_for_bit() {
-        if !runs_here() {
+        if !simd::has_avx2() {
             eprintln!("skipped: no AVX2 on this CPU");
             return;
         }

@@ -30,9 +30,9 @@
 //!
 //! where `w_j` are the dequantized weights: an absolute error of at most 2⁻²² (about 2.4e-7)
 //! of the block's largest activation per unit of weight (2⁻¹²⁷ for a block whose largest
-//! activation is below 2⁻¹⁰⁴, where the step stops at the smallest normal f32), which `tests/exact.rs` checks end to
-//! end against an f64 forward pass. The tests here check every row against an f64 dot over the
-//! dequantized weights with that bound.
+//! activation is below 2⁻¹⁰⁴, where the step stops at the smallest normal f32), which
+//! `tests/exact.rs` checks end to end against an f64 forward pass. The tests here check every
+//! row against an f64 dot over the dequantized weights with that bound.
 //!
 //! # Same bits in every batch
 //! A row's integers do not depend on anything but the row, and its f32 operations run in the
@@ -43,24 +43,9 @@ use crate::tensor::DType;
 
 /// Elements per activation block (one scale `s`): the K-quants' block.
 pub(crate) const BLOCK: usize = 256;
-/// Activation rows one call covers at most (three accumulators each in the 16 registers).
+/// Activation rows one call covers at most (at four the 16 registers spill: prefill calls take
+/// three).
 pub(crate) const MAX_ROWS: usize = 4;
-
-/// Whether this CPU can run the kernels at all (AVX2, FMA, F16C): the tests run them on every
-/// such CPU, also where [`supported`] picks another path (AVX-512).
-#[cfg(test)]
-fn runs_here() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
 
 /// Whether [`rows_dots`] handles `dtype` on this CPU.
 pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
@@ -441,6 +426,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::simd;
     use crate::quant;
     use crate::rng::Rng;
 
@@ -450,7 +436,7 @@ mod tests {
     #[test]
     fn integer_rows_match_an_f64_dot_within_the_bound_and_do_not_depend_on_the_batch() {
         let types = [DType::Q4_K, DType::Q6_K];
-        if !runs_here() {
+        if !simd::has_avx2() {
             eprintln!("skipped: no AVX2 on this CPU");
             return;
         }

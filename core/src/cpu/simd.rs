@@ -50,6 +50,22 @@ pub fn isa() -> Isa {
     })
 }
 
+/// Whether this CPU can run the AVX2 kernels (AVX2, FMA, F16C): their tests run them on every
+/// such CPU, also where [`isa`] picks AVX-512.
+#[cfg(test)]
+pub(crate) fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 fn detect() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
