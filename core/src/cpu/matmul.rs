@@ -299,7 +299,7 @@ pub(crate) fn gemm(
         SPLIT_X.with(|c| c.replace(xs));
         return Ok(());
     }
-    // Q8_0 on AVX2, a few activation rows (decode): the fused kernel, which does the tile
+    // The 32-element formats on AVX2, a few activation rows (decode): the fused kernel, which does the tile
     // path's operations in its order (same bits); more rows take the tile path below.
     if qdot256::supported(isa, dtype) && k.is_multiple_of(32) && m <= qdot256::MAX_ROWS {
         pool::par_ranges(n, 4, 4, |range| {
