@@ -46,6 +46,49 @@ __device__ __forceinline__ float f16_bits(u32 h) { return __half2float(__ushort_
 // Byte i (0..7, a compile-time constant in unrolled loops) of bytes8's result.
 __device__ __forceinline__ u32 byte_of(uint2 q, int i) { return ((i < 4 ? q.x : q.y) >> (8 * (i & 3))) & 0xFFu; }
 
+// The code u (a byte of w picked by i, 0..255) as a float minus `bias`, exactly, with no
+// conversion instruction (integer-to-float conversions run at an eighth of the FMA rate on
+// sm_80..sm_90): the byte placed under the exponent of 2^23 is 2^23 + u, and 2^23 + u - bias
+// is exact for the small biases used here. i must be a compile-time constant (0..3).
+__device__ __forceinline__ float byte_as_float(u32 w, u32 i, float bias = 8388608.0f) {
+    return __int_as_float((int)__byte_perm(w, 0x4B000000u, 0x7440u | i)) - bias;
+}
+
+// Asynchronous global-to-shared copies of G bytes (16, 8 or 4; both addresses G-aligned):
+// cp.async on sm_80 and later, so a block's weight bytes are in flight without registers; a
+// plain copy elsewhere (and in the CPU emulation). commit closes a group of copies; wait<N>
+// returns when at most N of this thread's groups are still in flight.
+template <u32 G>
+__device__ __forceinline__ void cp_async(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    if constexpr (G == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(d), "l"(src), "n"(G) : "memory");
+    }
+#else
+    if constexpr (G == 16) {
+        *(uint4*)dst = *(const uint4*)src;
+    } else if constexpr (G == 8) {
+        *(uint2*)dst = *(const uint2*)src;
+    } else {
+        *(u32*)dst = *(const u32*)src;
+    }
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -487,10 +487,271 @@ __device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, f
     }
 }
 
-// The weight and the source's rows 16-byte aligned (as allocations are; a view may not be):
-// wide loads with no alignment test in the loop; else byte-wise ones. Uniform over the grid.
+// ---- the staged decode mat-vec (MV_STAGED) -------------------------------------------------
+// The same y = xs · wᵀ for the same grid, with the weights staged through shared memory: the
+// block's 4 rows are read a stage (I::STAGE values of each row) at a time by cp.async in G-byte
+// units, whole 512-byte runs per warp instruction with no register held while they fly, and
+// MV_STAGES stages are in flight at once, so every SM keeps tens of KiB of weight reads
+// outstanding. A thread then takes items of a stage (I::VALUES values, in I::SEGS runs of 8 of
+// the row) for all 4 rows at once: it makes its source values once, and each row's dot product
+// decodes the item from shared memory. The sums meet as in mat_vec_rows_at.
+//
+// Items (how a thread takes a stage's values):
+// - MvItem8<B>: 8 consecutive values through the format's fetch/decode (every format);
+// - MvItemQ4K, MvItemQ6K, MvItemQ8_0: 32 values with 16-byte or 2-byte reads of one block,
+//   codes turned into floats by byte_as_float (no conversion instructions), each scale group
+//   summed as Σ x·q and scaled once.
+#ifndef MV_STAGED
+#define MV_STAGED 1
+#endif
+#ifndef MV_STAGES
+#define MV_STAGES 2
+#endif
+static_assert(MV_STAGES >= 2 && MV_STAGES <= 4, "MV_STAGES: 2 to 4 stages");
+
+template <typename B>
+struct MvItem8 {
+    // 1024 values a stage for 32-bit floats, else 2048 (at most 4 KiB of a row).
+    static constexpr u32 VALUES = 8, SEGS = 1, STAGE = B::BYTES * 8 / B::QK >= 32 ? 1024 : 2048;
+    struct Aux {};
+    __device__ static u32 seg(u32 it, u32) { return 8 * it; }
+    __device__ static Aux prep(const float*) { return {}; }
+    __device__ static float dot(const u8* s, u32 it, const float* xv, const Aux&) {
+        float wv[8];
+        B::template load8<16>(s, 8 * it, wv);
+        float t = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) t += xv[i] * wv[i];
+        return t;
+    }
+};
+
+// Q4_K: item it is the 16 bytes of nibbles 16j .. 16j + 16 of block b (it = 8b + j): low
+// nibbles are elements 64c + 16h + i of the block (c = j / 2, h = j % 2, group 2c), high
+// nibbles the same 32 further (group 2c + 1). Source runs: 0, 1 the low, 2, 3 the high values.
+struct MvItemQ4K {
+    static constexpr u32 VALUES = 32, SEGS = 4, STAGE = 4096;
+    struct Aux {
+        float lo, hi;
+    };
+    __device__ static u32 seg(u32 it, u32 s) {
+        const u32 b = it / 8, j = it % 8;
+        return 256 * b + 64 * (j / 2) + 16 * (j % 2) + 32 * (s / 2) + 8 * (s % 2);
+    }
+    __device__ static Aux prep(const float* xv) {
+        Aux a{0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            a.lo += xv[i];
+            a.hi += xv[16 + i];
+        }
+        return a;
+    }
+    __device__ static float dot(const u8* s, u32 it, const float* xv, const Aux& a) {
+        const u32 b = it / 8, j = it % 8, c = j / 2;
+        const u8* blk = s + 144 * b;
+        const uint4 h = *(const uint4*)blk;
+        const uint4 q = *(const uint4*)(blk + 16 + 16 * j);
+        // Scale and min of groups 2c and 2c + 1 (scale_min_k4 by bytes of the three words).
+        const u32 sh0 = 8 * ((2 * c) & 3), sh1 = 8 * ((2 * c + 1) & 3);
+        const u32 a0 = (h.y >> sh0) & 0xFF, b0 = (h.z >> sh0) & 0xFF, e0 = (h.w >> sh0) & 0xFF;
+        const u32 a1 = (h.y >> sh1) & 0xFF, b1 = (h.z >> sh1) & 0xFF, e1 = (h.w >> sh1) & 0xFF;
+        const bool low = c < 2;
+        const float sc0 = (float)(low ? (a0 & 63) : ((e0 & 0xF) | ((a0 >> 6) << 4)));
+        const float m0 = (float)(low ? (b0 & 63) : ((e0 >> 4) | ((b0 >> 6) << 4)));
+        const float sc1 = (float)(low ? (a1 & 63) : ((e1 & 0xF) | ((a1 >> 6) << 4)));
+        const float m1 = (float)(low ? (b1 & 63) : ((e1 >> 4) | ((b1 >> 6) << 4)));
+        const u32 w[4] = {q.x, q.y, q.z, q.w};
+        float alo = 0.0f, ahi = 0.0f;
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const u32 lo = w[t] & 0x0F0F0F0Fu, hi = (w[t] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                alo += xv[4 * t + i] * byte_as_float(lo, i);
+                ahi += xv[16 + 4 * t + i] * byte_as_float(hi, i);
+            }
+        }
+        const float d = f16_bits(h.x & 0xFFFF), dmin = f16_bits(h.x >> 16);
+        return d * (sc0 * alo + sc1 * ahi) - dmin * (m0 * a.lo + m1 * a.hi);
+    }
+};
+
+// Q6_K: item it is half h, indices l0 .. l0 + 8 of block b (it = 8b + 4h + l0 / 8) in all four
+// quarters: source run q is elements 128h + 32q + l0 .. + 8. Blocks are 210 bytes, so only
+// 2-byte reads are aligned.
+struct MvItemQ6K {
+    static constexpr u32 VALUES = 32, SEGS = 4, STAGE = 4096;
+    struct Aux {};
+    __device__ static u32 seg(u32 it, u32 s) {
+        const u32 b = it / 8, h = (it % 8) / 4, l0 = 8 * (it % 4);
+        return 256 * b + 128 * h + 32 * s + l0;
+    }
+    __device__ static Aux prep(const float*) { return {}; }
+    __device__ static float dot(const u8* s, u32 it, const float* xv, const Aux&) {
+        const u32 b = it / 8, h = (it % 8) / 4, l0 = 8 * (it % 4);
+        const u8* blk = s + 210 * b;
+        const uint2 qa = bytes8<2>(blk + 64 * h + l0), qb = bytes8<2>(blk + 64 * h + 32 + l0);
+        const uint2 qh = bytes8<2>(blk + 128 + 32 * h + l0);
+        const u8* sc = blk + 192 + 8 * h + l0 / 16;
+        float t = 0.0f;
+#pragma unroll
+        for (int qq = 0; qq < 4; qq++) {
+            const uint2 ql = qq % 2 ? qb : qa;
+            const u32 ls = qq < 2 ? 0 : 4;
+            float aq = 0.0f;
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const u32 lw = half ? ql.y : ql.x, hw = half ? qh.y : qh.x;
+                const u32 code = ((lw >> ls) & 0x0F0F0F0Fu) | (((hw >> (2 * qq)) & 0x03030303u) << 4);
+#pragma unroll
+                for (int i = 0; i < 4; i++) aq += xv[8 * qq + 4 * half + i] * byte_as_float(code, i, 8388640.0f);
+            }
+            t += (float)(i8)sc[2 * qq] * aq;
+        }
+        return f16_at(blk + 208) * t;
+    }
+};
+
+// Q8_0: item it is block it (d, then 32 int8 at 2-byte alignment); runs are its 4 eighths.
+struct MvItemQ8_0 {
+    static constexpr u32 VALUES = 32, SEGS = 4, STAGE = 4096;
+    struct Aux {};
+    __device__ static u32 seg(u32 it, u32 s) { return 32 * it + 8 * s; }
+    __device__ static Aux prep(const float*) { return {}; }
+    __device__ static float dot(const u8* s, u32 it, const float* xv, const Aux&) {
+        const u8* blk = s + 34 * it;
+        float t = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            // Signed codes as unsigned ones + 128: q = (q ^ 0x80) - 128.
+            const u32 w = word_at<2>(blk + 2 + 4 * e) ^ 0x80808080u;
+#pragma unroll
+            for (int i = 0; i < 4; i++) t += xv[4 * e + i] * byte_as_float(w, i, 8388736.0f);
+        }
+        return f16_at(blk) * t;
+    }
+};
+
+template <typename B>
+struct MvItemOf {
+    typedef MvItem8<B> T;
+};
+template <>
+struct MvItemOf<Q4_K> {
+    typedef MvItemQ4K T;
+};
+template <>
+struct MvItemOf<Q6_K> {
+    typedef MvItemQ6K T;
+};
+template <>
+struct MvItemOf<Q8_0> {
+    typedef MvItemQ8_0 T;
+};
+
+// The 16-byte words of a stage's row.
+template <typename B, typename I>
+struct MvStage {
+    static constexpr u32 WORDS = I::STAGE / B::QK * B::BYTES / 16;
+    static_assert(I::STAGE % B::QK == 0 && I::STAGE / B::QK * B::BYTES % 16 == 0,
+                  "a stage is whole blocks and 16-byte units");
+};
+
+// `stage`: the caller's shared memory, [MV_STAGES][MV_ROWS][MvStage<B, I>::WORDS] (one array
+// for the three copy units, which would otherwise each reserve their own).
+template <typename B, typename I, u32 G, typename Src>
+__device__ __forceinline__ void mat_vec_staged(uint4* smem, const Src& src, const void* w, float* y, u32 n,
+                                               u32 k) {
+    constexpr u32 TK = I::STAGE, THREADS = MV_WARPS * WARP, WORDS = MvStage<B, I>::WORDS;
+    // uint4: 16-byte aligned, so every block starts at a multiple of gcd(16, BYTES).
+    uint4(*stage)[MV_ROWS][WORDS] = (uint4(*)[MV_ROWS][WORDS])smem;
+    __shared__ float part[MV_WARPS][MV_ROWS + 1];
+    const u32 tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
+    const u32 col0 = blockIdx.x * MV_ROWS, row = blockIdx.y;
+    const u32 rows = min((u32)MV_ROWS, n - col0);
+    const size_t rb = (size_t)(k / B::QK) * B::BYTES;
+    const u8* wr[MV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) wr[r] = (const u8*)w + (size_t)(col0 + min((u32)r, rows - 1)) * rb;
+    const u32 nst = (k + TK - 1) / TK;
+    // Stage st's bytes of each row into its slot: a whole number of G-byte units (rows and
+    // stages are whole blocks, and the caller checked G divides the rows' bytes).
+    auto issue = [&](u32 st) {
+        const u32 v0 = st * TK, units = min(TK, k - v0) / B::QK * B::BYTES / G;
+        const size_t off = (size_t)(v0 / B::QK) * B::BYTES;
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; r++) {
+            u8* dst = (u8*)stage[st % MV_STAGES][r];
+            for (u32 u = tid; u < units; u += THREADS) cp_async<G>(dst + G * u, wr[r] + off + G * u);
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int st = 0; st < MV_STAGES - 1; st++) {
+        if ((u32)st < nst) issue(st);
+        else cp_async_commit();
+    }
+    float acc[MV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) acc[r] = 0.0f;
+    float ss = 0.0f;
+    for (u32 st = 0; st < nst; st++) {
+        if (st + MV_STAGES - 1 < nst) issue(st + MV_STAGES - 1);
+        else cp_async_commit();
+        cp_async_wait<MV_STAGES - 1>();
+        __syncthreads();
+        const u32 v0 = st * TK, items = min(TK, k - v0) / I::VALUES;
+        for (u32 it = tid; it < items; it += THREADS) {
+            float xv[I::VALUES];
+#pragma unroll
+            for (int sg = 0; sg < (int)I::SEGS; sg++) {
+                typename Src::Raw xr;
+                src.template fetch<16>(row, v0 + I::seg(it, sg), xr);
+                src.make(xr, xv + 8 * sg, ss);
+            }
+            const typename I::Aux aux = I::prep(xv);
+#pragma unroll
+            for (int r = 0; r < MV_ROWS; r++) acc[r] += I::dot((const u8*)stage[st % MV_STAGES][r], it, xv, aux);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) acc[r] = warp_sum(acc[r]);
+    if (Src::SQUARES) ss = warp_sum(ss);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; r++) part[warp][r] = acc[r];
+        part[warp][MV_ROWS] = ss;
+    }
+    __syncthreads();
+    if (tid < rows) {
+        float t = 0.0f, q = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MV_WARPS; i++) {
+            t += part[i][tid];
+            q += part[i][MV_ROWS];
+        }
+        y[(size_t)row * n + col0 + tid] = src.finish(t, q, k);
+    }
+}
+
+// With MV_STAGED and the source's rows 16-byte aligned, the staged kernel in the widest copy
+// unit that divides the weight's address and its rows' bytes; else the register-ring kernel,
+// with wide loads where the weight is 16-byte aligned, byte-wise ones otherwise. Uniform over
+// the grid.
 template <typename B, typename Src>
 __device__ __forceinline__ void mat_vec_rows(const Src& src, const void* w, float* y, u32 n, u32 k) {
+#if MV_STAGED
+    if (src.aligned()) {
+        typedef typename MvItemOf<B>::T I;
+        __shared__ uint4 smem[MV_STAGES * MV_ROWS * MvStage<B, I>::WORDS];
+        const size_t a = (size_t)w | (size_t)(k / B::QK) * B::BYTES;
+        if ((a & 15) == 0) return mat_vec_staged<B, I, 16>(smem, src, w, y, n, k);
+        if ((a & 7) == 0) return mat_vec_staged<B, I, 8>(smem, src, w, y, n, k);
+        if ((a & 3) == 0) return mat_vec_staged<B, I, 4>(smem, src, w, y, n, k);
+    }
+#endif
     if ((((size_t)w) & 15) == 0 && src.aligned())
         mat_vec_rows_at<B, 16>(src, w, y, n, k);
     else

@@ -119,6 +119,13 @@ inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_R
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 
 // ---- math ----
+// Bytes of x (0..3) and y (4..7) picked by the selector's low three bits of each nibble.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long b = (unsigned long long)x | ((unsigned long long)y << 32);
+    unsigned r = 0;
+    for (int j = 0; j < 4; j++) r |= (unsigned)((b >> (8 * ((s >> (4 * j)) & 7))) & 0xFF) << (8 * j);
+    return r;
+}
 inline float __expf(float x) { return std::exp(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline int __float_as_int(float f) {

@@ -7,13 +7,14 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUdevice_attribute as Attr;
 use cudarc::driver::{result, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
-use kiln_core::backend::{next_backend_id, Capabilities, DeviceKind};
+use kiln_core::backend::{next_backend_id, Capabilities, DeviceKind, SubmitStats};
 use kiln_core::tensor::{BackendId, Storage, Tensor, TensorDesc};
 use kiln_core::{Error, Result};
 
@@ -113,6 +114,9 @@ pub(crate) struct Gpu {
     pool: Arc<Pool<DriverAlloc>>,
     sigs: HashMap<String, Signature>,
     functions: HashMap<String, CudaFunction>,
+    /// Launches and copies enqueued, and nanoseconds of host time `execute` took.
+    launches: AtomicU64,
+    submit_ns: AtomicU64,
 }
 
 impl Gpu {
@@ -206,6 +210,8 @@ impl Gpu {
             pool,
             sigs,
             functions,
+            launches: AtomicU64::new(0),
+            submit_ns: AtomicU64::new(0),
         })
     }
 
@@ -290,6 +296,21 @@ impl Gpu {
             .map_err(|e| driver_err("download", e))?;
         self.wait()?;
         Ok(out)
+    }
+
+    /// Counts one op's launches and copies and the host time it took to enqueue them.
+    pub fn count_submit(&self, steps: &[Step], took: std::time::Duration) {
+        let n = steps.iter().filter(|s| !matches!(s, Step::Scratch(_))).count() as u64;
+        self.launches.fetch_add(n, Ordering::Relaxed);
+        self.submit_ns
+            .fetch_add(took.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
+    pub fn submit_stats(&self) -> SubmitStats {
+        SubmitStats {
+            launches: self.launches.load(Ordering::Relaxed),
+            host_seconds: self.submit_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+        }
     }
 
     pub fn wait(&self) -> Result<()> {

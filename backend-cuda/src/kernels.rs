@@ -50,7 +50,12 @@ pub fn source(file: &str) -> Option<String> {
 }
 
 /// The kernels' tuning knobs (behind `#ifndef` in formats.cuh) and the values each may take.
-const TUNING_KNOBS: &[(&str, i64, i64)] = &[("MV_DEPTH", 1, 8), ("MV_X_EARLY", 0, 1)];
+const TUNING_KNOBS: &[(&str, i64, i64)] = &[
+    ("MV_DEPTH", 1, 8),
+    ("MV_X_EARLY", 0, 1),
+    ("MV_STAGED", 0, 1),
+    ("MV_STAGES", 2, 4),
+];
 
 /// `KILN_CUDA_DEFINES=NAME=VALUE,...` as `#define` lines: the kernels' tuning knobs (e.g.
 /// `MV_DEPTH=3`), for measuring variants without a rebuild. The cubin cache keys on the

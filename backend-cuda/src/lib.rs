@@ -25,7 +25,7 @@ pub mod pool;
 use std::collections::BTreeSet;
 use std::sync::{Arc, RwLock};
 
-use kiln_core::backend::{check_call, Backend, Capabilities};
+use kiln_core::backend::{check_call, Backend, Capabilities, SubmitStats};
 use kiln_core::op::{Op, OpDesc};
 use kiln_core::tensor::{BackendId, Tensor, TensorDesc};
 use kiln_core::Error;
@@ -156,10 +156,16 @@ impl Backend for CudaBackend {
                 format!("{desc} has no CUDA kernel (supports_op says no; the executor runs it on the CPU)"),
             )
         })?;
-        self.gpu.run(&steps, inputs, outputs)
+        let t0 = std::time::Instant::now();
+        let r = self.gpu.run(&steps, inputs, outputs);
+        self.gpu.count_submit(&steps, t0.elapsed());
+        r
     }
     fn synchronize(&self) -> kiln_core::Result<()> {
         self.gpu.wait()
+    }
+    fn submit_stats(&self) -> Option<SubmitStats> {
+        Some(self.gpu.submit_stats())
     }
 }
 

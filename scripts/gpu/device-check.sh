@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine (issue #22): validate CUDA and WebGPU against the CPU, greedy
+# One call on a lent GPU machine (issues #22, #38): validate CUDA and WebGPU against the CPU, greedy
 # tokens against the CPU, decode speed against the measured copy bandwidth.
 #
 #   scripts/gpu/device-check.sh [STEP...]     (default: every step, in priority order)
@@ -82,18 +82,21 @@ EOF
         >>"$LOGS/setup.log" 2>&1
 }
 
-# Random-weight Llama-shaped checkpoints, written in the background while the GPU checks run.
+# Random-weight Llama-shaped checkpoints, written in the background (one process each) while
+# the GPU checks run.
 models() {
     local g="python3 scripts/gpu/random-gguf.py make --template .dev/tok.gguf --head-type q6_k"
     # KILN_GPU_SMALL=1: toy sizes, to try this script on a machine without a GPU.
     [ "${KILN_GPU_SMALL:-0}" = 1 ] && g="$g --shrink 8"
     (
         export PYTHONPATH=/tmp/site
-        $g --out $MODELS/llama-0.3b-q4_k.gguf --hidden 1024 --layers 16 --ffn 4096 --heads 16 --kv-heads 4 --type q4_k
-        $g --out $MODELS/llama-1b-q4_k.gguf --hidden 2048 --layers 16 --ffn 8192 --heads 32 --kv-heads 8 --type q4_k
-        $g --out $MODELS/llama-3b-q4_k.gguf --hidden 3072 --layers 28 --ffn 8192 --heads 24 --kv-heads 8 --type q4_k
-        $g --out $MODELS/llama-3b-nvfp4.gguf --hidden 3072 --layers 28 --ffn 8192 --heads 24 --kv-heads 8 --type nvfp4
-        $g --out $MODELS/llama-1b-bf16.gguf --hidden 2048 --layers 16 --ffn 8192 --heads 32 --kv-heads 8 --type bf16
+        $g --out $MODELS/llama-0.3b-q4_k.gguf --hidden 1024 --layers 16 --ffn 4096 --heads 16 --kv-heads 4 --type q4_k &
+        $g --out $MODELS/llama-1b-q4_k.gguf --hidden 2048 --layers 16 --ffn 8192 --heads 32 --kv-heads 8 --type q4_k &
+        $g --out $MODELS/llama-3b-q4_k.gguf --hidden 3072 --layers 28 --ffn 8192 --heads 24 --kv-heads 8 --type q4_k &
+        $g --out $MODELS/llama-8b-q4_k.gguf --hidden 4096 --layers 32 --ffn 14336 --heads 32 --kv-heads 8 --type q4_k &
+        $g --out $MODELS/llama-3b-nvfp4.gguf --hidden 3072 --layers 28 --ffn 8192 --heads 24 --kv-heads 8 --type nvfp4 &
+        $g --out $MODELS/llama-1b-bf16.gguf --hidden 2048 --layers 16 --ffn 8192 --heads 32 --kv-heads 8 --type bf16 &
+        wait
         touch $MODELS/done
     ) >"$LOGS/models.log" 2>&1 &
 }
@@ -195,7 +198,7 @@ sanitize() {
     grep -E "ERROR SUMMARY|passed|Error|Invalid" "$LOGS/sanitizer-$tool.log" | head -12 | tee -a "$SUMMARY"
 }
 
-steps=${*:-"setup models validate_cuda greedy_tiny_cuda bench_cuda greedy_big ncu_decode vulkan_all sanitize_memcheck"}
+steps=${*:-"setup models validate_cuda greedy_big ab ncu_decode greedy_tiny_cuda sanitize_memcheck"}
 for s in $steps; do
     case $s in
         setup) setup ;;
@@ -211,7 +214,10 @@ for s in $steps; do
             bench 3b-nvfp4 $MODELS/llama-3b-nvfp4.gguf cuda
             bench 1b-bf16 $MODELS/llama-1b-bf16.gguf cuda
             ;;
-        greedy_big) greedy 1b-q4_k $MODELS/llama-1b-q4_k.gguf cuda ;;
+        greedy_big)
+            wait_models
+            greedy 1b-q4_k $MODELS/llama-1b-q4_k.gguf cuda
+            ;;
         vulkan_all)
             vulkan
             run validate-wgpu 120 "$K" validate --backend wgpu
@@ -219,6 +225,23 @@ for s in $steps; do
             greedy llama tests/fixtures/hf/llama wgpu
             greedy 1b-q4_k $MODELS/llama-1b-q4_k.gguf wgpu
             bench 3b-q4_k $MODELS/llama-3b-q4_k.gguf wgpu
+            ;;
+        ab)
+            # Before/after of a kernel knob, interleaved in one run (KILN_GPU_AB: the define of
+            # "before" and "after"; KILN_GPU_AB_MODELS: the checkpoints), tg128 and pp512.
+            wait_models
+            local_a=${KILN_GPU_A:-MV_STAGED=0}
+            local_b=${KILN_GPU_B:-MV_STAGED=1}
+            for m in ${KILN_GPU_AB_MODELS:-"1b-q4_k 3b-q4_k 8b-q4_k 1b-bf16"}; do
+                for round in 1 2 3; do
+                    for v in "$local_a" "$local_b"; do
+                        export KILN_CUDA_DEFINES=$v
+                        run "ab-$m-$v-$round" 60 "$K" bench -m $MODELS/llama-$m.gguf --backend cuda -p 512 -n 128 -r 1
+                        echo "$m $v round $round: $(grep -E "pp512|tg128" "$LOGS/ab-$m-$v-$round.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$SUMMARY"
+                    done
+                done
+            done
+            unset KILN_CUDA_DEFINES
             ;;
         ncu_decode) ncu_decode ;;
         variants)

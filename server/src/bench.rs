@@ -146,6 +146,10 @@ struct BenchJson {
     roofline_tps: Option<f64>,
     /// gen_tps / roofline_tps.
     roofline_ratio: Option<f64>,
+    /// Kernel launches a generated token takes, where the backend counts them.
+    launches_per_token: Option<f64>,
+    /// Host milliseconds a generated token's ops take to enqueue (the backend's `execute`).
+    submit_ms_per_token: Option<f64>,
 }
 
 fn mean_std(v: &[f64]) -> (f64, f64) {
@@ -212,18 +216,33 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     timed(&mut engine, toks(a.n_prompt.max(1)), 1)?;
     timed(&mut engine, toks(1), 2)?;
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    // Launches and host submission time over the generation runs (device backends).
+    let mut submit = (0u64, 0.0f64, 0usize);
     for _ in 0..a.reps.max(1) {
         if a.n_prompt > 0 {
             pp.push(a.n_prompt as f64 / timed(&mut engine, toks(a.n_prompt), 1)?);
         }
         if a.n_gen > 0 {
+            let before = engine_submit_stats(&engine);
             tg.push(if a.depth > 0 {
                 decode_at_depth(&mut engine, toks(a.depth), a.n_gen)?
             } else {
                 a.n_gen as f64 / timed(&mut engine, toks(1), a.n_gen)?
             });
+            if let (Some(b), Some(e), 0) = (before, engine_submit_stats(&engine), a.depth) {
+                submit.0 += e.launches - b.launches;
+                submit.1 += e.host_seconds - b.host_seconds;
+                submit.2 += a.n_gen;
+            }
         }
     }
+    // Per generated token: launches, and host milliseconds spent enqueueing them.
+    let per_token = (submit.2 > 0).then(|| {
+        (
+            submit.0 as f64 / submit.2 as f64,
+            1e3 * submit.1 / submit.2 as f64,
+        )
+    });
     let (pm, ps) = mean_std(&pp);
     let (gm, gs) = mean_std(&tg);
     // The roofline: the weights a decode token reads over the measured copy bandwidth.
@@ -256,6 +275,8 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             copy_bandwidth_gbs: bandwidth.map(|b| b / 1e9),
             roofline_tps: roof,
             roofline_ratio: roof.map(|r| gm / r),
+            launches_per_token: per_token.map(|p| p.0),
+            submit_ms_per_token: per_token.map(|p| p.1),
         };
         println!("{}", serde_json::to_string(&j)?);
     } else {
@@ -289,6 +310,14 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
                 100.0 * gm / r
             );
         }
+    }
+    if let (Some((l, ms)), false, true) = (per_token, a.json, gm > 0.0) {
+        println!(
+            "submission: {l:.0} kernel launches a generated token, enqueued in {ms:.3} ms of \
+             host time ({:.0}% of the {:.3} ms a token took)",
+            100.0 * ms * gm / 1e3,
+            1e3 / gm
+        );
     }
     if a.profile {
         profile(&mut engine, a, &mut toks)?;
@@ -428,6 +457,10 @@ fn timed(engine: &mut Engine, prompt: Vec<u32>, n: usize) -> Result<f64> {
         bail!("the engine generated {got} tokens of {n}");
     }
     Ok(secs)
+}
+
+fn engine_submit_stats(engine: &Engine) -> Option<kiln_core::backend::SubmitStats> {
+    engine.runner().executor().backend().submit_stats()
 }
 
 /// `kiln bench --profile`: one prompt and one generation with every op timed; a table of

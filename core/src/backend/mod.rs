@@ -63,6 +63,19 @@ pub trait Backend: Send + Sync {
     fn execute(&self, op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()>;
     /// Waits until every submitted op has finished.
     fn synchronize(&self) -> Result<()>;
+    /// Kernel launches and host time spent submitting ops since the backend opened, where
+    /// the backend counts them (the asynchronous device backends do).
+    fn submit_stats(&self) -> Option<SubmitStats> {
+        None
+    }
+}
+
+/// What [`Backend::submit_stats`] counts: kernel launches (and device copies) enqueued, and
+/// the host seconds `execute` took to enqueue them.
+#[derive(Copy, Clone, Debug, Default, PartialEq)]
+pub struct SubmitStats {
+    pub launches: u64,
+    pub host_seconds: f64,
 }
 
 /// A fresh, process-unique backend id.

@@ -70,6 +70,27 @@ fn matmul(c: &mut Vec<Case>) -> Result<()> {
         "f32 x q8_0 decode m=1 k=2336 n=13",
         vec![n(F32, &[1, 2336]), n(Q8_0, &[13, 2336])],
     )?);
+    // Rows of several stages of CUDA's staged decode kernel (4096 values a stage for Q4_K, Q6_K
+    // and Q8_0, 2048 for the others, 1024 for f32), more stages than it keeps in flight and a
+    // partial last one, in each copy unit its rows' bytes allow (16, 8 or 4 bytes).
+    for (w, k, m) in [
+        (Q4_K, 12544, 1),
+        (Q4_K, 4608, 2),
+        (Q6_K, 14336, 1),
+        (Q6_K, 13312, 1),
+        (Q8_0, 8448, 1),
+        (BF16, 4104, 1),
+        (F16, 3000, 1),
+        (F32, 2056, 1),
+        (Q4_0, 4160, 1),
+        (NVFP4, 2240, 1),
+    ] {
+        c.push(Case::new(
+            Op::MatMul,
+            format!("f32 x {w} decode m={m} k={k} n=13"),
+            vec![n(F32, &[m, k]), n(w, &[13, k])],
+        )?);
+    }
     // Decode with the activations and the weight starting off an allocation's alignment (a
     // GPU kernel that loads wide where operands are aligned takes its other path).
     for w in [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, NVFP4, MXFP4] {
@@ -538,6 +559,20 @@ fn fused(c: &mut Vec<Case>) -> Result<()> {
             )?);
         }
     }
+    // Both fusions over rows of several stages of CUDA's staged decode kernel.
+    c.push(Case::new(
+        Op::RmsNormMatMul {
+            eps: 1e-6,
+            one_plus: false,
+        },
+        "q4_K m=1 k=9216 n=11 one_plus=false",
+        vec![n(F32, &[1, 9216]), n(F32, &[9216]), n(Q4_K, &[11, 9216])],
+    )?);
+    c.push(Case::new(
+        Op::GluMatMul(GluOp::SwiGlu),
+        "q6_K m=1 f=10240 n=9",
+        vec![n(F32, &[1, 10240]), n(F32, &[1, 10240]), n(Q6_K, &[9, 10240])],
+    )?);
     // Both fusions with every operand off an allocation's alignment.
     c.push(
         Case::new(
