@@ -488,15 +488,17 @@ __device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, f
 }
 
 // ---- the staged decode mat-vec (MV_STAGED) -------------------------------------------------
-// The same y = xs · wᵀ for the same grid, with the weights staged through shared memory: the
-// block's 4 rows are read a stage (I::STAGE values of each row) at a time by cp.async in G-byte
-// units, whole 512-byte runs per warp instruction with no register held while they fly, and
-// MV_STAGES stages are in flight at once, so every SM keeps tens of KiB of weight reads
-// outstanding. A thread then takes items of a stage (I::VALUES values, in I::SEGS runs of 8 of
-// the row) for all 4 rows at once: it makes its source values once, and each row's dot product
-// decodes the item from shared memory. The sums meet as in mat_vec_rows_at.
+// The same y = xs · wᵀ for the same grid, with the weights staged through shared memory. Each
+// warp runs its own pipeline over its chunks of the rows (warp w takes chunks w, w + 4, ..; a
+// chunk is I::STAGE values of each of the block's 4 rows): a ring of MV_STAGES slots per warp,
+// filled by cp.async in G-byte units (whole 512-byte runs per warp instruction, no register
+// held while they fly), so while a warp computes one chunk its next MV_STAGES - 1 chunks are
+// in flight, and warps wait only for their own copies (no block-wide barrier until the sums
+// meet). A lane takes items of a chunk (I::VALUES values, in I::SEGS runs of 8 of the row)
+// for all 4 rows at once: it makes its source values once, and each row's dot product decodes
+// the item from shared memory. The sums meet as in mat_vec_rows_at.
 //
-// Items (how a thread takes a stage's values):
+// Items (how a lane takes a chunk's values):
 // - MvItem8<B>: 8 consecutive values through the format's fetch/decode (every format);
 // - MvItemQ4K, MvItemQ6K, MvItemQ8_0: 32 values with 16-byte or 2-byte reads of one block,
 //   codes turned into floats by byte_as_float (no conversion instructions), each scale group
@@ -505,14 +507,15 @@ __device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, f
 #define MV_STAGED 1
 #endif
 #ifndef MV_STAGES
-#define MV_STAGES 2
+#define MV_STAGES 3
 #endif
-static_assert(MV_STAGES >= 2 && MV_STAGES <= 4, "MV_STAGES: 2 to 4 stages");
+static_assert(MV_STAGES >= 2 && MV_STAGES <= 4, "MV_STAGES: 2 to 4 slots a warp");
 
 template <typename B>
 struct MvItem8 {
-    // 1024 values a stage for 32-bit floats, else 2048 (at most 4 KiB of a row).
-    static constexpr u32 VALUES = 8, SEGS = 1, STAGE = B::BYTES * 8 / B::QK >= 32 ? 1024 : 2048;
+    // A chunk: 256 values (a lane's 8 each) of the 32- and 64-value formats and floats, 1024
+    // of the 256-value ones (whole blocks, a multiple of 4 bytes).
+    static constexpr u32 VALUES = 8, SEGS = 1, STAGE = B::QK == 256 ? 1024 : 256;
     struct Aux {};
     __device__ static u32 seg(u32 it, u32) { return 8 * it; }
     __device__ static Aux prep(const float*) { return {}; }
@@ -530,7 +533,7 @@ struct MvItem8 {
 // nibbles are elements 64c + 16h + i of the block (c = j / 2, h = j % 2, group 2c), high
 // nibbles the same 32 further (group 2c + 1). Source runs: 0, 1 the low, 2, 3 the high values.
 struct MvItemQ4K {
-    static constexpr u32 VALUES = 32, SEGS = 4, STAGE = 4096;
+    static constexpr u32 VALUES = 32, SEGS = 4, STAGE = 1024;
     struct Aux {
         float lo, hi;
     };
@@ -581,7 +584,7 @@ struct MvItemQ4K {
 // quarters: source run q is elements 128h + 32q + l0 .. + 8. Blocks are 210 bytes, so only
 // 2-byte reads are aligned.
 struct MvItemQ6K {
-    static constexpr u32 VALUES = 32, SEGS = 4, STAGE = 4096;
+    static constexpr u32 VALUES = 32, SEGS = 4, STAGE = 1024;
     struct Aux {};
     __device__ static u32 seg(u32 it, u32 s) {
         const u32 b = it / 8, h = (it % 8) / 4, l0 = 8 * (it % 4);
@@ -615,7 +618,7 @@ struct MvItemQ6K {
 
 // Q8_0: item it is block it (d, then 32 int8 at 2-byte alignment); runs are its 4 eighths.
 struct MvItemQ8_0 {
-    static constexpr u32 VALUES = 32, SEGS = 4, STAGE = 4096;
+    static constexpr u32 VALUES = 32, SEGS = 4, STAGE = 1024;
     struct Aux {};
     __device__ static u32 seg(u32 it, u32 s) { return 32 * it + 8 * s; }
     __device__ static Aux prep(const float*) { return {}; }
@@ -650,59 +653,66 @@ struct MvItemOf<Q8_0> {
     typedef MvItemQ8_0 T;
 };
 
-// The 16-byte words of a stage's row.
+// A warp's chunk of one row: BYTES of them, in a slot of ROW bytes (16-byte aligned); the
+// widest copy unit chunk boundaries allow (GMAX); the slots a warp keeps (at most MV_STAGES,
+// and no more than 44 KiB of shared memory for the block).
 template <typename B, typename I>
 struct MvStage {
-    static constexpr u32 WORDS = I::STAGE / B::QK * B::BYTES / 16;
-    static_assert(I::STAGE % B::QK == 0 && I::STAGE / B::QK * B::BYTES % 16 == 0,
-                  "a stage is whole blocks and 16-byte units");
+    static constexpr u32 BYTES = I::STAGE / B::QK * B::BYTES, ROW = (BYTES + 15) / 16 * 16;
+    static constexpr u32 GMAX = BYTES % 16 == 0 ? 16 : (BYTES % 8 == 0 ? 8 : (BYTES % 4 == 0 ? 4 : 0));
+    static constexpr u32 FIT = 45056 / (MV_WARPS * MV_ROWS * ROW);
+    static constexpr u32 SLOTS = FIT < 2 ? 2 : (FIT < MV_STAGES ? FIT : MV_STAGES);
+    static constexpr u32 WORDS = MV_WARPS * SLOTS * MV_ROWS * ROW / 16;
+    static_assert(I::STAGE % B::QK == 0 && I::STAGE % I::VALUES == 0, "a chunk is whole blocks and items");
 };
 
-// `stage`: the caller's shared memory, [MV_STAGES][MV_ROWS][MvStage<B, I>::WORDS] (one array
-// for the three copy units, which would otherwise each reserve their own).
+// `smem`: the caller's shared memory, MvStage<B, I>::WORDS 16-byte words (one array for the
+// three copy units, which would otherwise each reserve their own).
 template <typename B, typename I, u32 G, typename Src>
 __device__ __forceinline__ void mat_vec_staged(uint4* smem, const Src& src, const void* w, float* y, u32 n,
                                                u32 k) {
-    constexpr u32 TK = I::STAGE, THREADS = MV_WARPS * WARP, WORDS = MvStage<B, I>::WORDS;
-    // uint4: 16-byte aligned, so every block starts at a multiple of gcd(16, BYTES).
-    uint4(*stage)[MV_ROWS][WORDS] = (uint4(*)[MV_ROWS][WORDS])smem;
+    typedef MvStage<B, I> S;
+    constexpr u32 CH = I::STAGE;
     __shared__ float part[MV_WARPS][MV_ROWS + 1];
-    const u32 tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
+    const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const u32 col0 = blockIdx.x * MV_ROWS, row = blockIdx.y;
     const u32 rows = min((u32)MV_ROWS, n - col0);
     const size_t rb = (size_t)(k / B::QK) * B::BYTES;
     const u8* wr[MV_ROWS];
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r++) wr[r] = (const u8*)w + (size_t)(col0 + min((u32)r, rows - 1)) * rb;
-    const u32 nst = (k + TK - 1) / TK;
-    // Stage st's bytes of each row into its slot: a whole number of G-byte units (rows and
-    // stages are whole blocks, and the caller checked G divides the rows' bytes).
-    auto issue = [&](u32 st) {
-        const u32 v0 = st * TK, units = min(TK, k - v0) / B::QK * B::BYTES / G;
+    u8* mine = (u8*)smem + (size_t)warp * S::SLOTS * MV_ROWS * S::ROW;
+    // This warp's chunks: warp, warp + MV_WARPS, ...
+    const u32 nch = (k + CH - 1) / CH, count = nch > warp ? (nch - warp + MV_WARPS - 1) / MV_WARPS : 0;
+    // Chunk j of this warp into slot j % SLOTS: a whole number of G-byte units of each row (rows
+    // and chunks are whole blocks, and G divides the rows' bytes and S::BYTES).
+    auto issue = [&](u32 j) {
+        const u32 v0 = (warp + MV_WARPS * j) * CH, units = min(CH, k - v0) / B::QK * B::BYTES / G;
         const size_t off = (size_t)(v0 / B::QK) * B::BYTES;
+        u8* slot = mine + (j % S::SLOTS) * MV_ROWS * S::ROW;
 #pragma unroll
         for (int r = 0; r < MV_ROWS; r++) {
-            u8* dst = (u8*)stage[st % MV_STAGES][r];
-            for (u32 u = tid; u < units; u += THREADS) cp_async<G>(dst + G * u, wr[r] + off + G * u);
+            for (u32 u = lane; u < units; u += WARP) cp_async<G>(slot + r * S::ROW + G * u, wr[r] + off + G * u);
         }
         cp_async_commit();
     };
 #pragma unroll
-    for (int st = 0; st < MV_STAGES - 1; st++) {
-        if ((u32)st < nst) issue(st);
+    for (u32 j = 0; j + 1 < S::SLOTS; j++) {
+        if (j < count) issue(j);
         else cp_async_commit();
     }
     float acc[MV_ROWS];
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r++) acc[r] = 0.0f;
     float ss = 0.0f;
-    for (u32 st = 0; st < nst; st++) {
-        if (st + MV_STAGES - 1 < nst) issue(st + MV_STAGES - 1);
+    for (u32 j = 0; j < count; j++) {
+        if (j + S::SLOTS - 1 < count) issue(j + S::SLOTS - 1);
         else cp_async_commit();
-        cp_async_wait<MV_STAGES - 1>();
-        __syncthreads();
-        const u32 v0 = st * TK, items = min(TK, k - v0) / I::VALUES;
-        for (u32 it = tid; it < items; it += THREADS) {
+        cp_async_wait<S::SLOTS - 1>();
+        __syncwarp();
+        const u32 v0 = (warp + MV_WARPS * j) * CH, items = min(CH, k - v0) / I::VALUES;
+        const u8* slot = mine + (j % S::SLOTS) * MV_ROWS * S::ROW;
+        for (u32 it = lane; it < items; it += WARP) {
             float xv[I::VALUES];
 #pragma unroll
             for (int sg = 0; sg < (int)I::SEGS; sg++) {
@@ -712,9 +722,10 @@ __device__ __forceinline__ void mat_vec_staged(uint4* smem, const Src& src, cons
             }
             const typename I::Aux aux = I::prep(xv);
 #pragma unroll
-            for (int r = 0; r < MV_ROWS; r++) acc[r] += I::dot((const u8*)stage[st % MV_STAGES][r], it, xv, aux);
+            for (int r = 0; r < MV_ROWS; r++) acc[r] += I::dot(slot + r * S::ROW, it, xv, aux);
         }
-        __syncthreads();
+        // Every lane is done with the slot before a later issue refills it.
+        __syncwarp();
     }
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r++) acc[r] = warp_sum(acc[r]);
@@ -725,19 +736,19 @@ __device__ __forceinline__ void mat_vec_staged(uint4* smem, const Src& src, cons
         part[warp][MV_ROWS] = ss;
     }
     __syncthreads();
-    if (tid < rows) {
+    if (threadIdx.x < rows) {
         float t = 0.0f, q = 0.0f;
 #pragma unroll
         for (int i = 0; i < MV_WARPS; i++) {
-            t += part[i][tid];
+            t += part[i][threadIdx.x];
             q += part[i][MV_ROWS];
         }
-        y[(size_t)row * n + col0 + tid] = src.finish(t, q, k);
+        y[(size_t)row * n + col0 + threadIdx.x] = src.finish(t, q, k);
     }
 }
 
 // With MV_STAGED and the source's rows 16-byte aligned, the staged kernel in the widest copy
-// unit that divides the weight's address and its rows' bytes; else the register-ring kernel,
+// unit that divides the weight's address, its rows' bytes and its chunks' bytes; else the register-ring kernel,
 // with wide loads where the weight is 16-byte aligned, byte-wise ones otherwise. Uniform over
 // the grid.
 template <typename B, typename Src>
@@ -745,11 +756,18 @@ __device__ __forceinline__ void mat_vec_rows(const Src& src, const void* w, floa
 #if MV_STAGED
     if (src.aligned()) {
         typedef typename MvItemOf<B>::T I;
-        __shared__ uint4 smem[MV_STAGES * MV_ROWS * MvStage<B, I>::WORDS];
+        __shared__ uint4 smem[MvStage<B, I>::WORDS];
+        constexpr u32 GMAX = MvStage<B, I>::GMAX;
         const size_t a = (size_t)w | (size_t)(k / B::QK) * B::BYTES;
-        if ((a & 15) == 0) return mat_vec_staged<B, I, 16>(smem, src, w, y, n, k);
-        if ((a & 7) == 0) return mat_vec_staged<B, I, 8>(smem, src, w, y, n, k);
-        if ((a & 3) == 0) return mat_vec_staged<B, I, 4>(smem, src, w, y, n, k);
+        if constexpr (GMAX >= 16) {
+            if ((a & 15) == 0) return mat_vec_staged<B, I, 16>(smem, src, w, y, n, k);
+        }
+        if constexpr (GMAX >= 8) {
+            if ((a & 7) == 0) return mat_vec_staged<B, I, 8>(smem, src, w, y, n, k);
+        }
+        if constexpr (GMAX >= 4) {
+            if ((a & 3) == 0) return mat_vec_staged<B, I, 4>(smem, src, w, y, n, k);
+        }
     }
 #endif
     if ((((size_t)w) & 15) == 0 && src.aligned())

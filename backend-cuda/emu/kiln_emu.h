@@ -104,6 +104,10 @@ inline unsigned kiln_emu_lane_index() {
     return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
 }
 
+// A barrier of the calling thread's warp (every lane of it must arrive; kiln's kernels call
+// it with the full mask only).
+inline void __syncwarp(unsigned = 0xffffffffu) { kiln_emu::wait_at(kiln_emu::AT_WARP); }
+
 inline float __shfl_xor_sync(unsigned, float v, int o) {
     auto* b = kiln_emu::current;
     const unsigned t = kiln_emu_lane_index(), w = t / 32, lane = t % 32;

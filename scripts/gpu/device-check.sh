@@ -163,14 +163,19 @@ vulkan() {
 }
 
 # Per-kernel time and DRAM traffic of decode steps: `kiln run` of a few tokens, the kernels
-# after the prefill's.
+# after the prefill's, once per kernel variant of KILN_GPU_NCU_VARIANTS (space-separated
+# KILN_CUDA_DEFINES values; "default" is the built-in one). ncu locks the clocks to base.
 ncu_decode() {
-    local ncu
+    local ncu v log
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    run ncu-decode-3b-q4_k 90 "$ncu" --clock-control none --launch-skip 1200 --launch-count 400 \
-        --csv --page raw --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread \
-        "$K" run -m $MODELS/llama-3b-q4_k.gguf --backend cuda --ignore-eos -n 8 --temp 0 "The quick brown fox"
-    python3 - "$LOGS/ncu-decode-3b-q4_k.log" <<'EOF' | tee -a "$SUMMARY"
+    for v in ${KILN_GPU_NCU_VARIANTS:-default}; do
+        log=ncu-decode-3b-q4_k-$v
+        say "== ncu, kernels $v"
+        if [ "$v" = default ]; then unset KILN_CUDA_DEFINES; else export KILN_CUDA_DEFINES=$v; fi
+        run "$log" 90 "$ncu" --launch-skip 1200 --launch-count 400 \
+            --csv --page raw --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,sm__warps_active.avg.pct_of_peak_sustained_active \
+            "$K" run -m $MODELS/llama-3b-q4_k.gguf --backend cuda --ignore-eos -n 8 --temp 0 "The quick brown fox"
+        python3 - "$LOGS/$log.log" <<'EOF2' | tee -a "$SUMMARY"
 import csv, sys, collections
 rows = [r for r in csv.reader(l for l in open(sys.argv[1], errors="replace") if l.startswith('"'))]
 if len(rows) < 3:
@@ -180,21 +185,26 @@ col = {n: h.index(n) for n in h}
 def num(r, n):
     try: return float(r[col[n]].replace(",", ""))
     except (KeyError, ValueError): return 0.0
-agg = collections.defaultdict(lambda: [0, 0.0, 0.0])
+agg = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0])
 for r in data:
-    a = agg[r[col["Kernel Name"]][:60]]
+    a = agg[r[col["Kernel Name"]][:40]]
     a[0] += 1; a[1] += num(r, "gpu__time_duration.sum"); a[2] += num(r, "dram__bytes_read.sum")
+    a[3] = num(r, "launch__registers_per_thread"); a[4] += num(r, "sm__warps_active.avg.pct_of_peak_sustained_active")
 tot = sum(a[1] for a in agg.values())
 print(f"ncu: {len(data)} kernels, total time {tot:.0f} (units: {rows[1][col['gpu__time_duration.sum']]}, read {rows[1][col['dram__bytes_read.sum']]})")
-for k, (n, t, b) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:12]:
-    print(f"  {k:60s} n={n:4d} time={t:12.0f} read={b:14.0f}")
-EOF
+for k, (n, t, b, regs, occ) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:10]:
+    gbs = b / t if t else 0.0
+    print(f"  {k:40s} n={n:4d} time={t:10.0f} read={b:12.0f} GB/s={gbs:7.1f} regs={regs:.0f} warps%={occ / n:5.1f}")
+EOF2
+    done
+    unset KILN_CUDA_DEFINES
 }
 
 sanitize() {
     local tool=$1
+    # KILN_GPU_SAN_FILTER: only the validate cases whose op or label holds it.
     run "sanitizer-$tool" 150 compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 50 \
-        "$K" validate --backend cuda -q
+        "$K" validate --backend cuda -q ${KILN_GPU_SAN_FILTER:+--filter "$KILN_GPU_SAN_FILTER"}
     grep -E "ERROR SUMMARY|passed|Error|Invalid" "$LOGS/sanitizer-$tool.log" | head -12 | tee -a "$SUMMARY"
 }
 
@@ -232,12 +242,14 @@ for s in $steps; do
             wait_models
             local_a=${KILN_GPU_A:-MV_STAGED=0}
             local_b=${KILN_GPU_B:-MV_STAGED=1}
-            for m in ${KILN_GPU_AB_MODELS:-"1b-q4_k 3b-q4_k 8b-q4_k 1b-bf16"}; do
+            ab_models=${KILN_GPU_AB_MODELS:-1b-q4_k 3b-q4_k 8b-q4_k 1b-bf16}
+            for m in $ab_models; do
                 for round in 1 2 3; do
                     for v in "$local_a" "$local_b"; do
                         export KILN_CUDA_DEFINES=$v
                         run "ab-$m-$v-$round" 60 "$K" bench -m $MODELS/llama-$m.gguf --backend cuda -p 512 -n 128 -r 1
-                        echo "$m $v round $round: $(grep -E "pp512|tg128" "$LOGS/ab-$m-$v-$round.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$SUMMARY"
+                        f="$LOGS/ab-$m-$v-$round.log"
+                        echo "$m $v r$round: $(awk -F'|' '/pp512|tg128/ {t=$6; sub(/ ±.*/, "", t); printf "%s%s ", $5, t}' "$f")$(grep -o 'ran at [0-9]*%' "$f") $(grep -o '[0-9]* kernel launches.*took' "$f" | sed 's/kernel launches a generated token, enqueued in/launches,/')" | tee -a "$SUMMARY"
                     done
                 done
             done
@@ -247,7 +259,8 @@ for s in $steps; do
         variants)
             # The decode mat-vec's tuning knobs (formats.cuh), each validated and timed.
             wait_models
-            for v in ${KILN_GPU_VARIANTS:-"MV_DEPTH=2,MV_X_EARLY=1 MV_DEPTH=3,MV_X_EARLY=1 MV_DEPTH=2,MV_X_EARLY=0 MV_DEPTH=3,MV_X_EARLY=0 MV_DEPTH=4,MV_X_EARLY=0"}; do
+            variants=${KILN_GPU_VARIANTS:-MV_DEPTH=2,MV_X_EARLY=1 MV_DEPTH=3,MV_X_EARLY=1 MV_DEPTH=2,MV_X_EARLY=0 MV_DEPTH=3,MV_X_EARLY=0 MV_DEPTH=4,MV_X_EARLY=0}
+            for v in $variants; do
                 export KILN_CUDA_DEFINES=$v
                 tag=$(echo "$v" | tr -d 'MV_DEPTHXRLY=' | tr ',' '-')
                 say "== variant $v"

@@ -70,9 +70,9 @@ fn matmul(c: &mut Vec<Case>) -> Result<()> {
         "f32 x q8_0 decode m=1 k=2336 n=13",
         vec![n(F32, &[1, 2336]), n(Q8_0, &[13, 2336])],
     )?);
-    // Rows of several stages of CUDA's staged decode kernel (4096 values a stage for Q4_K, Q6_K
-    // and Q8_0, 2048 for the others, 1024 for f32), more stages than it keeps in flight and a
-    // partial last one, in each copy unit its rows' bytes allow (16, 8 or 4 bytes).
+    // Rows of many chunks of CUDA's staged decode kernel (a warp's chunk: 1024 values of Q4_K,
+    // Q6_K and Q8_0, 256 of the other 32- and 64-value formats and floats), more chunks a warp
+    // than its ring holds and a partial last one, in each copy unit the rows' bytes allow.
     for (w, k, m) in [
         (Q4_K, 12544, 1),
         (Q4_K, 4608, 2),
@@ -559,7 +559,7 @@ fn fused(c: &mut Vec<Case>) -> Result<()> {
             )?);
         }
     }
-    // Both fusions over rows of several stages of CUDA's staged decode kernel.
+    // Both fusions over rows of many chunks of CUDA's staged decode kernel.
     c.push(Case::new(
         Op::RmsNormMatMul {
             eps: 1e-6,
