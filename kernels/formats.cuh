@@ -411,6 +411,11 @@ __device__ __forceinline__ const u8* weight_row(const void* w, size_t r, u32 k) 
 #define MV_X_EARLY 1
 #endif
 static_assert(MV_DEPTH >= 1 && MV_DEPTH <= 8, "MV_DEPTH: 1 to 8 chunks");
+// The blocks an SM must be able to hold at once (__launch_bounds__ of every mat-vec entry
+// point): 8 caps a thread at 64 registers, so 32 warps an SM fit.
+#ifndef MV_MIN_BLOCKS
+#define MV_MIN_BLOCKS 1
+#endif
 
 template <typename B, u32 A, typename Src>
 __device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, float* y, u32 n, u32 k) {

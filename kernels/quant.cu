@@ -56,7 +56,8 @@ __device__ __forceinline__ void get_rows_blocks(const u8* table, const int* ids,
 // ---- entry points, per format ----
 
 // @hot
-extern "C" __global__ void mat_vec_q4_1(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+mat_vec_q4_1(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q4_1>(x, w, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q4_1(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
@@ -64,7 +65,8 @@ extern "C" __global__ void get_rows_q4_1(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void mat_vec_q5_0(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+mat_vec_q5_0(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q5_0>(x, w, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q5_0(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
@@ -72,7 +74,8 @@ extern "C" __global__ void get_rows_q5_0(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void mat_vec_q5_1(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+mat_vec_q5_1(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q5_1>(x, w, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q5_1(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
@@ -80,7 +83,8 @@ extern "C" __global__ void get_rows_q5_1(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void mat_vec_q2_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+mat_vec_q2_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q2_K>(x, w, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q2_k(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
@@ -88,7 +92,8 @@ extern "C" __global__ void get_rows_q2_k(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void mat_vec_q3_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+mat_vec_q3_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q3_K>(x, w, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q3_k(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
@@ -96,7 +101,8 @@ extern "C" __global__ void get_rows_q3_k(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void mat_vec_q4_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+mat_vec_q4_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q4_K>(x, w, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q4_k(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
@@ -104,7 +110,8 @@ extern "C" __global__ void get_rows_q4_k(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void mat_vec_q5_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+mat_vec_q5_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q5_K>(x, w, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q5_k(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
@@ -112,7 +119,8 @@ extern "C" __global__ void get_rows_q5_k(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void mat_vec_q6_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+mat_vec_q6_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q6_K>(x, w, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q6_k(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
@@ -120,7 +128,8 @@ extern "C" __global__ void get_rows_q6_k(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void mat_vec_q8_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+mat_vec_q8_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q8_K>(x, w, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q8_k(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
@@ -128,7 +137,8 @@ extern "C" __global__ void get_rows_q8_k(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void mat_vec_mxfp4(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+mat_vec_mxfp4(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<MXFP4>(x, w, y, m, n, k);
 }
 extern "C" __global__ void get_rows_mxfp4(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
@@ -136,7 +146,8 @@ extern "C" __global__ void get_rows_mxfp4(const u8* t, const int* ids, float* ou
 }
 
 // @hot
-extern "C" __global__ void mat_vec_nvfp4(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+mat_vec_nvfp4(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<NVFP4>(x, w, y, m, n, k);
 }
 extern "C" __global__ void get_rows_nvfp4(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {

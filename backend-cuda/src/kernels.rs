@@ -55,6 +55,7 @@ const TUNING_KNOBS: &[(&str, i64, i64)] = &[
     ("MV_X_EARLY", 0, 1),
     ("MV_STAGED", 0, 1),
     ("MV_STAGES", 2, 4),
+    ("MV_MIN_BLOCKS", 1, 16),
 ];
 
 /// `KILN_CUDA_DEFINES=NAME=VALUE,...` as `#define` lines: the kernels' tuning knobs (e.g.

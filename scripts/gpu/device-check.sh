@@ -243,9 +243,11 @@ for s in $steps; do
             local_a=${KILN_GPU_A:-MV_STAGED=0}
             local_b=${KILN_GPU_B:-MV_STAGED=1}
             ab_models=${KILN_GPU_AB_MODELS:-1b-q4_k 3b-q4_k 8b-q4_k 1b-bf16}
+            # KILN_GPU_AB_VARIANTS: more than two variants, space-separated.
+            ab_variants=${KILN_GPU_AB_VARIANTS:-$local_a $local_b}
             for m in $ab_models; do
                 for round in 1 2 3; do
-                    for v in "$local_a" "$local_b"; do
+                    for v in $ab_variants; do
                         export KILN_CUDA_DEFINES=$v
                         run "ab-$m-$v-$round" 60 "$K" bench -m $MODELS/llama-$m.gguf --backend cuda -p 512 -n 128 -r 1
                         f="$LOGS/ab-$m-$v-$round.log"
