@@ -36,10 +36,16 @@ fn compiler() -> String {
 
 /// Compiles every kernel file for the CPU into one shared library (cached by content).
 pub fn build() -> std::result::Result<PathBuf, String> {
+    build_with(None)
+}
+
+/// `build` with the tuning knobs of `spec` (as `KILN_CUDA_DEFINES` takes them) instead of
+/// the environment's, where given.
+pub fn build_with(spec: Option<&str>) -> std::result::Result<PathBuf, String> {
     let sigs = kernels::signatures()?;
     let mut units = Vec::new();
     for (file, _) in kernels::FILES {
-        let src = kernels::source(file).ok_or(format!("no file {file}"))?;
+        let src = kernels::source_with(file, spec).ok_or(format!("no file {file}"))?;
         // The CUDA headers are replaced by the emulation header.
         let mut text: String = src
             .lines()
@@ -152,7 +158,12 @@ pub struct EmuBackend {
 
 impl EmuBackend {
     pub fn open() -> std::result::Result<Arc<EmuBackend>, String> {
-        let path = build()?;
+        Self::open_with(None)
+    }
+
+    /// The kernels built with the tuning knobs of `spec` (see [`build_with`]).
+    pub fn open_with(spec: Option<&str>) -> std::result::Result<Arc<EmuBackend>, String> {
+        let path = build_with(spec)?;
         // SAFETY: the library is the kernels compiled above; loading it runs no initialisers
         // beyond the C++ runtime's.
         let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| e.to_string())?;
@@ -322,7 +333,18 @@ mod tests {
     /// The whole conformance suite on the CUDA kernels, emulated, against the CPU reference.
     #[test]
     fn the_cuda_kernels_pass_the_conformance_suite_on_the_cpu() {
-        let emu = match EmuBackend::open() {
+        conformance(None);
+    }
+
+    /// The same with the decode mat-vec staged through shared memory (the MV_STAGED knob,
+    /// off by default), so the kernels a tuning run may pick are checked too.
+    #[test]
+    fn the_staged_mat_vec_passes_the_conformance_suite_on_the_cpu() {
+        conformance(Some("MV_STAGED=1"));
+    }
+
+    fn conformance(spec: Option<&str>) {
+        let emu = match EmuBackend::open_with(spec) {
             Ok(b) => b,
             Err(e) => {
                 assert!(!required(), "KILN_REQUIRE_CUDA_EMU is set: {e}");
@@ -339,7 +361,8 @@ mod tests {
             }
         }
         println!(
-            "cuda kernels (emulated): {pass} passed, {fail} failed, {unsupported} not supported"
+            "cuda kernels (emulated{}): {pass} passed, {fail} failed, {unsupported} not supported",
+            spec.map(|s| format!(", {s}")).unwrap_or_default()
         );
         let mut left: Vec<String> = results
             .iter()

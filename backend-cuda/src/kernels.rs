@@ -38,7 +38,13 @@ pub const ARCHS: &[&str] = &["sm_90a", "sm_100a", "sm_120a"];
 
 /// A file's full source as NVRTC sees it, after the tuning defines of `KILN_CUDA_DEFINES`.
 pub fn source(file: &str) -> Option<String> {
-    let defines = tuning_defines();
+    source_with(file, None)
+}
+
+/// `source` with the knobs of `spec` (`NAME=VALUE,...`, as `KILN_CUDA_DEFINES` takes them)
+/// instead of the environment's, where given.
+pub fn source_with(file: &str, spec: Option<&str>) -> Option<String> {
+    let defines = spec.map(defines_from).unwrap_or_else(tuning_defines);
     FILES
         .iter()
         .find(|(n, _)| *n == file)

@@ -223,6 +223,38 @@ mod compile_check {
         }
     }
 
+    /// The staged decode mat-vec (the MV_STAGED knob, off by default) compiles too, with no
+    /// local memory, for Hopper: the plain mat-vec of every weight format (fused.cu adds only
+    /// its two sources, which the emulated conformance suite runs).
+    #[test]
+    fn nvrtc_compiles_the_staged_mat_vec() {
+        let tc = match Toolchain::find() {
+            Ok(t) => t,
+            Err(e) => {
+                assert!(!required(), "KILN_REQUIRE_NVRTC is set: {e}");
+                println!("skipping the NVRTC compile check: {e}");
+                return;
+            }
+        };
+        let nvrtc = Nvrtc::load(&tc.nvrtc).expect("NVRTC loads");
+        for file in ["mat_vec.cu", "quant.cu"] {
+            let full = super::kernels::source_with(file, Some("MV_STAGED=1")).expect("listed");
+            assert!(full.contains("#define MV_STAGED 1"), "the knob reaches the source");
+            let c = nvrtc
+                .compile(&tc, file, &full, "sm_90a")
+                .unwrap_or_else(|e| panic!("{file}: {e}"));
+            for u in ptxas_usage(&c.log) {
+                assert!(
+                    u.2 == 0 && u.3 == 0 && u.4 == 0,
+                    "{file}: {} uses local memory with MV_STAGED=1 ({} registers, {} bytes of stack)",
+                    u.0,
+                    u.1,
+                    u.4
+                );
+            }
+        }
+    }
+
     #[test]
     fn nvrtc_compiles_every_kernel_for_every_architecture() {
         let tc = match Toolchain::find() {
