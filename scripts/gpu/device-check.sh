@@ -205,7 +205,7 @@ sanitize() {
     # KILN_GPU_SAN_FILTER: only the validate cases whose op or label holds it.
     run "sanitizer-$tool" 150 compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 50 \
         "$K" validate --backend cuda -q ${KILN_GPU_SAN_FILTER:+--filter "$KILN_GPU_SAN_FILTER"}
-    grep -E "ERROR SUMMARY|passed|Error|Invalid" "$LOGS/sanitizer-$tool.log" | head -12 | tee -a "$SUMMARY"
+    grep -E "SUMMARY|passed|Error|Invalid" "$LOGS/sanitizer-$tool.log" | head -12 | tee -a "$SUMMARY"
 }
 
 steps=${*:-"setup models validate_cuda greedy_big ab ncu_decode greedy_tiny_cuda sanitize_memcheck"}
