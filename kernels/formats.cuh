@@ -509,7 +509,8 @@ __device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, f
 //   codes turned into floats by byte_as_float (no conversion instructions), each scale group
 //   summed as Σ x·q and scaled once.
 // Off by default: on an H100 (2026-11-27) the register-ring kernel above decoded the 3 B and
-// 1 B BF16 checkpoints 10 % faster and the 8 B Q4_K one 3 % faster (README, GPU).
+// 1 B BF16 checkpoints 10 % faster and the 8 B Q4_K one 3 % faster (README, GPU). 2: Q4_K
+// through the lane-per-row kernel below, the other formats as with 1.
 #ifndef MV_STAGED
 #define MV_STAGED 0
 #endif
@@ -754,16 +755,173 @@ __device__ __forceinline__ void mat_vec_staged(uint4* smem, const Src& src, cons
     }
 }
 
+// ---- the lane-per-row Q4_K mat-vec (MV_STAGED=2) ------------------------------------------
+// Built for occupancy (few registers, so 32+ warps an SM) and for several chunks in flight a
+// warp even at k = 4096. Each warp runs its own pipeline over chunks of MV3_CH values (warp w
+// takes chunks w, w + 4, ..) of the block's 4 rows, the weight bytes staged by cp.async into a
+// ring of MV_STAGES slots. For each chunk the warp first makes its source values once into
+// shared memory (and the sum of each 16, for the mins), then lane l takes row l % 4 and
+// the 16 bytes of nibbles 16s .. 16s + 16 of every block of the chunk (s = l / 4): 32 values,
+// the low nibbles group 2(s / 2), the high ones the next. Lanes of one s read the same source
+// values (a broadcast), and the 4 rows' headers and nibbles fall in distinct banks. The lanes
+// of a row meet by shuffles, the warps in shared memory as in mat_vec_rows_at.
+#define MV3_CH 512
+template <typename B>
+struct MvIsQ4K {
+    static constexpr bool V = false;
+};
+template <>
+struct MvIsQ4K<Q4_K> {
+    static constexpr bool V = true;
+};
+struct Mv3 {
+    static constexpr u32 CB = MV3_CH / 256 * 144;  // a row's bytes in a chunk
+    static constexpr u32 XOFF = MV_STAGES * MV_ROWS * CB, GOFF = XOFF + 4 * MV3_CH;
+    static constexpr u32 WARP_BYTES = (GOFF + 4 * (MV3_CH / 16) + 15) / 16 * 16;
+    static constexpr u32 WORDS = MV_WARPS * WARP_BYTES / 16;
+    static_assert(CB % 16 == 0 && XOFF % 16 == 0, "16-byte slots");
+};
+
+// G: the weight's copy unit (16: cp.async; 1: plain byte copies, for a weight view that is not
+// 16-byte aligned); A: the source's load width (as in mat_vec_rows_at).
+template <u32 G, u32 A, typename Src>
+__device__ __forceinline__ void mat_vec_q4k_lanes(uint4* smem, const Src& src, const void* w, float* y, u32 n,
+                                                  u32 k) {
+    constexpr u32 CH = MV3_CH, CB = Mv3::CB;
+    __shared__ float part[MV_WARPS][MV_ROWS + 1];
+    const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const u32 col0 = blockIdx.x * MV_ROWS, row = blockIdx.y;
+    const u32 rows = min((u32)MV_ROWS, n - col0);
+    const size_t rb = (size_t)(k / 256) * 144;
+    const u8* wr[MV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) wr[r] = (const u8*)w + (size_t)(col0 + min((u32)r, rows - 1)) * rb;
+    u8* mine = (u8*)smem + (size_t)warp * Mv3::WARP_BYTES;
+    float* xs = (float*)(mine + Mv3::XOFF);
+    float* gs = (float*)(mine + Mv3::GOFF);
+    const u32 nch = (k + CH - 1) / CH, count = nch > warp ? (nch - warp + MV_WARPS - 1) / MV_WARPS : 0;
+    auto issue = [&](u32 j) {
+        const u32 v0 = (warp + MV_WARPS * j) * CH, units = min(CH, k - v0) / 256 * 144 / G;
+        const size_t off = (size_t)(v0 / 256) * 144;
+        u8* slot = mine + (j % MV_STAGES) * MV_ROWS * CB;
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; r++) {
+            for (u32 u = lane; u < units; u += WARP) {
+                if constexpr (G >= 4) cp_async<G>(slot + r * CB + G * u, wr[r] + off + G * u);
+                else slot[r * CB + u] = wr[r][off + u];
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (u32 j = 0; j + 1 < MV_STAGES; j++) {
+        if (j < count) issue(j);
+        else cp_async_commit();
+    }
+    const u32 r = lane % 4, sub = lane / 4, c = sub / 2;
+    // Scale and min bytes of groups 2c and 2c + 1: shifts into the header's words.
+    const u32 sh0 = 8 * ((2 * c) & 3), sh1 = 8 * ((2 * c + 1) & 3);
+    float acc = 0.0f, ss = 0.0f;
+    for (u32 j = 0; j < count; j++) {
+        if (j + MV_STAGES - 1 < count) issue(j + MV_STAGES - 1);
+        else cp_async_commit();
+        const u32 v0 = (warp + MV_WARPS * j) * CH, nv = min(CH, k - v0);
+        // The chunk's source values, made once, while its weights are in flight.
+        for (u32 e = 8 * lane; e < nv; e += 8 * WARP) {
+            typename Src::Raw xr;
+            src.template fetch<A>(row, v0 + e, xr);
+            src.make(xr, xs + e, ss);
+        }
+        __syncwarp();
+        // Sums of each 16 (a lane's share of a group, for its mins).
+        for (u32 g = lane; g < nv / 16; g += WARP) {
+            const float4* p = (const float4*)(xs + 16 * g);
+            float t = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float4 v = p[i];
+                t += v.x + v.y + v.z + v.w;
+            }
+            gs[g] = t;
+        }
+        cp_async_wait<MV_STAGES - 1>();
+        __syncwarp();
+        const u8* slot = mine + (j % MV_STAGES) * MV_ROWS * CB + r * CB;
+        for (u32 b = 0; b < nv / 256; b++) {
+            const u8* blk = slot + 144 * b;
+            const uint4 h = *(const uint4*)blk;
+            const uint4 q = *(const uint4*)(blk + 16 + 16 * sub);
+            const u32 a0 = (h.y >> sh0) & 0xFF, b0 = (h.z >> sh0) & 0xFF, e0 = (h.w >> sh0) & 0xFF;
+            const u32 a1 = (h.y >> sh1) & 0xFF, b1 = (h.z >> sh1) & 0xFF, e1 = (h.w >> sh1) & 0xFF;
+            const bool low = c < 2;
+            const float sc0 = (float)(low ? (a0 & 63) : ((e0 & 0xF) | ((a0 >> 6) << 4)));
+            const float m0 = (float)(low ? (b0 & 63) : ((e0 >> 4) | ((b0 >> 6) << 4)));
+            const float sc1 = (float)(low ? (a1 & 63) : ((e1 & 0xF) | ((a1 >> 6) << 4)));
+            const float m1 = (float)(low ? (b1 & 63) : ((e1 >> 4) | ((b1 >> 6) << 4)));
+            const float* xl = xs + 256 * b + 64 * c + 16 * (sub % 2);
+            const u32 wq[4] = {q.x, q.y, q.z, q.w};
+            float alo = 0.0f, ahi = 0.0f;
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const float4 xa = *(const float4*)(xl + 4 * t), xb = *(const float4*)(xl + 32 + 4 * t);
+                const u32 lo = wq[t] & 0x0F0F0F0Fu, hi = (wq[t] >> 4) & 0x0F0F0F0Fu;
+                alo += xa.x * byte_as_float(lo, 0) + xa.y * byte_as_float(lo, 1);
+                alo += xa.z * byte_as_float(lo, 2) + xa.w * byte_as_float(lo, 3);
+                ahi += xb.x * byte_as_float(hi, 0) + xb.y * byte_as_float(hi, 1);
+                ahi += xb.z * byte_as_float(hi, 2) + xb.w * byte_as_float(hi, 3);
+            }
+            const float d = f16_bits(h.x & 0xFFFF), dmin = f16_bits(h.x >> 16);
+            const u32 hs = 16 * b + 4 * c + sub % 2;
+            acc += d * (sc0 * alo + sc1 * ahi) - dmin * (m0 * gs[hs] + m1 * gs[hs + 2]);
+        }
+        // Every lane is done with the slot and the source values before they are refilled.
+        __syncwarp();
+    }
+    // The 8 lanes of each row, then the warps.
+#pragma unroll
+    for (int o = WARP / 2; o >= 4; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (Src::SQUARES) ss = warp_sum(ss);
+    if (lane < MV_ROWS) part[warp][lane] = acc;
+    if (lane == 0) part[warp][MV_ROWS] = ss;
+    __syncthreads();
+    if (threadIdx.x < rows) {
+        float t = 0.0f, qq = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MV_WARPS; i++) {
+            t += part[i][threadIdx.x];
+            qq += part[i][MV_ROWS];
+        }
+        y[(size_t)row * n + col0 + threadIdx.x] = src.finish(t, qq, k);
+    }
+}
+
 // With MV_STAGED and the source's rows 16-byte aligned, the staged kernel in the widest copy
 // unit that divides the weight's address, its rows' bytes and its chunks' bytes; else the register-ring kernel,
 // with wide loads where the weight is 16-byte aligned, byte-wise ones otherwise. Uniform over
 // the grid.
 template <typename B, typename Src>
 __device__ __forceinline__ void mat_vec_rows(const Src& src, const void* w, float* y, u32 n, u32 k) {
+#if MV_STAGED == 2
+    // Q4_K takes the lane-per-row kernel whatever the alignments (so no other kernel's
+    // registers count against it).
+    if constexpr (MvIsQ4K<B>::V) {
+        __shared__ uint4 smem3[Mv3::WORDS];
+        const bool wide = (((size_t)w) & 15) == 0;
+        if (src.aligned()) {
+            if (wide) mat_vec_q4k_lanes<16, 16>(smem3, src, w, y, n, k);
+            else mat_vec_q4k_lanes<1, 16>(smem3, src, w, y, n, k);
+        } else {
+            if (wide) mat_vec_q4k_lanes<16, 1>(smem3, src, w, y, n, k);
+            else mat_vec_q4k_lanes<1, 1>(smem3, src, w, y, n, k);
+        }
+        return;
+    }
+#endif
 #if MV_STAGED
-    if (src.aligned()) {
+    // (Q4_K under MV_STAGED=2 has returned above, or takes the ring: no second staging array.)
+    if (!(MV_STAGED == 2 && MvIsQ4K<B>::V) && src.aligned()) {
         typedef typename MvItemOf<B>::T I;
-        __shared__ uint4 smem[MvStage<B, I>::WORDS];
+        __shared__ uint4 smem[MV_STAGED == 2 && MvIsQ4K<B>::V ? 1 : MvStage<B, I>::WORDS];
         constexpr u32 GMAX = MvStage<B, I>::GMAX;
         const size_t a = (size_t)w | (size_t)(k / B::QK) * B::BYTES;
         if constexpr (GMAX >= 16) {

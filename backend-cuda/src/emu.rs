@@ -343,6 +343,12 @@ mod tests {
         conformance(Some("MV_STAGED=1"));
     }
 
+    /// And with Q4_K through the lane-per-row kernel (MV_STAGED=2).
+    #[test]
+    fn the_lane_per_row_q4k_mat_vec_passes_the_conformance_suite_on_the_cpu() {
+        conformance(Some("MV_STAGED=2"));
+    }
+
     fn conformance(spec: Option<&str>) {
         let emu = match EmuBackend::open_with(spec) {
             Ok(b) => b,

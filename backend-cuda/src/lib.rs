@@ -225,7 +225,8 @@ mod compile_check {
 
     /// The staged decode mat-vec (the MV_STAGED knob, off by default) compiles too, with no
     /// local memory, for Hopper: the plain mat-vec of every weight format (fused.cu adds only
-    /// its two sources, which the emulated conformance suite runs).
+    /// its two sources, which the emulated conformance suite runs), and Q4_K's lane-per-row
+    /// kernel (MV_STAGED=2).
     #[test]
     fn nvrtc_compiles_the_staged_mat_vec() {
         let tc = match Toolchain::find() {
@@ -237,16 +238,26 @@ mod compile_check {
             }
         };
         let nvrtc = Nvrtc::load(&tc.nvrtc).expect("NVRTC loads");
-        for file in ["mat_vec.cu", "quant.cu"] {
-            let full = super::kernels::source_with(file, Some("MV_STAGED=1")).expect("listed");
-            assert!(full.contains("#define MV_STAGED 1"), "the knob reaches the source");
+        for (spec, file) in [
+            ("MV_STAGED=1", "mat_vec.cu"),
+            ("MV_STAGED=1", "quant.cu"),
+            ("MV_STAGED=2", "quant.cu"),
+        ] {
+            let full = super::kernels::source_with(file, Some(spec)).expect("listed");
+            assert!(
+                full.contains(&format!("#define {}\n", spec.replace('=', " "))),
+                "the knob reaches the source"
+            );
             let c = nvrtc
                 .compile(&tc, file, &full, "sm_90a")
-                .unwrap_or_else(|e| panic!("{file}: {e}"));
+                .unwrap_or_else(|e| panic!("{file} {spec}: {e}"));
             for u in ptxas_usage(&c.log) {
+                if u.0 == "mat_vec_q4_k" {
+                    println!("  {spec} {}: {} registers", u.0, u.1);
+                }
                 assert!(
                     u.2 == 0 && u.3 == 0 && u.4 == 0,
-                    "{file}: {} uses local memory with MV_STAGED=1 ({} registers, {} bytes of stack)",
+                    "{file}: {} uses local memory with {spec} ({} registers, {} bytes of stack)",
                     u.0,
                     u.1,
                     u.4

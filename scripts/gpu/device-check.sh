@@ -168,7 +168,7 @@ vulkan() {
 ncu_decode() {
     local ncu v log
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    for v in ${KILN_GPU_NCU_VARIANTS:-default}; do
+    for v in ${KILN_GPU_NCU_VARIANTS:-default MV_STAGED=2,MV_MIN_BLOCKS=8}; do
         log=ncu-decode-3b-q4_k-$v
         say "== ncu, kernels $v"
         if [ "$v" = default ]; then unset KILN_CUDA_DEFINES; else export KILN_CUDA_DEFINES=$v; fi
@@ -241,7 +241,7 @@ for s in $steps; do
             # "before" and "after"; KILN_GPU_AB_MODELS: the checkpoints), tg128 and pp512.
             wait_models
             local_a=${KILN_GPU_A:-MV_STAGED=0}
-            local_b=${KILN_GPU_B:-MV_STAGED=1}
+            local_b=${KILN_GPU_B:-MV_STAGED=2,MV_MIN_BLOCKS=8}
             ab_models=${KILN_GPU_AB_MODELS:-1b-q4_k 3b-q4_k 8b-q4_k 1b-bf16}
             # KILN_GPU_AB_VARIANTS: more than two variants, space-separated.
             ab_variants=${KILN_GPU_AB_VARIANTS:-$local_a $local_b}
