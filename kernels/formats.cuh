@@ -509,8 +509,9 @@ __device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, f
 //   codes turned into floats by byte_as_float (no conversion instructions), each scale group
 //   summed as Σ x·q and scaled once.
 // Off by default: on an H100 (2026-11-27) the register-ring kernel above decoded the 3 B and
-// 1 B BF16 checkpoints 10 % faster and the 8 B Q4_K one 3 % faster (README, GPU). 2: Q4_K
-// through the lane-per-row kernel below, the other formats as with 1.
+// 1 B BF16 checkpoints 10 % faster and the 8 B Q4_K one 3 % faster (README, GPU). 2: Q4_K,
+// Q6_K, Q8_0 and the floats (rows of a multiple of 256 values) through the lane-per-row
+// kernel below, the rest through the ring.
 #ifndef MV_STAGED
 #define MV_STAGED 0
 #endif
@@ -755,17 +756,17 @@ __device__ __forceinline__ void mat_vec_staged(uint4* smem, const Src& src, cons
     }
 }
 
-// ---- the lane-per-row Q4_K mat-vec (MV_STAGED=2) ------------------------------------------
-// Built for occupancy (few registers, so 32+ warps an SM) and for several chunks in flight a
-// warp even at k = 4096. Each warp runs its own pipeline over chunks of MV3_CH values (warp w
-// takes chunks w, w + 4, ..) of the block's 4 rows, the weight bytes staged by cp.async into a
-// ring of MV_STAGES slots. For each chunk the warp first makes its source values once into
-// shared memory (and the sum of each 16, for the mins), then lane l takes row l % 4 and
-// the 16 bytes of nibbles 16s .. 16s + 16 of every block of the chunk (s = l / 4): 32 values,
-// the low nibbles group 2(s / 2), the high ones the next. Lanes of one s read the same source
-// values (a broadcast), and the 4 rows' headers and nibbles fall in distinct banks. The lanes
-// of a row meet by shuffles, the warps in shared memory as in mat_vec_rows_at.
-#define MV3_CH 512
+// ---- the lane-per-row decode mat-vec (MV_STAGED=2) ----------------------------------------
+// Built for occupancy (few registers: 64 with MV_MIN_BLOCKS=8, so 32 warps an SM) and for
+// several chunks in flight a warp even at k = 4096. Each warp runs its own pipeline over
+// chunks of P::CH values (warp w takes chunks w, w + 4, ..) of the block's 4 rows, the weight
+// bytes staged by cp.async into a ring of MV_STAGES slots. For each chunk the warp first makes
+// its source values once into shared memory (and the sum of each 16, for Q4_K's mins), then
+// lane l takes row l % 4 and piece l / 4 of every 256 values of the chunk: 32 values, decoded
+// by the format's piece (P::dot) from shared memory. Lanes of one piece read the same source
+// values (a broadcast). The lanes of a row meet by shuffles, the warps in shared memory as in
+// mat_vec_rows_at. Pieces: Q4_K, Q6_K, Q8_0, and the float formats.
+
 template <typename B>
 struct MvIsQ4K {
     static constexpr bool V = false;
@@ -774,56 +775,217 @@ template <>
 struct MvIsQ4K<Q4_K> {
     static constexpr bool V = true;
 };
-struct Mv3 {
-    static constexpr u32 CB = MV3_CH / 256 * 144;  // a row's bytes in a chunk
-    static constexpr u32 XOFF = MV_STAGES * MV_ROWS * CB, GOFF = XOFF + 4 * MV3_CH;
-    static constexpr u32 WARP_BYTES = (GOFF + 4 * (MV3_CH / 16) + 15) / 16 * 16;
-    static constexpr u32 WORDS = MV_WARPS * WARP_BYTES / 16;
-    static_assert(CB % 16 == 0 && XOFF % 16 == 0, "16-byte slots");
+
+// Q4_K: piece s is the 16 bytes of nibbles 16s .. 16s + 16 of the block: low nibbles are
+// elements 64c + 16h + i (c = s / 2, h = s % 2, group 2c), high nibbles the same 32 further.
+struct PieceQ4K {
+    static constexpr u32 SB = 144, CH = 512;
+    __device__ static float dot(const u8* blk, u32 sub, const float* xs, const float* gs) {
+        const u32 c = sub / 2;
+        const uint4 h = *(const uint4*)blk;
+        const uint4 q = *(const uint4*)(blk + 16 + 16 * sub);
+        const u32 sh0 = 8 * ((2 * c) & 3), sh1 = 8 * ((2 * c + 1) & 3);
+        const u32 a0 = (h.y >> sh0) & 0xFF, b0 = (h.z >> sh0) & 0xFF, e0 = (h.w >> sh0) & 0xFF;
+        const u32 a1 = (h.y >> sh1) & 0xFF, b1 = (h.z >> sh1) & 0xFF, e1 = (h.w >> sh1) & 0xFF;
+        const bool low = c < 2;
+        const float sc0 = (float)(low ? (a0 & 63) : ((e0 & 0xF) | ((a0 >> 6) << 4)));
+        const float m0 = (float)(low ? (b0 & 63) : ((e0 >> 4) | ((b0 >> 6) << 4)));
+        const float sc1 = (float)(low ? (a1 & 63) : ((e1 & 0xF) | ((a1 >> 6) << 4)));
+        const float m1 = (float)(low ? (b1 & 63) : ((e1 >> 4) | ((b1 >> 6) << 4)));
+        const float* xl = xs + 64 * c + 16 * (sub % 2);
+        const u32 wq[4] = {q.x, q.y, q.z, q.w};
+        float alo = 0.0f, ahi = 0.0f;
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const float4 xa = *(const float4*)(xl + 4 * t), xb = *(const float4*)(xl + 32 + 4 * t);
+            const u32 lo = wq[t] & 0x0F0F0F0Fu, hi = (wq[t] >> 4) & 0x0F0F0F0Fu;
+            alo += xa.x * byte_as_float(lo, 0) + xa.y * byte_as_float(lo, 1);
+            alo += xa.z * byte_as_float(lo, 2) + xa.w * byte_as_float(lo, 3);
+            ahi += xb.x * byte_as_float(hi, 0) + xb.y * byte_as_float(hi, 1);
+            ahi += xb.z * byte_as_float(hi, 2) + xb.w * byte_as_float(hi, 3);
+        }
+        // The sums of the 16 values each half takes (group 2c's and 2c + 1's).
+        const u32 hs = 4 * c + sub % 2;
+        const float d = f16_bits(h.x & 0xFFFF), dmin = f16_bits(h.x >> 16);
+        return d * (sc0 * alo + sc1 * ahi) - dmin * (m0 * gs[hs] + m1 * gs[hs + 2]);
+    }
 };
 
-// G: the weight's copy unit (16: cp.async; 1: plain byte copies, for a weight view that is not
-// 16-byte aligned); A: the source's load width (as in mat_vec_rows_at).
-template <u32 G, u32 A, typename Src>
-__device__ __forceinline__ void mat_vec_q4k_lanes(uint4* smem, const Src& src, const void* w, float* y, u32 n,
-                                                  u32 k) {
-    constexpr u32 CH = MV3_CH, CB = Mv3::CB;
+// Q6_K: piece s is half h = s / 4, indices l0 .. l0 + 8 (l0 = 8 (s % 4)) of all four quarters:
+// elements 128h + 32q + l0 + i. Blocks are 210 bytes, so only 2-byte reads are aligned.
+struct PieceQ6K {
+    static constexpr u32 SB = 210, CH = 512;
+    __device__ static float dot(const u8* blk, u32 sub, const float* xs, const float*) {
+        const u32 h = sub / 4, l0 = 8 * (sub % 4);
+        const uint2 qa = bytes8<2>(blk + 64 * h + l0), qb = bytes8<2>(blk + 64 * h + 32 + l0);
+        const uint2 qh = bytes8<2>(blk + 128 + 32 * h + l0);
+        const u8* sc = blk + 192 + 8 * h + l0 / 16;
+        const float* xh = xs + 128 * h + l0;
+        float t = 0.0f;
+#pragma unroll
+        for (int qq = 0; qq < 4; qq++) {
+            const uint2 ql = qq % 2 ? qb : qa;
+            const u32 ls = qq < 2 ? 0 : 4;
+            float aq = 0.0f;
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const u32 lw = half ? ql.y : ql.x, hw = half ? qh.y : qh.x;
+                const u32 code = ((lw >> ls) & 0x0F0F0F0Fu) | (((hw >> (2 * qq)) & 0x03030303u) << 4);
+                const float4 xv = *(const float4*)(xh + 32 * qq + 4 * half);
+                aq += xv.x * byte_as_float(code, 0, 8388640.0f) + xv.y * byte_as_float(code, 1, 8388640.0f);
+                aq += xv.z * byte_as_float(code, 2, 8388640.0f) + xv.w * byte_as_float(code, 3, 8388640.0f);
+            }
+            t += (float)(i8)sc[2 * qq] * aq;
+        }
+        return f16_at(blk + 208) * t;
+    }
+};
+
+// Q8_0: the 256 values are 8 blocks; piece s is block s (d, then 32 int8 at 2-byte alignment).
+struct PieceQ8_0 {
+    static constexpr u32 SB = 272, CH = 512;
+    __device__ static float dot(const u8* sb, u32 sub, const float* xs, const float*) {
+        const u8* blk = sb + 34 * sub;
+        const float* xb = xs + 32 * sub;
+        float t = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const u32 w = word_at<2>(blk + 2 + 4 * e) ^ 0x80808080u;
+            const float4 xv = *(const float4*)(xb + 4 * e);
+            t += xv.x * byte_as_float(w, 0, 8388736.0f) + xv.y * byte_as_float(w, 1, 8388736.0f);
+            t += xv.z * byte_as_float(w, 2, 8388736.0f) + xv.w * byte_as_float(w, 3, 8388736.0f);
+        }
+        return f16_at(blk) * t;
+    }
+};
+
+// Floats: piece s is values 32s .. 32s + 32 (16-byte reads: a row's 256 values are 16-byte
+// aligned in the slot).
+template <typename T, u32 SIZE>
+struct PieceFloat {
+    static constexpr u32 SB = 256 * SIZE, CH = 256;
+    __device__ static float dot(const u8* sb, u32 sub, const float* xs, const float*) {
+        const uint4* p = (const uint4*)(sb + 32 * SIZE * sub);
+        const float* xb = xs + 32 * sub;
+        float t = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 2 * (int)SIZE; i++) {
+            const uint4 v = p[i];
+            const u32 wv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                if constexpr (SIZE == 4) {
+                    t += xb[4 * i + j] * __uint_as_float(wv[j]);
+                } else {
+                    t += xb[8 * i + 2 * j] * f32_of_bits((const T*)nullptr, wv[j] & 0xFFFFu);
+                    t += xb[8 * i + 2 * j + 1] * f32_of_bits((const T*)nullptr, wv[j] >> 16);
+                }
+            }
+        }
+        return t;
+    }
+};
+
+// The bytes of a row of k values.
+template <typename B>
+__device__ __forceinline__ size_t rb_of(u32 k) {
+    return (size_t)(k / B::QK) * B::BYTES;
+}
+
+// The piece decoder of a weight format (HAS false: none; the format keeps the other kernels).
+template <typename B>
+struct MvPieceOf {
+    static constexpr bool HAS = false;
+    typedef PieceQ4K T;  // unused
+};
+template <>
+struct MvPieceOf<Q4_K> {
+    static constexpr bool HAS = true;
+    typedef PieceQ4K T;
+};
+template <>
+struct MvPieceOf<Q6_K> {
+    static constexpr bool HAS = true;
+    typedef PieceQ6K T;
+};
+template <>
+struct MvPieceOf<Q8_0> {
+    static constexpr bool HAS = true;
+    typedef PieceQ8_0 T;
+};
+template <>
+struct MvPieceOf<F32W> {
+    static constexpr bool HAS = true;
+    typedef PieceFloat<float, 4> T;
+};
+template <>
+struct MvPieceOf<F16W> {
+    static constexpr bool HAS = true;
+    typedef PieceFloat<__half, 2> T;
+};
+template <>
+struct MvPieceOf<BF16W> {
+    static constexpr bool HAS = true;
+    typedef PieceFloat<__nv_bfloat16, 2> T;
+};
+
+// A warp's shared memory: SLOTS slots of the 4 rows' chunk bytes, the chunk's source values,
+// their sums of 16.
+template <typename P>
+struct Mv3 {
+    static constexpr u32 CB = P::CH / 256 * P::SB;  // a row's bytes in a chunk
+    static constexpr u32 ROW = (CB + 15) / 16 * 16;
+    static constexpr u32 GMAX = CB % 16 == 0 ? 16 : (CB % 8 == 0 ? 8 : 4);
+    // At most MV_STAGES slots, fewer where the block would pass 44 KiB (f32), at least 2.
+    static constexpr u32 FIT = (45056 / MV_WARPS - 4 * P::CH - 4 * (P::CH / 16) - 16) / (MV_ROWS * ROW);
+    static constexpr u32 SLOTS = FIT < 2 ? 2 : (FIT < MV_STAGES ? FIT : MV_STAGES);
+    static constexpr u32 XOFF = SLOTS * MV_ROWS * ROW, GOFF = XOFF + 4 * P::CH;
+    static constexpr u32 WARP_BYTES = (GOFF + 4 * (P::CH / 16) + 15) / 16 * 16;
+    static constexpr u32 WORDS = MV_WARPS * WARP_BYTES / 16;
+    static_assert(CB % 4 == 0, "a chunk is whole 4-byte units");
+    static_assert(MV_WARPS * WARP_BYTES <= 45056, "at most 44 KiB a block");
+};
+
+// G: the weight's copy unit (16, 8 or 4: cp.async; 1: plain byte copies, for a weight view
+// whose alignment allows no more); A: the source's load width (as in mat_vec_rows_at).
+template <typename B, typename P, u32 G, u32 A, typename Src>
+__device__ __forceinline__ void mat_vec_lanes(uint4* smem, const Src& src, const void* w, float* y, u32 n, u32 k) {
+    typedef Mv3<P> M;
+    constexpr u32 CH = P::CH, ROW = M::ROW;
     __shared__ float part[MV_WARPS][MV_ROWS + 1];
     const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const u32 col0 = blockIdx.x * MV_ROWS, row = blockIdx.y;
     const u32 rows = min((u32)MV_ROWS, n - col0);
-    const size_t rb = (size_t)(k / 256) * 144;
+    const size_t rb = (size_t)(k / B::QK) * B::BYTES;
     const u8* wr[MV_ROWS];
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r++) wr[r] = (const u8*)w + (size_t)(col0 + min((u32)r, rows - 1)) * rb;
-    u8* mine = (u8*)smem + (size_t)warp * Mv3::WARP_BYTES;
-    float* xs = (float*)(mine + Mv3::XOFF);
-    float* gs = (float*)(mine + Mv3::GOFF);
+    u8* mine = (u8*)smem + (size_t)warp * M::WARP_BYTES;
+    float* xs = (float*)(mine + M::XOFF);
+    float* gs = (float*)(mine + M::GOFF);
     const u32 nch = (k + CH - 1) / CH, count = nch > warp ? (nch - warp + MV_WARPS - 1) / MV_WARPS : 0;
     auto issue = [&](u32 j) {
-        const u32 v0 = (warp + MV_WARPS * j) * CH, units = min(CH, k - v0) / 256 * 144 / G;
-        const size_t off = (size_t)(v0 / 256) * 144;
-        u8* slot = mine + (j % MV_STAGES) * MV_ROWS * CB;
+        const u32 v0 = (warp + MV_WARPS * j) * CH, bytes = min(CH, k - v0) / 256 * P::SB;
+        const size_t off = (size_t)(v0 / 256) * P::SB;
+        u8* slot = mine + (j % M::SLOTS) * MV_ROWS * ROW;
 #pragma unroll
         for (int r = 0; r < MV_ROWS; r++) {
-            for (u32 u = lane; u < units; u += WARP) {
-                if constexpr (G >= 4) cp_async<G>(slot + r * CB + G * u, wr[r] + off + G * u);
-                else slot[r * CB + u] = wr[r][off + u];
+            for (u32 u = lane; u < bytes / G; u += WARP) {
+                if constexpr (G >= 4) cp_async<G>(slot + r * ROW + G * u, wr[r] + off + G * u);
+                else slot[r * ROW + u] = wr[r][off + u];
             }
         }
         cp_async_commit();
     };
 #pragma unroll
-    for (u32 j = 0; j + 1 < MV_STAGES; j++) {
+    for (u32 j = 0; j + 1 < M::SLOTS; j++) {
         if (j < count) issue(j);
         else cp_async_commit();
     }
-    const u32 r = lane % 4, sub = lane / 4, c = sub / 2;
-    // Scale and min bytes of groups 2c and 2c + 1: shifts into the header's words.
-    const u32 sh0 = 8 * ((2 * c) & 3), sh1 = 8 * ((2 * c + 1) & 3);
+    const u32 r = lane % 4, sub = lane / 4;
     float acc = 0.0f, ss = 0.0f;
     for (u32 j = 0; j < count; j++) {
-        if (j + MV_STAGES - 1 < count) issue(j + MV_STAGES - 1);
+        if (j + M::SLOTS - 1 < count) issue(j + M::SLOTS - 1);
         else cp_async_commit();
         const u32 v0 = (warp + MV_WARPS * j) * CH, nv = min(CH, k - v0);
         // The chunk's source values, made once, while its weights are in flight.
@@ -833,47 +995,23 @@ __device__ __forceinline__ void mat_vec_q4k_lanes(uint4* smem, const Src& src, c
             src.make(xr, xs + e, ss);
         }
         __syncwarp();
-        // Sums of each 16 (a lane's share of a group, for its mins).
-        for (u32 g = lane; g < nv / 16; g += WARP) {
-            const float4* p = (const float4*)(xs + 16 * g);
-            float t = 0.0f;
+        // Sums of each 16 (a Q4_K lane's share of a group, for its mins).
+        if constexpr (MvIsQ4K<B>::V) {
+            for (u32 g = lane; g < nv / 16; g += WARP) {
+                const float4* p = (const float4*)(xs + 16 * g);
+                float t = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float4 v = p[i];
-                t += v.x + v.y + v.z + v.w;
+                for (int i = 0; i < 4; i++) {
+                    const float4 v = p[i];
+                    t += v.x + v.y + v.z + v.w;
+                }
+                gs[g] = t;
             }
-            gs[g] = t;
         }
-        cp_async_wait<MV_STAGES - 1>();
+        cp_async_wait<M::SLOTS - 1>();
         __syncwarp();
-        const u8* slot = mine + (j % MV_STAGES) * MV_ROWS * CB + r * CB;
-        for (u32 b = 0; b < nv / 256; b++) {
-            const u8* blk = slot + 144 * b;
-            const uint4 h = *(const uint4*)blk;
-            const uint4 q = *(const uint4*)(blk + 16 + 16 * sub);
-            const u32 a0 = (h.y >> sh0) & 0xFF, b0 = (h.z >> sh0) & 0xFF, e0 = (h.w >> sh0) & 0xFF;
-            const u32 a1 = (h.y >> sh1) & 0xFF, b1 = (h.z >> sh1) & 0xFF, e1 = (h.w >> sh1) & 0xFF;
-            const bool low = c < 2;
-            const float sc0 = (float)(low ? (a0 & 63) : ((e0 & 0xF) | ((a0 >> 6) << 4)));
-            const float m0 = (float)(low ? (b0 & 63) : ((e0 >> 4) | ((b0 >> 6) << 4)));
-            const float sc1 = (float)(low ? (a1 & 63) : ((e1 & 0xF) | ((a1 >> 6) << 4)));
-            const float m1 = (float)(low ? (b1 & 63) : ((e1 >> 4) | ((b1 >> 6) << 4)));
-            const float* xl = xs + 256 * b + 64 * c + 16 * (sub % 2);
-            const u32 wq[4] = {q.x, q.y, q.z, q.w};
-            float alo = 0.0f, ahi = 0.0f;
-#pragma unroll
-            for (int t = 0; t < 4; t++) {
-                const float4 xa = *(const float4*)(xl + 4 * t), xb = *(const float4*)(xl + 32 + 4 * t);
-                const u32 lo = wq[t] & 0x0F0F0F0Fu, hi = (wq[t] >> 4) & 0x0F0F0F0Fu;
-                alo += xa.x * byte_as_float(lo, 0) + xa.y * byte_as_float(lo, 1);
-                alo += xa.z * byte_as_float(lo, 2) + xa.w * byte_as_float(lo, 3);
-                ahi += xb.x * byte_as_float(hi, 0) + xb.y * byte_as_float(hi, 1);
-                ahi += xb.z * byte_as_float(hi, 2) + xb.w * byte_as_float(hi, 3);
-            }
-            const float d = f16_bits(h.x & 0xFFFF), dmin = f16_bits(h.x >> 16);
-            const u32 hs = 16 * b + 4 * c + sub % 2;
-            acc += d * (sc0 * alo + sc1 * ahi) - dmin * (m0 * gs[hs] + m1 * gs[hs + 2]);
-        }
+        const u8* slot = mine + (j % M::SLOTS) * MV_ROWS * ROW + r * ROW;
+        for (u32 b = 0; b < nv / 256; b++) acc += P::dot(slot + P::SB * b, sub, xs + 256 * b, gs + 16 * b);
         // Every lane is done with the slot and the source values before they are refilled.
         __syncwarp();
     }
@@ -895,33 +1033,38 @@ __device__ __forceinline__ void mat_vec_q4k_lanes(uint4* smem, const Src& src, c
     }
 }
 
-// With MV_STAGED and the source's rows 16-byte aligned, the staged kernel in the widest copy
+// With MV_STAGED=1 and the source's rows 16-byte aligned, the staged kernel in the widest copy
 // unit that divides the weight's address, its rows' bytes and its chunks' bytes; else the register-ring kernel,
 // with wide loads where the weight is 16-byte aligned, byte-wise ones otherwise. Uniform over
 // the grid.
 template <typename B, typename Src>
 __device__ __forceinline__ void mat_vec_rows(const Src& src, const void* w, float* y, u32 n, u32 k) {
 #if MV_STAGED == 2
-    // Q4_K takes the lane-per-row kernel whatever the alignments (so no other kernel's
-    // registers count against it).
-    if constexpr (MvIsQ4K<B>::V) {
-        __shared__ uint4 smem3[Mv3::WORDS];
-        const bool wide = (((size_t)w) & 15) == 0;
+    // The formats with a piece decoder take the lane-per-row kernel whatever the alignments (so
+    // no other kernel's registers count against it).
+    typedef typename MvPieceOf<B>::T P;
+    if constexpr (MvPieceOf<B>::HAS) {
+        // Rows of whole 256 values (always for the K-quants, so for them no other kernel is
+        // compiled in); others take the ring below.
+        if (B::QK % 256 == 0 || k % 256 == 0) {
+        __shared__ uint4 smem3[Mv3<P>::WORDS];
+        constexpr u32 GMAX = Mv3<P>::GMAX;
+        const size_t a = (size_t)w | rb_of<B>(k);
         if (src.aligned()) {
-            if (wide) mat_vec_q4k_lanes<16, 16>(smem3, src, w, y, n, k);
-            else mat_vec_q4k_lanes<1, 16>(smem3, src, w, y, n, k);
+            if ((a & (GMAX - 1)) == 0) mat_vec_lanes<B, P, GMAX, 16>(smem3, src, w, y, n, k);
+            else mat_vec_lanes<B, P, 1, 16>(smem3, src, w, y, n, k);
         } else {
-            if (wide) mat_vec_q4k_lanes<16, 1>(smem3, src, w, y, n, k);
-            else mat_vec_q4k_lanes<1, 1>(smem3, src, w, y, n, k);
+            if ((a & (GMAX - 1)) == 0) mat_vec_lanes<B, P, GMAX, 1>(smem3, src, w, y, n, k);
+            else mat_vec_lanes<B, P, 1, 1>(smem3, src, w, y, n, k);
         }
         return;
+        }
     }
 #endif
-#if MV_STAGED
-    // (Q4_K under MV_STAGED=2 has returned above, or takes the ring: no second staging array.)
-    if (!(MV_STAGED == 2 && MvIsQ4K<B>::V) && src.aligned()) {
+#if MV_STAGED == 1
+    if (src.aligned()) {
         typedef typename MvItemOf<B>::T I;
-        __shared__ uint4 smem[MV_STAGED == 2 && MvIsQ4K<B>::V ? 1 : MvStage<B, I>::WORDS];
+        __shared__ uint4 smem[MvStage<B, I>::WORDS];
         constexpr u32 GMAX = MvStage<B, I>::GMAX;
         const size_t a = (size_t)w | (size_t)(k / B::QK) * B::BYTES;
         if constexpr (GMAX >= 16) {

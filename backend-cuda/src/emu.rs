@@ -343,9 +343,9 @@ mod tests {
         conformance(Some("MV_STAGED=1"));
     }
 
-    /// And with Q4_K through the lane-per-row kernel (MV_STAGED=2).
+    /// And with the lane-per-row mat-vec (MV_STAGED=2: Q4_K, Q6_K, Q8_0 and the floats).
     #[test]
-    fn the_lane_per_row_q4k_mat_vec_passes_the_conformance_suite_on_the_cpu() {
+    fn the_lane_per_row_mat_vec_passes_the_conformance_suite_on_the_cpu() {
         conformance(Some("MV_STAGED=2"));
     }
 

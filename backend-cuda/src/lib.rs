@@ -225,8 +225,8 @@ mod compile_check {
 
     /// The staged decode mat-vec (the MV_STAGED knob, off by default) compiles too, with no
     /// local memory, for Hopper: the plain mat-vec of every weight format (fused.cu adds only
-    /// its two sources, which the emulated conformance suite runs), and Q4_K's lane-per-row
-    /// kernel (MV_STAGED=2).
+    /// its two sources, which the emulated conformance suite runs), and the lane-per-row
+    /// kernels (MV_STAGED=2).
     #[test]
     fn nvrtc_compiles_the_staged_mat_vec() {
         let tc = match Toolchain::find() {
@@ -241,6 +241,7 @@ mod compile_check {
         for (spec, file) in [
             ("MV_STAGED=1", "mat_vec.cu"),
             ("MV_STAGED=1", "quant.cu"),
+            ("MV_STAGED=2", "mat_vec.cu"),
             ("MV_STAGED=2", "quant.cu"),
         ] {
             let full = super::kernels::source_with(file, Some(spec)).expect("listed");
@@ -252,7 +253,7 @@ mod compile_check {
                 .compile(&tc, file, &full, "sm_90a")
                 .unwrap_or_else(|e| panic!("{file} {spec}: {e}"));
             for u in ptxas_usage(&c.log) {
-                if u.0 == "mat_vec_q4_k" {
+                if ["mat_vec_q4_k", "mat_vec_q6_k", "mat_vec_q8_0", "mat_vec_bf16"].contains(&u.0.as_str()) {
                     println!("  {spec} {}: {} registers", u.0, u.1);
                 }
                 assert!(
