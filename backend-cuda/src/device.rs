@@ -324,10 +324,16 @@ impl Gpu {
     /// op's kernels.
     pub fn run(&self, steps: &[Step], ins: &[&Tensor], outs: &[&Tensor]) -> Result<()> {
         let mut scratch: Vec<Tensor> = Vec::new();
+        // The operands' descriptions, for every launch's check (borrowed, not cloned).
+        let in_descs: Vec<&TensorDesc> = ins.iter().map(|t| t.desc()).collect();
+        let out_descs: Vec<&TensorDesc> = outs.iter().map(|t| t.desc()).collect();
         for step in steps {
             match step {
                 Step::Scratch(desc) => scratch.push(self.alloc(desc)?),
-                Step::Launch(l) => self.launch(l, ins, outs, &scratch)?,
+                Step::Launch(l) => {
+                    let descs = (&in_descs[..], &out_descs[..]);
+                    self.launch(l, ins, outs, &scratch, descs)?
+                }
                 Step::Copy { from, to } => {
                     let (src, dst) = (ins[*from], outs[*to]);
                     let n = src.nbytes().min(dst.nbytes());
@@ -351,15 +357,14 @@ impl Gpu {
         ins: &[&Tensor],
         outs: &[&Tensor],
         scratch: &[Tensor],
+        (in_descs, out_descs): (&[&TensorDesc], &[&TensorDesc]),
     ) -> Result<()> {
         let sig = self
             .sigs
             .get(l.kernel)
             .ok_or_else(|| err(format!("no kernel named {}", l.kernel)))?;
-        let in_descs: Vec<TensorDesc> = ins.iter().map(|t| t.desc().clone()).collect();
-        let out_descs: Vec<TensorDesc> = outs.iter().map(|t| t.desc().clone()).collect();
-        let scratch_descs: Vec<TensorDesc> = scratch.iter().map(|t| t.desc().clone()).collect();
-        check_launch(sig, l, &in_descs, &out_descs, &scratch_descs).map_err(err)?;
+        let scratch_descs: Vec<&TensorDesc> = scratch.iter().map(|t| t.desc()).collect();
+        check_launch(sig, l, in_descs, out_descs, &scratch_descs).map_err(err)?;
         let f = self
             .functions
             .get(l.kernel)

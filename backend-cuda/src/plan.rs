@@ -813,13 +813,18 @@ fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
 /// kind, each pointer's element type against its tensor's dtype, that outputs go to pointers
 /// the kernel may write and inputs to ones it may not, and CUDA's block limits. The launcher
 /// runs this before every launch; the tests run it on every conformance case.
-pub fn check_launch(
+pub fn check_launch<I, O, S>(
     sig: &crate::kernels::Signature,
     l: &Launch,
-    inputs: &[TensorDesc],
-    outputs: &[TensorDesc],
-    scratch: &[TensorDesc],
-) -> Result<(), String> {
+    inputs: &[I],
+    outputs: &[O],
+    scratch: &[S],
+) -> Result<(), String>
+where
+    I: std::borrow::Borrow<TensorDesc>,
+    O: std::borrow::Borrow<TensorDesc>,
+    S: std::borrow::Borrow<TensorDesc>,
+{
     use crate::kernels::{Elem, Param};
     let k = l.kernel;
     if sig.params.len() != l.args.len() {
@@ -844,14 +849,14 @@ pub fn check_launch(
     for (n, (p, a)) in sig.params.iter().zip(&l.args).enumerate() {
         let ok = match (*p, *a) {
             (Param::Ptr { elem, mutable }, Arg::In(i)) => {
-                !mutable && inputs.get(i).is_some_and(|t| elem_ok(elem, t.dtype))
+                !mutable && inputs.get(i).is_some_and(|t| elem_ok(elem, t.borrow().dtype))
             }
             (Param::Ptr { elem, mutable }, Arg::Out(o)) => {
-                mutable && outputs.get(o).is_some_and(|t| elem_ok(elem, t.dtype))
+                mutable && outputs.get(o).is_some_and(|t| elem_ok(elem, t.borrow().dtype))
             }
             // Scratch is written by one step and read by the next.
             (Param::Ptr { elem, .. }, Arg::Scratch(i)) => {
-                scratch.get(i).is_some_and(|t| elem_ok(elem, t.dtype))
+                scratch.get(i).is_some_and(|t| elem_ok(elem, t.borrow().dtype))
             }
             // A kernel taking an optional pointer checks it for null.
             (Param::Ptr { .. }, Arg::Null) => true,

@@ -102,20 +102,21 @@ fn a_wrong_launch_is_caught() {
         panic!("a launch")
     };
     let sig = &sigs[good.kernel];
-    assert!(check_launch(sig, good, &desc.inputs, &desc.outputs, &[]).is_ok());
+    let none: &[TensorDesc] = &[];
+    assert!(check_launch(sig, good, &desc.inputs, &desc.outputs, none).is_ok());
     // Output and input swapped: the kernel would write an input.
     let mut bad = good.clone();
     bad.args.swap(0, 2);
-    assert!(check_launch(sig, &bad, &desc.inputs, &desc.outputs, &[]).is_err());
+    assert!(check_launch(sig, &bad, &desc.inputs, &desc.outputs, none).is_err());
     // A missing argument.
     let mut bad = good.clone();
     bad.args.pop();
-    assert!(check_launch(sig, &bad, &desc.inputs, &desc.outputs, &[]).is_err());
+    assert!(check_launch(sig, &bad, &desc.inputs, &desc.outputs, none).is_err());
     // An f32 where the kernel takes a u32.
     let mut bad = good.clone();
     bad.args[3] = Arg::F32(64.0);
-    assert!(check_launch(sig, &bad, &desc.inputs, &desc.outputs, &[]).is_err());
+    assert!(check_launch(sig, &bad, &desc.inputs, &desc.outputs, none).is_err());
     // A pointer to f16 data where the kernel reads f32.
     let half = vec![TensorDesc::new(DType::F16, [2, 64]), desc.inputs[1].clone()];
-    assert!(check_launch(sig, good, &half, &desc.outputs, &[]).is_err());
+    assert!(check_launch(sig, good, &half, &desc.outputs, none).is_err());
 }
