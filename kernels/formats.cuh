@@ -411,10 +411,14 @@ __device__ __forceinline__ const u8* weight_row(const void* w, size_t r, u32 k) 
 #define MV_X_EARLY 1
 #endif
 static_assert(MV_DEPTH >= 1 && MV_DEPTH <= 8, "MV_DEPTH: 1 to 8 chunks");
-// The blocks an SM must be able to hold at once (__launch_bounds__ of every mat-vec entry
-// point): 8 caps a thread at 64 registers, so 32 warps an SM fit.
-#ifndef MV_MIN_BLOCKS
-#define MV_MIN_BLOCKS 1
+// __launch_bounds__ of every mat-vec entry point: the block size, and with MV_MIN_BLOCKS the
+// blocks an SM must be able to hold at once (8 caps a thread at 64 registers, so 32 warps an
+// SM fit). Unset by default: even a minimum of 1 changes ptxas's register choices (the ring's
+// Q4_K kernels went from 96-128 to 152-168 registers).
+#ifdef MV_MIN_BLOCKS
+#define MV_BOUNDS MV_WARPS* WARP, MV_MIN_BLOCKS
+#else
+#define MV_BOUNDS MV_WARPS* WARP
 #endif
 
 template <typename B, u32 A, typename Src>

@@ -2,31 +2,31 @@
 // formats.cuh's mat_vec_rows (4 outputs a block, the row split among its 4 warps).
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_f32(const float* x, const float* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_rows<F32W>(MvPlain{x, k}, w, y, n, k);
 }
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_f16(const float* x, const __half* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_rows<F16W>(MvPlain{x, k}, w, y, n, k);
 }
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_bf16(const float* x, const __nv_bfloat16* w, float* y, u32 m, u32 n,
                                         u32 k) {
     mat_vec_rows<BF16W>(MvPlain{x, k}, w, y, n, k);
 }
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_q8_0(const float* x, const block_q8_0* w, float* y, u32 m, u32 n,
                                         u32 k) {
     mat_vec_rows<Q8_0>(MvPlain{x, k}, w, y, n, k);
 }
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_q4_0(const float* x, const block_q4_0* w, float* y, u32 m, u32 n,
                                         u32 k) {
     mat_vec_rows<Q4_0>(MvPlain{x, k}, w, y, n, k);

@@ -56,7 +56,7 @@ __device__ __forceinline__ void get_rows_blocks(const u8* table, const int* ids,
 // ---- entry points, per format ----
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_q4_1(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q4_1>(x, w, y, m, n, k);
 }
@@ -65,7 +65,7 @@ extern "C" __global__ void get_rows_q4_1(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_q5_0(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q5_0>(x, w, y, m, n, k);
 }
@@ -74,7 +74,7 @@ extern "C" __global__ void get_rows_q5_0(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_q5_1(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q5_1>(x, w, y, m, n, k);
 }
@@ -83,7 +83,7 @@ extern "C" __global__ void get_rows_q5_1(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_q2_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q2_K>(x, w, y, m, n, k);
 }
@@ -92,7 +92,7 @@ extern "C" __global__ void get_rows_q2_k(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_q3_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q3_K>(x, w, y, m, n, k);
 }
@@ -101,7 +101,7 @@ extern "C" __global__ void get_rows_q3_k(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_q4_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q4_K>(x, w, y, m, n, k);
 }
@@ -110,7 +110,7 @@ extern "C" __global__ void get_rows_q4_k(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_q5_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q5_K>(x, w, y, m, n, k);
 }
@@ -119,7 +119,7 @@ extern "C" __global__ void get_rows_q5_k(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_q6_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q6_K>(x, w, y, m, n, k);
 }
@@ -128,7 +128,7 @@ extern "C" __global__ void get_rows_q6_k(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_q8_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q8_K>(x, w, y, m, n, k);
 }
@@ -137,7 +137,7 @@ extern "C" __global__ void get_rows_q8_k(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_mxfp4(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<MXFP4>(x, w, y, m, n, k);
 }
@@ -146,7 +146,7 @@ extern "C" __global__ void get_rows_mxfp4(const u8* t, const int* ids, float* ou
 }
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_nvfp4(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<NVFP4>(x, w, y, m, n, k);
 }
