@@ -1,4 +1,5 @@
-// Fusions into the decode matmul (formats.cuh's mat_vec_rows and loaders, so every weight type):
+// Fusions into the decode matmul (mat_vec.cuh's mat_vec_rows and formats.cuh's loaders, so
+// every weight type):
 //
 // rms_norm_mat_vec: y = rms_norm(x) · wᵀ. The squares of x are summed as the dot products read
 // it, so the norm costs no pass of its own and the normalised row is never written.

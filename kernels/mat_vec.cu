@@ -1,5 +1,5 @@
 // Decode matmuls on float weights and the two 32-value formats that have block structs:
-// formats.cuh's mat_vec_rows (4 outputs a block, the row split among its 4 warps).
+// mat_vec.cuh's mat_vec_rows (4 outputs a block, the row split among its 4 warps).
 
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)

@@ -300,10 +300,15 @@ impl Gpu {
 
     /// Counts one op's launches and copies and the host time it took to enqueue them.
     pub fn count_submit(&self, steps: &[Step], took: std::time::Duration) {
-        let n = steps.iter().filter(|s| !matches!(s, Step::Scratch(_))).count() as u64;
+        let n = steps
+            .iter()
+            .filter(|s| !matches!(s, Step::Scratch(_)))
+            .count() as u64;
         self.launches.fetch_add(n, Ordering::Relaxed);
-        self.submit_ns
-            .fetch_add(took.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+        self.submit_ns.fetch_add(
+            took.as_nanos().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
     }
 
     pub fn submit_stats(&self) -> SubmitStats {

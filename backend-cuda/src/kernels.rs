@@ -1,12 +1,15 @@
 //! The kernel files of `kernels/`, embedded, and the architectures kiln compiles them for.
-//! Every file gets `common.cuh` and `formats.cuh` prepended. A kernel preceded by a `// @hot` line is on the
-//! decode path: the compile check fails if ptxas reports register spills in it.
+//! Every file gets `common.cuh`, `formats.cuh` and `mat_vec.cuh` prepended. A kernel preceded
+//! by a `// @hot` line is on the decode path: the compile check fails if ptxas reports register
+//! spills in it.
 
 /// `common.cuh`, prepended to every file.
 pub const COMMON: &str = include_str!("../../kernels/common.cuh");
 
 /// `formats.cuh`, the weight formats' loaders, prepended to every file after `COMMON`.
 pub const FORMATS: &str = include_str!("../../kernels/formats.cuh");
+/// `mat_vec.cuh`, the decode mat-vec kernels' bodies, prepended after `FORMATS`.
+pub const MAT_VEC: &str = include_str!("../../kernels/mat_vec.cuh");
 
 /// (file name, source) of every kernel file.
 pub const FILES: &[(&str, &str)] = &[
@@ -50,12 +53,12 @@ pub fn source_with(file: &str, spec: Option<&str>) -> Option<String> {
         .find(|(n, _)| *n == file)
         .map(|(_, s)| {
             format!(
-                "{defines}#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"formats.cuh\"\n{FORMATS}\n#line 1 \"{file}\"\n{s}"
+                "{defines}#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"formats.cuh\"\n{FORMATS}\n#line 1 \"mat_vec.cuh\"\n{MAT_VEC}\n#line 1 \"{file}\"\n{s}"
             )
         })
 }
 
-/// The kernels' tuning knobs (behind `#ifndef` in formats.cuh) and the values each may take.
+/// The kernels' tuning knobs (behind `#ifndef` in mat_vec.cuh) and the values each may take.
 const TUNING_KNOBS: &[(&str, i64, i64)] = &[
     ("MV_DEPTH", 1, 8),
     ("MV_X_EARLY", 0, 1),

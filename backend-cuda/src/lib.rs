@@ -253,7 +253,10 @@ mod compile_check {
                 .compile(&tc, file, &full, "sm_90a")
                 .unwrap_or_else(|e| panic!("{file} {spec}: {e}"));
             for u in ptxas_usage(&c.log) {
-                println!("  {spec} {}: {} registers, {} bytes of stack", u.0, u.1, u.4);
+                println!(
+                    "  {spec} {}: {} registers, {} bytes of stack",
+                    u.0, u.1, u.4
+                );
                 // The formats with their own staged decoders (ptxas may trade a few bytes of
                 // stack for registers in the 8-value-item ones, which stay on the ring anyway).
                 let own = ["q4_k", "q6_k", "q8_0", "f32", "f16", "bf16"]

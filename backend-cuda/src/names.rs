@@ -8,7 +8,7 @@ use kiln_core::tensor::DType;
 #[derive(Debug)]
 pub struct WeightKernels {
     pub dtype: DType,
-    /// Decode matmul: 4 outputs a block (formats.cuh's `mat_vec_rows`; `mat_vec.cu` for
+    /// Decode matmul: 4 outputs a block (mat_vec.cuh's `mat_vec_rows`; `mat_vec.cu` for
     /// floats, Q8_0 and Q4_0, `quant.cu` otherwise).
     pub mat_vec: &'static str,
     /// Prefill matmul over output tiles (`mat_mul.cu`).

@@ -105,7 +105,7 @@ const MOE_GROUP_THREADS: u32 = 256;
 const MAX_EXPERTS: usize = 1024;
 
 /// Outputs per block and threads of the decode mat-vec kernels (`MV_ROWS`, `MV_WARPS · 32` in
-/// formats.cuh's `mat_vec_rows`): every `mat_vec_*`, `rms_norm_mat_vec_*` and `glu_mat_vec_*`.
+/// mat_vec.cuh's `mat_vec_rows`): every `mat_vec_*`, `rms_norm_mat_vec_*` and `glu_mat_vec_*`.
 const MV_ROWS: usize = 4;
 const MV_THREADS: u32 = 128;
 
@@ -849,15 +849,21 @@ where
     for (n, (p, a)) in sig.params.iter().zip(&l.args).enumerate() {
         let ok = match (*p, *a) {
             (Param::Ptr { elem, mutable }, Arg::In(i)) => {
-                !mutable && inputs.get(i).is_some_and(|t| elem_ok(elem, t.borrow().dtype))
+                !mutable
+                    && inputs
+                        .get(i)
+                        .is_some_and(|t| elem_ok(elem, t.borrow().dtype))
             }
             (Param::Ptr { elem, mutable }, Arg::Out(o)) => {
-                mutable && outputs.get(o).is_some_and(|t| elem_ok(elem, t.borrow().dtype))
+                mutable
+                    && outputs
+                        .get(o)
+                        .is_some_and(|t| elem_ok(elem, t.borrow().dtype))
             }
             // Scratch is written by one step and read by the next.
-            (Param::Ptr { elem, .. }, Arg::Scratch(i)) => {
-                scratch.get(i).is_some_and(|t| elem_ok(elem, t.borrow().dtype))
-            }
+            (Param::Ptr { elem, .. }, Arg::Scratch(i)) => scratch
+                .get(i)
+                .is_some_and(|t| elem_ok(elem, t.borrow().dtype)),
             // A kernel taking an optional pointer checks it for null.
             (Param::Ptr { .. }, Arg::Null) => true,
             (Param::U32, Arg::U32(_)) | (Param::I32, Arg::I32(_)) | (Param::F32, Arg::F32(_)) => {

@@ -574,7 +574,11 @@ fn fused(c: &mut Vec<Case>) -> Result<()> {
     c.push(Case::new(
         Op::GluMatMul(GluOp::SwiGlu),
         "q6_K m=1 f=10240 n=9",
-        vec![n(F32, &[1, 10240]), n(F32, &[1, 10240]), n(Q6_K, &[9, 10240])],
+        vec![
+            n(F32, &[1, 10240]),
+            n(F32, &[1, 10240]),
+            n(Q6_K, &[9, 10240]),
+        ],
     )?);
     // Both fusions with every operand off an allocation's alignment.
     c.push(
