@@ -7,7 +7,7 @@
 # Expects, in the repository root: .dev/kiln (a stripped release build made elsewhere),
 # .dev/tok.gguf (`random-gguf.py template` of SmolLM2's GGUF), .whl/gguf-*.whl and, for the
 # WebGPU steps, .gl/*.deb (the Vulkan loader; the device tool's README says how to fetch them).
-# Every step runs under its own time cap and within KILN_GPU_DEADLINE seconds (default 330)
+# Every step runs under its own time cap and within KILN_GPU_DEADLINE seconds (default 480: the battery fits a 9-minute call)
 # from the start; logs go to one archive, $OUT/logs.tgz, with $OUT/summary.txt beside it.
 set -u
 cd "$(dirname "$0")/../.."
@@ -18,7 +18,7 @@ MODELS=/tmp/kiln-gpu-models
 mkdir -p "$OUT" "$LOGS" "$MODELS"
 K=$ROOT/.dev/kiln
 T0=$(date +%s)
-DEADLINE=${KILN_GPU_DEADLINE:-330}
+DEADLINE=${KILN_GPU_DEADLINE:-480}
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 
