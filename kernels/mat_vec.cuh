@@ -34,6 +34,38 @@ static_assert(MV_DEPTH >= 1 && MV_DEPTH <= 8, "MV_DEPTH: 1 to 8 chunks");
 #define MV_BOUNDS MV_WARPS* WARP
 #endif
 
+// The warps' sums meet: after every warp has put its per-row sums and its squares in
+// part[warp], the first `rows` threads add them in warp order and write y.
+template <typename Src>
+__device__ __forceinline__ void mv_write(float (*part)[MV_ROWS + 1], const Src& src, float* y, u32 row, u32 n,
+                                         u32 col0, u32 rows, u32 k) {
+    __syncthreads();
+    if (threadIdx.x < rows) {
+        float t = 0.0f, q = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MV_WARPS; i++) {
+            t += part[i][threadIdx.x];
+            q += part[i][MV_ROWS];
+        }
+        y[(size_t)row * n + col0 + threadIdx.x] = src.finish(t, q, k);
+    }
+}
+
+// The same from each lane's sums of all MV_ROWS rows: summed over the warp first.
+template <typename Src>
+__device__ __forceinline__ void mv_meet(float* acc, float ss, float (*part)[MV_ROWS + 1], const Src& src, float* y,
+                                        u32 row, u32 n, u32 col0, u32 rows, u32 k) {
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) acc[r] = warp_sum(acc[r]);
+    if (Src::SQUARES) ss = warp_sum(ss);
+    if (threadIdx.x % WARP == 0) {
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; r++) part[threadIdx.x / WARP][r] = acc[r];
+        part[threadIdx.x / WARP][MV_ROWS] = ss;
+    }
+    mv_write(part, src, y, row, n, col0, rows, k);
+}
+
 template <typename B, u32 A, typename Src>
 __device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, float* y, u32 n, u32 k) {
     __shared__ float part[MV_WARPS][MV_ROWS + 1];
@@ -89,24 +121,7 @@ __device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, f
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < MV_ROWS; r++) acc[r] = warp_sum(acc[r]);
-    if (Src::SQUARES) ss = warp_sum(ss);
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < MV_ROWS; r++) part[warp][r] = acc[r];
-        part[warp][MV_ROWS] = ss;
-    }
-    __syncthreads();
-    if (threadIdx.x < rows) {
-        float t = 0.0f, q = 0.0f;
-#pragma unroll
-        for (int i = 0; i < MV_WARPS; i++) {
-            t += part[i][threadIdx.x];
-            q += part[i][MV_ROWS];
-        }
-        y[(size_t)row * n + col0 + threadIdx.x] = src.finish(t, q, k);
-    }
+    mv_meet(acc, ss, part, src, y, row, n, col0, rows, k);
 }
 
 // ---- the staged decode mat-vec (MV_STAGED) -------------------------------------------------
@@ -136,6 +151,20 @@ __device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, f
 #define MV_STAGES 3
 #endif
 static_assert(MV_STAGES >= 2 && MV_STAGES <= 4, "MV_STAGES: 2 to 4 slots a warp");
+
+// Scale and min of groups 2c and 2c + 1 of a Q4_K block whose first 16 bytes are h
+// (scale_min_k4 by bytes of the header's words).
+__device__ __forceinline__ void q4k_pair_scales(const uint4& h, u32 c, float& sc0, float& m0, float& sc1,
+                                                float& m1) {
+    const u32 sh0 = 8 * ((2 * c) & 3), sh1 = 8 * ((2 * c + 1) & 3);
+    const u32 a0 = (h.y >> sh0) & 0xFF, b0 = (h.z >> sh0) & 0xFF, e0 = (h.w >> sh0) & 0xFF;
+    const u32 a1 = (h.y >> sh1) & 0xFF, b1 = (h.z >> sh1) & 0xFF, e1 = (h.w >> sh1) & 0xFF;
+    const bool low = c < 2;
+    sc0 = (float)(low ? (a0 & 63) : ((e0 & 0xF) | ((a0 >> 6) << 4)));
+    m0 = (float)(low ? (b0 & 63) : ((e0 >> 4) | ((b0 >> 6) << 4)));
+    sc1 = (float)(low ? (a1 & 63) : ((e1 & 0xF) | ((a1 >> 6) << 4)));
+    m1 = (float)(low ? (b1 & 63) : ((e1 >> 4) | ((b1 >> 6) << 4)));
+}
 
 template <typename B>
 struct MvItem8 {
@@ -181,15 +210,8 @@ struct MvItemQ4K {
         const u8* blk = s + 144 * b;
         const uint4 h = *(const uint4*)blk;
         const uint4 q = *(const uint4*)(blk + 16 + 16 * j);
-        // Scale and min of groups 2c and 2c + 1 (scale_min_k4 by bytes of the three words).
-        const u32 sh0 = 8 * ((2 * c) & 3), sh1 = 8 * ((2 * c + 1) & 3);
-        const u32 a0 = (h.y >> sh0) & 0xFF, b0 = (h.z >> sh0) & 0xFF, e0 = (h.w >> sh0) & 0xFF;
-        const u32 a1 = (h.y >> sh1) & 0xFF, b1 = (h.z >> sh1) & 0xFF, e1 = (h.w >> sh1) & 0xFF;
-        const bool low = c < 2;
-        const float sc0 = (float)(low ? (a0 & 63) : ((e0 & 0xF) | ((a0 >> 6) << 4)));
-        const float m0 = (float)(low ? (b0 & 63) : ((e0 >> 4) | ((b0 >> 6) << 4)));
-        const float sc1 = (float)(low ? (a1 & 63) : ((e1 & 0xF) | ((a1 >> 6) << 4)));
-        const float m1 = (float)(low ? (b1 & 63) : ((e1 >> 4) | ((b1 >> 6) << 4)));
+        float sc0, m0, sc1, m1;
+        q4k_pair_scales(h, c, sc0, m0, sc1, m1);
         const u32 w[4] = {q.x, q.y, q.z, q.w};
         float alo = 0.0f, ahi = 0.0f;
 #pragma unroll
@@ -353,24 +375,7 @@ __device__ __forceinline__ void mat_vec_staged(uint4* smem, const Src& src, cons
         // Every lane is done with the slot before a later issue refills it.
         __syncwarp();
     }
-#pragma unroll
-    for (int r = 0; r < MV_ROWS; r++) acc[r] = warp_sum(acc[r]);
-    if (Src::SQUARES) ss = warp_sum(ss);
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < MV_ROWS; r++) part[warp][r] = acc[r];
-        part[warp][MV_ROWS] = ss;
-    }
-    __syncthreads();
-    if (threadIdx.x < rows) {
-        float t = 0.0f, q = 0.0f;
-#pragma unroll
-        for (int i = 0; i < MV_WARPS; i++) {
-            t += part[i][threadIdx.x];
-            q += part[i][MV_ROWS];
-        }
-        y[(size_t)row * n + col0 + threadIdx.x] = src.finish(t, q, k);
-    }
+    mv_meet(acc, ss, part, src, y, row, n, col0, rows, k);
 }
 
 // ---- the lane-per-row decode mat-vec (MV_STAGED=2) ----------------------------------------
@@ -401,14 +406,8 @@ struct PieceQ4K {
         const u32 c = sub / 2;
         const uint4 h = *(const uint4*)blk;
         const uint4 q = *(const uint4*)(blk + 16 + 16 * sub);
-        const u32 sh0 = 8 * ((2 * c) & 3), sh1 = 8 * ((2 * c + 1) & 3);
-        const u32 a0 = (h.y >> sh0) & 0xFF, b0 = (h.z >> sh0) & 0xFF, e0 = (h.w >> sh0) & 0xFF;
-        const u32 a1 = (h.y >> sh1) & 0xFF, b1 = (h.z >> sh1) & 0xFF, e1 = (h.w >> sh1) & 0xFF;
-        const bool low = c < 2;
-        const float sc0 = (float)(low ? (a0 & 63) : ((e0 & 0xF) | ((a0 >> 6) << 4)));
-        const float m0 = (float)(low ? (b0 & 63) : ((e0 >> 4) | ((b0 >> 6) << 4)));
-        const float sc1 = (float)(low ? (a1 & 63) : ((e1 & 0xF) | ((a1 >> 6) << 4)));
-        const float m1 = (float)(low ? (b1 & 63) : ((e1 >> 4) | ((b1 >> 6) << 4)));
+        float sc0, m0, sc1, m1;
+        q4k_pair_scales(h, c, sc0, m0, sc1, m1);
         const float* xl = xs + 64 * c + 16 * (sub % 2);
         const u32 wq[4] = {q.x, q.y, q.z, q.w};
         float alo = 0.0f, ahi = 0.0f;
@@ -638,16 +637,7 @@ __device__ __forceinline__ void mat_vec_lanes(uint4* smem, const Src& src, const
     if (Src::SQUARES) ss = warp_sum(ss);
     if (lane < MV_ROWS) part[warp][lane] = acc;
     if (lane == 0) part[warp][MV_ROWS] = ss;
-    __syncthreads();
-    if (threadIdx.x < rows) {
-        float t = 0.0f, qq = 0.0f;
-#pragma unroll
-        for (int i = 0; i < MV_WARPS; i++) {
-            t += part[i][threadIdx.x];
-            qq += part[i][MV_ROWS];
-        }
-        y[(size_t)row * n + col0 + threadIdx.x] = src.finish(t, qq, k);
-    }
+    mv_write(part, src, y, row, n, col0, rows, k);
 }
 
 // With MV_STAGED=1 and the source's rows 16-byte aligned, the staged kernel in the widest copy

@@ -205,6 +205,18 @@ mod compile_check {
         std::env::var("KILN_REQUIRE_NVRTC").is_ok_and(|v| v == "1" || v == "true")
     }
 
+    /// NVRTC and the headers, or `None` (a skip, printed) unless KILN_REQUIRE_NVRTC is set.
+    fn toolchain() -> Option<Toolchain> {
+        match Toolchain::find() {
+            Ok(t) => Some(t),
+            Err(e) => {
+                assert!(!required(), "KILN_REQUIRE_NVRTC is set: {e}");
+                println!("skipping the NVRTC compile check: {e}");
+                None
+            }
+        }
+    }
+
     #[test]
     fn every_kernel_file_is_listed() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels");
@@ -223,20 +235,13 @@ mod compile_check {
         }
     }
 
-    /// The staged decode mat-vec (the MV_STAGED knob, off by default) compiles too, with no
-    /// local memory in the formats that have their own staged decoders, for Hopper: the plain mat-vec of every weight format (fused.cu adds only
-    /// its two sources, which the emulated conformance suite runs), and the lane-per-row
-    /// kernels (MV_STAGED=2).
+    /// The staged decode mat-vecs (the MV_STAGED knob, off by default) compile too, for
+    /// Hopper, with no local memory in the formats that have their own staged decoders: the
+    /// plain mat-vec of every weight format (fused.cu adds only its two sources, which the
+    /// emulated conformance suite runs), staged (1) and lane-per-row (2).
     #[test]
     fn nvrtc_compiles_the_staged_mat_vec() {
-        let tc = match Toolchain::find() {
-            Ok(t) => t,
-            Err(e) => {
-                assert!(!required(), "KILN_REQUIRE_NVRTC is set: {e}");
-                println!("skipping the NVRTC compile check: {e}");
-                return;
-            }
-        };
+        let Some(tc) = toolchain() else { return };
         let nvrtc = Nvrtc::load(&tc.nvrtc).expect("NVRTC loads");
         for (spec, file) in [
             ("MV_STAGED=1", "mat_vec.cu"),
@@ -275,14 +280,7 @@ mod compile_check {
 
     #[test]
     fn nvrtc_compiles_every_kernel_for_every_architecture() {
-        let tc = match Toolchain::find() {
-            Ok(t) => t,
-            Err(e) => {
-                assert!(!required(), "KILN_REQUIRE_NVRTC is set: {e}");
-                println!("skipping the NVRTC compile check: {e}");
-                return;
-            }
-        };
+        let Some(tc) = toolchain() else { return };
         let nvrtc = Nvrtc::load(&tc.nvrtc).expect("NVRTC loads");
         println!("nvrtc {:?} from {}", nvrtc.version(), tc.nvrtc.display());
         let mut failures = Vec::new();
