@@ -4,6 +4,8 @@
 // rms_norm_mat_vec: y = rms_norm(x) · wᵀ. The squares of x are summed as the dot products read
 // it, so the norm costs no pass of its own and the normalised row is never written.
 //
+// rms_norm_mat_vecs: the same for two or three weights that share the norm, in one launch.
+//
 // glu_mat_vec: y = (act(gate) · up) · wᵀ. Each lane makes the activation of its 8 values once
 // for the block's 4 outputs, and the GLU output never goes to memory.
 
@@ -21,6 +23,29 @@ __device__ __forceinline__ void glu_mat_vec(const float* gate, const float* up, 
     mat_vec_rows<B>(src, w, y, n, k);
 }
 
+// rms_norm_mat_vecs: the projections that share one norm (Q, K and V; gate and up) in one
+// launch, y_j = rms_norm(x) · w_jᵀ for two or three weights of one format and width. The grid's
+// blocks take w0's rows, then w1's, then w2's (n2 = 0 and null w2, y2 for two weights); each
+// block is the single-weight kernel's block for its weight (the same code, so the same bits),
+// and the small projections (K and V of a GQA model: a few hundred rows, less than a block an
+// SM) run beside the large one instead of leaving most of the GPU idle in launches of their own.
+template <typename B>
+__device__ __forceinline__ void rms_norm_mat_vecs(const float* x, const float* nw, const void* w0, const void* w1,
+                                                  const void* w2, float* y0, float* y1, float* y2, u32 m, u32 n0,
+                                                  u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    const MvRmsNorm src{{x, nw, k, true}, one_plus ? 1.0f : 0.0f, eps};
+    const u32 b0 = (n0 + MV_ROWS - 1) / MV_ROWS, b1 = (n1 + MV_ROWS - 1) / MV_ROWS;
+    u32 bx = blockIdx.x, n = n0;
+    const void* w = w0;
+    float* y = y0;
+    if (bx >= b0 + b1) {
+        w = w2, y = y2, n = n2, bx -= b0 + b1;
+    } else if (bx >= b0) {
+        w = w1, y = y1, n = n1, bx -= b0;
+    }
+    mat_vec_rows<B>(src, w, y, n, k, bx);
+}
+
 // ---- entry points, per weight format ----
 
 // @hot
@@ -28,6 +53,12 @@ extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 rms_norm_mat_vec_f32(const float* x, const float* nw, const float* w, float* y, u32 m,
                                                  u32 n, u32 k, float eps, u32 one_plus) {
     rms_norm_mat_vec<F32W>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_f32(const float* x, const float* nw, const float* w0, const float* w1, const float* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<F32W>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
@@ -43,6 +74,12 @@ rms_norm_mat_vec_f16(const float* x, const float* nw, const __half* w, float* y,
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_f16(const float* x, const float* nw, const __half* w0, const __half* w1, const __half* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<F16W>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 glu_mat_vec_f16(const float* gate, const float* up, const __half* w, float* y, u32 m, u32 n, u32 k, u32 act) {
     glu_mat_vec<F16W>(gate, up, w, y, m, n, k, act);
 }
@@ -52,6 +89,12 @@ extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 rms_norm_mat_vec_bf16(const float* x, const float* nw, const __nv_bfloat16* w, float* y, u32 m,
                                                  u32 n, u32 k, float eps, u32 one_plus) {
     rms_norm_mat_vec<BF16W>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_bf16(const float* x, const float* nw, const __nv_bfloat16* w0, const __nv_bfloat16* w1, const __nv_bfloat16* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<BF16W>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
@@ -67,6 +110,12 @@ rms_norm_mat_vec_q8_0(const float* x, const float* nw, const u8* w, float* y, u3
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_q8_0(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<Q8_0>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 glu_mat_vec_q8_0(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
     glu_mat_vec<Q8_0>(gate, up, w, y, m, n, k, act);
 }
@@ -76,6 +125,12 @@ extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 rms_norm_mat_vec_q4_0(const float* x, const float* nw, const u8* w, float* y, u32 m,
                                                  u32 n, u32 k, float eps, u32 one_plus) {
     rms_norm_mat_vec<Q4_0>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_q4_0(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<Q4_0>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
@@ -91,6 +146,12 @@ rms_norm_mat_vec_q4_1(const float* x, const float* nw, const u8* w, float* y, u3
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_q4_1(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<Q4_1>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 glu_mat_vec_q4_1(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
     glu_mat_vec<Q4_1>(gate, up, w, y, m, n, k, act);
 }
@@ -100,6 +161,12 @@ extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 rms_norm_mat_vec_q5_0(const float* x, const float* nw, const u8* w, float* y, u32 m,
                                                  u32 n, u32 k, float eps, u32 one_plus) {
     rms_norm_mat_vec<Q5_0>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_q5_0(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<Q5_0>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
@@ -115,6 +182,12 @@ rms_norm_mat_vec_q5_1(const float* x, const float* nw, const u8* w, float* y, u3
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_q5_1(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<Q5_1>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 glu_mat_vec_q5_1(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
     glu_mat_vec<Q5_1>(gate, up, w, y, m, n, k, act);
 }
@@ -124,6 +197,12 @@ extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 rms_norm_mat_vec_q2_k(const float* x, const float* nw, const u8* w, float* y, u32 m,
                                                  u32 n, u32 k, float eps, u32 one_plus) {
     rms_norm_mat_vec<Q2_K>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_q2_k(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<Q2_K>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
@@ -139,6 +218,12 @@ rms_norm_mat_vec_q3_k(const float* x, const float* nw, const u8* w, float* y, u3
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_q3_k(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<Q3_K>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 glu_mat_vec_q3_k(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
     glu_mat_vec<Q3_K>(gate, up, w, y, m, n, k, act);
 }
@@ -148,6 +233,12 @@ extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 rms_norm_mat_vec_q4_k(const float* x, const float* nw, const u8* w, float* y, u32 m,
                                                  u32 n, u32 k, float eps, u32 one_plus) {
     rms_norm_mat_vec<Q4_K>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_q4_k(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<Q4_K>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
@@ -163,6 +254,12 @@ rms_norm_mat_vec_q5_k(const float* x, const float* nw, const u8* w, float* y, u3
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_q5_k(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<Q5_K>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 glu_mat_vec_q5_k(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
     glu_mat_vec<Q5_K>(gate, up, w, y, m, n, k, act);
 }
@@ -172,6 +269,12 @@ extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 rms_norm_mat_vec_q6_k(const float* x, const float* nw, const u8* w, float* y, u32 m,
                                                  u32 n, u32 k, float eps, u32 one_plus) {
     rms_norm_mat_vec<Q6_K>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_q6_k(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<Q6_K>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
@@ -187,6 +290,12 @@ rms_norm_mat_vec_q8_k(const float* x, const float* nw, const u8* w, float* y, u3
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_q8_k(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<Q8_K>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 glu_mat_vec_q8_k(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
     glu_mat_vec<Q8_K>(gate, up, w, y, m, n, k, act);
 }
@@ -199,6 +308,12 @@ rms_norm_mat_vec_mxfp4(const float* x, const float* nw, const u8* w, float* y, u
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_mxfp4(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<MXFP4>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 glu_mat_vec_mxfp4(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
     glu_mat_vec<MXFP4>(gate, up, w, y, m, n, k, act);
 }
@@ -208,6 +323,12 @@ extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 rms_norm_mat_vec_nvfp4(const float* x, const float* nw, const u8* w, float* y, u32 m,
                                                  u32 n, u32 k, float eps, u32 one_plus) {
     rms_norm_mat_vec<NVFP4>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_nvfp4(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<NVFP4>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)

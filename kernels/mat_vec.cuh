@@ -67,10 +67,10 @@ __device__ __forceinline__ void mv_meet(float* acc, float ss, float (*part)[MV_R
 }
 
 template <typename B, u32 A, typename Src>
-__device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, float* y, u32 n, u32 k) {
+__device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, float* y, u32 n, u32 k, u32 bx) {
     __shared__ float part[MV_WARPS][MV_ROWS + 1];
     const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const u32 col0 = blockIdx.x * MV_ROWS, row = blockIdx.y;
+    const u32 col0 = bx * MV_ROWS, row = blockIdx.y;
     const u32 rows = min((u32)MV_ROWS, n - col0);
     const u8* wr[MV_ROWS];
 #pragma unroll
@@ -318,12 +318,12 @@ struct MvStage {
 // three copy units, which would otherwise each reserve their own).
 template <typename B, typename I, u32 G, typename Src>
 __device__ __forceinline__ void mat_vec_staged(uint4* smem, const Src& src, const void* w, float* y, u32 n,
-                                               u32 k) {
+                                               u32 k, u32 bx) {
     typedef MvStage<B, I> S;
     constexpr u32 CH = I::STAGE;
     __shared__ float part[MV_WARPS][MV_ROWS + 1];
     const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const u32 col0 = blockIdx.x * MV_ROWS, row = blockIdx.y;
+    const u32 col0 = bx * MV_ROWS, row = blockIdx.y;
     const u32 rows = min((u32)MV_ROWS, n - col0);
     const size_t rb = (size_t)(k / B::QK) * B::BYTES;
     const u8* wr[MV_ROWS];
@@ -565,12 +565,13 @@ struct Mv3 {
 // G: the weight's copy unit (16, 8 or 4: cp.async; 1: plain byte copies, for a weight view
 // whose alignment allows no more); A: the source's load width (as in mat_vec_rows_at).
 template <typename B, typename P, u32 G, u32 A, typename Src>
-__device__ __forceinline__ void mat_vec_lanes(uint4* smem, const Src& src, const void* w, float* y, u32 n, u32 k) {
+__device__ __forceinline__ void mat_vec_lanes(uint4* smem, const Src& src, const void* w, float* y, u32 n, u32 k,
+                                              u32 bx) {
     typedef Mv3<P> M;
     constexpr u32 CH = P::CH, ROW = M::ROW;
     __shared__ float part[MV_WARPS][MV_ROWS + 1];
     const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const u32 col0 = blockIdx.x * MV_ROWS, row = blockIdx.y;
+    const u32 col0 = bx * MV_ROWS, row = blockIdx.y;
     const u32 rows = min((u32)MV_ROWS, n - col0);
     const size_t rb = (size_t)(k / B::QK) * B::BYTES;
     const u8* wr[MV_ROWS];
@@ -645,7 +646,8 @@ __device__ __forceinline__ void mat_vec_lanes(uint4* smem, const Src& src, const
 // with wide loads where the weight is 16-byte aligned, byte-wise ones otherwise. Uniform over
 // the grid.
 template <typename B, typename Src>
-__device__ __forceinline__ void mat_vec_rows(const Src& src, const void* w, float* y, u32 n, u32 k) {
+__device__ __forceinline__ void mat_vec_rows(const Src& src, const void* w, float* y, u32 n, u32 k,
+                                             u32 bx = blockIdx.x) {
 #if MV_STAGED == 2
     // The formats with a piece decoder take the lane-per-row kernel whatever the alignments (so
     // no other kernel's registers count against it).
@@ -658,11 +660,11 @@ __device__ __forceinline__ void mat_vec_rows(const Src& src, const void* w, floa
         constexpr u32 GMAX = Mv3<P>::GMAX;
         const size_t a = (size_t)w | rb_of<B>(k);
         if (src.aligned()) {
-            if ((a & (GMAX - 1)) == 0) mat_vec_lanes<B, P, GMAX, 16>(smem3, src, w, y, n, k);
-            else mat_vec_lanes<B, P, 1, 16>(smem3, src, w, y, n, k);
+            if ((a & (GMAX - 1)) == 0) mat_vec_lanes<B, P, GMAX, 16>(smem3, src, w, y, n, k, bx);
+            else mat_vec_lanes<B, P, 1, 16>(smem3, src, w, y, n, k, bx);
         } else {
-            if ((a & (GMAX - 1)) == 0) mat_vec_lanes<B, P, GMAX, 1>(smem3, src, w, y, n, k);
-            else mat_vec_lanes<B, P, 1, 1>(smem3, src, w, y, n, k);
+            if ((a & (GMAX - 1)) == 0) mat_vec_lanes<B, P, GMAX, 1>(smem3, src, w, y, n, k, bx);
+            else mat_vec_lanes<B, P, 1, 1>(smem3, src, w, y, n, k, bx);
         }
         return;
         }
@@ -675,20 +677,20 @@ __device__ __forceinline__ void mat_vec_rows(const Src& src, const void* w, floa
         constexpr u32 GMAX = MvStage<B, I>::GMAX;
         const size_t a = (size_t)w | (size_t)(k / B::QK) * B::BYTES;
         if constexpr (GMAX >= 16) {
-            if ((a & 15) == 0) return mat_vec_staged<B, I, 16>(smem, src, w, y, n, k);
+            if ((a & 15) == 0) return mat_vec_staged<B, I, 16>(smem, src, w, y, n, k, bx);
         }
         if constexpr (GMAX >= 8) {
-            if ((a & 7) == 0) return mat_vec_staged<B, I, 8>(smem, src, w, y, n, k);
+            if ((a & 7) == 0) return mat_vec_staged<B, I, 8>(smem, src, w, y, n, k, bx);
         }
         if constexpr (GMAX >= 4) {
-            if ((a & 3) == 0) return mat_vec_staged<B, I, 4>(smem, src, w, y, n, k);
+            if ((a & 3) == 0) return mat_vec_staged<B, I, 4>(smem, src, w, y, n, k, bx);
         }
     }
 #endif
     if ((((size_t)w) & 15) == 0 && src.aligned())
-        mat_vec_rows_at<B, 16>(src, w, y, n, k);
+        mat_vec_rows_at<B, 16>(src, w, y, n, k, bx);
     else
-        mat_vec_rows_at<B, 1>(src, w, y, n, k);
+        mat_vec_rows_at<B, 1>(src, w, y, n, k, bx);
 }
 
 // 8 floats of row `row` at v (v a multiple of 8): two 16-byte loads when A > 1 (x 16-byte

@@ -65,7 +65,35 @@ const TUNING_KNOBS: &[(&str, i64, i64)] = &[
     ("MV_STAGED", 0, 2),
     ("MV_STAGES", 2, 4),
     ("MV_MIN_BLOCKS", 1, 16),
+    // Not a kernel's: 0 makes the launch planner decline the norm shared by several weights in
+    // one launch (plan.rs), so the fusion's before/after is one more variant of a sweep.
+    ("FUSE_SHARED_NORM", 0, 1),
 ];
+
+/// The value `KILN_CUDA_DEFINES` gives knob `name`, if it gives a valid one (read once).
+pub fn knob(name: &str) -> Option<i64> {
+    static KNOBS: std::sync::OnceLock<Vec<(String, i64)>> = std::sync::OnceLock::new();
+    KNOBS
+        .get_or_init(|| {
+            let spec = std::env::var("KILN_CUDA_DEFINES").unwrap_or_default();
+            known_knobs(&spec)
+        })
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|&(_, v)| v)
+}
+
+/// The valid `NAME=VALUE` items of a `KILN_CUDA_DEFINES` spec.
+fn known_knobs(spec: &str) -> Vec<(String, i64)> {
+    spec.split(',')
+        .filter_map(|item| {
+            let (n, v) = item.trim().split_once('=')?;
+            let v = v.trim().parse::<i64>().ok()?;
+            let &(name, lo, hi) = TUNING_KNOBS.iter().find(|k| k.0 == n.trim())?;
+            (lo..=hi).contains(&v).then(|| (name.to_string(), v))
+        })
+        .collect()
+}
 
 /// `KILN_CUDA_DEFINES=NAME=VALUE,...` as `#define` lines: the kernels' tuning knobs (e.g.
 /// `MV_DEPTH=3`), for measuring variants without a rebuild. The cubin cache keys on the
@@ -80,12 +108,7 @@ fn tuning_defines() -> String {
 fn defines_from(spec: &str) -> String {
     let mut out = String::new();
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let known = item.split_once('=').and_then(|(n, v)| {
-            let v = v.trim().parse::<i64>().ok()?;
-            let &(name, lo, hi) = TUNING_KNOBS.iter().find(|k| k.0 == n.trim())?;
-            (lo..=hi).contains(&v).then_some((name, v))
-        });
-        match known {
+        match known_knobs(item).pop() {
             Some((n, v)) => out.push_str(&format!("#define {n} {v}\n")),
             None => tracing::warn!(
                 "KILN_CUDA_DEFINES: ignoring {item:?} (known: {})",

@@ -17,6 +17,9 @@ pub struct WeightKernels {
     pub get_rows: &'static str,
     /// RMSNorm fused into the decode matmul's activation load (`fused.cu`).
     pub rms_norm_mat_vec: &'static str,
+    /// The same over two or three weights of this type sharing the norm, in one launch
+    /// (`fused.cu`).
+    pub rms_norm_mat_vecs: &'static str,
     /// SwiGLU/GeGLU fused into the decode matmul's input (`fused.cu`).
     pub glu_mat_vec: &'static str,
     /// Matmul by expert id, for MoE (`moe.cu` / `quant.cu`); F16 has none.
@@ -33,6 +36,7 @@ macro_rules! weight_kernels {
             mat_mul: concat!("mat_mul_", $fmt),
             get_rows: concat!("get_rows_", $fmt),
             rms_norm_mat_vec: concat!("rms_norm_mat_vec_", $fmt),
+            rms_norm_mat_vecs: concat!("rms_norm_mat_vecs_", $fmt),
             glu_mat_vec: concat!("glu_mat_vec_", $fmt),
             mat_mul_id: $id,
             mat_mul_id_grouped: $grouped,
@@ -97,6 +101,7 @@ mod tests {
                 Some(w.mat_mul),
                 Some(w.get_rows),
                 Some(w.rms_norm_mat_vec),
+                Some(w.rms_norm_mat_vecs),
                 Some(w.glu_mat_vec),
                 w.mat_mul_id,
                 w.mat_mul_id_grouped,

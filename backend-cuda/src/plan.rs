@@ -10,6 +10,7 @@
 use kiln_core::op::{GluOp, MoeGating, Op, OpDesc, UnaryOp};
 use kiln_core::tensor::{DType, TensorDesc};
 
+use crate::kernels;
 use crate::names::{self, is_block_quantized, weight_kernels, WeightKernels};
 
 mod attention;
@@ -640,6 +641,55 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                 (u(rows)?, 1, 1),
                 (TOPK_THREADS, 1, 1),
                 vec![In(0), Out(0), Out(1), U32(u(n)?), U32(u(*k)?)],
+            )
+        }
+        Op::RmsNormMatMul { eps, one_plus } if i.len() > 3 => {
+            // Two or three weights of one type in one launch, the grid's blocks over their
+            // rows in order (fused.cu's rms_norm_mat_vecs); decode only, as below. The knob
+            // FUSE_SHARED_NORM=0 declines it (a launch per weight), for before/after runs.
+            (kernels::knob("FUSE_SHARED_NORM") != Some(0)).then_some(())?;
+            (all_f32(&i[..2]) && all_f32(o)).then_some(())?;
+            let dtype = i[2].dtype;
+            i[3..].iter().all(|w| w.dtype == dtype).then_some(())?;
+            let k = dim(&i[2], 1);
+            let m = i[0].numel() / k.max(1);
+            (m <= MAT_VEC_ROWS && k % 8 == 0).then_some(())?;
+            let kernel = weight_kernels(dtype)?.rms_norm_mat_vecs;
+            let rows = i[2..]
+                .iter()
+                .map(|w| u(dim(w, 0)))
+                .collect::<Option<Vec<u32>>>()?;
+            let blocks: usize = rows.iter().map(|&n| (n as usize).div_ceil(MV_ROWS)).sum();
+            let w = |j: usize| {
+                if j + 2 < i.len() {
+                    In(j + 2)
+                } else {
+                    Arg::Null
+                }
+            };
+            let y = |j: usize| if j < o.len() { Out(j) } else { Arg::Null };
+            let n = |j: usize| U32(rows.get(j).copied().unwrap_or(0));
+            one(
+                kernel,
+                (u(blocks)?, u(m)?, 1),
+                (MV_THREADS, 1, 1),
+                vec![
+                    In(0),
+                    In(1),
+                    w(0),
+                    w(1),
+                    w(2),
+                    y(0),
+                    y(1),
+                    y(2),
+                    U32(u(m)?),
+                    n(0),
+                    n(1),
+                    n(2),
+                    U32(u(k)?),
+                    F32(*eps),
+                    U32(*one_plus as u32),
+                ],
             )
         }
         Op::RmsNormMatMul { eps, one_plus } => {

@@ -174,6 +174,9 @@ pub enum MoeGating {
     Sigmoid,
 }
 
+/// The most weights one [`Op::RmsNormMatMul`] takes (Q, K and V).
+pub const MAX_SHARED_NORM: usize = 3;
+
 /// The op set. Each variant's doc gives its inputs → outputs; `[a, b]` are shapes.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -294,7 +297,9 @@ pub enum Op {
     Copy,
 
     // ---- fused ops ----
-    /// `RmsNorm` then `MatMul`: `x [.., K]`, `norm_w [K]`, `w [N, K]` → `[.., N]`.
+    /// `RmsNorm` then `MatMul` by each of one to three weights that share the norm (Q, K and V;
+    /// gate and up): `x [.., K]`, `norm_w [K]`, `w_j [N_j, K]` → `y_j [.., N_j]`, an output
+    /// per weight.
     RmsNormMatMul {
         eps: f32,
         one_plus: bool,

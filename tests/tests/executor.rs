@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use kiln_core::exec::Executor;
-use kiln_core::op::{AttnParams, Mask, Op};
+use kiln_core::op::{AttnParams, Mask, Op, OpDesc};
 use kiln_core::tensor::{DType, Tensor, TensorDesc};
 use kiln_core::validate::rng::Rng;
 use kiln_core::Error;
@@ -162,4 +162,83 @@ fn the_fused_op_gate_asks_the_backend() {
     let wf = TensorDesc::new(DType::F32, [32, 64]);
     assert!(partial.supports_op(&Op::MatMul, &[&x, &wf], &[&out]));
     assert!(!partial.supports_op(&Op::MatMul, &[&x, &w], &[&out]));
+}
+
+/// Q, K and V (or gate and up) behind one norm: the executor takes the widest fused op the
+/// backend claims — all three weights in one op, else the fused op per weight, else one norm
+/// and plain matmuls — and every path gives the CPU reference's values.
+#[test]
+fn projections_sharing_a_norm_take_the_widest_fused_op_the_backend_claims() {
+    let mut rng = Rng::new(41);
+    let (k, rows) = (64usize, [24usize, 8, 8]);
+    let x_v = randn(&mut rng, 2 * k);
+    let nw_v = randn(&mut rng, k);
+    let w_v: Vec<Vec<f32>> = rows.iter().map(|&r| randn(&mut rng, r * k)).collect();
+    let run = |ex: &Executor| -> Vec<Vec<f32>> {
+        let b = ex.backend().clone();
+        let up = |d: DType, shape: &[usize], v: &[f32]| {
+            let t = b.alloc(&TensorDesc::new(d, shape)).unwrap();
+            b.upload(&t, &kiln_core::quant::quantize(d, v).unwrap())
+                .unwrap();
+            t
+        };
+        let x = up(DType::F32, &[2, k], &x_v);
+        let nw = up(DType::F32, &[k], &nw_v);
+        let ws: Vec<Tensor> = rows
+            .iter()
+            .zip(&w_v)
+            .map(|(&r, v)| up(DType::Q8_0, &[r, k], v))
+            .collect();
+        let refs: Vec<&Tensor> = ws.iter().collect();
+        ex.set_profiling(true);
+        let out = ex.rms_norm_matmuls(&x, &nw, 1e-6, false, &refs).unwrap();
+        assert_eq!(out.len(), 3);
+        out.iter().map(|t| ex.download_f32(t).unwrap()).collect()
+    };
+    let calls = |ex: &Executor, op: &str| {
+        ex.profile()
+            .iter()
+            .find(|(n, _)| *n == op)
+            .map_or(0, |(_, t)| t.calls)
+    };
+    let want = run(&Executor::cpu());
+    for (r, w) in want.iter().zip(rows) {
+        assert_eq!(r.len(), 2 * w);
+    }
+    // (weights per fused op the device claims, fused calls, plain matmul calls)
+    fn many(d: &OpDesc) -> bool {
+        match d.op {
+            Op::RmsNormMatMul { .. } => d.inputs.len() == 5,
+            _ => matches!(d.op, Op::MatMul | Op::RmsNorm { .. }),
+        }
+    }
+    fn single(d: &OpDesc) -> bool {
+        match d.op {
+            Op::RmsNormMatMul { .. } => d.inputs.len() == 3,
+            _ => matches!(d.op, Op::MatMul | Op::RmsNorm { .. }),
+        }
+    }
+    fn plain(d: &OpDesc) -> bool {
+        matches!(d.op, Op::MatMul | Op::RmsNorm { .. })
+    }
+    let devices: [(&str, fn(&OpDesc) -> bool, u64, u64); 3] = [
+        ("all three in one", many, 1, 0),
+        ("one a weight", single, 3, 0),
+        ("none", plain, 0, 3),
+    ];
+    for (claimed, claims, fused_calls, plain_calls) in devices {
+        let ex = Executor::new(Arc::new(FakeDevice::new("fused", claims)));
+        let got = run(&ex);
+        assert_eq!(calls(&ex, "rms_norm_mat_mul"), fused_calls, "{claimed:?}");
+        assert_eq!(calls(&ex, "mat_mul"), plain_calls, "{claimed:?}");
+        assert_eq!(ex.total_fallbacks(), 0);
+        for (g, w) in got.iter().zip(&want) {
+            let err = g
+                .iter()
+                .zip(w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(err < 1e-4, "{claimed:?}: max error {err}");
+        }
+    }
 }

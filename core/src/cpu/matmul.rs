@@ -411,7 +411,10 @@ pub(crate) fn rms_norm_mat_mul(eps: f32, one_plus: bool, i: &[In], o: &mut [Out]
     let mut x = i[0].f32()?.into_owned();
     let w = i[1].f32()?;
     norm::rms_norm_rows(&mut x, &w, eps, one_plus);
-    run(&x, &i[2], &mut o[0])
+    for (w, o) in i[2..].iter().zip(o.iter_mut()) {
+        run(&x, w, o)?;
+    }
+    Ok(())
 }
 
 pub(crate) fn glu_mat_mul(g: GluOp, i: &[In], o: &mut [Out]) -> KResult {

@@ -3,7 +3,7 @@
 
 use super::Executor;
 use crate::error::{Error, Result};
-use crate::op::{AttnParams, GluOp, MoeGating, Op, RopeParams, UnaryOp};
+use crate::op::{AttnParams, GluOp, MoeGating, Op, RopeParams, UnaryOp, MAX_SHARED_NORM};
 use crate::quant;
 use crate::tensor::{DType, Tensor, TensorDesc};
 
@@ -289,9 +289,10 @@ impl Executor {
     }
 
     /// `rms_norm(x) · wᵀ` for each `w` of `ws` (the projections that share one norm: Q/K/V,
-    /// gate/up). Where the backend has the fused kernel for every one of them (the fused-op
-    /// gate), each matmul normalises as it loads `x` and the normalised rows are never
-    /// written; else one norm feeds the plain matmuls.
+    /// gate/up). Through the fused-op gate, best first: one fused op over all of them (one
+    /// launch where the backend has it), else the fused op per weight (each matmul normalises
+    /// as it loads `x`, and the normalised rows are never written), else one norm feeding the
+    /// plain matmuls.
     pub fn rms_norm_matmuls(
         &self,
         x: &Tensor,
@@ -301,6 +302,17 @@ impl Executor {
         ws: &[&Tensor],
     ) -> Result<Vec<Tensor>> {
         let op = Op::RmsNormMatMul { eps, one_plus };
+        if (2..=MAX_SHARED_NORM).contains(&ws.len()) {
+            let mut ins = vec![x, norm_w];
+            ins.extend_from_slice(ws);
+            let descs: Vec<TensorDesc> = ins.iter().map(|t| t.desc().clone()).collect();
+            let outs = op.output_descs(&descs)?;
+            let in_refs: Vec<&TensorDesc> = descs.iter().collect();
+            let out_refs: Vec<&TensorDesc> = outs.iter().collect();
+            if self.supports_op(&op, &in_refs, &out_refs) {
+                return self.run(&op, &ins);
+            }
+        }
         let mut fused = true;
         for w in ws {
             let ins = [x.desc(), norm_w.desc(), w.desc()];

@@ -155,7 +155,30 @@ fn check_inputs(c: &Ctx) -> Result<()> {
                     (&i[0], &i[1])
                 }
                 Op::RmsNormMatMul { eps, .. } => {
-                    c.n_inputs(&[3])?;
+                    c.ensure(
+                        i.len() >= 3 && i.len() <= 2 + super::MAX_SHARED_NORM,
+                        || {
+                            format!(
+                                "takes x, the norm weight and 1 to {} weights, got {} inputs",
+                                super::MAX_SHARED_NORM,
+                                i.len()
+                            )
+                        },
+                    )?;
+                    for (j, w) in i.iter().enumerate().skip(3) {
+                        c.rank(w, 2, "weight")?;
+                        c.ensure(!w.dtype.is_int(), || {
+                            format!("weight {j} dtype {} is not a weight type", w.dtype)
+                        })?;
+                        c.blocks(w, "weight")?;
+                        c.ensure(w.shape.0[1] == i[0].shape.last(), || {
+                            format!(
+                                "weight {j} width {} != activation width {}",
+                                w.shape.0[1],
+                                i[0].shape.last()
+                            )
+                        })?;
+                    }
                     c.float(&i[1], "norm weight")?;
                     c.ensure(i[1].shape.0 == [i[0].shape.last()], || {
                         format!("norm weight must be [{}]", i[0].shape.last())
@@ -542,7 +565,11 @@ fn infer(c: &Ctx) -> Result<Vec<TensorDesc>> {
     let act = i[0].dtype;
     let one = |s: Shape| Ok(vec![TensorDesc::new(act, s)]);
     match c.op {
-        Op::MatMul | Op::RmsNormMatMul { .. } | Op::GluMatMul(_) => {
+        Op::RmsNormMatMul { .. } => Ok(i[2..]
+            .iter()
+            .map(|w| TensorDesc::new(act, with_last(&i[0].shape, w.shape.0[0])))
+            .collect()),
+        Op::MatMul | Op::GluMatMul(_) => {
             let w = if matches!(c.op, Op::MatMul) {
                 &i[1]
             } else {

@@ -600,6 +600,59 @@ fn fused(c: &mut Vec<Case>) -> Result<()> {
         )?
         .offset_inputs(),
     );
+    // One norm shared by several projections (Q, K, V; gate, up): one launch where the weights
+    // share a type, rows of the small ones not a multiple of the kernels' 4 a block, a mixed
+    // set (which CUDA declines: the composed path), decode and prefill rows, and every operand
+    // off its allocation's alignment.
+    let shared: [(DType, &[usize], usize, DType); 5] = [
+        (Q4_K, &[45, 13, 13], 1, Q4_K),
+        (Q4_K, &[45, 13, 13], 3, Q6_K),
+        (F16, &[7, 9, 4], 2, F16),
+        (Q8_0, &[37, 37], 1, Q8_0),
+        (BF16, &[70, 6], 6, BF16),
+    ];
+    for (w, rows, m, last) in shared {
+        let k = if w.block_size() == 256 { 512 } else { 256 };
+        let mut ins = vec![n(F32, &[m, k]), n(F32, &[k])];
+        for (j, &r) in rows.iter().enumerate() {
+            ins.push(n(if j + 1 == rows.len() { last } else { w }, &[r, k]));
+        }
+        let names: Vec<String> = rows.iter().map(|r| r.to_string()).collect();
+        let tail = if last == w {
+            String::new()
+        } else {
+            format!(", last {last}")
+        };
+        c.push(Case::new(
+            Op::RmsNormMatMul {
+                eps: 1e-6,
+                one_plus: m == 2,
+            },
+            format!(
+                "{w} x{} m={m} k={k} n={}{tail}",
+                rows.len(),
+                names.join("+")
+            ),
+            ins,
+        )?);
+    }
+    c.push(
+        Case::new(
+            Op::RmsNormMatMul {
+                eps: 1e-5,
+                one_plus: false,
+            },
+            "q4_0 x3 m=1 k=1024 n=21+8+8",
+            vec![
+                n(F32, &[1, 1024]),
+                n(F32, &[1024]),
+                n(Q4_0, &[21, 1024]),
+                n(Q4_0, &[8, 1024]),
+                n(Q4_0, &[8, 1024]),
+            ],
+        )?
+        .offset_inputs(),
+    );
     for l2 in [None, Some(1e-6)] {
         let (s, hk, hv, dk, dv, pool) = (3usize, 2usize, 4usize, 16usize, 24usize, 5usize);
         c.push(Case::in_place(
