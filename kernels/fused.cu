@@ -6,7 +6,7 @@
 //
 // rms_norm_mat_vecs: the same for two or three weights that share the norm, in one launch.
 //
-// glu_mat_vec: y = (act(gate) · up) · wᵀ. Each lane makes the activation of its 8 values once
+// glu_mat_vec: y = (act(gate) · up) · wᵀ (+ r, the residual, where r is not null). Each lane makes the activation of its 8 values once
 // for the block's 4 outputs, and the GLU output never goes to memory.
 
 template <typename B>
@@ -17,9 +17,9 @@ __device__ __forceinline__ void rms_norm_mat_vec(const float* x, const float* nw
 }
 
 template <typename B>
-__device__ __forceinline__ void glu_mat_vec(const float* gate, const float* up, const void* w, float* y, u32 m,
-                                            u32 n, u32 k, u32 act) {
-    const MvGlu src{{gate, up, k, false}, act};
+__device__ __forceinline__ void glu_mat_vec(const float* gate, const float* up, const void* w, const float* r,
+                                            float* y, u32 m, u32 n, u32 k, u32 act) {
+    const MvGlu src{{gate, up, k, false, r}, act};
     mat_vec_rows<B>(src, w, y, n, k);
 }
 
@@ -62,8 +62,9 @@ rms_norm_mat_vecs_f32(const float* x, const float* nw, const float* w0, const fl
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-glu_mat_vec_f32(const float* gate, const float* up, const float* w, float* y, u32 m, u32 n, u32 k, u32 act) {
-    glu_mat_vec<F32W>(gate, up, w, y, m, n, k, act);
+glu_mat_vec_f32(const float* gate, const float* up, const float* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<F32W>(gate, up, w, r, y, m, n, k, act);
 }
 
 // @hot
@@ -80,8 +81,9 @@ rms_norm_mat_vecs_f16(const float* x, const float* nw, const __half* w0, const _
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-glu_mat_vec_f16(const float* gate, const float* up, const __half* w, float* y, u32 m, u32 n, u32 k, u32 act) {
-    glu_mat_vec<F16W>(gate, up, w, y, m, n, k, act);
+glu_mat_vec_f16(const float* gate, const float* up, const __half* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<F16W>(gate, up, w, r, y, m, n, k, act);
 }
 
 // @hot
@@ -98,8 +100,9 @@ rms_norm_mat_vecs_bf16(const float* x, const float* nw, const __nv_bfloat16* w0,
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-glu_mat_vec_bf16(const float* gate, const float* up, const __nv_bfloat16* w, float* y, u32 m, u32 n, u32 k, u32 act) {
-    glu_mat_vec<BF16W>(gate, up, w, y, m, n, k, act);
+glu_mat_vec_bf16(const float* gate, const float* up, const __nv_bfloat16* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<BF16W>(gate, up, w, r, y, m, n, k, act);
 }
 
 // @hot
@@ -116,8 +119,9 @@ rms_norm_mat_vecs_q8_0(const float* x, const float* nw, const u8* w0, const u8* 
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-glu_mat_vec_q8_0(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
-    glu_mat_vec<Q8_0>(gate, up, w, y, m, n, k, act);
+glu_mat_vec_q8_0(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<Q8_0>(gate, up, w, r, y, m, n, k, act);
 }
 
 // @hot
@@ -134,8 +138,9 @@ rms_norm_mat_vecs_q4_0(const float* x, const float* nw, const u8* w0, const u8* 
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-glu_mat_vec_q4_0(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
-    glu_mat_vec<Q4_0>(gate, up, w, y, m, n, k, act);
+glu_mat_vec_q4_0(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<Q4_0>(gate, up, w, r, y, m, n, k, act);
 }
 
 // @hot
@@ -152,8 +157,9 @@ rms_norm_mat_vecs_q4_1(const float* x, const float* nw, const u8* w0, const u8* 
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-glu_mat_vec_q4_1(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
-    glu_mat_vec<Q4_1>(gate, up, w, y, m, n, k, act);
+glu_mat_vec_q4_1(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<Q4_1>(gate, up, w, r, y, m, n, k, act);
 }
 
 // @hot
@@ -170,8 +176,9 @@ rms_norm_mat_vecs_q5_0(const float* x, const float* nw, const u8* w0, const u8* 
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-glu_mat_vec_q5_0(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
-    glu_mat_vec<Q5_0>(gate, up, w, y, m, n, k, act);
+glu_mat_vec_q5_0(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<Q5_0>(gate, up, w, r, y, m, n, k, act);
 }
 
 // @hot
@@ -188,8 +195,9 @@ rms_norm_mat_vecs_q5_1(const float* x, const float* nw, const u8* w0, const u8* 
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-glu_mat_vec_q5_1(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
-    glu_mat_vec<Q5_1>(gate, up, w, y, m, n, k, act);
+glu_mat_vec_q5_1(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<Q5_1>(gate, up, w, r, y, m, n, k, act);
 }
 
 // @hot
@@ -206,8 +214,9 @@ rms_norm_mat_vecs_q2_k(const float* x, const float* nw, const u8* w0, const u8* 
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-glu_mat_vec_q2_k(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
-    glu_mat_vec<Q2_K>(gate, up, w, y, m, n, k, act);
+glu_mat_vec_q2_k(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<Q2_K>(gate, up, w, r, y, m, n, k, act);
 }
 
 // @hot
@@ -224,8 +233,9 @@ rms_norm_mat_vecs_q3_k(const float* x, const float* nw, const u8* w0, const u8* 
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-glu_mat_vec_q3_k(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
-    glu_mat_vec<Q3_K>(gate, up, w, y, m, n, k, act);
+glu_mat_vec_q3_k(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<Q3_K>(gate, up, w, r, y, m, n, k, act);
 }
 
 // @hot
@@ -242,8 +252,9 @@ rms_norm_mat_vecs_q4_k(const float* x, const float* nw, const u8* w0, const u8* 
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-glu_mat_vec_q4_k(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
-    glu_mat_vec<Q4_K>(gate, up, w, y, m, n, k, act);
+glu_mat_vec_q4_k(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<Q4_K>(gate, up, w, r, y, m, n, k, act);
 }
 
 // @hot
@@ -260,8 +271,9 @@ rms_norm_mat_vecs_q5_k(const float* x, const float* nw, const u8* w0, const u8* 
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-glu_mat_vec_q5_k(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
-    glu_mat_vec<Q5_K>(gate, up, w, y, m, n, k, act);
+glu_mat_vec_q5_k(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<Q5_K>(gate, up, w, r, y, m, n, k, act);
 }
 
 // @hot
@@ -278,8 +290,9 @@ rms_norm_mat_vecs_q6_k(const float* x, const float* nw, const u8* w0, const u8* 
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-glu_mat_vec_q6_k(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
-    glu_mat_vec<Q6_K>(gate, up, w, y, m, n, k, act);
+glu_mat_vec_q6_k(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<Q6_K>(gate, up, w, r, y, m, n, k, act);
 }
 
 // @hot
@@ -296,8 +309,9 @@ rms_norm_mat_vecs_q8_k(const float* x, const float* nw, const u8* w0, const u8* 
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-glu_mat_vec_q8_k(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
-    glu_mat_vec<Q8_K>(gate, up, w, y, m, n, k, act);
+glu_mat_vec_q8_k(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<Q8_K>(gate, up, w, r, y, m, n, k, act);
 }
 
 // @hot
@@ -314,8 +328,9 @@ rms_norm_mat_vecs_mxfp4(const float* x, const float* nw, const u8* w0, const u8*
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-glu_mat_vec_mxfp4(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
-    glu_mat_vec<MXFP4>(gate, up, w, y, m, n, k, act);
+glu_mat_vec_mxfp4(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<MXFP4>(gate, up, w, r, y, m, n, k, act);
 }
 
 // @hot
@@ -332,6 +347,7 @@ rms_norm_mat_vecs_nvfp4(const float* x, const float* nw, const u8* w0, const u8*
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-glu_mat_vec_nvfp4(const float* gate, const float* up, const u8* w, float* y, u32 m, u32 n, u32 k, u32 act) {
-    glu_mat_vec<NVFP4>(gate, up, w, y, m, n, k, act);
+glu_mat_vec_nvfp4(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<NVFP4>(gate, up, w, r, y, m, n, k, act);
 }

@@ -35,7 +35,8 @@ static_assert(MV_DEPTH >= 1 && MV_DEPTH <= 8, "MV_DEPTH: 1 to 8 chunks");
 #endif
 
 // The warps' sums meet: after every warp has put its per-row sums and its squares in
-// part[warp], the first `rows` threads add them in warp order and write y.
+// part[warp], the first `rows` threads add them in warp order and write y (plus the source's
+// residual row, where it has one: y = xs · wᵀ + res).
 template <typename Src>
 __device__ __forceinline__ void mv_write(float (*part)[MV_ROWS + 1], const Src& src, float* y, u32 row, u32 n,
                                          u32 col0, u32 rows, u32 k) {
@@ -47,7 +48,12 @@ __device__ __forceinline__ void mv_write(float (*part)[MV_ROWS + 1], const Src& 
             t += part[i][threadIdx.x];
             q += part[i][MV_ROWS];
         }
-        y[(size_t)row * n + col0 + threadIdx.x] = src.finish(t, q, k);
+        const size_t at = (size_t)row * n + col0 + threadIdx.x;
+        float v = src.finish(t, q, k);
+        // The residual stream, where the source has one: the add's own rounding, after the
+        // dot product's.
+        if (src.res != nullptr) v += src.res[at];
+        y[at] = v;
     }
 }
 
@@ -721,6 +727,7 @@ struct MvPlain {
     };
     const float* x;
     u32 k;
+    const float* res;  // [m, n], added to y; null for none
     __device__ __forceinline__ bool aligned() const { return aligned16(x) && k % 4 == 0; }
     template <u32 A>
     __device__ __forceinline__ void fetch(u32 row, u32 v, Raw& r) const {
@@ -743,6 +750,7 @@ struct MvTwo {
     const float* b;
     u32 k;
     bool b_shared;
+    const float* res;  // [m, n], added to y; null for none
     __device__ __forceinline__ bool aligned() const { return aligned16(a) && aligned16(b) && k % 4 == 0; }
     template <u32 A>
     __device__ __forceinline__ void fetch(u32 row, u32 v, Raw& r) const {

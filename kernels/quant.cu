@@ -29,8 +29,9 @@ __device__ __forceinline__ void mat_mul_id_blocks(const float* x, const u8* w, c
 }
 
 template <typename B>
-__device__ __forceinline__ void mat_vec_blocks(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
-    mat_vec_rows<B>(MvPlain{x, k}, w, y, n, k);
+__device__ __forceinline__ void mat_vec_blocks(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n,
+                                               u32 k) {
+    mat_vec_rows<B>(MvPlain{x, k, r}, w, y, n, k);
 }
 
 // Embedding lookup: one thread per 8 values of an output row; bad ids give zeros.
@@ -57,8 +58,8 @@ __device__ __forceinline__ void get_rows_blocks(const u8* table, const int* ids,
 
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-mat_vec_q4_1(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
-    mat_vec_blocks<Q4_1>(x, w, y, m, n, k);
+mat_vec_q4_1(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<Q4_1>(x, w, r, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q4_1(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
     get_rows_blocks<Q4_1>(t, ids, out, n, d, v);
@@ -66,8 +67,8 @@ extern "C" __global__ void get_rows_q4_1(const u8* t, const int* ids, float* out
 
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-mat_vec_q5_0(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
-    mat_vec_blocks<Q5_0>(x, w, y, m, n, k);
+mat_vec_q5_0(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<Q5_0>(x, w, r, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q5_0(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
     get_rows_blocks<Q5_0>(t, ids, out, n, d, v);
@@ -75,8 +76,8 @@ extern "C" __global__ void get_rows_q5_0(const u8* t, const int* ids, float* out
 
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-mat_vec_q5_1(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
-    mat_vec_blocks<Q5_1>(x, w, y, m, n, k);
+mat_vec_q5_1(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<Q5_1>(x, w, r, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q5_1(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
     get_rows_blocks<Q5_1>(t, ids, out, n, d, v);
@@ -84,8 +85,8 @@ extern "C" __global__ void get_rows_q5_1(const u8* t, const int* ids, float* out
 
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-mat_vec_q2_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
-    mat_vec_blocks<Q2_K>(x, w, y, m, n, k);
+mat_vec_q2_k(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<Q2_K>(x, w, r, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q2_k(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
     get_rows_blocks<Q2_K>(t, ids, out, n, d, v);
@@ -93,8 +94,8 @@ extern "C" __global__ void get_rows_q2_k(const u8* t, const int* ids, float* out
 
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-mat_vec_q3_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
-    mat_vec_blocks<Q3_K>(x, w, y, m, n, k);
+mat_vec_q3_k(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<Q3_K>(x, w, r, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q3_k(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
     get_rows_blocks<Q3_K>(t, ids, out, n, d, v);
@@ -102,8 +103,8 @@ extern "C" __global__ void get_rows_q3_k(const u8* t, const int* ids, float* out
 
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-mat_vec_q4_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
-    mat_vec_blocks<Q4_K>(x, w, y, m, n, k);
+mat_vec_q4_k(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<Q4_K>(x, w, r, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q4_k(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
     get_rows_blocks<Q4_K>(t, ids, out, n, d, v);
@@ -111,8 +112,8 @@ extern "C" __global__ void get_rows_q4_k(const u8* t, const int* ids, float* out
 
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-mat_vec_q5_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
-    mat_vec_blocks<Q5_K>(x, w, y, m, n, k);
+mat_vec_q5_k(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<Q5_K>(x, w, r, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q5_k(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
     get_rows_blocks<Q5_K>(t, ids, out, n, d, v);
@@ -120,8 +121,8 @@ extern "C" __global__ void get_rows_q5_k(const u8* t, const int* ids, float* out
 
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-mat_vec_q6_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
-    mat_vec_blocks<Q6_K>(x, w, y, m, n, k);
+mat_vec_q6_k(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<Q6_K>(x, w, r, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q6_k(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
     get_rows_blocks<Q6_K>(t, ids, out, n, d, v);
@@ -129,8 +130,8 @@ extern "C" __global__ void get_rows_q6_k(const u8* t, const int* ids, float* out
 
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-mat_vec_q8_k(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
-    mat_vec_blocks<Q8_K>(x, w, y, m, n, k);
+mat_vec_q8_k(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<Q8_K>(x, w, r, y, m, n, k);
 }
 extern "C" __global__ void get_rows_q8_k(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
     get_rows_blocks<Q8_K>(t, ids, out, n, d, v);
@@ -138,8 +139,8 @@ extern "C" __global__ void get_rows_q8_k(const u8* t, const int* ids, float* out
 
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-mat_vec_mxfp4(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
-    mat_vec_blocks<MXFP4>(x, w, y, m, n, k);
+mat_vec_mxfp4(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<MXFP4>(x, w, r, y, m, n, k);
 }
 extern "C" __global__ void get_rows_mxfp4(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
     get_rows_blocks<MXFP4>(t, ids, out, n, d, v);
@@ -147,8 +148,8 @@ extern "C" __global__ void get_rows_mxfp4(const u8* t, const int* ids, float* ou
 
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
-mat_vec_nvfp4(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
-    mat_vec_blocks<NVFP4>(x, w, y, m, n, k);
+mat_vec_nvfp4(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<NVFP4>(x, w, r, y, m, n, k);
 }
 extern "C" __global__ void get_rows_nvfp4(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
     get_rows_blocks<NVFP4>(t, ids, out, n, d, v);

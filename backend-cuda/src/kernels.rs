@@ -65,9 +65,10 @@ const TUNING_KNOBS: &[(&str, i64, i64)] = &[
     ("MV_STAGED", 0, 2),
     ("MV_STAGES", 2, 4),
     ("MV_MIN_BLOCKS", 1, 16),
-    // Not a kernel's: 0 makes the launch planner decline the norm shared by several weights in
-    // one launch (plan.rs), so the fusion's before/after is one more variant of a sweep.
-    ("FUSE_SHARED_NORM", 0, 1),
+    // Not a kernel's: 0 makes the launch planner decline the launch-saving fusions (plan.rs:
+    // the norm shared by several weights in one launch, the residual add as a mat-vec's
+    // epilogue), so their before/after is one more variant of a sweep.
+    ("FUSE_LAUNCHES", 0, 1),
 ];
 
 /// The value `KILN_CUDA_DEFINES` gives knob `name`, if it gives a valid one (read once).

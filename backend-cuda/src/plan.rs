@@ -377,7 +377,7 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
             };
             launch1(w.get_rows, n * d / per_thread, args)
         }
-        Op::MatMul => plan_mat_mul(i, o),
+        Op::MatMul | Op::MatMulAdd => plan_mat_mul(i, o),
         Op::MatMulId => plan_mat_mul_id(i, o),
         Op::MoeSum => {
             (all_f32(i) && all_f32(o)).then_some(())?;
@@ -645,9 +645,8 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
         }
         Op::RmsNormMatMul { eps, one_plus } if i.len() > 3 => {
             // Two or three weights of one type in one launch, the grid's blocks over their
-            // rows in order (fused.cu's rms_norm_mat_vecs); decode only, as below. The knob
-            // FUSE_SHARED_NORM=0 declines it (a launch per weight), for before/after runs.
-            (kernels::knob("FUSE_SHARED_NORM") != Some(0)).then_some(())?;
+            // rows in order (fused.cu's rms_norm_mat_vecs); decode only, as below.
+            fuse_launches().then_some(())?;
             (all_f32(&i[..2]) && all_f32(o)).then_some(())?;
             let dtype = i[2].dtype;
             i[3..].iter().all(|w| w.dtype == dtype).then_some(())?;
@@ -726,11 +725,24 @@ pub fn plan(desc: &OpDesc) -> Option<Vec<Step>> {
                 GluOp::SwiGlu => 0,
                 GluOp::GeGlu => 1,
             };
+            // The residual, where given (input 3), added as each output is written.
+            (i.len() == 3 || fuse_launches()).then_some(())?;
+            let r = if i.len() > 3 { In(3) } else { Null };
             one(
                 kernel,
                 (u(n.div_ceil(MV_ROWS))?, u(m)?, 1),
                 (MV_THREADS, 1, 1),
-                with_tensors(3, 1, [U32(u(m)?), U32(u(n)?), U32(u(k)?), U32(act)]),
+                vec![
+                    In(0),
+                    In(1),
+                    In(2),
+                    r,
+                    Out(0),
+                    U32(u(m)?),
+                    U32(u(n)?),
+                    U32(u(k)?),
+                    U32(act),
+                ],
             )
         } // Not written yet: these run on the CPU reference through the executor (counted and
           // reported).
@@ -822,6 +834,14 @@ fn plan_mat_mul_id(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
     )
 }
 
+/// Whether the fusions that only save launches (several weights behind one norm in one grid,
+/// the residual add in a mat-vec's epilogue) are planned: the knob `FUSE_LAUNCHES=0` of
+/// `KILN_CUDA_DEFINES` declines them (the model then takes the launch per op), for
+/// before/after runs on a GPU.
+fn fuse_launches() -> bool {
+    kernels::knob("FUSE_LAUNCHES") != Some(0)
+}
+
 fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
     use Arg::{In, Out, U32};
     (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
@@ -829,8 +849,14 @@ fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
     let m = i[0].numel() / k.max(1);
     let args = vec![In(0), In(1), Out(0), U32(u(m)?), U32(u(n)?), U32(u(k)?)];
     let w = weight_kernels(i[1].dtype)?;
+    let residual = i.len() > 2;
+    (!residual || fuse_launches()).then_some(())?;
     // The mat-vec reads 8 values at a time: float rows of another length take the GEMM.
     if m > MAT_VEC_ROWS || k % 8 != 0 {
+        // MatMulAdd's epilogue is the mat-vec's: at prefill sizes the GEMM and the add.
+        if residual {
+            return None;
+        }
         if !is_block_quantized(i[1].dtype) {
             return one(
                 w.mat_mul,
@@ -850,12 +876,14 @@ fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
             );
         }
     }
-    // Decode: four outputs per block, one grid row per activation row.
+    // Decode: four outputs per block, one grid row per activation row; the residual (input 2
+    // of MatMulAdd) added as each output is written.
+    let r = if residual { In(2) } else { Arg::Null };
     one(
         w.mat_vec,
         (u(n.div_ceil(MV_ROWS))?, u(m)?, 1),
         (MV_THREADS, 1, 1),
-        args,
+        vec![In(0), In(1), r, Out(0), U32(u(m)?), U32(u(n)?), U32(u(k)?)],
     )
 }
 

@@ -304,8 +304,13 @@ pub enum Op {
         eps: f32,
         one_plus: bool,
     },
-    /// `Glu` then `MatMul` (the down projection): `gate [.., F]`, `up [.., F]`, `w [N, F]` → `[.., N]`.
+    /// `Glu` then `MatMul` (the down projection): `gate [.., F]`, `up [.., F]`, `w [N, F]` →
+    /// `[.., N]`; with a fourth input, the residual `r [.., N]`, added to the result
+    /// (`MatMulAdd`'s epilogue).
     GluMatMul(GluOp),
+    /// `MatMul` then `Add` of the residual stream (the attention output projection):
+    /// `x [.., K]`, `w [N, K]`, `r [.., N]` → `x · wᵀ + r`.
+    MatMulAdd,
     /// One Gated DeltaNet decode step per sequence, state gathered from and written back to a
     /// pool by slot. `q [S, Hk, Dk]`, `k`, `v [S, Hv, Dv]`, `g [S, Hv]`, `beta [S, Hv]`,
     /// `slots [S]` → `o [S, Hv, Dv]`, and output 1 `state_pool [P, Hv, Dk, Dv]` updated in
@@ -324,7 +329,7 @@ pub enum Op {
 impl Op {
     /// Every name [`Op::name`] gives, each once: the op families, with each unary and GLU op
     /// under its own name. Tests that go through every op use this list.
-    pub const NAMES: [&'static str; 37] = [
+    pub const NAMES: [&'static str; 38] = [
         "mat_mul",
         "mat_mul_id",
         "moe_sum",
@@ -357,6 +362,7 @@ impl Op {
         "copy",
         "rms_norm_mat_mul",
         "glu_mat_mul",
+        "mat_mul_add",
         "delta_net_decode",
         "conv1d_decode",
         "soft_embedding",
@@ -392,6 +398,7 @@ impl Op {
             Op::Copy => "copy",
             Op::RmsNormMatMul { .. } => "rms_norm_mat_mul",
             Op::GluMatMul(_) => "glu_mat_mul",
+            Op::MatMulAdd => "mat_mul_add",
             Op::DeltaNetDecode { .. } => "delta_net_decode",
             Op::Conv1dDecode { .. } => "conv1d_decode",
             Op::SoftEmbedding { .. } => "soft_embedding",

@@ -240,9 +240,9 @@ for s in $steps; do
             # Before/after of a kernel knob, interleaved in one run (KILN_GPU_AB: the define of
             # "before" and "after"; KILN_GPU_AB_MODELS: the checkpoints), tg128 and pp512.
             wait_models
-            # Default: the shared-norm launch (Q/K/V and gate/up each one launch) off and on,
-            # then the lane-per-row mat-vec on top of it.
-            local_a=${KILN_GPU_A:-MV_STAGED=0,FUSE_SHARED_NORM=0}
+            # Default: the launch fusions (Q/K/V and gate/up each one launch, the residual adds
+            # in the projections' epilogues) off and on, then the lane-per-row mat-vec on top.
+            local_a=${KILN_GPU_A:-MV_STAGED=0,FUSE_LAUNCHES=0}
             local_b=${KILN_GPU_B:-MV_STAGED=0}
             ab_models=${KILN_GPU_AB_MODELS:-1b-q4_k 3b-q4_k 8b-q4_k}
             # KILN_GPU_AB_VARIANTS: other variants, space-separated.

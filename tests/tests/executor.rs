@@ -221,7 +221,8 @@ fn projections_sharing_a_norm_take_the_widest_fused_op_the_backend_claims() {
     fn plain(d: &OpDesc) -> bool {
         matches!(d.op, Op::MatMul | Op::RmsNorm { .. })
     }
-    let devices: [(&str, fn(&OpDesc) -> bool, u64, u64); 3] = [
+    type Device = (&'static str, fn(&OpDesc) -> bool, u64, u64);
+    let devices: [Device; 3] = [
         ("all three in one", many, 1, 0),
         ("one a weight", single, 3, 0),
         ("none", plain, 0, 3),
@@ -240,5 +241,108 @@ fn projections_sharing_a_norm_take_the_widest_fused_op_the_backend_claims() {
                 .fold(0.0f32, f32::max);
             assert!(err < 1e-4, "{claimed:?}: max error {err}");
         }
+    }
+}
+
+/// The residual add as a projection's epilogue: `matmul_add` and `glu_matmul_add` take the
+/// fused op where the backend claims it, else the ops they fuse (a plain GLU-matmul and an
+/// add), and both give the composed ops' values.
+#[test]
+fn residual_adds_fuse_into_the_projection_only_where_claimed() {
+    let mut rng = Rng::new(43);
+    let (m, k, f, n) = (2usize, 64usize, 96usize, 24usize);
+    let vals: Vec<Vec<f32>> = [m * k, n * k, m * f, m * f, n * f, m * n]
+        .iter()
+        .map(|&len| randn(&mut rng, len))
+        .collect();
+    let run = |ex: &Executor| -> (Vec<f32>, Vec<f32>) {
+        let b = ex.backend().clone();
+        let up = |d: DType, shape: &[usize], v: &[f32]| {
+            let t = b.alloc(&TensorDesc::new(d, shape)).unwrap();
+            b.upload(&t, &kiln_core::quant::quantize(d, v).unwrap())
+                .unwrap();
+            t
+        };
+        let x = up(DType::F32, &[m, k], &vals[0]);
+        let w = up(DType::Q8_0, &[n, k], &vals[1]);
+        let gate = up(DType::F32, &[m, f], &vals[2]);
+        let upv = up(DType::F32, &[m, f], &vals[3]);
+        let wd = up(DType::Q8_0, &[n, f], &vals[4]);
+        let r = up(DType::F32, &[m, n], &vals[5]);
+        ex.set_profiling(true);
+        let a = ex.matmul_add(&x, &w, &r).unwrap();
+        let g = ex
+            .glu_matmul_add(kiln_core::op::GluOp::SwiGlu, &gate, &upv, &wd, &r)
+            .unwrap();
+        (ex.download_f32(&a).unwrap(), ex.download_f32(&g).unwrap())
+    };
+    let calls = |ex: &Executor, op: &str| {
+        ex.profile()
+            .iter()
+            .find(|(name, _)| *name == op)
+            .map_or(0, |(_, t)| t.calls)
+    };
+    // The composed reference, on the CPU: the plain ops one by one.
+    let cpu = Executor::cpu();
+    let want = {
+        let b = cpu.backend().clone();
+        let up = |d: DType, shape: &[usize], v: &[f32]| {
+            let t = b.alloc(&TensorDesc::new(d, shape)).unwrap();
+            b.upload(&t, &kiln_core::quant::quantize(d, v).unwrap())
+                .unwrap();
+            t
+        };
+        let y = cpu
+            .matmul(
+                &up(DType::F32, &[m, k], &vals[0]),
+                &up(DType::Q8_0, &[n, k], &vals[1]),
+            )
+            .unwrap();
+        let r = up(DType::F32, &[m, n], &vals[5]);
+        let h = cpu
+            .glu(
+                kiln_core::op::GluOp::SwiGlu,
+                &up(DType::F32, &[m, f], &vals[2]),
+                &up(DType::F32, &[m, f], &vals[3]),
+            )
+            .unwrap();
+        let d = cpu.matmul(&h, &up(DType::Q8_0, &[n, f], &vals[4])).unwrap();
+        (
+            cpu.download_f32(&cpu.add(&r, &y).unwrap()).unwrap(),
+            cpu.download_f32(&cpu.add(&r, &d).unwrap()).unwrap(),
+        )
+    };
+    fn fused(d: &OpDesc) -> bool {
+        matches!(d.op, Op::MatMulAdd | Op::GluMatMul(_))
+    }
+    fn unfused(d: &OpDesc) -> bool {
+        match d.op {
+            Op::GluMatMul(_) => d.inputs.len() == 3,
+            _ => matches!(d.op, Op::MatMul | Op::Add),
+        }
+    }
+    // (device, its claims, calls of mat_mul_add, glu_mat_mul, mat_mul and add)
+    type Device = (&'static str, fn(&OpDesc) -> bool, [u64; 4]);
+    let devices: [Device; 2] = [
+        ("fused", fused, [1, 1, 0, 0]),
+        ("unfused", unfused, [0, 1, 1, 2]),
+    ];
+    for (name, claims, want_calls) in devices {
+        let ex = Executor::new(Arc::new(FakeDevice::new("residual", claims)));
+        let got = run(&ex);
+        assert_eq!(
+            [
+                calls(&ex, "mat_mul_add"),
+                calls(&ex, "glu_mat_mul"),
+                calls(&ex, "mat_mul"),
+                calls(&ex, "add")
+            ],
+            want_calls,
+            "{name}"
+        );
+        assert_eq!(ex.total_fallbacks(), 0, "{name}");
+        // The same roundings in the same order: the same values.
+        assert_eq!(got.0, want.0, "{name}: matmul_add");
+        assert_eq!(got.1, want.1, "{name}: glu_matmul_add");
     }
 }

@@ -84,6 +84,7 @@ pub(crate) fn supports(dev: &Device, desc: &OpDesc) -> bool {
         // Fused ops are CUDA's: WebGPU models take the decomposed path through the gate.
         Op::RmsNormMatMul { .. }
         | Op::GluMatMul(_)
+        | Op::MatMulAdd
         | Op::DeltaNetDecode { .. }
         | Op::Conv1dDecode { .. }
         | Op::SoftEmbedding { .. } => false,

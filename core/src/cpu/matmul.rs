@@ -421,5 +421,27 @@ pub(crate) fn glu_mat_mul(g: GluOp, i: &[In], o: &mut [Out]) -> KResult {
     let mut h = i[0].f32()?.into_owned();
     let up = i[1].f32()?;
     elementwise::glu_in_place(g, &mut h, &up);
-    run(&h, &i[2], &mut o[0])
+    run(&h, &i[2], &mut o[0])?;
+    match i.get(3) {
+        Some(r) => add_residual(r, &mut o[0]),
+        None => Ok(()),
+    }
+}
+
+/// `x · wᵀ + r`: the matmul, then the residual added to each output (the same two roundings
+/// as the separate ops).
+pub(crate) fn mat_mul_add(i: &[In], o: &mut [Out]) -> KResult {
+    let x = i[0].f32()?;
+    run(&x, &i[1], &mut o[0])?;
+    add_residual(&i[2], &mut o[0])
+}
+
+fn add_residual(r: &In, o: &mut Out) -> KResult {
+    let r = r.f32()?;
+    o.with_f32(true, |y| {
+        for (y, r) in y.iter_mut().zip(r.iter()) {
+            *y += r;
+        }
+        Ok(())
+    })
 }

@@ -509,6 +509,7 @@ fn on_workers(op: &Op) -> bool {
         Op::MatMul
             | Op::RmsNormMatMul { .. }
             | Op::GluMatMul(_)
+            | Op::MatMulAdd
             | Op::GetRows
             | Op::Add
             | Op::Mul
@@ -568,6 +569,7 @@ fn dispatch(op: &Op, i: &[In], o: &mut [Out]) -> KResult {
         } => canvas::accept(*entropy_bound, *confidence, *stability, *vocab, *seed, i, o),
         Op::RmsNormMatMul { eps, one_plus } => matmul::rms_norm_mat_mul(*eps, *one_plus, i, o),
         Op::GluMatMul(g) => matmul::glu_mat_mul(*g, i, o),
+        Op::MatMulAdd => matmul::mat_mul_add(i, o),
     }
 }
 

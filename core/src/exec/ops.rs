@@ -356,6 +356,39 @@ impl Executor {
         self.matmul(&p, table_t()?)
     }
 
+    /// `x · wᵀ + r`, a projection added to the residual stream `r`: the fused op where the
+    /// backend has it (the fused-op gate; the add is the matmul's epilogue), else the matmul
+    /// and the add.
+    pub fn matmul_add(&self, x: &Tensor, w: &Tensor, r: &Tensor) -> Result<Tensor> {
+        let op = Op::MatMulAdd;
+        let out = op.output_descs(&[x.desc().clone(), w.desc().clone(), r.desc().clone()])?;
+        if self.supports_op(&op, &[x.desc(), w.desc(), r.desc()], &[&out[0]]) {
+            return self.one(&op, &[x, w, r]);
+        }
+        let y = self.matmul(x, w)?;
+        self.add(r, &y)
+    }
+
+    /// `act(gate)·up` projected by `w_down` and added to the residual stream `r`: one fused op
+    /// where the backend has it, else [`Executor::glu_matmul`] and the add.
+    pub fn glu_matmul_add(
+        &self,
+        g: GluOp,
+        gate: &Tensor,
+        up: &Tensor,
+        w_down: &Tensor,
+        r: &Tensor,
+    ) -> Result<Tensor> {
+        let op = Op::GluMatMul(g);
+        let ins = [gate.desc(), up.desc(), w_down.desc(), r.desc()];
+        let out = op.output_descs(&ins.map(|d| d.clone()))?;
+        if self.supports_op(&op, &ins, &[&out[0]]) {
+            return self.one(&op, &[gate, up, w_down, r]);
+        }
+        let d = self.glu_matmul(g, gate, up, w_down)?;
+        self.add(r, &d)
+    }
+
     /// `act(gate)·up` projected by `w_down`: the fused kernel where the backend has one (the
     /// fused-op gate), else the two plain ops.
     pub fn glu_matmul(

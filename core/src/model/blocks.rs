@@ -70,6 +70,19 @@ impl GatedFfn {
         let [gate, up] = normed_matmuls(ex, x, norm_w, n, [&self.gate, &self.up])?;
         ex.glu_matmul(self.act, &gate, &up, &self.down)
     }
+
+    /// `x + block(norm(x))`: the residual added in the down projection's epilogue where the
+    /// backend can.
+    pub fn forward_residual(
+        &self,
+        ex: &Executor,
+        x: &Tensor,
+        norm_w: &Tensor,
+        n: NormSpec,
+    ) -> Result<Tensor> {
+        let [gate, up] = normed_matmuls(ex, x, norm_w, n, [&self.gate, &self.up])?;
+        ex.glu_matmul_add(self.act, &gate, &up, &self.down, x)
+    }
 }
 
 /// One layer's paged attention: `k`, `v` (`[T, kv_heads, dim]`, positions already applied)

@@ -260,17 +260,22 @@ impl Decoder {
                 mask,
             };
             let a = attention(ex, &bt, kv, layer.kv, &q, Some((&k, &v)), p)?;
-            let mut o = ex.matmul(&a, &layer.wo)?;
-            if let Some(pn) = &layer.post_attn_norm {
-                o = self.norm(ex, &o, pn)?;
-            }
-            x = ex.add(&x, &o)?;
+            // Each residual add is its projection's epilogue where no norm comes between.
+            x = match &layer.post_attn_norm {
+                Some(pn) => {
+                    let o = ex.matmul(&a, &layer.wo)?;
+                    ex.add(&x, &self.norm(ex, &o, pn)?)?
+                }
+                None => ex.matmul_add(&a, &layer.wo, &x)?,
+            };
             // MLP.
-            let mut d = layer.ffn.forward(ex, &x, &layer.ffn_norm, ns)?;
-            if let Some(pn) = &layer.post_ffn_norm {
-                d = self.norm(ex, &d, pn)?;
-            }
-            x = ex.add(&x, &d)?;
+            x = match &layer.post_ffn_norm {
+                Some(pn) => {
+                    let d = layer.ffn.forward(ex, &x, &layer.ffn_norm, ns)?;
+                    ex.add(&x, &self.norm(ex, &d, pn)?)?
+                }
+                None => layer.ffn.forward_residual(ex, &x, &layer.ffn_norm, ns)?,
+            };
             taps.after(l, &x);
         }
         Ok(x)

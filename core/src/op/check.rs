@@ -148,10 +148,14 @@ pub(super) fn check(op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> R
 fn check_inputs(c: &Ctx) -> Result<()> {
     let i = c.inputs;
     match c.op {
-        Op::MatMul | Op::RmsNormMatMul { .. } | Op::GluMatMul(_) => {
+        Op::MatMul | Op::MatMulAdd | Op::RmsNormMatMul { .. } | Op::GluMatMul(_) => {
             let (x, w) = match c.op {
                 Op::MatMul => {
                     c.n_inputs(&[2])?;
+                    (&i[0], &i[1])
+                }
+                Op::MatMulAdd => {
+                    c.n_inputs(&[3])?;
                     (&i[0], &i[1])
                 }
                 Op::RmsNormMatMul { eps, .. } => {
@@ -187,7 +191,7 @@ fn check_inputs(c: &Ctx) -> Result<()> {
                     (&i[0], &i[2])
                 }
                 _ => {
-                    c.n_inputs(&[3])?;
+                    c.n_inputs(&[3, 4])?;
                     c.float(&i[1], "up")?;
                     c.ensure(i[0].shape == i[1].shape, || {
                         "gate and up must have one shape".into()
@@ -208,7 +212,26 @@ fn check_inputs(c: &Ctx) -> Result<()> {
                     x.shape.last(),
                     w.shape.0[1]
                 )
-            })
+            })?;
+            // The residual of MatMulAdd (input 2) and of GluMatMul (input 3): the output's
+            // shape, in the activation's dtype.
+            let res = match c.op {
+                Op::MatMulAdd => i.get(2),
+                Op::GluMatMul(_) => i.get(3),
+                _ => None,
+            };
+            match res {
+                Some(r) => {
+                    c.dtype(r, x.dtype, "residual")?;
+                    c.ensure(r.shape == with_last(&x.shape, w.shape.0[0]), || {
+                        format!(
+                            "residual must have the output's shape {}",
+                            with_last(&x.shape, w.shape.0[0])
+                        )
+                    })
+                }
+                None => Ok(()),
+            }
         }
         Op::MatMulId => {
             c.n_inputs(&[3])?;
@@ -569,8 +592,8 @@ fn infer(c: &Ctx) -> Result<Vec<TensorDesc>> {
             .iter()
             .map(|w| TensorDesc::new(act, with_last(&i[0].shape, w.shape.0[0])))
             .collect()),
-        Op::MatMul | Op::GluMatMul(_) => {
-            let w = if matches!(c.op, Op::MatMul) {
+        Op::MatMul | Op::MatMulAdd | Op::GluMatMul(_) => {
+            let w = if matches!(c.op, Op::MatMul | Op::MatMulAdd) {
                 &i[1]
             } else {
                 &i[2]

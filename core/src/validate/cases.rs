@@ -600,6 +600,58 @@ fn fused(c: &mut Vec<Case>) -> Result<()> {
         )?
         .offset_inputs(),
     );
+    // The residual add as the projection's epilogue: decode and prefill rows, float and block
+    // weights, rows of outputs not a multiple of 4, and operands off their alignment.
+    for (w, m, k, rows) in [
+        (Q4_K, 1usize, 512usize, 45usize),
+        (Q6_K, 3, 512, 13),
+        (BF16, 1, 256, 70),
+        (F32, 2, 100, 9),
+        (Q8_0, 6, 96, 37),
+    ] {
+        c.push(Case::new(
+            Op::MatMulAdd,
+            format!("{w} m={m} k={k} n={rows}"),
+            vec![n(F32, &[m, k]), n(w, &[rows, k]), n(F32, &[m, rows])],
+        )?);
+    }
+    for (g, w, m, f, rows) in [
+        (GluOp::SwiGlu, Q4_K, 1usize, 512usize, 37usize),
+        (GluOp::GeGlu, F16, 2, 256, 19),
+        (GluOp::SwiGlu, Q4_0, 6, 96, 21),
+    ] {
+        c.push(Case::new(
+            Op::GluMatMul(g),
+            format!("{w} m={m} f={f} n={rows} + residual"),
+            vec![
+                n(F32, &[m, f]),
+                n(F32, &[m, f]),
+                n(w, &[rows, f]),
+                n(F32, &[m, rows]),
+            ],
+        )?);
+    }
+    c.push(
+        Case::new(
+            Op::MatMulAdd,
+            "q8_0 m=1 k=1024 n=21",
+            vec![n(F32, &[1, 1024]), n(Q8_0, &[21, 1024]), n(F32, &[1, 21])],
+        )?
+        .offset_inputs(),
+    );
+    c.push(
+        Case::new(
+            Op::GluMatMul(GluOp::SwiGlu),
+            "q4_K m=1 f=1536 n=19 + residual",
+            vec![
+                n(F32, &[1, 1536]),
+                n(F32, &[1, 1536]),
+                n(Q4_K, &[19, 1536]),
+                n(F32, &[1, 19]),
+            ],
+        )?
+        .offset_inputs(),
+    );
     // One norm shared by several projections (Q, K, V; gate, up): one launch where the weights
     // share a type, rows of the small ones not a multiple of the kernels' 4 a block, a mixed
     // set (which CUDA declines: the composed path), decode and prefill rows, and every operand

@@ -550,6 +550,43 @@ fn fused_rms_norm_mat_mul_and_glu_mat_mul() {
                 &want,
                 |i| matmul_bound(k + 16, mag[i], want[i], xdt),
             );
+            // The same norm shared by three weights in one op: each output as if alone.
+            let rows = [n, 7, 9];
+            let mut ws = Vec::new();
+            for &r in &rows {
+                ws.push(kx.tensor(wdt, &[r, k], &normal(&mut rng, r * k, 0.5)));
+            }
+            let mut ins = vec![&x, &nw];
+            ins.extend(ws.iter().map(|(t, _)| t));
+            let ys = kx.run(&Op::RmsNormMatMul { eps, one_plus }, &ins);
+            assert_eq!(ys.len(), 3);
+            for ((y, (_, wv)), &r) in ys.iter().zip(&ws).zip(&rows) {
+                let want = naive::matmul(&h, wv, m, r, k);
+                let mag = naive::matmul_abs(&h, wv, m, r, k);
+                assert_within(
+                    &format!("rms_norm_mat_mul x3 (n={r}) {xdt} {wdt} one_plus {one_plus}"),
+                    &kx.f32(y),
+                    &want,
+                    |i| matmul_bound(k + 16, mag[i], want[i], xdt),
+                );
+            }
+        }
+        // The residual as the matmul's epilogue: the matmul's bound, plus the add's rounding.
+        {
+            let (m, n) = (4, 19);
+            let (x, xv) = kx.tensor(xdt, &[m, k], &normal(&mut rng, m * k, 1.0));
+            let (w, wv) = kx.tensor(wdt, &[n, k], &normal(&mut rng, n * k, 0.5));
+            let (r, rv) = kx.tensor(xdt, &[m, n], &normal(&mut rng, m * n, 3.0));
+            let y = kx.run(&Op::MatMulAdd, &[&x, &w, &r]);
+            let mm = naive::matmul(&xv, &wv, m, n, k);
+            let mag = naive::matmul_abs(&xv, &wv, m, n, k);
+            let want: Vec<f64> = mm.iter().zip(&rv).map(|(a, b)| a + b).collect();
+            assert_within(
+                &format!("mat_mul_add {xdt} {wdt}"),
+                &kx.f32(&y[0]),
+                &want,
+                |i| matmul_bound(k, mag[i], mm[i], xdt) + unit(xdt) * want[i].abs() + tiny(xdt),
+            );
         }
         for g in [GluOp::SwiGlu, GluOp::GeGlu] {
             let (m, n) = (3, 29);
@@ -570,6 +607,21 @@ fn fused_rms_norm_mat_mul_and_glu_mat_mul() {
                 &kx.f32(&y[0]),
                 &want,
                 |i| matmul_bound(k + 16, mag[i], want[i], xdt) + 2e-6 * wabs[i % n],
+            );
+            // With the residual added in the epilogue.
+            let (r, rv) = kx.tensor(xdt, &[m, n], &normal(&mut rng, m * n, 3.0));
+            let y = kx.run(&Op::GluMatMul(g), &[&gate, &up, &w, &r]);
+            let with_r: Vec<f64> = want.iter().zip(&rv).map(|(a, b)| a + b).collect();
+            assert_within(
+                &format!("glu_mat_mul {} {xdt} {wdt} + residual", g.name()),
+                &kx.f32(&y[0]),
+                &with_r,
+                |i| {
+                    matmul_bound(k + 16, mag[i], want[i], xdt)
+                        + 2e-6 * wabs[i % n]
+                        + unit(xdt) * with_r[i].abs()
+                        + tiny(xdt)
+                },
             );
         }
     }
