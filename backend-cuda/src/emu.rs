@@ -12,7 +12,9 @@ use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use kiln_core::backend::{check_call, next_backend_id, Backend, Capabilities, DeviceKind};
+use kiln_core::backend::{
+    check_call, next_backend_id, Backend, Capabilities, DeviceKind, SubmitStats,
+};
 use kiln_core::op::{Op, OpDesc};
 use kiln_core::tensor::{BackendId, Storage, Tensor, TensorDesc};
 use kiln_core::{Error, Result};
@@ -154,6 +156,8 @@ pub struct EmuBackend {
     sigs: std::collections::HashMap<String, Signature>,
     /// `__shared__` arrays are statics in the emulation: one launch at a time.
     lock: Mutex<()>,
+    /// Kernels launched so far (what `submit_stats` reports; the host time is not a GPU's).
+    launches: std::sync::atomic::AtomicU64,
 }
 
 impl EmuBackend {
@@ -182,6 +186,7 @@ impl EmuBackend {
             lib,
             sigs: kernels::signatures()?,
             lock: Mutex::new(()),
+            launches: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -276,6 +281,8 @@ impl Backend for EmuBackend {
                         .ok_or_else(|| err(format!("no kernel {}", l.kernel)))?;
                     check_launch(sig, l, &desc.inputs, &desc.outputs, &scratch_descs)
                         .map_err(err)?;
+                    self.launches
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     // Each argument's value in its own 8-byte slot, as cuLaunchKernel reads
                     // them: pointers whole, 32-bit values in the low bytes.
                     let mut slots: Vec<u64> = l
@@ -317,6 +324,14 @@ impl Backend for EmuBackend {
     }
     fn synchronize(&self) -> Result<()> {
         Ok(())
+    }
+    /// The launches, counted as on a GPU (so launch counts per token are measured without
+    /// one); no host time is reported, since the kernels run inside the call.
+    fn submit_stats(&self) -> Option<SubmitStats> {
+        Some(SubmitStats {
+            launches: self.launches.load(std::sync::atomic::Ordering::Relaxed),
+            host_seconds: 0.0,
+        })
     }
 }
 

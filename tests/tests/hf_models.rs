@@ -443,3 +443,46 @@ fn llama_cpp_gguf_conversions_match_transformers() {
 }
 
 const GGUF_MODELS: &[&str] = &["qwen3_5", "qwen3_5_moe", "gemma4", "gemma4_moe"];
+
+/// Kernel launches in one decode step of the Llama-family fixtures on the emulated CUDA
+/// kernels, counted as a GPU would count them. With Q/K/V and gate/up each one launch and the
+/// residual adds in the projections' epilogues, a layer takes 7 launches beside its attention's
+/// (and Qwen3's two head norms); the unfused ops took 12. `KILN_CUDA_DEFINES=FUSE_LAUNCHES=0`
+/// prints the unfused count (and skips the bound).
+#[test]
+fn a_dense_decode_step_launches_seven_kernels_a_layer_beside_attention() {
+    let Some(emu) = kiln_tests::cuda_emu() else {
+        return;
+    };
+    let unfused = std::env::var("KILN_CUDA_DEFINES").is_ok_and(|v| v.contains("FUSE_LAUNCHES=0"));
+    for (name, per_layer) in [("llama", 7u64), ("qwen3", 9)] {
+        let d = dir(name);
+        let cfg: Value = serde_json::from_str(
+            &std::fs::read_to_string(d.join("config.json")).expect("config.json"),
+        )
+        .expect("config parses");
+        let layers = cfg["num_hidden_layers"]
+            .as_u64()
+            .expect("num_hidden_layers");
+        let mut r = runner(&d, Executor::new(emu.clone()).strict(true), 7);
+        r.feed(1, &[1, 2, 3], Logits::Last).expect("prefill");
+        let before = emu.submit_stats().expect("counted").launches;
+        r.feed(1, &[4], Logits::Last).expect("decode");
+        let step = emu.submit_stats().expect("counted").launches - before;
+        // Attention: the KV write and the paged attention kernel(s).
+        let attention = step.saturating_sub(layers * per_layer);
+        println!(
+            "{name}: {step} launches for one decode token over {layers} layers ({:.1} a layer){}",
+            step as f64 / layers as f64,
+            if unfused { ", fusions off" } else { "" }
+        );
+        if !unfused {
+            // Beside the per-layer ops: the embedding, the final norm and head, and at most
+            // 3 attention launches (KV write, attention, a split's reduction) a layer.
+            assert!(
+                attention <= layers * 3 + 4,
+                "{name}: {step} launches over {layers} layers"
+            );
+        }
+    }
+}
