@@ -115,6 +115,11 @@ pub fn build_with(spec: Option<&str>) -> std::result::Result<PathBuf, String> {
     Ok(lib)
 }
 
+/// `__shared__` arrays are statics in the emulation, and every backend over the same kernel
+/// library shares them (the library is loaded once a process): one launch at a time in the
+/// whole process, not only per backend.
+static EMU_LOCK: Mutex<()> = Mutex::new(());
+
 /// Host memory standing in for a device buffer (8-byte aligned, as device memory is at least).
 struct EmuBuf {
     data: UnsafeCell<Box<[u64]>>,
@@ -123,7 +128,7 @@ struct EmuBuf {
 }
 
 // SAFETY: the buffer is only written by `upload` and by kernels, which the backend runs one at
-// a time under its lock; readers come after (the same ordering a CUDA stream gives).
+// a time under EMU_LOCK; readers come after (the same ordering a CUDA stream gives).
 unsafe impl Sync for EmuBuf {}
 
 impl EmuBuf {
@@ -154,8 +159,6 @@ pub struct EmuBackend {
     caps: Capabilities,
     lib: libloading::Library,
     sigs: std::collections::HashMap<String, Signature>,
-    /// `__shared__` arrays are statics in the emulation: one launch at a time.
-    lock: Mutex<()>,
     /// Kernels launched so far (what `submit_stats` reports; the host time is not a GPU's).
     launches: std::sync::atomic::AtomicU64,
 }
@@ -185,7 +188,6 @@ impl EmuBackend {
             },
             lib,
             sigs: kernels::signatures()?,
-            lock: Mutex::new(()),
             launches: std::sync::atomic::AtomicU64::new(0),
         }))
     }
@@ -225,7 +227,7 @@ impl Backend for EmuBackend {
         if bytes.len() != dst.nbytes() {
             return Err(err("upload size"));
         }
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = EMU_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the range is inside the buffer (`Tensor::new` checked it).
         unsafe {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.addr(dst)? as *mut u8, bytes.len())
@@ -234,7 +236,7 @@ impl Backend for EmuBackend {
     }
     fn download(&self, src: &Tensor) -> Result<Vec<u8>> {
         let mut out = vec![0u8; src.nbytes()];
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = EMU_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: as in `upload`.
         unsafe {
             std::ptr::copy_nonoverlapping(self.addr(src)? as *const u8, out.as_mut_ptr(), out.len())
@@ -247,7 +249,7 @@ impl Backend for EmuBackend {
     fn execute(&self, op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
         let desc = check_call(self, op, inputs, outputs)?;
         let steps = plan(&desc).ok_or_else(|| err(format!("{desc} is not planned")))?;
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = EMU_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         let scratch_descs = crate::plan::scratch_descs(&steps);
         let mut scratch: Vec<Tensor> = Vec::new();
         for step in &steps {

@@ -6,7 +6,7 @@
 //! near-zero temperatures, on the CPU, on WebGPU and on the emulated CUDA kernels (both
 //! strict: no CPU fallback).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use kiln_core::engine::diffusion::{generate, DiffusionEvent, DiffusionRequest};
 use kiln_core::engine::{Logits, Runner, RunnerConfig};
@@ -46,7 +46,11 @@ fn f32s(name: &str) -> Vec<f32> {
 }
 
 fn runner(ex: Executor) -> Runner {
-    let file = open_model(&dir()).expect("checkpoint opens");
+    runner_in(&dir(), ex)
+}
+
+fn runner_in(d: &Path, ex: Executor) -> Runner {
+    let file = open_model(d).expect("checkpoint opens");
     let model = build_from_gguf(&file, &ex).expect("model builds");
     let cfg = RunnerConfig {
         ctx: 128,
@@ -146,6 +150,71 @@ fn check(ex: impl Fn() -> Executor, backend: &str) {
     );
     assert_eq!(canvas, ids(&v, "first_canvas"), "{backend}");
     assert_eq!((sum.canvases, sum.generated), (1, 8));
+}
+
+/// The fixture with its text config's `final_logit_softcapping` absent, null or 12, in a
+/// directory of its own (the weights and tokenizer linked, the config rewritten).
+fn cap_variant(variant: &str, backend: &str) -> PathBuf {
+    let out = std::env::temp_dir().join(format!(
+        "kiln-dg-cap-{variant}-{backend}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).expect("tmp dir");
+    for e in std::fs::read_dir(dir()).expect("fixture") {
+        let e = e.expect("entry");
+        if e.file_name() != "config.json" {
+            std::fs::copy(e.path(), out.join(e.file_name())).expect("copy");
+        }
+    }
+    let mut cfg: Value =
+        serde_json::from_slice(&std::fs::read(dir().join("config.json")).expect("config"))
+            .expect("config JSON");
+    let text = cfg["text_config"].as_object_mut().expect("text_config");
+    match variant {
+        "absent" => {
+            text.remove("final_logit_softcapping");
+        }
+        "null" => {
+            text.insert("final_logit_softcapping".into(), Value::Null);
+        }
+        v => {
+            let cap: f64 = v.parse().expect("a cap");
+            text.insert("final_logit_softcapping".into(), cap.into());
+        }
+    }
+    std::fs::write(out.join("config.json"), cfg.to_string()).expect("write config");
+    out
+}
+
+/// The soft-cap absent means DiffusionGemma's class default (30), null means none, and a set
+/// value is used: decoder logits against transformers' for each (config_defaults.py).
+fn check_soft_cap(ex: impl Fn() -> Executor, backend: &str) {
+    for variant in ["absent", "null", "12"] {
+        let d = cap_variant(variant, backend);
+        let mut r = runner_in(&d, ex());
+        let want = f32s(&format!("logits_cap_{variant}.f32"));
+        let e = max_err(&step(&mut r, 1, 12, None), &want);
+        println!("{backend}: soft-cap {variant}: decoder logits max |Δ| {e:.2e}");
+        assert!(e < TOL, "{backend}: soft-cap {variant}: {e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+    // The three references differ by far more than the tolerance, so each check can fail.
+    let (a, n) = (f32s("logits_cap_absent.f32"), f32s("logits_cap_null.f32"));
+    assert!(max_err(&[n], &a) > 10.0 * TOL);
+}
+
+#[test]
+fn the_soft_cap_absent_null_or_set_matches_transformers_on_the_cpu() {
+    check_soft_cap(Executor::cpu, "cpu");
+}
+
+#[test]
+fn the_soft_cap_absent_null_or_set_matches_transformers_on_webgpu() {
+    let Some(gpu) = optional_backend("wgpu", kiln_backend_wgpu::open) else {
+        return;
+    };
+    check_soft_cap(|| Executor::new(gpu.clone()).strict(true), "wgpu");
 }
 
 #[test]

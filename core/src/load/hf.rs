@@ -58,7 +58,14 @@ impl Config {
             .map_err(|e| Error::load(&name, format!("cannot read config.json: {e}")))?;
         let root: Json = serde_json::from_slice(&raw)
             .map_err(|e| Error::load(&name, format!("config.json is not JSON: {e}")))?;
-        let text = match root.get("text_config") {
+        Self::from_json(name, root)
+    }
+
+    /// A config from its parsed `config.json` (`name` names it in errors): absent fields take
+    /// the class defaults of the text model's type, and nulls transformers refuses are errors
+    /// (`hf_defaults`).
+    pub(super) fn from_json(name: String, root: Json) -> Result<Config> {
+        let mut text = match root.get("text_config") {
             Some(t) if t.is_object() => t.clone(),
             _ => root.clone(),
         };
@@ -71,6 +78,12 @@ impl Config {
             .and_then(Json::as_str)
             .ok_or_else(|| Error::load(&name, "config.json has no model_type"))?
             .to_string();
+        let text_type = text
+            .get("model_type")
+            .and_then(Json::as_str)
+            .unwrap_or(&model_type)
+            .to_string();
+        super::hf_defaults::apply(&text_type, &mut text).map_err(|e| Error::load(&name, e))?;
         Ok(Config {
             dir: name,
             text,
@@ -292,7 +305,8 @@ fn family_meta(c: &Config, fam: Family, m: &mut Meta) -> Result<()> {
                 .and_then(|p| p.get("partial_rotary_factor"))
                 .or_else(|| c.get("partial_rotary_factor"))
                 .and_then(Json::as_f64)
-                .unwrap_or(1.0);
+                // The class default: a quarter of each head rotates.
+                .unwrap_or(0.25);
             m.u("rope.dimension_count", (hd as f64 * partial) as usize);
             m.u("ssm.conv_kernel", c.usize("linear_conv_kernel_dim")?);
             m.u("ssm.state_size", c.usize("linear_key_head_dim")?);
@@ -365,7 +379,12 @@ fn family_meta(c: &Config, fam: Family, m: &mut Meta) -> Result<()> {
             m.u("diffusion.canvas_length", canvas);
         }
         Family::Gemma3 => {
-            m.u("attention.sliding_window", c.usize("sliding_window")?);
+            // A null window (transformers: None) bounds nothing: the whole context.
+            let window = match c.get("sliding_window") {
+                Some(_) => c.usize("sliding_window")?,
+                None => c.usize("max_position_embeddings")?,
+            };
+            m.u("attention.sliding_window", window);
             let full = Some("full_attention");
             m.f("rope.freq_base", c.rope_theta(full).unwrap_or(1_000_000.0));
             let (kind, factor) = c.rope_scaling(full)?;
@@ -398,10 +417,22 @@ fn family_meta(c: &Config, fam: Family, m: &mut Meta) -> Result<()> {
 /// K = V on full layers, KV sharing, per-layer embeddings, soft-capping.
 fn gemma4_meta(c: &Config, m: &mut Meta) -> Result<()> {
     let layers = c.usize("num_hidden_layers")?;
-    let types = c
-        .layer_types()
-        .filter(|t| t.len() == layers)
-        .ok_or_else(|| c.err("config.json: layer_types must list every layer"))?;
+    // Absent or null: five sliding layers to one full (transformers' default pattern). The
+    // last layer attends fully whatever the list says (transformers forces it, with a
+    // warning).
+    let mut types = match c.layer_types() {
+        Some(t) if t.len() == layers => t,
+        Some(_) => return Err(c.err("config.json: layer_types must list every layer")),
+        None => (0..layers)
+            .map(|l| match (l + 1) % 6 {
+                0 => "full_attention".to_string(),
+                _ => "sliding_attention".to_string(),
+            })
+            .collect(),
+    };
+    if let Some(last) = types.last_mut() {
+        *last = "full_attention".to_string();
+    }
     let hd = c.usize("head_dim")?;
     let nkv = c.usize("num_key_value_heads")?;
     let per_layer = c.get("per_layer_config");
@@ -707,9 +738,17 @@ fn shard_paths(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
     Ok(files)
 }
 
-/// Reads a Hugging Face model directory as a GGUF-like model view.
-pub fn open_dir(dir: &Path) -> Result<GgufFile> {
-    let c = Config::read(dir)?;
+/// The metadata (llama.cpp's keys under the architecture's name) that a parsed `config.json`
+/// gives, as [`open_dir`] reads it: what kiln makes of each field, absent and null included
+/// (checked against transformers by `tests/tests/hf_config_defaults.rs`).
+pub fn config_metadata(name: &str, root: Json) -> Result<Vec<(String, Value)>> {
+    let c = Config::from_json(name.to_string(), root)?;
+    let (_, meta) = read_meta(&c, name)?;
+    Ok(meta.kv)
+}
+
+/// The family and metadata of a config.
+fn read_meta(c: &Config, name: &str) -> Result<(Family, Meta)> {
     let (fam, arch) = family(&c.model_type).ok_or_else(|| {
         c.err(format!(
             "model_type {:?} is not supported from Hugging Face checkpoints; kiln reads: {}",
@@ -726,18 +765,22 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
         arch,
         kv: vec![
             ("general.architecture".into(), Value::Str(arch.into())),
-            (
-                "general.name".into(),
-                Value::Str(
-                    dir.file_name()
-                        .map(|n| n.to_string_lossy().to_string())
-                        .unwrap_or_default(),
-                ),
-            ),
+            ("general.name".into(), Value::Str(name.to_string())),
             ("kiln.source".into(), Value::Str("huggingface".into())),
         ],
     };
-    family_meta(&c, fam, &mut meta)?;
+    family_meta(c, fam, &mut meta)?;
+    Ok((fam, meta))
+}
+
+/// Reads a Hugging Face model directory as a GGUF-like model view.
+pub fn open_dir(dir: &Path) -> Result<GgufFile> {
+    let c = Config::read(dir)?;
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let (fam, mut meta) = read_meta(&c, &name)?;
 
     let mut blobs: Vec<Bytes> = Vec::new();
     let mut tensors: Vec<(TensorInfo, usize)> = Vec::new();

@@ -4,6 +4,7 @@
 pub mod gguf;
 pub mod hf;
 mod hf_convert;
+mod hf_defaults;
 pub mod safetensors;
 
 use std::path::Path;
