@@ -1,0 +1,261 @@
+//! The matmul family's launches: the decode mat-vec and prefill GEMMs (`mat_vec.cu`,
+//! `quant.cu`, `mat_mul.cu`), the fusions into the mat-vec (`fused.cu`: RMSNorm over one to
+//! three weights, the GLU, the residual epilogue), and the matmul by expert id (`moe.cu`).
+
+use kiln_core::op::GluOp;
+use kiln_core::tensor::{DType, TensorDesc};
+
+use super::*;
+
+/// `RmsNormMatMul`: the norm read into the decode mat-vec, over one weight (a launch) or two or
+/// three of one type (one launch for all).
+pub(super) fn plan_rms_norm_mat_mul(
+    eps: f32,
+    one_plus: bool,
+    i: &[TensorDesc],
+    o: &[TensorDesc],
+) -> Option<Vec<Step>> {
+    use Arg::{In, Null, Out, F32, U32};
+    if i.len() > 3 {
+        // Two or three weights of one type in one launch, the grid's blocks over their
+        // rows in order (fused.cu's rms_norm_mat_vecs); decode only, as below.
+        fuse_launches().then_some(())?;
+        (all_f32(&i[..2]) && all_f32(o)).then_some(())?;
+        let dtype = i[2].dtype;
+        i[3..].iter().all(|w| w.dtype == dtype).then_some(())?;
+        let k = dim(&i[2], 1);
+        let m = i[0].numel() / k.max(1);
+        (m <= MAT_VEC_ROWS && k % 8 == 0).then_some(())?;
+        let kernel = weight_kernels(dtype)?.rms_norm_mat_vecs;
+        let rows = i[2..]
+            .iter()
+            .map(|w| u(dim(w, 0)))
+            .collect::<Option<Vec<u32>>>()?;
+        let blocks: usize = rows.iter().map(|&n| (n as usize).div_ceil(MV_ROWS)).sum();
+        let w = |j: usize| {
+            if j + 2 < i.len() {
+                In(j + 2)
+            } else {
+                Null
+            }
+        };
+        let y = |j: usize| if j < o.len() { Out(j) } else { Null };
+        let n = |j: usize| U32(rows.get(j).copied().unwrap_or(0));
+        return one(
+            kernel,
+            (u(blocks)?, u(m)?, 1),
+            (MV_THREADS, 1, 1),
+            vec![
+                In(0),
+                In(1),
+                w(0),
+                w(1),
+                w(2),
+                y(0),
+                y(1),
+                y(2),
+                U32(u(m)?),
+                n(0),
+                n(1),
+                n(2),
+                U32(u(k)?),
+                F32(eps),
+                U32(one_plus as u32),
+            ],
+        );
+    }
+    // Decode only: at prefill sizes the plain norm and GEMM are the better kernels.
+    (all_f32(&i[..2]) && o[0].dtype == DType::F32).then_some(())?;
+    let (n, k) = (dim(&i[2], 0), dim(&i[2], 1));
+    let m = i[0].numel() / k.max(1);
+    (m <= MAT_VEC_ROWS && k % 8 == 0).then_some(())?;
+    let kernel = weight_kernels(i[2].dtype)?.rms_norm_mat_vec;
+    one(
+        kernel,
+        (u(n.div_ceil(MV_ROWS))?, u(m)?, 1),
+        (MV_THREADS, 1, 1),
+        with_tensors(
+            3,
+            1,
+            [
+                U32(u(m)?),
+                U32(u(n)?),
+                U32(u(k)?),
+                F32(eps),
+                U32(one_plus as u32),
+            ],
+        ),
+    )
+}
+
+/// `GluMatMul`: the GLU made as the decode mat-vec reads its input, and the residual (input 3,
+/// where given) added as each output is written.
+pub(super) fn plan_glu_mat_mul(g: GluOp, i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
+    use Arg::{In, Null, Out, U32};
+    (all_f32(&i[..2]) && o[0].dtype == DType::F32).then_some(())?;
+    let (n, k) = (dim(&i[2], 0), dim(&i[2], 1));
+    let m = i[0].numel() / k.max(1);
+    (m <= MAT_VEC_ROWS && k % 8 == 0).then_some(())?;
+    let kernel = weight_kernels(i[2].dtype)?.glu_mat_vec;
+    let act = match g {
+        GluOp::SwiGlu => 0,
+        GluOp::GeGlu => 1,
+    };
+    // The residual, where given (input 3), added as each output is written.
+    (i.len() == 3 || fuse_launches()).then_some(())?;
+    let r = if i.len() > 3 { In(3) } else { Null };
+    one(
+        kernel,
+        (u(n.div_ceil(MV_ROWS))?, u(m)?, 1),
+        (MV_THREADS, 1, 1),
+        vec![
+            In(0),
+            In(1),
+            In(2),
+            r,
+            Out(0),
+            U32(u(m)?),
+            U32(u(n)?),
+            U32(u(k)?),
+            U32(act),
+        ],
+    )
+}
+
+/// Matmul by expert id. Prefill on block-quantized weights groups the slots by expert and runs
+/// the tiled GEMM per expert; otherwise a warp per output.
+pub(super) fn plan_mat_mul_id(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
+    use Arg::{In, Out, Scratch, U32};
+    (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
+    let (ne, n, kd) = (dim(&i[1], 0), dim(&i[1], 1), dim(&i[1], 2));
+    let (t, k) = (dim(&i[2], 0), dim(&i[2], 1));
+    // Like the CPU: a row per slot only when x is [T, k, K] with k > 1; [T, 1, K] and [T, K]
+    // share each token's row among its slots.
+    let x_per_slot = U32((i[0].shape.rank() == 3 && dim(&i[0], 1) == k && k > 1) as u32);
+    let slots = t * k;
+    let grouped = quantized(i[1].dtype).and_then(|w| w.mat_mul_id_grouped);
+    // Every expert's tiles, at most: a partial tile each beside the full ones. Past the grid's
+    // limit, the per-output kernel below takes the op.
+    let tiles = slots.div_ceil(QUANT_TILE) + ne;
+    if let Some(kernel) = grouped.filter(|_| {
+        t > MAT_VEC_ROWS
+            && kd % QUANT_TILE_K == 0
+            && ne > 0
+            && ne <= MAX_EXPERTS
+            && tiles <= MAX_GRID_YZ as usize
+    }) {
+        let mut steps = vec![
+            Step::Scratch(TensorDesc::new(DType::I32, [slots])),
+            Step::Scratch(TensorDesc::new(DType::I32, [ne + 1])),
+            Step::Scratch(TensorDesc::new(DType::I32, [ne + 1])),
+        ];
+        steps.extend(one(
+            "moe_group",
+            (1, 1, 1),
+            (MOE_GROUP_THREADS, 1, 1),
+            vec![
+                In(2),
+                Scratch(0),
+                Scratch(1),
+                Scratch(2),
+                Out(0),
+                U32(u(slots)?),
+                U32(u(ne)?),
+                U32(u(n)?),
+            ],
+        )?);
+        steps.extend(one(
+            kernel,
+            (u(n.div_ceil(QUANT_TILE))?, u(tiles)?, 1),
+            (256, 1, 1),
+            vec![
+                In(0),
+                In(1),
+                Scratch(0),
+                Scratch(1),
+                Scratch(2),
+                Out(0),
+                U32(u(k)?),
+                U32(u(n)?),
+                U32(u(kd)?),
+                x_per_slot,
+                U32(u(ne)?),
+            ],
+        )?);
+        return Some(steps);
+    }
+    let kernel = match i[1].dtype {
+        DType::F32 => "mat_mul_id_f32",
+        DType::BF16 => "mat_mul_id_bf16",
+        q => quantized(q)?.mat_mul_id?,
+    };
+    launch1(
+        kernel,
+        slots * n * 32,
+        with_tensors(
+            3,
+            1,
+            [
+                U32(u(t)?),
+                U32(u(k)?),
+                U32(u(n)?),
+                U32(u(kd)?),
+                x_per_slot,
+                U32(u(ne)?),
+            ],
+        ),
+    )
+}
+
+/// Whether the fusions that only save launches (several weights behind one norm in one grid,
+/// the residual add in a mat-vec's epilogue) are planned: the knob `FUSE_LAUNCHES=0` of
+/// `KILN_CUDA_DEFINES` declines them (the model then takes the launch per op), for
+/// before/after runs on a GPU.
+fn fuse_launches() -> bool {
+    kernels::knob("FUSE_LAUNCHES") != Some(0)
+}
+
+pub(super) fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
+    use Arg::{In, Out, U32};
+    (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
+    let (n, k) = (dim(&i[1], 0), dim(&i[1], 1));
+    let m = i[0].numel() / k.max(1);
+    let args = vec![In(0), In(1), Out(0), U32(u(m)?), U32(u(n)?), U32(u(k)?)];
+    let w = weight_kernels(i[1].dtype)?;
+    let residual = i.len() > 2;
+    (!residual || fuse_launches()).then_some(())?;
+    // The mat-vec reads 8 values at a time: float rows of another length take the GEMM.
+    if m > MAT_VEC_ROWS || k % 8 != 0 {
+        // MatMulAdd's epilogue is the mat-vec's: at prefill sizes the GEMM and the add.
+        if residual {
+            return None;
+        }
+        if !is_block_quantized(i[1].dtype) {
+            return one(
+                w.mat_mul,
+                (u(n.div_ceil(32))?, u(m.div_ceil(32))?, 1),
+                (32, 8, 1),
+                args,
+            );
+        }
+        // Every block format's rows are whole blocks of 32 or more, so this holds for any
+        // well-formed weight (and such rows suit the mat-vec below too).
+        if k % QUANT_TILE_K == 0 {
+            return one(
+                w.mat_mul,
+                (u(n.div_ceil(QUANT_TILE))?, u(m.div_ceil(QUANT_TILE))?, 1),
+                (256, 1, 1),
+                args,
+            );
+        }
+    }
+    // Decode: four outputs per block, one grid row per activation row; the residual (input 2
+    // of MatMulAdd) added as each output is written.
+    let r = if residual { In(2) } else { Arg::Null };
+    one(
+        w.mat_vec,
+        (u(n.div_ceil(MV_ROWS))?, u(m)?, 1),
+        (MV_THREADS, 1, 1),
+        vec![In(0), In(1), r, Out(0), U32(u(m)?), U32(u(n)?), U32(u(k)?)],
+    )
+}
