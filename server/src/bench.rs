@@ -358,7 +358,10 @@ fn bench_grammar(a: &BenchArgs, grammar: &str) -> Result<()> {
         }
         None => format!("{ask}\n"),
     };
-    let prompt = tok.encode(&text, tok.chat_template().is_none())?;
+    let prompt = match tok.chat_template() {
+        Some(_) => tok.encode_chat(&text)?,
+        None => tok.encode(&text, true)?,
+    };
     let mut engine = Engine::new(m.runner, 1);
     let run = decode_timed;
     let constrained = |engine: &mut Engine| -> Result<(usize, f64)> {

@@ -552,10 +552,35 @@ pub struct ChatArgs {
     /// Most tokens per reply.
     #[arg(short = 'n', long, default_value_t = 512)]
     pub n_predict: usize,
+    /// Print each turn's prompt token ids (after the chat template) to stderr.
+    #[arg(long)]
+    pub verbose_prompt: bool,
     #[command(flatten)]
     pub sample: SampleArgs,
     #[command(flatten)]
     pub spec: crate::spec::SpecArgs,
+}
+
+/// `kiln chat`'s prompts: the model's chat template over the whole conversation, with the
+/// generation prompt, tokenized by the one chat rule ([`Tokenizer::encode_chat`]), as the
+/// server's chat endpoint tokenizes it.
+pub struct ChatPrompter {
+    tpl: ChatTemplate,
+}
+
+impl ChatPrompter {
+    /// The prompter of template `src` for the model of `tok`.
+    pub fn new(tok: &Tokenizer, src: &str) -> Result<ChatPrompter> {
+        let piece = |id: Option<u32>| id.map(|i| tok.decode(&[i])).unwrap_or_default();
+        Ok(ChatPrompter {
+            tpl: ChatTemplate::new(src, &piece(tok.bos()), &piece(tok.eos()))?,
+        })
+    }
+
+    /// The ids of the prompt for the reply to `messages`.
+    pub fn ids(&self, tok: &Tokenizer, messages: &[Message]) -> Result<Vec<u32>> {
+        Ok(tok.encode_chat(&self.tpl.render(messages, true)?)?)
+    }
 }
 
 pub fn chat(a: &ChatArgs) -> Result<()> {
@@ -572,8 +597,7 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
         .chat_template()
         .context("this model has no chat template (tokenizer.chat_template); use `kiln run`")?
         .to_string();
-    let piece = |id: Option<u32>| id.map(|i| tok.decode(&[i])).unwrap_or_default();
-    let tpl = ChatTemplate::new(&src, &piece(tok.bos()), &piece(tok.eos()))?;
+    let prompter = ChatPrompter::new(&tok, &src)?;
     let ctx = m.runner.config().ctx;
     let mut engine = a.spec.attach(Engine::new(m.runner, 1))?;
     let mut messages = Vec::new();
@@ -593,11 +617,10 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
             "user",
             line.trim_end_matches(['\n', '\r']).to_string(),
         ));
-        let prompt = tpl.render(&messages, true)?;
-        let ids = tok.encode(
-            &prompt,
-            !prompt.starts_with(&piece(tok.bos())) || tok.bos().is_none(),
-        )?;
+        let ids = prompter.ids(&tok, &messages)?;
+        if a.verbose_prompt {
+            eprintln!("prompt ids: {ids:?}");
+        }
         if ids.len() + a.n_predict > ctx {
             bail!("the conversation has reached the context of {ctx} tokens");
         }

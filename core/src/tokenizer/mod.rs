@@ -161,6 +161,20 @@ impl Tokenizer {
         })
     }
 
+    /// Token ids of a prompt rendered by the model's chat template: the model's own leading
+    /// special tokens (BOS where the tokenizer adds one) unless the template already wrote its
+    /// BOS, never twice. `kiln chat`, `kiln bench` and the server's chat endpoints all
+    /// tokenize through this one rule, so one conversation gives one list of ids (llama.cpp's
+    /// server does the same in effect; transformers' `apply_chat_template` leaves BOS to the
+    /// template, which every template whose model wants one writes).
+    pub fn encode_chat(&self, rendered: &str) -> Result<Vec<u32>> {
+        let written = self
+            .bos()
+            .map(|b| self.decode(&[b]))
+            .is_some_and(|b| !b.is_empty() && rendered.starts_with(&b));
+        self.encode(rendered, !written)
+    }
+
     /// Token ids of `text`. With `add_special`, BOS / EOS are added as the model's add_bos /
     /// add_eos flags say. Special-token strings in the text become those tokens.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {

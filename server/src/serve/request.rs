@@ -109,6 +109,9 @@ pub struct GenSpec {
     /// Keep generating past the model's end-of-generation tokens (`ignore_eos`, the vLLM and
     /// llama.cpp extension benchmark clients send).
     pub ignore_eos: bool,
+    /// `return_token_ids` (vLLM's extension): the response carries `prompt_token_ids`, the
+    /// prompt as the model saw it (after the chat template).
+    pub return_token_ids: bool,
     /// Completions with `echo`: the prompt's text, sent before the generated text.
     pub echo: Option<String>,
     /// `stream_drafts` (block-diffusion models, streamed): each denoising step's draft.
@@ -342,6 +345,7 @@ pub fn common(
         syntax: Syntax::default(),
         in_reasoning: false,
         ignore_eos: boolean(b, "ignore_eos")?.unwrap_or(false),
+        return_token_ids: boolean(b, "return_token_ids")?.unwrap_or(false),
         echo: None,
         drafts,
         grammar: grammar(b)?,
@@ -720,10 +724,9 @@ pub fn chat_prompt(state: &AppState, b: &Body) -> Result<ChatPrompt, ApiError> {
         }
         _ => None,
     };
-    // The template writes BOS itself where the model wants one.
     let ids = state
         .tokenizer
-        .encode(&text, false)
+        .encode_chat(&text)
         .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
     Ok(ChatPrompt {
         ids,

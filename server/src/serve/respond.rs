@@ -617,12 +617,13 @@ async fn whole(
         Kind::Chat => "chat.completion",
         Kind::Text => "text_completion",
     };
-    Json(
-        json!({"id": id, "object": object, "created": now(), "model": state.model,
+    let mut body = json!({"id": id, "object": object, "created": now(), "model": state.model,
         "choices": choices, "usage": usage(spec.prompt.len(), completion, cached, denoised),
-        "timings": timings}),
-    )
-    .into_response()
+        "timings": timings});
+    if spec.return_token_ids {
+        body["prompt_token_ids"] = json!(spec.prompt);
+    }
+    Json(body).into_response()
 }
 
 /// The SSE response: a role chunk per chat choice, then a chunk per piece, a finishing chunk
