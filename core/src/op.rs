@@ -18,8 +18,9 @@ use crate::error::Result;
 use crate::tensor::TensorDesc;
 
 /// Elementwise activations.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub enum UnaryOp {
+    #[default]
     Silu,
     /// GELU with the tanh approximation (Gemma's `gelu_pytorch_tanh`).
     GeluTanh,
@@ -55,9 +56,10 @@ impl UnaryOp {
 }
 
 /// Gated linear units: `act(gate) * up`.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub enum GluOp {
     /// SiLU gate (Llama, Qwen).
+    #[default]
     SwiGlu,
     /// GELU-tanh gate (Gemma).
     GeGlu,
@@ -79,9 +81,10 @@ impl GluOp {
 }
 
 /// How rotary pairs are formed.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub enum RopeMode {
     /// Adjacent pairs `(x[2i], x[2i+1])` (ggml's "normal", GGUF Llama weights).
+    #[default]
     Normal,
     /// Halves `(x[i], x[i + n_rot/2])` (GPT-NeoX, Hugging Face `rotate_half`).
     Neox,
@@ -93,7 +96,7 @@ pub enum RopeMode {
 /// Pair `i` turns by `pos · freq_scale · base^(-2i/n_rot) / f[i]`, where `f` is the optional
 /// third input `freq_factors [n_rot/2]` (Llama-3 style scaling; an infinite factor leaves a
 /// pair unrotated), and cos/sin are multiplied by `attn_factor` (YaRN's magnitude scale).
-#[derive(Copy, Clone, Debug, PartialEq)]
+#[derive(Copy, Clone, Debug, PartialEq, Default)]
 pub struct RopeParams {
     pub mode: RopeMode,
     pub n_rot: usize,
@@ -115,9 +118,10 @@ impl RopeParams {
 }
 
 /// Which keys a query may see. Positions are absolute: key `j`, query at position `p`.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Mask {
     /// `j <= p`.
+    #[default]
     Causal,
     /// `j <= p && p - j < window` (Gemma's and Mistral's sliding window).
     SlidingWindow(usize),
@@ -158,7 +162,7 @@ impl Mask {
 }
 
 /// Attention parameters shared by the contiguous and the paged form.
-#[derive(Copy, Clone, Debug, PartialEq)]
+#[derive(Copy, Clone, Debug, PartialEq, Default)]
 pub struct AttnParams {
     /// Multiplies `q·k` (usually `1/sqrt(head_dim)`).
     pub scale: f32,
@@ -168,8 +172,9 @@ pub struct AttnParams {
 }
 
 /// Gating of MoE router logits.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub enum MoeGating {
+    #[default]
     Softmax,
     Sigmoid,
 }
@@ -178,7 +183,7 @@ pub enum MoeGating {
 pub const MAX_SHARED_NORM: usize = 3;
 
 /// The op set. Each variant's doc gives its inputs → outputs; `[a, b]` are shapes.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, strum::EnumIter)]
 pub enum Op {
     /// `x [.., K]` (float), `w [N, K]` (any dtype) → `y [.., N]`.
     MatMul,
@@ -327,48 +332,22 @@ pub enum Op {
 }
 
 impl Op {
-    /// Every name [`Op::name`] gives, each once: the op families, with each unary and GLU op
-    /// under its own name. Tests that go through every op use this list.
-    pub const NAMES: [&'static str; 38] = [
-        "mat_mul",
-        "mat_mul_id",
-        "moe_sum",
-        "get_rows",
-        "add",
-        "mul",
-        "scale",
-        "silu",
-        "gelu_tanh",
-        "sigmoid",
-        "softplus",
-        "exp",
-        "neg",
-        "tanh",
-        "swiglu",
-        "geglu",
-        "rms_norm",
-        "l2_norm",
-        "rope",
-        "softmax",
-        "attention",
-        "paged_attention",
-        "kv_write",
-        "argmax",
-        "top_k",
-        "conv1d",
-        "delta_net",
-        "moe_route",
-        "cast",
-        "copy",
-        "rms_norm_mat_mul",
-        "glu_mat_mul",
-        "mat_mul_add",
-        "delta_net_decode",
-        "conv1d_decode",
-        "soft_embedding",
-        "canvas_draw",
-        "canvas_accept",
-    ];
+    /// Every name [`Op::name`] gives, each once, in the order of the variants: the op
+    /// families, with each unary and GLU op under its own name. Derived from the enum (each
+    /// variant once, through `EnumIter`), so a new op is listed by being declared. Tests that
+    /// go through every op use this list.
+    pub fn names() -> Vec<&'static str> {
+        use strum::IntoEnumIterator;
+        let mut out = Vec::new();
+        for op in Op::iter() {
+            match op {
+                Op::Unary(_) => out.extend(UnaryOp::ALL.iter().map(|u| u.name())),
+                Op::Glu(_) => out.extend([GluOp::SwiGlu, GluOp::GeGlu].map(GluOp::name)),
+                op => out.push(op.name()),
+            }
+        }
+        out
+    }
 
     /// The op's family name, as counters, logs and `kiln validate` show it.
     pub fn name(&self) -> &'static str {
@@ -504,5 +483,30 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod names_tests {
+    use super::Op;
+
+    /// Each name once, every unary and GLU op by its own name, and the families by theirs.
+    #[test]
+    fn names_are_derived_once_each() {
+        let names = Op::names();
+        let set: std::collections::BTreeSet<_> = names.iter().collect();
+        assert_eq!(set.len(), names.len(), "a name twice: {names:?}");
+        for n in [
+            "mat_mul",
+            "silu",
+            "tanh",
+            "swiglu",
+            "geglu",
+            "mat_mul_add",
+            "canvas_accept",
+        ] {
+            assert!(names.contains(&n), "{n} missing");
+        }
+        assert!(!names.contains(&"unary") && !names.contains(&"glu"));
     }
 }

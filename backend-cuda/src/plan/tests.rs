@@ -35,7 +35,7 @@ fn every_planned_launch_matches_its_kernel() {
             }
         }
     }
-    for op in Op::NAMES {
+    for op in Op::names() {
         assert!(claimed.contains(op), "no case of {op} is planned");
     }
     // Every matmul weight type with a kernel, at decode and prefill sizes.
