@@ -13,7 +13,7 @@ use kiln_core::engine::{Logits, Runner, RunnerConfig};
 use kiln_core::exec::Executor;
 use kiln_core::load::open_model;
 use kiln_core::model::build_from_gguf;
-use kiln_core::model::diffusion_gemma::SoftEmbedding;
+use kiln_core::model::SoftEmbedding;
 use kiln_core::sample::diffusion::DiffusionParams;
 use kiln_tests::{fixtures, optional_backend};
 use serde_json::Value;
@@ -103,7 +103,7 @@ fn check(ex: impl Fn() -> Executor, backend: &str) {
     let peaked: Vec<f32> = plain.iter().map(|x| x / 0.1).collect();
     let set = |r: &Runner, s| {
         r.model()
-            .canvas()
+            .denoiser()
             .expect("DiffusionGemma")
             .set_soft_embedding(s)
     };
@@ -258,7 +258,7 @@ fn top_k_self_conditioning_matches_the_dense_form() {
     assert_eq!(sc.len(), canvas * r.model().info().vocab);
     let set = |r: &Runner, s: SoftEmbedding| {
         r.model()
-            .canvas()
+            .denoiser()
             .expect("DiffusionGemma")
             .set_soft_embedding(s)
     };

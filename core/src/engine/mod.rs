@@ -725,6 +725,8 @@ impl Runner {
         self.reserve(&items)?;
         let batch = self.build_batch(&items);
         self.model
+            .denoiser()
+            .ok_or_else(|| Error::Model("this model does not generate by diffusion".into()))?
             .denoise(&self.ex, &batch, &self.caches, Some(canvas), self_cond)
     }
 

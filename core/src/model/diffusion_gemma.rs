@@ -1,6 +1,7 @@
-//! DiffusionGemma's canvas decoder. The model is Gemma 4's layers run two ways over one paged
-//! KV cache: causally as the encoder (the prompt, then each committed canvas, written to the
-//! cache: [`super::Model::forward`]), and as the decoder ([`super::Model::denoise`]), which
+//! DiffusionGemma, a family of its own that wraps Gemma 4's layers (by delegation: it holds a
+//! [`Gemma4`] and a canvas decoder). The layers run two ways over one paged KV cache:
+//! causally as the encoder (the prompt, then each committed canvas, written to the cache:
+//! [`super::Model::forward`]), and as the decoder ([`super::Denoiser::denoise`]), which
 //! predicts every position of a canvas at once, attending to the cached prefix and to the
 //! whole canvas (sliding layers see only the last `window - 1` keys before the canvas).
 //!
@@ -14,20 +15,70 @@
 use super::blocks::{check_batch, GatedFfn};
 use super::gemma4::{Gemma4, Pass};
 use super::weights::Weights;
-use super::{ForwardBatch, KvCaches};
+use super::{Denoiser, ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::GgufFile;
 use crate::op::GluOp;
 use crate::tensor::Tensor;
 
-/// How the soft embedding of the self-conditioning logits is formed.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum SoftEmbedding {
-    /// Every vocabulary row, weighted by the softmax (exact).
-    Dense,
-    /// The top `k` logits of each position, softmax over those.
-    TopK(usize),
+pub use super::SoftEmbedding;
+
+/// DiffusionGemma (`diffusion-gemma`): Gemma 4's layers as a causal encoder, and a canvas
+/// decoder over the same layers and cache.
+pub struct DiffusionGemma {
+    layers: Gemma4,
+    canvas: Canvas,
+}
+
+pub fn build(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
+    let layers = Gemma4::load(f, ex, false)?;
+    let canvas = Canvas::load(f, ex, &layers)?;
+    Ok(Box::new(DiffusionGemma { layers, canvas }))
+}
+
+impl Model for DiffusionGemma {
+    fn info(&self) -> &ModelInfo {
+        &self.layers.info
+    }
+
+    fn kv_groups(&self) -> &[KvGroup] {
+        self.layers.kv_groups()
+    }
+
+    /// The encoder: the batch through the layers causally, each layer's output scaled by its
+    /// encoder scalar, into the cache; logits as a language model's.
+    fn forward(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
+        let m = &self.layers;
+        let x = m.causal(ex, b, kv, Pass::Encoder)?;
+        m.head.logits(ex, &x, b, m.norm_spec(), m.soft_cap)
+    }
+
+    fn denoiser(&self) -> Option<&dyn Denoiser> {
+        Some(self)
+    }
+}
+
+impl Denoiser for DiffusionGemma {
+    fn canvas_length(&self) -> usize {
+        self.canvas.length
+    }
+
+    fn denoise(
+        &self,
+        ex: &Executor,
+        b: &ForwardBatch,
+        kv: &KvCaches,
+        canvas: Option<&Tensor>,
+        self_cond: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        self.canvas
+            .denoise(&self.layers, ex, b, kv, canvas, self_cond)
+    }
+
+    fn set_soft_embedding(&self, s: SoftEmbedding) {
+        self.canvas.set_soft_embedding(s)
+    }
 }
 
 /// The decoder's own parts.
@@ -46,7 +97,7 @@ pub struct Canvas {
 }
 
 impl Canvas {
-    pub(super) fn load(f: &GgufFile, ex: &Executor, m: &Gemma4) -> Result<Canvas> {
+    fn load(f: &GgufFile, ex: &Executor, m: &Gemma4) -> Result<Canvas> {
         let key = f.arch_key("diffusion.canvas_length");
         let length = f.get_u64(&key)? as usize;
         if length == 0 {
@@ -129,7 +180,7 @@ impl Canvas {
         ex.scale(&soft, (e as f32).sqrt())
     }
 
-    pub(super) fn denoise(
+    fn denoise(
         &self,
         m: &Gemma4,
         ex: &Executor,

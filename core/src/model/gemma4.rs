@@ -94,8 +94,6 @@ pub struct Gemma4 {
     ple: Option<PleInputs>,
     /// Frequency factors of the full layers' proportional RoPE.
     full_factors: Option<Tensor>,
-    /// DiffusionGemma's canvas decoder (the layers above run as its causal encoder).
-    pub(super) diffusion: Option<super::diffusion_gemma::Canvas>,
     /// An MTP assistant's layers read another model's caches: that model's KV group count
     /// (`None`: this model's own groups).
     source_groups: Option<usize>,
@@ -110,19 +108,14 @@ pub struct Gemma4 {
 #[derive(Copy, Clone, Debug)]
 pub(super) enum Pass {
     Causal,
+    /// Causal, each layer's output scaled by its encoder scalar (DiffusionGemma's encoder).
+    Encoder,
     Canvas(usize),
     Lookahead,
 }
 
 pub fn build(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
     Ok(Box::new(Gemma4::load(f, ex, false)?))
-}
-
-/// DiffusionGemma (`diffusion-gemma`): Gemma 4 layers with a canvas decoder.
-pub fn build_diffusion(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
-    let mut m = Gemma4::load(f, ex, false)?;
-    m.diffusion = Some(super::diffusion_gemma::Canvas::load(f, ex, &m)?);
-    Ok(Box::new(m))
 }
 
 fn list<T>(f: &GgufFile, key: &str, n: usize, get: impl Fn(&Value) -> Option<T>) -> Result<Vec<T>> {
@@ -450,7 +443,6 @@ impl Gemma4 {
             groups,
             ple,
             full_factors,
-            diffusion: None,
             source_groups: None,
         })
     }
@@ -548,7 +540,7 @@ impl Model for Gemma4 {
     }
 
     fn forward(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
-        let x = self.causal(ex, b, kv)?;
+        let x = self.causal(ex, b, kv, Pass::Causal)?;
         self.head.logits(ex, &x, b, self.norm_spec(), self.soft_cap)
     }
 
@@ -564,7 +556,7 @@ impl Model for Gemma4 {
                 "Gemma 4 hands a drafter its final hidden state, not {f:?}"
             )));
         }
-        let x = self.causal(ex, b, kv)?;
+        let x = self.causal(ex, b, kv, Pass::Causal)?;
         let logits = self
             .head
             .logits(ex, &x, b, self.norm_spec(), self.soft_cap)?;
@@ -576,11 +568,11 @@ impl Model for Gemma4 {
     }
 
     fn gives(&self, f: &super::Features) -> bool {
-        *f == super::Features::Final && self.diffusion.is_none()
+        *f == super::Features::Final
     }
 
     fn draft_source(&self) -> Option<super::DraftSource> {
-        if self.diffusion.is_some() || self.source_groups.is_some() {
+        if self.source_groups.is_some() {
             return None;
         }
         let (sliding, full) = self.last_producers();
@@ -595,26 +587,6 @@ impl Model for Gemma4 {
             full,
         })
     }
-
-    fn canvas(&self) -> Option<&super::diffusion_gemma::Canvas> {
-        self.diffusion.as_ref()
-    }
-
-    fn denoise(
-        &self,
-        ex: &Executor,
-        b: &ForwardBatch,
-        kv: &KvCaches,
-        canvas: Option<&Tensor>,
-        self_cond: Option<&Tensor>,
-    ) -> Result<Tensor> {
-        match &self.diffusion {
-            Some(d) => d.denoise(self, ex, b, kv, canvas, self_cond),
-            None => Err(crate::Error::Model(
-                "this model does not generate by diffusion".into(),
-            )),
-        }
-    }
 }
 
 impl Gemma4 {
@@ -625,14 +597,21 @@ impl Gemma4 {
         }
     }
 
-    /// The embedded batch through every layer, causally: the last hidden state `[T, e]`.
-    fn causal(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
+    /// The embedded batch through every layer, causally (`pass`: `Causal` or `Encoder`): the
+    /// last hidden state `[T, e]`.
+    pub(super) fn causal(
+        &self,
+        ex: &Executor,
+        b: &ForwardBatch,
+        kv: &KvCaches,
+        pass: Pass,
+    ) -> Result<Tensor> {
         let i = &self.info;
         check_batch(b, i.vocab)?;
         let (x0, ids) = self.head.embed(ex, b)?;
         let x = ex.scale(&x0, (i.n_embd as f32).sqrt())?;
         let ple = self.ple_inputs(ex, &x, &ids)?;
-        self.layers_pass(ex, b, kv, x, &ple, Pass::Causal)
+        self.layers_pass(ex, b, kv, x, &ple, pass)
     }
 
     /// The layers over the embedded batch `x`.
@@ -685,8 +664,8 @@ impl Gemma4 {
                 scale: 1.0,
                 soft_cap: None,
                 mask: match (a.window, pass) {
-                    (Some(w), Pass::Causal) => Mask::SlidingWindow(w),
-                    (None, Pass::Causal) => Mask::Causal,
+                    (Some(w), Pass::Causal | Pass::Encoder) => Mask::SlidingWindow(w),
+                    (None, Pass::Causal | Pass::Encoder) => Mask::Causal,
                     (Some(w), Pass::Canvas(c)) => Mask::Lookback(c + w.saturating_sub(1)),
                     (None, Pass::Canvas(_) | Pass::Lookahead) => Mask::Bidirectional,
                     (Some(w), Pass::Lookahead) => Mask::Lookback(w + 1),
@@ -710,8 +689,8 @@ impl Gemma4 {
                 let y = self.norm(ex, &ex.matmul(&g, &p.proj)?, &p.post_norm)?;
                 x = ex.add(&x, &y)?;
             }
-            let scalar = match (pass, &self.diffusion) {
-                (Pass::Causal, Some(_)) => layer.enc_scalar,
+            let scalar = match pass {
+                Pass::Encoder => layer.enc_scalar,
                 _ => layer.scalar,
             };
             if scalar != 1.0 {

@@ -307,30 +307,45 @@ pub trait Model: Send + Sync {
     fn draft_source(&self) -> Option<DraftSource> {
         None
     }
-    /// A block-diffusion model's canvas decoder (`None`: an autoregressive model).
-    fn canvas(&self) -> Option<&diffusion_gemma::Canvas> {
+    /// The block-diffusion capability (`None`: an autoregressive model).
+    fn denoiser(&self) -> Option<&dyn Denoiser> {
         None
     }
     /// A block-diffusion model's canvas length.
     fn canvas_length(&self) -> Option<usize> {
-        self.canvas().map(|c| c.length)
+        self.denoiser().map(|d| d.canvas_length())
     }
-    /// One denoising step of a block-diffusion model: each sequence's last `q_len` tokens are
-    /// its canvas, predicted all at once from the cached prefix and the whole canvas; the
-    /// canvas's K/V go to its cache slots as scratch (the pass that commits the canvas
-    /// overwrites them). `canvas`: the canvas's token ids on the device (`[rows]` i32; else
-    /// the batch's tokens). `self_cond`: the previous step's processed logits `[rows, vocab]`
-    /// (none on a canvas's first step). Returns logits `[logits_rows.len(), vocab]`.
+}
+
+/// How the soft embedding of self-conditioning logits is formed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum SoftEmbedding {
+    /// Every vocabulary row, weighted by the softmax (exact).
+    Dense,
+    /// The top `k` logits of each position, softmax over those.
+    TopK(usize),
+}
+
+/// What a block-diffusion model can do beyond a language model's forward pass (which, for
+/// it, encodes the prompt and each committed canvas into the cache): denoise canvases.
+pub trait Denoiser: Send + Sync {
+    /// Tokens per canvas.
+    fn canvas_length(&self) -> usize;
+    /// One denoising step: each sequence's last `q_len` tokens are its canvas, predicted all
+    /// at once from the cached prefix and the whole canvas; the canvas's K/V go to its cache
+    /// slots as scratch (the pass that commits the canvas overwrites them). `canvas`: the
+    /// canvas's token ids on the device (`[rows]` i32; else the batch's tokens). `self_cond`:
+    /// the previous step's processed logits `[rows, vocab]` (none on a canvas's first step).
+    /// Returns logits `[logits_rows.len(), vocab]`.
     fn denoise(
         &self,
-        _ex: &Executor,
-        _batch: &ForwardBatch,
-        _kv: &KvCaches,
-        _canvas: Option<&Tensor>,
-        _self_cond: Option<&Tensor>,
-    ) -> Result<Tensor> {
-        Err(crate::Error::Model(
-            "this model does not generate by diffusion".into(),
-        ))
-    }
+        ex: &Executor,
+        batch: &ForwardBatch,
+        kv: &KvCaches,
+        canvas: Option<&Tensor>,
+        self_cond: Option<&Tensor>,
+    ) -> Result<Tensor>;
+    /// How the self-conditioning soft embedding is formed (`TopK(k)` with `k` ≥ the
+    /// vocabulary is dense).
+    fn set_soft_embedding(&self, s: SoftEmbedding);
 }

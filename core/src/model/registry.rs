@@ -15,7 +15,7 @@ pub const ARCHITECTURES: &[(&str, Builder)] = &[
     ("qwen35moe", super::qwen35::build),
     ("gemma3", super::gemma3::build),
     ("gemma4", super::gemma4::build),
-    ("diffusion-gemma", super::gemma4::build_diffusion),
+    ("diffusion-gemma", super::diffusion_gemma::build),
 ];
 
 /// Builds the model a GGUF file describes, with its weights uploaded to the executor's backend.
