@@ -8,6 +8,8 @@ pub mod diffusion;
 pub mod embed;
 mod handle;
 mod spec;
+#[cfg(test)]
+mod toy_tests;
 
 pub use spec::SpecStats;
 

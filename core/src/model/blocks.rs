@@ -328,7 +328,7 @@ pub(crate) fn check_batch(b: &ForwardBatch, vocab: usize) -> Result<usize> {
 /// `(eps, one_plus)`, and the output matrix, fused where the backend has the fused op):
 /// `[rows, vocab]`, soft-capped when `soft_cap` is set.
 #[allow(clippy::too_many_arguments)]
-fn logits_head(
+pub(crate) fn logits_head(
     ex: &Executor,
     x: &Tensor,
     b: &ForwardBatch,

@@ -11,6 +11,7 @@ pub mod gemma4_assistant;
 pub mod llama;
 pub mod qwen35;
 pub mod registry;
+pub mod toy;
 mod weights;
 
 use crate::error::Result;
