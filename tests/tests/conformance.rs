@@ -22,6 +22,21 @@ fn check_backend(b: &dyn Backend) {
         b.name()
     );
     assert_eq!(fail, 0, "conformance failures on {}", b.name());
+    // A backend that claims no case would pass by running nothing.
+    assert!(
+        pass > 0,
+        "{} claims none of the {} conformance cases",
+        b.name(),
+        results.len()
+    );
+}
+
+/// The suite fails a backend that claims nothing (so a broken `supports_op` cannot pass it).
+#[test]
+fn a_backend_that_claims_no_case_fails_the_suite() {
+    let mute = FakeDevice::new("mute", |_| false);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check_backend(&mute)));
+    assert!(outcome.is_err(), "a backend that ran nothing passed");
 }
 
 #[test]
