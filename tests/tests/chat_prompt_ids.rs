@@ -139,3 +139,32 @@ fn a_template_written_bos_is_not_added_again() {
     assert_eq!(with.iter().filter(|&&t| t == bos).count(), 1);
     assert_eq!(with.first(), Some(&bos));
 }
+
+/// A tokenizer that appends EOS to what it encodes (`add_eos_token`) and prepends BOS: a chat
+/// prompt gets the BOS but never the EOS, which would end the conversation before the reply.
+#[test]
+fn a_chat_prompt_never_ends_in_eos() {
+    let dir = common::fixture_copy("llama", "chat-eos");
+    let src = std::fs::read_to_string(fixtures().join("hf/llama/tokenizer_config.json"))
+        .expect("tokenizer_config");
+    let mut cfg: Value = serde_json::from_str(&src).expect("JSON");
+    cfg["bos_token"] = json!("<|endoftext|>");
+    cfg["add_bos_token"] = json!(true);
+    cfg["add_eos_token"] = json!(true);
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).expect("write");
+    let tok = common::load_model(&dir, 512, RunnerConfig::default()).tokenizer;
+    let (bos, eos) = (tok.bos().expect("a BOS"), tok.eos().expect("an EOS"));
+    let text = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+    // Plain encoding with the specials adds both; the chat rule only the BOS.
+    let plain = tok.encode(text, true).expect("encode");
+    assert_eq!(
+        (plain.first(), plain.last()),
+        (Some(&bos), Some(&eos)),
+        "the tokenizer adds both"
+    );
+    let chat = tok.encode_chat(text).expect("encode");
+    assert_eq!(chat.first(), Some(&bos));
+    assert_ne!(chat.last(), Some(&eos), "{chat:?}");
+    assert_eq!(&chat[..], &plain[..plain.len() - 1]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -160,7 +160,8 @@ fn fields(model_type: &str) -> &'static [Field] {
         "gemma3" | "gemma3_text" => GEMMA3,
         "qwen3_5" | "qwen3_5_text" => QWEN35,
         "qwen3_5_moe" | "qwen3_5_moe_text" => QWEN35_MOE,
-        "gemma4" | "gemma4_text" => GEMMA4,
+        // An assistant whose text config names no type of its own is a Gemma 4 text model.
+        "gemma4" | "gemma4_text" | "gemma4_assistant" => GEMMA4,
         "diffusion_gemma" | "diffusion_gemma_text" => DIFFUSION_GEMMA,
         _ => &[],
     }

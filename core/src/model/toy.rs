@@ -149,7 +149,7 @@ fn build(ex: &Executor, vocab: usize, window: usize, seed: u64) -> Result<Toy> {
             vocab,
             context_length: 4096,
             n_params: ((2 * vocab + 4 * layers.len() * HEADS * HD) * E) as u64,
-            dtypes: vec![(crate::DType::F32, 2 + 5 * layers.len())],
+            dtypes: vec![(crate::DType::F32, 3 + 5 * layers.len())],
         },
         groups,
         tok_embd,

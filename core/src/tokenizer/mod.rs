@@ -167,12 +167,18 @@ impl Tokenizer {
     /// tokenize through this one rule, so one conversation gives one list of ids (llama.cpp's
     /// server does the same in effect; transformers' `apply_chat_template` leaves BOS to the
     /// template, which every template whose model wants one writes).
+    /// Never EOS: a tokenizer that appends one to what it encodes would end the prompt there.
     pub fn encode_chat(&self, rendered: &str) -> Result<Vec<u32>> {
         let written = self
             .bos()
             .map(|b| self.decode(&[b]))
             .is_some_and(|b| !b.is_empty() && rendered.starts_with(&b));
-        self.encode(rendered, !written)
+        let mut ids = self.encode(rendered, false)?;
+        match self.bos() {
+            Some(b) if self.add_bos() && !written => ids.insert(0, b),
+            _ => {}
+        }
+        Ok(ids)
     }
 
     /// Token ids of `text`. With `add_special`, BOS / EOS are added as the model's add_bos /

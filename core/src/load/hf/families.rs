@@ -14,10 +14,10 @@ pub(super) fn gemma4_meta(c: &Config, m: &mut Meta) -> Result<()> {
     // Absent or null: five sliding layers to one full (transformers' default pattern). The
     // last layer attends fully whatever the list says (transformers forces it, with a
     // warning).
-    let mut types = match c.layer_types() {
-        Some(t) if t.len() == layers => t,
-        Some(_) => return Err(c.err("config.json: layer_types must list every layer")),
-        None => (0..layers)
+    let mut types = match (c.get("layer_types"), c.layer_types()) {
+        (_, Some(t)) if t.len() == layers => t,
+        (Some(_), _) => return Err(c.err("config.json: layer_types must list every layer")),
+        (None, _) => (0..layers)
             .map(|l| match (l + 1) % 6 {
                 0 => "full_attention".to_string(),
                 _ => "sliding_attention".to_string(),
