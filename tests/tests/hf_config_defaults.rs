@@ -259,3 +259,55 @@ fn absent_and_null_config_fields_mean_what_transformers_means() {
         "only {checked} cases compared: the table or the mapping lost its cases"
     );
 }
+
+/// Gemma 4's per-layer sizes without a `per_layer_config`: full layers take
+/// `global_head_dim` (512 when absent) and, only where `attention_k_eq_v` holds,
+/// `num_global_key_value_heads`. The expected sizes are what transformers 5.23 gives for the
+/// gemma4 fixture's config so edited (its `per_layer_config` view, layer by layer).
+#[test]
+fn gemma4_full_layers_take_the_global_sizes_as_transformers_does() {
+    let raw: Json = serde_json::from_slice(
+        &std::fs::read(fixtures().join("hf/gemma4/config.json")).expect("config"),
+    )
+    .expect("JSON");
+    let cases: [(Option<(u64, u64, bool)>, [(u64, u64); 6]); 3] = [
+        (
+            None,
+            [(16, 2), (16, 2), (512, 2), (16, 2), (16, 2), (512, 2)],
+        ),
+        (
+            Some((64, 1, false)),
+            [(16, 2), (16, 2), (64, 2), (16, 2), (16, 2), (64, 2)],
+        ),
+        (
+            Some((64, 1, true)),
+            [(16, 2), (16, 2), (64, 1), (16, 2), (16, 2), (64, 1)],
+        ),
+    ];
+    for (edit, want) in cases {
+        let mut root = raw.clone();
+        let text = match root.get_mut("text_config") {
+            Some(t) => t,
+            None => &mut root,
+        };
+        let obj = text.as_object_mut().expect("object");
+        obj.remove("per_layer_config");
+        if let Some((hd, kv, k_eq_v)) = edit {
+            obj.insert("global_head_dim".into(), hd.into());
+            obj.insert("num_global_key_value_heads".into(), kv.into());
+            obj.insert("attention_k_eq_v".into(), k_eq_v.into());
+        }
+        let meta = config_metadata("gemma4", root).expect("reads");
+        let list = |k: &str| -> Vec<u64> {
+            match meta_get(&meta, "gemma4", k) {
+                Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).collect(),
+                other => panic!("{k}: {other:?}"),
+            }
+        };
+        let got: Vec<(u64, u64)> = list("attention.layer_key_length")
+            .into_iter()
+            .zip(list("attention.layer_head_count_kv"))
+            .collect();
+        assert_eq!(got, want, "{edit:?}");
+    }
+}

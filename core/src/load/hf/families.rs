@@ -29,21 +29,42 @@ pub(super) fn gemma4_meta(c: &Config, m: &mut Meta) -> Result<()> {
     }
     let hd = c.usize("head_dim")?;
     let nkv = c.usize("num_key_value_heads")?;
+    // Per-layer sizes as transformers makes them: a `per_layer_config` is taken as it is
+    // (layers it does not list keep the shared sizes); without one, full layers take
+    // `global_head_dim` (512 when absent) and, where K = V (or the model type has no such
+    // switch: DiffusionGemma), `num_global_key_value_heads`.
     let per_layer = c.get("per_layer_config");
+    let global_hd = c
+        .get("global_head_dim")
+        .and_then(Json::as_u64)
+        .map_or(512, |v| v as usize);
+    let k_eq_v_gate = c
+        .get("attention_k_eq_v")
+        .and_then(Json::as_bool)
+        .unwrap_or(true);
+    let global_kv = c
+        .get("num_global_key_value_heads")
+        .and_then(Json::as_u64)
+        .filter(|_| k_eq_v_gate)
+        .map(|v| v as usize);
     let (mut dims, mut kvs) = (Vec::new(), Vec::new());
     for (l, t) in types.iter().enumerate() {
         let full = t == "full_attention";
-        let over = per_layer.and_then(|p| p.get(l.to_string()));
-        let get = |k: &str, global: &str, dflt: usize| -> usize {
-            over.and_then(|o| o.get(k))
-                .or_else(|| full.then(|| c.get(global)).flatten())
-                .and_then(Json::as_u64)
-                .map_or(dflt, |v| v as usize)
+        let (head, heads) = match per_layer {
+            Some(p) => {
+                let over = p.get(l.to_string());
+                let size = |k: &str, dflt: usize| {
+                    over.and_then(|o| o.get(k))
+                        .and_then(Json::as_u64)
+                        .map_or(dflt, |v| v as usize)
+                };
+                (size("head_dim", hd), size("num_key_value_heads", nkv))
+            }
+            None if full => (global_hd, global_kv.unwrap_or(nkv)),
+            None => (hd, nkv),
         };
-        dims.push(Value::U64(get("head_dim", "global_head_dim", hd) as u64));
-        kvs.push(Value::U64(
-            get("num_key_value_heads", "num_global_key_value_heads", nkv) as u64,
-        ));
+        dims.push(Value::U64(head as u64));
+        kvs.push(Value::U64(heads as u64));
     }
     m.set("attention.layer_key_length", Value::Array(dims));
     m.set("attention.layer_head_count_kv", Value::Array(kvs));
