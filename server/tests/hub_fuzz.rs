@@ -183,14 +183,7 @@ impl FuzzHub {
             return reply("404 Not Found", &[], b"");
         };
         let len = f.bytes.len();
-        let start = r
-            .range
-            .as_deref()
-            .and_then(|v| v.strip_prefix("bytes="))
-            .and_then(|v| v.split('-').next())
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(0)
-            .min(len);
+        let start = range_start(r, len);
         let mut h: Vec<(&str, String)> = Vec::new();
         if self.odd(rng, 20) {
             if rng.chance(50) {

@@ -68,17 +68,7 @@ impl Toy {
             let pos = ex.upload_i32(&[t], &pos)?;
             let mut x = ex.get_rows(&self.tok_embd, &ex.upload_i32(&[t], &ids)?)?;
             for layer in &self.layers {
-                let h = ex.rms_norm(&x, &layer.norm, 1e-6, false)?;
-                let q = ex.matmul(&h, &layer.wq)?.reshape([t, HEADS, HD])?;
-                let k = ex.matmul(&h, &layer.wk)?.reshape([t, HEADS, HD])?;
-                let v = ex.matmul(&h, &layer.wv)?.reshape([t, HEADS, HD])?;
-                let q = ex.rope(&q, &pos, self.rope, None)?;
-                let k = ex.rope(&k, &pos, self.rope, None)?;
-                let p = AttnParams {
-                    scale: 1.0 / (HD as f32).sqrt(),
-                    soft_cap: None,
-                    mask: layer.window.map_or(Mask::Causal, Mask::SlidingWindow),
-                };
+                let (q, k, v, p) = self.qkv(ex, layer, &x, &pos, t)?;
                 let a = ex.run(&Op::Attention(p), &[&q, &k, &v])?;
                 let a = a
                     .into_iter()
@@ -96,6 +86,32 @@ impl Toy {
             seq.push(best as u32);
         }
         Ok(seq[prompt.len()..].to_vec())
+    }
+}
+
+impl Toy {
+    /// A layer's normed input projected to Q, K (both rotated at `pos`) and V, `[t, heads,
+    /// dim]`, and its attention settings: what the cached and the oracle pass share.
+    fn qkv(
+        &self,
+        ex: &Executor,
+        layer: &Layer,
+        x: &Tensor,
+        pos: &Tensor,
+        t: usize,
+    ) -> Result<(Tensor, Tensor, Tensor, AttnParams)> {
+        let h = ex.rms_norm(x, &layer.norm, 1e-6, false)?;
+        let q = ex.matmul(&h, &layer.wq)?.reshape([t, HEADS, HD])?;
+        let k = ex.matmul(&h, &layer.wk)?.reshape([t, HEADS, HD])?;
+        let v = ex.matmul(&h, &layer.wv)?.reshape([t, HEADS, HD])?;
+        let q = ex.rope(&q, pos, self.rope, None)?;
+        let k = ex.rope(&k, pos, self.rope, None)?;
+        let p = AttnParams {
+            scale: 1.0 / (HD as f32).sqrt(),
+            soft_cap: None,
+            mask: layer.window.map_or(Mask::Causal, Mask::SlidingWindow),
+        };
+        Ok((q, k, v, p))
     }
 }
 
@@ -175,17 +191,7 @@ impl Model for Toy {
         let ids: Vec<i32> = b.tokens.iter().map(|&x| x as i32).collect();
         let mut x = ex.get_rows(&self.tok_embd, &ex.upload_i32(&[t], &ids)?)?;
         for layer in &self.layers {
-            let h = ex.rms_norm(&x, &layer.norm, 1e-6, false)?;
-            let q = ex.matmul(&h, &layer.wq)?.reshape([t, HEADS, HD])?;
-            let k = ex.matmul(&h, &layer.wk)?.reshape([t, HEADS, HD])?;
-            let v = ex.matmul(&h, &layer.wv)?.reshape([t, HEADS, HD])?;
-            let q = ex.rope(&q, &bt.positions, self.rope, None)?;
-            let k = ex.rope(&k, &bt.positions, self.rope, None)?;
-            let p = AttnParams {
-                scale: 1.0 / (HD as f32).sqrt(),
-                soft_cap: None,
-                mask: layer.window.map_or(Mask::Causal, Mask::SlidingWindow),
-            };
+            let (q, k, v, p) = self.qkv(ex, layer, &x, &bt.positions, t)?;
             let a = attention(ex, &bt, kv, layer.kv, &q, Some((&k, &v)), p)?;
             x = ex.matmul_add(&a, &layer.wo, &x)?;
         }

@@ -326,14 +326,7 @@ pub fn honest(r: &Req) -> Vec<u8> {
         return reply("404 Not Found", &[], b"");
     }
     let bytes = x_bytes();
-    let start = r
-        .range
-        .as_deref()
-        .and_then(|v| v.strip_prefix("bytes="))
-        .and_then(|v| v.split('-').next())
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(0)
-        .min(bytes.len());
+    let start = range_start(r, bytes.len());
     reply(
         "206 Partial Content",
         &[
@@ -456,3 +449,14 @@ pub fn with_header(name: &'static str, value: String) -> Vec<u8> {
 
 // ---------------------------------------------------------------------------------------
 // Fuzzing: a Hub that answers at random, the pull run in process.
+
+/// Where a request's `Range: bytes=N-` starts (0 without one), at most `len`.
+pub fn range_start(r: &Req, len: usize) -> usize {
+    r.range
+        .as_deref()
+        .and_then(|v| v.strip_prefix("bytes="))
+        .and_then(|v| v.split('-').next())
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(0)
+        .min(len)
+}
