@@ -249,7 +249,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     let decode_bytes = crate::roofline::decode_bytes(&file);
     // Measured after the runs; a device too full for the copy's buffers loses only this.
     let bandwidth = if a.n_gen > 0 {
-        crate::roofline::copy_bandwidth(engine.runner().executor())
+        crate::roofline::copy_bandwidth(engine.forward().executor())
             .map_err(|e| eprintln!("kiln: copy bandwidth not measured: {e}"))
             .ok()
     } else {
@@ -322,7 +322,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     if a.profile {
         profile(&mut engine, a, &mut toks)?;
     }
-    let fb = engine.runner().executor().fallbacks();
+    let fb = engine.forward().executor().fallbacks();
     if !fb.is_empty() {
         eprintln!(
             "kiln: CPU fallbacks: {}",
@@ -463,7 +463,7 @@ fn timed(engine: &mut Engine, prompt: Vec<u32>, n: usize) -> Result<f64> {
 }
 
 fn engine_submit_stats(engine: &Engine) -> Option<kiln_core::backend::SubmitStats> {
-    engine.runner().executor().backend().submit_stats()
+    engine.forward().executor().backend().submit_stats()
 }
 
 /// `kiln bench --profile`: one prompt and one generation with every op timed; a table of
@@ -483,12 +483,12 @@ fn profile(
         let mut wall = 0.0;
         if n > 0 {
             let (prompt, gen) = if decode { (toks(1), n) } else { (toks(n), 1) };
-            engine.runner().executor().set_profiling(true);
+            engine.forward().executor().set_profiling(true);
             wall = timed(engine, prompt, gen)?;
-            for (op, ot) in engine.runner().executor().profile() {
+            for (op, ot) in engine.forward().executor().profile() {
                 fam.insert(op, (ot.seconds, ot.calls));
             }
-            engine.runner().executor().set_profiling(false);
+            engine.forward().executor().set_profiling(false);
         }
         phases.push((fam, wall, n));
     }

@@ -158,7 +158,7 @@ pub fn generate(
     sample: &SampleArgs,
     mut emit: impl FnMut(&str) -> Result<()>,
 ) -> Result<Generated> {
-    let vocab = engine.runner().model().info().vocab;
+    let vocab = engine.forward().model().info().vocab;
     let req = request(tok, vocab, prompt, n, sample)?;
     let mut timings = Timings::start(prompt.len());
     let mut out = Vec::new();

@@ -84,7 +84,7 @@ impl SpecArgs {
             SpecKind::Ngram => Box::new(Ngram::default()),
             SpecKind::Draft => {
                 let file = self.open_draft("draft model")?;
-                let target = engine.runner();
+                let target = engine.forward();
                 let ex = target.executor().sibling();
                 let m = build_from_gguf(&file, &ex)?;
                 let cfg = RunnerConfig {
@@ -104,14 +104,14 @@ impl SpecArgs {
             }
             SpecKind::Mtp => {
                 let file = self.open_draft("MTP assistant")?;
-                let target = engine.runner();
+                let target = engine.forward();
                 let ex = target.executor().sibling();
                 let a = Gemma4Assistant::load(&file, &ex)?;
                 Box::new(Mtp::new(a, ex, target)?)
             }
             SpecKind::Dflash => {
                 let file = self.open_draft("DFlash drafter")?;
-                let target = engine.runner();
+                let target = engine.forward();
                 let ex = target.executor().sibling();
                 let m = DFlash::load(&file, &ex)?;
                 let seqs = target.config().max_seqs;

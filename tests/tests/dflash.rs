@@ -60,7 +60,7 @@ fn check(ex: impl Fn() -> Executor, backend: &str) {
         .expect("drafter loads");
     let block = model.block();
     let taps = Features::Layers(model.target_layers().to_vec());
-    let mut d = DFlashDrafter::new(model, dex.sibling(), &r, 1).expect("drafter binds");
+    let mut d = DFlashDrafter::new(model, dex.sibling(), r.forward(), 1).expect("drafter binds");
 
     let mut tokens = ids(&v["prompt"]);
     let (rows, feats) = r

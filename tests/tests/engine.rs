@@ -146,8 +146,8 @@ fn cancelled_requests_return_every_block_to_the_pool() {
     };
     let mut e = engine(&file, 4, None);
     let free_before: Vec<usize> = e
-        .runner()
-        .kv_managers()
+        .kv()
+        .managers()
         .iter()
         .map(|m| m.num_free_blocks())
         .collect();
@@ -167,7 +167,7 @@ fn cancelled_requests_return_every_block_to_the_pool() {
             }
         }
     }
-    let free_mid = e.runner().kv_managers()[0].num_free_blocks();
+    let free_mid = e.kv().managers()[0].num_free_blocks();
     assert!(free_mid < free_before[0], "the requests hold blocks");
     drop(rxs);
     let mut steps = 0;
@@ -176,8 +176,8 @@ fn cancelled_requests_return_every_block_to_the_pool() {
         assert!(steps < 10, "cancellation took more than a step");
     }
     let free_after: Vec<usize> = e
-        .runner()
-        .kv_managers()
+        .kv()
+        .managers()
         .iter()
         .map(|m| m.num_free_blocks())
         .collect();

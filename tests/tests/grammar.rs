@@ -65,7 +65,7 @@ const WORDS: &str = r"(yes|no), (because|since) [a-z]{1,8}( [a-z]{1,8}){0,3}\.";
 /// when it is complete; every output equals its request run alone without speculation.
 fn check(path: &Path) {
     let (e, tok) = engine(path, true, 8);
-    let vocab = e.runner().model().info().vocab;
+    let vocab = e.forward().model().info().vocab;
     let grammars = Grammars::new(&tok, vocab).expect("trie");
     let enc = |s: &str| tok.encode(s, true).expect("encode");
     let plain = |p: &str| {

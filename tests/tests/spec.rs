@@ -82,16 +82,16 @@ fn engine(
             DraftModel::new(runner(draft, ex(), max_seqs, ctx), vocab).expect("same vocabulary"),
         ),
         Spec::Mtp => {
-            let aex = e.runner().executor().sibling();
+            let aex = e.forward().executor().sibling();
             let file = open_model(draft).expect("assistant opens");
             let a = Gemma4Assistant::load(&file, &aex).expect("assistant loads");
-            Box::new(Mtp::new(a, aex, e.runner()).expect("assistant binds"))
+            Box::new(Mtp::new(a, aex, e.forward()).expect("assistant binds"))
         }
         Spec::DFlash => {
-            let dex = e.runner().executor().sibling();
+            let dex = e.forward().executor().sibling();
             let file = open_model(draft).expect("drafter opens");
             let m = DFlash::load(&file, &dex).expect("drafter loads");
-            Box::new(DFlashDrafter::new(m, dex, e.runner(), max_seqs).expect("drafter binds"))
+            Box::new(DFlashDrafter::new(m, dex, e.forward(), max_seqs).expect("drafter binds"))
         }
     };
     e.with_spec(drafter, K).expect("speculation")

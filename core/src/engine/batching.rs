@@ -1,9 +1,11 @@
 //! The continuous-batching engine: requests in, token streams out.
 //!
-//! [`Engine`] owns a [`Runner`] and a [`Scheduler`]. Each [`Engine::step`] plans one forward
-//! pass over every running request (decodes first, then prefill chunks), runs it, samples a
-//! token for each request whose pending tokens are all computed, and sends it on the request's
-//! channel. A request whose receiver is gone is cancelled at that point and its KV blocks go
+//! [`Engine`] owns the model's [`Forward`] half and a [`Scheduler`] (which owns the KV
+//! coordinator). Each [`Engine::step`] has the scheduler plan one forward pass over every
+//! running request (decodes first, with their drafts, then prefill chunks; every slot
+//! allocated in planning), runs the plan's batch, samples a token for each request whose
+//! pending tokens are all computed, reports the outcomes to [`Scheduler::update`], and sends
+//! the tokens on the requests' channels. A request whose receiver is gone is cancelled at that point and its KV blocks go
 //! back to the pool. [`spawn`] runs an engine on its own thread (the one thread that owns the
 //! model and the backend); requests reach it over a channel.
 
@@ -13,11 +15,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use super::handle::{spawn, CancelOnDrop, EngineHandle, Stream, SLOTS_EVERY};
-use super::{Logits, Runner};
+use super::{Forward, Runner, Session};
 use crate::error::{Error, Result};
 use crate::grammar::Constraint;
 use crate::sample::{Sampler, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};
-use crate::sched::{KvBudget, Plan, ReqId, SchedConfig, Scheduler, Seq};
+use crate::sched::{KvCoordinator, Outcome, Plan, ReqId, Request, SchedConfig, Scheduler};
 
 /// One generation request.
 #[derive(Clone, Debug)]
@@ -188,6 +190,9 @@ pub(super) struct Active {
     pub(super) max_tokens: usize,
     stop_ids: Vec<u32>,
     prompt_len: usize,
+    /// The drafts proposed for the next step, with their distributions (the scheduler holds
+    /// the tokens and decides how many of them it feeds).
+    pub(super) draft: Option<crate::spec::Draft>,
     pub(super) generated: usize,
     pub(super) logprobs: Option<usize>,
     pub(super) constraint: Option<Constraint>,
@@ -195,7 +200,7 @@ pub(super) struct Active {
 }
 
 pub struct Engine {
-    pub(super) runner: Runner,
+    pub(super) fwd: Forward,
     pub(super) sched: Scheduler,
     pub(super) active: HashMap<ReqId, Active>,
     pub(super) next_id: ReqId,
@@ -212,69 +217,27 @@ pub struct Engine {
     pub(super) last_step: std::time::Instant,
 }
 
-/// The scheduler's view of the runner's KV pool: the full-attention group (sliding-window
-/// groups hold fewer blocks per sequence and are sized for the same number of sequences).
-pub(super) struct RunnerBudget<'a>(pub(super) &'a Runner);
-
-impl RunnerBudget<'_> {
-    fn manager(&self) -> Option<&crate::kv::KvManager> {
-        let groups = self.0.model().kv_groups();
-        let i = groups.iter().position(|g| g.window.is_none()).unwrap_or(0);
-        self.0.kv_managers().get(i)
-    }
-}
-
-impl KvBudget for RunnerBudget<'_> {
-    fn blocks_needed(&self, req: ReqId, len: usize) -> usize {
-        let Some(m) = self.manager() else {
-            return 0;
-        };
-        match m.seq_len(req) {
-            Some(have) => m
-                .blocks_needed_for_append(req, len.saturating_sub(have))
-                .unwrap_or(usize::MAX),
-            None => len.div_ceil(m.block_size()),
-        }
-    }
-    fn free_blocks(&self) -> usize {
-        self.manager().map_or(0, |m| m.num_free_blocks())
-    }
-    fn blocks_held(&self, req: ReqId) -> usize {
-        self.manager()
-            .and_then(|m| m.block_table(req))
-            .map_or(0, |t| t.len())
-    }
-    fn blocks_freed(&self, req: ReqId) -> usize {
-        self.manager().map_or(0, |m| {
-            m.block_table(req).map_or(0, |t| {
-                t.iter()
-                    .filter(|&&b| m.pool().ref_count(b) == Some(1))
-                    .count()
-            })
-        })
-    }
-    fn cached_prefix(&self, tokens: &[u32]) -> (usize, usize) {
-        self.0.cached_prefix(tokens)
-    }
-}
-
 impl Engine {
     /// An engine over `runner`, with at most `max_running` requests resident (capped by the
     /// runner's `max_seqs`, which sized its KV pools).
     pub fn new(runner: Runner, max_running: usize) -> Engine {
-        let cfg = runner.config();
+        let cfg = runner.config().clone();
         // A recurrent model's prefix snapshots are states after a full block: prefills stop
         // at the last block boundary of the prompt to leave one there.
         let snapshots = cfg.prefix_caching && runner.state_stats().is_some();
         let runner_is_diffusion = runner.model().canvas_length().is_some();
         let resident = max_running.clamp(1, cfg.max_seqs.max(1));
-        let sched = Scheduler::new(SchedConfig {
-            max_batch_tokens: cfg.max_batch_tokens,
-            max_running: max_running.clamp(1, cfg.max_seqs.max(1)),
-            snapshot_blocks: snapshots.then_some(cfg.block_size),
-        });
+        let (fwd, kv) = runner.into_parts();
+        let sched = Scheduler::new(
+            SchedConfig {
+                max_batch_tokens: cfg.max_batch_tokens,
+                max_running: resident,
+                snapshot_blocks: snapshots.then_some(cfg.block_size),
+            },
+            kv,
+        );
         Engine {
-            runner,
+            fwd,
             sched,
             active: HashMap::new(),
             next_id: 1,
@@ -287,8 +250,20 @@ impl Engine {
         }
     }
 
-    pub fn runner(&self) -> &Runner {
-        &self.runner
+    /// The model on its backend (model, executor, caches, configuration).
+    pub fn forward(&self) -> &Forward {
+        &self.fwd
+    }
+    /// The KV coordinator, as the scheduler keeps it.
+    pub fn kv(&self) -> &KvCoordinator {
+        self.sched.kv()
+    }
+    /// The model and the KV coordinator for work that runs outside the scheduler's plans.
+    pub(super) fn session(&mut self) -> Session<'_> {
+        Session {
+            fwd: &self.fwd,
+            kv: self.sched.kv_mut(),
+        }
     }
     pub fn stats(&self) -> &EngineStats {
         &self.stats
@@ -342,8 +317,8 @@ impl Engine {
 
     /// The state; with `slots`, every request's slot too.
     fn snapshot_with(&self, slots: bool) -> Snapshot {
-        let budget = RunnerBudget(&self.runner);
-        let slot = |s: &crate::sched::Seq, running: bool| {
+        let kv = self.sched.kv();
+        let slot = |s: &Request, running: bool| {
             let a = self.active.get(&s.id);
             let prompt_tokens = a.map_or(0, |a| a.prompt_len);
             Slot {
@@ -356,7 +331,7 @@ impl Engine {
                 prompt_tokens,
                 generated: a.map_or(0, |a| a.generated),
                 computed: s.computed,
-                kv_blocks: budget.blocks_held(s.id),
+                kv_blocks: kv.blocks_held(s.id),
                 preemptions: s.preemptions,
             }
         };
@@ -366,21 +341,21 @@ impl Engine {
                 .collect(),
             false => Vec::new(),
         };
-        let st = self.runner.state_stats().unwrap_or_default();
+        let st = kv.state_stats().unwrap_or_default();
         Snapshot {
             last_step: Some(self.last_step),
             state_snapshots: st.snapshots,
             state_snapshots_max: st.max_snapshots,
             state_snapshot_bytes: st.slot_bytes,
             slots,
-            kv_cached: budget.manager().map_or(0, |m| m.pool().num_cached()),
+            kv_cached: kv.full_group().map_or(0, |m| m.pool().num_cached()),
             stats: self.stats.clone(),
             waiting: self.num_waiting(),
             running: self.num_running(),
-            kv_free: budget.free_blocks(),
-            kv_total: budget.manager().map_or(0, |m| m.pool().num_blocks() - 1),
+            kv_free: kv.free_blocks(),
+            kv_total: kv.full_group().map_or(0, |m| m.pool().num_blocks() - 1),
             fallbacks: self
-                .runner
+                .fwd
                 .executor()
                 .fallbacks()
                 .into_iter()
@@ -419,6 +394,7 @@ impl Engine {
                 max_tokens: req.max_tokens,
                 stop_ids: req.stop_ids.clone(),
                 prompt_len: req.prompt.len(),
+                draft: None,
                 generated: 0,
                 logprobs: req.logprobs,
                 constraint: req.constraint.clone(),
@@ -431,14 +407,14 @@ impl Engine {
         if self.diffusion.is_some() {
             return self.admit_diffusion(id, req);
         }
-        self.sched.admit(Seq::new(id, req.prompt));
+        self.sched.admit(Request::new(id, req.prompt));
         Ok(())
     }
 
     /// Whether `submit` would take `req`: a prompt that is not empty, leaves room in the
     /// context and stays in the vocabulary; sampling parameters in range.
     pub fn check(&self, req: &GenRequest) -> Result<()> {
-        let ctx = self.runner.config().ctx;
+        let ctx = self.fwd.config().ctx;
         if req.prompt.is_empty() {
             return Err(Error::Model("the prompt is empty".into()));
         }
@@ -448,7 +424,7 @@ impl Engine {
                 req.prompt.len()
             )));
         }
-        let vocab = self.runner.model().info().vocab;
+        let vocab = self.fwd.model().info().vocab;
         if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::Model(format!(
                 "token id {t} is outside the vocabulary of {vocab}"
@@ -524,9 +500,7 @@ impl Engine {
 
     /// Removes a request, frees its KV blocks and, with `finish`, tells its receiver.
     pub(super) fn end(&mut self, id: ReqId, finish: Option<Finish>) -> Result<()> {
-        if self.sched.finish(id) {
-            self.runner.release(id)?;
-        }
+        self.sched.finish(id)?;
         self.drop_diffusion(id)?;
         if let Some(s) = &mut self.spec {
             s.drafter.release(id);
@@ -559,10 +533,16 @@ impl Engine {
         if self.sched.is_idle() {
             return Ok(false);
         }
-        let plan = self.sched.schedule(&RunnerBudget(&self.runner));
-        for &id in &plan.preempted {
-            self.runner.release(id)?;
-            self.stats.preemptions += 1;
+        self.propose();
+        let plan = self.sched.schedule()?;
+        self.stats.preemptions += plan.preempted.len() as u64;
+        for &(id, hit) in &plan.admitted {
+            let len = self.sched.get(id).map_or(0, |s| s.tokens.len());
+            self.stats.prefix_queried_tokens += len as u64;
+            self.stats.prefix_hit_tokens += hit as u64;
+            if let (true, Some(a)) = (hit > 0, self.active.get_mut(&id)) {
+                a.tx.send(Event::Cached(hit));
+            }
         }
         if plan.items.is_empty() {
             self.unblock()?;
@@ -590,70 +570,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Items the scheduler started past a cached prefix take those blocks from the prefix
-    /// cache now. Should the cache hold less by now (an earlier item's allocation evicted a
-    /// block), the item starts where the hit ends, with the same number of tokens.
-    fn reuse_prefixes(&mut self, plan: &Plan) -> Result<Vec<crate::sched::Item>> {
-        let mut items = Vec::with_capacity(plan.items.len());
-        for it in &plan.items {
-            let mut it = it.clone();
-            if self.runner.has_sequence(it.id) {
-                items.push(it);
-                continue;
-            }
-            let len = self.sched.get(it.id).map_or(0, |s| s.tokens.len());
-            self.stats.prefix_queried_tokens += len as u64;
-            if it.start > 0 {
-                let tokens = self
-                    .sched
-                    .get(it.id)
-                    .map(|s| s.tokens.clone())
-                    .unwrap_or_default();
-                let reused = self.runner.start_cached(it.id, &tokens, it.start)?;
-                self.stats.prefix_hit_tokens += reused as u64;
-                if let (true, Some(a)) = (reused > 0, self.active.get_mut(&it.id)) {
-                    a.tx.send(Event::Cached(reused));
-                }
-                // The reused tokens are computed whatever becomes of this step.
-                self.sched.advance(it.id, reused, None);
-                if reused < it.start {
-                    let n = it.end - it.start;
-                    it.start = reused;
-                    it.end = reused + n;
-                    it.sample = it.end == tokens.len();
-                }
-            }
-            items.push(it);
-        }
-        Ok(items)
-    }
-
-    /// Runs a plan's forward pass, then samples and streams.
+    /// Runs a plan's forward pass, samples (or verifies drafts), reports the outcomes to the
+    /// scheduler, and streams the tokens.
     fn run(&mut self, plan: &Plan) -> Result<()> {
-        let items = self.reuse_prefixes(plan)?;
-        let plan = &Plan {
-            items,
-            preempted: Vec::new(),
-        };
-        let mut drafts = self.drafts(&plan.items);
-        let inputs: Vec<(ReqId, Vec<u32>, Logits)> = plan
-            .items
-            .iter()
-            .zip(&drafts)
-            .map(|(it, d)| {
-                let mut toks = self
-                    .sched
-                    .get(it.id)
-                    .map(|s| s.tokens[it.start..it.end].to_vec())
-                    .unwrap_or_default();
-                if let Some(d) = d {
-                    toks.extend_from_slice(&d.tokens);
-                }
-                (it.id, toks, super::spec::want(d.as_ref(), it.sample))
-            })
-            .collect();
-        let refs: Vec<(ReqId, &[u32], Logits)> =
-            inputs.iter().map(|(id, t, w)| (*id, &t[..], *w)).collect();
         self.stats.steps += 1;
         let features = self.features();
         // The grammar masks of the rows about to sample, computed beside the forward pass.
@@ -666,7 +585,7 @@ impl Engine {
                 Some((it.id, c))
             })
             .collect();
-        let runner = &mut self.runner;
+        let fwd = &self.fwd;
         let (step, spent, waited) = std::thread::scope(|s| {
             let worker = (!masks.is_empty()).then(|| {
                 s.spawn(|| {
@@ -680,10 +599,7 @@ impl Engine {
                     spent
                 })
             });
-            let step = match &features {
-                Some(f) => runner.step_features(&refs, f),
-                None => runner.step(&refs).map(|o| (o, None)),
-            };
+            let step = fwd.run(&plan.batch, features.as_ref());
             let t = std::time::Instant::now();
             let spent = worker.map(|w| w.join().unwrap_or_default());
             (step, spent.unwrap_or_default(), t.elapsed())
@@ -700,47 +616,60 @@ impl Engine {
         }
         let (out, hidden) = match step {
             Ok(out) => out,
-            // The plan asked the pool for more blocks than it had. Nothing was computed: the
-            // newest running request goes back to the queue and the next step plans again.
-            // A request running alone that still does not fit fails below.
-            Err(Error::KvFull(_)) if self.sched.num_running() > 1 => {
-                if let Some(victim) = self.sched.preempt() {
-                    self.runner.release(victim)?;
-                    self.stats.preemptions += 1;
-                }
-                return Ok(());
-            }
             Err(e) => {
-                // The step's requests fail; the engine and the others go on.
+                // The step's requests fail (their slots are freed); the engine and the
+                // others go on.
                 for it in &plan.items {
                     self.fail(it.id, format!("forward pass failed: {e}"))?;
                 }
                 return Ok(());
             }
         };
-        self.stats.tokens_computed += inputs.iter().map(|i| i.1.len() as u64).sum::<u64>();
+        self.stats.tokens_computed += plan.tokens() as u64;
         let mut hidden = hidden.map(Vec::into_iter);
-        for ((it, mut rows), draft) in plan.items.iter().zip(out).zip(drafts.iter_mut()) {
+        let mut outcomes = Vec::with_capacity(plan.items.len());
+        let mut streams = Vec::with_capacity(plan.items.len());
+        let mut failed = Vec::new();
+        for (it, mut rows) in plan.items.iter().zip(out) {
             let hid = hidden.as_mut().and_then(Iterator::next).unwrap_or_default();
-            if let Some(d) = draft.take() {
-                self.accept(it, rows, hid, d)?;
-                continue;
-            }
-            self.observe(it.id, it.start, hid);
-            let sampled = match (it.sample, rows.pop()) {
-                (true, Some(mut logits)) => match self.sample(it.id, &mut logits) {
-                    Ok(s) => Some(s),
-                    Err(e) => {
-                        self.fail(it.id, e.to_string())?;
-                        continue;
-                    }
-                },
-                _ => None,
+            let mut outcome = Outcome {
+                id: it.id,
+                accepted: 0,
+                tokens: Vec::new(),
             };
-            self.sched
-                .advance(it.id, it.end, sampled.as_ref().map(|s| s.0));
-            if let Some((tok, lp)) = sampled {
-                self.emit(it.id, tok, lp)?;
+            let mut lps = Vec::new();
+            if it.lookahead > 0 {
+                let (o, l, hid) = self.verify_drafts(it, rows, hid);
+                self.observe(it.id, it.start, hid);
+                (outcome, lps) = (o, l);
+            } else {
+                self.observe(it.id, it.start, hid);
+                if let (true, Some(mut logits)) = (it.sample, rows.pop()) {
+                    match self.sample(it.id, &mut logits) {
+                        Ok((tok, lp)) => {
+                            outcome.tokens.push(tok);
+                            lps.push(lp);
+                        }
+                        Err(e) => failed.push((it.id, e.to_string())),
+                    }
+                }
+            }
+            streams.push(lps);
+            outcomes.push(outcome);
+        }
+        let copies = self.sched.update(plan, &outcomes)?;
+        self.fwd.copy_blocks(&copies)?;
+        for (id, msg) in failed {
+            self.fail(id, msg)?;
+        }
+        for (o, lps) in outcomes.into_iter().zip(streams) {
+            let len = self.sched.get(o.id).map_or(0, |s| s.tokens.len());
+            let first = len.saturating_sub(o.tokens.len());
+            for (j, (tok, lp)) in o.tokens.into_iter().zip(lps).enumerate() {
+                if !self.active.contains_key(&o.id) {
+                    break;
+                }
+                self.emit(o.id, tok, lp, first + j + 1)?;
             }
         }
         Ok(())
@@ -766,10 +695,16 @@ impl Engine {
         Ok((tok, raw.map(|(l, n)| TokenLogprobs::of(&l, tok, n))))
     }
 
-    /// Sends a sampled token and ends the request when it is done or its receiver is gone.
-    pub(super) fn emit(&mut self, id: ReqId, tok: u32, lp: Option<TokenLogprobs>) -> Result<()> {
-        let ctx = self.runner.config().ctx;
-        let len = self.sched.get(id).map_or(0, |s| s.tokens.len());
+    /// Sends a sampled token (after which the request holds `len` tokens) and ends the
+    /// request when it is done or its receiver is gone.
+    pub(super) fn emit(
+        &mut self,
+        id: ReqId,
+        tok: u32,
+        lp: Option<TokenLogprobs>,
+        len: usize,
+    ) -> Result<()> {
+        let ctx = self.fwd.config().ctx;
         let Some(a) = self.active.get_mut(&id) else {
             return self.end(id, None);
         };

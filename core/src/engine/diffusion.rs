@@ -6,7 +6,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::batching::{Engine, Event, Finish, GenRequest};
-use super::{Logits, Runner};
+use super::{Forward, Logits, Runner, Session};
 use crate::error::{Error, Result};
 use crate::kv::SeqId;
 use crate::op::canvas::MAX_CANVAS;
@@ -73,7 +73,7 @@ pub fn generate(
     req: &DiffusionRequest,
     mut on: impl FnMut(DiffusionEvent) -> Result<bool>,
 ) -> Result<DiffusionSummary> {
-    let out = run(runner, seq, req, &mut on);
+    let out = run(&mut runner.session(), seq, req, &mut on);
     let freed = runner.release(seq);
     let out = out?;
     freed?;
@@ -81,12 +81,12 @@ pub fn generate(
 }
 
 fn run(
-    runner: &mut Runner,
+    runner: &mut Session<'_>,
     seq: SeqId,
     req: &DiffusionRequest,
     on: &mut impl FnMut(DiffusionEvent) -> Result<bool>,
 ) -> Result<DiffusionSummary> {
-    let mut task = CanvasTask::new(runner, req.clone())?;
+    let mut task = CanvasTask::new(runner.forward(), req.clone())?;
     loop {
         let s = task.step(runner, seq)?;
         if let Some(tokens) = s.draft {
@@ -167,7 +167,7 @@ pub struct CanvasTask {
 
 impl CanvasTask {
     /// Checks `req` against the runner's model and context.
-    pub fn new(runner: &Runner, req: DiffusionRequest) -> Result<CanvasTask> {
+    pub fn new(runner: &Forward, req: DiffusionRequest) -> Result<CanvasTask> {
         let c = runner
             .model()
             .canvas_length()
@@ -226,7 +226,7 @@ impl CanvasTask {
     }
 
     /// One forward pass of `seq`'s generation (the sequence is not released here).
-    pub fn step(&mut self, runner: &mut Runner, seq: SeqId) -> Result<TaskStep> {
+    pub fn step(&mut self, runner: &mut Session<'_>, seq: SeqId) -> Result<TaskStep> {
         let mut out = TaskStep::default();
         if !self.prompt_fed {
             // Full blocks the prefix cache holds are taken, not recomputed (the encoder is
@@ -242,7 +242,7 @@ impl CanvasTask {
         let params = &self.req.params;
         let (c, vocab) = (self.canvas_len, self.vocab);
         if let Some(start) = self.start.take() {
-            let ex = runner.executor();
+            let ex = runner.forward().executor();
             let ids: Vec<i32> = start.iter().map(|&t| t as i32).collect();
             let s = params.stability_threshold.max(1);
             self.dev = Some(DeviceCanvas {
@@ -258,7 +258,7 @@ impl CanvasTask {
         };
         let logits = runner.denoise_on_device(seq, &dev.canvas, dev.processed.as_ref())?;
         let t1 = std::time::Instant::now();
-        let ex = runner.executor();
+        let ex = runner.forward().executor();
         if self.req.timed {
             ex.backend().synchronize()?;
         }
@@ -310,7 +310,7 @@ impl CanvasTask {
         kept.truncate(self.req.max_tokens - self.sum.generated);
         self.sum.generated += kept.len();
         out.committed = Some((kept, self.steps));
-        let ctx = runner.config().ctx;
+        let ctx = runner.forward().config().ctx;
         let room = runner.seq_len(seq) + 2 * self.canvas_len <= ctx;
         out.finished = self.sum.stopped || self.sum.generated >= self.req.max_tokens || !room;
         if !out.finished {
@@ -403,7 +403,7 @@ impl Engine {
             drafts: req.drafts,
             timed: false,
         };
-        let task = match CanvasTask::new(&self.runner, r) {
+        let task = match CanvasTask::new(&self.fwd, r) {
             Ok(t) => t,
             Err(e) => return self.fail(id, e.to_string()),
         };
@@ -421,8 +421,9 @@ impl Engine {
             return Ok(());
         };
         d.tasks.remove(&id);
-        if self.runner.has_sequence(id) {
-            self.runner.release(id)?;
+        let kv = self.sched.kv_mut();
+        if kv.contains(id) {
+            kv.free(id)?;
         }
         Ok(())
     }
@@ -456,7 +457,7 @@ impl Engine {
         d.stepping = Some(id);
         self.stats.steps += 1;
         let fresh = !task.prompt_fed;
-        let s = match task.step(&mut self.runner, id) {
+        let s = match task.step(&mut self.session(), id) {
             Ok(s) => s,
             Err(e) => {
                 if let Some(d) = &mut self.diffusion {

@@ -2,7 +2,7 @@
 //! into one vector and scaled to unit length, as `/v1/embeddings` serves them.
 
 use super::batching::Engine;
-use super::{Logits, Runner};
+use super::{Logits, Session};
 use crate::error::{Error, Result};
 use crate::kv::SeqId;
 use crate::model::Features;
@@ -54,7 +54,7 @@ impl Pooling {
 /// A sequence id no request gets: an embedding runs to its end before anything else.
 const EMBED_SEQ: SeqId = SeqId::MAX;
 
-impl Runner {
+impl Session<'_> {
     /// `tokens` fed to sequence `seq` in chunks, their final hidden states pooled and
     /// normalised. The sequence is released afterwards, also on an error.
     pub fn embed(&mut self, seq: SeqId, tokens: &[u32], pooling: Pooling) -> Result<Vec<f32>> {
@@ -69,14 +69,14 @@ impl Runner {
         if tokens.is_empty() {
             return Err(Error::Model("nothing to embed: the input is empty".into()));
         }
-        if !self.model.gives(&Features::Final) {
+        if !self.fwd.model().gives(&Features::Final) {
             return Err(Error::Model(format!(
                 "{} does not hand out its hidden states, so it has no embeddings",
-                self.model.info().architecture
+                self.fwd.model().info().architecture
             )));
         }
         let mut acc: Vec<f64> = Vec::new();
-        let chunk = self.cfg.max_batch_tokens.max(1);
+        let chunk = self.fwd.config().max_batch_tokens.max(1);
         let mut start = 0;
         while start < tokens.len() {
             let end = (start + chunk).min(tokens.len());
@@ -122,19 +122,19 @@ impl Engine {
                 "embeddings are not available from a diffusion model".into(),
             ));
         }
-        let ctx = self.runner.config().ctx;
+        let ctx = self.fwd.config().ctx;
         if tokens.len() >= ctx {
             return Err(Error::Model(format!(
                 "the input has {} tokens; the context holds {ctx}",
                 tokens.len()
             )));
         }
-        let vocab = self.runner.model().info().vocab;
+        let vocab = self.fwd.model().info().vocab;
         if let Some(t) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::Model(format!(
                 "token id {t} is outside the vocabulary of {vocab}"
             )));
         }
-        self.runner.embed(EMBED_SEQ, tokens, pooling)
+        self.session().embed(EMBED_SEQ, tokens, pooling)
     }
 }

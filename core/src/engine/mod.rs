@@ -15,8 +15,9 @@ pub use spec::SpecStats;
 
 use crate::error::{Error, Result};
 use crate::exec::Executor;
-use crate::kv::{BlockId, KvManager, SeqId, StatePool, StateStats};
-use crate::model::{Features, ForwardBatch, KvCaches, Model, SeqInput};
+use crate::kv::{KvManager, SeqId, StatePool, StateStats};
+use crate::model::{Features, ForwardBatch, KvCaches, Model};
+pub use crate::sched::kv::{BlockCopy, KvCoordinator, Logits, Rewind};
 use crate::tensor::{DType, Tensor};
 
 /// Per item, the logits rows a pass returns, and (when asked for) the hidden-state rows of
@@ -27,27 +28,6 @@ pub type StepRows = (Vec<Vec<Vec<f32>>>, Option<Vec<Vec<Vec<f32>>>>);
 pub const CALIBRATION_TOKENS: usize = 64;
 /// The sequence id the calibration pass runs as (released before any request).
 const CALIBRATION_SEQ: SeqId = SeqId::MAX;
-
-/// Which rows of a sequence's new tokens want logits.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Logits {
-    None,
-    Last,
-    All,
-    /// Rows from this index (within the tokens fed) to the end.
-    From(usize),
-}
-
-impl Logits {
-    fn rows(self, n: usize) -> std::ops::Range<usize> {
-        match self {
-            Logits::None => 0..0,
-            Logits::Last => n.saturating_sub(1)..n,
-            Logits::All => 0..n,
-            Logits::From(i) => i.min(n)..n,
-        }
-    }
-}
 
 #[derive(Clone, Debug)]
 pub struct RunnerConfig {
@@ -98,14 +78,143 @@ impl Default for RunnerConfig {
 /// Memory the default recurrent-state snapshot budget may take.
 const SNAPSHOT_BYTES: usize = 256 << 20;
 
-pub struct Runner {
+/// The model on its backend with its cache tensors: one forward pass in, its rows out. It
+/// holds nothing per sequence; which slots a pass writes and reads comes in the
+/// [`ForwardBatch`] (built by whoever owns the [`KvCoordinator`]).
+pub struct Forward {
     ex: Executor,
     model: Box<dyn Model>,
     caches: KvCaches,
-    kv: Vec<KvManager>,
-    /// Recurrent-state slots, checkpoints and snapshots; `None` for a model without state.
-    states: Option<StatePool>,
     cfg: RunnerConfig,
+}
+
+impl Forward {
+    pub fn executor(&self) -> &Executor {
+        &self.ex
+    }
+    pub fn model(&self) -> &dyn Model {
+        self.model.as_ref()
+    }
+    pub fn config(&self) -> &RunnerConfig {
+        &self.cfg
+    }
+    /// The KV caches (an MTP assistant reads the target's).
+    pub fn caches(&self) -> &KvCaches {
+        &self.caches
+    }
+
+    /// Runs `batch`; returns, per sequence of the batch, its logits rows (those
+    /// `batch.logits_rows` names, in order) and with `f` the hidden states of every token it
+    /// fed.
+    pub fn run(&self, batch: &ForwardBatch, f: Option<&Features>) -> Result<StepRows> {
+        let total = batch.tokens.len();
+        let (logits, h) = match f {
+            Some(f) => {
+                let (l, pieces) = self
+                    .model
+                    .forward_features(&self.ex, batch, &self.caches, f)?;
+                (l, Some(self.features(&pieces, total)?))
+            }
+            None => (self.model.forward(&self.ex, batch, &self.caches)?, None),
+        };
+        let mut flat = self.ex.download_f32(&logits)?;
+        let vocab = self.model.info().vocab;
+        // One row in all (a single decode step): hand the download over as it is.
+        let single = flat.len() == vocab && batch.logits_rows.len() == 1;
+        let mut out = Vec::with_capacity(batch.seqs.len());
+        let mut hid = h.as_ref().map(|_| Vec::with_capacity(batch.seqs.len()));
+        let mut row = 0;
+        for s in &batch.seqs {
+            let rows = s.q_start..s.q_start + s.q_len;
+            let n = batch.logits_rows[row..]
+                .iter()
+                .take_while(|r| rows.contains(r))
+                .count();
+            if let (Some(hid), Some((h, w))) = (&mut hid, &h) {
+                hid.push(rows.clone().map(|r| h[r * w..(r + 1) * w].to_vec()).collect());
+            }
+            out.push(if single && n == 1 {
+                vec![std::mem::take(&mut flat)]
+            } else {
+                (row..row + n)
+                    .map(|r| flat[r * vocab..(r + 1) * vocab].to_vec())
+                    .collect()
+            });
+            row += n;
+        }
+        Ok((out, hid))
+    }
+
+    /// Column blocks `[t, w_i]` downloaded and laid side by side: `[t, Σ w_i]` row major,
+    /// with the row width.
+    fn features(&self, pieces: &[Tensor], t: usize) -> Result<(Vec<f32>, usize)> {
+        let mut cols = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            let w = p.shape().dims().last().copied().unwrap_or(0);
+            let v = self.ex.download_f32(p)?;
+            if v.len() != t * w {
+                return Err(Error::Model(format!(
+                    "hidden states of {} values for {t} rows of {w}",
+                    v.len()
+                )));
+            }
+            cols.push((v, w));
+        }
+        let width: usize = cols.iter().map(|c| c.1).sum();
+        let mut out = Vec::with_capacity(t * width);
+        for r in 0..t {
+            for (v, w) in &cols {
+                out.extend_from_slice(&v[r * w..(r + 1) * w]);
+            }
+        }
+        Ok((out, width))
+    }
+
+    /// Carries out the block copies a rewind asked for (copy-on-write of a shared block).
+    pub fn copy_blocks(&self, copies: &[BlockCopy]) -> Result<()> {
+        for c in copies {
+            self.caches.copy_block(&self.ex, c.group, c.src, c.dst)?;
+        }
+        Ok(())
+    }
+
+    /// The checks every pass makes: some tokens, within the batch limit.
+    fn check_tokens(&self, total: usize) -> Result<()> {
+        if total == 0 {
+            return Err(Error::Model(
+                "a forward pass needs at least one token".into(),
+            ));
+        }
+        if total > self.cfg.max_batch_tokens {
+            return Err(Error::Model(format!(
+                "{total} tokens exceed the batch limit of {}",
+                self.cfg.max_batch_tokens
+            )));
+        }
+        Ok(())
+    }
+
+    fn canvas_len(&self) -> Result<usize> {
+        self.model
+            .canvas_length()
+            .ok_or_else(|| Error::Model("this model does not generate by diffusion".into()))
+    }
+}
+
+/// A target model as a drafter reads it: its forward half and its KV coordinator (the
+/// tokens each sequence has in the cache, its block tables).
+#[derive(Copy, Clone)]
+pub struct Target<'a> {
+    pub fwd: &'a Forward,
+    pub kv: &'a KvCoordinator,
+}
+
+/// A model and a KV coordinator of its own, to run sequences on directly: what tools, tests
+/// and a draft model use. The batching engine splits one ([`Runner::into_parts`]): its
+/// scheduler owns the coordinator.
+pub struct Runner {
+    fwd: Forward,
+    kv: KvCoordinator,
 }
 
 impl Runner {
@@ -149,17 +258,23 @@ impl Runner {
             caches.alloc_states(&ex, &state_shapes, slots)?;
             Some(StatePool::new(slots, cfg.max_rollback, snapshots).with_slot_bytes(slot_bytes))
         };
-        let kv = blocks
-            .iter()
-            .map(|&n| KvManager::new(n, bs, cfg.prefix_caching).map_err(kv_err))
-            .collect::<Result<Vec<_>>>()?;
-        let mut runner = Runner {
-            ex,
-            model,
-            caches,
-            kv,
+        let windows = model.kv_groups().iter().map(|g| g.window).collect();
+        let kv = KvCoordinator::new(
+            windows,
+            &blocks,
+            bs,
+            cfg.prefix_caching,
+            cfg.max_rollback,
             states,
-            cfg,
+        )?;
+        let mut runner = Runner {
+            fwd: Forward {
+                ex,
+                model,
+                caches,
+                cfg,
+            },
+            kv,
         };
         runner.calibrate_key_centers()?;
         Ok(runner)
@@ -170,67 +285,158 @@ impl Runner {
     /// quantized ([`KvCaches::centered_keys`]: attention is unchanged, the quantization error
     /// shrinks). The calibration sequence is released at once; its blocks are never cached.
     fn calibrate_key_centers(&mut self) -> Result<()> {
-        let lossy = self.model.kv_groups().iter().any(|g| {
+        let f = &self.fwd;
+        let lossy = f.model.kv_groups().iter().any(|g| {
             g.layers
                 .iter()
-                .any(|&l| !self.cfg.kv_types.of_layer(l).0.is_float())
+                .any(|&l| !f.cfg.kv_types.of_layer(l).0.is_float())
         });
-        if !lossy || !self.cfg.kv_center_keys {
+        if !lossy || !f.cfg.kv_center_keys {
             return Ok(());
         }
-        let n = CALIBRATION_TOKENS
-            .min(self.cfg.ctx)
-            .min(self.cfg.max_batch_tokens);
-        let vocab = self.model.info().vocab.max(1);
+        let n = CALIBRATION_TOKENS.min(f.cfg.ctx).min(f.cfg.max_batch_tokens);
+        let vocab = f.model.info().vocab.max(1);
         let mut rng = crate::rng::Rng::new(0x6b69_6c6e_6b65_7973);
         let toks: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
-        self.caches.begin_calibration();
-        let r = self.pass(&[(CALIBRATION_SEQ, &toks, Logits::None)], None);
+        self.fwd.caches.begin_calibration();
+        let r = self.step(&[(CALIBRATION_SEQ, &toks, Logits::None)]);
         self.release(CALIBRATION_SEQ)?;
         r?;
-        self.caches.finish_calibration(&self.ex)
+        self.fwd.caches.finish_calibration(&self.fwd.ex)
     }
 
+    /// The forward half (stateless per sequence) and the KV coordinator, apart.
+    pub fn into_parts(self) -> (Forward, KvCoordinator) {
+        (self.fwd, self.kv)
+    }
+
+    /// The direct API over this runner's own coordinator.
+    pub fn session(&mut self) -> Session<'_> {
+        Session {
+            fwd: &self.fwd,
+            kv: &mut self.kv,
+        }
+    }
+
+    pub fn forward(&self) -> &Forward {
+        &self.fwd
+    }
+    pub fn kv(&self) -> &KvCoordinator {
+        &self.kv
+    }
+    /// This runner as a drafter's target.
+    pub fn target(&self) -> Target<'_> {
+        Target {
+            fwd: &self.fwd,
+            kv: &self.kv,
+        }
+    }
     pub fn executor(&self) -> &Executor {
-        &self.ex
+        &self.fwd.ex
     }
     pub fn model(&self) -> &dyn Model {
-        self.model.as_ref()
+        self.fwd.model.as_ref()
     }
     pub fn config(&self) -> &RunnerConfig {
-        &self.cfg
+        &self.fwd.cfg
+    }
+    pub fn caches(&self) -> &KvCaches {
+        &self.fwd.caches
     }
     pub fn kv_managers(&self) -> &[KvManager] {
-        &self.kv
+        self.kv.managers()
     }
     /// The recurrent-state pool's counters (a model without state has none).
     pub fn state_stats(&self) -> Option<StateStats> {
-        self.states.as_ref().map(StatePool::stats)
+        self.kv.state_stats()
     }
-
     /// Tokens of `seq` already in the cache.
     pub fn seq_len(&self, seq: SeqId) -> usize {
-        self.kv
-            .first()
-            .and_then(|m| m.num_computed(seq))
-            .unwrap_or(0)
+        self.kv.seq_len(seq)
     }
-
     /// The tokens of `seq` in the cache, oldest first.
     pub fn computed_tokens(&self, seq: SeqId) -> &[u32] {
-        self.kv
-            .first()
-            .and_then(|m| m.computed_tokens(seq))
-            .unwrap_or(&[])
+        self.kv.computed_tokens(seq)
     }
+    /// Whether `seq` has KV state.
+    pub fn has_sequence(&self, seq: SeqId) -> bool {
+        self.kv.contains(seq)
+    }
+    /// See [`KvCoordinator::lookahead_batch`].
+    pub fn lookahead_batch(&self, rows: &[(SeqId, u32)]) -> Result<ForwardBatch> {
+        self.kv.lookahead_batch(rows)
+    }
+    /// See [`KvCoordinator::cached_prefix`].
+    pub fn cached_prefix(&self, prompt: &[u32]) -> (usize, usize) {
+        self.kv.cached_prefix(prompt)
+    }
+    /// See [`Session::step`].
+    pub fn step(&mut self, items: &[(SeqId, &[u32], Logits)]) -> Result<Vec<Vec<Vec<f32>>>> {
+        self.session().step(items)
+    }
+    /// See [`Session::step_features`].
+    pub fn step_features(
+        &mut self,
+        items: &[(SeqId, &[u32], Logits)],
+        f: &Features,
+    ) -> Result<StepRows> {
+        self.session().step_features(items, f)
+    }
+    /// See [`Session::feed`].
+    pub fn feed(&mut self, seq: SeqId, tokens: &[u32], want: Logits) -> Result<Vec<Vec<f32>>> {
+        self.session().feed(seq, tokens, want)
+    }
+    /// See [`Session::rollback`].
+    pub fn rollback(&mut self, seq: SeqId, k: usize) -> Result<()> {
+        self.session().rollback(seq, k)
+    }
+    /// See [`Session::start_cached`].
+    pub fn start_cached(&mut self, seq: SeqId, prompt: &[u32], max: usize) -> Result<usize> {
+        self.session().start_cached(seq, prompt, max)
+    }
+    /// See [`Session::denoise`].
+    pub fn denoise(
+        &mut self,
+        seq: SeqId,
+        canvas: &[u32],
+        self_cond: Option<&[f32]>,
+    ) -> Result<Vec<Vec<f32>>> {
+        self.session().denoise(seq, canvas, self_cond)
+    }
+    /// See [`Session::denoise_on_device`].
+    pub fn denoise_on_device(
+        &mut self,
+        seq: SeqId,
+        canvas: &Tensor,
+        self_cond: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        self.session().denoise_on_device(seq, canvas, self_cond)
+    }
+    /// See [`Session::embed`].
+    pub fn embed(&mut self, seq: SeqId, tokens: &[u32], pooling: embed::Pooling) -> Result<Vec<f32>> {
+        self.session().embed(seq, tokens, pooling)
+    }
+    /// Frees a sequence's cache blocks and state slots.
+    pub fn release(&mut self, seq: SeqId) -> Result<()> {
+        self.kv.free(seq)
+    }
+}
 
+/// A model and a KV coordinator borrowed together: sequences run directly, each call
+/// allocating, running and committing at once (no scheduler between them).
+pub struct Session<'a> {
+    pub(crate) fwd: &'a Forward,
+    pub(crate) kv: &'a mut KvCoordinator,
+}
+
+impl Session<'_> {
     /// One forward pass over several sequences' new tokens. Sequences not seen before start
     /// empty. Returns, per item, the logits rows asked for.
     pub fn step(&mut self, items: &[(SeqId, &[u32], Logits)]) -> Result<Vec<Vec<Vec<f32>>>> {
         Ok(self.pass(items, None)?.0)
     }
 
-    /// [`Runner::step`], and per item the hidden states `f` names of every token fed (what
+    /// [`Session::step`], and per item the hidden states `f` names of every token fed (what
     /// a drafter is fed), one row each.
     pub fn step_features(
         &mut self,
@@ -240,305 +446,49 @@ impl Runner {
         self.pass(items, Some(f))
     }
 
-    fn pass(
+    pub(crate) fn pass(
         &mut self,
         items: &[(SeqId, &[u32], Logits)],
         f: Option<&Features>,
     ) -> Result<StepRows> {
-        let total: usize = items.iter().map(|i| i.1.len()).sum();
-        if total == 0 {
-            return Err(Error::Model(
-                "a forward pass needs at least one token".into(),
-            ));
-        }
-        if total > self.cfg.max_batch_tokens {
-            return Err(Error::Model(format!(
-                "{total} tokens exceed the batch limit of {}",
-                self.cfg.max_batch_tokens
-            )));
-        }
+        self.fwd
+            .check_tokens(items.iter().map(|i| i.1.len()).sum())?;
+        let ctx = self.fwd.cfg.ctx;
         for (seq, toks, _) in items {
-            let after = self.seq_len(*seq) + toks.len();
-            if after > self.cfg.ctx {
+            let after = self.kv.seq_len(*seq) + toks.len();
+            if after > ctx {
                 return Err(Error::Model(format!(
-                    "sequence {seq} would reach {after} tokens, over the context of {}",
-                    self.cfg.ctx
+                    "sequence {seq} would reach {after} tokens, over the context of {ctx}"
                 )));
             }
         }
         self.reserve(items)?;
-        let batch = self.build_batch(items);
-        let (logits, h) = match f {
-            Some(f) => {
-                let (l, pieces) = self
-                    .model
-                    .forward_features(&self.ex, &batch, &self.caches, f)?;
-                (l, Some(self.features(&pieces, total)?))
-            }
-            None => (self.model.forward(&self.ex, &batch, &self.caches)?, None),
-        };
-        let mut flat = self.ex.download_f32(&logits)?;
-        let vocab = self.model.info().vocab;
-        // One row in all (a single decode step): hand the download over as it is.
-        let single = flat.len() == vocab;
-        // Hand the rows back per item, then mark the tokens computed.
-        let mut out = Vec::with_capacity(items.len());
-        let mut hid = h.as_ref().map(|_| Vec::with_capacity(items.len()));
-        let mut row = 0;
-        let mut fed = 0;
-        for (seq, toks, want) in items {
-            let n = want.rows(toks.len()).len();
-            if let (Some(hid), Some((h, w))) = (&mut hid, &h) {
-                hid.push(
-                    (fed..fed + toks.len())
-                        .map(|r| h[r * w..(r + 1) * w].to_vec())
-                        .collect(),
-                );
-            }
-            fed += toks.len();
-            out.push(if single && n == 1 {
-                vec![std::mem::take(&mut flat)]
-            } else {
-                (row..row + n)
-                    .map(|r| flat[r * vocab..(r + 1) * vocab].to_vec())
-                    .collect()
-            });
-            row += n;
-            self.commit(*seq, toks)?;
+        let batch = self.kv.batch(items);
+        let out = self.fwd.run(&batch, f)?;
+        for (seq, toks, _) in items {
+            self.kv.commit(*seq, toks)?;
         }
-        Ok((out, hid))
+        Ok(out)
     }
 
-    /// Column blocks `[t, w_i]` downloaded and laid side by side: `[t, Σ w_i]` row major,
-    /// with the row width.
-    fn features(&self, pieces: &[Tensor], t: usize) -> Result<(Vec<f32>, usize)> {
-        let mut cols = Vec::with_capacity(pieces.len());
-        for p in pieces {
-            let w = p.shape().dims().last().copied().unwrap_or(0);
-            let v = self.ex.download_f32(p)?;
-            if v.len() != t * w {
-                return Err(Error::Model(format!(
-                    "hidden states of {} values for {t} rows of {w}",
-                    v.len()
-                )));
-            }
-            cols.push((v, w));
-        }
-        let width: usize = cols.iter().map(|c| c.1).sum();
-        let mut out = Vec::with_capacity(t * width);
-        for r in 0..t {
-            for (v, w) in &cols {
-                out.extend_from_slice(&v[r * w..(r + 1) * w]);
-            }
-        }
-        Ok((out, width))
-    }
-
-    /// The KV caches (an MTP assistant reads the target's).
-    pub fn caches(&self) -> &KvCaches {
-        &self.caches
-    }
-
-    /// A batch that reads the cache and writes nothing: one row per `(seq, token)` at the
-    /// sequence's next position, attending to the tokens the cache holds of it (an MTP
-    /// assistant's drafting step over its target's cache). Every row wants logits.
-    pub fn lookahead_batch(&self, rows: &[(SeqId, u32)]) -> Result<ForwardBatch> {
-        let mut b = ForwardBatch {
-            slots: vec![vec![-1; rows.len()]; self.kv.len()],
-            ..Default::default()
-        };
-        for (i, &(seq, tok)) in rows.iter().enumerate() {
-            let len = self.seq_len(seq);
-            if len == 0 {
-                return Err(Error::Model(format!(
-                    "sequence {seq} has nothing in the cache to look ahead from"
-                )));
-            }
-            b.tokens.push(tok);
-            b.positions.push(len as i32);
-            b.logits_rows.push(i);
-            b.seqs.push(SeqInput {
-                q_start: i,
-                q_len: 1,
-                seq_len: len,
-                block_tables: self
-                    .kv
-                    .iter()
-                    .map(|m| m.block_table(seq).unwrap_or(&[]).to_vec())
-                    .collect(),
-                state_read: 0,
-                state_slot: 0,
-            });
-        }
-        Ok(b)
-    }
-
-    /// After a forward pass: `toks` of `seq` are computed in every KV group and its new
-    /// recurrent state is current; the blocks a sliding window no longer sees go back, and a
-    /// state that ends a full block is kept as that block's snapshot.
-    fn commit(&mut self, seq: SeqId, toks: &[u32]) -> Result<()> {
-        let margin = self.cfg.max_rollback;
-        for (m, g) in self.kv.iter_mut().zip(self.model.kv_groups()) {
-            m.commit_tokens(seq, toks).map_err(kv_err)?;
-            if let Some(w) = g.window {
-                m.release_outside_window(seq, w + margin).map_err(kv_err)?;
-            }
-        }
-        let len = self.seq_len(seq);
-        if let Some(st) = &mut self.states {
-            st.commit(seq, len).map_err(kv_err)?;
-            let bs = self.cfg.block_size;
-            if self.cfg.prefix_caching && len.is_multiple_of(bs) && len > 0 {
-                if let Some(h) = self
-                    .kv
-                    .first()
-                    .and_then(|m| m.block_hash(seq, len / bs - 1))
-                {
-                    st.snapshot(seq, h);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Reserves cache slots for every item in every KV group (all or nothing per group), and
-    /// the recurrent-state slot each item's step writes.
+    /// Cache slots for every item in every KV group and the recurrent-state slot each item's
+    /// step writes; a pool that cannot take them is [`Error::KvFull`].
     fn reserve(&mut self, items: &[(SeqId, &[u32], Logits)]) -> Result<()> {
-        if let Some(st) = &mut self.states {
-            for (seq, _, _) in items {
-                st.start(*seq);
-                st.begin(*seq).map_err(kv_err)?;
-            }
-        }
-        for m in self.kv.iter_mut() {
-            for (seq, toks, _) in items {
-                if !m.contains(*seq) {
-                    m.add_sequence(*seq, &[]).map_err(kv_err)?;
-                }
-                let have = m.seq_len(*seq).unwrap_or(0);
-                let computed = m.num_computed(*seq).unwrap_or(0);
-                let more = (computed + toks.len()).saturating_sub(have);
-                m.append_slots(*seq, more).map_err(kv_err)?;
+        for (seq, toks, _) in items {
+            if !self.kv.allocate_slots(*seq, toks.len(), 0)? {
+                return Err(Error::KvFull(format!(
+                    "no room in the KV pools for {} more tokens of sequence {seq}",
+                    toks.len()
+                )));
             }
         }
         Ok(())
-    }
-
-    /// The first block a KV group needs of a sequence `n` blocks long: 0, or for a sliding
-    /// window the first one it still sees.
-    fn first_needed(&self, window: Option<usize>, n: usize) -> usize {
-        window.map_or(0, |w| {
-            (n * self.cfg.block_size).saturating_sub(w) / self.cfg.block_size
-        })
-    }
-
-    /// The most full blocks of `prompt` (at most `max` tokens' worth) that a new sequence can
-    /// resume from: every KV group holds the cached blocks it needs of them (all of them for
-    /// full attention, those inside the window for a sliding one) and, for a recurrent model,
-    /// the state after them is kept as a snapshot. With the cached block per lookable block
-    /// of each group, which it looked up on the way.
-    fn prefix_blocks(&self, prompt: &[u32], max: usize) -> (usize, Vec<Vec<Option<BlockId>>>) {
-        if !self.cfg.prefix_caching || self.kv.is_empty() {
-            return (0, Vec::new());
-        }
-        let bs = self.cfg.block_size;
-        let groups = self.model.kv_groups();
-        let maps: Vec<Vec<Option<BlockId>>> =
-            self.kv.iter().map(|m| m.cached_blocks(prompt)).collect();
-        let mut most = max / bs;
-        for (g, map) in groups.iter().zip(&maps) {
-            most = most.min(map.len());
-            if g.window.is_none() {
-                most = most.min(map.iter().take_while(|b| b.is_some()).count());
-            }
-        }
-        let hashes = match &self.states {
-            Some(_) => crate::kv::block_hash::hash_full_blocks(&prompt[..most * bs], bs, None),
-            None => Vec::new(),
-        };
-        let n = (1..=most)
-            .rev()
-            .find(|&n| {
-                let windows = groups.iter().zip(&maps).all(|(g, map)| {
-                    map[self.first_needed(g.window, n)..n]
-                        .iter()
-                        .all(Option::is_some)
-                });
-                windows
-                    && self
-                        .states
-                        .as_ref()
-                        .is_none_or(|st| st.has_snapshot(&hashes[n - 1]))
-            })
-            .unwrap_or(0);
-        (n, maps)
     }
 
     /// Starts a new sequence from the cached full blocks of its prompt's first `max` tokens
-    /// (only those blocks are taken; the rest is reserved as it is fed), and for a recurrent
-    /// model from the state snapshot after them. Returns how many leading tokens are already
-    /// computed: 0 without prefix caching, without a hit, or when the pool cannot take the
-    /// blocks now (the sequence then starts empty on its first step).
+    /// ([`KvCoordinator::attach_prefix`]); returns the tokens already computed.
     pub fn start_cached(&mut self, seq: SeqId, prompt: &[u32], max: usize) -> Result<usize> {
-        if self.has_sequence(seq) {
-            return Ok(0);
-        }
-        let (n, _) = self.prefix_blocks(prompt, max);
-        if n == 0 {
-            return Ok(0);
-        }
-        let want = n * self.cfg.block_size;
-        let firsts: Vec<usize> = (self.model.kv_groups().iter())
-            .map(|g| self.first_needed(g.window, n))
-            .collect();
-        let mut ok = true;
-        for (m, first) in self.kv.iter_mut().zip(firsts) {
-            match m.attach_blocks(seq, prompt, n, first) {
-                Ok(r) if r == want => {}
-                Ok(_) | Err(crate::kv::KvError::OutOfBlocks { .. }) => {
-                    ok = false;
-                    break;
-                }
-                Err(e) => {
-                    self.release(seq)?;
-                    return Err(kv_err(e));
-                }
-            }
-        }
-        if let (true, Some(st)) = (ok, &mut self.states) {
-            let hash = self.kv.first().and_then(|m| m.block_hash(seq, n - 1));
-            ok = hash.is_some_and(|h| st.start_at(seq, want, &h));
-        }
-        if !ok {
-            self.release(seq)?;
-            return Ok(0);
-        }
-        Ok(want)
-    }
-
-    /// Leading tokens of `prompt` the prefix cache holds now, and the free blocks of the
-    /// (first) full-attention pool taking them would use; (0, 0) without prefix caching.
-    pub fn cached_prefix(&self, prompt: &[u32]) -> (usize, usize) {
-        let (n, maps) = self.prefix_blocks(prompt, usize::MAX);
-        if n == 0 {
-            return (0, 0);
-        }
-        let groups = self.model.kv_groups();
-        let g = groups.iter().position(|g| g.window.is_none()).unwrap_or(0);
-        let free = match (self.kv.get(g), maps.get(g)) {
-            (Some(m), Some(map)) => {
-                let held: Vec<BlockId> = map.iter().take(n).flatten().copied().collect();
-                m.free_among(&held)
-            }
-            _ => 0,
-        };
-        (n * self.cfg.block_size, free)
-    }
-
-    /// Whether `seq` has KV state.
-    pub fn has_sequence(&self, seq: SeqId) -> bool {
-        self.kv.iter().any(|m| m.contains(seq))
-            || self.states.as_ref().is_some_and(|s| s.contains(seq))
+        self.kv.attach_prefix(seq, prompt, max)
     }
 
     /// Drops the last `k` computed tokens of `seq`, as if they had never been fed: their KV
@@ -549,132 +499,42 @@ impl Runner {
     /// the pool has no block for a copy-on-write; if feeding the tokens again fails, the
     /// sequence is left at the checkpoint it resumed from (`seq_len` says where).
     pub fn rollback(&mut self, seq: SeqId, k: usize) -> Result<()> {
-        let len = self.seq_len(seq);
-        if k > len {
-            return Err(Error::Model(format!(
-                "sequence {seq} has {len} tokens; cannot roll back {k}"
-            )));
-        }
-        if k == 0 {
-            return Ok(());
-        }
-        let target = len - k;
-        let bs = self.cfg.block_size;
-        let tokens: Vec<u32> = self
-            .kv
-            .first()
-            .and_then(|m| m.computed_tokens(seq))
-            .map(|t| t[..target].to_vec())
-            .unwrap_or_default();
-        // Where the state can resume: a checkpoint, or a nearer prefix snapshot.
-        let mut from = target;
-        let mut snapshot = None;
-        if let Some(st) = &self.states {
-            from = st.checkpoint_at(seq, target);
-            if self.cfg.prefix_caching {
-                for i in (from / bs + 1..=target / bs).rev() {
-                    let h = self.kv.first().and_then(|m| m.block_hash(seq, i - 1));
-                    if let Some(h) = h.filter(|h| st.has_snapshot(h)) {
-                        from = i * bs;
-                        snapshot = Some(h);
-                        break;
-                    }
-                }
-            }
-        }
-        let groups = self.model.kv_groups().to_vec();
-        for (m, g) in self.kv.iter().zip(&groups) {
-            m.check_truncate(seq, from, g.window).map_err(kv_err)?;
-        }
-        for (gi, (m, g)) in self.kv.iter_mut().zip(&groups).enumerate() {
-            if let Some((src, dst)) = m.truncate(seq, from, g.window).map_err(kv_err)? {
-                self.caches.copy_block(&self.ex, gi, src, dst)?;
-            }
-        }
-        if let Some(st) = &mut self.states {
-            match snapshot {
-                Some(h) => {
-                    st.restore(seq, from, &h);
-                }
-                None => {
-                    st.rollback(seq, from).map_err(kv_err)?;
-                }
-            }
-        }
-        if from < target {
-            self.feed(seq, &tokens[from..target], Logits::None)?;
+        let tokens = self.kv.computed_tokens(seq).to_vec();
+        let r = self.kv.rewind(seq, k)?;
+        self.fwd.copy_blocks(&r.copies)?;
+        if r.from < r.target {
+            self.feed(seq, &tokens[r.from..r.target], Logits::None)?;
         }
         Ok(())
-    }
-
-    fn build_batch(&self, items: &[(SeqId, &[u32], Logits)]) -> ForwardBatch {
-        let mut b = ForwardBatch {
-            slots: vec![Vec::new(); self.kv.len()],
-            ..Default::default()
-        };
-        for (seq, toks, want) in items {
-            let start = self.seq_len(*seq);
-            let q_start = b.tokens.len();
-            b.tokens.extend_from_slice(toks);
-            b.positions
-                .extend((start..start + toks.len()).map(|p| p as i32));
-            for r in want.rows(toks.len()) {
-                b.logits_rows.push(q_start + r);
-            }
-            for (g, m) in self.kv.iter().enumerate() {
-                b.slots[g].extend(
-                    m.slot_mapping(*seq, start..start + toks.len())
-                        .unwrap_or_default(),
-                );
-            }
-            let (state_read, state_slot) = self.states.as_ref().map_or((0, 0), |st| {
-                (
-                    st.current(*seq).map_or(0, |c| c.1),
-                    st.pending(*seq).unwrap_or(0),
-                )
-            });
-            b.seqs.push(SeqInput {
-                q_start,
-                q_len: toks.len(),
-                seq_len: start + toks.len(),
-                block_tables: self
-                    .kv
-                    .iter()
-                    .map(|m| m.block_table(*seq).unwrap_or(&[]).to_vec())
-                    .collect(),
-                state_read,
-                state_slot,
-            });
-        }
-        b
     }
 
     /// One denoising step of a block-diffusion model over `seq`'s next canvas (after its
     /// computed tokens), with the previous step's processed logits (`[canvas × vocab]`, row
     /// major) for self-conditioning. Returns the logits of every canvas position. The canvas
     /// stays uncomputed: its slots are reused by the next step and by the pass that commits
-    /// the accepted canvas ([`Runner::feed`]).
+    /// the accepted canvas ([`Session::feed`]).
     pub fn denoise(
         &mut self,
         seq: SeqId,
         canvas: &[u32],
         self_cond: Option<&[f32]>,
     ) -> Result<Vec<Vec<f32>>> {
-        let c = self.canvas_len()?;
+        let c = self.fwd.canvas_len()?;
         if canvas.len() != c {
             return Err(Error::Model(format!(
                 "a canvas of {} tokens; this model's canvas holds {c}",
                 canvas.len()
             )));
         }
-        let vocab = self.model.info().vocab;
+        let vocab = self.fwd.model.info().vocab;
         if let Some(t) = canvas.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::Model(format!(
                 "token id {t} is outside the vocabulary of {vocab}"
             )));
         }
+        let ex = &self.fwd.ex;
         let sc = match self_cond {
-            Some(l) if l.len() == c * vocab => Some(self.ex.upload_f32(&[c, vocab], l)?),
+            Some(l) if l.len() == c * vocab => Some(ex.upload_f32(&[c, vocab], l)?),
             Some(l) => {
                 return Err(Error::Model(format!(
                     "{} self-conditioning logits; a canvas of {c} over a vocabulary of {vocab} \
@@ -686,13 +546,13 @@ impl Runner {
             None => None,
         };
         let ids: Vec<i32> = canvas.iter().map(|&t| t as i32).collect();
-        let ids = self.ex.upload_i32(&[c], &ids)?;
+        let ids = ex.upload_i32(&[c], &ids)?;
         let logits = self.denoise_on_device(seq, &ids, sc.as_ref())?;
-        let flat = self.ex.download_f32(&logits)?;
+        let flat = self.fwd.ex.download_f32(&logits)?;
         Ok(flat.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
     }
 
-    /// [`Runner::denoise`] with everything on the device: the canvas's ids (`[canvas]` i32,
+    /// [`Session::denoise`] with everything on the device: the canvas's ids (`[canvas]` i32,
     /// each below the vocabulary) and the self-conditioning logits in, the logits
     /// `[canvas, vocab]` out; nothing is read back.
     pub fn denoise_on_device(
@@ -701,41 +561,36 @@ impl Runner {
         canvas: &Tensor,
         self_cond: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let c = self.canvas_len()?;
+        let c = self.fwd.canvas_len()?;
         if canvas.numel() != c {
             return Err(Error::Model(format!(
                 "a canvas of {} tokens; this model's canvas holds {c}",
                 canvas.numel()
             )));
         }
-        if c > self.cfg.max_batch_tokens {
+        if c > self.fwd.cfg.max_batch_tokens {
             return Err(Error::Model(format!(
                 "a canvas of {c} tokens exceeds the batch limit of {}",
-                self.cfg.max_batch_tokens
+                self.fwd.cfg.max_batch_tokens
             )));
         }
-        let after = self.seq_len(seq) + c;
-        if after > self.cfg.ctx {
+        let after = self.kv.seq_len(seq) + c;
+        if after > self.fwd.cfg.ctx {
             return Err(Error::Model(format!(
                 "sequence {seq} would reach {after} tokens, over the context of {}",
-                self.cfg.ctx
+                self.fwd.cfg.ctx
             )));
         }
         // The batch's token ids are placeholders: the embedding reads `canvas`.
         let placeholder = vec![0u32; c];
         let items = [(seq, &placeholder[..], Logits::All)];
         self.reserve(&items)?;
-        let batch = self.build_batch(&items);
-        self.model
+        let batch = self.kv.batch(&items);
+        self.fwd
+            .model
             .denoiser()
             .ok_or_else(|| Error::Model("this model does not generate by diffusion".into()))?
-            .denoise(&self.ex, &batch, &self.caches, Some(canvas), self_cond)
-    }
-
-    fn canvas_len(&self) -> Result<usize> {
-        self.model
-            .canvas_length()
-            .ok_or_else(|| Error::Model("this model does not generate by diffusion".into()))
+            .denoise(&self.fwd.ex, &batch, &self.fwd.caches, Some(canvas), self_cond)
     }
 
     /// Feeds `tokens` to one sequence in chunks of at most `max_batch_tokens`; returns the
@@ -743,7 +598,7 @@ impl Runner {
     pub fn feed(&mut self, seq: SeqId, tokens: &[u32], want: Logits) -> Result<Vec<Vec<f32>>> {
         let rows = want.rows(tokens.len());
         let mut out = Vec::with_capacity(rows.len());
-        let chunk = self.cfg.max_batch_tokens;
+        let chunk = self.fwd.cfg.max_batch_tokens;
         let mut start = 0;
         while start < tokens.len() {
             let end = (start + chunk).min(tokens.len());
@@ -768,23 +623,14 @@ impl Runner {
 
     /// Frees a sequence's cache blocks and state slots.
     pub fn release(&mut self, seq: SeqId) -> Result<()> {
-        if let Some(st) = &mut self.states {
-            st.free_seq(seq);
-        }
-        for m in self.kv.iter_mut() {
-            if m.contains(seq) {
-                m.free_sequence(seq).map_err(kv_err)?;
-            }
-        }
-        Ok(())
+        self.kv.free(seq)
     }
-}
 
-fn kv_err(e: crate::kv::KvError) -> Error {
-    match e {
-        crate::kv::KvError::OutOfBlocks { .. } | crate::kv::KvError::OutOfStateSlots { .. } => {
-            Error::KvFull(e.to_string())
-        }
-        _ => Error::Model(format!("kv cache: {e}")),
+    pub fn forward(&self) -> &Forward {
+        self.fwd
+    }
+    /// Tokens of `seq` already in the cache.
+    pub fn seq_len(&self, seq: SeqId) -> usize {
+        self.kv.seq_len(seq)
     }
 }

@@ -1,17 +1,18 @@
 //! Speculative decoding inside the continuous-batching engine: before a step, every request
-//! that is decoding gets up to `k` drafts (within the step's token and KV budget, the
-//! request's `max_tokens` and the context); the step scores the pending token and the drafts
-//! in one pass (`Logits::All`), [`crate::spec::verify`] keeps the longest verified prefix plus
-//! one target token, and the runner rolls the rejected drafts back (KV slots released,
-//! recurrent state restored). Requests with and without drafts share the step.
+//! that is decoding gets up to `k` drafts (within its `max_tokens` and the context), which
+//! the scheduler plans as lookahead slots (as many as the step's token budget and the pools
+//! allow); the step scores the pending token and the drafts in one pass (`Logits::All`),
+//! [`crate::spec::verify`] keeps the longest verified prefix plus one target token, and the
+//! scheduler's update rewinds the rejected drafts (KV slots released, recurrent state
+//! restored). Requests with and without drafts share the step.
 
 use super::batching::Engine;
-use super::Logits;
+use super::Target;
 use crate::error::{Error, Result};
 use crate::model::Features;
 use crate::sample::TokenLogprobs;
-use crate::sched::{Item, KvBudget, ReqId};
-use crate::spec::{verify, Draft, DraftReq, Drafter};
+use crate::sched::{Item, Outcome, ReqId};
+use crate::spec::{verify, DraftReq, Drafter};
 
 /// The engine's drafter and how far it drafts.
 pub(super) struct Spec {
@@ -59,7 +60,7 @@ impl Engine {
         if k == 0 {
             return Err(Error::Model("--spec-tokens must be at least 1".into()));
         }
-        let margin = self.runner.config().max_rollback;
+        let margin = self.fwd.config().max_rollback;
         if margin < k {
             return Err(Error::Model(format!(
                 "speculating {k} tokens needs a runner that can roll {k} back (max_rollback \
@@ -86,62 +87,39 @@ impl Engine {
         self.spec.as_ref().map(|s| s.drafter.name())
     }
 
-    /// Drafts for the plan's decoding items (aligned with `items`; `None`: a plain step).
-    pub(super) fn drafts(&mut self, items: &[Item]) -> Vec<Option<Draft>> {
-        let mut out: Vec<Option<Draft>> = items.iter().map(|_| None).collect();
+    /// Before planning: drafts for every running request that is decoding (within its
+    /// `max_tokens` and the context), handed to the scheduler as the lookahead it may feed
+    /// (it feeds as many as the step's budget and the pools allow). Requests under a grammar
+    /// are never drafted for: it decides each token after the one before.
+    pub(super) fn propose(&mut self) {
         let Some(spec) = self.spec.as_ref().filter(|s| s.on) else {
-            return out;
+            return;
         };
-        let cfg = self.runner.config();
-        let ctx = cfg.ctx;
-        let mut spare_tokens = cfg
-            .max_batch_tokens
-            .saturating_sub(items.iter().map(|i| i.end - i.start).sum());
-        let budget = super::batching::RunnerBudget(&self.runner);
-        let mut spare_blocks = budget.free_blocks().saturating_sub(
-            items
-                .iter()
-                .map(|i| budget.blocks_needed(i.id, i.end))
-                .sum(),
-        );
-        let mut ks: Vec<(usize, usize)> = Vec::new();
-        for (n, it) in items.iter().enumerate() {
-            let (Some(seq), Some(a)) = (self.sched.get(it.id), self.active.get(&it.id)) else {
+        let ctx = self.fwd.config().ctx;
+        let mut ks: Vec<(ReqId, usize)> = Vec::new();
+        for r in self.sched.running() {
+            let Some(a) = self.active.get(&r.id) else {
                 continue;
             };
-            let len = seq.tokens.len();
-            // A grammar decides each token after the one before: nothing to draft.
-            if !(it.sample && it.end == len && it.end - it.start == 1) || a.constraint.is_some() {
+            if !r.decoding() || a.constraint.is_some() {
                 continue;
             }
-            // Room for the drafts and the target's token: output, context and step budget.
-            let mut k = spec
+            // Room for the drafts and the target's token in the output and the context.
+            let len = r.tokens.len();
+            let k = spec
                 .k
                 .min(a.max_tokens.saturating_sub(a.generated + 1))
-                .min(ctx.saturating_sub(len + 1))
-                .min(spare_tokens);
-            let extra = |k: usize| {
-                budget
-                    .blocks_needed(it.id, it.end + k)
-                    .saturating_sub(budget.blocks_needed(it.id, it.end))
-            };
-            while k > 0 && extra(k) > spare_blocks {
-                k -= 1;
+                .min(ctx.saturating_sub(len + 1));
+            if k > 0 {
+                ks.push((r.id, k));
             }
-            if k == 0 {
-                continue;
-            }
-            spare_tokens -= k;
-            spare_blocks -= extra(k);
-            ks.push((n, k));
         }
         if ks.is_empty() {
-            return out;
+            return;
         }
         let reqs: Vec<DraftReq> = ks
             .iter()
-            .filter_map(|&(n, k)| {
-                let id = items[n].id;
+            .filter_map(|&(id, k)| {
                 Some(DraftReq {
                     id,
                     tokens: &self.sched.get(id)?.tokens,
@@ -150,25 +128,33 @@ impl Engine {
                 })
             })
             .collect();
-        let spec = self.spec.as_mut().expect("checked above");
-        match spec.drafter.propose(&reqs, &self.runner) {
-            Ok(drafts) => {
-                for (&(n, k), mut d) in ks.iter().zip(drafts) {
-                    d.tokens.truncate(k);
-                    if let Some(q) = &mut d.q {
-                        q.truncate(k);
-                    }
-                    if !d.tokens.is_empty() {
-                        out[n] = Some(d);
-                    }
-                }
+        let target = Target {
+            fwd: &self.fwd,
+            kv: self.sched.kv(),
+        };
+        let Some(spec) = self.spec.as_mut() else {
+            return;
+        };
+        let drafts = match spec.drafter.propose(&reqs, &target) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(
+                    "{} drafter failed, not drafting this step: {e}",
+                    spec.drafter.name()
+                );
+                return;
             }
-            Err(e) => tracing::warn!(
-                "{} drafter failed, not drafting this step: {e}",
-                spec.drafter.name()
-            ),
+        };
+        for (&(id, k), mut d) in ks.iter().zip(drafts) {
+            d.tokens.truncate(k);
+            if let Some(q) = &mut d.q {
+                q.truncate(k);
+            }
+            self.sched.propose(id, d.tokens.clone());
+            if let Some(a) = self.active.get_mut(&id) {
+                a.draft = (!d.tokens.is_empty()).then_some(d);
+            }
         }
-        out
     }
 
     /// The target's hidden states steps should return for the drafter.
@@ -186,27 +172,41 @@ impl Engine {
         }
     }
 
-    /// After the step scored `item`'s pending token and `draft` (`rows`: one logits row each,
-    /// the pending token's first; `hidden`: the hidden states beside them, when the drafter
-    /// wants them): keeps what the target verifies, rolls the rest back, and streams the
-    /// tokens.
-    pub(super) fn accept(
+    /// After the step scored `it`'s pending token and the `it.lookahead` drafts it fed
+    /// (`rows`: one logits row each, the pending token's first; `hidden`: the hidden states
+    /// beside them, when the drafter wants them): what the target verifies, as the outcome
+    /// for the scheduler (which rewinds the rest), each new token's log-probabilities, and
+    /// the hidden rows of the tokens that stay.
+    pub(super) fn verify_drafts(
         &mut self,
         it: &Item,
         rows: Vec<Vec<f32>>,
         mut hidden: Vec<Vec<f32>>,
-        draft: Draft,
-    ) -> Result<()> {
+    ) -> (Outcome, Vec<Option<TokenLogprobs>>, Vec<Vec<f32>>) {
         let id = it.id;
-        let k = draft.tokens.len();
         let mut history = self
             .sched
             .get(id)
             .map(|s| s.tokens.clone())
             .unwrap_or_default();
-        let Some(a) = self.active.get_mut(&id) else {
-            return self.end(id, None);
+        let draft = self.active.get_mut(&id).and_then(|a| a.draft.take());
+        let (Some(a), Some(mut draft)) = (self.active.get_mut(&id), draft) else {
+            // Not held any more (or no drafts kept): nothing stays of the lookahead.
+            return (
+                Outcome {
+                    id,
+                    accepted: 0,
+                    tokens: Vec::new(),
+                },
+                Vec::new(),
+                Vec::new(),
+            );
         };
+        draft.tokens.truncate(it.lookahead);
+        if let Some(q) = &mut draft.q {
+            q.truncate(it.lookahead);
+        }
+        let k = draft.tokens.len();
         let mut raws = Vec::new();
         let mut p = Vec::with_capacity(rows.len());
         for (j, mut row) in rows.into_iter().enumerate() {
@@ -227,32 +227,22 @@ impl Engine {
             st.accept_lengths.resize(v.accepted + 1, 0);
         }
         st.accept_lengths[v.accepted] += 1;
-        if v.accepted < k {
-            if let Err(e) = self.runner.rollback(id, k - v.accepted) {
-                return self.fail(id, format!("rolling back rejected drafts failed: {e}"));
-            }
-        }
-        // The cache now ends at the last accepted draft.
+        // The cache keeps the pending token and the accepted drafts.
         hidden.truncate(v.accepted + 1);
-        self.observe(id, it.start, hidden);
-        self.sched.advance(id, it.end + v.accepted, None);
-        for (j, tok) in v.tokens.into_iter().enumerate() {
-            if !self.active.contains_key(&id) {
-                break;
-            }
-            self.sched.advance(id, it.end + v.accepted, Some(tok));
-            let lp = raws.get(j).map(|(l, n)| TokenLogprobs::of(l, tok, *n));
-            self.emit(id, tok, lp)?;
-        }
-        Ok(())
-    }
-}
-
-/// Logits rows a step wants of an item with drafts: every fed token's.
-pub(super) fn want(draft: Option<&Draft>, sample: bool) -> Logits {
-    match (draft, sample) {
-        (Some(_), _) => Logits::All,
-        (None, true) => Logits::Last,
-        (None, false) => Logits::None,
+        let lps = (0..v.tokens.len())
+            .map(|j| {
+                raws.get(j)
+                    .map(|(l, n)| TokenLogprobs::of(l, v.tokens[j], *n))
+            })
+            .collect();
+        (
+            Outcome {
+                id,
+                accepted: v.accepted,
+                tokens: v.tokens,
+            },
+            lps,
+            hidden,
+        )
     }
 }

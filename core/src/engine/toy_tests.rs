@@ -136,8 +136,8 @@ fn cancelled_requests_return_every_block_to_the_pool() {
     let ps = prompts(4);
     let mut e = engine(4, None, 8, false);
     let free = |e: &Engine| -> Vec<usize> {
-        e.runner()
-            .kv_managers()
+        e.kv()
+            .managers()
             .iter()
             .map(|m| m.num_free_blocks())
             .collect()
@@ -271,7 +271,7 @@ fn long_sequences_release_blocks_outside_the_window_and_keep_their_tokens() {
         assert!(e.step().expect("step"));
     }
     let held = |e: &Engine, g: usize| {
-        let m = &e.runner().kv_managers()[g];
+        let m = &e.kv().managers()[g];
         m.pool().num_blocks() - m.num_free_blocks()
     };
     let (full, sliding) = (held(&e, 0), held(&e, 1));
@@ -288,4 +288,57 @@ fn long_sequences_release_blocks_outside_the_window_and_keep_their_tokens() {
         })
         .collect();
     assert_eq!(got, want[0]);
+}
+
+/// One request's path, top-down, with nothing between the pieces: admission, planning (where
+/// the scheduler allocates every slot the step writes and builds the batch), the forward
+/// pass (which holds nothing per request), and the update (which commits what was fed). Its
+/// greedy tokens are the oracle's, and every block comes back when it ends.
+#[test]
+fn one_request_walks_admission_allocation_plan_forward_update() {
+    use crate::sched::{Outcome, Request, SchedConfig, Scheduler};
+    let p = prompts(1).remove(0);
+    let n = 6;
+    let (fwd, kv) = runner(1, None, 8, false).into_parts();
+    let free = kv.free_blocks();
+    let mut s = Scheduler::new(
+        SchedConfig {
+            max_batch_tokens: 8,
+            max_running: 1,
+            snapshot_blocks: None,
+        },
+        kv,
+    );
+    s.admit(Request::new(1, p.clone()));
+    let mut got: Vec<u32> = Vec::new();
+    while got.len() < n {
+        let plan = s.schedule().expect("plan");
+        let [it] = &plan.items[..] else {
+            panic!("one item a step: {:?}", plan.items);
+        };
+        // Planning allocated the slots: the batch writes every fed token somewhere.
+        assert!(plan.batch.slots.iter().all(|g| g.iter().all(|&x| x >= 0)));
+        assert_eq!(s.kv().seq_len(1), it.start, "nothing is committed before the pass");
+        let (rows, _) = fwd.run(&plan.batch, None).expect("forward");
+        let tokens = match (it.sample, rows[0].last()) {
+            (true, Some(l)) => vec![crate::sample::argmax(l)],
+            _ => Vec::new(),
+        };
+        got.extend(&tokens);
+        s.update(
+            &plan,
+            &[Outcome {
+                id: 1,
+                accepted: 0,
+                tokens,
+            }],
+        )
+        .expect("update");
+        assert_eq!(s.kv().seq_len(1), it.end);
+    }
+    let ex = Executor::cpu();
+    let toy = Toy::new(&ex, VOCAB, WINDOW, 7).expect("toy");
+    assert_eq!(got, toy.greedy_reference(&ex, &p, n).expect("oracle"));
+    assert!(s.finish(1).expect("finish"));
+    assert_eq!(s.kv().free_blocks(), free);
 }

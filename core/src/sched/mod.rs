@@ -1,15 +1,34 @@
-//! Continuous batching: which tokens of which requests go into the next forward pass.
+//! Continuous batching: which tokens of which requests go into the next forward pass, and
+//! where their K/V go.
 //!
-//! Each step: running decodes first (one token each, oldest first), then prefill chunks of
-//! waiting or partly prefilled requests under the token budget (chunked prefill). When the
-//! KV pool cannot hold a step's tokens, the newest running request is preempted: its blocks
-//! are freed and it goes back to the front of the queue with every token it has so far, to be
-//! recomputed later (vLLM's recompute preemption). The scheduler only plans; the engine runs
-//! the plan and reports back through [`Scheduler::advance`] and [`Scheduler::finish`].
+//! The scheduler owns the [`KvCoordinator`] and is the only code that allocates from it while
+//! serving. One request's path, top-down:
+//! 1. **admission** ([`Scheduler::admit`]): a [`Request`] record joins the queue;
+//! 2. **planning** ([`Scheduler::schedule`]): running requests first (a decode token, plus the
+//!    lookahead of its drafts, or the next prefill chunk), oldest first, then queued ones
+//!    under the token budget (chunked prefill). A request starting (again) is looked up in
+//!    the prefix cache once, here, and takes the cached blocks. Every item's slots are
+//!    allocated at once ([`KvCoordinator::allocate_slots`]); when a pool cannot take them,
+//!    the item's drafts are dropped, then the newest running request is preempted (its
+//!    blocks freed; it goes back to the front of the queue with every token it has, to be
+//!    recomputed: vLLM's recompute preemption). The returned [`Plan`] carries the forward
+//!    batch (block tables, slot mappings, state slots) and is never rewritten;
+//! 3. **forward**: the engine runs the plan's batch ([`crate::engine::Forward::run`]), which
+//!    holds nothing per request;
+//! 4. **update** ([`Scheduler::update`]): each item's fed tokens are committed; rejected
+//!    drafts are rewound (a recurrent state that has to go back further drops the request's
+//!    computed count, so the next plan feeds those tokens again); sampled tokens are
+//!    appended. [`Scheduler::finish`] ends a request and frees its blocks.
 //!
-//! KV capacity is asked of a [`KvBudget`], so the planner can be tested without a model.
+//! `core/src/engine/toy_tests.rs` walks requests through this on a toy model.
+
+pub mod kv;
 
 use std::collections::{HashMap, VecDeque};
+
+use crate::error::Result;
+use crate::model::ForwardBatch;
+pub use kv::{BlockCopy, KvCoordinator, Logits};
 
 /// A request's id (also its KV sequence id).
 pub type ReqId = u64;
@@ -28,84 +47,112 @@ pub struct SchedConfig {
     pub snapshot_blocks: Option<usize>,
 }
 
-/// What the KV cache can take; the engine answers from its KV managers.
-pub trait KvBudget {
-    /// Blocks that growing `req` (resident or not) to `len` tokens would newly allocate.
-    fn blocks_needed(&self, req: ReqId, len: usize) -> usize;
-    /// Blocks free now.
-    fn free_blocks(&self) -> usize;
-    /// Blocks `req` holds now.
-    fn blocks_held(&self, req: ReqId) -> usize;
-    /// Blocks preempting `req` would return to the pool: those it holds that no other request
-    /// shares (a prefix block shared with a running request stays taken).
-    fn blocks_freed(&self, req: ReqId) -> usize {
-        self.blocks_held(req)
-    }
-    /// For a request not resident: how many leading `tokens` the prefix cache holds (a multiple
-    /// of the block size, less than `tokens.len()`), and how many free blocks taking them uses
-    /// (cached blocks no request holds count as free). Without a prefix cache, none.
-    fn cached_prefix(&self, _tokens: &[u32]) -> (usize, usize) {
-        (0, 0)
-    }
-}
-
-/// One request as the scheduler sees it: its tokens so far (prompt, then generated) and how
-/// many of them are in the KV cache.
+/// One request as the scheduler keeps it: its tokens so far (prompt, then generated), how
+/// many of them are in the KV cache, and the drafts proposed for its next step.
 #[derive(Clone, Debug)]
-pub struct Seq {
+pub struct Request {
     pub id: ReqId,
     pub tokens: Vec<u32>,
+    /// Tokens of the prompt (the first ones of `tokens`).
+    pub prompt_len: usize,
     /// Tokens whose K/V are computed (0 after a preemption).
     pub computed: usize,
     /// Times this request was preempted.
     pub preemptions: u32,
+    /// Tokens a drafter proposed after the last one: the next plan feeds them as lookahead
+    /// when the budget and the pools allow (replaced at each proposal, cleared by `update`).
+    pub draft: Vec<u32>,
 }
 
-impl Seq {
-    pub fn new(id: ReqId, prompt: Vec<u32>) -> Seq {
-        Seq {
+impl Request {
+    pub fn new(id: ReqId, prompt: Vec<u32>) -> Request {
+        Request {
             id,
+            prompt_len: prompt.len(),
             tokens: prompt,
             computed: 0,
             preemptions: 0,
+            draft: Vec::new(),
         }
     }
     /// Tokens still to feed before the next token can be sampled.
     pub fn pending(&self) -> usize {
         self.tokens.len() - self.computed
     }
+    /// Whether the next step only decodes: every token but the last is computed.
+    pub fn decoding(&self) -> bool {
+        self.pending() == 1
+    }
 }
 
-/// One request's share of a step: `tokens[start..end]` of it, and whether the step's last row
-/// gives the logits for its next token.
+/// One request's share of a step: `tokens[start..end]` of it, then `lookahead` of its drafts,
+/// and whether the step gives the logits for its next token (with drafts, one row for each
+/// token fed).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Item {
     pub id: ReqId,
     pub start: usize,
     pub end: usize,
     pub sample: bool,
+    pub lookahead: usize,
 }
 
-/// A step's plan.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+impl Item {
+    /// The logits rows this item's step wants.
+    pub fn logits(&self) -> Logits {
+        match (self.lookahead > 0, self.sample) {
+            (true, _) => Logits::All,
+            (false, true) => Logits::Last,
+            (false, false) => Logits::None,
+        }
+    }
+    /// Tokens fed.
+    pub fn len(&self) -> usize {
+        self.end - self.start + self.lookahead
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A step's plan: what to feed, and the forward batch that feeds it.
+#[derive(Clone, Debug, Default)]
 pub struct Plan {
     pub items: Vec<Item>,
-    /// Requests preempted while planning: the engine frees their KV blocks.
+    /// Requests preempted while planning (their blocks are already free).
     pub preempted: Vec<ReqId>,
+    /// Requests that started (or restarted after a preemption) this step, with the prompt
+    /// tokens the prefix cache gave them.
+    pub admitted: Vec<(ReqId, usize)>,
+    /// Block tables, slot mappings, state slots, positions and logits rows of `items`.
+    pub batch: ForwardBatch,
 }
 
 impl Plan {
     pub fn tokens(&self) -> usize {
-        self.items.iter().map(|i| i.end - i.start).sum()
+        self.items.iter().map(Item::len).sum()
     }
 }
 
-/// The queue and the running set. Every lookup by id is a hash lookup; a request that ends
-/// while queued leaves its place in the queue to be skipped when it comes up (the queue is
-/// compacted when such places outnumber the live ones), so no operation scans the queue.
-#[derive(Debug, Default)]
+/// What a step produced for one item, for [`Scheduler::update`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub id: ReqId,
+    /// Drafts the target accepted (a prefix of the item's lookahead).
+    pub accepted: usize,
+    /// Tokens to append: the accepted drafts and the sampled token (empty when the item did
+    /// not sample, or sampling failed).
+    pub tokens: Vec<u32>,
+}
+
+/// The queue, the running set and the KV coordinator. Every lookup by id is a hash lookup; a
+/// request that ends while queued leaves its place in the queue to be skipped when it comes
+/// up (the queue is compacted when such places outnumber the live ones), so no operation
+/// scans the queue.
+#[derive(Debug)]
 pub struct Scheduler {
-    cfg: Option<SchedConfig>,
+    cfg: SchedConfig,
+    kv: KvCoordinator,
     /// Every request held, queued or resident.
     seqs: HashMap<ReqId, Entry>,
     /// Queue order. An id whose request is no longer queued is a stale place.
@@ -118,32 +165,43 @@ pub struct Scheduler {
 
 #[derive(Debug)]
 struct Entry {
-    seq: Seq,
+    seq: Request,
     resident: bool,
 }
 
 impl Scheduler {
-    pub fn new(cfg: SchedConfig) -> Scheduler {
+    pub fn new(cfg: SchedConfig, kv: KvCoordinator) -> Scheduler {
         Scheduler {
-            cfg: Some(SchedConfig {
+            cfg: SchedConfig {
                 max_batch_tokens: cfg.max_batch_tokens.max(1),
                 max_running: cfg.max_running.max(1),
                 snapshot_blocks: cfg.snapshot_blocks.filter(|&b| b > 0),
-            }),
-            ..Scheduler::default()
+            },
+            kv,
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            n_waiting: 0,
+            running: Vec::new(),
         }
     }
 
-    fn cfg(&self) -> SchedConfig {
-        self.cfg.clone().unwrap_or(SchedConfig {
-            max_batch_tokens: 512,
-            max_running: 1,
-            snapshot_blocks: None,
-        })
+    pub fn config(&self) -> &SchedConfig {
+        &self.cfg
+    }
+
+    /// The KV coordinator (to read; only the scheduler allocates from it).
+    pub fn kv(&self) -> &KvCoordinator {
+        &self.kv
+    }
+
+    /// The coordinator for work that runs outside the plans: a block-diffusion request
+    /// (which runs alone) and an embedding (which runs to its end between two steps).
+    pub(crate) fn kv_mut(&mut self) -> &mut KvCoordinator {
+        &mut self.kv
     }
 
     /// Queues a new request (it needs at least one token). An id already held is ignored.
-    pub fn admit(&mut self, seq: Seq) {
+    pub fn admit(&mut self, seq: Request) {
         let id = seq.id;
         if self.seqs.contains_key(&id) {
             return;
@@ -166,11 +224,11 @@ impl Scheduler {
         self.running.len()
     }
     /// Resident requests, oldest first.
-    pub fn running(&self) -> impl Iterator<Item = &Seq> {
+    pub fn running(&self) -> impl Iterator<Item = &Request> {
         self.running.iter().filter_map(|id| self.get(*id))
     }
     /// Queued requests, next first.
-    pub fn queued(&self) -> impl Iterator<Item = &Seq> {
+    pub fn queued(&self) -> impl Iterator<Item = &Request> {
         self.waiting
             .iter()
             .filter_map(|id| self.seqs.get(id).filter(|e| !e.resident))
@@ -180,8 +238,18 @@ impl Scheduler {
         self.seqs.is_empty()
     }
     /// A resident or queued request.
-    pub fn get(&self, id: ReqId) -> Option<&Seq> {
+    pub fn get(&self, id: ReqId) -> Option<&Request> {
         self.seqs.get(&id).map(|e| &e.seq)
+    }
+
+    /// Drafts for `id`'s next step (replacing any earlier ones); ignored unless it is
+    /// resident and decoding.
+    pub fn propose(&mut self, id: ReqId, draft: Vec<u32>) {
+        if let Some(e) = self.seqs.get_mut(&id).filter(|e| e.resident) {
+            if e.seq.decoding() {
+                e.seq.draft = draft;
+            }
+        }
     }
 
     /// The next queued request, dropping the stale places before it.
@@ -198,7 +266,7 @@ impl Scheduler {
     /// How many of `n` tokens from `start` (of `len`) one step takes: all of them, or with
     /// `snapshot_blocks` those up to the last block boundary before `len` when they cross it.
     fn chunk(&self, start: usize, n: usize, len: usize) -> usize {
-        match self.cfg.as_ref().and_then(|c| c.snapshot_blocks) {
+        match self.cfg.snapshot_blocks {
             Some(bs) => {
                 let boundary = (len.saturating_sub(1) / bs) * bs;
                 if start < boundary && start + n > boundary {
@@ -211,28 +279,33 @@ impl Scheduler {
         }
     }
 
-    /// Plans the next step: decodes, then prefill chunks, preempting when the pool is short.
-    pub fn schedule(&mut self, kv: &dyn KvBudget) -> Plan {
-        let cfg = self.cfg();
+    /// Plans the next step: decodes (with their drafts), then prefill chunks, allocating every
+    /// item's slots and preempting when a pool is short; the plan's batch is built last.
+    pub fn schedule(&mut self) -> Result<Plan> {
         let mut plan = Plan::default();
-        let mut budget = cfg.max_batch_tokens;
-        let mut blocks = kv.free_blocks();
-        self.schedule_running(kv, &mut plan, &mut budget, &mut blocks);
-        self.schedule_waiting(kv, &cfg, &mut plan, &mut budget, &mut blocks);
-        plan
+        let mut budget = self.cfg.max_batch_tokens;
+        self.schedule_running(&mut plan, &mut budget)?;
+        self.schedule_waiting(&mut plan, &mut budget)?;
+        let inputs: Vec<(ReqId, Vec<u32>, Logits)> = plan
+            .items
+            .iter()
+            .filter_map(|it| {
+                let s = self.get(it.id)?;
+                let mut toks = s.tokens[it.start..it.end].to_vec();
+                toks.extend_from_slice(&s.draft[..it.lookahead]);
+                Some((it.id, toks, it.logits()))
+            })
+            .collect();
+        let refs: Vec<(ReqId, &[u32], Logits)> =
+            inputs.iter().map(|(id, t, w)| (*id, &t[..], *w)).collect();
+        plan.batch = self.kv.batch(&refs);
+        Ok(plan)
     }
 
-    /// Running requests, oldest first: a decode token or the next prefill chunk each. A request
-    /// that does not fit the pool preempts the newest running one (possibly itself).
-    fn schedule_running(
-        &mut self,
-        kv: &dyn KvBudget,
-        plan: &mut Plan,
-        budget: &mut usize,
-        blocks: &mut usize,
-    ) {
-        // Blocks each planned item will allocate, to give back if its request is preempted.
-        let mut planned: Vec<(ReqId, usize)> = Vec::new();
+    /// Running requests, oldest first: a decode token (and as many of its drafts as fit) or
+    /// the next prefill chunk each. A request whose slots the pools cannot take drops its
+    /// drafts, then preempts the newest running request (possibly itself).
+    fn schedule_running(&mut self, plan: &mut Plan, budget: &mut usize) -> Result<()> {
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let id = self.running[i];
@@ -246,138 +319,154 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            let need = kv.blocks_needed(id, computed + n);
-            if need <= *blocks {
-                *blocks -= need;
-                *budget -= n;
-                planned.push((id, need));
-                plan.items.push(Item {
-                    id,
-                    start: computed,
-                    end: computed + n,
-                    sample: computed + n == len,
-                });
-                i += 1;
-                continue;
-            }
-            // Out of blocks: preempt the newest running request, then retry this one.
-            let newest_is_this = i + 1 == self.running.len();
-            let Some(victim) = self.preempt_newest() else {
-                break;
+            let mut k = match s.decoding() {
+                true => s.draft.len().min(*budget - n),
+                false => 0,
             };
-            *blocks += kv.blocks_freed(victim);
-            if let Some(k) = plan.items.iter().position(|it| it.id == victim) {
-                let it = plan.items.remove(k);
-                *budget += it.end - it.start;
-            }
-            if let Some(k) = planned.iter().position(|p| p.0 == victim) {
-                *blocks += planned.remove(k).1;
-            }
-            plan.preempted.push(victim);
-            if newest_is_this {
+            let fits = loop {
+                if self.kv.allocate_slots(id, n, k)? {
+                    break true;
+                }
+                if k > 0 {
+                    k = 0;
+                    continue;
+                }
+                // Out of blocks: preempt the newest running request, then retry this one.
+                let newest_is_this = i + 1 == self.running.len();
+                let Some(victim) = self.preempt_newest()? else {
+                    break false;
+                };
+                if let Some(p) = plan.items.iter().position(|it| it.id == victim) {
+                    *budget += plan.items.remove(p).len();
+                }
+                plan.preempted.push(victim);
+                if newest_is_this {
+                    break false;
+                }
+            };
+            if !fits {
                 break;
             }
+            *budget -= n + k;
+            plan.items.push(Item {
+                id,
+                start: computed,
+                end: computed + n,
+                sample: computed + n == len,
+                lookahead: k,
+            });
+            i += 1;
         }
+        Ok(())
     }
 
-    /// Waiting requests in order, while the budget, the pool and the running limit allow.
-    fn schedule_waiting(
-        &mut self,
-        kv: &dyn KvBudget,
-        cfg: &SchedConfig,
-        plan: &mut Plan,
-        budget: &mut usize,
-        blocks: &mut usize,
-    ) {
-        while *budget > 0 && self.running.len() < cfg.max_running {
+    /// Waiting requests in order, while the budget, the pools and the running limit allow.
+    /// A request starting afresh takes its prompt's cached blocks first (the one prefix
+    /// lookup it gets); should the rest not fit, it lets them go again and waits.
+    fn schedule_waiting(&mut self, plan: &mut Plan, budget: &mut usize) -> Result<()> {
+        while *budget > 0 && self.running.len() < self.cfg.max_running {
             let Some(id) = self.head() else {
                 break;
             };
-            // A request preempted while planning this step waits for the next one (its blocks
-            // are freed only after this plan).
+            // A request preempted while planning this step waits for the next one.
             if plan.preempted.contains(&id) {
                 break;
             }
-            let Some(s) = self.get(id) else {
+            let Some(s) = self.seqs.get(&id).map(|e| &e.seq) else {
                 break;
-            };
-            // A request starting afresh skips the blocks the prefix cache holds: those are
-            // taken rather than allocated, and cost only the ones no request holds now.
-            let fresh = s.computed == 0 && kv.blocks_held(id) == 0;
-            let (hit, hit_blocks) = match fresh {
-                true => kv.cached_prefix(&s.tokens),
-                false => (0, 0),
             };
             let len = s.tokens.len();
-            let hit = hit.min(len.saturating_sub(1));
+            let fresh = s.computed == 0 && !self.kv.contains(id);
+            let hit = match fresh {
+                true => self.kv.attach_prefix(id, &s.tokens, len.saturating_sub(1))?,
+                false => 0,
+            };
             let start = s.computed.max(hit);
             let n = self.chunk(start, (len - start).min(*budget), len);
-            let need = kv
-                .blocks_needed(id, start + n)
-                .saturating_sub(kv.blocks_needed(id, hit))
-                + hit_blocks;
-            if n == 0 || need > *blocks {
+            if n == 0 || !self.kv.allocate_slots(id, n, 0)? {
+                if fresh {
+                    self.kv.free(id)?;
+                }
                 break;
             }
-            *blocks -= need;
             *budget -= n;
             plan.items.push(Item {
                 id,
                 start,
                 end: start + n,
                 sample: start + n == len,
+                lookahead: 0,
             });
+            if fresh {
+                plan.admitted.push((id, hit));
+            }
             self.waiting.pop_front();
             self.n_waiting -= 1;
             if let Some(e) = self.seqs.get_mut(&id) {
                 e.resident = true;
+                e.seq.computed = start;
             }
             self.running.push(id);
         }
+        Ok(())
     }
 
-    /// Preempts the newest running request outside planning (a step the pool could not take
-    /// after all): it goes back to the front of the queue; the engine frees its KV blocks.
-    pub fn preempt(&mut self) -> Option<ReqId> {
-        self.preempt_newest()
-    }
-
-    /// Takes the newest running request back to the front of the queue, to be recomputed from
-    /// scratch; the engine frees its KV blocks.
-    fn preempt_newest(&mut self) -> Option<ReqId> {
-        let id = self.running.pop()?;
+    /// Takes the newest running request back to the front of the queue, to be recomputed
+    /// from scratch; its blocks are freed.
+    fn preempt_newest(&mut self) -> Result<Option<ReqId>> {
+        let Some(id) = self.running.pop() else {
+            return Ok(None);
+        };
         if let Some(e) = self.seqs.get_mut(&id) {
             e.seq.computed = 0;
             e.seq.preemptions += 1;
+            e.seq.draft.clear();
             e.resident = false;
         }
         self.waiting.push_front(id);
         self.n_waiting += 1;
-        Some(id)
+        self.kv.free(id)?;
+        Ok(Some(id))
     }
 
-    /// After a step: the planned tokens of `id` are computed, and `sampled` (if any) is its
-    /// new token.
-    pub fn advance(&mut self, id: ReqId, end: usize, sampled: Option<u32>) {
-        if let Some(e) = self.seqs.get_mut(&id).filter(|e| e.resident) {
+    /// After the plan's forward pass: each item's fed tokens are committed, rejected drafts
+    /// rewound, and its new tokens appended. Returns the block copies the rewinds need on the
+    /// device before the next pass. An outcome for a request no longer held is skipped.
+    pub fn update(&mut self, plan: &Plan, outcomes: &[Outcome]) -> Result<Vec<BlockCopy>> {
+        let mut copies = Vec::new();
+        for (it, out) in plan.items.iter().zip(outcomes) {
+            let Some(e) = self.seqs.get_mut(&it.id).filter(|e| e.resident) else {
+                continue;
+            };
             let s = &mut e.seq;
-            s.computed = end.min(s.tokens.len());
-            if let Some(t) = sampled {
-                s.tokens.push(t);
+            let mut fed = s.tokens[it.start..it.end].to_vec();
+            fed.extend_from_slice(&s.draft[..it.lookahead.min(s.draft.len())]);
+            self.kv.commit(it.id, &fed)?;
+            let accepted = out.accepted.min(it.lookahead);
+            s.computed = it.end + accepted;
+            if accepted < it.lookahead {
+                let r = self.kv.rewind(it.id, it.lookahead - accepted)?;
+                // A recurrent state may resume further back: those tokens are fed again.
+                s.computed = r.from;
+                copies.extend(r.copies);
             }
+            s.draft.clear();
+            s.tokens.extend_from_slice(&out.tokens);
         }
+        Ok(copies)
     }
 
-    /// Removes a finished or cancelled request (running or queued); true if it was resident
-    /// (its KV blocks must be freed). A queued one leaves a stale place behind.
-    pub fn finish(&mut self, id: ReqId) -> bool {
+    /// Removes a finished or cancelled request (running or queued) and frees its blocks; true
+    /// if it was resident. A queued one leaves a stale place behind.
+    pub fn finish(&mut self, id: ReqId) -> Result<bool> {
         let Some(e) = self.seqs.remove(&id) else {
-            return false;
+            return Ok(false);
         };
         if e.resident {
             // At most `max_running` ids.
             self.running.retain(|&r| r != id);
-            return true;
+            self.kv.free(id)?;
+            return Ok(true);
         }
         self.n_waiting -= 1;
         // Stale places are dropped as they reach the front; should they pile up behind a
@@ -387,7 +476,7 @@ impl Scheduler {
             self.waiting
                 .retain(|id| seqs.get(id).is_some_and(|e| !e.resident));
         }
-        false
+        Ok(false)
     }
 
     /// Places in the queue, stale ones included (for tests of the compaction).
@@ -401,46 +490,45 @@ impl Scheduler {
 mod tests {
     use super::*;
 
-    /// A pool of `free` blocks of `bs` tokens, with each request's current allocation.
-    struct Pool {
+    /// A scheduler over one full-attention pool of `blocks` usable blocks of `bs` tokens.
+    fn sched_with(
+        tokens: usize,
+        running: usize,
+        blocks: usize,
         bs: usize,
-        free: usize,
-        held: HashMap<ReqId, usize>,
+        prefix: bool,
+    ) -> Scheduler {
+        // The pool's block 0 is the null block.
+        let kv = KvCoordinator::new(vec![None], &[blocks + 1], bs, prefix, 4, None)
+            .expect("coordinator");
+        assert_eq!(kv.free_blocks(), blocks);
+        Scheduler::new(
+            SchedConfig {
+                max_batch_tokens: tokens,
+                max_running: running,
+                snapshot_blocks: None,
+            },
+            kv,
+        )
     }
 
-    impl KvBudget for Pool {
-        fn blocks_needed(&self, req: ReqId, len: usize) -> usize {
-            len.div_ceil(self.bs)
-                .saturating_sub(self.held.get(&req).copied().unwrap_or(0))
-        }
-        fn free_blocks(&self) -> usize {
-            self.free
-        }
-        fn blocks_held(&self, req: ReqId) -> usize {
-            self.held.get(&req).copied().unwrap_or(0)
-        }
+    fn sched(tokens: usize, running: usize, blocks: usize) -> Scheduler {
+        sched_with(tokens, running, blocks, 4, false)
     }
 
-    impl Pool {
-        /// Carries out a plan as the engine would: frees preempted requests, allocates for the
-        /// items, and reports each item back (a fixed token 7 when it samples).
-        fn run(&mut self, s: &mut Scheduler, plan: &Plan) {
-            for id in &plan.preempted {
-                self.free += self.held.remove(id).unwrap_or(0);
-            }
-            for it in &plan.items {
-                let need = self.blocks_needed(it.id, it.end);
-                assert!(need <= self.free, "plan over-commits the pool: {plan:?}");
-                self.free -= need;
-                *self.held.entry(it.id).or_insert(0) += need;
-                s.advance(it.id, it.end, it.sample.then_some(7));
-            }
-        }
-        fn finish(&mut self, s: &mut Scheduler, id: ReqId) {
-            if s.finish(id) {
-                self.free += self.held.remove(&id).unwrap_or(0);
-            }
-        }
+    /// Carries out a plan as the engine would: every sampling item gets token 7.
+    fn run(s: &mut Scheduler, plan: &Plan) {
+        let outs: Vec<Outcome> = plan
+            .items
+            .iter()
+            .map(|it| Outcome {
+                id: it.id,
+                accepted: 0,
+                tokens: if it.sample { vec![7] } else { Vec::new() },
+            })
+            .collect();
+        let copies = s.update(plan, &outs).expect("update");
+        assert!(copies.is_empty());
     }
 
     fn item(id: ReqId, start: usize, end: usize, sample: bool) -> Item {
@@ -449,225 +537,286 @@ mod tests {
             start,
             end,
             sample,
+            lookahead: 0,
         }
     }
 
-    fn sched(tokens: usize, running: usize) -> Scheduler {
-        Scheduler::new(SchedConfig {
-            max_batch_tokens: tokens,
-            max_running: running,
-            snapshot_blocks: None,
-        })
+    /// What the coordinator holds of every resident request agrees with the scheduler's
+    /// record, and the plan's batch feeds each item at its positions.
+    fn check(s: &Scheduler, plan: &Plan) {
+        for r in s.running() {
+            assert_eq!(s.kv().seq_len(r.id), r.computed, "request {}", r.id);
+        }
+        assert_eq!(plan.batch.seqs.len(), plan.items.len());
+        assert_eq!(plan.batch.tokens.len(), plan.tokens());
+        for (it, si) in plan.items.iter().zip(&plan.batch.seqs) {
+            assert_eq!(si.q_len, it.len());
+            assert_eq!(si.seq_len, it.end + it.lookahead);
+            assert_eq!(plan.batch.positions[si.q_start] as usize, it.start);
+        }
     }
 
     #[test]
     fn snapshot_blocks_end_a_prefill_chunk_on_the_last_block_boundary() {
-        let mut s = Scheduler::new(SchedConfig {
-            max_batch_tokens: 64,
-            max_running: 2,
-            snapshot_blocks: Some(16),
-        });
-        let mut kv = Pool {
-            bs: 16,
-            free: 100,
-            held: HashMap::new(),
-        };
+        let kv = KvCoordinator::new(vec![None], &[101], 16, false, 0, None).expect("kv");
+        let mut s = Scheduler::new(
+            SchedConfig {
+                max_batch_tokens: 64,
+                max_running: 2,
+                snapshot_blocks: Some(16),
+            },
+            kv,
+        );
         // 40 tokens: the last boundary before the end is 32.
-        s.admit(Seq::new(1, (0..40).collect()));
+        s.admit(Request::new(1, (0..40).collect()));
         // 32 tokens end exactly on a boundary: the one before the last token is 16.
-        s.admit(Seq::new(2, (0..32).collect()));
-        let p = s.schedule(&kv);
+        s.admit(Request::new(2, (0..32).collect()));
+        let p = s.schedule().expect("plan");
         assert_eq!(p.items, vec![item(1, 0, 32, false), item(2, 0, 16, false)]);
-        kv.held.insert(1, 2);
-        kv.held.insert(2, 1);
-        s.advance(1, 32, None);
-        s.advance(2, 16, None);
-        let p = s.schedule(&kv);
+        run(&mut s, &p);
+        let p = s.schedule().expect("plan");
         assert_eq!(p.items, vec![item(1, 32, 40, true), item(2, 16, 32, true)]);
+        check(&s, &p);
     }
 
     #[test]
     fn decodes_go_first_then_prefill_chunks_fill_the_budget() {
-        let mut s = sched(8, 4);
-        let mut pool = Pool {
-            bs: 4,
-            free: 100,
-            held: HashMap::new(),
-        };
-        s.admit(Seq::new(1, vec![1; 3]));
-        let p = s.schedule(&pool);
+        let mut s = sched(8, 4, 100);
+        s.admit(Request::new(1, vec![1; 3]));
+        let p = s.schedule().expect("plan");
         assert_eq!(p.items, vec![item(1, 0, 3, true)]);
-        pool.run(&mut s, &p);
+        run(&mut s, &p);
         // A long prompt arrives: request 1 decodes one token, the prompt takes the other 7.
-        s.admit(Seq::new(2, vec![2; 20]));
-        let p = s.schedule(&pool);
-        assert_eq!(p.items, vec![item(1, 3, 4, true), item(2, 0, 7, false),]);
-        pool.run(&mut s, &p);
+        s.admit(Request::new(2, vec![2; 20]));
+        let p = s.schedule().expect("plan");
+        assert_eq!(p.items, vec![item(1, 3, 4, true), item(2, 0, 7, false)]);
+        check(&s, &p);
+        run(&mut s, &p);
         // Chunked prefill continues until the prompt is done, then 2 samples.
-        let p = s.schedule(&pool);
+        let p = s.schedule().expect("plan");
         assert_eq!(p.items[1], item(2, 7, 14, false));
-        pool.run(&mut s, &p);
-        let p = s.schedule(&pool);
+        run(&mut s, &p);
+        let p = s.schedule().expect("plan");
         assert_eq!(p.items[1], item(2, 14, 20, true));
         assert_eq!(p.tokens(), 7);
-    }
-
-    /// A pool whose prefix cache holds the first `hit` tokens of every prompt, `unheld` of
-    /// those blocks being free ones.
-    struct Cached {
-        pool: Pool,
-        hit: usize,
-        unheld: usize,
-    }
-
-    impl KvBudget for Cached {
-        fn blocks_needed(&self, req: ReqId, len: usize) -> usize {
-            self.pool.blocks_needed(req, len)
-        }
-        fn free_blocks(&self) -> usize {
-            self.pool.free_blocks()
-        }
-        fn blocks_held(&self, req: ReqId) -> usize {
-            self.pool.blocks_held(req)
-        }
-        fn cached_prefix(&self, tokens: &[u32]) -> (usize, usize) {
-            (self.hit.min(tokens.len() - 1), self.unheld)
-        }
+        check(&s, &p);
     }
 
     #[test]
-    fn a_new_request_starts_after_its_cached_prefix_paying_only_for_unheld_blocks() {
-        let mut s = sched(8, 4);
-        s.admit(Seq::new(1, vec![3; 20]));
-        // 12 cached tokens (3 blocks, 1 of them unheld); the 8 others need 2 new blocks.
-        let tight = |free| Cached {
-            pool: Pool {
-                bs: 4,
-                free,
-                held: HashMap::new(),
-            },
-            hit: 12,
-            unheld: 1,
-        };
-        assert!(s.schedule(&tight(2)).items.is_empty());
-        assert_eq!(s.schedule(&tight(3)).items, vec![item(1, 12, 20, true)]);
-        // A request already resident is not looked up again.
-        let mut s = sched(8, 4);
-        s.admit(Seq::new(2, vec![3; 20]));
-        let mut c = tight(100);
-        c.pool.held.insert(2, 1);
-        assert_eq!(s.schedule(&c).items, vec![item(2, 0, 8, false)]);
+    fn a_new_request_starts_after_its_cached_prefix_looked_up_once_at_admission() {
+        let mut s = sched_with(64, 4, 8, 4, true);
+        s.admit(Request::new(1, vec![3; 20]));
+        let p = s.schedule().expect("plan");
+        assert_eq!(p.admitted, vec![(1, 0)]);
+        run(&mut s, &p);
+        assert!(s.finish(1).expect("finish"));
+        // Its five blocks are free again, four of them full and cached.
+        assert_eq!(s.kv().free_blocks(), 8);
+        s.admit(Request::new(2, [vec![3; 18], vec![4; 6]].concat()));
+        let p = s.schedule().expect("plan");
+        // 16 of the shared 18 tokens are in full blocks.
+        assert_eq!(p.admitted, vec![(2, 16)]);
+        assert_eq!(p.items, vec![item(2, 16, 24, true)]);
+        check(&s, &p);
+        run(&mut s, &p);
+        // Once resident, it is not looked up again.
+        let p = s.schedule().expect("plan");
+        assert!(p.admitted.is_empty());
+        assert_eq!(p.items, vec![item(2, 24, 25, true)]);
+    }
+
+    #[test]
+    fn a_request_whose_rest_does_not_fit_lets_its_cached_blocks_go_and_waits() {
+        let mut s = sched_with(64, 4, 6, 4, true);
+        s.admit(Request::new(1, vec![3; 16]));
+        let p = s.schedule().expect("plan");
+        run(&mut s, &p);
+        assert!(s.finish(1).expect("finish"));
+        // 2 runs in two blocks; 3 shares 12 cached tokens but needs 4 more blocks.
+        s.admit(Request::new(2, vec![9; 7]));
+        let p = s.schedule().expect("plan");
+        run(&mut s, &p);
+        let third = [vec![3; 12], vec![5; 14]].concat();
+        assert_eq!(s.kv().cached_prefix(&third), (12, 3));
+        s.admit(Request::new(3, third.clone()));
+        let p = s.schedule().expect("plan");
+        assert_eq!(p.items, vec![item(2, 7, 8, true)]);
+        assert!(p.admitted.is_empty());
+        assert_eq!(s.waiting(), 1);
+        // Nothing of 3 stays held: the cached blocks it took went back, still cached.
+        assert!(!s.kv().contains(3));
+        assert_eq!(s.kv().free_blocks(), 6 - 2);
+        assert_eq!(s.kv().cached_prefix(&third), (12, 3));
     }
 
     #[test]
     fn the_running_limit_keeps_requests_queued() {
-        let mut s = sched(64, 2);
-        let pool = Pool {
-            bs: 4,
-            free: 100,
-            held: HashMap::new(),
-        };
+        let mut s = sched(64, 2, 100);
         for id in 1..=3 {
-            s.admit(Seq::new(id, vec![5; 4]));
+            s.admit(Request::new(id, vec![5; 4]));
         }
-        let p = s.schedule(&pool);
+        let p = s.schedule().expect("plan");
         assert_eq!(p.items.iter().map(|i| i.id).collect::<Vec<_>>(), vec![1, 2]);
         assert_eq!(s.waiting(), 1);
     }
 
     #[test]
     fn an_exhausted_pool_preempts_the_newest_and_recomputes_it_later() {
-        let mut s = sched(64, 4);
         // 4 blocks of 4 tokens: two 8-token prompts take 2 blocks each.
-        let mut pool = Pool {
-            bs: 4,
-            free: 4,
-            held: HashMap::new(),
-        };
-        s.admit(Seq::new(1, vec![1; 8]));
-        s.admit(Seq::new(2, vec![2; 8]));
-        let p = s.schedule(&pool);
+        let mut s = sched(64, 4, 4);
+        s.admit(Request::new(1, vec![1; 8]));
+        s.admit(Request::new(2, vec![2; 8]));
+        let p = s.schedule().expect("plan");
         assert_eq!(p.items.len(), 2);
-        pool.run(&mut s, &p);
+        run(&mut s, &p);
         // Both hold 8 computed tokens in full blocks; 1's next token needs a block: 2 goes.
-        let p = s.schedule(&pool);
+        let p = s.schedule().expect("plan");
         assert_eq!(p.preempted, vec![2]);
         assert_eq!(p.items, vec![item(1, 8, 9, true)]);
-        pool.run(&mut s, &p);
+        assert!(!s.kv().contains(2), "a preempted request's blocks are freed at once");
+        run(&mut s, &p);
         let again = s.get(2).expect("2 is queued again");
         assert_eq!(
             (again.computed, again.preemptions, again.tokens.len()),
             (0, 1, 9)
         );
         // When 1 finishes, 2 is recomputed from its prompt and the token it had generated.
-        pool.finish(&mut s, 1);
-        let p = s.schedule(&pool);
+        assert!(s.finish(1).expect("finish"));
+        let p = s.schedule().expect("plan");
         assert_eq!(p.items, vec![item(2, 0, 9, true)]);
-        pool.run(&mut s, &p);
-        assert_eq!(pool.free, 4 - 3);
+        run(&mut s, &p);
+        assert_eq!(s.kv().free_blocks(), 4 - 3);
     }
 
     #[test]
     fn a_request_alone_that_outgrows_the_pool_preempts_itself() {
-        let mut s = sched(64, 4);
-        let mut pool = Pool {
-            bs: 4,
-            free: 1,
-            held: HashMap::new(),
-        };
-        s.admit(Seq::new(1, vec![1; 4]));
-        let p = s.schedule(&pool);
-        pool.run(&mut s, &p);
-        let p = s.schedule(&pool);
+        let mut s = sched(64, 4, 1);
+        s.admit(Request::new(1, vec![1; 4]));
+        let p = s.schedule().expect("plan");
+        run(&mut s, &p);
+        let p = s.schedule().expect("plan");
         assert_eq!(p.preempted, vec![1]);
         assert!(p.items.is_empty());
-        pool.run(&mut s, &p);
         // It cannot come back either: the engine sees an empty plan with nothing running.
-        let p = s.schedule(&pool);
+        let p = s.schedule().expect("plan");
         assert!(p.items.is_empty() && s.num_running() == 0 && s.waiting() == 1);
+        assert_eq!(s.kv().free_blocks(), 1);
     }
 
     #[test]
-    fn random_workloads_never_overcommit_and_always_finish() {
+    fn drafts_ride_as_lookahead_and_are_dropped_before_anyone_is_preempted() {
+        // Two blocks of 4: request 1 decodes in one; four drafts would need the second,
+        // which another request holds.
+        let mut s = sched(64, 4, 2);
+        s.admit(Request::new(1, vec![1; 2]));
+        s.admit(Request::new(2, vec![2; 4]));
+        let p = s.schedule().expect("plan");
+        run(&mut s, &p);
+        assert!(s.finish(2).is_ok_and(|r| r));
+        s.admit(Request::new(3, vec![2; 3]));
+        let p = s.schedule().expect("plan");
+        run(&mut s, &p);
+        // 1 has 4 tokens, 3 computed, in one block; 3 holds the other.
+        s.propose(1, vec![8, 9, 10, 11]);
+        let p = s.schedule().expect("plan");
+        assert!(p.preempted.is_empty());
+        assert_eq!(p.items[0], item(1, 3, 4, true));
+        assert!(s.finish(3).is_ok_and(|r| r));
+        run(&mut s, &p);
+        // With room, the drafts go in: the batch feeds the pending token and every draft.
+        s.propose(1, vec![8, 9, 10]);
+        let p = s.schedule().expect("plan");
+        assert_eq!(
+            p.items,
+            vec![Item {
+                lookahead: 3,
+                ..item(1, 4, 5, true)
+            }]
+        );
+        assert_eq!(p.batch.tokens, vec![7, 8, 9, 10]);
+        assert_eq!(p.batch.logits_rows, vec![0, 1, 2, 3]);
+        check(&s, &p);
+        // The target accepts one draft and samples 5: of the 4 tokens fed, 2 stay.
+        let copies = s
+            .update(
+                &p,
+                &[Outcome {
+                    id: 1,
+                    accepted: 1,
+                    tokens: vec![8, 5],
+                }],
+            )
+            .expect("update");
+        assert!(copies.is_empty());
+        let r = s.get(1).expect("held");
+        assert_eq!((r.computed, r.tokens.len()), (6, 7));
+        assert_eq!(s.kv().seq_len(1), 6);
+        assert_eq!(s.kv().computed_tokens(1), &[1, 1, 7, 7, 7, 8]);
+    }
+
+    /// Random prompts, generation lengths, drafts and acceptances over small pools: nothing
+    /// stalls, the coordinator always agrees with the records, and every block comes back.
+    #[test]
+    fn random_workloads_always_finish_and_free_every_block() {
         let mut rng = crate::rng::Rng::new(11);
         for _ in 0..50 {
+            let blocks = 6 + (rng.next_u64() % 10) as usize;
             let mut s = sched(
                 1 + (rng.next_u64() % 24) as usize,
                 1 + (rng.next_u64() % 5) as usize,
+                blocks,
             );
-            let mut pool = Pool {
-                bs: 4,
-                free: 6 + (rng.next_u64() % 10) as usize,
-                held: HashMap::new(),
-            };
             let mut want = HashMap::new();
             for id in 1..=6u64 {
                 let prompt = 1 + (rng.next_u64() % 9) as usize;
                 let gen = 1 + (rng.next_u64() % 8) as usize;
                 want.insert(id, prompt + gen);
-                s.admit(Seq::new(id, vec![3; prompt]));
+                s.admit(Request::new(id, vec![3; prompt]));
             }
             let mut steps = 0;
             while !s.is_idle() {
                 steps += 1;
                 assert!(steps < 10_000, "no progress");
-                let p = s.schedule(&pool);
-                assert!(p.tokens() <= s.cfg().max_batch_tokens);
+                let ids: Vec<ReqId> = s.running().map(|r| r.id).collect();
+                for id in ids {
+                    let k = (rng.next_u64() % 4) as usize;
+                    s.propose(id, (0..k as u32).map(|t| 20 + t).collect());
+                }
+                let p = s.schedule().expect("plan");
+                assert!(p.tokens() <= s.config().max_batch_tokens);
                 if p.items.is_empty() && s.num_running() == 0 {
                     // Only a request bigger than the pool can stall; none is here.
                     panic!("stalled with {} waiting", s.waiting());
                 }
-                pool.run(&mut s, &p);
+                check(&s, &p);
+                let outs: Vec<Outcome> = p
+                    .items
+                    .iter()
+                    .map(|it| {
+                        let a = (rng.next_u64() as usize) % (it.lookahead + 1);
+                        let d = &s.get(it.id).expect("held").draft;
+                        let mut tokens = d[..a].to_vec();
+                        if it.sample {
+                            tokens.push(7);
+                        }
+                        Outcome {
+                            id: it.id,
+                            accepted: a,
+                            tokens,
+                        }
+                    })
+                    .collect();
+                s.update(&p, &outs).expect("update");
                 let done: Vec<ReqId> = s
                     .running()
                     .filter(|q| q.tokens.len() >= want[&q.id])
                     .map(|q| q.id)
                     .collect();
                 for id in done {
-                    pool.finish(&mut s, id);
+                    assert!(s.finish(id).expect("finish"));
                 }
             }
-            assert!(pool.held.is_empty());
+            assert_eq!(s.kv().free_blocks(), blocks);
         }
     }
 
@@ -676,21 +825,16 @@ mod tests {
     #[test]
     fn cancelling_inside_a_long_queue_keeps_order_and_bounds_stale_places() {
         let mut rng = crate::rng::Rng::new(5);
-        let mut s = sched(16, 2);
-        let pool = Pool {
-            bs: 4,
-            free: 1_000,
-            held: HashMap::new(),
-        };
+        let mut s = sched(16, 2, 1_000);
         let mut live: Vec<ReqId> = Vec::new();
         for id in 1..=5_000u64 {
-            s.admit(Seq::new(id, vec![(id % 50) as u32; 1 + (id % 7) as usize]));
+            s.admit(Request::new(id, vec![(id % 50) as u32; 1 + (id % 7) as usize]));
             live.push(id);
             // Cancel a random queued request about two times in three.
             if !rng.next_u64().is_multiple_of(3) {
                 let k = (rng.next_u64() as usize) % live.len();
                 let gone = live.remove(k);
-                assert!(!s.finish(gone), "{gone} was queued, not resident");
+                assert!(!s.finish(gone).expect("finish"), "{gone} was queued");
                 assert!(s.get(gone).is_none());
             }
             assert_eq!(s.waiting(), live.len());
@@ -710,11 +854,11 @@ mod tests {
             );
         }
         // The next step starts the two oldest live requests, skipping the stale places.
-        let p = s.schedule(&pool);
+        let p = s.schedule().expect("plan");
         let ids: Vec<ReqId> = p.items.iter().map(|i| i.id).collect();
         assert_eq!(ids, live[..2].to_vec());
         assert_eq!(s.waiting(), live.len() - 2);
-        assert!(s.finish(live[0]), "a running request is resident");
+        assert!(s.finish(live[0]).expect("finish"), "a running request is resident");
         assert_eq!(s.num_running(), 1);
     }
 }

@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::{Draft, DraftReq, Drafter};
-use crate::engine::Runner;
+use crate::engine::{Forward, Target};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::kv::KvManager;
@@ -47,7 +47,7 @@ impl DFlashDrafter {
     pub fn new(
         mut model: DFlash,
         ex: Executor,
-        target: &Runner,
+        target: &Forward,
         max_seqs: usize,
     ) -> Result<DFlashDrafter> {
         let m = target.model();
@@ -257,7 +257,7 @@ impl Drafter for DFlashDrafter {
         held.extend(rows);
     }
 
-    fn propose(&mut self, reqs: &[DraftReq<'_>], _target: &Runner) -> Result<Vec<Draft>> {
+    fn propose(&mut self, reqs: &[DraftReq<'_>], _target: &Target<'_>) -> Result<Vec<Draft>> {
         let logits = self.block_logits(reqs)?;
         let mut out: Vec<Draft> = reqs.iter().map(|_| Draft::default()).collect();
         for ((r, rows), d) in reqs.iter().zip(logits).zip(&mut out) {

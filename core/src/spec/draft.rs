@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use super::{Draft, DraftReq, Drafter};
-use crate::engine::{Logits, Runner};
+use crate::engine::{Logits, Runner, Target};
 use crate::error::{Error, Result};
 use crate::sample::Sampler;
 use crate::sched::ReqId;
@@ -68,7 +68,7 @@ impl Drafter for DraftModel {
         "draft"
     }
 
-    fn propose(&mut self, reqs: &[DraftReq<'_>], _target: &Runner) -> Result<Vec<Draft>> {
+    fn propose(&mut self, reqs: &[DraftReq<'_>], _target: &Target<'_>) -> Result<Vec<Draft>> {
         let mut out: Vec<Draft> = reqs.iter().map(|_| Draft::default()).collect();
         // The first pass feeds each request what the draft cache lacks (what the target
         // accepted since, and the pending token) and drafts the first token; the later

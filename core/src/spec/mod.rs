@@ -7,7 +7,7 @@
 //!
 //! The engine ([`crate::engine::batching::Engine::with_spec`]) drafts for every decoding
 //! request of a step, verifies inside the same continuous batch, and rolls the rejected
-//! drafts back ([`crate::engine::Runner::rollback`]).
+//! drafts back ([`crate::sched::Scheduler::update`]).
 
 mod dflash;
 mod draft;
@@ -19,7 +19,7 @@ pub use draft::DraftModel;
 pub use mtp::Mtp;
 pub use ngram::Ngram;
 
-use crate::engine::Runner;
+use crate::engine::Target;
 use crate::error::Result;
 use crate::model::Features;
 use crate::sample::{Dist, Sampler, SamplingParams};
@@ -52,7 +52,7 @@ pub trait Drafter: Send {
     /// One proposal per request (possibly empty), in order; `target` is the runner the
     /// drafts will be verified on (its caches hold every request's computed tokens). An
     /// error turns speculation off for this step only; the requests go on.
-    fn propose(&mut self, reqs: &[DraftReq<'_>], target: &Runner) -> Result<Vec<Draft>>;
+    fn propose(&mut self, reqs: &[DraftReq<'_>], target: &Target<'_>) -> Result<Vec<Draft>>;
     /// The request ended: forget what is kept for it.
     fn release(&mut self, _id: ReqId) {}
     /// The hidden states of the target the drafter is fed ([`Drafter::observe`]); `None`:

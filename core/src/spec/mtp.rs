@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use super::{Draft, DraftReq, Drafter};
-use crate::engine::Runner;
+use crate::engine::{Forward, Target};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::model::gemma4_assistant::Gemma4Assistant;
@@ -28,7 +28,7 @@ pub struct Mtp {
 impl Mtp {
     /// Drafts with `assistant` (loaded on `ex`, the target's backend) for `target`'s model:
     /// fails when that model has no caches an assistant can read or the sizes differ.
-    pub fn new(mut assistant: Gemma4Assistant, ex: Executor, target: &Runner) -> Result<Mtp> {
+    pub fn new(mut assistant: Gemma4Assistant, ex: Executor, target: &Forward) -> Result<Mtp> {
         let m = target.model();
         let src = m
             .draft_source()
@@ -64,7 +64,7 @@ impl Drafter for Mtp {
         }
     }
 
-    fn propose(&mut self, reqs: &[DraftReq<'_>], target: &Runner) -> Result<Vec<Draft>> {
+    fn propose(&mut self, reqs: &[DraftReq<'_>], target: &Target<'_>) -> Result<Vec<Draft>> {
         let mut out: Vec<Draft> = reqs.iter().map(|_| Draft::default()).collect();
         let width = self.assistant.backbone();
         // Requests whose target state is known: the pending token follows exactly what the
@@ -75,7 +75,7 @@ impl Drafter for Mtp {
             let Some(h) = self.hidden.get(&r.id).filter(|h| h.len() == width) else {
                 continue;
             };
-            if r.k == 0 || r.tokens.is_empty() || target.seq_len(r.id) + 1 != r.tokens.len() {
+            if r.k == 0 || r.tokens.is_empty() || target.kv.seq_len(r.id) + 1 != r.tokens.len() {
                 continue;
             }
             if !self.samplers.contains_key(&r.id) {
@@ -115,10 +115,10 @@ impl Drafter for Mtp {
                 .zip(&toks)
                 .map(|(&i, &t)| (reqs[i].id, t))
                 .collect();
-            let b = target.lookahead_batch(&rows)?;
+            let b = target.kv.lookahead_batch(&rows)?;
             let s = self
                 .assistant
-                .step(&self.ex, &b, target.caches(), &hidden)?;
+                .step(&self.ex, &b, target.fwd.caches(), &hidden)?;
             for ((n, &i), mut logits) in live.iter().enumerate().zip(s.logits) {
                 let r = &reqs[i];
                 let Some(sampler) = self.samplers.get_mut(&r.id) else {

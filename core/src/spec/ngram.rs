@@ -5,7 +5,7 @@
 //! edits, quotations, structured data.
 
 use super::{Draft, DraftReq, Drafter};
-use crate::engine::Runner;
+use crate::engine::Target;
 use crate::error::Result;
 
 #[derive(Clone, Debug)]
@@ -48,7 +48,7 @@ impl Drafter for Ngram {
     fn name(&self) -> &'static str {
         "ngram"
     }
-    fn propose(&mut self, reqs: &[DraftReq<'_>], _target: &Runner) -> Result<Vec<Draft>> {
+    fn propose(&mut self, reqs: &[DraftReq<'_>], _target: &Target<'_>) -> Result<Vec<Draft>> {
         Ok(reqs
             .iter()
             .map(|r| Draft {

@@ -513,7 +513,7 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
     if let Some(spec) = &o.spec {
         engine = spec.attach(engine)?;
     }
-    let diffusion = engine.runner().model().canvas_length().is_some();
+    let diffusion = engine.forward().model().canvas_length().is_some();
     // A diffusion model denoises with its checkpoint's settings.
     if diffusion {
         let p = crate::diffusion::DiffusionArgs::default().params(&m.path, None)?;
