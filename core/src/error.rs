@@ -1,6 +1,6 @@
 //! The error type of kiln-core. Every failure is a value that names what and where.
 
-use crate::tensor::DType;
+use crate::tensor::dtype::DType;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

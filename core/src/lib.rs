@@ -14,6 +14,7 @@ pub mod model;
 pub mod op;
 pub mod quant;
 pub mod rng;
+pub mod runner;
 pub mod sample;
 pub mod sched;
 pub mod spec;

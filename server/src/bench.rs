@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use kiln_core::chat::{ChatTemplate, Message};
-use kiln_core::engine::batching::{Engine, Event, GenRequest};
+use kiln_core::engine::{Engine, Event, GenRequest};
 use kiln_core::engine::RunnerConfig;
 use kiln_core::grammar::{GrammarSpec, Grammars};
 use kiln_core::sample::SamplingParams;
@@ -64,7 +64,7 @@ pub struct BenchArgs {
 /// One request alone, then `c` at once, through the batching engine: aggregate generated
 /// tokens per second (from the first submission to the last token, prefill included).
 fn bench_concurrent(a: &BenchArgs, c: usize) -> Result<()> {
-    use kiln_core::engine::batching::spawn;
+    use kiln_core::engine::spawn;
     let cfg = RunnerConfig {
         max_seqs: c,
         max_batch_tokens: a.n_prompt.max(c).max(64),

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use kiln_core::chat::{ChatTemplate, Message};
-use kiln_core::engine::batching::{Engine, Event, GenRequest};
+use kiln_core::engine::{Engine, Event, GenRequest};
 use kiln_core::engine::{Logits, Runner, RunnerConfig};
 use kiln_core::grammar::{GrammarSpec, Grammars};
 use kiln_core::kv::SeqId;

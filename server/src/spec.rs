@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use kiln_core::engine::batching::{Engine, Event, GenRequest};
+use kiln_core::engine::{Engine, Event, GenRequest};
 use kiln_core::engine::{Runner, RunnerConfig};
 use kiln_core::kv::KvTypes;
 use kiln_core::model::build_from_gguf;

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver};
 
-use kiln_core::engine::batching::{
+use kiln_core::engine::{
     spawn, Engine, EngineStats, Event, Finish, GenRequest, SlotState, Stream,
 };
 use kiln_core::engine::{Runner, RunnerConfig};
@@ -294,10 +294,10 @@ fn a_shared_prefix_is_served_from_the_cache_without_changing_the_tokens() {
 
 /// Waits (up to a minute) for the engine's snapshot to satisfy `ok`.
 fn wait_for(
-    h: &kiln_core::engine::batching::EngineHandle,
+    h: &kiln_core::engine::EngineHandle,
     what: &str,
-    ok: impl Fn(&kiln_core::engine::batching::Snapshot) -> bool,
-) -> kiln_core::engine::batching::Snapshot {
+    ok: impl Fn(&kiln_core::engine::Snapshot) -> bool,
+) -> kiln_core::engine::Snapshot {
     let t0 = std::time::Instant::now();
     loop {
         let s = h.snapshot();

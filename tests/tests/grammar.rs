@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use kiln_core::engine::batching::{spawn, Engine, EngineStats, Event, Finish, GenRequest};
+use kiln_core::engine::{spawn, Engine, EngineStats, Event, Finish, GenRequest};
 use kiln_core::engine::{Runner, RunnerConfig};
 use kiln_core::exec::Executor;
 use kiln_core::grammar::{GrammarSpec, Grammars};

@@ -274,7 +274,7 @@ fn qwen3_5_long_prompt_same_logits_with_and_without_chunked_prefill() {
 /// each gets the greedy tokens it gets alone (every sequence keeps its own recurrent state).
 #[test]
 fn qwen3_5_batched_requests_keep_their_own_state() {
-    use kiln_core::engine::batching::{spawn, Engine, Event, GenRequest};
+    use kiln_core::engine::{spawn, Engine, Event, GenRequest};
     use kiln_core::sample::SamplingParams;
     let d = dir("qwen3_5");
     let r = reference(&d);

@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use kiln_core::engine::embed::Pooling;
+use kiln_core::engine::Pooling;
 use kiln_core::engine::RunnerConfig;
 use kiln_server::serve::{state_with, ServeOptions};
 use kiln_tests::fixtures;

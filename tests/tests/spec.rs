@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kiln_core::engine::batching::{spawn, Engine, EngineStats, Event, GenRequest};
+use kiln_core::engine::{spawn, Engine, EngineStats, Event, GenRequest};
 use kiln_core::engine::{Logits, Runner, RunnerConfig};
 use kiln_core::exec::Executor;
 use kiln_core::load::open_model;

@@ -5,103 +5,28 @@
 //! running request (decodes first, with their drafts, then prefill chunks; every slot
 //! allocated in planning), runs the plan's batch, samples a token for each request whose
 //! pending tokens are all computed, reports the outcomes to [`Scheduler::update`], and sends
-//! the tokens on the requests' channels. A request whose receiver is gone is cancelled at that point and its KV blocks go
-//! back to the pool. [`spawn`] runs an engine on its own thread (the one thread that owns the
-//! model and the backend); requests reach it over a channel.
+//! the tokens on the requests' channels (the step itself is in `step.rs`). A request whose
+//! receiver is gone is cancelled at that point and its KV blocks go back to the pool.
+//! [`super::spawn`] runs an engine on its own thread (the one thread that owns the model and
+//! the backend); requests reach it over a channel.
 
 use std::collections::HashMap;
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use super::handle::{spawn, CancelOnDrop, EngineHandle, Stream, SLOTS_EVERY};
-use super::{Forward, Runner, Session};
+use super::request::{Event, EventSink, Finish, GenRequest};
+use super::spec::{Spec, SpecStats};
+use crate::spec::Drafter;
 use crate::error::{Error, Result};
 use crate::grammar::Constraint;
-use crate::sample::{Sampler, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};
-use crate::sched::{KvCoordinator, Outcome, Plan, ReqId, Request, SchedConfig, Scheduler};
+use crate::runner::{embed::Pooling, Forward, Runner, Session};
+use crate::sample::{Sampler, MAX_TOP_LOGPROBS};
+use crate::sched::{KvCoordinator, ReqId, Request, SchedConfig, Scheduler};
 
-/// One generation request.
-#[derive(Clone, Debug)]
-pub struct GenRequest {
-    pub prompt: Vec<u32>,
-    pub params: SamplingParams,
-    /// Most tokens to generate.
-    pub max_tokens: usize,
-    /// Tokens that end the generation (not sent).
-    pub stop_ids: Vec<u32>,
-    /// With `Some(n)`, each token comes with its log-probability and the `n` most likely
-    /// alternatives (at most [`MAX_TOP_LOGPROBS`]).
-    pub logprobs: Option<usize>,
-    /// A block-diffusion model sends each denoising step's argmax canvas ([`Event::Draft`]).
-    pub drafts: bool,
-    /// A grammar the output must follow ([`crate::grammar`]); the request ends when the
-    /// grammar is complete. Such a request is never drafted for.
-    pub constraint: Option<Constraint>,
-}
-
-impl GenRequest {
-    /// A request with no stop tokens and no log-probabilities.
-    pub fn new(prompt: Vec<u32>, params: SamplingParams, max_tokens: usize) -> GenRequest {
-        GenRequest {
-            prompt,
-            params,
-            max_tokens,
-            stop_ids: Vec::new(),
-            logprobs: None,
-            drafts: false,
-            constraint: None,
-        }
-    }
-}
-
-/// Where a request's events go: a channel end the engine never blocks on. `send` returns
-/// false once nobody listens; the request is then cancelled.
-pub trait EventSink: Send {
-    fn send(&mut self, ev: Event) -> bool;
-}
-
-impl EventSink for Sender<Event> {
-    fn send(&mut self, ev: Event) -> bool {
-        Sender::send(self, ev).is_ok()
-    }
-}
-
-/// Why a generation ended.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Finish {
-    /// A stop token.
-    Stop,
-    /// `max_tokens` or the context length.
-    Length,
-}
-
-/// What a request's channel carries.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Event {
-    /// How many prompt tokens came from the prefix cache, when the request starts (again,
-    /// after a preemption) from a cached prefix; before its first token.
-    Cached(usize),
-    /// A generated token, with its log-probabilities when the request asked for them.
-    Token(u32, Option<TokenLogprobs>),
-    /// A block-diffusion model's denoising step `step` of canvas `canvas`: its argmax canvas
-    /// (when the request asked for drafts).
-    Draft {
-        canvas: usize,
-        step: usize,
-        tokens: Vec<u32>,
-    },
-    /// A block-diffusion model committed a canvas after `steps` denoising steps (its tokens
-    /// follow, as `Token`s).
-    Canvas { steps: usize },
-    Done {
-        finish: Finish,
-        prompt_tokens: usize,
-        generated: usize,
-    },
-    /// The request failed; nothing more follows.
-    Error(String),
-}
+/// How often a busy engine lists every request's slot for /slots (the counters are
+/// published after every step).
+pub const SLOTS_EVERY: Duration = Duration::from_millis(50);
 
 /// Counters since the engine started.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -121,7 +46,7 @@ pub struct EngineStats {
     pub canvases: u64,
     pub denoising_steps: u64,
     /// Speculative decoding's drafts and what the target accepted of them.
-    pub spec: super::SpecStats,
+    pub spec: SpecStats,
     /// Grammar masks computed, their total time, and the time the engine waited for them
     /// after the forward pass (the part not hidden behind it), in microseconds.
     pub masks: u64,
@@ -188,8 +113,8 @@ impl SlotState {
 pub(super) struct Active {
     pub(super) sampler: Sampler,
     pub(super) max_tokens: usize,
-    stop_ids: Vec<u32>,
-    prompt_len: usize,
+    pub(super) stop_ids: Vec<u32>,
+    pub(super) prompt_len: usize,
     /// The drafts proposed for the next step, with their distributions (the scheduler holds
     /// the tokens and decides how many of them it feeds).
     pub(super) draft: Option<crate::spec::Draft>,
@@ -209,7 +134,7 @@ pub struct Engine {
     /// empty).
     pub(super) diffusion: Option<super::diffusion::Tasks>,
     /// The drafter, when the engine decodes speculatively.
-    pub(super) spec: Option<super::spec::Spec>,
+    pub(super) spec: Option<Spec>,
     /// Where a spawned engine publishes its state for other threads.
     pub(super) published: Option<Arc<std::sync::Mutex<Snapshot>>>,
     /// When the full snapshot (every request's slot) was last published.
@@ -265,6 +190,44 @@ impl Engine {
             kv: self.sched.kv_mut(),
         }
     }
+    /// Speculative decoding with `drafter`, up to `k` drafts per request per step. The
+    /// runner must be able to roll `k` tokens back without recomputing a window
+    /// ([`RunnerConfig::max_rollback`](crate::runner::RunnerConfig::max_rollback) ≥ `k`); a
+    /// block-diffusion model does not decode token by token and is refused.
+    pub fn with_spec(mut self, drafter: Box<dyn Drafter>, k: usize) -> Result<Engine> {
+        if self.diffusion.is_some() {
+            return Err(Error::Model(
+                "speculative decoding needs an autoregressive model; this one denoises \
+                 canvases"
+                    .into(),
+            ));
+        }
+        if k == 0 {
+            return Err(Error::Model("--spec-tokens must be at least 1".into()));
+        }
+        let margin = self.fwd.config().max_rollback;
+        if margin < k {
+            return Err(Error::Model(format!(
+                "speculating {k} tokens needs a runner that can roll {k} back (max_rollback \
+                 is {margin})"
+            )));
+        }
+        self.spec = Some(Spec::new(drafter, k));
+        Ok(self)
+    }
+
+    /// Turns drafting on or off (an engine without a drafter stays as it is).
+    pub fn set_speculation(&mut self, on: bool) {
+        if let Some(s) = &mut self.spec {
+            s.on = on;
+        }
+    }
+
+    /// The drafter's name, when the engine speculates.
+    pub fn drafter(&self) -> Option<&'static str> {
+        self.spec.as_ref().map(Spec::name)
+    }
+
     pub fn stats(&self) -> &EngineStats {
         &self.stats
     }
@@ -503,7 +466,7 @@ impl Engine {
         self.sched.finish(id)?;
         self.drop_diffusion(id)?;
         if let Some(s) = &mut self.spec {
-            s.drafter.release(id);
+            s.release(id);
         }
         if let (Some(mut a), Some(finish)) = (self.active.remove(&id), finish) {
             // Whoever is told the request ended finds the engine's state already past it.
@@ -524,209 +487,31 @@ impl Engine {
         self.active.remove(&id);
         self.end(id, None)
     }
+}
+/// A sequence id no request gets: an embedding runs to its end before anything else.
+const EMBED_SEQ: crate::kv::SeqId = crate::kv::SeqId::MAX;
 
-    /// Runs one forward pass. Returns false when there is nothing to do.
-    pub fn step(&mut self) -> Result<bool> {
+impl Engine {
+    /// The embedding of `tokens`, computed now (between two steps of the other requests).
+    pub fn embed(&mut self, tokens: &[u32], pooling: Pooling) -> Result<Vec<f32>> {
         if self.diffusion.is_some() {
-            return self.diffusion_step();
+            return Err(Error::Model(
+                "embeddings are not available from a diffusion model".into(),
+            ));
         }
-        if self.sched.is_idle() {
-            return Ok(false);
-        }
-        self.propose();
-        let plan = self.sched.schedule()?;
-        self.stats.preemptions += plan.preempted.len() as u64;
-        for &(id, hit) in &plan.admitted {
-            let len = self.sched.get(id).map_or(0, |s| s.tokens.len());
-            self.stats.prefix_queried_tokens += len as u64;
-            self.stats.prefix_hit_tokens += hit as u64;
-            if let (true, Some(a)) = (hit > 0, self.active.get_mut(&id)) {
-                a.tx.send(Event::Cached(hit));
-            }
-        }
-        if plan.items.is_empty() {
-            self.unblock()?;
-            return Ok(!self.sched.is_idle());
-        }
-        self.run(&plan)?;
-        self.last_step = std::time::Instant::now();
-        Ok(true)
-    }
-
-    /// Nothing could be scheduled: with nothing running, the queue's head needs more KV than
-    /// the whole pool has. It fails alone.
-    fn unblock(&mut self) -> Result<()> {
-        if self.sched.num_running() > 0 {
-            return Ok(());
-        }
-        let head = self.sched.queued().next().map(|s| s.id);
-        if let Some(id) = head {
-            let len = self.sched.get(id).map_or(0, |s| s.tokens.len());
-            self.fail(
-                id,
-                format!("{len} tokens need more KV cache blocks than the pool holds"),
-            )?;
-        }
-        Ok(())
-    }
-
-    /// Runs a plan's forward pass, samples (or verifies drafts), reports the outcomes to the
-    /// scheduler, and streams the tokens.
-    fn run(&mut self, plan: &Plan) -> Result<()> {
-        self.stats.steps += 1;
-        let features = self.features();
-        // The grammar masks of the rows about to sample, computed beside the forward pass.
-        let mut masks: Vec<(ReqId, Constraint)> = plan
-            .items
-            .iter()
-            .filter(|it| it.sample)
-            .filter_map(|it| {
-                let c = self.active.get_mut(&it.id)?.constraint.take()?;
-                Some((it.id, c))
-            })
-            .collect();
-        let fwd = &self.fwd;
-        let (step, spent, waited) = std::thread::scope(|s| {
-            let worker = (!masks.is_empty()).then(|| {
-                s.spawn(|| {
-                    let mut spent = (0u64, Duration::ZERO);
-                    for (_, c) in masks.iter_mut() {
-                        if let Some(t) = c.prepare() {
-                            spent.0 += 1;
-                            spent.1 += t;
-                        }
-                    }
-                    spent
-                })
-            });
-            let step = fwd.run(&plan.batch, features.as_ref());
-            let t = std::time::Instant::now();
-            let spent = worker.map(|w| w.join().unwrap_or_default());
-            (step, spent.unwrap_or_default(), t.elapsed())
-        });
-        if !masks.is_empty() {
-            self.stats.masks += spent.0;
-            self.stats.mask_us += spent.1.as_micros() as u64;
-            self.stats.mask_wait_us += waited.as_micros() as u64;
-        }
-        for (id, c) in masks {
-            if let Some(a) = self.active.get_mut(&id) {
-                a.constraint = Some(c);
-            }
-        }
-        let (out, hidden) = match step {
-            Ok(out) => out,
-            Err(e) => {
-                // The step's requests fail (their slots are freed); the engine and the
-                // others go on.
-                for it in &plan.items {
-                    self.fail(it.id, format!("forward pass failed: {e}"))?;
-                }
-                return Ok(());
-            }
-        };
-        self.stats.tokens_computed += plan.tokens() as u64;
-        let mut hidden = hidden.map(Vec::into_iter);
-        let mut outcomes = Vec::with_capacity(plan.items.len());
-        let mut streams = Vec::with_capacity(plan.items.len());
-        let mut failed = Vec::new();
-        for (it, mut rows) in plan.items.iter().zip(out) {
-            let hid = hidden.as_mut().and_then(Iterator::next).unwrap_or_default();
-            let mut outcome = Outcome {
-                id: it.id,
-                accepted: 0,
-                tokens: Vec::new(),
-            };
-            let mut lps = Vec::new();
-            if it.lookahead > 0 {
-                let (o, l, hid) = self.verify_drafts(it, rows, hid);
-                self.observe(it.id, it.start, hid);
-                (outcome, lps) = (o, l);
-            } else {
-                self.observe(it.id, it.start, hid);
-                if let (true, Some(mut logits)) = (it.sample, rows.pop()) {
-                    match self.sample(it.id, &mut logits) {
-                        Ok((tok, lp)) => {
-                            outcome.tokens.push(tok);
-                            lps.push(lp);
-                        }
-                        Err(e) => failed.push((it.id, e.to_string())),
-                    }
-                }
-            }
-            streams.push(lps);
-            outcomes.push(outcome);
-        }
-        let copies = self.sched.update(plan, &outcomes)?;
-        self.fwd.copy_blocks(&copies)?;
-        for (id, msg) in failed {
-            self.fail(id, msg)?;
-        }
-        for (o, lps) in outcomes.into_iter().zip(streams) {
-            let len = self.sched.get(o.id).map_or(0, |s| s.tokens.len());
-            let first = len.saturating_sub(o.tokens.len());
-            for (j, (tok, lp)) in o.tokens.into_iter().zip(lps).enumerate() {
-                if !self.active.contains_key(&o.id) {
-                    break;
-                }
-                self.emit(o.id, tok, lp, first + j + 1)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Samples `id`'s next token; with its log-probabilities when the request wants them
-    /// (taken from the logits before the sampler changes them).
-    /// A grammar's mask applies before the sampler; a grammar that cannot go on is an error
-    /// (the request fails).
-    fn sample(&mut self, id: ReqId, logits: &mut [f32]) -> Result<(u32, Option<TokenLogprobs>)> {
-        let history: &[u32] = self.sched.get(id).map_or(&[], |s| &s.tokens[..]);
-        let Some(a) = self.active.get_mut(&id) else {
-            return Ok((crate::sample::argmax(logits), None));
-        };
-        let raw = a.logprobs.map(|n| (logits.to_vec(), n));
-        if let Some(c) = a.constraint.as_mut() {
-            c.apply(logits)?;
-        }
-        let tok = a.sampler.sample(logits, history);
-        if let Some(c) = a.constraint.as_mut() {
-            c.consume(tok)?;
-        }
-        Ok((tok, raw.map(|(l, n)| TokenLogprobs::of(&l, tok, n))))
-    }
-
-    /// Sends a sampled token (after which the request holds `len` tokens) and ends the
-    /// request when it is done or its receiver is gone.
-    pub(super) fn emit(
-        &mut self,
-        id: ReqId,
-        tok: u32,
-        lp: Option<TokenLogprobs>,
-        len: usize,
-    ) -> Result<()> {
         let ctx = self.fwd.config().ctx;
-        let Some(a) = self.active.get_mut(&id) else {
-            return self.end(id, None);
-        };
-        self.stats.generated += 1;
-        let finish = if a.stop_ids.contains(&tok) {
-            Some(Finish::Stop)
-        } else {
-            a.generated += 1;
-            if !a.tx.send(Event::Token(tok, lp)) {
-                self.stats.cancelled += 1;
-                self.active.remove(&id);
-                return self.end(id, None);
-            }
-            if a.constraint.as_ref().is_some_and(Constraint::finished) {
-                Some(Finish::Stop)
-            } else {
-                (a.generated >= a.max_tokens || len >= ctx).then_some(Finish::Length)
-            }
-        };
-        match finish {
-            Some(f) => self.end(id, Some(f)),
-            None => Ok(()),
+        if tokens.len() >= ctx {
+            return Err(Error::Model(format!(
+                "the input has {} tokens; the context holds {ctx}",
+                tokens.len()
+            )));
         }
+        let vocab = self.fwd.model().info().vocab;
+        if let Some(t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Model(format!(
+                "token id {t} is outside the vocabulary of {vocab}"
+            )));
+        }
+        self.session().embed(EMBED_SEQ, tokens, pooling)
     }
 }

@@ -5,8 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::batching::{Engine, Event, Finish, GenRequest};
-use super::{Forward, Logits, Runner, Session};
+use crate::runner::{Forward, Logits, Runner, Session};
 use crate::error::{Error, Result};
 use crate::kv::SeqId;
 use crate::op::canvas::MAX_CANVAS;
@@ -166,6 +165,11 @@ pub struct CanvasTask {
 }
 
 impl CanvasTask {
+    /// Whether the prompt is in the cache (its first step encodes it).
+    pub fn prompt_fed(&self) -> bool {
+        self.prompt_fed
+    }
+
     /// Checks `req` against the runner's model and context.
     pub fn new(runner: &Forward, req: DiffusionRequest) -> Result<CanvasTask> {
         let c = runner
@@ -346,13 +350,13 @@ pub struct Tasks {
     tasks: HashMap<ReqId, CanvasTask>,
     max_running: usize,
     /// The request whose step is running (its task is out of the map meanwhile).
-    pub(super) stepping: Option<ReqId>,
+    stepping: Option<ReqId>,
     /// Denoising settings for requests (the checkpoint's `generation_config.json`).
     pub defaults: DiffusionParams,
 }
 
 impl Tasks {
-    pub(super) fn new(max_running: usize) -> Tasks {
+    pub fn new(max_running: usize) -> Tasks {
         Tasks {
             max_running: max_running.max(1),
             ..Tasks::default()
@@ -371,169 +375,58 @@ impl Tasks {
     pub fn is_empty(&self) -> bool {
         self.tasks.is_empty()
     }
-}
 
-impl Engine {
-    /// The denoising settings requests to a diffusion model get (their seed is the request's,
-    /// when it has one).
-    pub fn set_diffusion_defaults(&mut self, p: DiffusionParams) -> Result<()> {
-        p.validate()?;
-        if let Some(d) = &mut self.diffusion {
-            d.defaults = p;
-        }
-        Ok(())
+    /// Queues a checked request's task behind the others.
+    pub fn push(&mut self, id: ReqId, task: CanvasTask) {
+        self.tasks.insert(id, task);
+        self.queue.push_back(id);
     }
 
-    /// Takes a checked request as a diffusion task.
-    pub(super) fn admit_diffusion(&mut self, id: ReqId, req: GenRequest) -> Result<()> {
-        let Some(d) = &self.diffusion else {
-            return Err(Error::Model("not a diffusion model".into()));
-        };
-        let mut params = d.defaults.clone();
-        params.seed = req
-            .params
-            .seed
-            .unwrap_or(params.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        let r = DiffusionRequest {
-            prompt: req.prompt,
-            max_tokens: req.max_tokens,
-            params,
-            init_canvas: None,
-            stop_ids: req.stop_ids,
-            drafts: req.drafts,
-            timed: false,
-        };
-        let task = match CanvasTask::new(&self.fwd, r) {
-            Ok(t) => t,
-            Err(e) => return self.fail(id, e.to_string()),
-        };
-        if let Some(d) = &mut self.diffusion {
-            d.tasks.insert(id, task);
-            d.queue.push_back(id);
-        }
-        Ok(())
+    /// Forgets `id`'s task, if it has one.
+    pub fn remove(&mut self, id: ReqId) {
+        self.tasks.remove(&id);
     }
 
-    /// Forgets `id`'s task (if any) and frees its cache (also when its step failed or
-    /// panicked with the task out of the map).
-    pub(super) fn drop_diffusion(&mut self, id: ReqId) -> Result<()> {
-        let Some(d) = &mut self.diffusion else {
-            return Ok(());
-        };
-        d.tasks.remove(&id);
-        let kv = self.sched.kv_mut();
-        if kv.contains(id) {
-            kv.free(id)?;
-        }
-        Ok(())
-    }
-
-    /// One forward pass of the next diffusion request in turn: its tokens go out when a
-    /// canvas is committed. Returns false when there is nothing to do.
-    pub(super) fn diffusion_step(&mut self) -> Result<bool> {
-        let Some(d) = &mut self.diffusion else {
-            return Ok(false);
-        };
-        // Ids of requests ended meanwhile are dropped here; waiting requests start as places
-        // free up.
-        d.order.retain(|id| d.tasks.contains_key(id));
-        while d.order.len() < d.max_running {
-            match d.queue.pop_front() {
-                Some(id) if d.tasks.contains_key(&id) => d.order.push_back(id),
+    /// The task whose turn it is (taken out of the map while it steps: hand it back with
+    /// [`Tasks::put_back`]). Ids of requests ended meanwhile are dropped; waiting requests
+    /// start as places free up.
+    pub fn take_next(&mut self) -> Option<(ReqId, CanvasTask)> {
+        let tasks = &self.tasks;
+        self.order.retain(|id| tasks.contains_key(id));
+        while self.order.len() < self.max_running {
+            match self.queue.pop_front() {
+                Some(id) if self.tasks.contains_key(&id) => self.order.push_back(id),
                 Some(_) => continue,
                 None => break,
             }
         }
         let id = loop {
-            match d.order.pop_front() {
-                Some(id) if d.tasks.contains_key(&id) => break id,
+            match self.order.pop_front() {
+                Some(id) if self.tasks.contains_key(&id) => break id,
                 Some(_) => continue,
-                None => return Ok(false),
+                None => return None,
             }
         };
-        let Some(mut task) = d.tasks.remove(&id) else {
-            return Ok(false);
-        };
-        d.stepping = Some(id);
-        self.stats.steps += 1;
-        let fresh = !task.prompt_fed;
-        let s = match task.step(&mut self.session(), id) {
-            Ok(s) => s,
-            Err(e) => {
-                if let Some(d) = &mut self.diffusion {
-                    d.stepping = None;
-                }
-                self.fail(id, format!("forward pass failed: {e}"))?;
-                return Ok(true);
-            }
-        };
-        let stopped = task.sum.stopped;
-        if let Some(d) = &mut self.diffusion {
-            d.stepping = None;
-        }
-        if fresh {
-            self.stats.prefix_queried_tokens += task.prompt_len() as u64;
-            self.stats.prefix_hit_tokens += s.cached as u64;
-            if let (true, Some(a)) = (s.cached > 0, self.active.get_mut(&id)) {
-                a.tx.send(Event::Cached(s.cached));
+        let task = self.tasks.remove(&id)?;
+        self.stepping = Some(id);
+        Some((id, task))
+    }
+
+    /// Hands back the task [`Tasks::take_next`] gave out after its step (`None`: the step
+    /// failed). An unfinished one takes its turn again after the others.
+    pub fn put_back(&mut self, id: ReqId, task: Option<(CanvasTask, bool)>) {
+        self.stepping = None;
+        if let Some((task, finished)) = task {
+            self.tasks.insert(id, task);
+            if !finished {
+                self.order.push_back(id);
             }
         }
-        if let Some(d) = &mut self.diffusion {
-            d.tasks.insert(id, task);
-            if !s.finished {
-                d.order.push_back(id);
-            }
-        }
-        if s.denoised {
-            self.stats.denoising_steps += 1;
-        }
-        if let (Some(tokens), Some(a)) = (s.draft, self.active.get_mut(&id)) {
-            let draft = Event::Draft {
-                canvas: s.canvas,
-                step: s.step,
-                tokens,
-            };
-            if !a.tx.send(draft) {
-                self.stats.cancelled += 1;
-                self.active.remove(&id);
-                self.end(id, None)?;
-                return Ok(true);
-            }
-        }
-        if let Some((tokens, steps)) = s.committed {
-            self.stats.canvases += 1;
-            // The canvas is announced before its tokens: a stop string inside them ends the
-            // client's choice, and the canvas must be counted by then.
-            if let Some(a) = self.active.get_mut(&id) {
-                if !a.tx.send(Event::Canvas { steps }) {
-                    self.stats.cancelled += 1;
-                    self.active.remove(&id);
-                    self.end(id, None)?;
-                    return Ok(true);
-                }
-            }
-            for tok in tokens {
-                self.stats.generated += 1;
-                let Some(a) = self.active.get_mut(&id) else {
-                    break;
-                };
-                a.generated += 1;
-                if !a.tx.send(Event::Token(tok, None)) {
-                    self.stats.cancelled += 1;
-                    self.active.remove(&id);
-                    self.end(id, None)?;
-                    return Ok(true);
-                }
-            }
-        }
-        if s.finished {
-            let finish = if stopped {
-                Finish::Stop
-            } else {
-                Finish::Length
-            };
-            self.end(id, Some(finish))?;
-        }
-        Ok(true)
+    }
+
+    /// The request whose step was running when it panicked (its task is lost).
+    pub fn take_stepping(&mut self) -> Option<ReqId> {
+        self.stepping.take()
     }
 }
+

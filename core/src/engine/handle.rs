@@ -7,8 +7,9 @@ use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::batching::{Engine, EngineStats, Event, EventSink, GenRequest, Snapshot};
-use super::embed::Pooling;
+use super::batching::{Engine, EngineStats, Snapshot};
+use super::request::{Event, EventSink, GenRequest};
+use crate::runner::embed::Pooling;
 use crate::error::Error;
 use crate::sched::ReqId;
 
@@ -52,10 +53,6 @@ impl std::ops::Deref for Stream {
         &self.rx
     }
 }
-
-/// How often a busy engine lists every request's slot for /slots (the counters are
-/// published after every step).
-pub const SLOTS_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// An engine running on its own thread. Dropping the handle stops the thread after the
 /// requests in flight end.
@@ -166,7 +163,7 @@ fn serve(engine: &mut Engine, rx: &Receiver<Cmd>, cancels: &Receiver<ReqId>) {
             tracing::error!("{msg}");
             let ids: Vec<ReqId> = if running_only {
                 // A diffusion request mid-step has left its task behind: it fails too.
-                let stepping = engine.diffusion.as_mut().and_then(|d| d.stepping.take());
+                let stepping = engine.diffusion.as_mut().and_then(|d| d.take_stepping());
                 engine
                     .sched
                     .running()

@@ -5,21 +5,22 @@
 //! [`crate::spec::verify`] keeps the longest verified prefix plus one target token, and the
 //! scheduler's update rewinds the rejected drafts (KV slots released, recurrent state
 //! restored). Requests with and without drafts share the step.
+//!
+//! This is a part the engine holds; it sees the scheduler and the target model, never the
+//! engine.
 
-use super::batching::Engine;
-use super::Target;
-use crate::error::{Error, Result};
 use crate::model::Features;
-use crate::sample::TokenLogprobs;
-use crate::sched::{Item, Outcome, ReqId};
-use crate::spec::{verify, DraftReq, Drafter};
+use crate::runner::{Forward, Target};
+use crate::sample::{Sampler, SamplingParams, TokenLogprobs};
+use crate::sched::{Item, Outcome, ReqId, Request, Scheduler};
+use crate::spec::{verify, Draft, DraftReq, Drafter};
 
 /// The engine's drafter and how far it drafts.
-pub(super) struct Spec {
-    pub(super) drafter: Box<dyn Drafter>,
-    pub(super) k: usize,
+pub struct Spec {
+    drafter: Box<dyn Drafter>,
+    k: usize,
     /// Off: steps decode one token at a time (a benchmark's baseline, same engine).
-    pub(super) on: bool,
+    pub on: bool,
 }
 
 /// Speculation's counters, part of [`super::batching::EngineStats`].
@@ -42,207 +43,164 @@ impl SpecStats {
     pub fn tokens_per_verification(&self) -> f64 {
         (self.accepted + self.verifications) as f64 / self.verifications.max(1) as f64
     }
+    /// Counts one verification of `drafted` drafts, `accepted` of them kept.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        self.verifications += 1;
+        self.drafted += drafted as u64;
+        self.accepted += accepted as u64;
+        if self.accept_lengths.len() <= accepted {
+            self.accept_lengths.resize(accepted + 1, 0);
+        }
+        self.accept_lengths[accepted] += 1;
+    }
 }
 
-impl Engine {
-    /// Speculative decoding with `drafter`, up to `k` drafts per request per step. The
-    /// runner must be able to roll `k` tokens back without recomputing a window
-    /// ([`super::RunnerConfig::max_rollback`] ≥ `k`); a block-diffusion model does not
-    /// decode token by token and is refused.
-    pub fn with_spec(mut self, drafter: Box<dyn Drafter>, k: usize) -> Result<Engine> {
-        if self.diffusion.is_some() {
-            return Err(Error::Model(
-                "speculative decoding needs an autoregressive model; this one denoises \
-                 canvases"
-                    .into(),
-            ));
-        }
-        if k == 0 {
-            return Err(Error::Model("--spec-tokens must be at least 1".into()));
-        }
-        let margin = self.fwd.config().max_rollback;
-        if margin < k {
-            return Err(Error::Model(format!(
-                "speculating {k} tokens needs a runner that can roll {k} back (max_rollback \
-                 is {margin})"
-            )));
-        }
-        self.spec = Some(Spec {
+/// What the engine knows of a request that a drafter needs: the most drafts its output and
+/// the context leave room for, and its sampling parameters; `None`: not drafted for (a
+/// grammar decides each token after the one before).
+pub type Room<'a> = Option<(usize, &'a SamplingParams)>;
+
+/// One verification's result for the scheduler and the stream: the outcome, each new token's
+/// log-probabilities, the hidden rows of the tokens that stay, and the drafts verified.
+pub type Verified = (Outcome, Vec<Option<TokenLogprobs>>, Vec<Vec<f32>>, usize);
+
+impl Spec {
+    pub fn new(drafter: Box<dyn Drafter>, k: usize) -> Spec {
+        Spec {
             drafter,
             k,
             on: true,
-        });
-        Ok(self)
-    }
-
-    /// Turns drafting on or off (an engine without a drafter stays as it is).
-    pub fn set_speculation(&mut self, on: bool) {
-        if let Some(s) = &mut self.spec {
-            s.on = on;
         }
     }
 
-    /// The drafter's name, when the engine speculates.
-    pub fn drafter(&self) -> Option<&'static str> {
-        self.spec.as_ref().map(|s| s.drafter.name())
+    pub fn name(&self) -> &'static str {
+        self.drafter.name()
     }
 
-    /// Before planning: drafts for every running request that is decoding (within its
-    /// `max_tokens` and the context), handed to the scheduler as the lookahead it may feed
-    /// (it feeds as many as the step's budget and the pools allow). Requests under a grammar
-    /// are never drafted for: it decides each token after the one before.
-    pub(super) fn propose(&mut self) {
-        let Some(spec) = self.spec.as_ref().filter(|s| s.on) else {
-            return;
-        };
-        let ctx = self.fwd.config().ctx;
+    /// Drafts for every running request that is decoding and that `room` allows, handed to
+    /// the scheduler as lookahead; returned (with their distributions) for verification.
+    pub fn propose<'a>(
+        &mut self,
+        sched: &mut Scheduler,
+        fwd: &Forward,
+        room: impl Fn(&Request) -> Room<'a>,
+    ) -> Vec<(ReqId, Draft)> {
+        if !self.on {
+            return Vec::new();
+        }
+        let ctx = fwd.config().ctx;
         let mut ks: Vec<(ReqId, usize)> = Vec::new();
-        for r in self.sched.running() {
-            let Some(a) = self.active.get(&r.id) else {
+        let mut reqs: Vec<DraftReq> = Vec::new();
+        for r in sched.running().filter(|r| r.decoding()) {
+            let Some((left, params)) = room(r) else {
                 continue;
             };
-            if !r.decoding() || a.constraint.is_some() {
-                continue;
-            }
-            // Room for the drafts and the target's token in the output and the context.
             let len = r.tokens.len();
-            let k = spec
-                .k
-                .min(a.max_tokens.saturating_sub(a.generated + 1))
-                .min(ctx.saturating_sub(len + 1));
+            let k = self.k.min(left).min(ctx.saturating_sub(len + 1));
             if k > 0 {
                 ks.push((r.id, k));
+                reqs.push(DraftReq {
+                    id: r.id,
+                    tokens: &r.tokens,
+                    k,
+                    params,
+                });
             }
         }
         if ks.is_empty() {
-            return;
+            return Vec::new();
         }
-        let reqs: Vec<DraftReq> = ks
-            .iter()
-            .filter_map(|&(id, k)| {
-                Some(DraftReq {
-                    id,
-                    tokens: &self.sched.get(id)?.tokens,
-                    k,
-                    params: self.active.get(&id)?.sampler.params(),
-                })
-            })
-            .collect();
         let target = Target {
-            fwd: &self.fwd,
-            kv: self.sched.kv(),
+            fwd,
+            kv: sched.kv(),
         };
-        let Some(spec) = self.spec.as_mut() else {
-            return;
-        };
-        let drafts = match spec.drafter.propose(&reqs, &target) {
+        let drafts = match self.drafter.propose(&reqs, &target) {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(
                     "{} drafter failed, not drafting this step: {e}",
-                    spec.drafter.name()
+                    self.drafter.name()
                 );
-                return;
+                return Vec::new();
             }
         };
+        drop(reqs);
+        let mut out = Vec::with_capacity(ks.len());
         for (&(id, k), mut d) in ks.iter().zip(drafts) {
             d.tokens.truncate(k);
             if let Some(q) = &mut d.q {
                 q.truncate(k);
             }
-            self.sched.propose(id, d.tokens.clone());
-            if let Some(a) = self.active.get_mut(&id) {
-                a.draft = (!d.tokens.is_empty()).then_some(d);
+            sched.propose(id, d.tokens.clone());
+            if !d.tokens.is_empty() {
+                out.push((id, d));
             }
         }
+        out
     }
 
     /// The target's hidden states steps should return for the drafter.
-    pub(super) fn features(&self) -> Option<Features> {
-        self.spec
-            .as_ref()
-            .filter(|s| s.on)
-            .and_then(|s| s.drafter.features())
+    pub fn features(&self) -> Option<Features> {
+        self.on.then(|| self.drafter.features()).flatten()
     }
 
     /// Hands the drafter the target's hidden states of `id`'s tokens from `first` on.
-    pub(super) fn observe(&mut self, id: ReqId, first: usize, rows: Vec<Vec<f32>>) {
-        if let (Some(s), false) = (&mut self.spec, rows.is_empty()) {
-            s.drafter.observe(id, first, rows);
+    pub fn observe(&mut self, id: ReqId, first: usize, rows: Vec<Vec<f32>>) {
+        if !rows.is_empty() {
+            self.drafter.observe(id, first, rows);
         }
     }
 
-    /// After the step scored `it`'s pending token and the `it.lookahead` drafts it fed
-    /// (`rows`: one logits row each, the pending token's first; `hidden`: the hidden states
-    /// beside them, when the drafter wants them): what the target verifies, as the outcome
-    /// for the scheduler (which rewinds the rest), each new token's log-probabilities, and
-    /// the hidden rows of the tokens that stay.
-    pub(super) fn verify_drafts(
-        &mut self,
-        it: &Item,
-        rows: Vec<Vec<f32>>,
-        mut hidden: Vec<Vec<f32>>,
-    ) -> (Outcome, Vec<Option<TokenLogprobs>>, Vec<Vec<f32>>) {
-        let id = it.id;
-        let mut history = self
-            .sched
-            .get(id)
-            .map(|s| s.tokens.clone())
-            .unwrap_or_default();
-        let draft = self.active.get_mut(&id).and_then(|a| a.draft.take());
-        let (Some(a), Some(mut draft)) = (self.active.get_mut(&id), draft) else {
-            // Not held any more (or no drafts kept): nothing stays of the lookahead.
-            return (
-                Outcome {
-                    id,
-                    accepted: 0,
-                    tokens: Vec::new(),
-                },
-                Vec::new(),
-                Vec::new(),
-            );
-        };
-        draft.tokens.truncate(it.lookahead);
-        if let Some(q) = &mut draft.q {
-            q.truncate(it.lookahead);
-        }
-        let k = draft.tokens.len();
-        let mut raws = Vec::new();
-        let mut p = Vec::with_capacity(rows.len());
-        for (j, mut row) in rows.into_iter().enumerate() {
-            if let Some(n) = a.logprobs {
-                raws.push((row.clone(), n));
-            }
-            p.push(a.sampler.distribution(&mut row, &history));
-            if let Some(&d) = draft.tokens.get(j) {
-                history.push(d);
-            }
-        }
-        let v = verify(&p, &draft.tokens, draft.q.as_deref(), &mut a.sampler);
-        let st = &mut self.stats.spec;
-        st.verifications += 1;
-        st.drafted += k as u64;
-        st.accepted += v.accepted as u64;
-        if st.accept_lengths.len() <= v.accepted {
-            st.accept_lengths.resize(v.accepted + 1, 0);
-        }
-        st.accept_lengths[v.accepted] += 1;
-        // The cache keeps the pending token and the accepted drafts.
-        hidden.truncate(v.accepted + 1);
-        let lps = (0..v.tokens.len())
-            .map(|j| {
-                raws.get(j)
-                    .map(|(l, n)| TokenLogprobs::of(l, v.tokens[j], *n))
-            })
-            .collect();
-        (
-            Outcome {
-                id,
-                accepted: v.accepted,
-                tokens: v.tokens,
-            },
-            lps,
-            hidden,
-        )
+    /// The request ended: the drafter forgets it.
+    pub fn release(&mut self, id: ReqId) {
+        self.drafter.release(id);
     }
+}
+
+/// After a step scored `it`'s pending token and the `it.lookahead` drafts it fed (`rows`: one
+/// logits row each, the pending token's first; `hidden`: the hidden states beside them, when
+/// the drafter wants them; `history`: the request's tokens before the drafts): what the target
+/// verifies with `sampler`, with `logprobs` alternatives per token when asked for.
+#[allow(clippy::too_many_arguments)]
+pub fn verify_item(
+    it: &Item,
+    rows: Vec<Vec<f32>>,
+    mut hidden: Vec<Vec<f32>>,
+    mut history: Vec<u32>,
+    sampler: &mut Sampler,
+    logprobs: Option<usize>,
+    mut draft: Draft,
+) -> Verified {
+    draft.tokens.truncate(it.lookahead);
+    if let Some(q) = &mut draft.q {
+        q.truncate(it.lookahead);
+    }
+    let k = draft.tokens.len();
+    let mut raws = Vec::new();
+    let mut p = Vec::with_capacity(rows.len());
+    for (j, mut row) in rows.into_iter().enumerate() {
+        if let Some(n) = logprobs {
+            raws.push((row.clone(), n));
+        }
+        p.push(sampler.distribution(&mut row, &history));
+        if let Some(&d) = draft.tokens.get(j) {
+            history.push(d);
+        }
+    }
+    let v = verify(&p, &draft.tokens, draft.q.as_deref(), sampler);
+    // The cache keeps the pending token and the accepted drafts.
+    hidden.truncate(v.accepted + 1);
+    let lps = (v.tokens.iter().enumerate())
+        .map(|(j, &t)| raws.get(j).map(|(l, n)| TokenLogprobs::of(l, t, *n)))
+        .collect();
+    (
+        Outcome {
+            id: it.id,
+            accepted: v.accepted,
+            tokens: v.tokens,
+        },
+        lps,
+        hidden,
+        k,
+    )
 }

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver};
 
-use super::batching::{Engine, EngineStats, Event, Finish, GenRequest};
+use super::{Engine, EngineStats, Event, Finish, GenRequest};
 use super::{Logits, Runner, RunnerConfig};
 use crate::exec::Executor;
 use crate::model::toy::{toy, Toy};

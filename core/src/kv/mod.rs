@@ -13,7 +13,7 @@ pub use block_pool::BlockPool;
 pub use error::KvError;
 pub use manager::{KvManager, PrefixCacheStats, PAD_SLOT};
 pub use state::{StatePool, StateStats};
-pub use types::{KvTypes, LayerTypes};
+pub use types::{KvGroup, KvTypes, LayerTypes};
 
 /// Identifies a sequence (request) in the KV managers and the state pool.
 pub type SeqId = u64;

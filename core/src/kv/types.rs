@@ -9,8 +9,18 @@
 use std::fmt;
 
 use crate::error::{Error, Result};
-use crate::model::KvGroup;
 use crate::tensor::DType;
+
+/// Layers that share one paged KV pool: the same head shapes and the same attention window.
+/// Sliding-window groups release blocks that fall out of the window.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvGroup {
+    pub layers: Vec<usize>,
+    pub window: Option<usize>,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub v_head_dim: usize,
+}
 
 /// The cache types of one model: K and V everywhere, unless a layer range says otherwise.
 #[derive(Clone, Debug, PartialEq, Eq)]

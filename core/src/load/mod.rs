@@ -3,7 +3,6 @@
 
 pub mod gguf;
 pub mod hf;
-mod hf_convert;
 mod hf_defaults;
 pub mod safetensors;
 

@@ -20,16 +20,7 @@ use crate::tensor::Tensor;
 
 pub use registry::{build_from_gguf, ARCHITECTURES};
 
-/// Layers that share one paged KV pool: the same head shapes and the same attention window.
-/// Sliding-window groups release blocks that fall out of the window.
-#[derive(Clone, Debug, PartialEq)]
-pub struct KvGroup {
-    pub layers: Vec<usize>,
-    pub window: Option<usize>,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-    pub v_head_dim: usize,
-}
+pub use crate::kv::KvGroup;
 
 /// The paged caches of one KV group: a K and a V tensor `[blocks, block_size, heads, dim]`
 /// per layer of the group, in the group's layer order.

@@ -3,7 +3,7 @@
 //! only code that allocates from it during serving ([`KvCoordinator::allocate_slots`], called
 //! inside its planning loop); it builds each step's [`ForwardBatch`] (block tables, slot
 //! mappings, state slots) from it, and commits or rewinds it when the step's outputs come back.
-//! A [`crate::engine::Runner`] used directly (tools, tests, a draft model) owns one too.
+//! A [`crate::runner::Runner`] used directly (tools, tests, a draft model) owns one too.
 
 use crate::error::{Error, Result};
 use crate::kv::{BlockId, KvError, KvManager, SeqId, StatePool, StateStats};

@@ -13,7 +13,7 @@
 //!    blocks freed; it goes back to the front of the queue with every token it has, to be
 //!    recomputed: vLLM's recompute preemption). The returned [`Plan`] carries the forward
 //!    batch (block tables, slot mappings, state slots) and is never rewritten;
-//! 3. **forward**: the engine runs the plan's batch ([`crate::engine::Forward::run`]), which
+//! 3. **forward**: the engine runs the plan's batch ([`crate::runner::Forward::run`]), which
 //!    holds nothing per request;
 //! 4. **update** ([`Scheduler::update`]): each item's fed tokens are committed; rejected
 //!    drafts are rewound (a recurrent state that has to go back further drops the request's

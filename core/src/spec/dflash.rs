@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::{Draft, DraftReq, Drafter};
-use crate::engine::{Forward, Target};
+use crate::runner::{Forward, Target};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::kv::KvManager;

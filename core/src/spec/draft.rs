@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use super::{Draft, DraftReq, Drafter};
-use crate::engine::{Logits, Runner, Target};
+use crate::runner::{Logits, Runner, Target};
 use crate::error::{Error, Result};
 use crate::sample::Sampler;
 use crate::sched::ReqId;

@@ -5,7 +5,7 @@
 //! with probability min(1, p/q), else draw from the normalised (p − q)⁺) leaves the output
 //! distributed exactly as the target's.
 //!
-//! The engine ([`crate::engine::batching::Engine::with_spec`]) drafts for every decoding
+//! The engine ([`crate::engine::Engine::with_spec`]) drafts for every decoding
 //! request of a step, verifies inside the same continuous batch, and rolls the rejected
 //! drafts back ([`crate::sched::Scheduler::update`]).
 
@@ -19,7 +19,7 @@ pub use draft::DraftModel;
 pub use mtp::Mtp;
 pub use ngram::Ngram;
 
-use crate::engine::Target;
+use crate::runner::Target;
 use crate::error::Result;
 use crate::model::Features;
 use crate::sample::{Dist, Sampler, SamplingParams};

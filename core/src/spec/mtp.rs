@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use super::{Draft, DraftReq, Drafter};
-use crate::engine::{Forward, Target};
+use crate::runner::{Forward, Target};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::model::gemma4_assistant::Gemma4Assistant;

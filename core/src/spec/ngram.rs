@@ -5,7 +5,7 @@
 //! edits, quotations, structured data.
 
 use super::{Draft, DraftReq, Drafter};
-use crate::engine::Target;
+use crate::runner::Target;
 use crate::error::Result;
 
 #[derive(Clone, Debug)]

@@ -1,6 +1,6 @@
 //! Tensors: element types, shapes and the backend-owned tensor handle.
 
-mod dtype;
+pub(crate) mod dtype;
 mod handle;
 mod shape;
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 
-use kiln_core::engine::batching::Snapshot;
+use kiln_core::engine::Snapshot;
 
 /// Bucket bounds in seconds, for both latency histograms.
 const BOUNDS: [f64; 14] = [

@@ -16,7 +16,7 @@ use crate::timings::Timings;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Json, Response};
 use kiln_core::chat::parse::{Delta, OutputParser, ToolCall};
-use kiln_core::engine::batching::{Event, EventSink, Finish, GenRequest};
+use kiln_core::engine::{Event, EventSink, Finish, GenRequest};
 use kiln_core::sample::{StopMatcher, TokenLogprobs};
 use kiln_core::tokenizer::StreamDecoder;
 use serde_json::{json, Value};

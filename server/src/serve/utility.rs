@@ -8,7 +8,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
-use kiln_core::engine::embed::Pooling;
+use kiln_core::engine::Pooling;
 use serde_json::{json, Value};
 
 use super::request::{body_json, boolean, chat_text, check_model, ApiError, Body};

@@ -3,7 +3,7 @@
 
 use serde_json::Value as Json;
 
-use super::{Config, Meta};
+use super::config::{Config, Meta};
 use crate::error::Result;
 use crate::load::gguf::Value;
 

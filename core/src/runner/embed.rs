@@ -1,7 +1,6 @@
 //! Embeddings: a text's final-normed hidden states (the ones the output head reads) pooled
 //! into one vector and scaled to unit length, as `/v1/embeddings` serves them.
 
-use super::batching::Engine;
 use super::{Logits, Session};
 use crate::error::{Error, Result};
 use crate::kv::SeqId;
@@ -50,9 +49,6 @@ impl Pooling {
         }
     }
 }
-
-/// A sequence id no request gets: an embedding runs to its end before anything else.
-const EMBED_SEQ: SeqId = SeqId::MAX;
 
 impl Session<'_> {
     /// `tokens` fed to sequence `seq` in chunks, their final hidden states pooled and
@@ -111,30 +107,5 @@ impl Session<'_> {
             ));
         }
         Ok(acc.iter().map(|x| (x / norm) as f32).collect())
-    }
-}
-
-impl Engine {
-    /// The embedding of `tokens`, computed now (between two steps of the other requests).
-    pub fn embed(&mut self, tokens: &[u32], pooling: Pooling) -> Result<Vec<f32>> {
-        if self.diffusion.is_some() {
-            return Err(Error::Model(
-                "embeddings are not available from a diffusion model".into(),
-            ));
-        }
-        let ctx = self.fwd.config().ctx;
-        if tokens.len() >= ctx {
-            return Err(Error::Model(format!(
-                "the input has {} tokens; the context holds {ctx}",
-                tokens.len()
-            )));
-        }
-        let vocab = self.fwd.model().info().vocab;
-        if let Some(t) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::Model(format!(
-                "token id {t} is outside the vocabulary of {vocab}"
-            )));
-        }
-        self.session().embed(EMBED_SEQ, tokens, pooling)
     }
 }

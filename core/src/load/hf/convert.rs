@@ -2,8 +2,8 @@
 //! `[E, rows, cols]` tensors, Gemma's and Qwen3.5's `1 + w` norms, Qwen3.5's `-exp(A_log)`,
 //! and Llama's q/k rows moved from the rotate-half RoPE layout to the interleaved one.
 
-use super::gguf::TensorInfo;
-use super::hf::Config;
+use super::config::Config;
+use crate::load::gguf::TensorInfo;
 use crate::error::Result;
 use crate::tensor::DType;
 

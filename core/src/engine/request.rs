@@ -1,0 +1,89 @@
+//! What a request is and what it hears back: the request, its events, where they go.
+
+use std::sync::mpsc::Sender;
+
+use crate::grammar::Constraint;
+use crate::sample::{SamplingParams, TokenLogprobs};
+
+/// One generation request.
+#[derive(Clone, Debug)]
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Tokens that end the generation (not sent).
+    pub stop_ids: Vec<u32>,
+    /// With `Some(n)`, each token comes with its log-probability and the `n` most likely
+    /// alternatives (at most [`MAX_TOP_LOGPROBS`]).
+    pub logprobs: Option<usize>,
+    /// A block-diffusion model sends each denoising step's argmax canvas ([`Event::Draft`]).
+    pub drafts: bool,
+    /// A grammar the output must follow ([`crate::grammar`]); the request ends when the
+    /// grammar is complete. Such a request is never drafted for.
+    pub constraint: Option<Constraint>,
+}
+
+impl GenRequest {
+    /// A request with no stop tokens and no log-probabilities.
+    pub fn new(prompt: Vec<u32>, params: SamplingParams, max_tokens: usize) -> GenRequest {
+        GenRequest {
+            prompt,
+            params,
+            max_tokens,
+            stop_ids: Vec::new(),
+            logprobs: None,
+            drafts: false,
+            constraint: None,
+        }
+    }
+}
+
+/// Where a request's events go: a channel end the engine never blocks on. `send` returns
+/// false once nobody listens; the request is then cancelled.
+pub trait EventSink: Send {
+    fn send(&mut self, ev: Event) -> bool;
+}
+
+impl EventSink for Sender<Event> {
+    fn send(&mut self, ev: Event) -> bool {
+        Sender::send(self, ev).is_ok()
+    }
+}
+
+/// Why a generation ended.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// A stop token.
+    Stop,
+    /// `max_tokens` or the context length.
+    Length,
+}
+
+/// What a request's channel carries.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// How many prompt tokens came from the prefix cache, when the request starts (again,
+    /// after a preemption) from a cached prefix; before its first token.
+    Cached(usize),
+    /// A generated token, with its log-probabilities when the request asked for them.
+    Token(u32, Option<TokenLogprobs>),
+    /// A block-diffusion model's denoising step `step` of canvas `canvas`: its argmax canvas
+    /// (when the request asked for drafts).
+    Draft {
+        canvas: usize,
+        step: usize,
+        tokens: Vec<u32>,
+    },
+    /// A block-diffusion model committed a canvas after `steps` denoising steps (its tokens
+    /// follow, as `Token`s).
+    Canvas { steps: usize },
+    Done {
+        finish: Finish,
+        prompt_tokens: usize,
+        generated: usize,
+    },
+    /// The request failed; nothing more follows.
+    Error(String),
+}
+

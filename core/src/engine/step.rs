@@ -1,0 +1,281 @@
+//! One step of the batching engine: the scheduler plans (allocating every slot), the forward
+//! pass runs the plan's batch, each item samples or verifies its drafts, the scheduler's
+//! update takes the outcomes, and the tokens go out.
+
+use std::time::Duration;
+
+use super::batching::Engine;
+use super::request::{Event, Finish};
+use crate::error::Result;
+use crate::grammar::Constraint;
+use crate::sample::TokenLogprobs;
+use super::spec::verify_item;
+use crate::sched::{Item, Outcome, Plan, ReqId};
+
+impl Engine {
+    /// Runs one forward pass. Returns false when there is nothing to do.
+    pub fn step(&mut self) -> Result<bool> {
+        if self.diffusion.is_some() {
+            return self.diffusion_step();
+        }
+        if self.sched.is_idle() {
+            return Ok(false);
+        }
+        self.propose();
+        let plan = self.sched.schedule()?;
+        self.stats.preemptions += plan.preempted.len() as u64;
+        for &(id, hit) in &plan.admitted {
+            let len = self.sched.get(id).map_or(0, |s| s.tokens.len());
+            self.stats.prefix_queried_tokens += len as u64;
+            self.stats.prefix_hit_tokens += hit as u64;
+            if let (true, Some(a)) = (hit > 0, self.active.get_mut(&id)) {
+                a.tx.send(Event::Cached(hit));
+            }
+        }
+        if plan.items.is_empty() {
+            self.unblock()?;
+            return Ok(!self.sched.is_idle());
+        }
+        self.run(&plan)?;
+        self.last_step = std::time::Instant::now();
+        Ok(true)
+    }
+
+    /// Nothing could be scheduled: with nothing running, the queue's head needs more KV than
+    /// the whole pool has. It fails alone.
+    fn unblock(&mut self) -> Result<()> {
+        if self.sched.num_running() > 0 {
+            return Ok(());
+        }
+        let head = self.sched.queued().next().map(|s| s.id);
+        if let Some(id) = head {
+            let len = self.sched.get(id).map_or(0, |s| s.tokens.len());
+            self.fail(
+                id,
+                format!("{len} tokens need more KV cache blocks than the pool holds"),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Runs a plan's forward pass, samples (or verifies drafts), reports the outcomes to the
+    /// scheduler, and streams the tokens.
+    fn run(&mut self, plan: &Plan) -> Result<()> {
+        self.stats.steps += 1;
+        let features = self.features();
+        // The grammar masks of the rows about to sample, computed beside the forward pass.
+        let mut masks: Vec<(ReqId, Constraint)> = plan
+            .items
+            .iter()
+            .filter(|it| it.sample)
+            .filter_map(|it| {
+                let c = self.active.get_mut(&it.id)?.constraint.take()?;
+                Some((it.id, c))
+            })
+            .collect();
+        let fwd = &self.fwd;
+        let (step, spent, waited) = std::thread::scope(|s| {
+            let worker = (!masks.is_empty()).then(|| {
+                s.spawn(|| {
+                    let mut spent = (0u64, Duration::ZERO);
+                    for (_, c) in masks.iter_mut() {
+                        if let Some(t) = c.prepare() {
+                            spent.0 += 1;
+                            spent.1 += t;
+                        }
+                    }
+                    spent
+                })
+            });
+            let step = fwd.run(&plan.batch, features.as_ref());
+            let t = std::time::Instant::now();
+            let spent = worker.map(|w| w.join().unwrap_or_default());
+            (step, spent.unwrap_or_default(), t.elapsed())
+        });
+        if !masks.is_empty() {
+            self.stats.masks += spent.0;
+            self.stats.mask_us += spent.1.as_micros() as u64;
+            self.stats.mask_wait_us += waited.as_micros() as u64;
+        }
+        for (id, c) in masks {
+            if let Some(a) = self.active.get_mut(&id) {
+                a.constraint = Some(c);
+            }
+        }
+        let (out, hidden) = match step {
+            Ok(out) => out,
+            Err(e) => {
+                // The step's requests fail (their slots are freed); the engine and the
+                // others go on.
+                for it in &plan.items {
+                    self.fail(it.id, format!("forward pass failed: {e}"))?;
+                }
+                return Ok(());
+            }
+        };
+        self.stats.tokens_computed += plan.tokens() as u64;
+        let mut hidden = hidden.map(Vec::into_iter);
+        let mut outcomes = Vec::with_capacity(plan.items.len());
+        let mut streams = Vec::with_capacity(plan.items.len());
+        let mut failed = Vec::new();
+        for (it, mut rows) in plan.items.iter().zip(out) {
+            let hid = hidden.as_mut().and_then(Iterator::next).unwrap_or_default();
+            let mut outcome = Outcome {
+                id: it.id,
+                accepted: 0,
+                tokens: Vec::new(),
+            };
+            let mut lps = Vec::new();
+            // Drafts are verified; should their record be gone, the pending token's row
+            // samples alone and the scheduler drops every draft.
+            let mut hid = Some(hid);
+            let verified = match it.lookahead > 0 {
+                true => self.verify_drafts(it, &mut rows, &mut hid),
+                false => None,
+            };
+            if let Some((o, l, kept)) = verified {
+                self.observe(it.id, it.start, kept);
+                (outcome, lps) = (o, l);
+            } else {
+                self.observe(it.id, it.start, hid.unwrap_or_default());
+                rows.truncate(it.end - it.start);
+                if let (true, Some(mut logits)) = (it.sample, rows.pop()) {
+                    match self.sample(it.id, &mut logits) {
+                        Ok((tok, lp)) => {
+                            outcome.tokens.push(tok);
+                            lps.push(lp);
+                        }
+                        Err(e) => failed.push((it.id, e.to_string())),
+                    }
+                }
+            }
+            streams.push(lps);
+            outcomes.push(outcome);
+        }
+        let copies = self.sched.update(plan, &outcomes)?;
+        self.fwd.copy_blocks(&copies)?;
+        for (id, msg) in failed {
+            self.fail(id, msg)?;
+        }
+        for (o, lps) in outcomes.into_iter().zip(streams) {
+            let len = self.sched.get(o.id).map_or(0, |s| s.tokens.len());
+            let first = len.saturating_sub(o.tokens.len());
+            for (j, (tok, lp)) in o.tokens.into_iter().zip(lps).enumerate() {
+                if !self.active.contains_key(&o.id) {
+                    break;
+                }
+                self.emit(o.id, tok, lp, first + j + 1)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Samples `id`'s next token; with its log-probabilities when the request wants them
+    /// (taken from the logits before the sampler changes them).
+    /// A grammar's mask applies before the sampler; a grammar that cannot go on is an error
+    /// (the request fails).
+    fn sample(&mut self, id: ReqId, logits: &mut [f32]) -> Result<(u32, Option<TokenLogprobs>)> {
+        let history: &[u32] = self.sched.get(id).map_or(&[], |s| &s.tokens[..]);
+        let Some(a) = self.active.get_mut(&id) else {
+            return Ok((crate::sample::argmax(logits), None));
+        };
+        let raw = a.logprobs.map(|n| (logits.to_vec(), n));
+        if let Some(c) = a.constraint.as_mut() {
+            c.apply(logits)?;
+        }
+        let tok = a.sampler.sample(logits, history);
+        if let Some(c) = a.constraint.as_mut() {
+            c.consume(tok)?;
+        }
+        Ok((tok, raw.map(|(l, n)| TokenLogprobs::of(&l, tok, n))))
+    }
+
+    /// Sends a sampled token (after which the request holds `len` tokens) and ends the
+    /// request when it is done or its receiver is gone.
+    pub(super) fn emit(
+        &mut self,
+        id: ReqId,
+        tok: u32,
+        lp: Option<TokenLogprobs>,
+        len: usize,
+    ) -> Result<()> {
+        let ctx = self.fwd.config().ctx;
+        let Some(a) = self.active.get_mut(&id) else {
+            return self.end(id, None);
+        };
+        self.stats.generated += 1;
+        let finish = if a.stop_ids.contains(&tok) {
+            Some(Finish::Stop)
+        } else {
+            a.generated += 1;
+            if !a.tx.send(Event::Token(tok, lp)) {
+                self.stats.cancelled += 1;
+                self.active.remove(&id);
+                return self.end(id, None);
+            }
+            if a.constraint.as_ref().is_some_and(Constraint::finished) {
+                Some(Finish::Stop)
+            } else {
+                (a.generated >= a.max_tokens || len >= ctx).then_some(Finish::Length)
+            }
+        };
+        match finish {
+            Some(f) => self.end(id, Some(f)),
+            None => Ok(()),
+        }
+    }
+
+    /// Before planning: drafts for every running request that is decoding, within its
+    /// `max_tokens` (the scheduler feeds as many as the step's budget and the pools allow).
+    /// Requests under a grammar are never drafted for: it decides each token after the one
+    /// before.
+    fn propose(&mut self) {
+        let Some(spec) = &mut self.spec else {
+            return;
+        };
+        let active = &self.active;
+        let drafts = spec.propose(&mut self.sched, &self.fwd, |r| {
+            let a = active.get(&r.id).filter(|a| a.constraint.is_none())?;
+            Some((
+                a.max_tokens.saturating_sub(a.generated + 1),
+                a.sampler.params(),
+            ))
+        });
+        for (id, d) in drafts {
+            if let Some(a) = self.active.get_mut(&id) {
+                a.draft = Some(d);
+            }
+        }
+    }
+
+    /// The target's hidden states steps should return for the drafter.
+    fn features(&self) -> Option<crate::model::Features> {
+        self.spec.as_ref().and_then(|s| s.features())
+    }
+
+    /// Hands the drafter the target's hidden states of `id`'s tokens from `first` on.
+    fn observe(&mut self, id: ReqId, first: usize, rows: Vec<Vec<f32>>) {
+        if let Some(s) = &mut self.spec {
+            s.observe(id, first, rows);
+        }
+    }
+
+    /// Verifies the drafts `it` fed against the target's rows; `None` when the request is
+    /// not held any more (or kept no drafts): nothing of the lookahead stays.
+    fn verify_drafts(
+        &mut self,
+        it: &Item,
+        rows: &mut Vec<Vec<f32>>,
+        hidden: &mut Option<Vec<Vec<f32>>>,
+    ) -> Option<(Outcome, Vec<Option<TokenLogprobs>>, Vec<Vec<f32>>)> {
+        let history = self.sched.get(it.id)?.tokens.clone();
+        let a = self.active.get_mut(&it.id)?;
+        let draft = a.draft.take()?;
+        let rows = std::mem::take(rows);
+        let hidden = hidden.take().unwrap_or_default();
+        let (o, lps, hid, k) =
+            verify_item(it, rows, hidden, history, &mut a.sampler, a.logprobs, draft);
+        self.stats.spec.record(k, o.accepted);
+        Some((o, lps, hid))
+    }
+}
