@@ -11,6 +11,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::*;
+use kiln_core::engine::SlotState;
 use serde_json::json;
 
 fn server() -> Server {
@@ -111,6 +112,23 @@ fn completions_stream_canvases_and_free_the_pool() {
     }
     let mid = srv.state.engine.snapshot();
     assert!(mid.running == 1 && mid.kv_free < total, "{mid:?}");
+    // /slots lists it (the list is refreshed every SLOTS_EVERY), denoising, with its prompt
+    // and the cache it holds.
+    let t0 = Instant::now();
+    loop {
+        let s = srv.state.engine.snapshot();
+        let listed = s.slots.iter().any(|s| {
+            s.state == SlotState::Denoise
+                && s.prompt_tokens > 0
+                && s.computed >= s.prompt_tokens
+                && s.kv_blocks > 0
+        });
+        if listed {
+            break;
+        }
+        assert!(s.running == 1 && t0.elapsed() < Duration::from_secs(5), "{s:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     drop(c);
     let t0 = Instant::now();
     loop {

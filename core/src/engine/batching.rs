@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::grammar::Constraint;
 use crate::runner::{embed::Pooling, Forward, Runner, Session};
 use crate::sample::{Sampler, MAX_TOP_LOGPROBS};
-use crate::sched::{KvCoordinator, ReqId, Request, SchedConfig, Scheduler};
+use crate::sched::{Kind, KvCoordinator, ReqId, Request, SchedConfig, Scheduler};
 
 /// How often a busy engine lists every request's slot for /slots (the counters are
 /// published after every step).
@@ -98,6 +98,8 @@ pub enum SlotState {
     Queued,
     Prefill,
     Decode,
+    /// A block-diffusion request denoising its canvases.
+    Denoise,
 }
 
 impl SlotState {
@@ -106,21 +108,20 @@ impl SlotState {
             SlotState::Queued => "queued",
             SlotState::Prefill => "prefill",
             SlotState::Decode => "decode",
+            SlotState::Denoise => "denoise",
         }
     }
 }
 
+/// What the engine keeps of a request beside the scheduler's record of it: how its tokens
+/// are drawn and where they go.
 pub(super) struct Active {
     pub(super) sampler: Sampler,
-    pub(super) max_tokens: usize,
-    pub(super) stop_ids: Vec<u32>,
-    pub(super) prompt_len: usize,
+    /// The grammar its tokens follow.
+    pub(super) constraint: Option<Constraint>,
     /// The drafts proposed for the next step, with their distributions (the scheduler holds
     /// the tokens and decides how many of them it feeds).
     pub(super) draft: Option<crate::spec::Draft>,
-    pub(super) generated: usize,
-    pub(super) logprobs: Option<usize>,
-    pub(super) constraint: Option<Constraint>,
     pub(super) tx: Box<dyn EventSink>,
 }
 
@@ -130,8 +131,8 @@ pub struct Engine {
     pub(super) active: HashMap<ReqId, Active>,
     pub(super) next_id: ReqId,
     pub(super) stats: EngineStats,
-    /// A block-diffusion model's requests (its engine runs only these; the scheduler stays
-    /// empty).
+    /// A block-diffusion model's requests (its engine runs only these; the scheduler holds
+    /// their records).
     pub(super) diffusion: Option<super::diffusion::Tasks>,
     /// The drafter, when the engine decodes speculatively.
     pub(super) spec: Option<Spec>,
@@ -157,6 +158,7 @@ impl Engine {
             SchedConfig {
                 max_batch_tokens: cfg.max_batch_tokens,
                 max_running: resident,
+                max_len: cfg.ctx,
                 snapshot_blocks: snapshots.then_some(cfg.block_size),
             },
             kv,
@@ -282,26 +284,38 @@ impl Engine {
     fn snapshot_with(&self, slots: bool) -> Snapshot {
         let kv = self.sched.kv();
         let slot = |s: &Request, running: bool| {
-            let a = self.active.get(&s.id);
-            let prompt_tokens = a.map_or(0, |a| a.prompt_len);
+            let (state, computed) = match (s.kind, running) {
+                // A diffusion request's steps run outside the plans: the cache says how far.
+                (Kind::Denoise, _) => match kv.seq_len(s.id) {
+                    0 => (SlotState::Queued, 0),
+                    n => (SlotState::Denoise, n),
+                },
+                (Kind::Generate, false) => (SlotState::Queued, s.computed),
+                (Kind::Generate, true) if s.computed < s.prompt_len => {
+                    (SlotState::Prefill, s.computed)
+                }
+                (Kind::Generate, true) => (SlotState::Decode, s.computed),
+            };
             Slot {
                 id: s.id,
-                state: match (running, s.computed >= prompt_tokens) {
-                    (false, _) => SlotState::Queued,
-                    (true, false) => SlotState::Prefill,
-                    (true, true) => SlotState::Decode,
-                },
-                prompt_tokens,
-                generated: a.map_or(0, |a| a.generated),
-                computed: s.computed,
+                state,
+                prompt_tokens: s.prompt_len,
+                generated: s.generated,
+                computed,
                 kv_blocks: kv.blocks_held(s.id),
                 preemptions: s.preemptions,
             }
         };
         let slots = match slots {
-            true => (self.sched.running().map(|s| slot(s, true)))
-                .chain(self.sched.queued().map(|s| slot(s, false)))
-                .collect(),
+            true => {
+                // Diffusion requests by id: the order they came in.
+                let mut outside: Vec<&Request> = self.sched.outside().collect();
+                outside.sort_by_key(|r| r.id);
+                (self.sched.running().map(|s| slot(s, true)))
+                    .chain(self.sched.queued().map(|s| slot(s, false)))
+                    .chain(outside.into_iter().map(|s| slot(s, false)))
+                    .collect()
+            }
             false => Vec::new(),
         };
         let st = kv.state_stats().unwrap_or_default();
@@ -354,23 +368,25 @@ impl Engine {
             id,
             Active {
                 sampler,
-                max_tokens: req.max_tokens,
-                stop_ids: req.stop_ids.clone(),
-                prompt_len: req.prompt.len(),
-                draft: None,
-                generated: 0,
-                logprobs: req.logprobs,
                 constraint: req.constraint.clone(),
+                draft: None,
                 tx,
             },
         );
+        let mut r = Request::new(id, req.prompt.clone());
+        r.max_tokens = req.max_tokens;
+        r.stop_ids = req.stop_ids.clone();
+        r.logprobs = req.logprobs;
+        if self.diffusion.is_some() {
+            r.kind = Kind::Denoise;
+        }
+        self.sched.admit(r);
         if req.max_tokens == 0 {
             return self.end(id, Some(Finish::Length));
         }
         if self.diffusion.is_some() {
             return self.admit_diffusion(id, req);
         }
-        self.sched.admit(Request::new(id, req.prompt));
         Ok(())
     }
 
@@ -463,6 +479,8 @@ impl Engine {
 
     /// Removes a request, frees its KV blocks and, with `finish`, tells its receiver.
     pub(super) fn end(&mut self, id: ReqId, finish: Option<Finish>) -> Result<()> {
+        let (prompt_tokens, generated) = (self.sched.get(id))
+            .map_or((0, 0), |r| (r.prompt_len, r.generated));
         self.sched.finish(id)?;
         self.drop_diffusion(id)?;
         if let Some(s) = &mut self.spec {
@@ -473,8 +491,8 @@ impl Engine {
             self.publish();
             a.tx.send(Event::Done {
                 finish,
-                prompt_tokens: a.prompt_len,
-                generated: a.generated,
+                prompt_tokens,
+                generated,
             });
         }
         Ok(())

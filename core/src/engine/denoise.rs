@@ -122,12 +122,12 @@ impl Engine {
                     return Ok(true);
                 }
             }
+            self.sched.record_outside(id, &tokens);
             for tok in tokens {
                 self.stats.generated += 1;
                 let Some(a) = self.active.get_mut(&id) else {
                     break;
                 };
-                a.generated += 1;
                 if !a.tx.send(Event::Token(tok, None)) {
                     self.stats.cancelled += 1;
                     self.active.remove(&id);

@@ -51,14 +51,7 @@ impl EventSink for Sender<Event> {
     }
 }
 
-/// Why a generation ended.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Finish {
-    /// A stop token.
-    Stop,
-    /// `max_tokens` or the context length.
-    Length,
-}
+pub use crate::sched::Finish;
 
 /// What a request's channel carries.
 #[derive(Clone, Debug, PartialEq)]

@@ -198,6 +198,7 @@ pub fn verify_item(
             id: it.id,
             accepted: v.accepted,
             tokens: v.tokens,
+            done: false,
         },
         lps,
         hidden,

@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use super::batching::Engine;
-use super::request::{Event, Finish};
+use std::collections::HashMap;
+
+use super::request::Event;
 use crate::error::Result;
 use crate::grammar::Constraint;
 use crate::sample::TokenLogprobs;
@@ -122,8 +124,7 @@ impl Engine {
             let hid = hidden.as_mut().and_then(Iterator::next).unwrap_or_default();
             let mut outcome = Outcome {
                 id: it.id,
-                accepted: 0,
-                tokens: Vec::new(),
+                ..Outcome::default()
             };
             let mut lps = Vec::new();
             // Drafts are verified; should their record be gone, the pending token's row
@@ -144,6 +145,10 @@ impl Engine {
                         Ok((tok, lp)) => {
                             outcome.tokens.push(tok);
                             lps.push(lp);
+                            // A grammar that is complete ends the request.
+                            outcome.done = (self.active.get(&it.id))
+                                .and_then(|a| a.constraint.as_ref())
+                                .is_some_and(Constraint::finished);
                         }
                         Err(e) => failed.push((it.id, e.to_string())),
                     }
@@ -152,19 +157,24 @@ impl Engine {
             streams.push(lps);
             outcomes.push(outcome);
         }
-        let copies = self.sched.update(plan, &outcomes)?;
-        self.fwd.copy_blocks(&copies)?;
+        let up = self.sched.update(plan, &outcomes)?;
+        self.fwd.copy_blocks(&up.copies)?;
         for (id, msg) in failed {
             self.fail(id, msg)?;
         }
-        for (o, lps) in outcomes.into_iter().zip(streams) {
-            let len = self.sched.get(o.id).map_or(0, |s| s.tokens.len());
-            let first = len.saturating_sub(o.tokens.len());
-            for (j, (tok, lp)) in o.tokens.into_iter().zip(lps).enumerate() {
-                if !self.active.contains_key(&o.id) {
-                    break;
-                }
-                self.emit(o.id, tok, lp, first + j + 1)?;
+        let mut sent: HashMap<ReqId, Vec<(u32, Option<TokenLogprobs>)>> = outcomes
+            .into_iter()
+            .zip(streams)
+            .map(|(o, lps)| (o.id, o.tokens.into_iter().zip(lps).collect()))
+            .collect();
+        for e in up.emits {
+            let toks = sent.remove(&e.id).unwrap_or_default();
+            self.stats.generated += e.sampled as u64;
+            if !self.stream(e.id, toks.into_iter().take(e.send))? {
+                continue;
+            }
+            if let Some(f) = e.finish {
+                self.end(e.id, Some(f))?;
             }
         }
         Ok(())
@@ -179,7 +189,11 @@ impl Engine {
         let Some(a) = self.active.get_mut(&id) else {
             return Ok((crate::sample::argmax(logits), None));
         };
-        let raw = a.logprobs.map(|n| (logits.to_vec(), n));
+        let raw = self
+            .sched
+            .get(id)
+            .and_then(|r| r.logprobs)
+            .map(|n| (logits.to_vec(), n));
         if let Some(c) = a.constraint.as_mut() {
             c.apply(logits)?;
         }
@@ -190,39 +204,25 @@ impl Engine {
         Ok((tok, raw.map(|(l, n)| TokenLogprobs::of(&l, tok, n))))
     }
 
-    /// Sends a sampled token (after which the request holds `len` tokens) and ends the
-    /// request when it is done or its receiver is gone.
-    pub(super) fn emit(
+    /// Sends `id`'s tokens; false (the request cancelled and ended) once its receiver is
+    /// gone.
+    fn stream(
         &mut self,
         id: ReqId,
-        tok: u32,
-        lp: Option<TokenLogprobs>,
-        len: usize,
-    ) -> Result<()> {
-        let ctx = self.fwd.config().ctx;
-        let Some(a) = self.active.get_mut(&id) else {
-            return self.end(id, None);
-        };
-        self.stats.generated += 1;
-        let finish = if a.stop_ids.contains(&tok) {
-            Some(Finish::Stop)
-        } else {
-            a.generated += 1;
+        toks: impl Iterator<Item = (u32, Option<TokenLogprobs>)>,
+    ) -> Result<bool> {
+        for (tok, lp) in toks {
+            let Some(a) = self.active.get_mut(&id) else {
+                return Ok(false);
+            };
             if !a.tx.send(Event::Token(tok, lp)) {
                 self.stats.cancelled += 1;
                 self.active.remove(&id);
-                return self.end(id, None);
+                self.end(id, None)?;
+                return Ok(false);
             }
-            if a.constraint.as_ref().is_some_and(Constraint::finished) {
-                Some(Finish::Stop)
-            } else {
-                (a.generated >= a.max_tokens || len >= ctx).then_some(Finish::Length)
-            }
-        };
-        match finish {
-            Some(f) => self.end(id, Some(f)),
-            None => Ok(()),
         }
+        Ok(true)
     }
 
     /// Before planning: drafts for every running request that is decoding, within its
@@ -236,10 +236,7 @@ impl Engine {
         let active = &self.active;
         let drafts = spec.propose(&mut self.sched, &self.fwd, |r| {
             let a = active.get(&r.id).filter(|a| a.constraint.is_none())?;
-            Some((
-                a.max_tokens.saturating_sub(a.generated + 1),
-                a.sampler.params(),
-            ))
+            Some((r.room(), a.sampler.params()))
         });
         for (id, d) in drafts {
             if let Some(a) = self.active.get_mut(&id) {
@@ -268,13 +265,14 @@ impl Engine {
         rows: &mut Vec<Vec<f32>>,
         hidden: &mut Option<Vec<Vec<f32>>>,
     ) -> Option<(Outcome, Vec<Option<TokenLogprobs>>, Vec<Vec<f32>>)> {
-        let history = self.sched.get(it.id)?.tokens.clone();
+        let r = self.sched.get(it.id)?;
+        let (history, logprobs) = (r.tokens.clone(), r.logprobs);
         let a = self.active.get_mut(&it.id)?;
         let draft = a.draft.take()?;
         let rows = std::mem::take(rows);
         let hidden = hidden.take().unwrap_or_default();
         let (o, lps, hid, k) =
-            verify_item(it, rows, hidden, history, &mut a.sampler, a.logprobs, draft);
+            verify_item(it, rows, hidden, history, &mut a.sampler, logprobs, draft);
         self.stats.spec.record(k, o.accepted);
         Some((o, lps, hid))
     }

@@ -305,6 +305,7 @@ fn one_request_walks_admission_allocation_plan_forward_update() {
         SchedConfig {
             max_batch_tokens: 8,
             max_running: 1,
+            max_len: 128,
             snapshot_blocks: None,
         },
         kv,
@@ -329,8 +330,8 @@ fn one_request_walks_admission_allocation_plan_forward_update() {
             &plan,
             &[Outcome {
                 id: 1,
-                accepted: 0,
                 tokens,
+                ..Outcome::default()
             }],
         )
         .expect("update");

@@ -40,6 +40,8 @@ pub struct SchedConfig {
     pub max_batch_tokens: usize,
     /// Most requests resident in the KV cache at once.
     pub max_running: usize,
+    /// The context length: no request grows past it.
+    pub max_len: usize,
     /// With `Some(block_size)`, a prefill chunk that would run past the last full block before
     /// the prompt's end stops there, so the step ends on a block boundary (a recurrent model's
     /// state after it can be kept as a prefix-cache snapshot); the rest follows as a chunk of
@@ -47,8 +49,29 @@ pub struct SchedConfig {
     pub snapshot_blocks: Option<usize>,
 }
 
-/// One request as the scheduler keeps it: its tokens so far (prompt, then generated), how
-/// many of them are in the KV cache, and the drafts proposed for its next step.
+/// Why a request ended.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// A stop token, or the sampler's grammar completed.
+    Stop,
+    /// `max_tokens` or the context length.
+    Length,
+}
+
+/// How a request's steps run.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Token by token in the scheduler's plans (prefill chunks, decodes, verifications).
+    Generate,
+    /// A block-diffusion request: its record (tokens, limits, counts) is kept here, its
+    /// denoising steps run outside the plans, one request per pass.
+    Denoise,
+}
+
+/// One request, the one record of it: its tokens so far (prompt, then generated), how many
+/// of them are in the KV cache, the drafts proposed for its next step, its limits and stop
+/// tokens, and what it asked for with each token. The engine keeps only its sampler and the
+/// sink its events go to.
 #[derive(Clone, Debug)]
 pub struct Request {
     pub id: ReqId,
@@ -62,9 +85,20 @@ pub struct Request {
     /// Tokens a drafter proposed after the last one: the next plan feeds them as lookahead
     /// when the budget and the pools allow (replaced at each proposal, cleared by `update`).
     pub draft: Vec<u32>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Tokens that end the generation (not sent).
+    pub stop_ids: Vec<u32>,
+    /// With `Some(n)`, each token goes out with its log-probability and the `n` most likely
+    /// alternatives.
+    pub logprobs: Option<usize>,
+    /// Tokens generated and sent (a stop token is not one).
+    pub generated: usize,
+    pub kind: Kind,
 }
 
 impl Request {
+    /// A request with no limit but the context, and no stop tokens.
     pub fn new(id: ReqId, prompt: Vec<u32>) -> Request {
         Request {
             id,
@@ -73,7 +107,16 @@ impl Request {
             computed: 0,
             preemptions: 0,
             draft: Vec::new(),
+            max_tokens: usize::MAX,
+            stop_ids: Vec::new(),
+            logprobs: None,
+            generated: 0,
+            kind: Kind::Generate,
         }
+    }
+    /// Tokens it may still generate after the next one.
+    pub fn room(&self) -> usize {
+        self.max_tokens.saturating_sub(self.generated + 1)
     }
     /// Tokens still to feed before the next token can be sampled.
     pub fn pending(&self) -> usize {
@@ -83,6 +126,18 @@ impl Request {
     pub fn decoding(&self) -> bool {
         self.pending() == 1
     }
+}
+
+/// What one item of a plan does.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum StepKind {
+    /// A chunk of tokens to compute (a prompt, or tokens to recompute after a preemption or
+    /// a rewind); the last chunk samples.
+    Prefill,
+    /// One token in, one sampled.
+    Decode,
+    /// The pending token and `k` drafts in, the target's verdict on them out.
+    Verify { k: usize },
 }
 
 /// One request's share of a step: `tokens[start..end]` of it, then `lookahead` of its drafts,
@@ -104,6 +159,13 @@ impl Item {
             (true, _) => Logits::All,
             (false, true) => Logits::Last,
             (false, false) => Logits::None,
+        }
+    }
+    pub fn kind(&self) -> StepKind {
+        match (self.lookahead, self.sample && self.end - self.start == 1) {
+            (k, _) if k > 0 => StepKind::Verify { k },
+            (_, true) => StepKind::Decode,
+            _ => StepKind::Prefill,
         }
     }
     /// Tokens fed.
@@ -135,7 +197,7 @@ impl Plan {
 }
 
 /// What a step produced for one item, for [`Scheduler::update`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
     pub id: ReqId,
     /// Drafts the target accepted (a prefix of the item's lookahead).
@@ -143,6 +205,31 @@ pub struct Outcome {
     /// Tokens to append: the accepted drafts and the sampled token (empty when the item did
     /// not sample, or sampling failed).
     pub tokens: Vec<u32>,
+    /// The sampler ends the request after its last token (its grammar is complete).
+    pub done: bool,
+}
+
+/// What [`Scheduler::update`] decided for one outcome: how many of its tokens go out (a
+/// stop token does not), how many were sampled, and whether the request ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Emit {
+    pub id: ReqId,
+    pub send: usize,
+    pub sampled: usize,
+    pub finish: Option<Finish>,
+}
+
+/// What [`Scheduler::update`] returns: the block copies its rewinds need on the device
+/// before the next pass, and per outcome what goes out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Updated {
+    pub copies: Vec<BlockCopy>,
+    pub emits: Vec<Emit>,
+}
+
+/// Whether an entry waits in the queue.
+fn queued(e: &Entry) -> bool {
+    !e.resident && e.seq.kind == Kind::Generate
 }
 
 /// The queue, the running set and the KV coordinator. Every lookup by id is a hash lookup; a
@@ -166,6 +253,7 @@ pub struct Scheduler {
 #[derive(Debug)]
 struct Entry {
     seq: Request,
+    /// In the KV cache and in `running`.
     resident: bool,
 }
 
@@ -175,6 +263,7 @@ impl Scheduler {
             cfg: SchedConfig {
                 max_batch_tokens: cfg.max_batch_tokens.max(1),
                 max_running: cfg.max_running.max(1),
+                max_len: cfg.max_len.max(1),
                 snapshot_blocks: cfg.snapshot_blocks.filter(|&b| b > 0),
             },
             kv,
@@ -200,12 +289,14 @@ impl Scheduler {
         &mut self.kv
     }
 
-    /// Queues a new request (it needs at least one token). An id already held is ignored.
+    /// Queues a new request (it needs at least one token); a [`Kind::Denoise`] one is only
+    /// held. An id already held is ignored.
     pub fn admit(&mut self, seq: Request) {
         let id = seq.id;
         if self.seqs.contains_key(&id) {
             return;
         }
+        let queued = seq.kind == Kind::Generate;
         self.seqs.insert(
             id,
             Entry {
@@ -213,8 +304,27 @@ impl Scheduler {
                 resident: false,
             },
         );
-        self.waiting.push_back(id);
-        self.n_waiting += 1;
+        if queued {
+            self.waiting.push_back(id);
+            self.n_waiting += 1;
+        }
+    }
+
+    /// Requests whose steps run outside the plans ([`Kind::Denoise`]).
+    pub fn outside(&self) -> impl Iterator<Item = &Request> {
+        self.seqs
+            .values()
+            .map(|e| &e.seq)
+            .filter(|r| r.kind != Kind::Generate)
+    }
+
+    /// Tokens a request's steps outside the plans produced (a committed canvas): appended
+    /// and counted as generated.
+    pub fn record_outside(&mut self, id: ReqId, tokens: &[u32]) {
+        if let Some(e) = self.seqs.get_mut(&id) {
+            e.seq.tokens.extend_from_slice(tokens);
+            e.seq.generated += tokens.len();
+        }
     }
 
     pub fn waiting(&self) -> usize {
@@ -231,7 +341,7 @@ impl Scheduler {
     pub fn queued(&self) -> impl Iterator<Item = &Request> {
         self.waiting
             .iter()
-            .filter_map(|id| self.seqs.get(id).filter(|e| !e.resident))
+            .filter_map(|id| self.seqs.get(id).filter(|e| queued(e)))
             .map(|e| &e.seq)
     }
     pub fn is_idle(&self) -> bool {
@@ -255,7 +365,7 @@ impl Scheduler {
     /// The next queued request, dropping the stale places before it.
     fn head(&mut self) -> Option<ReqId> {
         while let Some(&id) = self.waiting.front() {
-            if self.seqs.get(&id).is_some_and(|e| !e.resident) {
+            if self.seqs.get(&id).is_some_and(queued) {
                 return Some(id);
             }
             self.waiting.pop_front();
@@ -430,10 +540,13 @@ impl Scheduler {
     }
 
     /// After the plan's forward pass: each item's fed tokens are committed, rejected drafts
-    /// rewound, and its new tokens appended. Returns the block copies the rewinds need on the
-    /// device before the next pass. An outcome for a request no longer held is skipped.
-    pub fn update(&mut self, plan: &Plan, outcomes: &[Outcome]) -> Result<Vec<BlockCopy>> {
-        let mut copies = Vec::new();
+    /// rewound, and its new tokens appended and checked against its stop tokens, its
+    /// `max_tokens` and the context (the engine ends the requests whose [`Emit`] says so). An
+    /// outcome for a request no longer held is skipped.
+    pub fn update(&mut self, plan: &Plan, outcomes: &[Outcome]) -> Result<Updated> {
+        let mut up = Updated::default();
+        let copies = &mut up.copies;
+        let max_len = self.cfg.max_len;
         for (it, out) in plan.items.iter().zip(outcomes) {
             let Some(e) = self.seqs.get_mut(&it.id).filter(|e| e.resident) else {
                 continue;
@@ -451,9 +564,37 @@ impl Scheduler {
                 copies.extend(r.copies);
             }
             s.draft.clear();
+            if out.tokens.is_empty() {
+                continue;
+            }
+            let base = s.tokens.len();
             s.tokens.extend_from_slice(&out.tokens);
+            let mut emit = Emit {
+                id: it.id,
+                send: 0,
+                sampled: 0,
+                finish: None,
+            };
+            for (j, t) in out.tokens.iter().enumerate() {
+                emit.sampled += 1;
+                if s.stop_ids.contains(t) {
+                    emit.finish = Some(Finish::Stop);
+                    break;
+                }
+                emit.send += 1;
+                s.generated += 1;
+                if out.done && j + 1 == out.tokens.len() {
+                    emit.finish = Some(Finish::Stop);
+                } else if s.generated >= s.max_tokens || base + j + 1 >= max_len {
+                    emit.finish = Some(Finish::Length);
+                }
+                if emit.finish.is_some() {
+                    break;
+                }
+            }
+            up.emits.push(emit);
         }
-        Ok(copies)
+        Ok(up)
     }
 
     /// Removes a finished or cancelled request (running or queued) and frees its blocks; true
@@ -468,13 +609,15 @@ impl Scheduler {
             self.kv.free(id)?;
             return Ok(true);
         }
+        if e.seq.kind != Kind::Generate {
+            return Ok(false);
+        }
         self.n_waiting -= 1;
         // Stale places are dropped as they reach the front; should they pile up behind a
         // head that cannot start, the queue is rebuilt (amortized O(1) per request).
         if self.waiting.len() > 2 * self.n_waiting + 64 {
             let seqs = &self.seqs;
-            self.waiting
-                .retain(|id| seqs.get(id).is_some_and(|e| !e.resident));
+            self.waiting.retain(|id| seqs.get(id).is_some_and(queued));
         }
         Ok(false)
     }
@@ -506,6 +649,7 @@ mod tests {
             SchedConfig {
                 max_batch_tokens: tokens,
                 max_running: running,
+                max_len: 1 << 20,
                 snapshot_blocks: None,
             },
             kv,
@@ -523,12 +667,12 @@ mod tests {
             .iter()
             .map(|it| Outcome {
                 id: it.id,
-                accepted: 0,
                 tokens: if it.sample { vec![7] } else { Vec::new() },
+                ..Outcome::default()
             })
             .collect();
-        let copies = s.update(plan, &outs).expect("update");
-        assert!(copies.is_empty());
+        let up = s.update(plan, &outs).expect("update");
+        assert!(up.copies.is_empty());
     }
 
     fn item(id: ReqId, start: usize, end: usize, sample: bool) -> Item {
@@ -563,6 +707,7 @@ mod tests {
             SchedConfig {
                 max_batch_tokens: 64,
                 max_running: 2,
+                max_len: 1 << 20,
                 snapshot_blocks: Some(16),
             },
             kv,
@@ -737,21 +882,113 @@ mod tests {
         assert_eq!(p.batch.logits_rows, vec![0, 1, 2, 3]);
         check(&s, &p);
         // The target accepts one draft and samples 5: of the 4 tokens fed, 2 stay.
-        let copies = s
+        let up = s
             .update(
                 &p,
                 &[Outcome {
                     id: 1,
                     accepted: 1,
                     tokens: vec![8, 5],
+                    done: false,
                 }],
             )
             .expect("update");
-        assert!(copies.is_empty());
+        assert!(up.copies.is_empty());
+        assert_eq!(
+            up.emits,
+            vec![Emit {
+                id: 1,
+                send: 2,
+                sampled: 2,
+                finish: None
+            }]
+        );
         let r = s.get(1).expect("held");
         assert_eq!((r.computed, r.tokens.len()), (6, 7));
         assert_eq!(s.kv().seq_len(1), 6);
         assert_eq!(s.kv().computed_tokens(1), &[1, 1, 7, 7, 7, 8]);
+    }
+
+    #[test]
+    fn update_ends_a_request_at_a_stop_token_its_limit_the_context_or_its_grammar() {
+        let mut s = sched_with(64, 4, 100, 4, false);
+        s.cfg.max_len = 12;
+        let mut stop = Request::new(1, vec![1; 3]);
+        stop.stop_ids = vec![9];
+        let mut limit = Request::new(2, vec![1; 3]);
+        limit.max_tokens = 2;
+        let ctx = Request::new(3, vec![1; 10]);
+        let grammar = Request::new(4, vec![1; 3]);
+        for r in [stop, limit, ctx, grammar] {
+            s.admit(r);
+        }
+        let p = s.schedule().expect("plan");
+        assert!(p.items.iter().all(|i| i.kind() == StepKind::Prefill));
+        let out = |id, tokens: Vec<u32>, done| Outcome {
+            id,
+            tokens,
+            done,
+            ..Outcome::default()
+        };
+        let up = s
+            .update(
+                &p,
+                &[
+                    // Accepted drafts past a stop token are not sent.
+                    out(1, vec![5, 9, 6], false),
+                    out(2, vec![5, 6, 7], false),
+                    out(3, vec![5, 6, 7], false),
+                    out(4, vec![5], true),
+                ],
+            )
+            .expect("update");
+        let e = |id, send, sampled, finish| Emit {
+            id,
+            send,
+            sampled,
+            finish: Some(finish),
+        };
+        assert_eq!(
+            up.emits,
+            vec![
+                e(1, 1, 2, Finish::Stop),
+                e(2, 2, 2, Finish::Length),
+                e(3, 2, 2, Finish::Length),
+                e(4, 1, 1, Finish::Stop),
+            ]
+        );
+        assert_eq!(s.get(2).map(|r| r.generated), Some(2));
+    }
+
+    #[test]
+    fn a_denoise_request_is_held_not_planned_and_its_tokens_are_counted() {
+        let mut s = sched(64, 4, 100);
+        let mut d = Request::new(1, vec![1; 5]);
+        d.kind = Kind::Denoise;
+        s.admit(d);
+        s.admit(Request::new(2, vec![2; 3]));
+        assert_eq!(s.waiting(), 1);
+        let p = s.schedule().expect("plan");
+        assert_eq!(p.items, vec![item(2, 0, 3, true)]);
+        s.record_outside(1, &[4, 4, 4]);
+        let held: Vec<(ReqId, usize)> = s.outside().map(|r| (r.id, r.generated)).collect();
+        assert_eq!(held, vec![(1, 3)]);
+        assert!(!s.finish(1).expect("finish"));
+        assert_eq!((s.waiting(), s.num_running()), (0, 1));
+        assert!(s.get(1).is_none());
+    }
+
+    #[test]
+    fn items_say_what_kind_of_step_they_are() {
+        assert_eq!(item(1, 0, 8, false).kind(), StepKind::Prefill);
+        assert_eq!(item(1, 0, 8, true).kind(), StepKind::Prefill);
+        assert_eq!(item(1, 8, 9, true).kind(), StepKind::Decode);
+        let verify = Item {
+            lookahead: 3,
+            ..item(1, 8, 9, true)
+        };
+        assert_eq!(verify.kind(), StepKind::Verify { k: 3 });
+        assert_eq!(verify.logits(), Logits::All);
     }
 
     /// Random prompts, generation lengths, drafts and acceptances over small pools: nothing
@@ -803,6 +1040,7 @@ mod tests {
                             id: it.id,
                             accepted: a,
                             tokens,
+                            done: false,
                         }
                     })
                     .collect();
