@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kiln_core::engine::diffusion::{generate, DiffusionEvent, DiffusionRequest};
+use kiln_core::engine::diffusion::{generate, DiffusionEvent, DiffusionRequest, DiffusionSummary};
 use kiln_core::engine::{Logits, Runner, RunnerConfig};
 use kiln_core::exec::Executor;
 use kiln_core::load::open_model;
@@ -117,6 +117,18 @@ fn check(ex: impl Fn() -> Executor, backend: &str) {
     assert!(e < TOL, "{backend}: {e}");
 
     // The first canvas of a generation from the fixed canvas.
+    let (canvas, sum) = first_canvas(&mut r, &v);
+    println!(
+        "{backend}: first canvas {canvas:?} after {} steps",
+        sum.steps
+    );
+    assert_eq!(canvas, ids(&v, "first_canvas"), "{backend}");
+    assert_eq!((sum.canvases, sum.generated), (1, 8));
+}
+
+/// Generates 8 tokens from the reference's fixed starting canvas: the canvas committed, and
+/// the summary.
+fn first_canvas(r: &mut Runner, v: &Value) -> (Vec<u32>, DiffusionSummary) {
     let g = &v["generation"];
     let f = |k: &str| g[k].as_f64().expect(k) as f32;
     let req = DiffusionRequest {
@@ -137,19 +149,46 @@ fn check(ex: impl Fn() -> Executor, backend: &str) {
         timed: false,
     };
     let mut canvas = Vec::new();
-    let sum = generate(&mut r, 4, &req, |ev| {
+    let sum = generate(r, 4, &req, |ev| {
         if let DiffusionEvent::Canvas { tokens, .. } = ev {
             canvas = tokens;
         }
         Ok(true)
     })
     .expect("generation");
-    println!(
-        "{backend}: first canvas {canvas:?} after {} steps",
-        sum.steps
+    (canvas, sum)
+}
+
+/// A prompt longer than a pass's token limit goes in chunks, one pass each (so a request
+/// beside it waits for a chunk, not the whole prompt), and the canvas is the same.
+#[test]
+fn a_long_prompt_is_fed_in_chunks_with_the_same_canvas() {
+    let v = reference();
+    let prompt = ids(&v, "prompt").len();
+    let canvas_len = runner(Executor::cpu())
+        .model()
+        .canvas_length()
+        .expect("a diffusion model");
+    assert!(prompt > canvas_len, "the fixture's prompt fits one chunk");
+    let file = open_model(&dir()).expect("checkpoint opens");
+    // The smallest limit a pass may have: one canvas.
+    let ex = Executor::cpu();
+    let model = build_from_gguf(&file, &ex).expect("model builds");
+    let cfg = RunnerConfig {
+        ctx: 128,
+        max_batch_tokens: canvas_len,
+        block_size: 4,
+        ..RunnerConfig::default()
+    };
+    let mut small = Runner::new(ex, model, cfg).expect("runner");
+    let (whole, one) = first_canvas(&mut runner(Executor::cpu()), &v);
+    let (chunked, two) = first_canvas(&mut small, &v);
+    assert_eq!(chunked, whole);
+    assert_eq!(chunked, ids(&v, "first_canvas"));
+    assert_eq!(
+        (one.prompt_passes, two.prompt_passes),
+        (1, prompt.div_ceil(canvas_len))
     );
-    assert_eq!(canvas, ids(&v, "first_canvas"), "{backend}");
-    assert_eq!((sum.canvases, sum.generated), (1, 8));
 }
 
 /// The fixture with its text config's `final_logit_softcapping` absent, null or 12, in a

@@ -72,7 +72,7 @@ impl Engine {
             return Ok(false);
         };
         self.stats.steps += 1;
-        let fresh = !task.prompt_fed();
+        let fresh = task.fresh();
         let s = match task.step(&mut self.session(), id) {
             Ok(s) => s,
             Err(e) => {

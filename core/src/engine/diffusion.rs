@@ -52,6 +52,8 @@ pub struct DiffusionSummary {
     pub generated: usize,
     pub canvases: usize,
     pub steps: usize,
+    /// Forward passes that fed the prompt (one chunk of at most `max_batch_tokens` each).
+    pub prompt_passes: usize,
     /// An end token was met (else `max_tokens` or the context).
     pub stopped: bool,
     /// Seconds in the decoder's forward passes (queued; on an asynchronous device the work
@@ -154,7 +156,8 @@ pub struct CanvasTask {
     canvas_len: usize,
     /// Noise for the starting canvases.
     rng: Rng,
-    prompt_fed: bool,
+    /// Prompt tokens in the cache: `None` before the first step.
+    fed: Option<usize>,
     /// The next canvas's starting tokens (taken when its first step runs).
     start: Option<Vec<u32>>,
     dev: Option<DeviceCanvas>,
@@ -167,7 +170,12 @@ pub struct CanvasTask {
 impl CanvasTask {
     /// Whether the prompt is in the cache (its first step encodes it).
     pub fn prompt_fed(&self) -> bool {
-        self.prompt_fed
+        self.fed == Some(self.req.prompt.len())
+    }
+
+    /// Whether no step has run yet (the next one looks the prompt up in the prefix cache).
+    pub fn fresh(&self) -> bool {
+        self.fed.is_none()
     }
 
     /// Checks `req` against the runner's model and context.
@@ -216,7 +224,7 @@ impl CanvasTask {
             vocab,
             canvas_len: c,
             rng,
-            prompt_fed: false,
+            fed: None,
             start: Some(start),
             dev: None,
             steps: 0,
@@ -232,14 +240,25 @@ impl CanvasTask {
     /// One forward pass of `seq`'s generation (the sequence is not released here).
     pub fn step(&mut self, runner: &mut Session<'_>, seq: SeqId) -> Result<TaskStep> {
         let mut out = TaskStep::default();
-        if !self.prompt_fed {
-            // Full blocks the prefix cache holds are taken, not recomputed (the encoder is
-            // causal: its K/V for a prefix are the same whoever computed them).
+        if !self.prompt_fed() {
+            // The prompt goes in a chunk of at most `max_batch_tokens` per step, like any
+            // other prefill, so no other request waits for all of it. Full blocks the prefix
+            // cache holds are taken, not recomputed (the encoder is causal: its K/V for a
+            // prefix are the same whoever computed them).
             let p = &self.req.prompt;
-            out.cached = runner.start_cached(seq, p, p.len() - 1)?;
-            runner.feed(seq, &p[out.cached..], Logits::None)?;
-            self.prompt_fed = true;
-            out.finished = self.req.max_tokens == 0;
+            let fed = match self.fed {
+                Some(n) => n,
+                None => {
+                    out.cached = runner.start_cached(seq, p, p.len() - 1)?;
+                    out.cached
+                }
+            };
+            let chunk = runner.forward().config().max_batch_tokens.max(1);
+            let end = (fed + chunk).min(p.len());
+            runner.feed(seq, &p[fed..end], Logits::None)?;
+            self.fed = Some(end);
+            self.sum.prompt_passes += 1;
+            out.finished = end == p.len() && self.req.max_tokens == 0;
             return Ok(out);
         }
         let t0 = std::time::Instant::now();
