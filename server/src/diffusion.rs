@@ -7,8 +7,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use kiln_core::engine::diffusion::{generate, DiffusionEvent, DiffusionRequest};
-use kiln_core::engine::Logits;
+use kiln_core::engine::diffusion::{generate, DiffusionRequest};
+use kiln_core::engine::{Engine, Event, GenRequest, Logits};
+use kiln_core::sample::SamplingParams;
 use kiln_core::sample::diffusion::DiffusionParams;
 use kiln_core::tokenizer::StreamDecoder;
 use serde::Serialize;
@@ -120,9 +121,10 @@ struct RunJson {
     seconds_per_step: f64,
 }
 
-/// `kiln run` on a diffusion model: canvases printed as they are committed.
+/// `kiln run` on a diffusion model: canvases printed as they are committed. The request
+/// runs in the batching engine, as a served one does.
 pub fn run(
-    m: &mut Loaded,
+    m: Loaded,
     ids: Vec<u32>,
     n: usize,
     args: &DiffusionArgs,
@@ -130,33 +132,46 @@ pub fn run(
     stop_ids: Vec<u32>,
     json: bool,
 ) -> Result<()> {
-    let req = DiffusionRequest {
-        prompt: ids.clone(),
-        max_tokens: n,
-        params: args.params(&m.path, seed)?,
-        init_canvas: args.init_canvas.clone(),
+    let params = args.params(&m.path, seed)?;
+    let tok = m.tokenizer;
+    let mut engine = Engine::new(m.runner, 1);
+    let seed = params.seed;
+    engine.set_diffusion_defaults(params)?;
+    let req = GenRequest {
         stop_ids,
-        drafts: false,
-        timed: false,
+        init_canvas: args.init_canvas.clone(),
+        ..GenRequest::new(
+            ids.clone(),
+            SamplingParams {
+                seed: Some(seed),
+                ..SamplingParams::default()
+            },
+            n,
+        )
     };
     let mut stdout = std::io::stdout().lock();
     let mut dec = StreamDecoder::new();
     let (mut tokens, mut text) = (Vec::new(), String::new());
+    let (mut canvases, mut steps) = (0, 0);
     let t0 = Instant::now();
-    let tok = &m.tokenizer;
     let io = |e: std::io::Error| kiln_core::Error::Model(format!("writing the output: {e}"));
-    let sum = generate(&mut m.runner, 1, &req, |ev| {
-        if let DiffusionEvent::Canvas { tokens: t, .. } = ev {
-            for &id in &t {
-                let piece = dec.push(tok, id);
+    engine.run_one(req, |ev| {
+        match ev {
+            Event::Canvas { steps: s } => {
+                canvases += 1;
+                steps += s;
+            }
+            Event::Token(id, _) => {
+                let piece = dec.push(&tok, id);
                 if json {
                     text.push_str(&piece);
                 } else {
                     stdout.write_all(piece.as_bytes()).map_err(io)?;
+                    stdout.flush().map_err(io)?;
                 }
+                tokens.push(id);
             }
-            stdout.flush().map_err(io)?;
-            tokens.extend(t);
+            _ => {}
         }
         Ok(true)
     })?;
@@ -166,12 +181,12 @@ pub fn run(
         text.push_str(&tail);
         let j = RunJson {
             prompt_tokens: ids,
+            tokens_per_second: tokens.len() as f64 / secs,
             tokens,
             text,
-            canvases: sum.canvases,
-            denoising_steps: sum.steps,
-            tokens_per_second: sum.generated as f64 / secs,
-            seconds_per_step: secs / sum.steps.max(1) as f64,
+            canvases,
+            denoising_steps: steps,
+            seconds_per_step: secs / steps.max(1) as f64,
         };
         writeln!(stdout, "{}", serde_json::to_string(&j)?)?;
     } else {

@@ -136,6 +136,7 @@ fn request(
         },
         logprobs: None,
         drafts: false,
+        init_canvas: None,
         constraint,
     })
 }
@@ -238,9 +239,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
             true => Vec::new(),
             false => m.tokenizer.eog_ids().to_vec(),
         };
-        let mut m = m;
         let seed = a.sample.seed;
-        return crate::diffusion::run(&mut m, ids, n, &a.diffusion, seed, stop, a.json);
+        return crate::diffusion::run(m, ids, n, &a.diffusion, seed, stop, a.json);
     }
     let tok = m.tokenizer;
     let mut engine = a.spec.attach(Engine::new(m.runner, 1))?;

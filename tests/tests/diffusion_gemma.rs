@@ -9,12 +9,13 @@
 use std::path::{Path, PathBuf};
 
 use kiln_core::engine::diffusion::{generate, DiffusionEvent, DiffusionRequest, DiffusionSummary};
-use kiln_core::engine::{Logits, Runner, RunnerConfig};
+use kiln_core::engine::{Engine, Event, GenRequest, Logits, Runner, RunnerConfig};
 use kiln_core::exec::Executor;
 use kiln_core::load::open_model;
 use kiln_core::model::build_from_gguf;
 use kiln_core::model::SoftEmbedding;
 use kiln_core::sample::diffusion::DiffusionParams;
+use kiln_core::sample::SamplingParams;
 use kiln_tests::{fixtures, optional_backend};
 use serde_json::Value;
 
@@ -128,22 +129,27 @@ fn check(ex: impl Fn() -> Executor, backend: &str) {
 
 /// Generates 8 tokens from the reference's fixed starting canvas: the canvas committed, and
 /// the summary.
-fn first_canvas(r: &mut Runner, v: &Value) -> (Vec<u32>, DiffusionSummary) {
+/// The reference generation's denoising settings, seed 7.
+fn reference_params(v: &Value) -> DiffusionParams {
     let g = &v["generation"];
     let f = |k: &str| g[k].as_f64().expect(k) as f32;
+    DiffusionParams {
+        max_denoising_steps: g["max_denoising_steps"].as_u64().expect("steps") as usize,
+        t_min: f("t_min"),
+        t_max: f("t_max"),
+        entropy_bound: f("entropy_bound"),
+        stability_threshold: g["stability_threshold"].as_u64().expect("s") as usize,
+        confidence_threshold: f("confidence_threshold"),
+        seed: 7,
+    }
+}
+
+fn first_canvas(r: &mut Runner, v: &Value) -> (Vec<u32>, DiffusionSummary) {
     let req = DiffusionRequest {
-        prompt: ids(&v, "prompt"),
+        prompt: ids(v, "prompt"),
         max_tokens: 8,
-        params: DiffusionParams {
-            max_denoising_steps: g["max_denoising_steps"].as_u64().expect("steps") as usize,
-            t_min: f("t_min"),
-            t_max: f("t_max"),
-            entropy_bound: f("entropy_bound"),
-            stability_threshold: g["stability_threshold"].as_u64().expect("s") as usize,
-            confidence_threshold: f("confidence_threshold"),
-            seed: 7,
-        },
-        init_canvas: Some(ids(&v, "init_canvas")),
+        params: reference_params(v),
+        init_canvas: Some(ids(v, "init_canvas")),
         stop_ids: Vec::new(),
         drafts: true,
         timed: false,
@@ -157,6 +163,40 @@ fn first_canvas(r: &mut Runner, v: &Value) -> (Vec<u32>, DiffusionSummary) {
     })
     .expect("generation");
     (canvas, sum)
+}
+
+/// `kiln run`'s path: the batching engine serves the request from the same starting canvas
+/// (its canvas and tokens events) and commits the reference's first canvas; a starting
+/// canvas for a model that does not denoise is refused.
+#[test]
+fn the_engine_serves_a_starting_canvas_like_the_direct_loop() {
+    let v = reference();
+    let mut e = Engine::new(runner(Executor::cpu()), 1);
+    e.set_diffusion_defaults(reference_params(&v)).expect("params");
+    let req = GenRequest {
+        init_canvas: Some(ids(&v, "init_canvas")),
+        ..GenRequest::new(
+            ids(&v, "prompt"),
+            SamplingParams {
+                seed: Some(7),
+                ..SamplingParams::default()
+            },
+            8,
+        )
+    };
+    let (mut toks, mut canvases) = (Vec::new(), 0);
+    e.run_one(req, |ev| {
+        match ev {
+            Event::Token(t, _) => toks.push(t),
+            Event::Canvas { .. } => canvases += 1,
+            _ => {}
+        }
+        Ok(true)
+    })
+    .expect("served");
+    assert_eq!((toks, canvases), (ids(&v, "first_canvas"), 1));
+    assert!(e.is_idle());
+    assert_eq!(e.snapshot().kv_free, e.snapshot().kv_total);
 }
 
 /// A prompt longer than a pass's token limit goes in chunks, one pass each (so a request

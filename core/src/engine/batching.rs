@@ -414,6 +414,13 @@ impl Engine {
                 "log-probabilities are not available from a diffusion model".into(),
             ));
         }
+        if self.diffusion.is_none() && req.init_canvas.is_some() {
+            return Err(Error::Model(
+                "a starting canvas needs a block-diffusion model; this one generates token by \
+                 token"
+                    .into(),
+            ));
+        }
         if self.diffusion.is_some() && req.constraint.is_some() {
             return Err(Error::Model(
                 "grammars are not available with a diffusion model (it samples whole blocks)"

@@ -33,7 +33,7 @@ impl Engine {
             prompt: req.prompt,
             max_tokens: req.max_tokens,
             params,
-            init_canvas: None,
+            init_canvas: req.init_canvas,
             stop_ids: req.stop_ids,
             drafts: req.drafts,
             timed: false,

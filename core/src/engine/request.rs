@@ -19,6 +19,8 @@ pub struct GenRequest {
     pub logprobs: Option<usize>,
     /// A block-diffusion model sends each denoising step's argmax canvas ([`Event::Draft`]).
     pub drafts: bool,
+    /// A block-diffusion model's first canvas (one id per canvas position) instead of noise.
+    pub init_canvas: Option<Vec<u32>>,
     /// A grammar the output must follow ([`crate::grammar`]); the request ends when the
     /// grammar is complete. Such a request is never drafted for.
     pub constraint: Option<Constraint>,
@@ -34,6 +36,7 @@ impl GenRequest {
             stop_ids: Vec::new(),
             logprobs: None,
             drafts: false,
+            init_canvas: None,
             constraint: None,
         }
     }

@@ -343,3 +343,16 @@ fn one_request_walks_admission_allocation_plan_forward_update() {
     assert!(s.finish(1).expect("finish"));
     assert_eq!(s.kv().free_blocks(), free);
 }
+
+#[test]
+fn a_starting_canvas_is_refused_by_a_model_that_does_not_denoise() {
+    let mut e = engine(1, None, 8, false);
+    let req = GenRequest {
+        init_canvas: Some(vec![1, 2, 3]),
+        ..request(&[1, 2], 4)
+    };
+    let (tx, _rx) = mpsc::channel();
+    let err = e.submit(req, tx).expect_err("refused");
+    assert!(err.to_string().contains("block-diffusion"), "{err}");
+    assert!(e.is_idle());
+}

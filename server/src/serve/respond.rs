@@ -287,6 +287,7 @@ fn start(
                 },
                 logprobs: spec.logprobs,
                 drafts: spec.drafts,
+                init_canvas: None,
                 constraint: spec.constraint.clone(),
             },
             Box::new(ToTask(etx)),
