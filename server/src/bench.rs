@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use kiln_core::chat::{ChatTemplate, Message};
-use kiln_core::engine::{Engine, Event, GenRequest};
 use kiln_core::engine::RunnerConfig;
+use kiln_core::engine::{Engine, Event, GenRequest};
 use kiln_core::grammar::{GrammarSpec, Grammars};
 use kiln_core::sample::SamplingParams;
 use serde::Serialize;

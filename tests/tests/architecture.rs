@@ -188,7 +188,12 @@ fn no_module_of_core_imports_one_that_imports_it_back() {
     let cycles: Vec<String> = g
         .keys()
         .filter_map(|m| cycle_through(&g, m))
-        .map(|c| c.iter().map(|m| m.join("::")).collect::<Vec<_>>().join(" → "))
+        .map(|c| {
+            c.iter()
+                .map(|m| m.join("::"))
+                .collect::<Vec<_>>()
+                .join(" → ")
+        })
         .collect();
     assert!(cycles.is_empty(), "import cycles:\n{}", cycles.join("\n"));
 }

@@ -172,7 +172,8 @@ fn first_canvas(r: &mut Runner, v: &Value) -> (Vec<u32>, DiffusionSummary) {
 fn the_engine_serves_a_starting_canvas_like_the_direct_loop() {
     let v = reference();
     let mut e = Engine::new(runner(Executor::cpu()), 1);
-    e.set_diffusion_defaults(reference_params(&v)).expect("params");
+    e.set_diffusion_defaults(reference_params(&v))
+        .expect("params");
     let req = GenRequest {
         init_canvas: Some(ids(&v, "init_canvas")),
         ..GenRequest::new(

@@ -126,7 +126,10 @@ fn completions_stream_canvases_and_free_the_pool() {
         if listed {
             break;
         }
-        assert!(s.running == 1 && t0.elapsed() < Duration::from_secs(5), "{s:?}");
+        assert!(
+            s.running == 1 && t0.elapsed() < Duration::from_secs(5),
+            "{s:?}"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     drop(c);

@@ -5,9 +5,7 @@
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver};
 
-use kiln_core::engine::{
-    spawn, Engine, EngineStats, Event, Finish, GenRequest, SlotState, Stream,
-};
+use kiln_core::engine::{spawn, Engine, EngineStats, Event, Finish, GenRequest, SlotState, Stream};
 use kiln_core::engine::{Runner, RunnerConfig};
 use kiln_core::exec::Executor;
 use kiln_core::load::gguf::GgufFile;

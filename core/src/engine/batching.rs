@@ -17,12 +17,12 @@ use std::time::Duration;
 
 use super::request::{Event, EventSink, Finish, GenRequest};
 use super::spec::{Spec, SpecStats};
-use crate::spec::Drafter;
 use crate::error::{Error, Result};
 use crate::grammar::Constraint;
 use crate::runner::{embed::Pooling, Forward, Runner, Session};
 use crate::sample::{Sampler, MAX_TOP_LOGPROBS};
 use crate::sched::{Kind, KvCoordinator, ReqId, Request, SchedConfig, Scheduler};
+use crate::spec::Drafter;
 
 /// How often a busy engine lists every request's slot for /slots (the counters are
 /// published after every step).
@@ -486,8 +486,8 @@ impl Engine {
 
     /// Removes a request, frees its KV blocks and, with `finish`, tells its receiver.
     pub(super) fn end(&mut self, id: ReqId, finish: Option<Finish>) -> Result<()> {
-        let (prompt_tokens, generated) = (self.sched.get(id))
-            .map_or((0, 0), |r| (r.prompt_len, r.generated));
+        let (prompt_tokens, generated) =
+            (self.sched.get(id)).map_or((0, 0), |r| (r.prompt_len, r.generated));
         self.sched.finish(id)?;
         self.drop_diffusion(id)?;
         if let Some(s) = &mut self.spec {

@@ -5,11 +5,11 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::runner::{Forward, Logits, Runner, Session};
 use crate::error::{Error, Result};
 use crate::kv::SeqId;
 use crate::op::canvas::MAX_CANVAS;
 use crate::rng::Rng;
+use crate::runner::{Forward, Logits, Runner, Session};
 use crate::sample::diffusion::{step_seeds, DiffusionParams};
 use crate::sched::ReqId;
 use crate::tensor::Tensor;
@@ -448,4 +448,3 @@ impl Tasks {
         self.stepping.take()
     }
 }
-

@@ -9,8 +9,8 @@ use std::thread::JoinHandle;
 
 use super::batching::{Engine, EngineStats, Snapshot};
 use super::request::{Event, EventSink, GenRequest};
-use crate::runner::embed::Pooling;
 use crate::error::Error;
+use crate::runner::embed::Pooling;
 use crate::sched::ReqId;
 
 /// A spawned engine's requests, numbered by its handle.

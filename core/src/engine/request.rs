@@ -82,4 +82,3 @@ pub enum Event {
     /// The request failed; nothing more follows.
     Error(String),
 }
-

@@ -8,10 +8,10 @@ use super::batching::Engine;
 use std::collections::HashMap;
 
 use super::request::Event;
+use super::spec::verify_item;
 use crate::error::Result;
 use crate::grammar::Constraint;
 use crate::sample::TokenLogprobs;
-use super::spec::verify_item;
 use crate::sched::{Item, Outcome, Plan, ReqId};
 
 impl Engine {

@@ -319,7 +319,11 @@ fn one_request_walks_admission_allocation_plan_forward_update() {
         };
         // Planning allocated the slots: the batch writes every fed token somewhere.
         assert!(plan.batch.slots.iter().all(|g| g.iter().all(|&x| x >= 0)));
-        assert_eq!(s.kv().seq_len(1), it.start, "nothing is committed before the pass");
+        assert_eq!(
+            s.kv().seq_len(1),
+            it.start,
+            "nothing is committed before the pass"
+        );
         let (rows, _) = fwd.run(&plan.batch, None).expect("forward");
         let tokens = match (it.sample, rows[0].last()) {
             (true, Some(l)) => vec![crate::sample::argmax(l)],

@@ -16,9 +16,9 @@ use std::path::Path;
 use serde_json::Value as Json;
 
 use super::gguf::{Bytes, GgufFile, TensorInfo, Value};
-use convert::{expert_part, neg_exp, one_plus, stack_experts, unrotate_half, Expert};
 use super::safetensors::SafetensorsFile;
 use crate::error::{Error, Result};
+use convert::{expert_part, neg_exp, one_plus, stack_experts, unrotate_half, Expert};
 
 mod config;
 mod convert;

@@ -125,7 +125,11 @@ impl Forward {
                 .take_while(|r| rows.contains(r))
                 .count();
             if let (Some(hid), Some((h, w))) = (&mut hid, &h) {
-                hid.push(rows.clone().map(|r| h[r * w..(r + 1) * w].to_vec()).collect());
+                hid.push(
+                    rows.clone()
+                        .map(|r| h[r * w..(r + 1) * w].to_vec())
+                        .collect(),
+                );
             }
             out.push(if single && n == 1 {
                 vec![std::mem::take(&mut flat)]
@@ -288,7 +292,9 @@ impl Runner {
         if !lossy || !f.cfg.kv_center_keys {
             return Ok(());
         }
-        let n = CALIBRATION_TOKENS.min(f.cfg.ctx).min(f.cfg.max_batch_tokens);
+        let n = CALIBRATION_TOKENS
+            .min(f.cfg.ctx)
+            .min(f.cfg.max_batch_tokens);
         let vocab = f.model.info().vocab.max(1);
         let mut rng = crate::rng::Rng::new(0x6b69_6c6e_6b65_7973);
         let toks: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
@@ -407,7 +413,12 @@ impl Runner {
         self.session().denoise_on_device(seq, canvas, self_cond)
     }
     /// See [`Session::embed`].
-    pub fn embed(&mut self, seq: SeqId, tokens: &[u32], pooling: embed::Pooling) -> Result<Vec<f32>> {
+    pub fn embed(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        pooling: embed::Pooling,
+    ) -> Result<Vec<f32>> {
         self.session().embed(seq, tokens, pooling)
     }
     /// Frees a sequence's cache blocks and state slots.
@@ -584,7 +595,13 @@ impl Session<'_> {
             .model
             .denoiser()
             .ok_or_else(|| Error::Model("this model does not generate by diffusion".into()))?
-            .denoise(&self.fwd.ex, &batch, &self.fwd.caches, Some(canvas), self_cond)
+            .denoise(
+                &self.fwd.ex,
+                &batch,
+                &self.fwd.caches,
+                Some(canvas),
+                self_cond,
+            )
     }
 
     /// Feeds `tokens` to one sequence in chunks of at most `max_batch_tokens`; returns the

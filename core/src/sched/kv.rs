@@ -162,7 +162,9 @@ impl KvCoordinator {
     /// The first block a KV group needs of a sequence `n` blocks long: 0, or for a sliding
     /// window the first one it still sees.
     fn first_needed(&self, window: Option<usize>, n: usize) -> usize {
-        window.map_or(0, |w| (n * self.block_size).saturating_sub(w) / self.block_size)
+        window.map_or(0, |w| {
+            (n * self.block_size).saturating_sub(w) / self.block_size
+        })
     }
 
     /// The most full blocks of `prompt` (at most `max` tokens' worth) that a new sequence can
@@ -194,11 +196,10 @@ impl KvCoordinator {
         let n = (1..=most)
             .rev()
             .find(|&n| {
-                let windows = self.windows.iter().zip(&maps).all(|(w, map)| {
-                    map[self.first_needed(*w, n)..n]
-                        .iter()
-                        .all(Option::is_some)
-                });
+                let windows =
+                    self.windows.iter().zip(&maps).all(|(w, map)| {
+                        map[self.first_needed(*w, n)..n].iter().all(Option::is_some)
+                    });
                 windows
                     && self
                         .states
@@ -273,7 +274,12 @@ impl KvCoordinator {
     /// computed) in every KV group, and the recurrent-state slot its next step writes. All or
     /// nothing: `Ok(false)`, with nothing allocated, when some group's pool or the state pool
     /// cannot take them (the scheduler then preempts). A sequence not held starts empty.
-    pub fn allocate_slots(&mut self, seq: SeqId, new_tokens: usize, lookahead: usize) -> Result<bool> {
+    pub fn allocate_slots(
+        &mut self,
+        seq: SeqId,
+        new_tokens: usize,
+        lookahead: usize,
+    ) -> Result<bool> {
         let n = new_tokens + lookahead;
         for m in &self.managers {
             let need = match m.seq_len(seq) {

@@ -488,7 +488,9 @@ impl Scheduler {
             let len = s.tokens.len();
             let fresh = s.computed == 0 && !self.kv.contains(id);
             let hit = match fresh {
-                true => self.kv.attach_prefix(id, &s.tokens, len.saturating_sub(1))?,
+                true => self
+                    .kv
+                    .attach_prefix(id, &s.tokens, len.saturating_sub(1))?,
                 false => 0,
             };
             let start = s.computed.max(hit);

@@ -4,16 +4,10 @@
 use super::*;
 
 /// A scheduler over one full-attention pool of `blocks` usable blocks of `bs` tokens.
-fn sched_with(
-    tokens: usize,
-    running: usize,
-    blocks: usize,
-    bs: usize,
-    prefix: bool,
-) -> Scheduler {
+fn sched_with(tokens: usize, running: usize, blocks: usize, bs: usize, prefix: bool) -> Scheduler {
     // The pool's block 0 is the null block.
-    let kv = KvCoordinator::new(vec![None], &[blocks + 1], bs, prefix, 4, None)
-        .expect("coordinator");
+    let kv =
+        KvCoordinator::new(vec![None], &[blocks + 1], bs, prefix, 4, None).expect("coordinator");
     assert_eq!(kv.free_blocks(), blocks);
     Scheduler::new(
         SchedConfig {
@@ -188,7 +182,10 @@ fn an_exhausted_pool_preempts_the_newest_and_recomputes_it_later() {
     let p = s.schedule().expect("plan");
     assert_eq!(p.preempted, vec![2]);
     assert_eq!(p.items, vec![item(1, 8, 9, true)]);
-    assert!(!s.kv().contains(2), "a preempted request's blocks are freed at once");
+    assert!(
+        !s.kv().contains(2),
+        "a preempted request's blocks are freed at once"
+    );
     run(&mut s, &p);
     let again = s.get(2).expect("2 is queued again");
     assert_eq!(
@@ -436,7 +433,10 @@ fn cancelling_inside_a_long_queue_keeps_order_and_bounds_stale_places() {
     let mut s = sched(16, 2, 1_000);
     let mut live: Vec<ReqId> = Vec::new();
     for id in 1..=5_000u64 {
-        s.admit(Request::new(id, vec![(id % 50) as u32; 1 + (id % 7) as usize]));
+        s.admit(Request::new(
+            id,
+            vec![(id % 50) as u32; 1 + (id % 7) as usize],
+        ));
         live.push(id);
         // Cancel a random queued request about two times in three.
         if !rng.next_u64().is_multiple_of(3) {
@@ -466,6 +466,9 @@ fn cancelling_inside_a_long_queue_keeps_order_and_bounds_stale_places() {
     let ids: Vec<ReqId> = p.items.iter().map(|i| i.id).collect();
     assert_eq!(ids, live[..2].to_vec());
     assert_eq!(s.waiting(), live.len() - 2);
-    assert!(s.finish(live[0]).expect("finish"), "a running request is resident");
+    assert!(
+        s.finish(live[0]).expect("finish"),
+        "a running request is resident"
+    );
     assert_eq!(s.num_running(), 1);
 }

@@ -11,12 +11,12 @@
 use std::collections::{HashMap, HashSet};
 
 use super::{Draft, DraftReq, Drafter};
-use crate::runner::{Forward, Target};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::kv::KvManager;
 use crate::model::dflash::DFlash;
 use crate::model::{Features, ForwardBatch, KvCaches, SeqInput};
+use crate::runner::{Forward, Target};
 use crate::sample::Sampler;
 use crate::sched::ReqId;
 

@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 
 use super::{Draft, DraftReq, Drafter};
-use crate::runner::{Logits, Runner, Target};
 use crate::error::{Error, Result};
+use crate::runner::{Logits, Runner, Target};
 use crate::sample::Sampler;
 use crate::sched::ReqId;
 

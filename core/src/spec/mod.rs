@@ -19,9 +19,9 @@ pub use draft::DraftModel;
 pub use mtp::Mtp;
 pub use ngram::Ngram;
 
-use crate::runner::Target;
 use crate::error::Result;
 use crate::model::Features;
+use crate::runner::Target;
 use crate::sample::{Dist, Sampler, SamplingParams};
 use crate::sched::ReqId;
 

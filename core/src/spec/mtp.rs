@@ -9,11 +9,11 @@
 use std::collections::HashMap;
 
 use super::{Draft, DraftReq, Drafter};
-use crate::runner::{Forward, Target};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::model::gemma4_assistant::Gemma4Assistant;
 use crate::model::Features;
+use crate::runner::{Forward, Target};
 use crate::sample::Sampler;
 use crate::sched::ReqId;
 

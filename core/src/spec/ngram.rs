@@ -5,8 +5,8 @@
 //! edits, quotations, structured data.
 
 use super::{Draft, DraftReq, Drafter};
-use crate::runner::Target;
 use crate::error::Result;
+use crate::runner::Target;
 
 #[derive(Clone, Debug)]
 pub struct Ngram {

@@ -50,7 +50,8 @@ impl Config {
             .and_then(Json::as_str)
             .unwrap_or(&model_type)
             .to_string();
-        crate::load::hf_defaults::apply(&text_type, &mut text).map_err(|e| Error::load(&name, e))?;
+        crate::load::hf_defaults::apply(&text_type, &mut text)
+            .map_err(|e| Error::load(&name, e))?;
         Ok(Config {
             dir: name,
             text,
@@ -152,4 +153,3 @@ impl Meta {
         self.set(key, Value::F32(v));
     }
 }
-

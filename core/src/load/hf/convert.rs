@@ -3,8 +3,8 @@
 //! and Llama's q/k rows moved from the rotate-half RoPE layout to the interleaved one.
 
 use super::config::Config;
-use crate::load::gguf::TensorInfo;
 use crate::error::Result;
+use crate::load::gguf::TensorInfo;
 use crate::tensor::DType;
 
 /// One expert's tensor (or, with index `None`, all experts fused in one 3-D tensor).
