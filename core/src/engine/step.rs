@@ -139,6 +139,10 @@ impl Engine {
                 (outcome, lps) = (o, l);
             } else {
                 self.observe(it.id, it.start, hid.unwrap_or_default());
+                // Drafts proposed but not fed (the scheduler had no room) are dropped.
+                if let Some(a) = self.active.get_mut(&it.id) {
+                    a.draft = None;
+                }
                 rows.truncate(it.end - it.start);
                 if let (true, Some(mut logits)) = (it.sample, rows.pop()) {
                     match self.sample(it.id, &mut logits) {
