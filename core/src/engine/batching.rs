@@ -505,6 +505,21 @@ impl Engine {
         Ok(())
     }
 
+    /// Sends `ev` to `id`'s receiver. False once nobody listens: the request is then counted
+    /// as cancelled and ended. A request not held has nobody to tell (true).
+    pub(super) fn send(&mut self, id: ReqId, ev: Event) -> Result<bool> {
+        let Some(a) = self.active.get_mut(&id) else {
+            return Ok(true);
+        };
+        if a.tx.send(ev) {
+            return Ok(true);
+        }
+        self.stats.cancelled += 1;
+        self.active.remove(&id);
+        self.end(id, None)?;
+        Ok(false)
+    }
+
     pub(super) fn fail(&mut self, id: ReqId, msg: String) -> Result<()> {
         if let Some(a) = self.active.get_mut(&id) {
             a.tx.send(Event::Error(msg));

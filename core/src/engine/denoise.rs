@@ -97,16 +97,13 @@ impl Engine {
         if s.denoised {
             self.stats.denoising_steps += 1;
         }
-        if let (Some(tokens), Some(a)) = (s.draft, self.active.get_mut(&id)) {
+        if let Some(tokens) = s.draft {
             let draft = Event::Draft {
                 canvas: s.canvas,
                 step: s.step,
                 tokens,
             };
-            if !a.tx.send(draft) {
-                self.stats.cancelled += 1;
-                self.active.remove(&id);
-                self.end(id, None)?;
+            if !self.send(id, draft)? {
                 return Ok(true);
             }
         }
@@ -114,24 +111,16 @@ impl Engine {
             self.stats.canvases += 1;
             // The canvas is announced before its tokens: a stop string inside them ends the
             // client's choice, and the canvas must be counted by then.
-            if let Some(a) = self.active.get_mut(&id) {
-                if !a.tx.send(Event::Canvas { steps }) {
-                    self.stats.cancelled += 1;
-                    self.active.remove(&id);
-                    self.end(id, None)?;
-                    return Ok(true);
-                }
+            if !self.send(id, Event::Canvas { steps })? {
+                return Ok(true);
             }
             self.sched.record_outside(id, &tokens);
             for tok in tokens {
                 self.stats.generated += 1;
-                let Some(a) = self.active.get_mut(&id) else {
+                if !self.active.contains_key(&id) {
                     break;
-                };
-                if !a.tx.send(Event::Token(tok, None)) {
-                    self.stats.cancelled += 1;
-                    self.active.remove(&id);
-                    self.end(id, None)?;
+                }
+                if !self.send(id, Event::Token(tok, None))? {
                     return Ok(true);
                 }
             }

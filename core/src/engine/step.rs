@@ -216,13 +216,7 @@ impl Engine {
         toks: impl Iterator<Item = (u32, Option<TokenLogprobs>)>,
     ) -> Result<bool> {
         for (tok, lp) in toks {
-            let Some(a) = self.active.get_mut(&id) else {
-                return Ok(false);
-            };
-            if !a.tx.send(Event::Token(tok, lp)) {
-                self.stats.cancelled += 1;
-                self.active.remove(&id);
-                self.end(id, None)?;
+            if !self.active.contains_key(&id) || !self.send(id, Event::Token(tok, lp))? {
                 return Ok(false);
             }
         }

@@ -458,14 +458,8 @@ impl Session<'_> {
     ) -> Result<StepRows> {
         self.fwd
             .check_tokens(items.iter().map(|i| i.1.len()).sum())?;
-        let ctx = self.fwd.cfg.ctx;
         for (seq, toks, _) in items {
-            let after = self.kv.seq_len(*seq) + toks.len();
-            if after > ctx {
-                return Err(Error::Model(format!(
-                    "sequence {seq} would reach {after} tokens, over the context of {ctx}"
-                )));
-            }
+            self.check_room(*seq, toks.len())?;
         }
         self.reserve(items)?;
         let batch = self.kv.batch(items);
@@ -474,6 +468,17 @@ impl Session<'_> {
             self.kv.commit(*seq, toks)?;
         }
         Ok(out)
+    }
+
+    /// Whether `n` more tokens of `seq` stay within the context.
+    fn check_room(&self, seq: SeqId, n: usize) -> Result<()> {
+        let (after, ctx) = (self.kv.seq_len(seq) + n, self.fwd.cfg.ctx);
+        if after > ctx {
+            return Err(Error::Model(format!(
+                "sequence {seq} would reach {after} tokens, over the context of {ctx}"
+            )));
+        }
+        Ok(())
     }
 
     /// Cache slots for every item in every KV group and the recurrent-state slot each item's
@@ -579,13 +584,7 @@ impl Session<'_> {
                 self.fwd.cfg.max_batch_tokens
             )));
         }
-        let after = self.kv.seq_len(seq) + c;
-        if after > self.fwd.cfg.ctx {
-            return Err(Error::Model(format!(
-                "sequence {seq} would reach {after} tokens, over the context of {}",
-                self.fwd.cfg.ctx
-            )));
-        }
+        self.check_room(seq, c)?;
         // The batch's token ids are placeholders: the embedding reads `canvas`.
         let placeholder = vec![0u32; c];
         let items = [(seq, &placeholder[..], Logits::All)];
