@@ -164,6 +164,58 @@ impl Executor {
     pub fn get_rows(&self, table: &Tensor, ids: &Tensor) -> Result<Tensor> {
         self.one(&Op::GetRows, &[table, ids])
     }
+    /// Rows `rows` of `x` (`[R, ..]`, split along its first axis) as a tensor of their own
+    /// (copied, so every kernel sees them at offset 0).
+    pub fn rows(&self, x: &Tensor, rows: std::ops::Range<usize>) -> Result<Tensor> {
+        let d = x.shape().dims();
+        let n = d.first().copied().unwrap_or(0);
+        if rows.start > rows.end || rows.end > n {
+            return Err(Error::Tensor(format!(
+                "rows {rows:?} of {}",
+                x.desc()
+            )));
+        }
+        let per = x.numel() / n.max(1);
+        let mut shape = d.to_vec();
+        shape[0] = rows.len();
+        let v = x.view(rows.start * per, shape)?;
+        self.one(&Op::Copy, &[&v])
+    }
+    /// `parts` (`[R_i, ..]`, one dtype and the same trailing shape) one after another along
+    /// the first axis: `[Σ R_i, ..]`.
+    pub fn concat_rows(&self, parts: &[&Tensor]) -> Result<Tensor> {
+        let first = parts
+            .first()
+            .ok_or_else(|| Error::Tensor("a concatenation of nothing".into()))?;
+        let d = first.shape().dims();
+        let rest = d.get(1..).unwrap_or(&[]);
+        let mut total = 0;
+        for p in parts {
+            let pd = p.shape().dims();
+            if p.dtype() != first.dtype() || pd.get(1..).unwrap_or(&[]) != rest {
+                return Err(Error::Tensor(format!(
+                    "rows of {} and {} do not concatenate",
+                    first.desc(),
+                    p.desc()
+                )));
+            }
+            total += pd.first().copied().unwrap_or(0);
+        }
+        let mut shape = vec![total];
+        shape.extend_from_slice(rest);
+        let out = self
+            .backend()
+            .alloc(&TensorDesc::new(first.dtype(), shape))?;
+        let mut at = 0;
+        for p in parts {
+            if p.numel() > 0 {
+                let dst = out.view(at, p.shape().clone())?;
+                self.exec(&Op::Copy, &[p], &[&dst])?;
+            }
+            at += p.numel();
+        }
+        Ok(out)
+    }
     pub fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         self.one(&Op::Add, &[a, b])
     }

@@ -4,7 +4,7 @@
 //! paged attention, the mixture-of-experts expert pass, and the logits head.
 
 use super::weights::Weights;
-use super::{Features, ForwardBatch, KvCaches};
+use super::{Features, ForwardBatch, KvCaches, SeqInput};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::op::{AttnParams, GluOp};
@@ -103,13 +103,12 @@ pub(crate) fn attention(
         .get(g)
         .and_then(|(ks, vs)| Some((ks.get(gi)?, vs.get(gi)?)))
         .ok_or_else(|| Error::Model(format!("no KV cache for layer {gi} of group {g}")))?;
-    let (table, slots) = bt
+    let (table, _) = bt
         .tables
         .get(g)
         .ok_or_else(|| Error::Model(format!("no block table for KV group {g}")))?;
-    if let Some((k, v)) = new_kv {
-        let centered = kv.centered_keys(ex, (g, gi), k, p.soft_cap.is_some())?;
-        ex.kv_write(centered.as_ref().unwrap_or(k), v, slots, kc, vc)?;
+    if let Some(new) = new_kv {
+        write_kv(ex, bt, kv, (g, gi), new, p.soft_cap.is_some())?;
     }
     let a = ex.paged_attention(p, q, kc, vc, table, &bt.seq_lens, &bt.q_start)?;
     let d = q.shape().dims();
@@ -304,6 +303,116 @@ pub(crate) fn upload_batch(
         q_start: ex.upload_i32(&[s + 1], &q_start)?,
         tables,
     })
+}
+
+/// A batch cut in two at sequence `seqs` (the first part's rows are `0..rows`, where the
+/// second's sequences start): each part with its rows counted from 0, its own slot mappings
+/// and logits rows. A pass whose parts attend under different masks runs its attention once
+/// per part ([`Split`]).
+pub(crate) fn split_batch(b: &ForwardBatch, seqs: usize) -> (ForwardBatch, ForwardBatch) {
+    let seqs = seqs.min(b.seqs.len());
+    let rows = b.seqs.get(seqs).map_or(b.tokens.len(), |s| s.q_start);
+    let part = |range: std::ops::Range<usize>, sr: std::ops::Range<usize>| ForwardBatch {
+        tokens: b.tokens[range.clone()].to_vec(),
+        positions: b.positions[range.clone()].to_vec(),
+        seqs: b.seqs[sr]
+            .iter()
+            .map(|s| SeqInput {
+                q_start: s.q_start - range.start,
+                ..s.clone()
+            })
+            .collect(),
+        slots: b.slots.iter().map(|g| g[range.clone()].to_vec()).collect(),
+        logits_rows: (b.logits_rows.iter())
+            .filter(|r| range.contains(r))
+            .map(|r| r - range.start)
+            .collect(),
+    };
+    (
+        part(0..rows, 0..seqs),
+        part(rows..b.tokens.len(), seqs..b.seqs.len()),
+    )
+}
+
+/// A pass's rows in two parts that attend under different masks (DiffusionGemma's encoder
+/// rows, then canvases): rows `0..rows` are the first part's; each part's index tensors.
+pub(crate) struct Split {
+    pub rows: usize,
+    pub first: BatchTensors,
+    pub second: BatchTensors,
+}
+
+impl Split {
+    pub fn new(ex: &Executor, b: &ForwardBatch, seqs: usize, n_groups: usize) -> Result<Split> {
+        let (a, c) = split_batch(b, seqs);
+        Ok(Split {
+            rows: a.tokens.len(),
+            first: upload_batch(ex, &a, n_groups)?,
+            second: upload_batch(ex, &c, n_groups)?,
+        })
+    }
+
+    /// [`attention`] with the K/V of every row written through `bt` (the whole batch's
+    /// tensors), then each part's queries attending under its own mask (`p.0`, `p.1`); the
+    /// outputs one after the other.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &self,
+        ex: &Executor,
+        bt: &BatchTensors,
+        kv: &KvCaches,
+        cache: (usize, usize),
+        q: &Tensor,
+        new_kv: Option<(&Tensor, &Tensor)>,
+        p: (AttnParams, AttnParams),
+    ) -> Result<Tensor> {
+        let t = q.shape().dims().first().copied().unwrap_or(0);
+        if let Some(kv_new) = new_kv {
+            write_kv(ex, bt, kv, cache, kv_new, p.0.soft_cap.is_some())?;
+        }
+        let qa = ex.rows(q, 0..self.rows)?;
+        let qb = ex.rows(q, self.rows..t)?;
+        let a = attention(ex, &self.first, kv, cache, &qa, None, p.0)?;
+        let b = attention(ex, &self.second, kv, cache, &qb, None, p.1)?;
+        ex.concat_rows(&[&a, &b])
+    }
+
+    /// `f` on the first part's rows and `g` on the second's, the results one after the other.
+    pub fn each(
+        &self,
+        ex: &Executor,
+        x: &Tensor,
+        f: impl FnOnce(Tensor) -> Result<Tensor>,
+        g: impl FnOnce(Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let t = x.shape().dims().first().copied().unwrap_or(0);
+        let a = f(ex.rows(x, 0..self.rows)?)?;
+        let b = g(ex.rows(x, self.rows..t)?)?;
+        ex.concat_rows(&[&a, &b])
+    }
+}
+
+/// Writes `k`, `v` (`[T, kv_heads, dim]`) into layer `(g, gi)`'s cache at the batch's slots
+/// (keys centered first where the cache keeps them so).
+fn write_kv(
+    ex: &Executor,
+    bt: &BatchTensors,
+    kv: &KvCaches,
+    (g, gi): (usize, usize),
+    (k, v): (&Tensor, &Tensor),
+    capped: bool,
+) -> Result<()> {
+    let (kc, vc) = kv
+        .groups
+        .get(g)
+        .and_then(|(ks, vs)| Some((ks.get(gi)?, vs.get(gi)?)))
+        .ok_or_else(|| Error::Model(format!("no KV cache for layer {gi} of group {g}")))?;
+    let (_, slots) = bt
+        .tables
+        .get(g)
+        .ok_or_else(|| Error::Model(format!("no block table for KV group {g}")))?;
+    let centered = kv.centered_keys(ex, (g, gi), k, capped)?;
+    ex.kv_write(centered.as_ref().unwrap_or(k), v, slots, kc, vc)
 }
 
 /// Checks a batch against the model: tokens and positions agree, every id is in the

@@ -15,7 +15,7 @@
 use super::blocks::{check_batch, GatedFfn};
 use super::gemma4::{Gemma4, Pass};
 use super::weights::Weights;
-use super::{Denoiser, ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
+use super::{CanvasInput, Denoiser, ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::GgufFile;
@@ -69,11 +69,9 @@ impl Denoiser for DiffusionGemma {
         ex: &Executor,
         b: &ForwardBatch,
         kv: &KvCaches,
-        canvas: Option<&Tensor>,
-        self_cond: Option<&Tensor>,
+        canvases: &[CanvasInput<'_>],
     ) -> Result<Tensor> {
-        self.canvas
-            .denoise(&self.layers, ex, b, kv, canvas, self_cond)
+        self.canvas.denoise(&self.layers, ex, b, kv, canvases)
     }
 
     fn set_soft_embedding(&self, s: SoftEmbedding) {
@@ -180,41 +178,27 @@ impl Canvas {
         ex.scale(&soft, (e as f32).sqrt())
     }
 
-    fn denoise(
-        &self,
-        m: &Gemma4,
-        ex: &Executor,
-        b: &ForwardBatch,
-        kv: &KvCaches,
-        canvas: Option<&Tensor>,
-        self_cond: Option<&Tensor>,
-    ) -> Result<Tensor> {
-        let t = check_batch(b, m.info.vocab)?;
-        if let Some(s) = b.seqs.iter().find(|s| s.q_len != self.length) {
+    /// A canvas's rows of the decoder's input: its token embeddings, plus the
+    /// self-conditioning MLP's output when it has the last step's logits, normed.
+    fn input(&self, m: &Gemma4, ex: &Executor, c: &CanvasInput<'_>) -> Result<Tensor> {
+        if c.ids.numel() != self.length {
             return Err(Error::Model(format!(
-                "a canvas of {} tokens; this model's canvas holds {}",
-                s.q_len, self.length
+                "{} canvas ids; this model's canvas holds {}",
+                c.ids.numel(),
+                self.length
             )));
         }
-        let x0 = match canvas {
-            Some(ids) if ids.numel() == t => ex.get_rows(&m.head.tok_embd, ids)?,
-            Some(ids) => {
-                return Err(Error::Model(format!(
-                    "{} canvas ids for a batch of {t} rows",
-                    ids.numel()
-                )))
-            }
-            None => m.head.embed(ex, b)?.0,
-        };
+        let x0 = ex.get_rows(&m.head.tok_embd, c.ids)?;
         let x = ex.scale(&x0, (m.info.n_embd as f32).sqrt())?;
         let ns = m.norm_spec();
         // Without self-conditioning the MLP's input is zero, and so is its output.
-        let x = match self_cond {
+        let x = match c.self_cond {
             Some(l) => {
-                if l.shape().dims().first() != Some(&t) {
+                if l.shape().dims().first() != Some(&self.length) {
                     return Err(Error::Model(format!(
-                        "{} rows of self-conditioning logits for {t} canvas tokens",
-                        l.shape().dims().first().copied().unwrap_or(0)
+                        "{} rows of self-conditioning logits for {} canvas tokens",
+                        l.shape().dims().first().copied().unwrap_or(0),
+                        self.length
                     )));
                 }
                 let soft = self.soft(ex, m, l)?;
@@ -223,8 +207,42 @@ impl Canvas {
             }
             None => x,
         };
-        let x = ex.rms_norm(&x, &self.ones, ns.eps, false)?;
-        let x = m.layers_pass(ex, b, kv, x, &[], Pass::Canvas(self.length))?;
-        m.head.logits(ex, &x, b, ns, m.soft_cap)
+        ex.rms_norm(&x, &self.ones, ns.eps, false)
+    }
+
+    fn denoise(
+        &self,
+        m: &Gemma4,
+        ex: &Executor,
+        b: &ForwardBatch,
+        kv: &KvCaches,
+        canvases: &[CanvasInput<'_>],
+    ) -> Result<Tensor> {
+        let t = check_batch(b, m.info.vocab)?;
+        let n = canvases.len();
+        let Some(enc) = b.seqs.len().checked_sub(n).filter(|_| n > 0) else {
+            return Err(Error::Model(format!(
+                "{n} canvases for a batch of {} sequences",
+                b.seqs.len()
+            )));
+        };
+        let first = b.seqs[enc].q_start;
+        if b.seqs[enc..].iter().any(|s| s.q_len != self.length) || t - first != n * self.length
+        {
+            return Err(Error::Model(format!(
+                "the last {n} sequences of the batch must be canvases of {} tokens",
+                self.length
+            )));
+        }
+        let xs = canvases
+            .iter()
+            .map(|c| self.input(m, ex, c))
+            .collect::<Result<Vec<_>>>()?;
+        let x = match xs.as_slice() {
+            [one] => one.clone(),
+            many => ex.concat_rows(&many.iter().collect::<Vec<_>>())?,
+        };
+        let x = m.mixed(ex, b, kv, enc, x, self.length)?;
+        m.head.logits(ex, &x, b, m.norm_spec(), m.soft_cap)
     }
 }

@@ -11,7 +11,9 @@
 //! That is the RoPE op over the whole head with frequency factors: 1 for the turning pairs, a
 //! huge number (frequency 0) for the others.
 
-use super::blocks::{attention, check_batch, experts, upload_batch, GatedFfn, Head, NormSpec};
+use super::blocks::{
+    attention, check_batch, experts, upload_batch, GatedFfn, Head, NormSpec, Split,
+};
 use super::llama::{base_info, f32_or};
 use super::weights::Weights;
 use super::{ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
@@ -111,7 +113,38 @@ pub(super) enum Pass {
     /// Causal, each layer's output scaled by its encoder scalar (DiffusionGemma's encoder).
     Encoder,
     Canvas(usize),
+    /// The first `seqs` sequences as the encoder's rows, the rest as canvases of `canvas`
+    /// tokens: one pass for both, each part attending under its own masks and scaled by its
+    /// own scalars (the projections and FFNs run once over every row).
+    Mixed {
+        canvas: usize,
+        seqs: usize,
+    },
     Lookahead,
+}
+
+impl Pass {
+    /// A layer's mask in this pass (`window`: a sliding layer's); a mixed pass's parts are
+    /// an encoder and a canvas pass.
+    fn mask(self, window: Option<usize>) -> Mask {
+        match (window, self) {
+            (Some(w), Pass::Causal | Pass::Encoder) => Mask::SlidingWindow(w),
+            (None, Pass::Causal | Pass::Encoder) => Mask::Causal,
+            (Some(w), Pass::Canvas(c) | Pass::Mixed { canvas: c, .. }) => {
+                Mask::Lookback(c + w.saturating_sub(1))
+            }
+            (None, Pass::Canvas(_) | Pass::Mixed { .. } | Pass::Lookahead) => Mask::Bidirectional,
+            (Some(w), Pass::Lookahead) => Mask::Lookback(w + 1),
+        }
+    }
+
+    /// A layer's output scalar in this pass (a mixed pass scales each part by its own).
+    fn scalar(self, enc: f32, dec: f32) -> f32 {
+        match self {
+            Pass::Encoder => enc,
+            _ => dec,
+        }
+    }
 }
 
 pub fn build(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
@@ -614,6 +647,29 @@ impl Gemma4 {
         self.layers_pass(ex, b, kv, x, &ple, pass)
     }
 
+    /// A pass over `b` whose first `seqs` sequences are the encoder's tokens (embedded here)
+    /// and whose other rows, embedded already as `canvas_x` (`[rows, e]`), are canvases of
+    /// `canvas` tokens: the last hidden state `[T, e]`.
+    pub(super) fn mixed(
+        &self,
+        ex: &Executor,
+        b: &ForwardBatch,
+        kv: &KvCaches,
+        seqs: usize,
+        canvas_x: Tensor,
+        canvas: usize,
+    ) -> Result<Tensor> {
+        if seqs == 0 {
+            return self.layers_pass(ex, b, kv, canvas_x, &[], Pass::Canvas(canvas));
+        }
+        let (enc, _) = super::blocks::split_batch(b, seqs);
+        let (x0, ids) = self.head.embed(ex, &enc)?;
+        let x = ex.scale(&x0, (self.info.n_embd as f32).sqrt())?;
+        let ple = self.ple_inputs(ex, &x, &ids)?;
+        let x = ex.concat_rows(&[&x, &canvas_x])?;
+        self.layers_pass(ex, b, kv, x, &ple, Pass::Mixed { canvas, seqs })
+    }
+
     /// The layers over the embedded batch `x`.
     pub(super) fn layers_pass(
         &self,
@@ -626,7 +682,12 @@ impl Gemma4 {
     ) -> Result<Tensor> {
         let i = &self.info;
         let t = b.tokens.len();
-        let bt = upload_batch(ex, b, self.source_groups.unwrap_or(self.groups.len()))?;
+        let n_groups = self.source_groups.unwrap_or(self.groups.len());
+        let bt = upload_batch(ex, b, n_groups)?;
+        let split = match pass {
+            Pass::Mixed { seqs, .. } => Some(Split::new(ex, b, seqs, n_groups)?),
+            _ => None,
+        };
         let ns = self.norm_spec();
         let nh = i.n_head;
         for (l, layer) in self.layers.iter().enumerate() {
@@ -660,19 +721,23 @@ impl Gemma4 {
                 let v = self.norm(ex, &v_raw, &a.ones)?;
                 new_kv = Some((k, v));
             }
-            let p = AttnParams {
+            let params = |pass: Pass| AttnParams {
                 scale: 1.0,
                 soft_cap: None,
-                mask: match (a.window, pass) {
-                    (Some(w), Pass::Causal | Pass::Encoder) => Mask::SlidingWindow(w),
-                    (None, Pass::Causal | Pass::Encoder) => Mask::Causal,
-                    (Some(w), Pass::Canvas(c)) => Mask::Lookback(c + w.saturating_sub(1)),
-                    (None, Pass::Canvas(_) | Pass::Lookahead) => Mask::Bidirectional,
-                    (Some(w), Pass::Lookahead) => Mask::Lookback(w + 1),
-                },
+                mask: pass.mask(a.window),
             };
             let new_kv = new_kv.as_ref().map(|(k, v)| (k, v));
-            let o = attention(ex, &bt, kv, a.cache, &q, new_kv, p)?;
+            let o = match &split {
+                Some(sp) => {
+                    let canvas = Pass::Canvas(match pass {
+                        Pass::Mixed { canvas, .. } => canvas,
+                        _ => 0,
+                    });
+                    let p = (params(Pass::Encoder), params(canvas));
+                    sp.attention(ex, &bt, kv, a.cache, &q, new_kv, p)?
+                }
+                None => attention(ex, &bt, kv, a.cache, &q, new_kv, params(pass))?,
+            };
             let o = ex.matmul(&o, &a.wo)?;
             x = ex.add(&x, &self.norm(ex, &o, &a.post_norm)?)?;
             // MLP (and the MoE block beside it).
@@ -683,19 +748,31 @@ impl Gemma4 {
                 y = ex.add(&y1, &self.moe(ex, m, &res)?)?;
             }
             x = ex.add(&res, &self.norm(ex, &y, &layer.post_ffn_norm)?)?;
+            // Per-layer inputs (a mixed pass has them for its encoder rows only).
             if let (Some(p), Some(inp)) = (&layer.ple, ple.get(l)) {
-                let g = ex.unary(UnaryOp::GeluTanh, &ex.matmul(&x, &p.gate)?)?;
-                let g = ex.mul(&g, inp)?;
-                let y = self.norm(ex, &ex.matmul(&g, &p.proj)?, &p.post_norm)?;
-                x = ex.add(&x, &y)?;
+                let ple_add = |x: Tensor| -> Result<Tensor> {
+                    let g = ex.unary(UnaryOp::GeluTanh, &ex.matmul(&x, &p.gate)?)?;
+                    let g = ex.mul(&g, inp)?;
+                    let y = self.norm(ex, &ex.matmul(&g, &p.proj)?, &p.post_norm)?;
+                    ex.add(&x, &y)
+                };
+                x = match &split {
+                    Some(sp) => sp.each(ex, &x, ple_add, Ok)?,
+                    None => ple_add(x)?,
+                };
             }
-            let scalar = match pass {
-                Pass::Encoder => layer.enc_scalar,
-                _ => layer.scalar,
+            let scale = |x: Tensor, s: f32| match s != 1.0 {
+                true => ex.scale(&x, s),
+                false => Ok(x),
             };
-            if scalar != 1.0 {
-                x = ex.scale(&x, scalar)?;
-            }
+            let (enc, dec) = (layer.enc_scalar, layer.scalar);
+            x = match &split {
+                Some(sp) if enc != 1.0 || dec != 1.0 => {
+                    sp.each(ex, &x, |x| scale(x, enc), |x| scale(x, dec))?
+                }
+                Some(_) => x,
+                None => scale(x, pass.scalar(enc, dec))?,
+            };
         }
         Ok(x)
     }

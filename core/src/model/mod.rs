@@ -318,24 +318,32 @@ pub enum SoftEmbedding {
     TopK(usize),
 }
 
+/// One canvas of a denoising pass: its token ids on the device (`[canvas]` i32, each below
+/// the vocabulary) and the previous step's processed logits (`[canvas, vocab]`; none on a
+/// canvas's first step).
+#[derive(Copy, Clone)]
+pub struct CanvasInput<'a> {
+    pub ids: &'a Tensor,
+    pub self_cond: Option<&'a Tensor>,
+}
+
 /// What a block-diffusion model can do beyond a language model's forward pass (which, for
 /// it, encodes the prompt and each committed canvas into the cache): denoise canvases.
 pub trait Denoiser: Send + Sync {
     /// Tokens per canvas.
     fn canvas_length(&self) -> usize;
-    /// One denoising step: each sequence's last `q_len` tokens are its canvas, predicted all
-    /// at once from the cached prefix and the whole canvas; the canvas's K/V go to its cache
-    /// slots as scratch (the pass that commits the canvas overwrites them). `canvas`: the
-    /// canvas's token ids on the device (`[rows]` i32; else the batch's tokens). `self_cond`:
-    /// the previous step's processed logits `[rows, vocab]` (none on a canvas's first step).
-    /// Returns logits `[logits_rows.len(), vocab]`.
+    /// One pass whose last `canvases.len()` sequences are canvases (`q_len` = the canvas
+    /// length each), predicted all at once from their cached prefixes and their whole
+    /// canvases, their K/V written to their cache slots as scratch (the pass that commits a
+    /// canvas overwrites them); the earlier sequences are the encoder's tokens, run causally
+    /// into the cache as [`Model::forward`] runs them, in the same pass. Returns logits
+    /// `[logits_rows.len(), vocab]`.
     fn denoise(
         &self,
         ex: &Executor,
         batch: &ForwardBatch,
         kv: &KvCaches,
-        canvas: Option<&Tensor>,
-        self_cond: Option<&Tensor>,
+        canvases: &[CanvasInput<'_>],
     ) -> Result<Tensor>;
     /// How the self-conditioning soft embedding is formed (`TopK(k)` with `k` ≥ the
     /// vocabulary is dense).

@@ -10,9 +10,14 @@ pub mod embed;
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::kv::{KvManager, SeqId, StatePool, StateStats};
-use crate::model::{Features, ForwardBatch, KvCaches, Model};
+use crate::model::{CanvasInput, Features, ForwardBatch, KvCaches, Model};
 pub use crate::sched::kv::{BlockCopy, KvCoordinator, Logits, Rewind};
 use crate::tensor::{DType, Tensor};
+
+/// Rows of each canvas in a batch whose sequences from `first` on are canvases.
+fn canvas_rows(batch: &ForwardBatch, first: usize) -> usize {
+    batch.seqs.get(first).map_or(0, |s| s.q_len)
+}
 
 /// Per item, the logits rows a pass returns, and (when asked for) the hidden-state rows of
 /// every token it fed.
@@ -101,24 +106,69 @@ impl Forward {
     /// `batch.logits_rows` names, in order) and with `f` the hidden states of every token it
     /// fed.
     pub fn run(&self, batch: &ForwardBatch, f: Option<&Features>) -> Result<StepRows> {
+        let (rows, hidden, _) = self.run_with(batch, f, &[])?;
+        Ok((rows, hidden))
+    }
+
+    /// [`Forward::run`] for a batch whose last `canvases.len()` sequences are canvases of a
+    /// block-diffusion model ([`crate::model::Denoiser::denoise`]; the others are its
+    /// encoder's tokens, in the same pass). The canvases' logits (`[canvas, vocab]` each)
+    /// stay on the device, for the denoising ops; the other sequences' rows come back as
+    /// [`Forward::run`] gives them.
+    pub fn run_with(
+        &self,
+        batch: &ForwardBatch,
+        f: Option<&Features>,
+        canvases: &[CanvasInput<'_>],
+    ) -> Result<(Vec<Vec<Vec<f32>>>, Option<Vec<Vec<Vec<f32>>>>, Vec<Tensor>)> {
         let total = batch.tokens.len();
-        let (logits, h) = match f {
-            Some(f) => {
+        let vocab = self.model.info().vocab;
+        let (logits, h) = match (f, canvases.is_empty()) {
+            (Some(f), true) => {
                 let (l, pieces) = self
                     .model
                     .forward_features(&self.ex, batch, &self.caches, f)?;
                 (l, Some(self.features(&pieces, total)?))
             }
-            None => (self.model.forward(&self.ex, batch, &self.caches)?, None),
+            (None, true) => (self.model.forward(&self.ex, batch, &self.caches)?, None),
+            (Some(f), false) => {
+                return Err(Error::Model(format!(
+                    "a denoising pass cannot hand a drafter hidden states ({f:?})"
+                )))
+            }
+            (None, false) => {
+                let d = self.model.denoiser().ok_or_else(|| {
+                    Error::Model("this model does not generate by diffusion".into())
+                })?;
+                let l = d.denoise(&self.ex, batch, &self.caches, canvases)?;
+                (l, None)
+            }
         };
-        let mut flat = self.ex.download_f32(&logits)?;
-        let vocab = self.model.info().vocab;
+        // The canvases' rows are the last ones; each stays on the device.
+        let n_seqs = batch.seqs.len() - canvases.len().min(batch.seqs.len());
+        let c = canvas_rows(batch, n_seqs);
+        let all = batch.logits_rows.len();
+        let host_rows = all - canvases.len() * c;
+        let mut canvas_logits = Vec::with_capacity(canvases.len());
+        for i in 0..canvases.len() {
+            let lo = host_rows + i * c;
+            canvas_logits.push(self.ex.rows(&logits, lo..lo + c)?);
+        }
+        let logits = match canvases.is_empty() {
+            true => logits,
+            false => self.ex.rows(&logits, 0..host_rows)?,
+        };
+        let mut flat = match host_rows {
+            0 => Vec::new(),
+            _ => self.ex.download_f32(&logits)?,
+        };
+        let batch_seqs = &batch.seqs[..n_seqs];
         // One row in all (a single decode step): hand the download over as it is.
         let single = flat.len() == vocab && batch.logits_rows.len() == 1;
-        let mut out = Vec::with_capacity(batch.seqs.len());
-        let mut hid = h.as_ref().map(|_| Vec::with_capacity(batch.seqs.len()));
+        let mut out = Vec::with_capacity(batch_seqs.len());
+        let mut hid = h.as_ref().map(|_| Vec::with_capacity(batch_seqs.len()));
         let mut row = 0;
-        for s in &batch.seqs {
+        for s in batch_seqs {
             let rows = s.q_start..s.q_start + s.q_len;
             let n = batch.logits_rows[row..]
                 .iter()
@@ -140,7 +190,7 @@ impl Forward {
             });
             row += n;
         }
-        Ok((out, hid))
+        Ok((out, hid, canvas_logits))
     }
 
     /// Column blocks `[t, w_i]` downloaded and laid side by side: `[t, Σ w_i]` row major,
@@ -590,17 +640,14 @@ impl Session<'_> {
         let items = [(seq, &placeholder[..], Logits::All)];
         self.reserve(&items)?;
         let batch = self.kv.batch(&items);
-        self.fwd
-            .model
-            .denoiser()
-            .ok_or_else(|| Error::Model("this model does not generate by diffusion".into()))?
-            .denoise(
-                &self.fwd.ex,
-                &batch,
-                &self.fwd.caches,
-                Some(canvas),
-                self_cond,
-            )
+        let c = CanvasInput {
+            ids: canvas,
+            self_cond,
+        };
+        let (_, _, mut logits) = self.fwd.run_with(&batch, None, &[c])?;
+        logits
+            .pop()
+            .ok_or_else(|| Error::Model("a denoising pass gave no logits".into()))
     }
 
     /// Feeds `tokens` to one sequence in chunks of at most `max_batch_tokens`; returns the
