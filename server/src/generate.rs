@@ -137,6 +137,7 @@ fn request(
         logprobs: None,
         drafts: false,
         init_canvas: None,
+        autoregressive: false,
         constraint,
     })
 }

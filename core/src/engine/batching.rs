@@ -45,6 +45,12 @@ pub struct EngineStats {
     /// A diffusion model's canvases committed and the denoising steps they took.
     pub canvases: u64,
     pub denoising_steps: u64,
+    /// Forward passes that denoised canvases, the canvases they denoised (several requests'
+    /// canvases share a pass), and those passes that also fed other requests' tokens (prompt
+    /// chunks, committed canvases, token-by-token generation).
+    pub diffusion_passes: u64,
+    pub diffusion_pass_canvases: u64,
+    pub diffusion_shared_passes: u64,
     /// Speculative decoding's drafts and what the target accepted of them.
     pub spec: SpecStats,
     /// Grammar masks computed, their total time, and the time the engine waited for them
@@ -122,6 +128,8 @@ pub(super) struct Active {
     /// The drafts proposed for the next step, with their distributions (the scheduler holds
     /// the tokens and decides how many of them it feeds).
     pub(super) draft: Option<crate::spec::Draft>,
+    /// A block-diffusion request's denoising state.
+    pub(super) canvas: Option<super::diffusion::Canvas>,
     pub(super) tx: Box<dyn EventSink>,
 }
 
@@ -131,9 +139,9 @@ pub struct Engine {
     pub(super) active: HashMap<ReqId, Active>,
     pub(super) next_id: ReqId,
     pub(super) stats: EngineStats,
-    /// A block-diffusion model's requests (its engine runs only these; the scheduler holds
-    /// their records).
-    pub(super) diffusion: Option<super::diffusion::Tasks>,
+    /// A block-diffusion model's denoising settings for its requests (`None`: the model
+    /// generates token by token only).
+    pub(super) diffusion: Option<crate::sample::diffusion::DiffusionParams>,
     /// The drafter, when the engine decodes speculatively.
     pub(super) spec: Option<Spec>,
     /// Where a spawned engine publishes its state for other threads.
@@ -151,7 +159,7 @@ impl Engine {
         // A recurrent model's prefix snapshots are states after a full block: prefills stop
         // at the last block boundary of the prompt to leave one there.
         let snapshots = cfg.prefix_caching && runner.state_stats().is_some();
-        let runner_is_diffusion = runner.model().canvas_length().is_some();
+        let canvas = runner.model().canvas_length();
         let resident = max_running.clamp(1, cfg.max_seqs.max(1));
         let (fwd, kv) = runner.into_parts();
         let sched = Scheduler::new(
@@ -160,6 +168,7 @@ impl Engine {
                 max_running: resident,
                 max_len: cfg.ctx,
                 snapshot_blocks: snapshots.then_some(cfg.block_size),
+                canvas: canvas.unwrap_or(0),
             },
             kv,
         );
@@ -171,7 +180,7 @@ impl Engine {
             stats: EngineStats::default(),
             published: None,
             published_slots: None,
-            diffusion: runner_is_diffusion.then(|| super::diffusion::Tasks::new(resident)),
+            diffusion: canvas.map(|_| Default::default()),
             spec: None,
             last_step: std::time::Instant::now(),
         }
@@ -234,17 +243,17 @@ impl Engine {
         &self.stats
     }
     pub fn is_idle(&self) -> bool {
-        self.sched.is_idle() && self.diffusion.as_ref().is_none_or(|d| d.is_empty())
+        self.sched.is_idle()
     }
     /// Requests queued and running.
     pub fn load(&self) -> (usize, usize) {
         (self.num_waiting(), self.num_running())
     }
     fn num_running(&self) -> usize {
-        self.sched.num_running() + self.diffusion.as_ref().map_or(0, |d| d.running())
+        self.sched.num_running()
     }
     fn num_waiting(&self) -> usize {
-        self.sched.waiting() + self.diffusion.as_ref().map_or(0, |d| d.waiting())
+        self.sched.waiting()
     }
 
     /// Publishes the current state where a spawned engine's handle reads it. The counters go
@@ -285,12 +294,8 @@ impl Engine {
         let kv = self.sched.kv();
         let slot = |s: &Request, running: bool| {
             let (state, computed) = match (s.kind, running) {
-                // A diffusion request's steps run outside the plans: the cache says how far.
-                (Kind::Denoise, _) => match kv.seq_len(s.id) {
-                    0 => (SlotState::Queued, 0),
-                    n => (SlotState::Denoise, n),
-                },
-                (Kind::Generate, false) => (SlotState::Queued, s.computed),
+                (_, false) => (SlotState::Queued, s.computed),
+                (Kind::Denoise, true) => (SlotState::Denoise, s.computed),
                 (Kind::Generate, true) if s.computed < s.prompt_len => {
                     (SlotState::Prefill, s.computed)
                 }
@@ -307,15 +312,9 @@ impl Engine {
             }
         };
         let slots = match slots {
-            true => {
-                // Diffusion requests by id: the order they came in.
-                let mut outside: Vec<&Request> = self.sched.outside().collect();
-                outside.sort_by_key(|r| r.id);
-                (self.sched.running().map(|s| slot(s, true)))
-                    .chain(self.sched.queued().map(|s| slot(s, false)))
-                    .chain(outside.into_iter().map(|s| slot(s, false)))
-                    .collect()
-            }
+            true => (self.sched.running().map(|s| slot(s, true)))
+                .chain(self.sched.queued().map(|s| slot(s, false)))
+                .collect(),
             false => Vec::new(),
         };
         let st = kv.state_stats().unwrap_or_default();
@@ -363,6 +362,10 @@ impl Engine {
             return Err(Error::Model(format!("request id {id} is in use")));
         }
         let sampler = Sampler::new(req.params.clone())?;
+        let canvas = match self.denoises(&req) {
+            true => Some(self.canvas_for(id, &req)?),
+            false => None,
+        };
         self.next_id = self.next_id.max(id + 1);
         self.active.insert(
             id,
@@ -371,23 +374,27 @@ impl Engine {
                 constraint: req.constraint.clone(),
                 draft: None,
                 tx,
+                canvas,
             },
         );
         let mut r = Request::new(id, req.prompt.clone());
         r.max_tokens = req.max_tokens;
         r.stop_ids = req.stop_ids.clone();
         r.logprobs = req.logprobs;
-        if self.diffusion.is_some() {
+        if self.denoises(&req) {
             r.kind = Kind::Denoise;
         }
         self.sched.admit(r);
         if req.max_tokens == 0 {
             return self.end(id, Some(Finish::Length));
         }
-        if self.diffusion.is_some() {
-            return self.admit_diffusion(id, req);
-        }
         Ok(())
+    }
+
+    /// Whether `req` is served by denoising canvases: on a block-diffusion model, unless it
+    /// asks to be generated token by token.
+    fn denoises(&self, req: &GenRequest) -> bool {
+        self.diffusion.is_some() && !req.autoregressive
     }
 
     /// Whether `submit` would take `req`: a prompt that is not empty, leaves room in the
@@ -409,7 +416,8 @@ impl Engine {
                 "token id {t} is outside the vocabulary of {vocab}"
             )));
         }
-        if self.diffusion.is_some() && req.logprobs.is_some() {
+        let denoises = self.denoises(req);
+        if denoises && req.logprobs.is_some() {
             return Err(Error::Model(
                 "log-probabilities are not available from a diffusion model".into(),
             ));
@@ -421,7 +429,13 @@ impl Engine {
                     .into(),
             ));
         }
-        if self.diffusion.is_some() && req.constraint.is_some() {
+        if !denoises && req.init_canvas.is_some() {
+            return Err(Error::Model(
+                "a starting canvas is for a request served by denoising, not token by token"
+                    .into(),
+            ));
+        }
+        if denoises && req.constraint.is_some() {
             return Err(Error::Model(
                 "grammars are not available with a diffusion model (it samples whole blocks)"
                     .into(),
@@ -489,7 +503,6 @@ impl Engine {
         let (prompt_tokens, generated) =
             (self.sched.get(id)).map_or((0, 0), |r| (r.prompt_len, r.generated));
         self.sched.finish(id)?;
-        self.drop_diffusion(id)?;
         if let Some(s) = &mut self.spec {
             s.release(id);
         }

@@ -1,12 +1,15 @@
-//! The engine's side of block diffusion: a diffusion model's requests are [`Tasks`], served
-//! in turn one forward pass each; their canvases' tokens go out when committed.
+//! The engine's side of block diffusion: a diffusion request's [`Canvas`] beside its record
+//! in the scheduler (which plans its prompt chunks, its denoising items and its committed
+//! canvases like any other request's tokens), and what a pass's canvas items do after it.
 
 use super::batching::Engine;
-use super::diffusion::{CanvasTask, DiffusionRequest};
-use super::request::{Event, Finish, GenRequest};
+use super::diffusion::{Canvas, DiffusionRequest};
+use super::request::{Event, GenRequest};
 use crate::error::{Error, Result};
+use crate::model::CanvasInput;
 use crate::sample::diffusion::DiffusionParams;
-use crate::sched::ReqId;
+use crate::sched::{Item, ReqId};
+use crate::tensor::Tensor;
 
 impl Engine {
     /// The denoising settings requests to a diffusion model get (their seed is the request's,
@@ -14,125 +17,80 @@ impl Engine {
     pub fn set_diffusion_defaults(&mut self, p: DiffusionParams) -> Result<()> {
         p.validate()?;
         if let Some(d) = &mut self.diffusion {
-            d.defaults = p;
+            *d = p;
         }
         Ok(())
     }
 
-    /// Takes a checked request as a diffusion task.
-    pub(super) fn admit_diffusion(&mut self, id: ReqId, req: GenRequest) -> Result<()> {
-        let Some(d) = &self.diffusion else {
+    /// A diffusion request's denoising state (checked against the model and the limits).
+    pub(super) fn canvas_for(&self, id: ReqId, req: &GenRequest) -> Result<Canvas> {
+        let Some(defaults) = &self.diffusion else {
             return Err(Error::Model("not a diffusion model".into()));
         };
-        let mut params = d.defaults.clone();
+        let mut params = defaults.clone();
         params.seed = req
             .params
             .seed
             .unwrap_or(params.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let r = DiffusionRequest {
-            prompt: req.prompt,
+            prompt: req.prompt.clone(),
             max_tokens: req.max_tokens,
             params,
-            init_canvas: req.init_canvas,
-            stop_ids: req.stop_ids,
+            init_canvas: req.init_canvas.clone(),
+            stop_ids: req.stop_ids.clone(),
             drafts: req.drafts,
             timed: false,
         };
-        let task = match CanvasTask::new(&self.fwd, r) {
-            Ok(t) => t,
-            Err(e) => return self.fail(id, e.to_string()),
-        };
-        if let Some(d) = &mut self.diffusion {
-            d.push(id, task);
+        Canvas::new(&self.fwd, &r)
+    }
+
+    /// Before a pass: each canvas item's canvas on the device (put there at its first step).
+    pub(super) fn prepare_canvases(&mut self, items: &[Item]) -> Result<()> {
+        for it in items {
+            let c = (self.active.get_mut(&it.id))
+                .and_then(|a| a.canvas.as_mut())
+                .ok_or_else(|| Error::Model(format!("request {} has no canvas", it.id)))?;
+            c.prepare(self.fwd.executor())?;
         }
         Ok(())
     }
 
-    /// Forgets `id`'s task (if any) and frees its cache (also when its step failed or
-    /// panicked with the task out of the map).
-    pub(super) fn drop_diffusion(&mut self, id: ReqId) -> Result<()> {
-        let Some(d) = &mut self.diffusion else {
-            return Ok(());
-        };
-        d.remove(id);
-        let kv = self.sched.kv_mut();
-        if kv.contains(id) {
-            kv.free(id)?;
-        }
-        Ok(())
+    /// The canvas items' inputs to the pass, in the items' order.
+    pub(super) fn canvas_inputs(&self, items: &[Item]) -> Result<Vec<CanvasInput<'_>>> {
+        items
+            .iter()
+            .map(|it| {
+                (self.active.get(&it.id))
+                    .and_then(|a| a.canvas.as_ref())
+                    .ok_or_else(|| Error::Model(format!("request {} has no canvas", it.id)))?
+                    .input()
+            })
+            .collect()
     }
 
-    /// One forward pass of the next diffusion request in turn: its tokens go out when a
-    /// canvas is committed. Returns false when there is nothing to do.
-    pub(super) fn diffusion_step(&mut self) -> Result<bool> {
-        let Some(d) = &mut self.diffusion else {
-            return Ok(false);
+    /// After a pass: `id`'s canvas drawn and accepted over its `logits`; its draft goes out
+    /// when the request wants drafts. Returns the canvas's tokens when it is done, and the
+    /// steps it took (`None` when the request is gone: cancelled meanwhile).
+    pub(super) fn denoised(
+        &mut self,
+        id: ReqId,
+        logits: &Tensor,
+    ) -> Result<Option<(Vec<u32>, usize)>> {
+        self.stats.denoising_steps += 1;
+        let Some(c) = self.active.get_mut(&id).and_then(|a| a.canvas.as_mut()) else {
+            return Ok(None);
         };
-        let Some((id, mut task)) = d.take_next() else {
-            return Ok(false);
-        };
-        self.stats.steps += 1;
-        let fresh = task.fresh();
-        let s = match task.step(&mut self.session(), id) {
-            Ok(s) => s,
-            Err(e) => {
-                if let Some(d) = &mut self.diffusion {
-                    d.put_back(id, None);
-                }
-                self.fail(id, format!("forward pass failed: {e}"))?;
-                return Ok(true);
-            }
-        };
-        let stopped = task.sum.stopped;
-        if fresh {
-            self.stats.prefix_queried_tokens += task.prompt_len() as u64;
-            self.stats.prefix_hit_tokens += s.cached as u64;
-            if let (true, Some(a)) = (s.cached > 0, self.active.get_mut(&id)) {
-                a.tx.send(Event::Cached(s.cached));
-            }
-        }
-        if let Some(d) = &mut self.diffusion {
-            d.put_back(id, Some((task, s.finished)));
-        }
-        if s.denoised {
-            self.stats.denoising_steps += 1;
-        }
-        if let Some(tokens) = s.draft {
+        let d = c.after(self.fwd.executor(), logits)?;
+        if let Some(tokens) = d.draft {
             let draft = Event::Draft {
-                canvas: s.canvas,
-                step: s.step,
+                canvas: d.canvas,
+                step: d.step,
                 tokens,
             };
             if !self.send(id, draft)? {
-                return Ok(true);
+                return Ok(None);
             }
         }
-        if let Some((tokens, steps)) = s.committed {
-            self.stats.canvases += 1;
-            // The canvas is announced before its tokens: a stop string inside them ends the
-            // client's choice, and the canvas must be counted by then.
-            if !self.send(id, Event::Canvas { steps })? {
-                return Ok(true);
-            }
-            self.sched.record_outside(id, &tokens);
-            for tok in tokens {
-                self.stats.generated += 1;
-                if !self.active.contains_key(&id) {
-                    break;
-                }
-                if !self.send(id, Event::Token(tok, None))? {
-                    return Ok(true);
-                }
-            }
-        }
-        if s.finished {
-            let finish = if stopped {
-                Finish::Stop
-            } else {
-                Finish::Length
-            };
-            self.end(id, Some(finish))?;
-        }
-        Ok(true)
+        Ok(Some((d.committed.unwrap_or_default(), d.step)))
     }
 }

@@ -162,14 +162,7 @@ fn serve(engine: &mut Engine, rx: &Receiver<Cmd>, cancels: &Receiver<ReqId>) {
         if let Some((msg, running_only)) = failure {
             tracing::error!("{msg}");
             let ids: Vec<ReqId> = if running_only {
-                // A diffusion request mid-step has left its task behind: it fails too.
-                let stepping = engine.diffusion.as_mut().and_then(|d| d.take_stepping());
-                engine
-                    .sched
-                    .running()
-                    .map(|s| s.id)
-                    .chain(stepping)
-                    .collect()
+                engine.sched.running().map(|s| s.id).collect()
             } else {
                 engine.active.keys().copied().collect()
             };

@@ -21,6 +21,9 @@ pub struct GenRequest {
     pub drafts: bool,
     /// A block-diffusion model's first canvas (one id per canvas position) instead of noise.
     pub init_canvas: Option<Vec<u32>>,
+    /// On a block-diffusion model: generate token by token from its encoder's logits (as a
+    /// causal language model) instead of denoising canvases. Refused by other models.
+    pub autoregressive: bool,
     /// A grammar the output must follow ([`crate::grammar`]); the request ends when the
     /// grammar is complete. Such a request is never drafted for.
     pub constraint: Option<Constraint>,
@@ -37,6 +40,7 @@ impl GenRequest {
             logprobs: None,
             drafts: false,
             init_canvas: None,
+            autoregressive: false,
             constraint: None,
         }
     }

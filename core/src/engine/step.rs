@@ -17,9 +17,6 @@ use crate::sched::{Item, Outcome, Plan, ReqId};
 impl Engine {
     /// Runs one forward pass. Returns false when there is nothing to do.
     pub fn step(&mut self) -> Result<bool> {
-        if self.diffusion.is_some() {
-            return self.diffusion_step();
-        }
         if self.sched.is_idle() {
             return Ok(false);
         }
@@ -65,6 +62,22 @@ impl Engine {
     fn run(&mut self, plan: &Plan) -> Result<()> {
         self.stats.steps += 1;
         let features = self.features();
+        // The canvas items come last: their logits stay on the device.
+        let n_canvas = plan.canvases();
+        let (token_items, canvas_items) = plan.items.split_at(plan.items.len() - n_canvas);
+        if n_canvas > 0 {
+            self.stats.diffusion_passes += 1;
+            self.stats.diffusion_pass_canvases += n_canvas as u64;
+            if n_canvas < plan.items.len() {
+                self.stats.diffusion_shared_passes += 1;
+            }
+        }
+        if let Err(e) = self.prepare_canvases(canvas_items) {
+            for it in &plan.items {
+                self.fail(it.id, format!("forward pass failed: {e}"))?;
+            }
+            return Ok(());
+        }
         // The grammar masks of the rows about to sample, computed beside the forward pass.
         let mut masks: Vec<(ReqId, Constraint)> = plan
             .items
@@ -76,6 +89,7 @@ impl Engine {
             })
             .collect();
         let fwd = &self.fwd;
+        let canvases = self.canvas_inputs(canvas_items);
         let (step, spent, waited) = std::thread::scope(|s| {
             let worker = (!masks.is_empty()).then(|| {
                 s.spawn(|| {
@@ -89,7 +103,7 @@ impl Engine {
                     spent
                 })
             });
-            let step = fwd.run(&plan.batch, features.as_ref());
+            let step = canvases.and_then(|c| fwd.run_with(&plan.batch, features.as_ref(), &c));
             let t = std::time::Instant::now();
             let spent = worker.map(|w| w.join().unwrap_or_default());
             (step, spent.unwrap_or_default(), t.elapsed())
@@ -104,7 +118,7 @@ impl Engine {
                 a.constraint = Some(c);
             }
         }
-        let (out, hidden) = match step {
+        let (out, hidden, canvas_logits) = match step {
             Ok(out) => out,
             Err(e) => {
                 // The step's requests fail (their slots are freed); the engine and the
@@ -120,7 +134,7 @@ impl Engine {
         let mut outcomes = Vec::with_capacity(plan.items.len());
         let mut streams = Vec::with_capacity(plan.items.len());
         let mut failed = Vec::new();
-        for (it, mut rows) in plan.items.iter().zip(out) {
+        for (it, mut rows) in token_items.iter().zip(out) {
             let hid = hidden.as_mut().and_then(Iterator::next).unwrap_or_default();
             let mut outcome = Outcome {
                 id: it.id,
@@ -161,6 +175,30 @@ impl Engine {
             streams.push(lps);
             outcomes.push(outcome);
         }
+        // Each canvas drawn and accepted on the device; a finished one's tokens are the
+        // outcome (committed by the encoder in a later pass).
+        let mut canvas_steps = HashMap::new();
+        for (it, logits) in canvas_items.iter().zip(canvas_logits) {
+            let mut outcome = Outcome {
+                id: it.id,
+                ..Outcome::default()
+            };
+            match self.denoised(it.id, &logits) {
+                Ok(Some((tokens, steps))) => {
+                    if !tokens.is_empty() {
+                        canvas_steps.insert(it.id, steps);
+                    }
+                    streams.push(vec![None; tokens.len()]);
+                    outcome.tokens = tokens;
+                }
+                Ok(None) => streams.push(Vec::new()),
+                Err(e) => {
+                    failed.push((it.id, format!("denoising failed: {e}")));
+                    streams.push(Vec::new());
+                }
+            }
+            outcomes.push(outcome);
+        }
         let up = self.sched.update(plan, &outcomes)?;
         self.fwd.copy_blocks(&up.copies)?;
         for (id, msg) in failed {
@@ -173,6 +211,14 @@ impl Engine {
             .collect();
         for e in up.emits {
             let toks = sent.remove(&e.id).unwrap_or_default();
+            // A committed canvas is announced before its tokens: a stop string inside them
+            // ends the client's choice, and the canvas must be counted by then.
+            if let Some(steps) = canvas_steps.remove(&e.id) {
+                self.stats.canvases += 1;
+                if !self.send(e.id, Event::Canvas { steps })? {
+                    continue;
+                }
+            }
             self.stats.generated += e.sampled as u64;
             if !self.stream(e.id, toks.into_iter().take(e.send))? {
                 continue;

@@ -307,6 +307,7 @@ fn one_request_walks_admission_allocation_plan_forward_update() {
             max_running: 1,
             max_len: 128,
             snapshot_blocks: None,
+            canvas: 0,
         },
         kv,
     );

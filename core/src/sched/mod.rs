@@ -47,6 +47,8 @@ pub struct SchedConfig {
     /// state after it can be kept as a prefix-cache snapshot); the rest follows as a chunk of
     /// its own.
     pub snapshot_blocks: Option<usize>,
+    /// A block-diffusion model's canvas length (0: the model has no canvases).
+    pub canvas: usize,
 }
 
 /// Why a request ended.
@@ -63,8 +65,10 @@ pub enum Finish {
 pub enum Kind {
     /// Token by token in the scheduler's plans (prefill chunks, decodes, verifications).
     Generate,
-    /// A block-diffusion request: its record (tokens, limits, counts) is kept here, its
-    /// denoising steps run outside the plans, one request per pass.
+    /// A block-diffusion request: its tokens (prompt, then committed canvases) are fed as
+    /// prefill chunks; once all are in the cache, each step denoises its canvas (a
+    /// [`StepKind::Denoise`] item of [`SchedConfig::canvas`] rows, in the same pass as the
+    /// other requests' items); a canvas the engine commits comes back as its tokens, fed next.
     Denoise,
 }
 
@@ -138,24 +142,30 @@ pub enum StepKind {
     Decode,
     /// The pending token and `k` drafts in, the target's verdict on them out.
     Verify { k: usize },
+    /// A block-diffusion request's canvas of `canvas` positions, denoised once: its logits
+    /// out, nothing committed (its K/V are scratch in the slots the canvas will be committed
+    /// to).
+    Denoise { canvas: usize },
 }
 
 /// One request's share of a step: `tokens[start..end]` of it, then `lookahead` of its drafts,
 /// and whether the step gives the logits for its next token (with drafts, one row for each
-/// token fed).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// token fed); or, for a block-diffusion request, a canvas of `canvas` rows after its
+/// `start` tokens (`end == start`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Item {
     pub id: ReqId,
     pub start: usize,
     pub end: usize,
     pub sample: bool,
     pub lookahead: usize,
+    pub canvas: usize,
 }
 
 impl Item {
     /// The logits rows this item's step wants.
     pub fn logits(&self) -> Logits {
-        match (self.lookahead > 0, self.sample) {
+        match (self.lookahead > 0 || self.canvas > 0, self.sample) {
             (true, _) => Logits::All,
             (false, true) => Logits::Last,
             (false, false) => Logits::None,
@@ -163,21 +173,25 @@ impl Item {
     }
     pub fn kind(&self) -> StepKind {
         match (self.lookahead, self.sample && self.end - self.start == 1) {
+            _ if self.canvas > 0 => StepKind::Denoise {
+                canvas: self.canvas,
+            },
             (k, _) if k > 0 => StepKind::Verify { k },
             (_, true) => StepKind::Decode,
             _ => StepKind::Prefill,
         }
     }
-    /// Tokens fed.
+    /// Rows fed.
     pub fn len(&self) -> usize {
-        self.end - self.start + self.lookahead
+        self.end - self.start + self.lookahead + self.canvas
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
-/// A step's plan: what to feed, and the forward batch that feeds it.
+/// A step's plan: what to feed, and the forward batch that feeds it. Canvas items come last
+/// (the batch's last sequences are its canvases).
 #[derive(Clone, Debug, Default)]
 pub struct Plan {
     pub items: Vec<Item>,
@@ -193,6 +207,10 @@ pub struct Plan {
 impl Plan {
     pub fn tokens(&self) -> usize {
         self.items.iter().map(Item::len).sum()
+    }
+    /// The canvas items (the last ones).
+    pub fn canvases(&self) -> usize {
+        self.items.iter().filter(|it| it.canvas > 0).count()
     }
 }
 
@@ -229,7 +247,7 @@ pub struct Updated {
 
 /// Whether an entry waits in the queue.
 fn queued(e: &Entry) -> bool {
-    !e.resident && e.seq.kind == Kind::Generate
+    !e.resident
 }
 
 /// The queue, the running set and the KV coordinator. Every lookup by id is a hash lookup; a
@@ -265,6 +283,7 @@ impl Scheduler {
                 max_running: cfg.max_running.max(1),
                 max_len: cfg.max_len.max(1),
                 snapshot_blocks: cfg.snapshot_blocks.filter(|&b| b > 0),
+                canvas: cfg.canvas,
             },
             kv,
             seqs: HashMap::new(),
@@ -283,20 +302,18 @@ impl Scheduler {
         &self.kv
     }
 
-    /// The coordinator for work that runs outside the plans: a block-diffusion request
-    /// (which runs alone) and an embedding (which runs to its end between two steps).
+    /// The coordinator for work that runs outside the plans: an embedding (which runs to its
+    /// end between two steps).
     pub(crate) fn kv_mut(&mut self) -> &mut KvCoordinator {
         &mut self.kv
     }
 
-    /// Queues a new request (it needs at least one token); a [`Kind::Denoise`] one is only
-    /// held. An id already held is ignored.
+    /// Queues a new request (it needs at least one token). An id already held is ignored.
     pub fn admit(&mut self, seq: Request) {
         let id = seq.id;
         if self.seqs.contains_key(&id) {
             return;
         }
-        let queued = seq.kind == Kind::Generate;
         self.seqs.insert(
             id,
             Entry {
@@ -304,27 +321,8 @@ impl Scheduler {
                 resident: false,
             },
         );
-        if queued {
-            self.waiting.push_back(id);
-            self.n_waiting += 1;
-        }
-    }
-
-    /// Requests whose steps run outside the plans ([`Kind::Denoise`]).
-    pub fn outside(&self) -> impl Iterator<Item = &Request> {
-        self.seqs
-            .values()
-            .map(|e| &e.seq)
-            .filter(|r| r.kind != Kind::Generate)
-    }
-
-    /// Tokens a request's steps outside the plans produced (a committed canvas): appended
-    /// and counted as generated.
-    pub fn record_outside(&mut self, id: ReqId, tokens: &[u32]) {
-        if let Some(e) = self.seqs.get_mut(&id) {
-            e.seq.tokens.extend_from_slice(tokens);
-            e.seq.generated += tokens.len();
-        }
+        self.waiting.push_back(id);
+        self.n_waiting += 1;
     }
 
     pub fn waiting(&self) -> usize {
@@ -396,6 +394,8 @@ impl Scheduler {
         let mut budget = self.cfg.max_batch_tokens;
         self.schedule_running(&mut plan, &mut budget)?;
         self.schedule_waiting(&mut plan, &mut budget)?;
+        // Canvases last, in the order planned (the pass's last sequences).
+        plan.items.sort_by_key(|it| it.canvas > 0);
         let inputs: Vec<(ReqId, Vec<u32>, Logits)> = plan
             .items
             .iter()
@@ -403,6 +403,8 @@ impl Scheduler {
                 let s = self.get(it.id)?;
                 let mut toks = s.tokens[it.start..it.end].to_vec();
                 toks.extend_from_slice(&s.draft[..it.lookahead]);
+                // A canvas's ids live on the device; the batch holds placeholders.
+                toks.resize(toks.len() + it.canvas, 0);
                 Some((it.id, toks, it.logits()))
             })
             .collect();
@@ -412,9 +414,10 @@ impl Scheduler {
         Ok(plan)
     }
 
-    /// Running requests, oldest first: a decode token (and as many of its drafts as fit) or
-    /// the next prefill chunk each. A request whose slots the pools cannot take drops its
-    /// drafts, then preempts the newest running request (possibly itself).
+    /// Running requests, oldest first: a decode token (and as many of its drafts as fit), the
+    /// next prefill chunk, or a block-diffusion request's canvas each. A request whose slots
+    /// the pools cannot take drops its drafts, then preempts the newest running request
+    /// (possibly itself).
     fn schedule_running(&mut self, plan: &mut Plan, budget: &mut usize) -> Result<()> {
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
@@ -424,20 +427,31 @@ impl Scheduler {
                 continue;
             };
             let (computed, pending, len) = (s.computed, s.pending(), s.tokens.len());
+            let denoise = s.kind == Kind::Denoise;
+            // A diffusion request with everything fed denoises its canvas (whole, or not
+            // this step).
+            let canvas = match denoise && pending == 0 {
+                true if self.cfg.canvas <= *budget => self.cfg.canvas,
+                true => {
+                    i += 1;
+                    continue;
+                }
+                false => 0,
+            };
             let n = self.chunk(computed, pending.min(*budget), len);
-            if n == 0 {
+            if n == 0 && canvas == 0 {
                 i += 1;
                 continue;
             }
-            let mut k = match s.decoding() {
+            let mut k = match s.decoding() && !denoise {
                 true => s.draft.len().min(*budget - n),
-                false => 0,
+                false => canvas,
             };
             let fits = loop {
                 if self.kv.allocate_slots(id, n, k)? {
                     break true;
                 }
-                if k > 0 {
+                if k > 0 && canvas == 0 {
                     k = 0;
                     continue;
                 }
@@ -462,8 +476,9 @@ impl Scheduler {
                 id,
                 start: computed,
                 end: computed + n,
-                sample: computed + n == len,
-                lookahead: k,
+                sample: computed + n == len && !denoise,
+                lookahead: k - canvas,
+                canvas,
             });
             i += 1;
         }
@@ -486,6 +501,7 @@ impl Scheduler {
                 break;
             };
             let len = s.tokens.len();
+            let denoise = s.kind == Kind::Denoise;
             let fresh = s.computed == 0 && !self.kv.contains(id);
             let hit = match fresh {
                 true => self
@@ -506,8 +522,8 @@ impl Scheduler {
                 id,
                 start,
                 end: start + n,
-                sample: start + n == len,
-                lookahead: 0,
+                sample: start + n == len && !denoise,
+                ..Item::default()
             });
             if fresh {
                 plan.admitted.push((id, hit));
@@ -556,7 +572,10 @@ impl Scheduler {
             let s = &mut e.seq;
             let mut fed = s.tokens[it.start..it.end].to_vec();
             fed.extend_from_slice(&s.draft[..it.lookahead.min(s.draft.len())]);
-            self.kv.commit(it.id, &fed)?;
+            // A canvas commits nothing: its slots stay allocated for the next step.
+            if !fed.is_empty() {
+                self.kv.commit(it.id, &fed)?;
+            }
             let accepted = out.accepted.min(it.lookahead);
             s.computed = it.end + accepted;
             if accepted < it.lookahead {
@@ -585,14 +604,21 @@ impl Scheduler {
                 }
                 emit.send += 1;
                 s.generated += 1;
+                // A canvas fits the context whole (its tokens are checked together below).
+                let full = base + j + 1 >= max_len && s.kind == Kind::Generate;
                 if out.done && j + 1 == out.tokens.len() {
                     emit.finish = Some(Finish::Stop);
-                } else if s.generated >= s.max_tokens || base + j + 1 >= max_len {
+                } else if s.generated >= s.max_tokens || full {
                     emit.finish = Some(Finish::Length);
                 }
                 if emit.finish.is_some() {
                     break;
                 }
+            }
+            // A diffusion request goes on only while another canvas fits after this one.
+            let c = self.cfg.canvas;
+            if s.kind == Kind::Denoise && emit.finish.is_none() && s.tokens.len() + c > max_len {
+                emit.finish = Some(Finish::Length);
             }
             up.emits.push(emit);
         }
@@ -610,9 +636,6 @@ impl Scheduler {
             self.running.retain(|&r| r != id);
             self.kv.free(id)?;
             return Ok(true);
-        }
-        if e.seq.kind != Kind::Generate {
-            return Ok(false);
         }
         self.n_waiting -= 1;
         // Stale places are dropped as they reach the front; should they pile up behind a

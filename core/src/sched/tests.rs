@@ -15,6 +15,7 @@ fn sched_with(tokens: usize, running: usize, blocks: usize, bs: usize, prefix: b
             max_running: running,
             max_len: 1 << 20,
             snapshot_blocks: None,
+            canvas: 0,
         },
         kv,
     )
@@ -45,7 +46,7 @@ fn item(id: ReqId, start: usize, end: usize, sample: bool) -> Item {
         start,
         end,
         sample,
-        lookahead: 0,
+        ..Item::default()
     }
 }
 
@@ -59,7 +60,7 @@ fn check(s: &Scheduler, plan: &Plan) {
     assert_eq!(plan.batch.tokens.len(), plan.tokens());
     for (it, si) in plan.items.iter().zip(&plan.batch.seqs) {
         assert_eq!(si.q_len, it.len());
-        assert_eq!(si.seq_len, it.end + it.lookahead);
+        assert_eq!(si.seq_len, it.end + it.lookahead + it.canvas);
         assert_eq!(plan.batch.positions[si.q_start] as usize, it.start);
     }
 }
@@ -73,6 +74,7 @@ fn snapshot_blocks_end_a_prefill_chunk_on_the_last_block_boundary() {
             max_running: 2,
             max_len: 1 << 20,
             snapshot_blocks: Some(16),
+            canvas: 0,
         },
         kv,
     );
@@ -327,22 +329,131 @@ fn update_ends_a_request_at_a_stop_token_its_limit_the_context_or_its_grammar() 
     assert_eq!(s.get(2).map(|r| r.generated), Some(2));
 }
 
+/// The outcomes of a plan: `tokens` for the items of the ids it names, nothing for the rest.
+fn outcomes(plan: &Plan, tokens: &[(ReqId, &[u32])]) -> Vec<Outcome> {
+    (plan.items.iter())
+        .map(|it| Outcome {
+            id: it.id,
+            tokens: (tokens.iter())
+                .find(|(id, _)| *id == it.id)
+                .map_or(Vec::new(), |(_, t)| t.to_vec()),
+            ..Outcome::default()
+        })
+        .collect()
+}
+
 #[test]
-fn a_denoise_request_is_held_not_planned_and_its_tokens_are_counted() {
-    let mut s = sched(64, 4, 100);
+fn a_denoise_request_feeds_its_prompt_then_denoises_canvases_planned_after_the_others() {
+    let kv = KvCoordinator::new(vec![None], &[101], 4, false, 0, None).expect("kv");
+    let mut s = Scheduler::new(
+        SchedConfig {
+            max_batch_tokens: 64,
+            max_running: 4,
+            max_len: 1 << 20,
+            snapshot_blocks: None,
+            canvas: 4,
+        },
+        kv,
+    );
     let mut d = Request::new(1, vec![1; 5]);
     d.kind = Kind::Denoise;
+    d.max_tokens = 7;
+    d.stop_ids = vec![9];
     s.admit(d);
     s.admit(Request::new(2, vec![2; 3]));
-    assert_eq!(s.waiting(), 1);
+    // The whole prompt goes in, with no token sampled.
     let p = s.schedule().expect("plan");
-    assert_eq!(p.items, vec![item(2, 0, 3, true)]);
-    s.record_outside(1, &[4, 4, 4]);
-    let held: Vec<(ReqId, usize)> = s.outside().map(|r| (r.id, r.generated)).collect();
-    assert_eq!(held, vec![(1, 3)]);
-    assert!(!s.finish(1).expect("finish"));
-    assert_eq!((s.waiting(), s.num_running()), (0, 1));
-    assert!(s.get(1).is_none());
+    assert_eq!(p.items, vec![item(1, 0, 5, false), item(2, 0, 3, true)]);
+    check(&s, &p);
+    s.update(&p, &outcomes(&p, &[(2, &[7])])).expect("update");
+    // Then a canvas of 4 rows, after the other request's decode; it commits nothing.
+    let canvas = Item {
+        canvas: 4,
+        ..item(1, 5, 5, false)
+    };
+    let p = s.schedule().expect("plan");
+    assert_eq!(p.items, vec![item(2, 3, 4, true), canvas.clone()]);
+    assert_eq!(p.items[1].kind(), StepKind::Denoise { canvas: 4 });
+    assert_eq!(p.items[1].logits(), Logits::All);
+    assert_eq!(p.canvases(), 1);
+    check(&s, &p);
+    assert_eq!(&p.batch.tokens[1..], &[0; 4]);
+    let up = s.update(&p, &outcomes(&p, &[(2, &[7])])).expect("update");
+    assert_eq!(up.emits.iter().map(|e| e.id).collect::<Vec<_>>(), vec![2]);
+    assert_eq!((s.kv().seq_len(1), s.kv().blocks_held(1)), (5, 3));
+    // The canvas again, in the slots it has; this time it is done: its tokens go out.
+    let p = s.schedule().expect("plan");
+    assert_eq!(p.items[1], canvas);
+    let up = (s.update(&p, &outcomes(&p, &[(2, &[7]), (1, &[3, 4, 5, 6])]))).expect("update");
+    assert_eq!(
+        up.emits[1],
+        Emit {
+            id: 1,
+            send: 4,
+            sampled: 4,
+            finish: None
+        }
+    );
+    assert_eq!(s.kv().blocks_held(1), 3);
+    // The committed canvas is fed like a prompt chunk, then the next canvas runs; it holds
+    // the stop token, and `max_tokens` would have cut it anyway.
+    let p = s.schedule().expect("plan");
+    assert_eq!(p.items, vec![item(1, 5, 9, false), item(2, 5, 6, true)]);
+    s.update(&p, &outcomes(&p, &[(2, &[7])])).expect("update");
+    let p = s.schedule().expect("plan");
+    assert_eq!(p.items[1], Item { canvas: 4, ..item(1, 9, 9, false) });
+    let up = s.update(&p, &outcomes(&p, &[(1, &[5, 6, 9, 1])])).expect("update");
+    assert_eq!(
+        up.emits[0],
+        Emit {
+            id: 1,
+            send: 2,
+            sampled: 3,
+            finish: Some(Finish::Stop)
+        }
+    );
+    assert_eq!(s.get(1).map(|r| r.generated), Some(6));
+    assert!(s.finish(1).expect("finish"));
+    assert_eq!(s.kv().blocks_held(1), 0);
+}
+
+#[test]
+fn a_denoise_request_ends_at_max_tokens_or_when_no_canvas_fits_the_context() {
+    let run_to_end = |max_len: usize, max_tokens: usize| -> (usize, Option<Finish>) {
+        let kv = KvCoordinator::new(vec![None], &[101], 4, false, 0, None).expect("kv");
+        let mut s = Scheduler::new(
+            SchedConfig {
+                max_batch_tokens: 64,
+                max_running: 1,
+                max_len,
+                snapshot_blocks: None,
+                canvas: 4,
+            },
+            kv,
+        );
+        let mut d = Request::new(1, vec![1; 3]);
+        d.kind = Kind::Denoise;
+        d.max_tokens = max_tokens;
+        s.admit(d);
+        for _ in 0..20 {
+            let p = s.schedule().expect("plan");
+            let done = p.items[0].canvas > 0;
+            let up = match done {
+                true => s.update(&p, &outcomes(&p, &[(1, &[2, 3, 4, 5])])),
+                false => s.update(&p, &outcomes(&p, &[])),
+            }
+            .expect("update");
+            if let Some(e) = up.emits.first().filter(|e| e.finish.is_some()) {
+                return (s.get(1).map_or(0, |r| r.generated), e.finish);
+            }
+        }
+        panic!("the request never ended");
+    };
+    // max_tokens cuts the second canvas.
+    assert_eq!(run_to_end(1 << 20, 6), (6, Some(Finish::Length)));
+    // 3 + 4 + 4 = 11 tokens fit a context of 14, a third canvas does not.
+    assert_eq!(run_to_end(14, 100), (8, Some(Finish::Length)));
+    assert_eq!(run_to_end(15, 100), (12, Some(Finish::Length)));
 }
 
 #[test]

@@ -116,6 +116,9 @@ pub struct GenSpec {
     pub echo: Option<String>,
     /// `stream_drafts` (block-diffusion models, streamed): each denoising step's draft.
     pub drafts: bool,
+    /// `autoregressive` (kiln's extension): a block-diffusion model generates this request
+    /// token by token from its encoder's logits instead of denoising canvases.
+    pub autoregressive: bool,
     /// What the output must follow: `response_format`, `grammar`, or a forced tool call.
     pub grammar: Option<GrammarSpec>,
     /// `grammar` compiled ([`constrain`]).
@@ -323,9 +326,11 @@ pub fn common(
             Some("stream_drafts"),
         ));
     }
-    if drafts && !state.diffusion {
+    let autoregressive = boolean(b, "autoregressive")?.unwrap_or(false);
+    if drafts && (!state.diffusion || autoregressive) {
         return Err(ApiError::bad(
-            "stream_drafts needs a block-diffusion model; this one generates token by token",
+            "stream_drafts needs a block-diffusion model denoising the request; this one \
+             generates it token by token",
             Some("stream_drafts"),
         ));
     }
@@ -348,6 +353,7 @@ pub fn common(
         return_token_ids: boolean(b, "return_token_ids")?.unwrap_or(false),
         echo: None,
         drafts,
+        autoregressive,
         grammar: grammar(b)?,
         constraint: None,
         tools: Vec::new(),
@@ -416,9 +422,10 @@ pub fn constrain(state: &AppState, spec: &mut GenSpec) -> Result<(), ApiError> {
     let Some(g) = &spec.grammar else {
         return Ok(());
     };
-    if state.diffusion {
+    if state.diffusion && !spec.autoregressive {
         return Err(ApiError::bad(
-            "grammars are not available with a block-diffusion model",
+            "grammars are not available with a block-diffusion model (unless the request \
+             asks for \"autoregressive\": true)",
             Some("response_format"),
         ));
     }

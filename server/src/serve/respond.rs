@@ -288,6 +288,7 @@ fn start(
                 logprobs: spec.logprobs,
                 drafts: spec.drafts,
                 init_canvas: None,
+                autoregressive: spec.autoregressive,
                 constraint: spec.constraint.clone(),
             },
             Box::new(ToTask(etx)),
