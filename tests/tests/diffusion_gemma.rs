@@ -200,6 +200,137 @@ fn the_engine_serves_a_starting_canvas_like_the_direct_loop() {
     assert_eq!(e.snapshot().kv_free, e.snapshot().kv_total);
 }
 
+/// An engine over the fixture with room for 8 requests at once.
+fn engine8(ex: Executor, v: &Value) -> Engine {
+    let file = open_model(&dir()).expect("checkpoint opens");
+    let model = build_from_gguf(&file, &ex).expect("model builds");
+    let cfg = RunnerConfig {
+        ctx: 128,
+        max_batch_tokens: 96,
+        block_size: 4,
+        max_seqs: 8,
+        ..RunnerConfig::default()
+    };
+    let mut e = Engine::new(Runner::new(ex, model, cfg).expect("runner"), 8);
+    e.set_diffusion_defaults(reference_params(v))
+        .expect("params");
+    e
+}
+
+/// What a request heard: its tokens and the canvases announced.
+#[derive(Debug, Default, PartialEq)]
+struct Heard {
+    tokens: Vec<u32>,
+    canvases: usize,
+    finished: bool,
+}
+
+fn hear(h: &mut Heard, ev: Event) {
+    match ev {
+        Event::Token(t, _) => h.tokens.push(t),
+        Event::Canvas { .. } => h.canvases += 1,
+        Event::Done { .. } => h.finished = true,
+        Event::Error(e) => panic!("request failed: {e}"),
+        _ => {}
+    }
+}
+
+/// Four diffusion requests (two canvases each, different prompts and seeds) and four
+/// token-by-token requests on the same model.
+fn mixed_requests(v: &Value) -> Vec<GenRequest> {
+    let prompt = ids(v, "prompt");
+    let vary = |i: u32| -> Vec<u32> {
+        let mut p = prompt.clone();
+        p.truncate(prompt.len() - i as usize);
+        p.push(17 + 31 * i);
+        p
+    };
+    let mut out = Vec::new();
+    for i in 0..4u32 {
+        let params = SamplingParams {
+            seed: Some(100 + u64::from(i)),
+            ..SamplingParams::default()
+        };
+        out.push(GenRequest::new(vary(i), params, 16));
+    }
+    for i in 0..4u32 {
+        let params = SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        };
+        out.push(GenRequest {
+            autoregressive: true,
+            ..GenRequest::new(vary(i + 4), params, 6 + i as usize)
+        });
+    }
+    out
+}
+
+/// Diffusion requests and token-by-token requests served at once share forward passes
+/// (several canvases in one pass, beside the other requests' prompt chunks and decodes), and
+/// each request's output is the one it gets alone.
+fn mixed_batches_match_each_alone(ex: impl Fn() -> Executor) {
+    let v = reference();
+    let reqs = mixed_requests(&v);
+    let alone: Vec<Heard> = reqs
+        .iter()
+        .map(|r| {
+            let mut e = engine8(ex(), &v);
+            let mut h = Heard::default();
+            e.run_one(r.clone(), |ev| {
+                hear(&mut h, ev);
+                Ok(true)
+            })
+            .expect("served alone");
+            assert_eq!(e.stats().diffusion_shared_passes, 0);
+            h
+        })
+        .collect();
+    for (h, r) in alone.iter().zip(&reqs) {
+        assert!(h.finished && !h.tokens.is_empty());
+        assert_eq!(h.canvases > 0, !r.autoregressive);
+    }
+    let mut e = engine8(ex(), &v);
+    let rxs: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            e.submit(r.clone(), tx).expect("submitted");
+            rx
+        })
+        .collect();
+    while e.step().expect("step") {}
+    let together: Vec<Heard> = rxs
+        .iter()
+        .map(|rx| {
+            let mut h = Heard::default();
+            rx.try_iter().for_each(|ev| hear(&mut h, ev));
+            h
+        })
+        .collect();
+    assert_eq!(together, alone);
+    let st = e.stats();
+    assert!(
+        st.diffusion_pass_canvases >= st.diffusion_passes + 2,
+        "canvases shared passes: {st:?}"
+    );
+    assert!(st.diffusion_shared_passes > 0, "{st:?}");
+    assert_eq!(e.snapshot().kv_free, e.snapshot().kv_total);
+}
+
+#[test]
+fn mixed_batches_of_canvases_and_tokens_match_each_alone_on_the_cpu() {
+    mixed_batches_match_each_alone(Executor::cpu);
+}
+
+#[test]
+fn mixed_batches_of_canvases_and_tokens_match_each_alone_on_webgpu() {
+    let Some(gpu) = optional_backend("wgpu", kiln_backend_wgpu::open) else {
+        return;
+    };
+    mixed_batches_match_each_alone(|| Executor::new(gpu.clone()).strict(true));
+}
+
 /// A prompt longer than a pass's token limit goes in chunks, one pass each (so a request
 /// beside it waits for a chunk, not the whole prompt), and the canvas is the same.
 #[test]

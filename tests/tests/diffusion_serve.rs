@@ -94,6 +94,49 @@ fn completions_stream_canvases_and_free_the_pool() {
         let v = t.join().expect("client");
         assert!(v["choices"][0]["text"].is_string(), "{v}");
     }
+    // Two in the cache at once: their canvases shared passes.
+    let m = metrics_text(srv.addr);
+    let (passes, in_passes) = (
+        metric(&m, "kiln_diffusion_passes_total"),
+        metric(&m, "kiln_diffusion_pass_canvases_total"),
+    );
+    assert!(in_passes > passes, "{in_passes} canvases in {passes} passes");
+    // A token-by-token request beside a diffusion one shares its passes (counted); tried a
+    // few times, since the two must arrive while the other runs.
+    let shared = |m: &str| metric(m, "kiln_diffusion_shared_passes_total");
+    let before = shared(&m);
+    let ar = json!({"prompt": "Story A:", "max_tokens": 48, "ignore_eos": true,
+                    "temperature": 0, "autoregressive": true});
+    let dg = json!({"prompt": "Story B:", "max_tokens": 48, "ignore_eos": true, "seed": 9});
+    let mut after = before;
+    for _ in 0..5 {
+        let threads: Vec<_> = [ar.clone(), dg.clone()]
+            .into_iter()
+            .map(|b| {
+                let addr = srv.addr;
+                std::thread::spawn(move || completion(addr, &b))
+            })
+            .collect();
+        for t in threads {
+            let v = t.join().expect("client");
+            assert_eq!(v["usage"]["completion_tokens"], 48, "{v}");
+        }
+        after = shared(&metrics_text(srv.addr));
+        if after > before {
+            break;
+        }
+    }
+    assert!(after > before, "no pass held both kinds");
+    // A grammar is for token-by-token requests only.
+    let g = json!({"prompt": "x", "max_tokens": 4, "grammar": "start: \"a\""});
+    let (st, raw) = post(srv.addr, "/v1/completions", &g);
+    assert_eq!(st, 400, "{raw}");
+    let g = json!({"prompt": "x", "max_tokens": 4, "grammar": "start: \"a\"",
+                   "autoregressive": true});
+    let (st, raw) = post(srv.addr, "/v1/completions", &g);
+    assert_eq!(st, 200, "{raw}");
+    let v: serde_json::Value = serde_json::from_str(&raw).expect("JSON");
+    assert_eq!(v["choices"][0]["text"], "a", "{v}");
     // A client that leaves mid-stream: its request is cancelled and its blocks return.
     let long = json!({"prompt": "Once upon a time", "max_tokens": 400, "stream": true, "seed": 1})
         .to_string();

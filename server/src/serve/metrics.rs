@@ -131,7 +131,7 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
         let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let counters: [(&str, &str, u64); 14] = [
+        let counters: [(&str, &str, u64); 17] = [
             ("kiln_kv_blocks_total", "Usable KV cache blocks in all.", s.kv_total as u64),
             ("kiln_engine_steps_total", "Forward passes.", s.stats.steps),
             (
@@ -173,6 +173,21 @@ impl Metrics {
                 "kiln_diffusion_denoising_steps_total",
                 "Denoising steps of a diffusion model (steps per canvas: this over canvases).",
                 s.stats.denoising_steps,
+            ),
+            (
+                "kiln_diffusion_passes_total",
+                "Forward passes that denoised canvases.",
+                s.stats.diffusion_passes,
+            ),
+            (
+                "kiln_diffusion_pass_canvases_total",
+                "Canvases those passes denoised (canvases per pass: this over the passes).",
+                s.stats.diffusion_pass_canvases,
+            ),
+            (
+                "kiln_diffusion_shared_passes_total",
+                "Passes that denoised canvases beside other requests' tokens (prompt chunks, committed canvases, token-by-token generation).",
+                s.stats.diffusion_shared_passes,
             ),
             (
                 "kiln_spec_verifications_total",
