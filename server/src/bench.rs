@@ -101,7 +101,12 @@ fn bench_concurrent(a: &BenchArgs, c: usize) -> Result<()> {
                 match rx.recv() {
                     Ok(Event::Token(..)) => generated += 1,
                     Ok(Event::Done { .. }) => break,
-                    Ok(Event::Cached(_) | Event::Draft { .. } | Event::Canvas { .. }) => {}
+                    Ok(
+                        Event::Cached(_)
+                        | Event::Draft { .. }
+                        | Event::Canvas { .. }
+                        | Event::Embedding(_),
+                    ) => {}
                     Ok(Event::Error(e)) => bail!("request failed: {e}"),
                     Err(_) => bail!("the engine stopped"),
                 }

@@ -180,7 +180,11 @@ pub fn generate(
                 return Ok(!stops.stopped());
             }
             Event::Cached(c) => cached = c,
-            Event::Done { .. } | Event::Error(_) | Event::Draft { .. } | Event::Canvas { .. } => {}
+            Event::Done { .. }
+            | Event::Error(_)
+            | Event::Draft { .. }
+            | Event::Canvas { .. }
+            | Event::Embedding(_) => {}
         }
         Ok(true)
     })?;

@@ -100,7 +100,10 @@ fn completions_stream_canvases_and_free_the_pool() {
         metric(&m, "kiln_diffusion_passes_total"),
         metric(&m, "kiln_diffusion_pass_canvases_total"),
     );
-    assert!(in_passes > passes, "{in_passes} canvases in {passes} passes");
+    assert!(
+        in_passes > passes,
+        "{in_passes} canvases in {passes} passes"
+    );
     // A token-by-token request beside a diffusion one shares its passes (counted); tried a
     // few times, since the two must arrive while the other runs.
     let shared = |m: &str| metric(m, "kiln_diffusion_shared_passes_total");

@@ -70,8 +70,8 @@ fn collect(rx: &Receiver<Event>) -> Vec<u32> {
             }
             Event::Error(e) => panic!("request failed: {e}"),
             Event::Cached(_) => {}
-            e @ (Event::Draft { .. } | Event::Canvas { .. }) => {
-                panic!("a diffusion event from an autoregressive model: {e:?}")
+            e @ (Event::Draft { .. } | Event::Canvas { .. } | Event::Embedding(_)) => {
+                panic!("not a generation's event: {e:?}")
             }
         }
     }
@@ -401,4 +401,84 @@ fn requests_sharing_a_prefix_finish_in_a_pool_just_above_one_request() {
             "the shared prefix was never reused"
         );
     }
+}
+
+/// Embeddings are scheduled like any prompt: beside generations, in chunks under the token
+/// budget, in a pool too small for everything at once (so requests are preempted and fed
+/// again). Each vector is the one a lone embedding pass gives, and the generations are
+/// unchanged.
+#[test]
+fn embeddings_share_the_budget_and_the_pool_with_generations() {
+    use kiln_core::engine::Pooling;
+    let Some((file, tok)) = load() else {
+        return;
+    };
+    let n = 12;
+    let want_gen = alone(&file, &tok, n);
+    let texts: Vec<Vec<u32>> = PROMPTS[..3]
+        .iter()
+        .map(|p| tok.encode(&p.repeat(4), true).expect("encode"))
+        .collect();
+    let want_vec: Vec<Vec<f32>> = texts
+        .iter()
+        .map(|t| {
+            let ex = Executor::cpu();
+            let model = build_from_gguf(&file, &ex).expect("model");
+            let cfg = RunnerConfig {
+                ctx: 256,
+                ..RunnerConfig::default()
+            };
+            let mut r = Runner::new(ex, model, cfg).expect("runner");
+            r.embed(1, t, Pooling::Mean).expect("lone embedding")
+        })
+        .collect();
+    let mut e = engine_with(&file, 6, Some(5), 16, false);
+    let gens: Vec<Receiver<Event>> = PROMPTS[..3]
+        .iter()
+        .map(|p| {
+            let (tx, rx) = mpsc::channel();
+            e.submit(request(&tok, p, n), tx).expect("submit");
+            rx
+        })
+        .collect();
+    let embs: Vec<Receiver<Event>> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let (tx, rx) = mpsc::channel();
+            let id = 100 + i as u64;
+            e.submit_embedding(id, t, Pooling::Mean, Box::new(tx))
+                .expect("submit");
+            rx
+        })
+        .collect();
+    let mut most = 0;
+    while e.step().expect("step") {
+        most = most.max(e.snapshot().running);
+    }
+    assert!(most >= 4, "at most {most} requests ran at once");
+    for (i, rx) in gens.iter().enumerate() {
+        assert_eq!(collect(rx), want_gen[i], "{:?}", PROMPTS[i]);
+    }
+    for (i, rx) in embs.iter().enumerate() {
+        let mut got = None;
+        for ev in rx.try_iter() {
+            match ev {
+                Event::Embedding(v) => got = Some(v),
+                Event::Done { finish, .. } => assert_eq!(finish, Finish::Stop),
+                other => panic!("{other:?}"),
+            }
+        }
+        let got = got.expect("an embedding");
+        let err = got
+            .iter()
+            .zip(&want_vec[i])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(err < 1e-5, "embedding {i}: max |difference| {err}");
+    }
+    let st = e.stats();
+    assert!(st.preemptions > 0, "the small pool never preempted: {st:?}");
+    let s = e.snapshot();
+    assert_eq!(s.kv_free, s.kv_total);
 }

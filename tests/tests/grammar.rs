@@ -50,6 +50,7 @@ fn run(e: Engine, reqs: &[GenRequest]) -> (Vec<(Vec<u32>, Finish)>, EngineStats)
                     Event::Token(t, _) => out.push(t),
                     Event::Done { finish, .. } => return (out, finish),
                     Event::Error(e) => panic!("{e}"),
+                    Event::Embedding(_) => panic!("an embedding for a generation"),
                     Event::Cached(_) | Event::Draft { .. } | Event::Canvas { .. } => {}
                 }
             }

@@ -310,8 +310,8 @@ fn qwen3_5_batched_requests_keep_their_own_state() {
                         Event::Done { .. } => return out,
                         Event::Error(e) => panic!("{e}"),
                         Event::Cached(_) => {}
-                        e @ (Event::Draft { .. } | Event::Canvas { .. }) => {
-                            panic!("a diffusion event from an autoregressive model: {e:?}")
+                        e @ (Event::Draft { .. } | Event::Canvas { .. } | Event::Embedding(_)) => {
+                            panic!("not a generation's event: {e:?}")
                         }
                     }
                 }

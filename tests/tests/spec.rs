@@ -111,6 +111,7 @@ fn run(e: Engine, reqs: &[GenRequest]) -> (Vec<Vec<u32>>, EngineStats) {
                     Event::Token(t, _) => out.push(t),
                     Event::Done { .. } => return out,
                     Event::Error(e) => panic!("{e}"),
+                    Event::Embedding(_) => panic!("an embedding for a generation"),
                     Event::Cached(_) | Event::Draft { .. } | Event::Canvas { .. } => {}
                 }
             }

@@ -19,7 +19,7 @@ use super::request::{Event, EventSink, Finish, GenRequest};
 use super::spec::{Spec, SpecStats};
 use crate::error::{Error, Result};
 use crate::grammar::Constraint;
-use crate::runner::{embed::Pooling, Forward, Runner, Session};
+use crate::runner::{embed::Pooling, Forward, Runner};
 use crate::sample::{Sampler, MAX_TOP_LOGPROBS};
 use crate::sched::{Kind, KvCoordinator, ReqId, Request, SchedConfig, Scheduler};
 use crate::spec::Drafter;
@@ -130,6 +130,8 @@ pub(super) struct Active {
     pub(super) draft: Option<crate::spec::Draft>,
     /// A block-diffusion request's denoising state.
     pub(super) canvas: Option<super::diffusion::Canvas>,
+    /// An embedding's hidden states pooled so far.
+    pub(super) embed: Option<crate::runner::embed::Pooled>,
     pub(super) tx: Box<dyn EventSink>,
 }
 
@@ -193,13 +195,6 @@ impl Engine {
     /// The KV coordinator, as the scheduler keeps it.
     pub fn kv(&self) -> &KvCoordinator {
         self.sched.kv()
-    }
-    /// The model and the KV coordinator for work that runs outside the scheduler's plans.
-    pub(super) fn session(&mut self) -> Session<'_> {
-        Session {
-            fwd: &self.fwd,
-            kv: self.sched.kv_mut(),
-        }
     }
     /// Speculative decoding with `drafter`, up to `k` drafts per request per step. The
     /// runner must be able to roll `k` tokens back without recomputing a window
@@ -296,6 +291,7 @@ impl Engine {
             let (state, computed) = match (s.kind, running) {
                 (_, false) => (SlotState::Queued, s.computed),
                 (Kind::Denoise, true) => (SlotState::Denoise, s.computed),
+                (Kind::Embed, true) => (SlotState::Prefill, s.computed),
                 (Kind::Generate, true) if s.computed < s.prompt_len => {
                     (SlotState::Prefill, s.computed)
                 }
@@ -375,6 +371,7 @@ impl Engine {
                 draft: None,
                 tx,
                 canvas,
+                embed: None,
             },
         );
         let mut r = Request::new(id, req.prompt.clone());
@@ -431,8 +428,7 @@ impl Engine {
         }
         if !denoises && req.init_canvas.is_some() {
             return Err(Error::Model(
-                "a starting canvas is for a request served by denoising, not token by token"
-                    .into(),
+                "a starting canvas is for a request served by denoising, not token by token".into(),
             ));
         }
         if denoises && req.constraint.is_some() {
@@ -541,16 +537,66 @@ impl Engine {
         self.end(id, None)
     }
 }
-/// A sequence id no request gets: an embedding runs to its end before anything else.
-const EMBED_SEQ: crate::kv::SeqId = crate::kv::SeqId::MAX;
-
 impl Engine {
-    /// The embedding of `tokens`, computed now (between two steps of the other requests).
-    pub fn embed(&mut self, tokens: &[u32], pooling: Pooling) -> Result<Vec<f32>> {
+    /// Queues the embedding of `tokens` (its final-normed hidden states pooled by `pooling`
+    /// and scaled to unit length) under `id`: scheduled like any request's prompt, under the
+    /// same token budget and KV pools, beside the others. The vector arrives on `tx` as
+    /// [`Event::Embedding`], then `Done`.
+    pub fn submit_embedding(
+        &mut self,
+        id: ReqId,
+        tokens: &[u32],
+        pooling: Pooling,
+        tx: Box<dyn EventSink>,
+    ) -> Result<()> {
+        self.check_embedding(tokens)?;
+        if self.active.contains_key(&id) {
+            return Err(Error::Model(format!("request id {id} is in use")));
+        }
+        self.next_id = self.next_id.max(id + 1);
+        self.active.insert(
+            id,
+            Active {
+                sampler: Sampler::new(crate::sample::SamplingParams::default())?,
+                constraint: None,
+                draft: None,
+                tx,
+                canvas: None,
+                embed: Some(crate::runner::embed::Pooled::new(pooling, tokens.len())),
+            },
+        );
+        let mut r = Request::new(id, tokens.to_vec());
+        r.kind = Kind::Embed;
+        r.max_tokens = 0;
+        self.sched.admit(r);
+        Ok(())
+    }
+
+    /// Whether the engine can embed `tokens`.
+    fn check_embedding(&self, tokens: &[u32]) -> Result<()> {
         if self.diffusion.is_some() {
             return Err(Error::Model(
                 "embeddings are not available from a diffusion model".into(),
             ));
+        }
+        let model = self.fwd.model();
+        if !model.gives(&crate::model::Features::Final) {
+            return Err(Error::Model(format!(
+                "{} does not hand out its hidden states, so it has no embeddings",
+                model.info().architecture
+            )));
+        }
+        if let Some(f) = self.spec.as_ref().and_then(|s| s.reads()) {
+            if f != crate::model::Features::Final {
+                return Err(Error::Model(
+                    "embeddings are not served beside a drafter that reads other hidden states \
+                     than the final one"
+                        .into(),
+                ));
+            }
+        }
+        if tokens.is_empty() {
+            return Err(Error::Model("nothing to embed: the input is empty".into()));
         }
         let ctx = self.fwd.config().ctx;
         if tokens.len() >= ctx {
@@ -559,12 +605,34 @@ impl Engine {
                 tokens.len()
             )));
         }
-        let vocab = self.fwd.model().info().vocab;
+        let vocab = model.info().vocab;
         if let Some(t) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::Model(format!(
                 "token id {t} is outside the vocabulary of {vocab}"
             )));
         }
-        self.session().embed(EMBED_SEQ, tokens, pooling)
+        Ok(())
+    }
+
+    /// The embedding of `tokens`, served on this thread (stepping the engine: requests queued
+    /// beside it advance too).
+    pub fn embed(&mut self, tokens: &[u32], pooling: Pooling) -> Result<Vec<f32>> {
+        let (tx, rx) = mpsc::channel();
+        let id = self.next_id;
+        self.submit_embedding(id, tokens, pooling, Box::new(tx))?;
+        loop {
+            for ev in rx.try_iter() {
+                match ev {
+                    Event::Embedding(v) => return Ok(v),
+                    Event::Error(e) => return Err(Error::Model(e)),
+                    _ => {}
+                }
+            }
+            if !self.step()? {
+                return Err(Error::Model(
+                    "the engine went idle before the embedding was made".into(),
+                ));
+            }
+        }
     }
 }

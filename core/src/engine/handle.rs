@@ -19,8 +19,26 @@ struct Submit(ReqId, GenRequest, Box<dyn EventSink>);
 /// What the engine thread is sent.
 enum Cmd {
     Generate(Submit),
-    /// Tokens to embed, and where the vector goes.
-    Embed(Vec<u32>, Pooling, Sender<crate::error::Result<Vec<f32>>>),
+    /// Tokens to embed under an id, and where the vector goes.
+    Embed(
+        ReqId,
+        Vec<u32>,
+        Pooling,
+        Sender<crate::error::Result<Vec<f32>>>,
+    ),
+}
+
+/// An embedding's events as the one result its caller waits for.
+struct EmbedReply(Sender<crate::error::Result<Vec<f32>>>);
+
+impl EventSink for EmbedReply {
+    fn send(&mut self, ev: Event) -> bool {
+        match ev {
+            Event::Embedding(v) => self.0.send(Ok(v)).is_ok(),
+            Event::Error(e) => self.0.send(Err(Error::Model(e))).is_ok(),
+            _ => true,
+        }
+    }
 }
 
 /// Cancels its request at the engine's next step when dropped ([`EngineHandle::submit_to`]):
@@ -90,8 +108,11 @@ pub fn spawn(mut engine: Engine) -> EngineHandle {
 fn accept(engine: &mut Engine, cmd: Cmd) {
     let Submit(id, req, mut out) = match cmd {
         Cmd::Generate(s) => s,
-        Cmd::Embed(tokens, pooling, reply) => {
-            let _ = reply.send(engine.embed(&tokens, pooling));
+        Cmd::Embed(id, tokens, pooling, reply) => {
+            let sink = Box::new(EmbedReply(reply.clone()));
+            if let Err(e) = engine.submit_embedding(id, &tokens, pooling, sink) {
+                let _ = reply.send(Err(e));
+            }
             return;
         }
     };
@@ -228,18 +249,20 @@ impl EngineHandle {
         self.guard(id)
     }
 
-    /// The embedding of `tokens` (computed on the engine thread between two steps); a
-    /// receiver of the result, so an async caller can wait without blocking.
+    /// The embedding of `tokens` (scheduled by the engine like any request's prompt, beside
+    /// the others); a receiver of the result, so an async caller can wait without blocking.
+    /// Dropping the receiver does not cancel it (an embedding is one prefill).
     pub fn embed(
         &self,
         tokens: Vec<u32>,
         pooling: Pooling,
     ) -> Receiver<crate::error::Result<Vec<f32>>> {
         let (reply, rx) = mpsc::channel();
-        let sent = self
-            .tx
-            .as_ref()
-            .is_some_and(|t| t.send(Cmd::Embed(tokens, pooling, reply.clone())).is_ok());
+        let sent = self.tx.as_ref().is_some_and(|t| {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            t.send(Cmd::Embed(id, tokens, pooling, reply.clone()))
+                .is_ok()
+        });
         if !sent {
             let _ = reply.send(Err(Error::Model("the engine has stopped".into())));
         }

@@ -3,11 +3,12 @@
 //! - `batching.rs`: the [`Engine`] (the model's forward half, the scheduler that owns the KV
 //!   coordinator, the requests' samplers and sinks), submission, cancellation, its state;
 //! - `step.rs`: one step (plan, forward, sample or verify, update, stream);
-//! - `denoise.rs`: the steps of a block-diffusion model's requests;
+//! - `denoise.rs`: a block-diffusion request's canvas before and after the passes that
+//!   denoise it (the scheduler plans those passes like any other request's);
 //! - `request.rs`: a request and the events it hears back;
 //! - `handle.rs`: an engine on its own thread;
 //! - parts the engine holds, which never see it: `spec.rs` (the drafter and verification) and
-//!   `diffusion.rs` (canvas tasks).
+//!   `diffusion.rs` (a request's denoising state, and a direct generation loop).
 //!
 //! Running a model directly, without a scheduler, is [`crate::runner`]; its types are
 //! re-exported here.

@@ -83,6 +83,8 @@ pub enum Event {
         prompt_tokens: usize,
         generated: usize,
     },
+    /// An embedding request's vector (unit length); `Done` follows.
+    Embedding(Vec<f32>),
     /// The request failed; nothing more follows.
     Error(String),
 }

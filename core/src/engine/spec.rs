@@ -144,6 +144,11 @@ impl Spec {
         self.on.then(|| self.drafter.features()).flatten()
     }
 
+    /// The hidden states the drafter reads when it is on.
+    pub fn reads(&self) -> Option<Features> {
+        self.drafter.features()
+    }
+
     /// Hands the drafter the target's hidden states of `id`'s tokens from `first` on.
     pub fn observe(&mut self, id: ReqId, first: usize, rows: Vec<Vec<f32>>) {
         if !rows.is_empty() {

@@ -61,7 +61,16 @@ impl Engine {
     /// scheduler, and streams the tokens.
     fn run(&mut self, plan: &Plan) -> Result<()> {
         self.stats.steps += 1;
-        let features = self.features();
+        // An embedding in the pass reads the final hidden states (so does an MTP or draft
+        // drafter, when there is one; `submit_embedding` refuses other drafters).
+        let embeds = plan
+            .items
+            .iter()
+            .any(|it| self.active.get(&it.id).is_some_and(|a| a.embed.is_some()));
+        let features = match self.features() {
+            None if embeds => Some(crate::model::Features::Final),
+            f => f,
+        };
         // The canvas items come last: their logits stay on the device.
         let n_canvas = plan.canvases();
         let (token_items, canvas_items) = plan.items.split_at(plan.items.len() - n_canvas);
@@ -151,6 +160,8 @@ impl Engine {
             if let Some((o, l, kept)) = verified {
                 self.observe(it.id, it.start, kept);
                 (outcome, lps) = (o, l);
+            } else if let Some(p) = self.active.get_mut(&it.id).and_then(|a| a.embed.as_mut()) {
+                p.add(it.start, &hid.unwrap_or_default());
             } else {
                 self.observe(it.id, it.start, hid.unwrap_or_default());
                 // Drafts proposed but not fed (the scheduler had no room) are dropped.
@@ -220,6 +231,20 @@ impl Engine {
                 }
             }
             self.stats.generated += e.sampled as u64;
+            // An embedding ends when its last token is in: its vector goes out first.
+            if let Some(p) = self.active.get_mut(&e.id).and_then(|a| a.embed.take()) {
+                match p.finish() {
+                    Ok(v) => {
+                        if !self.send(e.id, Event::Embedding(v))? {
+                            continue;
+                        }
+                    }
+                    Err(err) => {
+                        self.fail(e.id, err.to_string())?;
+                        continue;
+                    }
+                }
+            }
             if !self.stream(e.id, toks.into_iter().take(e.send))? {
                 continue;
             }

@@ -170,10 +170,7 @@ impl Executor {
         let d = x.shape().dims();
         let n = d.first().copied().unwrap_or(0);
         if rows.start > rows.end || rows.end > n {
-            return Err(Error::Tensor(format!(
-                "rows {rows:?} of {}",
-                x.desc()
-            )));
+            return Err(Error::Tensor(format!("rows {rows:?} of {}", x.desc())));
         }
         let per = x.numel() / n.max(1);
         let mut shape = d.to_vec();

@@ -227,8 +227,7 @@ impl Canvas {
             )));
         };
         let first = b.seqs[enc].q_start;
-        if b.seqs[enc..].iter().any(|s| s.q_len != self.length) || t - first != n * self.length
-        {
+        if b.seqs[enc..].iter().any(|s| s.q_len != self.length) || t - first != n * self.length {
             return Err(Error::Model(format!(
                 "the last {n} sequences of the batch must be canvases of {} tokens",
                 self.length

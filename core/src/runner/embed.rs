@@ -71,7 +71,7 @@ impl Session<'_> {
                 self.fwd.model().info().architecture
             )));
         }
-        let mut acc: Vec<f64> = Vec::new();
+        let mut pooled = Pooled::new(pooling, tokens.len());
         let chunk = self.fwd.config().max_batch_tokens.max(1);
         let mut start = 0;
         while start < tokens.len() {
@@ -81,31 +81,79 @@ impl Session<'_> {
                 Some(&Features::Final),
             )?;
             let rows = hid.and_then(|mut h| h.pop()).unwrap_or_default();
-            for (i, row) in rows.iter().enumerate() {
-                let pos = start + i;
-                let take = match pooling {
-                    Pooling::Mean => true,
-                    Pooling::First => pos == 0,
-                    Pooling::Last => pos + 1 == tokens.len(),
-                };
-                if !take {
-                    continue;
-                }
-                if acc.is_empty() {
-                    acc = vec![0.0; row.len()];
-                }
-                for (a, &x) in acc.iter_mut().zip(row) {
-                    *a += x as f64;
-                }
-            }
+            pooled.add(start, &rows);
             start = end;
         }
-        let norm = acc.iter().map(|x| x * x).sum::<f64>().sqrt();
-        if acc.is_empty() || !norm.is_finite() || norm == 0.0 {
-            return Err(Error::Model(
-                "the hidden state has no direction (zero or not finite)".into(),
-            ));
-        }
-        Ok(acc.iter().map(|x| (x / norm) as f32).collect())
+        pooled.finish()
     }
+}
+
+/// An embedding's hidden states pooled as they come, chunk by chunk (a chunk fed again after
+/// a preemption is not counted twice).
+#[derive(Clone, Debug)]
+pub struct Pooled {
+    pooling: Pooling,
+    len: usize,
+    /// Tokens whose rows have been seen.
+    next: usize,
+    acc: Vec<f64>,
+}
+
+impl Pooled {
+    /// Pooling `len` tokens' states.
+    pub fn new(pooling: Pooling, len: usize) -> Pooled {
+        Pooled {
+            pooling,
+            len,
+            next: 0,
+            acc: Vec::new(),
+        }
+    }
+
+    /// The hidden-state rows of the tokens from `first` on.
+    pub fn add(&mut self, first: usize, rows: &[Vec<f32>]) {
+        for (i, row) in rows.iter().enumerate() {
+            let pos = first + i;
+            if pos < self.next {
+                continue;
+            }
+            self.next = pos + 1;
+            let take = match self.pooling {
+                Pooling::Mean => true,
+                Pooling::First => pos == 0,
+                Pooling::Last => pos + 1 == self.len,
+            };
+            if !take {
+                continue;
+            }
+            if self.acc.is_empty() {
+                self.acc = vec![0.0; row.len()];
+            }
+            for (a, &x) in self.acc.iter_mut().zip(row) {
+                *a += x as f64;
+            }
+        }
+    }
+
+    /// The pooled vector scaled to unit length, once every token has been seen.
+    pub fn finish(&self) -> Result<Vec<f32>> {
+        if self.next < self.len {
+            return Err(Error::Model(format!(
+                "{} of {} tokens' hidden states were seen",
+                self.next, self.len
+            )));
+        }
+        unit(&self.acc)
+    }
+}
+
+/// `acc` scaled to unit length.
+fn unit(acc: &[f64]) -> Result<Vec<f32>> {
+    let norm = acc.iter().map(|x| x * x).sum::<f64>().sqrt();
+    if acc.is_empty() || !norm.is_finite() || norm == 0.0 {
+        return Err(Error::Model(
+            "the hidden state has no direction (zero or not finite)".into(),
+        ));
+    }
+    Ok(acc.iter().map(|x| (x / norm) as f32).collect())
 }

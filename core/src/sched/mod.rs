@@ -70,6 +70,10 @@ pub enum Kind {
     /// [`StepKind::Denoise`] item of [`SchedConfig::canvas`] rows, in the same pass as the
     /// other requests' items); a canvas the engine commits comes back as its tokens, fed next.
     Denoise,
+    /// An embedding: its tokens fed as prefill chunks under the same budget and pools as any
+    /// other request's (never from the prefix cache: every token's hidden state is read), and
+    /// it ends when the last is in.
+    Embed,
 }
 
 /// One request, the one record of it: its tokens so far (prompt, then generated), how many
@@ -302,12 +306,6 @@ impl Scheduler {
         &self.kv
     }
 
-    /// The coordinator for work that runs outside the plans: an embedding (which runs to its
-    /// end between two steps).
-    pub(crate) fn kv_mut(&mut self) -> &mut KvCoordinator {
-        &mut self.kv
-    }
-
     /// Queues a new request (it needs at least one token). An id already held is ignored.
     pub fn admit(&mut self, seq: Request) {
         let id = seq.id;
@@ -427,7 +425,7 @@ impl Scheduler {
                 continue;
             };
             let (computed, pending, len) = (s.computed, s.pending(), s.tokens.len());
-            let denoise = s.kind == Kind::Denoise;
+            let (denoise, generate) = (s.kind == Kind::Denoise, s.kind == Kind::Generate);
             // A diffusion request with everything fed denoises its canvas (whole, or not
             // this step).
             let canvas = match denoise && pending == 0 {
@@ -443,7 +441,7 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            let mut k = match s.decoding() && !denoise {
+            let mut k = match s.decoding() && generate {
                 true => s.draft.len().min(*budget - n),
                 false => canvas,
             };
@@ -476,7 +474,7 @@ impl Scheduler {
                 id,
                 start: computed,
                 end: computed + n,
-                sample: computed + n == len && !denoise,
+                sample: computed + n == len && generate,
                 lookahead: k - canvas,
                 canvas,
             });
@@ -501,9 +499,8 @@ impl Scheduler {
                 break;
             };
             let len = s.tokens.len();
-            let denoise = s.kind == Kind::Denoise;
             let fresh = s.computed == 0 && !self.kv.contains(id);
-            let hit = match fresh {
+            let hit = match fresh && s.kind != Kind::Embed {
                 true => self
                     .kv
                     .attach_prefix(id, &s.tokens, len.saturating_sub(1))?,
@@ -522,7 +519,7 @@ impl Scheduler {
                 id,
                 start,
                 end: start + n,
-                sample: start + n == len && !denoise,
+                sample: start + n == len && s.kind == Kind::Generate,
                 ..Item::default()
             });
             if fresh {
@@ -585,6 +582,14 @@ impl Scheduler {
                 copies.extend(r.copies);
             }
             s.draft.clear();
+            if s.kind == Kind::Embed && s.computed == s.tokens.len() {
+                up.emits.push(Emit {
+                    id: it.id,
+                    send: 0,
+                    sampled: 0,
+                    finish: Some(Finish::Stop),
+                });
+            }
             if out.tokens.is_empty() {
                 continue;
             }

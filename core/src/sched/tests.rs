@@ -401,8 +401,16 @@ fn a_denoise_request_feeds_its_prompt_then_denoises_canvases_planned_after_the_o
     assert_eq!(p.items, vec![item(1, 5, 9, false), item(2, 5, 6, true)]);
     s.update(&p, &outcomes(&p, &[(2, &[7])])).expect("update");
     let p = s.schedule().expect("plan");
-    assert_eq!(p.items[1], Item { canvas: 4, ..item(1, 9, 9, false) });
-    let up = s.update(&p, &outcomes(&p, &[(1, &[5, 6, 9, 1])])).expect("update");
+    assert_eq!(
+        p.items[1],
+        Item {
+            canvas: 4,
+            ..item(1, 9, 9, false)
+        }
+    );
+    let up = s
+        .update(&p, &outcomes(&p, &[(1, &[5, 6, 9, 1])]))
+        .expect("update");
     assert_eq!(
         up.emits[0],
         Emit {

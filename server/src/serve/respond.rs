@@ -194,6 +194,8 @@ impl Choice {
                     self.steps += steps;
                     Vec::new()
                 }
+                // Embeddings are served by /v1/embeddings, never as a choice.
+                Event::Embedding(_) => Vec::new(),
             };
             let ends = pieces
                 .iter()
