@@ -241,3 +241,36 @@ fn only_the_engines_own_files_implement_it_and_only_the_scheduler_allocates() {
         }
     }
 }
+
+/// A model family is one file: every Hugging Face `model_type` and GGUF architecture kiln
+/// reads is written in exactly one file under `model/`, and the loader's machinery
+/// (`load/hf.rs` and its helpers) names none of them.
+#[test]
+fn each_family_is_declared_in_its_own_file_and_the_loader_names_none() {
+    let mods = modules();
+    let quoted = |s: &str| format!("\"{s}\"");
+    let names: Vec<&str> = kiln_core::load::hf::model_types()
+        .into_iter()
+        .chain(kiln_core::model::architectures().map(|(a, _)| a))
+        .collect();
+    assert!(names.len() >= 15, "{names:?}");
+    for n in &names {
+        let q = quoted(n);
+        let holders: Vec<String> = mods
+            .iter()
+            .filter(|(_, (_, src))| src.contains(&q))
+            .map(|(m, _)| m.join("::"))
+            .collect();
+        let in_model: Vec<&String> = holders
+            .iter()
+            .filter(|m| m.starts_with("model::"))
+            .collect();
+        assert_eq!(in_model.len(), 1, "{q} is written in {holders:?}");
+        for m in &holders {
+            assert!(
+                !m.starts_with("load::hf"),
+                "{m} names the family {q}: it belongs in the family's file"
+            );
+        }
+    }
+}

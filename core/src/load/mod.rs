@@ -3,7 +3,7 @@
 
 pub mod gguf;
 pub mod hf;
-mod hf_defaults;
+pub(crate) mod hf_defaults;
 pub mod safetensors;
 
 use std::path::Path;

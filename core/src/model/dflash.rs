@@ -16,8 +16,11 @@ use super::{DraftSource, ForwardBatch, KvCaches, KvGroup};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::{GgufFile, Value};
+use crate::load::hf::config::{Config, Meta};
+use crate::load::hf::family::HfFamily;
 use crate::op::{AttnParams, GluOp, Mask, RopeMode, RopeParams};
 use crate::tensor::Tensor;
+use serde_json::Value as Json;
 
 struct Layer {
     attn_norm: Tensor,
@@ -274,4 +277,99 @@ impl DFlash {
         }
         head.logits(ex, &x, b, ns, None)
     }
+}
+
+// ---- Hugging Face checkpoints ----
+
+/// A DFlash drafter's checkpoint: a Qwen3 config with a `dflash_config` section (whatever
+/// its `model_type`), its projections, and Qwen3's layer names.
+pub const HF: HfFamily = HfFamily {
+    claims: Some(claims),
+    ..HfFamily::new(&[], hf_meta, hf_names)
+};
+
+/// No GGUF architecture (the drafter is built by speculative decoding's setup).
+pub const FAMILY: super::Family = super::Family {
+    archs: &[],
+    hf: &[&HF],
+};
+
+fn claims(c: &Config) -> Option<&'static str> {
+    c.root.get("dflash_config").map(|_| "dflash")
+}
+
+fn hf_names(hf: &str) -> Option<String> {
+    match hf {
+        "fc.weight" => Some("dflash.fc.weight".into()),
+        "hidden_norm.weight" => Some("dflash.hidden_norm.weight".into()),
+        _ => None,
+    }
+}
+
+/// A DFlash drafter's settings: Qwen3's RoPE, the block, the mask token, the target's
+/// layers it reads (its own list, or the reference code's default spread).
+fn hf_meta(c: &Config, m: &mut Meta) -> Result<()> {
+    m.f("rope.freq_base", c.rope_theta(None).unwrap_or(10_000.0));
+    let (kind, _) = c.rope_scaling(None)?;
+    if kind != "none" {
+        return Err(c.err("DFlash RoPE scaling is not supported yet"));
+    }
+    if let Some(types) = c.layer_types() {
+        if types.iter().any(|t| t != "full_attention") {
+            return Err(c.err("DFlash drafters with sliding-window layers are not supported yet"));
+        }
+    }
+    let root = |k: &str| c.root.get(k).filter(|v| !v.is_null());
+    let dc = root("dflash_config").cloned().unwrap_or(Json::Null);
+    let block = root("block_size")
+        .or_else(|| dc.get("block_size"))
+        .and_then(Json::as_u64)
+        .ok_or_else(|| c.err("config.json: a DFlash drafter needs block_size"))?;
+    let mask = dc
+        .get("mask_token_id")
+        .and_then(Json::as_u64)
+        .ok_or_else(|| c.err("config.json: dflash_config needs mask_token_id"))?;
+    let drafts = c.usize("num_hidden_layers")?;
+    let layers: Vec<u64> = match dc.get("target_layer_ids").and_then(Json::as_array) {
+        Some(ids) => ids
+            .iter()
+            .map(Json::as_u64)
+            .collect::<Option<_>>()
+            .ok_or_else(|| c.err("config.json: target_layer_ids must be layer numbers"))?,
+        None => {
+            let n = root("num_target_layers")
+                .and_then(Json::as_u64)
+                .ok_or_else(|| c.err("config.json: no target_layer_ids nor num_target_layers"))?;
+            spread_layers(n as usize, drafts)
+        }
+    };
+    if block < 2 || block > 256 || layers.is_empty() || layers.len() > 64 {
+        return Err(c.err(format!(
+            "a DFlash block of {block} over {} target layers",
+            layers.len()
+        )));
+    }
+    m.u("block_size", block as usize);
+    m.u("mask_token_id", mask as usize);
+    m.set(
+        "target_layers",
+        Value::Array(layers.into_iter().map(Value::U64).collect()),
+    );
+    Ok(())
+}
+
+/// The reference code's default choice of target layers for `drafts` draft layers: one
+/// in the middle, or an even spread from layer 1 to the fourth from last.
+fn spread_layers(target: usize, drafts: usize) -> Vec<u64> {
+    if drafts <= 1 {
+        return vec![(target / 2) as u64];
+    }
+    let (start, end) = (1f64, target as f64 - 3.0);
+    (0..drafts)
+        .map(|i| {
+            (start + i as f64 * (end - start) / (drafts - 1) as f64)
+                .round()
+                .max(0.0) as u64
+        })
+        .collect()
 }

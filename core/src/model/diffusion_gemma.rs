@@ -13,12 +13,16 @@
 //! position, softmax over those, `k` rows gathered: the fast path for a large vocabulary).
 
 use super::blocks::{check_batch, GatedFfn};
+use super::gemma4::GEMMA4_ROPE;
 use super::gemma4::{Gemma4, Pass};
 use super::weights::Weights;
 use super::{CanvasInput, Denoiser, ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::GgufFile;
+use crate::load::gguf::Value;
+use crate::load::hf::config::{Config, Meta};
+use crate::load::hf::family::{f, fd, Field, HfFamily};
 use crate::op::GluOp;
 use crate::tensor::Tensor;
 
@@ -243,5 +247,75 @@ impl Canvas {
         };
         let x = m.mixed(ex, b, kv, enc, x, self.length)?;
         m.head.logits(ex, &x, b, m.norm_spec(), m.soft_cap)
+    }
+}
+
+// ---- Hugging Face checkpoints ----
+
+/// What absent and null fields mean (transformers' class defaults).
+const DIFFUSION_GEMMA: &[Field] = &[
+    f("rms_norm_eps", "1e-6", true),
+    f("max_position_embeddings", "131072", true),
+    f("sliding_window", "512", true),
+    // Unlike Gemma 4's: 30. Null is no cap (transformers 5.23's forward divides by it
+    // unconditionally and fails).
+    f("final_logit_softcapping", "30.0", false),
+    fd("rope_parameters", GEMMA4_ROPE),
+];
+
+/// DiffusionGemma checkpoints: Gemma 4's metadata (K = V on the full layers, which have no V
+/// projection), the canvas length, the self-conditioning block; the encoder's copies of the
+/// decoder's tensors.
+pub const HF: HfFamily = HfFamily {
+    encoder_copies: true,
+    defaults: &[
+        ("diffusion_gemma", DIFFUSION_GEMMA),
+        ("diffusion_gemma_text", DIFFUSION_GEMMA),
+    ],
+    ..HfFamily::new(
+        &[
+            ("diffusion_gemma", "diffusion-gemma"),
+            ("diffusion_gemma_text", "diffusion-gemma"),
+        ],
+        hf_meta,
+        hf_names,
+    )
+};
+
+/// The GGUF architecture of this file and its checkpoints.
+pub const FAMILY: super::Family = super::Family {
+    archs: &[("diffusion-gemma", build)],
+    hf: &[&HF],
+};
+
+fn hf_meta(c: &Config, m: &mut Meta) -> Result<()> {
+    super::gemma4::hf_meta(c, m)?;
+    // The text config drops `attention_k_eq_v`; transformers then takes K as V on the full
+    // layers (they have no V projection).
+    m.kv.retain(|(k, _)| !k.ends_with(".attention.k_eq_v"));
+    m.set("attention.k_eq_v", Value::Bool(true));
+    let canvas = c
+        .root
+        .get("canvas_length")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(256) as usize;
+    if canvas == 0 || canvas > 65_536 {
+        return Err(c.err(format!("canvas_length {canvas} is out of range")));
+    }
+    m.u("diffusion.canvas_length", canvas);
+    Ok(())
+}
+
+fn hf_names(hf: &str) -> Option<String> {
+    let own = match hf {
+        "self_conditioning.pre_norm.weight" => Some("self_cond.norm.weight"),
+        "self_conditioning.gate_proj.weight" => Some("self_cond.gate.weight"),
+        "self_conditioning.up_proj.weight" => Some("self_cond.up.weight"),
+        "self_conditioning.down_proj.weight" => Some("self_cond.down.weight"),
+        _ => None,
+    };
+    match own {
+        Some(n) => Some(n.into()),
+        None => super::gemma4::layer_names(hf, false),
     }
 }

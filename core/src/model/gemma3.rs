@@ -11,6 +11,8 @@ use super::Model;
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::{GgufFile, Value};
+use crate::load::hf::config::{Config, Meta};
+use crate::load::hf::family::{f, layer_weight, none, Field, HfFamily};
 use crate::op::{GluOp, RopeMode, RopeParams};
 
 /// Every `SWA_PERIOD`-th layer (the last of each period) attends globally.
@@ -77,4 +79,81 @@ pub fn build(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
         info,
     };
     Ok(Box::new(Decoder::load(f, ex, spec)?))
+}
+
+// ---- Hugging Face checkpoints ----
+
+/// What absent and null fields mean (transformers' class defaults).
+const GEMMA3: &[Field] = &[
+    f("rms_norm_eps", "1e-6", true),
+    f("max_position_embeddings", "131072", true),
+    // Null: sliding layers with no window (they still take the local RoPE).
+    f("sliding_window", "4096", false),
+    f("query_pre_attn_scalar", "256", true),
+    f("head_dim", "256", true),
+    f("num_key_value_heads", "4", true),
+    none("final_logit_softcapping"),
+];
+
+/// Gemma 3 checkpoints: norms stored for `x·(1+w)`, the window, both RoPE bases, the query
+/// scale, the layer pattern.
+pub const HF: HfFamily = HfFamily {
+    one_centred_norms: Some(&[]),
+    defaults: &[("gemma3", GEMMA3), ("gemma3_text", GEMMA3)],
+    ..HfFamily::new(
+        &[("gemma3", "gemma3"), ("gemma3_text", "gemma3")],
+        hf_meta,
+        hf_names,
+    )
+};
+
+/// The GGUF architecture of this file and its checkpoints.
+pub const FAMILY: super::Family = super::Family {
+    archs: &[("gemma3", build)],
+    hf: &[&HF],
+};
+
+fn hf_meta(c: &Config, m: &mut Meta) -> Result<()> {
+    use serde_json::Value as Json;
+    // A null window (transformers: None) bounds nothing: the whole context.
+    let window = match c.get("sliding_window") {
+        Some(_) => c.usize("sliding_window")?,
+        None => c.usize("max_position_embeddings")?,
+    };
+    m.u("attention.sliding_window", window);
+    let full = Some("full_attention");
+    m.f("rope.freq_base", c.rope_theta(full).unwrap_or(1_000_000.0));
+    let (kind, factor) = c.rope_scaling(full)?;
+    m.set("rope.scaling.type", Value::Str(kind));
+    m.f("rope.scaling.factor", factor);
+    let local = c
+        .rope_theta(Some("sliding_attention"))
+        .filter(|_| c.get("rope_parameters").is_some())
+        .or_else(|| {
+            c.get("rope_local_base_freq")
+                .and_then(Json::as_f64)
+                .map(|v| v as f32)
+        });
+    if let Some(b) = local {
+        m.f("rope.local_freq_base", b);
+    }
+    if let Some(s) = c.get("query_pre_attn_scalar").and_then(Json::as_f64) {
+        m.f("attention.scale", 1.0 / (s as f32).sqrt());
+    }
+    if let Some(types) = c.layer_types() {
+        let sliding = types.iter().map(|t| Value::Bool(t == "sliding_attention"));
+        m.set("attention.sliding_layers", Value::Array(sliding.collect()));
+    }
+    Ok(())
+}
+
+fn hf_names(hf: &str) -> Option<String> {
+    layer_weight(hf, |suffix| {
+        Some(match suffix {
+            "post_attention_layernorm.weight" => "post_attention_norm",
+            "pre_feedforward_layernorm.weight" => "ffn_norm",
+            "post_feedforward_layernorm.weight" => "post_ffw_norm",
+            _ => return None,
+        })
+    })
 }

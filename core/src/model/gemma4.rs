@@ -20,8 +20,11 @@ use super::{ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::{GgufFile, Value};
+use crate::load::hf::config::{Config, Meta};
+use crate::load::hf::family::{f, fd, layer, layer_weight, none, Field, HfFamily};
 use crate::op::{AttnParams, GluOp, Mask, MoeGating, RopeMode, RopeParams, UnaryOp};
 use crate::tensor::Tensor;
+use serde_json::Value as Json;
 
 /// The frequency factor of a pair that does not turn (frequency / factor ≈ 0).
 const STILL: f32 = 1e30;
@@ -776,4 +779,205 @@ impl Gemma4 {
         }
         Ok(x)
     }
+}
+
+// ---- Hugging Face checkpoints ----
+
+/// What absent and null fields mean (transformers' class defaults).
+/// Gemma 4's RoPE when `rope_parameters` is absent: the class default.
+pub(crate) const GEMMA4_ROPE: &str = r#"{"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+    "rope_theta": 1000000.0}}"#;
+
+pub(crate) const GEMMA4: &[Field] = &[
+    f("rms_norm_eps", "1e-6", true),
+    f("max_position_embeddings", "131072", true),
+    f("sliding_window", "512", true),
+    none("final_logit_softcapping"),
+    f("attention_k_eq_v", "false", true),
+    f("num_kv_shared_layers", "0", true),
+    f("hidden_size_per_layer_input", "256", true),
+    f("enable_moe_block", "false", true),
+    fd("rope_parameters", GEMMA4_ROPE),
+];
+
+/// Gemma 4 checkpoints (text, or the text model of the multimodal one): per-layer head
+/// sizes, both RoPEs, K = V, KV sharing, per-layer embeddings, the MoE block.
+pub const HF: HfFamily = HfFamily {
+    defaults: &[("gemma4", GEMMA4), ("gemma4_text", GEMMA4)],
+    ..HfFamily::new(
+        &[("gemma4", "gemma4"), ("gemma4_text", "gemma4")],
+        hf_meta,
+        hf_names,
+    )
+};
+
+/// The GGUF architecture of this file and its checkpoints.
+pub const FAMILY: super::Family = super::Family {
+    archs: &[("gemma4", build)],
+    hf: &[&HF],
+};
+
+/// Gemma 4's tensor names (its per-layer embeddings too).
+pub(crate) fn hf_names(hf: &str) -> Option<String> {
+    layer_names(hf, true)
+}
+
+/// Gemma 4's tensor names; `ple`: with the per-layer embeddings' (DiffusionGemma has none).
+pub(crate) fn layer_names(hf: &str, ple: bool) -> Option<String> {
+    if ple {
+        let top = match hf {
+            "embed_tokens_per_layer.weight" => Some("per_layer_token_embd.weight"),
+            "per_layer_model_projection.weight" => Some("per_layer_model_proj.weight"),
+            "per_layer_projection_norm.weight" => Some("per_layer_proj_norm.weight"),
+            _ => None,
+        };
+        if let Some(t) = top {
+            return Some(t.into());
+        }
+    }
+    match layer(hf)? {
+        (l, "layer_scalar") => return Some(format!("blk.{l}.layer_output_scale")),
+        (l, "router.scale") => return Some(format!("blk.{l}.ffn_gate_inp.scale")),
+        (l, "router.per_expert_scale") => return Some(format!("blk.{l}.ffn_down_exps.scale")),
+        _ => {}
+    }
+    layer_weight(hf, |suffix| {
+        Some(match suffix {
+            "post_attention_layernorm.weight" => "post_attention_norm",
+            "pre_feedforward_layernorm.weight" => "ffn_norm",
+            "post_feedforward_layernorm.weight" => "post_ffw_norm",
+            "post_feedforward_layernorm_1.weight" => "post_ffw_norm_1",
+            "post_feedforward_layernorm_2.weight" => "post_ffw_norm_2",
+            "pre_feedforward_layernorm_2.weight" => "pre_ffw_norm_2",
+            "router.proj.weight" => "ffn_gate_inp",
+            "per_layer_input_gate.weight" if ple => "inp_gate",
+            "per_layer_projection.weight" if ple => "proj",
+            "post_per_layer_input_norm.weight" if ple => "post_norm",
+            _ => return None,
+        })
+    })
+}
+
+/// Gemma 4: per-layer head sizes (sliding and full layers differ), the window, both RoPEs,
+/// K = V on full layers, KV sharing, per-layer embeddings, soft-capping.
+pub(crate) fn hf_meta(c: &Config, m: &mut Meta) -> Result<()> {
+    let layers = c.usize("num_hidden_layers")?;
+    // Absent or null: five sliding layers to one full (transformers' default pattern). The
+    // last layer attends fully whatever the list says (transformers forces it, with a
+    // warning).
+    let mut types = match (c.get("layer_types"), c.layer_types()) {
+        (_, Some(t)) if t.len() == layers => t,
+        (Some(_), _) => return Err(c.err("config.json: layer_types must list every layer")),
+        (None, _) => (0..layers)
+            .map(|l| match (l + 1) % 6 {
+                0 => "full_attention".to_string(),
+                _ => "sliding_attention".to_string(),
+            })
+            .collect(),
+    };
+    if let Some(last) = types.last_mut() {
+        *last = "full_attention".to_string();
+    }
+    let hd = c.usize("head_dim")?;
+    let nkv = c.usize("num_key_value_heads")?;
+    // Per-layer sizes as transformers makes them: a `per_layer_config` is taken as it is
+    // (layers it does not list keep the shared sizes); without one, full layers take
+    // `global_head_dim` (512 when absent) and, where K = V (or the model type has no such
+    // switch: DiffusionGemma), `num_global_key_value_heads`.
+    let per_layer = c.get("per_layer_config");
+    let global_hd = c
+        .get("global_head_dim")
+        .and_then(Json::as_u64)
+        .map_or(512, |v| v as usize);
+    let k_eq_v_gate = c
+        .get("attention_k_eq_v")
+        .and_then(Json::as_bool)
+        .unwrap_or(true);
+    let global_kv = c
+        .get("num_global_key_value_heads")
+        .and_then(Json::as_u64)
+        .filter(|_| k_eq_v_gate)
+        .map(|v| v as usize);
+    let (mut dims, mut kvs) = (Vec::new(), Vec::new());
+    for (l, t) in types.iter().enumerate() {
+        let full = t == "full_attention";
+        let (head, heads) = match per_layer {
+            Some(p) => {
+                let over = p.get(l.to_string());
+                let size = |k: &str, dflt: usize| {
+                    over.and_then(|o| o.get(k))
+                        .and_then(Json::as_u64)
+                        .map_or(dflt, |v| v as usize)
+                };
+                (size("head_dim", hd), size("num_key_value_heads", nkv))
+            }
+            None if full => (global_hd, global_kv.unwrap_or(nkv)),
+            None => (hd, nkv),
+        };
+        dims.push(Value::U64(head as u64));
+        kvs.push(Value::U64(heads as u64));
+    }
+    m.set("attention.layer_key_length", Value::Array(dims));
+    m.set("attention.layer_head_count_kv", Value::Array(kvs));
+    let sliding = types.iter().map(|t| Value::Bool(t == "sliding_attention"));
+    m.set("attention.sliding_layers", Value::Array(sliding.collect()));
+    m.u("attention.sliding_window", c.usize("sliding_window")?);
+    m.u(
+        "attention.shared_kv_layers",
+        c.usize_or("num_kv_shared_layers", 0)?,
+    );
+    let k_eq_v = c
+        .get("attention_k_eq_v")
+        .and_then(Json::as_bool)
+        .unwrap_or(false);
+    m.set("attention.k_eq_v", Value::Bool(k_eq_v));
+    m.u(
+        "embedding_length_per_layer_input",
+        c.usize_or("hidden_size_per_layer_input", 0)?,
+    );
+    if let Some(cap) = c.get("final_logit_softcapping").and_then(Json::as_f64) {
+        m.f("final_logit_softcapping", cap as f32);
+    }
+    let rope = |t: &str| c.get("rope_parameters").and_then(|p| p.get(t)).cloned();
+    let local = rope("sliding_attention").unwrap_or(Json::Null);
+    m.f(
+        "rope.local_freq_base",
+        local
+            .get("rope_theta")
+            .and_then(Json::as_f64)
+            .unwrap_or(10_000.0) as f32,
+    );
+    let full = rope("full_attention").unwrap_or(Json::Null);
+    m.f(
+        "rope.freq_base",
+        full.get("rope_theta")
+            .and_then(Json::as_f64)
+            .unwrap_or(1_000_000.0) as f32,
+    );
+    for (p, name) in [(&local, "sliding"), (&full, "full")] {
+        let kind = p
+            .get("rope_type")
+            .and_then(Json::as_str)
+            .unwrap_or("default");
+        if !matches!(kind, "default" | "proportional") {
+            return Err(c.err(format!("{name} RoPE type {kind:?} is not supported yet")));
+        }
+    }
+    let kind = full
+        .get("rope_type")
+        .and_then(Json::as_str)
+        .unwrap_or("default");
+    let partial = full.get("partial_rotary_factor").and_then(Json::as_f64);
+    let partial = if kind == "proportional" {
+        partial.unwrap_or(1.0)
+    } else {
+        1.0
+    };
+    m.f("rope.full_partial", partial as f32);
+    m.f(
+        "rope.full_factor",
+        full.get("factor").and_then(Json::as_f64).unwrap_or(1.0) as f32,
+    );
+    Ok(())
 }

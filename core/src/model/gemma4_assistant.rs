@@ -16,6 +16,8 @@ use super::{DraftSource, ForwardBatch, KvCaches, ModelInfo};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::{GgufFile, Value};
+use crate::load::hf::config::{Config, Meta};
+use crate::load::hf::family::HfFamily;
 use crate::tensor::Tensor;
 
 struct Centroids {
@@ -204,5 +206,65 @@ fn mask_to_clusters(row: &mut [f32], scores: &[f32], c: &Centroids) {
         if !k {
             *x = low - 1.0;
         }
+    }
+}
+
+// ---- Hugging Face checkpoints ----
+
+/// Gemma 4 MTP assistant checkpoints: Gemma 4's metadata and layer names (its head not
+/// soft-capped), the backbone width, the ordered-embedding head.
+pub const HF: HfFamily = HfFamily {
+    // An assistant whose text config names no type of its own is a Gemma 4 text model.
+    defaults: &[("gemma4_assistant", super::gemma4::GEMMA4)],
+    wraps_text: true,
+    ..HfFamily::new(
+        &[("gemma4_assistant", "gemma4-assistant")],
+        hf_meta,
+        hf_names,
+    )
+};
+
+/// No GGUF architecture of its own here (speculative decoding's setup builds it).
+pub const FAMILY: super::Family = super::Family {
+    archs: &[],
+    hf: &[&HF],
+};
+
+fn hf_meta(c: &Config, m: &mut Meta) -> Result<()> {
+    use serde_json::Value as Json;
+    super::gemma4::hf_meta(c, m)?;
+    // The assistant's head is not soft-capped.
+    m.kv.retain(|(k, _)| !k.ends_with(".final_logit_softcapping"));
+    let root = |k: &str| c.root.get(k);
+    let backbone = root("backbone_hidden_size")
+        .and_then(Json::as_u64)
+        .ok_or_else(|| c.err("config.json: no backbone_hidden_size"))?;
+    m.u("assistant.backbone_length", backbone as usize);
+    let ordered = root("use_ordered_embeddings")
+        .and_then(Json::as_bool)
+        .unwrap_or(false);
+    m.set("assistant.ordered_embeddings", Value::Bool(ordered));
+    if ordered {
+        let n = |k: &str, d: u64| root(k).and_then(Json::as_u64).unwrap_or(d) as usize;
+        m.u("assistant.centroid_count", n("num_centroids", 2048));
+        m.u(
+            "assistant.centroid_top_k",
+            n("centroid_intermediate_top_k", 32),
+        );
+    }
+    Ok(())
+}
+
+fn hf_names(hf: &str) -> Option<String> {
+    let own = match hf {
+        "pre_projection.weight" => Some("mtp.pre_proj.weight"),
+        "post_projection.weight" => Some("mtp.post_proj.weight"),
+        "masked_embedding.centroids.weight" => Some("mtp.centroids.weight"),
+        "masked_embedding.token_ordering" => Some("mtp.token_ordering"),
+        _ => None,
+    };
+    match own {
+        Some(n) => Some(n.into()),
+        None => super::gemma4::hf_names(hf),
     }
 }

@@ -6,6 +6,8 @@ use super::{Model, ModelInfo};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::GgufFile;
+use crate::load::hf::config::{Config, Meta};
+use crate::load::hf::family::{f, no_names, none, Field, HfFamily};
 use crate::op::{GluOp, RopeMode, RopeParams};
 
 /// Sizes every dense family reads the same way from `{arch}.*` metadata.
@@ -149,4 +151,62 @@ fn build_dense(f: &GgufFile, ex: &Executor, qwen3: bool) -> Result<Box<dyn Model
         info,
     };
     Ok(Box::new(Decoder::load(f, ex, spec)?))
+}
+
+// ---- Hugging Face checkpoints ----
+
+/// What absent and null fields mean (transformers' class defaults).
+const LLAMA: &[Field] = &[
+    f("rms_norm_eps", "1e-6", true),
+    f("max_position_embeddings", "2048", true),
+    none("head_dim"),
+    none("num_key_value_heads"),
+];
+
+const MISTRAL: &[Field] = &[
+    f("rms_norm_eps", "1e-6", true),
+    f("max_position_embeddings", "131072", true),
+    none("head_dim"),
+    f("num_key_value_heads", "8", false),
+];
+
+const QWEN3: &[Field] = &[
+    f("rms_norm_eps", "1e-6", true),
+    f("max_position_embeddings", "32768", true),
+    f("head_dim", "128", true),
+    // A null count of KV heads is the count of heads (the class's own `None` handling).
+    f("num_key_value_heads", "32", false),
+];
+
+/// Llama (and Mistral) checkpoints: the RoPE base and scaling; Q and K rows in the
+/// rotate-half layout.
+pub const HF_LLAMA: HfFamily = HfFamily {
+    rotate_half_qk: true,
+    defaults: &[("llama", LLAMA), ("mistral", MISTRAL)],
+    ..HfFamily::new(
+        &[("llama", "llama"), ("mistral", "llama")],
+        rope_meta,
+        no_names,
+    )
+};
+
+/// Qwen3 checkpoints (its rotate-half RoPE is the `qwen3` architecture's own).
+pub const HF_QWEN3: HfFamily = HfFamily {
+    defaults: &[("qwen3", QWEN3)],
+    ..HfFamily::new(&[("qwen3", "qwen3")], rope_meta, no_names)
+};
+
+/// The GGUF architectures of this file and its checkpoints.
+pub const FAMILY: super::Family = super::Family {
+    archs: &[("llama", build), ("qwen3", build_qwen3)],
+    hf: &[&HF_LLAMA, &HF_QWEN3],
+};
+
+/// The RoPE base and scaling of a Llama-style config.
+fn rope_meta(c: &Config, m: &mut Meta) -> Result<()> {
+    m.f("rope.freq_base", c.rope_theta(None).unwrap_or(10_000.0));
+    let (kind, factor) = c.rope_scaling(None)?;
+    m.set("rope.scaling.type", crate::load::gguf::Value::Str(kind));
+    m.f("rope.scaling.factor", factor);
+    Ok(())
 }

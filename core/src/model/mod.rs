@@ -18,7 +18,7 @@ use crate::error::Result;
 use crate::exec::Executor;
 use crate::tensor::Tensor;
 
-pub use registry::{build_from_gguf, ARCHITECTURES};
+pub use registry::{architectures, build_from_gguf, FAMILIES};
 
 pub use crate::kv::KvGroup;
 
@@ -316,6 +316,19 @@ pub enum SoftEmbedding {
     Dense,
     /// The top `k` logits of each position, softmax over those.
     TopK(usize),
+}
+
+/// A GGUF architecture's builder: the model, its weights uploaded to the executor's backend.
+pub type Builder = fn(&crate::load::gguf::GgufFile, &Executor) -> Result<Box<dyn Model>>;
+
+/// One model family, as its file (`model/<family>.rs`) declares it; [`registry`] gathers
+/// them.
+pub struct Family {
+    /// GGUF `general.architecture` names it builds, each with its builder (a drafter built by
+    /// speculative decoding's setup has none here).
+    pub archs: &'static [(&'static str, Builder)],
+    /// Its Hugging Face checkpoints: `model_type`s, metadata, tensor names, conversions.
+    pub hf: &'static [&'static crate::load::hf::family::HfFamily],
 }
 
 /// One canvas of a denoising pass: its token ids on the device (`[canvas]` i32, each below

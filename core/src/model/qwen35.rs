@@ -24,6 +24,8 @@ use super::{DraftSource, Features, ForwardBatch, KvCaches, KvGroup, Model, Model
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::{GgufFile, Value};
+use crate::load::hf::config::{Config, Meta};
+use crate::load::hf::family::{f, layer, layer_weight, Field, HfFamily};
 use crate::op::{AttnParams, GluOp, Mask, RopeMode, RopeParams, UnaryOp};
 use crate::tensor::Tensor;
 
@@ -562,4 +564,134 @@ impl Qwen35 {
         }
         Ok(x)
     }
+}
+
+// ---- Hugging Face checkpoints ----
+
+/// What absent and null fields mean (transformers' class defaults).
+const QWEN35: &[Field] = &[
+    f("rms_norm_eps", "1e-6", true),
+    f("max_position_embeddings", "32768", true),
+    f("head_dim", "256", true),
+    f("num_key_value_heads", "4", true),
+    f("linear_conv_kernel_dim", "4", true),
+    f("linear_key_head_dim", "128", true),
+    f("linear_num_key_heads", "16", true),
+    f("linear_num_value_heads", "32", true),
+    f("linear_value_head_dim", "128", true),
+];
+
+const QWEN35_MOE: &[Field] = &[
+    f("rms_norm_eps", "1e-6", true),
+    f("max_position_embeddings", "32768", true),
+    f("head_dim", "256", true),
+    f("num_key_value_heads", "2", true),
+    f("linear_conv_kernel_dim", "4", true),
+    f("linear_key_head_dim", "128", true),
+    f("linear_num_key_heads", "16", true),
+    f("linear_num_value_heads", "32", true),
+    f("linear_value_head_dim", "128", true),
+    f("num_experts", "256", true),
+    f("num_experts_per_tok", "8", true),
+    f("moe_intermediate_size", "512", true),
+    f("shared_expert_intermediate_size", "512", true),
+];
+
+/// Qwen3.5 / 3.6 checkpoints, dense and MoE: norms stored for `x·(1+w)` but the gated one,
+/// the linear-attention layers' tensors, the layer pattern.
+pub const HF: HfFamily = HfFamily {
+    one_centred_norms: Some(&["ssm_norm.weight"]),
+    defaults: &[
+        ("qwen3_5", QWEN35),
+        ("qwen3_5_text", QWEN35),
+        ("qwen3_5_moe", QWEN35_MOE),
+        ("qwen3_5_moe_text", QWEN35_MOE),
+    ],
+    ..HfFamily::new(
+        &[
+            ("qwen3_5", "qwen35"),
+            ("qwen3_5_text", "qwen35"),
+            ("qwen3_5_moe", "qwen35moe"),
+            ("qwen3_5_moe_text", "qwen35moe"),
+        ],
+        hf_meta,
+        hf_names,
+    )
+};
+
+/// The GGUF architectures of this file and its checkpoints.
+pub const FAMILY: super::Family = super::Family {
+    archs: &[("qwen35", build), ("qwen35moe", build)],
+    hf: &[&HF],
+};
+
+fn hf_meta(c: &Config, m: &mut Meta) -> Result<()> {
+    m.f("rope.freq_base", c.rope_theta(None).unwrap_or(10_000.0));
+    let (kind, _) = c.rope_scaling(None)?;
+    if kind != "none" {
+        return Err(c.err("Qwen3.5 RoPE scaling is not supported yet"));
+    }
+    let nh = c.usize("num_attention_heads")?;
+    let hd = c.usize_or("head_dim", c.usize("hidden_size")? / nh)?;
+    let partial = c
+        .get("rope_parameters")
+        .and_then(|p| p.get("partial_rotary_factor"))
+        .or_else(|| c.get("partial_rotary_factor"))
+        .and_then(serde_json::Value::as_f64)
+        // The class default: a quarter of each head rotates.
+        .unwrap_or(0.25);
+    m.u("rope.dimension_count", (hd as f64 * partial) as usize);
+    m.u("ssm.conv_kernel", c.usize("linear_conv_kernel_dim")?);
+    m.u("ssm.state_size", c.usize("linear_key_head_dim")?);
+    m.u("ssm.group_count", c.usize("linear_num_key_heads")?);
+    m.u("ssm.time_step_rank", c.usize("linear_num_value_heads")?);
+    m.u(
+        "ssm.inner_size",
+        c.usize("linear_value_head_dim")? * c.usize("linear_num_value_heads")?,
+    );
+    let layers = c.usize("num_hidden_layers")?;
+    let types = match c.layer_types() {
+        Some(t) => t,
+        None => {
+            let every = c.usize_or("full_attention_interval", 4)?.max(1);
+            (0..layers)
+                .map(|l| match (l + 1) % every {
+                    0 => "full_attention".to_string(),
+                    _ => "linear_attention".to_string(),
+                })
+                .collect()
+        }
+    };
+    if types.len() != layers {
+        return Err(c.err("config.json: layer_types must list every layer"));
+    }
+    let linear = types.iter().map(|t| Value::Bool(t != "full_attention"));
+    m.set("attention.recurrent_layers", Value::Array(linear.collect()));
+    Ok(())
+}
+
+fn hf_names(hf: &str) -> Option<String> {
+    match layer(hf)? {
+        (l, "linear_attn.A_log") => return Some(format!("blk.{l}.ssm_a")),
+        (l, "linear_attn.dt_bias") => return Some(format!("blk.{l}.ssm_dt.bias")),
+        _ => {}
+    }
+    layer_weight(hf, |suffix| {
+        Some(match suffix {
+            "linear_attn.in_proj_qkv.weight" => "attn_qkv",
+            "mlp.gate.weight" => "ffn_gate_inp",
+            "mlp.shared_expert.gate_proj.weight" => "ffn_gate_shexp",
+            "mlp.shared_expert.up_proj.weight" => "ffn_up_shexp",
+            "mlp.shared_expert.down_proj.weight" => "ffn_down_shexp",
+            "mlp.shared_expert_gate.weight" => "ffn_gate_inp_shexp",
+            "linear_attn.in_proj_z.weight" => "attn_gate",
+            "linear_attn.in_proj_b.weight" => "ssm_beta",
+            "linear_attn.in_proj_a.weight" => "ssm_alpha",
+            "linear_attn.conv1d.weight" => "ssm_conv1d",
+            "linear_attn.norm.weight" => "ssm_norm",
+            "linear_attn.out_proj.weight" => "ssm_out",
+            "post_attention_layernorm.weight" => "post_attention_norm",
+            _ => return None,
+        })
+    })
 }
