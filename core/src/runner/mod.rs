@@ -148,19 +148,26 @@ impl Forward {
         let n_seqs = batch.seqs.len() - canvases.len().min(batch.seqs.len());
         let c = canvas_rows(batch, n_seqs);
         let all = batch.logits_rows.len();
-        let host_rows = all - canvases.len() * c;
+        let host_rows = all.checked_sub(canvases.len() * c).ok_or_else(|| {
+            Error::Model(format!(
+                "{all} logits rows for {} canvases of {c}",
+                canvases.len()
+            ))
+        })?;
         let mut canvas_logits = Vec::with_capacity(canvases.len());
-        for i in 0..canvases.len() {
-            let lo = host_rows + i * c;
-            canvas_logits.push(self.ex.rows(&logits, lo..lo + c)?);
+        if host_rows == 0 && canvases.len() == 1 {
+            // The pass was one canvas: its logits are the whole tensor.
+            canvas_logits.push(logits.clone());
+        } else {
+            for i in 0..canvases.len() {
+                let lo = host_rows + i * c;
+                canvas_logits.push(self.ex.rows(&logits, lo..lo + c)?);
+            }
         }
-        let logits = match canvases.is_empty() {
-            true => logits,
-            false => self.ex.rows(&logits, 0..host_rows)?,
-        };
-        let mut flat = match host_rows {
-            0 => Vec::new(),
-            _ => self.ex.download_f32(&logits)?,
+        let mut flat = match (host_rows, canvases.is_empty()) {
+            (0, _) => Vec::new(),
+            (_, true) => self.ex.download_f32(&logits)?,
+            (_, false) => self.ex.download_f32(&self.ex.rows(&logits, 0..host_rows)?)?,
         };
         let batch_seqs = &batch.seqs[..n_seqs];
         // One row in all (a single decode step): hand the download over as it is.
