@@ -200,8 +200,9 @@ fn the_engine_serves_a_starting_canvas_like_the_direct_loop() {
     assert_eq!(e.snapshot().kv_free, e.snapshot().kv_total);
 }
 
-/// An engine over the fixture with room for 8 requests at once.
-fn engine8(ex: Executor, v: &Value) -> Engine {
+/// An engine over the fixture with room for 8 requests at once (`kv_blocks`: a pool of that
+/// many blocks of 4 tokens, else room for all).
+fn engine8(ex: Executor, v: &Value, kv_blocks: Option<usize>) -> Engine {
     let file = open_model(&dir()).expect("checkpoint opens");
     let model = build_from_gguf(&file, &ex).expect("model builds");
     let cfg = RunnerConfig {
@@ -209,6 +210,7 @@ fn engine8(ex: Executor, v: &Value) -> Engine {
         max_batch_tokens: 96,
         block_size: 4,
         max_seqs: 8,
+        kv_blocks,
         ..RunnerConfig::default()
     };
     let mut e = Engine::new(Runner::new(ex, model, cfg).expect("runner"), 8);
@@ -275,7 +277,7 @@ fn mixed_batches_match_each_alone(ex: impl Fn() -> Executor) {
     let alone: Vec<Heard> = reqs
         .iter()
         .map(|r| {
-            let mut e = engine8(ex(), &v);
+            let mut e = engine8(ex(), &v, None);
             let mut h = Heard::default();
             e.run_one(r.clone(), |ev| {
                 hear(&mut h, ev);
@@ -290,32 +292,38 @@ fn mixed_batches_match_each_alone(ex: impl Fn() -> Executor) {
         assert!(h.finished && !h.tokens.is_empty());
         assert_eq!(h.canvases > 0, !r.autoregressive);
     }
-    let mut e = engine8(ex(), &v);
-    let rxs: Vec<_> = reqs
-        .iter()
-        .map(|r| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            e.submit(r.clone(), tx).expect("submitted");
-            rx
-        })
-        .collect();
-    while e.step().expect("step") {}
-    let together: Vec<Heard> = rxs
-        .iter()
-        .map(|rx| {
-            let mut h = Heard::default();
-            rx.try_iter().for_each(|ev| hear(&mut h, ev));
-            h
-        })
-        .collect();
-    assert_eq!(together, alone);
-    let st = e.stats();
-    assert!(
-        st.diffusion_pass_canvases >= st.diffusion_passes + 2,
-        "canvases shared passes: {st:?}"
-    );
-    assert!(st.diffusion_shared_passes > 0, "{st:?}");
-    assert_eq!(e.snapshot().kv_free, e.snapshot().kv_total);
+    // Room for all of them; then a pool of 14 blocks (56 tokens) that cannot hold them all,
+    // so requests (diffusion ones mid-canvas among them) are preempted, fed again, and go on
+    // from the canvas they had.
+    for blocks in [None, Some(14)] {
+        let mut e = engine8(ex(), &v, blocks);
+        let rxs: Vec<_> = reqs
+            .iter()
+            .map(|r| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                e.submit(r.clone(), tx).expect("submitted");
+                rx
+            })
+            .collect();
+        while e.step().expect("step") {}
+        let together: Vec<Heard> = rxs
+            .iter()
+            .map(|rx| {
+                let mut h = Heard::default();
+                rx.try_iter().for_each(|ev| hear(&mut h, ev));
+                h
+            })
+            .collect();
+        assert_eq!(together, alone, "pool {blocks:?}");
+        let st = e.stats();
+        assert!(
+            st.diffusion_pass_canvases >= st.diffusion_passes + 2,
+            "canvases shared passes: {st:?}"
+        );
+        assert!(st.diffusion_shared_passes > 0, "{st:?}");
+        assert_eq!(st.preemptions > 0, blocks.is_some(), "{st:?}");
+        assert_eq!(e.snapshot().kv_free, e.snapshot().kv_total);
+    }
 }
 
 #[test]

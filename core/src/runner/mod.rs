@@ -167,7 +167,9 @@ impl Forward {
         let mut flat = match (host_rows, canvases.is_empty()) {
             (0, _) => Vec::new(),
             (_, true) => self.ex.download_f32(&logits)?,
-            (_, false) => self.ex.download_f32(&self.ex.rows(&logits, 0..host_rows)?)?,
+            (_, false) => self
+                .ex
+                .download_f32(&self.ex.rows(&logits, 0..host_rows)?)?,
         };
         let batch_seqs = &batch.seqs[..n_seqs];
         // One row in all (a single decode step): hand the download over as it is.
