@@ -127,7 +127,7 @@ impl Engine {
                 a.constraint = Some(c);
             }
         }
-        let (out, hidden, canvas_logits) = match step {
+        let ((out, hidden), canvas_logits) = match step {
             Ok(out) => out,
             Err(e) => {
                 // The step's requests fail (their slots are freed); the engine and the

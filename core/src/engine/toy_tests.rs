@@ -1,7 +1,8 @@
 //! The engine on the toy model ([`crate::model::toy`]): continuous batching with chunked
 //! prefill and preemption, cancellation, the prefix cache, sliding-window release, speculative
-//! verification and rollback, each against the same requests run alone — in milliseconds, with
-//! no model file.
+//! verification and rollback, embeddings, and (on the toy as a block-diffusion model) canvases
+//! sharing passes with token requests, each against the same requests run alone — in
+//! milliseconds, with no model file.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver};
@@ -360,4 +361,190 @@ fn a_starting_canvas_is_refused_by_a_model_that_does_not_denoise() {
     let err = e.submit(req, tx).expect_err("refused");
     assert!(err.to_string().contains("block-diffusion"), "{err}");
     assert!(e.is_idle());
+}
+
+/// An engine over the toy as a block-diffusion model (canvases of 4, at most 3 denoising
+/// steps each), `max_seqs` at once.
+fn diffusion_engine(max_seqs: usize, kv_blocks: Option<usize>) -> Engine {
+    use crate::model::toy::ToyDiffusion;
+    let ex = Executor::cpu();
+    let model = ToyDiffusion::new(&ex, VOCAB, WINDOW, 7, 4).expect("toy");
+    let cfg = RunnerConfig {
+        ctx: 128,
+        max_seqs,
+        max_batch_tokens: 16,
+        kv_blocks,
+        block_size: 4,
+        ..RunnerConfig::default()
+    };
+    let mut e = Engine::new(
+        Runner::new(ex, Box::new(model), cfg).expect("runner"),
+        max_seqs,
+    );
+    let p = crate::sample::diffusion::DiffusionParams {
+        max_denoising_steps: 3,
+        ..Default::default()
+    };
+    e.set_diffusion_defaults(p).expect("params");
+    e
+}
+
+/// Three diffusion requests and three token-by-token ones on one toy: each alone, then all at
+/// once with room for all, then in a pool too small for all (preempted mid-canvas and fed
+/// again). Every request hears the same events either way; canvases share passes with each
+/// other and with the token requests; every block comes back.
+#[test]
+fn canvases_share_passes_with_token_requests_and_match_each_alone() {
+    let ps = prompts(6);
+    let reqs: Vec<GenRequest> = ps[..6]
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let params = SamplingParams {
+                seed: Some(i as u64),
+                ..SamplingParams::default()
+            };
+            GenRequest {
+                autoregressive: i >= 3,
+                ..GenRequest::new(p.clone(), params, 10)
+            }
+        })
+        .collect();
+    let hear = |rx: &Receiver<Event>| -> Vec<Event> { rx.try_iter().collect() };
+    let alone: Vec<Vec<Event>> = reqs
+        .iter()
+        .map(|r| {
+            let mut e = diffusion_engine(6, None);
+            let (tx, rx) = mpsc::channel();
+            e.submit(r.clone(), tx).expect("submit");
+            while e.step().expect("step") {}
+            hear(&rx)
+        })
+        .collect();
+    for (events, r) in alone.iter().zip(&reqs) {
+        let canvases = events
+            .iter()
+            .filter(|e| matches!(e, Event::Canvas { .. }))
+            .count();
+        assert_eq!(canvases > 0, !r.autoregressive, "{events:?}");
+        assert!(
+            matches!(events.last(), Some(Event::Done { .. })),
+            "{events:?}"
+        );
+    }
+    for blocks in [None, Some(9)] {
+        let mut e = diffusion_engine(6, blocks);
+        let rxs: Vec<Receiver<Event>> = reqs
+            .iter()
+            .map(|r| {
+                let (tx, rx) = mpsc::channel();
+                e.submit(r.clone(), tx).expect("submit");
+                rx
+            })
+            .collect();
+        while e.step().expect("step") {}
+        let together: Vec<Vec<Event>> = rxs.iter().map(hear).collect();
+        assert_eq!(together, alone, "pool {blocks:?}");
+        let st = e.stats();
+        // With room for all, canvases share passes (the small pool holds one at a time).
+        if blocks.is_none() {
+            assert!(st.diffusion_pass_canvases > st.diffusion_passes, "{st:?}");
+        }
+        assert!(st.diffusion_shared_passes > 0, "{st:?}");
+        assert_eq!(st.preemptions > 0, blocks.is_some(), "{st:?}");
+        let s = e.snapshot();
+        assert_eq!(s.kv_free, s.kv_total);
+    }
+}
+
+/// A diffusion request cancelled mid-canvas gives its blocks back; the one beside it goes on.
+#[test]
+fn a_cancelled_diffusion_request_frees_its_blocks() {
+    let ps = prompts(2);
+    let mut e = diffusion_engine(2, None);
+    let (tx, rx) = mpsc::channel();
+    let a = e.submit(request(&ps[0], 40), tx).expect("submit");
+    let (tx2, rx2) = mpsc::channel();
+    e.submit(request(&ps[1], 8), tx2).expect("submit");
+    for _ in 0..4 {
+        e.step().expect("step");
+    }
+    assert!(e.snapshot().kv_free < e.snapshot().kv_total);
+    e.cancel(a).expect("cancel");
+    while e.step().expect("step") {}
+    assert!(!rx.try_iter().any(|ev| matches!(ev, Event::Done { .. })));
+    assert!(rx2.try_iter().any(|ev| matches!(ev, Event::Done { .. })));
+    let s = e.snapshot();
+    assert_eq!(s.kv_free, s.kv_total);
+    assert!(e.is_idle());
+}
+
+/// Embeddings on the toy: scheduled beside generations in a pool too small for all, each
+/// vector equal to a lone embedding pass's, the generations unchanged.
+#[test]
+fn toy_embeddings_share_the_pool_and_match_a_lone_pass() {
+    use crate::runner::embed::Pooling;
+    let ps = prompts(6);
+    let want_gen: Vec<Vec<u32>> = ps[..3]
+        .iter()
+        .map(|p| {
+            let (got, _) = run_all(engine(1, None, 8, false), vec![request(p, 8)]);
+            got[0].clone()
+        })
+        .collect();
+    let want_vec: Vec<Vec<f32>> = ps[3..6]
+        .iter()
+        .map(|p| {
+            let mut r = runner(1, None, 8, false);
+            r.embed(1, p, Pooling::Mean).expect("lone embedding")
+        })
+        .collect();
+    let mut e = engine(6, Some(8), 8, false);
+    let gens: Vec<Receiver<Event>> = ps[..3]
+        .iter()
+        .map(|p| {
+            let (tx, rx) = mpsc::channel();
+            e.submit(request(p, 8), tx).expect("submit");
+            rx
+        })
+        .collect();
+    let embs: Vec<Receiver<Event>> = ps[3..6]
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (tx, rx) = mpsc::channel();
+            e.submit_embedding(100 + i as u64, p, Pooling::Mean, Box::new(tx))
+                .expect("submit");
+            rx
+        })
+        .collect();
+    while e.step().expect("step") {}
+    for (rx, want) in gens.iter().zip(&want_gen) {
+        let got: Vec<u32> = rx
+            .try_iter()
+            .filter_map(|ev| match ev {
+                Event::Token(t, _) => Some(t),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(&got, want);
+    }
+    for (rx, want) in embs.iter().zip(&want_vec) {
+        let got = rx
+            .try_iter()
+            .find_map(|ev| match ev {
+                Event::Embedding(v) => Some(v),
+                _ => None,
+            })
+            .expect("an embedding");
+        let err = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(err < 1e-5, "max |difference| {err}");
+    }
+    assert!(e.stats().preemptions > 0, "{:?}", e.stats());
+    let s = e.snapshot();
+    assert_eq!(s.kv_free, s.kv_total);
 }

@@ -343,7 +343,7 @@ fn hf_meta(c: &Config, m: &mut Meta) -> Result<()> {
             spread_layers(n as usize, drafts)
         }
     };
-    if block < 2 || block > 256 || layers.is_empty() || layers.len() > 64 {
+    if !(2..=256).contains(&block) || layers.is_empty() || layers.len() > 64 {
         return Err(c.err(format!(
             "a DFlash block of {block} over {} target layers",
             layers.len()

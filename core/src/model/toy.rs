@@ -6,10 +6,16 @@
 //! wrong block table, a stale slot or a lost token changes its output.
 //!
 //! Per layer: `x += attn(norm(x))·Wo`; then logits `= norm(x)·Outᵀ`, an output matrix of its
-//! own, so a greedy continuation wanders over the vocabulary instead of repeating a token.
+//! own, so a greedy continuation wanders over the vocabulary instead of repeating a token. It
+//! hands out its final-normed hidden state (embeddings, MTP-style drafters).
+//!
+//! [`ToyDiffusion`] is the same toy as a block-diffusion model: the toy runs causally as its
+//! encoder, and its decoder runs the same layers over canvases of its canvas length, which
+//! attend to their whole canvas and the cached prefix (the sliding layer to the last
+//! `window` keys before the canvas); a canvas pass may carry the encoder's rows beside it.
 
-use super::blocks::{attention, check_batch, logits_head, upload_batch};
-use super::{ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
+use super::blocks::{attention, check_batch, logits_head, upload_batch, Split};
+use super::{CanvasInput, Denoiser, Features, ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
 use crate::error::Result;
 use crate::exec::Executor;
 use crate::op::{AttnParams, Mask, Op, RopeMode, RopeParams};
@@ -176,6 +182,57 @@ fn build(ex: &Executor, vocab: usize, window: usize, seed: u64) -> Result<Toy> {
     })
 }
 
+impl Toy {
+    /// The layers over the embedded batch `x`; with `canvases = (seqs, len)`, the batch's
+    /// sequences from `seqs` on are canvases of `len` tokens (bidirectional over the canvas).
+    fn layers(
+        &self,
+        ex: &Executor,
+        b: &ForwardBatch,
+        kv: &KvCaches,
+        mut x: Tensor,
+        canvases: Option<(usize, usize)>,
+    ) -> Result<Tensor> {
+        let t = b.tokens.len();
+        let bt = upload_batch(ex, b, self.groups.len())?;
+        let split = match canvases {
+            Some((seqs, _)) if seqs > 0 => Some(Split::new(ex, b, seqs, self.groups.len())?),
+            _ => None,
+        };
+        for layer in &self.layers {
+            let (q, k, v, p) = self.qkv(ex, layer, &x, &bt.positions, t)?;
+            let canvas_p = |c: usize| AttnParams {
+                mask: match layer.window {
+                    Some(w) => Mask::Lookback(c + w),
+                    None => Mask::Bidirectional,
+                },
+                ..p
+            };
+            let a = match (canvases, &split) {
+                (Some((_, c)), Some(sp)) => {
+                    sp.attention(ex, &bt, kv, layer.kv, &q, Some((&k, &v)), (p, canvas_p(c)))?
+                }
+                (Some((_, c)), None) => {
+                    attention(ex, &bt, kv, layer.kv, &q, Some((&k, &v)), canvas_p(c))?
+                }
+                (None, _) => attention(ex, &bt, kv, layer.kv, &q, Some((&k, &v)), p)?,
+            };
+            x = ex.matmul_add(&a, &layer.wo, &x)?;
+        }
+        Ok(x)
+    }
+
+    fn embed(&self, ex: &Executor, tokens: &[u32]) -> Result<Tensor> {
+        let ids: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
+        ex.get_rows(&self.tok_embd, &ex.upload_i32(&[ids.len()], &ids)?)
+    }
+
+    fn head(&self, ex: &Executor, x: &Tensor, b: &ForwardBatch) -> Result<Tensor> {
+        let (norm, out) = (&self.out_norm, &self.output);
+        logits_head(ex, x, b, norm, out, (1e-6, false), self.info.vocab, None)
+    }
+}
+
 impl Model for Toy {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -186,25 +243,115 @@ impl Model for Toy {
     }
 
     fn forward(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
-        let t = check_batch(b, self.info.vocab)?;
-        let bt = upload_batch(ex, b, self.groups.len())?;
-        let ids: Vec<i32> = b.tokens.iter().map(|&x| x as i32).collect();
-        let mut x = ex.get_rows(&self.tok_embd, &ex.upload_i32(&[t], &ids)?)?;
-        for layer in &self.layers {
-            let (q, k, v, p) = self.qkv(ex, layer, &x, &bt.positions, t)?;
-            let a = attention(ex, &bt, kv, layer.kv, &q, Some((&k, &v)), p)?;
-            x = ex.matmul_add(&a, &layer.wo, &x)?;
-        }
-        let vocab = self.info.vocab;
-        logits_head(
-            ex,
-            &x,
-            b,
-            &self.out_norm,
-            &self.output,
-            (1e-6, false),
-            vocab,
-            None,
-        )
+        check_batch(b, self.info.vocab)?;
+        let x = self.layers(ex, b, kv, self.embed(ex, &b.tokens)?, None)?;
+        self.head(ex, &x, b)
     }
+
+    fn forward_features(
+        &self,
+        ex: &Executor,
+        b: &ForwardBatch,
+        kv: &KvCaches,
+        f: &Features,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        if *f != Features::Final {
+            return Err(crate::Error::Model(format!(
+                "the toy hands out its final hidden state, not {f:?}"
+            )));
+        }
+        check_batch(b, self.info.vocab)?;
+        let x = self.layers(ex, b, kv, self.embed(ex, &b.tokens)?, None)?;
+        let h = ex.rms_norm(&x, &self.out_norm, 1e-6, false)?;
+        Ok((self.head(ex, &x, b)?, vec![h]))
+    }
+
+    fn gives(&self, f: &Features) -> bool {
+        *f == Features::Final
+    }
+}
+
+/// The toy as a block-diffusion model (see the module's documentation). The decoder ignores
+/// self-conditioning.
+pub struct ToyDiffusion {
+    toy: Toy,
+    canvas: usize,
+}
+
+impl ToyDiffusion {
+    /// The toy of [`Toy::new`] with canvases of `canvas` tokens (at least 1).
+    pub fn new(
+        ex: &Executor,
+        vocab: usize,
+        window: usize,
+        seed: u64,
+        canvas: usize,
+    ) -> Result<ToyDiffusion> {
+        if canvas == 0 {
+            return Err(crate::Error::Model("a canvas of no tokens".into()));
+        }
+        let mut toy = build(ex, vocab, window, seed)?;
+        toy.info.architecture = "toy-diffusion".into();
+        Ok(ToyDiffusion { toy, canvas })
+    }
+}
+
+impl Model for ToyDiffusion {
+    fn info(&self) -> &ModelInfo {
+        &self.toy.info
+    }
+
+    fn kv_groups(&self) -> &[KvGroup] {
+        &self.toy.groups
+    }
+
+    fn forward(&self, ex: &Executor, b: &ForwardBatch, kv: &KvCaches) -> Result<Tensor> {
+        self.toy.forward(ex, b, kv)
+    }
+
+    fn denoiser(&self) -> Option<&dyn Denoiser> {
+        Some(self)
+    }
+}
+
+impl Denoiser for ToyDiffusion {
+    fn canvas_length(&self) -> usize {
+        self.canvas
+    }
+
+    fn denoise(
+        &self,
+        ex: &Executor,
+        b: &ForwardBatch,
+        kv: &KvCaches,
+        canvases: &[CanvasInput<'_>],
+    ) -> Result<Tensor> {
+        let toy = &self.toy;
+        check_batch(b, toy.info.vocab)?;
+        let n = canvases.len();
+        let Some(enc) = b.seqs.len().checked_sub(n).filter(|_| n > 0) else {
+            return Err(crate::Error::Model(format!("{n} canvases for this batch")));
+        };
+        let first = b.seqs[enc].q_start;
+        if b.seqs[enc..].iter().any(|s| s.q_len != self.canvas)
+            || canvases.iter().any(|c| c.ids.numel() != self.canvas)
+        {
+            return Err(crate::Error::Model(format!(
+                "the canvases must be of {} tokens",
+                self.canvas
+            )));
+        }
+        let mut parts = Vec::with_capacity(n + 1);
+        if first > 0 {
+            parts.push(toy.embed(ex, &b.tokens[..first])?);
+        }
+        for c in canvases {
+            parts.push(ex.get_rows(&toy.tok_embd, c.ids)?);
+        }
+        let x = ex.concat_rows(&parts.iter().collect::<Vec<_>>())?;
+        let x = toy.layers(ex, b, kv, x, Some((enc, self.canvas)))?;
+        toy.head(ex, &x, b)
+    }
+
+    fn set_soft_embedding(&self, _: super::SoftEmbedding) {}
 }

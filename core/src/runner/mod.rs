@@ -106,8 +106,7 @@ impl Forward {
     /// `batch.logits_rows` names, in order) and with `f` the hidden states of every token it
     /// fed.
     pub fn run(&self, batch: &ForwardBatch, f: Option<&Features>) -> Result<StepRows> {
-        let (rows, hidden, _) = self.run_with(batch, f, &[])?;
-        Ok((rows, hidden))
+        Ok(self.run_with(batch, f, &[])?.0)
     }
 
     /// [`Forward::run`] for a batch whose last `canvases.len()` sequences are canvases of a
@@ -120,7 +119,7 @@ impl Forward {
         batch: &ForwardBatch,
         f: Option<&Features>,
         canvases: &[CanvasInput<'_>],
-    ) -> Result<(Vec<Vec<Vec<f32>>>, Option<Vec<Vec<Vec<f32>>>>, Vec<Tensor>)> {
+    ) -> Result<(StepRows, Vec<Tensor>)> {
         let total = batch.tokens.len();
         let vocab = self.model.info().vocab;
         let (logits, h) = match (f, canvases.is_empty()) {
@@ -199,7 +198,7 @@ impl Forward {
             });
             row += n;
         }
-        Ok((out, hid, canvas_logits))
+        Ok(((out, hid), canvas_logits))
     }
 
     /// Column blocks `[t, w_i]` downloaded and laid side by side: `[t, Σ w_i]` row major,
@@ -653,7 +652,7 @@ impl Session<'_> {
             ids: canvas,
             self_cond,
         };
-        let (_, _, mut logits) = self.fwd.run_with(&batch, None, &[c])?;
+        let (_, mut logits) = self.fwd.run_with(&batch, None, &[c])?;
         logits
             .pop()
             .ok_or_else(|| Error::Model("a denoising pass gave no logits".into()))
