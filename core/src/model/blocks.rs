@@ -98,11 +98,7 @@ pub(crate) fn attention(
     new_kv: Option<(&Tensor, &Tensor)>,
     p: AttnParams,
 ) -> Result<Tensor> {
-    let (kc, vc) = kv
-        .groups
-        .get(g)
-        .and_then(|(ks, vs)| Some((ks.get(gi)?, vs.get(gi)?)))
-        .ok_or_else(|| Error::Model(format!("no KV cache for layer {gi} of group {g}")))?;
+    let (kc, vc) = layer_cache(kv, (g, gi))?;
     let (table, _) = bt
         .tables
         .get(g)
@@ -392,6 +388,40 @@ impl Split {
     }
 }
 
+/// Layer `(g, gi)`'s K and V caches.
+fn layer_cache(kv: &KvCaches, (g, gi): (usize, usize)) -> Result<(&Tensor, &Tensor)> {
+    kv.groups
+        .get(g)
+        .and_then(|(ks, vs)| Some((ks.get(gi)?, vs.get(gi)?)))
+        .ok_or_else(|| Error::Model(format!("no KV cache for layer {gi} of group {g}")))
+}
+
+/// Checks a denoising pass's batch: its last `canvases` sequences are canvases of `len`
+/// tokens (at least one), and the rows before them the encoder's. Returns the index of the
+/// first canvas sequence and its first row.
+pub(crate) fn canvas_split(
+    b: &ForwardBatch,
+    canvases: usize,
+    len: usize,
+) -> Result<(usize, usize)> {
+    let t = b.tokens.len();
+    let bad = || {
+        Error::Model(format!(
+            "{canvases} canvases of {len} tokens do not end a batch of {} sequences, {t} rows",
+            b.seqs.len()
+        ))
+    };
+    let enc = (b.seqs.len().checked_sub(canvases))
+        .filter(|_| canvases > 0)
+        .ok_or_else(bad)?;
+    let first = b.seqs[enc].q_start;
+    if b.seqs[enc..].iter().any(|s| s.q_len != len) || t.checked_sub(first) != Some(canvases * len)
+    {
+        return Err(bad());
+    }
+    Ok((enc, first))
+}
+
 /// Writes `k`, `v` (`[T, kv_heads, dim]`) into layer `(g, gi)`'s cache at the batch's slots
 /// (keys centered first where the cache keeps them so).
 fn write_kv(
@@ -402,11 +432,7 @@ fn write_kv(
     (k, v): (&Tensor, &Tensor),
     capped: bool,
 ) -> Result<()> {
-    let (kc, vc) = kv
-        .groups
-        .get(g)
-        .and_then(|(ks, vs)| Some((ks.get(gi)?, vs.get(gi)?)))
-        .ok_or_else(|| Error::Model(format!("no KV cache for layer {gi} of group {g}")))?;
+    let (kc, vc) = layer_cache(kv, (g, gi))?;
     let (_, slots) = bt
         .tables
         .get(g)

@@ -12,7 +12,7 @@
 //! embedding is dense (every row of the table, exact) or sparse (the top `k` logits of each
 //! position, softmax over those, `k` rows gathered: the fast path for a large vocabulary).
 
-use super::blocks::{check_batch, GatedFfn};
+use super::blocks::{canvas_split, check_batch, GatedFfn};
 use super::gemma4::GEMMA4_ROPE;
 use super::gemma4::{Gemma4, Pass};
 use super::weights::Weights;
@@ -222,21 +222,8 @@ impl Canvas {
         kv: &KvCaches,
         canvases: &[CanvasInput<'_>],
     ) -> Result<Tensor> {
-        let t = check_batch(b, m.info.vocab)?;
-        let n = canvases.len();
-        let Some(enc) = b.seqs.len().checked_sub(n).filter(|_| n > 0) else {
-            return Err(Error::Model(format!(
-                "{n} canvases for a batch of {} sequences",
-                b.seqs.len()
-            )));
-        };
-        let first = b.seqs[enc].q_start;
-        if b.seqs[enc..].iter().any(|s| s.q_len != self.length) || t - first != n * self.length {
-            return Err(Error::Model(format!(
-                "the last {n} sequences of the batch must be canvases of {} tokens",
-                self.length
-            )));
-        }
+        check_batch(b, m.info.vocab)?;
+        let (enc, _) = canvas_split(b, canvases.len(), self.length)?;
         let xs = canvases
             .iter()
             .map(|c| self.input(m, ex, c))

@@ -14,7 +14,7 @@
 //! attend to their whole canvas and the cached prefix (the sliding layer to the last
 //! `window` keys before the canvas); a canvas pass may carry the encoder's rows beside it.
 
-use super::blocks::{attention, check_batch, logits_head, upload_batch, Split};
+use super::blocks::{attention, canvas_split, check_batch, logits_head, upload_batch, Split};
 use super::{CanvasInput, Denoiser, Features, ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
 use crate::error::Result;
 use crate::exec::Executor;
@@ -328,20 +328,14 @@ impl Denoiser for ToyDiffusion {
     ) -> Result<Tensor> {
         let toy = &self.toy;
         check_batch(b, toy.info.vocab)?;
-        let n = canvases.len();
-        let Some(enc) = b.seqs.len().checked_sub(n).filter(|_| n > 0) else {
-            return Err(crate::Error::Model(format!("{n} canvases for this batch")));
-        };
-        let first = b.seqs[enc].q_start;
-        if b.seqs[enc..].iter().any(|s| s.q_len != self.canvas)
-            || canvases.iter().any(|c| c.ids.numel() != self.canvas)
-        {
+        let (enc, first) = canvas_split(b, canvases.len(), self.canvas)?;
+        if canvases.iter().any(|c| c.ids.numel() != self.canvas) {
             return Err(crate::Error::Model(format!(
-                "the canvases must be of {} tokens",
+                "canvas ids must be {} tokens",
                 self.canvas
             )));
         }
-        let mut parts = Vec::with_capacity(n + 1);
+        let mut parts = Vec::with_capacity(canvases.len() + 1);
         if first > 0 {
             parts.push(toy.embed(ex, &b.tokens[..first])?);
         }
