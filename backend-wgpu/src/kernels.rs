@@ -9,30 +9,17 @@ use kiln_core::tensor::DType;
 const DEQUANT: &str = include_str!("../../shaders/common/dequant.wgsl");
 const FLOAT_ROWS: &str = include_str!("../../shaders/common/float_rows.wgsl");
 const DOT: &str = include_str!("../../shaders/common/dot.wgsl");
-const ORDER: &str = include_str!("../../shaders/common/order.wgsl");
+pub(crate) const ORDER: &str = include_str!("../../shaders/common/order.wgsl");
 const TURBO: &str = include_str!("../../shaders/common/turbo.wgsl");
 const MAT_MUL_IO: &str = include_str!("../../shaders/common/mat_mul_io.wgsl");
 const MAT_VEC: &str = include_str!("../../shaders/mat_vec.wgsl");
 const MAT_MUL: &str = include_str!("../../shaders/mat_mul.wgsl");
 const MAT_MUL_TILED: &str = include_str!("../../shaders/mat_mul_tiled.wgsl");
 const GET_ROWS: &str = include_str!("../../shaders/get_rows.wgsl");
-const ELEMENTWISE: &str = include_str!("../../shaders/elementwise.wgsl");
-const COPY: &str = include_str!("../../shaders/copy.wgsl");
-const NORM: &str = include_str!("../../shaders/norm.wgsl");
-const ROPE: &str = include_str!("../../shaders/rope.wgsl");
 const ATTENTION: &str = include_str!("../../shaders/attention.wgsl");
-const ATTENTION_COMBINE: &str = include_str!("../../shaders/attention_combine.wgsl");
 const KV_WRITE: &str = include_str!("../../shaders/kv_write.wgsl");
-const REDUCE: &str = include_str!("../../shaders/reduce.wgsl");
-const SOFTMAX: &str = include_str!("../../shaders/softmax.wgsl");
-const CONV: &str = include_str!("../../shaders/conv.wgsl");
-const DELTA_NET: &str = include_str!("../../shaders/delta_net.wgsl");
-const MOE: &str = include_str!("../../shaders/moe.wgsl");
-const MOE_SUM: &str = include_str!("../../shaders/moe_sum.wgsl");
 const MAT_MUL_ID: &str = include_str!("../../shaders/mat_mul_id.wgsl");
-const CANVAS_HASH: &str = include_str!("../../shaders/common/canvas_hash.wgsl");
-const CANVAS: &str = include_str!("../../shaders/canvas.wgsl");
-const CANVAS_ACCEPT: &str = include_str!("../../shaders/canvas_accept.wgsl");
+pub(crate) const CANVAS_HASH: &str = include_str!("../../shaders/common/canvas_hash.wgsl");
 
 /// One compute entry point and how to build its module.
 pub struct Kernel {
@@ -40,9 +27,9 @@ pub struct Kernel {
     pub entry: &'static str,
     /// The family file in `shaders/` (without `.wgsl`).
     pub file: &'static str,
-    source: &'static str,
-    commons: &'static [&'static str],
-    subst: &'static [(&'static str, &'static str)],
+    pub(crate) source: &'static str,
+    pub(crate) commons: &'static [&'static str],
+    pub(crate) subst: &'static [(&'static str, &'static str)],
 }
 
 impl Kernel {
@@ -62,9 +49,10 @@ impl Kernel {
     }
 }
 
+/// A kernel of no weight format, with no commons: `plain!(NAME, "entry", "file", SOURCE)`.
 macro_rules! plain {
     ($name:ident, $entry:literal, $file:literal, $src:ident) => {
-        pub const $name: Kernel = Kernel {
+        pub const $name: $crate::kernels::Kernel = $crate::kernels::Kernel {
             entry: $entry,
             file: $file,
             source: $src,
@@ -74,17 +62,20 @@ macro_rules! plain {
     };
 }
 
+/// A kernel with the total-order helpers prepended.
 macro_rules! ranked {
     ($name:ident, $entry:literal, $file:literal, $src:ident) => {
-        pub const $name: Kernel = Kernel {
+        pub const $name: $crate::kernels::Kernel = $crate::kernels::Kernel {
             entry: $entry,
             file: $file,
             source: $src,
-            commons: &[ORDER],
+            commons: &[$crate::kernels::ORDER],
             subst: &[],
         };
     };
 }
+
+pub(crate) use {plain, ranked};
 
 /// A kernel of a per-format family: entry `<family>_<format>`, the format's chunk decoder
 /// (`DQ32` ← `dq32_<format>`) filled in; the decoders prepended, or the commons given.
@@ -155,30 +146,6 @@ per_format!(
     NVFP4 "nvfp4",
 );
 
-plain!(ADD_F32, "add_f32", "elementwise", ELEMENTWISE);
-plain!(MUL_F32, "mul_f32", "elementwise", ELEMENTWISE);
-plain!(SCALE_F32, "scale_f32", "elementwise", ELEMENTWISE);
-plain!(SILU_F32, "silu_f32", "elementwise", ELEMENTWISE);
-plain!(GELU_TANH_F32, "gelu_tanh_f32", "elementwise", ELEMENTWISE);
-plain!(SIGMOID_F32, "sigmoid_f32", "elementwise", ELEMENTWISE);
-plain!(SOFTPLUS_F32, "softplus_f32", "elementwise", ELEMENTWISE);
-plain!(EXP_F32, "exp_f32", "elementwise", ELEMENTWISE);
-plain!(NEG_F32, "neg_f32", "elementwise", ELEMENTWISE);
-plain!(TANH_F32, "tanh_f32", "elementwise", ELEMENTWISE);
-plain!(SWIGLU_F32, "swiglu_f32", "elementwise", ELEMENTWISE);
-plain!(GEGLU_F32, "geglu_f32", "elementwise", ELEMENTWISE);
-
-plain!(COPY_U32, "copy_u32", "copy", COPY);
-plain!(CAST_F16_F32, "cast_f16_f32", "copy", COPY);
-plain!(CAST_BF16_F32, "cast_bf16_f32", "copy", COPY);
-
-plain!(RMS_NORM_F32, "rms_norm_f32", "norm", NORM);
-plain!(L2_NORM_F32, "l2_norm_f32", "norm", NORM);
-plain!(ROPE_F32, "rope_f32", "rope", ROPE);
-plain!(SOFTMAX_F32, "softmax_f32", "softmax", SOFTMAX);
-ranked!(ARGMAX_F32, "argmax_f32", "reduce", REDUCE);
-ranked!(TOP_K_F32, "top_k_f32", "reduce", REDUCE);
-
 /// The KV cache tables, from one list of the cache formats WGSL reads and writes (the dtype,
 /// its name in entry points, its code in shaders/common/turbo.wgsl), in code order.
 macro_rules! kv_formats {
@@ -227,66 +194,8 @@ kv_formats!(
     TQ2 "tq2" "7u",
 );
 
-plain!(
-    PAGED_ATTENTION_COMBINE,
-    "paged_attention_combine",
-    "attention_combine",
-    ATTENTION_COMBINE
-);
-plain!(CONV1D_F32, "conv1d_f32", "conv", CONV);
-plain!(CONV1D_STATE_F32, "conv1d_state_f32", "conv", CONV);
-plain!(DELTA_NET_F32, "delta_net_f32", "delta_net", DELTA_NET);
-ranked!(MOE_ROUTE_F32, "moe_route_f32", "moe", MOE);
-plain!(MOE_SUM_F32, "moe_sum_f32", "moe_sum", MOE_SUM);
-pub const CANVAS_DRAW_F32: Kernel = Kernel {
-    entry: "canvas_draw_f32",
-    file: "canvas",
-    source: CANVAS,
-    commons: &[ORDER, CANVAS_HASH],
-    subst: &[],
-};
-pub const CANVAS_ACCEPT_I32: Kernel = Kernel {
-    entry: "canvas_accept",
-    file: "canvas_accept",
-    source: CANVAS_ACCEPT,
-    commons: &[CANVAS_HASH],
-    subst: &[],
-};
-
-/// The kernels of no weight format.
-const PLAIN: &[&Kernel] = &[
-    &ADD_F32,
-    &MUL_F32,
-    &SCALE_F32,
-    &SILU_F32,
-    &GELU_TANH_F32,
-    &SIGMOID_F32,
-    &SOFTPLUS_F32,
-    &EXP_F32,
-    &NEG_F32,
-    &TANH_F32,
-    &SWIGLU_F32,
-    &GEGLU_F32,
-    &COPY_U32,
-    &CAST_F16_F32,
-    &CAST_BF16_F32,
-    &RMS_NORM_F32,
-    &L2_NORM_F32,
-    &ROPE_F32,
-    &SOFTMAX_F32,
-    &ARGMAX_F32,
-    &TOP_K_F32,
-    &PAGED_ATTENTION_COMBINE,
-    &CONV1D_F32,
-    &CONV1D_STATE_F32,
-    &DELTA_NET_F32,
-    &MOE_ROUTE_F32,
-    &MOE_SUM_F32,
-    &CANVAS_DRAW_F32,
-    &CANVAS_ACCEPT_I32,
-];
-
-/// Every declared kernel, the plain ones then each per-format table (a test builds each
+/// Every declared kernel: the op families' own (declared in their launchers' files), then each
+/// per-format table (a test builds each
 /// module and finds each entry point).
 pub fn all() -> impl Iterator<Item = &'static Kernel> {
     let tables = [
@@ -296,9 +205,7 @@ pub fn all() -> impl Iterator<Item = &'static Kernel> {
         GET_ROWS_KERNELS,
         MAT_MUL_ID_KERNELS,
     ];
-    PLAIN
-        .iter()
-        .copied()
+    crate::ops::plain_kernels()
         .chain(tables.into_iter().flatten())
         .chain(PAGED_ATTENTION_KERNELS.iter().copied().flatten())
         .chain(KV_WRITE_KERNELS)

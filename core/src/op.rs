@@ -6,396 +6,152 @@
 //! Float inputs and outputs of an op may each be f32, f16 or bf16 unless noted; the CPU
 //! reference computes in f32 whatever they are. Index tensors are i32.
 //!
-//! Fused ops are variants too. The CPU implements each as the composition of its plain ops, so
-//! a backend's fused kernel always has an oracle.
+//! Ops come in families, and a family is one stem. `op/<family>.rs` declares the family's ops
+//! (a sub-enum: each op's parameters, and its inputs → outputs in the doc) and implements
+//! [`Family`]: the shape, dtype and parameter checks and the outputs' shapes. The same stem
+//! names every other file of the family: the CPU reference (`cpu/<family>.rs`), the
+//! conformance cases (`validate/cases/<family>.rs`), the WGSL kernels and their launchers
+//! (`shaders/<family>*.wgsl`, `backend-wgpu/src/ops/<family>.rs`) and the CUDA kernels and
+//! their launch plans (`kernels/<family>*.cu`, `backend-cuda/src/plan/<family>.rs`). The
+//! central code (this file, the backends' `supports_op` and dispatch, the case table)
+//! matches on the family only, so a new op of a family is written in that family's files and
+//! nowhere else.
+//!
+//! Fused ops are ops of their family too (a norm or GLU fused into a matmul is a `MatMulOp`).
+//! The CPU implements each as the composition of its plain ops, so a backend's fused kernel
+//! always has an oracle.
 
+pub mod attention;
 pub mod canvas;
 mod check;
+pub mod conv;
+pub mod delta_net;
+pub mod elementwise;
+pub mod get_rows;
+pub mod mat_mul;
+pub mod moe;
+pub mod norm;
+pub mod reduce;
+pub mod rope;
+pub mod softmax;
 
 use std::fmt;
 
 use crate::error::Result;
 use crate::tensor::TensorDesc;
 
-/// Elementwise activations.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
-pub enum UnaryOp {
-    #[default]
-    Silu,
-    /// GELU with the tanh approximation (Gemma's `gelu_pytorch_tanh`).
-    GeluTanh,
-    Sigmoid,
-    /// `ln(1 + e^x)`, linear above 20 as torch does.
-    Softplus,
-    Exp,
-    Neg,
-    Tanh,
-}
+pub use attention::{AttentionOp, AttnParams, Mask};
+pub use canvas::CanvasOp;
+pub(crate) use check::Ctx;
+pub use conv::ConvOp;
+pub use delta_net::DeltaNetOp;
+pub use elementwise::{ElementwiseOp, GluOp, UnaryOp};
+pub use get_rows::GetRowsOp;
+pub use mat_mul::{MatMulOp, MAX_SHARED_NORM};
+pub use moe::{MoeGating, MoeOp};
+pub use norm::NormOp;
+pub use reduce::ReduceOp;
+pub use rope::{RopeMode, RopeOp, RopeParams};
+pub use softmax::SoftmaxOp;
 
-impl UnaryOp {
-    pub const ALL: [UnaryOp; 7] = [
-        UnaryOp::Silu,
-        UnaryOp::GeluTanh,
-        UnaryOp::Sigmoid,
-        UnaryOp::Softplus,
-        UnaryOp::Exp,
-        UnaryOp::Neg,
-        UnaryOp::Tanh,
-    ];
-    pub fn name(self) -> &'static str {
-        match self {
-            UnaryOp::Silu => "silu",
-            UnaryOp::GeluTanh => "gelu_tanh",
-            UnaryOp::Sigmoid => "sigmoid",
-            UnaryOp::Softplus => "softplus",
-            UnaryOp::Exp => "exp",
-            UnaryOp::Neg => "neg",
-            UnaryOp::Tanh => "tanh",
-        }
-    }
-}
-
-/// Gated linear units: `act(gate) * up`.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
-pub enum GluOp {
-    /// SiLU gate (Llama, Qwen).
-    #[default]
-    SwiGlu,
-    /// GELU-tanh gate (Gemma).
-    GeGlu,
-}
-
-impl GluOp {
-    pub fn activation(self) -> UnaryOp {
-        match self {
-            GluOp::SwiGlu => UnaryOp::Silu,
-            GluOp::GeGlu => UnaryOp::GeluTanh,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            GluOp::SwiGlu => "swiglu",
-            GluOp::GeGlu => "geglu",
-        }
-    }
-}
-
-/// How rotary pairs are formed.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
-pub enum RopeMode {
-    /// Adjacent pairs `(x[2i], x[2i+1])` (ggml's "normal", GGUF Llama weights).
-    #[default]
-    Normal,
-    /// Halves `(x[i], x[i + n_rot/2])` (GPT-NeoX, Hugging Face `rotate_half`).
-    Neox,
-}
-
-/// Rotary position embedding of `x [T, H, D]` at positions `pos [T]`.
-///
-/// Only the first `n_rot` dims of each head rotate (partial rotary); the rest pass through.
-/// Pair `i` turns by `pos · freq_scale · base^(-2i/n_rot) / f[i]`, where `f` is the optional
-/// third input `freq_factors [n_rot/2]` (Llama-3 style scaling; an infinite factor leaves a
-/// pair unrotated), and cos/sin are multiplied by `attn_factor` (YaRN's magnitude scale).
-#[derive(Copy, Clone, Debug, PartialEq, Default)]
-pub struct RopeParams {
-    pub mode: RopeMode,
-    pub n_rot: usize,
-    pub base: f32,
-    pub freq_scale: f32,
-    pub attn_factor: f32,
-}
-
-impl RopeParams {
-    pub fn new(mode: RopeMode, n_rot: usize, base: f32) -> Self {
-        RopeParams {
-            mode,
-            n_rot,
-            base,
-            freq_scale: 1.0,
-            attn_factor: 1.0,
-        }
-    }
-}
-
-/// Which keys a query may see. Positions are absolute: key `j`, query at position `p`.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
-pub enum Mask {
-    /// `j <= p`.
-    #[default]
-    Causal,
-    /// `j <= p && p - j < window` (Gemma's and Mistral's sliding window).
-    SlidingWindow(usize),
-    /// Every key.
-    Bidirectional,
-    /// Causal, except the first `n` positions see each other: `j <= p || j < n` (prefix LM).
-    PrefixBidirectional(usize),
-    /// Every query sees the last `n` keys of its sequence, whatever its own position:
-    /// `j >= len - n` (DiffusionGemma's decoder: a canvas over the tail of a sliding window).
-    Lookback(usize),
-}
-
-impl Mask {
-    /// Whether a query at position `p` sees the key at position `j` of `len` keys.
-    #[inline]
-    pub fn allows(self, p: usize, j: usize, len: usize) -> bool {
-        j < len
-            && match self {
-                Mask::Causal => j <= p,
-                Mask::SlidingWindow(w) => j <= p && p - j < w,
-                Mask::Bidirectional => true,
-                Mask::PrefixBidirectional(n) => j <= p || j < n,
-                Mask::Lookback(n) => j + n >= len,
-            }
-    }
-    /// The key positions a query at `p` can see, out of `0..len`, as a half-open range
-    /// (every mask above selects one contiguous run of keys).
-    #[inline]
-    pub fn key_range(self, p: usize, len: usize) -> (usize, usize) {
-        match self {
-            Mask::Causal => (0, (p + 1).min(len)),
-            Mask::SlidingWindow(w) => ((p + 1).saturating_sub(w), (p + 1).min(len)),
-            Mask::Bidirectional => (0, len),
-            Mask::PrefixBidirectional(n) => (0, (p + 1).max(n).min(len)),
-            Mask::Lookback(n) => (len.saturating_sub(n), len),
-        }
-    }
-}
-
-/// Attention parameters shared by the contiguous and the paged form.
-#[derive(Copy, Clone, Debug, PartialEq, Default)]
-pub struct AttnParams {
-    /// Multiplies `q·k` (usually `1/sqrt(head_dim)`).
-    pub scale: f32,
-    /// `cap · tanh(s / cap)` on the scaled logits (Gemma 2).
-    pub soft_cap: Option<f32>,
-    pub mask: Mask,
-}
-
-/// Gating of MoE router logits.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
-pub enum MoeGating {
-    #[default]
-    Softmax,
-    Sigmoid,
-}
-
-/// The most weights one [`Op::RmsNormMatMul`] takes (Q, K and V).
-pub const MAX_SHARED_NORM: usize = 3;
-
-/// The op set. Each variant's doc gives its inputs → outputs; `[a, b]` are shapes.
+/// The op set: one variant per family, the op itself in the family's sub-enum.
 #[derive(Clone, Debug, PartialEq, strum::EnumIter)]
 pub enum Op {
-    /// `x [.., K]` (float), `w [N, K]` (any dtype) → `y [.., N]`.
-    MatMul,
-    /// Matmul by expert id. `x [T, K]` or `[T, k, K]`, `w [E, N, K]` (any dtype),
-    /// `ids [T, k]` → `y [T, k, N]`, where `y[t, i] = x[t, i or 0] · w[ids[t, i]]ᵀ`.
-    MatMulId,
-    /// Embedding lookup: `table [V, D]` (any dtype), `ids [N]` → `[N, D]` (float).
-    GetRows,
-    /// `a [.., D] + b`, with `b` of `a`'s shape or broadcast from `[D]` or `[R', D]` (rows repeat).
-    Add,
-    /// `a * b`, broadcast as in `Add`.
-    Mul,
-    /// `x * scale`.
-    Scale(f32),
-    Unary(UnaryOp),
-    /// `gate [.., F]`, `up [.., F]` → `act(gate) * up`.
-    Glu(GluOp),
-    /// `x [.., D]`, `w [D]` → `x / rms(x) * w`, or `* (1 + w)` when `one_plus` (Gemma).
-    RmsNorm {
-        eps: f32,
-        one_plus: bool,
-    },
-    /// `x [.., D]` → `x / sqrt(Σx² + eps)` per row (Qwen3.5's `l2norm`).
-    L2Norm {
-        eps: f32,
-    },
-    /// `x [T, H, D]`, `pos [T]`, optional `freq_factors [n_rot/2]` (f32) → `[T, H, D]`.
-    Rope(RopeParams),
-    /// Row softmax of `x [.., N] * scale`, soft-capped, plus an optional additive `mask [R', N]`
-    /// (f32; row `r` of `x` uses mask row `r % R'`).
-    Softmax {
-        scale: f32,
-        soft_cap: Option<f32>,
-    },
-    /// Attention over contiguous K/V: `q [T, Hq, D]`, `k [S, Hkv, D]`, `v [S, Hkv, Dv]` →
-    /// `[T, Hq, Dv]`. Query `i` is at position `S - T + i`; `Hq` is a multiple of `Hkv` (GQA).
-    Attention(AttnParams),
-    /// Attention through a block table. `q [T, Hq, D]`, `k_cache [B, bs, Hkv, D]`,
-    /// `v_cache [B, bs, Hkv, Dv]` (any float or block dtype whose blocks fit a head),
-    /// `block_table [S, max_blocks]`, `seq_lens [S]` (context length after this step),
-    /// `q_start [S + 1]` (query rows of sequence `s` are `q_start[s]..q_start[s+1]`, the last
-    /// ones of its context) → `[T, Hq, Dv]`. Decode is one query per sequence.
-    PagedAttention(AttnParams),
-    /// Writes `k [T, Hkv, D]`, `v [T, Hkv, Dv]` into the caches at `slots [T]`
-    /// (`slot = block · bs + offset`; a negative slot is skipped). Outputs `k_cache`, `v_cache`
-    /// are updated in place.
-    KvWrite,
-    /// `x [.., N]` → `[..]` (i32), the first index of the maximum.
-    Argmax,
-    /// `x [.., N]` → values `[.., k]` (f32), indices `[.., k]` (i32), largest first, ties to
-    /// the lower index.
-    TopK(usize),
-    /// Causal depthwise conv1d with carried state over a batch of sequences. `x [T, C]`,
-    /// `w [C, K]`, `state [S, K-1, C]` (the last K-1 inputs before each sequence),
-    /// `seq_start [S + 1]` → `y [T, C]`, `state_out [S, K-1, C]`. SiLU on the output when `silu`.
-    Conv1d {
-        silu: bool,
-    },
-    /// The Gated DeltaNet recurrence over a batch of sequences. `q [T, Hk, Dk]`, `k [T, Hk, Dk]`,
-    /// `v [T, Hv, Dv]`, `g [T, Hv]` (log decay), `beta [T, Hv]`, `state [S, Hv, Dk, Dv]`,
-    /// `seq_start [S + 1]` → `o [T, Hv, Dv]`, `state_out [S, Hv, Dk, Dv]`. `Hv` is a multiple
-    /// of `Hk`. Per token: `St = e^g·S; St += k ⊗ β(v − Stᵀk); o = Stᵀ(q·scale)`.
-    /// `chunk: Some(c)` asks for the chunked (WY) algorithm with chunks of `c` tokens: the same
-    /// function, computed the way prefill kernels do.
-    DeltaNet {
-        scale: f32,
-        chunk: Option<usize>,
-    },
-    /// Router: `logits [T, E]` → weights `[T, k]` (f32), ids `[T, k]` (i32), best first. Top-k of
-    /// the softmax or sigmoid of the logits, renormalised to sum 1 when `normalize`.
-    MoeRoute {
-        k: usize,
-        gating: MoeGating,
-        normalize: bool,
-    },
-    /// Mixing expert outputs: `y [T, k, N]`, `w [T, k]` (f32) → `[T, N]`, `Σᵢ w[t, i]·y[t, i]`.
-    MoeSum,
-    /// A soft embedding: `logits [T, V]` (f32), `table [V, E]` (any dtype) → `[T, E]`,
-    /// `Σⱼ softmax(logits[t])ⱼ · table[j]` over every row (`top_k` 0 or ≥ V), or over the
-    /// `top_k` largest logits with the softmax taken over those (DiffusionGemma's
-    /// self-conditioning).
-    SoftEmbedding {
-        top_k: usize,
-    },
-    /// One denoising draw over a canvas (DiffusionGemma): `logits [T, V]` (f32) → `processed
-    /// [T, V]` (f32, `logits · scale`, where `scale` is 1 / the step's temperature), `argmax
-    /// [T]` (i32, of the logits, first of equal maxima in IEEE total order), `drawn [T]` (i32,
-    /// a draw from `softmax(processed)`: the Gumbel-max argmax of `processed + g`, with `g =
-    /// gumbel(seed, row, column)` of [`canvas`]), `entropy [T]` (f32, nats, of
-    /// `softmax(processed)`).
-    CanvasDraw {
-        scale: f32,
-        seed: u64,
-    },
-    /// Entropy-bound acceptance of a canvas's draws, in place. `argmax [T]`, `drawn [T]` (i32),
-    /// `entropy [T]` (f32) → output 0 `canvas [T]` (i32): `drawn` where accepted, else
-    /// re-noised with [`canvas::noise_token`]`(seed, i, vocab)`; output 1 `history [S, T]`
-    /// (i32, read and updated): the last `stability` argmax canvases, oldest first, `-1`
-    /// where none yet (`S = max(stability, 1)`); output 2 `status [2]` (i32): positions
-    /// accepted, and 1 when denoising stops here. Positions are ranked by (entropy, index)
-    /// and accepted while the running f32 sum of the ranked entropies less the position's own
-    /// stays within `entropy_bound`; denoising stops when every kept history row equals
-    /// `argmax` and the f32 sum of all entropies, in rank order, is under
-    /// `confidence · T` (mean entropy under `confidence`). `T` is at most
-    /// [`canvas::MAX_CANVAS`].
-    CanvasAccept {
-        entropy_bound: f32,
-        confidence: f32,
-        stability: usize,
-        vocab: usize,
-        seed: u64,
-    },
-    /// Float → float of another (or the same) dtype, same shape.
-    Cast,
-    /// Same dtype and shape: a plain copy (views make reshapes free).
-    Copy,
-
-    // ---- fused ops ----
-    /// `RmsNorm` then `MatMul` by each of one to three weights that share the norm (Q, K and V;
-    /// gate and up): `x [.., K]`, `norm_w [K]`, `w_j [N_j, K]` → `y_j [.., N_j]`, an output
-    /// per weight.
-    RmsNormMatMul {
-        eps: f32,
-        one_plus: bool,
-    },
-    /// `Glu` then `MatMul` (the down projection): `gate [.., F]`, `up [.., F]`, `w [N, F]` →
-    /// `[.., N]`; with a fourth input, the residual `r [.., N]`, added to the result
-    /// (`MatMulAdd`'s epilogue).
-    GluMatMul(GluOp),
-    /// `MatMul` then `Add` of the residual stream (the attention output projection):
-    /// `x [.., K]`, `w [N, K]`, `r [.., N]` → `x · wᵀ + r`.
-    MatMulAdd,
-    /// One Gated DeltaNet decode step per sequence, state gathered from and written back to a
-    /// pool by slot. `q [S, Hk, Dk]`, `k`, `v [S, Hv, Dv]`, `g [S, Hv]`, `beta [S, Hv]`,
-    /// `slots [S]` → `o [S, Hv, Dv]`, and output 1 `state_pool [P, Hv, Dk, Dv]` updated in
-    /// place. With `qk_l2norm: Some(eps)` q and k are L2-normalised first.
-    DeltaNetDecode {
-        scale: f32,
-        qk_l2norm: Option<f32>,
-    },
-    /// One conv1d decode step per sequence with the state pool updated in place:
-    /// `x [S, C]`, `w [C, K]`, `slots [S]` → `y [S, C]`, output 1 `state_pool [P, K-1, C]`.
-    Conv1dDecode {
-        silu: bool,
-    },
+    /// Matmuls by a weight, and the norm, GLU and residual fusions around them.
+    MatMul(MatMulOp),
+    /// Embedding lookups.
+    GetRows(GetRowsOp),
+    /// Arithmetic, activations, gated linear units, copies and casts.
+    Elementwise(ElementwiseOp),
+    /// Row normalisations.
+    Norm(NormOp),
+    /// Rotary position embeddings.
+    Rope(RopeOp),
+    Softmax(SoftmaxOp),
+    /// Attention over contiguous or paged K/V, and writes into the paged caches.
+    Attention(AttentionOp),
+    /// Argmax and top-k over rows.
+    Reduce(ReduceOp),
+    /// Causal depthwise convolutions with carried state.
+    Conv(ConvOp),
+    /// The Gated DeltaNet recurrence.
+    DeltaNet(DeltaNetOp),
+    /// Mixture-of-experts routing, matmuls by expert and mixing.
+    Moe(MoeOp),
+    /// DiffusionGemma's denoising draw and acceptance.
+    Canvas(CanvasOp),
 }
 
+/// What a family's file says about its ops: names, checks and output shapes. [`Op`]'s methods
+/// hand each call to the op's family.
+pub(crate) trait Family: strum::IntoEnumIterator {
+    /// The op's name, as counters, logs and `kiln validate` show it.
+    fn name(&self) -> &'static str;
+    /// Every name the family's ops go by, each once. By default one per op; a family whose
+    /// ops take a kind (unary activations) lists each kind.
+    fn names() -> Vec<&'static str> {
+        Self::iter().map(|op| op.name()).collect()
+    }
+    /// Input counts, dtypes, shapes and parameters.
+    fn check_inputs(&self, c: &Ctx) -> Result<()>;
+    /// The outputs for the (checked) inputs. In-place ops have none to infer: their outputs
+    /// are the caller's buffers.
+    fn infer(&self, c: &Ctx) -> Result<Vec<TensorDesc>>;
+    /// Whether the op reads its outputs' previous contents (updates them in place).
+    fn reads_outputs(&self) -> bool {
+        false
+    }
+    /// The caller's outputs of an in-place op.
+    fn check_in_place(&self, c: &Ctx) -> Result<()> {
+        Err(c.err("is not an in-place op"))
+    }
+    /// Rules on the outputs beyond the inferred shapes and dtype classes.
+    fn check_outputs(&self, _c: &Ctx) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// `$body` with `$f` bound to the family op inside `$op` (a `&Op`), whichever family it is.
+macro_rules! each_family {
+    ($op:expr, $f:ident => $body:expr) => {
+        match $op {
+            $crate::op::Op::MatMul($f) => $body,
+            $crate::op::Op::GetRows($f) => $body,
+            $crate::op::Op::Elementwise($f) => $body,
+            $crate::op::Op::Norm($f) => $body,
+            $crate::op::Op::Rope($f) => $body,
+            $crate::op::Op::Softmax($f) => $body,
+            $crate::op::Op::Attention($f) => $body,
+            $crate::op::Op::Reduce($f) => $body,
+            $crate::op::Op::Conv($f) => $body,
+            $crate::op::Op::DeltaNet($f) => $body,
+            $crate::op::Op::Moe($f) => $body,
+            $crate::op::Op::Canvas($f) => $body,
+        }
+    };
+}
+pub(crate) use each_family;
+
 impl Op {
-    /// Every name [`Op::name`] gives, each once, in the order of the variants: the op
-    /// families, with each unary and GLU op under its own name. Derived from the enum (each
-    /// variant once, through `EnumIter`), so a new op is listed by being declared. Tests that
-    /// go through every op use this list.
+    /// Every name [`Op::name`] gives, each once, family by family: each op under its own name,
+    /// each unary and GLU op under its own. Derived from the enums (`EnumIter`), so a new op
+    /// is listed by being declared. Tests that go through every op use this list.
     pub fn names() -> Vec<&'static str> {
         use strum::IntoEnumIterator;
-        let mut out = Vec::new();
-        for op in Op::iter() {
-            match op {
-                Op::Unary(_) => out.extend(UnaryOp::ALL.iter().map(|u| u.name())),
-                Op::Glu(_) => out.extend([GluOp::SwiGlu, GluOp::GeGlu].map(GluOp::name)),
-                op => out.push(op.name()),
-            }
-        }
-        out
+        Op::iter()
+            .flat_map(|op| each_family!(&op, f => family_names(f)))
+            .collect()
     }
 
-    /// The op's family name, as counters, logs and `kiln validate` show it.
+    /// The op's name, as counters, logs and `kiln validate` show it.
     pub fn name(&self) -> &'static str {
-        match self {
-            Op::MatMul => "mat_mul",
-            Op::MatMulId => "mat_mul_id",
-            Op::MoeSum => "moe_sum",
-            Op::GetRows => "get_rows",
-            Op::Add => "add",
-            Op::Mul => "mul",
-            Op::Scale(_) => "scale",
-            Op::Unary(u) => u.name(),
-            Op::Glu(g) => g.name(),
-            Op::RmsNorm { .. } => "rms_norm",
-            Op::L2Norm { .. } => "l2_norm",
-            Op::Rope(_) => "rope",
-            Op::Softmax { .. } => "softmax",
-            Op::Attention(_) => "attention",
-            Op::PagedAttention(_) => "paged_attention",
-            Op::KvWrite => "kv_write",
-            Op::Argmax => "argmax",
-            Op::TopK(_) => "top_k",
-            Op::Conv1d { .. } => "conv1d",
-            Op::DeltaNet { .. } => "delta_net",
-            Op::MoeRoute { .. } => "moe_route",
-            Op::Cast => "cast",
-            Op::Copy => "copy",
-            Op::RmsNormMatMul { .. } => "rms_norm_mat_mul",
-            Op::GluMatMul(_) => "glu_mat_mul",
-            Op::MatMulAdd => "mat_mul_add",
-            Op::DeltaNetDecode { .. } => "delta_net_decode",
-            Op::Conv1dDecode { .. } => "conv1d_decode",
-            Op::SoftEmbedding { .. } => "soft_embedding",
-            Op::CanvasDraw { .. } => "canvas_draw",
-            Op::CanvasAccept { .. } => "canvas_accept",
-        }
+        each_family!(self, f => f.name())
     }
 
     /// Whether the op reads its outputs' previous contents (in-place updates: KV caches and
     /// state pools). A fallback must copy such outputs down before running and back after.
     pub fn reads_outputs(&self) -> bool {
-        matches!(
-            self,
-            Op::KvWrite
-                | Op::DeltaNetDecode { .. }
-                | Op::Conv1dDecode { .. }
-                | Op::CanvasAccept { .. }
-        )
+        each_family!(self, f => f.reads_outputs())
     }
 
     /// Checks that `inputs` and `outputs` fit this op: counts, dtypes, shapes and parameters.
@@ -410,6 +166,11 @@ impl Op {
     pub fn output_descs(&self, inputs: &[TensorDesc]) -> Result<Vec<TensorDesc>> {
         check::output_descs(self, inputs)
     }
+}
+
+/// The names of `op`'s family (the value only picks the family).
+fn family_names<F: Family>(_op: &F) -> Vec<&'static str> {
+    F::names()
 }
 
 impl fmt::Display for Op {
@@ -457,32 +218,6 @@ impl fmt::Display for OpDesc {
             write!(f, "{t}")?;
         }
         write!(f, ")")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn key_range_agrees_with_allows() {
-        let masks = [
-            Mask::Causal,
-            Mask::SlidingWindow(3),
-            Mask::Bidirectional,
-            Mask::PrefixBidirectional(4),
-            Mask::Lookback(5),
-        ];
-        for m in masks {
-            for len in 1..10 {
-                for p in 0..len {
-                    let (lo, hi) = m.key_range(p, len);
-                    for j in 0..len {
-                        assert_eq!(m.allows(p, j, len), j >= lo && j < hi, "{m:?} p={p} j={j}");
-                    }
-                }
-            }
-        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use kiln_core::exec::Executor;
 use kiln_core::load::gguf::GgufFile;
-use kiln_core::op::Op;
+use kiln_core::op::{ElementwiseOp, Op};
 use kiln_core::tensor::{DType, TensorDesc};
 use kiln_core::Result;
 
@@ -60,13 +60,13 @@ pub fn copy_bandwidth(ex: &Executor) -> Result<f64> {
         .flat_map(|_| rng.normal().to_le_bytes())
         .collect();
     ex.backend().upload(&src, &data)?;
-    ex.exec(&Op::Copy, &[&src], &[&dst])?;
+    ex.exec(&Op::Elementwise(ElementwiseOp::Copy), &[&src], &[&dst])?;
     ex.backend().synchronize()?;
     let mut best = 0f64;
     for _ in 0..3 {
         let t0 = Instant::now();
         for _ in 0..COPIES {
-            ex.exec(&Op::Copy, &[&src], &[&dst])?;
+            ex.exec(&Op::Elementwise(ElementwiseOp::Copy), &[&src], &[&dst])?;
         }
         ex.backend().synchronize()?;
         let secs = t0.elapsed().as_secs_f64();

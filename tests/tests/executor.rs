@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use kiln_core::exec::Executor;
-use kiln_core::op::{AttnParams, Mask, Op, OpDesc};
+use kiln_core::op::{AttentionOp, AttnParams, ElementwiseOp, Mask, MatMulOp, NormOp, Op, OpDesc};
 use kiln_core::tensor::{DType, Tensor, TensorDesc};
 use kiln_core::validate::rng::Rng;
 use kiln_core::Error;
@@ -14,8 +14,8 @@ use kiln_tests::FakeDevice;
 /// executor's CPU), claiming only MatMul with f32 weights, Add and Mul.
 fn partial() -> FakeDevice {
     FakeDevice::new("partial", |d| match d.op {
-        Op::MatMul => d.inputs[1].dtype == DType::F32,
-        Op::Add | Op::Mul => true,
+        Op::MatMul(MatMulOp::MatMul) => d.inputs[1].dtype == DType::F32,
+        Op::Elementwise(ElementwiseOp::Add) | Op::Elementwise(ElementwiseOp::Mul) => true,
         _ => false,
     })
 }
@@ -40,17 +40,19 @@ fn block(ex: &Executor, rng_seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let x = up(DType::F32, &[t, k], &randn(&mut rng, t * k));
     let w = up(DType::F32, &[n, k], &randn(&mut rng, n * k));
     let nw = up(DType::F32, &[n], &randn(&mut rng, n));
-    let y = &ex.run(&Op::MatMul, &[&x, &w]).unwrap()[0];
+    let y = &ex.run(&Op::MatMul(MatMulOp::MatMul), &[&x, &w]).unwrap()[0];
     let h = &ex
         .run(
-            &Op::RmsNorm {
+            &Op::Norm(NormOp::RmsNorm {
                 eps: 1e-6,
                 one_plus: false,
-            },
+            }),
             &[y, &nw],
         )
         .unwrap()[0];
-    let s = &ex.run(&Op::Add, &[h, &x]).unwrap()[0];
+    let s = &ex
+        .run(&Op::Elementwise(ElementwiseOp::Add), &[h, &x])
+        .unwrap()[0];
     // K/V for 3 tokens of one sequence: 1 head of 64; cache of 4 blocks of 4 slots.
     let kv = s.reshape([t, 1, 64]).unwrap();
     let kc = up(DType::F32, &[4, 4, 1, 64], &randn(&mut rng, 4 * 4 * 64));
@@ -61,8 +63,12 @@ fn block(ex: &Executor, rng_seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         t
     };
     let slots = int(&[t], &[9, 10, 11]); // block 2, offsets 1..4 → positions 5..7 of the table below
-    ex.exec(&Op::KvWrite, &[&kv, &kv, &slots], &[&kc, &vc])
-        .unwrap();
+    ex.exec(
+        &Op::Attention(AttentionOp::KvWrite),
+        &[&kv, &kv, &slots],
+        &[&kc, &vc],
+    )
+    .unwrap();
     let table = int(&[1, 2], &[3, 2]);
     let seq_lens = int(&[1], &[8]);
     let q_start = int(&[2], &[0, 3]);
@@ -73,7 +79,7 @@ fn block(ex: &Executor, rng_seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     };
     let o = &ex
         .run(
-            &Op::PagedAttention(p),
+            &Op::Attention(AttentionOp::PagedAttention(p)),
             &[&kv, &kc, &vc, &table, &seq_lens, &q_start],
         )
         .unwrap()[0];
@@ -124,13 +130,14 @@ fn strict_mode_turns_a_fallback_into_an_error_naming_the_op() {
     let x = b.alloc(&TensorDesc::new(DType::F32, [2, 8])).unwrap();
     let w = b.alloc(&TensorDesc::new(DType::F32, [8])).unwrap();
     // Supported: fine.
-    ex.run(&Op::Add, &[&x, &w]).unwrap();
+    ex.run(&Op::Elementwise(ElementwiseOp::Add), &[&x, &w])
+        .unwrap();
     // Unsupported: an error, nothing run, nothing counted.
     match ex.run(
-        &Op::RmsNorm {
+        &Op::Norm(NormOp::RmsNorm {
             eps: 1e-6,
             one_plus: true,
-        },
+        }),
         &[&x, &w],
     ) {
         Err(Error::StrictFallback { backend, op }) => {
@@ -148,10 +155,10 @@ fn the_fused_op_gate_asks_the_backend() {
     let nw = TensorDesc::new(DType::F32, [64]);
     let w = TensorDesc::new(DType::Q4_0, [32, 64]);
     let out = TensorDesc::new(DType::F32, [1, 32]);
-    let fused = Op::RmsNormMatMul {
+    let fused = Op::MatMul(MatMulOp::RmsNormMatMul {
         eps: 1e-6,
         one_plus: false,
-    };
+    });
     let partial = Executor::new(Arc::new(partial()));
     assert!(!partial.supports_op(&fused, &[&x, &nw, &w], &[&out]));
     assert!(Executor::cpu().supports_op(&fused, &[&x, &nw, &w], &[&out]));
@@ -160,8 +167,8 @@ fn the_fused_op_gate_asks_the_backend() {
     assert!(!Executor::cpu().supports_op(&fused, &[&bad, &nw, &w], &[&out]));
     // MatMul with f32 weights is claimed, with q4_0 weights it is not.
     let wf = TensorDesc::new(DType::F32, [32, 64]);
-    assert!(partial.supports_op(&Op::MatMul, &[&x, &wf], &[&out]));
-    assert!(!partial.supports_op(&Op::MatMul, &[&x, &w], &[&out]));
+    assert!(partial.supports_op(&Op::MatMul(MatMulOp::MatMul), &[&x, &wf], &[&out]));
+    assert!(!partial.supports_op(&Op::MatMul(MatMulOp::MatMul), &[&x, &w], &[&out]));
 }
 
 /// Q, K and V (or gate and up) behind one norm: the executor takes the widest fused op the
@@ -208,18 +215,27 @@ fn projections_sharing_a_norm_take_the_widest_fused_op_the_backend_claims() {
     // (weights per fused op the device claims, fused calls, plain matmul calls)
     fn many(d: &OpDesc) -> bool {
         match d.op {
-            Op::RmsNormMatMul { .. } => d.inputs.len() == 5,
-            _ => matches!(d.op, Op::MatMul | Op::RmsNorm { .. }),
+            Op::MatMul(MatMulOp::RmsNormMatMul { .. }) => d.inputs.len() == 5,
+            _ => matches!(
+                d.op,
+                Op::MatMul(MatMulOp::MatMul) | Op::Norm(NormOp::RmsNorm { .. })
+            ),
         }
     }
     fn single(d: &OpDesc) -> bool {
         match d.op {
-            Op::RmsNormMatMul { .. } => d.inputs.len() == 3,
-            _ => matches!(d.op, Op::MatMul | Op::RmsNorm { .. }),
+            Op::MatMul(MatMulOp::RmsNormMatMul { .. }) => d.inputs.len() == 3,
+            _ => matches!(
+                d.op,
+                Op::MatMul(MatMulOp::MatMul) | Op::Norm(NormOp::RmsNorm { .. })
+            ),
         }
     }
     fn plain(d: &OpDesc) -> bool {
-        matches!(d.op, Op::MatMul | Op::RmsNorm { .. })
+        matches!(
+            d.op,
+            Op::MatMul(MatMulOp::MatMul) | Op::Norm(NormOp::RmsNorm { .. })
+        )
     }
     type Device = (&'static str, fn(&OpDesc) -> bool, u64, u64);
     let devices: [Device; 3] = [
@@ -313,12 +329,18 @@ fn residual_adds_fuse_into_the_projection_only_where_claimed() {
         )
     };
     fn fused(d: &OpDesc) -> bool {
-        matches!(d.op, Op::MatMulAdd | Op::GluMatMul(_))
+        matches!(
+            d.op,
+            Op::MatMul(MatMulOp::MatMulAdd) | Op::MatMul(MatMulOp::GluMatMul(_))
+        )
     }
     fn unfused(d: &OpDesc) -> bool {
         match d.op {
-            Op::GluMatMul(_) => d.inputs.len() == 3,
-            _ => matches!(d.op, Op::MatMul | Op::Add),
+            Op::MatMul(MatMulOp::GluMatMul(_)) => d.inputs.len() == 3,
+            _ => matches!(
+                d.op,
+                Op::MatMul(MatMulOp::MatMul) | Op::Elementwise(ElementwiseOp::Add)
+            ),
         }
     }
     // (device, its claims, calls of mat_mul_add, glu_mat_mul, mat_mul and add)

@@ -27,7 +27,9 @@ mod naive;
 #[path = "oracle/recurrent.rs"]
 mod recurrent;
 
-use kiln_core::op::{AttnParams, Mask, Op, RopeMode, RopeParams};
+use kiln_core::op::{
+    AttentionOp, AttnParams, ConvOp, DeltaNetOp, GetRowsOp, Mask, MoeOp, Op, RopeMode, RopeParams,
+};
 use kiln_core::validate::rng::Rng;
 use kiln_core::DType::*;
 
@@ -51,7 +53,9 @@ fn bad_indices_are_errors() {
     let (table, _) = kx.tensor(Q8_0, &[4, 32], &normal(&mut rng, 128, 1.0));
     for (id, good) in [(3, true), (4, false), (-1, false)] {
         let ids = kx.ints(&[3], &[0, id, 2]);
-        let r = kx.try_run(&Op::GetRows, &[&table, &ids]).map(drop);
+        let r = kx
+            .try_run(&Op::GetRows(GetRowsOp::GetRows), &[&table, &ids])
+            .map(drop);
         expect(&format!("get_rows id {id}"), good, r);
     }
 
@@ -60,7 +64,9 @@ fn bad_indices_are_errors() {
     let (w, _) = kx.tensor(F16, &[3, 5, 32], &normal(&mut rng, 480, 1.0));
     for (id, good) in [(2, true), (3, false), (-1, false)] {
         let ids = kx.ints(&[2, 2], &[0, 1, id, 2]);
-        let r = kx.try_run(&Op::MatMulId, &[&x, &w, &ids]).map(drop);
+        let r = kx
+            .try_run(&Op::Moe(MoeOp::MatMulId), &[&x, &w, &ids])
+            .map(drop);
         expect(&format!("mat_mul_id expert {id} of 3"), good, r);
     }
 
@@ -78,7 +84,10 @@ fn bad_indices_are_errors() {
     };
     for (table, good) in [([2, 0], true), ([1, 3], false), ([-1, 0], false)] {
         let tab = kx.ints(&[1, 2], &table);
-        let r = kx.try_run(&Op::PagedAttention(p), &[&q, &kc, &vc, &tab, &sl, &qs]);
+        let r = kx.try_run(
+            &Op::Attention(AttentionOp::PagedAttention(p)),
+            &[&q, &kc, &vc, &tab, &sl, &qs],
+        );
         expect(
             &format!("paged_attention table {table:?}"),
             good,
@@ -90,7 +99,11 @@ fn bad_indices_are_errors() {
     let (k, _) = kx.tensor(F32, &[2, 1, 8], &normal(&mut rng, 16, 1.0));
     for (slot, good) in [(11, true), (12, false)] {
         let slots = kx.ints(&[2], &[0, slot]);
-        let r = kx.exec(&Op::KvWrite, &[&k, &k, &slots], &[&kc, &vc]);
+        let r = kx.exec(
+            &Op::Attention(AttentionOp::KvWrite),
+            &[&k, &k, &slots],
+            &[&kc, &vc],
+        );
         expect(&format!("kv_write slot {slot} of 12"), good, r);
     }
 
@@ -102,10 +115,10 @@ fn bad_indices_are_errors() {
     let (beta, _) = kx.tensor(F32, &[2, hv], &[0.1, 0.2, 0.3, 0.4]);
     let o = kx.alloc(F32, &[2, hv, dv]);
     let (pool, _) = kx.tensor(F32, &[np, hv, dk, dv], &normal(&mut rng, np * 32, 1.0));
-    let op = Op::DeltaNetDecode {
+    let op = Op::DeltaNet(DeltaNetOp::DeltaNetDecode {
         scale: 0.5,
         qk_l2norm: None,
-    };
+    });
     for (slots, good) in [([2, 0], true), ([1, 1], false), ([0, 3], false)] {
         let st = kx.ints(&[2], &slots);
         let r = kx.exec(&op, &[&q, &q, &v, &g, &beta, &st], &[&o, &pool]);
@@ -119,7 +132,7 @@ fn bad_indices_are_errors() {
     let (pool, _) = kx.tensor(F32, &[4, 2, 5], &normal(&mut rng, 40, 1.0));
     for (slots, good) in [([3, 2], true), ([2, 2], false), ([0, -1], false)] {
         let st = kx.ints(&[2], &slots);
-        let op = Op::Conv1dDecode { silu: false };
+        let op = Op::Conv(ConvOp::Conv1dDecode { silu: false });
         let r = kx.exec(&op, &[&x, &w, &st], &[&y, &pool]);
         expect(&format!("conv1d_decode slots {slots:?}"), good, r);
     }

@@ -196,7 +196,7 @@ fn gemma3_on_wgpu_gives_the_cpu_greedy_tokens_with_no_fallback() {
 /// error in strict mode.
 #[test]
 fn wgpu_falls_back_to_the_cpu_visibly_and_correctly() {
-    use kiln_core::op::Op;
+    use kiln_core::op::{ElementwiseOp, Op};
     use kiln_core::tensor::TensorDesc;
     use kiln_core::validate::rng::Rng;
 
@@ -217,8 +217,12 @@ fn wgpu_falls_back_to_the_cpu_visibly_and_correctly() {
         let x = up(DType::F16, &[6, 64], &a);
         let y = up(DType::F32, &[64], &b);
         // f16 + f32 (not on wgpu), then a cast to f32 (f16 -> f32 is on wgpu).
-        let s = &ex.run(&Op::Add, &[&x, &y]).expect("add")[0];
-        let f = &ex.run(&Op::Cast, &[s]).expect("cast")[0];
+        let s = &ex
+            .run(&Op::Elementwise(ElementwiseOp::Add), &[&x, &y])
+            .expect("add")[0];
+        let f = &ex
+            .run(&Op::Elementwise(ElementwiseOp::Cast), &[s])
+            .expect("cast")[0];
         ex.download_f32(f).expect("download")
     };
     let want = run(&Executor::cpu());
@@ -234,7 +238,7 @@ fn wgpu_falls_back_to_the_cpu_visibly_and_correctly() {
         .alloc(&TensorDesc::new(DType::F16, [2, 64]))
         .expect("alloc");
     let err = strict
-        .run(&Op::Add, &[&x, &x])
+        .run(&Op::Elementwise(ElementwiseOp::Add), &[&x, &x])
         .expect_err("strict refuses a fallback");
     assert!(err.to_string().contains("add"), "{err}");
 }

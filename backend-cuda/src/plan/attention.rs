@@ -197,3 +197,56 @@ fn tiled_rows(group: usize) -> Option<u32> {
         .contains(&group)
         .then(|| (PREFILL_PAIRS / group) as u32)
 }
+
+/// The launches of one of the family's ops, or `None` where no kernel fits (the executor then
+/// runs it on the CPU reference).
+pub(super) fn plan_op(op: &AttentionOp, desc: &OpDesc) -> Option<Vec<Step>> {
+    let (i, o) = (&desc.inputs[..], &desc.outputs[..]);
+    use Arg::U32;
+    match op {
+        AttentionOp::KvWrite => {
+            all_f32(&i[..2]).then_some(())?;
+            let t = dim(&i[0], 0);
+            let hd = i[0].numel() / t.max(1);
+            let hdv = i[1].numel() / t.max(1);
+            // Cache rows: B · bs.
+            let n_slots = dim(&o[0], 0) * dim(&o[0], 1);
+            let kernel = match (o[0].dtype, o[1].dtype) {
+                (DType::F32, DType::F32) => "kv_write_f32",
+                (DType::F16, DType::F16) => "kv_write_f16",
+                (kt, vt) => {
+                    // Any other pair: a thread per 32-value block of a row.
+                    let (kf, vf) = (names::kv_format(kt)?, names::kv_format(vt)?);
+                    (hd % 32 == 0 && hdv % 32 == 0).then_some(())?;
+                    return launch1(
+                        "kv_write_kv",
+                        t * (hd + hdv) / 32,
+                        with_tensors(
+                            3,
+                            2,
+                            [
+                                U32(u(t)?),
+                                U32(u(hd)?),
+                                U32(u(hdv)?),
+                                U32(u(n_slots)?),
+                                U32(kf),
+                                U32(vf),
+                            ],
+                        ),
+                    );
+                }
+            };
+            launch1(
+                kernel,
+                t * (hd + hdv),
+                with_tensors(
+                    3,
+                    2,
+                    [U32(u(t)?), U32(u(hd)?), U32(u(hdv)?), U32(u(n_slots)?)],
+                ),
+            )
+        }
+        AttentionOp::Attention(p) => plan_attention(p, i, o),
+        AttentionOp::PagedAttention(p) => plan_paged_attention(p, i, o),
+    }
+}

@@ -259,3 +259,16 @@ pub(super) fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Ste
         vec![In(0), In(1), r, Out(0), U32(u(m)?), U32(u(n)?), U32(u(k)?)],
     )
 }
+
+/// The launches of one of the family's ops, or `None` where no kernel fits (the executor then
+/// runs it on the CPU reference).
+pub(super) fn plan_op(op: &MatMulOp, desc: &OpDesc) -> Option<Vec<Step>> {
+    let (i, o) = (&desc.inputs[..], &desc.outputs[..]);
+    match op {
+        MatMulOp::MatMul | MatMulOp::MatMulAdd => mat_mul::plan_mat_mul(i, o),
+        MatMulOp::RmsNormMatMul { eps, one_plus } => {
+            mat_mul::plan_rms_norm_mat_mul(*eps, *one_plus, i, o)
+        }
+        MatMulOp::GluMatMul(g) => mat_mul::plan_glu_mat_mul(*g, i, o),
+    }
+}

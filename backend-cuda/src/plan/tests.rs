@@ -1,6 +1,7 @@
 //! The plan against the kernels' declarations, for every conformance case.
 
 use super::*;
+use kiln_core::op::{ElementwiseOp, MatMulOp, MoeOp, NormOp};
 use kiln_core::validate::cases;
 use std::collections::BTreeSet;
 
@@ -46,7 +47,7 @@ fn every_planned_launch_matches_its_kernel() {
     {
         for phase in ["decode", "prefill"] {
             assert!(
-                all.iter().any(|c| c.op == Op::MatMul
+                all.iter().any(|c| c.op == Op::MatMul(MatMulOp::MatMul)
                     && c.label.contains(&format!("x {w} {phase}"))
                     && plan(&c.desc()).is_some()),
                 "mat_mul {w} {phase} is not planned"
@@ -62,7 +63,7 @@ fn every_planned_launch_matches_its_kernel() {
 fn grids_past_32_bit_thread_indices_are_not_planned() {
     let desc = |n: usize| {
         OpDesc::new(
-            Op::MatMulId,
+            Op::Moe(MoeOp::MatMulId),
             vec![
                 TensorDesc::new(DType::F32, [4, 64]),
                 TensorDesc::new(DType::Q8_0, [8, n, 64]),
@@ -76,7 +77,11 @@ fn grids_past_32_bit_thread_indices_are_not_planned() {
     assert!(plan(&desc(1 << 23)).is_none());
     let add = |n: usize| {
         let t = TensorDesc::new(DType::F32, [n]);
-        OpDesc::new(Op::Add, vec![t.clone(), t.clone()], vec![t])
+        OpDesc::new(
+            Op::Elementwise(ElementwiseOp::Add),
+            vec![t.clone(), t.clone()],
+            vec![t],
+        )
     };
     assert!(plan(&add(1 << 31)).is_some());
     assert!(plan(&add((1 << 32) + 1)).is_none());
@@ -88,10 +93,10 @@ fn a_wrong_launch_is_caught() {
     let x = TensorDesc::new(DType::F32, [2, 64]);
     let w = TensorDesc::new(DType::F32, [64]);
     let desc = OpDesc::new(
-        Op::RmsNorm {
+        Op::Norm(NormOp::RmsNorm {
             eps: 1e-6,
             one_plus: false,
-        },
+        }),
         vec![x.clone(), w],
         vec![x],
     );

@@ -6,13 +6,25 @@
 //! contexts into chunks of `SPLIT_KEYS` keys so the work spreads over the device; prefill
 //! takes several rows a workgroup (`row_tile`) and one split.
 
-use kiln_core::op::{AttnParams, Mask, OpDesc};
+use kiln_core::op::{AttentionOp, AttnParams, Mask, OpDesc};
 use kiln_core::tensor::{DType, Tensor};
 use kiln_core::Result;
 
 use super::{bind, err, launch_1d, u};
 use crate::device::{fold, Device};
-use crate::kernels;
+use crate::kernels::{self, plain, Kernel};
+
+const ATTENTION_COMBINE: &str = include_str!("../../../shaders/attention_combine.wgsl");
+
+plain!(
+    PAGED_ATTENTION_COMBINE,
+    "paged_attention_combine",
+    "attention_combine",
+    ATTENTION_COMBINE
+);
+
+/// The family's kernels of no weight format.
+pub(super) const KERNELS: &[&Kernel] = &[&PAGED_ATTENTION_COMBINE];
 
 /// Keys per split in decode.
 const SPLIT_KEYS: usize = 256;
@@ -214,7 +226,7 @@ fn run(dev: &Device, p: &AttnParams, l: &Launch<'_>, y: &Tensor) -> Result<()> {
     let params = vec![rows, u(dv)?, u(splits)?, offs[1]];
     launch_1d(
         dev,
-        &kernels::PAGED_ATTENTION_COMBINE,
+        &PAGED_ATTENTION_COMBINE,
         &bound,
         params,
         (t * hq * dv).div_ceil(64),
@@ -321,5 +333,22 @@ mod tests {
         }
         assert_eq!(row_tile(false, 3, 64, 64), (5, 4));
         assert_eq!(row_tile(false, 4, 256, 256), (1, 1));
+    }
+}
+
+/// Which of the family's ops this backend runs.
+pub(super) fn supports_op(dev: &Device, op: &AttentionOp, d: &OpDesc) -> bool {
+    match op {
+        AttentionOp::Attention(_) | AttentionOp::PagedAttention(_) => supports(dev, d),
+        AttentionOp::KvWrite => supports_kv_write(dev, d),
+    }
+}
+
+/// Records one of the family's ops.
+pub(super) fn run_op(dev: &Device, op: &AttentionOp, i: &[&Tensor], o: &[&Tensor]) -> Result<()> {
+    match op {
+        AttentionOp::Attention(p) => attention(dev, p, i, o[0]),
+        AttentionOp::PagedAttention(p) => paged_attention(dev, p, i, o[0]),
+        AttentionOp::KvWrite => kv_write(dev, i, o),
     }
 }

@@ -1,12 +1,34 @@
 //! Block diffusion's canvas ops: the draw (a workgroup per row) and the acceptance (one
 //! workgroup for the canvas).
 
+use kiln_core::op::{CanvasOp, OpDesc};
 use kiln_core::tensor::Tensor;
 use kiln_core::Result;
 
-use super::{bind, launch_1d, u};
+use super::{all_fit, bind, launch_1d, u};
 use crate::device::Device;
-use crate::kernels;
+use crate::kernels::{self, Kernel};
+
+const CANVAS: &str = include_str!("../../../shaders/canvas.wgsl");
+const CANVAS_ACCEPT: &str = include_str!("../../../shaders/canvas_accept.wgsl");
+
+pub const CANVAS_DRAW_F32: Kernel = Kernel {
+    entry: "canvas_draw_f32",
+    file: "canvas",
+    source: CANVAS,
+    commons: &[kernels::ORDER, kernels::CANVAS_HASH],
+    subst: &[],
+};
+pub const CANVAS_ACCEPT_I32: Kernel = Kernel {
+    entry: "canvas_accept",
+    file: "canvas_accept",
+    source: CANVAS_ACCEPT,
+    commons: &[kernels::CANVAS_HASH],
+    subst: &[],
+};
+
+/// The family's kernels of no weight format.
+pub(super) const KERNELS: &[&Kernel] = &[&CANVAS_DRAW_F32, &CANVAS_ACCEPT_I32];
 
 pub(super) fn draw(dev: &Device, scale: f32, seed: u64, x: &Tensor, o: &[&Tensor]) -> Result<()> {
     let n = x.shape().last();
@@ -24,7 +46,7 @@ pub(super) fn draw(dev: &Device, scale: f32, seed: u64, x: &Tensor, o: &[&Tensor
         seed as u32,
         (seed >> 32) as u32,
     ];
-    launch_1d(dev, &kernels::CANVAS_DRAW_F32, &bound, params, rows)
+    launch_1d(dev, &CANVAS_DRAW_F32, &bound, params, rows)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -65,5 +87,38 @@ pub(super) fn accept(
         offs[4],
         offs[5],
     ];
-    launch_1d(dev, &kernels::CANVAS_ACCEPT_I32, &bound, params, 1)
+    launch_1d(dev, &CANVAS_ACCEPT_I32, &bound, params, 1)
+}
+
+/// Which of the family's ops this backend runs.
+pub(super) fn supports_op(dev: &Device, op: &CanvasOp, d: &OpDesc) -> bool {
+    match op {
+        CanvasOp::CanvasDraw { .. } => all_fit(dev, d),
+        CanvasOp::CanvasAccept { .. } => {
+            dev.limits.max_storage_buffers_per_shader_stage >= 7 && all_fit(dev, d)
+        }
+    }
+}
+
+/// Records one of the family's ops.
+pub(super) fn run_op(dev: &Device, op: &CanvasOp, i: &[&Tensor], o: &[&Tensor]) -> Result<()> {
+    match op {
+        CanvasOp::CanvasDraw { scale, seed } => draw(dev, *scale, *seed, i[0], o),
+        CanvasOp::CanvasAccept {
+            entropy_bound,
+            confidence,
+            stability,
+            vocab,
+            seed,
+        } => accept(
+            dev,
+            *entropy_bound,
+            *confidence,
+            *stability,
+            *vocab,
+            *seed,
+            i,
+            o,
+        ),
+    }
 }

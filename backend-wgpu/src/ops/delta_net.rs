@@ -1,11 +1,19 @@
 //! The Gated DeltaNet recurrence, non-fused: one thread per state column.
 
+use kiln_core::op::{DeltaNetOp, Op, OpDesc};
 use kiln_core::tensor::Tensor;
 use kiln_core::Result;
 
-use super::{bind, u};
+use super::{all_fit, bind, f32_all, u};
 use crate::device::{fold, Device};
-use crate::kernels;
+use crate::kernels::{plain, Kernel};
+
+const DELTA_NET: &str = include_str!("../../../shaders/delta_net.wgsl");
+
+plain!(DELTA_NET_F32, "delta_net_f32", "delta_net", DELTA_NET);
+
+/// The family's kernels of no weight format.
+pub(super) const KERNELS: &[&Kernel] = &[&DELTA_NET_F32];
 
 /// Storage bindings the kernel needs (nine tensors and its parameters).
 pub(super) const BINDINGS: u32 = 10;
@@ -38,9 +46,32 @@ pub(super) fn delta_net(dev: &Device, scale: f32, i: &[&Tensor], o: &[&Tensor]) 
     params.push(scale.to_bits());
     params.push(gx);
     dev.dispatch_bound(
-        &kernels::DELTA_NET_F32,
+        &DELTA_NET_F32,
         &bound,
         &params,
         [gx, u(dv.div_ceil(64))?, gz],
     )
+}
+
+/// Which of the family's ops this backend runs. The recurrent kernel computes the same
+/// function the chunked (WY) form does, so it answers for both; the decode step on a state
+/// pool is CUDA's fusion.
+pub(super) fn supports_op(dev: &Device, op: &DeltaNetOp, d: &OpDesc) -> bool {
+    match op {
+        DeltaNetOp::DeltaNet { .. } => {
+            f32_all(d.inputs.get(..6).unwrap_or(&[]))
+                && f32_all(&d.outputs)
+                && dev.limits.max_storage_buffers_per_shader_stage >= BINDINGS
+                && all_fit(dev, d)
+        }
+        DeltaNetOp::DeltaNetDecode { .. } => false,
+    }
+}
+
+/// Records one of the family's ops.
+pub(super) fn run_op(dev: &Device, op: &DeltaNetOp, i: &[&Tensor], o: &[&Tensor]) -> Result<()> {
+    match op {
+        DeltaNetOp::DeltaNet { scale, .. } => delta_net(dev, *scale, i, o),
+        other => Err(super::no_kernel(&Op::DeltaNet(other.clone()))),
+    }
 }

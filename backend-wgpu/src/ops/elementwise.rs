@@ -1,38 +1,78 @@
 //! Elementwise launchers: add and mul (row broadcast), scale, activations, gated linear
 //! units, copies and casts to f32.
 
-use kiln_core::op::{GluOp, Op, UnaryOp};
+use kiln_core::op::{ElementwiseOp, GluOp, OpDesc, UnaryOp};
 use kiln_core::tensor::{DType, Tensor};
 use kiln_core::Result;
 
-use super::{bind, err, launch_1d, u};
+use super::{all_fit, bind, err, f32_all, launch_1d, u};
 use crate::device::Device;
-use crate::kernels::{self, Kernel};
+use crate::kernels::{plain, Kernel};
+
+const ELEMENTWISE: &str = include_str!("../../../shaders/elementwise.wgsl");
+const COPY: &str = include_str!("../../../shaders/copy.wgsl");
+
+plain!(ADD_F32, "add_f32", "elementwise", ELEMENTWISE);
+plain!(MUL_F32, "mul_f32", "elementwise", ELEMENTWISE);
+plain!(SCALE_F32, "scale_f32", "elementwise", ELEMENTWISE);
+plain!(SILU_F32, "silu_f32", "elementwise", ELEMENTWISE);
+plain!(GELU_TANH_F32, "gelu_tanh_f32", "elementwise", ELEMENTWISE);
+plain!(SIGMOID_F32, "sigmoid_f32", "elementwise", ELEMENTWISE);
+plain!(SOFTPLUS_F32, "softplus_f32", "elementwise", ELEMENTWISE);
+plain!(EXP_F32, "exp_f32", "elementwise", ELEMENTWISE);
+plain!(NEG_F32, "neg_f32", "elementwise", ELEMENTWISE);
+plain!(TANH_F32, "tanh_f32", "elementwise", ELEMENTWISE);
+plain!(SWIGLU_F32, "swiglu_f32", "elementwise", ELEMENTWISE);
+plain!(GEGLU_F32, "geglu_f32", "elementwise", ELEMENTWISE);
+plain!(COPY_U32, "copy_u32", "copy", COPY);
+plain!(CAST_F16_F32, "cast_f16_f32", "copy", COPY);
+plain!(CAST_BF16_F32, "cast_bf16_f32", "copy", COPY);
+
+/// The family's kernels of no weight format.
+pub(super) const KERNELS: &[&Kernel] = &[
+    &ADD_F32,
+    &MUL_F32,
+    &SCALE_F32,
+    &SILU_F32,
+    &GELU_TANH_F32,
+    &SIGMOID_F32,
+    &SOFTPLUS_F32,
+    &EXP_F32,
+    &NEG_F32,
+    &TANH_F32,
+    &SWIGLU_F32,
+    &GEGLU_F32,
+    &COPY_U32,
+    &CAST_F16_F32,
+    &CAST_BF16_F32,
+];
 
 fn unary_kernel(op: UnaryOp) -> &'static Kernel {
     match op {
-        UnaryOp::Silu => &kernels::SILU_F32,
-        UnaryOp::GeluTanh => &kernels::GELU_TANH_F32,
-        UnaryOp::Sigmoid => &kernels::SIGMOID_F32,
-        UnaryOp::Softplus => &kernels::SOFTPLUS_F32,
-        UnaryOp::Exp => &kernels::EXP_F32,
-        UnaryOp::Neg => &kernels::NEG_F32,
-        UnaryOp::Tanh => &kernels::TANH_F32,
+        UnaryOp::Silu => &SILU_F32,
+        UnaryOp::GeluTanh => &GELU_TANH_F32,
+        UnaryOp::Sigmoid => &SIGMOID_F32,
+        UnaryOp::Softplus => &SOFTPLUS_F32,
+        UnaryOp::Exp => &EXP_F32,
+        UnaryOp::Neg => &NEG_F32,
+        UnaryOp::Tanh => &TANH_F32,
     }
 }
 
-pub(super) fn run(dev: &Device, op: &Op, i: &[&Tensor], y: &Tensor) -> Result<()> {
+fn run(dev: &Device, op: &ElementwiseOp, i: &[&Tensor], y: &Tensor) -> Result<()> {
     let a = i[0];
     // Single-input ops bind `a` twice; the kernel never reads `b` for them.
     let b = i.get(1).copied().unwrap_or(a);
     let (kernel, scale): (&Kernel, f32) = match op {
-        Op::Add => (&kernels::ADD_F32, 1.0),
-        Op::Mul => (&kernels::MUL_F32, 1.0),
-        Op::Scale(s) => (&kernels::SCALE_F32, *s),
-        Op::Unary(u) => (unary_kernel(*u), 1.0),
-        Op::Glu(GluOp::SwiGlu) => (&kernels::SWIGLU_F32, 1.0),
-        Op::Glu(GluOp::GeGlu) => (&kernels::GEGLU_F32, 1.0),
-        other => return Err(err(format!("{} is not elementwise", other.name()))),
+        ElementwiseOp::Add => (&ADD_F32, 1.0),
+        ElementwiseOp::Mul => (&MUL_F32, 1.0),
+        ElementwiseOp::Scale(s) => (&SCALE_F32, *s),
+        ElementwiseOp::Unary(u) => (unary_kernel(*u), 1.0),
+        ElementwiseOp::Glu(GluOp::SwiGlu) => (&SWIGLU_F32, 1.0),
+        ElementwiseOp::Glu(GluOp::GeGlu) => (&GEGLU_F32, 1.0),
+        ElementwiseOp::Cast | ElementwiseOp::Copy => {
+            return Err(err("copies and casts are not arithmetic"))
+        }
     };
     let (bound, offs) = bind(dev, &[(a, 4), (b, 4), (y, 4)])?;
     let n = y.numel();
@@ -54,17 +94,41 @@ pub(super) fn copy(dev: &Device, x: &Tensor, y: &Tensor) -> Result<()> {
             if x.nbytes() % 4 != 0 {
                 return Err(err(format!("copy of {}: not whole 32-bit words", x.desc())));
             }
-            (&kernels::COPY_U32, x.nbytes() / 4, 0)
+            (&COPY_U32, x.nbytes() / 4, 0)
         }
-        (DType::F16, DType::F32) => (&kernels::CAST_F16_F32, x.numel().div_ceil(2), x.numel() % 2),
-        (DType::BF16, DType::F32) => (
-            &kernels::CAST_BF16_F32,
-            x.numel().div_ceil(2),
-            x.numel() % 2,
-        ),
+        (DType::F16, DType::F32) => (&CAST_F16_F32, x.numel().div_ceil(2), x.numel() % 2),
+        (DType::BF16, DType::F32) => (&CAST_BF16_F32, x.numel().div_ceil(2), x.numel() % 2),
         (a, b) => return Err(err(format!("cast {a} -> {b} has no WebGPU kernel"))),
     };
     let (bound, offs) = bind(dev, &[(x, 4), (y, 4)])?;
     let params = vec![u(n)?, offs[0], offs[1], u(tail)?];
     launch_1d(dev, kernel, &bound, params, n.div_ceil(256))
+}
+
+/// Which of the family's ops this backend runs.
+pub(super) fn supports_op(dev: &Device, op: &ElementwiseOp, d: &OpDesc) -> bool {
+    let (i, o) = (&d.inputs, &d.outputs);
+    let fit = all_fit(dev, d);
+    match op {
+        ElementwiseOp::Add
+        | ElementwiseOp::Mul
+        | ElementwiseOp::Scale(_)
+        | ElementwiseOp::Unary(_)
+        | ElementwiseOp::Glu(_) => f32_all(i) && f32_all(o) && fit,
+        ElementwiseOp::Copy => i[0].nbytes().is_some_and(|n| n % 4 == 0) && fit,
+        ElementwiseOp::Cast => {
+            let same = i[0].dtype == o[0].dtype && i[0].nbytes().is_some_and(|n| n % 4 == 0);
+            let widen = matches!(i[0].dtype, DType::F32 | DType::F16 | DType::BF16)
+                && o[0].dtype == DType::F32;
+            (same || widen) && fit
+        }
+    }
+}
+
+/// Records one of the family's ops.
+pub(super) fn run_op(dev: &Device, op: &ElementwiseOp, i: &[&Tensor], o: &[&Tensor]) -> Result<()> {
+    match op {
+        ElementwiseOp::Copy | ElementwiseOp::Cast => copy(dev, i[0], o[0]),
+        op => run(dev, op, i, o[0]),
+    }
 }

@@ -2,7 +2,7 @@
 //! larger than one storage binding are looked up in row ranges; each launch writes only the
 //! ids that fall in its range.
 
-use kiln_core::op::OpDesc;
+use kiln_core::op::{GetRowsOp, Op, OpDesc};
 use kiln_core::tensor::{DType, Tensor};
 use kiln_core::Result;
 
@@ -52,4 +52,20 @@ pub(super) fn get_rows(dev: &Device, w: &Tensor, ids: &Tensor, y: &Tensor) -> Re
         r0 += rows;
     }
     Ok(())
+}
+
+/// Which of the family's ops this backend runs.
+pub(super) fn supports_op(dev: &Device, op: &GetRowsOp, d: &OpDesc) -> bool {
+    match op {
+        GetRowsOp::GetRows => supports(dev, d),
+        GetRowsOp::SoftEmbedding { .. } => false,
+    }
+}
+
+/// Records one of the family's ops.
+pub(super) fn run_op(dev: &Device, op: &GetRowsOp, i: &[&Tensor], o: &[&Tensor]) -> Result<()> {
+    match op {
+        GetRowsOp::GetRows => get_rows(dev, i[0], i[1], o[0]),
+        other => Err(super::no_kernel(&Op::GetRows(other.clone()))),
+    }
 }

@@ -7,7 +7,7 @@ mod conv;
 mod delta_net;
 mod elementwise;
 mod get_rows;
-mod matmul;
+mod mat_mul;
 mod moe;
 mod norm;
 mod reduce;
@@ -15,7 +15,7 @@ mod rope;
 mod softmax;
 
 use kiln_core::op::{Op, OpDesc};
-use kiln_core::tensor::{DType, Tensor};
+use kiln_core::tensor::{DType, Tensor, TensorDesc};
 use kiln_core::{Error, Result};
 
 use crate::device::{fold, Bound, Device};
@@ -26,120 +26,86 @@ pub(crate) fn err(msg: impl Into<String>) -> Error {
 }
 
 /// Whether this backend runs `desc`: exactly the ops, dtypes and shapes its kernels pass the
-/// conformance suite for. Everything else falls back to the CPU through the executor.
+/// conformance suite for, as each family's file says. Everything else falls back to the CPU
+/// through the executor.
 pub(crate) fn supports(dev: &Device, desc: &OpDesc) -> bool {
     if desc.check().is_err() {
         return false;
     }
-    let (i, o) = (&desc.inputs, &desc.outputs);
-    let f32_all = |ts: &[kiln_core::tensor::TensorDesc]| ts.iter().all(|t| t.dtype == DType::F32);
-    // Every operand but a split weight or table must fit one storage binding.
-    let fits =
-        |t: &kiln_core::tensor::TensorDesc| dev.fits_binding(t.nbytes().unwrap_or(usize::MAX));
     match &desc.op {
-        Op::MatMul => matmul::supports(dev, desc),
-        Op::GetRows => get_rows::supports(dev, desc),
-        Op::Add | Op::Mul | Op::Scale(_) | Op::Unary(_) | Op::Glu(_) => {
-            f32_all(i) && f32_all(o) && i.iter().chain(o).all(fits)
-        }
-        Op::RmsNorm { .. } | Op::L2Norm { .. } | Op::Softmax { .. } => {
-            f32_all(i) && f32_all(o) && i.iter().chain(o).all(fits)
-        }
-        Op::Rope(p) => {
-            i[0].dtype == DType::F32
-                && o[0].dtype == DType::F32
-                && i.get(2).is_none_or(|f| f.dtype == DType::F32)
-                && p.n_rot % 2 == 0
-                && p.n_rot <= 2 * rope::MAX_PAIRS
-                && i.iter().chain(o).all(fits)
-        }
-        Op::PagedAttention(_) | Op::Attention(_) => attention::supports(dev, desc),
-        Op::KvWrite => attention::supports_kv_write(dev, desc),
-        Op::Argmax | Op::TopK(_) => i[0].dtype == DType::F32 && i.iter().chain(o).all(fits),
-        Op::Copy => i[0].nbytes().is_some_and(|n| n % 4 == 0) && i.iter().chain(o).all(fits),
-        Op::Cast => {
-            let same = i[0].dtype == o[0].dtype && i[0].nbytes().is_some_and(|n| n % 4 == 0);
-            let widen = matches!(i[0].dtype, DType::F32 | DType::F16 | DType::BF16)
-                && o[0].dtype == DType::F32;
-            (same || widen) && i.iter().chain(o).all(fits)
-        }
-        Op::MatMulId => moe::supports_mat_mul_id(dev, desc),
-        Op::MoeRoute { .. } => i[0].dtype == DType::F32 && i.iter().chain(o).all(fits),
-        Op::MoeSum => f32_all(i) && f32_all(o) && i.iter().chain(o).all(fits),
-        Op::Conv1d { .. } => {
-            f32_all(i.get(..3).unwrap_or(&[])) && f32_all(o) && i.iter().chain(o).all(fits)
-        }
-        // The recurrent kernel computes the same function the chunked (WY) form does, so it
-        // answers for both.
-        Op::DeltaNet { .. } => {
-            f32_all(i.get(..6).unwrap_or(&[]))
-                && f32_all(o)
-                && dev.limits.max_storage_buffers_per_shader_stage >= delta_net::BINDINGS
-                && i.iter().chain(o).all(fits)
-        }
-        Op::CanvasDraw { .. } => i.iter().chain(o).all(fits),
-        Op::CanvasAccept { .. } => {
-            dev.limits.max_storage_buffers_per_shader_stage >= 7 && i.iter().chain(o).all(fits)
-        }
-        // Fused ops are CUDA's: WebGPU models take the decomposed path through the gate.
-        Op::RmsNormMatMul { .. }
-        | Op::GluMatMul(_)
-        | Op::MatMulAdd
-        | Op::DeltaNetDecode { .. }
-        | Op::Conv1dDecode { .. }
-        | Op::SoftEmbedding { .. } => false,
+        Op::MatMul(f) => mat_mul::supports_op(dev, f, desc),
+        Op::GetRows(f) => get_rows::supports_op(dev, f, desc),
+        Op::Elementwise(f) => elementwise::supports_op(dev, f, desc),
+        Op::Norm(f) => norm::supports_op(dev, f, desc),
+        Op::Rope(f) => rope::supports_op(dev, f, desc),
+        Op::Softmax(f) => softmax::supports_op(dev, f, desc),
+        Op::Attention(f) => attention::supports_op(dev, f, desc),
+        Op::Reduce(f) => reduce::supports_op(dev, f, desc),
+        Op::Conv(f) => conv::supports_op(dev, f, desc),
+        Op::DeltaNet(f) => delta_net::supports_op(dev, f, desc),
+        Op::Moe(f) => moe::supports_op(dev, f, desc),
+        Op::Canvas(f) => canvas::supports_op(dev, f, desc),
     }
 }
 
-/// Records `op` (already checked by the caller).
+/// Records `op` (already checked by the caller) with its family's launcher.
 pub(crate) fn execute(dev: &Device, op: &Op, i: &[&Tensor], o: &[&Tensor]) -> Result<()> {
     match op {
-        Op::MatMul => matmul::mat_mul(dev, i[0], i[1], o[0]),
-        Op::GetRows => get_rows::get_rows(dev, i[0], i[1], o[0]),
-        Op::Add | Op::Mul | Op::Scale(_) | Op::Unary(_) | Op::Glu(_) => {
-            elementwise::run(dev, op, i, o[0])
-        }
-        Op::Copy | Op::Cast => elementwise::copy(dev, i[0], o[0]),
-        Op::RmsNorm { eps, one_plus } => norm::rms_norm(dev, i[0], i[1], o[0], *eps, *one_plus),
-        Op::L2Norm { eps } => norm::l2_norm(dev, i[0], o[0], *eps),
-        Op::Rope(p) => rope::rope(dev, p, i, o[0]),
-        Op::Softmax { scale, soft_cap } => softmax::softmax(dev, *scale, *soft_cap, i, o[0]),
-        Op::PagedAttention(p) => attention::paged_attention(dev, p, i, o[0]),
-        Op::KvWrite => attention::kv_write(dev, i, o),
-        Op::Argmax => reduce::argmax(dev, i[0], o[0]),
-        Op::MatMulId => moe::mat_mul_id(dev, i[0], i[1], i[2], o[0]),
-        Op::MoeSum => moe::sum(dev, i[0], i[1], o[0]),
-        Op::MoeRoute {
-            k,
-            gating,
-            normalize,
-        } => moe::route(dev, *k, *gating, *normalize, i[0], o),
-        Op::Attention(p) => attention::attention(dev, p, i, o[0]),
-        Op::Conv1d { silu } => conv::conv1d(dev, *silu, i, o),
-        Op::DeltaNet { scale, .. } => delta_net::delta_net(dev, *scale, i, o),
-        Op::TopK(k) => reduce::top_k(dev, *k, i[0], o[0], o[1]),
-        Op::CanvasDraw { scale, seed } => canvas::draw(dev, *scale, *seed, i[0], o),
-        Op::CanvasAccept {
-            entropy_bound,
-            confidence,
-            stability,
-            vocab,
-            seed,
-        } => canvas::accept(
-            dev,
-            *entropy_bound,
-            *confidence,
-            *stability,
-            *vocab,
-            *seed,
-            i,
-            o,
-        ),
-        other => Err(err(format!(
-            "{} has no WebGPU kernel (supports_op says no; the executor runs it on the CPU)",
-            other.name()
-        ))),
+        Op::MatMul(f) => mat_mul::run_op(dev, f, i, o),
+        Op::GetRows(f) => get_rows::run_op(dev, f, i, o),
+        Op::Elementwise(f) => elementwise::run_op(dev, f, i, o),
+        Op::Norm(f) => norm::run_op(dev, f, i, o),
+        Op::Rope(f) => rope::run_op(dev, f, i, o),
+        Op::Softmax(f) => softmax::run_op(dev, f, i, o),
+        Op::Attention(f) => attention::run_op(dev, f, i, o),
+        Op::Reduce(f) => reduce::run_op(dev, f, i, o),
+        Op::Conv(f) => conv::run_op(dev, f, i, o),
+        Op::DeltaNet(f) => delta_net::run_op(dev, f, i, o),
+        Op::Moe(f) => moe::run_op(dev, f, i, o),
+        Op::Canvas(f) => canvas::run_op(dev, f, i, o),
     }
+}
+
+/// The kernels of no weight format, family by family (each family's file declares its own).
+pub(crate) fn plain_kernels() -> impl Iterator<Item = &'static Kernel> {
+    [
+        elementwise::KERNELS,
+        norm::KERNELS,
+        rope::KERNELS,
+        softmax::KERNELS,
+        attention::KERNELS,
+        reduce::KERNELS,
+        conv::KERNELS,
+        delta_net::KERNELS,
+        moe::KERNELS,
+        canvas::KERNELS,
+    ]
+    .into_iter()
+    .flatten()
+    .copied()
+}
+
+/// The error for an op a family's file has no kernel for (its `supports_op` says no, so the
+/// executor runs it on the CPU and never asks).
+pub(crate) fn no_kernel(op: &Op) -> Error {
+    err(format!(
+        "{} has no WebGPU kernel (supports_op says no; the executor runs it on the CPU)",
+        op.name()
+    ))
+}
+
+/// All inputs and outputs are f32.
+pub(crate) fn f32_all(ts: &[TensorDesc]) -> bool {
+    ts.iter().all(|t| t.dtype == DType::F32)
+}
+
+/// Every operand fits one storage binding (a split weight or table aside, which the
+/// families that take them check themselves).
+pub(crate) fn all_fit(dev: &Device, d: &OpDesc) -> bool {
+    d.inputs
+        .iter()
+        .chain(&d.outputs)
+        .all(|t| dev.fits_binding(t.nbytes().unwrap_or(usize::MAX)))
 }
 
 /// Binds `tensors` and returns the bindings with each tensor's offset in `unit`-byte elements

@@ -1,12 +1,21 @@
 //! MoE routing and matmul by expert id.
 
-use kiln_core::op::{MoeGating, OpDesc};
+use kiln_core::op::{MoeGating, MoeOp, OpDesc};
 use kiln_core::tensor::{DType, Tensor};
 use kiln_core::Result;
 
-use super::{bind, err, launch_1d, u};
+use super::{all_fit, bind, err, f32_all, launch_1d, u};
 use crate::device::{fold, Device};
-use crate::kernels;
+use crate::kernels::{self, plain, ranked, Kernel};
+
+const MOE: &str = include_str!("../../../shaders/moe.wgsl");
+const MOE_SUM: &str = include_str!("../../../shaders/moe_sum.wgsl");
+
+ranked!(MOE_ROUTE_F32, "moe_route_f32", "moe", MOE);
+plain!(MOE_SUM_F32, "moe_sum_f32", "moe_sum", MOE_SUM);
+
+/// The family's kernels of no weight format.
+pub(super) const KERNELS: &[&Kernel] = &[&MOE_ROUTE_F32, &MOE_SUM_F32];
 
 pub(super) fn route(
     dev: &Device,
@@ -28,7 +37,7 @@ pub(super) fn route(
         offs[1],
         offs[2],
     ];
-    launch_1d(dev, &kernels::MOE_ROUTE_F32, &bound, params, t.div_ceil(64))
+    launch_1d(dev, &MOE_ROUTE_F32, &bound, params, t.div_ceil(64))
 }
 
 /// `out[t] = Σᵢ w[t, i]·y[t, i]`.
@@ -37,13 +46,7 @@ pub(super) fn sum(dev: &Device, y: &Tensor, w: &Tensor, out: &Tensor) -> Result<
     let (t, k, n) = (d[0], d[1], d[2]);
     let (bound, offs) = bind(dev, &[(y, 4), (w, 4), (out, 4)])?;
     let params = vec![u(t)?, u(k)?, u(n)?, offs[0], offs[1], offs[2]];
-    launch_1d(
-        dev,
-        &kernels::MOE_SUM_F32,
-        &bound,
-        params,
-        (t * n).div_ceil(64),
-    )
+    launch_1d(dev, &MOE_SUM_F32, &bound, params, (t * n).div_ceil(64))
 }
 
 pub(super) fn supports_mat_mul_id(dev: &Device, d: &OpDesc) -> bool {
@@ -92,4 +95,27 @@ pub(super) fn mat_mul_id(
         gx,
     ];
     dev.dispatch_bound(kernel, &bound, &params, [gx, u(t * k)?, gz])
+}
+
+/// Which of the family's ops this backend runs.
+pub(super) fn supports_op(dev: &Device, op: &MoeOp, d: &OpDesc) -> bool {
+    let (i, o) = (&d.inputs, &d.outputs);
+    match op {
+        MoeOp::MatMulId => supports_mat_mul_id(dev, d),
+        MoeOp::MoeRoute { .. } => i[0].dtype == DType::F32 && all_fit(dev, d),
+        MoeOp::MoeSum => f32_all(i) && f32_all(o) && all_fit(dev, d),
+    }
+}
+
+/// Records one of the family's ops.
+pub(super) fn run_op(dev: &Device, op: &MoeOp, i: &[&Tensor], o: &[&Tensor]) -> Result<()> {
+    match op {
+        MoeOp::MatMulId => mat_mul_id(dev, i[0], i[1], i[2], o[0]),
+        MoeOp::MoeSum => sum(dev, i[0], i[1], o[0]),
+        MoeOp::MoeRoute {
+            k,
+            gating,
+            normalize,
+        } => route(dev, *k, *gating, *normalize, i[0], o),
+    }
 }

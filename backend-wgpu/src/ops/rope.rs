@@ -1,13 +1,20 @@
 //! Rotary position embedding. The per-pair inverse frequencies are computed here exactly as
 //! the CPU reference computes them and passed with the launch parameters.
 
-use kiln_core::op::{RopeMode, RopeParams};
-use kiln_core::tensor::Tensor;
+use kiln_core::op::{OpDesc, RopeMode, RopeOp, RopeParams};
+use kiln_core::tensor::{DType, Tensor};
 use kiln_core::Result;
 
-use super::{bind, u};
+use super::{all_fit, bind, u};
 use crate::device::Device;
-use crate::kernels;
+use crate::kernels::{plain, Kernel};
+
+const ROPE: &str = include_str!("../../../shaders/rope.wgsl");
+
+plain!(ROPE_F32, "rope_f32", "rope", ROPE);
+
+/// The family's kernels of no weight format.
+pub(super) const KERNELS: &[&Kernel] = &[&ROPE_F32];
 
 /// Rotary pairs per head the parameter block carries.
 pub(super) const MAX_PAIRS: usize = 1024;
@@ -43,5 +50,24 @@ pub(super) fn rope(dev: &Device, p: &RopeParams, i: &[&Tensor], y: &Tensor) -> R
         // The CPU reference's formula, in f32.
         p.base.powf(-2.0 * j as f32 / p.n_rot as f32).to_bits()
     }));
-    dev.dispatch_bound(&kernels::ROPE_F32, &bound, &params, [gx, gy, 1])
+    dev.dispatch_bound(&ROPE_F32, &bound, &params, [gx, gy, 1])
+}
+
+/// Which of the family's ops this backend runs.
+pub(super) fn supports_op(dev: &Device, op: &RopeOp, d: &OpDesc) -> bool {
+    let (i, o) = (&d.inputs, &d.outputs);
+    let RopeOp::Rope(p) = op;
+    i[0].dtype == DType::F32
+        && o[0].dtype == DType::F32
+        && i.get(2).is_none_or(|f| f.dtype == DType::F32)
+        && p.n_rot % 2 == 0
+        && p.n_rot <= 2 * MAX_PAIRS
+        && all_fit(dev, d)
+}
+
+/// Records one of the family's ops.
+pub(super) fn run_op(dev: &Device, op: &RopeOp, i: &[&Tensor], o: &[&Tensor]) -> Result<()> {
+    match op {
+        RopeOp::Rope(p) => rope(dev, p, i, o[0]),
+    }
 }

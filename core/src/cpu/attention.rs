@@ -3,7 +3,7 @@
 
 use super::softmax::softmax_row;
 use super::{index, pool, simd, In, KResult, KernelError, Out};
-use crate::op::AttnParams;
+use crate::op::{AttentionOp, AttnParams};
 use crate::quant;
 use crate::tensor::DType;
 
@@ -290,4 +290,18 @@ pub(crate) fn kv_write(i: &[In], o: &mut [Out]) -> KResult {
         }
     }
     Ok(())
+}
+
+/// The family's CPU reference.
+pub(super) fn run_op(op: &AttentionOp, i: &[In], o: &mut [Out]) -> KResult {
+    match op {
+        AttentionOp::Attention(p) => attention(p, i, o),
+        AttentionOp::PagedAttention(p) => paged_attention(p, i, o),
+        AttentionOp::KvWrite => kv_write(i, o),
+    }
+}
+
+/// Whether `op` splits its work over the backend's workers (the rest use rayon).
+pub(super) fn on_workers(_op: &AttentionOp) -> bool {
+    true
 }

@@ -1,10 +1,11 @@
 //! The canvas ops of block diffusion: the draw (processed logits, argmax, a Gumbel-max draw,
-//! entropy) and the entropy-bound acceptance (see `Op::CanvasDraw`, `Op::CanvasAccept`).
+//! entropy) and the entropy-bound acceptance (see `CanvasOp::CanvasDraw`, `CanvasOp::CanvasAccept`).
 
 use rayon::prelude::*;
 
 use super::{In, KResult, Out};
 use crate::op::canvas::{gumbel, noise_token, row_key, GUMBEL_MAX};
+use crate::op::CanvasOp;
 
 /// One row: (argmax, draw, entropy), `p` the processed row.
 fn draw_row(x: &[f32], p: &[f32], seed: u64, row: usize) -> (usize, usize, f32) {
@@ -109,11 +110,30 @@ pub(crate) fn accept(
     Ok(())
 }
 
+/// The family's CPU reference.
+pub(super) fn run_op(op: &CanvasOp, i: &[In], o: &mut [Out]) -> KResult {
+    match op {
+        CanvasOp::CanvasDraw { scale, seed } => draw(*scale, *seed, i, o),
+        CanvasOp::CanvasAccept {
+            entropy_bound,
+            confidence,
+            stability,
+            vocab,
+            seed,
+        } => accept(*entropy_bound, *confidence, *stability, *vocab, *seed, i, o),
+    }
+}
+
+/// Whether `op` splits its work over the backend's workers (the rest use rayon).
+pub(super) fn on_workers(_op: &CanvasOp) -> bool {
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use crate::exec::Executor;
     use crate::op::canvas::{gumbel, noise_token, row_key};
-    use crate::op::Op;
+    use crate::op::{CanvasOp, Op};
     use crate::rng::Rng;
 
     fn draw(
@@ -126,7 +146,7 @@ mod tests {
         let v = x.len() / t;
         let logits = ex.upload_f32(&[t, v], x).expect("upload");
         let (p, a, d, h) = ex
-            .canvas_draw(&Op::CanvasDraw { scale, seed }, &logits)
+            .canvas_draw(&Op::Canvas(CanvasOp::CanvasDraw { scale, seed }), &logits)
             .expect("draw");
         let p = ex.download_f32(&p).expect("processed");
         for (got, &l) in p.iter().zip(x) {
@@ -222,13 +242,13 @@ mod tests {
                 up(&hist0, &[rows, t]),
                 up(&[0, 0], &[2]),
             );
-            let op = Op::CanvasAccept {
+            let op = Op::Canvas(CanvasOp::CanvasAccept {
                 entropy_bound: bound,
                 confidence: conf,
                 stability,
                 vocab,
                 seed: 77,
-            };
+            });
             let ins = [
                 &up(&argmax, &[t]),
                 &up(&drawn, &[t]),

@@ -5,6 +5,7 @@ use rayon::prelude::*;
 
 use super::elementwise::silu as silu_fn;
 use super::{index, In, KResult, KernelError, Out};
+use crate::op::ConvOp;
 
 /// Runs one sequence: `x [L, C]` after `state [K-1, C]`; writes `y [L, C]` and the new state.
 fn conv_seq(
@@ -120,4 +121,17 @@ pub(crate) fn conv1d_decode(silu: bool, i: &[In], o: &mut [Out]) -> KResult {
             Ok(())
         })
     })
+}
+
+/// The family's CPU reference.
+pub(super) fn run_op(op: &ConvOp, i: &[In], o: &mut [Out]) -> KResult {
+    match op {
+        ConvOp::Conv1d { silu } => conv1d(*silu, i, o),
+        ConvOp::Conv1dDecode { silu } => conv1d_decode(*silu, i, o),
+    }
+}
+
+/// Whether `op` splits its work over the backend's workers (the rest use rayon).
+pub(super) fn on_workers(_op: &ConvOp) -> bool {
+    false
 }

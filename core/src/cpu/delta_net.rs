@@ -9,6 +9,7 @@ use rayon::prelude::*;
 use super::conv::{pool_slots, seq_ranges};
 use super::norm::l2_norm_rows;
 use super::{In, KResult, Out};
+use crate::op::DeltaNetOp;
 
 /// Dimensions of one call.
 #[derive(Copy, Clone)]
@@ -322,4 +323,19 @@ pub(crate) fn delta_net_decode(
             Ok(())
         })
     })
+}
+
+/// The family's CPU reference.
+pub(super) fn run_op(op: &DeltaNetOp, i: &[In], o: &mut [Out]) -> KResult {
+    match op {
+        DeltaNetOp::DeltaNet { scale, chunk } => delta_net(*scale, *chunk, i, o),
+        DeltaNetOp::DeltaNetDecode { scale, qk_l2norm } => {
+            delta_net_decode(*scale, *qk_l2norm, i, o)
+        }
+    }
+}
+
+/// Whether `op` splits its work over the backend's workers (the rest use rayon).
+pub(super) fn on_workers(_op: &DeltaNetOp) -> bool {
+    false
 }

@@ -1,15 +1,15 @@
 //! Binary ops with broadcasting, scale, activations, gated units, cast and copy.
 
 use super::{pool, In, KResult, Out};
-use crate::op::{GluOp, Op, UnaryOp};
+use crate::op::{ElementwiseOp, GluOp, UnaryOp};
 
 /// Elements per parallel task for cheap elementwise work.
 const CHUNK: usize = 1 << 14;
 
-pub(crate) fn binary(op: &Op, i: &[In], o: &mut [Out]) -> KResult {
+pub(crate) fn binary(op: &ElementwiseOp, i: &[In], o: &mut [Out]) -> KResult {
     let a = i[0].f32()?;
     let b = i[1].f32()?;
-    let mul = matches!(op, Op::Mul);
+    let mul = *op == ElementwiseOp::Mul;
     // `b` repeats every b.len() elements (its shape divides a's: same, [D] or [R', D]).
     let bl = b.len();
     o[0].with_f32(false, |y| {
@@ -174,6 +174,22 @@ pub(crate) fn copy(i: &[In], o: &mut [Out]) -> KResult {
     }
     let x = i[0].f32()?;
     o[0].store_f32(&x)
+}
+
+/// The family's CPU reference.
+pub(super) fn run_op(op: &ElementwiseOp, i: &[In], o: &mut [Out]) -> KResult {
+    match op {
+        ElementwiseOp::Add | ElementwiseOp::Mul => binary(op, i, o),
+        ElementwiseOp::Scale(s) => scale(*s, i, o),
+        ElementwiseOp::Unary(u) => unary(*u, i, o),
+        ElementwiseOp::Glu(g) => glu(*g, i, o),
+        ElementwiseOp::Cast | ElementwiseOp::Copy => copy(i, o),
+    }
+}
+
+/// Whether `op` splits its work over the backend's workers (the rest use rayon).
+pub(super) fn on_workers(_op: &ElementwiseOp) -> bool {
+    true
 }
 
 #[cfg(test)]

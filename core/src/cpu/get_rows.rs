@@ -1,6 +1,7 @@
 //! Embedding lookup from a table in any dtype.
 
 use super::{index, pool, In, KResult, Out};
+use crate::op::GetRowsOp;
 use crate::quant;
 
 pub(crate) fn get_rows(i: &[In], o: &mut [Out]) -> KResult {
@@ -23,7 +24,7 @@ pub(crate) fn get_rows(i: &[In], o: &mut [Out]) -> KResult {
 }
 
 /// `Σⱼ softmax(logits[t])ⱼ · table[j]`, over every row or the `top_k` largest logits (see
-/// [`crate::op::Op::SoftEmbedding`]). Dense: the probabilities first, then the table once, in
+/// [`crate::op::GetRowsOp::SoftEmbedding`]). Dense: the probabilities first, then the table once, in
 /// vocabulary slices whose partial sums are added. Top-k: k rows gathered per position.
 pub(crate) fn soft_embedding(top_k: usize, i: &[In], o: &mut [Out]) -> KResult {
     use rayon::prelude::*;
@@ -97,4 +98,17 @@ pub(crate) fn soft_embedding(top_k: usize, i: &[In], o: &mut [Out]) -> KResult {
     }
     let out: Vec<f32> = out.iter().map(|&x| x as f32).collect();
     o[0].store_f32(&out)
+}
+
+/// The family's CPU reference.
+pub(super) fn run_op(op: &GetRowsOp, i: &[In], o: &mut [Out]) -> KResult {
+    match op {
+        GetRowsOp::GetRows => get_rows(i, o),
+        GetRowsOp::SoftEmbedding { top_k } => soft_embedding(*top_k, i, o),
+    }
+}
+
+/// Whether `op` splits its work over the backend's workers (the rest use rayon).
+pub(super) fn on_workers(op: &GetRowsOp) -> bool {
+    *op == GetRowsOp::GetRows
 }

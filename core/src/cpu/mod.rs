@@ -10,7 +10,7 @@ mod conv;
 mod delta_net;
 mod elementwise;
 mod get_rows;
-mod matmul;
+mod mat_mul;
 mod moe;
 mod norm;
 pub(crate) mod pool;
@@ -502,74 +502,40 @@ impl Out<'_> {
     }
 }
 
-/// Ops whose kernels split their work over `CpuBackend::workers` (the rest use rayon).
+/// Ops whose kernels split their work over `CpuBackend::workers` (the rest use rayon): each
+/// family's file says which of its ops do.
 fn on_workers(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::MatMul
-            | Op::RmsNormMatMul { .. }
-            | Op::GluMatMul(_)
-            | Op::MatMulAdd
-            | Op::GetRows
-            | Op::Add
-            | Op::Mul
-            | Op::Scale(_)
-            | Op::Unary(_)
-            | Op::Glu(_)
-            | Op::Cast
-            | Op::Copy
-            | Op::RmsNorm { .. }
-            | Op::L2Norm { .. }
-            | Op::Rope(_)
-            | Op::Attention(_)
-            | Op::PagedAttention(_)
-            | Op::KvWrite
-    )
+    match op {
+        Op::MatMul(f) => mat_mul::on_workers(f),
+        Op::GetRows(f) => get_rows::on_workers(f),
+        Op::Elementwise(f) => elementwise::on_workers(f),
+        Op::Norm(f) => norm::on_workers(f),
+        Op::Rope(f) => rope::on_workers(f),
+        Op::Softmax(f) => softmax::on_workers(f),
+        Op::Attention(f) => attention::on_workers(f),
+        Op::Reduce(f) => reduce::on_workers(f),
+        Op::Conv(f) => conv::on_workers(f),
+        Op::DeltaNet(f) => delta_net::on_workers(f),
+        Op::Moe(f) => moe::on_workers(f),
+        Op::Canvas(f) => canvas::on_workers(f),
+    }
 }
 
+/// Runs `op`'s CPU reference: its family's `run`.
 fn dispatch(op: &Op, i: &[In], o: &mut [Out]) -> KResult {
     match op {
-        Op::MatMul => matmul::mat_mul(i, o),
-        Op::MatMulId => moe::mat_mul_id(i, o),
-        Op::GetRows => get_rows::get_rows(i, o),
-        Op::Add | Op::Mul => elementwise::binary(op, i, o),
-        Op::Scale(s) => elementwise::scale(*s, i, o),
-        Op::Unary(u) => elementwise::unary(*u, i, o),
-        Op::Glu(g) => elementwise::glu(*g, i, o),
-        Op::Cast | Op::Copy => elementwise::copy(i, o),
-        Op::RmsNorm { eps, one_plus } => norm::rms_norm(*eps, *one_plus, i, o),
-        Op::L2Norm { eps } => norm::l2_norm(*eps, i, o),
-        Op::Rope(p) => rope::rope(p, i, o),
-        Op::Softmax { scale, soft_cap } => softmax::softmax(*scale, *soft_cap, i, o),
-        Op::Attention(p) => attention::attention(p, i, o),
-        Op::PagedAttention(p) => attention::paged_attention(p, i, o),
-        Op::KvWrite => attention::kv_write(i, o),
-        Op::Argmax => reduce::argmax(i, o),
-        Op::TopK(k) => reduce::top_k(*k, i, o),
-        Op::Conv1d { silu } => conv::conv1d(*silu, i, o),
-        Op::Conv1dDecode { silu } => conv::conv1d_decode(*silu, i, o),
-        Op::DeltaNet { scale, chunk } => delta_net::delta_net(*scale, *chunk, i, o),
-        Op::DeltaNetDecode { scale, qk_l2norm } => {
-            delta_net::delta_net_decode(*scale, *qk_l2norm, i, o)
-        }
-        Op::MoeRoute {
-            k,
-            gating,
-            normalize,
-        } => moe::route(*k, *gating, *normalize, i, o),
-        Op::MoeSum => moe::sum(i, o),
-        Op::SoftEmbedding { top_k } => get_rows::soft_embedding(*top_k, i, o),
-        Op::CanvasDraw { scale, seed } => canvas::draw(*scale, *seed, i, o),
-        Op::CanvasAccept {
-            entropy_bound,
-            confidence,
-            stability,
-            vocab,
-            seed,
-        } => canvas::accept(*entropy_bound, *confidence, *stability, *vocab, *seed, i, o),
-        Op::RmsNormMatMul { eps, one_plus } => matmul::rms_norm_mat_mul(*eps, *one_plus, i, o),
-        Op::GluMatMul(g) => matmul::glu_mat_mul(*g, i, o),
-        Op::MatMulAdd => matmul::mat_mul_add(i, o),
+        Op::MatMul(f) => mat_mul::run_op(f, i, o),
+        Op::GetRows(f) => get_rows::run_op(f, i, o),
+        Op::Elementwise(f) => elementwise::run_op(f, i, o),
+        Op::Norm(f) => norm::run_op(f, i, o),
+        Op::Rope(f) => rope::run_op(f, i, o),
+        Op::Softmax(f) => softmax::run_op(f, i, o),
+        Op::Attention(f) => attention::run_op(f, i, o),
+        Op::Reduce(f) => reduce::run_op(f, i, o),
+        Op::Conv(f) => conv::run_op(f, i, o),
+        Op::DeltaNet(f) => delta_net::run_op(f, i, o),
+        Op::Moe(f) => moe::run_op(f, i, o),
+        Op::Canvas(f) => canvas::run_op(f, i, o),
     }
 }
 

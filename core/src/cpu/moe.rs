@@ -3,10 +3,10 @@
 use rayon::prelude::*;
 
 use super::elementwise::sigmoid;
-use super::matmul::gemm;
+use super::mat_mul::gemm;
 use super::softmax::softmax_row;
 use super::{index, In, KResult, Out};
-use crate::op::MoeGating;
+use crate::op::{MoeGating, MoeOp};
 
 pub(crate) fn route(
     k: usize,
@@ -94,4 +94,22 @@ pub(crate) fn mat_mul_id(i: &[In], o: &mut [Out]) -> KResult {
         }
         Ok(())
     })
+}
+
+/// The family's CPU reference.
+pub(super) fn run_op(op: &MoeOp, i: &[In], o: &mut [Out]) -> KResult {
+    match op {
+        MoeOp::MatMulId => mat_mul_id(i, o),
+        MoeOp::MoeRoute {
+            k,
+            gating,
+            normalize,
+        } => route(*k, *gating, *normalize, i, o),
+        MoeOp::MoeSum => sum(i, o),
+    }
+}
+
+/// Whether `op` splits its work over the backend's workers (the rest use rayon).
+pub(super) fn on_workers(_op: &MoeOp) -> bool {
+    false
 }

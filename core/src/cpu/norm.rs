@@ -1,6 +1,7 @@
 //! RMSNorm (plain and `1 + w`) and L2 norm, one row of the last dimension at a time.
 
 use super::{pool, In, KResult, Out};
+use crate::op::NormOp;
 
 /// Elements below which a row-wise op runs on the calling thread alone.
 pub(crate) const PAR_MIN: usize = 1 << 15;
@@ -52,4 +53,17 @@ pub(crate) fn l2_norm(eps: f32, i: &[In], o: &mut [Out]) -> KResult {
         l2_norm_rows(y, d, eps);
         Ok(())
     })
+}
+
+/// The family's CPU reference.
+pub(super) fn run_op(op: &NormOp, i: &[In], o: &mut [Out]) -> KResult {
+    match op {
+        NormOp::RmsNorm { eps, one_plus } => rms_norm(*eps, *one_plus, i, o),
+        NormOp::L2Norm { eps } => l2_norm(*eps, i, o),
+    }
+}
+
+/// Whether `op` splits its work over the backend's workers (the rest use rayon).
+pub(super) fn on_workers(_op: &NormOp) -> bool {
+    true
 }

@@ -5,6 +5,7 @@ use std::cmp::Ordering;
 use rayon::prelude::*;
 
 use super::{In, KResult, Out};
+use crate::op::ReduceOp;
 
 /// Descending by value (IEEE total order), then ascending by index.
 #[inline]
@@ -54,4 +55,17 @@ pub(crate) fn top_k(k: usize, i: &[In], o: &mut [Out]) -> KResult {
     o[0].store_f32(&vals)?;
     o[1].store_i32(&idx);
     Ok(())
+}
+
+/// The family's CPU reference.
+pub(super) fn run_op(op: &ReduceOp, i: &[In], o: &mut [Out]) -> KResult {
+    match op {
+        ReduceOp::Argmax => argmax(i, o),
+        ReduceOp::TopK(k) => top_k(*k, i, o),
+    }
+}
+
+/// Whether `op` splits its work over the backend's workers (the rest use rayon).
+pub(super) fn on_workers(_op: &ReduceOp) -> bool {
+    false
 }

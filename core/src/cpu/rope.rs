@@ -1,7 +1,7 @@
 //! Rotary position embedding, normal (adjacent pairs) and NeoX (halves), partial and scaled.
 
 use super::{pool, In, KResult, Out};
-use crate::op::{RopeMode, RopeParams};
+use crate::op::{RopeMode, RopeOp, RopeParams};
 
 pub(crate) fn rope(p: &RopeParams, i: &[In], o: &mut [Out]) -> KResult {
     let x = i[0].f32()?;
@@ -48,4 +48,16 @@ pub(crate) fn rope(p: &RopeParams, i: &[In], o: &mut [Out]) -> KResult {
         });
         Ok(())
     })
+}
+
+/// The family's CPU reference.
+pub(super) fn run_op(op: &RopeOp, i: &[In], o: &mut [Out]) -> KResult {
+    match op {
+        RopeOp::Rope(p) => rope(p, i, o),
+    }
+}
+
+/// Whether `op` splits its work over the backend's workers (the rest use rayon).
+pub(super) fn on_workers(_op: &RopeOp) -> bool {
+    true
 }

@@ -3,6 +3,7 @@
 use rayon::prelude::*;
 
 use super::{In, KResult, Out};
+use crate::op::SoftmaxOp;
 
 /// Softmax of one row in place (max-subtracted; an all `-inf` row becomes zeros).
 pub(crate) fn softmax_row(row: &mut [f32]) {
@@ -49,4 +50,16 @@ pub(crate) fn softmax(scale: f32, soft_cap: Option<f32>, i: &[In], o: &mut [Out]
             });
         Ok(())
     })
+}
+
+/// The family's CPU reference.
+pub(super) fn run_op(op: &SoftmaxOp, i: &[In], o: &mut [Out]) -> KResult {
+    match op {
+        SoftmaxOp::Softmax { scale, soft_cap } => softmax(*scale, *soft_cap, i, o),
+    }
+}
+
+/// Whether `op` splits its work over the backend's workers (the rest use rayon).
+pub(super) fn on_workers(_op: &SoftmaxOp) -> bool {
+    false
 }

@@ -195,8 +195,8 @@ struct DeviceCanvas {
 /// One diffusion request's denoising state between passes: the canvas on the device, its
 /// history and status, the last step's processed logits, and how many steps it has left.
 /// Each step is a pass over [`Canvas::input`] (its logits stay on the device), then
-/// [`Canvas::after`], which runs the draw and acceptance ops ([`crate::op::Op::CanvasDraw`],
-/// [`crate::op::Op::CanvasAccept`]) and reads back a two-word status, and a canvas's tokens
+/// [`Canvas::after`], which runs the draw and acceptance ops ([`crate::op::CanvasOp::CanvasDraw`],
+/// [`crate::op::CanvasOp::CanvasAccept`]) and reads back a two-word status, and a canvas's tokens
 /// once, when it is done.
 pub struct Canvas {
     params: DiffusionParams,

@@ -3,7 +3,10 @@
 
 use super::Executor;
 use crate::error::{Error, Result};
-use crate::op::{AttnParams, GluOp, MoeGating, Op, RopeParams, UnaryOp, MAX_SHARED_NORM};
+use crate::op::{
+    AttentionOp, AttnParams, ConvOp, DeltaNetOp, ElementwiseOp, GetRowsOp, GluOp, MatMulOp,
+    MoeGating, MoeOp, NormOp, Op, RopeOp, RopeParams, SoftmaxOp, UnaryOp, MAX_SHARED_NORM,
+};
 use crate::quant;
 use crate::tensor::{DType, Tensor, TensorDesc};
 
@@ -22,7 +25,7 @@ impl Executor {
         }
     }
 
-    /// One denoising draw (`op`, an [`Op::CanvasDraw`]) over a canvas's `logits [T, V]`:
+    /// One denoising draw (`op`, an [`CanvasOp::CanvasDraw`]) over a canvas's `logits [T, V]`:
     /// (processed logits, argmax, drawn tokens, entropies).
     pub fn canvas_draw(
         &self,
@@ -41,7 +44,7 @@ impl Executor {
         }
     }
     /// Entropy-bound acceptance of a draw: updates `canvas`, `history` and `status` in place;
-    /// see [`Op::CanvasAccept`].
+    /// see [`CanvasOp::CanvasAccept`].
     pub fn canvas_accept(
         &self,
         op: &Op,
@@ -54,11 +57,11 @@ impl Executor {
     }
     /// Each token's rows of `w` (experts `[E, N, K]`) chosen by `ids [T, k]`: `[T, k, N]`.
     pub fn matmul_id(&self, x: &Tensor, w: &Tensor, ids: &Tensor) -> Result<Tensor> {
-        self.one(&Op::MatMulId, &[x, w, ids])
+        self.one(&Op::Moe(MoeOp::MatMulId), &[x, w, ids])
     }
     /// `Σⱼ x[t, j, :] · weights[t, j]`: the experts' outputs mixed by their weights.
     pub fn moe_sum(&self, x: &Tensor, weights: &Tensor) -> Result<Tensor> {
-        self.one(&Op::MoeSum, &[x, weights])
+        self.one(&Op::Moe(MoeOp::MoeSum), &[x, weights])
     }
     /// The top `k` experts of each token's router logits: (weights, ids).
     pub fn moe_route(
@@ -68,16 +71,16 @@ impl Executor {
         gating: MoeGating,
         normalize: bool,
     ) -> Result<(Tensor, Tensor)> {
-        let op = Op::MoeRoute {
+        let op = Op::Moe(MoeOp::MoeRoute {
             k,
             gating,
             normalize,
-        };
+        });
         self.two(&op, &[logits])
     }
     /// L2 normalisation of each row of the last dimension.
     pub fn l2_norm(&self, x: &Tensor, eps: f32) -> Result<Tensor> {
-        self.one(&Op::L2Norm { eps }, &[x])
+        self.one(&Op::Norm(NormOp::L2Norm { eps }), &[x])
     }
     /// Causal depthwise conv1d over each sequence, continuing from `state`: (output, new
     /// state).
@@ -89,7 +92,10 @@ impl Executor {
         state: &Tensor,
         seq_start: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
-        self.two(&Op::Conv1d { silu }, &[x, w, state, seq_start])
+        self.two(
+            &Op::Conv(ConvOp::Conv1d { silu }),
+            &[x, w, state, seq_start],
+        )
     }
     /// The Gated DeltaNet recurrence over each sequence, from `state`: (output, new state).
     #[allow(clippy::too_many_arguments)]
@@ -105,7 +111,7 @@ impl Executor {
     ) -> Result<(Tensor, Tensor)> {
         let [q, k, v] = qkv;
         self.two(
-            &Op::DeltaNet { scale, chunk },
+            &Op::DeltaNet(DeltaNetOp::DeltaNet { scale, chunk }),
             &[q, k, v, g, beta, state, seq_start],
         )
     }
@@ -159,10 +165,10 @@ impl Executor {
     }
 
     pub fn matmul(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
-        self.one(&Op::MatMul, &[x, w])
+        self.one(&Op::MatMul(MatMulOp::MatMul), &[x, w])
     }
     pub fn get_rows(&self, table: &Tensor, ids: &Tensor) -> Result<Tensor> {
-        self.one(&Op::GetRows, &[table, ids])
+        self.one(&Op::GetRows(GetRowsOp::GetRows), &[table, ids])
     }
     /// Rows `rows` of `x` (`[R, ..]`, split along its first axis) as a tensor of their own
     /// (copied, so every kernel sees them at offset 0).
@@ -176,7 +182,7 @@ impl Executor {
         let mut shape = d.to_vec();
         shape[0] = rows.len();
         let v = x.view(rows.start * per, shape)?;
-        self.one(&Op::Copy, &[&v])
+        self.one(&Op::Elementwise(ElementwiseOp::Copy), &[&v])
     }
     /// `parts` (`[R_i, ..]`, one dtype and the same trailing shape) one after another along
     /// the first axis: `[Σ R_i, ..]`.
@@ -207,39 +213,39 @@ impl Executor {
         for p in parts {
             if p.numel() > 0 {
                 let dst = out.view(at, p.shape().clone())?;
-                self.exec(&Op::Copy, &[p], &[&dst])?;
+                self.exec(&Op::Elementwise(ElementwiseOp::Copy), &[p], &[&dst])?;
             }
             at += p.numel();
         }
         Ok(out)
     }
     pub fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        self.one(&Op::Add, &[a, b])
+        self.one(&Op::Elementwise(ElementwiseOp::Add), &[a, b])
     }
     pub fn mul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        self.one(&Op::Mul, &[a, b])
+        self.one(&Op::Elementwise(ElementwiseOp::Mul), &[a, b])
     }
     pub fn scale(&self, x: &Tensor, s: f32) -> Result<Tensor> {
-        self.one(&Op::Scale(s), &[x])
+        self.one(&Op::Elementwise(ElementwiseOp::Scale(s)), &[x])
     }
     pub fn unary(&self, u: UnaryOp, x: &Tensor) -> Result<Tensor> {
-        self.one(&Op::Unary(u), &[x])
+        self.one(&Op::Elementwise(ElementwiseOp::Unary(u)), &[x])
     }
     /// Row softmax of `x · scale`.
     pub fn softmax(&self, x: &Tensor, scale: f32) -> Result<Tensor> {
         self.one(
-            &Op::Softmax {
+            &Op::Softmax(SoftmaxOp::Softmax {
                 scale,
                 soft_cap: None,
-            },
+            }),
             &[x],
         )
     }
     pub fn glu(&self, g: GluOp, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-        self.one(&Op::Glu(g), &[gate, up])
+        self.one(&Op::Elementwise(ElementwiseOp::Glu(g)), &[gate, up])
     }
     pub fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f32, one_plus: bool) -> Result<Tensor> {
-        self.one(&Op::RmsNorm { eps, one_plus }, &[x, w])
+        self.one(&Op::Norm(NormOp::RmsNorm { eps, one_plus }), &[x, w])
     }
     pub fn rope(
         &self,
@@ -249,8 +255,8 @@ impl Executor {
         factors: Option<&Tensor>,
     ) -> Result<Tensor> {
         match factors {
-            Some(f) => self.one(&Op::Rope(p), &[x, pos, f]),
-            None => self.one(&Op::Rope(p), &[x, pos]),
+            Some(f) => self.one(&Op::Rope(RopeOp::Rope(p)), &[x, pos, f]),
+            None => self.one(&Op::Rope(RopeOp::Rope(p)), &[x, pos]),
         }
     }
     #[allow(clippy::too_many_arguments)]
@@ -275,7 +281,7 @@ impl Executor {
             q
         };
         let out = self.one(
-            &Op::PagedAttention(p),
+            &Op::Attention(AttentionOp::PagedAttention(p)),
             &[q, k_cache, v_cache, block_table, seq_lens, q_start],
         )?;
         if v_cache.dtype().is_turbo() {
@@ -307,7 +313,11 @@ impl Executor {
         } else {
             v
         };
-        self.exec(&Op::KvWrite, &[k, v, slots], &[k_cache, v_cache])
+        self.exec(
+            &Op::Attention(AttentionOp::KvWrite),
+            &[k, v, slots],
+            &[k_cache, v_cache],
+        )
     }
 
     /// Each head row of `x [.., d]` times the TurboQuant rotation ([`quant::turbo::rotate`]),
@@ -350,7 +360,7 @@ impl Executor {
         one_plus: bool,
         ws: &[&Tensor],
     ) -> Result<Vec<Tensor>> {
-        let op = Op::RmsNormMatMul { eps, one_plus };
+        let op = Op::MatMul(MatMulOp::RmsNormMatMul { eps, one_plus });
         if (2..=MAX_SHARED_NORM).contains(&ws.len()) {
             let mut ins = vec![x, norm_w];
             ins.extend_from_slice(ws);
@@ -388,7 +398,7 @@ impl Executor {
         top_k: usize,
         table_t: impl FnOnce() -> Result<&'t Tensor>,
     ) -> Result<Tensor> {
-        let op = Op::SoftEmbedding { top_k };
+        let op = Op::GetRows(GetRowsOp::SoftEmbedding { top_k });
         let out = op.output_descs(&[logits.desc().clone(), table.desc().clone()])?;
         if self.supports_op(&op, &[logits.desc(), table.desc()], &[&out[0]]) {
             return self.one(&op, &[logits, table]);
@@ -409,7 +419,7 @@ impl Executor {
     /// backend has it (the fused-op gate; the add is the matmul's epilogue), else the matmul
     /// and the add.
     pub fn matmul_add(&self, x: &Tensor, w: &Tensor, r: &Tensor) -> Result<Tensor> {
-        let op = Op::MatMulAdd;
+        let op = Op::MatMul(MatMulOp::MatMulAdd);
         let out = op.output_descs(&[x.desc().clone(), w.desc().clone(), r.desc().clone()])?;
         if self.supports_op(&op, &[x.desc(), w.desc(), r.desc()], &[&out[0]]) {
             return self.one(&op, &[x, w, r]);
@@ -428,7 +438,7 @@ impl Executor {
         w_down: &Tensor,
         r: &Tensor,
     ) -> Result<Tensor> {
-        let op = Op::GluMatMul(g);
+        let op = Op::MatMul(MatMulOp::GluMatMul(g));
         let ins = [gate.desc(), up.desc(), w_down.desc(), r.desc()];
         let out = op.output_descs(&ins.map(|d| d.clone()))?;
         if self.supports_op(&op, &ins, &[&out[0]]) {
@@ -447,7 +457,7 @@ impl Executor {
         up: &Tensor,
         w_down: &Tensor,
     ) -> Result<Tensor> {
-        let op = Op::GluMatMul(g);
+        let op = Op::MatMul(MatMulOp::GluMatMul(g));
         let ins = [gate.desc(), up.desc(), w_down.desc()];
         let out = op.output_descs(&[
             gate.desc().clone(),

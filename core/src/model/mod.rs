@@ -170,7 +170,11 @@ impl KvCaches {
             let dims = t.shape().dims().to_vec();
             let per: usize = dims[1..].iter().product();
             let at = |b: u32| t.view(b as usize * per, dims[1..].to_vec());
-            ex.exec(&crate::op::Op::Copy, &[&at(src)?], &[&at(dst)?])?;
+            ex.exec(
+                &crate::op::Op::Elementwise(crate::op::ElementwiseOp::Copy),
+                &[&at(src)?],
+                &[&at(dst)?],
+            )?;
         }
         Ok(())
     }

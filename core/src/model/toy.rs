@@ -18,7 +18,7 @@ use super::blocks::{attention, canvas_split, check_batch, logits_head, upload_ba
 use super::{CanvasInput, Denoiser, Features, ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
 use crate::error::Result;
 use crate::exec::Executor;
-use crate::op::{AttnParams, Mask, Op, RopeMode, RopeParams};
+use crate::op::{AttentionOp, AttnParams, Mask, Op, RopeMode, RopeParams};
 use crate::tensor::Tensor;
 use crate::validate::rng::Rng;
 
@@ -75,7 +75,7 @@ impl Toy {
             let mut x = ex.get_rows(&self.tok_embd, &ex.upload_i32(&[t], &ids)?)?;
             for layer in &self.layers {
                 let (q, k, v, p) = self.qkv(ex, layer, &x, &pos, t)?;
-                let a = ex.run(&Op::Attention(p), &[&q, &k, &v])?;
+                let a = ex.run(&Op::Attention(AttentionOp::Attention(p)), &[&q, &k, &v])?;
                 let a = a
                     .into_iter()
                     .next()

@@ -1,7 +1,143 @@
-//! The counter-based randomness of the canvas ops ([`super::Op::CanvasDraw`],
-//! [`super::Op::CanvasAccept`]): every backend computes the same 32-bit hashes from the seed
-//! and a position, so a draw needs no random state on the device and is the same on every
-//! backend (up to the last bits of the logarithms in the Gumbel noise).
+//! The canvas family: DiffusionGemma's denoising draw and entropy-bound acceptance, and the
+//! counter-based randomness they share: every backend computes the same 32-bit hashes from
+//! the seed and a position, so a draw needs no random state on the device and is the same on
+//! every backend (up to the last bits of the logarithms in the Gumbel noise).
+
+use super::{Ctx, Family};
+use crate::error::Result;
+use crate::tensor::{DType, Shape, TensorDesc};
+
+#[derive(Clone, Debug, PartialEq, strum::EnumIter)]
+pub enum CanvasOp {
+    /// One denoising draw over a canvas (DiffusionGemma): `logits [T, V]` (f32) → `processed
+    /// [T, V]` (f32, `logits · scale`, where `scale` is 1 / the step's temperature), `argmax
+    /// [T]` (i32, of the logits, first of equal maxima in IEEE total order), `drawn [T]` (i32,
+    /// a draw from `softmax(processed)`: the Gumbel-max argmax of `processed + g`, with `g =
+    /// gumbel(seed, row, column)`), `entropy [T]` (f32, nats, of `softmax(processed)`).
+    CanvasDraw { scale: f32, seed: u64 },
+    /// Entropy-bound acceptance of a canvas's draws, in place. `argmax [T]`, `drawn [T]` (i32),
+    /// `entropy [T]` (f32) → output 0 `canvas [T]` (i32): `drawn` where accepted, else
+    /// re-noised with [`noise_token`]`(seed, i, vocab)`; output 1 `history [S, T]`
+    /// (i32, read and updated): the last `stability` argmax canvases, oldest first, `-1`
+    /// where none yet (`S = max(stability, 1)`); output 2 `status [2]` (i32): positions
+    /// accepted, and 1 when denoising stops here. Positions are ranked by (entropy, index)
+    /// and accepted while the running f32 sum of the ranked entropies less the position's own
+    /// stays within `entropy_bound`; denoising stops when every kept history row equals
+    /// `argmax` and the f32 sum of all entropies, in rank order, is under
+    /// `confidence · T` (mean entropy under `confidence`). `T` is at most [`MAX_CANVAS`].
+    CanvasAccept {
+        entropy_bound: f32,
+        confidence: f32,
+        stability: usize,
+        vocab: usize,
+        seed: u64,
+    },
+}
+
+impl Default for CanvasOp {
+    fn default() -> Self {
+        CanvasOp::CanvasDraw {
+            scale: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+impl Family for CanvasOp {
+    fn name(&self) -> &'static str {
+        match self {
+            CanvasOp::CanvasDraw { .. } => "canvas_draw",
+            CanvasOp::CanvasAccept { .. } => "canvas_accept",
+        }
+    }
+
+    fn reads_outputs(&self) -> bool {
+        matches!(self, CanvasOp::CanvasAccept { .. })
+    }
+
+    fn check_inputs(&self, c: &Ctx) -> Result<()> {
+        let i = c.inputs;
+        match self {
+            CanvasOp::CanvasDraw { scale, .. } => {
+                c.n_inputs(&[1])?;
+                c.dtype(&i[0], DType::F32, "logits")?;
+                c.rank(&i[0], 2, "logits")?;
+                c.ensure(i[0].shape.0[1] >= 1, || "the vocabulary is empty".into())?;
+                c.ensure(i[0].shape.0[1] <= i32::MAX as usize, || {
+                    "the vocabulary must fit an i32 id".into()
+                })?;
+                c.ensure(scale.is_finite() && *scale > 0.0, || {
+                    format!("scale {scale} must be finite and above 0")
+                })
+            }
+            CanvasOp::CanvasAccept {
+                entropy_bound,
+                confidence,
+                vocab,
+                ..
+            } => {
+                c.n_inputs(&[3])?;
+                c.dtype(&i[0], DType::I32, "argmax")?;
+                c.dtype(&i[1], DType::I32, "drawn")?;
+                c.dtype(&i[2], DType::F32, "entropy")?;
+                let t = i[0].shape.0.clone();
+                c.ensure(
+                    t.len() == 1 && i[1].shape.0 == t && i[2].shape.0 == t,
+                    || "argmax, drawn and entropy must be [T]".into(),
+                )?;
+                c.ensure(t[0] >= 1 && t[0] <= MAX_CANVAS, || {
+                    format!("a canvas of 1 to {MAX_CANVAS} positions")
+                })?;
+                c.ensure(*vocab >= 1 && *vocab <= i32::MAX as usize, || {
+                    format!("vocabulary {vocab} must be 1 to {}", i32::MAX)
+                })?;
+                c.ensure(!entropy_bound.is_nan() && !confidence.is_nan(), || {
+                    "bounds must not be NaN".into()
+                })
+            }
+        }
+    }
+
+    fn infer(&self, c: &Ctx) -> Result<Vec<TensorDesc>> {
+        let i = c.inputs;
+        match self {
+            CanvasOp::CanvasDraw { .. } => {
+                let (t, v) = (i[0].shape.0[0], i[0].shape.0[1]);
+                Ok(vec![
+                    TensorDesc::new(DType::F32, Shape(vec![t, v])),
+                    TensorDesc::new(DType::I32, Shape(vec![t])),
+                    TensorDesc::new(DType::I32, Shape(vec![t])),
+                    TensorDesc::new(DType::F32, Shape(vec![t])),
+                ])
+            }
+            CanvasOp::CanvasAccept { .. } => Err(c.err(
+                "updates its outputs in place: the caller supplies them, so they cannot be inferred",
+            )),
+        }
+    }
+
+    fn check_in_place(&self, c: &Ctx) -> Result<()> {
+        let CanvasOp::CanvasAccept { stability, .. } = self else {
+            return Err(c.err("is not an in-place op"));
+        };
+        let (i, o) = (c.inputs, c.outputs);
+        let t = i[0].shape.0[0];
+        c.ensure(o.len() == 3, || {
+            format!(
+                "updates canvas, history and status: 3 outputs, got {}",
+                o.len()
+            )
+        })?;
+        let s = (*stability).max(1);
+        c.ensure(
+            o.iter().all(|d| d.dtype == DType::I32)
+                && o[0].shape.0 == [t]
+                && o[1].shape.0 == [s, t]
+                && o[2].shape.0 == [2],
+            || format!("outputs must be i32 canvas [{t}], history [{s}, {t}], status [2]"),
+        )
+    }
+}
 
 /// The longest canvas the acceptance op takes (one workgroup ranks it in shared memory).
 pub const MAX_CANVAS: usize = 1024;

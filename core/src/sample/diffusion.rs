@@ -9,11 +9,11 @@
 //! the argmax canvas has been the same for `stability_threshold` steps before and the mean
 //! entropy is under `confidence_threshold`. The canvas committed is the last argmax canvas.
 //!
-//! The step runs on the device as two ops, [`Op::CanvasDraw`] and [`Op::CanvasAccept`]; this
+//! The step runs on the device as two ops, [`CanvasOp::CanvasDraw`] and [`CanvasOp::CanvasAccept`]; this
 //! module makes them from the settings.
 
 use crate::error::{Error, Result};
-use crate::op::Op;
+use crate::op::{CanvasOp, Op};
 
 /// Settings of the denoising loop (`generation_config.json` holds a checkpoint's defaults).
 #[derive(Clone, Debug, PartialEq)]
@@ -86,21 +86,21 @@ impl DiffusionParams {
 
     /// The draw of a step with `remaining` steps left, seeded by `seed` (see [`step_seeds`]).
     pub fn draw_op(&self, remaining: usize, seed: u64) -> Op {
-        Op::CanvasDraw {
+        Op::Canvas(CanvasOp::CanvasDraw {
             scale: 1.0 / self.temperature(remaining),
             seed,
-        }
+        })
     }
 
     /// The acceptance of a step over a vocabulary of `vocab`, seeded by `seed`.
     pub fn accept_op(&self, vocab: usize, seed: u64) -> Op {
-        Op::CanvasAccept {
+        Op::Canvas(CanvasOp::CanvasAccept {
             entropy_bound: self.entropy_bound,
             confidence: self.confidence_threshold,
             stability: self.stability_threshold,
             vocab,
             seed,
-        }
+        })
     }
 }
 

@@ -15,7 +15,7 @@ use rng::Rng;
 use crate::backend::Backend;
 use crate::cpu::CpuBackend;
 use crate::error::{Error, Result};
-use crate::op::{Op, OpDesc};
+use crate::op::{CanvasOp, Op, OpDesc};
 use crate::quant;
 use crate::tensor::{DType, Tensor, TensorDesc};
 
@@ -355,7 +355,7 @@ fn draws_tie(
     got: &[u8],
     want: &[u8],
 ) -> std::result::Result<(), String> {
-    let Op::CanvasDraw { seed, .. } = case.op else {
+    let Op::Canvas(CanvasOp::CanvasDraw { seed, .. }) = case.op else {
         return Err("not a draw".into());
     };
     let p: Vec<f32> = processed
@@ -421,7 +421,7 @@ pub fn run_case(
         let mut worst = 0f64;
         for (o, d) in case.outputs.iter().enumerate() {
             if d.dtype.is_int() {
-                let draws = matches!(case.op, Op::CanvasDraw { .. }) && o == 2;
+                let draws = matches!(case.op, Op::Canvas(CanvasOp::CanvasDraw { .. })) && o == 2;
                 if draws && got[o] != want[o] {
                     draws_tie(case, &want[0], &got[o], &want[o])
                         .map_err(|e| Error::backend(candidate.name(), e))?;

@@ -1,6 +1,6 @@
 //! Contiguous attention, paged attention through random block tables, and the KV write.
 
-use kiln_core::op::{AttnParams, Mask, Op};
+use kiln_core::op::{AttentionOp, AttnParams, Mask, Op};
 use kiln_core::validate::rng::Rng;
 use kiln_core::DType::{self, *};
 
@@ -61,7 +61,7 @@ fn attention_every_mask_gqa_soft_cap_and_dv() {
                     let (k, kv) = kx.tensor(dt, &[s, hkv, d], &normal(&mut rng, s * hkv * d, 1.0));
                     let (v, vv) =
                         kx.tensor(dt, &[s, hkv, dv], &normal(&mut rng, s * hkv * dv, 1.0));
-                    let y = kx.run(&Op::Attention(p), &[&q, &k, &v]);
+                    let y = kx.run(&Op::Attention(AttentionOp::Attention(p)), &[&q, &k, &v]);
                     assert_eq!(y[0].shape().dims(), &[t, hq, dv]);
                     let dm = AttnDims { hq, hkv, d, dv };
                     let want = naive::attention(&oracle_params(&p), &qv, &kv, &vv, t, s, dm);
@@ -135,7 +135,10 @@ impl Paged {
         let tab = kx.ints(&[nseq, max_blocks], &table);
         let sl = kx.ints(&[nseq], &seq_lens);
         let qs = kx.ints(&[nseq + 1], &q_start);
-        let y = kx.run(&Op::PagedAttention(p), &[&q, &kc, &vc, &tab, &sl, &qs]);
+        let y = kx.run(
+            &Op::Attention(AttentionOp::PagedAttention(p)),
+            &[&q, &kc, &vc, &tab, &sl, &qs],
+        );
         let dm = AttnDims { hq, hkv, d, dv };
         let want = naive::paged_attention(
             &oracle_params(&p),
@@ -281,7 +284,12 @@ fn kv_write_fills_slots_and_skips_negative_ones() {
             &normal(&mut rng, nb * bs * hkv * dv, 1.0),
         );
         let (k0, v0) = (kx.bytes(&kc), kx.bytes(&vc));
-        kx.exec(&Op::KvWrite, &[&k, &v, &st], &[&kc, &vc]).unwrap();
+        kx.exec(
+            &Op::Attention(AttentionOp::KvWrite),
+            &[&k, &v, &st],
+            &[&kc, &vc],
+        )
+        .unwrap();
         for (cache, before, src, width) in [(&kc, &k0, &kv, hkv * d), (&vc, &v0, &vv, hkv * dv)] {
             let after = kx.bytes(cache);
             let rb = cdt.bytes_for(width).unwrap();

@@ -1,7 +1,10 @@
 //! Matmuls (every weight dtype), lookups, elementwise ops, norms, rope, softmax, selection,
 //! routing, cast and copy, and the fused norm/GLU matmuls.
 
-use kiln_core::op::{GluOp, MoeGating, Op, RopeMode, RopeParams, UnaryOp};
+use kiln_core::op::{
+    ElementwiseOp, GetRowsOp, GluOp, MatMulOp, MoeGating, MoeOp, NormOp, Op, ReduceOp, RopeMode,
+    RopeOp, RopeParams, SoftmaxOp, UnaryOp,
+};
 use kiln_core::quant::quantize;
 use kiln_core::validate::rng::Rng;
 use kiln_core::DType::{self, *};
@@ -34,7 +37,7 @@ fn check_matmul(rng: &mut Rng, xdt: DType, wdt: DType, lead: &[usize], n: usize)
     xs.push(k);
     let (x, xv) = kx.tensor(xdt, &xs, &normal(rng, m * k, 1.0));
     let (w, wv) = kx.tensor(wdt, &[n, k], &normal(rng, n * k, 0.5));
-    let y = kx.run(&Op::MatMul, &[&x, &w]);
+    let y = kx.run(&Op::MatMul(MatMulOp::MatMul), &[&x, &w]);
     assert_eq!(y[0].dtype(), xdt);
     let mut ys = lead.to_vec();
     ys.push(n);
@@ -90,7 +93,7 @@ fn mat_mul_id_every_activation_layout() {
         ] {
             let rows = if per_slot { t * kk } else { t };
             let (x, xv) = kx.tensor(F32, &xshape, &normal(&mut rng, rows * k, 1.0));
-            let y = kx.run(&Op::MatMulId, &[&x, &w, &ids]);
+            let y = kx.run(&Op::Moe(MoeOp::MatMulId), &[&x, &w, &ids]);
             assert_eq!(y[0].shape().dims(), &[t, kk, n]);
             let (mut want, mut bound) = (Vec::new(), Vec::new());
             for r in 0..t * kk {
@@ -146,7 +149,7 @@ fn get_rows_every_table_dtype() {
         }
         let idv = [3, 0, 10, 3, 7, 7, 1, 10, 5];
         let ids = kx.ints(&[idv.len()], &idv);
-        let y = kx.run(&Op::GetRows, &[&table, &ids]);
+        let y = kx.run(&Op::GetRows(GetRowsOp::GetRows), &[&table, &ids]);
         assert_eq!(y[0].dtype(), F32);
         let mut want = Vec::new();
         for &id in &idv {
@@ -176,7 +179,11 @@ fn add_and_mul_with_broadcasting() {
             let (a, av) = kx.tensor(adt, &ashape, &normal(&mut rng, na, 2.0));
             let (b, bv) = kx.tensor(bdt, bs, &normal(&mut rng, nb, 2.0));
             for mul in [false, true] {
-                let op = if mul { Op::Mul } else { Op::Add };
+                let op = if mul {
+                    Op::Elementwise(ElementwiseOp::Mul)
+                } else {
+                    Op::Elementwise(ElementwiseOp::Add)
+                };
                 let y = kx.run(&op, &[&a, &b]);
                 assert_eq!(y[0].dtype(), adt);
                 let want = naive::binary(&av, &bv, mul);
@@ -204,7 +211,7 @@ fn scale_every_unary_and_every_glu() {
     data[..8].copy_from_slice(&[-25.0, -20.5, -19.5, -8.0, 8.0, 19.5, 20.5, 25.0]);
     for dt in [F32, F16, BF16] {
         let (x, xv) = kx.tensor(dt, &shape, &data);
-        let y = kx.run(&Op::Scale(-0.37), &[&x]);
+        let y = kx.run(&Op::Elementwise(ElementwiseOp::Scale(-0.37)), &[&x]);
         let want: Vec<f64> = xv.iter().map(|v| v * (-0.37f32) as f64).collect();
         assert_close(
             &format!("scale {dt}"),
@@ -215,7 +222,7 @@ fn scale_every_unary_and_every_glu() {
             U_F32,
         );
         for u in UnaryOp::ALL {
-            let y = kx.run(&Op::Unary(u), &[&x]);
+            let y = kx.run(&Op::Elementwise(ElementwiseOp::Unary(u)), &[&x]);
             let want: Vec<f64> = xv.iter().map(|&v| naive::unary(u, v)).collect();
             // A few f32 ulps of libm error; the absolute term covers the cancellation in
             // `1 + tanh(z)` of gelu_tanh for negative inputs (≈ |x|·ulp(1)).
@@ -233,7 +240,7 @@ fn scale_every_unary_and_every_glu() {
         for (gdt, udt) in [(F32, F32), (F16, F32), (BF16, F16)] {
             let (gate, gv) = kx.tensor(gdt, &[5, 19], &normal(&mut rng, 95, 3.0));
             let (up, uv) = kx.tensor(udt, &[5, 19], &normal(&mut rng, 95, 1.0));
-            let y = kx.run(&Op::Glu(g), &[&gate, &up]);
+            let y = kx.run(&Op::Elementwise(ElementwiseOp::Glu(g)), &[&gate, &up]);
             let want: Vec<f64> = (0..95).map(|i| naive::glu(g, gv[i], uv[i])).collect();
             assert_close(
                 &format!("{} {gdt} {udt}", g.name()),
@@ -257,7 +264,7 @@ fn rms_norm_and_l2_norm() {
             for one_plus in [false, true] {
                 let (x, xv) = kx.tensor(xdt, &[4, 3, d], &normal(&mut rng, 12 * d, 1.5));
                 let (w, wv) = kx.tensor(wdt, &[d], &normal(&mut rng, d, 1.0));
-                let y = kx.run(&Op::RmsNorm { eps, one_plus }, &[&x, &w]);
+                let y = kx.run(&Op::Norm(NormOp::RmsNorm { eps, one_plus }), &[&x, &w]);
                 let want = naive::rms_norm(&xv, &wv, d, eps as f64, one_plus);
                 assert_close(
                     &format!("rms_norm {xdt} {wdt} eps {eps} one_plus {one_plus}"),
@@ -269,7 +276,7 @@ fn rms_norm_and_l2_norm() {
                 );
             }
             let (x, xv) = kx.tensor(xdt, &[5, d], &normal(&mut rng, 5 * d, 1.5));
-            let y = kx.run(&Op::L2Norm { eps }, &[&x]);
+            let y = kx.run(&Op::Norm(NormOp::L2Norm { eps }), &[&x]);
             let want = naive::l2_norm(&xv, d, eps as f64);
             assert_close(
                 &format!("l2_norm {xdt} eps {eps}"),
@@ -298,9 +305,12 @@ fn check_rope(rng: &mut Rng, p: RopeParams, with_factors: bool, max_pos: usize) 
     fdata[1] = f32::INFINITY;
     let (ft, fv) = kx.tensor(F32, &[half], &fdata);
     let (y, factors) = if with_factors {
-        (kx.run(&Op::Rope(p), &[&x, &pos, &ft]), Some(&fv[..]))
+        (
+            kx.run(&Op::Rope(RopeOp::Rope(p)), &[&x, &pos, &ft]),
+            Some(&fv[..]),
+        )
     } else {
-        (kx.run(&Op::Rope(p), &[&x, &pos]), None)
+        (kx.run(&Op::Rope(RopeOp::Rope(p)), &[&x, &pos]), None)
     };
     let want = naive::rope(&xv, t, h, d, &posv, &p, factors);
     let slack = |e: usize| -> f64 {
@@ -367,10 +377,10 @@ fn softmax_scale_cap_and_broadcast_mask() {
                     }
                 }
                 let (m, mv) = kx.tensor(F32, &[mrows, n], &mdata);
-                let op = Op::Softmax {
+                let op = Op::Softmax(SoftmaxOp::Softmax {
                     scale: 0.7,
                     soft_cap: cap,
-                };
+                });
                 let y = if mrows == 0 {
                     kx.run(&op, &[&x])
                 } else {
@@ -402,12 +412,12 @@ fn argmax_and_top_k_with_ties() {
         let mut data: Vec<f32> = (0..12 * n).map(|_| rng.below(7) as f32 - 3.0).collect();
         data[..n].copy_from_slice(&normal(&mut rng, n, 1.0));
         let (x, xv) = kx.tensor(dt, &[4, 3, n], &data);
-        let y = kx.run(&Op::Argmax, &[&x]);
+        let y = kx.run(&Op::Reduce(ReduceOp::Argmax), &[&x]);
         assert_eq!(y[0].shape().dims(), &[4, 3]);
         let want: Vec<i32> = xv.chunks(n).map(|r| naive::top_k(r, 1)[0] as i32).collect();
         assert_eq!(kx.i32(&y[0]), want, "argmax {dt}");
         for k in [1, 5, n] {
-            let y = kx.run(&Op::TopK(k), &[&x]);
+            let y = kx.run(&Op::Reduce(ReduceOp::TopK(k)), &[&x]);
             let (mut wv, mut wi) = (Vec::new(), Vec::new());
             for r in xv.chunks(n) {
                 for j in naive::top_k(r, k) {
@@ -432,11 +442,11 @@ fn moe_route_softmax_and_sigmoid_normalized_or_not() {
         for gating in [MoeGating::Softmax, MoeGating::Sigmoid] {
             for normalize in [false, true] {
                 let y = kx.run(
-                    &Op::MoeRoute {
+                    &Op::Moe(MoeOp::MoeRoute {
                         k,
                         gating,
                         normalize,
-                    },
+                    }),
                     &[&x],
                 );
                 let (mut ww, mut wi) = (Vec::new(), Vec::new());
@@ -460,7 +470,7 @@ fn moe_sum_weights_each_slot() {
     for (t, k, n) in [(5, 3, 37), (1, 1, 8), (4, 8, 130)] {
         let (y, yv) = kx.tensor(F32, &[t, k, n], &normal(&mut rng, t * k * n, 1.0));
         let (w, wv) = kx.tensor(F32, &[t, k], &uniform(&mut rng, t * k, 0.05, 1.0));
-        let got = kx.run(&Op::MoeSum, &[&y, &w]);
+        let got = kx.run(&Op::Moe(MoeOp::MoeSum), &[&y, &w]);
         assert_eq!(got[0].shape().dims(), &[t, n]);
         let mut want = vec![0f64; t * n];
         for r in 0..t {
@@ -503,7 +513,8 @@ fn cast_rounds_to_nearest_even_and_copy_keeps_bytes() {
     ] {
         let (x, xv) = kx.tensor(from, &[4, 16], &data);
         let y = kx.alloc(to, &[4, 16]);
-        kx.exec(&Op::Cast, &[&x], &[&y]).unwrap();
+        kx.exec(&Op::Elementwise(ElementwiseOp::Cast), &[&x], &[&y])
+            .unwrap();
         let want: Vec<f64> = xv
             .iter()
             .map(|&v| match to {
@@ -522,7 +533,7 @@ fn cast_rounds_to_nearest_even_and_copy_keeps_bytes() {
     ] {
         let nel = shape[0] * shape[1];
         let (x, _) = kx.tensor(dt, &shape, &normal(&mut rng, nel, 1.0));
-        let y = kx.run(&Op::Copy, &[&x]);
+        let y = kx.run(&Op::Elementwise(ElementwiseOp::Copy), &[&x]);
         assert_eq!(y[0].dtype(), dt);
         assert_eq!(kx.bytes(&y[0]), kx.bytes(&x), "copy {dt}");
     }
@@ -539,7 +550,10 @@ fn fused_rms_norm_mat_mul_and_glu_mat_mul() {
             let (x, xv) = kx.tensor(xdt, &[m, k], &normal(&mut rng, m * k, 2.0));
             let (nw, nwv) = kx.tensor(F32, &[k], &normal(&mut rng, k, 0.5));
             let (w, wv) = kx.tensor(wdt, &[n, k], &normal(&mut rng, n * k, 0.5));
-            let y = kx.run(&Op::RmsNormMatMul { eps, one_plus }, &[&x, &nw, &w]);
+            let y = kx.run(
+                &Op::MatMul(MatMulOp::RmsNormMatMul { eps, one_plus }),
+                &[&x, &nw, &w],
+            );
             let h = naive::rms_norm(&xv, &nwv, k, eps as f64, one_plus);
             let want = naive::matmul(&h, &wv, m, n, k);
             let mag = naive::matmul_abs(&h, &wv, m, n, k);
@@ -558,7 +572,7 @@ fn fused_rms_norm_mat_mul_and_glu_mat_mul() {
             }
             let mut ins = vec![&x, &nw];
             ins.extend(ws.iter().map(|(t, _)| t));
-            let ys = kx.run(&Op::RmsNormMatMul { eps, one_plus }, &ins);
+            let ys = kx.run(&Op::MatMul(MatMulOp::RmsNormMatMul { eps, one_plus }), &ins);
             assert_eq!(ys.len(), 3);
             for ((y, (_, wv)), &r) in ys.iter().zip(&ws).zip(&rows) {
                 let want = naive::matmul(&h, wv, m, r, k);
@@ -577,7 +591,7 @@ fn fused_rms_norm_mat_mul_and_glu_mat_mul() {
             let (x, xv) = kx.tensor(xdt, &[m, k], &normal(&mut rng, m * k, 1.0));
             let (w, wv) = kx.tensor(wdt, &[n, k], &normal(&mut rng, n * k, 0.5));
             let (r, rv) = kx.tensor(xdt, &[m, n], &normal(&mut rng, m * n, 3.0));
-            let y = kx.run(&Op::MatMulAdd, &[&x, &w, &r]);
+            let y = kx.run(&Op::MatMul(MatMulOp::MatMulAdd), &[&x, &w, &r]);
             let mm = naive::matmul(&xv, &wv, m, n, k);
             let mag = naive::matmul_abs(&xv, &wv, m, n, k);
             let want: Vec<f64> = mm.iter().zip(&rv).map(|(a, b)| a + b).collect();
@@ -593,7 +607,7 @@ fn fused_rms_norm_mat_mul_and_glu_mat_mul() {
             let (gate, gv) = kx.tensor(xdt, &[m, k], &normal(&mut rng, m * k, 2.0));
             let (up, uv) = kx.tensor(xdt, &[m, k], &normal(&mut rng, m * k, 1.0));
             let (w, wv) = kx.tensor(wdt, &[n, k], &normal(&mut rng, n * k, 0.5));
-            let y = kx.run(&Op::GluMatMul(g), &[&gate, &up, &w]);
+            let y = kx.run(&Op::MatMul(MatMulOp::GluMatMul(g)), &[&gate, &up, &w]);
             let h: Vec<f64> = (0..m * k).map(|i| naive::glu(g, gv[i], uv[i])).collect();
             let want = naive::matmul(&h, &wv, m, n, k);
             // The activation's own error (a few ulps, and gelu's absolute cancellation term)
@@ -610,7 +624,7 @@ fn fused_rms_norm_mat_mul_and_glu_mat_mul() {
             );
             // With the residual added in the epilogue.
             let (r, rv) = kx.tensor(xdt, &[m, n], &normal(&mut rng, m * n, 3.0));
-            let y = kx.run(&Op::GluMatMul(g), &[&gate, &up, &w, &r]);
+            let y = kx.run(&Op::MatMul(MatMulOp::GluMatMul(g)), &[&gate, &up, &w, &r]);
             let with_r: Vec<f64> = want.iter().zip(&rv).map(|(a, b)| a + b).collect();
             assert_within(
                 &format!("glu_mat_mul {} {xdt} {wdt} + residual", g.name()),

@@ -1,7 +1,7 @@
 //! The stateful ops: conv1d over sequences and its decode step on a state pool, and the Gated
 //! DeltaNet in its recurrent and chunked forms and its fused decode step.
 
-use kiln_core::op::Op;
+use kiln_core::op::{ConvOp, DeltaNetOp, Op};
 use kiln_core::validate::rng::Rng;
 use kiln_core::DType::*;
 use kiln_core::Tensor;
@@ -26,7 +26,7 @@ fn conv1d_several_sequences_state_carried() {
                 // The state in the activation's dtype (state_out keeps it).
                 let (st, stv) = kx.tensor(dt, &[ns, kw - 1, c], &normal(&mut rng, sn, 1.0));
                 let ss = kx.ints(&[ns + 1], &seq_start);
-                let y = kx.run(&Op::Conv1d { silu }, &[&x, &w, &st, &ss]);
+                let y = kx.run(&Op::Conv(ConvOp::Conv1d { silu }), &[&x, &w, &st, &ss]);
                 let (wy, wst) = naive::conv1d(&xv, &wv, &stv, &seq_start, c, kw, silu);
                 let what = format!("conv1d {dt} k {kw} silu {silu}");
                 assert_close(&what, &kx.f32(&y[0]), &wy, dt, 1e-6, 1e-5);
@@ -51,8 +51,12 @@ fn conv1d_decode_updates_only_its_slots() {
         let sl = (kw - 1) * c;
         let (pool, poolv) = kx.tensor(F32, &[p, kw - 1, c], &normal(&mut rng, p * sl, 1.0));
         let y = kx.alloc(F32, &[s, c]);
-        kx.exec(&Op::Conv1dDecode { silu }, &[&x, &w, &slots], &[&y, &pool])
-            .unwrap();
+        kx.exec(
+            &Op::Conv(ConvOp::Conv1dDecode { silu }),
+            &[&x, &w, &slots],
+            &[&y, &pool],
+        )
+        .unwrap();
         let mut wy = Vec::new();
         let mut wpool = poolv.clone();
         for si in 0..s {
@@ -166,7 +170,7 @@ fn delta_net_recurrent_and_chunked_match_the_f64_recurrence() {
             naive::delta_net(&qv, &kv, &vv, &gv, &bv, &stv, seq_start, dm, scale as f64);
         for chunk in [None, Some(1), Some(3), Some(64)] {
             let y = kx.run(
-                &Op::DeltaNet { scale, chunk },
+                &Op::DeltaNet(DeltaNetOp::DeltaNet { scale, chunk }),
                 &[&q, &k, &v, &g, &b, &st, &ss],
             );
             let what = format!("delta_net chunk {chunk:?} {dm:?} seqs {seq_start:?}");
@@ -206,7 +210,7 @@ fn delta_net_half_precision_inputs_and_outputs() {
     let (wo, wst) = naive::delta_net(&qv, &kv, &vv, &gv, &bv, &stv, &seq_start, dm, 0.25);
     for chunk in [None, Some(8)] {
         let y = kx.run(
-            &Op::DeltaNet { scale: 0.25, chunk },
+            &Op::DeltaNet(DeltaNetOp::DeltaNet { scale: 0.25, chunk }),
             &[&q, &k, &v, &g, &b, &st, &ss],
         );
         assert_eq!((y[0].dtype(), y[1].dtype()), (BF16, F16));
@@ -258,10 +262,10 @@ fn delta_net_decode_on_a_state_pool() {
         let slots = kx.ints(&[s], &slotv);
         let (pool, poolv) = kx.tensor(F32, &[p, hv, dk, dv], &normal(&mut rng, p * per, 0.5));
         let o: Tensor = kx.alloc(F32, &[s, hv, dv]);
-        let op = Op::DeltaNetDecode {
+        let op = Op::DeltaNet(DeltaNetOp::DeltaNetDecode {
             scale: 0.3,
             qk_l2norm,
-        };
+        });
         kx.exec(&op, &[&q, &k, &v, &g, &b, &slots], &[&o, &pool])
             .unwrap();
         // Oracle: normalise, then one recurrence step per sequence on its slot's state.
@@ -322,7 +326,7 @@ fn state_carried_across_calls() {
     let (st0, st0v) = kx.tensor(F32, &[1, kw - 1, c], &normal(&mut rng, (kw - 1) * c, 1.0));
     let (xa, _) = kx.tensor(F32, &[split, c], &x[..split * c]);
     let (xb, _) = kx.tensor(F32, &[t - split, c], &x[split * c..]);
-    let op = Op::Conv1d { silu: true };
+    let op = Op::Conv(ConvOp::Conv1d { silu: true });
     let a = kx.run(&op, &[&xa, &w, &st0, &kx.ints(&[2], &[0, split as i32])]);
     let b = kx.run(
         &op,
@@ -353,18 +357,18 @@ fn state_carried_across_calls() {
     };
     let (q, k, v, g, b, ss) = part(0..split);
     let a = kx.run(
-        &Op::DeltaNet {
+        &Op::DeltaNet(DeltaNetOp::DeltaNet {
             scale: 0.35,
             chunk: Some(4),
-        },
+        }),
         &[&q, &k, &v, &g, &b, &s0, &ss],
     );
     let (q, k, v, g, b, ss) = part(split..t);
     let b = kx.run(
-        &Op::DeltaNet {
+        &Op::DeltaNet(DeltaNetOp::DeltaNet {
             scale: 0.35,
             chunk: None,
-        },
+        }),
         &[&q, &k, &v, &g, &b, &a[1], &ss],
     );
     let (wo, wst) = naive::delta_net(

@@ -1,16 +1,9 @@
 //! Attention's cases: contiguous attention under every mask, and paged attention through the
 //! block table at decode and prefill shapes over every KV cache type.
 
-use super::super::rng::Rng;
-use super::super::{Case, Gen};
-use super::{ids, n};
-use crate::error::Result;
-use crate::op::{AttnParams, Mask, Op};
-use crate::tensor::{DType, TensorDesc};
+use super::*;
 
-use DType::*;
-
-pub(super) fn attention(c: &mut Vec<Case>) -> Result<()> {
+pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
     let masks = [
         ("causal", Mask::Causal),
         ("sliding 5", Mask::SlidingWindow(5)),
@@ -33,7 +26,7 @@ pub(super) fn attention(c: &mut Vec<Case>) -> Result<()> {
             };
             let label = format!("{mname} T={t} S={s} Hq={hq} Hkv={hkv} D={d} Dv={dv}");
             c.push(Case::new(
-                Op::Attention(p),
+                Op::Attention(AttentionOp::Attention(p)),
                 label,
                 vec![
                     n(F32, &[t, hq, d]),
@@ -49,7 +42,7 @@ pub(super) fn attention(c: &mut Vec<Case>) -> Result<()> {
         mask: Mask::Causal,
     };
     c.push(Case::new(
-        Op::Attention(p),
+        Op::Attention(AttentionOp::Attention(p)),
         "soft cap 20 T=6 S=11",
         vec![
             n(F32, &[6, 2, 32]),
@@ -59,7 +52,7 @@ pub(super) fn attention(c: &mut Vec<Case>) -> Result<()> {
     )?);
     // Six query heads on one KV head: more heads than one pass of the CPU's score kernel.
     c.push(Case::new(
-        Op::Attention(p),
+        Op::Attention(AttentionOp::Attention(p)),
         "soft cap 20 T=5 S=13 Hq=6 Hkv=1",
         vec![
             n(F32, &[5, 6, 32]),
@@ -73,7 +66,7 @@ pub(super) fn attention(c: &mut Vec<Case>) -> Result<()> {
         mask: Mask::Causal,
     };
     c.push(Case::new(
-        Op::Attention(p),
+        Op::Attention(AttentionOp::Attention(p)),
         "f16 q/k/v T=3 S=20",
         vec![
             n(F16, &[3, 4, 64]),
@@ -132,7 +125,7 @@ pub(super) fn attention(c: &mut Vec<Case>) -> Result<()> {
             mask,
         };
         c.push(Case::new(
-            Op::PagedAttention(p),
+            Op::Attention(AttentionOp::PagedAttention(p)),
             label,
             vec![
                 n(F32, &[t, hq, d]),
@@ -348,7 +341,7 @@ pub(super) fn attention(c: &mut Vec<Case>) -> Result<()> {
         let mut slots: Vec<i32> = perm[..t].iter().map(|&s| s as i32).collect();
         slots[2] = -1; // padding row: skipped
         c.push(Case::in_place(
-            Op::KvWrite,
+            Op::Attention(AttentionOp::KvWrite),
             format!("{label} T={t} Hkv={hkv} D={d}"),
             vec![n(F32, &[t, hkv, d]), n(F32, &[t, hkv, d]), ids(&[t], slots)],
             vec![

@@ -1,41 +1,8 @@
-//! DiffusionGemma's ops: the self-conditioning soft embedding and the denoising step.
+//! The canvas family: denoising draws and acceptance.
 
-use super::super::{Case, Gen, Input};
-use super::{ids, n, rand_ids};
-use crate::error::Result;
-use crate::op::Op;
-use crate::tensor::{DType, TensorDesc};
+use super::*;
 
-use DType::*;
-
-pub(super) fn soft_embedding(c: &mut Vec<Case>) -> Result<()> {
-    // DiffusionGemma's self-conditioning: a canvas of 8 positions over a small vocabulary,
-    // and over Gemma's 262,144 (where `--perf` shows what the top-k form saves).
-    for (k, v, e, dt) in [
-        (0usize, 320usize, 64usize, F32),
-        (64, 320, 64, F32),
-        (16, 2048, 64, Q8_0),
-        (0, 262_144, 64, F32),
-        (256, 262_144, 64, F32),
-    ] {
-        let form = match k {
-            0 => "dense".to_string(),
-            k => format!("top-{k}"),
-        };
-        c.push(Case::new(
-            Op::SoftEmbedding { top_k: k },
-            format!("{form} T=8 V={v} E={e} {dt:?} table"),
-            vec![n(F32, &[8, v]), n(dt, &[v, e])],
-        )?);
-    }
-    Ok(())
-}
-
-/// Block diffusion's denoising step: the draw over logits at a canvas's temperatures
-/// (including near-zero, where the draw is the argmax, rows of integers with ties, and
-/// Gemma's vocabulary of 262,144), and the acceptance with stable and unstable histories,
-/// canvases longer than one thread's share, and the longest canvas.
-pub(super) fn canvas(c: &mut Vec<Case>) -> Result<()> {
+pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
     for (t, v, temp) in [
         (8usize, 320usize, 0.8f32),
         (8, 1001, 0.4),
@@ -43,20 +10,20 @@ pub(super) fn canvas(c: &mut Vec<Case>) -> Result<()> {
         (4, 262_144, 0.6),
     ] {
         c.push(Case::new(
-            Op::CanvasDraw {
+            Op::Canvas(CanvasOp::CanvasDraw {
                 scale: 1.0 / temp,
                 seed: 0x5eed_0000_0000_0001 ^ v as u64,
-            },
+            }),
             format!("T={t} V={v} t={temp}"),
             vec![Input::normal(F32, &[t, v])],
         )?);
     }
     let label = "ties T=3 V=300 t=0.5";
     c.push(Case::new(
-        Op::CanvasDraw {
+        Op::Canvas(CanvasOp::CanvasDraw {
             scale: 2.0,
             seed: 99,
-        },
+        }),
         label,
         vec![Input {
             desc: TensorDesc::new(F32, [3, 300]),
@@ -86,13 +53,13 @@ pub(super) fn canvas(c: &mut Vec<Case>) -> Result<()> {
             false => rand_ids(&format!("{label} history"), rows * t, vocab),
         };
         c.push(Case::in_place(
-            Op::CanvasAccept {
+            Op::Canvas(CanvasOp::CanvasAccept {
                 entropy_bound: bound,
                 confidence: conf,
                 stability: s,
                 vocab,
                 seed: 0xacce_0000 + t as u64,
-            },
+            }),
             label.clone(),
             vec![
                 ids(&[t], argmax),

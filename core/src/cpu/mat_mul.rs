@@ -2,7 +2,7 @@
 
 use super::simd::{self, Isa};
 use super::{elementwise, norm, pool, qdot, qdot256, qdot_int, In, KResult, Out};
-use crate::op::GluOp;
+use crate::op::{GluOp, MatMulOp};
 use crate::quant;
 use crate::tensor::DType;
 
@@ -444,4 +444,19 @@ fn add_residual(r: &In, o: &mut Out) -> KResult {
         }
         Ok(())
     })
+}
+
+/// The family's CPU reference (each fusion computed as its plain ops in turn).
+pub(super) fn run_op(op: &MatMulOp, i: &[In], o: &mut [Out]) -> KResult {
+    match op {
+        MatMulOp::MatMul => mat_mul(i, o),
+        MatMulOp::MatMulAdd => mat_mul_add(i, o),
+        MatMulOp::RmsNormMatMul { eps, one_plus } => rms_norm_mat_mul(*eps, *one_plus, i, o),
+        MatMulOp::GluMatMul(g) => glu_mat_mul(*g, i, o),
+    }
+}
+
+/// Whether `op` splits its work over the backend's workers (the rest use rayon).
+pub(super) fn on_workers(_op: &MatMulOp) -> bool {
+    true
 }

@@ -1,7 +1,7 @@
 //! `mat_mul`: x [.., K] (f32) times w [N, K] (any weight format, decoded in the kernel).
 //! Weights larger than one storage binding are multiplied in row ranges that each fit.
 
-use kiln_core::op::OpDesc;
+use kiln_core::op::{MatMulOp, Op, OpDesc};
 use kiln_core::tensor::{DType, Tensor};
 use kiln_core::Result;
 
@@ -88,4 +88,21 @@ pub(super) fn mat_mul(dev: &Device, x: &Tensor, w: &Tensor, y: &Tensor) -> Resul
         n0 += nn;
     }
     Ok(())
+}
+
+/// Which of the family's ops this backend runs. Fused ops are CUDA's: WebGPU models take the
+/// decomposed path through the gate.
+pub(super) fn supports_op(dev: &Device, op: &MatMulOp, d: &OpDesc) -> bool {
+    match op {
+        MatMulOp::MatMul => supports(dev, d),
+        MatMulOp::MatMulAdd | MatMulOp::RmsNormMatMul { .. } | MatMulOp::GluMatMul(_) => false,
+    }
+}
+
+/// Records one of the family's ops.
+pub(super) fn run_op(dev: &Device, op: &MatMulOp, i: &[&Tensor], o: &[&Tensor]) -> Result<()> {
+    match op {
+        MatMulOp::MatMul => mat_mul(dev, i[0], i[1], o[0]),
+        other => Err(super::no_kernel(&Op::MatMul(other.clone()))),
+    }
 }

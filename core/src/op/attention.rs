@@ -1,0 +1,239 @@
+//! The attention family: attention over contiguous or paged K/V, and the writes that fill the
+//! paged caches.
+
+use super::{Ctx, Family};
+use crate::error::Result;
+use crate::tensor::{DType, Shape, TensorDesc};
+
+/// Which keys a query may see. Positions are absolute: key `j`, query at position `p`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Mask {
+    /// `j <= p`.
+    #[default]
+    Causal,
+    /// `j <= p && p - j < window` (Gemma's and Mistral's sliding window).
+    SlidingWindow(usize),
+    /// Every key.
+    Bidirectional,
+    /// Causal, except the first `n` positions see each other: `j <= p || j < n` (prefix LM).
+    PrefixBidirectional(usize),
+    /// Every query sees the last `n` keys of its sequence, whatever its own position:
+    /// `j >= len - n` (DiffusionGemma's decoder: a canvas over the tail of a sliding window).
+    Lookback(usize),
+}
+
+impl Mask {
+    /// Whether a query at position `p` sees the key at position `j` of `len` keys.
+    #[inline]
+    pub fn allows(self, p: usize, j: usize, len: usize) -> bool {
+        j < len
+            && match self {
+                Mask::Causal => j <= p,
+                Mask::SlidingWindow(w) => j <= p && p - j < w,
+                Mask::Bidirectional => true,
+                Mask::PrefixBidirectional(n) => j <= p || j < n,
+                Mask::Lookback(n) => j + n >= len,
+            }
+    }
+    /// The key positions a query at `p` can see, out of `0..len`, as a half-open range
+    /// (every mask above selects one contiguous run of keys).
+    #[inline]
+    pub fn key_range(self, p: usize, len: usize) -> (usize, usize) {
+        match self {
+            Mask::Causal => (0, (p + 1).min(len)),
+            Mask::SlidingWindow(w) => ((p + 1).saturating_sub(w), (p + 1).min(len)),
+            Mask::Bidirectional => (0, len),
+            Mask::PrefixBidirectional(n) => (0, (p + 1).max(n).min(len)),
+            Mask::Lookback(n) => (len.saturating_sub(n), len),
+        }
+    }
+}
+
+/// Attention parameters shared by the contiguous and the paged form.
+#[derive(Copy, Clone, Debug, PartialEq, Default)]
+pub struct AttnParams {
+    /// Multiplies `q·k` (usually `1/sqrt(head_dim)`).
+    pub scale: f32,
+    /// `cap · tanh(s / cap)` on the scaled logits (Gemma 2).
+    pub soft_cap: Option<f32>,
+    pub mask: Mask,
+}
+
+#[derive(Clone, Debug, PartialEq, strum::EnumIter)]
+pub enum AttentionOp {
+    /// Attention over contiguous K/V: `q [T, Hq, D]`, `k [S, Hkv, D]`, `v [S, Hkv, Dv]` →
+    /// `[T, Hq, Dv]`. Query `i` is at position `S - T + i`; `Hq` is a multiple of `Hkv` (GQA).
+    Attention(AttnParams),
+    /// Attention through a block table. `q [T, Hq, D]`, `k_cache [B, bs, Hkv, D]`,
+    /// `v_cache [B, bs, Hkv, Dv]` (any float or block dtype whose blocks fit a head),
+    /// `block_table [S, max_blocks]`, `seq_lens [S]` (context length after this step),
+    /// `q_start [S + 1]` (query rows of sequence `s` are `q_start[s]..q_start[s+1]`, the last
+    /// ones of its context) → `[T, Hq, Dv]`. Decode is one query per sequence.
+    PagedAttention(AttnParams),
+    /// Writes `k [T, Hkv, D]`, `v [T, Hkv, Dv]` into the caches at `slots [T]`
+    /// (`slot = block · bs + offset`; a negative slot is skipped). Outputs `k_cache`, `v_cache`
+    /// are updated in place.
+    KvWrite,
+}
+
+impl Default for AttentionOp {
+    fn default() -> Self {
+        AttentionOp::Attention(AttnParams::default())
+    }
+}
+
+impl Family for AttentionOp {
+    fn name(&self) -> &'static str {
+        match self {
+            AttentionOp::Attention(_) => "attention",
+            AttentionOp::PagedAttention(_) => "paged_attention",
+            AttentionOp::KvWrite => "kv_write",
+        }
+    }
+
+    fn reads_outputs(&self) -> bool {
+        *self == AttentionOp::KvWrite
+    }
+
+    fn check_inputs(&self, c: &Ctx) -> Result<()> {
+        let i = c.inputs;
+        let (p, paged) = match self {
+            AttentionOp::Attention(p) => (p, false),
+            AttentionOp::PagedAttention(p) => (p, true),
+            AttentionOp::KvWrite => {
+                c.n_inputs(&[3])?;
+                c.float(&i[0], "k")?;
+                c.float(&i[1], "v")?;
+                c.rank(&i[0], 3, "k")?;
+                c.rank(&i[1], 3, "v")?;
+                c.ensure(i[0].shape.0[..2] == i[1].shape.0[..2], || {
+                    "k and v must be [T, Hkv, _] alike".into()
+                })?;
+                c.dtype(&i[2], DType::I32, "slots")?;
+                return c.ensure(i[2].shape.0 == [i[0].shape.0[0]], || {
+                    "slots must be [T]".into()
+                });
+            }
+        };
+        if let Some(cap) = p.soft_cap {
+            c.ensure(cap > 0.0, || "soft cap must be positive".into())?;
+        }
+        if let Mask::SlidingWindow(w) = p.mask {
+            c.ensure(w > 0, || "sliding window must be at least 1".into())?;
+        }
+        c.n_inputs(if paged { &[6] } else { &[3] })?;
+        c.float(&i[0], "q")?;
+        c.rank(&i[0], 3, "q")?;
+        let q = c.dims(&i[0]);
+        let kr = if paged { 4 } else { 3 };
+        c.rank(&i[1], kr, "k")?;
+        c.rank(&i[2], kr, "v")?;
+        let k = c.dims(&i[1]);
+        let v = c.dims(&i[2]);
+        let (hkv, d) = (k[kr - 2], k[kr - 1]);
+        c.ensure(v[kr - 2] == hkv, || {
+            "k and v must have the same number of heads".into()
+        })?;
+        c.ensure(v[..kr - 2] == k[..kr - 2], || {
+            "k and v must have the same leading dims".into()
+        })?;
+        c.ensure(d == q[2], || {
+            format!("q head dim {} != k head dim {d}", q[2])
+        })?;
+        c.ensure(hkv > 0 && q[1] % hkv == 0, || {
+            format!("query heads {} must be a multiple of kv heads {hkv}", q[1])
+        })?;
+        if paged {
+            c.blocks(&i[1], "k_cache")?;
+            c.blocks(&i[2], "v_cache")?;
+            c.ensure(!i[1].dtype.is_int() && !i[2].dtype.is_int(), || {
+                "caches must be float or block types".into()
+            })?;
+            for (t, what) in [
+                (&i[3], "block_table"),
+                (&i[4], "seq_lens"),
+                (&i[5], "q_start"),
+            ] {
+                c.dtype(t, DType::I32, what)?;
+            }
+            c.rank(&i[3], 2, "block_table")?;
+            let s = i[3].shape.0[0];
+            c.ensure(i[4].shape.0 == [s], || format!("seq_lens must be [{s}]"))?;
+            c.ensure(i[5].shape.0 == [s + 1], || {
+                format!("q_start must be [{}]", s + 1)
+            })?;
+        } else {
+            c.float(&i[1], "k")?;
+            c.float(&i[2], "v")?;
+            c.ensure(k[0] >= q[0], || {
+                format!("{} queries but only {} keys", q[0], k[0])
+            })?;
+        }
+        Ok(())
+    }
+
+    fn infer(&self, c: &Ctx) -> Result<Vec<TensorDesc>> {
+        let i = c.inputs;
+        match self {
+            AttentionOp::Attention(_) | AttentionOp::PagedAttention(_) => {
+                let q = &i[0].shape.0;
+                let dv = *i[2].shape.0.last().unwrap_or(&0);
+                Ok(vec![TensorDesc::new(i[0].dtype, Shape(vec![q[0], q[1], dv]))])
+            }
+            AttentionOp::KvWrite => Err(c.err(
+                "updates its outputs in place: the caller supplies them, so they cannot be inferred",
+            )),
+        }
+    }
+
+    fn check_in_place(&self, c: &Ctx) -> Result<()> {
+        let (i, o) = (c.inputs, c.outputs);
+        if *self != AttentionOp::KvWrite {
+            return Err(c.err("is not an in-place op"));
+        }
+        c.ensure(o.len() == 2, || {
+            format!("updates 2 outputs (k_cache, v_cache), got {}", o.len())
+        })?;
+        c.rank(&o[0], 4, "k_cache")?;
+        c.rank(&o[1], 4, "v_cache")?;
+        c.blocks(&o[0], "k_cache")?;
+        c.blocks(&o[1], "v_cache")?;
+        c.ensure(!o[0].dtype.is_int() && !o[1].dtype.is_int(), || {
+            "caches must be float or block types".into()
+        })?;
+        let (k, v) = (&i[0].shape.0, &i[1].shape.0);
+        c.ensure(
+            o[0].shape.0[2..] == k[1..] && o[1].shape.0[2..] == v[1..],
+            || "caches must be [B, bs, Hkv, D] with k's and v's head shapes".into(),
+        )?;
+        c.ensure(o[0].shape.0[..2] == o[1].shape.0[..2], || {
+            "k_cache and v_cache must have the same blocks".into()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_range_agrees_with_allows() {
+        let masks = [
+            Mask::Causal,
+            Mask::SlidingWindow(3),
+            Mask::Bidirectional,
+            Mask::PrefixBidirectional(4),
+            Mask::Lookback(5),
+        ];
+        for m in masks {
+            for len in 1..10 {
+                for p in 0..len {
+                    let (lo, hi) = m.key_range(p, len);
+                    for j in 0..len {
+                        assert_eq!(m.allows(p, j, len), j >= lo && j < hi, "{m:?} p={p} j={j}");
+                    }
+                }
+            }
+        }
+    }
+}
