@@ -37,5 +37,16 @@ pub(super) fn plan_op(op: &NormOp, desc: &OpDesc) -> Option<Vec<Step>> {
                 vec![In(0), Out(0), U32(u(d)?), F32(*eps)],
             )
         }
+        NormOp::LayerNorm { eps } => {
+            (all_f32(i) && all_f32(o)).then_some(())?;
+            let d = i[0].shape.last();
+            let rows = i[0].numel() / d.max(1);
+            one(
+                "layer_norm_f32",
+                (u(rows)?, 1, 1),
+                (BLOCK, 1, 1),
+                vec![In(0), In(1), In(2), Out(0), U32(u(d)?), F32(*eps)],
+            )
+        }
     }
 }

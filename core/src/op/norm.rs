@@ -10,6 +10,9 @@ pub enum NormOp {
     RmsNorm { eps: f32, one_plus: bool },
     /// `x [.., D]` → `x / sqrt(Σx² + eps)` per row (Qwen3.5's `l2norm`).
     L2Norm { eps: f32 },
+    /// `x [.., D]`, `w [D]`, `b [D]` → `(x − mean(x)) / sqrt(var(x) + eps) * w + b` per row,
+    /// with the population variance (torch's `LayerNorm`: the vision towers' norm).
+    LayerNorm { eps: f32 },
 }
 
 impl Default for NormOp {
@@ -26,6 +29,7 @@ impl Family for NormOp {
         match self {
             NormOp::RmsNorm { .. } => "rms_norm",
             NormOp::L2Norm { .. } => "l2_norm",
+            NormOp::LayerNorm { .. } => "layer_norm",
         }
     }
 
@@ -45,6 +49,17 @@ impl Family for NormOp {
                 c.n_inputs(&[1])?;
                 c.float(&i[0], "x")?;
                 c.ensure(*eps >= 0.0, || "eps must be non-negative".into())
+            }
+            NormOp::LayerNorm { eps } => {
+                c.n_inputs(&[3])?;
+                c.float(&i[0], "x")?;
+                for (t, what) in [(&i[1], "weight"), (&i[2], "bias")] {
+                    c.float(t, what)?;
+                    c.ensure(t.shape.0 == [i[0].shape.last()], || {
+                        format!("{what} must be [{}]", i[0].shape.last())
+                    })?;
+                }
+                c.ensure(*eps > 0.0, || "eps must be positive".into())
             }
         }
     }

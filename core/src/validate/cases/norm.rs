@@ -40,6 +40,24 @@ pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
         "prefill [9,3,37]",
         vec![n(F32, &[9, 3, 37])],
     )?);
-
+    // LayerNorm: rows far from zero mean (the variance is taken about the mean, not the
+    // origin), a row wider than a workgroup, decode and per-head shapes, f16 activations.
+    let ln = Op::Norm(NormOp::LayerNorm { eps: 1e-6 });
+    for (label, x) in [
+        ("decode [1,1152]", n(F32, &[1, 1152])),
+        (
+            "prefill [7,300] mean 4",
+            Input::uniform(F32, &[7, 300], 3.0, 5.0),
+        ),
+        ("per head [5,4,64]", n(F32, &[5, 4, 64])),
+        ("f16 [3,100]", n(F16, &[3, 100])),
+    ] {
+        let d = *x.desc.shape.0.last().unwrap_or(&1);
+        c.push(Case::new(
+            ln.clone(),
+            label,
+            vec![x, n(F32, &[d]), n(F32, &[d])],
+        )?);
+    }
     Ok(())
 }
