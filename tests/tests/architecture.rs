@@ -274,3 +274,63 @@ fn each_family_is_declared_in_its_own_file_and_the_loader_names_none() {
         }
     }
 }
+
+/// An op family is one stem: each module `op/<family>.rs` declares the family's ops, and the
+/// same stem names its CPU reference, its conformance cases, its WebGPU launchers and its CUDA
+/// launch plans. The central files (the `Op` enum and its checks, each backend's dispatch and
+/// `supports_op`, the case table) match on families only and name no op of one, so a new op is
+/// written in its family's files alone.
+#[test]
+fn each_op_family_is_one_stem_and_the_central_dispatch_names_no_op() {
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read = |p: &str| std::fs::read_to_string(ws.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+    let op_rs = read("core/src/op.rs");
+    let stems: Vec<&str> = op_rs
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub mod ")?.strip_suffix(';'))
+        .collect();
+    assert!(stems.len() >= 12, "{stems:?}");
+    let mut families = Vec::new();
+    for stem in &stems {
+        let src = read(&format!("core/src/op/{stem}.rs"));
+        let ty = src
+            .lines()
+            .find_map(|l| {
+                let name = l.strip_prefix("impl Family for ")?.strip_suffix(" {")?;
+                src.contains(&format!("pub enum {name} "))
+                    .then(|| name.to_string())
+            })
+            .unwrap_or_else(|| panic!("op/{stem}.rs declares no op family"));
+        for dir in [
+            "core/src/cpu",
+            "core/src/validate/cases",
+            "backend-wgpu/src/ops",
+            "backend-cuda/src/plan",
+        ] {
+            let f = format!("{dir}/{stem}.rs");
+            assert!(
+                read(&f).contains(&ty),
+                "{f} does not implement the {ty} family"
+            );
+        }
+        families.push(ty);
+    }
+    for central in [
+        "core/src/op.rs",
+        "core/src/op/check.rs",
+        "core/src/cpu/mod.rs",
+        "core/src/validate/cases.rs",
+        "backend-wgpu/src/ops/mod.rs",
+        "backend-wgpu/src/kernels.rs",
+        "backend-cuda/src/plan.rs",
+    ] {
+        // (A `mod tests;` declaration is not the test module at the end that `strip` cuts.)
+        let src = strip(&read(central).replace("#[cfg(test)]\nmod tests;", ""));
+        for ty in &families {
+            assert!(
+                !src.contains(&format!("{ty}::")),
+                "{central} names an op of {ty}: that belongs in the family's files"
+            );
+        }
+    }
+}
