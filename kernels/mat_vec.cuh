@@ -1,5 +1,5 @@
 // The decode mat-vec kernels' bodies (prepended to every kernel file after formats.cuh; the
-// entry points are in mat_vec.cu, quant.cu and fused.cu): the register-ring kernel (the
+// entry points are in mat_mul_vec.cu, quant.cu and mat_mul_fused.cu): the register-ring kernel (the
 // default), the staged one (MV_STAGED=1), the lane-per-row one (MV_STAGED=2), the dispatch
 // between them, and the sources (plain, rms-normed, GLU) they read the activations through.
 

@@ -11,7 +11,9 @@ pub const FORMATS: &str = include_str!("../../kernels/formats.cuh");
 /// `mat_vec.cuh`, the decode mat-vec kernels' bodies, prepended after `FORMATS`.
 pub const MAT_VEC: &str = include_str!("../../kernels/mat_vec.cuh");
 
-/// (file name, source) of every kernel file.
+/// (file name, source) of every kernel file. A file's name starts with its op family's stem
+/// (`attention_kv_write.cu`), except `quant.cu`: the K-quant formats' per-format kernels of
+/// several families (mat-vec, embedding rows, matmul by expert).
 pub const FILES: &[(&str, &str)] = &[
     (
         "elementwise.cu",
@@ -21,17 +23,24 @@ pub const FILES: &[(&str, &str)] = &[
     ("rope.cu", include_str!("../../kernels/rope.cu")),
     ("softmax.cu", include_str!("../../kernels/softmax.cu")),
     ("get_rows.cu", include_str!("../../kernels/get_rows.cu")),
-    ("mat_vec.cu", include_str!("../../kernels/mat_vec.cu")),
-    ("mat_mul.cu", include_str!("../../kernels/mat_mul.cu")),
-    ("kv_write.cu", include_str!("../../kernels/kv_write.cu")),
     (
-        "paged_attention.cu",
-        include_str!("../../kernels/paged_attention.cu"),
+        "mat_mul_vec.cu",
+        include_str!("../../kernels/mat_mul_vec.cu"),
     ),
-    ("recurrent.cu", include_str!("../../kernels/recurrent.cu")),
-    ("moe.cu", include_str!("../../kernels/moe.cu")),
+    ("mat_mul.cu", include_str!("../../kernels/mat_mul.cu")),
+    (
+        "mat_mul_fused.cu",
+        include_str!("../../kernels/mat_mul_fused.cu"),
+    ),
     ("quant.cu", include_str!("../../kernels/quant.cu")),
-    ("fused.cu", include_str!("../../kernels/fused.cu")),
+    ("attention.cu", include_str!("../../kernels/attention.cu")),
+    (
+        "attention_kv_write.cu",
+        include_str!("../../kernels/attention_kv_write.cu"),
+    ),
+    ("conv.cu", include_str!("../../kernels/conv.cu")),
+    ("delta_net.cu", include_str!("../../kernels/delta_net.cu")),
+    ("moe.cu", include_str!("../../kernels/moe.cu")),
     ("reduce.cu", include_str!("../../kernels/reduce.cu")),
     ("canvas.cu", include_str!("../../kernels/canvas.cu")),
 ];

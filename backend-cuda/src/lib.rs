@@ -237,16 +237,16 @@ mod compile_check {
 
     /// The staged decode mat-vecs (the MV_STAGED knob, off by default) compile too, for
     /// Hopper, with no local memory in the formats that have their own staged decoders: the
-    /// plain mat-vec of every weight format (fused.cu adds only its two sources, which the
+    /// plain mat-vec of every weight format (mat_mul_fused.cu adds only its two sources, which the
     /// emulated conformance suite runs), staged (1) and lane-per-row (2).
     #[test]
     fn nvrtc_compiles_the_staged_mat_vec() {
         let Some(tc) = toolchain() else { return };
         let nvrtc = Nvrtc::load(&tc.nvrtc).expect("NVRTC loads");
         for (spec, file) in [
-            ("MV_STAGED=1", "mat_vec.cu"),
+            ("MV_STAGED=1", "mat_mul_vec.cu"),
             ("MV_STAGED=1", "quant.cu"),
-            ("MV_STAGED=2", "mat_vec.cu"),
+            ("MV_STAGED=2", "mat_mul_vec.cu"),
             ("MV_STAGED=2", "quant.cu"),
         ] {
             let full = super::kernels::source_with(file, Some(spec)).expect("listed");

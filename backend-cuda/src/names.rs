@@ -1,5 +1,5 @@
 //! Which kernel runs each weight-type-specific op: the per-format entry points that
-//! `quant.cu`, `mat_vec.cu`, `mat_mul.cu`, `get_rows.cu` and `fused.cu` define.
+//! `quant.cu`, `mat_mul_vec.cu`, `mat_mul.cu`, `get_rows.cu` and `mat_mul_fused.cu` define.
 
 use kiln_core::tensor::DType;
 
@@ -8,19 +8,19 @@ use kiln_core::tensor::DType;
 #[derive(Debug)]
 pub struct WeightKernels {
     pub dtype: DType,
-    /// Decode matmul: 4 outputs a block (mat_vec.cuh's `mat_vec_rows`; `mat_vec.cu` for
+    /// Decode matmul: 4 outputs a block (mat_vec.cuh's `mat_vec_rows`; `mat_mul_vec.cu` for
     /// floats, Q8_0 and Q4_0, `quant.cu` otherwise).
     pub mat_vec: &'static str,
     /// Prefill matmul over output tiles (`mat_mul.cu`).
     pub mat_mul: &'static str,
     /// Embedding lookup (`get_rows.cu` / `quant.cu`).
     pub get_rows: &'static str,
-    /// RMSNorm fused into the decode matmul's activation load (`fused.cu`).
+    /// RMSNorm fused into the decode matmul's activation load (`mat_mul_fused.cu`).
     pub rms_norm_mat_vec: &'static str,
     /// The same over two or three weights of this type sharing the norm, in one launch
-    /// (`fused.cu`).
+    /// (`mat_mul_fused.cu`).
     pub rms_norm_mat_vecs: &'static str,
-    /// SwiGLU/GeGLU fused into the decode matmul's input (`fused.cu`).
+    /// SwiGLU/GeGLU fused into the decode matmul's input (`mat_mul_fused.cu`).
     pub glu_mat_vec: &'static str,
     /// Matmul by expert id, for MoE (`moe.cu` / `quant.cu`); F16 has none.
     pub mat_mul_id: Option<&'static str>,

@@ -12,13 +12,13 @@ const DOT: &str = include_str!("../../shaders/common/dot.wgsl");
 pub(crate) const ORDER: &str = include_str!("../../shaders/common/order.wgsl");
 const TURBO: &str = include_str!("../../shaders/common/turbo.wgsl");
 const MAT_MUL_IO: &str = include_str!("../../shaders/common/mat_mul_io.wgsl");
-const MAT_VEC: &str = include_str!("../../shaders/mat_vec.wgsl");
+const MAT_VEC: &str = include_str!("../../shaders/mat_mul_vec.wgsl");
 const MAT_MUL: &str = include_str!("../../shaders/mat_mul.wgsl");
 const MAT_MUL_TILED: &str = include_str!("../../shaders/mat_mul_tiled.wgsl");
 const GET_ROWS: &str = include_str!("../../shaders/get_rows.wgsl");
 const ATTENTION: &str = include_str!("../../shaders/attention.wgsl");
-const KV_WRITE: &str = include_str!("../../shaders/kv_write.wgsl");
-const MAT_MUL_ID: &str = include_str!("../../shaders/mat_mul_id.wgsl");
+const KV_WRITE: &str = include_str!("../../shaders/attention_kv_write.wgsl");
+const MAT_MUL_ID: &str = include_str!("../../shaders/moe_mat_mul_id.wgsl");
 pub(crate) const CANVAS_HASH: &str = include_str!("../../shaders/common/canvas_hash.wgsl");
 
 /// One compute entry point and how to build its module.
@@ -78,8 +78,15 @@ macro_rules! ranked {
 pub(crate) use {plain, ranked};
 
 /// A kernel of a per-format family: entry `<family>_<format>`, the format's chunk decoder
-/// (`DQ32` ← `dq32_<format>`) filled in; the decoders prepended, or the commons given.
+/// (`DQ32` ← `dq32_<format>`) filled in; the decoders prepended, or the commons given. The
+/// file is the entry's family unless named (`file = "..."` first).
 macro_rules! weighted {
+    (file = $file:literal, $family:literal, $format:literal, $src:ident) => {
+        Kernel {
+            file: $file,
+            ..weighted!($family, $format, $src)
+        }
+    };
     ($family:literal, $format:literal, $src:ident) => {
         weighted!($family, $format, $src, DEQUANT, FLOAT_ROWS)
     };
@@ -106,7 +113,7 @@ macro_rules! per_format {
         /// `mat_vec_<format>`: one activation row times a weight matrix (decode).
         pub const MAT_VEC_KERNELS: &[Kernel] = &[$(Kernel {
             entry: concat!("mat_vec_", $format),
-            file: "mat_vec",
+            file: "mat_mul_vec",
             source: MAT_VEC,
             commons: &[DEQUANT, DOT],
             subst: &[
@@ -123,7 +130,7 @@ macro_rules! per_format {
         pub const GET_ROWS_KERNELS: &[Kernel] = &[$(weighted!("get_rows", $format, GET_ROWS)),*];
         /// `mat_mul_id_<format>`: each token's rows through its chosen experts.
         pub const MAT_MUL_ID_KERNELS: &[Kernel] =
-            &[$(weighted!("mat_mul_id", $format, MAT_MUL_ID)),*];
+            &[$(weighted!(file = "moe_mat_mul_id", "mat_mul_id", $format, MAT_MUL_ID)),*];
     };
 }
 
@@ -158,7 +165,7 @@ macro_rules! kv_formats {
         /// `kv_write_<format>`: rows into a cache by slot.
         pub const KV_WRITE_KERNELS: &[Kernel] = &[$(Kernel {
             entry: concat!("kv_write_", $name),
-            file: "kv_write",
+            file: "attention_kv_write",
             source: KV_WRITE,
             commons: &[TURBO],
             subst: &[("ENTRY", concat!("kv_write_", $name)), ("FMT_CODE", $code)],

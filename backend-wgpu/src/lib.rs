@@ -159,7 +159,7 @@ mod tests {
                 let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
                 assert!(
                     kernels::all().any(|k| k.file == stem),
-                    "{} declares no kernel in backend-wgpu/src/kernels.rs",
+                    "{} declares no kernel (kernels.rs' tables or an op family's file in ops/)",
                     path.display()
                 );
                 n += 1;

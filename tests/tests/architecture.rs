@@ -315,6 +315,24 @@ fn each_op_family_is_one_stem_and_the_central_dispatch_names_no_op() {
         }
         families.push(ty);
     }
+    // The kernels of a family are in files named after it (`attention_kv_write.cu`), but for
+    // quant.cu, the K-quant formats' kernels of several families.
+    for (dir, ext) in [("shaders", ".wgsl"), ("kernels", ".cu")] {
+        let files = std::fs::read_dir(ws.join(dir)).unwrap_or_else(|e| panic!("{dir}: {e}"));
+        for f in files.filter_map(|f| f.ok()) {
+            let name = f.file_name().to_string_lossy().to_string();
+            let Some(stem) = name.strip_suffix(ext) else {
+                continue;
+            };
+            assert!(
+                stem == "quant"
+                    || stems
+                        .iter()
+                        .any(|s| stem == *s || stem.starts_with(&format!("{s}_"))),
+                "{dir}/{name} is named after no op family ({stems:?})"
+            );
+        }
+    }
     for central in [
         "core/src/op.rs",
         "core/src/op/check.rs",

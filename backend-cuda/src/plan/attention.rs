@@ -185,7 +185,7 @@ pub(super) fn plan_paged_attention(
     launch1(kernel, t * hq * 32, args)
 }
 
-/// (row, head) pairs of one tiled prefill block (`PREFILL_PAIRS` in paged_attention.cu) and
+/// (row, head) pairs of one tiled prefill block (`PREFILL_PAIRS` in attention.cu) and
 /// its threads (`PREFILL_WARPS` warps).
 const PREFILL_PAIRS: usize = 16;
 const PREFILL_THREADS: u32 = 128;

@@ -1,5 +1,5 @@
-//! The matmul family's launches: the decode mat-vec and prefill GEMMs (`mat_vec.cu`,
-//! `quant.cu`, `mat_mul.cu`), the fusions into the mat-vec (`fused.cu`: RMSNorm over one to
+//! The matmul family's launches: the decode mat-vec and prefill GEMMs (`mat_mul_vec.cu`,
+//! `quant.cu`, `mat_mul.cu`), the fusions into the mat-vec (`mat_mul_fused.cu`: RMSNorm over one to
 //! three weights, the GLU, the residual epilogue), and the matmul by expert id (`moe.cu`).
 
 use kiln_core::op::GluOp;
@@ -18,7 +18,7 @@ pub(super) fn plan_rms_norm_mat_mul(
     use Arg::{In, Null, Out, F32, U32};
     if i.len() > 3 {
         // Two or three weights of one type in one launch, the grid's blocks over their
-        // rows in order (fused.cu's rms_norm_mat_vecs); decode only, as below.
+        // rows in order (mat_mul_fused.cu's rms_norm_mat_vecs); decode only, as below.
         fuse_launches().then_some(())?;
         (all_f32(&i[..2]) && all_f32(o)).then_some(())?;
         let dtype = i[2].dtype;
@@ -265,10 +265,8 @@ pub(super) fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Ste
 pub(super) fn plan_op(op: &MatMulOp, desc: &OpDesc) -> Option<Vec<Step>> {
     let (i, o) = (&desc.inputs[..], &desc.outputs[..]);
     match op {
-        MatMulOp::MatMul | MatMulOp::MatMulAdd => mat_mul::plan_mat_mul(i, o),
-        MatMulOp::RmsNormMatMul { eps, one_plus } => {
-            mat_mul::plan_rms_norm_mat_mul(*eps, *one_plus, i, o)
-        }
-        MatMulOp::GluMatMul(g) => mat_mul::plan_glu_mat_mul(*g, i, o),
+        MatMulOp::MatMul | MatMulOp::MatMulAdd => plan_mat_mul(i, o),
+        MatMulOp::RmsNormMatMul { eps, one_plus } => plan_rms_norm_mat_mul(*eps, *one_plus, i, o),
+        MatMulOp::GluMatMul(g) => plan_glu_mat_mul(*g, i, o),
     }
 }

@@ -52,7 +52,7 @@ pub(super) fn supports(dev: &Device, d: &OpDesc) -> bool {
 }
 
 /// Whether a `width`-element token row can be written into a cache of `t` (see
-/// shaders/kv_write.wgsl): halves in pairs, blocks in rows of whole words that fit the
+/// shaders/attention_kv_write.wgsl): halves in pairs, blocks in rows of whole words that fit the
 /// workgroup's row buffer.
 fn kv_row_ok(t: DType, width: usize) -> bool {
     if kernels::kv_write(t).is_none() {

@@ -10,7 +10,7 @@ use crate::device::Device;
 use crate::kernels::{plain, Kernel};
 
 const ELEMENTWISE: &str = include_str!("../../../shaders/elementwise.wgsl");
-const COPY: &str = include_str!("../../../shaders/copy.wgsl");
+const COPY: &str = include_str!("../../../shaders/elementwise_copy.wgsl");
 
 plain!(ADD_F32, "add_f32", "elementwise", ELEMENTWISE);
 plain!(MUL_F32, "mul_f32", "elementwise", ELEMENTWISE);
@@ -24,9 +24,9 @@ plain!(NEG_F32, "neg_f32", "elementwise", ELEMENTWISE);
 plain!(TANH_F32, "tanh_f32", "elementwise", ELEMENTWISE);
 plain!(SWIGLU_F32, "swiglu_f32", "elementwise", ELEMENTWISE);
 plain!(GEGLU_F32, "geglu_f32", "elementwise", ELEMENTWISE);
-plain!(COPY_U32, "copy_u32", "copy", COPY);
-plain!(CAST_F16_F32, "cast_f16_f32", "copy", COPY);
-plain!(CAST_BF16_F32, "cast_bf16_f32", "copy", COPY);
+plain!(COPY_U32, "copy_u32", "elementwise_copy", COPY);
+plain!(CAST_F16_F32, "cast_f16_f32", "elementwise_copy", COPY);
+plain!(CAST_BF16_F32, "cast_bf16_f32", "elementwise_copy", COPY);
 
 /// The family's kernels of no weight format.
 pub(super) const KERNELS: &[&Kernel] = &[
@@ -59,21 +59,11 @@ fn unary_kernel(op: UnaryOp) -> &'static Kernel {
     }
 }
 
-fn run(dev: &Device, op: &ElementwiseOp, i: &[&Tensor], y: &Tensor) -> Result<()> {
+/// An arithmetic kernel over `a` and, for the two-input ops, `b` (broadcast by rows).
+fn arith(dev: &Device, kernel: &Kernel, scale: f32, i: &[&Tensor], y: &Tensor) -> Result<()> {
     let a = i[0];
     // Single-input ops bind `a` twice; the kernel never reads `b` for them.
     let b = i.get(1).copied().unwrap_or(a);
-    let (kernel, scale): (&Kernel, f32) = match op {
-        ElementwiseOp::Add => (&ADD_F32, 1.0),
-        ElementwiseOp::Mul => (&MUL_F32, 1.0),
-        ElementwiseOp::Scale(s) => (&SCALE_F32, *s),
-        ElementwiseOp::Unary(u) => (unary_kernel(*u), 1.0),
-        ElementwiseOp::Glu(GluOp::SwiGlu) => (&SWIGLU_F32, 1.0),
-        ElementwiseOp::Glu(GluOp::GeGlu) => (&GEGLU_F32, 1.0),
-        ElementwiseOp::Cast | ElementwiseOp::Copy => {
-            return Err(err("copies and casts are not arithmetic"))
-        }
-    };
     let (bound, offs) = bind(dev, &[(a, 4), (b, 4), (y, 4)])?;
     let n = y.numel();
     let params = vec![
@@ -127,8 +117,14 @@ pub(super) fn supports_op(dev: &Device, op: &ElementwiseOp, d: &OpDesc) -> bool 
 
 /// Records one of the family's ops.
 pub(super) fn run_op(dev: &Device, op: &ElementwiseOp, i: &[&Tensor], o: &[&Tensor]) -> Result<()> {
-    match op {
-        ElementwiseOp::Copy | ElementwiseOp::Cast => copy(dev, i[0], o[0]),
-        op => run(dev, op, i, o[0]),
-    }
+    let (kernel, scale): (&Kernel, f32) = match op {
+        ElementwiseOp::Copy | ElementwiseOp::Cast => return copy(dev, i[0], o[0]),
+        ElementwiseOp::Add => (&ADD_F32, 1.0),
+        ElementwiseOp::Mul => (&MUL_F32, 1.0),
+        ElementwiseOp::Scale(s) => (&SCALE_F32, *s),
+        ElementwiseOp::Unary(u) => (unary_kernel(*u), 1.0),
+        ElementwiseOp::Glu(GluOp::SwiGlu) => (&SWIGLU_F32, 1.0),
+        ElementwiseOp::Glu(GluOp::GeGlu) => (&GEGLU_F32, 1.0),
+    };
+    arith(dev, kernel, scale, i, o[0])
 }

@@ -94,7 +94,7 @@ pub(crate) fn no_kernel(op: &Op) -> Error {
     ))
 }
 
-/// All inputs and outputs are f32.
+/// Every tensor of `ts` is f32.
 pub(crate) fn f32_all(ts: &[TensorDesc]) -> bool {
     ts.iter().all(|t| t.dtype == DType::F32)
 }

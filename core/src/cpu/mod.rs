@@ -521,7 +521,7 @@ fn on_workers(op: &Op) -> bool {
     }
 }
 
-/// Runs `op`'s CPU reference: its family's `run`.
+/// Runs `op`'s CPU reference: its family's `run_op`.
 fn dispatch(op: &Op, i: &[In], o: &mut [Out]) -> KResult {
     match op {
         Op::MatMul(f) => mat_mul::run_op(f, i, o),

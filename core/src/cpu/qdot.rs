@@ -7,7 +7,7 @@
 //! on the batch it came in.
 //!
 //! AVX-512 only (16 lanes, byte shuffles and masks make the decoders short); other CPUs and
-//! formats take the dequantize-a-tile path in `matmul.rs`.
+//! formats take the dequantize-a-tile path in `mat_mul.rs`.
 
 use crate::tensor::DType;
 

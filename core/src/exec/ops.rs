@@ -25,7 +25,7 @@ impl Executor {
         }
     }
 
-    /// One denoising draw (`op`, an [`CanvasOp::CanvasDraw`]) over a canvas's `logits [T, V]`:
+    /// One denoising draw (`op`, an [`crate::op::CanvasOp::CanvasDraw`]) over a canvas's `logits [T, V]`:
     /// (processed logits, argmax, drawn tokens, entropies).
     pub fn canvas_draw(
         &self,
@@ -44,7 +44,7 @@ impl Executor {
         }
     }
     /// Entropy-bound acceptance of a draw: updates `canvas`, `history` and `status` in place;
-    /// see [`CanvasOp::CanvasAccept`].
+    /// see [`crate::op::CanvasOp::CanvasAccept`].
     pub fn canvas_accept(
         &self,
         op: &Op,

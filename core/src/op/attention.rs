@@ -76,6 +76,8 @@ pub enum AttentionOp {
     KvWrite,
 }
 
+/// The family's first op with zero or unit parameters: what `EnumIter` lists the family by
+/// (names, `Op::names()`), not an op to run.
 impl Default for AttentionOp {
     fn default() -> Self {
         AttentionOp::Attention(AttnParams::default())

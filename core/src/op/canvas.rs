@@ -34,6 +34,8 @@ pub enum CanvasOp {
     },
 }
 
+/// The family's first op with zero or unit parameters: what `EnumIter` lists the family by
+/// (names, `Op::names()`), not an op to run.
 impl Default for CanvasOp {
     fn default() -> Self {
         CanvasOp::CanvasDraw {

@@ -16,6 +16,8 @@ pub enum ConvOp {
     Conv1dDecode { silu: bool },
 }
 
+/// The family's first op with zero or unit parameters: what `EnumIter` lists the family by
+/// (names, `Op::names()`), not an op to run.
 impl Default for ConvOp {
     fn default() -> Self {
         ConvOp::Conv1d { silu: false }

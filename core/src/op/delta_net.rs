@@ -21,6 +21,8 @@ pub enum DeltaNetOp {
     DeltaNetDecode { scale: f32, qk_l2norm: Option<f32> },
 }
 
+/// The family's first op with zero or unit parameters: what `EnumIter` lists the family by
+/// (names, `Op::names()`), not an op to run.
 impl Default for DeltaNetOp {
     fn default() -> Self {
         DeltaNetOp::DeltaNet {

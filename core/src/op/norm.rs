@@ -15,6 +15,8 @@ pub enum NormOp {
     LayerNorm { eps: f32 },
 }
 
+/// The family's first op with zero or unit parameters: what `EnumIter` lists the family by
+/// (names, `Op::names()`), not an op to run.
 impl Default for NormOp {
     fn default() -> Self {
         NormOp::RmsNorm {

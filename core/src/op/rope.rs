@@ -47,6 +47,8 @@ pub enum RopeOp {
     Rope(RopeParams),
 }
 
+/// The family's first op with zero or unit parameters: what `EnumIter` lists the family by
+/// (names, `Op::names()`), not an op to run.
 impl Default for RopeOp {
     fn default() -> Self {
         RopeOp::Rope(RopeParams::default())

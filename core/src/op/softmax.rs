@@ -11,6 +11,8 @@ pub enum SoftmaxOp {
     Softmax { scale: f32, soft_cap: Option<f32> },
 }
 
+/// The family's first op with zero or unit parameters: what `EnumIter` lists the family by
+/// (names, `Op::names()`), not an op to run.
 impl Default for SoftmaxOp {
     fn default() -> Self {
         SoftmaxOp::Softmax {

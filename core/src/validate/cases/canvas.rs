@@ -1,7 +1,11 @@
-//! The canvas family: denoising draws and acceptance.
+//! The canvas family: block diffusion's denoising step.
 
 use super::*;
 
+/// The draw over logits at a canvas's temperatures (including near-zero, where the draw is
+/// the argmax, rows of integers with ties, and Gemma's vocabulary of 262,144), and the
+/// acceptance with stable and unstable histories, canvases longer than one thread's share, and
+/// the longest canvas.
 pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
     for (t, v, temp) in [
         (8usize, 320usize, 0.8f32),
