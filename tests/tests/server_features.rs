@@ -517,3 +517,84 @@ fn a_thinking_template_turns_the_output_into_reasoning_content() {
     assert_eq!(code, 200, "{body}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The gauges a router reads from a model server, by vLLM's names and labels: five long
+/// requests on a server that runs two at a time read back as two running and three waiting,
+/// the KV usage is the held share of the pool given on the same page, the cache config names
+/// the pool's block size and blocks, and all of it reads zero when the server is idle.
+#[test]
+fn vllm_named_gauges_count_what_runs_and_waits() {
+    let Some(srv) = start(2, None) else {
+        return;
+    };
+    let model = srv.state.model.clone();
+    let gauge = |m: &str, name: &str| metric(m, &format!("{name}{{model_name=\"{model}\"}}"));
+    let idle = |m: &str| {
+        for name in [
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:kv_cache_usage_perc",
+        ] {
+            assert_eq!(gauge(m, name), 0.0, "{name}:\n{m}");
+        }
+    };
+    let before = metrics_text(srv.addr);
+    idle(&before);
+    let snap = srv.state.engine.snapshot();
+    assert_eq!(snap.kv_block_size, 16);
+    let info = format!(
+        "vllm:cache_config_info{{block_size=\"16\",num_gpu_blocks=\"{}\",model_name=\"{model}\"}}",
+        snap.kv_total
+    );
+    assert_eq!(metric(&before, &info), 1.0);
+
+    let body = json!({"prompt": "Tell me a long story about", "max_tokens": 400,
+                      "temperature": 0, "stream": true})
+    .to_string();
+    let mut conns = Vec::new();
+    for _ in 0..5 {
+        let mut s = TcpStream::connect(srv.addr).expect("connect");
+        let head = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).expect("write");
+        conns.push(s);
+    }
+    let t0 = Instant::now();
+    loop {
+        let s = srv.state.engine.snapshot();
+        if s.running == 2 && s.waiting == 3 && s.kv_free < s.kv_total {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "never 2 + 3: {s:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // 400 tokens a request: nothing finishes before the page is read.
+    let m = metrics_text(srv.addr);
+    assert_eq!(gauge(&m, "vllm:num_requests_running"), 2.0, "{m}");
+    assert_eq!(gauge(&m, "vllm:num_requests_waiting"), 3.0, "{m}");
+    assert_eq!(metric(&m, "kiln_requests_running"), 2.0);
+    let usage = gauge(&m, "vllm:kv_cache_usage_perc");
+    let (free, total) = (
+        metric(&m, "kiln_kv_blocks_free"),
+        metric(&m, "kiln_kv_blocks_total"),
+    );
+    assert!(usage > 0.0 && usage <= 1.0, "{usage}");
+    assert!(
+        (usage - (total - free) / total).abs() < 1e-12,
+        "{usage} {free} {total}"
+    );
+
+    drop(conns);
+    let t0 = Instant::now();
+    loop {
+        let s = srv.state.engine.snapshot();
+        if s.running == 0 && s.waiting == 0 && s.kv_free == s.kv_total {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "still busy: {s:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    idle(&metrics_text(srv.addr));
+}

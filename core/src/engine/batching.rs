@@ -70,6 +70,8 @@ pub struct Snapshot {
     /// ones included), and in all.
     pub kv_free: usize,
     pub kv_total: usize,
+    /// Tokens one block of that pool holds.
+    pub kv_block_size: usize,
     /// Blocks of that pool registered in the prefix cache (held by a request or free).
     pub kv_cached: usize,
     /// Recurrent-state snapshots held for prefix caching, the most that may be, and the bytes
@@ -326,6 +328,7 @@ impl Engine {
             running: self.num_running(),
             kv_free: kv.free_blocks(),
             kv_total: kv.full_group().map_or(0, |m| m.pool().num_blocks() - 1),
+            kv_block_size: kv.full_group().map_or(0, |m| m.block_size()),
             fallbacks: self
                 .fwd
                 .executor()

@@ -1,6 +1,9 @@
 //! What /metrics reports: the engine's counters and gauges, plus what the server measures per
 //! request (outcomes, HTTP statuses, token counts, time to first token, inter-token latency),
-//! in Prometheus' text format.
+//! in Prometheus' text format. Beside kiln's own names, the gauges a router reads from a model
+//! server by vLLM's names (`vllm:num_requests_waiting`, `vllm:num_requests_running`,
+//! `vllm:kv_cache_usage_perc`, `vllm:cache_config_info`), labelled with the served model as
+//! vLLM labels them, so vllm-router and llm-d's endpoint picker read kiln as they read vLLM.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -73,9 +76,10 @@ impl Metrics {
         f(&mut g);
     }
 
-    /// The whole /metrics page.
-    pub fn render(&self, s: &Snapshot) -> String {
+    /// The whole /metrics page of a server of `model`.
+    pub fn render(&self, s: &Snapshot, model: &str) -> String {
         let mut out = String::new();
+        render_vllm(&mut out, s, model);
         let gauges: [(&str, &str, f64); 9] = [
             (
                 "kiln_requests_waiting",
@@ -271,9 +275,89 @@ impl Metrics {
     }
 }
 
+/// A Prometheus label value: backslash, double quote and newline escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The fraction of the KV pool requests hold (cached blocks no request holds count as free,
+/// as vLLM counts its evictable ones): 0 when idle, 1 when full.
+pub fn kv_usage(s: &Snapshot) -> f64 {
+    if s.kv_total == 0 {
+        return 0.0;
+    }
+    s.kv_total.saturating_sub(s.kv_free) as f64 / s.kv_total as f64
+}
+
+/// The gauges by vLLM's names (the model-server protocol of llm-d's endpoint picker and
+/// vllm-router's load-aware policies).
+fn render_vllm(out: &mut String, s: &Snapshot, model: &str) {
+    let m = label(model);
+    let gauges: [(&str, &str, f64); 4] = [
+        (
+            "vllm:num_requests_running",
+            "Requests in the running batch (resident in the KV cache).",
+            s.running as f64,
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "Requests waiting to be scheduled.",
+            s.waiting as f64,
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "KV cache usage: 1 means every block is held.",
+            kv_usage(s),
+        ),
+        (
+            "vllm:gpu_cache_usage_perc",
+            "The same under vLLM's earlier name (what older endpoint pickers read).",
+            kv_usage(s),
+        ),
+    ];
+    for (name, help, v) in gauges {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{model_name=\"{m}\"}} {v}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP vllm:cache_config_info Information of the KV cache configuration.\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"{}\",num_gpu_blocks=\"{}\",model_name=\"{m}\"}} 1",
+        s.kv_block_size, s.kv_total
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The vLLM-named gauges of a snapshot, with a model name that needs escaping (a label
+    /// value is written as Prometheus reads it back).
+    #[test]
+    fn vllm_gauges_render_with_an_escaped_model_label() {
+        let s = Snapshot {
+            waiting: 3,
+            running: 2,
+            kv_free: 30,
+            kv_total: 40,
+            kv_block_size: 16,
+            ..Snapshot::default()
+        };
+        let out = Metrics::default().render(&s, "a\"b\\c\nd");
+        let m = "model_name=\"a\\\"b\\\\c\\nd\"";
+        for line in [
+            format!("vllm:num_requests_running{{{m}}} 2"),
+            format!("vllm:num_requests_waiting{{{m}}} 3"),
+            format!("vllm:kv_cache_usage_perc{{{m}}} 0.25"),
+            format!("vllm:cache_config_info{{block_size=\"16\",num_gpu_blocks=\"40\",{m}}} 1"),
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} not in\n{out}");
+        }
+        assert!(!out.contains("b\\c\nd"), "a raw newline in a label");
+    }
 
     #[test]
     fn histogram_buckets_are_cumulative() {

@@ -685,7 +685,7 @@ async fn slots(State(state): State<Arc<AppState>>) -> Response {
 
 /// Prometheus text format.
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let out = state.metrics.render(&state.engine.snapshot());
+    let out = state.metrics.render(&state.engine.snapshot(), &state.model);
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()
 }
 
