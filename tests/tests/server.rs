@@ -139,19 +139,7 @@ fn clients_dropped_mid_stream_leave_the_kv_pool_free() {
         return;
     };
     let free = srv.state.engine.snapshot().kv_free;
-    let body = json!({"prompt": "Tell me a long story about", "max_tokens": 400,
-                      "temperature": 0, "stream": true})
-    .to_string();
-    let mut conns = Vec::new();
-    for _ in 0..4 {
-        let mut s = TcpStream::connect(srv.addr).expect("connect");
-        let head = format!(
-            "POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(head.as_bytes()).expect("write");
-        conns.push(s);
-    }
+    let mut conns = long_streams(srv.addr, 4);
     // Read until each stream has sent a few chunks.
     for s in &mut conns {
         let mut got = String::new();

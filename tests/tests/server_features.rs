@@ -548,19 +548,7 @@ fn vllm_named_gauges_count_what_runs_and_waits() {
     );
     assert_eq!(metric(&before, &info), 1.0);
 
-    let body = json!({"prompt": "Tell me a long story about", "max_tokens": 400,
-                      "temperature": 0, "stream": true})
-    .to_string();
-    let mut conns = Vec::new();
-    for _ in 0..5 {
-        let mut s = TcpStream::connect(srv.addr).expect("connect");
-        let head = format!(
-            "POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(head.as_bytes()).expect("write");
-        conns.push(s);
-    }
+    let conns = long_streams(srv.addr, 5);
     let t0 = Instant::now();
     loop {
         let s = srv.state.engine.snapshot();

@@ -243,3 +243,22 @@ pub fn fixture_copy(family: &str, tag: &str) -> std::path::PathBuf {
     }
     dir
 }
+
+/// `n` connections, each with a streamed greedy completion of 400 tokens sent and nothing read
+/// yet (drop them to leave mid-stream).
+pub fn long_streams(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    let body = serde_json::json!({"prompt": "Tell me a long story about", "max_tokens": 400,
+                                  "temperature": 0, "stream": true})
+    .to_string();
+    (0..n)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).expect("connect");
+            let head = format!(
+                "POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            s.write_all(head.as_bytes()).expect("write");
+            s
+        })
+        .collect()
+}
