@@ -12,7 +12,8 @@
 //! names every other file of the family: the CPU reference (`cpu/<family>.rs`), the
 //! conformance cases (`validate/cases/<family>.rs`), the WGSL kernels and their launchers
 //! (`shaders/<family>*.wgsl`, `backend-wgpu/src/ops/<family>.rs`) and the CUDA kernels and
-//! their launch plans (`kernels/<family>*.cu`, `backend-cuda/src/plan/<family>.rs`). The
+//! their launch plans (`kernels/<family>*.cu`, `backend-cuda/src/plan/<family>.rs`; the one
+//! kernel file of several families is `quant.cu`, the K-quant formats' per-format kernels). The
 //! central code (this file, the backends' `supports_op` and dispatch, the case table)
 //! matches on the family only, so a new op of a family is written in that family's files and
 //! nowhere else.
