@@ -8,13 +8,17 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUdevice_attribute as Attr;
-use cudarc::driver::{result, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::sys::CUgraphInstantiate_flags as InstantiateFlags;
+use cudarc::driver::sys::CUstreamCaptureMode as CaptureMode;
+use cudarc::driver::{
+    result, CudaContext, CudaFunction, CudaGraph, CudaStream, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::Ptx;
 
-use kiln_core::backend::{next_backend_id, Capabilities, DeviceKind, SubmitStats};
+use kiln_core::backend::{next_backend_id, Capabilities, DeviceKind, GraphId, SubmitStats};
 use kiln_core::tensor::{BackendId, Storage, Tensor, TensorDesc};
 use kiln_core::{Error, Result};
 
@@ -117,7 +121,25 @@ pub(crate) struct Gpu {
     /// Launches and copies enqueued, and nanoseconds of host time `execute` took.
     launches: AtomicU64,
     submit_ns: AtomicU64,
+    /// While a step is being recorded (the stream is capturing): every tensor allocated
+    /// meanwhile, which the graph keeps.
+    capture: Mutex<Option<Vec<Tensor>>>,
+    graphs: Mutex<HashMap<GraphId, Recorded>>,
+    next_graph: AtomicU64,
 }
+
+/// A graph and the memory its launches use.
+struct Recorded {
+    graph: SendGraph,
+    _keep: Vec<Tensor>,
+}
+
+/// cudarc's graph is not `Send`: its handles are only used under the `graphs` lock, one
+/// call at a time, and the context is bound on whichever thread makes the call.
+struct SendGraph(CudaGraph);
+// SAFETY: see above; CUDA graph objects may be used from any thread when calls on one are
+// serialised, which the mutex around every `Recorded` does.
+unsafe impl Send for SendGraph {}
 
 impl Gpu {
     /// Opens device `ordinal`, compiles every kernel file for its architecture (in parallel,
@@ -212,6 +234,9 @@ impl Gpu {
             functions,
             launches: AtomicU64::new(0),
             submit_ns: AtomicU64::new(0),
+            capture: Mutex::new(None),
+            graphs: Mutex::new(HashMap::new()),
+            next_graph: AtomicU64::new(1),
         })
     }
 
@@ -238,7 +263,119 @@ impl Gpu {
         Ok(self.buffer(t)?.ptr + t.offset() as u64)
     }
 
+    fn lock_capture(&self) -> std::sync::MutexGuard<'_, Option<Vec<Tensor>>> {
+        self.capture.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_graphs(&self) -> std::sync::MutexGuard<'_, HashMap<GraphId, Recorded>> {
+        self.graphs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn refuse_while_capturing(&self, what: &str) -> Result<()> {
+        if self.lock_capture().is_some() {
+            return Err(err(format!("{what} while a step is being recorded")));
+        }
+        Ok(())
+    }
+
     pub fn alloc(&self, desc: &TensorDesc) -> Result<Tensor> {
+        let t = self.alloc_raw(desc)?;
+        if t.nbytes() > 0 {
+            self.bind()?;
+            // SAFETY: the tensor's range lies inside its buffer; the memset is ordered on our
+            // stream (recorded into the graph while capturing).
+            unsafe {
+                result::memset_d8_async(self.addr(&t)?, 0, t.nbytes(), self.stream.cu_stream())
+            }
+            .map_err(|e| driver_err("zeroing a new tensor", e))?;
+        }
+        if let Some(keep) = self.lock_capture().as_mut() {
+            keep.push(t.clone());
+        }
+        Ok(t)
+    }
+
+    /// A tensor not zero-filled, for a step input the caller fills before each replay.
+    pub fn alloc_input(&self, desc: &TensorDesc) -> Result<Tensor> {
+        let t = self.alloc_raw(desc)?;
+        if let Some(keep) = self.lock_capture().as_mut() {
+            keep.push(t.clone());
+        }
+        Ok(t)
+    }
+
+    /// Starts recording: the stream captures (relaxed, so the allocator may still call
+    /// cuMemAlloc) and every tensor allocated until the end is kept by the graph.
+    pub fn begin_capture(&self) -> Result<()> {
+        let mut c = self.lock_capture();
+        if c.is_some() {
+            return Err(err("a step is already being recorded"));
+        }
+        self.stream
+            .begin_capture(CaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(|e| driver_err("beginning a stream capture", e))?;
+        *c = Some(Vec::new());
+        Ok(())
+    }
+
+    pub fn end_capture(&self) -> Result<GraphId> {
+        let keep = self
+            .lock_capture()
+            .take()
+            .ok_or_else(|| err("no step is being recorded"))?;
+        let graph = self
+            .stream
+            .end_capture(InstantiateFlags(0))
+            .map_err(|e| driver_err("ending the stream capture", e))?
+            .ok_or_else(|| err("the stream capture recorded no graph"))?;
+        // The first launch then does not pay for moving the graph to the device.
+        graph
+            .upload()
+            .map_err(|e| driver_err("uploading a graph", e))?;
+        let id = self.next_graph.fetch_add(1, Ordering::Relaxed);
+        self.lock_graphs().insert(
+            id,
+            Recorded {
+                graph: SendGraph(graph),
+                _keep: keep,
+            },
+        );
+        Ok(id)
+    }
+
+    pub fn abort_capture(&self) {
+        if self.lock_capture().take().is_some() {
+            // Ends the capture; whatever it recorded is destroyed with the graph.
+            let _ = self.stream.end_capture(InstantiateFlags(0));
+        }
+    }
+
+    pub fn replay(&self, id: GraphId) -> Result<()> {
+        self.refuse_while_capturing("a replay")?;
+        let t0 = std::time::Instant::now();
+        let graphs = self.lock_graphs();
+        let g = graphs
+            .get(&id)
+            .ok_or_else(|| err(format!("no graph {id}")))?;
+        g.graph
+            .0
+            .launch()
+            .map_err(|e| driver_err("launching a graph", e))?;
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        self.submit_ns.fetch_add(
+            t0.elapsed().as_nanos().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
+        Ok(())
+    }
+
+    /// Frees a graph. Its memory goes back to the pool: work enqueued later on the stream,
+    /// the only one that may reuse it, runs after the graph's last launch.
+    pub fn drop_graph(&self, id: GraphId) {
+        self.lock_graphs().remove(&id);
+    }
+
+    fn alloc_raw(&self, desc: &TensorDesc) -> Result<Tensor> {
         let nbytes = desc
             .nbytes()
             .ok_or_else(|| err(format!("{desc}: not a whole number of blocks")))?;
@@ -256,16 +393,11 @@ impl Gpu {
             backend: self.id,
             pool: self.pool.clone(),
         };
-        self.bind()?;
-        if nbytes > 0 {
-            // SAFETY: `ptr` holds at least `nbytes`; the memset is ordered on our stream.
-            unsafe { result::memset_d8_async(ptr, 0, nbytes, self.stream.cu_stream()) }
-                .map_err(|e| driver_err("zeroing a new tensor", e))?;
-        }
         Tensor::new(Arc::new(buf), 0, desc.clone())
     }
 
     pub fn upload(&self, dst: &Tensor, bytes: &[u8]) -> Result<()> {
+        self.refuse_while_capturing("an upload")?;
         if bytes.len() != dst.nbytes() {
             return Err(err(format!(
                 "upload of {} bytes into {dst:?} ({} bytes)",
@@ -285,6 +417,7 @@ impl Gpu {
     }
 
     pub fn download(&self, src: &Tensor) -> Result<Vec<u8>> {
+        self.refuse_while_capturing("a download")?;
         let mut out = vec![0u8; src.nbytes()];
         if out.is_empty() {
             return Ok(out);
@@ -319,6 +452,7 @@ impl Gpu {
     }
 
     pub fn wait(&self) -> Result<()> {
+        self.refuse_while_capturing("a wait")?;
         self.stream
             .synchronize()
             .map_err(|e| driver_err("synchronize", e))

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use kiln_core::backend::{
-    check_call, next_backend_id, Backend, Capabilities, DeviceKind, SubmitStats,
+    check_call, next_backend_id, Backend, Capabilities, DeviceKind, GraphId, SubmitStats,
 };
 use kiln_core::op::{Op, OpDesc};
 use kiln_core::tensor::{BackendId, Storage, Tensor, TensorDesc};
@@ -152,6 +152,34 @@ impl Storage for EmuBuf {
 
 type Entry = unsafe extern "C" fn(*const u32, *mut *mut c_void);
 
+/// One unit of work on the emulated device, its addresses resolved: what `execute` runs at
+/// once, or records while capturing (as a CUDA graph's node keeps its arguments).
+enum EmuOp {
+    Launch {
+        symbol: String,
+        dims: [u32; 6],
+        slots: Vec<u64>,
+    },
+    Copy {
+        src: u64,
+        dst: u64,
+        bytes: usize,
+    },
+    /// Zeroes (a new tensor, as the CUDA backend's memset does) or fills with NaN (scratch).
+    Fill {
+        at: u64,
+        bytes: usize,
+        nan: bool,
+    },
+}
+
+/// A step being recorded: its work, and every tensor it allocated (the graph's own).
+#[derive(Default)]
+struct EmuCapture {
+    ops: Vec<EmuOp>,
+    keep: Vec<Tensor>,
+}
+
 /// The kernels on the CPU behind the `Backend` trait, claiming exactly what the CUDA backend
 /// claims.
 pub struct EmuBackend {
@@ -161,6 +189,9 @@ pub struct EmuBackend {
     sigs: std::collections::HashMap<String, Signature>,
     /// Kernels launched so far (what `submit_stats` reports; the host time is not a GPU's).
     launches: std::sync::atomic::AtomicU64,
+    capture: Mutex<Option<EmuCapture>>,
+    graphs: Mutex<std::collections::HashMap<GraphId, EmuCapture>>,
+    next_graph: std::sync::atomic::AtomicU64,
 }
 
 impl EmuBackend {
@@ -189,7 +220,87 @@ impl EmuBackend {
             lib,
             sigs: kernels::signatures()?,
             launches: std::sync::atomic::AtomicU64::new(0),
+            capture: Mutex::new(None),
+            graphs: Mutex::new(std::collections::HashMap::new()),
+            next_graph: std::sync::atomic::AtomicU64::new(1),
         }))
+    }
+
+    fn lock_capture(&self) -> std::sync::MutexGuard<'_, Option<EmuCapture>> {
+        self.capture.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_graphs(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<GraphId, EmuCapture>> {
+        self.graphs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn refuse_while_capturing(&self, what: &str) -> Result<()> {
+        if self.lock_capture().is_some() {
+            return Err(err(format!("{what} while a step is being recorded")));
+        }
+        Ok(())
+    }
+
+    /// A zero-filled buffer, recorded nowhere.
+    fn new_buf(&self, desc: &TensorDesc) -> Result<Tensor> {
+        let len = desc
+            .nbytes()
+            .ok_or_else(|| err(format!("{desc}: not whole blocks")))?;
+        let buf = EmuBuf {
+            data: UnsafeCell::new(vec![0u64; len.div_ceil(8).max(1)].into_boxed_slice()),
+            len,
+            backend: self.id,
+        };
+        Tensor::new(Arc::new(buf), 0, desc.clone())
+    }
+
+    /// Runs resolved work in order (the caller holds `EMU_LOCK`).
+    fn run_ops(&self, ops: &[EmuOp]) -> Result<()> {
+        for op in ops {
+            match op {
+                EmuOp::Fill { at, bytes, nan } => {
+                    // SAFETY: the range is a live buffer of this backend (the tensor it came
+                    // from is alive: an op's operands, or a graph's own tensors).
+                    unsafe {
+                        if *nan {
+                            std::slice::from_raw_parts_mut(*at as *mut f32, bytes / 4).fill(f32::NAN)
+                        } else {
+                            std::ptr::write_bytes(*at as *mut u8, 0, *bytes)
+                        }
+                    }
+                }
+                EmuOp::Copy { src, dst, bytes } => {
+                    // SAFETY: both ranges lie inside live buffers and do not overlap
+                    // (`check_call`).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(*src as *const u8, *dst as *mut u8, *bytes)
+                    }
+                }
+                EmuOp::Launch {
+                    symbol,
+                    dims,
+                    slots,
+                } => {
+                    self.launches
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let mut slots = slots.clone();
+                    let mut ptrs: Vec<*mut c_void> = slots
+                        .iter_mut()
+                        .map(|s| s as *mut u64 as *mut c_void)
+                        .collect();
+                    // SAFETY: the wrapper has this signature; the arguments match the kernel's
+                    // parameters (`check_launch`) and point into live buffers.
+                    unsafe {
+                        let f: libloading::Symbol<Entry> = self
+                            .lib
+                            .get(symbol.as_bytes())
+                            .map_err(|e| err(format!("{symbol}: {e}")))?;
+                        f(dims.as_ptr(), ptrs.as_mut_ptr());
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     fn addr(&self, t: &Tensor) -> Result<u64> {
@@ -213,17 +324,30 @@ impl Backend for EmuBackend {
         &self.caps
     }
     fn alloc(&self, desc: &TensorDesc) -> Result<Tensor> {
-        let len = desc
-            .nbytes()
-            .ok_or_else(|| err(format!("{desc}: not whole blocks")))?;
-        let buf = EmuBuf {
-            data: UnsafeCell::new(vec![0u64; len.div_ceil(8).max(1)].into_boxed_slice()),
-            len,
-            backend: self.id,
-        };
-        Tensor::new(Arc::new(buf), 0, desc.clone())
+        let t = self.new_buf(desc)?;
+        if let Some(c) = self.lock_capture().as_mut() {
+            // As on a GPU, the zeroing is part of the recorded step, and the tensor the graph's.
+            c.ops.push(EmuOp::Fill {
+                at: self.addr(&t)?,
+                bytes: t.nbytes(),
+                nan: false,
+            });
+            c.keep.push(t.clone());
+        }
+        Ok(t)
+    }
+    fn alloc_input(&self, desc: &TensorDesc) -> Result<Tensor> {
+        let t = self.new_buf(desc)?;
+        if let Some(c) = self.lock_capture().as_mut() {
+            // Not zeroed on a GPU: filled with 0xff here, so a replay before the upload shows.
+            // SAFETY: the new buffer holds `nbytes` and nothing else refers to it.
+            unsafe { std::ptr::write_bytes(self.addr(&t)? as *mut u8, 0xff, t.nbytes()) };
+            c.keep.push(t.clone());
+        }
+        Ok(t)
     }
     fn upload(&self, dst: &Tensor, bytes: &[u8]) -> Result<()> {
+        self.refuse_while_capturing("an upload")?;
         if bytes.len() != dst.nbytes() {
             return Err(err("upload size"));
         }
@@ -235,6 +359,7 @@ impl Backend for EmuBackend {
         Ok(())
     }
     fn download(&self, src: &Tensor) -> Result<Vec<u8>> {
+        self.refuse_while_capturing("a download")?;
         let mut out = vec![0u8; src.nbytes()];
         let _g = EMU_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: as in `upload`.
@@ -249,33 +374,26 @@ impl Backend for EmuBackend {
     fn execute(&self, op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
         let desc = check_call(self, op, inputs, outputs)?;
         let steps = plan(&desc).ok_or_else(|| err(format!("{desc} is not planned")))?;
-        let _g = EMU_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         let scratch_descs = crate::plan::scratch_descs(&steps);
         let mut scratch: Vec<Tensor> = Vec::new();
+        let mut ops: Vec<EmuOp> = Vec::new();
         for step in &steps {
             match step {
                 Step::Scratch(desc) => {
                     // Uninitialised on a GPU: filled with NaN here, so a read before a write shows.
-                    let t = self.alloc(desc)?;
-                    let n = t.nbytes() / 4;
-                    // SAFETY: the new buffer holds `n` f32s and nothing else refers to it.
-                    unsafe {
-                        std::slice::from_raw_parts_mut(self.addr(&t)? as *mut f32, n).fill(f32::NAN)
-                    };
+                    let t = self.new_buf(desc)?;
+                    ops.push(EmuOp::Fill {
+                        at: self.addr(&t)?,
+                        bytes: t.nbytes(),
+                        nan: true,
+                    });
                     scratch.push(t);
                 }
-                Step::Copy { from, to } => {
-                    let n = inputs[*from].nbytes();
-                    // SAFETY: both ranges lie inside their buffers and do not overlap
-                    // (`check_call`).
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            self.addr(inputs[*from])? as *const u8,
-                            self.addr(outputs[*to])? as *mut u8,
-                            n,
-                        )
-                    }
-                }
+                Step::Copy { from, to } => ops.push(EmuOp::Copy {
+                    src: self.addr(inputs[*from])?,
+                    dst: self.addr(outputs[*to])?,
+                    bytes: inputs[*from].nbytes(),
+                }),
                 Step::Launch(l) => {
                     let sig = self
                         .sigs
@@ -283,11 +401,9 @@ impl Backend for EmuBackend {
                         .ok_or_else(|| err(format!("no kernel {}", l.kernel)))?;
                     check_launch(sig, l, &desc.inputs, &desc.outputs, &scratch_descs)
                         .map_err(err)?;
-                    self.launches
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     // Each argument's value in its own 8-byte slot, as cuLaunchKernel reads
                     // them: pointers whole, 32-bit values in the low bytes.
-                    let mut slots: Vec<u64> = l
+                    let slots: Vec<u64> = l
                         .args
                         .iter()
                         .map(|a| {
@@ -302,30 +418,64 @@ impl Backend for EmuBackend {
                             })
                         })
                         .collect::<Result<_>>()?;
-                    let mut ptrs: Vec<*mut c_void> = slots
-                        .iter_mut()
-                        .map(|s| s as *mut u64 as *mut c_void)
-                        .collect();
-                    let dims = [
-                        l.grid.0, l.grid.1, l.grid.2, l.block.0, l.block.1, l.block.2,
-                    ];
-                    let sym = format!("kiln_emu_{}", l.kernel);
-                    // SAFETY: the wrapper has this signature; the arguments match the kernel's
-                    // parameters (`check_launch`) and point into live buffers.
-                    unsafe {
-                        let f: libloading::Symbol<Entry> = self
-                            .lib
-                            .get(sym.as_bytes())
-                            .map_err(|e| err(format!("{sym}: {e}")))?;
-                        f(dims.as_ptr(), ptrs.as_mut_ptr());
-                    }
+                    ops.push(EmuOp::Launch {
+                        symbol: format!("kiln_emu_{}", l.kernel),
+                        dims: [l.grid.0, l.grid.1, l.grid.2, l.block.0, l.block.1, l.block.2],
+                        slots,
+                    });
                 }
             }
         }
-        Ok(())
+        let mut cap = self.lock_capture();
+        if let Some(c) = cap.as_mut() {
+            // Recorded: the scratch tensors are the graph's from now on.
+            c.keep.extend(scratch);
+            c.ops.extend(ops);
+            return Ok(());
+        }
+        drop(cap);
+        let _g = EMU_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        self.run_ops(&ops)
     }
     fn synchronize(&self) -> Result<()> {
+        self.refuse_while_capturing("a wait")
+    }
+    fn graphs(&self) -> bool {
+        true
+    }
+    fn begin_capture(&self) -> Result<()> {
+        let mut c = self.lock_capture();
+        if c.is_some() {
+            return Err(err("a step is already being recorded"));
+        }
+        *c = Some(EmuCapture::default());
         Ok(())
+    }
+    fn end_capture(&self) -> Result<GraphId> {
+        let c = self
+            .lock_capture()
+            .take()
+            .ok_or_else(|| err("no step is being recorded"))?;
+        let id = self
+            .next_graph
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.lock_graphs().insert(id, c);
+        Ok(id)
+    }
+    fn abort_capture(&self) {
+        self.lock_capture().take();
+    }
+    fn replay(&self, id: GraphId) -> Result<()> {
+        self.refuse_while_capturing("a replay")?;
+        let graphs = self.lock_graphs();
+        let g = graphs
+            .get(&id)
+            .ok_or_else(|| err(format!("no graph {id}")))?;
+        let _g = EMU_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        self.run_ops(&g.ops)
+    }
+    fn drop_graph(&self, id: GraphId) {
+        self.lock_graphs().remove(&id);
     }
     /// The launches, counted as on a GPU (so launch counts per token are measured without
     /// one); no host time is reported, since the kernels run inside the call.

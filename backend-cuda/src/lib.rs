@@ -25,7 +25,7 @@ pub mod pool;
 use std::collections::BTreeSet;
 use std::sync::{Arc, RwLock};
 
-use kiln_core::backend::{check_call, Backend, Capabilities, SubmitStats};
+use kiln_core::backend::{check_call, Backend, Capabilities, GraphId, SubmitStats};
 use kiln_core::op::{Op, OpDesc};
 use kiln_core::tensor::{BackendId, Tensor, TensorDesc};
 use kiln_core::Error;
@@ -166,6 +166,27 @@ impl Backend for CudaBackend {
     }
     fn submit_stats(&self) -> Option<SubmitStats> {
         Some(self.gpu.submit_stats())
+    }
+    fn graphs(&self) -> bool {
+        true
+    }
+    fn begin_capture(&self) -> kiln_core::Result<()> {
+        self.gpu.begin_capture()
+    }
+    fn alloc_input(&self, desc: &TensorDesc) -> kiln_core::Result<Tensor> {
+        self.gpu.alloc_input(desc)
+    }
+    fn end_capture(&self) -> kiln_core::Result<GraphId> {
+        self.gpu.end_capture()
+    }
+    fn abort_capture(&self) {
+        self.gpu.abort_capture()
+    }
+    fn replay(&self, id: GraphId) -> kiln_core::Result<()> {
+        self.gpu.replay(id)
+    }
+    fn drop_graph(&self, id: GraphId) {
+        self.gpu.drop_graph(id)
     }
 }
 

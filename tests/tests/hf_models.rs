@@ -61,11 +61,16 @@ fn reference(d: &Path) -> Reference {
 }
 
 fn runner(d: &Path, ex: Executor, chunk: usize) -> Runner {
+    runner_of(d, ex, chunk, 1)
+}
+
+fn runner_of(d: &Path, ex: Executor, chunk: usize, max_seqs: usize) -> Runner {
     let file = open_model(d).expect("checkpoint opens");
     let model = build_from_gguf(&file, &ex).expect("model builds");
     let cfg = RunnerConfig {
         max_batch_tokens: chunk,
         block_size: 4,
+        max_seqs,
         ..RunnerConfig::default()
     };
     Runner::new(ex, model, cfg).expect("runner")
@@ -484,5 +489,81 @@ fn a_dense_decode_step_launches_seven_kernels_a_layer_beside_attention() {
                 "{name}: {step} launches over {layers} layers"
             );
         }
+    }
+}
+
+/// Decode steps recorded once and replayed as graphs (the emulated CUDA backend records them
+/// as the CUDA backend does: every launch with its arguments and addresses fixed, the memory
+/// the step allocates kept by the graph, the step inputs filled before each replay) give
+/// bit-for-bit the logits of the same steps run op by op, on every fixture: one sequence
+/// through contexts whose block tables double several times (a new graph each time), then
+/// three sequences decoding together, their contexts of different lengths.
+#[test]
+fn decode_steps_replayed_as_graphs_equal_the_steps_run_op_by_op() {
+    let Some(emu) = kiln_tests::cuda_emu() else {
+        return;
+    };
+    for &name in MODELS {
+        let d = dir(name);
+        let r = reference(&d);
+        let mut graphs = runner_of(&d, Executor::new(emu.clone()).strict(true), 7, 3);
+        let mut ops = runner_of(&d, Executor::new(emu.clone()).strict(true), 7, 3);
+        ops.set_graphs(false);
+        assert!(graphs.forward().graphs().0, "{name}: recording is on");
+        let prompt = &r.greedy_prompt;
+        let mut next = |run: &mut Runner, items: &[(u64, &[u32])]| -> Vec<Vec<f32>> {
+            let items: Vec<_> = items.iter().map(|&(s, t)| (s, t, Logits::Last)).collect();
+            run.step(&items)
+                .expect("step")
+                .into_iter()
+                .map(|mut rows| rows.pop().expect("a row"))
+                .collect()
+        };
+        // One sequence: 2 prompt tokens, then 17 decode steps (block size 4: the table
+        // grows from 1 to 5 blocks, widths 1, 2, 4 and 8).
+        let mut tok = prompt[..2].to_vec();
+        let a = next(&mut graphs, &[(1, &tok)]);
+        let b = next(&mut ops, &[(1, &tok)]);
+        assert_eq!(a, b, "{name}: prefill");
+        let mut t = argmax(&a[0]);
+        for step in 0..17 {
+            tok = vec![t];
+            let a = next(&mut graphs, &[(1, &tok)]);
+            let b = next(&mut ops, &[(1, &tok)]);
+            assert!(
+                a == b,
+                "{name}: decode step {step}: replayed logits differ from the ops run one by one"
+            );
+            t = argmax(&a[0]);
+        }
+        // Three sequences of different lengths, decoding together.
+        for (s, len) in [(2u64, 3usize), (3, 6)] {
+            let p = &prompt[..len.min(prompt.len())];
+            assert_eq!(next(&mut graphs, &[(s, p)]), next(&mut ops, &[(s, p)]));
+        }
+        let mut toks = [5u32, 6, 7];
+        for step in 0..6 {
+            let items: Vec<(u64, [u32; 1])> =
+                (1..=3).map(|s| (s, [toks[s as usize - 1]])).collect();
+            let items: Vec<(u64, &[u32])> = items.iter().map(|(s, t)| (*s, &t[..])).collect();
+            let a = next(&mut graphs, &items);
+            let b = next(&mut ops, &items);
+            assert!(
+                a == b,
+                "{name}: batched decode step {step}: replayed logits differ"
+            );
+            for (k, row) in a.iter().enumerate() {
+                toks[k] = argmax(row);
+            }
+        }
+        let st = graphs.forward().graph_stats();
+        let (_, off) = graphs.forward().graphs();
+        println!("{name}: {st:?}{}", off.as_ref().map(|o| format!(", off: {o}")).unwrap_or_default());
+        assert!(off.is_none(), "{name}: recording turned itself off: {off:?}");
+        // Widths 1, 2, 4, 8 of one sequence (fewer if the fixture's groups differ), and the
+        // batch of three.
+        assert!(st.captured >= 3, "{name}: {st:?}");
+        assert_eq!(st.replayed, 17 + 6, "{name}: every decode step replayed");
+        assert_eq!(ops.forward().graph_stats().replayed, 0);
     }
 }

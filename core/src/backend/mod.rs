@@ -68,6 +68,45 @@ pub trait Backend: Send + Sync {
     fn submit_stats(&self) -> Option<SubmitStats> {
         None
     }
+
+    /// Whether this backend records ops into graphs it can replay (CUDA graphs): what
+    /// [`begin_capture`](Backend::begin_capture) and the rest need. A backend without them
+    /// runs every op as it comes.
+    fn graphs(&self) -> bool {
+        false
+    }
+    /// Starts recording. Until `end_capture` or `abort_capture`, `execute` records its work
+    /// instead of running it, every tensor allocated is the graph's own (its memory stays
+    /// with the graph, so a replay never writes over a later tensor), and `upload` and
+    /// `download` are refused (a recorded step reads its inputs from tensors the caller fills
+    /// before each replay: see [`alloc_input`](Backend::alloc_input)).
+    fn begin_capture(&self) -> Result<()> {
+        Err(no_graphs(self.name()))
+    }
+    /// A tensor, not zero-filled, that the caller fills with `upload` before every replay
+    /// (while capturing: owned by the graph like every other allocation).
+    fn alloc_input(&self, desc: &TensorDesc) -> Result<Tensor> {
+        self.alloc(desc)
+    }
+    /// Ends the recording and makes it a graph; returns its handle.
+    fn end_capture(&self) -> Result<GraphId> {
+        Err(no_graphs(self.name()))
+    }
+    /// Ends a recording that went wrong, keeping nothing.
+    fn abort_capture(&self) {}
+    /// Runs graph `id` once: every recorded launch, in order, on the tensors it recorded.
+    fn replay(&self, _id: GraphId) -> Result<()> {
+        Err(no_graphs(self.name()))
+    }
+    /// Frees graph `id` and the memory it owns.
+    fn drop_graph(&self, _id: GraphId) {}
+}
+
+/// A recorded graph's handle, unique per backend.
+pub type GraphId = u64;
+
+fn no_graphs(backend: &str) -> crate::Error {
+    crate::Error::backend(backend, "this backend does not record graphs")
 }
 
 /// What [`Backend::submit_stats`] counts: kernel launches (and device copies) enqueued, and

@@ -6,9 +6,10 @@ mod ops;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, GraphId};
 use crate::cpu::CpuBackend;
 use crate::error::{Error, Result};
+use crate::model::{ForwardBatch, StepInput};
 use crate::op::{Op, OpDesc};
 use crate::tensor::{Tensor, TensorDesc};
 
@@ -38,6 +39,16 @@ pub struct Executor {
     profiling: std::sync::atomic::AtomicBool,
     /// The TurboQuant rotation matrices uploaded so far, by (head dim, inverse).
     rotations: Mutex<HashMap<(usize, bool), Tensor>>,
+    /// While a step is being recorded into a graph: the batch it records and the step inputs
+    /// it has read so far.
+    capture: Mutex<Option<Capture>>,
+    capturing: std::sync::atomic::AtomicBool,
+}
+
+/// A step being recorded (see [`Executor::begin_capture`]).
+struct Capture {
+    batch: ForwardBatch,
+    inputs: Vec<(StepInput, Tensor)>,
 }
 
 /// Time spent in one op family while profiling.
@@ -77,6 +88,8 @@ impl Executor {
             profile: Mutex::new(None),
             profiling: std::sync::atomic::AtomicBool::new(false),
             rotations: Mutex::new(HashMap::new()),
+            capture: Mutex::new(None),
+            capturing: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -178,6 +191,12 @@ impl Executor {
 
     fn fallback(&self, desc: &OpDesc, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
         let name = desc.op.name();
+        if self.capturing() {
+            return Err(Error::backend(
+                self.backend.name(),
+                format!("{desc} runs on the CPU reference, so a step with it cannot be recorded"),
+            ));
+        }
         if self.strict {
             return Err(Error::StrictFallback {
                 backend: self.backend.name().to_string(),
@@ -250,5 +269,93 @@ impl Executor {
 
     pub fn total_fallbacks(&self) -> u64 {
         self.lock_counts().values().sum()
+    }
+
+    /// Whether profiling is on (it waits for every op, which a recorded step cannot).
+    pub fn profiling(&self) -> bool {
+        self.profiling.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether a step is being recorded.
+    pub fn capturing(&self) -> bool {
+        self.capturing.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn lock_capture(&self) -> std::sync::MutexGuard<'_, Option<Capture>> {
+        self.capture.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts recording the forward pass of `batch` into a graph on the backend
+    /// ([`Backend::begin_capture`]): until [`end_capture`](Executor::end_capture) the ops
+    /// are recorded, not run; the pass must read its batch only through
+    /// [`step_input`](Executor::step_input), and an op the backend does not run, an upload or
+    /// a download fails the recording.
+    pub fn begin_capture(&self, batch: &ForwardBatch) -> Result<()> {
+        if self.profiling() {
+            return Err(Error::backend(
+                self.backend.name(),
+                "profiling waits for every op: no step is recorded while it is on",
+            ));
+        }
+        let mut c = self.lock_capture();
+        if c.is_some() {
+            return Err(Error::backend(self.backend.name(), "a step is already being recorded"));
+        }
+        self.backend.begin_capture()?;
+        *c = Some(Capture {
+            batch: batch.clone(),
+            inputs: Vec::new(),
+        });
+        self.capturing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Ends the recording: the graph, and the step inputs it reads (each filled with
+    /// [`StepInput::of`] of the batch before every replay).
+    pub fn end_capture(&self) -> Result<(GraphId, Vec<(StepInput, Tensor)>)> {
+        let c = self.lock_capture().take();
+        self.capturing
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        let c = c.ok_or_else(|| Error::backend(self.backend.name(), "no step is being recorded"))?;
+        let id = self.backend.end_capture()?;
+        Ok((id, c.inputs))
+    }
+
+    /// Ends a recording that failed, keeping nothing.
+    pub fn abort_capture(&self) {
+        let had = self.lock_capture().take().is_some();
+        self.capturing
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        if had {
+            self.backend.abort_capture();
+        }
+    }
+
+    /// The step input `which` of batch `b` on the device: uploaded, or while a step is being
+    /// recorded, a tensor of the graph's that is filled before each replay (refused when `b`'s
+    /// values differ from the recorded batch's: a pass over part of its batch cannot be
+    /// recorded).
+    pub fn step_input(&self, b: &ForwardBatch, which: StepInput) -> Result<Tensor> {
+        let (shape, data) = which.of(b)?;
+        if !self.capturing() {
+            return self.upload_i32(&shape, &data);
+        }
+        let mut guard = self.lock_capture();
+        let c = guard
+            .as_mut()
+            .ok_or_else(|| Error::backend(self.backend.name(), "no step is being recorded"))?;
+        let (rec_shape, rec_data) = which.of(&c.batch)?;
+        if rec_shape != shape || rec_data != data {
+            return Err(Error::backend(
+                self.backend.name(),
+                format!("the pass reads {which:?} of another batch than the one recorded"),
+            ));
+        }
+        let t = self
+            .backend
+            .alloc_input(&TensorDesc::new(crate::DType::I32, shape))?;
+        c.inputs.push((which, t.clone()));
+        Ok(t)
     }
 }

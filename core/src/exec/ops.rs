@@ -130,6 +130,12 @@ impl Executor {
 
     /// A tensor on the backend holding `bytes`.
     pub fn upload(&self, desc: &TensorDesc, bytes: &[u8]) -> Result<Tensor> {
+        if self.capturing() {
+            return Err(Error::backend(
+                self.backend().name(),
+                format!("an upload of {desc} inside a recorded step (only step inputs are filled before a replay)"),
+            ));
+        }
         let t = self.backend().alloc(desc)?;
         self.backend().upload(&t, bytes)?;
         Ok(t)

@@ -4,7 +4,7 @@
 //! paged attention, the mixture-of-experts expert pass, and the logits head.
 
 use super::weights::Weights;
-use super::{Features, ForwardBatch, KvCaches, SeqInput};
+use super::{Features, ForwardBatch, KvCaches, SeqInput, StepInput};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::op::{AttnParams, GluOp};
@@ -154,8 +154,7 @@ impl Head {
 
     /// The token embeddings of a batch, and the uploaded ids (for per-layer inputs).
     pub fn embed(&self, ex: &Executor, b: &ForwardBatch) -> Result<(Tensor, Tensor)> {
-        let ids: Vec<i32> = b.tokens.iter().map(|&x| x as i32).collect();
-        let ids = ex.upload_i32(&[ids.len()], &ids)?;
+        let ids = ex.step_input(b, StepInput::Tokens)?;
         Ok((ex.get_rows(&self.tok_embd, &ids)?, ids))
     }
 
@@ -260,43 +259,18 @@ pub(crate) fn upload_batch(
     b: &ForwardBatch,
     n_groups: usize,
 ) -> Result<BatchTensors> {
-    let t = b.tokens.len();
-    let s = b.seqs.len();
-    let positions = ex.upload_i32(&[t], &b.positions)?;
-    let seq_lens: Vec<i32> = b.seqs.iter().map(|q| q.seq_len as i32).collect();
-    let mut q_start: Vec<i32> = b.seqs.iter().map(|q| q.q_start as i32).collect();
-    q_start.push(t as i32);
-    let mut tables = Vec::with_capacity(n_groups);
-    for g in 0..n_groups {
-        let width = b
-            .seqs
-            .iter()
-            .map(|q| q.block_tables.get(g).map_or(0, |t| t.len()))
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        let mut table = vec![0i32; s * width];
-        for (si, q) in b.seqs.iter().enumerate() {
-            let bt = q.block_tables.get(g).ok_or_else(|| {
-                Error::Model(format!("sequence {si} has no block table for KV group {g}"))
-            })?;
-            for (j, &blk) in bt.iter().enumerate() {
-                table[si * width + j] = blk as i32;
-            }
-        }
-        let slots = b
-            .slots
-            .get(g)
-            .ok_or_else(|| Error::Model(format!("no slot mapping for KV group {g}")))?;
-        tables.push((
-            ex.upload_i32(&[s, width], &table)?,
-            ex.upload_i32(&[t], slots)?,
-        ));
-    }
+    let tables = (0..n_groups)
+        .map(|g| {
+            Ok((
+                ex.step_input(b, StepInput::Table(g))?,
+                ex.step_input(b, StepInput::Slots(g))?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok(BatchTensors {
-        positions,
-        seq_lens: ex.upload_i32(&[s], &seq_lens)?,
-        q_start: ex.upload_i32(&[s + 1], &q_start)?,
+        positions: ex.step_input(b, StepInput::Positions)?,
+        seq_lens: ex.step_input(b, StepInput::SeqLens)?,
+        q_start: ex.step_input(b, StepInput::QStart)?,
         tables,
     })
 }
@@ -486,7 +460,7 @@ pub(crate) fn logits_head(
             b.logits_rows
         )));
     }
-    let sel = ex.get_rows(x, &ex.upload_i32(&[rows.len()], &rows)?)?;
+    let sel = ex.get_rows(x, &ex.step_input(b, StepInput::LogitsRows)?)?;
     let mut logits = ex
         .rms_norm_matmuls(&sel, out_norm, eps, one_plus, &[output])?
         .remove(0);

@@ -14,7 +14,7 @@ pub mod registry;
 pub mod toy;
 mod weights;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::tensor::Tensor;
 
@@ -225,6 +225,130 @@ pub struct ForwardBatch {
     pub slots: Vec<Vec<i32>>,
     /// Rows whose logits are returned, in this order.
     pub logits_rows: Vec<usize>,
+}
+
+/// The index arrays a forward pass reads of its [`ForwardBatch`], each uploaded once a pass
+/// ([`Executor::step_input`](crate::exec::Executor::step_input)). They are the whole of what a
+/// recorded decode step takes fresh before each replay, so every model reads its batch through
+/// them and uploads nothing else per pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepInput {
+    /// The token ids, `[t]`.
+    Tokens,
+    /// Each row's position, `[t]`.
+    Positions,
+    /// Each sequence's context length after the step, `[s]`.
+    SeqLens,
+    /// Each sequence's first row, and the row count last, `[s + 1]`.
+    QStart,
+    /// KV group g's block tables, `[s, width]` (width: the longest table, at least 1; shorter
+    /// rows padded with block 0, which no kernel reads past a sequence's length).
+    Table(usize),
+    /// KV group g's slot for every row, `[t]` (negative: written nowhere).
+    Slots(usize),
+    /// The rows whose logits the pass returns, `[rows]`.
+    LogitsRows,
+    /// The recurrent-state slot each sequence reads, `[s]`.
+    StateRead,
+    /// The recurrent-state slot each sequence writes, `[s]`.
+    StateWrite,
+}
+
+impl StepInput {
+    /// Its shape and values for batch `b`.
+    pub fn of(self, b: &ForwardBatch) -> Result<(Vec<usize>, Vec<i32>)> {
+        let (t, s) = (b.tokens.len(), b.seqs.len());
+        let int = |x: usize, what: &str| {
+            i32::try_from(x).map_err(|_| Error::Model(format!("{what} {x} exceeds the i32 range")))
+        };
+        Ok(match self {
+            StepInput::Tokens => (
+                vec![t],
+                b.tokens
+                    .iter()
+                    .map(|&x| int(x as usize, "token id"))
+                    .collect::<Result<_>>()?,
+            ),
+            StepInput::Positions => {
+                if b.positions.len() != t {
+                    return Err(Error::Model(format!(
+                        "{} positions for {t} tokens",
+                        b.positions.len()
+                    )));
+                }
+                (vec![t], b.positions.clone())
+            }
+            StepInput::SeqLens => (
+                vec![s],
+                b.seqs
+                    .iter()
+                    .map(|q| int(q.seq_len, "sequence length"))
+                    .collect::<Result<_>>()?,
+            ),
+            StepInput::QStart => {
+                let mut v = b
+                    .seqs
+                    .iter()
+                    .map(|q| int(q.q_start, "row"))
+                    .collect::<Result<Vec<_>>>()?;
+                v.push(int(t, "row count")?);
+                (vec![s + 1], v)
+            }
+            StepInput::Table(g) => {
+                let width = b
+                    .seqs
+                    .iter()
+                    .map(|q| q.block_tables.get(g).map_or(0, |t| t.len()))
+                    .max()
+                    .unwrap_or(0)
+                    .max(1);
+                let mut table = vec![0i32; s * width];
+                for (si, q) in b.seqs.iter().enumerate() {
+                    let bt = q.block_tables.get(g).ok_or_else(|| {
+                        Error::Model(format!("sequence {si} has no block table for KV group {g}"))
+                    })?;
+                    for (j, &blk) in bt.iter().enumerate() {
+                        table[si * width + j] = int(blk as usize, "block")?;
+                    }
+                }
+                (vec![s, width], table)
+            }
+            StepInput::Slots(g) => {
+                let slots = b
+                    .slots
+                    .get(g)
+                    .ok_or_else(|| Error::Model(format!("no slot mapping for KV group {g}")))?;
+                if slots.len() != t {
+                    return Err(Error::Model(format!(
+                        "{} slots of KV group {g} for {t} tokens",
+                        slots.len()
+                    )));
+                }
+                (vec![t], slots.clone())
+            }
+            StepInput::LogitsRows => (
+                vec![b.logits_rows.len()],
+                b.logits_rows
+                    .iter()
+                    .map(|&r| int(r, "row"))
+                    .collect::<Result<_>>()?,
+            ),
+            StepInput::StateRead => (
+                vec![s],
+                b.seqs
+                    .iter()
+                    .map(|q| int(q.state_read, "state slot"))
+                    .collect::<Result<_>>()?,
+            ),
+            StepInput::StateWrite => (
+                vec![s],
+                b.seqs
+                    .iter()
+                    .map(|q| int(q.state_slot, "state slot"))
+                    .collect::<Result<_>>()?,
+            ),
+        })
+    }
 }
 
 /// Sizes a user and the engine need to know.

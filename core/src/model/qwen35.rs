@@ -20,7 +20,7 @@ use super::blocks::{
 };
 use super::llama::{base_info, f32_or};
 use super::weights::Weights;
-use super::{DraftSource, Features, ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
+use super::{DraftSource, Features, ForwardBatch, KvCaches, KvGroup, Model, ModelInfo, StepInput};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::{GgufFile, Value};
@@ -514,16 +514,14 @@ impl Qwen35 {
         let i = &self.info;
         let t = check_batch(b, i.vocab)?;
         let bt = upload_batch(ex, b, self.groups.len())?;
-        let read: Vec<i32> = b.seqs.iter().map(|s| s.state_read as i32).collect();
-        let write: Vec<i32> = b.seqs.iter().map(|s| s.state_slot as i32).collect();
-        if write.contains(&0) {
+        if b.seqs.iter().any(|s| s.state_slot == 0) {
             return Err(Error::Model(
                 "a sequence has no recurrent-state slot".into(),
             ));
         }
         let io = StateIo {
-            read: ex.upload_i32(&[read.len()], &read)?,
-            write: ex.upload_i32(&[write.len()], &write)?,
+            read: ex.step_input(b, StepInput::StateRead)?,
+            write: ex.step_input(b, StepInput::StateWrite)?,
         };
         let (mut x, _) = self.head.embed(ex, b)?;
         let (hd, nh, nkv) = (i.head_dim, i.n_head, i.n_head_kv);

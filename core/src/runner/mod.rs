@@ -6,6 +6,7 @@
 //! scheduler.
 
 pub mod embed;
+pub mod graphs;
 
 use crate::error::{Error, Result};
 use crate::exec::Executor;
@@ -85,6 +86,14 @@ pub struct Forward {
     model: Box<dyn Model>,
     caches: KvCaches,
     cfg: RunnerConfig,
+    /// Decode steps recorded as graphs (where the backend has them).
+    graphs: graphs::Graphs,
+}
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        self.graphs.clear(&self.ex);
+    }
 }
 
 impl Forward {
@@ -100,6 +109,26 @@ impl Forward {
     /// The KV caches (an MTP assistant reads the target's).
     pub fn caches(&self) -> &KvCaches {
         &self.caches
+    }
+
+    /// What recording decode steps as graphs has done ([`graphs`]).
+    pub fn graph_stats(&self) -> graphs::GraphStats {
+        self.graphs.stats()
+    }
+
+    /// Whether decode steps are recorded and replayed as graphs (on by default where the
+    /// backend records graphs, unless `KILN_GRAPHS=0`), and why recording turned itself off
+    /// for this model if it did.
+    pub fn graphs(&self) -> (bool, Option<String>) {
+        (self.graphs.enabled(), self.graphs.off_reason())
+    }
+
+    /// Turns recording decode steps as graphs on or off (on only where the backend can).
+    pub fn set_graphs(&mut self, on: bool) {
+        if !on {
+            self.graphs.clear(&self.ex);
+        }
+        self.graphs.set_enabled(&self.ex, on);
     }
 
     /// Runs `batch`; returns, per sequence of the batch, its logits rows (those
@@ -129,7 +158,15 @@ impl Forward {
                     .forward_features(&self.ex, batch, &self.caches, f)?;
                 (l, Some(self.features(&pieces, total)?))
             }
-            (None, true) => (self.model.forward(&self.ex, batch, &self.caches)?, None),
+            (None, true) => {
+                let replayed =
+                    self.graphs
+                        .run(&self.ex, self.model.as_ref(), &self.caches, batch)?;
+                match replayed {
+                    Some(l) => (l, None),
+                    None => (self.model.forward(&self.ex, batch, &self.caches)?, None),
+                }
+            }
             (Some(f), false) => {
                 return Err(Error::Model(format!(
                     "a denoising pass cannot hand a drafter hidden states ({f:?})"
@@ -325,6 +362,7 @@ impl Runner {
         )?;
         let mut runner = Runner {
             fwd: Forward {
+                graphs: graphs::Graphs::new(&ex),
                 ex,
                 model,
                 caches,
@@ -378,6 +416,10 @@ impl Runner {
 
     pub fn forward(&self) -> &Forward {
         &self.fwd
+    }
+    /// See [`Forward::set_graphs`].
+    pub fn set_graphs(&mut self, on: bool) {
+        self.fwd.set_graphs(on);
     }
     pub fn kv(&self) -> &KvCoordinator {
         &self.kv

@@ -1,0 +1,248 @@
+//! Decode steps recorded once and replayed (CUDA graphs, where the backend has them).
+//!
+//! A decode step (one new row for each of `s` sequences, logits for every row) does the same
+//! work for every batch of the same shape: the same kernels with the same arguments on the
+//! same tensors; only the batch's index arrays ([`StepInput`]: token ids, positions, block
+//! tables, slots, ...) change. So the first step of a shape runs the model's forward pass
+//! once under [`Executor::begin_capture`], which records its ops into a graph instead of
+//! running them, and every later step of that shape fills the graph's step inputs (a copy
+//! each) and replays it: one launch a step, no host work per layer.
+//!
+//! The shape is the key: the number of sequences and each KV group's block-table width,
+//! rounded up to a power of two (the tables are padded with block 0, which no kernel reads
+//! past a sequence's length), so a growing context records a new graph only when its table
+//! doubles. A pass that cannot be recorded (an op the backend does not run, an upload inside
+//! the pass) turns recording off for the model, once, with the reason logged; it then runs
+//! as before.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::backend::GraphId;
+use crate::error::{Error, Result};
+use crate::exec::Executor;
+use crate::model::{ForwardBatch, KvCaches, Model, StepInput};
+use crate::tensor::Tensor;
+
+/// The most sequences a recorded step serves.
+pub const MAX_GRAPH_SEQS: usize = 64;
+/// Graphs kept per model; the least recently used goes first.
+const MAX_GRAPHS: usize = 24;
+
+/// What recording has done since the model loaded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    /// Steps recorded into a new graph.
+    pub captured: u64,
+    /// Steps run by replaying a graph (the recording steps included).
+    pub replayed: u64,
+    /// Graphs dropped to make room.
+    pub evicted: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    seqs: usize,
+    widths: Vec<usize>,
+}
+
+struct Entry {
+    id: GraphId,
+    inputs: Vec<(StepInput, Tensor)>,
+    logits: Tensor,
+    used: u64,
+}
+
+struct State {
+    entries: HashMap<Key, Entry>,
+    /// Why recording is off for this model, once a pass could not be recorded.
+    off: Option<String>,
+    clock: u64,
+    stats: GraphStats,
+}
+
+/// The recorded decode steps of one model on one executor.
+pub struct Graphs {
+    enabled: bool,
+    state: Mutex<State>,
+}
+
+impl Graphs {
+    /// Recording is on where the backend records graphs, unless `KILN_GRAPHS=0`.
+    pub fn new(ex: &Executor) -> Graphs {
+        let env_off = std::env::var("KILN_GRAPHS").is_ok_and(|v| v == "0");
+        Graphs {
+            enabled: ex.backend().graphs() && !env_off,
+            state: Mutex::new(State {
+                entries: HashMap::new(),
+                off: None,
+                clock: 0,
+                stats: GraphStats::default(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Turns recording on or off (on only where the backend records graphs).
+    pub fn set_enabled(&mut self, ex: &Executor, on: bool) {
+        self.enabled = on && ex.backend().graphs();
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    pub fn stats(&self) -> GraphStats {
+        self.lock().stats
+    }
+
+    /// Why recording turned itself off, if it did.
+    pub fn off_reason(&self) -> Option<String> {
+        self.lock().off.clone()
+    }
+
+    /// The logits of a decode step, by replaying its shape's graph (recorded first if need
+    /// be), or `None` when the step is not one a graph serves: then the caller runs it as
+    /// usual. The returned tensor is the graph's own: read it before the next step.
+    pub fn run(
+        &self,
+        ex: &Executor,
+        model: &dyn Model,
+        caches: &KvCaches,
+        batch: &ForwardBatch,
+    ) -> Result<Option<Tensor>> {
+        if !self.enabled || ex.profiling() || !is_decode(batch) {
+            return Ok(None);
+        }
+        let vocab = model.info().vocab;
+        if let Some(&bad) = batch.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Model(format!(
+                "token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let (key, padded) = padded(batch);
+        let mut st = self.lock();
+        if st.off.is_some() {
+            return Ok(None);
+        }
+        st.clock += 1;
+        let now = st.clock;
+        if !st.entries.contains_key(&key) {
+            if st.entries.len() >= MAX_GRAPHS {
+                let oldest = st
+                    .entries
+                    .iter()
+                    .min_by_key(|(_, e)| e.used)
+                    .map(|(k, _)| k.clone());
+                if let Some(e) = oldest.and_then(|k| st.entries.remove(&k)) {
+                    ex.backend().drop_graph(e.id);
+                    st.stats.evicted += 1;
+                }
+            }
+            match record(ex, model, caches, &padded) {
+                Ok(e) => {
+                    st.stats.captured += 1;
+                    st.entries.insert(key.clone(), e);
+                }
+                Err(e) => {
+                    tracing::info!(
+                        backend = ex.backend().name(),
+                        "decode steps are not recorded as graphs for this model: {e}"
+                    );
+                    st.off = Some(e.to_string());
+                    return Ok(None);
+                }
+            }
+        }
+        let e = st
+            .entries
+            .get_mut(&key)
+            .ok_or_else(|| Error::Model("a recorded step went missing".into()))?;
+        e.used = now;
+        for (which, t) in &e.inputs {
+            let (shape, data) = which.of(&padded)?;
+            if shape != t.shape().dims() {
+                return Err(Error::Model(format!(
+                    "step input {which:?} of shape {shape:?} for a graph recorded with {:?}",
+                    t.shape().dims()
+                )));
+            }
+            ex.backend().upload(t, bytemuck::cast_slice(&data))?;
+        }
+        ex.backend().replay(e.id)?;
+        let logits = e.logits.clone();
+        st.stats.replayed += 1;
+        Ok(Some(logits))
+    }
+
+    /// Frees every graph (the model's caches or weights are going away).
+    pub fn clear(&self, ex: &Executor) {
+        let mut st = self.lock();
+        for (_, e) in st.entries.drain() {
+            ex.backend().drop_graph(e.id);
+        }
+    }
+}
+
+/// One new row for each sequence, every row's logits, few enough sequences.
+fn is_decode(b: &ForwardBatch) -> bool {
+    let s = b.seqs.len();
+    s > 0
+        && s <= MAX_GRAPH_SEQS
+        && b.tokens.len() == s
+        && b.positions.len() == s
+        && b.seqs.iter().enumerate().all(|(i, q)| q.q_start == i && q.q_len == 1)
+        && b.logits_rows.iter().copied().eq(0..s)
+}
+
+/// The batch's shape key, and the batch with every block table padded to its group's
+/// rounded width.
+fn padded(b: &ForwardBatch) -> (Key, ForwardBatch) {
+    let groups = b.seqs.iter().map(|q| q.block_tables.len()).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..groups)
+        .map(|g| {
+            b.seqs
+                .iter()
+                .map(|q| q.block_tables.get(g).map_or(0, |t| t.len()))
+                .max()
+                .unwrap_or(0)
+                .max(1)
+                .next_power_of_two()
+        })
+        .collect();
+    let mut p = b.clone();
+    for q in &mut p.seqs {
+        for (t, &w) in q.block_tables.iter_mut().zip(&widths) {
+            t.resize(w.max(t.len()), 0);
+        }
+    }
+    (
+        Key {
+            seqs: b.seqs.len(),
+            widths,
+        },
+        p,
+    )
+}
+
+/// Records the forward pass of `b` into a graph.
+fn record(ex: &Executor, model: &dyn Model, caches: &KvCaches, b: &ForwardBatch) -> Result<Entry> {
+    ex.begin_capture(b)?;
+    let logits = match model.forward(ex, b, caches) {
+        Ok(l) => l,
+        Err(e) => {
+            ex.abort_capture();
+            return Err(e);
+        }
+    };
+    let (id, inputs) = ex.end_capture()?;
+    Ok(Entry {
+        id,
+        inputs,
+        logits,
+        used: 0,
+    })
+}
