@@ -123,9 +123,16 @@ pub(crate) struct Gpu {
     submit_ns: AtomicU64,
     /// While a step is being recorded (the stream is capturing): every tensor allocated
     /// meanwhile, which the graph keeps.
-    capture: Mutex<Option<Vec<Tensor>>>,
+    capture: Mutex<Option<Capturing>>,
     graphs: Mutex<HashMap<GraphId, Recorded>>,
     next_graph: AtomicU64,
+}
+
+/// A recording in progress: the thread recording (the stream is shared: work another thread
+/// submitted meanwhile would land in the graph, so it is refused) and the tensors kept.
+struct Capturing {
+    thread: std::thread::ThreadId,
+    keep: Vec<Tensor>,
 }
 
 /// A graph and the memory its launches use.
@@ -263,8 +270,27 @@ impl Gpu {
         Ok(self.buffer(t)?.ptr + t.offset() as u64)
     }
 
-    fn lock_capture(&self) -> std::sync::MutexGuard<'_, Option<Vec<Tensor>>> {
+    fn lock_capture(&self) -> std::sync::MutexGuard<'_, Option<Capturing>> {
         self.capture.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Refuses work from another thread than the one recording a step; keeps `t` (a new
+    /// tensor) in the graph while recording.
+    fn note_alloc(&self, t: &Tensor) -> Result<()> {
+        self.check_recorder()?;
+        if let Some(c) = self.lock_capture().as_mut() {
+            c.keep.push(t.clone());
+        }
+        Ok(())
+    }
+
+    fn check_recorder(&self) -> Result<()> {
+        match self.lock_capture().as_ref() {
+            Some(c) if c.thread != std::thread::current().id() => Err(err(
+                "another thread is recording a step on this device's stream",
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn lock_graphs(&self) -> std::sync::MutexGuard<'_, HashMap<GraphId, Recorded>> {
@@ -280,6 +306,7 @@ impl Gpu {
 
     pub fn alloc(&self, desc: &TensorDesc) -> Result<Tensor> {
         let t = self.alloc_raw(desc)?;
+        self.note_alloc(&t)?;
         if t.nbytes() > 0 {
             self.bind()?;
             // SAFETY: the tensor's range lies inside its buffer; the memset is ordered on our
@@ -289,18 +316,13 @@ impl Gpu {
             }
             .map_err(|e| driver_err("zeroing a new tensor", e))?;
         }
-        if let Some(keep) = self.lock_capture().as_mut() {
-            keep.push(t.clone());
-        }
         Ok(t)
     }
 
     /// A tensor not zero-filled, for a step input the caller fills before each replay.
     pub fn alloc_input(&self, desc: &TensorDesc) -> Result<Tensor> {
         let t = self.alloc_raw(desc)?;
-        if let Some(keep) = self.lock_capture().as_mut() {
-            keep.push(t.clone());
-        }
+        self.note_alloc(&t)?;
         Ok(t)
     }
 
@@ -314,15 +336,20 @@ impl Gpu {
         self.stream
             .begin_capture(CaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
             .map_err(|e| driver_err("beginning a stream capture", e))?;
-        *c = Some(Vec::new());
+        *c = Some(Capturing {
+            thread: std::thread::current().id(),
+            keep: Vec::new(),
+        });
         Ok(())
     }
 
     pub fn end_capture(&self) -> Result<GraphId> {
+        self.check_recorder()?;
         let keep = self
             .lock_capture()
             .take()
-            .ok_or_else(|| err("no step is being recorded"))?;
+            .ok_or_else(|| err("no step is being recorded"))?
+            .keep;
         let graph = self
             .stream
             .end_capture(InstantiateFlags(0))
@@ -408,12 +435,20 @@ impl Gpu {
         if bytes.is_empty() {
             return Ok(());
         }
+        let t0 = std::time::Instant::now();
         let at = self.addr(dst)?;
         self.bind()?;
         // SAFETY: the range lies inside the tensor's buffer (checked by `Tensor::new`). From
         // pageable host memory the call returns once the bytes are staged, so `bytes` may go.
         unsafe { result::memcpy_htod_async(at, bytes, self.stream.cu_stream()) }
-            .map_err(|e| driver_err("upload", e))
+            .map_err(|e| driver_err("upload", e))?;
+        // An upload is submitted work like a launch (a decode step's inputs are a few).
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        self.submit_ns.fetch_add(
+            t0.elapsed().as_nanos().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
+        Ok(())
     }
 
     pub fn download(&self, src: &Tensor) -> Result<Vec<u8>> {
@@ -462,6 +497,7 @@ impl Gpu {
     /// work enqueued later on the stream, the only one that may reuse them, runs after the
     /// op's kernels.
     pub fn run(&self, steps: &[Step], ins: &[&Tensor], outs: &[&Tensor]) -> Result<()> {
+        self.check_recorder()?;
         let mut scratch: Vec<Tensor> = Vec::new();
         // The operands' descriptions, for every launch's check (borrowed, not cloned).
         let in_descs: Vec<&TensorDesc> = ins.iter().map(|t| t.desc()).collect();

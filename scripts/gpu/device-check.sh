@@ -202,13 +202,14 @@ EOF2
 
 sanitize() {
     local tool=$1
-    # KILN_GPU_SAN_FILTER: only the validate cases whose op or label holds it.
-    run "sanitizer-$tool" 150 compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 50 \
+    # KILN_GPU_SAN_FILTER: only the validate cases whose op or label holds it;
+    # KILN_GPU_SAN_DEFINES: the kernels' knobs (KILN_CUDA_DEFINES) to check.
+    run "sanitizer-$tool" 150 env ${KILN_GPU_SAN_DEFINES:+KILN_CUDA_DEFINES=$KILN_GPU_SAN_DEFINES} compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 50 \
         "$K" validate --backend cuda -q ${KILN_GPU_SAN_FILTER:+--filter "$KILN_GPU_SAN_FILTER"}
     grep -E "SUMMARY|passed|Error|Invalid" "$LOGS/sanitizer-$tool.log" | head -12 | tee -a "$SUMMARY"
 }
 
-steps=${*:-"setup models validate_cuda greedy_big ab ncu_decode greedy_tiny_cuda sanitize_memcheck"}
+steps=${*:-"setup models greedy_tiny_cuda validate_cuda greedy_big ab sanitize_memcheck"}
 for s in $steps; do
     case $s in
         setup) setup ;;
@@ -237,27 +238,26 @@ for s in $steps; do
             bench 3b-q4_k $MODELS/llama-3b-q4_k.gguf wgpu
             ;;
         ab)
-            # Before/after of a kernel knob, interleaved in one run (KILN_GPU_AB: the define of
-            # "before" and "after"; KILN_GPU_AB_MODELS: the checkpoints), tg128 and pp512.
+            # Before/after, interleaved in one run: each variant is a set of environment
+            # assignments joined by '+' ("-" for none; KILN_GPU_AB_VARIANTS, space-separated),
+            # over the checkpoints of KILN_GPU_AB_MODELS, tg128 and pp512, 3 rounds.
             wait_models
-            # Default: the launch fusions (Q/K/V and gate/up each one launch, the residual adds
-            # in the projections' epilogues) off and on, then the lane-per-row mat-vec on top.
-            local_a=${KILN_GPU_A:-MV_STAGED=0,FUSE_LAUNCHES=0}
-            local_b=${KILN_GPU_B:-MV_STAGED=0}
             ab_models=${KILN_GPU_AB_MODELS:-1b-q4_k 3b-q4_k 8b-q4_k}
-            # KILN_GPU_AB_VARIANTS: other variants, space-separated.
-            ab_variants=${KILN_GPU_AB_VARIANTS:-$local_a $local_b MV_STAGED=2,MV_MIN_BLOCKS=8}
+            # Default: every op launched on its own, then the decode step replayed as a graph,
+            # then with the lane-per-row mat-vec too; last the launch fusions off (no graph).
+            ab_variants=${KILN_GPU_AB_VARIANTS:-KILN_GRAPHS=0 - KILN_CUDA_DEFINES=MV_STAGED=2,MV_MIN_BLOCKS=8 KILN_GRAPHS=0+KILN_CUDA_DEFINES=FUSE_LAUNCHES=0}
             for m in $ab_models; do
                 for round in 1 2 3; do
                     for v in $ab_variants; do
-                        export KILN_CUDA_DEFINES=$v
-                        run "ab-$m-$v-$round" 60 "$K" bench -m $MODELS/llama-$m.gguf --backend cuda -p 512 -n 128 -r 1
-                        f="$LOGS/ab-$m-$v-$round.log"
-                        echo "$m $v r$round: $(awk -F'|' '/pp512|tg128/ {t=$6; sub(/ ±.*/, "", t); printf "%s%s ", $5, t}' "$f")$(grep -o 'ran at [0-9]*%' "$f") $(grep -o '[0-9]* kernel launches.*took' "$f" | sed 's/kernel launches a generated token, enqueued in/launches,/')" | tee -a "$SUMMARY"
+                        tag=$(echo "$v" | tr -c 'A-Za-z0-9=,\n' '_')
+                        envs=()
+                        [ "$v" != - ] && IFS=+ read -r -a envs <<<"$v"
+                        run "ab-$m-$tag-$round" 60 env ${envs[@]+"${envs[@]}"} "$K" bench -m $MODELS/llama-$m.gguf --backend cuda -p 512 -n 128 -r 1
+                        f="$LOGS/ab-$m-$tag-$round.log"
+                        echo "$m $v r$round: $(awk -F'|' '/pp512|tg128/ {t=$6; sub(/ ±.*/, "", t); printf "%s%s ", $5, t}' "$f")$(grep -o 'ran at [0-9]*%' "$f") $(grep -o '[0-9]* kernel launches.*took' "$f" | sed 's/kernel launches a generated token, enqueued in/launches,/') $(grep -o 'graphs: [0-9a-z ]*' "$f" | head -1)" | tee -a "$SUMMARY"
                     done
                 done
             done
-            unset KILN_CUDA_DEFINES
             ;;
         ncu_decode) ncu_decode ;;
         variants)

@@ -155,6 +155,8 @@ struct BenchJson {
     launches_per_token: Option<f64>,
     /// Host milliseconds a generated token's ops take to enqueue (the backend's `execute`).
     submit_ms_per_token: Option<f64>,
+    /// Decode steps replayed from recorded graphs (0 where the backend has none).
+    graph_steps: u64,
 }
 
 fn mean_std(v: &[f64]) -> (f64, f64) {
@@ -281,6 +283,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             roofline_tps: roof,
             roofline_ratio: roof.map(|r| gm / r),
             launches_per_token: per_token.map(|p| p.0),
+            graph_steps: engine.forward().graph_stats().replayed,
             submit_ms_per_token: per_token.map(|p| p.1),
         };
         println!("{}", serde_json::to_string(&j)?);
@@ -323,6 +326,11 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             100.0 * ms * gm / 1e3,
             1e3 / gm
         );
+    }
+    if !a.json {
+        if let Some(line) = graphs_line(engine.forward()) {
+            println!("{line}");
+        }
     }
     if a.profile {
         profile(&mut engine, a, &mut toks)?;
@@ -465,6 +473,23 @@ fn timed(engine: &mut Engine, prompt: Vec<u32>, n: usize) -> Result<f64> {
         bail!("the engine generated {got} tokens of {n}");
     }
     Ok(secs)
+}
+
+/// What recording decode steps as graphs did, on a backend that records them.
+fn graphs_line(f: &kiln_core::runner::Forward) -> Option<String> {
+    let (on, off) = f.graphs();
+    if !f.executor().backend().graphs() {
+        return None;
+    }
+    let st = f.graph_stats();
+    Some(match (on, off) {
+        (false, _) => "graphs: off (KILN_GRAPHS=0); every op launched on its own".into(),
+        (true, Some(why)) => format!("graphs: off for this model ({why}); every op launched on its own"),
+        (true, None) => format!(
+            "graphs: {} decode steps replayed from {} recorded graph(s) (a launch a step)",
+            st.replayed, st.captured
+        ),
+    })
 }
 
 fn engine_submit_stats(engine: &Engine) -> Option<kiln_core::backend::SubmitStats> {

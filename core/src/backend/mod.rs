@@ -109,8 +109,9 @@ fn no_graphs(backend: &str) -> crate::Error {
     crate::Error::backend(backend, "this backend does not record graphs")
 }
 
-/// What [`Backend::submit_stats`] counts: kernel launches (and device copies) enqueued, and
-/// the host seconds `execute` took to enqueue them.
+/// What [`Backend::submit_stats`] counts: kernel launches, graph replays, device copies and
+/// uploads enqueued, and the host seconds `execute`, `replay` and `upload` took to enqueue
+/// them.
 #[derive(Copy, Clone, Debug, Default, PartialEq)]
 pub struct SubmitStats {
     pub launches: u64,
