@@ -239,19 +239,19 @@ glu_mat_vec_q3_k(const float* gate, const float* up, const u8* w, const float* r
 }
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS_KQ)
 rms_norm_mat_vec_q4_k(const float* x, const float* nw, const u8* w, float* y, u32 m,
                                                  u32 n, u32 k, float eps, u32 one_plus) {
     rms_norm_mat_vec<Q4_K>(x, nw, w, y, m, n, k, eps, one_plus);
 }
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS_KQ)
 rms_norm_mat_vecs_q4_k(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
                       float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
     rms_norm_mat_vecs<Q4_K>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
 }
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS_KQ)
 glu_mat_vec_q4_k(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
                  u32 k, u32 act) {
     glu_mat_vec<Q4_K>(gate, up, w, r, y, m, n, k, act);
@@ -277,19 +277,19 @@ glu_mat_vec_q5_k(const float* gate, const float* up, const u8* w, const float* r
 }
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS_KQ)
 rms_norm_mat_vec_q6_k(const float* x, const float* nw, const u8* w, float* y, u32 m,
                                                  u32 n, u32 k, float eps, u32 one_plus) {
     rms_norm_mat_vec<Q6_K>(x, nw, w, y, m, n, k, eps, one_plus);
 }
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS_KQ)
 rms_norm_mat_vecs_q6_k(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
                       float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
     rms_norm_mat_vecs<Q6_K>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
 }
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS_KQ)
 glu_mat_vec_q6_k(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
                  u32 k, u32 act) {
     glu_mat_vec<Q6_K>(gate, up, w, r, y, m, n, k, act);

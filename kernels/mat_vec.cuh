@@ -1,7 +1,8 @@
 // The decode mat-vec kernels' bodies (prepended to every kernel file after formats.cuh; the
-// entry points are in mat_mul_vec.cu, quant.cu and mat_mul_fused.cu): the register-ring kernel (the
-// default), the staged one (MV_STAGED=1), the lane-per-row one (MV_STAGED=2), the dispatch
-// between them, and the sources (plain, rms-normed, GLU) they read the activations through.
+// entry points are in mat_mul_vec.cu, quant.cu and mat_mul_fused.cu): the register-ring kernel,
+// the staged one (MV_STAGED=1), the lane-per-row one (MV_STAGED=2 for every format it has a
+// decoder for; 3, the default, for Q4_K and Q6_K), the dispatch between them, and the sources
+// (plain, rms-normed, GLU) they read the activations through.
 
 // ---- the decode mat-vec ------------------------------------------------------------------
 // y [m, n] = xs [m, k] · w [n, k]ᵀ for m ≤ 4 token rows, where xs is what a source makes of
@@ -146,12 +147,25 @@ __device__ __forceinline__ void mat_vec_rows_at(const Src& src, const void* w, f
 // - MvItemQ4K, MvItemQ6K, MvItemQ8_0: 32 values with 16-byte or 2-byte reads of one block,
 //   codes turned into floats by byte_as_float (no conversion instructions), each scale group
 //   summed as Σ x·q and scaled once.
-// Off by default: on an H100 (2026-11-27) the register-ring kernel above decoded the 3 B and
-// 1 B BF16 checkpoints 10 % faster and the 8 B Q4_K one 3 % faster (README, GPU). 2: Q4_K,
-// Q6_K, Q8_0 and the floats (rows of a multiple of 256 values) through the lane-per-row
-// kernel below, the rest through the ring.
+// 1 lost to the register ring on an H100 (2026-11-27: the 3 B and 1 B BF16 checkpoints 10 %
+// slower, the 8 B Q4_K 3 %; README, GPU). 2: Q4_K, Q6_K, Q8_0 and the floats (rows of a
+// multiple of 256 values) through the lane-per-row kernel below, the rest through the ring.
+// 3, the default: the lane-per-row kernel for Q4_K and Q6_K only, where it was measured to
+// win (H100, 2026-11-27, decode steps replayed as graphs: the 8 B Q4_K 11 % and the 3 B 7 %
+// faster than the ring, the 1 B as fast), the ring for the rest. 0: the ring everywhere.
 #ifndef MV_STAGED
-#define MV_STAGED 0
+#define MV_STAGED 3
+#endif
+// __launch_bounds__ of the Q4_K and Q6_K entry points: with the lane-per-row kernel on Hopper,
+// 8 blocks an SM at least (64 registers a thread, 32 warps an SM, which it is built for and
+// fits with no local memory there) unless MV_MIN_BLOCKS says otherwise. Blackwell's ptxas
+// (sm_100a, sm_120a) spills 4-32 bytes a thread under that cap and nothing was measured there,
+// so no minimum. The other formats keep MV_BOUNDS: their kernels (the ring among them) spill
+// under a 64-register cap.
+#if MV_STAGED >= 2 && !defined(MV_MIN_BLOCKS) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+#define MV_BOUNDS_KQ MV_WARPS* WARP, 8
+#else
+#define MV_BOUNDS_KQ MV_BOUNDS
 #endif
 #ifndef MV_STAGES
 #define MV_STAGES 3
@@ -384,8 +398,9 @@ __device__ __forceinline__ void mat_vec_staged(uint4* smem, const Src& src, cons
     mv_meet(acc, ss, part, src, y, row, n, col0, rows, k);
 }
 
-// ---- the lane-per-row decode mat-vec (MV_STAGED=2) ----------------------------------------
-// Built for occupancy (few registers: 64 with MV_MIN_BLOCKS=8, so 32 warps an SM) and for
+// ---- the lane-per-row decode mat-vec (MV_STAGED=2; 3, the default, for Q4_K and Q6_K) -----
+// Built for occupancy (few registers: 64 with 8 blocks an SM, the K-quants' default bounds,
+// so 32 warps an SM) and for
 // several chunks in flight a warp even at k = 4096. Each warp runs its own pipeline over
 // chunks of P::CH values (warp w takes chunks w, w + 4, ..) of the block's 4 rows, the weight
 // bytes staged by cp.async into a ring of MV_STAGES slots. For each chunk the warp first makes
@@ -518,36 +533,43 @@ __device__ __forceinline__ size_t rb_of(u32 k) {
 template <typename B>
 struct MvPieceOf {
     static constexpr bool HAS = false;
+    static constexpr bool KQUANT = false;
     typedef PieceQ4K T;  // unused
 };
 template <>
 struct MvPieceOf<Q4_K> {
     static constexpr bool HAS = true;
+    static constexpr bool KQUANT = true;
     typedef PieceQ4K T;
 };
 template <>
 struct MvPieceOf<Q6_K> {
     static constexpr bool HAS = true;
+    static constexpr bool KQUANT = true;
     typedef PieceQ6K T;
 };
 template <>
 struct MvPieceOf<Q8_0> {
     static constexpr bool HAS = true;
+    static constexpr bool KQUANT = false;
     typedef PieceQ8_0 T;
 };
 template <>
 struct MvPieceOf<F32W> {
     static constexpr bool HAS = true;
+    static constexpr bool KQUANT = false;
     typedef PieceFloat<float, 4> T;
 };
 template <>
 struct MvPieceOf<F16W> {
     static constexpr bool HAS = true;
+    static constexpr bool KQUANT = false;
     typedef PieceFloat<__half, 2> T;
 };
 template <>
 struct MvPieceOf<BF16W> {
     static constexpr bool HAS = true;
+    static constexpr bool KQUANT = false;
     typedef PieceFloat<__nv_bfloat16, 2> T;
 };
 
@@ -654,11 +676,11 @@ __device__ __forceinline__ void mat_vec_lanes(uint4* smem, const Src& src, const
 template <typename B, typename Src>
 __device__ __forceinline__ void mat_vec_rows(const Src& src, const void* w, float* y, u32 n, u32 k,
                                              u32 bx = blockIdx.x) {
-#if MV_STAGED == 2
-    // The formats with a piece decoder take the lane-per-row kernel whatever the alignments (so
-    // no other kernel's registers count against it).
+#if MV_STAGED == 2 || MV_STAGED == 3
+    // The formats with a piece decoder (with 3, the K-quants' alone) take the lane-per-row
+    // kernel whatever the alignments (so no other kernel's registers count against it).
     typedef typename MvPieceOf<B>::T P;
-    if constexpr (MvPieceOf<B>::HAS) {
+    if constexpr (MvPieceOf<B>::HAS && (MV_STAGED == 2 || MvPieceOf<B>::KQUANT)) {
         // Rows of whole 256 values (always for the K-quants, so for them no other kernel is
         // compiled in); others take the ring below.
         if (B::QK % 256 == 0 || k % 256 == 0) {

@@ -102,7 +102,7 @@ extern "C" __global__ void get_rows_q3_k(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS_KQ)
 mat_vec_q4_k(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q4_K>(x, w, r, y, m, n, k);
 }
@@ -120,7 +120,7 @@ extern "C" __global__ void get_rows_q5_k(const u8* t, const int* ids, float* out
 }
 
 // @hot
-extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS_KQ)
 mat_vec_q6_k(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<Q6_K>(x, w, r, y, m, n, k);
 }

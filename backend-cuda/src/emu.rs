@@ -503,17 +503,25 @@ mod tests {
         conformance(None);
     }
 
-    /// The same with the decode mat-vec staged through shared memory (the MV_STAGED knob,
-    /// off by default), so the kernels a tuning run may pick are checked too.
+    /// The same with the decode mat-vec staged through shared memory (MV_STAGED=1, not the
+    /// default), so the kernels a tuning run may pick are checked too.
     #[test]
     fn the_staged_mat_vec_passes_the_conformance_suite_on_the_cpu() {
         conformance(Some("MV_STAGED=1"));
     }
 
-    /// And with the lane-per-row mat-vec (MV_STAGED=2: Q4_K, Q6_K, Q8_0 and the floats).
+    /// And with the lane-per-row mat-vec for every format it decodes (MV_STAGED=2: Q4_K, Q6_K,
+    /// Q8_0 and the floats; the default, 3, takes it for the K-quants only).
     #[test]
     fn the_lane_per_row_mat_vec_passes_the_conformance_suite_on_the_cpu() {
         conformance(Some("MV_STAGED=2"));
+    }
+
+    /// And with the register ring for every format (MV_STAGED=0; the default keeps it for all
+    /// but the K-quants).
+    #[test]
+    fn the_register_ring_mat_vec_passes_the_conformance_suite_on_the_cpu() {
+        conformance(Some("MV_STAGED=0"));
     }
 
     fn conformance(spec: Option<&str>) {

@@ -71,7 +71,7 @@ pub fn source_with(file: &str, spec: Option<&str>) -> Option<String> {
 const TUNING_KNOBS: &[(&str, i64, i64)] = &[
     ("MV_DEPTH", 1, 8),
     ("MV_X_EARLY", 0, 1),
-    ("MV_STAGED", 0, 2),
+    ("MV_STAGED", 0, 3),
     ("MV_STAGES", 2, 4),
     ("MV_MIN_BLOCKS", 1, 16),
     // Not a kernel's: 0 makes the launch planner decline the launch-saving fusions (plan.rs:

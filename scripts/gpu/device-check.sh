@@ -120,18 +120,19 @@ greedy() {
         run "greedy-$name-$b" 60 "$K" run -m "$model" --backend "$b" --strict --kv-type f32 --json --ignore-eos -n 16 --temp 0 "The quick brown fox"
         python3 - "$LOGS/greedy-$name-cpu.log" "$LOGS/greedy-$name-$b.log" <<'EOF' | tee -a "$SUMMARY"
 import json, sys
-def toks(p):
+def run(p):
     for line in open(p, errors="replace"):
         if line.startswith("{"):
-            return json.loads(line)["tokens"]
+            return json.loads(line)
     return None
-a, b = toks(sys.argv[1]), toks(sys.argv[2])
+a, b = run(sys.argv[1]), run(sys.argv[2])
 name = sys.argv[2].rsplit("/", 1)[-1][:-4]
 if a is None or b is None:
     print(f"{name}: NO OUTPUT")
 else:
+    a, g, b = a["tokens"], b.get("graph_steps", 0), b["tokens"]
     same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
-    print(f"{name}: {'EQUAL' if a == b else f'DIFFER at {same}'} ({len(b)} tokens)")
+    print(f"{name}: {'EQUAL' if a == b else f'DIFFER at {same}'} ({len(b)} tokens, {g} steps replayed from graphs)")
 EOF
     done
 }

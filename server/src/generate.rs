@@ -103,6 +103,9 @@ struct RunJson {
     text: String,
     /// As `kiln serve` reports them (llama.cpp's `timings`).
     timings: serde_json::Value,
+    /// Decode steps replayed from recorded graphs (0 on a backend without them, or with
+    /// `KILN_GRAPHS=0`).
+    graph_steps: u64,
 }
 
 const SEQ: SeqId = 1;
@@ -267,6 +270,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
             tokens: got.tokens,
             text,
             timings: got.timings.json(),
+            graph_steps: engine.forward().graph_stats().replayed,
         };
         writeln!(stdout, "{}", serde_json::to_string(&j)?)?;
     } else {
