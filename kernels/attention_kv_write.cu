@@ -119,3 +119,82 @@ extern "C" __global__ void kv_write_kv(const float* k, const float* v, const int
         kv_encode32(vfmt, v + (size_t)tok * hdv + bv * 32u, vc + (size_t)s * rb + kv_row_bytes(vfmt, bv * 32u));
     }
 }
+
+// RoPE of q (into q_out) and of k, and the K/V write of the rotated k and of v, in one launch:
+// rope_f32's and kv_write's arithmetic (f32 and f16 caches). One thread per unit of a token: a
+// rotary pair or pass-through dim of a query head, the same of a key head (written to the
+// cache at the token's slot), or a value dim. A negative slot, or one past the cache's n_slots
+// rows, writes nothing to the cache (the token's q is still rotated).
+template <typename C>
+__device__ void rope_kv_write(const float* q, const float* k, const float* v, const int* pos,
+                              const int* slots, const float* factors, float* qo, C* kc, C* vc, u32 t,
+                              u32 hq, u32 hkv, u32 d, u32 dv, u32 n_rot, u32 neox, float base,
+                              float freq_scale, float attn_factor, u32 has_factors, u32 n_slots) {
+    const u32 half = n_rot / 2, per_head = d - half;
+    const u32 uq = hq * per_head, uk = hkv * per_head, uv = hkv * dv;
+    const u32 per_tok = uq + uk + uv;
+    const u32 idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= t * per_tok) return;
+    const u32 tok = idx / per_tok;
+    u32 rem = idx % per_tok;
+    const int s = slots[tok];
+    const bool write = s >= 0 && (u32)s < n_slots;
+    if (rem >= uq + uk) {
+        // A value dim.
+        if (!write) return;
+        const u32 j = rem - uq - uk;
+        from_f32(v[(size_t)tok * uv + j], &vc[(size_t)s * uv + j]);
+        return;
+    }
+    const bool is_q = rem < uq;
+    if (!is_q) {
+        if (!write) return;
+        rem -= uq;
+    }
+    const u32 head = rem / per_head, j = rem % per_head;
+    const float* x = is_q ? q + ((size_t)tok * hq + head) * d : k + ((size_t)tok * hkv + head) * d;
+    // Element e of the head's output: q_out's row, or the cache row at the slot.
+    auto put = [&](u32 e, float val) {
+        if (is_q)
+            qo[((size_t)tok * hq + head) * d + e] = val;
+        else
+            from_f32(val, &kc[((size_t)s * hkv + head) * d + e]);
+    };
+    if (j >= half) {
+        // A pass-through dim.
+        const u32 e = j - half + n_rot;
+        if (e < d) put(e, x[e]);
+        return;
+    }
+    float inv = powf(base, -2.0f * (float)j / (float)n_rot);
+    if (has_factors) inv /= factors[j];
+    const float a = (float)pos[tok] * freq_scale * inv;
+    float sn, cs;
+    sincosf(a, &sn, &cs);
+    cs *= attn_factor;
+    sn *= attn_factor;
+    const u32 i0 = neox ? j : 2 * j;
+    const u32 i1 = neox ? j + half : 2 * j + 1;
+    const float x0 = x[i0], x1 = x[i1];
+    const float y0 = x0 * cs - x1 * sn, y1 = x0 * sn + x1 * cs;
+    put(i0, y0);
+    put(i1, y1);
+}
+
+extern "C" __global__ void rope_kv_write_f32(const float* q, const float* k, const float* v, const int* pos,
+                                             const int* slots, const float* factors, float* qo, float* kc,
+                                             float* vc, u32 t, u32 hq, u32 hkv, u32 d, u32 dv, u32 n_rot,
+                                             u32 neox, float base, float freq_scale, float attn_factor,
+                                             u32 has_factors, u32 n_slots) {
+    rope_kv_write(q, k, v, pos, slots, factors, qo, kc, vc, t, hq, hkv, d, dv, n_rot, neox, base, freq_scale,
+                  attn_factor, has_factors, n_slots);
+}
+
+extern "C" __global__ void rope_kv_write_f16(const float* q, const float* k, const float* v, const int* pos,
+                                             const int* slots, const float* factors, float* qo, __half* kc,
+                                             __half* vc, u32 t, u32 hq, u32 hkv, u32 d, u32 dv, u32 n_rot,
+                                             u32 neox, float base, float freq_scale, float attn_factor,
+                                             u32 has_factors, u32 n_slots) {
+    rope_kv_write(q, k, v, pos, slots, factors, qo, kc, vc, t, hq, hkv, d, dv, n_rot, neox, base, freq_scale,
+                  attn_factor, has_factors, n_slots);
+}

@@ -186,6 +186,14 @@ fn all_f32(ts: &[TensorDesc]) -> bool {
     ts.iter().all(|t| t.dtype == DType::F32)
 }
 
+/// Whether the fusions that only save launches (several weights behind one norm in one grid,
+/// the residual add in a mat-vec's epilogue, RoPE with the K/V write) are planned: the knob
+/// `FUSE_LAUNCHES=0` of `KILN_CUDA_DEFINES` declines them (the model then takes the launch per
+/// op), for before/after runs on a GPU.
+fn fuse_launches() -> bool {
+    kernels::knob("FUSE_LAUNCHES") != Some(0)
+}
+
 /// The dimension `i` of `t`, or 0.
 fn dim(t: &TensorDesc, i: usize) -> usize {
     t.shape.dim(i).unwrap_or(0)

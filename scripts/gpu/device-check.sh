@@ -75,9 +75,19 @@ for _ in range(10):
     a.record(); y.copy_(x); b.record(); b.synchronize(); ts.append(a.elapsed_time(b))
 ts.sort(); ms = ts[len(ts) // 2]
 print(f"torch copy 2 GiB: median {ms:.3f} ms, {2 * x.numel() / ms / 1e6:.0f} GB/s read+written")
+# The bf16 tensor-core rate prefill is judged against: 8192³ on random data, median of 10.
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+for _ in range(3): a @ b
+ts = []
+for _ in range(10):
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record(); a @ b; e1.record(); e1.synchronize(); ts.append(e0.elapsed_time(e1))
+ts.sort(); ms = ts[len(ts) // 2]
+print(f"torch bf16 matmul 8192^3: median {ms:.3f} ms, {2 * 8192**3 / ms / 1e9:.0f} TFLOP/s")
 EOF
     } >"$LOGS/setup.log" 2>&1
-    grep -E "GB/s|NVIDIA H|release" "$LOGS/setup.log" | tee -a "$SUMMARY"
+    grep -E "GB/s|TFLOP/s|NVIDIA H|release" "$LOGS/setup.log" | tee -a "$SUMMARY"
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf-*.whl \
         >>"$LOGS/setup.log" 2>&1
 }
@@ -261,6 +271,31 @@ for s in $steps; do
             done
             ;;
         ncu_decode) ncu_decode ;;
+        ncu_detail)
+            # Why the hottest decode mat-vecs stall: ncu's warp-state, scheduler, occupancy
+            # and memory sections on a few of them (3 B Q4_K, decode steps replayed as graphs).
+            wait_models
+            ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+            run ncu-detail-3b-q4_k 120 "$ncu" --clock-control none --graph-profiling node \
+                -k regex:'mat_vec' --launch-skip 300 --launch-count 6 \
+                --section SpeedOfLight --section Occupancy --section WarpStateStats \
+                --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
+                "$K" run -m $MODELS/llama-3b-q4_k.gguf --backend cuda --ignore-eos -n 24 --temp 0 "The quick brown fox"
+            grep -E "^  [a-z_]+_mat_vec|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Issued Warp|No Eligible|Stall|Warp Cycles Per Issued|Registers Per|Theoretical Occupancy" \
+                "$LOGS/ncu-detail-3b-q4_k.log" | head -80 | tee -a "$SUMMARY"
+            ;;
+        concurrent)
+            # Aggregate decode of 64 concurrent requests against one (8 B Q4_K).
+            wait_models
+            run concurrent-8b-q4_k 150 "$K" bench -m $MODELS/llama-8b-q4_k.gguf --backend cuda --concurrent 64 -p 16 -n 128 -r 1
+            grep -E "^\| llama" "$LOGS/concurrent-8b-q4_k.log" | tee -a "$SUMMARY"
+            ;;
+        pp2048)
+            # Prefill of 2048 tokens (8 B Q4_K), against the bf16 rate of setup's matmul.
+            wait_models
+            run pp2048-8b-q4_k 90 "$K" bench -m $MODELS/llama-8b-q4_k.gguf --backend cuda -p 2048 -n 0 -r 2
+            grep -E "pp2048" "$LOGS/pp2048-8b-q4_k.log" | tee -a "$SUMMARY"
+            ;;
         variants)
             # The decode mat-vec's tuning knobs (formats.cuh), each validated and timed.
             wait_models

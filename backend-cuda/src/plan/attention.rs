@@ -1,6 +1,6 @@
 //! Attention: contiguous, and paged (decode split over the key range, prefill per row).
 
-use kiln_core::op::{AttnParams, Mask};
+use kiln_core::op::{AttnParams, Mask, RopeMode, RopeParams};
 use kiln_core::tensor::{DType, TensorDesc};
 
 use super::*;
@@ -248,5 +248,53 @@ pub(super) fn plan_op(op: &AttentionOp, desc: &OpDesc) -> Option<Vec<Step>> {
         }
         AttentionOp::Attention(p) => plan_attention(p, i, o),
         AttentionOp::PagedAttention(p) => plan_paged_attention(p, i, o),
+        AttentionOp::RopeKvWrite(r) => plan_rope_kv_write(r, i, o),
     }
+}
+
+/// RoPE of q and k with the K/V write: one thread per rotary pair or pass-through dim of every
+/// query and key head and per value dim, f32 activations into f32 or f16 caches (the other
+/// cache formats take the three ops).
+fn plan_rope_kv_write(r: &RopeParams, i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
+    use Arg::{In, Null, Out, F32, U32};
+    (fuse_launches() && all_f32(&i[..3]) && o[0].dtype == DType::F32).then_some(())?;
+    (i.get(5).is_none_or(|f| f.dtype == DType::F32)).then_some(())?;
+    let kernel = match (o[1].dtype, o[2].dtype) {
+        (DType::F32, DType::F32) => "rope_kv_write_f32",
+        (DType::F16, DType::F16) => "rope_kv_write_f16",
+        _ => return None,
+    };
+    let (t, hq, d) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
+    let (hkv, dv) = (dim(&i[1], 1), dim(&i[2], 2));
+    (r.n_rot % 2 == 0 && r.n_rot > 0 && r.n_rot <= d).then_some(())?;
+    let per_tok = (hq + hkv) * (d - r.n_rot / 2) + hkv * dv;
+    // Cache rows: B · bs.
+    let n_slots = dim(&o[1], 0) * dim(&o[1], 1);
+    launch1(
+        kernel,
+        t.checked_mul(per_tok)?,
+        vec![
+            In(0),
+            In(1),
+            In(2),
+            In(3),
+            In(4),
+            if i.len() > 5 { In(5) } else { Null },
+            Out(0),
+            Out(1),
+            Out(2),
+            U32(u(t)?),
+            U32(u(hq)?),
+            U32(u(hkv)?),
+            U32(u(d)?),
+            U32(u(dv)?),
+            U32(u(r.n_rot)?),
+            U32((r.mode == RopeMode::Neox) as u32),
+            F32(r.base),
+            F32(r.freq_scale),
+            F32(r.attn_factor),
+            U32((i.len() > 5) as u32),
+            U32(u(n_slots)?),
+        ],
+    )
 }

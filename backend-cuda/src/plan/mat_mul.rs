@@ -207,14 +207,6 @@ pub(super) fn plan_mat_mul_id(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<
     )
 }
 
-/// Whether the fusions that only save launches (several weights behind one norm in one grid,
-/// the residual add in a mat-vec's epilogue) are planned: the knob `FUSE_LAUNCHES=0` of
-/// `KILN_CUDA_DEFINES` declines them (the model then takes the launch per op), for
-/// before/after runs on a GPU.
-fn fuse_launches() -> bool {
-    kernels::knob("FUSE_LAUNCHES") != Some(0)
-}
-
 pub(super) fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
     use Arg::{In, Out, U32};
     (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;

@@ -341,6 +341,8 @@ pub(super) fn supports_op(dev: &Device, op: &AttentionOp, d: &OpDesc) -> bool {
     match op {
         AttentionOp::Attention(_) | AttentionOp::PagedAttention(_) => supports(dev, d),
         AttentionOp::KvWrite => supports_kv_write(dev, d),
+        // No fused kernel: the model takes RoPE and the K/V write apart.
+        AttentionOp::RopeKvWrite(_) => false,
     }
 }
 
@@ -350,5 +352,6 @@ pub(super) fn run_op(dev: &Device, op: &AttentionOp, i: &[&Tensor], o: &[&Tensor
         AttentionOp::Attention(p) => attention(dev, p, i, o[0]),
         AttentionOp::PagedAttention(p) => paged_attention(dev, p, i, o[0]),
         AttentionOp::KvWrite => kv_write(dev, i, o),
+        AttentionOp::RopeKvWrite(_) => Err(super::no_kernel(&kiln_core::op::Op::Attention(op.clone()))),
     }
 }

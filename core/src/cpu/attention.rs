@@ -3,7 +3,7 @@
 
 use super::softmax::softmax_row;
 use super::{index, pool, simd, In, KResult, KernelError, Out};
-use crate::op::{AttentionOp, AttnParams};
+use crate::op::{AttentionOp, AttnParams, RopeParams};
 use crate::quant;
 use crate::tensor::DType;
 
@@ -292,16 +292,139 @@ pub(crate) fn kv_write(i: &[In], o: &mut [Out]) -> KResult {
     Ok(())
 }
 
+/// RoPE of q into `q_out` and of k, then the K/V write of the rotated k and v: the three ops
+/// it fuses, one after another.
+pub(crate) fn rope_kv_write(p: &RopeParams, i: &[In], o: &mut [Out]) -> KResult {
+    fn with<'a>(x: &In<'a>, i: &[In<'a>]) -> Vec<In<'a>> {
+        let mut v = vec![
+            In {
+                desc: x.desc,
+                bytes: x.bytes,
+            },
+            In {
+                desc: i[3].desc,
+                bytes: i[3].bytes,
+            },
+        ];
+        if let Some(f) = i.get(5) {
+            v.push(In {
+                desc: f.desc,
+                bytes: f.bytes,
+            });
+        }
+        v
+    }
+    let (q_out, caches) = o.split_at_mut(1);
+    super::rope::rope(p, &with(&i[0], i), q_out)?;
+    let k_desc = i[1].desc.clone();
+    let mut k_rot = vec![0u8; i[1].bytes.len()];
+    super::rope::rope(
+        p,
+        &with(&i[1], i),
+        &mut [Out {
+            desc: &k_desc,
+            bytes: &mut k_rot,
+        }],
+    )?;
+    let kv_in = [
+        In {
+            desc: &k_desc,
+            bytes: &k_rot,
+        },
+        In {
+            desc: i[2].desc,
+            bytes: i[2].bytes,
+        },
+        In {
+            desc: i[4].desc,
+            bytes: i[4].bytes,
+        },
+    ];
+    kv_write(&kv_in, caches)
+}
+
 /// The family's CPU reference.
 pub(super) fn run_op(op: &AttentionOp, i: &[In], o: &mut [Out]) -> KResult {
     match op {
         AttentionOp::Attention(p) => attention(p, i, o),
         AttentionOp::PagedAttention(p) => paged_attention(p, i, o),
         AttentionOp::KvWrite => kv_write(i, o),
+        AttentionOp::RopeKvWrite(p) => rope_kv_write(p, i, o),
     }
 }
 
 /// Whether `op` splits its work over the backend's workers (the rest use rayon).
 pub(super) fn on_workers(_op: &AttentionOp) -> bool {
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::Backend;
+    use crate::cpu::CpuBackend;
+    use crate::op::{AttentionOp, Op, RopeMode, RopeOp, RopeParams};
+    use crate::rng::Rng;
+    use crate::tensor::{DType, Tensor, TensorDesc};
+
+    /// The fused op is its three ops one after another: RoPE of q, RoPE of k, and the K/V
+    /// write of the rotated k and v (run here as separate ops, bit for bit), on random data
+    /// with a skipped slot, partial rotary and frequency factors, into an f16 cache.
+    #[test]
+    fn rope_kv_write_is_rope_rope_and_kv_write() {
+        let cpu = CpuBackend::with_threads(1);
+        let mut rng = Rng::new(7);
+        let (t, hq, hkv, d) = (4usize, 4usize, 2usize, 32usize);
+        let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect() };
+        let q = cpu.tensor_f32(&[t, hq, d], &rand(t * hq * d)).unwrap();
+        let k = cpu.tensor_f32(&[t, hkv, d], &rand(t * hkv * d)).unwrap();
+        let v = cpu.tensor_f32(&[t, hkv, d], &rand(t * hkv * d)).unwrap();
+        let factors = cpu
+            .tensor_f32(&[8], &rand(8).iter().map(|x| 1.5 + x).collect::<Vec<_>>())
+            .unwrap();
+        let pos = cpu.tensor_i32(&[t], &[3, 17, 900, 41]).unwrap();
+        let slots = cpu.tensor_i32(&[t], &[5, -1, 0, 12]).unwrap();
+        let mut p = RopeParams::new(RopeMode::Neox, 16, 10000.0);
+        p.freq_scale = 0.5;
+        let cache = |seed: f32| -> Tensor {
+            let desc = TensorDesc::new(DType::F16, [4, 4, hkv, d]);
+            let c = cpu.alloc(&desc).unwrap();
+            let vals: Vec<f32> = (0..desc.numel()).map(|i| seed + i as f32 * 1e-3).collect();
+            let bytes: Vec<u8> = vals
+                .iter()
+                .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                .collect();
+            cpu.upload(&c, &bytes).unwrap();
+            c
+        };
+        // Fused.
+        let (kc, vc) = (cache(0.25), cache(-0.5));
+        let q_out = cpu.alloc(q.desc()).unwrap();
+        cpu.execute(
+            &Op::Attention(AttentionOp::RopeKvWrite(p)),
+            &[&q, &k, &v, &pos, &slots, &factors],
+            &[&q_out, &kc, &vc],
+        )
+        .unwrap();
+        // Apart.
+        let (kc2, vc2) = (cache(0.25), cache(-0.5));
+        let rope = |x: &Tensor| {
+            let y = cpu.alloc(x.desc()).unwrap();
+            cpu.execute(&Op::Rope(RopeOp::Rope(p)), &[x, &pos, &factors], &[&y])
+                .unwrap();
+            y
+        };
+        let (q2, k2) = (rope(&q), rope(&k));
+        cpu.execute(
+            &Op::Attention(AttentionOp::KvWrite),
+            &[&k2, &v, &slots],
+            &[&kc2, &vc2],
+        )
+        .unwrap();
+        for (a, b) in [(&q_out, &q2), (&kc, &kc2), (&vc, &vc2)] {
+            assert_eq!(cpu.download(a).unwrap(), cpu.download(b).unwrap());
+        }
+        // And it did something: q turned, and the written rows changed.
+        assert_ne!(cpu.download(&q_out).unwrap(), cpu.download(&q).unwrap());
+        assert_ne!(cpu.download(&kc).unwrap(), cpu.download(&cache(0.25)).unwrap());
+    }
 }

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use crate::backend::{Backend, GraphId};
 use crate::cpu::CpuBackend;
 use crate::error::{Error, Result};
-use crate::model::{ForwardBatch, StepInput};
 use crate::op::{Op, OpDesc};
 use crate::tensor::{Tensor, TensorDesc};
 
@@ -45,10 +44,40 @@ pub struct Executor {
     capturing: std::sync::atomic::AtomicBool,
 }
 
+/// The index arrays a forward pass reads of its batch ([`crate::model::ForwardBatch`]), each
+/// uploaded once a pass ([`Executor::step_input`]; `StepInput::of` makes them). They are the
+/// whole of what a recorded decode step takes fresh before each replay, so every model reads
+/// its batch through them and uploads nothing else per pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepInput {
+    /// The token ids, `[t]`.
+    Tokens,
+    /// Each row's position, `[t]`.
+    Positions,
+    /// Each sequence's context length after the step, `[s]`.
+    SeqLens,
+    /// Each sequence's first row, and the row count last, `[s + 1]`.
+    QStart,
+    /// KV group g's block tables, `[s, width]` (width: the longest table, at least 1; shorter
+    /// rows padded with block 0, which no kernel reads past a sequence's length).
+    Table(usize),
+    /// KV group g's slot for every row, `[t]` (negative: written nowhere).
+    Slots(usize),
+    /// The rows whose logits the pass returns, `[rows]`.
+    LogitsRows,
+    /// The recurrent-state slot each sequence reads, `[s]`.
+    StateRead,
+    /// The recurrent-state slot each sequence writes, `[s]`.
+    StateWrite,
+}
+
+/// A step input recorded with a graph: its tensor (filled before each replay) and the values
+/// the recording pass read, which the caller checks against its batch's.
+pub type RecordedInput = (StepInput, Tensor, Vec<i32>);
+
 /// A step being recorded (see [`Executor::begin_capture`]).
 struct Capture {
-    batch: ForwardBatch,
-    inputs: Vec<(StepInput, Tensor)>,
+    inputs: Vec<RecordedInput>,
 }
 
 /// Time spent in one op family while profiling.
@@ -285,12 +314,12 @@ impl Executor {
         self.capture.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts recording the forward pass of `batch` into a graph on the backend
-    /// ([`Backend::begin_capture`]): until [`end_capture`](Executor::end_capture) the ops
-    /// are recorded, not run; the pass must read its batch only through
-    /// [`step_input`](Executor::step_input), and an op the backend does not run, an upload or
-    /// a download fails the recording.
-    pub fn begin_capture(&self, batch: &ForwardBatch) -> Result<()> {
+    /// Starts recording a forward pass into a graph on the backend
+    /// ([`Backend::begin_capture`]): until [`end_capture`](Executor::end_capture) the ops are
+    /// recorded, not run; the pass must read its batch only through
+    /// [`step_input`](Executor::step_input), and an op the backend does not run, an upload or a
+    /// download fails the recording.
+    pub fn begin_capture(&self) -> Result<()> {
         if self.profiling() {
             return Err(Error::backend(
                 self.backend.name(),
@@ -302,18 +331,15 @@ impl Executor {
             return Err(Error::backend(self.backend.name(), "a step is already being recorded"));
         }
         self.backend.begin_capture()?;
-        *c = Some(Capture {
-            batch: batch.clone(),
-            inputs: Vec::new(),
-        });
+        *c = Some(Capture { inputs: Vec::new() });
         self.capturing
             .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
-    /// Ends the recording: the graph, and the step inputs it reads (each filled with
-    /// [`StepInput::of`] of the batch before every replay).
-    pub fn end_capture(&self) -> Result<(GraphId, Vec<(StepInput, Tensor)>)> {
+    /// Ends the recording: the graph, and the step inputs it reads (each filled before every
+    /// replay), with the values the recording pass read.
+    pub fn end_capture(&self) -> Result<(GraphId, Vec<RecordedInput>)> {
         let c = self.lock_capture().take();
         self.capturing
             .store(false, std::sync::atomic::Ordering::Relaxed);
@@ -332,30 +358,31 @@ impl Executor {
         }
     }
 
-    /// The step input `which` of batch `b` on the device: uploaded, or while a step is being
-    /// recorded, a tensor of the graph's that is filled before each replay (refused when `b`'s
-    /// values differ from the recorded batch's: a pass over part of its batch cannot be
-    /// recorded).
-    pub fn step_input(&self, b: &ForwardBatch, which: StepInput) -> Result<Tensor> {
-        let (shape, data) = which.of(b)?;
+    /// Step input `which` (of `shape`, holding `data`) on the device: uploaded, or while a
+    /// step is being recorded, a tensor of the graph's that is filled before each replay (the
+    /// values are recorded for the caller to check; the same input read twice with other
+    /// values is refused).
+    pub fn step_input(&self, which: StepInput, shape: &[usize], data: &[i32]) -> Result<Tensor> {
         if !self.capturing() {
-            return self.upload_i32(&shape, &data);
+            return self.upload_i32(shape, data);
         }
         let mut guard = self.lock_capture();
         let c = guard
             .as_mut()
             .ok_or_else(|| Error::backend(self.backend.name(), "no step is being recorded"))?;
-        let (rec_shape, rec_data) = which.of(&c.batch)?;
-        if rec_shape != shape || rec_data != data {
+        if let Some((_, t, d)) = c.inputs.iter().find(|r| r.0 == which) {
+            if t.shape().dims() == shape && d.as_slice() == data {
+                return Ok(t.clone());
+            }
             return Err(Error::backend(
                 self.backend.name(),
-                format!("the pass reads {which:?} of another batch than the one recorded"),
+                format!("the pass reads {which:?} with two different values"),
             ));
         }
         let t = self
             .backend
             .alloc_input(&TensorDesc::new(crate::DType::I32, shape))?;
-        c.inputs.push((which, t.clone()));
+        c.inputs.push((which, t.clone(), data.to_vec()));
         Ok(t)
     }
 }

@@ -265,6 +265,36 @@ impl Executor {
             None => self.one(&Op::Rope(RopeOp::Rope(p)), &[x, pos]),
         }
     }
+    /// RoPE of `q` and `k` and the K/V write of the rotated `k` and `v` as one op, where the
+    /// backend runs it: the rotated `q`, or `None` where it does not (the caller then runs
+    /// `rope`, `rope` and `kv_write`). Not on the CPU reference (its three ops are the same
+    /// arithmetic) and not into TurboQuant caches (their rows are rotated first).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_kv_write(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        (pos, slots): (&Tensor, &Tensor),
+        p: RopeParams,
+        factors: Option<&Tensor>,
+        (k_cache, v_cache): (&Tensor, &Tensor),
+    ) -> Result<Option<Tensor>> {
+        if self.on_cpu() || k_cache.dtype().is_turbo() || v_cache.dtype().is_turbo() {
+            return Ok(None);
+        }
+        let op = Op::Attention(AttentionOp::RopeKvWrite(p));
+        let mut ins = vec![q, k, v, pos, slots];
+        ins.extend(factors);
+        let in_descs: Vec<&TensorDesc> = ins.iter().map(|t| t.desc()).collect();
+        let outs = [q.desc(), k_cache.desc(), v_cache.desc()];
+        if !self.supports_op(&op, &in_descs, &outs) {
+            return Ok(None);
+        }
+        let q_out = self.backend().alloc(q.desc())?;
+        self.exec(&op, &ins, &[&q_out, k_cache, v_cache])?;
+        Ok(Some(q_out))
+    }
     #[allow(clippy::too_many_arguments)]
     /// Paged attention. A TurboQuant cache (`tq*`, [`quant::turbo`]) holds rotated rows: the
     /// queries are rotated the same way before they are scored against a rotated K, and the

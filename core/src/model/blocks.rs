@@ -7,7 +7,7 @@ use super::weights::Weights;
 use super::{Features, ForwardBatch, KvCaches, SeqInput, StepInput};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
-use crate::op::{AttnParams, GluOp};
+use crate::op::{AttnParams, GluOp, RopeParams};
 use crate::tensor::Tensor;
 
 /// An RMSNorm's settings: epsilon, and whether the weight is applied as `1 + w` (Gemma's HF
@@ -111,6 +111,34 @@ pub(crate) fn attention(
     a.reshape([d[0], d[1] * d[2]])
 }
 
+/// RoPE of `q` and `k` at the batch's positions, then [`attention`] with `k` and `v` written
+/// to the layer's cache first: as one fused op where the backend runs it and the keys go to
+/// the cache as they are (the fused-op gate), else as the three ops.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rope_attention(
+    ex: &Executor,
+    bt: &BatchTensors,
+    kv: &KvCaches,
+    (g, gi): (usize, usize),
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    (rope, freqs): (RopeParams, Option<&Tensor>),
+    p: AttnParams,
+) -> Result<Tensor> {
+    if kv.keys_as_they_are((g, gi), p.soft_cap.is_some()) {
+        let (kc, vc) = layer_cache(kv, (g, gi))?;
+        let (_, slots) = bt
+            .tables
+            .get(g)
+            .ok_or_else(|| Error::Model(format!("no block table for KV group {g}")))?;
+        if let Some(qr) = ex.rope_kv_write(q, k, v, (&bt.positions, slots), rope, freqs, (kc, vc))? {
+            return attention(ex, bt, kv, (g, gi), &qr, None, p);
+        }
+    }
+    let q = ex.rope(q, &bt.positions, rope, freqs)?;
+    let k = ex.rope(k, &bt.positions, rope, freqs)?;
+    attention(ex, bt, kv, (g, gi), &q, Some((&k, v)), p)
+}
+
 /// The routed experts of a mixture-of-experts block on `h [T, E]`: each token through its
 /// chosen experts (`ids [T, k]`) as gated FFNs, mixed by `weights [T, k]`.
 pub(crate) fn experts(
@@ -154,7 +182,7 @@ impl Head {
 
     /// The token embeddings of a batch, and the uploaded ids (for per-layer inputs).
     pub fn embed(&self, ex: &Executor, b: &ForwardBatch) -> Result<(Tensor, Tensor)> {
-        let ids = ex.step_input(b, StepInput::Tokens)?;
+        let ids = step_input(ex, b, StepInput::Tokens)?;
         Ok((ex.get_rows(&self.tok_embd, &ids)?, ids))
     }
 
@@ -245,6 +273,12 @@ pub(crate) fn gives(f: &Features, n: usize) -> bool {
     }
 }
 
+/// Step input `which` of batch `b` on the device (see [`Executor::step_input`]).
+pub(crate) fn step_input(ex: &Executor, b: &ForwardBatch, which: StepInput) -> Result<Tensor> {
+    let (shape, data) = which.of(b)?;
+    ex.step_input(which, &shape, &data)
+}
+
 /// The batch's index tensors, uploaded once per forward.
 pub(crate) struct BatchTensors {
     pub positions: Tensor,
@@ -262,15 +296,15 @@ pub(crate) fn upload_batch(
     let tables = (0..n_groups)
         .map(|g| {
             Ok((
-                ex.step_input(b, StepInput::Table(g))?,
-                ex.step_input(b, StepInput::Slots(g))?,
+                step_input(ex, b, StepInput::Table(g))?,
+                step_input(ex, b, StepInput::Slots(g))?,
             ))
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(BatchTensors {
-        positions: ex.step_input(b, StepInput::Positions)?,
-        seq_lens: ex.step_input(b, StepInput::SeqLens)?,
-        q_start: ex.step_input(b, StepInput::QStart)?,
+        positions: step_input(ex, b, StepInput::Positions)?,
+        seq_lens: step_input(ex, b, StepInput::SeqLens)?,
+        q_start: step_input(ex, b, StepInput::QStart)?,
         tables,
     })
 }
@@ -460,7 +494,7 @@ pub(crate) fn logits_head(
             b.logits_rows
         )));
     }
-    let sel = ex.get_rows(x, &ex.step_input(b, StepInput::LogitsRows)?)?;
+    let sel = ex.get_rows(x, &step_input(ex, b, StepInput::LogitsRows)?)?;
     let mut logits = ex
         .rms_norm_matmuls(&sel, out_norm, eps, one_plus, &[output])?
         .remove(0);

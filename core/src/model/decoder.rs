@@ -3,7 +3,8 @@
 //! over the paged KV cache. Family files fill in a `DecoderSpec` from their metadata.
 
 use super::blocks::{
-    attention, check_batch, gives, normed_matmuls, upload_batch, GatedFfn, Head, NormSpec, Taps,
+    check_batch, gives, normed_matmuls, rope_attention, upload_batch, GatedFfn, Head, NormSpec,
+    Taps,
 };
 use super::weights::Weights;
 use super::{DraftSource, Features, ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
@@ -248,8 +249,6 @@ impl Decoder {
                 q = self.norm(ex, &q, qn)?;
                 k = self.norm(ex, &k, kn)?;
             }
-            q = ex.rope(&q, &bt.positions, sp.rope[l], self.rope_freqs.as_ref())?;
-            k = ex.rope(&k, &bt.positions, sp.rope[l], self.rope_freqs.as_ref())?;
             let mask = match sp.window[l] {
                 Some(w) => Mask::SlidingWindow(w),
                 None => Mask::Causal,
@@ -259,7 +258,8 @@ impl Decoder {
                 soft_cap: sp.attn_soft_cap,
                 mask,
             };
-            let a = attention(ex, &bt, kv, layer.kv, &q, Some((&k, &v)), p)?;
+            let rope = (sp.rope[l], self.rope_freqs.as_ref());
+            let a = rope_attention(ex, &bt, kv, layer.kv, (&q, &k, &v), rope, p)?;
             // Each residual add is its projection's epilogue where no norm comes between.
             x = match &layer.post_attn_norm {
                 Some(pn) => {

@@ -85,6 +85,22 @@ impl KvCaches {
     /// centered). What it buys is precision: many models' keys share a large constant part
     /// (a few outlier channels of one sign), which a lossy cache would otherwise spend its
     /// bits on. While calibrating, the keys are also summed per channel.
+    /// Whether layer `(g, gi)`'s keys go into its cache as they are (no calibration running,
+    /// no center to subtract): then their write may be fused with the RoPE before it.
+    pub fn keys_as_they_are(&self, (g, gi): (usize, usize), soft_capped: bool) -> bool {
+        let calibrating = self
+            .calibration
+            .lock()
+            .map(|c| c.is_some())
+            .unwrap_or(true);
+        let centered = self
+            .centers
+            .get(g)
+            .and_then(|c| c.get(gi))
+            .is_some_and(|c| c.is_some());
+        !calibrating && (soft_capped || !centered)
+    }
+
     pub fn centered_keys(
         &self,
         ex: &Executor,
@@ -227,35 +243,10 @@ pub struct ForwardBatch {
     pub logits_rows: Vec<usize>,
 }
 
-/// The index arrays a forward pass reads of its [`ForwardBatch`], each uploaded once a pass
-/// ([`Executor::step_input`](crate::exec::Executor::step_input)). They are the whole of what a
-/// recorded decode step takes fresh before each replay, so every model reads its batch through
-/// them and uploads nothing else per pass.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum StepInput {
-    /// The token ids, `[t]`.
-    Tokens,
-    /// Each row's position, `[t]`.
-    Positions,
-    /// Each sequence's context length after the step, `[s]`.
-    SeqLens,
-    /// Each sequence's first row, and the row count last, `[s + 1]`.
-    QStart,
-    /// KV group g's block tables, `[s, width]` (width: the longest table, at least 1; shorter
-    /// rows padded with block 0, which no kernel reads past a sequence's length).
-    Table(usize),
-    /// KV group g's slot for every row, `[t]` (negative: written nowhere).
-    Slots(usize),
-    /// The rows whose logits the pass returns, `[rows]`.
-    LogitsRows,
-    /// The recurrent-state slot each sequence reads, `[s]`.
-    StateRead,
-    /// The recurrent-state slot each sequence writes, `[s]`.
-    StateWrite,
-}
+pub use crate::exec::StepInput;
 
 impl StepInput {
-    /// Its shape and values for batch `b`.
+    /// Its shape and values for batch `b` (what [`Executor::step_input`] takes).
     pub fn of(self, b: &ForwardBatch) -> Result<(Vec<usize>, Vec<i32>)> {
         let (t, s) = (b.tokens.len(), b.seqs.len());
         let int = |x: usize, what: &str| {

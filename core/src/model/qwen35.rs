@@ -16,7 +16,8 @@
 //! checkpoints differ only in the order of the value heads, which is undone at load.
 
 use super::blocks::{
-    attention, check_batch, experts, gives, upload_batch, GatedFfn, Head, NormSpec, Taps,
+    attention, check_batch, experts, gives, step_input, upload_batch, GatedFfn, Head, NormSpec,
+    Taps,
 };
 use super::llama::{base_info, f32_or};
 use super::weights::Weights;
@@ -520,8 +521,8 @@ impl Qwen35 {
             ));
         }
         let io = StateIo {
-            read: ex.step_input(b, StepInput::StateRead)?,
-            write: ex.step_input(b, StepInput::StateWrite)?,
+            read: step_input(ex, b, StepInput::StateRead)?,
+            write: step_input(ex, b, StepInput::StateWrite)?,
         };
         let (mut x, _) = self.head.embed(ex, b)?;
         let (hd, nh, nkv) = (i.head_dim, i.n_head, i.n_head_kv);

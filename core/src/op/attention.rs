@@ -1,7 +1,7 @@
 //! The attention family: attention over contiguous or paged K/V, and the writes that fill the
 //! paged caches.
 
-use super::{Ctx, Family};
+use super::{Ctx, Family, RopeParams};
 use crate::error::Result;
 use crate::tensor::{DType, Shape, TensorDesc};
 
@@ -74,6 +74,12 @@ pub enum AttentionOp {
     /// (`slot = block · bs + offset`; a negative slot is skipped). Outputs `k_cache`, `v_cache`
     /// are updated in place.
     KvWrite,
+    /// RoPE of the queries and keys and the K/V write in one launch: `q [T, Hq, D]`,
+    /// `k [T, Hkv, D]`, `v [T, Hkv, Dv]`, `positions [T]`, `slots [T]`, optional
+    /// `freq_factors [n_rot/2]` (f32). Outputs: `q_out [T, Hq, D]`, q rotated (written), and
+    /// `k_cache`, `v_cache` updated in place (k rotated, and v, at the slots): what `rope` of
+    /// q, `rope` of k and `kv_write` of the rotated k and v do one after another.
+    RopeKvWrite(RopeParams),
 }
 
 /// The family's first op with zero or unit parameters: what `EnumIter` lists the family by
@@ -90,11 +96,12 @@ impl Family for AttentionOp {
             AttentionOp::Attention(_) => "attention",
             AttentionOp::PagedAttention(_) => "paged_attention",
             AttentionOp::KvWrite => "kv_write",
+            AttentionOp::RopeKvWrite(_) => "rope_kv_write",
         }
     }
 
     fn reads_outputs(&self) -> bool {
-        *self == AttentionOp::KvWrite
+        matches!(self, AttentionOp::KvWrite | AttentionOp::RopeKvWrite(_))
     }
 
     fn check_inputs(&self, c: &Ctx) -> Result<()> {
@@ -115,6 +122,40 @@ impl Family for AttentionOp {
                 return c.ensure(i[2].shape.0 == [i[0].shape.0[0]], || {
                     "slots must be [T]".into()
                 });
+            }
+            AttentionOp::RopeKvWrite(r) => {
+                c.n_inputs(&[5, 6])?;
+                for (t, what) in [(&i[0], "q"), (&i[1], "k"), (&i[2], "v")] {
+                    c.float(t, what)?;
+                    c.rank(t, 3, what)?;
+                }
+                let (q, k, v) = (c.dims(&i[0]), c.dims(&i[1]), c.dims(&i[2]));
+                c.ensure(q[0] == k[0] && k[..2] == v[..2], || {
+                    "q, k and v must be [T, _, _] alike, k and v [T, Hkv, _]".into()
+                })?;
+                c.ensure(q[2] == k[2] && k[1] > 0 && q[1] % k[1] == 0, || {
+                    format!("q [T, Hq, D] and k [T, Hkv, D] with Hq a multiple of Hkv: {q:?}, {k:?}")
+                })?;
+                for (t, what) in [(&i[3], "positions"), (&i[4], "slots")] {
+                    c.dtype(t, DType::I32, what)?;
+                    c.ensure(t.shape.0 == [q[0]], || format!("{what} must be [{}]", q[0]))?;
+                }
+                c.ensure(r.n_rot % 2 == 0 && r.n_rot > 0 && r.n_rot <= q[2], || {
+                    format!(
+                        "n_rot {} must be even, positive and at most the head dim {}",
+                        r.n_rot, q[2]
+                    )
+                })?;
+                c.ensure(r.base > 0.0 && r.freq_scale > 0.0, || {
+                    "base and freq_scale must be positive".into()
+                })?;
+                if let Some(f) = i.get(5) {
+                    c.dtype(f, DType::F32, "freq_factors")?;
+                    c.ensure(f.shape.0 == [r.n_rot / 2], || {
+                        format!("freq_factors must be [{}]", r.n_rot / 2)
+                    })?;
+                }
+                return Ok(());
             }
         };
         if let Some(cap) = p.soft_cap {
@@ -182,17 +223,27 @@ impl Family for AttentionOp {
                 let dv = *i[2].shape.0.last().unwrap_or(&0);
                 Ok(vec![TensorDesc::new(i[0].dtype, Shape(vec![q[0], q[1], dv]))])
             }
-            AttentionOp::KvWrite => Err(c.err(
+            AttentionOp::KvWrite | AttentionOp::RopeKvWrite(_) => Err(c.err(
                 "updates its outputs in place: the caller supplies them, so they cannot be inferred",
             )),
         }
     }
 
     fn check_in_place(&self, c: &Ctx) -> Result<()> {
-        let (i, o) = (c.inputs, c.outputs);
-        if *self != AttentionOp::KvWrite {
-            return Err(c.err("is not an in-place op"));
-        }
+        let (i, o) = match self {
+            AttentionOp::KvWrite => (c.inputs, c.outputs),
+            AttentionOp::RopeKvWrite(_) => {
+                let (i, o) = (c.inputs, c.outputs);
+                c.ensure(o.len() == 3, || {
+                    format!("has 3 outputs (q_out, k_cache, v_cache), got {}", o.len())
+                })?;
+                c.ensure(o[0].dtype == i[0].dtype && o[0].shape == i[0].shape, || {
+                    "q_out must be q's dtype and shape".into()
+                })?;
+                (&i[1..], &o[1..])
+            }
+            _ => return Err(c.err("is not an in-place op")),
+        };
         c.ensure(o.len() == 2, || {
             format!("updates 2 outputs (k_cache, v_cache), got {}", o.len())
         })?;

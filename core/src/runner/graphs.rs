@@ -53,6 +53,12 @@ struct Entry {
     used: u64,
 }
 
+impl Entry {
+    fn drop_in(self, ex: &Executor) {
+        ex.backend().drop_graph(self.id);
+    }
+}
+
 struct State {
     entries: HashMap<Key, Entry>,
     /// Why recording is off for this model, once a pass could not be recorded.
@@ -138,7 +144,7 @@ impl Graphs {
                     .min_by_key(|(_, e)| e.used)
                     .map(|(k, _)| k.clone());
                 if let Some(e) = oldest.and_then(|k| st.entries.remove(&k)) {
-                    ex.backend().drop_graph(e.id);
+                    e.drop_in(ex);
                     st.stats.evicted += 1;
                 }
             }
@@ -182,7 +188,7 @@ impl Graphs {
     pub fn clear(&self, ex: &Executor) {
         let mut st = self.lock();
         for (_, e) in st.entries.drain() {
-            ex.backend().drop_graph(e.id);
+            e.drop_in(ex);
         }
     }
 }
@@ -228,9 +234,10 @@ fn padded(b: &ForwardBatch) -> (Key, ForwardBatch) {
     )
 }
 
-/// Records the forward pass of `b` into a graph.
+/// Records the forward pass of `b` into a graph. Every step input the pass read must hold
+/// `b`'s own values (a pass over part of its batch cannot be replayed for another batch).
 fn record(ex: &Executor, model: &dyn Model, caches: &KvCaches, b: &ForwardBatch) -> Result<Entry> {
-    ex.begin_capture(b)?;
+    ex.begin_capture()?;
     let logits = match model.forward(ex, b, caches) {
         Ok(l) => l,
         Err(e) => {
@@ -238,11 +245,29 @@ fn record(ex: &Executor, model: &dyn Model, caches: &KvCaches, b: &ForwardBatch)
             return Err(e);
         }
     };
-    let (id, inputs) = ex.end_capture()?;
-    Ok(Entry {
+    let (id, recorded) = ex.end_capture()?;
+    let mut inputs = Vec::with_capacity(recorded.len());
+    let entry_of = |inputs| Entry {
         id,
         inputs,
-        logits,
+        logits: logits.clone(),
         used: 0,
-    })
+    };
+    for (which, t, read) in recorded {
+        let (_, want) = match which.of(b) {
+            Ok(w) => w,
+            Err(e) => {
+                entry_of(inputs).drop_in(ex);
+                return Err(e);
+            }
+        };
+        if read != want {
+            entry_of(inputs).drop_in(ex);
+            return Err(Error::Model(format!(
+                "the pass read {which:?} of another batch than its own"
+            )));
+        }
+        inputs.push((which, t));
+    }
+    Ok(entry_of(inputs))
 }

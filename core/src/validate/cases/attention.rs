@@ -350,5 +350,47 @@ pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
             ],
         ));
     }
+
+    // RoPE of q and k with the K/V write: both pair layouts, partial rotary with frequency
+    // factors, GQA, f32 and f16 caches and one lossy one. q_out starts as NaN, so an element
+    // left unwritten fails the case.
+    for (mode, kv, n_rot, factors, label) in [
+        (RopeMode::Normal, F32, 64, false, "normal, f32 cache"),
+        (RopeMode::Neox, F16, 64, false, "neox, f16 cache"),
+        (RopeMode::Neox, F32, 32, true, "neox partial + freq_factors, f32 cache"),
+        (RopeMode::Normal, Q8_0, 64, false, "normal, q8_0 cache"),
+    ] {
+        let (t, hq, hkv, d) = (5usize, 6usize, 2usize, 64usize);
+        let mut r = Rng::from_label(label);
+        let perm = r.permutation(8 * 16);
+        let mut slots: Vec<i32> = perm[..t].iter().map(|&s| s as i32).collect();
+        slots[3] = -1; // padding row: q rotated, nothing written
+        let positions = rand_ids(label, t, 4096);
+        let mut p = RopeParams::new(mode, n_rot, 10000.0);
+        let mut inputs = vec![
+            n(F32, &[t, hq, d]),
+            n(F32, &[t, hkv, d]),
+            n(F32, &[t, hkv, d]),
+            ids(&[t], positions),
+            ids(&[t], slots),
+        ];
+        if factors {
+            p.freq_scale = 0.5;
+            inputs.push(Input::uniform(F32, &[n_rot / 2], 1.0, 8.0));
+        }
+        c.push(Case::in_place(
+            Op::Attention(AttentionOp::RopeKvWrite(p)),
+            format!("{label} T={t} Hq={hq} Hkv={hkv} D={d} n_rot={n_rot}"),
+            inputs,
+            vec![
+                (
+                    TensorDesc::new(F32, [t, hq, d]),
+                    Gen::Values(vec![f32::NAN; t * hq * d]),
+                ),
+                (TensorDesc::new(kv, [8, 16, hkv, d]), Gen::Normal(1.0)),
+                (TensorDesc::new(kv, [8, 16, hkv, d]), Gen::Normal(1.0)),
+            ],
+        ));
+    }
     Ok(())
 }
