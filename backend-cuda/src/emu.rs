@@ -230,7 +230,9 @@ impl EmuBackend {
         self.capture.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn lock_graphs(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<GraphId, EmuCapture>> {
+    fn lock_graphs(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<GraphId, EmuCapture>> {
         self.graphs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -263,7 +265,8 @@ impl EmuBackend {
                     // from is alive: an op's operands, or a graph's own tensors).
                     unsafe {
                         if *nan {
-                            std::slice::from_raw_parts_mut(*at as *mut f32, bytes / 4).fill(f32::NAN)
+                            std::slice::from_raw_parts_mut(*at as *mut f32, bytes / 4)
+                                .fill(f32::NAN)
                         } else {
                             std::ptr::write_bytes(*at as *mut u8, 0, *bytes)
                         }
@@ -420,7 +423,9 @@ impl Backend for EmuBackend {
                         .collect::<Result<_>>()?;
                     ops.push(EmuOp::Launch {
                         symbol: format!("kiln_emu_{}", l.kernel),
-                        dims: [l.grid.0, l.grid.1, l.grid.2, l.block.0, l.block.1, l.block.2],
+                        dims: [
+                            l.grid.0, l.grid.1, l.grid.2, l.block.0, l.block.1, l.block.2,
+                        ],
                         slots,
                     });
                 }

@@ -484,7 +484,9 @@ fn graphs_line(f: &kiln_core::runner::Forward) -> Option<String> {
     let st = f.graph_stats();
     Some(match (on, off) {
         (false, _) => "graphs: off (KILN_GRAPHS=0); every op launched on its own".into(),
-        (true, Some(why)) => format!("graphs: off for this model ({why}); every op launched on its own"),
+        (true, Some(why)) => {
+            format!("graphs: off for this model ({why}); every op launched on its own")
+        }
         (true, None) => format!(
             "graphs: {} decode steps replayed from {} recorded graph(s) (a launch a step)",
             st.replayed, st.captured

@@ -560,8 +560,16 @@ fn decode_steps_replayed_as_graphs_equal_the_steps_run_op_by_op() {
         }
         let st = graphs.forward().graph_stats();
         let (_, off) = graphs.forward().graphs();
-        println!("{name}: {st:?}{}", off.as_ref().map(|o| format!(", off: {o}")).unwrap_or_default());
-        assert!(off.is_none(), "{name}: recording turned itself off: {off:?}");
+        println!(
+            "{name}: {st:?}{}",
+            off.as_ref()
+                .map(|o| format!(", off: {o}"))
+                .unwrap_or_default()
+        );
+        assert!(
+            off.is_none(),
+            "{name}: recording turned itself off: {off:?}"
+        );
         // Widths 2, 4, 8 of one sequence, and the batch of three.
         assert!(st.captured >= 3, "{name}: {st:?}");
         assert_eq!(st.replayed, 7 + 4, "{name}: every decode step replayed");

@@ -352,6 +352,8 @@ pub(super) fn run_op(dev: &Device, op: &AttentionOp, i: &[&Tensor], o: &[&Tensor
         AttentionOp::Attention(p) => attention(dev, p, i, o[0]),
         AttentionOp::PagedAttention(p) => paged_attention(dev, p, i, o[0]),
         AttentionOp::KvWrite => kv_write(dev, i, o),
-        AttentionOp::RopeKvWrite(_) => Err(super::no_kernel(&kiln_core::op::Op::Attention(op.clone()))),
+        AttentionOp::RopeKvWrite(_) => {
+            Err(super::no_kernel(&kiln_core::op::Op::Attention(op.clone())))
+        }
     }
 }

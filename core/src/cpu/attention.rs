@@ -425,6 +425,9 @@ mod tests {
         }
         // And it did something: q turned, and the written rows changed.
         assert_ne!(cpu.download(&q_out).unwrap(), cpu.download(&q).unwrap());
-        assert_ne!(cpu.download(&kc).unwrap(), cpu.download(&cache(0.25)).unwrap());
+        assert_ne!(
+            cpu.download(&kc).unwrap(),
+            cpu.download(&cache(0.25)).unwrap()
+        );
     }
 }

@@ -328,7 +328,10 @@ impl Executor {
         }
         let mut c = self.lock_capture();
         if c.is_some() {
-            return Err(Error::backend(self.backend.name(), "a step is already being recorded"));
+            return Err(Error::backend(
+                self.backend.name(),
+                "a step is already being recorded",
+            ));
         }
         self.backend.begin_capture()?;
         *c = Some(Capture { inputs: Vec::new() });
@@ -343,7 +346,8 @@ impl Executor {
         let c = self.lock_capture().take();
         self.capturing
             .store(false, std::sync::atomic::Ordering::Relaxed);
-        let c = c.ok_or_else(|| Error::backend(self.backend.name(), "no step is being recorded"))?;
+        let c =
+            c.ok_or_else(|| Error::backend(self.backend.name(), "no step is being recorded"))?;
         let id = self.backend.end_capture()?;
         Ok((id, c.inputs))
     }

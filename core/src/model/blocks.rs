@@ -130,7 +130,9 @@ pub(crate) fn rope_attention(
             .tables
             .get(g)
             .ok_or_else(|| Error::Model(format!("no block table for KV group {g}")))?;
-        if let Some(qr) = ex.rope_kv_write(q, k, v, (&bt.positions, slots), rope, freqs, (kc, vc))? {
+        if let Some(qr) =
+            ex.rope_kv_write(q, k, v, (&bt.positions, slots), rope, freqs, (kc, vc))?
+        {
             return attention(ex, bt, kv, (g, gi), &qr, None, p);
         }
     }

@@ -88,11 +88,7 @@ impl KvCaches {
     /// Whether layer `(g, gi)`'s keys go into its cache as they are (no calibration running,
     /// no center to subtract): then their write may be fused with the RoPE before it.
     pub fn keys_as_they_are(&self, (g, gi): (usize, usize), soft_capped: bool) -> bool {
-        let calibrating = self
-            .calibration
-            .lock()
-            .map(|c| c.is_some())
-            .unwrap_or(true);
+        let calibrating = self.calibration.lock().map(|c| c.is_some()).unwrap_or(true);
         let centered = self
             .centers
             .get(g)

@@ -134,7 +134,9 @@ impl Family for AttentionOp {
                     "q, k and v must be [T, _, _] alike, k and v [T, Hkv, _]".into()
                 })?;
                 c.ensure(q[2] == k[2] && k[1] > 0 && q[1] % k[1] == 0, || {
-                    format!("q [T, Hq, D] and k [T, Hkv, D] with Hq a multiple of Hkv: {q:?}, {k:?}")
+                    format!(
+                        "q [T, Hq, D] and k [T, Hkv, D] with Hq a multiple of Hkv: {q:?}, {k:?}"
+                    )
                 })?;
                 for (t, what) in [(&i[3], "positions"), (&i[4], "slots")] {
                     c.dtype(t, DType::I32, what)?;

@@ -200,14 +200,22 @@ fn is_decode(b: &ForwardBatch) -> bool {
         && s <= MAX_GRAPH_SEQS
         && b.tokens.len() == s
         && b.positions.len() == s
-        && b.seqs.iter().enumerate().all(|(i, q)| q.q_start == i && q.q_len == 1)
+        && b.seqs
+            .iter()
+            .enumerate()
+            .all(|(i, q)| q.q_start == i && q.q_len == 1)
         && b.logits_rows.iter().copied().eq(0..s)
 }
 
 /// The batch's shape key, and the batch with every block table padded to its group's
 /// rounded width.
 fn padded(b: &ForwardBatch) -> (Key, ForwardBatch) {
-    let groups = b.seqs.iter().map(|q| q.block_tables.len()).max().unwrap_or(0);
+    let groups = b
+        .seqs
+        .iter()
+        .map(|q| q.block_tables.len())
+        .max()
+        .unwrap_or(0);
     let widths: Vec<usize> = (0..groups)
         .map(|g| {
             b.seqs

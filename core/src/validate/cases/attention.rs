@@ -357,7 +357,13 @@ pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
     for (mode, kv, n_rot, factors, label) in [
         (RopeMode::Normal, F32, 64, false, "normal, f32 cache"),
         (RopeMode::Neox, F16, 64, false, "neox, f16 cache"),
-        (RopeMode::Neox, F32, 32, true, "neox partial + freq_factors, f32 cache"),
+        (
+            RopeMode::Neox,
+            F32,
+            32,
+            true,
+            "neox partial + freq_factors, f32 cache",
+        ),
         (RopeMode::Normal, Q8_0, 64, false, "normal, q8_0 cache"),
     ] {
         let (t, hq, hkv, d) = (5usize, 6usize, 2usize, 64usize);
