@@ -348,8 +348,13 @@ impl Executor {
             .store(false, std::sync::atomic::Ordering::Relaxed);
         let c =
             c.ok_or_else(|| Error::backend(self.backend.name(), "no step is being recorded"))?;
-        let id = self.backend.end_capture()?;
-        Ok((id, c.inputs))
+        match self.backend.end_capture() {
+            Ok(id) => Ok((id, c.inputs)),
+            Err(e) => {
+                self.backend.abort_capture();
+                Err(e)
+            }
+        }
     }
 
     /// Ends a recording that failed, keeping nothing.

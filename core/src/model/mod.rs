@@ -78,13 +78,6 @@ impl KvCaches {
         })
     }
 
-    /// The keys to write into layer `gi` of group `g`: `k` less the layer's key center when
-    /// it has one. Attention is unchanged by it: every key a query sees has the same vector
-    /// subtracted, so every score drops by the same `q·center` and the softmax cancels it
-    /// (which is why `soft_capped` layers, whose cap is not shift-invariant, are never
-    /// centered). What it buys is precision: many models' keys share a large constant part
-    /// (a few outlier channels of one sign), which a lossy cache would otherwise spend its
-    /// bits on. While calibrating, the keys are also summed per channel.
     /// Whether layer `(g, gi)`'s keys go into its cache as they are (no calibration running,
     /// no center to subtract): then their write may be fused with the RoPE before it.
     pub fn keys_as_they_are(&self, (g, gi): (usize, usize), soft_capped: bool) -> bool {
@@ -97,6 +90,13 @@ impl KvCaches {
         !calibrating && (soft_capped || !centered)
     }
 
+    /// The keys to write into layer `gi` of group `g`: `k` less the layer's key center when
+    /// it has one. Attention is unchanged by it: every key a query sees has the same vector
+    /// subtracted, so every score drops by the same `q·center` and the softmax cancels it
+    /// (which is why `soft_capped` layers, whose cap is not shift-invariant, are never
+    /// centered). What it buys is precision: many models' keys share a large constant part
+    /// (a few outlier channels of one sign), which a lossy cache would otherwise spend its
+    /// bits on. While calibrating, the keys are also summed per channel.
     pub fn centered_keys(
         &self,
         ex: &Executor,
@@ -327,13 +327,21 @@ impl StepInput {
                     .map(|q| int(q.state_read, "state slot"))
                     .collect::<Result<_>>()?,
             ),
-            StepInput::StateWrite => (
-                vec![s],
-                b.seqs
-                    .iter()
-                    .map(|q| int(q.state_slot, "state slot"))
-                    .collect::<Result<_>>()?,
-            ),
+            StepInput::StateWrite => {
+                // Slot 0 is the zero state every new sequence reads: never written.
+                if b.seqs.iter().any(|q| q.state_slot == 0) {
+                    return Err(Error::Model(
+                        "a sequence has no recurrent-state slot".into(),
+                    ));
+                }
+                (
+                    vec![s],
+                    b.seqs
+                        .iter()
+                        .map(|q| int(q.state_slot, "state slot"))
+                        .collect::<Result<_>>()?,
+                )
+            }
         })
     }
 }

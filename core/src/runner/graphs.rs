@@ -12,8 +12,8 @@
 //! rounded up to a power of two (the tables are padded with block 0, which no kernel reads
 //! past a sequence's length), so a growing context records a new graph only when its table
 //! doubles. A pass that cannot be recorded (an op the backend does not run, an upload inside
-//! the pass) turns recording off for the model, once, with the reason logged; it then runs
-//! as before.
+//! the pass) runs as before; after a few such passes in a row recording turns itself off for
+//! the model, with the reason logged.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -59,10 +59,15 @@ impl Entry {
     }
 }
 
+/// Recordings that may fail in a row before recording turns itself off for the model (a
+/// pass's first use of a lazily uploaded constant fails once, then succeeds).
+const MAX_FAILED_RECORDINGS: u32 = 3;
+
 struct State {
     entries: HashMap<Key, Entry>,
-    /// Why recording is off for this model, once a pass could not be recorded.
+    /// Why recording is off for this model, once passes could not be recorded.
     off: Option<String>,
+    failed: u32,
     clock: u64,
     stats: GraphStats,
 }
@@ -82,6 +87,7 @@ impl Graphs {
             state: Mutex::new(State {
                 entries: HashMap::new(),
                 off: None,
+                failed: 0,
                 clock: 0,
                 stats: GraphStats::default(),
             }),
@@ -151,14 +157,18 @@ impl Graphs {
             match record(ex, model, caches, &padded) {
                 Ok(e) => {
                     st.stats.captured += 1;
+                    st.failed = 0;
                     st.entries.insert(key.clone(), e);
                 }
                 Err(e) => {
-                    tracing::info!(
-                        backend = ex.backend().name(),
-                        "decode steps are not recorded as graphs for this model: {e}"
-                    );
-                    st.off = Some(e.to_string());
+                    st.failed += 1;
+                    if st.failed >= MAX_FAILED_RECORDINGS {
+                        tracing::info!(
+                            backend = ex.backend().name(),
+                            "decode steps are not recorded as graphs for this model: {e}"
+                        );
+                        st.off = Some(e.to_string());
+                    }
                     return Ok(None);
                 }
             }
@@ -245,14 +255,17 @@ fn padded(b: &ForwardBatch) -> (Key, ForwardBatch) {
 /// Records the forward pass of `b` into a graph. Every step input the pass read must hold
 /// `b`'s own values (a pass over part of its batch cannot be replayed for another batch).
 fn record(ex: &Executor, model: &dyn Model, caches: &KvCaches, b: &ForwardBatch) -> Result<Entry> {
-    ex.begin_capture()?;
-    let logits = match model.forward(ex, b, caches) {
-        Ok(l) => l,
-        Err(e) => {
-            ex.abort_capture();
-            return Err(e);
+    /// Ends the recording if the pass fails or panics before `end_capture`.
+    struct Abort<'a>(&'a Executor);
+    impl Drop for Abort<'_> {
+        fn drop(&mut self) {
+            self.0.abort_capture();
         }
-    };
+    }
+    ex.begin_capture()?;
+    let guard = Abort(ex);
+    let logits = model.forward(ex, b, caches)?;
+    std::mem::forget(guard);
     let (id, recorded) = ex.end_capture()?;
     let mut inputs = Vec::with_capacity(recorded.len());
     let entry_of = |inputs| Entry {

@@ -351,9 +351,9 @@ pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
         ));
     }
 
-    // RoPE of q and k with the K/V write: both pair layouts, partial rotary with frequency
-    // factors, GQA, f32 and f16 caches and one lossy one. q_out starts as NaN, so an element
-    // left unwritten fails the case.
+    // RoPE of q and k with the K/V write: both pair layouts, partial rotary (with and without
+    // frequency factors), GQA, f32 and f16 caches. q_out starts as NaN, so an element left
+    // unwritten fails the case.
     for (mode, kv, n_rot, factors, label) in [
         (RopeMode::Normal, F32, 64, false, "normal, f32 cache"),
         (RopeMode::Neox, F16, 64, false, "neox, f16 cache"),
@@ -364,7 +364,13 @@ pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
             true,
             "neox partial + freq_factors, f32 cache",
         ),
-        (RopeMode::Normal, Q8_0, 64, false, "normal, q8_0 cache"),
+        (
+            RopeMode::Normal,
+            F16,
+            48,
+            false,
+            "normal partial, f16 cache",
+        ),
     ] {
         let (t, hq, hkv, d) = (5usize, 6usize, 2usize, 64usize);
         let mut r = Rng::from_label(label);
