@@ -166,17 +166,10 @@ __device__ void rope_kv_write(const float* q, const float* k, const float* v, co
         if (e < d) put(e, x[e]);
         return;
     }
-    float inv = powf(base, -2.0f * (float)j / (float)n_rot);
-    if (has_factors) inv /= factors[j];
-    const float a = (float)pos[tok] * freq_scale * inv;
-    float sn, cs;
-    sincosf(a, &sn, &cs);
-    cs *= attn_factor;
-    sn *= attn_factor;
-    const u32 i0 = neox ? j : 2 * j;
-    const u32 i1 = neox ? j + half : 2 * j + 1;
-    const float x0 = x[i0], x1 = x[i1];
-    const float y0 = x0 * cs - x1 * sn, y1 = x0 * sn + x1 * cs;
+    u32 i0, i1;
+    float y0, y1;
+    rope_turn(x, factors, has_factors, pos[tok], j, n_rot, neox, base, freq_scale, attn_factor, i0, i1, y0,
+              y1);
     put(i0, y0);
     put(i1, y1);
 }

@@ -161,3 +161,24 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 }
 
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(__expf(x)); }
+
+// RoPE's pair j of n_rot at position pos: the indices of its two values in a head (adjacent,
+// or halves for NeoX) and the turned pair, with the angle pos · freq_scale · base^(-2j/n_rot)
+// / factors[j] and cos and sin scaled by attn_factor (rope.cu, attention_kv_write.cu).
+__device__ __forceinline__ void rope_turn(const float* x, const float* factors, u32 has_factors, int pos, u32 j,
+                                          u32 n_rot, u32 neox, float base, float freq_scale, float attn_factor,
+                                          u32& i0, u32& i1, float& y0, float& y1) {
+    float inv = powf(base, -2.0f * (float)j / (float)n_rot);
+    if (has_factors) inv /= factors[j];
+    const float a = (float)pos * freq_scale * inv;
+    float s, c;
+    sincosf(a, &s, &c);
+    c *= attn_factor;
+    s *= attn_factor;
+    const u32 half = n_rot / 2;
+    i0 = neox ? j : 2 * j;
+    i1 = neox ? j + half : 2 * j + 1;
+    const float x0 = x[i0], x1 = x[i1];
+    y0 = x0 * c - x1 * s;
+    y1 = x0 * s + x1 * c;
+}

@@ -19,16 +19,10 @@ extern "C" __global__ void rope_f32(const float* x, const int* pos, const float*
         if (k < d) y[row + k] = x[row + k];
         return;
     }
-    float inv = powf(base, -2.0f * (float)j / (float)n_rot);
-    if (has_factors) inv /= factors[j];
-    const float a = (float)pos[tok] * freq_scale * inv;
-    float s, c;
-    sincosf(a, &s, &c);
-    c *= attn_factor;
-    s *= attn_factor;
-    const u32 i0 = neox ? j : 2 * j;
-    const u32 i1 = neox ? j + half : 2 * j + 1;
-    const float x0 = x[row + i0], x1 = x[row + i1];
-    y[row + i0] = x0 * c - x1 * s;
-    y[row + i1] = x0 * s + x1 * c;
+    u32 i0, i1;
+    float y0, y1;
+    rope_turn(x + row, factors, has_factors, pos[tok], j, n_rot, neox, base, freq_scale, attn_factor, i0, i1,
+              y0, y1);
+    y[row + i0] = y0;
+    y[row + i1] = y1;
 }

@@ -388,11 +388,7 @@ impl Gpu {
             .0
             .launch()
             .map_err(|e| driver_err("launching a graph", e))?;
-        self.launches.fetch_add(1, Ordering::Relaxed);
-        self.submit_ns.fetch_add(
-            t0.elapsed().as_nanos().min(u64::MAX as u128) as u64,
-            Ordering::Relaxed,
-        );
+        self.count(1, t0.elapsed());
         Ok(())
     }
 
@@ -443,11 +439,7 @@ impl Gpu {
         unsafe { result::memcpy_htod_async(at, bytes, self.stream.cu_stream()) }
             .map_err(|e| driver_err("upload", e))?;
         // An upload is submitted work like a launch (a decode step's inputs are a few).
-        self.launches.fetch_add(1, Ordering::Relaxed);
-        self.submit_ns.fetch_add(
-            t0.elapsed().as_nanos().min(u64::MAX as u128) as u64,
-            Ordering::Relaxed,
-        );
+        self.count(1, t0.elapsed());
         Ok(())
     }
 
@@ -472,6 +464,11 @@ impl Gpu {
             .iter()
             .filter(|s| !matches!(s, Step::Scratch(_)))
             .count() as u64;
+        self.count(n, took);
+    }
+
+    /// Counts `n` launches or copies submitted in `took` of host time.
+    fn count(&self, n: u64, took: std::time::Duration) {
         self.launches.fetch_add(n, Ordering::Relaxed);
         self.submit_ns.fetch_add(
             took.as_nanos().min(u64::MAX as u128) as u64,

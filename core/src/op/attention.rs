@@ -142,22 +142,7 @@ impl Family for AttentionOp {
                     c.dtype(t, DType::I32, what)?;
                     c.ensure(t.shape.0 == [q[0]], || format!("{what} must be [{}]", q[0]))?;
                 }
-                c.ensure(r.n_rot % 2 == 0 && r.n_rot > 0 && r.n_rot <= q[2], || {
-                    format!(
-                        "n_rot {} must be even, positive and at most the head dim {}",
-                        r.n_rot, q[2]
-                    )
-                })?;
-                c.ensure(r.base > 0.0 && r.freq_scale > 0.0, || {
-                    "base and freq_scale must be positive".into()
-                })?;
-                if let Some(f) = i.get(5) {
-                    c.dtype(f, DType::F32, "freq_factors")?;
-                    c.ensure(f.shape.0 == [r.n_rot / 2], || {
-                        format!("freq_factors must be [{}]", r.n_rot / 2)
-                    })?;
-                }
-                return Ok(());
+                return r.check(c, q[2], i.get(5));
             }
         };
         if let Some(cap) = p.soft_cap {

@@ -30,6 +30,35 @@ pub struct RopeParams {
 }
 
 impl RopeParams {
+    /// The checks every op taking these parameters makes: `n_rot` fits a head of `head_dim`,
+    /// the frequencies are positive, and `factors` (where given) is `[n_rot/2]` f32.
+    pub(crate) fn check(
+        &self,
+        c: &Ctx,
+        head_dim: usize,
+        factors: Option<&TensorDesc>,
+    ) -> Result<()> {
+        c.ensure(
+            self.n_rot % 2 == 0 && self.n_rot > 0 && self.n_rot <= head_dim,
+            || {
+                format!(
+                    "n_rot {} must be even, positive and at most the head dim {head_dim}",
+                    self.n_rot
+                )
+            },
+        )?;
+        c.ensure(self.base > 0.0 && self.freq_scale > 0.0, || {
+            "base and freq_scale must be positive".into()
+        })?;
+        if let Some(f) = factors {
+            c.dtype(f, DType::F32, "freq_factors")?;
+            c.ensure(f.shape.0 == [self.n_rot / 2], || {
+                format!("freq_factors must be [{}]", self.n_rot / 2)
+            })?;
+        }
+        Ok(())
+    }
+
     pub fn new(mode: RopeMode, n_rot: usize, base: f32) -> Self {
         RopeParams {
             mode,
@@ -73,22 +102,7 @@ impl Family for RopeOp {
         c.ensure(i[1].shape.0 == [d[0]], || {
             format!("positions must be [{}]", d[0])
         })?;
-        c.ensure(p.n_rot % 2 == 0 && p.n_rot > 0 && p.n_rot <= d[2], || {
-            format!(
-                "n_rot {} must be even, positive and at most the head dim {}",
-                p.n_rot, d[2]
-            )
-        })?;
-        c.ensure(p.base > 0.0 && p.freq_scale > 0.0, || {
-            "base and freq_scale must be positive".into()
-        })?;
-        if i.len() == 3 {
-            c.dtype(&i[2], DType::F32, "freq_factors")?;
-            c.ensure(i[2].shape.0 == [p.n_rot / 2], || {
-                format!("freq_factors must be [{}]", p.n_rot / 2)
-            })?;
-        }
-        Ok(())
+        p.check(c, d[2], i.get(2))
     }
 
     fn infer(&self, c: &Ctx) -> Result<Vec<TensorDesc>> {
