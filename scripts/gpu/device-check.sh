@@ -124,10 +124,11 @@ validate_cuda() {
 greedy() {
     local name=$1 model=$2
     shift 2
-    run "greedy-$name-cpu" 60 "$K" run -m "$model" --backend cpu --json --ignore-eos -n 16 --temp 0 "The quick brown fox"
+    local prompt=${GREEDY_PROMPT:-The quick brown fox}
+    run "greedy-$name-cpu" 60 "$K" run -m "$model" --backend cpu --json --ignore-eos -n 16 --temp 0 "$prompt"
     for b in "$@"; do
         # The CPU's f32 cache on the GPU too: with the GPU default (f16) near-ties may flip.
-        run "greedy-$name-$b" 60 "$K" run -m "$model" --backend "$b" --strict --kv-type f32 --json --ignore-eos -n 16 --temp 0 "The quick brown fox"
+        run "greedy-$name-$b" 60 "$K" run -m "$model" --backend "$b" --strict --kv-type f32 --json --ignore-eos -n 16 --temp 0 "$prompt"
         python3 - "$LOGS/greedy-$name-cpu.log" "$LOGS/greedy-$name-$b.log" <<'EOF' | tee -a "$SUMMARY"
 import json, sys
 def run(p):
@@ -227,6 +228,16 @@ for s in $steps; do
         models) models ;;
         validate_cuda) validate_cuda ;;
         greedy_tiny_cuda) greedy_tiny cuda ;;
+        greedy_long)
+            # A 147-token prompt: decode steps past 128 keys, where the paged decode kernel
+            # splits the key range (scratch and combine inside the replayed graph).
+            GREEDY_PROMPT=$(for i in $(seq 0 11); do printf 'the quick brown fox jumps over the lazy dog %d, ' "$i"; done)
+            export GREEDY_PROMPT
+            for m in llama qwen3 gemma3 qwen3_5 qwen3_5_moe gemma4 gemma4_moe; do
+                greedy "long-$m" tests/fixtures/hf/$m cuda
+            done
+            unset GREEDY_PROMPT
+            ;;
         greedy_tiny_wgpu) greedy_tiny wgpu ;;
         bench_cuda)
             wait_models
