@@ -2,6 +2,7 @@
 //! family file maps its file's metadata and tensor names onto a shared implementation.
 
 mod blocks;
+pub(crate) use blocks::check_batch;
 pub mod decoder;
 pub mod dflash;
 pub mod diffusion_gemma;

@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use crate::backend::GraphId;
 use crate::error::{Error, Result};
 use crate::exec::Executor;
-use crate::model::{ForwardBatch, KvCaches, Model, StepInput};
+use crate::model::{check_batch, ForwardBatch, KvCaches, Model, StepInput};
 use crate::tensor::Tensor;
 
 /// The most sequences a recorded step serves.
@@ -129,12 +129,8 @@ impl Graphs {
         if !self.enabled || ex.profiling() || !is_decode(batch) {
             return Ok(None);
         }
-        let vocab = model.info().vocab;
-        if let Some(&bad) = batch.tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::Model(format!(
-                "token id {bad} is outside the vocabulary of {vocab}"
-            )));
-        }
+        // The checks the model's own pass makes of its batch, which a replay skips.
+        check_batch(batch, model.info().vocab)?;
         let (key, padded) = padded(batch);
         let mut st = self.lock();
         if st.off.is_some() {
