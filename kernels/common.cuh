@@ -89,6 +89,38 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// D = A·B + D over one warp's 16×8×16 tile: A (16×16) and B (16×8) in bf16, D in f32 — PTX's
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (sm_80 and later). With g = lane / 4 and
+// t = lane % 4 a lane holds (PTX ISA, "Matrix fragments for mma.m16n8k16 with floating point
+// type"; each word two bf16, the lower-numbered element in its low half):
+//   a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][2t+8, 2t+9]
+//   b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g]
+//   d[0], d[1] = D[g][2t, 2t+1]   d[2], d[3] = D[g+8][2t, 2t+1]
+// Every lane of the warp calls it with the same control flow. The CPU emulation computes the
+// same tile from the same fragments (kiln_emu.h), so the kernels' fragment indexing is checked
+// without a GPU.
+__device__ __forceinline__ void mma_bf16_16816(float* d, const u32* a, const u32* b) {
+#if defined(__CUDA_ARCH__)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    kiln_emu_mma_bf16_16816(d, a, b);
+#endif
+}
+
+// v as two bf16 (bit patterns), hi = bf16(v) and lo = bf16(v - hi), so that hi + lo carries 16
+// of f32's 24 significant bits: bf16 rounds to nearest with 8 significant bits, so
+// |v - hi| <= 2^-8 |v|; v - hi is exact in f32; |(v - hi) - lo| <= 2^-8 |v - hi|; hence
+// |v - hi - lo| <= 2^-16 |v|. A non-finite hi keeps lo zero (an infinity stays one instead of
+// becoming inf - inf = NaN).
+__device__ __forceinline__ void split_bf16(float v, u32& hi, u32& lo) {
+    hi = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    const float rest = v - __uint_as_float(hi << 16);
+    lo = (hi & 0x7F80u) == 0x7F80u ? 0u : (u32)__bfloat16_as_ushort(__float2bfloat16_rn(rest));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

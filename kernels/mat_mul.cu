@@ -80,7 +80,155 @@ struct SlotRows {
     }
 };
 
+// Which tile kernel the block formats (and float weights with K a multiple of 32) take: 1 (the
+// default) the tensor-core tile below, 0 the f32 FMA tile after it. A knob of
+// KILN_CUDA_DEFINES, so one build measures both on a GPU; both tile 64 × 64 with 256 threads,
+// so the launch is the same.
+#ifndef MM_TC
+#define MM_TC 1
+#endif
+
+// Whether every value of weight format B is a bf16 (the split below then has no low part).
+template <typename B>
+struct ExactBf16 {
+    static constexpr bool value = false;
+};
+template <>
+struct ExactBf16<BF16W> {
+    static constexpr bool value = true;
+};
+
+#if MM_TC
+// The tensor-core tile: y = x · wᵀ for a 64 × 64 output tile with mma.sync m16n8k16 (bf16 in,
+// f32 accumulation), exact to about 2^-14 of Σ|x·w| rather than to bf16's 2^-8. Each staged
+// value v (an activation, a dequantized weight) is split into bf16 hi + lo (split_bf16:
+// |v - hi - lo| <= 2^-16 |v|) and each product is taken as xh·wh + xh·wl + xl·wh: the terms
+// left out, xl·wl and the splits' remainders, are each at most 2^-16 |x·w|, so
+// |x·w - the three| <= 3 · 2^-16 |x·w| < 2^-14 |x·w|, and the f32 sums add their own rounding
+// as the FMA tile's do. bf16 keeps f32's exponent range, so no activation overflows (f16
+// would). Weights whose values are bf16 (BF16W) have no low part and skip its product.
+//
+// Each 32-value K step: every thread dequantizes 8 weights (row t/4, values (t%4)·8 ..) and
+// loads 8 activations of the same place, splits them and stores hi and lo words in shared
+// memory, rows padded to 20 words so the fragment loads (8 rows × 4 words a warp) hit 32
+// different banks; the loads of the next step are issued before this step's mma so they are
+// in flight meanwhile. The 8 warps each take 32 × 16 outputs: 2 × 2 fragments, 4 accumulators
+// a lane each.
+#define TC_ROW 20  // u32 words a staged row: 16 for 32 bf16, 4 of padding
+
+__device__ __forceinline__ void tc_store8(u32* hi, u32* lo, const float* v) {
+    u32 h[8], l[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) split_bf16(v[i], h[i], l[i]);
+    uint4 a, b;
+    a.x = h[0] | (h[1] << 16), a.y = h[2] | (h[3] << 16), a.z = h[4] | (h[5] << 16), a.w = h[6] | (h[7] << 16);
+    b.x = l[0] | (l[1] << 16), b.y = l[2] | (l[3] << 16), b.z = l[4] | (l[5] << 16), b.w = l[6] | (l[7] << 16);
+    *(uint4*)hi = a;
+    *(uint4*)lo = b;
+}
+
 // w: the weight matrix [N, K] whose rows col0 .. col0 + 63 this block takes.
+template <typename B, typename Rows>
+__device__ __forceinline__ void mat_mul_tile(const float* x, const u8* w, float* y, Rows rows, u32 col0, u32 n,
+                                             u32 k) {
+    // Shared words as uint4 so the 16-byte stores are aligned (TC_ROW words = 5 uint4).
+    __shared__ uint4 xs_hi[QT * TC_ROW / 4], xs_lo[QT * TC_ROW / 4], ws_hi[QT * TC_ROW / 4],
+        ws_lo[QT * TC_ROW / 4];
+    __shared__ long long xrow[QT], yrow[QT];
+    const u32 t = threadIdx.x, lane = t % WARP, warp = t / WARP;
+    const u32 g = lane / 4, q = lane % 4;
+    const u32 wm = (warp / 4) * 32, wn = (warp % 4) * 16;  // the warp's outputs in the tile
+    if (t < QT) {
+        xrow[t] = rows.x_row(t);
+        yrow[t] = rows.y_row(t);
+    }
+    __syncthreads();
+    // This thread's share of each step: row sr of both tiles, values k0 + sc .. + 8.
+    const u32 sr = t / 4, sc = (t % 4) * 8;
+    const bool w_ok = col0 + sr < n;
+    const u8* wrow = weight_row<B>(w, w_ok ? col0 + sr : 0, k);
+    const long long xr = xrow[sr];
+    const float* xp = xr >= 0 ? x + (size_t)xr * k + sc : nullptr;
+    const bool x16 = ((size_t)x & 15u) == 0;  // rows are then 16-byte aligned (K % 32 == 0)
+    float wv[8], xv[8];
+    auto fetch = [&](u32 k0) {
+        if (w_ok) {
+            B::load8(wrow, k0 + sc, wv);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) wv[i] = 0.0f;
+        }
+        if (xp && x16) {
+            const float4 a = *(const float4*)(xp + k0), b = *(const float4*)(xp + k0 + 4);
+            xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
+            xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) xv[i] = xp ? xp[k0 + i] : 0.0f;
+        }
+    };
+    const u32* xh = (const u32*)xs_hi;
+    const u32* xl = (const u32*)xs_lo;
+    const u32* wh = (const u32*)ws_hi;
+    const u32* wl = (const u32*)ws_lo;
+    float acc[2][2][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+    fetch(0);
+    for (u32 k0 = 0; k0 < k; k0 += QK_STEP) {
+        const u32 at = sr * TC_ROW + sc / 2;
+        tc_store8((u32*)xs_hi + at, (u32*)xs_lo + at, xv);
+        tc_store8((u32*)ws_hi + at, (u32*)ws_lo + at, wv);
+        __syncthreads();
+        if (k0 + QK_STEP < k) fetch(k0 + QK_STEP);
+#pragma unroll
+        for (u32 kw = 0; kw < QK_STEP / 2; kw += 8) {  // two k16 steps, 8 words each
+            u32 ah[2][4], al[2][4], bh[2][2], bl[2][2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const u32 r0 = (wm + 16 * i + g) * TC_ROW + kw + q, r1 = r0 + 8 * TC_ROW;
+                ah[i][0] = xh[r0], ah[i][1] = xh[r1], ah[i][2] = xh[r0 + 4], ah[i][3] = xh[r1 + 4];
+                al[i][0] = xl[r0], al[i][1] = xl[r1], al[i][2] = xl[r0 + 4], al[i][3] = xl[r1 + 4];
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const u32 c0 = (wn + 8 * j + g) * TC_ROW + kw + q;
+                bh[j][0] = wh[c0], bh[j][1] = wh[c0 + 4];
+                bl[j][0] = wl[c0], bl[j][1] = wl[c0 + 4];
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    // The small terms first, then the large one.
+                    mma_bf16_16816(acc[i][j], al[i], bh[j]);
+                    if constexpr (!ExactBf16<B>::value) mma_bf16_16816(acc[i][j], ah[i], bl[j]);
+                    mma_bf16_16816(acc[i][j], ah[i], bh[j]);
+                }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; e2++) {
+            const long long r = yrow[wm + 16 * i + g + 8 * e2];
+            if (r < 0) continue;
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int e1 = 0; e1 < 2; e1++) {
+                    const u32 c = col0 + wn + 8 * j + 2 * q + e1;
+                    if (c < n) y[(size_t)r * n + c] = acc[i][j][2 * e2 + e1];
+                }
+        }
+}
+#else
+// The FMA tile. w: the weight matrix [N, K] whose rows col0 .. col0 + 63 this block takes.
 template <typename B, typename Rows>
 __device__ __forceinline__ void mat_mul_tile(const float* x, const u8* w, float* y, Rows rows, u32 col0, u32 n,
                                              u32 k) {
@@ -147,6 +295,7 @@ __device__ __forceinline__ void mat_mul_tile(const float* x, const u8* w, float*
         }
     }
 }
+#endif
 
 template <typename B>
 __device__ __forceinline__ void mat_mul_blocks(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
@@ -171,6 +320,40 @@ __device__ __forceinline__ void mat_mul_id_grouped(const float* x, const u8* w, 
     const u32 base = (u32)offsets[lo] + (tile - (u32)tiles[lo]) * QT;
     const SlotRows rows{order, base, (u32)offsets[lo + 1], k, x_per_slot};
     mat_mul_tile<B>(x, weight_row<B>(w, (size_t)lo * n, kd), y, rows, blockIdx.x * QT, n, kd);
+}
+
+// Float weights with K a multiple of 32 take the same 64 × 64 tile as the block formats (the
+// tensor cores by default); other K the 32 × 32 tile above.
+// @hot
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_tiles_f32(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    mat_mul_blocks<F32W>(x, w, y, m, n, k);
+}
+
+// @hot
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_tiles_f16(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    mat_mul_blocks<F16W>(x, w, y, m, n, k);
+}
+
+// @hot
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_tiles_bf16(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    mat_mul_blocks<BF16W>(x, w, y, m, n, k);
+}
+
+// @hot
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_id_grouped_f32(const float* x, const u8* w, const int* order, const int* offsets, const int* tiles,
+                       float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_grouped<F32W>(x, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne);
+}
+
+// @hot
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_id_grouped_bf16(const float* x, const u8* w, const int* order, const int* offsets, const int* tiles,
+                        float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_grouped<BF16W>(x, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne);
 }
 
 // @hot

@@ -75,6 +75,7 @@ struct Block {
     int live = 0, arrived = 0;
     std::vector<int> warp_live, warp_arrived;
     std::vector<float> shfl_f;
+    std::vector<unsigned> mma;  // each thread's operand words of a warp-wide mma (6 a thread)
     const std::function<void()>* body = nullptr;
 };
 
@@ -215,6 +216,48 @@ inline __nv_bfloat16 __float2bfloat16_rn(float v) {
     return __nv_bfloat16{(uint16_t)(x >> 16)};
 }
 
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.bits; }
+
+// PTX's mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for the calling warp: c (this
+// lane's four outputs of the 16×8 tile D = A·B + C) from every lane's fragments of A (16×16,
+// four words) and B (16×8, two words). The layout is PTX's ("Matrix fragments for
+// mma.m16n8k16 with floating point type"); with g = lane / 4 and t = lane % 4, a lane holds
+//   a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][2t+8, 2t+9]
+//   b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g]
+//   c[0], c[1] = C[g][2t, 2t+1]   c[2], c[3] = C[g+8][2t, 2t+1]
+// each word holding two bf16, the lower-numbered element in its low half. The lanes exchange
+// their fragments through the block's buffer between two warp barriers (every lane of the
+// warp must call it, as on a GPU). Each output is C plus the sum of its 16 exact products,
+// rounded once (a tensor core's f32 sum rounds in its own order; the kernels' results are
+// checked against the CPU within tolerances that cover both).
+inline void kiln_emu_mma_bf16_16816(float* c, const unsigned* a, const unsigned* b) {
+    auto* blk = kiln_emu::current;
+    const unsigned t = kiln_emu_lane_index(), w = t / 32, lane = t % 32;
+    unsigned* mine = &blk->mma[6 * (std::size_t)t];
+    for (int i = 0; i < 4; i++) mine[i] = a[i];
+    mine[4] = b[0];
+    mine[5] = b[1];
+    kiln_emu::wait_at(kiln_emu::AT_WARP);
+    const unsigned* warp = &blk->mma[6 * 32 * (std::size_t)w];
+    auto half = [](unsigned word, unsigned hi) {
+        return __bfloat162float(__nv_bfloat16{(uint16_t)(hi ? word >> 16 : word & 0xFFFFu)});
+    };
+    auto A = [&](unsigned r, unsigned k) {
+        return half(warp[6 * ((r % 8) * 4 + (k % 8) / 2) + r / 8 + 2 * (k / 8)], k & 1);
+    };
+    auto B = [&](unsigned k, unsigned n) { return half(warp[6 * (n * 4 + (k % 8) / 2) + 4 + k / 8], k & 1); };
+    const unsigned g = lane / 4, q = lane % 4;
+    float out[4];
+    for (unsigned i = 0; i < 4; i++) {
+        const unsigned r = g + 8 * (i / 2), n = 2 * q + (i & 1);
+        double s = c[i];
+        for (unsigned k = 0; k < 16; k++) s += (double)A(r, k) * (double)B(k, n);
+        out[i] = (float)s;
+    }
+    kiln_emu::wait_at(kiln_emu::AT_WARP);  // every lane has read the fragments
+    for (int i = 0; i < 4; i++) c[i] = out[i];
+}
+
 namespace kiln_emu {
 
 // Releases every barrier whose live threads have all arrived.
@@ -265,6 +308,7 @@ inline void launch(const unsigned* dims, const std::function<void()>& body) {
                 b.warp_arrived.assign(nw, 0);
                 for (unsigned w = 0; w < nw; w++) b.warp_live[w] = (int)std::min(32u, n - 32 * w);
                 b.shfl_f.assign(n, 0.0f);
+                b.mma.assign(6 * (std::size_t)n, 0u);
                 b.body = &body;
                 current = &b;
                 blockIdx = dim3{bx, by, bz};

@@ -529,6 +529,12 @@ mod tests {
         conformance(Some("MV_STAGED=0"));
     }
 
+    /// And with the prefill tile on f32 FMAs instead of the tensor cores (MM_TC=0).
+    #[test]
+    fn the_fma_prefill_tile_passes_the_conformance_suite_on_the_cpu() {
+        conformance(Some("MM_TC=0"));
+    }
+
     fn conformance(spec: Option<&str>) {
         let emu = match EmuBackend::open_with(spec) {
             Ok(b) => b,

@@ -74,6 +74,8 @@ const TUNING_KNOBS: &[(&str, i64, i64)] = &[
     ("MV_STAGED", 0, 3),
     ("MV_STAGES", 2, 4),
     ("MV_MIN_BLOCKS", 1, 16),
+    // mat_mul.cu: the prefill tile on tensor cores (1) or f32 FMA (0).
+    ("MM_TC", 0, 1),
     // Not a kernel's: 0 makes the launch planner decline the launch-saving fusions (plan.rs:
     // the norm shared by several weights in one launch, the residual add as a mat-vec's
     // epilogue), so their before/after is one more variant of a sweep.

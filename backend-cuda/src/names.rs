@@ -11,8 +11,13 @@ pub struct WeightKernels {
     /// Decode matmul: 4 outputs a block (mat_vec.cuh's `mat_vec_rows`; `mat_mul_vec.cu` for
     /// floats, Q8_0 and Q4_0, `quant.cu` otherwise).
     pub mat_vec: &'static str,
-    /// Prefill matmul over output tiles (`mat_mul.cu`).
+    /// Prefill matmul over output tiles (`mat_mul.cu`): 64 × 64 (on tensor cores by default) for
+    /// the block formats; 32 × 32 for floats, which take `mat_mul_tiles` where K is a multiple
+    /// of 32.
     pub mat_mul: &'static str,
+    /// The 64 × 64 prefill tile of `mat_mul.cu` for this type (K a multiple of 32): `mat_mul`
+    /// itself for the block formats.
+    pub mat_mul_tiles: &'static str,
     /// Embedding lookup (`get_rows.cu` / `quant.cu`).
     pub get_rows: &'static str,
     /// RMSNorm fused into the decode matmul's activation load (`mat_mul_fused.cu`).
@@ -24,16 +29,18 @@ pub struct WeightKernels {
     pub glu_mat_vec: &'static str,
     /// Matmul by expert id, for MoE (`moe.cu` / `quant.cu`); F16 has none.
     pub mat_mul_id: Option<&'static str>,
-    /// The grouped MoE matmul over slots sorted by expert (`mat_mul.cu`), block formats only.
+    /// The grouped MoE matmul over slots sorted by expert (`mat_mul.cu`): the block formats,
+    /// F32 and BF16.
     pub mat_mul_id_grouped: Option<&'static str>,
 }
 
 macro_rules! weight_kernels {
-    ($dtype:ident, $fmt:literal, $id:expr, $grouped:expr) => {
+    ($dtype:ident, $fmt:literal, $tiles:expr, $id:expr, $grouped:expr) => {
         WeightKernels {
             dtype: DType::$dtype,
             mat_vec: concat!("mat_vec_", $fmt),
             mat_mul: concat!("mat_mul_", $fmt),
+            mat_mul_tiles: $tiles,
             get_rows: concat!("get_rows_", $fmt),
             rms_norm_mat_vec: concat!("rms_norm_mat_vec_", $fmt),
             rms_norm_mat_vecs: concat!("rms_norm_mat_vecs_", $fmt),
@@ -43,12 +50,19 @@ macro_rules! weight_kernels {
         }
     };
     (float $dtype:ident, $fmt:literal) => {
-        weight_kernels!($dtype, $fmt, Some(concat!("mat_mul_id_", $fmt)), None)
+        weight_kernels!(
+            $dtype,
+            $fmt,
+            concat!("mat_mul_tiles_", $fmt),
+            Some(concat!("mat_mul_id_", $fmt)),
+            Some(concat!("mat_mul_id_grouped_", $fmt))
+        )
     };
     ($dtype:ident, $fmt:literal) => {
         weight_kernels!(
             $dtype,
             $fmt,
+            concat!("mat_mul_", $fmt),
             Some(concat!("mat_mul_id_", $fmt)),
             Some(concat!("mat_mul_id_grouped_", $fmt))
         )
@@ -58,7 +72,7 @@ macro_rules! weight_kernels {
 /// Every weight type the CUDA backend reads.
 pub const WEIGHT_KERNELS: &[WeightKernels] = &[
     weight_kernels!(float F32, "f32"),
-    weight_kernels!(F16, "f16", None, None),
+    weight_kernels!(F16, "f16", "mat_mul_tiles_f16", None, None),
     weight_kernels!(float BF16, "bf16"),
     weight_kernels!(Q8_0, "q8_0"),
     weight_kernels!(Q4_0, "q4_0"),
@@ -99,6 +113,7 @@ mod tests {
             let names = [
                 Some(w.mat_vec),
                 Some(w.mat_mul),
+                Some(w.mat_mul_tiles),
                 Some(w.get_rows),
                 Some(w.rms_norm_mat_vec),
                 Some(w.rms_norm_mat_vecs),

@@ -302,10 +302,19 @@ for s in $steps; do
             grep -E "^\| llama" "$LOGS/concurrent-8b-q4_k.log" | tee -a "$SUMMARY"
             ;;
         pp2048)
-            # Prefill of 2048 tokens (8 B Q4_K), against the bf16 rate of setup's matmul.
+            # Prefill of 2048 tokens (8 B Q4_K, 1 B BF16), against the bf16 rate of setup's
+            # matmul: the tensor-core tile (default) and the f32 FMA tile (MM_TC=0) interleaved,
+            # 2 rounds each, so the before/after of the tile is one run.
             wait_models
-            run pp2048-8b-q4_k 90 "$K" bench -m $MODELS/llama-8b-q4_k.gguf --backend cuda -p 2048 -n 0 -r 2
-            grep -E "pp2048" "$LOGS/pp2048-8b-q4_k.log" | tee -a "$SUMMARY"
+            for round in 1 2; do
+                for v in default MM_TC=0; do
+                    for m in 8b-q4_k 1b-bf16; do
+                        d=""; [ "$v" != default ] && d=$v
+                        run "pp2048-$m-$v-$round" 90 env KILN_CUDA_DEFINES=$d "$K" bench -m $MODELS/llama-$m.gguf --backend cuda -p 2048 -n 0 -r 1
+                        echo "$m $v r$round: $(grep -E "pp2048" "$LOGS/pp2048-$m-$v-$round.log" | head -1)" | tee -a "$SUMMARY"
+                    done
+                done
+            done
             ;;
         variants)
             # The decode mat-vec's tuning knobs (formats.cuh), each validated and timed.

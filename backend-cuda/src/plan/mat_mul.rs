@@ -122,7 +122,7 @@ pub(super) fn plan_glu_mat_mul(g: GluOp, i: &[TensorDesc], o: &[TensorDesc]) -> 
     )
 }
 
-/// Matmul by expert id. Prefill on block-quantized weights groups the slots by expert and runs
+/// Matmul by expert id. Prefill on block-quantized, F32 or BF16 weights groups the slots by expert and runs
 /// the tiled GEMM per expert; otherwise a warp per output.
 pub(super) fn plan_mat_mul_id(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Step>> {
     use Arg::{In, Out, Scratch, U32};
@@ -133,7 +133,7 @@ pub(super) fn plan_mat_mul_id(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<
     // share each token's row among its slots.
     let x_per_slot = U32((i[0].shape.rank() == 3 && dim(&i[0], 1) == k && k > 1) as u32);
     let slots = t * k;
-    let grouped = quantized(i[1].dtype).and_then(|w| w.mat_mul_id_grouped);
+    let grouped = weight_kernels(i[1].dtype).and_then(|w| w.mat_mul_id_grouped);
     // Every expert's tiles, at most: a partial tile each beside the full ones. Past the grid's
     // limit, the per-output kernel below takes the op.
     let tiles = slots.div_ceil(QUANT_TILE) + ne;
@@ -222,7 +222,7 @@ pub(super) fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Ste
         if residual {
             return None;
         }
-        if !is_block_quantized(i[1].dtype) {
+        if !is_block_quantized(i[1].dtype) && k % QUANT_TILE_K != 0 {
             return one(
                 w.mat_mul,
                 (u(n.div_ceil(32))?, u(m.div_ceil(32))?, 1),
@@ -231,10 +231,11 @@ pub(super) fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Ste
             );
         }
         // Every block format's rows are whole blocks of 32 or more, so this holds for any
-        // well-formed weight (and such rows suit the mat-vec below too).
+        // well-formed weight (and such rows suit the mat-vec below too); float weights whose
+        // rows are take the same tile.
         if k % QUANT_TILE_K == 0 {
             return one(
-                w.mat_mul,
+                w.mat_mul_tiles,
                 (u(n.div_ceil(QUANT_TILE))?, u(m.div_ceil(QUANT_TILE))?, 1),
                 (256, 1, 1),
                 args,

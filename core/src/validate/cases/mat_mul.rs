@@ -75,8 +75,16 @@ pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
         )?);
     }
     // Prefill over several output tiles in both directions with ragged edges (the CUDA GEMM
-    // tiles 64×64 and steps K by 32).
-    for (w, k) in [(Q4_1, 320), (Q4_K, 512), (NVFP4, 256), (Q6_K, 256)] {
+    // tiles 64×64 and steps K by 32; float rows of a multiple of 32 take the same tile).
+    for (w, k) in [
+        (Q4_1, 320),
+        (Q4_K, 512),
+        (NVFP4, 256),
+        (Q6_K, 256),
+        (BF16, 256),
+        (F16, 160),
+        (F32, 128),
+    ] {
         c.push(Case::new(
             Op::MatMul(MatMulOp::MatMul),
             format!("f32 x {w} prefill m=70 k={k} n=130"),

@@ -36,8 +36,10 @@ pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
         ],
     )?);
     // Prefill with many slots per expert: several 64-slot tiles per expert, two column tiles.
-    for (w, shared) in [(Q4_K, true), (Q5_0, false)] {
-        let (t, kd) = (200, width(w));
+    for (w, shared) in [(Q4_K, true), (Q5_0, false), (BF16, false), (F32, true)] {
+        // Float rows of a multiple of 32 take the grouped tile too.
+        let kd = if w.block_size() == 1 { 128 } else { width(w) };
+        let t = 200;
         let xs: Vec<usize> = if shared { vec![t, kd] } else { vec![t, 2, kd] };
         let label = format!(
             "{w} E=3 T={t} k=2 n=70 {}",
