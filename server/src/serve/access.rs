@@ -1,6 +1,7 @@
 //! Who may call the server: a keyless server on loopback answers only loopback hosts and JSON
-//! bodies (no DNS rebinding, no form posts); with `--api-key`, every route but `/health` (and
-//! `/metrics` under `--public-metrics`) needs the key, compared in constant time.
+//! bodies (no DNS rebinding, no form posts); with `--api-key`, every route but `/health`, the
+//! chat page's (it asks for the key) and `/metrics` under `--public-metrics` needs the key,
+//! compared in constant time.
 
 use std::sync::Arc;
 
@@ -81,7 +82,9 @@ pub(super) async fn require_key(
     next: Next,
 ) -> Response {
     let path = req.uri().path();
-    let open = path == "/health" || (path == "/metrics" && state.public_metrics);
+    let open = path == "/health"
+        || (path == "/metrics" && state.public_metrics)
+        || (state.webui && super::webui::is_page_path(path));
     if !open {
         if let Err(e) = authorize(&state, req.headers()) {
             return e.into_response();

@@ -15,6 +15,7 @@ mod prepare;
 pub mod request;
 mod respond;
 mod utility;
+mod webui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -112,6 +113,10 @@ pub struct ServeArgs {
     /// Off by default: a page on another origin cannot read the server's answers.
     #[arg(long, value_name = "ORIGIN")]
     pub cors_origin: Vec<String>,
+    /// Do not serve the chat page at / (it asks for --api-key when one is set; its
+    /// conversations stay in the browser).
+    #[arg(long)]
+    pub no_webui: bool,
 }
 
 /// What the handlers share.
@@ -155,6 +160,8 @@ pub struct AppState {
     max_in_flight: usize,
     /// What one chat-template render may use.
     pub template_limits: RenderLimits,
+    /// The chat page is served at `/`.
+    pub webui: bool,
 }
 
 /// How `kiln serve` treats its clients, beside the model.
@@ -188,6 +195,8 @@ pub struct ServeOptions {
     pub cors_origins: Vec<String>,
     /// What one chat-template render may use (`--template-*`).
     pub template_limits: RenderLimits,
+    /// Serve the chat page at `/` (off with `--no-webui`).
+    pub webui: bool,
 }
 
 impl ServeOptions {
@@ -207,6 +216,7 @@ impl ServeOptions {
             pooling: None,
             cors_origins: Vec::new(),
             template_limits: RenderLimits::default(),
+            webui: true,
         }
     }
 }
@@ -320,6 +330,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             pooling: a.pooling.as_deref().and_then(Pooling::parse),
             cors_origins: a.cors_origin.clone(),
             template_limits,
+            webui: !a.no_webui,
             ..ServeOptions::new(a.max_batch)
         },
     )?;
@@ -331,6 +342,9 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("listening on {addr}"))?;
         eprintln!("kiln: serving {} on http://{addr}/v1", state.model);
+        if state.webui {
+            eprintln!("kiln: chat page at http://{addr}/ (--no-webui to turn it off)");
+        }
         let limits = ConnLimits {
             max_connections: a.max_connections.max(1),
             header_timeout: std::time::Duration::from_secs_f64(a.header_timeout.max(0.1)),
@@ -544,12 +558,18 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         pooling,
         embedding_width: info.n_embd,
         cors_origins: o.cors_origins,
+        webui: o.webui,
     }))
 }
 
 /// The HTTP routes over `state`.
 pub fn router(state: Arc<AppState>) -> Router {
     let cors = utility::cors(&state.cors_origins);
+    let page = if state.webui {
+        webui::routes()
+    } else {
+        Router::new()
+    };
     let app = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
@@ -564,6 +584,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(utility::tokenize))
         .route("/detokenize", post(utility::detokenize))
         .route("/apply-template", post(utility::apply_template))
+        .merge(page)
         .fallback(|| async {
             ApiError::status(StatusCode::NOT_FOUND, "no such route").into_response()
         })

@@ -1,0 +1,201 @@
+//! The chat page of `kiln serve` in a real browser: headless Chromium driven by playwright-core
+//! (`tests/web/chat_page.cjs`) against a server of SmolLM2 with an API key. The page asks for
+//! the key, streams a greedy answer equal to the API's for the same conversation, stops a
+//! second answer mid-stream (the request leaves /slots and frees its KV blocks), and finds the
+//! conversation again after a reload.
+//!
+//! Needs Node, playwright-core (`KILN_TEST_PLAYWRIGHT`, else `target/web/node_modules/
+//! playwright-core`; CI installs it from npm) and Chromium (`KILN_TEST_CHROMIUM`, else
+//! `/usr/bin/chromium`); skips without them unless `KILN_REQUIRE_BROWSER` is set.
+//! `KILN_TEST_SCREENSHOT=FILE` saves the page as README shows it.
+
+#[path = "common/server.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use kiln_tests::{model_file, required, SMOLLM2};
+use serde_json::{json, Value};
+
+const KEY: &str = "page-test-key";
+const PROMPT: &str = "What is the capital of France?";
+const LONG_PROMPT: &str = "Write a long story about a dragon who learns to bake bread.";
+
+/// (node, playwright-core, chromium), or `None` with the reason printed.
+fn browser_tools() -> Option<(PathBuf, PathBuf, PathBuf)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let playwright = std::env::var_os("KILN_TEST_PLAYWRIGHT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target/web/node_modules/playwright-core"));
+    let chromium = std::env::var_os("KILN_TEST_CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    let node = PathBuf::from("node");
+    let node_ok = Command::new(&node)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let missing = [
+        (!node_ok).then(|| "node".to_string()),
+        (!playwright.join("package.json").is_file())
+            .then(|| format!("playwright-core in {}", playwright.display())),
+        (!chromium.is_file()).then(|| format!("chromium at {}", chromium.display())),
+    ];
+    let missing: Vec<String> = missing.into_iter().flatten().collect();
+    if !missing.is_empty() {
+        assert!(
+            !required("BROWSER"),
+            "KILN_REQUIRE_BROWSER is set but there is no {}",
+            missing.join(", no ")
+        );
+        println!("skipping the browser test: no {}", missing.join(", no "));
+        return None;
+    }
+    Some((node, playwright, chromium))
+}
+
+#[test]
+fn the_chat_page_streams_the_greedy_answer_stops_and_keeps_the_conversation() {
+    let Some((node, playwright, chromium)) = browser_tools() else {
+        return;
+    };
+    let Some(srv) = start(2, Some(KEY)) else {
+        return;
+    };
+    // The API's greedy answer for the same conversation.
+    let max_tokens = 24;
+    let body = json!({"messages": [{"role": "user", "content": PROMPT}], "temperature": 0,
+                      "max_tokens": max_tokens});
+    let (st, text) = http(
+        srv.addr,
+        "POST",
+        "/v1/chat/completions",
+        body.to_string().as_bytes(),
+        Some(KEY),
+    );
+    assert_eq!(st, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    let want = v["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("an answer")
+        .to_string();
+    assert!(!want.is_empty());
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut cmd = Command::new(node);
+    cmd.arg(root.join("tests/web/chat_page.cjs"))
+        .env("KILN_URL", format!("http://{}", srv.addr))
+        .env("KILN_KEY", KEY)
+        .env("PLAYWRIGHT", &playwright)
+        .env("CHROMIUM", &chromium)
+        .env("PROMPT", PROMPT)
+        .env("MAX_TOKENS", max_tokens.to_string())
+        .env("LONG_PROMPT", LONG_PROMPT);
+    if let Some(shot) = std::env::var_os("KILN_TEST_SCREENSHOT") {
+        cmd.env("SCREENSHOT", shot);
+    }
+    let out = cmd.output().expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the page script failed:\n{stdout}\n{stderr}"
+    );
+    let seen: Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON from the page script:\n{stdout}\n{stderr}"));
+    println!("{seen:#}");
+
+    assert_eq!(seen["models"], json!([srv.state.model]), "the model picker");
+    // Streamed: the answer showed in pieces before it was complete.
+    let lengths = seen["lengths"].as_array().expect("lengths");
+    assert!(
+        lengths.len() >= 3,
+        "the answer did not stream: lengths seen {lengths:?}"
+    );
+    assert_eq!(
+        seen["answer"],
+        json!(want),
+        "the page's answer vs the API's"
+    );
+    assert_eq!(seen["errors"], json!([]));
+    // Stopped mid-stream: the page says so, and the server let the request go.
+    assert!(seen["busyBeforeStop"].as_u64() >= Some(1), "{seen}");
+    assert_eq!(seen["stopped"], json!(true));
+    assert!(!seen["stoppedAnswer"].as_str().unwrap_or("").is_empty());
+    assert_eq!(
+        seen["slotsAfterStop"],
+        json!(0),
+        "the stopped request is still in /slots"
+    );
+    assert_eq!(
+        seen["kvUsedAfterStop"],
+        json!(0),
+        "KV blocks still in use after the stop"
+    );
+    // The reload finds the conversation.
+    assert_eq!(seen["conversations"], json!([PROMPT]));
+    assert_eq!(seen["answerAfterReload"], json!(want));
+    assert_eq!(seen["userMessages"], json!([PROMPT, LONG_PROMPT]));
+    // No script errors (the one 401 before the key was given is the server's answer).
+    let errors: Vec<&str> = seen["consoleErrors"]
+        .as_array()
+        .expect("console errors")
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|e| !e.contains("401"))
+        .collect();
+    assert!(errors.is_empty(), "the page logged errors: {errors:?}");
+}
+
+/// Without a browser: the page and its assets answer without the key (with a policy that
+/// allows only their own script), the API still wants it, and `--no-webui` turns the page off.
+#[test]
+fn the_page_needs_no_key_and_no_webui_turns_it_off() {
+    let Some(srv) = start(1, Some(KEY)) else {
+        return;
+    };
+    let raw = |addr, path: &str| {
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        std::io::Write::write_all(
+            &mut s,
+            format!("GET {path} HTTP/1.1\r\nHost: kiln\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .expect("write");
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut s, &mut text).expect("read");
+        text
+    };
+    let page = raw(srv.addr, "/");
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    let head = page.to_ascii_lowercase();
+    assert!(head.contains("content-type: text/html"));
+    assert!(head.contains("content-security-policy: default-src 'none'; script-src 'self'"));
+    assert!(page.contains("data-testid=\"prompt\""));
+    for asset in ["/webui/app.js", "/webui/app.css", "/webui/icon.svg"] {
+        assert!(raw(srv.addr, asset).starts_with("HTTP/1.1 200"), "{asset}");
+    }
+    assert!(raw(srv.addr, "/v1/models").starts_with("HTTP/1.1 401"));
+    assert!(raw(srv.addr, "/webui/other.js").starts_with("HTTP/1.1 401"));
+    drop(srv);
+
+    let Some(model) = model_file(SMOLLM2) else {
+        return;
+    };
+    let off = serve(
+        kiln_server::serve::state_with(
+            load_model(&model, 256, Default::default()),
+            kiln_server::serve::ServeOptions {
+                webui: false,
+                ..kiln_server::serve::ServeOptions::new(1)
+            },
+        )
+        .expect("server state"),
+    );
+    assert!(raw(off.addr, "/").starts_with("HTTP/1.1 404"));
+    assert!(raw(off.addr, "/webui/app.js").starts_with("HTTP/1.1 404"));
+}
