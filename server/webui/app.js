@@ -733,6 +733,14 @@ function start() {
     const open = $('sidebar').classList.toggle('open');
     $('menu').setAttribute('aria-expanded', String(open));
   });
+  // On a phone the list slides over the page: a tap beside it closes it.
+  document.addEventListener('click', (e) => {
+    const side = $('sidebar');
+    if (side.classList.contains('open') && !side.contains(e.target) && !$('menu').contains(e.target)) {
+      side.classList.remove('open');
+      $('menu').setAttribute('aria-expanded', 'false');
+    }
+  });
   document.addEventListener('keydown', (e) => {
     if (e.key === 'Escape' && state.busy) {
       e.preventDefault();

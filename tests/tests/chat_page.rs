@@ -111,6 +111,11 @@ fn the_chat_page_streams_the_greedy_answer_stops_and_keeps_the_conversation() {
     println!("{seen:#}");
 
     assert_eq!(seen["models"], json!([srv.state.model]), "the model picker");
+    assert_eq!(
+        seen["settingsHidden"],
+        json!(true),
+        "the settings panel closes"
+    );
     // Streamed: the answer showed in pieces before it was complete.
     let lengths = seen["lengths"].as_array().expect("lengths");
     assert!(

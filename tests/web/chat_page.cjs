@@ -45,6 +45,8 @@ async function main() {
     await page.getByRole('button', { name: 'Settings' }).click();
     await page.getByTestId('temperature').fill('0');
     await page.getByTestId('max-tokens').fill(process.env.MAX_TOKENS);
+    await page.getByRole('button', { name: 'Settings' }).click();
+    out.settingsHidden = await page.locator('#settings').isHidden();
     await page.getByTestId('prompt').fill(process.env.PROMPT);
     await page.getByTestId('send').click();
 
@@ -72,6 +74,7 @@ async function main() {
     out.errors = await page.getByTestId('error').allTextContents();
 
     // A second, long answer, stopped mid-stream.
+    await page.getByRole('button', { name: 'Settings' }).click();
     await page.getByTestId('max-tokens').fill('');
     await page.getByTestId('prompt').fill(process.env.LONG_PROMPT);
     await page.getByTestId('send').click();
