@@ -141,16 +141,31 @@ async function loadModels() {
     const res = await api('v1/models');
     if (!res.ok) throw new ApiError(await errorOf(res), res.status);
     const body = await res.json();
-    state.models = (body.data || []).map((m) => String(m.id));
+    state.models = (body.data || []).map((m) => ({ id: String(m.id), status: m.status && m.status.value }));
   } catch (e) {
     notice(e instanceof ApiError ? e.message : 'Cannot reach the server: ' + e.message);
     return;
   }
   const sel = $('model');
-  sel.replaceChildren(...state.models.map((m) => el('option', { value: m, text: m })));
-  if (state.models.includes(state.settings.model)) sel.value = state.settings.model;
+  // A server in router mode (--models-dir) says which models are loaded; the others load on
+  // their first request.
+  const label = (m) => (m.status && m.status !== 'loaded' ? `${m.id} (${m.status === 'failed' ? 'failed to load' : 'loads on first use'})` : m.id);
+  sel.replaceChildren(...state.models.map((m) => el('option', { value: m.id, text: label(m) })));
+  if (state.models.some((m) => m.id === state.settings.model)) sel.value = state.settings.model;
+  await loadProps();
+}
+
+// The chosen model's context length and defaults (/props; in router mode only once it is
+// loaded, so that opening the page loads nothing).
+async function loadProps() {
+  const m = state.models.find((x) => x.id === $('model').value);
+  if (!m || (m.status && m.status !== 'loaded')) {
+    state.ctx = null;
+    renderContext();
+    return;
+  }
   try {
-    const res = await api('props');
+    const res = await api('props' + (m.status ? '?model=' + encodeURIComponent(m.id) : ''));
     if (res.ok) {
       const p = await res.json();
       state.ctx = Number(p.context_length) || null;
@@ -641,6 +656,8 @@ async function generate(c) {
   saveConvs();
   setBusy(false);
   if (state.current === c.id) renderLog();
+  const chosen = state.models.find((x) => x.id === $('model').value);
+  if (chosen && chosen.status && chosen.status !== 'loaded' && !m.error) loadModels();
 }
 
 function stop() {
@@ -682,6 +699,7 @@ function bindSettings() {
   $('model').addEventListener('change', () => {
     state.settings.model = $('model').value;
     save(KEYS.settings, state.settings);
+    loadProps();
   });
   $('settings-button').addEventListener('click', () => {
     const s = $('settings');

@@ -21,33 +21,46 @@ pub(super) async fn guard_loopback(
     next: Next,
 ) -> Response {
     if state.loopback_only {
-        let host = req
-            .headers()
-            .get(axum::http::header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .unwrap_or("");
-        if !is_loopback_host(host) {
-            return ApiError::status(
-                StatusCode::FORBIDDEN,
-                format!("Host {host:?} is not a loopback name; this server answers local clients only (set --api-key to serve others)"),
-            )
-            .into_response();
-        }
-        let json = req
-            .headers()
-            .get(axum::http::header::CONTENT_TYPE)
-            .and_then(|h| h.to_str().ok())
-            .and_then(|c| c.split(';').next())
-            .is_some_and(|c| c.trim().eq_ignore_ascii_case("application/json"));
-        if req.method() == axum::http::Method::POST && !json {
-            return ApiError::status(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "request bodies must be Content-Type: application/json",
-            )
-            .into_response();
+        if let Some(refused) = loopback_refusal(&req) {
+            return refused;
         }
     }
     next.run(req).await
+}
+
+/// Why a keyless loopback server refuses `req` (a Host that is not a loopback name, a POST
+/// body that is not JSON), or `None`.
+pub(super) fn loopback_refusal(req: &Request) -> Option<Response> {
+    let host = req
+        .headers()
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if !is_loopback_host(host) {
+        return Some(
+            ApiError::status(
+                StatusCode::FORBIDDEN,
+                format!("Host {host:?} is not a loopback name; this server answers local clients only (set --api-key to serve others)"),
+            )
+            .into_response(),
+        );
+    }
+    let json = req
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|c| c.split(';').next())
+        .is_some_and(|c| c.trim().eq_ignore_ascii_case("application/json"));
+    if req.method() == axum::http::Method::POST && !json {
+        return Some(
+            ApiError::status(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "request bodies must be Content-Type: application/json",
+            )
+            .into_response(),
+        );
+    }
+    None
 }
 
 /// `localhost`, `*.localhost`, a loopback IPv4 address or `[::1]`, with or without a port.
@@ -103,7 +116,12 @@ fn key_matches(given: &[u8], want: &[u8]) -> bool {
 }
 
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &state.api_key else {
+    authorize_key(state.api_key.as_deref(), headers)
+}
+
+/// The request carries `key` (always true without one).
+pub(super) fn authorize_key(key: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = key else {
         return Ok(());
     };
     // The scheme is case-insensitive (RFC 9110 §11.1).

@@ -8,6 +8,7 @@
 //! the engine cancels its request at its next step.
 
 mod access;
+pub mod multi;
 use access::{guard_loopback, require_key};
 mod compat;
 mod metrics;
@@ -117,6 +118,19 @@ pub struct ServeArgs {
     /// conversations stay in the browser).
     #[arg(long)]
     pub no_webui: bool,
+    /// Router mode: serve every .gguf file and Hugging Face model directory in DIR (and the
+    /// aliases whose files are in kiln's cache) by each request's `model`, loading a model on
+    /// its first request. Instead of --model.
+    #[arg(long, value_name = "DIR")]
+    pub models_dir: Option<std::path::PathBuf>,
+    /// With --models-dir: models loaded at once at most; past it the least recently used one
+    /// is unloaded.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub models_max: usize,
+    /// With --models-dir: seconds a request waits for its model to load before it gets 503
+    /// with Retry-After (requests to loaded models never wait on a load).
+    #[arg(long, default_value_t = 120.0, value_name = "SECS")]
+    pub models_load_wait: f64,
 }
 
 /// What the handlers share.
@@ -197,6 +211,8 @@ pub struct ServeOptions {
     pub template_limits: RenderLimits,
     /// Serve the chat page at `/` (off with `--no-webui`).
     pub webui: bool,
+    /// The model's name in the API (`model` fields, /v1/models); default the file's stem.
+    pub name: Option<String>,
 }
 
 impl ServeOptions {
@@ -217,6 +233,7 @@ impl ServeOptions {
             cors_origins: Vec::new(),
             template_limits: RenderLimits::default(),
             webui: true,
+            name: None,
         }
     }
 }
@@ -316,24 +333,69 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     };
     a.spec.prepare(&mut cfg)?;
     let addr = listen_addr(&a.host, a.port)?;
-    let state = state_with(
-        load(&a.model, cfg)?,
-        ServeOptions {
-            api_key: a.api_key.clone(),
-            public_metrics: a.public_metrics,
-            max_queue: a.max_queue.unwrap_or(4 * a.max_batch.max(1)),
-            max_concurrent: a.max_concurrent,
-            loopback_only: addr.ip().is_loopback() && a.api_key.is_none(),
-            stall_timeout: std::time::Duration::from_secs_f64(a.stream_stall_timeout.max(0.1)),
-            read_timeout: std::time::Duration::from_secs_f64(a.header_timeout.max(0.1)),
-            spec: a.spec.spec.is_some().then(|| a.spec.clone()),
-            pooling: a.pooling.as_deref().and_then(Pooling::parse),
-            cors_origins: a.cors_origin.clone(),
-            template_limits,
-            webui: !a.no_webui,
-            ..ServeOptions::new(a.max_batch)
-        },
-    )?;
+    let opts = ServeOptions {
+        api_key: a.api_key.clone(),
+        public_metrics: a.public_metrics,
+        max_queue: a.max_queue.unwrap_or(4 * a.max_batch.max(1)),
+        max_concurrent: a.max_concurrent,
+        loopback_only: addr.ip().is_loopback() && a.api_key.is_none(),
+        stall_timeout: std::time::Duration::from_secs_f64(a.stream_stall_timeout.max(0.1)),
+        read_timeout: std::time::Duration::from_secs_f64(a.header_timeout.max(0.1)),
+        spec: a.spec.spec.is_some().then(|| a.spec.clone()),
+        pooling: a.pooling.as_deref().and_then(Pooling::parse),
+        cors_origins: a.cors_origin.clone(),
+        template_limits,
+        webui: !a.no_webui,
+        ..ServeOptions::new(a.max_batch)
+    };
+    let limits = ConnLimits {
+        max_connections: a.max_connections.max(1),
+        header_timeout: std::time::Duration::from_secs_f64(a.header_timeout.max(0.1)),
+    };
+    let (app, what) = match &a.models_dir {
+        Some(dir) => {
+            if a.model.model.is_some() {
+                anyhow::bail!("--model and --models-dir: give one (--models-dir serves every model in the directory)");
+            }
+            if a.spec.spec.is_some() {
+                anyhow::bail!(
+                    "--spec is not available with --models-dir (a draft belongs to one model)"
+                );
+            }
+            if !(a.models_load_wait >= 0.0 && a.models_load_wait.is_finite()) {
+                anyhow::bail!("--models-load-wait must be a number of seconds");
+            }
+            let cors = utility::cors(&opts.cors_origins);
+            let models = multi::Models::new(multi::ModelsConfig {
+                dir: dir.clone(),
+                max_loaded: a.models_max.max(1),
+                load_wait: std::time::Duration::from_secs_f64(a.models_load_wait.min(3600.0)),
+                args: a.model.clone(),
+                cfg,
+                opts: opts.clone(),
+            })?;
+            let names = models.listing();
+            let app = multi::models_router(models);
+            let app = match cors {
+                Some(c) => app.layer(c),
+                None => app,
+            };
+            (
+                app,
+                format!(
+                    "{} model(s) from {} ({})",
+                    names.len(),
+                    dir.display(),
+                    names.join(", ")
+                ),
+            )
+        }
+        None => {
+            let state = state_with(load(&a.model, cfg)?, opts.clone())?;
+            let what = state.model.clone();
+            (router(state), what)
+        }
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -341,15 +403,11 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("listening on {addr}"))?;
-        eprintln!("kiln: serving {} on http://{addr}/v1", state.model);
-        if state.webui {
+        eprintln!("kiln: serving {what} on http://{addr}/v1");
+        if opts.webui {
             eprintln!("kiln: chat page at http://{addr}/ (--no-webui to turn it off)");
         }
-        let limits = ConnLimits {
-            max_connections: a.max_connections.max(1),
-            header_timeout: std::time::Duration::from_secs_f64(a.header_timeout.max(0.1)),
-        };
-        serve_connections(listener, router(state), limits).await;
+        serve_connections(listener, app, limits).await;
         Ok(())
     })
 }
@@ -438,11 +496,12 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         .max(1);
     let cfg = m.runner.config().clone();
     let ctx = cfg.ctx;
-    let model = m
-        .path
-        .file_stem()
-        .map(|s| s.to_string_lossy().to_string())
-        .unwrap_or_else(|| "kiln".into());
+    let model = o.name.clone().unwrap_or_else(|| {
+        m.path
+            .file_stem()
+            .map(|s| s.to_string_lossy().to_string())
+            .unwrap_or_else(|| "kiln".into())
+    });
     let source = m.tokenizer.chat_template().map(str::to_string);
     let mut template_error = None;
     let template = match &source {
