@@ -529,10 +529,11 @@ mod tests {
         conformance(Some("MV_STAGED=0"));
     }
 
-    /// And with the prefill tile on f32 FMAs instead of the tensor cores (MM_TC=0).
+    /// And with the prefill tile on the tensor cores (MM_TC=1: mma.sync over bf16 splits; the
+    /// emulator computes each mma from PTX's fragment layouts).
     #[test]
-    fn the_fma_prefill_tile_passes_the_conformance_suite_on_the_cpu() {
-        conformance(Some("MM_TC=0"));
+    fn the_tensor_core_prefill_tile_passes_the_conformance_suite_on_the_cpu() {
+        conformance(Some("MM_TC=1"));
     }
 
     fn conformance(spec: Option<&str>) {

@@ -74,7 +74,7 @@ const TUNING_KNOBS: &[(&str, i64, i64)] = &[
     ("MV_STAGED", 0, 3),
     ("MV_STAGES", 2, 4),
     ("MV_MIN_BLOCKS", 1, 16),
-    // mat_mul.cu: the prefill tile on tensor cores (1) or f32 FMA (0).
+    // mat_mul.cu: the prefill tile on f32 FMA (0, the default) or tensor cores (1).
     ("MM_TC", 0, 1),
     // Not a kernel's: 0 makes the launch planner decline the launch-saving fusions (plan.rs:
     // the norm shared by several weights in one launch, the residual add as a mat-vec's

@@ -11,7 +11,7 @@ pub struct WeightKernels {
     /// Decode matmul: 4 outputs a block (mat_vec.cuh's `mat_vec_rows`; `mat_mul_vec.cu` for
     /// floats, Q8_0 and Q4_0, `quant.cu` otherwise).
     pub mat_vec: &'static str,
-    /// Prefill matmul over output tiles (`mat_mul.cu`): 64 × 64 (on tensor cores by default) for
+    /// Prefill matmul over output tiles (`mat_mul.cu`): 64 × 64 (on tensor cores with MM_TC=1) for
     /// the block formats; 32 × 32 for floats, which take `mat_mul_tiles` where K is a multiple
     /// of 32.
     pub mat_mul: &'static str,

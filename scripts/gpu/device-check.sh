@@ -303,11 +303,11 @@ for s in $steps; do
             ;;
         pp2048)
             # Prefill of 2048 tokens (8 B Q4_K, 1 B BF16), against the bf16 rate of setup's
-            # matmul: the tensor-core tile (default) and the f32 FMA tile (MM_TC=0) interleaved,
+            # matmul: the f32 FMA tile (default) and the tensor-core tile (MM_TC=1) interleaved,
             # 2 rounds each, so the before/after of the tile is one run.
             wait_models
             for round in 1 2; do
-                for v in default MM_TC=0; do
+                for v in default MM_TC=1; do
                     for m in 8b-q4_k 1b-bf16; do
                         d=""; [ "$v" != default ] && d=$v
                         run "pp2048-$m-$v-$round" 90 env KILN_CUDA_DEFINES=$d "$K" bench -m $MODELS/llama-$m.gguf --backend cuda -p 2048 -n 0 -r 1
