@@ -55,7 +55,9 @@ fn reduce_best(li: u32, k: u32, i: u32) -> vec2<u32> {
         }
         workgroupBarrier();
     }
-    let r = vec2<u32>(bkey[0], bidx[0]);
+    // Loaded as uniform values (each load is a barrier too): a browser's shader compiler
+    // then knows every thread takes the same branch on them.
+    let r = vec2<u32>(workgroupUniformLoad(&bkey[0]), workgroupUniformLoad(&bidx[0]));
     workgroupBarrier();
     return r;
 }

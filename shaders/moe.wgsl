@@ -30,7 +30,7 @@ fn moe_route_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     }
     let base = p.x_off + r * p.e;
     // Softmax statistics (the gated value of expert j is computed on demand).
-    var mx = -3.4028235e38;
+    var mx = -0x1.fffffep+127f;
     for (var j = 0u; j < p.e; j++) {
         mx = max(mx, logits[base + j]);
     }

@@ -43,10 +43,10 @@ fn softmax_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         atomicStore(&finite, 0u);
     }
     workgroupBarrier();
-    var mx = -3.4028235e38;
+    var mx = -0x1.fffffep+127f;
     for (var j = li; j < p.n; j += 256u) {
         let v = logit(r, j);
-        if (v >= -3.4028235e38) {
+        if (v >= -0x1.fffffep+127f) {
             atomicStore(&finite, 1u);
             mx = max(mx, v);
         }

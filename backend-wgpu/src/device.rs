@@ -20,6 +20,85 @@ use crate::kernels::Kernel;
 /// Dispatches recorded before the pending encoder is submitted.
 const OPS_PER_SUBMIT: usize = 96;
 
+type MapResult = std::result::Result<(), wgpu::BufferAsyncError>;
+
+/// An error scope around work whose errors should name it. Natively; in a browser the
+/// scope's answer comes only through the event loop, so none is opened there and such errors
+/// reach the device's uncaptured-error handler (reported at the next wait or read).
+#[cfg(not(target_arch = "wasm32"))]
+fn push_scope(device: &wgpu::Device, filter: wgpu::ErrorFilter) -> Option<wgpu::ErrorScopeGuard> {
+    Some(device.push_error_scope(filter))
+}
+#[cfg(target_arch = "wasm32")]
+fn push_scope(_: &wgpu::Device, _: wgpu::ErrorFilter) -> Option<()> {
+    None
+}
+
+/// The first error the scope caught.
+#[cfg(not(target_arch = "wasm32"))]
+fn pop_scope(scope: Option<wgpu::ErrorScopeGuard>) -> Option<wgpu::Error> {
+    pollster::block_on(scope?.pop())
+}
+#[cfg(target_arch = "wasm32")]
+fn pop_scope(_: Option<()>) -> Option<wgpu::Error> {
+    None
+}
+
+/// A value sent once from a callback and awaited (or taken) once.
+struct OneShot<T> {
+    value: Option<T>,
+    waker: Option<std::task::Waker>,
+}
+
+struct Sender<T>(Arc<Mutex<OneShot<T>>>);
+struct Receiver<T>(Arc<Mutex<OneShot<T>>>);
+
+fn oneshot<T>() -> (Sender<T>, Receiver<T>) {
+    let slot = Arc::new(Mutex::new(OneShot {
+        value: None,
+        waker: None,
+    }));
+    (Sender(slot.clone()), Receiver(slot))
+}
+
+impl<T> Sender<T> {
+    fn send(self, v: T) {
+        let waker = match self.0.lock() {
+            Ok(mut s) => {
+                s.value = Some(v);
+                s.waker.take()
+            }
+            Err(_) => None,
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+impl<T> Receiver<T> {
+    /// The value, if it was sent.
+    fn try_take(&self) -> Option<T> {
+        self.0.lock().ok()?.value.take()
+    }
+}
+
+impl<T> std::future::Future for Receiver<T> {
+    type Output = T;
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
+        let Ok(mut s) = self.0.lock() else {
+            return std::task::Poll::Pending;
+        };
+        match s.value.take() {
+            Some(v) => std::task::Poll::Ready(v),
+            None => {
+                s.waker = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
+    }
+}
+
 /// One device buffer, the storage behind wgpu tensors.
 pub(crate) struct GpuBuffer {
     pub(crate) buffer: wgpu::Buffer,
@@ -126,9 +205,16 @@ fn rank(t: wgpu::DeviceType) -> u8 {
 impl Device {
     /// Picks an adapter (`KILN_WGPU_ADAPTER` matches a name substring; otherwise the most
     /// capable kind) and opens a device with the adapter's own limits.
+    #[cfg(not(target_arch = "wasm32"))]
     pub(crate) fn open() -> Result<Device> {
+        pollster::block_on(Self::open_async())
+    }
+
+    /// [`Device::open`] without blocking: in a browser, adapters and devices arrive through
+    /// the event loop.
+    pub(crate) async fn open_async() -> Result<Device> {
         let instance = crate::instance();
-        let adapters = pollster::block_on(instance.enumerate_adapters(crate::BACKENDS));
+        let adapters = instance.enumerate_adapters(crate::BACKENDS).await;
         if adapters.is_empty() {
             return Err(Error::NotAvailable(crate::NO_ADAPTER.into()));
         }
@@ -156,15 +242,17 @@ impl Device {
         let limits = adapter.limits();
         let offered = adapter.features();
         let features = offered & (wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP);
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("kiln"),
-            required_features: features,
-            required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
-            memory_hints: wgpu::MemoryHints::Performance,
-            trace: wgpu::Trace::Off,
-        }))
-        .map_err(|e| err(format!("{}: cannot open a device: {e}", info.name)))?;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("kiln"),
+                required_features: features,
+                required_limits: limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| err(format!("{}: cannot open a device: {e}", info.name)))?;
         let error = Arc::new(Mutex::new(None::<String>));
         let sink = error.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -248,7 +336,7 @@ impl Device {
         // Large allocations are where device memory runs out: catch that here, as an error
         // naming the tensor, rather than at a later submission.
         let scope =
-            (size >= 1 << 24).then(|| self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory));
+            (size >= 1 << 24).then(|| push_scope(&self.device, wgpu::ErrorFilter::OutOfMemory));
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
             size,
@@ -257,10 +345,8 @@ impl Device {
                 | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        if let Some(scope) = scope {
-            if let Some(e) = pollster::block_on(scope.pop()) {
-                return Err(err(format!("{desc}: cannot allocate {size} bytes: {e}")));
-            }
+        if let Some(e) = pop_scope(scope.flatten()) {
+            return Err(err(format!("{desc}: cannot allocate {size} bytes: {e}")));
         }
         Tensor::new(
             Arc::new(GpuBuffer {
@@ -340,10 +426,9 @@ impl Device {
         Ok((start, end.min(b.buffer.size()), &b.buffer))
     }
 
-    pub(crate) fn download(&self, t: &Tensor) -> Result<Vec<u8>> {
-        if t.nbytes() == 0 {
-            return Ok(Vec::new());
-        }
+    /// Copies `t`'s words into a new mappable buffer and asks for it to be mapped: the
+    /// buffer, where `t` starts in it, and the map's outcome to wait for.
+    fn start_download(&self, t: &Tensor) -> Result<(wgpu::Buffer, usize, Receiver<MapResult>)> {
         let (start, end, buffer) = self.word_range(t)?;
         let size = end - start;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -354,15 +439,19 @@ impl Device {
         });
         self.record(|enc| enc.copy_buffer_to_buffer(buffer, start, &staging, 0, size))?;
         self.flush()?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait()?;
-        rx.recv()
-            .map_err(|_| err("buffer map callback never ran"))?
-            .map_err(|e| err(format!("mapping a buffer for download: {e}")))?;
-        let head = (t.offset() as u64 - start) as usize;
+        let (tx, rx) = oneshot();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| tx.send(r));
+        Ok((staging, (t.offset() as u64 - start) as usize, rx))
+    }
+
+    /// `t`'s bytes from a mapped staging buffer.
+    fn finish_download(
+        t: &Tensor,
+        staging: wgpu::Buffer,
+        head: usize,
+        mapped: MapResult,
+    ) -> Result<Vec<u8>> {
+        mapped.map_err(|e| err(format!("mapping a buffer for download: {e}")))?;
         let out = {
             let view = staging
                 .get_mapped_range(..)
@@ -371,6 +460,40 @@ impl Device {
         };
         staging.unmap();
         Ok(out)
+    }
+
+    /// Reads `t` back, waiting for the device. Not on the web, where a buffer maps only once
+    /// control returns to the event loop: there [`Device::download_async`] reads.
+    pub(crate) fn download(&self, t: &Tensor) -> Result<Vec<u8>> {
+        if t.nbytes() == 0 {
+            return Ok(Vec::new());
+        }
+        if cfg!(target_arch = "wasm32") {
+            return Err(err(
+                "a blocking read of a GPU buffer is not possible in a browser (download_async reads)",
+            ));
+        }
+        let (staging, head, rx) = self.start_download(t)?;
+        self.wait()?;
+        let mapped = rx
+            .try_take()
+            .ok_or_else(|| err("buffer map callback never ran"))?;
+        Self::finish_download(t, staging, head, mapped)
+    }
+
+    /// Reads `t` back without blocking the thread.
+    pub(crate) async fn download_async(&self, t: &Tensor) -> Result<Vec<u8>> {
+        if t.nbytes() == 0 {
+            return Ok(Vec::new());
+        }
+        let (staging, head, rx) = self.start_download(t)?;
+        if !cfg!(target_arch = "wasm32") {
+            // Natively the map completes as the device is polled.
+            self.wait()?;
+        }
+        let mapped = rx.await;
+        self.check_error()?;
+        Self::finish_download(t, staging, head, mapped)
     }
 
     pub(crate) fn upload(&self, t: &Tensor, bytes: &[u8]) -> Result<()> {
@@ -389,8 +512,16 @@ impl Device {
         // (queue writes land before the next submission's commands).
         self.flush()?;
         let (start, end, buffer) = self.word_range(t)?;
+        let visible = self.buffer_of(t)?.len as u64;
         if start == t.offset() as u64 && end - start == bytes.len() as u64 {
             self.queue.write_buffer(buffer, start, bytes);
+        } else if start == t.offset() as u64 && t.offset() as u64 + bytes.len() as u64 == visible {
+            // The window ends where the buffer's tensors do: the rest of its last word is
+            // padding no tensor sees, so zeros fill it (no read of the old words, which a
+            // browser could not do here).
+            let mut words = bytes.to_vec();
+            words.resize((end - start) as usize, 0);
+            self.queue.write_buffer(buffer, start, &words);
         } else {
             // An unaligned window: read the covering words, patch them, write them back.
             let mut words = self.download_range(buffer, start, end)?;
@@ -457,7 +588,7 @@ impl Device {
             return Ok(p.clone());
         }
         let source = k.source();
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let scope = push_scope(&self.device, wgpu::ErrorFilter::Validation);
         let module = self
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -490,7 +621,7 @@ impl Device {
                 compilation_options: Default::default(),
                 cache: None,
             });
-        if let Some(e) = pollster::block_on(scope.pop()) {
+        if let Some(e) = pop_scope(scope) {
             return Err(err(format!("kernel {}: {e}", k.entry)));
         }
         let p = Arc::new(pipeline);
@@ -567,7 +698,7 @@ impl Device {
         }
         if let Some(profile) = &self.profile {
             // Profiling: wait for each dispatch and charge the time to its kernel.
-            let t = std::time::Instant::now();
+            let t = kiln_core::time::Instant::now();
             self.wait()?;
             let us = t.elapsed().as_micros() as u64;
             if let Ok(mut p) = profile.lock() {

@@ -13,13 +13,17 @@ mod ops;
 
 use std::sync::Arc;
 
-use kiln_core::backend::{check_call, Backend, Capabilities};
+use kiln_core::backend::{check_call, Backend, Capabilities, LocalFuture};
 use kiln_core::op::{Op, OpDesc};
 use kiln_core::tensor::{BackendId, Tensor, TensorDesc};
 use kiln_core::Error;
 
-/// The wgpu backends kiln uses: Vulkan, Metal, DX12 (not GL, whose compute is too limited).
+/// The wgpu backends kiln uses: Vulkan, Metal, DX12 (not GL, whose compute is too limited);
+/// in a browser, its WebGPU.
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) const BACKENDS: wgpu::Backends = wgpu::Backends::PRIMARY;
+#[cfg(target_arch = "wasm32")]
+pub(crate) const BACKENDS: wgpu::Backends = wgpu::Backends::BROWSER_WEBGPU;
 
 pub(crate) const NO_ADAPTER: &str = "wgpu: no WebGPU adapter found (needs a Vulkan, Metal or DX12 driver; on Linux without a GPU, Mesa's lavapipe: apt-get install mesa-vulkan-drivers)";
 
@@ -40,6 +44,7 @@ pub struct AdapterSummary {
 
 /// Every Vulkan, Metal or DX12 adapter wgpu can see. Never panics; an empty list when the
 /// machine has no usable driver.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn adapters() -> Vec<AdapterSummary> {
     let found = pollster::block_on(instance().enumerate_adapters(BACKENDS));
     found
@@ -65,14 +70,24 @@ pub struct WgpuBackend {
 
 /// Opens the WebGPU backend on the best adapter (a discrete GPU first;
 /// `KILN_WGPU_ADAPTER=<name substring>` picks one).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn open() -> kiln_core::Result<Arc<dyn Backend>> {
     Ok(Arc::new(WgpuBackend::open()?))
 }
 
 impl WgpuBackend {
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn open() -> kiln_core::Result<WgpuBackend> {
         Ok(WgpuBackend {
             dev: device::Device::open()?,
+        })
+    }
+
+    /// Opens the backend without blocking (what a browser needs: its adapter and device
+    /// arrive through the event loop).
+    pub async fn open_async() -> kiln_core::Result<WgpuBackend> {
+        Ok(WgpuBackend {
+            dev: device::Device::open_async().await?,
         })
     }
 }
@@ -95,6 +110,12 @@ impl Backend for WgpuBackend {
     }
     fn download(&self, src: &Tensor) -> kiln_core::Result<Vec<u8>> {
         self.dev.download(src)
+    }
+    fn download_async<'a>(
+        &'a self,
+        src: &'a Tensor,
+    ) -> LocalFuture<'a, kiln_core::Result<Vec<u8>>> {
+        Box::pin(self.dev.download_async(src))
     }
     fn supports_op(&self, desc: &OpDesc) -> bool {
         ops::supports(&self.dev, desc)

@@ -19,6 +19,7 @@ pub mod sample;
 pub mod sched;
 pub mod spec;
 pub mod tensor;
+pub mod time;
 pub mod tokenizer;
 pub mod validate;
 

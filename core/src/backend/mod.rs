@@ -40,6 +40,9 @@ pub struct Capabilities {
     pub parallelism: usize,
 }
 
+/// A future that stays on its thread (on the web, GPU objects do).
+pub type LocalFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'a>>;
+
 /// One implementation of the op set. Tensors belong to the backend that allocated them.
 ///
 /// `execute` may be asynchronous on a device: results are visible to `download` (which waits)
@@ -56,6 +59,12 @@ pub trait Backend: Send + Sync {
     fn upload(&self, dst: &Tensor, bytes: &[u8]) -> Result<()>;
     /// Reads `src` back to the host.
     fn download(&self, src: &Tensor) -> Result<Vec<u8>>;
+    /// `download` without blocking the thread: in a browser a GPU buffer can be read only
+    /// after control returns to the event loop, so code that runs there awaits this instead.
+    /// The default is `download`, ready at once.
+    fn download_async<'a>(&'a self, src: &'a Tensor) -> LocalFuture<'a, Result<Vec<u8>>> {
+        Box::pin(std::future::ready(self.download(src)))
+    }
     /// Whether this backend runs `desc` exactly (its dtypes, shapes and parameters) and
     /// passes the conformance suite for it. A false "yes" is a correctness bug.
     fn supports_op(&self, desc: &OpDesc) -> bool;

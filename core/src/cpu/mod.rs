@@ -172,8 +172,16 @@ impl CpuBackend {
             .num_threads(threads)
             .thread_name(|i| format!("kiln-cpu-{i}"))
             .build()
-            .or_else(|_| rayon::ThreadPoolBuilder::new().num_threads(1).build());
-        // Building a one-thread pool only fails if the OS cannot start a thread at all.
+            .or_else(|_| rayon::ThreadPoolBuilder::new().num_threads(1).build())
+            // Where no thread can start at all (a browser's wasm), the calling thread is the
+            // pool's one worker.
+            .or_else(|_| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(1)
+                    .use_current_thread()
+                    .build()
+            });
+        // This fails only if the calling thread is already another pool's worker.
         let pool = match pool {
             Ok(p) => p,
             Err(e) => panic!("cannot start a CPU worker thread: {e}"),

@@ -84,7 +84,7 @@ pub struct Snapshot {
     /// Every request the engine holds, running ones first.
     pub slots: Vec<Slot>,
     /// When the engine last finished a step (or started, before the first).
-    pub last_step: Option<std::time::Instant>,
+    pub last_step: Option<crate::time::Instant>,
 }
 
 /// One request as /slots reports it.
@@ -151,8 +151,8 @@ pub struct Engine {
     /// Where a spawned engine publishes its state for other threads.
     pub(super) published: Option<Arc<std::sync::Mutex<Snapshot>>>,
     /// When the full snapshot (every request's slot) was last published.
-    published_slots: Option<std::time::Instant>,
-    pub(super) last_step: std::time::Instant,
+    published_slots: Option<crate::time::Instant>,
+    pub(super) last_step: crate::time::Instant,
 }
 
 impl Engine {
@@ -186,7 +186,7 @@ impl Engine {
             published_slots: None,
             diffusion: canvas.map(|_| Default::default()),
             spec: None,
-            last_step: std::time::Instant::now(),
+            last_step: crate::time::Instant::now(),
         }
     }
 
@@ -260,7 +260,7 @@ impl Engine {
         let Some(p) = &self.published else {
             return;
         };
-        let now = std::time::Instant::now();
+        let now = crate::time::Instant::now();
         let slots = self.sched.is_idle()
             || self
                 .published_slots

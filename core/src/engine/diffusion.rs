@@ -113,17 +113,17 @@ fn run(
     }
     let ctx = fwd.config().ctx;
     loop {
-        let t0 = std::time::Instant::now();
+        let t0 = crate::time::Instant::now();
         canvas.prepare(ex)?;
         let input = canvas.input()?;
         let logits = runner.denoise_on_device(seq, input.ids, input.self_cond)?;
-        let t1 = std::time::Instant::now();
+        let t1 = crate::time::Instant::now();
         if req.timed {
             ex.backend().synchronize()?;
         }
-        let t2 = std::time::Instant::now();
+        let t2 = crate::time::Instant::now();
         let s = canvas.after(ex, &logits)?;
-        let t3 = std::time::Instant::now();
+        let t3 = crate::time::Instant::now();
         sum.decoder_seconds += (t2 - t0).as_secs_f64();
         sum.sampler_seconds += (t3 - t2).as_secs_f64();
         sum.host_seconds += ((t1 - t0) + s.host).as_secs_f64();
@@ -318,7 +318,7 @@ impl Canvas {
     /// (`[canvas, vocab]`), and the step's status read. A canvas that is done is read back
     /// and the next one starts from noise.
     pub fn after(&mut self, ex: &Executor, logits: &Tensor) -> Result<Denoised> {
-        let t0 = std::time::Instant::now();
+        let t0 = crate::time::Instant::now();
         let Some(dev) = self.dev.as_mut() else {
             return Err(Error::Model("a denoising step with no canvas".into()));
         };
@@ -333,10 +333,10 @@ impl Canvas {
             &dev.history,
             &dev.status,
         )?;
-        let t1 = std::time::Instant::now();
+        let t1 = crate::time::Instant::now();
         // The step's one read: accepted positions and whether to stop.
         let status = ex.download_i32(&dev.status)?;
-        let t2 = std::time::Instant::now();
+        let t2 = crate::time::Instant::now();
         let stop = status.get(1).is_some_and(|&s| s != 0);
         let mut out = Denoised {
             draft: match self.drafts {

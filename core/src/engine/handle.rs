@@ -144,7 +144,7 @@ fn serve(engine: &mut Engine, rx: &Receiver<Cmd>, cancels: &Receiver<ReqId>) {
             match rx.recv() {
                 Ok(cmd) => {
                     // Idle time is not a stall.
-                    engine.last_step = std::time::Instant::now();
+                    engine.last_step = crate::time::Instant::now();
                     accept(engine, cmd)
                 }
                 Err(_) => return,

@@ -36,7 +36,7 @@ impl Engine {
             return Ok(!self.sched.is_idle());
         }
         self.run(&plan)?;
-        self.last_step = std::time::Instant::now();
+        self.last_step = crate::time::Instant::now();
         Ok(true)
     }
 
@@ -113,7 +113,7 @@ impl Engine {
                 })
             });
             let step = canvases.and_then(|c| fwd.run_with(&plan.batch, features.as_ref(), &c));
-            let t = std::time::Instant::now();
+            let t = crate::time::Instant::now();
             let spent = worker.map(|w| w.join().unwrap_or_default());
             (step, spent.unwrap_or_default(), t.elapsed())
         });

@@ -176,7 +176,7 @@ impl Executor {
         );
         desc.check()?;
         let profiling = self.profiling.load(std::sync::atomic::Ordering::Relaxed);
-        let t0 = profiling.then(std::time::Instant::now);
+        let t0 = profiling.then(crate::time::Instant::now);
         let r = if self.supports(&desc) {
             self.backend.execute(op, inputs, outputs)
         } else {

@@ -561,7 +561,7 @@ mod tests {
             );
         }
         defs.insert("d60".into(), json!({}));
-        let t = std::time::Instant::now();
+        let t = crate::time::Instant::now();
         assert_eq!(
             ref_depth(&json!({"$defs": defs, "$ref": "#/$defs/d0"}))
                 .unwrap()

@@ -6,8 +6,8 @@
 mod cases;
 pub use crate::rng;
 
+use crate::time::Instant;
 use std::io::{self, Write};
-use std::time::Instant;
 
 pub use cases::cases;
 use rng::Rng;
@@ -261,16 +261,22 @@ fn guard_elems(d: DType) -> usize {
 
 const SENTINEL: u8 = 0xA5;
 
-/// Runs `op` on `backend` with the given bytes; outputs live inside guarded buffers, and a
-/// write past either end is reported as an error.
-fn execute_guarded(
+/// A case's tensors on a backend after its op ran: the inputs, and each output's guarded
+/// buffer (with the bytes of its guard) and its view.
+struct Staged {
+    inputs: Vec<Tensor>,
+    guarded: Vec<(Tensor, usize)>,
+    views: Vec<Tensor>,
+}
+
+/// Uploads the case's inputs and its outputs inside guarded buffers, and runs `op`.
+fn stage(
     backend: &dyn Backend,
     case: &Case,
     ins: &[Vec<u8>],
     outs: &[Option<Vec<u8>>],
-    perf: bool,
-) -> Result<(Vec<Vec<u8>>, Option<f64>)> {
-    let tin = case
+) -> Result<Staged> {
+    let inputs = case
         .inputs
         .iter()
         .zip(ins)
@@ -289,7 +295,7 @@ fn execute_guarded(
             whole.view(off, i.desc.shape.clone())
         })
         .collect::<Result<Vec<_>>>()?;
-    let mut bufs = Vec::new();
+    let mut guarded = Vec::new();
     let mut views = Vec::new();
     for (d, init) in case.outputs.iter().zip(outs) {
         let g = guard_elems(d.dtype);
@@ -302,30 +308,59 @@ fn execute_guarded(
         }
         backend.upload(&whole, &bytes)?;
         let view = whole.view(g, d.shape.clone())?;
-        bufs.push((whole, gb));
+        guarded.push((whole, gb));
         views.push(view);
     }
-    let in_refs: Vec<&Tensor> = tin.iter().collect();
+    let in_refs: Vec<&Tensor> = inputs.iter().collect();
     let out_refs: Vec<&Tensor> = views.iter().collect();
     backend.execute(&case.op, &in_refs, &out_refs)?;
     backend.synchronize()?;
+    Ok(Staged {
+        inputs,
+        guarded,
+        views,
+    })
+}
+
+/// Output `o`'s bytes from its guarded buffer's, or an error if the op wrote past either end.
+fn unguard(
+    backend: &dyn Backend,
+    case: &Case,
+    o: usize,
+    bytes: &[u8],
+    gb: usize,
+) -> Result<Vec<u8>> {
+    let (head, tail) = (&bytes[..gb], &bytes[bytes.len() - gb..]);
+    if head.iter().chain(tail).any(|&b| b != SENTINEL) {
+        return Err(Error::backend(
+            backend.name(),
+            format!(
+                "{}: output {o} was written outside its bounds",
+                case.op.name()
+            ),
+        ));
+    }
+    Ok(bytes[gb..bytes.len() - gb].to_vec())
+}
+
+/// Runs `op` on `backend` with the given bytes; outputs live inside guarded buffers, and a
+/// write past either end is reported as an error.
+fn execute_guarded(
+    backend: &dyn Backend,
+    case: &Case,
+    ins: &[Vec<u8>],
+    outs: &[Option<Vec<u8>>],
+    perf: bool,
+) -> Result<(Vec<Vec<u8>>, Option<f64>)> {
+    let st = stage(backend, case, ins, outs)?;
     let mut results = Vec::new();
-    for (o, (whole, gb)) in bufs.iter().enumerate() {
-        let bytes = backend.download(whole)?;
-        let (head, tail) = (&bytes[..*gb], &bytes[bytes.len() - gb..]);
-        if head.iter().chain(tail).any(|&b| b != SENTINEL) {
-            return Err(Error::backend(
-                backend.name(),
-                format!(
-                    "{}: output {o} was written outside its bounds",
-                    case.op.name()
-                ),
-            ));
-        }
-        results.push(bytes[*gb..bytes.len() - gb].to_vec());
+    for (o, (whole, gb)) in st.guarded.iter().enumerate() {
+        results.push(unguard(backend, case, o, &backend.download(whole)?, *gb)?);
     }
     let micros = if perf {
         // Re-run (in-place ops keep updating their state: fine for timing).
+        let in_refs: Vec<&Tensor> = st.inputs.iter().collect();
+        let out_refs: Vec<&Tensor> = st.views.iter().collect();
         let start = Instant::now();
         let mut runs = 0u32;
         while runs < 3 || (start.elapsed().as_millis() < 100 && runs < 1000) {
@@ -338,6 +373,22 @@ fn execute_guarded(
         None
     };
     Ok((results, micros))
+}
+
+/// `execute_guarded` reading the outputs back with `download_async` (no timing).
+async fn execute_guarded_async(
+    backend: &dyn Backend,
+    case: &Case,
+    ins: &[Vec<u8>],
+    outs: &[Option<Vec<u8>>],
+) -> Result<Vec<Vec<u8>>> {
+    let st = stage(backend, case, ins, outs)?;
+    let mut results = Vec::new();
+    for (o, (whole, gb)) in st.guarded.iter().enumerate() {
+        let bytes = backend.download_async(whole).await?;
+        results.push(unguard(backend, case, o, &bytes, *gb)?);
+    }
+    Ok(results)
 }
 
 fn to_f32(d: &TensorDesc, bytes: &[u8]) -> Result<Vec<f32>> {
@@ -390,13 +441,9 @@ fn draws_tie(
     Ok(())
 }
 
-/// Runs one case on `candidate` and compares with `reference`.
-pub fn run_case(
-    case: &Case,
-    reference: &CpuBackend,
-    candidate: &dyn Backend,
-    perf: bool,
-) -> CaseResult {
+/// A case's result before it is run: its names, and whether it can run on `candidate`
+/// (`Err`: the finished result, failed or not supported).
+fn start_case(case: &Case, candidate: &dyn Backend) -> std::result::Result<CaseResult, CaseResult> {
     let mut r = CaseResult {
         op: case.op.name(),
         case: case.label.clone(),
@@ -405,39 +452,43 @@ pub fn run_case(
         nmse: None,
         micros: None,
     };
-    let desc = case.desc();
-    if let Err(e) = desc.check() {
+    if let Err(e) = case.desc().check() {
         r.status = Status::Fail(format!("invalid case: {e}"));
-        return r;
+        return Err(r);
     }
-    if !candidate.supports_op(&desc) {
+    if !candidate.supports_op(&case.desc()) {
         r.status = Status::NotSupported;
-        return r;
+        return Err(r);
     }
-    let outcome = (|| -> Result<(f64, Option<f64>)> {
-        let (ins, outs) = case.data()?;
-        let (want, _) = execute_guarded(reference, case, &ins, &outs, false)?;
-        let (got, micros) = execute_guarded(candidate, case, &ins, &outs, perf)?;
-        let mut worst = 0f64;
-        for (o, d) in case.outputs.iter().enumerate() {
-            if d.dtype.is_int() {
-                let draws = matches!(case.op, Op::Canvas(CanvasOp::CanvasDraw { .. })) && o == 2;
-                if draws && got[o] != want[o] {
-                    draws_tie(case, &want[0], &got[o], &want[o])
-                        .map_err(|e| Error::backend(candidate.name(), e))?;
-                } else if got[o] != want[o] {
-                    return Err(Error::backend(
-                        candidate.name(),
-                        format!("integer output {o} differs from the CPU reference"),
-                    ));
-                }
-            } else {
-                let e = nmse(&to_f32(d, &got[o])?, &to_f32(d, &want[o])?);
-                worst = if e.is_nan() || e > worst { e } else { worst };
+    Ok(r)
+}
+
+/// The worst NMSE of the candidate's outputs against the reference's (integer outputs must be
+/// equal, a canvas draw's up to ties).
+fn compare(case: &Case, candidate: &dyn Backend, want: &[Vec<u8>], got: &[Vec<u8>]) -> Result<f64> {
+    let mut worst = 0f64;
+    for (o, d) in case.outputs.iter().enumerate() {
+        if d.dtype.is_int() {
+            let draws = matches!(case.op, Op::Canvas(CanvasOp::CanvasDraw { .. })) && o == 2;
+            if draws && got[o] != want[o] {
+                draws_tie(case, &want[0], &got[o], &want[o])
+                    .map_err(|e| Error::backend(candidate.name(), e))?;
+            } else if got[o] != want[o] {
+                return Err(Error::backend(
+                    candidate.name(),
+                    format!("integer output {o} differs from the CPU reference"),
+                ));
             }
+        } else {
+            let e = nmse(&to_f32(d, &got[o])?, &to_f32(d, &want[o])?);
+            worst = if e.is_nan() || e > worst { e } else { worst };
         }
-        Ok((worst, micros))
-    })();
+    }
+    Ok(worst)
+}
+
+/// Pass or fail by the case's tolerance.
+fn finish_case(case: &Case, mut r: CaseResult, outcome: Result<(f64, Option<f64>)>) -> CaseResult {
     match outcome {
         Ok((e, micros)) => {
             r.nmse = Some(e);
@@ -450,6 +501,47 @@ pub fn run_case(
         Err(e) => r.status = Status::Fail(e.to_string()),
     }
     r
+}
+
+/// Runs one case on `candidate` and compares with `reference`.
+pub fn run_case(
+    case: &Case,
+    reference: &CpuBackend,
+    candidate: &dyn Backend,
+    perf: bool,
+) -> CaseResult {
+    let r = match start_case(case, candidate) {
+        Ok(r) => r,
+        Err(done) => return done,
+    };
+    let outcome = (|| -> Result<(f64, Option<f64>)> {
+        let (ins, outs) = case.data()?;
+        let (want, _) = execute_guarded(reference, case, &ins, &outs, false)?;
+        let (got, micros) = execute_guarded(candidate, case, &ins, &outs, perf)?;
+        Ok((compare(case, candidate, &want, &got)?, micros))
+    })();
+    finish_case(case, r, outcome)
+}
+
+/// [`run_case`] reading the candidate's outputs with `download_async`: what runs in a browser,
+/// where a GPU buffer is read only after control returns to the event loop.
+pub async fn run_case_async(
+    case: &Case,
+    reference: &CpuBackend,
+    candidate: &dyn Backend,
+) -> CaseResult {
+    let r = match start_case(case, candidate) {
+        Ok(r) => r,
+        Err(done) => return done,
+    };
+    let outcome = async {
+        let (ins, outs) = case.data()?;
+        let (want, _) = execute_guarded(reference, case, &ins, &outs, false)?;
+        let got = execute_guarded_async(candidate, case, &ins, &outs).await?;
+        Ok((compare(case, candidate, &want, &got)?, None))
+    }
+    .await;
+    finish_case(case, r, outcome)
 }
 
 /// Runs every case whose op name or label contains `filter`.
