@@ -344,7 +344,9 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let tiles = select(0u, (b - a + 63u) / 64u, b > a);
     for (var t = 0u; t < tiles; t++) {
         let j = j0 + li;
-        var dot: array<vec4<f32>, BANKS>;
+        // Zeroed explicitly each tile: a browser's compiler left the declaration's implicit
+        // zero to the first tile, so later tiles added to the previous tile's scores.
+        var dot = array<vec4<f32>, BANKS>();
         if (j < b) {
             let kb = p.k_off + slot_row(s, j, g) * kvf_row_bytes(KF, p.d);
             for (var i = 0u; i < d8; i += 8u) {

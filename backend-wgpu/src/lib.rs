@@ -11,8 +11,6 @@ mod device;
 pub mod kernels;
 mod ops;
 
-use std::sync::Arc;
-
 use kiln_core::backend::{check_call, Backend, Capabilities, LocalFuture};
 use kiln_core::op::{Op, OpDesc};
 use kiln_core::tensor::{BackendId, Tensor, TensorDesc};
@@ -71,8 +69,8 @@ pub struct WgpuBackend {
 /// Opens the WebGPU backend on the best adapter (a discrete GPU first;
 /// `KILN_WGPU_ADAPTER=<name substring>` picks one).
 #[cfg(not(target_arch = "wasm32"))]
-pub fn open() -> kiln_core::Result<Arc<dyn Backend>> {
-    Ok(Arc::new(WgpuBackend::open()?))
+pub fn open() -> kiln_core::Result<std::sync::Arc<dyn Backend>> {
+    Ok(std::sync::Arc::new(WgpuBackend::open()?))
 }
 
 impl WgpuBackend {

@@ -4,8 +4,9 @@
 //! block (see `Backend::download_async`).
 //!
 //! What runs today: the conformance suite on the browser's WebGPU adapter against kiln's CPU
-//! reference compiled to wasm ([`conformance`]; `web/tests/browser.rs` runs it in headless
-//! Chromium). The natively built crate holds the same code so the workspace's checks cover it.
+//! reference compiled to wasm ([`conformance_report`]; `web/tests/browser.rs` runs it in
+//! headless Chromium through `scripts/web-test.sh`). The natively built crate holds the same
+//! code so the workspace's checks cover it.
 
 use kiln_core::backend::Backend;
 use kiln_core::cpu::CpuBackend;

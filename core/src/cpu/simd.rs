@@ -166,6 +166,7 @@ fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
 /// `Σ a[i]·b[i]` over the shorter of the two.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
     let n = a.len().min(b.len());
     match isa() {
         // SAFETY: both slices hold `n` elements and the CPU has the instruction set.
