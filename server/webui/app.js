@@ -230,7 +230,10 @@ function codeBlock(lang, body) {
 function markdown(src, parent, depth = 0) {
   const lines = src.replace(/\r\n?/g, '\n').split('\n');
   let i = 0;
-  const isList = (l) => /^\s{0,3}([-*+]|\d{1,9}[.)])\s+/.test(l);
+  // One pattern both recognises a list item and splits it ([\s\S]: any character, line
+  // separators included), so every line the list loop starts on is consumed.
+  const ITEM = /^\s{0,3}([-*+]|\d{1,9}[.)])\s+([\s\S]*)$/;
+  const isList = (l) => ITEM.test(l);
   const special = (l) => /^\s{0,3}(```|~~~|#{1,6}\s|>)/.test(l) || isList(l) || /^\s{0,3}([-*_])(\s*\1){2,}\s*$/.test(l);
   while (i < lines.length) {
     const line = lines[i];
@@ -270,9 +273,10 @@ function markdown(src, parent, depth = 0) {
       const start = line.match(/^\s*(\d+)/);
       if (ordered && start && start[1] !== '1') list.setAttribute('start', String(Number(start[1])));
       let item = null;
+      const from = i;
       while (i < lines.length) {
         const l = lines[i];
-        const m = l.match(/^\s{0,3}([-*+]|\d{1,9}[.)])\s+(.*)$/);
+        const m = l.match(ITEM);
         if (m && /^\s*\d/.test(l) === ordered) {
           item = [m[2]];
           list.append(el('li'));
@@ -284,6 +288,7 @@ function markdown(src, parent, depth = 0) {
         }
         i++;
       }
+      if (i === from) i++; // never: the first line is an item; but never loop on one either
       for (const li of list.children) inlineLines(li.item, li);
       parent.append(list);
       continue;
@@ -575,14 +580,15 @@ async function generate(c) {
   renderLog();
   setBusy(true);
   const log = $('log');
-  const node = log.lastElementChild;
   let pending = false;
   const paint = () => {
     if (pending) return;
     pending = true;
     requestAnimationFrame(() => {
       pending = false;
-      if (state.current !== c.id || !node.isConnected) return;
+      // Looked up each time: switching chats and back rebuilds the log.
+      const node = log.lastElementChild;
+      if (state.current !== c.id || !node) return;
       const stick = log.scrollHeight - log.scrollTop - log.clientHeight < 80;
       fillAssistant(node, c, m, index);
       if (stick) log.scrollTop = log.scrollHeight;

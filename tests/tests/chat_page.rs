@@ -204,3 +204,48 @@ fn the_page_needs_no_key_and_no_webui_turns_it_off() {
     assert!(raw(off.addr, "/").starts_with("HTTP/1.1 404"));
     assert!(raw(off.addr, "/webui/app.js").starts_with("HTTP/1.1 404"));
 }
+
+/// The page's markdown renderer on hostile text (`tests/web/markdown.cjs`, in Node): every
+/// input ends — a renderer that loops on one (a list item holding a line separator did) would
+/// freeze the tab each time that conversation is shown — links only for http(s) and mailto,
+/// no element but the renderer's own.
+#[test]
+fn the_markdown_renderer_ends_on_hostile_text_and_links_only_the_web() {
+    let node_ok = Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !node_ok {
+        assert!(
+            !required("BROWSER"),
+            "KILN_REQUIRE_BROWSER is set but there is no node"
+        );
+        println!("skipping: no node");
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut child = Command::new("node")
+        .arg(root.join("tests/web/markdown.cjs"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("node starts");
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("the markdown renderer did not finish in 120 s (a loop on some input)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let out = child.wait_with_output().expect("output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        status.success() && stdout.starts_with("ok "),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

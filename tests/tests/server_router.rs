@@ -142,6 +142,14 @@ fn two_models_take_turns_in_one_server_with_room_for_one() {
     assert_eq!(st, 400, "{body}");
     let (st, body) = greedy(srv.addr, "no-such-model", "Hi");
     assert_eq!(st, 404, "{body}");
+    // Only a generating request loads a model: a GET (a page's stray image, say) does not.
+    let (st, body) = http(srv.addr, "GET", &format!("/props?model={na}"), b"", None);
+    assert_eq!(st, 503, "{body}");
+    assert!(
+        states(srv.addr).iter().all(|(_, s)| s == "unloaded"),
+        "{:?}",
+        states(srv.addr)
+    );
 
     // Alternate: each request loads its model and unloads the other.
     for round in 0..2 {

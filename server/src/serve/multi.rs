@@ -56,9 +56,17 @@ pub struct ModelsConfig {
 enum Slot {
     Unloaded,
     Loading,
-    Loaded { state: Arc<AppState>, app: Router },
-    Failed(String),
+    Loaded {
+        state: Arc<AppState>,
+        app: Router,
+    },
+    /// Why the last load failed, and when: it is tried again only after [`RETRY_FAILED`].
+    Failed(String, std::time::Instant),
 }
+
+/// How long a model whose load failed answers with that failure before a request tries it
+/// again (a broken or oversized model does not evict a working one on every request).
+const RETRY_FAILED: Duration = Duration::from_secs(30);
 
 impl Slot {
     fn name(&self) -> &'static str {
@@ -66,7 +74,7 @@ impl Slot {
             Slot::Unloaded => "unloaded",
             Slot::Loading => "loading",
             Slot::Loaded { .. } => "loaded",
-            Slot::Failed(_) => "failed",
+            Slot::Failed(..) => "failed",
         }
     }
 }
@@ -209,7 +217,13 @@ impl Models {
 
     /// The loaded model's routes for `model`, loading it first if need be (waiting at most
     /// the configured time).
-    async fn get(self: &Arc<Self>, model: &str) -> Result<(String, Router), Response> {
+    /// Only a request that generates (`may_load`: a POST) starts a load; others reach
+    /// loaded models only, so a page's stray GET cannot make the server load and evict.
+    async fn get(
+        self: &Arc<Self>,
+        model: &str,
+        may_load: bool,
+    ) -> Result<(String, Router), Response> {
         let deadline = tokio::time::Instant::now() + self.cfg.load_wait;
         loop {
             // Registered before the state is looked at, so a load that ends in between wakes it.
@@ -234,8 +248,21 @@ impl Models {
                 match &entries[i].slot {
                     Slot::Loaded { app, .. } => return Ok((entries[i].name.clone(), app.clone())),
                     Slot::Loading => {}
-                    Slot::Unloaded | Slot::Failed(_) => {
-                        // A failed load is tried again by the next request for it.
+                    Slot::Failed(why, at) if at.elapsed() < RETRY_FAILED || !may_load => {
+                        return Err(ApiError::status(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("the model {model:?} failed to load: {why}"),
+                        )
+                        .into_response());
+                    }
+                    Slot::Unloaded if !may_load => {
+                        return Err(ApiError::status(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("the model {model:?} is not loaded (a completion request for it loads it)"),
+                        )
+                        .into_response());
+                    }
+                    Slot::Unloaded | Slot::Failed(..) => {
                         self.start_load(&mut entries, i)
                             .map_err(|busy| retry_later(busy, 5))?;
                     }
@@ -245,7 +272,7 @@ impl Models {
                 let entries = self.lock();
                 return Err(
                     match Self::find(&entries, model).map(|i| &entries[i].slot) {
-                        Some(Slot::Failed(why)) => ApiError::status(
+                        Some(Slot::Failed(why, _)) => ApiError::status(
                             StatusCode::SERVICE_UNAVAILABLE,
                             format!("the model {model:?} failed to load: {why}"),
                         )
@@ -263,7 +290,9 @@ impl Models {
             // A load ended (this one or another): look again. A failed load of this model
             // answers now rather than being retried in a loop.
             let entries = self.lock();
-            if let Some(Slot::Failed(why)) = Self::find(&entries, model).map(|i| &entries[i].slot) {
+            if let Some(Slot::Failed(why, _)) =
+                Self::find(&entries, model).map(|i| &entries[i].slot)
+            {
                 return Err(ApiError::status(
                     StatusCode::SERVICE_UNAVAILABLE,
                     format!("the model {model:?} failed to load: {why}"),
@@ -322,7 +351,15 @@ impl Models {
         eprintln!("kiln: loading {name} ({})", entries[i].path.display());
         tokio::task::spawn_blocking(move || {
             let t = std::time::Instant::now();
-            let loaded = load(&args, cfg).and_then(|m| state_with(m, opts));
+            // A panic while loading fails the load instead of leaving it loading forever.
+            let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                load(&args, cfg).and_then(|m| state_with(m, opts))
+            }))
+            .unwrap_or_else(|_| {
+                Err(anyhow::anyhow!(
+                    "the load panicked (a bug: please report it)"
+                ))
+            });
             let mut entries = ms.lock();
             if let Some(e) = entries.iter_mut().find(|e| e.name == name) {
                 e.slot = match loaded {
@@ -336,7 +373,7 @@ impl Models {
                         ms.failures.fetch_add(1, Ordering::Relaxed);
                         let why = format!("{err:#}");
                         eprintln!("kiln: loading {name} failed: {why}");
-                        Slot::Failed(why)
+                        Slot::Failed(why, std::time::Instant::now())
                     }
                 };
             }
@@ -384,6 +421,13 @@ pub fn models_router(ms: Arc<Models>) -> Router {
         .route("/metrics", get(metrics))
         .merge(page)
         .fallback(dispatch)
+        .method_not_allowed_fallback(|| async {
+            ApiError::status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed on this route",
+            )
+            .into_response()
+        })
         .layer(middleware::from_fn_with_state(ms.clone(), access))
         .with_state(ms)
 }
@@ -451,7 +495,7 @@ async fn models(State(ms): State<Arc<Models>>) -> Response {
             let mut v = json!({"id": e.name, "object": "model", "created": super::now(),
                                "owned_by": "kiln", "status": {"value": e.slot.name()},
                                "aliases": e.aliases});
-            if let Slot::Failed(why) = &e.slot {
+            if let Slot::Failed(why, _) = &e.slot {
                 v["status"]["failure"] = json!(why);
             }
             v
@@ -589,7 +633,8 @@ async fn dispatch(State(ms): State<Arc<Models>>, req: Request) -> Response {
             }
         }
     };
-    let (name, app) = match ms.get(&model).await {
+    let may_load = parts.method == Method::POST;
+    let (name, app) = match ms.get(&model, may_load).await {
         Ok(x) => x,
         Err(res) => return res,
     };
