@@ -110,6 +110,49 @@ mod tests {
         assert!(report.failures.is_empty(), "{:?}", report.failures);
     }
 
+    /// `Runner::step_async` (what the browser steps with) gives the tokens `Runner::step`
+    /// gives, natively on the CPU, over the tiny Qwen3.5 fixture.
+    #[test]
+    fn the_async_step_gives_the_tokens_of_the_blocking_step() {
+        use kiln_core::exec::Executor;
+        use kiln_core::load::gguf::GgufFile;
+        use kiln_core::runner::{Logits, Runner, RunnerConfig};
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/hf/gguf/qwen3_5.gguf");
+        let run = |blocking: bool| -> Vec<u32> {
+            let cpu = std::sync::Arc::new(CpuBackend::with_threads(1));
+            let ex = Executor::with_cpu(cpu.clone(), cpu);
+            let file = GgufFile::open(&path).expect("the fixture opens");
+            let model = kiln_core::model::build_from_gguf(&file, &ex).expect("builds");
+            let cfg = RunnerConfig {
+                ctx: 64,
+                max_seqs: 1,
+                ..RunnerConfig::default()
+            };
+            let mut r = Runner::new(ex, model, cfg).expect("runner");
+            let mut step = |toks: &[u32]| -> Vec<f32> {
+                let items = [(0u64, toks, Logits::Last)];
+                let rows = if blocking {
+                    r.step(&items)
+                } else {
+                    block_on(r.step_async(&items))
+                };
+                rows.expect("step").remove(0).remove(0)
+            };
+            let argmax =
+                |v: &[f32]| (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b }) as u32;
+            let mut logits = step(&[11, 48, 85, 122, 159, 196, 233]);
+            let mut out = Vec::new();
+            for _ in 0..8 {
+                let t = argmax(&logits);
+                out.push(t);
+                logits = step(&[t]);
+            }
+            out
+        };
+        assert_eq!(run(false), run(true));
+    }
+
     /// Polls a future that is ready without waiting on anything (the CPU's download is).
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
         let mut f = std::pin::pin!(f);

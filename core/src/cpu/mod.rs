@@ -144,8 +144,9 @@ pub struct CpuBackend {
     caps: Capabilities,
     /// The fork/join pool the hot ops (matmul, attention, norms, elementwise) split over.
     workers: pool::Pool,
-    /// rayon's pool, for the ops not moved to `workers` yet.
-    pool: rayon::ThreadPool,
+    /// rayon's pool, for the ops not moved to `workers` yet (`None` where no thread can
+    /// start: they then run on the calling thread).
+    pool: Option<rayon::ThreadPool>,
     gate: Mutex<()>,
     recycle: Arc<Recycler>,
 }
@@ -173,19 +174,9 @@ impl CpuBackend {
             .thread_name(|i| format!("kiln-cpu-{i}"))
             .build()
             .or_else(|_| rayon::ThreadPoolBuilder::new().num_threads(1).build())
-            // Where no thread can start at all (a browser's wasm), the calling thread is the
-            // pool's one worker.
-            .or_else(|_| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(1)
-                    .use_current_thread()
-                    .build()
-            });
-        // This fails only if the calling thread is already another pool's worker.
-        let pool = match pool {
-            Ok(p) => p,
-            Err(e) => panic!("cannot start a CPU worker thread: {e}"),
-        };
+            // Where no thread can start at all (a browser's wasm): no pool of our own; rayon's
+            // global pool runs on the calling thread there.
+            .ok();
         CpuBackend {
             id: next_backend_id(),
             caps: Capabilities {
@@ -378,8 +369,10 @@ impl Backend for CpuBackend {
             if on_workers(op) {
                 dispatch(op, &in_bytes, &mut out_bytes)
             } else {
-                self.pool
-                    .install(|| dispatch(op, &in_bytes, &mut out_bytes))
+                match &self.pool {
+                    Some(p) => p.install(|| dispatch(op, &in_bytes, &mut out_bytes)),
+                    None => dispatch(op, &in_bytes, &mut out_bytes),
+                }
             }
         })
         .map_err(|e| match e {

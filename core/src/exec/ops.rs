@@ -149,15 +149,12 @@ impl Executor {
     /// A tensor's elements as f32, dequantized if need be.
     pub fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
         let bytes = self.backend().download(t)?;
-        if t.dtype() == DType::F32 && bytes.len() == 4 * t.numel() {
-            return Ok(bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect());
-        }
-        let mut v = vec![0f32; t.numel()];
-        quant::dequantize(t.dtype(), &bytes, &mut v)?;
-        Ok(v)
+        f32s(t, bytes)
+    }
+    /// [`Executor::download_f32`] through `download_async` (what a browser can wait for).
+    pub async fn download_f32_async(&self, t: &Tensor) -> Result<Vec<f32>> {
+        let bytes = self.backend().download_async(t).await?;
+        f32s(t, bytes)
     }
     pub fn download_i32(&self, t: &Tensor) -> Result<Vec<i32>> {
         if t.dtype() != DType::I32 {
@@ -506,4 +503,17 @@ impl Executor {
         let h = self.glu(g, gate, up)?;
         self.matmul(&h, w_down)
     }
+}
+
+/// A downloaded tensor's bytes as f32 values, dequantized if need be.
+fn f32s(t: &Tensor, bytes: Vec<u8>) -> Result<Vec<f32>> {
+    if t.dtype() == DType::F32 && bytes.len() == 4 * t.numel() {
+        return Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect());
+    }
+    let mut v = vec![0f32; t.numel()];
+    quant::dequantize(t.dtype(), &bytes, &mut v)?;
+    Ok(v)
 }

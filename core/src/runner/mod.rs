@@ -24,6 +24,14 @@ fn canvas_rows(batch: &ForwardBatch, first: usize) -> usize {
 /// every token it fed.
 pub type StepRows = (Vec<Vec<Vec<f32>>>, Option<Vec<Vec<Vec<f32>>>>);
 
+/// A pass run on the device, before its logits rows are read back: the hidden states (where
+/// asked), the canvases' logits (kept on the device) and how many sequences are not canvases.
+struct Launched {
+    h: Option<(Vec<f32>, usize)>,
+    canvas_logits: Vec<Tensor>,
+    n_seqs: usize,
+}
+
 /// Tokens of the key-center calibration pass ([`Runner::new`] with a lossy K cache).
 pub const CALIBRATION_TOKENS: usize = 64;
 /// The sequence id the calibration pass runs as (released before any request).
@@ -149,8 +157,35 @@ impl Forward {
         f: Option<&Features>,
         canvases: &[CanvasInput<'_>],
     ) -> Result<(StepRows, Vec<Tensor>)> {
+        let (pass, read) = self.launch(batch, f, canvases)?;
+        let flat = match read {
+            Some(t) => self.ex.download_f32(&t)?,
+            None => Vec::new(),
+        };
+        self.collect(batch, pass, flat)
+    }
+
+    /// [`Forward::run`] without hidden states, reading the logits with `download_async`:
+    /// what runs in a browser, where a GPU buffer is read only after control returns to the
+    /// event loop (the pass itself reads nothing back on a backend that runs every op).
+    pub async fn run_async(&self, batch: &ForwardBatch) -> Result<StepRows> {
+        let (pass, read) = self.launch(batch, None, &[])?;
+        let flat = match read {
+            Some(t) => self.ex.download_f32_async(&t).await?,
+            None => Vec::new(),
+        };
+        Ok(self.collect(batch, pass, flat)?.0)
+    }
+
+    /// Runs the pass on the device: its logits (and hidden states where asked) and the
+    /// tensor of the rows to read back to the host, if any.
+    fn launch(
+        &self,
+        batch: &ForwardBatch,
+        f: Option<&Features>,
+        canvases: &[CanvasInput<'_>],
+    ) -> Result<(Launched, Option<Tensor>)> {
         let total = batch.tokens.len();
-        let vocab = self.model.info().vocab;
         let (logits, h) = match (f, canvases.is_empty()) {
             (Some(f), true) => {
                 let (l, pieces) = self
@@ -200,13 +235,34 @@ impl Forward {
                 canvas_logits.push(self.ex.rows(&logits, lo..lo + c)?);
             }
         }
-        let mut flat = match (host_rows, canvases.is_empty()) {
-            (0, _) => Vec::new(),
-            (_, true) => self.ex.download_f32(&logits)?,
-            (_, false) => self
-                .ex
-                .download_f32(&self.ex.rows(&logits, 0..host_rows)?)?,
+        let read = match (host_rows, canvases.is_empty()) {
+            (0, _) => None,
+            (_, true) => Some(logits),
+            (_, false) => Some(self.ex.rows(&logits, 0..host_rows)?),
         };
+        Ok((
+            Launched {
+                h,
+                canvas_logits,
+                n_seqs,
+            },
+            read,
+        ))
+    }
+
+    /// The host logits rows `flat` of a launched pass, per sequence.
+    fn collect(
+        &self,
+        batch: &ForwardBatch,
+        pass: Launched,
+        mut flat: Vec<f32>,
+    ) -> Result<(StepRows, Vec<Tensor>)> {
+        let Launched {
+            h,
+            canvas_logits,
+            n_seqs,
+        } = pass;
+        let vocab = self.model.info().vocab;
         let batch_seqs = &batch.seqs[..n_seqs];
         // One row in all (a single decode step): hand the download over as it is.
         let single = flat.len() == vocab && batch.logits_rows.len() == 1;
@@ -482,6 +538,13 @@ impl Runner {
     ) -> Result<StepRows> {
         self.session().step_features(items, f)
     }
+    /// See [`Session::step_async`].
+    pub async fn step_async(
+        &mut self,
+        items: &[(SeqId, &[u32], Logits)],
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        self.session().step_async(items).await
+    }
     /// See [`Session::feed`].
     pub fn feed(&mut self, seq: SeqId, tokens: &[u32], want: Logits) -> Result<Vec<Vec<f32>>> {
         self.session().feed(seq, tokens, want)
@@ -551,23 +614,46 @@ impl Session<'_> {
         self.pass(items, Some(f))
     }
 
+    /// [`Session::step`] reading the logits back without blocking the thread (in a browser,
+    /// where a GPU buffer is read only through the event loop).
+    pub async fn step_async(
+        &mut self,
+        items: &[(SeqId, &[u32], Logits)],
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        let batch = self.prepare(items)?;
+        let out = self.fwd.run_async(&batch).await?;
+        self.commit(items)?;
+        Ok(out.0)
+    }
+
     pub(crate) fn pass(
         &mut self,
         items: &[(SeqId, &[u32], Logits)],
         f: Option<&Features>,
     ) -> Result<StepRows> {
+        let batch = self.prepare(items)?;
+        let out = self.fwd.run(&batch, f)?;
+        self.commit(items)?;
+        Ok(out)
+    }
+
+    /// Checks the items, reserves their cache slots and makes their batch.
+    fn prepare(&mut self, items: &[(SeqId, &[u32], Logits)]) -> Result<ForwardBatch> {
         self.fwd
             .check_tokens(items.iter().map(|i| i.1.len()).sum())?;
         for (seq, toks, _) in items {
             self.check_room(*seq, toks.len())?;
         }
         self.reserve(items)?;
-        let batch = self.kv.batch(items);
-        let out = self.fwd.run(&batch, f)?;
+        Ok(self.kv.batch(items))
+    }
+
+    /// The items' tokens are computed: their slots count.
+    fn commit(&mut self, items: &[(SeqId, &[u32], Logits)]) -> Result<()> {
         for (seq, toks, _) in items {
             self.kv.commit(*seq, toks)?;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Whether `n` more tokens of `seq` stay within the context.
