@@ -704,28 +704,39 @@ async fn read_body_in_time(
     next: Next,
 ) -> Response {
     let (parts, body) = req.into_parts();
-    let read = axum::body::to_bytes(body, MAX_BODY);
-    match tokio::time::timeout(state.read_timeout, read).await {
-        Ok(Ok(bytes)) => {
+    match read_body(body, state.read_timeout).await {
+        Ok(bytes) => {
             next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
                 .await
         }
-        Ok(Err(e)) if e.to_string().contains("length limit") => ApiError::status(
+        Err(res) => res,
+    }
+}
+
+/// A request's body, read within `timeout` and [`MAX_BODY`]: 408 past the time, 413 over the
+/// size, 400 when it cannot be read.
+pub(crate) async fn read_body(
+    body: axum::body::Body,
+    timeout: std::time::Duration,
+) -> std::result::Result<Bytes, Response> {
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) if e.to_string().contains("length limit") => Err(ApiError::status(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("the request body is over the limit of {MAX_BODY} bytes"),
         )
-        .into_response(),
+        .into_response()),
         Ok(Err(e)) => {
-            ApiError::bad(format!("cannot read the request body: {e}"), None).into_response()
+            Err(ApiError::bad(format!("cannot read the request body: {e}"), None).into_response())
         }
-        Err(_) => ApiError::status(
+        Err(_) => Err(ApiError::status(
             StatusCode::REQUEST_TIMEOUT,
             format!(
                 "the request body did not arrive within {} s",
-                state.read_timeout.as_secs_f64()
+                timeout.as_secs_f64()
             ),
         )
-        .into_response(),
+        .into_response()),
     }
 }
 

@@ -32,7 +32,7 @@ use tower::ServiceExt;
 
 use super::access::{authorize_key, loopback_refusal};
 use super::request::ApiError;
-use super::{router, state_with, AppState, ServeOptions, MAX_BODY};
+use super::{router, state_with, AppState, ServeOptions};
 use crate::load::{load, ModelArgs};
 
 /// Entries a models directory may have (more are not listed: the directory is scanned
@@ -249,11 +249,7 @@ impl Models {
                     Slot::Loaded { app, .. } => return Ok((entries[i].name.clone(), app.clone())),
                     Slot::Loading => {}
                     Slot::Failed(why, at) if at.elapsed() < RETRY_FAILED || !may_load => {
-                        return Err(ApiError::status(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            format!("the model {model:?} failed to load: {why}"),
-                        )
-                        .into_response());
+                        return Err(load_failed(model, why));
                     }
                     Slot::Unloaded if !may_load => {
                         return Err(ApiError::status(
@@ -272,11 +268,7 @@ impl Models {
                 let entries = self.lock();
                 return Err(
                     match Self::find(&entries, model).map(|i| &entries[i].slot) {
-                        Some(Slot::Failed(why, _)) => ApiError::status(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            format!("the model {model:?} failed to load: {why}"),
-                        )
-                        .into_response(),
+                        Some(Slot::Failed(why, _)) => load_failed(model, why),
                         _ => retry_later(
                             format!(
                                 "the model {model:?} is still loading (waited {} s)",
@@ -293,11 +285,7 @@ impl Models {
             if let Some(Slot::Failed(why, _)) =
                 Self::find(&entries, model).map(|i| &entries[i].slot)
             {
-                return Err(ApiError::status(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("the model {model:?} failed to load: {why}"),
-                )
-                .into_response());
+                return Err(load_failed(model, why));
             }
         }
     }
@@ -394,6 +382,15 @@ impl Models {
             _ => None,
         }
     }
+}
+
+/// 503: the model's last load failed, and why.
+fn load_failed(model: &str, why: &str) -> Response {
+    ApiError::status(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("the model {model:?} failed to load: {why}"),
+    )
+    .into_response()
 }
 
 /// 503 with `Retry-After: secs`.
@@ -584,27 +581,9 @@ async fn dispatch(State(ms): State<Arc<Models>>, req: Request) -> Response {
     let mut named = model_of_query(parts.uri.query());
     let mut bytes = Bytes::new();
     if parts.method == Method::POST {
-        let read = axum::body::to_bytes(body, MAX_BODY);
-        bytes = match tokio::time::timeout(ms.cfg.opts.read_timeout, read).await {
-            Ok(Ok(b)) => b,
-            Ok(Err(e)) if e.to_string().contains("length limit") => {
-                return ApiError::status(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("the request body is over the limit of {MAX_BODY} bytes"),
-                )
-                .into_response()
-            }
-            Ok(Err(e)) => {
-                return ApiError::bad(format!("cannot read the request body: {e}"), None)
-                    .into_response()
-            }
-            Err(_) => {
-                return ApiError::status(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "the request body did not arrive in time",
-                )
-                .into_response()
-            }
+        bytes = match super::read_body(body, ms.cfg.opts.read_timeout).await {
+            Ok(b) => b,
+            Err(res) => return res,
         };
         // A body that is not JSON goes to the model's route for its usual 400, when there is
         // a model to send it to.
