@@ -17,7 +17,7 @@ fn tensor(f: &GgufFile, name: &str) -> Vec<f64> {
     let (t, bytes) = f.data(name).unwrap_or_else(|e| panic!("{name}: {e}"));
     let n: usize = t.shape.iter().product();
     let mut v = vec![0f32; n];
-    quant::dequantize(t.dtype, bytes, &mut v).expect("dequantize");
+    quant::dequantize(t.dtype, &bytes, &mut v).expect("dequantize");
     v.into_iter().map(f64::from).collect()
 }
 

@@ -19,6 +19,7 @@
 //! arrays have a depth cap, and every failure is an [`Error::Load`] naming the file, the place
 //! (offset, key or tensor) and the problem. Nothing here panics on file contents.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
@@ -84,11 +85,29 @@ impl Deref for Bytes {
     }
 }
 
+/// Random access to the bytes of a model file that is not held in memory: in a browser, a
+/// file in the Origin Private File System or one the user picked, read synchronously from a
+/// Web Worker. A model loaded through it reads one tensor at a time
+/// ([`GgufFile::from_source`]).
+pub trait ReadAt: Send + Sync {
+    /// The file's length in bytes.
+    fn len(&self) -> usize;
+    /// Fills `buf` with the bytes at `offset..offset + buf.len()` (always inside the file).
+    fn read_at(&self, offset: usize, buf: &mut [u8]) -> std::result::Result<(), String>;
+}
+
+/// The most header bytes [`GgufFile::from_source`] reads before giving up (a real model's
+/// header, vocabulary included, is a few MiB).
+const MAX_SOURCE_HEADER: usize = 256 << 20;
+
 /// A parsed GGUF file: metadata in file order, tensor infos, and the bytes they point into.
 pub struct GgufFile {
     path: String,
     header: Header,
     bytes: Bytes,
+    /// Where the tensor data is read from when `bytes` holds only the header
+    /// ([`GgufFile::from_source`]).
+    source: Option<Box<dyn ReadAt>>,
     /// For a model assembled from other files (a Hugging Face checkpoint): further buffers,
     /// and which one each tensor lives in (`None`: `bytes`).
     blobs: Vec<Bytes>,
@@ -104,7 +123,7 @@ impl fmt::Debug for GgufFile {
             .field("tensors", &self.header.tensors.len())
             .field("alignment", &self.header.alignment)
             .field("data_offset", &self.header.data_offset)
-            .field("file_size", &self.bytes.len())
+            .field("file_size", &self.file_size())
             .finish()
     }
 }
@@ -140,6 +159,38 @@ impl GgufFile {
         Self::parse_into(name.to_string(), Bytes::Owned(bytes))
     }
 
+    /// Parses the GGUF file that `source` reads, holding only its header in memory: each
+    /// tensor's data is read when it is asked for ([`GgufFile::tensor_data`]), so loading a
+    /// model keeps one tensor at a time on the host (what a browser's 4 GiB wasm heap needs).
+    pub fn from_source(name: &str, source: Box<dyn ReadAt>) -> Result<GgufFile> {
+        let len = source.len();
+        let mut want = len.min(4 << 20);
+        loop {
+            let mut buf = vec![0u8; want];
+            source
+                .read_at(0, &mut buf)
+                .map_err(|e| Error::load(name, format!("cannot read: {e}")))?;
+            match Header::parse(&buf, len) {
+                Ok(_) => {
+                    let mut file = Self::parse_into(name.to_string(), Bytes::Owned(buf))?;
+                    file.source = Some(source);
+                    return Ok(file);
+                }
+                // The header may reach past what was read: read more, up to a bound.
+                Err(_) if want < len && want < MAX_SOURCE_HEADER => {
+                    want = want.saturating_mul(4).min(len).min(MAX_SOURCE_HEADER);
+                }
+                Err(msg) if want < len => {
+                    return Err(Error::load(
+                        name,
+                        format!("{msg} (within the first {MAX_SOURCE_HEADER} bytes, the most a header may take)"),
+                    ))
+                }
+                Err(msg) => return Err(Error::load(name, msg)),
+            }
+        }
+    }
+
     fn parse_into(path: String, bytes: Bytes) -> Result<GgufFile> {
         let header = Header::parse(&bytes, bytes.len()).map_err(|msg| Error::load(&path, msg))?;
         tracing::debug!(
@@ -155,6 +206,7 @@ impl GgufFile {
             path,
             header,
             bytes,
+            source: None,
             blobs: Vec::new(),
             blob_of,
         })
@@ -205,6 +257,7 @@ impl GgufFile {
                 data_offset: 0,
             },
             bytes: Bytes::Owned(Vec::new()),
+            source: None,
             blobs,
             blob_of,
         })
@@ -232,7 +285,7 @@ impl GgufFile {
 
     /// Size of the whole file in bytes.
     pub fn file_size(&self) -> usize {
-        self.bytes.len()
+        self.source.as_ref().map_or(self.bytes.len(), |s| s.len())
     }
 
     /// Every metadata key and value, in file order.
@@ -377,34 +430,44 @@ impl GgufFile {
             })
     }
 
-    /// The data of `t`: exactly `t.nbytes` bytes.
-    ///
-    /// # Panics
-    /// When `t` is not a tensor info of this file and its range lies outside the file (the
-    /// ranges of this file's own tensor infos were checked when it was opened).
-    pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
-        let blob = self
-            .header
-            .tensor_index
-            .get(&t.name)
-            .and_then(|&i| self.blob_of[i])
+    /// The data of `t`: exactly `t.nbytes` bytes, borrowed from the file's memory or, for a
+    /// file read through [`ReadAt`], read now.
+    pub fn tensor_data(&self, t: &TensorInfo) -> Result<Cow<'_, [u8]>> {
+        let foreign = || {
+            Error::load(
+                &self.path,
+                format!(
+                    "tensor {} ({} bytes at offset {}) is not a tensor of this file",
+                    t.name, t.nbytes, t.offset
+                ),
+            )
+        };
+        let index = self.header.tensor_index.get(&t.name).copied();
+        let blob = index
+            .and_then(|i| self.blob_of.get(i).copied().flatten())
             .and_then(|b| self.blobs.get(b));
+        let end = t.offset.checked_add(t.nbytes).ok_or_else(foreign)?;
+        if let (None, Some(src)) = (blob, &self.source) {
+            if index.is_none() || end > src.len() {
+                return Err(foreign());
+            }
+            let mut buf = vec![0u8; t.nbytes];
+            src.read_at(t.offset, &mut buf).map_err(|e| {
+                Error::load(&self.path, format!("cannot read tensor {}: {e}", t.name))
+            })?;
+            return Ok(Cow::Owned(buf));
+        }
         let bytes: &[u8] = blob.map_or(&self.bytes, |b| b);
-        t.offset
-            .checked_add(t.nbytes)
-            .and_then(|end| bytes.get(t.offset..end))
-            .unwrap_or_else(|| {
-                panic!(
-                    "{}: tensor {} ({} bytes at offset {}) is not a tensor of this file",
-                    self.path, t.name, t.nbytes, t.offset
-                )
-            })
+        bytes
+            .get(t.offset..end)
+            .map(Cow::Borrowed)
+            .ok_or_else(foreign)
     }
 
     /// The info and the data of tensor `name`.
-    pub fn data(&self, name: &str) -> Result<(&TensorInfo, &[u8])> {
+    pub fn data(&self, name: &str) -> Result<(&TensorInfo, Cow<'_, [u8]>)> {
         let t = self.tensor(name)?;
-        Ok((t, self.tensor_data(t)))
+        Ok((t, self.tensor_data(t)?))
     }
 
     /// A copy of this model, held in memory, with each tensor for which `pick` names a type
@@ -415,11 +478,11 @@ impl GgufFile {
         let mut blob = Vec::new();
         let mut tensors = Vec::with_capacity(self.header.tensors.len());
         for t in &self.header.tensors {
-            let data = self.tensor_data(t);
+            let data = self.tensor_data(t)?;
             let (dtype, bytes) = match pick(t) {
                 Some(to) if to != t.dtype => {
                     let mut f = vec![0f32; t.n_elements()];
-                    crate::quant::dequantize(t.dtype, data, &mut f)?;
+                    crate::quant::dequantize(t.dtype, &data, &mut f)?;
                     (to, crate::quant::quantize(to, &f)?)
                 }
                 _ => (t.dtype, data.to_vec()),

@@ -295,7 +295,7 @@ impl Gemma4 {
                     )));
                 }
                 let mut v = vec![0f32; hd / 2];
-                crate::quant::dequantize(t.dtype, bytes, &mut v)?;
+                crate::quant::dequantize(t.dtype, &bytes, &mut v)?;
                 Some(ex.upload_f32(&[hd / 2], &v)?)
             }
             Some(hd) => {

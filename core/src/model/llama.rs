@@ -129,7 +129,7 @@ fn build_dense(f: &GgufFile, ex: &Executor, qwen3: bool) -> Result<Box<dyn Model
         Some(_) => {
             let (t, bytes) = f.data("rope_freqs.weight")?;
             let mut v = vec![0f32; t.shape.iter().product()];
-            crate::quant::dequantize(t.dtype, bytes, &mut v)?;
+            crate::quant::dequantize(t.dtype, &bytes, &mut v)?;
             Some(v)
         }
         None => None,

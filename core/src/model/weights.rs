@@ -43,7 +43,7 @@ impl<'a> Weights<'a> {
         *self.counts.entry(info.dtype).or_insert(0) += 1;
         self.n_params += info.shape.iter().product::<usize>() as u64;
         self.ex
-            .upload(&TensorDesc::new(info.dtype, info.shape.clone()), bytes)
+            .upload(&TensorDesc::new(info.dtype, info.shape.clone()), &bytes)
     }
 
     /// The rows `ranges` (in order) of tensor `name`, which must have `shape`: e.g. one part
@@ -151,7 +151,7 @@ impl<'a> Weights<'a> {
             ));
         }
         let mut v = vec![0f32; n];
-        crate::quant::dequantize(info.dtype, bytes, &mut v)?;
+        crate::quant::dequantize(info.dtype, &bytes, &mut v)?;
         Ok(v)
     }
 

@@ -278,7 +278,7 @@ fn check_round_trip(f: &GgufFile, kvs: &[(&str, Value)], tensors: &[TSpec], alig
         assert_eq!(t.nbytes, spec.data.len(), "{}", t.name);
         assert_eq!(t.offset % alignment, 0, "{}", t.name);
         assert!(t.offset >= f.data_offset());
-        assert_eq!(f.tensor_data(t), &spec.data[..], "{}", t.name);
+        assert_eq!(&*f.tensor_data(t).expect("reads"), &spec.data[..], "{}", t.name);
         let (t2, d2) = f.data(&spec.name).unwrap();
         assert_eq!(t2, t);
         assert_eq!(d2, &spec.data[..]);
@@ -309,7 +309,7 @@ fn round_trip_every_value_type_and_several_dtypes_v3() {
         (e.shape.clone(), e.nbytes, e.n_elements()),
         (vec![4, 0], 0, 0)
     );
-    assert!(f.tensor_data(e).is_empty());
+    assert!(f.tensor_data(e).expect("reads").is_empty());
 }
 
 #[test]
@@ -843,3 +843,81 @@ fn bad_alignment() {
 }
 
 mod mutation;
+
+/// A file read through [`ReadAt`]: what it read, and the longest single read.
+struct Counting {
+    bytes: Vec<u8>,
+    reads: std::sync::Mutex<Vec<(usize, usize)>>,
+}
+
+impl ReadAt for std::sync::Arc<Counting> {
+    fn len(&self) -> usize {
+        self.bytes.len()
+    }
+    fn read_at(&self, offset: usize, buf: &mut [u8]) -> std::result::Result<(), String> {
+        let src = self
+            .bytes
+            .get(offset..offset + buf.len())
+            .ok_or("read past the end")?;
+        buf.copy_from_slice(src);
+        if let Ok(mut r) = self.reads.lock() {
+            r.push((offset, buf.len()));
+        }
+        Ok(())
+    }
+}
+
+/// A file read through `ReadAt` parses as the same file held in memory, even when its header
+/// is longer than the first read (a 5 MiB string value here), and its tensors are read one at
+/// a time, each exactly its own bytes.
+#[test]
+fn a_file_read_at_offsets_equals_the_file_in_memory() {
+    let mut kvs = all_kvs();
+    let long: String = (0..5 << 20).map(|i| (b'a' + (i % 26) as u8) as char).collect();
+    kvs.push(("test.long", s(&long)));
+    let tensors = all_tensors();
+    let bytes = build(3, &kvs, &tensors);
+    let src = std::sync::Arc::new(Counting {
+        bytes: bytes.clone(),
+        reads: Default::default(),
+    });
+    let f = GgufFile::from_source("test.gguf", Box::new(src.clone())).expect("parses");
+    assert_eq!(f.file_size(), bytes.len());
+    let header_reads = src.reads.lock().map(|r| r.len()).unwrap_or(0);
+    assert!(header_reads >= 2, "the 5 MiB header needs a second read");
+    check_round_trip(&f, &kvs, &tensors, 32);
+    let reads = src.reads.lock().map(|r| r.clone()).unwrap_or_default();
+    for &(off, len) in &reads[header_reads..] {
+        let whole = f.tensors().iter().any(|t| t.offset == off && t.nbytes == len);
+        assert!(whole, "a read at {off} of {len} bytes is not one tensor's");
+    }
+    // A tensor info of another file is an error, not a read past the end.
+    let mut other = f.tensors()[0].clone();
+    other.name = "not.here".into();
+    other.offset = bytes.len();
+    assert!(f.tensor_data(&other).is_err());
+}
+
+/// Truncated and failing sources are errors naming the file.
+#[test]
+fn a_source_that_is_short_or_fails_is_an_error() {
+    let bytes = build(3, &all_kvs(), &all_tensors());
+    let short = std::sync::Arc::new(Counting {
+        bytes: bytes[..bytes.len() / 3].to_vec(),
+        reads: Default::default(),
+    });
+    let e = load_err("short.gguf", GgufFile::from_source("short.gguf", Box::new(short)));
+    assert!(e.contains("short.gguf"), "{e}");
+
+    struct Failing;
+    impl ReadAt for Failing {
+        fn len(&self) -> usize {
+            1000
+        }
+        fn read_at(&self, _: usize, _: &mut [u8]) -> std::result::Result<(), String> {
+            Err("the handle was closed".into())
+        }
+    }
+    let e = load_err("gone.gguf", GgufFile::from_source("gone.gguf", Box::new(Failing)));
+    assert!(e.contains("gone.gguf") && e.contains("the handle was closed"), "{e}");
+}
