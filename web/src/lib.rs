@@ -3,14 +3,23 @@
 //! browser, adapters, devices and buffer reads arrive through the event loop, so nothing may
 //! block (see `Backend::download_async`).
 //!
-//! What runs today: the conformance suite on the browser's WebGPU adapter against kiln's CPU
-//! reference compiled to wasm ([`conformance_report`]; `web/tests/browser.rs` runs it in
-//! headless Chromium through `scripts/web-test.sh`). The natively built crate holds the same
-//! code so the workspace's checks cover it.
+//! JavaScript sees (`scripts/web-build.sh` builds it; `web/worker.js` drives it):
+//! - `Model.load(read, size, name, options)`: a GGUF model read through `read(offset, length)
+//!   => Uint8Array` (synchronous: in a Web Worker, an Origin Private File System handle or a
+//!   `FileReaderSync` over a picked file), one tensor at a time straight into GPU buffers;
+//! - `model.chat(messages, params, onText)`: the reply through the model's chat template,
+//!   streamed piece by piece to `onText`, which returns `false` to stop it;
+//! - `conformance(filter)`: the conformance suite on the browser's WebGPU adapter against
+//!   kiln's CPU reference compiled to wasm (`web/tests/browser.rs` runs it in headless
+//!   Chromium through `scripts/web-test.sh`).
+//!
+//! The natively built crate holds the same code ([`session`]) so the workspace's tests cover it.
 
 use kiln_core::backend::Backend;
 use kiln_core::cpu::CpuBackend;
 use kiln_core::validate::{cases, run_case_async, Status};
+
+pub mod session;
 
 /// What a conformance run found on one adapter.
 #[derive(Debug, Default)]
@@ -82,7 +91,206 @@ pub async fn conformance_report(filter: Option<&str>) -> Result<Report, String> 
 
 #[cfg(target_arch = "wasm32")]
 mod js {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use std::sync::Arc;
+
+    use js_sys::{Function, Promise, Uint8Array};
+    use kiln_core::chat::Message;
+    use kiln_core::cpu::CpuBackend;
+    use kiln_core::exec::Executor;
+    use kiln_core::load::gguf::{GgufFile, ReadAt};
     use wasm_bindgen::prelude::*;
+    use wasm_bindgen::JsCast;
+
+    use crate::session::{GenParams, Session};
+
+    // `JsFile` below is `Send + Sync` because a wasm32 build without atomics has one thread.
+    #[cfg(target_feature = "atomics")]
+    compile_error!("kiln-web assumes one thread: JsFile's Send/Sync is unsound with atomics");
+
+    #[wasm_bindgen]
+    extern "C" {
+        #[wasm_bindgen(js_namespace = console, js_name = error)]
+        fn console_error(s: &str);
+        #[wasm_bindgen(js_namespace = globalThis, js_name = kilnPanicked)]
+        fn report_panic(s: &str);
+    }
+
+    /// A panic (which aborts the module) is written to the console and handed to the page's
+    /// `globalThis.kilnPanicked(message)`, so the page can say what happened instead of
+    /// "unreachable executed".
+    #[wasm_bindgen(start)]
+    pub fn start() {
+        std::panic::set_hook(Box::new(|info| {
+            let msg = info.to_string();
+            console_error(&msg);
+            report_panic(&msg);
+        }));
+    }
+
+    fn js_err(e: JsValue) -> String {
+        e.as_string()
+            .or_else(|| {
+                e.dyn_ref::<js_sys::Error>()
+                    .map(|e| String::from(e.message()))
+            })
+            .unwrap_or_else(|| format!("{e:?}"))
+    }
+
+    /// A model file read through a synchronous JavaScript function `(offset, length) =>
+    /// Uint8Array`.
+    struct JsFile {
+        read: Function,
+        len: usize,
+    }
+
+    // SAFETY: kiln-web is built for wasm32 without the atomics feature (checked above by
+    // `compile_error!`): there is one thread, so the JavaScript function is never touched
+    // from another thread.
+    unsafe impl Send for JsFile {}
+    // SAFETY: as for `Send`.
+    unsafe impl Sync for JsFile {}
+
+    impl ReadAt for JsFile {
+        fn len(&self) -> usize {
+            self.len
+        }
+        fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<(), String> {
+            let v = self
+                .read
+                .call2(
+                    &JsValue::NULL,
+                    &JsValue::from_f64(offset as f64),
+                    &JsValue::from_f64(buf.len() as f64),
+                )
+                .map_err(js_err)?;
+            let a: Uint8Array = v
+                .dyn_into()
+                .map_err(|_| "the reader did not return a Uint8Array".to_string())?;
+            if a.length() as usize != buf.len() {
+                return Err(format!(
+                    "the reader returned {} bytes at offset {offset}, {} were asked for",
+                    a.length(),
+                    buf.len()
+                ));
+            }
+            a.copy_to(buf);
+            Ok(())
+        }
+    }
+
+    /// Options of `Model.load` (JSON, every field optional).
+    #[derive(serde::Deserialize, Default)]
+    #[serde(default, deny_unknown_fields)]
+    struct LoadOptions {
+        /// `webgpu` (default; ops the adapter lacks run on the CPU) or `cpu`.
+        backend: Option<String>,
+        /// Context length in tokens (default: the model's, at most 2048).
+        ctx: Option<usize>,
+    }
+
+    /// A model loaded in this page (or worker).
+    #[wasm_bindgen]
+    pub struct Model {
+        inner: Rc<RefCell<Session>>,
+    }
+
+    #[wasm_bindgen]
+    impl Model {
+        /// Loads the GGUF model that `read(offset, length)` reads (`size` bytes; `name` for
+        /// messages), with `options` as JSON (`backend`, `ctx`).
+        pub async fn load(
+            read: Function,
+            size: f64,
+            name: String,
+            options: String,
+        ) -> Result<Model, JsValue> {
+            let fail = |e: String| JsValue::from_str(&e);
+            let opts: LoadOptions = if options.trim().is_empty() {
+                LoadOptions::default()
+            } else {
+                serde_json::from_str(&options).map_err(|e| fail(format!("options: {e}")))?
+            };
+            if !(size.is_finite() && size >= 0.0 && size <= usize::MAX as f64) {
+                return Err(fail(format!("a file of {size} bytes cannot be loaded here")));
+            }
+            let file = GgufFile::from_source(
+                &name,
+                Box::new(JsFile {
+                    read,
+                    len: size as usize,
+                }),
+            )
+            .map_err(|e| fail(e.to_string()))?;
+            let cpu = Arc::new(CpuBackend::with_threads(1));
+            let ex = match opts.backend.as_deref().unwrap_or("webgpu") {
+                "cpu" => Executor::with_cpu(cpu.clone(), cpu),
+                "webgpu" => {
+                    let gpu = kiln_backend_wgpu::WgpuBackend::open_async()
+                        .await
+                        .map_err(|e| {
+                            fail(format!(
+                                "no WebGPU here ({e}); try the CPU backend (slower)"
+                            ))
+                        })?;
+                    Executor::with_cpu(Arc::new(gpu), cpu)
+                }
+                other => return Err(fail(format!("unknown backend {other:?}: webgpu or cpu"))),
+            };
+            let session = Session::load(&file, ex, opts.ctx).map_err(fail)?;
+            Ok(Model {
+                inner: Rc::new(RefCell::new(session)),
+            })
+        }
+
+        /// What was loaded, as JSON: architecture, parameters, context, device, load time.
+        pub fn info(&self) -> String {
+            self.inner
+                .try_borrow()
+                .map(|s| s.info().to_string())
+                .unwrap_or_else(|_| "{}".into())
+        }
+
+        /// The reply to `messages` (JSON `[{role, content}]`) with `params` (JSON: max_tokens,
+        /// temperature, top_p, top_k, seed, stop), calling `onText(piece)` with each piece of
+        /// text; `onText` returning `false` stops the reply. Resolves to the reply's statistics
+        /// (JSON: tokens, prompt_tps, decode_tps, finish_reason, ...).
+        pub fn chat(&self, messages: String, params: String, on_text: Function) -> Promise {
+            let inner = self.inner.clone();
+            wasm_bindgen_futures::future_to_promise(async move {
+                let fail = |e: String| JsValue::from_str(&e);
+                let raw: Vec<serde_json::Value> =
+                    serde_json::from_str(&messages).map_err(|e| fail(format!("messages: {e}")))?;
+                let mut msgs = Vec::with_capacity(raw.len());
+                for m in &raw {
+                    let field = |k: &str| m.get(k).and_then(|v| v.as_str());
+                    match (field("role"), field("content")) {
+                        (Some(r), Some(c)) => msgs.push(Message::new(r, c)),
+                        _ => return Err(fail("each message needs a role and a content".into())),
+                    }
+                }
+                let p: GenParams = if params.trim().is_empty() {
+                    GenParams::default()
+                } else {
+                    serde_json::from_str(&params).map_err(|e| fail(format!("params: {e}")))?
+                };
+                let mut session = inner
+                    .try_borrow_mut()
+                    .map_err(|_| fail("a reply is already being written".into()))?;
+                let stats = session
+                    .chat(&msgs, &p, |piece| {
+                        on_text
+                            .call1(&JsValue::NULL, &JsValue::from_str(piece))
+                            .map(|v| v.as_bool() != Some(false))
+                            .unwrap_or(false)
+                    })
+                    .await
+                    .map_err(fail)?;
+                Ok(JsValue::from_str(&stats.to_json()))
+            })
+        }
+    }
 
     /// `kiln.conformance(filter?)`: the conformance suite on this browser's WebGPU adapter,
     /// as JSON (`device`, `passed`, `failed`, `failures`, `not_supported`, `skipped`).
@@ -151,6 +359,104 @@ mod tests {
             out
         };
         assert_eq!(run(false), run(true));
+    }
+
+    fn fixture_session(ctx: usize) -> (session::Session, kiln_core::load::gguf::GgufFile) {
+        use kiln_core::exec::Executor;
+        use kiln_core::load::gguf::GgufFile;
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/hf/gguf/qwen3_5.gguf");
+        let file = GgufFile::open(&path).expect("the fixture opens");
+        let cpu = std::sync::Arc::new(CpuBackend::with_threads(1));
+        let ex = Executor::with_cpu(cpu.clone(), cpu);
+        (session::Session::load(&file, ex, Some(ctx)).expect("loads"), file)
+    }
+
+    /// The page's chat loop gives the tokens kiln's engine gives for the same prompt, greedy
+    /// (the engine being what `kiln run` and `kiln serve` run), and stops where asked.
+    #[test]
+    fn the_page_chat_loop_gives_the_engines_greedy_tokens_and_stops_when_told() {
+        use kiln_core::chat::Message;
+        use kiln_core::engine::{Engine, Event, GenRequest};
+        use kiln_core::exec::Executor;
+        use kiln_core::runner::{Runner, RunnerConfig};
+        use kiln_core::sample::SamplingParams;
+        let (mut s, file) = fixture_session(1024);
+        // A prompt longer than one batch of the runner, so the prefill runs in chunks.
+        let text: String = (0..250).map(|i| ["the ", "cat ", "sat "][i % 3]).collect();
+        let messages = vec![Message::new("user", text)];
+        let prompt = s.prompt(&messages).expect("prompt");
+        assert!(prompt.len() > RunnerConfig::default().max_batch_tokens, "{}", prompt.len());
+        let greedy = session::GenParams {
+            max_tokens: 12,
+            temperature: 0.0,
+            ..Default::default()
+        };
+        let mut shown = String::new();
+        let got = block_on(s.chat(&messages, &greedy, |p| {
+            shown.push_str(p);
+            true
+        }))
+        .expect("chat");
+
+        let cpu = std::sync::Arc::new(CpuBackend::with_threads(1));
+        let ex = Executor::with_cpu(cpu.clone(), cpu);
+        let model = kiln_core::model::build_from_gguf(&file, &ex).expect("builds");
+        let cfg = RunnerConfig {
+            ctx: 1024,
+            max_seqs: 1,
+            ..RunnerConfig::default()
+        };
+        let mut engine = Engine::new(Runner::new(ex, model, cfg).expect("runner"), 1);
+        let tok = s.tokenizer();
+        let req = GenRequest {
+            prompt: prompt.clone(),
+            params: SamplingParams::greedy(),
+            max_tokens: 12,
+            stop_ids: tok.eog_ids().to_vec(),
+            logprobs: None,
+            drafts: false,
+            init_canvas: None,
+            autoregressive: false,
+            constraint: None,
+        };
+        let mut want = Vec::new();
+        engine
+            .run_one(req, |ev| {
+                if let Event::Token(t, _) = ev {
+                    want.push(t);
+                }
+                Ok(true)
+            })
+            .expect("engine");
+        assert!(want.len() >= 4, "{want:?}");
+        assert_eq!(got.tokens, want, "the page's loop vs the engine");
+        assert_eq!(got.prompt_tokens, prompt.len());
+        assert_eq!(shown, tok.decode(&want));
+
+        // Told to stop after the third piece: three tokens, cancelled.
+        let mut n = 0;
+        let stopped = block_on(s.chat(&messages, &greedy, |_| {
+            n += 1;
+            n < 3
+        }))
+        .expect("chat");
+        assert_eq!(stopped.finish, "cancelled");
+        assert_eq!(stopped.tokens, want[..3.min(want.len())]);
+        // The next reply starts over from an empty cache and gives the same tokens.
+        let again = block_on(s.chat(&messages, &greedy, |_| true)).expect("chat");
+        assert_eq!(again.tokens, want);
+    }
+
+    /// A conversation that fills the context is an error that says so, not a panic.
+    #[test]
+    fn a_conversation_past_the_context_is_a_clear_error() {
+        use kiln_core::chat::Message;
+        let (mut s, _) = fixture_session(256);
+        let text: String = (0..2000).map(|_| "the ").collect();
+        let e = block_on(s.chat(&[Message::new("user", text)], &Default::default(), |_| true))
+            .expect_err("too long");
+        assert!(e.contains("fills the context of 256"), "{e}");
     }
 
     /// Polls a future that is ready without waiting on anything (the CPU's download is).
