@@ -7,37 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-need=()
-[ -x /usr/bin/rustc ] && /usr/bin/rustc --version | grep -q "1\.96" || need+=(rustc-web cargo-web libstd-rust-web-dev rust-web-src)
-command -v lld-22 >/dev/null 2>&1 || need+=(lld-22)
-[ -x /usr/bin/chromium ] || need+=(chromium)
-[ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
-if [ ${#need[@]} -gt 0 ]; then
-    echo "== installing ${need[*]}"
-    $sudo apt-get update -qq
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-
-# wasm-bindgen-cli, matching the wasm-bindgen crate (=0.2.130).
-bindgen=target/wasm-bindgen
-if [ ! -x "$bindgen/wasm-bindgen-test-runner" ]; then
-    mkdir -p "$bindgen"
-    if [ -f ../shared/tools/wasm-bindgen-cli-0.2.130.tgz ]; then
-        tar xzf ../shared/tools/wasm-bindgen-cli-0.2.130.tgz -C "$bindgen"
-    else
-        echo "== building wasm-bindgen-cli 0.2.130 (once; several minutes)"
-        cargo install wasm-bindgen-cli --version 0.2.130 --root "$bindgen/root"
-        cp "$bindgen"/root/bin/* "$bindgen"/
-    fi
-fi
+source scripts/lib/web-tools.sh
 
 echo "== kiln-web tests in headless Chromium"
+runner="$PWD/$bindgen/wasm-bindgen-test-runner"
 cd web
-RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 \
-CARGO_TARGET_DIR=../target/wasm \
-CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER="$PWD/../$bindgen/wasm-bindgen-test-runner" \
+CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER="$runner" \
 CHROMEDRIVER=/usr/bin/chromedriver \
 WASM_BINDGEN_TEST_TIMEOUT=${WASM_BINDGEN_TEST_TIMEOUT:-600} \
-    /usr/bin/cargo test --release -Zbuild-std=std,panic_abort --target wasm32-unknown-unknown "$@"
+    web_cargo test --release --locked "$@"

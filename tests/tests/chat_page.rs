@@ -4,17 +4,19 @@
 //! second answer mid-stream (the request leaves /slots and frees its KV blocks), and finds the
 //! conversation again after a reload.
 //!
-//! Needs Node, playwright-core (`KILN_TEST_PLAYWRIGHT`, else `target/web/node_modules/
-//! playwright-core`; CI installs it from npm) and Chromium (`KILN_TEST_CHROMIUM`, else
-//! `/usr/bin/chromium`); skips without them unless `KILN_REQUIRE_BROWSER` is set.
+//! Needs Node, playwright-core and Chromium (see `common/browser.rs`); skips without them
+//! unless `KILN_REQUIRE_BROWSER` is set.
 //! `KILN_TEST_SCREENSHOT=FILE` saves the page as README shows it.
 
+#[path = "common/browser.rs"]
+mod browser;
 #[path = "common/server.rs"]
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
+use browser::browser_tools;
 use common::*;
 use kiln_tests::{model_file, required, SMOLLM2};
 use serde_json::{json, Value};
@@ -22,39 +24,6 @@ use serde_json::{json, Value};
 const KEY: &str = "page-test-key";
 const PROMPT: &str = "What is the capital of France?";
 const LONG_PROMPT: &str = "Write a long story about a dragon who learns to bake bread.";
-
-/// (node, playwright-core, chromium), or `None` with the reason printed.
-fn browser_tools() -> Option<(PathBuf, PathBuf, PathBuf)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let playwright = std::env::var_os("KILN_TEST_PLAYWRIGHT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target/web/node_modules/playwright-core"));
-    let chromium = std::env::var_os("KILN_TEST_CHROMIUM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
-    let node = PathBuf::from("node");
-    let node_ok = Command::new(&node)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let missing = [
-        (!node_ok).then(|| "node".to_string()),
-        (!playwright.join("package.json").is_file())
-            .then(|| format!("playwright-core in {}", playwright.display())),
-        (!chromium.is_file()).then(|| format!("chromium at {}", chromium.display())),
-    ];
-    let missing: Vec<String> = missing.into_iter().flatten().collect();
-    if !missing.is_empty() {
-        assert!(
-            !required("BROWSER"),
-            "KILN_REQUIRE_BROWSER is set but there is no {}",
-            missing.join(", no ")
-        );
-        println!("skipping the browser test: no {}", missing.join(", no "));
-        return None;
-    }
-    Some((node, playwright, chromium))
-}
 
 #[test]
 fn the_chat_page_streams_the_greedy_answer_stops_and_keeps_the_conversation() {

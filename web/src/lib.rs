@@ -115,6 +115,16 @@ mod js {
         fn console_error(s: &str);
         #[wasm_bindgen(js_namespace = globalThis, js_name = kilnPanicked)]
         fn report_panic(s: &str);
+        #[wasm_bindgen(js_namespace = globalThis, js_name = setTimeout)]
+        fn set_timeout(f: &Function, ms: i32) -> JsValue;
+    }
+
+    /// Resolves in a later task of the event loop (after the messages waiting for it).
+    async fn next_task() {
+        let p = Promise::new(&mut |resolve, _| {
+            let _ = set_timeout(&resolve, 0);
+        });
+        let _ = wasm_bindgen_futures::JsFuture::from(p).await;
     }
 
     /// A panic (which aborts the module) is written to the console and handed to the page's
@@ -194,6 +204,9 @@ mod js {
     #[wasm_bindgen]
     pub struct Model {
         inner: Rc<RefCell<Session>>,
+        /// On the CPU a step never waits on the event loop: the reply yields after each
+        /// token so the page's stop gets in.
+        yields: bool,
     }
 
     #[wasm_bindgen]
@@ -213,7 +226,9 @@ mod js {
                 serde_json::from_str(&options).map_err(|e| fail(format!("options: {e}")))?
             };
             if !(size.is_finite() && size >= 0.0 && size <= usize::MAX as f64) {
-                return Err(fail(format!("a file of {size} bytes cannot be loaded here")));
+                return Err(fail(format!(
+                    "a file of {size} bytes cannot be loaded here"
+                )));
             }
             let file = GgufFile::from_source(
                 &name,
@@ -224,7 +239,8 @@ mod js {
             )
             .map_err(|e| fail(e.to_string()))?;
             let cpu = Arc::new(CpuBackend::with_threads(1));
-            let ex = match opts.backend.as_deref().unwrap_or("webgpu") {
+            let backend = opts.backend.as_deref().unwrap_or("webgpu");
+            let ex = match backend {
                 "cpu" => Executor::with_cpu(cpu.clone(), cpu),
                 "webgpu" => {
                     let gpu = kiln_backend_wgpu::WgpuBackend::open_async()
@@ -241,6 +257,7 @@ mod js {
             let session = Session::load(&file, ex, opts.ctx).map_err(fail)?;
             Ok(Model {
                 inner: Rc::new(RefCell::new(session)),
+                yields: backend == "cpu",
             })
         }
 
@@ -258,6 +275,7 @@ mod js {
         /// (JSON: tokens, prompt_tps, decode_tps, finish_reason, ...).
         pub fn chat(&self, messages: String, params: String, on_text: Function) -> Promise {
             let inner = self.inner.clone();
+            let yields = self.yields;
             wasm_bindgen_futures::future_to_promise(async move {
                 let fail = |e: String| JsValue::from_str(&e);
                 let raw: Vec<serde_json::Value> =
@@ -279,12 +297,21 @@ mod js {
                     .try_borrow_mut()
                     .map_err(|_| fail("a reply is already being written".into()))?;
                 let stats = session
-                    .chat(&msgs, &p, |piece| {
-                        on_text
-                            .call1(&JsValue::NULL, &JsValue::from_str(piece))
-                            .map(|v| v.as_bool() != Some(false))
-                            .unwrap_or(false)
-                    })
+                    .chat(
+                        &msgs,
+                        &p,
+                        |piece| {
+                            on_text
+                                .call1(&JsValue::NULL, &JsValue::from_str(piece))
+                                .map(|v| v.as_bool() != Some(false))
+                                .unwrap_or(false)
+                        },
+                        || async move {
+                            if yields {
+                                next_task().await;
+                            }
+                        },
+                    )
                     .await
                     .map_err(fail)?;
                 Ok(JsValue::from_str(&stats.to_json()))
@@ -369,7 +396,10 @@ mod tests {
         let file = GgufFile::open(&path).expect("the fixture opens");
         let cpu = std::sync::Arc::new(CpuBackend::with_threads(1));
         let ex = Executor::with_cpu(cpu.clone(), cpu);
-        (session::Session::load(&file, ex, Some(ctx)).expect("loads"), file)
+        (
+            session::Session::load(&file, ex, Some(ctx)).expect("loads"),
+            file,
+        )
     }
 
     /// The page's chat loop gives the tokens kiln's engine gives for the same prompt, greedy
@@ -386,17 +416,26 @@ mod tests {
         let text: String = (0..250).map(|i| ["the ", "cat ", "sat "][i % 3]).collect();
         let messages = vec![Message::new("user", text)];
         let prompt = s.prompt(&messages).expect("prompt");
-        assert!(prompt.len() > RunnerConfig::default().max_batch_tokens, "{}", prompt.len());
+        assert!(
+            prompt.len() > RunnerConfig::default().max_batch_tokens,
+            "{}",
+            prompt.len()
+        );
         let greedy = session::GenParams {
             max_tokens: 12,
             temperature: 0.0,
             ..Default::default()
         };
         let mut shown = String::new();
-        let got = block_on(s.chat(&messages, &greedy, |p| {
-            shown.push_str(p);
-            true
-        }))
+        let got = block_on(s.chat(
+            &messages,
+            &greedy,
+            |p| {
+                shown.push_str(p);
+                true
+            },
+            ready,
+        ))
         .expect("chat");
 
         let cpu = std::sync::Arc::new(CpuBackend::with_threads(1));
@@ -434,17 +473,25 @@ mod tests {
         assert_eq!(got.prompt_tokens, prompt.len());
         assert_eq!(shown, tok.decode(&want));
 
-        // Told to stop after the third piece: three tokens, cancelled.
-        let mut n = 0;
-        let stopped = block_on(s.chat(&messages, &greedy, |_| {
-            n += 1;
-            n < 3
-        }))
+        // Told to stop after the third visible piece: cancelled there, a prefix of the reply.
+        let (mut n, mut part) = (0, String::new());
+        let stopped = block_on(s.chat(
+            &messages,
+            &greedy,
+            |p| {
+                part.push_str(p);
+                n += usize::from(!p.is_empty());
+                n < 3
+            },
+            ready,
+        ))
         .expect("chat");
         assert_eq!(stopped.finish, "cancelled");
-        assert_eq!(stopped.tokens, want[..3.min(want.len())]);
+        assert!(stopped.tokens.len() >= 3 && stopped.tokens.len() < want.len());
+        assert_eq!(stopped.tokens, want[..stopped.tokens.len()]);
+        assert!(shown.starts_with(&part) && !part.is_empty());
         // The next reply starts over from an empty cache and gives the same tokens.
-        let again = block_on(s.chat(&messages, &greedy, |_| true)).expect("chat");
+        let again = block_on(s.chat(&messages, &greedy, |_| true, ready)).expect("chat");
         assert_eq!(again.tokens, want);
     }
 
@@ -454,9 +501,18 @@ mod tests {
         use kiln_core::chat::Message;
         let (mut s, _) = fixture_session(256);
         let text: String = (0..2000).map(|_| "the ").collect();
-        let e = block_on(s.chat(&[Message::new("user", text)], &Default::default(), |_| true))
-            .expect_err("too long");
+        let e = block_on(s.chat(
+            &[Message::new("user", text)],
+            &Default::default(),
+            |_| true,
+            ready,
+        ))
+        .expect_err("too long");
         assert!(e.contains("fills the context of 256"), "{e}");
+    }
+
+    fn ready() -> std::future::Ready<()> {
+        std::future::ready(())
     }
 
     /// Polls a future that is ready without waiting on anything (the CPU's download is).

@@ -61,7 +61,13 @@ pub struct Stats {
 
 impl Stats {
     pub fn to_json(&self) -> String {
-        let tps = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1000.0 / ms } else { 0.0 };
+        let tps = |n: usize, ms: f64| {
+            if ms > 0.0 {
+                n as f64 * 1000.0 / ms
+            } else {
+                0.0
+            }
+        };
         json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.tokens.len(),
@@ -161,12 +167,15 @@ impl Session {
 
     /// Generates the reply to `messages`, calling `emit` with each piece of visible text; the
     /// reply ends when `emit` returns false (cancelled), at an end-of-generation token or stop
-    /// string, or after `max_tokens` (or at the context's end).
-    pub async fn chat(
+    /// string, or after `max_tokens` (or at the context's end). `pause` is awaited after each
+    /// token: in a browser, where a CPU step never waits on the event loop, it lets the page's
+    /// messages (a stop) in.
+    pub async fn chat<F: std::future::Future<Output = ()>>(
         &mut self,
         messages: &[Message],
         p: &GenParams,
         mut emit: impl FnMut(&str) -> bool,
+        mut pause: impl FnMut() -> F,
     ) -> Result<Stats, String> {
         let prompt = self.prompt(messages)?;
         let ctx = self.runner.config().ctx;
@@ -234,7 +243,11 @@ impl Session {
             stats.tokens.push(t);
             history.push(t);
             let piece = stops.push(&text.push(&self.tok, t));
-            let go_on = emit(&piece);
+            let mut go_on = emit(&piece);
+            if go_on && !stops.stopped() {
+                pause().await;
+                go_on = emit("");
+            }
             if stops.stopped() {
                 stats.finish = "stop";
                 break;

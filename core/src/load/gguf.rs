@@ -171,10 +171,16 @@ impl GgufFile {
                 .read_at(0, &mut buf)
                 .map_err(|e| Error::load(name, format!("cannot read: {e}")))?;
             match Header::parse(&buf, len) {
-                Ok(_) => {
-                    let mut file = Self::parse_into(name.to_string(), Bytes::Owned(buf))?;
-                    file.source = Some(source);
-                    return Ok(file);
+                Ok(header) => {
+                    let blob_of = vec![None; header.tensors.len()];
+                    return Ok(GgufFile {
+                        path: name.to_string(),
+                        header,
+                        bytes: Bytes::Owned(Vec::new()),
+                        source: Some(source),
+                        blobs: Vec::new(),
+                        blob_of,
+                    });
                 }
                 // The header may reach past what was read: read more, up to a bound.
                 Err(_) if want < len && want < MAX_SOURCE_HEADER => {

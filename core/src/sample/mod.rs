@@ -108,8 +108,8 @@ impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Sampler> {
         params.validate()?;
         let seed = params.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
+            crate::time::SystemTime::now()
+                .duration_since(crate::time::UNIX_EPOCH)
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(0x5EED)
         });

@@ -278,7 +278,12 @@ fn check_round_trip(f: &GgufFile, kvs: &[(&str, Value)], tensors: &[TSpec], alig
         assert_eq!(t.nbytes, spec.data.len(), "{}", t.name);
         assert_eq!(t.offset % alignment, 0, "{}", t.name);
         assert!(t.offset >= f.data_offset());
-        assert_eq!(&*f.tensor_data(t).expect("reads"), &spec.data[..], "{}", t.name);
+        assert_eq!(
+            &*f.tensor_data(t).expect("reads"),
+            &spec.data[..],
+            "{}",
+            t.name
+        );
         let (t2, d2) = f.data(&spec.name).unwrap();
         assert_eq!(t2, t);
         assert_eq!(d2, &spec.data[..]);
@@ -873,7 +878,9 @@ impl ReadAt for std::sync::Arc<Counting> {
 #[test]
 fn a_file_read_at_offsets_equals_the_file_in_memory() {
     let mut kvs = all_kvs();
-    let long: String = (0..5 << 20).map(|i| (b'a' + (i % 26) as u8) as char).collect();
+    let long: String = (0..5 << 20)
+        .map(|i| (b'a' + (i % 26) as u8) as char)
+        .collect();
     kvs.push(("test.long", s(&long)));
     let tensors = all_tensors();
     let bytes = build(3, &kvs, &tensors);
@@ -888,9 +895,30 @@ fn a_file_read_at_offsets_equals_the_file_in_memory() {
     check_round_trip(&f, &kvs, &tensors, 32);
     let reads = src.reads.lock().map(|r| r.clone()).unwrap_or_default();
     for &(off, len) in &reads[header_reads..] {
-        let whole = f.tensors().iter().any(|t| t.offset == off && t.nbytes == len);
+        let whole = f
+            .tensors()
+            .iter()
+            .any(|t| t.offset == off && t.nbytes == len);
         assert!(whole, "a read at {off} of {len} bytes is not one tensor's");
     }
+    // A short header before 12 MiB of data: the header is read alone, the tensor when asked.
+    let big = vec![tspec("big", DType::F32, &[3 << 20])];
+    let bytes = build(3, &all_kvs(), &big);
+    let src = std::sync::Arc::new(Counting {
+        bytes: bytes.clone(),
+        reads: Default::default(),
+    });
+    let g = GgufFile::from_source("big.gguf", Box::new(src.clone())).expect("parses");
+    let first: usize = src
+        .reads
+        .lock()
+        .map(|r| r.iter().map(|x| x.1).sum())
+        .unwrap_or(0);
+    assert!(
+        first < bytes.len() / 2,
+        "the header read took {first} bytes"
+    );
+    check_round_trip(&g, &all_kvs(), &big, 32);
     // A tensor info of another file is an error, not a read past the end.
     let mut other = f.tensors()[0].clone();
     other.name = "not.here".into();
@@ -906,7 +934,10 @@ fn a_source_that_is_short_or_fails_is_an_error() {
         bytes: bytes[..bytes.len() / 3].to_vec(),
         reads: Default::default(),
     });
-    let e = load_err("short.gguf", GgufFile::from_source("short.gguf", Box::new(short)));
+    let e = load_err(
+        "short.gguf",
+        GgufFile::from_source("short.gguf", Box::new(short)),
+    );
     assert!(e.contains("short.gguf"), "{e}");
 
     struct Failing;
@@ -918,6 +949,12 @@ fn a_source_that_is_short_or_fails_is_an_error() {
             Err("the handle was closed".into())
         }
     }
-    let e = load_err("gone.gguf", GgufFile::from_source("gone.gguf", Box::new(Failing)));
-    assert!(e.contains("gone.gguf") && e.contains("the handle was closed"), "{e}");
+    let e = load_err(
+        "gone.gguf",
+        GgufFile::from_source("gone.gguf", Box::new(Failing)),
+    );
+    assert!(
+        e.contains("gone.gguf") && e.contains("the handle was closed"),
+        "{e}"
+    );
 }

@@ -1,0 +1,44 @@
+//! What the browser tests share: Node, playwright-core (`KILN_TEST_PLAYWRIGHT`, else
+//! `target/playwright/node_modules/playwright-core`; CI installs it from npm) and Chromium
+//! (`KILN_TEST_CHROMIUM`, else `/usr/bin/chromium`). Without them a test skips, unless
+//! `KILN_REQUIRE_BROWSER` is set.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kiln_tests::required;
+
+/// (node, playwright-core, chromium), or `None` with the reason printed.
+pub fn browser_tools() -> Option<(PathBuf, PathBuf, PathBuf)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let playwright = std::env::var_os("KILN_TEST_PLAYWRIGHT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target/playwright/node_modules/playwright-core"));
+    let chromium = std::env::var_os("KILN_TEST_CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    let node = PathBuf::from("node");
+    let node_ok = Command::new(&node)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let missing = [
+        (!node_ok).then(|| "node".to_string()),
+        (!playwright.join("package.json").is_file())
+            .then(|| format!("playwright-core in {}", playwright.display())),
+        (!chromium.is_file()).then(|| format!("chromium at {}", chromium.display())),
+    ];
+    let missing: Vec<String> = missing.into_iter().flatten().collect();
+    if !missing.is_empty() {
+        assert!(
+            !required("BROWSER"),
+            "KILN_REQUIRE_BROWSER is set but there is no {}",
+            missing.join(", no ")
+        );
+        println!("skipping the browser test: no {}", missing.join(", no "));
+        return None;
+    }
+    Some((node, playwright, chromium))
+}
