@@ -146,6 +146,7 @@ function onWorker(m) {
       $('status').dataset.fetchMs = String(Math.round(m.fetch_ms));
       $('status').dataset.loadMs = String(Math.round(m.load_ms));
       $('device').textContent = loaded.device;
+      if (lastLoad && lastLoad.backend === 'webgpu') describeAdapter().then((d) => { if (d && loaded) $('device').textContent = d; });
       if (!loaded.chat_template) $('status').textContent += ' This model has no chat template: each message is sent as a plain prompt.';
       setBusy(false);
       $('prompt').focus();
@@ -181,6 +182,21 @@ function onWorker(m) {
     case 'forgotten':
       $('status').textContent = `The cached download of ${m.url} is gone.`;
       break;
+  }
+}
+
+// What the browser says of its WebGPU adapter (wgpu is not told its name).
+async function describeAdapter() {
+  try {
+    const a = await navigator.gpu.requestAdapter();
+    if (!a) return null;
+    const i = a.info || {};
+    const name = [i.vendor, i.architecture, i.description].filter(Boolean).join(' ') || 'unnamed adapter';
+    const fallback = i.isFallbackAdapter || a.isFallbackAdapter;
+    const f16 = a.features.has('shader-f16') ? 'f16' : 'no f16';
+    return `WebGPU: ${name}${fallback ? ' (software)' : ''}, ${f16}`;
+  } catch {
+    return null;
   }
 }
 
@@ -233,6 +249,9 @@ function finishReply({ stats, error }) {
     note.className = 'note';
     const tps = (x) => x.toFixed(1);
     note.textContent = `${stats.completion_tokens} tokens, ${tps(stats.decode_tps)} tokens/s (prompt ${stats.prompt_tokens} tokens at ${tps(stats.prompt_tps)} tokens/s)${stats.finish_reason === 'cancelled' ? ', stopped' : ''}`;
+    if (stats.cpu_ops && stats.cpu_ops.length) {
+      note.textContent += `; on the CPU (the GPU lacks them): ${stats.cpu_ops.map((o) => `${o.op} ×${o.count}`).join(', ')}`;
+    }
     r.el.append(note);
     r.body.dataset.finish = stats.finish_reason;
     r.body.dataset.decodeTps = String(stats.decode_tps);

@@ -261,8 +261,21 @@ impl Device {
                 slot.get_or_insert_with(|| e.to_string());
             }
         }));
+        let lost = error.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            tracing::error!("wgpu device lost ({reason:?}): {msg}");
+            if let Ok(mut slot) = lost.lock() {
+                slot.get_or_insert_with(|| format!("the GPU device was lost ({reason:?}): {msg}"));
+            }
+        });
+        // A browser does not name its adapter to wgpu.
+        let described = if info.name.is_empty() {
+            "the browser's WebGPU adapter".to_string()
+        } else {
+            format!("{} ({:?}, {})", info.name, info.backend, info.driver)
+        };
         let caps = Capabilities {
-            device: format!("{} ({:?}, {})", info.name, info.backend, info.driver),
+            device: described,
             kind: device_kind(info.device_type),
             f16: features.contains(wgpu::Features::SHADER_F16),
             bf16: false,

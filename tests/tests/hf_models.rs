@@ -419,8 +419,9 @@ fn gemma4_releases_blocks_that_leave_the_window() {
 }
 
 /// The same checkpoints converted by llama.cpp's `convert_hf_to_gguf.py` (f32; see
-/// tests/fixtures/hf/README.md): kiln reads llama.cpp's names, metadata and layouts (Qwen3.5's
-/// value heads in llama.cpp's tiled order) and gives transformers' logits.
+/// tests/fixtures/hf/README.md; the Llama one by `llama_gguf.py`, in GGUF's Llama layout with
+/// Q and K permuted): kiln reads llama.cpp's names, metadata and layouts (Qwen3.5's value
+/// heads in llama.cpp's tiled order) and gives transformers' logits.
 #[test]
 fn llama_cpp_gguf_conversions_match_transformers() {
     for name in GGUF_MODELS {
@@ -447,7 +448,7 @@ fn llama_cpp_gguf_conversions_match_transformers() {
     }
 }
 
-const GGUF_MODELS: &[&str] = &["qwen3_5", "qwen3_5_moe", "gemma4", "gemma4_moe"];
+const GGUF_MODELS: &[&str] = &["llama", "qwen3_5", "qwen3_5_moe", "gemma4", "gemma4_moe"];
 
 /// Kernel launches in one decode step of the Llama-family fixtures on the emulated CUDA
 /// kernels, counted as a GPU would count them. With Q/K/V and gate/up each one launch and the

@@ -81,6 +81,70 @@ pub async fn conformance_on(
     Ok(report)
 }
 
+/// `n` greedy tokens after `prompt` from the model of `file` on `ex`, each step's logits read
+/// with `download_async` (the browser's tests and their native twin run this).
+pub async fn greedy_tokens(
+    ex: kiln_core::exec::Executor,
+    file: &kiln_core::load::gguf::GgufFile,
+    prompt: &[u32],
+    n: usize,
+) -> Result<Vec<u32>, String> {
+    use kiln_core::runner::{Logits, Runner, RunnerConfig};
+    let model = kiln_core::model::build_from_gguf(file, &ex).map_err(|e| e.to_string())?;
+    let cfg = RunnerConfig {
+        ctx: prompt.len() + n + 1,
+        max_seqs: 1,
+        ..RunnerConfig::default()
+    };
+    let mut r = Runner::new(ex, model, cfg).map_err(|e| e.to_string())?;
+    let mut rows = r
+        .step_async(&[(0, prompt, Logits::Last)])
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let logits = rows.first().and_then(|r| r.last()).ok_or("no logits")?;
+        let t = kiln_core::sample::argmax(logits);
+        out.push(t);
+        if out.len() < n {
+            rows = r
+                .step_async(&[(0, &[t], Logits::Last)])
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(out)
+}
+
+/// The tiny fixtures the browser's greedy test runs (`tests/fixtures/hf/gguf/NAME.gguf`), with
+/// the prompt of each one's `reference.json` and native kiln's greedy tokens after it, in
+/// `tests/fixtures/hf/gguf/greedy.json` (written and checked natively by this crate's test
+/// `the_browser_fixtures_greedy_tokens_are_native_kilns_and_transformers`).
+pub const GREEDY_FIXTURES: &[&str] = &["llama", "qwen3_5", "gemma4"];
+
+/// Fixture name → (prompt, greedy tokens) from `greedy.json`'s text.
+pub fn greedy_expected(json: &str) -> Result<Vec<(String, Vec<u32>, Vec<u32>)>, String> {
+    let v: serde_json::Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    let ids = |x: &serde_json::Value| -> Result<Vec<u32>, String> {
+        x.as_array()
+            .ok_or("not an array")?
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .and_then(|x| u32::try_from(x).ok())
+                    .ok_or("not ids".to_string())
+            })
+            .collect()
+    };
+    GREEDY_FIXTURES
+        .iter()
+        .map(|name| {
+            let f = &v[*name];
+            Ok((name.to_string(), ids(&f["prompt"])?, ids(&f["tokens"])?))
+        })
+        .collect()
+}
+
 /// The conformance suite on this browser's WebGPU adapter.
 pub async fn conformance_report(filter: Option<&str>) -> Result<Report, String> {
     let gpu = kiln_backend_wgpu::WgpuBackend::open_async()
@@ -509,6 +573,63 @@ mod tests {
         ))
         .expect_err("too long");
         assert!(e.contains("fills the context of 256"), "{e}");
+    }
+
+    /// `greedy.json` holds native kiln's greedy tokens on each fixture the browser's test
+    /// runs (`KILN_BLESS=1` writes it again), and they are transformers' (`reference.json`)
+    /// wherever transformers' token is in the GGUF's vocabulary (llama.cpp's Gemma 4
+    /// conversion keeps only the tokenizer's 315 of the model's 320 rows).
+    #[test]
+    fn the_browser_fixtures_greedy_tokens_are_native_kilns_and_transformers() {
+        use kiln_core::exec::Executor;
+        use kiln_core::load::gguf::GgufFile;
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/hf");
+        let mut made = serde_json::Map::new();
+        for name in GREEDY_FIXTURES {
+            let json = std::fs::read_to_string(root.join(name).join("reference.json"))
+                .expect("reference.json");
+            let v: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+            let ids = |k: &str| -> Vec<u32> {
+                v[k].as_array()
+                    .expect(k)
+                    .iter()
+                    .map(|x| x.as_u64().expect("an id") as u32)
+                    .collect()
+            };
+            let (prompt, hf) = (ids("greedy_prompt"), ids("greedy"));
+            let file = GgufFile::open(root.join("gguf").join(format!("{name}.gguf")))
+                .expect("the fixture opens");
+            let vocab = file
+                .tensor("output.weight")
+                .or_else(|_| file.tensor("token_embd.weight"))
+                .map(|t| t.shape[0])
+                .expect("an output matrix");
+            let got =
+                block_on(greedy_tokens(Executor::cpu(), &file, &prompt, hf.len())).expect("greedy");
+            let agree = hf.iter().take_while(|&&t| (t as usize) < vocab).count();
+            assert!(agree >= 4, "{name}: {hf:?}");
+            assert_eq!(
+                got[..agree],
+                hf[..agree],
+                "{name}: native kiln vs transformers"
+            );
+            made.insert(
+                name.to_string(),
+                serde_json::json!({"prompt": prompt, "tokens": got}),
+            );
+        }
+        let path = root.join("gguf/greedy.json");
+        let text = serde_json::to_string_pretty(&made).expect("JSON") + "\n";
+        if std::env::var_os("KILN_BLESS").is_some() {
+            std::fs::write(&path, &text).expect("writes greedy.json");
+        }
+        let stored = std::fs::read_to_string(&path).unwrap_or_default();
+        assert_eq!(
+            greedy_expected(&stored).expect("greedy.json parses"),
+            greedy_expected(&text).expect("made"),
+            "{} is not native kiln's greedy tokens (KILN_BLESS=1 rewrites it)",
+            path.display()
+        );
     }
 
     fn ready() -> std::future::Ready<()> {

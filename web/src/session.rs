@@ -57,6 +57,8 @@ pub struct Stats {
     /// `stop` (an end-of-generation token or a stop string), `length` (max_tokens or the
     /// context), or `cancelled` (the page said stop).
     pub finish: &'static str,
+    /// Ops the device lacks that ran on the CPU reference so far (name, times), most first.
+    pub cpu_ops: Vec<(String, u64)>,
 }
 
 impl Stats {
@@ -78,6 +80,7 @@ impl Stats {
             // The first token comes from the prefill's logits: decode rate is over the rest.
             "decode_tps": tps(self.tokens.len().saturating_sub(1), self.decode_ms),
             "finish_reason": self.finish,
+            "cpu_ops": self.cpu_ops.iter().map(|(op, n)| json!({"op": op, "count": n})).collect::<Vec<_>>(),
         })
         .to_string()
     }
@@ -230,6 +233,7 @@ impl Session {
             prefill_ms,
             decode_ms: 0.0,
             finish: "length",
+            cpu_ops: Vec::new(),
         };
         let mut history = prompt.clone();
         let mut text = StreamDecoder::new();
@@ -272,6 +276,13 @@ impl Session {
             emit(&stops.finish());
         }
         stats.decode_ms = decoding.elapsed().as_secs_f64() * 1000.0;
+        stats.cpu_ops = self
+            .runner
+            .executor()
+            .fallbacks()
+            .into_iter()
+            .map(|f| (f.op.to_string(), f.count))
+            .collect();
         Ok(stats)
     }
 }
