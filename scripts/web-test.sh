@@ -15,4 +15,4 @@ cd web
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER="$runner" \
 CHROMEDRIVER=/usr/bin/chromedriver \
 WASM_BINDGEN_TEST_TIMEOUT=${WASM_BINDGEN_TEST_TIMEOUT:-600} \
-    web_cargo test --release --locked "$@"
+    web_cargo test --release --locked --tests "$@"

@@ -257,6 +257,7 @@ function finishReply({ stats, error }) {
     r.body.dataset.decodeTps = String(stats.decode_tps);
     r.body.dataset.promptTps = String(stats.prompt_tps);
     r.body.dataset.tokens = String(stats.completion_tokens);
+    r.body.dataset.promptTokens = String(stats.prompt_tokens);
     $('stats').textContent = note.textContent;
   }
   r.el.dataset.done = 'true';

@@ -12,56 +12,16 @@
 'use strict';
 
 const fs = require('fs');
-const http = require('http');
 const os = require('os');
 const path = require('path');
 const { chromium } = require(process.env.PLAYWRIGHT);
-
-const TYPES = {
-  '.html': 'text/html; charset=utf-8', '.js': 'text/javascript', '.css': 'text/css',
-  '.svg': 'image/svg+xml', '.wasm': 'application/wasm', '.gguf': 'application/octet-stream',
-  '.json': 'application/json',
-};
-
-// A static server of WEB_DIR, with the model at /models/model.gguf.
-function serve(root, model) {
-  const server = http.createServer((req, res) => {
-    let file;
-    const p = decodeURIComponent(new URL(req.url, 'http://x').pathname);
-    if (p === '/models/model.gguf') file = model;
-    else {
-      file = path.join(root, p === '/' ? 'index.html' : p);
-      if (!file.startsWith(path.resolve(root) + path.sep)) { res.writeHead(403); res.end(); return; }
-    }
-    fs.stat(file, (err, st) => {
-      if (err || !st.isFile()) { res.writeHead(404); res.end('not found'); return; }
-      res.writeHead(200, {
-        'Content-Type': TYPES[path.extname(file)] || 'application/octet-stream',
-        'Content-Length': st.size,
-        'Cache-Control': 'no-store',
-      });
-      if (req.method === 'HEAD') { res.end(); return; }
-      fs.createReadStream(file).pipe(res);
-    });
-  });
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)));
-}
+const { serve, launch } = require('./static_server.cjs');
 
 async function main() {
   const out = { consoleErrors: [] };
-  const server = await serve(path.resolve(process.env.WEB_DIR), process.env.MODEL);
-  server.requests = 0;
-  let modelFetches = 0;
-  server.on('request', (req) => { if (req.url.startsWith('/models/')) modelFetches += 1; });
-  const base = `http://127.0.0.1:${server.address().port}/`;
+  const { server, base, modelFetches } = await serve(process.env.WEB_DIR, process.env.MODEL);
   const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'kiln-web-'));
-  const context = await chromium.launchPersistentContext(profile, {
-    executablePath: process.env.CHROMIUM,
-    headless: true,
-    viewport: { width: 1100, height: 760 },
-    args: ['--no-sandbox', '--disable-gpu-sandbox', '--enable-unsafe-webgpu',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'],
-  });
+  const context = await launch(chromium, process.env.CHROMIUM, profile);
   let page;
   try {
     page = context.pages()[0] || await context.newPage();
@@ -116,7 +76,7 @@ async function main() {
     if (process.env.SCREENSHOT) await page.screenshot({ path: process.env.SCREENSHOT });
 
     // 4. The work in the address, the model from the cache.
-    const fetchesBefore = modelFetches;
+    const fetchesBefore = modelFetches();
     const q = new URLSearchParams({ model: '/models/model.gguf', prompt: process.env.PROMPT, max_tokens: maxTokens, temperature: '0' });
     await page.goto(`${base}?${q}`);
     await page.waitForFunction(() => {
@@ -125,7 +85,7 @@ async function main() {
     }, null, { timeout: 300000 });
     out.reload = await status();
     out.fromAddress = await reply();
-    out.modelFetchesOnReload = modelFetches - fetchesBefore;
+    out.modelFetchesOnReload = modelFetches() - fetchesBefore;
   } catch (e) {
     // What the page showed when it went wrong.
     const shown = page ? await page.evaluate(() => document.body.innerText).catch(() => '') : '';

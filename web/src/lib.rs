@@ -122,8 +122,11 @@ pub async fn greedy_tokens(
 /// `the_browser_fixtures_greedy_tokens_are_native_kilns_and_transformers`).
 pub const GREEDY_FIXTURES: &[&str] = &["llama", "qwen3_5", "gemma4"];
 
-/// Fixture name → (prompt, greedy tokens) from `greedy.json`'s text.
-pub fn greedy_expected(json: &str) -> Result<Vec<(String, Vec<u32>, Vec<u32>)>, String> {
+/// One fixture's entry in `greedy.json`: name, prompt, greedy tokens.
+pub type Expected = (String, Vec<u32>, Vec<u32>);
+
+/// The entries of `greedy.json`'s text, in [`GREEDY_FIXTURES`] order.
+pub fn greedy_expected(json: &str) -> Result<Vec<Expected>, String> {
     let v: serde_json::Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
     let ids = |x: &serde_json::Value| -> Result<Vec<u32>, String> {
         x.as_array()
