@@ -3,7 +3,7 @@
 // The address can carry the work, so a link can be shared and a test can drive the page:
 //   ?model=URL            loads that model at once
 //   &prompt=TEXT          then sends TEXT as the first message
-//   &max_tokens=N &temperature=T &backend=webgpu|cpu &ctx=N
+//   &max_tokens=N &temperature=T &backend=auto|webgpu|cpu &ctx=N
 // The reply being written is the element #output (its text only); it gets data-done="true"
 // when finished, with data-error holding the message on a failure.
 
@@ -35,9 +35,9 @@ function setup() {
   if (ctx !== null) $('ctx').value = String(Math.round(ctx));
   if (!('gpu' in navigator)) {
     $('backend').value = 'cpu';
-    $('device').textContent = 'no WebGPU in this browser: the CPU backend runs instead (slowly)';
+    $('device').textContent = 'no WebGPU in this browser: the CPU reference runs instead';
   }
-  if (params.get('backend') === 'cpu' || params.get('backend') === 'webgpu') $('backend').value = params.get('backend');
+  if (['auto', 'webgpu', 'cpu'].includes(params.get('backend'))) $('backend').value = params.get('backend');
 
   $('load-form').addEventListener('submit', (e) => {
     e.preventDefault();
@@ -146,7 +146,7 @@ function onWorker(m) {
       $('status').dataset.fetchMs = String(Math.round(m.fetch_ms));
       $('status').dataset.loadMs = String(Math.round(m.load_ms));
       $('device').textContent = loaded.device;
-      if (lastLoad && lastLoad.backend === 'webgpu') describeAdapter().then((d) => { if (d && loaded) $('device').textContent = d; });
+      if (m.backend === 'webgpu') describeAdapter().then((d) => { if (d && loaded) $('device').textContent = d; });
       if (!loaded.chat_template) $('status').textContent += ' This model has no chat template: each message is sent as a plain prompt.';
       setBusy(false);
       $('prompt').focus();

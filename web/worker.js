@@ -1,13 +1,13 @@
 // kiln's engine in a Web Worker, so the page stays responsive while it loads and writes.
 //
 // Messages from the page:
-//   {type: 'load', url | file, backend: 'webgpu' | 'cpu', ctx}
+//   {type: 'load', url | file, backend: 'auto' | 'webgpu' | 'cpu', ctx}
 //   {type: 'chat', id, messages: [{role, content}], params: {max_tokens, temperature, ...}}
 //   {type: 'stop'}                      ends the reply being written
 //   {type: 'forget', url}               drops a cached download
 // Messages to the page:
 //   {type: 'progress', phase: 'download' | 'load', done, total}
-//   {type: 'loaded', info, cached, fetch_ms, load_ms}
+//   {type: 'loaded', info, backend, cached, fetch_ms, load_ms}
 //   {type: 'piece', id, text}            {type: 'done', id, stats}
 //   {type: 'error', id?, message}        {type: 'fatal', message}: the engine must restart
 //
@@ -76,11 +76,26 @@ async function load(m) {
     progress('load', Math.min(done, src.size), src.size, false);
     return bytes;
   };
-  const options = JSON.stringify({ backend: m.backend || 'webgpu', ctx: m.ctx || undefined });
+  const backend = m.backend === 'auto' || !m.backend ? await pickBackend() : m.backend;
+  const options = JSON.stringify({ backend, ctx: m.ctx || undefined });
   model = await Model.load(read, src.size, src.name, options);
   progress('load', src.size, src.size, true);
   const t2 = performance.now();
-  post({ type: 'loaded', info: JSON.parse(model.info()), cached: src.cached, fetch_ms: t1 - t0, load_ms: t2 - t1 });
+  post({ type: 'loaded', info: JSON.parse(model.info()), backend, cached: src.cached, fetch_ms: t1 - t0, load_ms: t2 - t1 });
+}
+
+// 'auto': WebGPU on a hardware adapter; the CPU reference where there is none or only a
+// software one (a software rasterizer is slower than the CPU reference on the same cores:
+// see README, "In the browser"), as native kiln's --backend auto passes over lavapipe.
+async function pickBackend() {
+  try {
+    const a = navigator.gpu && await navigator.gpu.requestAdapter();
+    if (!a) return 'cpu';
+    const software = (a.info && a.info.isFallbackAdapter) || a.isFallbackAdapter;
+    return software ? 'cpu' : 'webgpu';
+  } catch {
+    return 'cpu';
+  }
 }
 
 async function chat(m) {

@@ -3,7 +3,8 @@
 //! page downloads SmolLM2 from a local server into its cache, streams the reply to a typed
 //! prompt, equal to native kiln's greedy reply (the server's API, on the CPU), stops a second
 //! reply mid-stream, and, opened again with the work in its address, loads the model from the
-//! cache (no second download) and writes the same reply into `#output`.
+//! cache (no second download) and writes the same reply into `#output` (with the backend left
+//! to the page: on a software adapter, the CPU reference compiled to wasm).
 //!
 //! Needs the built page (`KILN_TEST_WEB`, else `target/web`), Node, playwright-core and
 //! Chromium; skips without them unless `KILN_REQUIRE_BROWSER` is set. `KILN_TEST_SCREENSHOT=
@@ -141,6 +142,13 @@ fn the_browser_page_streams_native_greedy_text_stops_and_loads_from_its_cache() 
     );
     assert_eq!(seen["modelFetchesOnReload"], json!(0));
     assert_eq!(seen["fromAddress"]["text"], json!(want));
+    // Left to itself, the page runs the CPU reference on a software adapter (SwiftShader here).
+    let device = seen["device"].as_str().unwrap_or("");
+    assert!(device.starts_with("WebGPU"), "{device}");
+    if device.contains("(software)") {
+        let reload = seen["reloadDevice"].as_str().unwrap_or("");
+        assert!(reload.contains("CPU"), "auto picked {reload}");
+    }
     let errors = seen["consoleErrors"].as_array().expect("console errors");
     assert!(errors.is_empty(), "the page logged errors: {errors:?}");
     println!(

@@ -30,7 +30,7 @@ async function main() {
     const maxTokens = process.env.MAX_TOKENS;
 
     // 1. Load from the URL: a download into the browser's cache.
-    await page.goto(`${base}?model=/models/model.gguf&max_tokens=${maxTokens}&temperature=0`);
+    await page.goto(`${base}?model=/models/model.gguf&max_tokens=${maxTokens}&temperature=0&backend=webgpu`);
     await page.waitForFunction(() => !document.getElementById('send').disabled
       || !document.getElementById('error').hidden, null, { timeout: 300000 });
     out.loadError = await page.locator('#error').evaluate((e) => (e.hidden ? '' : e.textContent));
@@ -38,6 +38,9 @@ async function main() {
       text: e.textContent, cached: e.dataset.cached, fetchMs: Number(e.dataset.fetchMs), loadMs: Number(e.dataset.loadMs),
     }));
     out.firstLoad = await status();
+    // The adapter's description replaces the engine's once the page has asked the browser.
+    await page.waitForFunction(() => document.getElementById('device').textContent.startsWith('WebGPU'), null, { timeout: 10000 })
+      .catch(() => {});
     out.device = await page.locator('#device').textContent();
     if (out.loadError) throw new Error(out.loadError);
 
@@ -75,7 +78,8 @@ async function main() {
     out.userMessages = await page.locator('.msg.user').allTextContents();
     if (process.env.SCREENSHOT) await page.screenshot({ path: process.env.SCREENSHOT });
 
-    // 4. The work in the address, the model from the cache.
+    // 4. The work in the address, the model from the cache, the backend left to the page
+    // (auto: the CPU reference on a software adapter).
     const fetchesBefore = modelFetches();
     const q = new URLSearchParams({ model: '/models/model.gguf', prompt: process.env.PROMPT, max_tokens: maxTokens, temperature: '0' });
     await page.goto(`${base}?${q}`);
@@ -84,6 +88,7 @@ async function main() {
       return (o && o.dataset.done === 'true') || !document.getElementById('error').hidden;
     }, null, { timeout: 300000 });
     out.reload = await status();
+    out.reloadDevice = await page.locator('#device').textContent();
     out.fromAddress = await reply();
     out.modelFetchesOnReload = modelFetches() - fetchesBefore;
   } catch (e) {

@@ -265,7 +265,8 @@ fn cpu_name() -> String {
     let n = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    format!("{} CPU ({n} threads available)", std::env::consts::ARCH)
+    let s = if n == 1 { "" } else { "s" };
+    format!("{} CPU ({n} thread{s} available)", std::env::consts::ARCH)
 }
 
 impl Backend for CpuBackend {
