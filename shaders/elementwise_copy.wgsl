@@ -50,3 +50,37 @@ fn cast_bf16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
         }
     }
 }
+
+// An upload into a window that starts or ends inside a 32-bit word (a browser cannot read the
+// words around it first): thread w owns destination word w (from `pb.y_off`), taking the
+// window's bytes (`src`, packed from the window's first byte) where they fall in it and
+// keeping the word's other bytes. `pb.head` is the window's first byte within word 0.
+struct PatchParams {
+    n: u32,        // destination words
+    y_off: u32,    // first destination word
+    head: u32,     // byte of the window's start within the first word (0..3)
+    len: u32,      // bytes in the window
+    nx: u32,
+}
+
+@group(0) @binding(0) var<storage, read> src: array<u32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<u32>;
+@group(0) @binding(2) var<storage, read> pb: PatchParams;
+
+@compute @workgroup_size(256)
+fn patch_bytes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let w = (wid.x + wid.y * pb.nx) * 256u + li;
+    if (w >= pb.n) {
+        return;
+    }
+    var v = dst[pb.y_off + w];
+    for (var b = 0u; b < 4u; b++) {
+        let pos = w * 4u + b;
+        if (pos >= pb.head && pos - pb.head < pb.len) {
+            let i = pos - pb.head;
+            let byte = (src[i / 4u] >> ((i % 4u) * 8u)) & 0xFFu;
+            v = (v & ~(0xFFu << (b * 8u))) | (byte << (b * 8u));
+        }
+    }
+    dst[pb.y_off + w] = v;
+}

@@ -536,29 +536,10 @@ impl Device {
             words.resize((end - start) as usize, 0);
             self.queue.write_buffer(buffer, start, &words);
         } else {
-            // An unaligned window: read the covering words, patch them, write them back.
-            let mut words = self.download_range(buffer, start, end)?;
-            let head = (t.offset() as u64 - start) as usize;
-            words[head..head + bytes.len()].copy_from_slice(bytes);
-            self.queue.write_buffer(buffer, start, &words);
+            // An unaligned window: patched on the device, keeping the bytes around it.
+            crate::ops::upload_unaligned(self, t, bytes)?;
         }
         Ok(())
-    }
-
-    fn download_range(&self, buffer: &wgpu::Buffer, start: u64, end: u64) -> Result<Vec<u8>> {
-        let whole = Tensor::new(
-            Arc::new(GpuBuffer {
-                buffer: buffer.clone(),
-                len: buffer.size() as usize,
-                backend: self.id,
-            }),
-            start as usize,
-            TensorDesc::new(
-                kiln_core::tensor::DType::U32,
-                [((end - start) / 4) as usize],
-            ),
-        )?;
-        self.download(&whole)
     }
 
     /// The smallest range of `t`'s buffer that covers it and starts on the adapter's storage

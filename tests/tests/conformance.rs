@@ -125,3 +125,47 @@ fn guard_regions_catch_an_out_of_bounds_write() {
         }
     }
 }
+
+/// An upload into a window that starts or ends inside a 32-bit word of its buffer (an f16 view
+/// at an odd element) changes exactly the window's bytes: the WebGPU backend patches the words
+/// on the device, since a browser cannot read them back first.
+#[test]
+fn wgpu_uploads_into_unaligned_windows_keep_the_bytes_around_them() {
+    let Some(b) = optional_backend("wgpu", kiln_backend_wgpu::open) else {
+        return;
+    };
+    use kiln_core::tensor::{DType, Tensor, TensorDesc};
+    let mut rng = kiln_core::rng::Rng::new(41);
+    let mut byte = || (rng.next_u64() & 0xFF) as u8;
+    let n = 1200;
+    let whole = b.alloc(&TensorDesc::new(DType::F16, [n])).expect("alloc");
+    let mut model: Vec<u8> = (0..2 * n).map(|_| byte()).collect();
+    b.upload(&whole, &model).expect("upload");
+    // f16 windows (first element, elements) starting or ending mid-word: inside one word,
+    // across several, and over 256 words (more than one workgroup of the patch kernel).
+    for (first, len) in [
+        (1, 1),
+        (3, 1),
+        (1, 2),
+        (1, 5),
+        (2, 5),
+        (5, 10),
+        (7, 64),
+        (3, 1031),
+    ] {
+        let t = Tensor::new(
+            whole.storage().clone(),
+            2 * first,
+            TensorDesc::new(DType::F16, [len]),
+        )
+        .expect("a view");
+        let bytes: Vec<u8> = (0..2 * len).map(|_| byte()).collect();
+        b.upload(&t, &bytes).expect("upload into the window");
+        model[2 * first..2 * (first + len)].copy_from_slice(&bytes);
+        assert_eq!(
+            b.download(&whole).expect("download"),
+            model,
+            "window {first}+{len}"
+        );
+    }
+}

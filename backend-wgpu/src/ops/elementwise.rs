@@ -2,7 +2,7 @@
 //! units, copies and casts to f32.
 
 use kiln_core::op::{ElementwiseOp, GluOp, OpDesc, UnaryOp};
-use kiln_core::tensor::{DType, Tensor};
+use kiln_core::tensor::{DType, Tensor, TensorDesc};
 use kiln_core::Result;
 
 use super::{all_fit, bind, err, f32_all, launch_1d, u};
@@ -27,6 +27,7 @@ plain!(GEGLU_F32, "geglu_f32", "elementwise", ELEMENTWISE);
 plain!(COPY_U32, "copy_u32", "elementwise_copy", COPY);
 plain!(CAST_F16_F32, "cast_f16_f32", "elementwise_copy", COPY);
 plain!(CAST_BF16_F32, "cast_bf16_f32", "elementwise_copy", COPY);
+plain!(PATCH_BYTES, "patch_bytes", "elementwise_copy", COPY);
 
 /// The family's kernels of no weight format.
 pub(super) const KERNELS: &[&Kernel] = &[
@@ -45,7 +46,28 @@ pub(super) const KERNELS: &[&Kernel] = &[
     &COPY_U32,
     &CAST_F16_F32,
     &CAST_BF16_F32,
+    &PATCH_BYTES,
 ];
+
+/// Writes `bytes` into `t`, whose window starts or ends inside a 32-bit word of its buffer: the
+/// words it touches are patched on the device (`patch_bytes`), which keeps their other bytes
+/// without reading them back (a browser can read a buffer only through its event loop).
+pub(crate) fn upload_unaligned(dev: &Device, t: &Tensor, bytes: &[u8]) -> Result<()> {
+    let first = t.offset() / 4 * 4;
+    let words = (t.offset() + bytes.len()).div_ceil(4) - first / 4;
+    let mut packed = bytes.to_vec();
+    packed.resize(bytes.len().div_ceil(4) * 4, 0);
+    let src = dev.alloc(&TensorDesc::new(DType::U32, [packed.len() / 4]))?;
+    dev.upload(&src, &packed)?;
+    let dst = Tensor::new(
+        t.storage().clone(),
+        first,
+        TensorDesc::new(DType::U32, [words]),
+    )?;
+    let (bound, offs) = bind(dev, &[(&src, 4), (&dst, 4)])?;
+    let params = vec![u(words)?, offs[1], u(t.offset() - first)?, u(bytes.len())?];
+    launch_1d(dev, &PATCH_BYTES, &bound, params, words.div_ceil(256))
+}
 
 fn unary_kernel(op: UnaryOp) -> &'static Kernel {
     match op {

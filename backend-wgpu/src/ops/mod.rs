@@ -14,6 +14,8 @@ mod reduce;
 mod rope;
 mod softmax;
 
+pub(crate) use elementwise::upload_unaligned;
+
 use kiln_core::op::{Op, OpDesc};
 use kiln_core::tensor::{DType, Tensor, TensorDesc};
 use kiln_core::{Error, Result};
