@@ -35,5 +35,5 @@ fi
 wasm_target="$PWD/target/wasm"
 web_cargo() {
     RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR="$wasm_target" \
-        /usr/bin/cargo "$@" -Zbuild-std=std,panic_abort --target wasm32-unknown-unknown
+        /usr/bin/cargo "$1" -Zbuild-std=std,panic_abort --target wasm32-unknown-unknown "${@:2}"
 }
