@@ -13,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-$HOME/.cache/kiln/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 rounds=${ROUNDS:-3}
+[ "$rounds" -ge 1 ] 2>/dev/null || { echo "ROUNDS must be a whole number of at least 1" >&2; exit 1; }
 tokens=${MAX_TOKENS:-32}
 prompt=${PROMPT:-"Write a long story about a dragon who learns to bake bread."}
 web=${KILN_TEST_WEB:-target/web}
@@ -22,6 +23,7 @@ pw=${KILN_TEST_PLAYWRIGHT:-$PWD/target/playwright/node_modules/playwright-core}
 cargo build --release --quiet -p kiln-server
 kiln=target/release/kiln
 out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
 for r in $(seq 1 "$rounds"); do
     for b in webgpu cpu; do
         PLAYWRIGHT=$pw CHROMIUM=/usr/bin/chromium WEB_DIR=$web MODEL=$model PROMPT=$prompt \
@@ -66,4 +68,3 @@ print("|---|---|---|---|---|")
 for r in rows:
     print(f"| {r[0]} | {r[1]:.1f} | {r[2]:.2f} | {r[3]} | {r[4]} |")
 PY
-rm -rf "$out"

@@ -51,10 +51,10 @@ fn cast_bf16_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     }
 }
 
-// An upload into a window that starts or ends inside a 32-bit word (a browser cannot read the
-// words around it first): thread w owns destination word w (from `pb.y_off`), taking the
-// window's bytes (`src`, packed from the window's first byte) where they fall in it and
-// keeping the word's other bytes. `pb.head` is the window's first byte within word 0.
+// An upload's bytes into words it shares with other bytes (a browser cannot read them back
+// first): thread w owns destination word w (from `pb.y_off`), taking the window's bytes
+// (`src`, packed from the window's first byte) where they fall in it and keeping the word's
+// other bytes. `pb.head` is the window's first byte within word 0.
 struct PatchParams {
     n: u32,        // destination words
     y_off: u32,    // first destination word

@@ -63,10 +63,12 @@ function setup() {
   if (params.get('model')) load({ url: params.get('model') }, params.get('prompt'));
 }
 
+// Messages from a worker that was replaced (after a fatal error) are ignored.
 function startWorker() {
-  worker = new Worker('worker.js', { type: 'module' });
-  worker.onmessage = (e) => onWorker(e.data);
-  worker.onerror = (e) => fatal(e.message || 'the engine could not start');
+  const w = new Worker('worker.js', { type: 'module' });
+  w.onmessage = (e) => { if (w === worker) onWorker(e.data); };
+  w.onerror = (e) => { if (w === worker) fatal(e.message || 'the engine could not start'); };
+  worker = w;
 }
 
 function ensureWorker() {
@@ -88,12 +90,13 @@ function setBusy(b) {
   $('new-chat').disabled = !ready;
   $('load').disabled = b;
   $('model-file').disabled = b;
+  $('forget').disabled = b;
 }
 
-// The engine stopped for good (a panic, a lost device, out of memory): say so, and start a
-// fresh worker so another model or a shorter context can be tried.
+// The engine stopped for good (a panic, a lost device, out of memory): say so; the next load
+// starts a fresh worker, so another model or a shorter context can be tried.
 function fatal(message) {
-  const msg = `${message}\nThe engine was restarted: load the model again, or a smaller model or a shorter context.`;
+  const msg = `${message}\nThe engine stopped: load the model again, or a smaller model or a shorter context.`;
   if (reply) finishReply({ error: message });
   showError(msg);
   $('progress').hidden = true;
@@ -102,7 +105,6 @@ function fatal(message) {
   loaded = null;
   $('device').textContent = '';
   setBusy(false);
-  startWorker();
 }
 
 function load(what, then) {
@@ -116,8 +118,12 @@ function load(what, then) {
   $('progress-bar').value = 0;
   setBusy(true);
   pendingPrompt = then || null;
-  ensureWorker().postMessage({ type: 'load', ...lastLoad });
+  loadId = nextId++;
+  ensureWorker().postMessage({ type: 'load', id: loadId, ...lastLoad });
 }
+
+let loadId = 0;
+let loadNote = null;       // what the worker said while loading
 
 let pendingPrompt = null;
 
@@ -148,6 +154,8 @@ function onWorker(m) {
       $('device').textContent = loaded.device;
       if (m.backend === 'webgpu') describeAdapter().then((d) => { if (d && loaded) $('device').textContent = d; });
       if (!loaded.chat_template) $('status').textContent += ' This model has no chat template: each message is sent as a plain prompt.';
+      if (loadNote) $('status').textContent += ` (${loadNote})`;
+      loadNote = null;
       setBusy(false);
       $('prompt').focus();
       if (pendingPrompt) {
@@ -169,7 +177,7 @@ function onWorker(m) {
       break;
     case 'error':
       if (reply && m.id === reply.id) finishReply({ error: m.message });
-      else {
+      else if (m.id === loadId && !loaded) {
         $('progress').hidden = true;
         $('status').textContent = '';
         setBusy(false);
@@ -178,6 +186,10 @@ function onWorker(m) {
       break;
     case 'fatal':
       fatal(m.message);
+      break;
+    case 'note':
+      loadNote = m.message;
+      $('status').textContent = m.message;
       break;
     case 'forgotten':
       $('status').textContent = `The cached download of ${m.url} is gone.`;
@@ -230,7 +242,7 @@ function send() {
     max_tokens: Math.max(1, Math.round(Number($('max-tokens').value) || 512)),
     temperature: Math.max(0, Number($('temperature').value) || 0),
   };
-  worker.postMessage({ type: 'chat', id: reply.id, messages, params: p });
+  ensureWorker().postMessage({ type: 'chat', id: reply.id, messages, params: p });
 }
 
 function stop() {
@@ -243,6 +255,8 @@ function finishReply({ stats, error }) {
   if (!r) return;
   if (error) {
     r.body.dataset.error = error;
+    // The failed turn leaves the conversation (the next send must not repeat a role).
+    if (messages.length && messages[messages.length - 1].role === 'user') messages.pop();
   } else {
     messages.push({ role: 'assistant', content: r.text });
     const note = document.createElement('span');

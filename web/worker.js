@@ -10,6 +10,7 @@
 //   {type: 'loaded', info, backend, cached, fetch_ms, load_ms}
 //   {type: 'piece', id, text}            {type: 'done', id, stats}
 //   {type: 'error', id?, message}        {type: 'fatal', message}: the engine must restart
+//   {type: 'note', message}              said on the page, nothing failed
 //
 // Weights never pass through the wasm heap whole: a model from a URL is downloaded into the
 // Origin Private File System (kept there, so a reload does not fetch it again) and read
@@ -18,9 +19,12 @@
 import init, { Model } from './pkg/kiln_web.js';
 
 const ready = init();
+// How kiln-web's message begins when the GPU lacks an op the model needs (session::UNSUPPORTED).
+const UNSUPPORTED = "this browser's WebGPU adapter cannot run";
 let model = null;
 let source = null;
 let stopping = false;
+let replying = false;
 
 const post = (m) => self.postMessage(m);
 
@@ -63,6 +67,7 @@ function progress(phase, done, total, force) {
 
 async function load(m) {
   await ready;
+  if (replying) throw new Error('a reply is being written: stop it before loading a model');
   if (model) { model.free(); model = null; }
   if (source) { source.close(); source = null; }
   const t0 = performance.now();
@@ -76,9 +81,24 @@ async function load(m) {
     progress('load', Math.min(done, src.size), src.size, false);
     return bytes;
   };
-  const backend = m.backend === 'auto' || !m.backend ? await pickBackend() : m.backend;
-  const options = JSON.stringify({ backend, ctx: m.ctx || undefined });
-  model = await Model.load(read, src.size, src.name, options);
+  const auto = m.backend === 'auto' || !m.backend;
+  let backend = auto ? await pickBackend() : m.backend;
+  const options = () => JSON.stringify({ backend, ctx: m.ctx || undefined });
+  try {
+    try {
+      model = await Model.load(read, src.size, src.name, options());
+    } catch (e) {
+      // Left to choose, a GPU that lacks one of the model's ops gives way to the CPU.
+      if (!(auto && backend === 'webgpu' && String(e).startsWith(UNSUPPORTED))) throw e;
+      post({ type: 'note', message: `${e}: running on the CPU instead` });
+      backend = 'cpu';
+      model = await Model.load(read, src.size, src.name, options());
+    }
+  } catch (e) {
+    src.close();
+    source = null;
+    throw e;
+  }
   progress('load', src.size, src.size, true);
   const t2 = performance.now();
   post({ type: 'loaded', info: JSON.parse(model.info()), backend, cached: src.cached, fetch_ms: t1 - t0, load_ms: t2 - t1 });
@@ -100,12 +120,18 @@ async function pickBackend() {
 
 async function chat(m) {
   if (!model) throw new Error('no model is loaded');
+  if (replying) throw new Error('a reply is already being written');
+  replying = true;
   stopping = false;
-  const stats = await model.chat(JSON.stringify(m.messages), JSON.stringify(m.params || {}), (text) => {
-    if (text) post({ type: 'piece', id: m.id, text });
-    return !stopping;
-  });
-  post({ type: 'done', id: m.id, stats: JSON.parse(stats) });
+  try {
+    const stats = await model.chat(JSON.stringify(m.messages), JSON.stringify(m.params || {}), (text) => {
+      if (text) post({ type: 'piece', id: m.id, text });
+      return !stopping;
+    });
+    post({ type: 'done', id: m.id, stats: JSON.parse(stats) });
+  } finally {
+    replying = false;
+  }
 }
 
 // A file the user picked, read synchronously (workers have FileReaderSync).
@@ -178,7 +204,9 @@ function handleSource(name, h, cached) {
 // (with progress) into the cache first.
 async function fromUrl(url) {
   const abs = new URL(url, self.location.href).href;
-  const name = decodeURIComponent(new URL(abs).pathname.split('/').pop() || abs);
+  const last = new URL(abs).pathname.split('/').pop() || abs;
+  let name = last;
+  try { name = decodeURIComponent(last); } catch { /* keep it as written */ }
   const dir = await cacheDir();
   if (!dir) return inMemory(name, abs);
   const key = await keyOf(abs);
@@ -198,13 +226,23 @@ async function fromUrl(url) {
       const { done, value } = await reader.read();
       if (done) break;
       let w = 0;
-      while (w < value.length) w += h.write(value.subarray(w), { at: at + w });
+      while (w < value.length) {
+        const n = h.write(value.subarray(w), { at: at + w });
+        if (n <= 0) throw new Error('the browser would not write the model into its storage');
+        w += n;
+      }
       at += value.length;
       progress('download', at, total, false);
     }
     if (total && at !== total) throw new Error(`the download of ${abs} ended after ${at} of ${total} bytes`);
     h.flush();
     progress('download', at, at, true);
+    // Only a GGUF file is kept (a server's error page can come with a 200).
+    const magic = new Uint8Array(4);
+    h.read(magic, { at: 0 });
+    if (new TextDecoder().decode(magic) !== 'GGUF') {
+      throw new Error(`${abs} is not a GGUF file (it starts with ${JSON.stringify(new TextDecoder().decode(magic))})`);
+    }
     await writeMeta(dir, key, { url: abs, size: at, complete: true, saved: Date.now() });
     return handleSource(name, h, false);
   } catch (e) {

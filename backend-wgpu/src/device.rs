@@ -536,10 +536,41 @@ impl Device {
             words.resize((end - start) as usize, 0);
             self.queue.write_buffer(buffer, start, &words);
         } else {
-            // An unaligned window: patched on the device, keeping the bytes around it.
-            crate::ops::upload_unaligned(self, t, bytes)?;
+            // A window that starts or ends inside a word: its whole words are written as they
+            // are, and the one or two words it shares with other bytes are patched on the
+            // device (a browser cannot read them back first).
+            let off = t.offset();
+            let end = off + bytes.len();
+            let inner_start = off.div_ceil(4) * 4;
+            let inner_end = (end / 4 * 4).max(inner_start);
+            if inner_end > inner_start {
+                let whole = &bytes[inner_start - off..inner_end - off];
+                self.queue.write_buffer(buffer, inner_start as u64, whole);
+            }
+            if inner_start > off {
+                self.patch_word(buffer, off, &bytes[..inner_start.min(end) - off])?;
+            }
+            if end > inner_end {
+                self.patch_word(buffer, inner_end, &bytes[inner_end - off..])?;
+            }
         }
         Ok(())
+    }
+
+    /// Writes `piece` at byte `at` of `buffer`, inside one 32-bit word, keeping the word's
+    /// other bytes.
+    fn patch_word(&self, buffer: &wgpu::Buffer, at: usize, piece: &[u8]) -> Result<()> {
+        let word = at / 4 * 4;
+        let dst = Tensor::new(
+            Arc::new(GpuBuffer {
+                buffer: buffer.clone(),
+                len: buffer.size() as usize,
+                backend: self.id,
+            }),
+            word,
+            TensorDesc::new(kiln_core::tensor::DType::U32, [1]),
+        )?;
+        crate::ops::patch_word(self, &dst, at - word, piece)
     }
 
     /// The smallest range of `t`'s buffer that covers it and starts on the adapter's storage

@@ -16,7 +16,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use browser::browser_tools;
+use browser::{browser_tools, run_page_script};
 use common::*;
 use kiln_tests::{model_file, required, SMOLLM2};
 use serde_json::{json, Value};
@@ -27,7 +27,7 @@ const LONG_PROMPT: &str = "Write a long story about a dragon who learns to bake 
 
 #[test]
 fn the_chat_page_streams_the_greedy_answer_stops_and_keeps_the_conversation() {
-    let Some((node, playwright, chromium)) = browser_tools() else {
+    let Some(tools) = browser_tools() else {
         return;
     };
     let Some(srv) = start(2, Some(KEY)) else {
@@ -52,32 +52,17 @@ fn the_chat_page_streams_the_greedy_answer_stops_and_keeps_the_conversation() {
         .to_string();
     assert!(!want.is_empty());
 
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut cmd = Command::new(node);
-    cmd.arg(root.join("tests/web/chat_page.cjs"))
-        .env("KILN_URL", format!("http://{}", srv.addr))
-        .env("KILN_KEY", KEY)
-        .env("PLAYWRIGHT", &playwright)
-        .env("CHROMIUM", &chromium)
-        .env("PROMPT", PROMPT)
-        .env("MAX_TOKENS", max_tokens.to_string())
-        .env("LONG_PROMPT", LONG_PROMPT);
-    if let Some(shot) = std::env::var_os("KILN_TEST_SCREENSHOT") {
-        cmd.env("SCREENSHOT", shot);
-    }
-    let out = cmd.output().expect("node runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "the page script failed:\n{stdout}\n{stderr}"
+    let seen = run_page_script(
+        &tools,
+        "chat_page.cjs",
+        &[
+            ("KILN_URL", format!("http://{}", srv.addr).into()),
+            ("KILN_KEY", KEY.into()),
+            ("PROMPT", PROMPT.into()),
+            ("MAX_TOKENS", max_tokens.to_string().into()),
+            ("LONG_PROMPT", LONG_PROMPT.into()),
+        ],
     );
-    let seen: Value = stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("no JSON from the page script:\n{stdout}\n{stderr}"));
-    println!("{seen:#}");
 
     assert_eq!(seen["models"], json!([srv.state.model]), "the model picker");
     assert_eq!(

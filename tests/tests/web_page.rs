@@ -16,9 +16,8 @@ mod browser;
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use browser::browser_tools;
+use browser::{browser_tools, run_page_script};
 use common::*;
 use kiln_tests::{model_file, required, SMOLLM2};
 use serde_json::{json, Value};
@@ -49,7 +48,7 @@ fn site() -> Option<PathBuf> {
 
 #[test]
 fn the_browser_page_streams_native_greedy_text_stops_and_loads_from_its_cache() {
-    let Some((node, playwright, chromium)) = browser_tools() else {
+    let Some(tools) = browser_tools() else {
         return;
     };
     let Some(web) = site() else {
@@ -82,32 +81,17 @@ fn the_browser_page_streams_native_greedy_text_stops_and_loads_from_its_cache() 
     };
     assert!(!want.is_empty());
 
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut cmd = Command::new(node);
-    cmd.arg(root.join("tests/web/web_page.cjs"))
-        .env("PLAYWRIGHT", &playwright)
-        .env("CHROMIUM", &chromium)
-        .env("WEB_DIR", &web)
-        .env("MODEL", &model)
-        .env("PROMPT", PROMPT)
-        .env("MAX_TOKENS", max_tokens.to_string())
-        .env("LONG_PROMPT", LONG_PROMPT);
-    if let Some(shot) = std::env::var_os("KILN_TEST_SCREENSHOT") {
-        cmd.env("SCREENSHOT", shot);
-    }
-    let out = cmd.output().expect("node runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "the page script failed:\n{stdout}\n{stderr}"
+    let seen = run_page_script(
+        &tools,
+        "web_page.cjs",
+        &[
+            ("WEB_DIR", web.clone().into_os_string()),
+            ("MODEL", model.clone().into_os_string()),
+            ("PROMPT", PROMPT.into()),
+            ("MAX_TOKENS", max_tokens.to_string().into()),
+            ("LONG_PROMPT", LONG_PROMPT.into()),
+        ],
     );
-    let seen: Value = stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("no JSON from the page script:\n{stdout}\n{stderr}"));
-    println!("{seen:#}");
 
     assert_eq!(seen["loadError"], json!(""));
     assert_eq!(

@@ -45,6 +45,9 @@ async function main() {
     const page = context.pages()[0] || await context.newPage();
     const first = await run(page, base);
     const again = await run(page, base);
+    for (const r of [first, again]) {
+      if (r.error || !r.tokens) throw new Error(`the page failed: ${r.error || 'no tokens'}`);
+    }
     console.log(JSON.stringify({ first, again }));
   } finally {
     await context.close();

@@ -253,7 +253,8 @@ mod js {
     #[derive(serde::Deserialize, Default)]
     #[serde(default, deny_unknown_fields)]
     struct LoadOptions {
-        /// `webgpu` (default; ops the adapter lacks run on the CPU) or `cpu`.
+        /// `webgpu` (default; a model with an op the adapter lacks fails to load with a
+        /// message that begins with `session::UNSUPPORTED`) or `cpu`.
         backend: Option<String>,
         /// Context length in tokens (default: the model's, at most 2048).
         ctx: Option<usize>,
@@ -309,11 +310,16 @@ mod js {
                                 "no WebGPU here ({e}); try the CPU backend (slower)"
                             ))
                         })?;
-                    Executor::with_cpu(Arc::new(gpu), cpu)
+                    // Strict: falling back to the CPU in the middle of a step would need a
+                    // blocking read of a GPU buffer, which a browser cannot do.
+                    Executor::with_cpu(Arc::new(gpu), cpu).strict(true)
                 }
                 other => return Err(fail(format!("unknown backend {other:?}: webgpu or cpu"))),
             };
-            let session = Session::load(&file, ex, opts.ctx).map_err(fail)?;
+            let mut session = Session::load(&file, ex, opts.ctx).map_err(fail)?;
+            if backend == "webgpu" {
+                session.warm_up().await.map_err(fail)?;
+            }
             Ok(Model {
                 inner: Rc::new(RefCell::new(session)),
                 yields: backend == "cpu",
@@ -373,6 +379,9 @@ mod js {
                     )
                     .await
                     .map_err(fail)?;
+                if let Some(e) = thrown.into_inner() {
+                    return Err(fail(format!("onText threw: {e}")));
+                }
                 Ok(JsValue::from_str(&stats.to_json()))
             })
         }
@@ -552,6 +561,40 @@ mod tests {
         // The next reply starts over from an empty cache and gives the same tokens.
         let again = block_on(s.chat(&messages, &greedy, |_| true, ready)).expect("chat");
         assert_eq!(again.tokens, want);
+    }
+
+    /// The load-time step finds an op the device lacks when the executor may not fall back
+    /// (as in a browser), with the message the page's worker recognises; on a device with
+    /// every op it passes and leaves no sequence behind.
+    #[test]
+    fn the_warm_up_step_names_an_op_the_device_lacks() {
+        use kiln_core::exec::Executor;
+        use kiln_core::load::gguf::GgufFile;
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/hf/gguf/llama.gguf");
+        let file = GgufFile::open(&path).expect("the fixture opens");
+        let cpu = std::sync::Arc::new(CpuBackend::with_threads(1));
+        let lacks =
+            kiln_tests::FakeDevice::new("no-attention", |d| !d.op.name().contains("attention"));
+        let ex = Executor::with_cpu(std::sync::Arc::new(lacks), cpu.clone()).strict(true);
+        let mut s = session::Session::load(&file, ex, Some(64)).expect("loads");
+        let e = block_on(s.warm_up()).expect_err("attention is missing");
+        assert!(
+            e.starts_with(session::UNSUPPORTED) && e.contains("attention"),
+            "{e}"
+        );
+
+        let ex = Executor::with_cpu(cpu.clone(), cpu).strict(true);
+        let mut s = session::Session::load(&file, ex, Some(64)).expect("loads");
+        block_on(s.warm_up()).expect("every op is there");
+        let greedy = session::GenParams {
+            max_tokens: 4,
+            temperature: 0.0,
+            ..Default::default()
+        };
+        let msgs = [kiln_core::chat::Message::new("user", "hi")];
+        let got = block_on(s.chat(&msgs, &greedy, |_| true, ready)).expect("chat after warm-up");
+        assert!(!got.tokens.is_empty() || got.finish == "stop");
     }
 
     /// A conversation that fills the context is an error that says so, not a panic.

@@ -16,6 +16,9 @@ use serde_json::json;
 
 /// The one sequence a page runs.
 const SEQ: u64 = 1;
+/// How a load that found an op the GPU lacks begins its message (the page's worker then tries
+/// the CPU backend, when the backend was left to it).
+pub const UNSUPPORTED: &str = "this browser's WebGPU adapter cannot run";
 /// The context when the page does not ask for one: the model's, capped here (a browser's
 /// memory is shared with everything else on the machine).
 pub const DEFAULT_CTX: usize = 2048;
@@ -142,6 +145,34 @@ impl Session {
         Ok(session)
     }
 
+    /// One short prefill and one decode step, then the sequence is let go: on an executor
+    /// that may not fall back to the CPU (a browser's, where reading a GPU buffer back in the
+    /// middle of a step is impossible), this finds an op the device lacks at load time.
+    pub async fn warm_up(&mut self) -> Result<(), String> {
+        let vocab = self.runner.model().info().vocab.max(1) as u32;
+        let prompt: Vec<u32> = (0..8u32).map(|i| (i * 7 + 1) % vocab).collect();
+        let lacks = |e: kiln_core::Error| match e {
+            kiln_core::Error::StrictFallback { op, .. } => {
+                format!("{UNSUPPORTED} {op}; the CPU backend (Options) can run this model")
+            }
+            other => other.to_string(),
+        };
+        let r = async {
+            self.runner
+                .step_async(&[(SEQ, &prompt, Logits::Last)])
+                .await
+                .map_err(lacks)?;
+            self.runner
+                .step_async(&[(SEQ, &prompt[..1], Logits::Last)])
+                .await
+                .map_err(lacks)?;
+            Ok(())
+        }
+        .await;
+        self.runner.release(SEQ).map_err(|e| e.to_string())?;
+        r
+    }
+
     /// Architecture, parameters, context, device, load time (JSON).
     pub fn info(&self) -> &serde_json::Value {
         &self.info
@@ -209,6 +240,20 @@ impl Session {
         let mut logits = Vec::new();
         let mut at = 0;
         while at < prompt.len() {
+            // Between chunks of a long prompt the page may say stop.
+            if at > 0 {
+                pause().await;
+                if !emit("") {
+                    return Ok(Stats {
+                        prompt_tokens: prompt.len(),
+                        tokens: Vec::new(),
+                        prefill_ms: started.elapsed().as_secs_f64() * 1000.0,
+                        decode_ms: 0.0,
+                        finish: "cancelled",
+                        cpu_ops: Vec::new(),
+                    });
+                }
+            }
             let end = (at + chunk).min(prompt.len());
             let want = if end == prompt.len() {
                 Logits::Last

@@ -49,24 +49,22 @@ pub(super) const KERNELS: &[&Kernel] = &[
     &PATCH_BYTES,
 ];
 
-/// Writes `bytes` into `t`, whose window starts or ends inside a 32-bit word of its buffer: the
-/// words it touches are patched on the device (`patch_bytes`), which keeps their other bytes
-/// without reading them back (a browser can read a buffer only through its event loop).
-pub(crate) fn upload_unaligned(dev: &Device, t: &Tensor, bytes: &[u8]) -> Result<()> {
-    let first = t.offset() / 4 * 4;
-    let words = (t.offset() + bytes.len()).div_ceil(4) - first / 4;
-    let mut packed = bytes.to_vec();
-    packed.resize(bytes.len().div_ceil(4) * 4, 0);
-    let src = dev.alloc(&TensorDesc::new(DType::U32, [packed.len() / 4]))?;
-    dev.upload(&src, &packed)?;
-    let dst = Tensor::new(
-        t.storage().clone(),
-        first,
-        TensorDesc::new(DType::U32, [words]),
-    )?;
-    let (bound, offs) = bind(dev, &[(&src, 4), (&dst, 4)])?;
-    let params = vec![u(words)?, offs[1], u(t.offset() - first)?, u(bytes.len())?];
-    launch_1d(dev, &PATCH_BYTES, &bound, params, words.div_ceil(256))
+/// Writes `piece` into the one-word tensor `dst` from its byte `head`, keeping the word's other
+/// bytes (`patch_bytes`; the device's unaligned uploads use it for their partial words).
+pub(crate) fn patch_word(dev: &Device, dst: &Tensor, head: usize, piece: &[u8]) -> Result<()> {
+    if head + piece.len() > 4 || dst.nbytes() != 4 {
+        return Err(err(format!(
+            "a patch of {} bytes at byte {head} does not fit one word",
+            piece.len()
+        )));
+    }
+    let mut word = [0u8; 4];
+    word[..piece.len()].copy_from_slice(piece);
+    let src = dev.alloc(&TensorDesc::new(DType::U32, [1]))?;
+    dev.upload(&src, &word)?;
+    let (bound, offs) = bind(dev, &[(&src, 4), (dst, 4)])?;
+    let params = vec![1, offs[1], u(head)?, u(piece.len())?];
+    launch_1d(dev, &PATCH_BYTES, &bound, params, 1)
 }
 
 fn unary_kernel(op: UnaryOp) -> &'static Kernel {

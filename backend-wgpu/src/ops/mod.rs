@@ -14,7 +14,7 @@ mod reduce;
 mod rope;
 mod softmax;
 
-pub(crate) use elementwise::upload_unaligned;
+pub(crate) use elementwise::patch_word;
 
 use kiln_core::op::{Op, OpDesc};
 use kiln_core::tensor::{DType, Tensor, TensorDesc};

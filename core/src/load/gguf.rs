@@ -182,11 +182,12 @@ impl GgufFile {
                         blob_of,
                     });
                 }
-                // The header may reach past what was read: read more, up to a bound.
-                Err(_) if want < len && want < MAX_SOURCE_HEADER => {
+                // The header may reach past what was read (the parser met the end of the
+                // bytes it was given): read more, up to a bound. Any other error is final.
+                Err(msg) if msg.contains("truncated file") && want < len && want < MAX_SOURCE_HEADER => {
                     want = want.saturating_mul(4).min(len).min(MAX_SOURCE_HEADER);
                 }
-                Err(msg) if want < len => {
+                Err(msg) if msg.contains("truncated file") && want < len => {
                     return Err(Error::load(
                         name,
                         format!("{msg} (within the first {MAX_SOURCE_HEADER} bytes, the most a header may take)"),
@@ -457,7 +458,16 @@ impl GgufFile {
             if index.is_none() || end > src.len() {
                 return Err(foreign());
             }
-            let mut buf = vec![0u8; t.nbytes];
+            // Bounded by the file's length (checked above), yet maybe more than the host can
+            // give (a browser's wasm heap): an error, not an abort.
+            let mut buf = Vec::new();
+            buf.try_reserve_exact(t.nbytes).map_err(|_| {
+                Error::load(
+                    &self.path,
+                    format!("no memory for tensor {} ({} bytes)", t.name, t.nbytes),
+                )
+            })?;
+            buf.resize(t.nbytes, 0);
             src.read_at(t.offset, &mut buf).map_err(|e| {
                 Error::load(&self.path, format!("cannot read tensor {}: {e}", t.name))
             })?;
@@ -693,8 +703,11 @@ impl Header {
         let tensor_count = tensor_count as usize;
 
         // Metadata.
-        let mut metadata: Vec<(String, Value)> = Vec::with_capacity(kv_count);
-        let mut metadata_index: HashMap<String, usize> = HashMap::with_capacity(kv_count);
+        // Counts are bounded by the bytes that hold them, but one entry takes more memory than
+        // its fewest bytes: grow as entries are read rather than trust the count up front.
+        let mut metadata: Vec<(String, Value)> = Vec::with_capacity(kv_count.min(1 << 12));
+        let mut metadata_index: HashMap<String, usize> =
+            HashMap::with_capacity(kv_count.min(1 << 12));
         for i in 0..kv_count {
             let at = r.pos;
             let key = r
@@ -734,8 +747,9 @@ impl Header {
         };
 
         // Tensor infos.
-        let mut raw: Vec<RawTensor> = Vec::with_capacity(tensor_count);
-        let mut tensor_index: HashMap<String, usize> = HashMap::with_capacity(tensor_count);
+        let mut raw: Vec<RawTensor> = Vec::with_capacity(tensor_count.min(1 << 12));
+        let mut tensor_index: HashMap<String, usize> =
+            HashMap::with_capacity(tensor_count.min(1 << 12));
         for i in 0..tensor_count {
             let at = r.pos;
             let name = r

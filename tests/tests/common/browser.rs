@@ -42,3 +42,39 @@ pub fn browser_tools() -> Option<(PathBuf, PathBuf, PathBuf)> {
     }
     Some((node, playwright, chromium))
 }
+
+/// Runs the page script `tests/web/<script>` under Node with `tools` (from [`browser_tools`])
+/// and `env` (plus `SCREENSHOT` from `KILN_TEST_SCREENSHOT`), and returns the last JSON line
+/// it printed; a failing script fails the test with its output.
+pub fn run_page_script(
+    tools: &(PathBuf, PathBuf, PathBuf),
+    script: &str,
+    env: &[(&str, std::ffi::OsString)],
+) -> serde_json::Value {
+    let (node, playwright, chromium) = tools;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut cmd = Command::new(node);
+    cmd.arg(root.join("tests/web").join(script))
+        .env("PLAYWRIGHT", playwright)
+        .env("CHROMIUM", chromium);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    if let Some(shot) = std::env::var_os("KILN_TEST_SCREENSHOT") {
+        cmd.env("SCREENSHOT", shot);
+    }
+    let out = cmd.output().expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the page script failed:\n{stdout}\n{stderr}"
+    );
+    let seen: serde_json::Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON from the page script:\n{stdout}\n{stderr}"));
+    println!("{seen:#}");
+    seen
+}

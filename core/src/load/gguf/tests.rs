@@ -940,6 +940,27 @@ fn a_source_that_is_short_or_fails_is_an_error() {
     );
     assert!(e.contains("short.gguf"), "{e}");
 
+    // Not a GGUF file at all (a 10 MiB page of something else): one read, and its error.
+    let mut seed = 7u64;
+    let other: Vec<u8> = (0..10 << 20)
+        .map(|_| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 56) as u8
+        })
+        .collect();
+    let src = std::sync::Arc::new(Counting {
+        bytes: other,
+        reads: Default::default(),
+    });
+    let e = load_err(
+        "page.gguf",
+        GgufFile::from_source("page.gguf", Box::new(src.clone())),
+    );
+    assert!(e.contains("not a GGUF file"), "{e}");
+    assert_eq!(src.reads.lock().map(|r| r.len()).unwrap_or(0), 1);
+
     struct Failing;
     impl ReadAt for Failing {
         fn len(&self) -> usize {
