@@ -361,15 +361,18 @@ mod js {
                 let mut session = inner
                     .try_borrow_mut()
                     .map_err(|_| fail("a reply is already being written".into()))?;
+                // A throwing onText ends the reply with its error (not as a stop).
+                let thrown = RefCell::new(None::<String>);
                 let stats = session
                     .chat(
                         &msgs,
                         &p,
-                        |piece| {
-                            on_text
-                                .call1(&JsValue::NULL, &JsValue::from_str(piece))
-                                .map(|v| v.as_bool() != Some(false))
-                                .unwrap_or(false)
+                        |piece| match on_text.call1(&JsValue::NULL, &JsValue::from_str(piece)) {
+                            Ok(v) => v.as_bool() != Some(false),
+                            Err(e) => {
+                                *thrown.borrow_mut() = Some(js_err(e));
+                                false
+                            }
                         },
                         || async move {
                             if yields {
