@@ -145,12 +145,13 @@ impl Session {
         Ok(session)
     }
 
-    /// One short prefill and one decode step, then the sequence is let go: on an executor
+    /// A two-token prefill and one decode step, then the sequence is let go: on an executor
     /// that may not fall back to the CPU (a browser's, where reading a GPU buffer back in the
     /// middle of a step is impossible), this finds an op the device lacks at load time.
     pub async fn warm_up(&mut self) -> Result<(), String> {
         let vocab = self.runner.model().info().vocab.max(1) as u32;
-        let prompt: Vec<u32> = (0..8u32).map(|i| (i * 7 + 1) % vocab).collect();
+        // Two tokens take the prefill's kernels (more than one row), one the decode's.
+        let prompt: Vec<u32> = (0..2u32).map(|i| (i * 7 + 1) % vocab).collect();
         let lacks = |e: kiln_core::Error| match e {
             kiln_core::Error::StrictFallback { op, .. } => {
                 format!("{UNSUPPORTED} {op}; the CPU backend (Options) can run this model")
