@@ -52,6 +52,8 @@ impl Limit {
         }
     }
 
+    /// The sandbox's wire code (there are no child processes on the web, hence no use there).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub(crate) fn code(self) -> u8 {
         match self {
             Limit::Fuel => 0,
@@ -61,6 +63,7 @@ impl Limit {
         }
     }
 
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub(crate) fn from_code(c: u8) -> Option<Limit> {
         [Limit::Fuel, Limit::Output, Limit::Memory, Limit::Time]
             .into_iter()
