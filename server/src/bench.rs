@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use kiln_core::chat::{ChatTemplate, Message};
+use kiln_core::chat::{ChatPrompter, Message};
 use kiln_core::engine::RunnerConfig;
 use kiln_core::engine::{Engine, Event, GenRequest};
 use kiln_core::grammar::{GrammarSpec, Grammars};
@@ -364,11 +364,7 @@ fn bench_grammar(a: &BenchArgs, grammar: &str) -> Result<()> {
     let ask = "Describe a person as a JSON object with a name, an age, a city and a list of \
                hobbies.";
     let text = match tok.chat_template() {
-        Some(src) => {
-            let piece = |id: Option<u32>| id.map(|i| tok.decode(&[i])).unwrap_or_default();
-            ChatTemplate::new(src, &piece(tok.bos()), &piece(tok.eos()))?
-                .render(&[Message::new("user", ask)], true)?
-        }
+        Some(src) => ChatPrompter::new(&tok, src)?.render(&[Message::new("user", ask)])?,
         None => format!("{ask}\n"),
     };
     let prompt = match tok.chat_template() {

@@ -4,7 +4,7 @@ use std::io::{BufRead, Write};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use kiln_core::chat::{ChatTemplate, Message};
+use kiln_core::chat::Message;
 use kiln_core::engine::{Engine, Event, GenRequest};
 use kiln_core::engine::{Logits, Runner, RunnerConfig};
 use kiln_core::grammar::{GrammarSpec, Grammars};
@@ -570,27 +570,7 @@ pub struct ChatArgs {
     pub spec: crate::spec::SpecArgs,
 }
 
-/// `kiln chat`'s prompts: the model's chat template over the whole conversation, with the
-/// generation prompt, tokenized by the one chat rule ([`Tokenizer::encode_chat`]), as the
-/// server's chat endpoint tokenizes it.
-pub struct ChatPrompter {
-    tpl: ChatTemplate,
-}
-
-impl ChatPrompter {
-    /// The prompter of template `src` for the model of `tok`.
-    pub fn new(tok: &Tokenizer, src: &str) -> Result<ChatPrompter> {
-        let piece = |id: Option<u32>| id.map(|i| tok.decode(&[i])).unwrap_or_default();
-        Ok(ChatPrompter {
-            tpl: ChatTemplate::new(src, &piece(tok.bos()), &piece(tok.eos()))?,
-        })
-    }
-
-    /// The ids of the prompt for the reply to `messages`.
-    pub fn ids(&self, tok: &Tokenizer, messages: &[Message]) -> Result<Vec<u32>> {
-        Ok(tok.encode_chat(&self.tpl.render(messages, true)?)?)
-    }
-}
+pub use kiln_core::chat::ChatPrompter;
 
 pub fn chat(a: &ChatArgs) -> Result<()> {
     // Each turn is one request with the whole conversation; the prefix cache holds the turns

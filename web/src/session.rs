@@ -3,7 +3,7 @@
 //! `download_async` (in a browser the GPU's answer arrives through the event loop). The same
 //! code runs natively, where its tests compare it with kiln's engine.
 
-use kiln_core::chat::{ChatTemplate, Message};
+use kiln_core::chat::{ChatPrompter, Message};
 use kiln_core::exec::Executor;
 use kiln_core::load::gguf::GgufFile;
 use kiln_core::model::build_from_gguf;
@@ -93,7 +93,7 @@ impl Stats {
 pub struct Session {
     runner: Runner,
     tok: Tokenizer,
-    template: Option<ChatTemplate>,
+    template: Option<ChatPrompter>,
     info: serde_json::Value,
 }
 
@@ -104,13 +104,10 @@ impl Session {
         let started = Instant::now();
         let tok = Tokenizer::from_gguf(file).map_err(|e| e.to_string())?;
         let template = match tok.chat_template() {
-            Some(src) => {
-                let piece = |id: Option<u32>| id.map(|i| tok.decode(&[i])).unwrap_or_default();
-                Some(
-                    ChatTemplate::new(src, &piece(tok.bos()), &piece(tok.eos()))
-                        .map_err(|e| format!("the model's chat template: {e}"))?,
-                )
-            }
+            Some(src) => Some(
+                ChatPrompter::new(&tok, src)
+                    .map_err(|e| format!("the model's chat template: {e}"))?,
+            ),
             None => None,
         };
         let device = ex.backend().capabilities().device.clone();
@@ -187,10 +184,7 @@ impl Session {
     /// a model without one, the last message's text as a plain prompt.
     pub fn prompt(&self, messages: &[Message]) -> Result<Vec<u32>, String> {
         match &self.template {
-            Some(t) => {
-                let text = t.render(messages, true).map_err(|e| e.to_string())?;
-                self.tok.encode_chat(&text).map_err(|e| e.to_string())
-            }
+            Some(t) => t.ids(&self.tok, messages).map_err(|e| e.to_string()),
             None => {
                 let last = messages.last().ok_or("no messages")?;
                 self.tok

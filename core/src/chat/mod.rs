@@ -369,6 +369,35 @@ impl ChatTemplate {
     }
 }
 
+/// A model's chat template, opened with its tokenizer's BOS and EOS pieces, and the one rule
+/// that turns a conversation into prompt ids: the template over the whole conversation with
+/// the generation prompt, tokenized by [`crate::tokenizer::Tokenizer::encode_chat`], as the
+/// server's chat endpoint tokenizes it (`kiln chat`, `kiln bench`'s grammar test and the
+/// browser page use it).
+pub struct ChatPrompter {
+    tpl: ChatTemplate,
+}
+
+impl ChatPrompter {
+    /// The prompter of template `src` for the model of `tok`.
+    pub fn new(tok: &crate::tokenizer::Tokenizer, src: &str) -> Result<ChatPrompter> {
+        let piece = |id: Option<u32>| id.map(|i| tok.decode(&[i])).unwrap_or_default();
+        Ok(ChatPrompter {
+            tpl: ChatTemplate::new(src, &piece(tok.bos()), &piece(tok.eos()))?,
+        })
+    }
+
+    /// The rendered prompt for the reply to `messages`.
+    pub fn render(&self, messages: &[Message]) -> Result<String> {
+        self.tpl.render(messages, true)
+    }
+
+    /// The ids of the prompt for the reply to `messages`.
+    pub fn ids(&self, tok: &crate::tokenizer::Tokenizer, messages: &[Message]) -> Result<Vec<u32>> {
+        tok.encode_chat(&self.render(messages)?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
