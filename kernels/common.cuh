@@ -89,6 +89,25 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// Programmatic dependent launch (sm_90 and later; no-ops elsewhere and in the CPU emulation).
+// A kernel the launcher starts with the programmatic-serialization attribute (device.rs,
+// PDL_KERNELS) may begin while the kernel before it is still running: it must call grid_wait()
+// before it reads anything an earlier kernel wrote or writes anything at all (what it reads
+// before, such as weights, must be constant for the whole step). grid_wait returns once the
+// previous kernel has finished and its writes are visible. grid_launch_dependents lets the
+// next kernel's blocks start (into their own grid_wait) as soon as every block of this one
+// has called it, instead of at this kernel's end.
+__device__ __forceinline__ void grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // D = A·B + D over one warp's 16×8×16 tile: A (16×16) and B (16×8) in bf16, D in f32 — PTX's
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (sm_80 and later). With g = lane / 4 and
 // t = lane % 4 a lane holds (PTX ISA, "Matrix fragments for mma.m16n8k16 with floating point

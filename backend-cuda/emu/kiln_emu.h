@@ -131,6 +131,11 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     for (int j = 0; j < 4; j++) r |= (unsigned)((b >> (8 * ((s >> (4 * j)) & 7))) & 0xFF) << (8 * j);
     return r;
 }
+// dp4a: the four products of a's and b's bytes as signed 8-bit integers, summed into c.
+inline int __dp4a(int a, int b, int c) {
+    for (int j = 0; j < 4; j++) c += (int)(signed char)(a >> (8 * j)) * (int)(signed char)(b >> (8 * j));
+    return c;
+}
 inline float __expf(float x) { return std::exp(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline int __float_as_int(float f) {

@@ -118,6 +118,9 @@ pub(crate) struct Gpu {
     pool: Arc<Pool<DriverAlloc>>,
     sigs: HashMap<String, Signature>,
     functions: HashMap<String, CudaFunction>,
+    /// The kernels started with programmatic dependent launch (`// @pdl` in their files; on
+    /// sm_90 and later, unless `KILN_CUDA_DEFINES` has `PDL=0`).
+    pdl: std::collections::HashSet<String>,
     /// Launches and copies enqueued, and nanoseconds of host time `execute` took.
     launches: AtomicU64,
     submit_ns: AtomicU64,
@@ -133,6 +136,14 @@ pub(crate) struct Gpu {
 struct Capturing {
     thread: std::thread::ThreadId,
     keep: Vec<Tensor>,
+}
+
+/// One kernel argument's value.
+enum V {
+    P(u64),
+    U(u32),
+    I(i32),
+    F(f32),
 }
 
 /// A graph and the memory its launches use.
@@ -230,6 +241,11 @@ impl Gpu {
             parallelism: sms,
         };
         let pool = Arc::new(Pool::new(DriverAlloc { ctx: ctx.clone() }));
+        let pdl = if cc.0 >= 9 && kernels::knob("PDL") != Some(0) {
+            kernels::pdl_kernels().into_iter().collect()
+        } else {
+            Default::default()
+        };
         Ok(Gpu {
             id: next_backend_id(),
             caps,
@@ -239,6 +255,7 @@ impl Gpu {
             pool,
             sigs,
             functions,
+            pdl,
             launches: AtomicU64::new(0),
             submit_ns: AtomicU64::new(0),
             capture: Mutex::new(None),
@@ -541,12 +558,6 @@ impl Gpu {
             .functions
             .get(l.kernel)
             .ok_or_else(|| err(format!("kernel {} is not loaded", l.kernel)))?;
-        enum V {
-            P(u64),
-            U(u32),
-            I(i32),
-            F(f32),
-        }
         let vals = l
             .args
             .iter()
@@ -562,6 +573,9 @@ impl Gpu {
                 })
             })
             .collect::<Result<Vec<V>>>()?;
+        if self.pdl.contains(l.kernel) {
+            return self.launch_pdl(f, l, &vals);
+        }
         let mut b = self.stream.launch_builder(f);
         for v in &vals {
             match v {
@@ -581,5 +595,57 @@ impl Gpu {
         // every index the kernel computes inside the tensors' shapes.
         unsafe { b.launch(cfg) }.map_err(|e| driver_err(&format!("launching {}", l.kernel), e))?;
         Ok(())
+    }
+
+    /// `l` started with programmatic dependent launch: it may begin while the kernel before
+    /// it runs, and waits for it inside (`grid_wait`, which every `// @pdl` kernel calls before
+    /// it reads what earlier kernels wrote or writes anything). Captured into graphs as a
+    /// programmatic edge.
+    fn launch_pdl(&self, f: &CudaFunction, l: &Launch, vals: &[V]) -> Result<()> {
+        use cudarc::driver::sys;
+        let mut params: Vec<*mut std::ffi::c_void> = vals
+            .iter()
+            .map(|v| match v {
+                V::P(p) => p as *const u64 as *mut std::ffi::c_void,
+                V::U(x) => x as *const u32 as *mut std::ffi::c_void,
+                V::I(x) => x as *const i32 as *mut std::ffi::c_void,
+                V::F(x) => x as *const f32 as *mut std::ffi::c_void,
+            })
+            .collect();
+        // SAFETY: a plain-old-data C struct; zero is a valid value of every field.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: l.grid.0,
+            gridDimY: l.grid.1,
+            gridDimZ: l.grid.2,
+            blockDimX: l.block.0,
+            blockDimY: l.block.1,
+            blockDimZ: l.block.2,
+            sharedMemBytes: 0,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        self.bind()?;
+        // SAFETY: as in `launch`: the arguments match the kernel's parameters (`check_launch`),
+        // each parameter pointer points at a value alive for the call, every tensor pointer is
+        // a live tensor of this backend; `cfg` and `attr` outlive the call.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(|e| {
+            driver_err(
+                &format!("launching {} (programmatic dependent launch)", l.kernel),
+                e,
+            )
+        })
     }
 }

@@ -192,6 +192,9 @@ pub struct EmuBackend {
     capture: Mutex<Option<EmuCapture>>,
     graphs: Mutex<std::collections::HashMap<GraphId, EmuCapture>>,
     next_graph: std::sync::atomic::AtomicU64,
+    /// The knobs the kernels were built with, where not the environment's: the launches are
+    /// planned with the same.
+    spec: Option<String>,
 }
 
 impl EmuBackend {
@@ -223,6 +226,7 @@ impl EmuBackend {
             capture: Mutex::new(None),
             graphs: Mutex::new(std::collections::HashMap::new()),
             next_graph: std::sync::atomic::AtomicU64::new(1),
+            spec: spec.map(str::to_string),
         }))
     }
 
@@ -372,11 +376,12 @@ impl Backend for EmuBackend {
         Ok(out)
     }
     fn supports_op(&self, desc: &OpDesc) -> bool {
-        plan(desc).is_some()
+        kernels::with_knobs(self.spec.as_deref(), || plan(desc)).is_some()
     }
     fn execute(&self, op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
         let desc = check_call(self, op, inputs, outputs)?;
-        let steps = plan(&desc).ok_or_else(|| err(format!("{desc} is not planned")))?;
+        let steps = kernels::with_knobs(self.spec.as_deref(), || plan(&desc))
+            .ok_or_else(|| err(format!("{desc} is not planned")))?;
         let scratch_descs = crate::plan::scratch_descs(&steps);
         let mut scratch: Vec<Tensor> = Vec::new();
         let mut ops: Vec<EmuOp> = Vec::new();
@@ -534,6 +539,15 @@ mod tests {
     #[test]
     fn the_tensor_core_prefill_tile_passes_the_conformance_suite_on_the_cpu() {
         conformance(Some("MM_TC=1"));
+    }
+
+    /// And with the decode mat-vec over int8 activation parts (MV_X8=1: quantize_x8, then
+    /// mat_vec_x8_<fmt>), at its default 3 parts a value and rows a warp, and at 2 parts with
+    /// one row a warp and two steps in flight (a bound of a / 64516 a value, inside the suite's tolerance).
+    #[test]
+    fn the_int8_activation_mat_vec_passes_the_conformance_suite_on_the_cpu() {
+        conformance(Some("MV_X8=1"));
+        conformance(Some("MV_X8=1,MVX_PARTS=2,MVX_ROWS=1,MVX_STAGES=2"));
     }
 
     fn conformance(spec: Option<&str>) {

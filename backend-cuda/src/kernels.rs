@@ -27,6 +27,10 @@ pub const FILES: &[(&str, &str)] = &[
         "mat_mul_vec.cu",
         include_str!("../../kernels/mat_mul_vec.cu"),
     ),
+    (
+        "mat_mul_vec_x8.cu",
+        include_str!("../../kernels/mat_mul_vec_x8.cu"),
+    ),
     ("mat_mul.cu", include_str!("../../kernels/mat_mul.cu")),
     (
         "mat_mul_fused.cu",
@@ -76,14 +80,50 @@ const TUNING_KNOBS: &[(&str, i64, i64)] = &[
     ("MV_MIN_BLOCKS", 1, 16),
     // mat_mul.cu: the prefill tile on f32 FMA (0, the default) or tensor cores (1).
     ("MM_TC", 0, 1),
+    // mat_mul_vec_x8.cu: the decode mat-vec over int8 activation parts (1: planned for the
+    // formats that have it, plan/mat_mul.rs), the parts a value (3 is f32's precision; fewer
+    // are for measuring what the third costs), the rows a warp and the steps of weights it
+    // keeps in flight.
+    ("MV_X8", 0, 1),
+    ("MVX_PARTS", 1, 3),
+    ("MVX_ROWS", 1, 4),
+    ("MVX_STAGES", 2, 8),
+    // Not a kernel's: 0 makes the CUDA launcher start every kernel after the one before has
+    // finished (no programmatic dependent launch for the `// @pdl` kernels).
+    ("PDL", 0, 1),
     // Not a kernel's: 0 makes the launch planner decline the launch-saving fusions (plan.rs:
     // the norm shared by several weights in one launch, the residual add as a mat-vec's
     // epilogue), so their before/after is one more variant of a sweep.
     ("FUSE_LAUNCHES", 0, 1),
 ];
 
-/// The value `KILN_CUDA_DEFINES` gives knob `name`, if it gives a valid one (read once).
+thread_local! {
+    /// The knobs `with_knobs` gives the calling thread instead of the environment's.
+    static KNOBS_HERE: std::cell::RefCell<Option<Vec<(String, i64)>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with `knob` reading the knobs of `spec` (as `KILN_CUDA_DEFINES` takes them) on this
+/// thread, where given: a backend built with its own knobs (the emulator's variants) plans its
+/// launches with the same knobs its kernels were compiled with.
+pub fn with_knobs<T>(spec: Option<&str>, f: impl FnOnce() -> T) -> T {
+    let Some(spec) = spec else { return f() };
+    let before = KNOBS_HERE.with(|k| k.replace(Some(known_knobs(spec))));
+    let out = f();
+    KNOBS_HERE.with(|k| k.replace(before));
+    out
+}
+
+/// The value `KILN_CUDA_DEFINES` gives knob `name`, if it gives a valid one (read once; or the
+/// value `with_knobs` gives it on this thread).
 pub fn knob(name: &str) -> Option<i64> {
+    if let Some(v) = KNOBS_HERE.with(|k| {
+        k.borrow()
+            .as_ref()
+            .map(|ks| ks.iter().find(|(n, _)| n == name).map(|&(_, v)| v))
+    }) {
+        return v;
+    }
     static KNOBS: std::sync::OnceLock<Vec<(String, i64)>> = std::sync::OnceLock::new();
     KNOBS
         .get_or_init(|| {
@@ -137,13 +177,37 @@ fn defines_from(spec: &str) -> String {
 
 /// The `extern "C" __global__` kernels of a file, with whether each is marked hot.
 pub fn entry_points(src: &str) -> Vec<(String, bool)> {
+    marked_entry_points(src)
+        .into_iter()
+        .map(|(n, hot, _)| (n, hot))
+        .collect()
+}
+
+/// The kernels of every file marked `// @pdl` (in the comment lines above their declaration):
+/// those that call `grid_wait()` before touching what earlier kernels wrote, so the launcher
+/// may start them with programmatic dependent launch (common.cuh).
+pub fn pdl_kernels() -> Vec<String> {
+    FILES
+        .iter()
+        .flat_map(|(_, src)| marked_entry_points(src))
+        .filter(|e| e.2)
+        .map(|e| e.0)
+        .collect()
+}
+
+/// The kernels of a file with whether each is marked `// @hot` and `// @pdl`.
+fn marked_entry_points(src: &str) -> Vec<(String, bool, bool)> {
     let mut out = Vec::new();
-    let mut hot = false;
+    let (mut hot, mut pdl) = (false, false);
     let mut pending = false;
     for line in src.lines() {
         let l = line.trim();
         if l == "// @hot" {
             hot = true;
+            continue;
+        }
+        if l == "// @pdl" {
+            pdl = true;
             continue;
         }
         if l.starts_with("extern \"C\" __global__") {
@@ -160,9 +224,10 @@ pub fn entry_points(src: &str) -> Vec<(String, bool)> {
                     .unwrap_or("")
                     .to_string();
                 if !name.is_empty() && name != "__global__" && name != "void" {
-                    out.push((name, hot));
+                    out.push((name, hot, pdl));
                     pending = false;
                     hot = false;
+                    pdl = false;
                 }
             }
         }
@@ -361,5 +426,33 @@ mod tuning_tests {
             ""
         );
         assert_eq!(defines_from(""), "");
+    }
+}
+
+#[cfg(test)]
+mod pdl_tests {
+    use super::*;
+
+    /// The kernels started with programmatic dependent launch are the marked ones, and each
+    /// file that marks one waits for the kernel before (`grid_wait`) — and the knobs a backend
+    /// is given on its thread are the ones its planner reads.
+    #[test]
+    fn the_marked_kernels_are_started_early_and_wait() {
+        let mut pdl = pdl_kernels();
+        pdl.sort();
+        assert_eq!(pdl, ["mat_vec_x8_q4_k", "quantize_x8"]);
+        for (file, src) in FILES {
+            let marks = marked_entry_points(src).iter().filter(|e| e.2).count();
+            let waits = src.matches("grid_wait();").count();
+            assert!(
+                marks == 0 || waits >= marks,
+                "{file}: {marks} kernels marked @pdl, {waits} calls of grid_wait"
+            );
+        }
+        assert_eq!(
+            with_knobs(Some("MV_X8=1,PDL=0"), || (knob("MV_X8"), knob("PDL"))),
+            (Some(1), Some(0))
+        );
+        assert_eq!(with_knobs(Some("MVX_PARTS=9"), || knob("MVX_PARTS")), None);
     }
 }

@@ -262,7 +262,9 @@ for s in $steps; do
         ab)
             # Before/after, interleaved in one run: each variant is a set of environment
             # assignments joined by '+' ("-" for none; KILN_GPU_AB_VARIANTS, space-separated),
-            # over the checkpoints of KILN_GPU_AB_MODELS, tg128 and pp512, 3 rounds.
+            # over the checkpoints of KILN_GPU_AB_MODELS, 3 rounds of `kiln bench` with
+            # KILN_GPU_AB_ARGS (default: pp512 and tg128). A variant that sets
+            # KILN_CUDA_DEFINES= (empty) runs the built-in knobs whatever the caller exported.
             wait_models
             ab_models=${KILN_GPU_AB_MODELS:-1b-q4_k 3b-q4_k 8b-q4_k}
             # Default: every op launched on its own, then the decode step replayed as a graph,
@@ -274,9 +276,9 @@ for s in $steps; do
                         tag=$(echo "$v" | tr -c 'A-Za-z0-9=,\n' '_')
                         envs=()
                         [ "$v" != - ] && IFS=+ read -r -a envs <<<"$v"
-                        run "ab-$m-$tag-$round" 60 env ${envs[@]+"${envs[@]}"} "$K" bench -m $MODELS/llama-$m.gguf --backend cuda -p 512 -n 128 -r 1
+                        run "ab-$m-$tag-$round" 60 env ${envs[@]+"${envs[@]}"} "$K" bench -m $MODELS/llama-$m.gguf --backend cuda ${KILN_GPU_AB_ARGS:--p 512 -n 128 -r 1}
                         f="$LOGS/ab-$m-$tag-$round.log"
-                        echo "$m $v r$round: $(awk -F'|' '/pp512|tg128/ {t=$6; sub(/ ±.*/, "", t); printf "%s%s ", $5, t}' "$f")$(grep -o 'ran at [0-9]*%' "$f") $(grep -o '[0-9]* kernel launches.*took' "$f" | sed 's/kernel launches a generated token, enqueued in/launches,/') $(grep -o 'graphs: [0-9a-z ]*' "$f" | head -1)" | tee -a "$SUMMARY"
+                        echo "$m $v r$round: $(awk -F'|' '/pp[0-9]+|tg[0-9]+/ {t=$6; sub(/ ±.*/, "", t); printf "%s%s ", $5, t}' "$f")$(grep -o 'ran at [0-9]*%' "$f") $(grep -o '[0-9]* kernel launches.*took' "$f" | sed 's/kernel launches a generated token, enqueued in/launches,/') $(grep -o 'graphs: [0-9a-z ]*' "$f" | head -1)" | tee -a "$SUMMARY"
                     done
                 done
             done

@@ -7,6 +7,105 @@ use kiln_core::tensor::{DType, TensorDesc};
 
 use super::*;
 
+/// Threads of `quantize_x8` and of the `mat_vec_x8_*` kernels (`X8_THREADS`), and the values
+/// a `quantize_x8` block takes (`X8_VALUES`).
+const X8_THREADS: u32 = 128;
+const X8_VALUES: usize = 1024;
+
+/// The int8-activation decode mat-vec of weight type `d` (`mat_mul_vec_x8.cu`), where the
+/// `MV_X8=1` knob asks for it and the type has one.
+fn x8_kernel(d: DType) -> Option<&'static str> {
+    (kernels::knob("MV_X8") == Some(1)).then_some(())?;
+    match d {
+        DType::Q4_K => Some("mat_vec_x8_q4_k"),
+        _ => None,
+    }
+}
+
+/// What `quantize_x8` makes of its inputs (its `kind`, `eps`, `add`, `act`).
+#[derive(Copy, Clone)]
+enum X8Source {
+    /// The activations as they are (input 0).
+    Plain,
+    /// rms_norm(input 0) with weight input 1 (+ `add`).
+    RmsNorm { eps: f32, add: f32 },
+    /// act(input 0) · input 1 (0 SiLU, 1 tanh-GELU).
+    Glu(u32),
+}
+
+/// The decode mat-vec over int8 activation parts: `quantize_x8` writes the source's rows as
+/// parts into scratch (`MVX_PARTS` bytes a value and 8 bytes a group of 32: x8_row_bytes in
+/// the kernel file), then `kernel` multiplies them into the weights (inputs `weights`, their
+/// rows `rows`, outputs 0..), adding `res` where given (one weight only). `m` token rows of
+/// `k` values, k a multiple of 256.
+fn plan_x8(
+    kernel: &'static str,
+    src: X8Source,
+    m: usize,
+    k: usize,
+    weights: &[usize],
+    rows: &[usize],
+    res: Arg,
+) -> Option<Vec<Step>> {
+    use Arg::{In, Null, Out, Scratch, F32, U32};
+    (k % 256 == 0 && m >= 1 && weights.len() == rows.len() && (1..=3).contains(&weights.len()))
+        .then_some(())?;
+    let parts = kernels::knob("MVX_PARTS").unwrap_or(3) as usize;
+    let row_bytes = k * parts + k / 4;
+    let (kind, b, eps, add, act) = match src {
+        X8Source::Plain => (0, Null, 0.0, 0.0, 0),
+        X8Source::RmsNorm { eps, add } => (1, In(1), eps, add, 0),
+        X8Source::Glu(act) => (2, In(1), 0.0, 0.0, act),
+    };
+    let mut steps = vec![Step::Scratch(TensorDesc::new(
+        DType::F32,
+        [m * row_bytes / 4],
+    ))];
+    steps.extend(one(
+        "quantize_x8",
+        (u(k.div_ceil(X8_VALUES))?, u(m)?, 1),
+        (X8_THREADS, 1, 1),
+        vec![
+            In(0),
+            b,
+            Scratch(0),
+            U32(u(m)?),
+            U32(u(k)?),
+            U32(kind),
+            F32(eps),
+            F32(add),
+            U32(act),
+        ],
+    )?);
+    // A warp takes MVX_ROWS rows, a block 4 warps.
+    let per_block = (X8_THREADS as usize / 32) * kernels::knob("MVX_ROWS").unwrap_or(2) as usize;
+    let blocks: usize = rows.iter().map(|n| n.div_ceil(per_block)).sum();
+    let w = |j: usize| weights.get(j).map_or(Null, |&i| In(i));
+    let y = |j: usize| if j < weights.len() { Out(j) } else { Null };
+    let n = |j: usize| u(rows.get(j).copied().unwrap_or(0));
+    steps.extend(one(
+        kernel,
+        (u(blocks)?, u(m)?, 1),
+        (X8_THREADS, 1, 1),
+        vec![
+            Scratch(0),
+            w(0),
+            w(1),
+            w(2),
+            res,
+            y(0),
+            y(1),
+            y(2),
+            U32(u(m)?),
+            U32(n(0)?),
+            U32(n(1)?),
+            U32(n(2)?),
+            U32(u(k)?),
+        ],
+    )?);
+    Some(steps)
+}
+
 /// `RmsNormMatMul`: the norm read into the decode mat-vec, over one weight (a launch) or two or
 /// three of one type (one launch for all).
 pub(super) fn plan_rms_norm_mat_mul(
@@ -26,6 +125,20 @@ pub(super) fn plan_rms_norm_mat_mul(
         let k = dim(&i[2], 1);
         let m = i[0].numel() / k.max(1);
         (m <= MAT_VEC_ROWS && k % 8 == 0).then_some(())?;
+        let add = if one_plus { 1.0 } else { 0.0 };
+        if let Some(x8) = x8_kernel(dtype).filter(|_| k % 256 == 0) {
+            let rows: Vec<usize> = i[2..].iter().map(|w| dim(w, 0)).collect();
+            let weights: Vec<usize> = (2..i.len()).collect();
+            return plan_x8(
+                x8,
+                X8Source::RmsNorm { eps, add },
+                m,
+                k,
+                &weights,
+                &rows,
+                Null,
+            );
+        }
         let kernel = weight_kernels(dtype)?.rms_norm_mat_vecs;
         let rows = i[2..]
             .iter()
@@ -69,6 +182,11 @@ pub(super) fn plan_rms_norm_mat_mul(
     let (n, k) = (dim(&i[2], 0), dim(&i[2], 1));
     let m = i[0].numel() / k.max(1);
     (m <= MAT_VEC_ROWS && k % 8 == 0).then_some(())?;
+    if let Some(x8) = x8_kernel(i[2].dtype).filter(|_| k % 256 == 0) {
+        let add = if one_plus { 1.0 } else { 0.0 };
+        let src = X8Source::RmsNorm { eps, add };
+        return plan_x8(x8, src, m, k, &[2], &[n], Arg::Null);
+    }
     let kernel = weight_kernels(i[2].dtype)?.rms_norm_mat_vec;
     one(
         kernel,
@@ -104,6 +222,9 @@ pub(super) fn plan_glu_mat_mul(g: GluOp, i: &[TensorDesc], o: &[TensorDesc]) -> 
     // The residual, where given (input 3), added as each output is written.
     (i.len() == 3 || fuse_launches()).then_some(())?;
     let r = if i.len() > 3 { In(3) } else { Null };
+    if let Some(x8) = x8_kernel(i[2].dtype).filter(|_| k % 256 == 0) {
+        return plan_x8(x8, X8Source::Glu(act), m, k, &[2], &[n], r);
+    }
     one(
         kernel,
         (u(n.div_ceil(MV_ROWS))?, u(m)?, 1),
@@ -245,6 +366,9 @@ pub(super) fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Ste
     // Decode: four outputs per block, one grid row per activation row; the residual (input 2
     // of MatMulAdd) added as each output is written.
     let r = if residual { In(2) } else { Arg::Null };
+    if let Some(x8) = x8_kernel(i[1].dtype).filter(|_| k % 256 == 0) {
+        return plan_x8(x8, X8Source::Plain, m, k, &[1], &[n], r);
+    }
     one(
         w.mat_vec,
         (u(n.div_ceil(MV_ROWS))?, u(m)?, 1),

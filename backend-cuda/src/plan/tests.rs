@@ -125,3 +125,71 @@ fn a_wrong_launch_is_caught() {
     let half = vec![TensorDesc::new(DType::F16, [2, 64]), desc.inputs[1].clone()];
     assert!(check_launch(sig, good, &half, &desc.outputs, none).is_err());
 }
+
+/// With `MV_X8=1` every decode matmul of a Q4_K weight with rows of whole 256s (plain, with a
+/// residual, behind an RMSNorm over one to three weights, behind a GLU) is planned as
+/// `quantize_x8` into scratch sized for the knob's parts, then `mat_vec_x8_q4_k`, and each
+/// launch fits its kernel; other weight types, prefill sizes and the default plan are as
+/// before.
+#[test]
+fn the_int8_activation_knob_plans_quantize_then_the_x8_mat_vec() {
+    let sigs = crate::kernels::signatures().expect("signatures parse");
+    let all = cases().expect("cases");
+    let mut x8 = 0;
+    for spec in ["MV_X8=1", "MV_X8=1,MVX_PARTS=2"] {
+        let parts = if spec.contains("PARTS=2") { 2 } else { 3 };
+        for c in all.iter().filter(|c| matches!(c.op, Op::MatMul(_))) {
+            let desc = c.desc();
+            let Some(steps) = crate::kernels::with_knobs(Some(spec), || plan(&desc)) else {
+                continue;
+            };
+            let by_default = plan(&desc).expect("planned by default too");
+            let weight = desc
+                .inputs
+                .iter()
+                .find(|t| t.dtype.is_quantized() || t.shape.rank() == 2 && t.dtype != DType::F32);
+            let kernels: Vec<&str> = steps
+                .iter()
+                .filter_map(|s| match s {
+                    Step::Launch(l) => Some(l.kernel),
+                    _ => None,
+                })
+                .collect();
+            let q4k_decode = desc.inputs.iter().any(|t| t.dtype == DType::Q4_K)
+                && by_default
+                    .iter()
+                    .any(|s| matches!(s, Step::Launch(l) if l.kernel.contains("mat_vec")));
+            if q4k_decode {
+                assert_eq!(kernels, ["quantize_x8", "mat_vec_x8_q4_k"], "{}", c.label);
+                let Step::Scratch(t) = &steps[0] else {
+                    panic!("{}: scratch first", c.label)
+                };
+                let k = desc
+                    .inputs
+                    .iter()
+                    .find(|t| t.dtype == DType::Q4_K)
+                    .map(|w| dim(w, 1))
+                    .unwrap_or(0);
+                let m = desc.outputs[0].numel()
+                    / dim(&desc.outputs[0], desc.outputs[0].shape.rank() - 1).max(1);
+                assert_eq!(t.nbytes(), Some(m * (k * parts + k / 4)), "{}", c.label);
+                for s in &steps {
+                    if let Step::Launch(l) = s {
+                        check_launch(
+                            &sigs[l.kernel],
+                            l,
+                            &desc.inputs,
+                            &desc.outputs,
+                            &scratch_descs(&steps),
+                        )
+                        .unwrap_or_else(|e| panic!("{}: {e}", c.label));
+                    }
+                }
+                x8 += 1;
+            } else {
+                assert_eq!(steps, by_default, "{} ({weight:?})", c.label);
+            }
+        }
+    }
+    assert!(x8 >= 10, "{x8} Q4_K decode cases");
+}

@@ -1,0 +1,329 @@
+// The decode mat-vec over int8 activations (the MV_X8 knob): y [m, n] = xs [m, k] · w [n, k]ᵀ
+// for m ≤ 4 token rows, in two launches.
+//
+// 1. quantize_x8 makes each token row's activations (the source: as they are, rms-normalised,
+//    or a GLU's act(gate) · up) once, and writes them as MVX_PARTS int8 parts a value with a
+//    scale a group of 32 values, plus the group's exact f32 sum (for the K-quants' mins).
+// 2. mat_vec_x8_<fmt> takes the weight's codes as int8 and the activation parts into integer
+//    dot products (dp4a: 4 products and their sum, exact in the 32-bit accumulator), one part
+//    at a time, and scales each group's sums once.
+//
+// Why: the f32 kernels (mat_vec.cuh) spend about 3 instructions a weight (unpack, convert,
+// FMA) and read a 4-byte activation from shared memory for every weight they multiply; at the
+// HBM rate that is more shared-memory traffic and more instructions than the SMs issue (ncu,
+// H100, 2026-11-27: L1/shared pipe 74 %, DRAM 26 %). Here a Q4_K weight costs 2·MVX_PARTS/8
+// dp4a and a share of the nibble unpacking, each lane keeps its activation words in registers
+// for all MVX_ROWS rows it takes, and the weights are staged through shared memory.
+//
+// The error bound. A group g of 32 values x_i with a = max |x_i| has scale s = a / 127 and
+// t_i = x_i · (127 / a) in [-127, 127] (f32, so t_i = x_i / s · (1 + e), |e| ≤ 2^-23 from the
+// two roundings and s · 127 / a ≠ 1). The parts: h = rint(t) (|h| ≤ 127), r = t - h in
+// [-0.5, 0.5] (exact: Sterbenz); m = rint(254 r) (|m| ≤ 127), r' = 254 r - m in [-0.5, 0.5];
+// l = rint(254 r') (|l| ≤ 127). Then x' = s (h + m / 254 + l / 254²) differs from x by at most
+//   1 part:  s / 2                = a / 254          (3.9e-3 a; a measurement knob only)
+//   2 parts: s / (2 · 254)        = a / 64516        (1.6e-5 a)
+//   3 parts: s / (2 · 254²) + |x| 2^-23 ≤ a · 6.1e-8 + |x| 1.2e-7   (f32's own rounding)
+// per value, so |Σ w x' - Σ w x| ≤ Σ_g a_g Σ_{i∈g} |w_i| · (that factor). The default, 3
+// parts, is as exact as an f32 product. Every dp4a sum is exact: at most 16 products of a code
+// (|q| ≤ 15 for Q4_K's nibbles) and a part (|p| ≤ 127) a lane and group, |Σ| ≤ 30480, far
+// inside 32 bits, and turned into a float exactly (below 2^22: int_as_f32). The part sums are
+// combined in f32 (S_h + (S_m + S_l / 254) / 254, relative rounding 2^-23 each), then the
+// group's scale, the block's scale d · sc and its min term dmin · m · Σx are applied as the
+// f32 kernels apply them.
+//
+// Layout of one token row's quantized activations (k a multiple of 256): for each group g,
+// MVX_PARTS runs of 32 int8 at byte 32 (MVX_PARTS g + p); after all groups, for each pair of
+// groups (2j, 2j + 1) the float4 (s_2j, Σx_2j, s_2j+1, Σx_2j+1). Row stride
+// k (MVX_PARTS + 1/4) bytes (a multiple of 64). The launcher sizes the scratch from the same
+// knob (plan/mat_mul.rs, x8_row_bytes).
+
+#ifndef MVX_PARTS
+#define MVX_PARTS 3
+#endif
+#ifndef MVX_ROWS
+#define MVX_ROWS 2
+#endif
+static_assert(MVX_PARTS >= 1 && MVX_PARTS <= 3, "MVX_PARTS: 1 to 3 int8 parts a value");
+static_assert(MVX_ROWS >= 1 && MVX_ROWS <= 4, "MVX_ROWS: 1 to 4 rows a warp");
+
+#define X8_THREADS 128
+#define X8_VALUES 1024  // values a quantize_x8 block takes: 8 a thread
+
+__device__ __forceinline__ size_t x8_row_bytes(u32 k) { return (size_t)k * MVX_PARTS + (size_t)k / 4; }
+
+// The three parts of t (|t| ≤ 127), each in [-127, 127]. fminf/fmaxf send a NaN to the bound.
+__device__ __forceinline__ void x8_split(float t, int* p) {
+    float h = fminf(fmaxf(rintf(t), -127.0f), 127.0f);
+    float r = t - h;
+    p[0] = (int)h;
+#pragma unroll
+    for (int i = 1; i < MVX_PARTS; i++) {
+        const float u = r * 254.0f;
+        const float q = fminf(fmaxf(rintf(u), -127.0f), 127.0f);
+        p[i] = (int)q;
+        r = u - q;
+    }
+}
+
+// 4 floats at p: one vector load where p is 16-byte aligned (al, uniform), else 4 loads.
+__device__ __forceinline__ float4 load4f(const float* p, bool al) {
+    if (al) return *(const float4*)p;
+    float4 r;
+    r.x = p[0], r.y = p[1], r.z = p[2], r.w = p[3];
+    return r;
+}
+
+// kind 0: x = a; 1: rms_norm(a) with weight b (+ add), eps; 2: act(a) · b (act 0 SiLU, 1 tanh-GELU).
+// Grid (ceil(k / 1024), m), X8_THREADS threads; each thread 8 values, 4 threads a group. Started
+// early by programmatic dependent launch (its loads wait for the kernel before), and lets the
+// mat-vec after it start at once, so that one's weights are in flight while this runs. Every
+// load a thread makes is issued before the first is used (one memory round trip, two for
+// the norm's sum of squares).
+// @hot
+// @pdl
+extern "C" __global__ void __launch_bounds__(X8_THREADS)
+quantize_x8(const float* a, const float* b, float* q, u32 m, u32 k, u32 kind, float eps, float add, u32 act) {
+    __shared__ float red[X8_THREADS / WARP];
+    grid_wait();
+    grid_launch_dependents();
+    const u32 t = blockIdx.y, lane = threadIdx.x % WARP;
+    const float* ar = a + (size_t)t * k;
+    const bool al = ((size_t)a & 15) == 0 && ((size_t)b & 15) == 0;  // every row alike: k % 256 == 0
+    const u32 v0 = blockIdx.x * X8_VALUES + 8 * threadIdx.x;
+    const bool mine = v0 < k;
+    float x[8] = {}, y[8] = {};
+    if (mine) {
+        const float4 x0 = load4f(ar + v0, al), x1 = load4f(ar + v0 + 4, al);
+        x[0] = x0.x, x[1] = x0.y, x[2] = x0.z, x[3] = x0.w, x[4] = x1.x, x[5] = x1.y, x[6] = x1.z, x[7] = x1.w;
+        if (kind != 0) {
+            const float* br = b + (kind == 2 ? (size_t)t * k : 0) + v0;
+            const float4 y0 = load4f(br, al), y1 = load4f(br + 4, al);
+            y[0] = y0.x, y[1] = y0.y, y[2] = y0.z, y[3] = y0.w, y[4] = y1.x, y[5] = y1.y, y[6] = y1.z, y[7] = y1.w;
+        }
+    }
+    if (kind == 1) {
+        // The whole row's mean square, in a fixed order (every block the same sum).
+        float ss = 0.0f;
+#pragma unroll 4
+        for (u32 v = 4 * threadIdx.x; v < k; v += 4 * X8_THREADS) {
+            const float4 z = load4f(ar + v, al);
+            ss += z.x * z.x + z.y * z.y + z.z * z.z + z.w * z.w;
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) red[threadIdx.x / WARP] = ss;
+        __syncthreads();
+        float tot = 0.0f;
+#pragma unroll
+        for (int w = 0; w < X8_THREADS / WARP; w++) tot += red[w];
+        const float scale = rsqrtf(tot / (float)k + eps);
+#pragma unroll
+        for (int i = 0; i < 8; i++) x[i] = x[i] * scale * (y[i] + add);
+    } else if (kind == 2) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) x[i] = (act == 0 ? silu(x[i]) : gelu_tanh(x[i])) * y[i];
+    }
+    // A warp's 256 values lie wholly inside or past the row (k is a multiple of 256), so the
+    // shuffles below see whole warps.
+    if (!mine) return;
+    float amax = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        amax = fmaxf(amax, fabsf(x[i]));
+        sum += x[i];
+    }
+    // The group's 4 threads are lanes 4j .. 4j + 3.
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    u32 words[MVX_PARTS][2];
+#pragma unroll
+    for (int p = 0; p < MVX_PARTS; p++) words[p][0] = words[p][1] = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int parts[MVX_PARTS];
+        x8_split(x[i] * inv, parts);
+#pragma unroll
+        for (int p = 0; p < MVX_PARTS; p++) words[p][i / 4] |= ((u32)parts[p] & 0xFFu) << (8 * (i % 4));
+    }
+    u8* row = (u8*)q + (size_t)t * x8_row_bytes(k);
+    const u32 g = v0 / 32;
+#pragma unroll
+    for (int p = 0; p < MVX_PARTS; p++) {
+        uint2 w;
+        w.x = words[p][0], w.y = words[p][1];
+        *(uint2*)(row + 32 * (MVX_PARTS * g + p) + 8 * (lane % 4)) = w;
+    }
+    if (lane % 4 == 0) {
+        float* aux = (float*)(row + (size_t)k * MVX_PARTS);
+        aux[2 * g] = amax / 127.0f;
+        aux[2 * g + 1] = sum;
+    }
+}
+
+// 16 bytes at p, in loads of A bytes (16: one vector load; 1: bytes).
+template <u32 A>
+__device__ __forceinline__ uint4 load16(const u8* p) {
+    if constexpr (A >= 16) {
+        return *(const uint4*)p;
+    } else {
+        uint4 r;
+        r.x = word_at<A>(p), r.y = word_at<A>(p + 4), r.z = word_at<A>(p + 8), r.w = word_at<A>(p + 12);
+        return r;
+    }
+}
+
+// Σ of the 4 products of a's and b's bytes (signed), plus c.
+__device__ __forceinline__ int x8_dp4a(u32 a, u32 b, int c) { return __dp4a((int)a, (int)b, c); }
+
+// An integer below 2^22 in magnitude as a float, exactly, with two full-rate instructions
+// (integer-to-float conversions run at a quarter of the FMA rate on sm_80..sm_90).
+__device__ __forceinline__ float int_as_f32(int s) { return __int_as_float(s + 0x4B400000) - 12582912.0f; }
+
+// The parts' sums of one group as one float: S_h + (S_m + S_l / 254) / 254.
+__device__ __forceinline__ float x8_combine(const int* s) {
+    float f = int_as_f32(s[MVX_PARTS - 1]);
+#pragma unroll
+    for (int p = MVX_PARTS - 2; p >= 0; p--) f = int_as_f32(s[p]) + f * (1.0f / 254.0f);
+    return f;
+}
+
+// Q4_K over int8 activations. A warp takes MVX_ROWS consecutive rows (a block 4 warps) over
+// the whole row: in step j, lane l takes piece l % 8 (16 bytes of nibbles: 16 values of group
+// 2c and the same 16 of group 2c + 1, c = piece / 2) of block 4j + l / 8 of each of its rows.
+// A lane loads its activation words once for all the rows. The weights are staged: each step's
+// 4 blocks of each row (576 contiguous bytes) are copied by cp.async into a ring of MVX_STAGES
+// slots of the warp's own shared memory, MVX_STAGES - 1 steps ahead of the arithmetic, so
+// bytes are in flight without registers holding them (a warp has all of a 4096-value row in
+// flight at once); the first steps are issued before grid_wait, while the kernel before
+// (quantize_x8) still runs. G: the copy unit, 16 (cp.async) or 1 (plain byte copies, for a
+// weight view whose alignment allows no more).
+#ifndef MVX_STAGES
+#define MVX_STAGES 4
+#endif
+static_assert(MVX_STAGES >= 2 && MVX_STAGES <= 8, "MVX_STAGES: 2 to 8 steps in flight a warp");
+#define X8_STEP_BYTES (4 * 144)  // a row's 4 blocks of a step
+// A block's ring: its warps' slots of their rows' steps.
+typedef uint4 X8Ring[X8_THREADS / WARP][MVX_STAGES][MVX_ROWS][X8_STEP_BYTES / 16];
+static_assert(sizeof(X8Ring) <= 48 * 1024, "MVX_STAGES x MVX_ROWS: at most 48 KiB of static shared memory a block");
+
+template <u32 G>
+__device__ __forceinline__ void mat_vec_x8_q4k_at(X8Ring& ring, const u8* xq, const u8* w, const float* res, float* y,
+                                                  u32 n, u32 k, u32 bx) {
+    const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const u32 row0 = (bx * (X8_THREADS / WARP) + warp) * MVX_ROWS;
+    if (row0 >= n) return;  // the whole warp (no block-wide barrier below)
+    const u32 rows = min((u32)MVX_ROWS, n - row0);
+    const u32 nb = k / 256, steps = (nb + 3) / 4, sub = lane % 8, c = sub / 2, half = sub % 2;
+    const size_t rb = (size_t)nb * 144;
+    const u8* wr[MVX_ROWS];
+#pragma unroll
+    for (int r = 0; r < MVX_ROWS; r++) wr[r] = w + (size_t)(row0 + min((u32)r, rows - 1)) * rb;
+    // Step j's bytes of every row into slot j % MVX_STAGES (one commit group a step, empty
+    // past the last step so the wait below counts alike).
+    auto issue = [&](u32 j) {
+        if (j < steps) {
+            const u32 bytes = (min(4 * j + 4, nb) - 4 * j) * 144;
+            const size_t off = (size_t)j * X8_STEP_BYTES;
+#pragma unroll
+            for (int r = 0; r < MVX_ROWS; r++) {
+                u8* slot = (u8*)ring[warp][j % MVX_STAGES][r];
+                for (u32 u = lane; u < bytes / G; u += WARP) {
+                    if constexpr (G >= 4) cp_async<G>(slot + G * u, wr[r] + off + G * u);
+                    else slot[u] = wr[r][off + u];
+                }
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (u32 j = 0; j + 1 < MVX_STAGES; j++) issue(j);
+    grid_launch_dependents();
+    grid_wait();
+    const u8* parts = xq + (size_t)blockIdx.y * x8_row_bytes(k);
+    const float* aux = (const float*)(parts + (size_t)k * MVX_PARTS);
+    float acc[MVX_ROWS];
+#pragma unroll
+    for (int r = 0; r < MVX_ROWS; r++) acc[r] = 0.0f;
+    for (u32 j = 0; j < steps; j++) {
+        issue(j + MVX_STAGES - 1);
+        const u32 b = 4 * j + lane / 8;
+        // This piece's activations: 16 values of each of groups g0 = 8b + 2c and g0 + 1
+        // (loaded while this step's weights land).
+        const u32 g0 = 8 * min(b, nb - 1) + 2 * c;
+        uint4 xa[MVX_PARTS], xb[MVX_PARTS];
+#pragma unroll
+        for (int p = 0; p < MVX_PARTS; p++) {
+            xa[p] = *(const uint4*)(parts + 32 * (MVX_PARTS * g0 + p) + 16 * half);
+            xb[p] = *(const uint4*)(parts + 32 * (MVX_PARTS * (g0 + 1) + p) + 16 * half);
+        }
+        const float4 ax = *(const float4*)(aux + 2 * g0);  // s0, Σx0, s1, Σx1
+        cp_async_wait<MVX_STAGES - 1>();
+        __syncwarp();
+        if (b < nb) {
+#pragma unroll
+            for (int r = 0; r < MVX_ROWS; r++) {
+                const u8* blk = (const u8*)ring[warp][j % MVX_STAGES][r] + 144 * (lane / 8);
+                const uint4 h = *(const uint4*)blk, q = *(const uint4*)(blk + 16 + 16 * sub);
+                const u32 wq[4] = {q.x, q.y, q.z, q.w};
+                int s0[MVX_PARTS], s1[MVX_PARTS];
+#pragma unroll
+                for (int p = 0; p < MVX_PARTS; p++) s0[p] = s1[p] = 0;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const u32 lo = wq[i] & 0x0F0F0F0Fu, hi = (wq[i] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+                    for (int p = 0; p < MVX_PARTS; p++) {
+                        const u32 va[4] = {xa[p].x, xa[p].y, xa[p].z, xa[p].w};
+                        const u32 vb[4] = {xb[p].x, xb[p].y, xb[p].z, xb[p].w};
+                        s0[p] = x8_dp4a(lo, va[i], s0[p]);
+                        s1[p] = x8_dp4a(hi, vb[i], s1[p]);
+                    }
+                }
+                float sc0, m0, sc1, m1;
+                q4k_pair_scales(h, c, sc0, m0, sc1, m1);
+                const float d = f16_bits(h.x & 0xFFFF), dmin = f16_bits(h.x >> 16);
+                float t = d * (sc0 * (ax.x * x8_combine(s0)) + sc1 * (ax.z * x8_combine(s1)));
+                // The mins once a group: by the lane of its first half.
+                if (half == 0) t -= dmin * (m0 * ax.y + m1 * ax.w);
+                acc[r] += t;
+            }
+        }
+        // Every lane is done with the slot before a later issue refills it.
+        __syncwarp();
+    }
+#pragma unroll
+    for (int r = 0; r < MVX_ROWS; r++) {
+        const float v = warp_sum(acc[r]);
+        if (lane == (u32)r && (u32)r < rows) {
+            const size_t at = (size_t)blockIdx.y * n + row0 + r;
+            y[at] = res != nullptr ? v + res[at] : v;
+        }
+    }
+}
+
+// One to three weights of one width (n1 = n2 = 0 and null w1, w2 for one), the grid's blocks
+// over w0's rows, then w1's, then w2's; res (one weight only) is added as y is written.
+// Grid (Σ ceil(n_j / (4 MVX_ROWS)), m), X8_THREADS threads.
+// @hot
+// @pdl
+extern "C" __global__ void __launch_bounds__(X8_THREADS)
+mat_vec_x8_q4_k(const float* xq, const u8* w0, const u8* w1, const u8* w2, const float* res, float* y0, float* y1,
+                float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k) {
+    __shared__ X8Ring ring;  // one for both copy units
+    constexpr u32 RB = (X8_THREADS / WARP) * MVX_ROWS;
+    const u32 b0 = (n0 + RB - 1) / RB, b1 = (n1 + RB - 1) / RB;
+    u32 bx = blockIdx.x, n = n0;
+    const u8* w = w0;
+    float* y = y0;
+    if (bx >= b0 + b1) {
+        w = w2, y = y2, n = n2, bx -= b0 + b1;
+    } else if (bx >= b0) {
+        w = w1, y = y1, n = n1, bx -= b0;
+    }
+    if (((size_t)w & 15) == 0)
+        mat_vec_x8_q4k_at<16>(ring, (const u8*)xq, w, res, y, n, k, bx);
+    else
+        mat_vec_x8_q4k_at<1>(ring, (const u8*)xq, w, res, y, n, k, bx);
+}
