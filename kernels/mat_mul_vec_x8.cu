@@ -40,11 +40,22 @@
 #ifndef MVX_PARTS
 #define MVX_PARTS 3
 #endif
+// MVX_SPLIT: 1 (the default) for the split kernel (a block's warps split the rows' k, up to 8
+// rows a block, weights loaded straight into registers), 0 for the staged one (a warp owns its
+// rows over the whole k, weights staged through shared memory by cp.async). MVX_ROWS: the
+// rows a block (split) or a warp (staged) takes.
+#ifndef MVX_SPLIT
+#define MVX_SPLIT 1
+#endif
 #ifndef MVX_ROWS
+#if MVX_SPLIT
+#define MVX_ROWS 8
+#else
 #define MVX_ROWS 2
 #endif
+#endif
 static_assert(MVX_PARTS >= 1 && MVX_PARTS <= 3, "MVX_PARTS: 1 to 3 int8 parts a value");
-static_assert(MVX_ROWS >= 1 && MVX_ROWS <= 4, "MVX_ROWS: 1 to 4 rows a warp");
+static_assert(MVX_ROWS >= 1 && MVX_ROWS <= 8, "MVX_ROWS: 1 to 8 rows");
 
 #define X8_THREADS 128
 #define X8_VALUES 1024  // values a quantize_x8 block takes: 8 a thread
@@ -204,10 +215,54 @@ __device__ __forceinline__ float x8_combine(const int* s) {
 #endif
 static_assert(MVX_STAGES >= 2 && MVX_STAGES <= 8, "MVX_STAGES: 2 to 8 steps in flight a warp");
 #define X8_STEP_BYTES (4 * 144)  // a row's 4 blocks of a step
+#if !MVX_SPLIT
 // A block's ring: its warps' slots of their rows' steps.
 typedef uint4 X8Ring[X8_THREADS / WARP][MVX_STAGES][MVX_ROWS][X8_STEP_BYTES / 16];
 static_assert(sizeof(X8Ring) <= 48 * 1024, "MVX_STAGES x MVX_ROWS: at most 48 KiB of static shared memory a block");
+#endif
 
+// One lane's piece of a Q4_K block (header h, its 16 bytes of nibbles q) against the
+// activation parts xa (group 2c, half `half`) and xb (group 2c + 1) with ax = (s0, Σx0, s1, Σx1).
+__device__ __forceinline__ float q4k_piece_x8(const uint4& h, const uint4& q, const uint4* xa, const uint4* xb,
+                                              const float4& ax, u32 c, u32 half) {
+    const u32 wq[4] = {q.x, q.y, q.z, q.w};
+    int s0[MVX_PARTS], s1[MVX_PARTS];
+#pragma unroll
+    for (int p = 0; p < MVX_PARTS; p++) s0[p] = s1[p] = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const u32 lo = wq[i] & 0x0F0F0F0Fu, hi = (wq[i] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+        for (int p = 0; p < MVX_PARTS; p++) {
+            const u32 va[4] = {xa[p].x, xa[p].y, xa[p].z, xa[p].w};
+            const u32 vb[4] = {xb[p].x, xb[p].y, xb[p].z, xb[p].w};
+            s0[p] = x8_dp4a(lo, va[i], s0[p]);
+            s1[p] = x8_dp4a(hi, vb[i], s1[p]);
+        }
+    }
+    float sc0, m0, sc1, m1;
+    q4k_pair_scales(h, c, sc0, m0, sc1, m1);
+    const float d = f16_bits(h.x & 0xFFFF), dmin = f16_bits(h.x >> 16);
+    float t = d * (sc0 * (ax.x * x8_combine(s0)) + sc1 * (ax.z * x8_combine(s1)));
+    // The mins once a group: by the lane of its first half.
+    if (half == 0) t -= dmin * (m0 * ax.y + m1 * ax.w);
+    return t;
+}
+
+// This lane's activation parts of block b (16 values of each of groups g0 = 8b + 2c and
+// g0 + 1) and the two groups' scales and sums.
+__device__ __forceinline__ void x8_load_acts(const u8* parts, const float* aux, u32 b, u32 c, u32 half, uint4* xa,
+                                             uint4* xb, float4& ax) {
+    const u32 g0 = 8 * b + 2 * c;
+#pragma unroll
+    for (int p = 0; p < MVX_PARTS; p++) {
+        xa[p] = *(const uint4*)(parts + 32 * (MVX_PARTS * g0 + p) + 16 * half);
+        xb[p] = *(const uint4*)(parts + 32 * (MVX_PARTS * (g0 + 1) + p) + 16 * half);
+    }
+    ax = *(const float4*)(aux + 2 * g0);  // s0, Σx0, s1, Σx1
+}
+
+#if !MVX_SPLIT
 template <u32 G>
 __device__ __forceinline__ void mat_vec_x8_q4k_at(X8Ring& ring, const u8* xq, const u8* w, const float* res, float* y,
                                                   u32 n, u32 k, u32 bx) {
@@ -249,16 +304,10 @@ __device__ __forceinline__ void mat_vec_x8_q4k_at(X8Ring& ring, const u8* xq, co
     for (u32 j = 0; j < steps; j++) {
         issue(j + MVX_STAGES - 1);
         const u32 b = 4 * j + lane / 8;
-        // This piece's activations: 16 values of each of groups g0 = 8b + 2c and g0 + 1
-        // (loaded while this step's weights land).
-        const u32 g0 = 8 * min(b, nb - 1) + 2 * c;
+        // This piece's activations (loaded while this step's weights land).
         uint4 xa[MVX_PARTS], xb[MVX_PARTS];
-#pragma unroll
-        for (int p = 0; p < MVX_PARTS; p++) {
-            xa[p] = *(const uint4*)(parts + 32 * (MVX_PARTS * g0 + p) + 16 * half);
-            xb[p] = *(const uint4*)(parts + 32 * (MVX_PARTS * (g0 + 1) + p) + 16 * half);
-        }
-        const float4 ax = *(const float4*)(aux + 2 * g0);  // s0, Σx0, s1, Σx1
+        float4 ax;
+        x8_load_acts(parts, aux, min(b, nb - 1), c, half, xa, xb, ax);
         cp_async_wait<MVX_STAGES - 1>();
         __syncwarp();
         if (b < nb) {
@@ -266,28 +315,7 @@ __device__ __forceinline__ void mat_vec_x8_q4k_at(X8Ring& ring, const u8* xq, co
             for (int r = 0; r < MVX_ROWS; r++) {
                 const u8* blk = (const u8*)ring[warp][j % MVX_STAGES][r] + 144 * (lane / 8);
                 const uint4 h = *(const uint4*)blk, q = *(const uint4*)(blk + 16 + 16 * sub);
-                const u32 wq[4] = {q.x, q.y, q.z, q.w};
-                int s0[MVX_PARTS], s1[MVX_PARTS];
-#pragma unroll
-                for (int p = 0; p < MVX_PARTS; p++) s0[p] = s1[p] = 0;
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const u32 lo = wq[i] & 0x0F0F0F0Fu, hi = (wq[i] >> 4) & 0x0F0F0F0Fu;
-#pragma unroll
-                    for (int p = 0; p < MVX_PARTS; p++) {
-                        const u32 va[4] = {xa[p].x, xa[p].y, xa[p].z, xa[p].w};
-                        const u32 vb[4] = {xb[p].x, xb[p].y, xb[p].z, xb[p].w};
-                        s0[p] = x8_dp4a(lo, va[i], s0[p]);
-                        s1[p] = x8_dp4a(hi, vb[i], s1[p]);
-                    }
-                }
-                float sc0, m0, sc1, m1;
-                q4k_pair_scales(h, c, sc0, m0, sc1, m1);
-                const float d = f16_bits(h.x & 0xFFFF), dmin = f16_bits(h.x >> 16);
-                float t = d * (sc0 * (ax.x * x8_combine(s0)) + sc1 * (ax.z * x8_combine(s1)));
-                // The mins once a group: by the lane of its first half.
-                if (half == 0) t -= dmin * (m0 * ax.y + m1 * ax.w);
-                acc[r] += t;
+                acc[r] += q4k_piece_x8(h, q, xa, xb, ax, c, half);
             }
         }
         // Every lane is done with the slot before a later issue refills it.
@@ -303,16 +331,87 @@ __device__ __forceinline__ void mat_vec_x8_q4k_at(X8Ring& ring, const u8* xq, co
     }
 }
 
+#endif  // !MVX_SPLIT
+
+#if MVX_SPLIT
+// The split kernel: a block takes MVX_ROWS consecutive rows; its warps (blockDim.x / 32, 1 to
+// 4: the launcher gives rows of few blocks fewer warps) split the rows' blocks, warp w taking
+// steps j = w, w + warps, .. of 4 blocks each (lane l: piece l % 8 of block 4j + l / 8 of every
+// row, as above). A lane's activation words serve all MVX_ROWS rows, so the activations cost
+// 1 / MVX_ROWS of what they would for one row (the L1 traffic that bounds these kernels); all
+// the rows' loads of a step are issued together, the first step's before grid_wait. The
+// warps' sums meet in shared memory, added in warp order. A: the weight's load width (16, or
+// 1 for a weight view whose alignment allows no more).
+template <u32 A>
+__device__ __forceinline__ void mat_vec_x8_q4k_split(const u8* xq, const u8* w, const float* res, float* y, u32 n,
+                                                     u32 k, u32 bx) {
+    __shared__ float part[X8_THREADS / WARP][MVX_ROWS];
+    const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
+    const u32 row0 = bx * MVX_ROWS;
+    if (row0 >= n) return;  // the whole block (the grid has none such)
+    const u32 rows = min((u32)MVX_ROWS, n - row0);
+    const u32 nb = k / 256, sub = lane % 8, c = sub / 2, half = sub % 2;
+    const size_t rb = (size_t)nb * 144;
+    const u8* wr[MVX_ROWS];
+#pragma unroll
+    for (int r = 0; r < MVX_ROWS; r++) wr[r] = w + (size_t)(row0 + min((u32)r, rows - 1)) * rb;
+    float acc[MVX_ROWS];
+#pragma unroll
+    for (int r = 0; r < MVX_ROWS; r++) acc[r] = 0.0f;
+    uint4 h[MVX_ROWS], q[MVX_ROWS];
+    auto fetch = [&](u32 b) {
+#pragma unroll
+        for (int r = 0; r < MVX_ROWS; r++) {
+            h[r] = load16<A>(wr[r] + 144 * b);
+            q[r] = load16<A>(wr[r] + 144 * b + 16 + 16 * sub);
+        }
+    };
+    const u32 step = 4 * warps;
+    u32 b = 4 * warp + lane / 8;
+    if (b < nb) fetch(b);
+    grid_launch_dependents();
+    grid_wait();
+    const u8* parts = xq + (size_t)blockIdx.y * x8_row_bytes(k);
+    const float* aux = (const float*)(parts + (size_t)k * MVX_PARTS);
+    while (b < nb) {
+        uint4 xa[MVX_PARTS], xb[MVX_PARTS];
+        float4 ax;
+        x8_load_acts(parts, aux, b, c, half, xa, xb, ax);
+#pragma unroll
+        for (int r = 0; r < MVX_ROWS; r++) acc[r] += q4k_piece_x8(h[r], q[r], xa, xb, ax, c, half);
+        b += step;
+        if (b < nb) fetch(b);
+    }
+#pragma unroll
+    for (int r = 0; r < MVX_ROWS; r++) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0) part[warp][r] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < rows) {
+        float v = 0.0f;
+        for (u32 i = 0; i < warps; i++) v += part[i][threadIdx.x];
+        const size_t at = (size_t)blockIdx.y * n + row0 + threadIdx.x;
+        y[at] = res != nullptr ? v + res[at] : v;
+    }
+}
+#endif  // MVX_SPLIT
+
 // One to three weights of one width (n1 = n2 = 0 and null w1, w2 for one), the grid's blocks
 // over w0's rows, then w1's, then w2's; res (one weight only) is added as y is written.
-// Grid (Σ ceil(n_j / (4 MVX_ROWS)), m), X8_THREADS threads.
+// Grid (Σ ceil(n_j / R), m) with R = MVX_ROWS (split: 32 · min(4, ceil(k / 1024)) threads) or
+// 4 MVX_ROWS (staged: X8_THREADS threads).
 // @hot
 // @pdl
 extern "C" __global__ void __launch_bounds__(X8_THREADS)
 mat_vec_x8_q4_k(const float* xq, const u8* w0, const u8* w1, const u8* w2, const float* res, float* y0, float* y1,
                 float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k) {
+#if MVX_SPLIT
+    constexpr u32 RB = MVX_ROWS;
+#else
     __shared__ X8Ring ring;  // one for both copy units
     constexpr u32 RB = (X8_THREADS / WARP) * MVX_ROWS;
+#endif
     const u32 b0 = (n0 + RB - 1) / RB, b1 = (n1 + RB - 1) / RB;
     u32 bx = blockIdx.x, n = n0;
     const u8* w = w0;
@@ -322,8 +421,15 @@ mat_vec_x8_q4_k(const float* xq, const u8* w0, const u8* w1, const u8* w2, const
     } else if (bx >= b0) {
         w = w1, y = y1, n = n1, bx -= b0;
     }
+#if MVX_SPLIT
+    if (((size_t)w & 15) == 0)
+        mat_vec_x8_q4k_split<16>((const u8*)xq, w, res, y, n, k, bx);
+    else
+        mat_vec_x8_q4k_split<1>((const u8*)xq, w, res, y, n, k, bx);
+#else
     if (((size_t)w & 15) == 0)
         mat_vec_x8_q4k_at<16>(ring, (const u8*)xq, w, res, y, n, k, bx);
     else
         mat_vec_x8_q4k_at<1>(ring, (const u8*)xq, w, res, y, n, k, bx);
+#endif
 }

@@ -2,7 +2,8 @@
 // entry points are in mat_mul_vec.cu, quant.cu and mat_mul_fused.cu): the register-ring kernel,
 // the staged one (MV_STAGED=1), the lane-per-row one (MV_STAGED=2 for every format it has a
 // decoder for; 3, the default, for Q4_K and Q6_K), the dispatch between them, and the sources
-// (plain, rms-normed, GLU) they read the activations through.
+// (plain, rms-normed, GLU) they read the activations through. Q4_K weights take the int8
+// activation kernel of mat_mul_vec_x8.cu instead unless MV_X8=0 (the launch planner decides).
 
 // ---- the decode mat-vec ------------------------------------------------------------------
 // y [m, n] = xs [m, k] · w [n, k]ᵀ for m ≤ 4 token rows, where xs is what a source makes of

@@ -517,21 +517,21 @@ mod tests {
     /// default), so the kernels a tuning run may pick are checked too.
     #[test]
     fn the_staged_mat_vec_passes_the_conformance_suite_on_the_cpu() {
-        conformance(Some("MV_STAGED=1"));
+        conformance(Some("MV_STAGED=1,MV_X8=0"));
     }
 
     /// And with the lane-per-row mat-vec for every format it decodes (MV_STAGED=2: Q4_K, Q6_K,
     /// Q8_0 and the floats; the default, 3, takes it for the K-quants only).
     #[test]
     fn the_lane_per_row_mat_vec_passes_the_conformance_suite_on_the_cpu() {
-        conformance(Some("MV_STAGED=2"));
+        conformance(Some("MV_STAGED=2,MV_X8=0"));
     }
 
     /// And with the register ring for every format (MV_STAGED=0; the default keeps it for all
     /// but the K-quants).
     #[test]
     fn the_register_ring_mat_vec_passes_the_conformance_suite_on_the_cpu() {
-        conformance(Some("MV_STAGED=0"));
+        conformance(Some("MV_STAGED=0,MV_X8=0"));
     }
 
     /// And with the prefill tile on the tensor cores (MM_TC=1: mma.sync over bf16 splits; the
@@ -541,13 +541,17 @@ mod tests {
         conformance(Some("MM_TC=1"));
     }
 
-    /// And with the decode mat-vec over int8 activation parts (MV_X8=1: quantize_x8, then
-    /// mat_vec_x8_<fmt>), at its default 3 parts a value and rows a warp, and at 2 parts with
-    /// one row a warp and two steps in flight (a bound of a / 64516 a value, inside the suite's tolerance).
+    /// And the decode mat-vec over int8 activation parts (quantize_x8, then mat_vec_x8_<fmt>;
+    /// the default, at 3 parts a value and 8 rows a block, runs in the first test) at 2 parts
+    /// (a bound of a / 64516 a value, inside the suite's tolerance) and 3 rows; its staged
+    /// kernel at its defaults and with one row a warp and two steps in flight; and the f32
+    /// kernels it replaced for Q4_K (MV_X8=0).
     #[test]
     fn the_int8_activation_mat_vec_passes_the_conformance_suite_on_the_cpu() {
-        conformance(Some("MV_X8=1"));
-        conformance(Some("MV_X8=1,MVX_PARTS=2,MVX_ROWS=1,MVX_STAGES=2"));
+        conformance(Some("MV_X8=0"));
+        conformance(Some("MV_X8=1,MVX_PARTS=2,MVX_ROWS=3"));
+        conformance(Some("MV_X8=1,MVX_SPLIT=0"));
+        conformance(Some("MV_X8=1,MVX_SPLIT=0,MVX_ROWS=1,MVX_STAGES=2"));
     }
 
     fn conformance(spec: Option<&str>) {

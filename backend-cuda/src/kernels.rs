@@ -80,13 +80,14 @@ const TUNING_KNOBS: &[(&str, i64, i64)] = &[
     ("MV_MIN_BLOCKS", 1, 16),
     // mat_mul.cu: the prefill tile on f32 FMA (0, the default) or tensor cores (1).
     ("MM_TC", 0, 1),
-    // mat_mul_vec_x8.cu: the decode mat-vec over int8 activation parts (1: planned for the
-    // formats that have it, plan/mat_mul.rs), the parts a value (3 is f32's precision; fewer
-    // are for measuring what the third costs), the rows a warp and the steps of weights it
-    // keeps in flight.
+    // mat_mul_vec_x8.cu: the decode mat-vec over int8 activation parts (1, the default: planned
+    // for the formats that have it, plan/mat_mul.rs; 0: the f32 kernels of mat_vec.cuh), the parts a value (3 is f32's precision; fewer
+    // are for measuring what the third costs), the split kernel or the staged one, the rows a
+    // block (split) or warp (staged) takes, and the staged kernel's steps in flight.
     ("MV_X8", 0, 1),
     ("MVX_PARTS", 1, 3),
-    ("MVX_ROWS", 1, 4),
+    ("MVX_SPLIT", 0, 1),
+    ("MVX_ROWS", 1, 8),
     ("MVX_STAGES", 2, 8),
     // Not a kernel's: 0 makes the CUDA launcher start every kernel after the one before has
     // finished (no programmatic dependent launch for the `// @pdl` kernels).

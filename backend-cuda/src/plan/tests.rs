@@ -126,24 +126,25 @@ fn a_wrong_launch_is_caught() {
     assert!(check_launch(sig, good, &half, &desc.outputs, none).is_err());
 }
 
-/// With `MV_X8=1` every decode matmul of a Q4_K weight with rows of whole 256s (plain, with a
+/// By default (`MV_X8=1`) every decode matmul of a Q4_K weight with rows of whole 256s (plain, with a
 /// residual, behind an RMSNorm over one to three weights, behind a GLU) is planned as
 /// `quantize_x8` into scratch sized for the knob's parts, then `mat_vec_x8_q4_k`, and each
 /// launch fits its kernel; other weight types, prefill sizes and the default plan are as
-/// before.
+/// with `MV_X8=0`.
 #[test]
 fn the_int8_activation_knob_plans_quantize_then_the_x8_mat_vec() {
     let sigs = crate::kernels::signatures().expect("signatures parse");
     let all = cases().expect("cases");
     let mut x8 = 0;
-    for spec in ["MV_X8=1", "MV_X8=1,MVX_PARTS=2"] {
+    for spec in ["MV_X8=1", "MV_X8=1,MVX_PARTS=2", ""] {
         let parts = if spec.contains("PARTS=2") { 2 } else { 3 };
         for c in all.iter().filter(|c| matches!(c.op, Op::MatMul(_))) {
             let desc = c.desc();
             let Some(steps) = crate::kernels::with_knobs(Some(spec), || plan(&desc)) else {
                 continue;
             };
-            let by_default = plan(&desc).expect("planned by default too");
+            let by_default = crate::kernels::with_knobs(Some("MV_X8=0"), || plan(&desc))
+                .expect("planned with the f32 kernels too");
             let weight = desc
                 .inputs
                 .iter()
