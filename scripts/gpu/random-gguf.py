@@ -52,7 +52,7 @@ def f16_bytes(rng, n, lo, hi):
     return rng.uniform(lo, hi, n).astype(np.float16).view(np.uint8).reshape(n, 2)
 
 
-def random_blocks(rng, kind, rows, cols):
+def random_blocks(rng, kind, rows, cols, scale=1.0):
     qtype, per, size = BLOCKS[kind]
     if cols % per:
         sys.exit(f"random-gguf: {kind} rows need a multiple of {per} values, not {cols}")
@@ -60,21 +60,21 @@ def random_blocks(rng, kind, rows, cols):
     b = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
     if kind == "q4_k":
         # d and dmin (f16) first: weights d*sc*q - dmin*m with 6-bit sc, m and 4-bit q.
-        b[:, 0:2] = f16_bytes(rng, n, 1e-5, 4e-5)
-        b[:, 2:4] = f16_bytes(rng, n, 1e-5, 4e-5)
+        b[:, 0:2] = f16_bytes(rng, n, 1e-5 * scale, 4e-5 * scale)
+        b[:, 2:4] = f16_bytes(rng, n, 1e-5 * scale, 4e-5 * scale)
     elif kind == "q6_k":
-        b[:, 208:210] = f16_bytes(rng, n, 1e-5, 4e-5)  # d last; scales are signed 8-bit
+        b[:, 208:210] = f16_bytes(rng, n, 1e-5 * scale, 4e-5 * scale)  # d last; scales are signed 8-bit
     elif kind == "q8_0":
-        b[:, 0:2] = f16_bytes(rng, n, 5e-5, 2e-4)
+        b[:, 0:2] = f16_bytes(rng, n, 5e-5 * scale, 2e-4 * scale)
     elif kind == "nvfp4":
         # four UE4M3 sub-block scales, exponent field 1..2 (1/64 .. 3/64): |w| < 0.2.
         b[:, 0:4] = (rng.integers(8, 24, size=(n, 4))).astype(np.uint8)
     return qtype, b.reshape(rows, cols // per * size)
 
 
-def add_matrix(w, rng, name, rows, cols, kind):
+def add_matrix(w, rng, name, rows, cols, kind, scale=1.0):
     if kind in FLOATS:
-        x = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02)
+        x = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02 * scale)
         if kind == "f32":
             w.add_tensor(name, x)
         elif kind == "f16":
@@ -83,7 +83,7 @@ def add_matrix(w, rng, name, rows, cols, kind):
             raw = (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, cols * 2)
             w.add_tensor(name, raw, raw_dtype=Q.BF16)
         return
-    qtype, raw = random_blocks(rng, kind, rows, cols)
+    qtype, raw = random_blocks(rng, kind, rows, cols, scale)
     w.add_tensor(name, raw, raw_dtype=qtype)
 
 
@@ -117,6 +117,8 @@ def cmd_make(args):
         "llama.embedding_length": h, "llama.block_count": nl, "llama.feed_forward_length": ffn,
         "llama.attention.head_count": nh, "llama.attention.head_count_kv": nkv,
         "llama.rope.dimension_count": hd, "llama.context_length": 8192,
+        # A template whose heads are not hidden / heads wide says so; the new shape's are.
+        "llama.attention.key_length": hd, "llama.attention.value_length": hd,
         "llama.vocab_size": vocab,
     }
     for field in t.fields.values():
@@ -127,7 +129,7 @@ def cmd_make(args):
     w.add_name(os.path.basename(args.out))
     rng = np.random.default_rng(args.seed)
     emb_kind = args.embed_type or args.type
-    add_matrix(w, rng, "token_embd.weight", vocab, h, emb_kind)
+    add_matrix(w, rng, "token_embd.weight", vocab, h, emb_kind, args.scale)
     params = vocab * h
     for i in range(nl):
         p = f"blk.{i}."
@@ -138,11 +140,11 @@ def cmd_make(args):
             ("attn_output", h, nh * hd), ("ffn_gate", ffn, h), ("ffn_up", ffn, h),
             ("ffn_down", h, ffn),
         ]:
-            add_matrix(w, rng, p + name + ".weight", rows, cols, args.type)
+            add_matrix(w, rng, p + name + ".weight", rows, cols, args.type, args.scale)
             params += rows * cols
     w.add_tensor("output_norm.weight", rng.uniform(0.8, 1.2, h).astype(np.float32))
     if not args.tied:
-        add_matrix(w, rng, "output.weight", vocab, h, args.head_type or args.type)
+        add_matrix(w, rng, "output.weight", vocab, h, args.head_type or args.type, args.scale)
         params += vocab * h
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -171,6 +173,9 @@ def main():
     m.add_argument("--head-type", choices=sorted(BLOCKS) + sorted(FLOATS))
     m.add_argument("--tied", action="store_true", help="no output.weight (the embedding is reused)")
     m.add_argument("--seed", type=int, default=1)
+    m.add_argument("--scale", type=float, default=1.0,
+                   help="block scales (and float weights) this many times larger: weights of a "
+                        "size that gives a small model's text some life, for tests")
     m.add_argument("--shrink", type=int, default=1, help="divide every size by this (a quick try)")
     args = ap.parse_args()
     {"template": cmd_template, "make": cmd_make}[args.cmd](args)
