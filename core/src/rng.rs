@@ -16,6 +16,11 @@ impl Rng {
         }
         Rng::new(h)
     }
+    /// The generator at exactly `state` (splitmix64's raw state; `new` mixes its seed first),
+    /// for streams another program must draw too.
+    pub fn with_state(state: u64) -> Self {
+        Rng(state)
+    }
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;

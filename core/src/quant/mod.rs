@@ -11,6 +11,8 @@
 
 mod float;
 mod fp4;
+mod iq_grids;
+mod iquants;
 mod k_quants;
 mod legacy;
 pub mod turbo;
@@ -71,6 +73,17 @@ pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         DType::Q8_K => for_each_block(src, dst, k_quants::dequant_q8_k),
         DType::MXFP4 => for_each_block(src, dst, fp4::dequant_mxfp4),
         DType::NVFP4 => for_each_block(src, dst, fp4::dequant_nvfp4),
+        DType::IQ2_XXS => for_each_block(src, dst, iquants::dequant_iq2_xxs),
+        DType::IQ2_XS => for_each_block(src, dst, iquants::dequant_iq2_xs),
+        DType::IQ3_XXS => for_each_block(src, dst, iquants::dequant_iq3_xxs),
+        DType::IQ1_S => for_each_block(src, dst, iquants::dequant_iq1_s),
+        DType::IQ4_NL => for_each_block(src, dst, iquants::dequant_iq4_nl),
+        DType::IQ3_S => for_each_block(src, dst, iquants::dequant_iq3_s),
+        DType::IQ2_S => for_each_block(src, dst, iquants::dequant_iq2_s),
+        DType::IQ4_XS => for_each_block(src, dst, iquants::dequant_iq4_xs),
+        DType::IQ1_M => for_each_block(src, dst, iquants::dequant_iq1_m),
+        DType::TQ1_0 => for_each_block(src, dst, iquants::dequant_tq1_0),
+        DType::TQ2_0 => for_each_block(src, dst, iquants::dequant_tq2_0),
         DType::TQ4 => for_each_block(src, dst, turbo::dequant_tq4),
         DType::TQ3 => for_each_block(src, dst, turbo::dequant_tq3),
         DType::TQ2 => for_each_block(src, dst, turbo::dequant_tq2),
@@ -123,16 +136,60 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
         DType::Q8_K => each!(k_quants::dequant_q8_k),
         DType::MXFP4 => each!(fp4::dequant_mxfp4),
         DType::NVFP4 => each!(fp4::dequant_nvfp4),
+        DType::IQ2_XXS => each!(iquants::dequant_iq2_xxs),
+        DType::IQ2_XS => each!(iquants::dequant_iq2_xs),
+        DType::IQ3_XXS => each!(iquants::dequant_iq3_xxs),
+        DType::IQ1_S => each!(iquants::dequant_iq1_s),
+        DType::IQ4_NL => each!(iquants::dequant_iq4_nl),
+        DType::IQ3_S => each!(iquants::dequant_iq3_s),
+        DType::IQ2_S => each!(iquants::dequant_iq2_s),
+        DType::IQ4_XS => each!(iquants::dequant_iq4_xs),
+        DType::IQ1_M => each!(iquants::dequant_iq1_m),
+        DType::TQ1_0 => each!(iquants::dequant_tq1_0),
+        DType::TQ2_0 => each!(iquants::dequant_tq2_0),
         DType::TQ4 => each!(turbo::dequant_tq4),
         DType::TQ3 => each!(turbo::dequant_tq3),
         DType::TQ2 => each!(turbo::dequant_tq2),
     }
 }
 
-/// Whether [`quantize`] can produce `dtype`: the float types and every block type. The integer
-/// types have no quantizer (an f32 → integer conversion is not a quantization kiln needs).
+/// `blocks` blocks of `dtype` drawn from `rng`: a byte a draw, then one draw for the block's
+/// f16 scale, set to a finite value of either sign in [1/8, 1/4) (IQ1_M keeps it in the top
+/// nibbles of its four scale words, TQ1_0 and TQ2_0 in their last two bytes). Valid blocks of
+/// the i-quants, which kiln has no quantizer for, to test their decoders and kernels with;
+/// `tests/fixtures/quant/make_iquant_fixtures.py` draws the same. Other types get the random
+/// bytes as they are.
+pub fn random_blocks(dtype: DType, blocks: usize, rng: &mut crate::rng::Rng) -> Vec<u8> {
+    let ts = dtype.type_size();
+    let mut out = Vec::with_capacity(blocks.saturating_mul(ts));
+    for _ in 0..blocks {
+        let mut b: Vec<u8> = (0..ts).map(|_| rng.next_u64() as u8).collect();
+        if DType::IQUANTS.contains(&dtype) {
+            let h = (rng.next_u64() as u16 & 0x83FF) | 0x3000;
+            match dtype {
+                DType::TQ1_0 | DType::TQ2_0 => b[ts - 2..].copy_from_slice(&h.to_le_bytes()),
+                DType::IQ1_M => {
+                    for i in 0..4 {
+                        let at = 48 + 2 * i;
+                        let w = u16::from_le_bytes([b[at], b[at + 1]]) & 0x0FFF
+                            | ((h >> (4 * i)) & 0xF) << 12;
+                        b[at..at + 2].copy_from_slice(&w.to_le_bytes());
+                    }
+                }
+                _ => b[..2].copy_from_slice(&h.to_le_bytes()),
+            }
+        }
+        out.extend(b);
+    }
+    out
+}
+
+/// Whether [`quantize`] can produce `dtype`: the float types and every block type but the
+/// grid-coded i-quants (TQ1_0 and TQ2_0 have quantizers). The integer types have no quantizer
+/// (an f32 → integer conversion is not a quantization kiln needs).
 pub fn quantize_supported(dtype: DType) -> bool {
     !dtype.is_int()
+        && !(DType::IQUANTS.contains(&dtype) && !matches!(dtype, DType::TQ1_0 | DType::TQ2_0))
 }
 
 /// Encodes `src` as `dtype`. `src.len()` must be a multiple of the block size.
@@ -188,12 +245,22 @@ pub fn quantize_into(dtype: DType, src: &[f32], out: &mut [u8]) -> Result<()> {
         DType::Q8_K => quant_each_block(src, out, k_quants::quant_q8_k),
         DType::MXFP4 => quant_each_block(src, out, fp4::quant_mxfp4),
         DType::NVFP4 => quant_each_block(src, out, fp4::quant_nvfp4),
+        DType::TQ1_0 => quant_each_block(src, out, iquants::quant_tq1_0),
+        DType::TQ2_0 => quant_each_block(src, out, iquants::quant_tq2_0),
         DType::TQ4 => quant_each_block(src, out, turbo::quant_tq4),
         DType::TQ3 => quant_each_block(src, out, turbo::quant_tq3),
         DType::TQ2 => quant_each_block(src, out, turbo::quant_tq2),
-        DType::I32 | DType::U32 => {
-            return Err(Error::quant(dtype, "quantize: no quantizer for this type"))
-        }
+        DType::I32
+        | DType::U32
+        | DType::IQ2_XXS
+        | DType::IQ2_XS
+        | DType::IQ3_XXS
+        | DType::IQ1_S
+        | DType::IQ4_NL
+        | DType::IQ3_S
+        | DType::IQ2_S
+        | DType::IQ4_XS
+        | DType::IQ1_M => return Err(Error::quant(dtype, "quantize: no quantizer for this type")),
     }
     Ok(())
 }
@@ -477,7 +544,21 @@ mod tests {
             DType::TQ4 => 1.3e-2,
             DType::TQ3 => 4.5e-2,
             DType::TQ2 => 0.15,
-            DType::I32 | DType::U32 => unreachable!(),
+            // Ternary over max |x| of 256 values (meant for weights trained ternary): normal
+            // data loses everything under max/2, most of it.
+            DType::TQ1_0 | DType::TQ2_0 => 1.0,
+            // No quantizer (the test skips them).
+            DType::I32
+            | DType::U32
+            | DType::IQ2_XXS
+            | DType::IQ2_XS
+            | DType::IQ3_XXS
+            | DType::IQ1_S
+            | DType::IQ4_NL
+            | DType::IQ3_S
+            | DType::IQ2_S
+            | DType::IQ4_XS
+            | DType::IQ1_M => unreachable!(),
         }
     }
 
@@ -621,6 +702,17 @@ mod tests {
             (DType::Q8_K, k_quants::Q8_K_BYTES),
             (DType::MXFP4, fp4::MXFP4_BYTES),
             (DType::NVFP4, fp4::NVFP4_BYTES),
+            (DType::IQ2_XXS, iquants::IQ2_XXS_BYTES),
+            (DType::IQ2_XS, iquants::IQ2_XS_BYTES),
+            (DType::IQ3_XXS, iquants::IQ3_XXS_BYTES),
+            (DType::IQ1_S, iquants::IQ1_S_BYTES),
+            (DType::IQ4_NL, iquants::IQ4_NL_BYTES),
+            (DType::IQ3_S, iquants::IQ3_S_BYTES),
+            (DType::IQ2_S, iquants::IQ2_S_BYTES),
+            (DType::IQ4_XS, iquants::IQ4_XS_BYTES),
+            (DType::IQ1_M, iquants::IQ1_M_BYTES),
+            (DType::TQ1_0, iquants::TQ1_0_BYTES),
+            (DType::TQ2_0, iquants::TQ2_0_BYTES),
         ];
         for (dtype, bytes) in sizes {
             assert_eq!(dtype.type_size(), bytes, "{dtype}");

@@ -28,6 +28,19 @@ pub enum DType {
     Q8_K,
     MXFP4,
     NVFP4,
+    /// The i-quants: grid-coded blocks (`quant/iquants.rs`).
+    IQ2_XXS,
+    IQ2_XS,
+    IQ3_XXS,
+    IQ1_S,
+    IQ4_NL,
+    IQ3_S,
+    IQ2_S,
+    IQ4_XS,
+    IQ1_M,
+    /// Ternary weights (BitNet-style): 1.6 and 2 bits a value.
+    TQ1_0,
+    TQ2_0,
     /// TurboQuant-style KV cache blocks (rotated coordinates, Gaussian codebooks; layout in
     /// `quant/turbo.rs`). Cache-only: no GGUF type id, never a weight.
     TQ4,
@@ -36,7 +49,7 @@ pub enum DType {
 }
 
 impl DType {
-    pub const ALL: [DType; 18] = [
+    pub const ALL: [DType; 29] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -55,10 +68,21 @@ impl DType {
         DType::Q8_K,
         DType::MXFP4,
         DType::NVFP4,
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ3_XXS,
+        DType::IQ1_S,
+        DType::IQ4_NL,
+        DType::IQ3_S,
+        DType::IQ2_S,
+        DType::IQ4_XS,
+        DType::IQ1_M,
+        DType::TQ1_0,
+        DType::TQ2_0,
     ];
 
     /// The block types, in the order above.
-    pub const QUANTIZED: [DType; 13] = [
+    pub const QUANTIZED: [DType; 24] = [
         DType::Q4_0,
         DType::Q4_1,
         DType::Q5_0,
@@ -72,6 +96,33 @@ impl DType {
         DType::Q8_K,
         DType::MXFP4,
         DType::NVFP4,
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ3_XXS,
+        DType::IQ1_S,
+        DType::IQ4_NL,
+        DType::IQ3_S,
+        DType::IQ2_S,
+        DType::IQ4_XS,
+        DType::IQ1_M,
+        DType::TQ1_0,
+        DType::TQ2_0,
+    ];
+
+    /// The i-quants and ternary types (in [`DType::ALL`] and [`DType::QUANTIZED`]): decoded by
+    /// every backend's CPU reference; the GPU backends have no kernels for them yet.
+    pub const IQUANTS: [DType; 11] = [
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ3_XXS,
+        DType::IQ1_S,
+        DType::IQ4_NL,
+        DType::IQ3_S,
+        DType::IQ2_S,
+        DType::IQ4_XS,
+        DType::IQ1_M,
+        DType::TQ1_0,
+        DType::TQ2_0,
     ];
 
     /// The KV-cache-only types (not in [`DType::ALL`]: no weight is ever stored in them).
@@ -110,6 +161,17 @@ impl DType {
             DType::Q8_K => "q8_K",
             DType::MXFP4 => "mxfp4",
             DType::NVFP4 => "nvfp4",
+            DType::IQ2_XXS => "iq2_xxs",
+            DType::IQ2_XS => "iq2_xs",
+            DType::IQ3_XXS => "iq3_xxs",
+            DType::IQ1_S => "iq1_s",
+            DType::IQ4_NL => "iq4_nl",
+            DType::IQ3_S => "iq3_s",
+            DType::IQ2_S => "iq2_s",
+            DType::IQ4_XS => "iq4_xs",
+            DType::IQ1_M => "iq1_m",
+            DType::TQ1_0 => "tq1_0",
+            DType::TQ2_0 => "tq2_0",
             DType::TQ4 => "tq4",
             DType::TQ3 => "tq3",
             DType::TQ2 => "tq2",
@@ -137,11 +199,25 @@ impl DType {
             | DType::MXFP4
             | DType::TQ4
             | DType::TQ3
-            | DType::TQ2 => 32,
+            | DType::TQ2
+            | DType::IQ4_NL => 32,
             DType::NVFP4 => 64,
-            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
-                QK_K
-            }
+            DType::Q2_K
+            | DType::Q3_K
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
+            | DType::Q8_K
+            | DType::IQ2_XXS
+            | DType::IQ2_XS
+            | DType::IQ3_XXS
+            | DType::IQ1_S
+            | DType::IQ3_S
+            | DType::IQ2_S
+            | DType::IQ4_XS
+            | DType::IQ1_M
+            | DType::TQ1_0
+            | DType::TQ2_0 => QK_K,
         }
     }
 
@@ -163,6 +239,17 @@ impl DType {
             DType::Q8_K => 4 + QK_K + QK_K / 8,
             DType::MXFP4 => 1 + 16,
             DType::NVFP4 => 4 + 32,
+            DType::IQ2_XXS => 2 + QK_K / 4,
+            DType::IQ2_XS => 2 + QK_K / 4 + QK_K / 32,
+            DType::IQ3_XXS => 2 + 3 * QK_K / 8,
+            DType::IQ1_S => 2 + QK_K / 8 + QK_K / 16,
+            DType::IQ4_NL => 2 + 16,
+            DType::IQ3_S => 2 + QK_K / 4 + QK_K / 32 + QK_K / 8 + QK_K / 64,
+            DType::IQ2_S => 2 + QK_K / 4 + QK_K / 32 + QK_K / 32,
+            DType::IQ4_XS => 2 + 2 + QK_K / 64 + QK_K / 2,
+            DType::IQ1_M => QK_K / 8 + QK_K / 16 + QK_K / 32,
+            DType::TQ1_0 => (QK_K - 4 * QK_K / 64) / 5 + QK_K / 64 + 2,
+            DType::TQ2_0 => QK_K / 4 + 2,
             DType::TQ4 => 2 + 16,
             DType::TQ3 => 2 + 12,
             DType::TQ2 => 2 + 8,
@@ -216,6 +303,17 @@ impl DType {
             DType::BF16 => 30,
             DType::MXFP4 => 39,
             DType::NVFP4 => 40,
+            DType::IQ2_XXS => 16,
+            DType::IQ2_XS => 17,
+            DType::IQ3_XXS => 18,
+            DType::IQ1_S => 19,
+            DType::IQ4_NL => 20,
+            DType::IQ3_S => 21,
+            DType::IQ2_S => 22,
+            DType::IQ4_XS => 23,
+            DType::IQ1_M => 29,
+            DType::TQ1_0 => 34,
+            DType::TQ2_0 => 35,
             // ggml has no u32 tensor type; kiln uses it only for its own index tensors.
             DType::U32 => u32::MAX,
             // Cache-only types (never in a file).
@@ -273,6 +371,17 @@ mod tests {
             (DType::Q8_K, 292),
             (DType::MXFP4, 17),
             (DType::NVFP4, 36),
+            (DType::IQ2_XXS, 66),
+            (DType::IQ2_XS, 74),
+            (DType::IQ3_XXS, 98),
+            (DType::IQ1_S, 50),
+            (DType::IQ4_NL, 18),
+            (DType::IQ3_S, 110),
+            (DType::IQ2_S, 82),
+            (DType::IQ4_XS, 136),
+            (DType::IQ1_M, 56),
+            (DType::TQ1_0, 54),
+            (DType::TQ2_0, 66),
         ];
         for (d, size) in expect {
             assert_eq!(d.type_size(), size, "{d}");

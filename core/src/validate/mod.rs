@@ -86,6 +86,11 @@ impl Input {
                     self.desc
                 )))
             }
+            // Formats kiln cannot quantize into (the i-quants): random valid blocks.
+            _ if self.desc.dtype.is_quantized() && !quant::quantize_supported(self.desc.dtype) => {
+                let blocks = n / self.desc.dtype.block_size();
+                return Ok(quant::random_blocks(self.desc.dtype, blocks, rng));
+            }
             Gen::Normal(s) => (0..n).map(|_| rng.normal() * s).collect(),
             Gen::Uniform(lo, hi) => (0..n).map(|_| rng.uniform(*lo, *hi)).collect(),
         };

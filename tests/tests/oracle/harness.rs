@@ -42,8 +42,18 @@ pub fn held(dtype: DType, bytes: &[u8], n: usize) -> Vec<f64> {
 impl Kiln {
     /// A tensor of `dtype` made from `data` (rounded or quantized into `dtype`), and the exact
     /// values it holds: what the oracle computes with.
+    /// Formats kiln has no quantizer for (the i-quants) get random valid blocks seeded by
+    /// `data`'s bits instead.
     pub fn tensor(&self, dtype: DType, shape: &[usize], data: &[f32]) -> (Tensor, Vec<f64>) {
-        let bytes = quantize(dtype, data).unwrap();
+        let bytes = if kiln_core::quant::quantize_supported(dtype) {
+            quantize(dtype, data).unwrap()
+        } else {
+            let seed = data.iter().fold(0u64, |h, v| {
+                (h ^ v.to_bits() as u64).wrapping_mul(0x0100_0000_01b3)
+            });
+            let blocks = data.len() / dtype.block_size();
+            kiln_core::quant::random_blocks(dtype, blocks, &mut kiln_core::rng::Rng::new(seed))
+        };
         let t = self
             .cpu
             .tensor_from_bytes(&TensorDesc::new(dtype, shape), &bytes)

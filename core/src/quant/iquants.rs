@@ -1,0 +1,435 @@
+//! The i-quants (IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) and
+//! the ternary TQ1_0 and TQ2_0: ggml's byte layouts, decoded with the f32 operations of the
+//! `gguf` Python package's dequantizers in the same order, so the floats are the same bits
+//! (`tests::dequantization_equals_the_gguf_package`).
+//!
+//! - IQ4_NL (32 values, 18 bytes): f16 `d`, 16 bytes of nibbles (byte j: value j low, j + 16
+//!   high), each an index into the 16 non-uniform levels [`KVALUES_IQ4NL`]: `d · level`.
+//! - IQ4_XS (256, 136): f16 `d`, the 6-bit scales of the 8 groups of 32 (low 4 bits in
+//!   `scales_l`, two nibbles a byte; high 2 bits in the u16 `scales_h`), then 16 bytes of
+//!   IQ4_NL nibbles a group: `d · (scale - 32) · level`.
+//! - IQ2_XXS (256, 66), IQ2_XS (74), IQ2_S (82), IQ3_XXS (98), IQ3_S (110): f16 `d`, then per
+//!   group of 32 an index into a lattice grid for each 8 (IQ2) or 4 (IQ3) values, their signs,
+//!   and a 4-bit group (or half-group) scale. Where signs come as 7-bit indices, the eighth
+//!   sign makes the count of minus signs even (`ksigns(i) = i | parity(i) << 7`).
+//! - IQ1_S (256, 50), IQ1_M (256, 56): 11-bit indices into a grid of {-1, 0, 1} points,
+//!   shifted by ±1/8 (`delta`) and scaled by odd 3-bit multiples of `d`; IQ1_M keeps its f16
+//!   `d` in the top nibbles of its four scale words.
+//! - TQ1_0 (256, 54): 5 or 4 trits a byte, each byte `⌈(Σ t_n 3^(4-n)) · 256 / 243⌉` so the
+//!   n-th trit is `((byte · 3^n mod 256) · 3) >> 8`; TQ2_0 (256, 66): 2 bits a value. Values
+//!   `(t - 1) · d`, `d` (f16) last.
+//!
+//! The grids are generated (`iq_grids.rs`, by `scripts/iquant-grids.py`). Quantizers: TQ1_0
+//! and TQ2_0 (ggml's reference ones, bit for bit); the others have none here (llama.cpp's need
+//! searches over the grids and, for IQ1 and IQ2, an importance matrix).
+
+use super::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
+use super::{f16_at, to_f16};
+
+const QK: usize = 256;
+
+pub(super) const IQ4_NL_BYTES: usize = 2 + 16;
+pub(super) const IQ4_XS_BYTES: usize = 2 + 2 + 4 + 128;
+pub(super) const IQ2_XXS_BYTES: usize = 2 + 64;
+pub(super) const IQ2_XS_BYTES: usize = 2 + 64 + 8;
+pub(super) const IQ2_S_BYTES: usize = 2 + 32 + 32 + 8 + 8;
+pub(super) const IQ3_XXS_BYTES: usize = 2 + 64 + 32;
+pub(super) const IQ3_S_BYTES: usize = 2 + 64 + 8 + 32 + 4;
+pub(super) const IQ1_S_BYTES: usize = 2 + 32 + 16;
+pub(super) const IQ1_M_BYTES: usize = 32 + 16 + 8;
+pub(super) const TQ1_0_BYTES: usize = 48 + 4 + 2;
+pub(super) const TQ2_0_BYTES: usize = 64 + 2;
+
+/// IQ4_NL's 16 levels (IQ4_XS's too).
+pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// IQ1's shift of every grid coordinate.
+const IQ1_DELTA: f32 = 0.125;
+
+/// The 8 signs of a 7-bit sign index: bit j set = value j negative; bit 7 makes the count of
+/// set bits even.
+#[inline(always)]
+fn ksigns(i: u32) -> u32 {
+    let i = i & 0x7F;
+    i | ((i.count_ones() & 1) << 7)
+}
+
+#[inline(always)]
+fn u16_at(b: &[u8], at: usize) -> u32 {
+    u16::from_le_bytes([b[at], b[at + 1]]) as u32
+}
+
+#[inline(always)]
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// ±1 for sign bit `j` of `signs` (set = negative).
+#[inline(always)]
+fn sign(signs: u32, j: usize) -> f32 {
+    if (signs >> j) & 1 == 0 {
+        1.0
+    } else {
+        -1.0
+    }
+}
+
+/// Writes the 8 values `db · grid coordinate · sign` of one IQ2 grid point.
+#[inline(always)]
+fn put8(y: &mut [f32], db: f32, point: u64, signs: u32) {
+    for (j, v) in y.iter_mut().take(8).enumerate() {
+        *v = db * ((point >> (8 * j)) & 0xFF) as f32 * sign(signs, j);
+    }
+}
+
+/// The same for one IQ3 point (4 coordinates), signs `signs >> shift`.
+#[inline(always)]
+fn put4(y: &mut [f32], db: f32, point: u32, signs: u32, shift: usize) {
+    for (j, v) in y.iter_mut().take(4).enumerate() {
+        *v = db * ((point >> (8 * j)) & 0xFF) as f32 * sign(signs, shift + j);
+    }
+}
+
+#[inline(always)]
+pub(super) fn dequant_iq4_nl(b: &[u8; IQ4_NL_BYTES], y: &mut [f32; 32]) {
+    let d = f16_at(b, 0);
+    for j in 0..16 {
+        y[j] = d * KVALUES_IQ4NL[(b[2 + j] & 0x0F) as usize] as f32;
+        y[j + 16] = d * KVALUES_IQ4NL[(b[2 + j] >> 4) as usize] as f32;
+    }
+}
+
+#[inline(always)]
+pub(super) fn dequant_iq4_xs(b: &[u8; IQ4_XS_BYTES], y: &mut [f32; QK]) {
+    let d = f16_at(b, 0);
+    let scales_h = u16_at(b, 2);
+    for ib in 0..8 {
+        let lo = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0F;
+        let hi = ((scales_h >> (2 * ib)) & 3) as u8;
+        let dl = d * ((lo | (hi << 4)) as i32 - 32) as f32;
+        let qs = &b[8 + 16 * ib..8 + 16 * ib + 16];
+        let out = &mut y[32 * ib..32 * ib + 32];
+        for j in 0..16 {
+            out[j] = dl * KVALUES_IQ4NL[(qs[j] & 0x0F) as usize] as f32;
+            out[j + 16] = dl * KVALUES_IQ4NL[(qs[j] >> 4) as usize] as f32;
+        }
+    }
+}
+
+#[inline(always)]
+pub(super) fn dequant_iq2_xxs(b: &[u8; IQ2_XXS_BYTES], y: &mut [f32; QK]) {
+    let d = f16_at(b, 0);
+    for ib in 0..8 {
+        let at = 2 + 8 * ib;
+        let aux = u32_at(b, at + 4);
+        let db = d * (0.5 + (aux >> 28) as f32) * 0.25;
+        for l in 0..4 {
+            let point = IQ2XXS_GRID[b[at + l] as usize];
+            let signs = ksigns(aux >> (7 * l));
+            put8(&mut y[32 * ib + 8 * l..], db, point, signs);
+        }
+    }
+}
+
+#[inline(always)]
+pub(super) fn dequant_iq2_xs(b: &[u8; IQ2_XS_BYTES], y: &mut [f32; QK]) {
+    let d = f16_at(b, 0);
+    for ib in 0..8 {
+        let sc = b[66 + ib];
+        for l in 0..4 {
+            let q = u16_at(b, 2 + 2 * (4 * ib + l));
+            let s = if l < 2 { sc & 0x0F } else { sc >> 4 };
+            let db = d * (0.5 + s as f32) * 0.25;
+            put8(
+                &mut y[32 * ib + 8 * l..],
+                db,
+                IQ2XS_GRID[(q & 511) as usize],
+                ksigns(q >> 9),
+            );
+        }
+    }
+}
+
+#[inline(always)]
+pub(super) fn dequant_iq2_s(b: &[u8; IQ2_S_BYTES], y: &mut [f32; QK]) {
+    let d = f16_at(b, 0);
+    for ib in 0..8 {
+        let sc = b[74 + ib];
+        let qh = b[66 + ib] as usize;
+        for l in 0..4 {
+            let idx = b[2 + 4 * ib + l] as usize | (((qh >> (2 * l)) & 3) << 8);
+            let s = if l < 2 { sc & 0x0F } else { sc >> 4 };
+            let db = d * (0.5 + s as f32) * 0.25;
+            let signs = b[34 + 4 * ib + l] as u32;
+            put8(&mut y[32 * ib + 8 * l..], db, IQ2S_GRID[idx], signs);
+        }
+    }
+}
+
+#[inline(always)]
+pub(super) fn dequant_iq3_xxs(b: &[u8; IQ3_XXS_BYTES], y: &mut [f32; QK]) {
+    let d = f16_at(b, 0);
+    for ib in 0..8 {
+        let aux = u32_at(b, 66 + 4 * ib);
+        let db = d * (0.5 + (aux >> 28) as f32) * 0.5;
+        for l in 0..4 {
+            let signs = ksigns(aux >> (7 * l));
+            let q = 2 + 8 * ib + 2 * l;
+            let out = &mut y[32 * ib + 8 * l..];
+            put4(out, db, IQ3XXS_GRID[b[q] as usize], signs, 0);
+            put4(&mut out[4..], db, IQ3XXS_GRID[b[q + 1] as usize], signs, 4);
+        }
+    }
+}
+
+#[inline(always)]
+pub(super) fn dequant_iq3_s(b: &[u8; IQ3_S_BYTES], y: &mut [f32; QK]) {
+    let d = f16_at(b, 0);
+    for ib in 0..8 {
+        let s = (b[106 + ib / 2] >> (4 * (ib % 2))) & 0x0F;
+        let db = d * (1 + 2 * s as u32) as f32;
+        for l in 0..4 {
+            let signs = b[74 + 4 * ib + l] as u32;
+            let out = &mut y[32 * ib + 8 * l..];
+            for h in 0..2 {
+                let i = 8 * ib + 2 * l + h; // the point's index among the block's 64
+                let idx = b[2 + i] as usize | ((((b[66 + i / 8] >> (i % 8)) & 1) as usize) << 8);
+                put4(&mut out[4 * h..], db, IQ3S_GRID[idx], signs, 4 * h);
+            }
+        }
+    }
+}
+
+/// The 8 values of one IQ1 grid point: `dl · (coordinate + delta)`.
+#[inline(always)]
+fn put_iq1(y: &mut [f32], dl: f32, point: u64, delta: f32) {
+    for (j, v) in y.iter_mut().take(8).enumerate() {
+        *v = dl * (((point >> (8 * j)) & 0xFF) as u8 as i8 as f32 + delta);
+    }
+}
+
+#[inline(always)]
+pub(super) fn dequant_iq1_s(b: &[u8; IQ1_S_BYTES], y: &mut [f32; QK]) {
+    let d = f16_at(b, 0);
+    for ib in 0..8 {
+        let qh = u16_at(b, 34 + 2 * ib);
+        let dl = d * (2 * ((qh >> 12) & 7) + 1) as f32;
+        let delta = if qh & 0x8000 == 0 {
+            IQ1_DELTA
+        } else {
+            -IQ1_DELTA
+        };
+        for l in 0..4 {
+            let idx = b[2 + 4 * ib + l] as usize | ((((qh >> (3 * l)) & 7) as usize) << 8);
+            put_iq1(&mut y[32 * ib + 8 * l..], dl, IQ1S_GRID[idx], delta);
+        }
+    }
+}
+
+#[inline(always)]
+pub(super) fn dequant_iq1_m(b: &[u8; IQ1_M_BYTES], y: &mut [f32; QK]) {
+    let sc = [u16_at(b, 48), u16_at(b, 50), u16_at(b, 52), u16_at(b, 54)];
+    let bits = (sc[0] >> 12) | ((sc[1] >> 8) & 0xF0) | ((sc[2] >> 4) & 0xF00) | (sc[3] & 0xF000);
+    let d = half::f16::from_bits(bits as u16).to_f32();
+    for (i, out) in y.chunks_exact_mut(8).enumerate() {
+        // Point i (of 32): index bits from nibble i % 2 of qh byte i / 2 (bit 3: delta's sign);
+        // scale i / 2 (3 bits) from word i / 8.
+        let nib = (b[32 + i / 2] >> (4 * (i % 2))) & 0x0F;
+        let idx = b[i] as usize | (((nib & 7) as usize) << 8);
+        let k = i / 2;
+        let s = (sc[k / 4] >> (3 * (k % 4))) & 7;
+        let dl = d * (2 * s + 1) as f32;
+        let delta = if nib & 0x08 == 0 {
+            IQ1_DELTA
+        } else {
+            -IQ1_DELTA
+        };
+        put_iq1(out, dl, IQ1S_GRID[idx], delta);
+    }
+}
+
+/// Powers of three for the trits of a TQ1_0 byte.
+const POW3: [u8; 5] = [1, 3, 9, 27, 81];
+
+#[inline(always)]
+fn trit(byte: u8, n: usize) -> f32 {
+    (((byte.wrapping_mul(POW3[n]) as u16 * 3) >> 8) as i32 - 1) as f32
+}
+
+#[inline(always)]
+pub(super) fn dequant_tq1_0(b: &[u8; TQ1_0_BYTES], y: &mut [f32; QK]) {
+    let d = f16_at(b, 52);
+    // 32 bytes of 5 trits (values n·32 + m), 16 of 5 (160 + n·16 + m), 4 of 4 (240 + n·4 + m).
+    for n in 0..5 {
+        for m in 0..32 {
+            y[32 * n + m] = d * trit(b[m], n);
+        }
+        for m in 0..16 {
+            y[160 + 16 * n + m] = d * trit(b[32 + m], n);
+        }
+    }
+    for n in 0..4 {
+        for m in 0..4 {
+            y[240 + 4 * n + m] = d * trit(b[48 + m], n);
+        }
+    }
+}
+
+#[inline(always)]
+pub(super) fn dequant_tq2_0(b: &[u8; TQ2_0_BYTES], y: &mut [f32; QK]) {
+    let d = f16_at(b, 64);
+    for h in 0..2 {
+        for l in 0..4 {
+            for m in 0..32 {
+                let q = (b[32 * h + m] >> (2 * l)) & 3;
+                y[128 * h + 32 * l + m] = d * (q as i32 - 1) as f32;
+            }
+        }
+    }
+}
+
+/// Each value as a trit 0, 1, 2 (for -1, 0, 1 times `d` = max |x|), and `d` as f16: ggml's
+/// reference choice (round half away from zero of x / d).
+#[inline(always)]
+fn ternary(x: &[f32; QK]) -> ([u8; QK], [u8; 2]) {
+    let d = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+    let mut t = [0u8; QK];
+    for (q, &v) in t.iter_mut().zip(x) {
+        // Clamped: a NaN or an infinity gives some trit, never an out-of-range one.
+        *q = ((v * id).round().clamp(-1.0, 1.0) as i8 + 1) as u8;
+    }
+    (t, to_f16(d).0)
+}
+
+pub(super) fn quant_tq1_0(x: &[f32; QK], b: &mut [u8; TQ1_0_BYTES]) {
+    let (t, d) = ternary(x);
+    let pack = |trits: &mut dyn Iterator<Item = u8>| -> u8 {
+        let v = trits.fold(0u16, |a, q| a * 3 + q as u16);
+        ((v * 256 + 242) / 243) as u8
+    };
+    for m in 0..32 {
+        b[m] = pack(&mut (0..5).map(|n| t[32 * n + m]));
+    }
+    for m in 0..16 {
+        b[32 + m] = pack(&mut (0..5).map(|n| t[160 + 16 * n + m]));
+    }
+    for m in 0..4 {
+        // Four trits, weighted 81, 27, 9, 3 (the fifth is an implied 0).
+        let v: u16 = (0..4).fold(0u16, |a, n| a * 3 + t[240 + 4 * n + m] as u16) * 3;
+        b[48 + m] = ((v * 256 + 242) / 243) as u8;
+    }
+    b[52..54].copy_from_slice(&d);
+}
+
+pub(super) fn quant_tq2_0(x: &[f32; QK], b: &mut [u8; TQ2_0_BYTES]) {
+    let (t, d) = ternary(x);
+    for h in 0..2 {
+        for m in 0..32 {
+            b[32 * h + m] = (0..4).fold(0u8, |a, l| a | (t[128 * h + 32 * l + m] << (2 * l)));
+        }
+    }
+    b[64..66].copy_from_slice(&d);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{dequantize, quantize, random_blocks};
+    use crate::rng::Rng;
+    use crate::tensor::DType;
+    use sha2::{Digest, Sha256};
+
+    /// The i-quant types with the fixture's name for each.
+    const TYPES: [DType; 11] = [
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ3_XXS,
+        DType::IQ1_S,
+        DType::IQ4_NL,
+        DType::IQ3_S,
+        DType::IQ2_S,
+        DType::IQ4_XS,
+        DType::IQ1_M,
+        DType::TQ1_0,
+        DType::TQ2_0,
+    ];
+
+    fn fixture() -> serde_json::Value {
+        serde_json::from_str(include_str!("../../../tests/fixtures/quant/iquants.json"))
+            .expect("fixture JSON")
+    }
+
+    /// kiln's dequantization of every i-quant equals the `gguf` package's (0.19.0) bit for bit
+    /// on 4096 random blocks (every grid point drawn many times): the SHA-256 of the f32
+    /// output, and its first values for a readable failure.
+    #[test]
+    fn dequantization_equals_the_gguf_package() {
+        let fx = fixture();
+        for dtype in TYPES {
+            let f = &fx[dtype.name()];
+            let blocks = f["blocks"].as_u64().expect("blocks") as usize;
+            let seed = f["seed"].as_u64().expect("seed");
+            let src = random_blocks(dtype, blocks, &mut Rng::with_state(seed));
+            let mut y = vec![0.0f32; blocks * dtype.block_size()];
+            dequantize(dtype, &src, &mut y).unwrap();
+            let first: Vec<f32> = f["first"]
+                .as_array()
+                .expect("first")
+                .iter()
+                .map(|v| v.as_f64().expect("a number") as f32)
+                .collect();
+            assert_eq!(&y[..first.len()], &first[..], "{dtype}: first values");
+            let bytes: Vec<u8> = y.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let digest = format!("{:x}", Sha256::digest(&bytes));
+            assert_eq!(digest, f["sha256"].as_str().expect("sha256"), "{dtype}");
+        }
+    }
+
+    /// TQ1_0 and TQ2_0 quantize as the `gguf` package does (ggml's reference), bit for bit.
+    #[test]
+    fn ternary_quantization_equals_the_gguf_package() {
+        let fx = fixture();
+        for dtype in [DType::TQ1_0, DType::TQ2_0] {
+            let f = &fx[dtype.name()]["quantized"];
+            let mut rng = Rng::with_state(f["seed"].as_u64().expect("seed"));
+            let n = f["values"].as_u64().expect("values") as usize;
+            // Uniform in [-1, 1) with every 97th value an exact zero (no draw for it), as the
+            // script draws them.
+            let x: Vec<f32> = (0..n)
+                .map(|i| {
+                    if i % 97 == 0 {
+                        0.0
+                    } else {
+                        ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+                    }
+                })
+                .collect();
+            let q = quantize(dtype, &x).unwrap();
+            let digest = format!("{:x}", Sha256::digest(&q));
+            assert_eq!(digest, f["sha256"].as_str().expect("sha256"), "{dtype}");
+            // And the round trip: every value within d/2 of its input.
+            let mut y = vec![0.0f32; n];
+            dequantize(dtype, &q, &mut y).unwrap();
+            for (b, (xs, ys)) in x.chunks(256).zip(y.chunks(256)).enumerate() {
+                let d = xs.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                for (a, c) in xs.iter().zip(ys) {
+                    assert!(
+                        (a - c).abs() <= 0.5 * d * 1.001 + 1e-6,
+                        "{dtype} block {b}: {a} -> {c}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sign_indices_complete_to_an_even_count() {
+        for i in 0..128u32 {
+            let s = super::ksigns(i);
+            assert_eq!(s & 0x7F, i);
+            assert_eq!(s.count_ones() % 2, 0, "{i}");
+        }
+    }
+}
