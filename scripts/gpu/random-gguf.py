@@ -34,6 +34,23 @@ BLOCKS = {
     "q6_k": (Q.Q6_K, 256, 210),
     "q8_0": (Q.Q8_0, 32, 34),
     "nvfp4": (Q.NVFP4, 64, 36),
+    "iq2_xxs": (Q.IQ2_XXS, 256, 66),
+    "iq2_xs": (Q.IQ2_XS, 256, 74),
+    "iq2_s": (Q.IQ2_S, 256, 82),
+    "iq3_xxs": (Q.IQ3_XXS, 256, 98),
+    "iq3_s": (Q.IQ3_S, 256, 110),
+    "iq1_s": (Q.IQ1_S, 256, 50),
+    "iq1_m": (Q.IQ1_M, 256, 56),
+    "iq4_nl": (Q.IQ4_NL, 32, 18),
+    "iq4_xs": (Q.IQ4_XS, 256, 136),
+    "tq1_0": (Q.TQ1_0, 256, 54),
+    "tq2_0": (Q.TQ2_0, 256, 66),
+}
+# The f16 scale range of each i-quant and ternary type (before --scale) that gives weights of
+# about the K-quants' size: each code's grid values and sub-scales multiply it differently.
+IQ_D = {
+    "iq2_xxs": 2e-5, "iq2_xs": 2e-5, "iq2_s": 2e-5, "iq3_xxs": 1e-5, "iq3_s": 1e-5,
+    "iq1_s": 2e-4, "iq1_m": 2e-4, "iq4_nl": 3e-5, "iq4_xs": 1e-6, "tq1_0": 1e-3, "tq2_0": 1e-3,
 }
 FLOATS = {"f16": Q.F16, "bf16": Q.BF16, "f32": Q.F32}
 
@@ -66,6 +83,22 @@ def random_blocks(rng, kind, rows, cols, scale=1.0):
         b[:, 208:210] = f16_bytes(rng, n, 1e-5 * scale, 4e-5 * scale)  # d last; scales are signed 8-bit
     elif kind == "q8_0":
         b[:, 0:2] = f16_bytes(rng, n, 5e-5 * scale, 2e-4 * scale)
+    elif kind in IQ_D:
+        lo = IQ_D[kind] * scale
+        d = f16_bytes(rng, n, lo, 2 * lo)
+        sign = rng.integers(0, 2, size=n, dtype=np.uint8) << 7
+        d[:, 1] |= sign
+        if kind in ("tq1_0", "tq2_0"):
+            b[:, size - 2:] = d
+        elif kind == "iq1_m":
+            # The f16 scale lives in the top nibbles of the four scale words (bytes 48..56).
+            h = d.view(np.uint16).reshape(n)
+            for i in range(4):
+                w = b[:, 48 + 2 * i:50 + 2 * i].copy().view(np.uint16).reshape(n)
+                w = (w & 0x0FFF) | (((h >> (4 * i)) & 0xF) << 12)
+                b[:, 48 + 2 * i:50 + 2 * i] = w.astype(np.uint16).view(np.uint8).reshape(n, 2)
+        else:
+            b[:, 0:2] = d
     elif kind == "nvfp4":
         # four UE4M3 sub-block scales, exponent field 1..2 (1/64 .. 3/64): |w| < 0.2.
         b[:, 0:4] = (rng.integers(8, 24, size=(n, 4))).astype(np.uint8)
@@ -131,6 +164,11 @@ def cmd_make(args):
     emb_kind = args.embed_type or args.type
     add_matrix(w, rng, "token_embd.weight", vocab, h, emb_kind, args.scale)
     params = vocab * h
+    mix = args.types.split(",") if args.types else None
+    for k in mix or []:
+        if k not in BLOCKS and k not in FLOATS:
+            sys.exit(f"random-gguf: unknown type {k}")
+    n_mat = 0
     for i in range(nl):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", rng.uniform(0.8, 1.2, h).astype(np.float32))
@@ -140,7 +178,9 @@ def cmd_make(args):
             ("attn_output", h, nh * hd), ("ffn_gate", ffn, h), ("ffn_up", ffn, h),
             ("ffn_down", h, ffn),
         ]:
-            add_matrix(w, rng, p + name + ".weight", rows, cols, args.type, args.scale)
+            kind = mix[n_mat % len(mix)] if mix else args.type
+            n_mat += 1
+            add_matrix(w, rng, p + name + ".weight", rows, cols, kind, args.scale)
             params += rows * cols
     w.add_tensor("output_norm.weight", rng.uniform(0.8, 1.2, h).astype(np.float32))
     if not args.tied:
@@ -172,6 +212,8 @@ def main():
     m.add_argument("--embed-type", choices=sorted(BLOCKS) + sorted(FLOATS))
     m.add_argument("--head-type", choices=sorted(BLOCKS) + sorted(FLOATS))
     m.add_argument("--tied", action="store_true", help="no output.weight (the embedding is reused)")
+    m.add_argument("--types", help="comma-separated types the layers' matrices take in turn "
+                   "(Q, K, V, output, gate, up, down of each layer), instead of --type")
     m.add_argument("--seed", type=int, default=1)
     m.add_argument("--scale", type=float, default=1.0,
                    help="block scales (and float weights) this many times larger: weights of a "

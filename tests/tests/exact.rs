@@ -133,7 +133,11 @@ fn forward_f64(f: &GgufFile, tokens: &[u32]) -> Vec<Vec<f64>> {
 /// prefill and by token-by-token decode, against the f64 forward over the same weights.
 fn check_against_f64(file: &GgufFile) {
     // A prompt of real text's ids and a few arbitrary ones, 9 positions in all.
-    let tokens: Vec<u32> = vec![504, 3458, 282, 4649, 314, 7042, 30, 1116, 40000];
+    check_tokens_against_f64(file, &[504, 3458, 282, 4649, 314, 7042, 30, 1116, 40000]);
+}
+
+fn check_tokens_against_f64(file: &GgufFile, tokens: &[u32]) {
+    let tokens = tokens.to_vec();
     let want = forward_f64(file, &tokens);
     let ex = Executor::cpu();
     let model = build_from_gguf(file, &ex).expect("model builds");
@@ -164,8 +168,9 @@ fn check_against_f64(file: &GgufFile) {
                 worst = worst.max(d);
             }
         }
+        let top = want.iter().flatten().fold(0f64, |m, v| m.max(v.abs()));
         println!(
-            "{name}: max |logit - f64 logit| = {worst:.2e} over {} positions",
+            "{name}: max |logit - f64 logit| = {worst:.2e} over {} positions (logits up to {top:.2})",
             rows.len()
         );
     }
@@ -199,6 +204,41 @@ fn smollm2_as(dtype: DType) {
     let n = file.tensors().iter().filter(|t| t.dtype == dtype).count();
     assert!(n >= 30, "{n} tensors in {dtype:?}");
     check_against_f64(&file);
+}
+
+/// A random-weight Llama (hidden 256, 2 layers) whose 14 matrices take the i-quants and
+/// ternary types in turn (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, IQ4_NL, IQ4_XS,
+/// TQ1_0, TQ2_0, ...; fixture by `scripts/gpu/random-gguf.py --types`): loaded and run by the
+/// CPU, prefill and decode, with the f64 forward's logits.
+#[test]
+fn a_model_in_every_i_quant_matches_an_f64_forward() {
+    let path = kiln_tests::fixtures().join("hf/gguf/llama_iquants.gguf");
+    let file = GgufFile::open(&path).expect("fixture parses");
+    let types: std::collections::BTreeSet<DType> = file.tensors().iter().map(|t| t.dtype).collect();
+    for d in DType::IQUANTS {
+        assert!(types.contains(&d), "the fixture has no {d} tensor");
+    }
+    check_tokens_against_f64(&file, &[259, 283, 81, 223, 89, 81, 84, 78, 70]);
+}
+
+/// Local i-quant files against the f64 forward (llama-quantize's, say, to adjudicate where
+/// llama.cpp's perplexity and kiln's differ): every `.gguf` in `KILN_TEST_IQ_MODELS`, a
+/// Llama-family model each. Skipped when the variable is unset.
+#[test]
+fn local_quantized_files_match_an_f64_forward() {
+    let Some(dir) = std::env::var_os("KILN_TEST_IQ_MODELS") else {
+        return;
+    };
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("KILN_TEST_IQ_MODELS is a folder")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+        .collect();
+    files.sort();
+    for p in files {
+        println!("{}", p.display());
+        check_against_f64(&GgufFile::open(&p).expect("model parses"));
+    }
 }
 
 #[test]

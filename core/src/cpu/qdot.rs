@@ -22,7 +22,14 @@ pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
         isa == super::simd::Isa::Avx512
             && matches!(
                 dtype,
-                DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4_K | DType::Q6_K
+                DType::Q4_0
+                    | DType::Q4_1
+                    | DType::Q5_0
+                    | DType::Q8_0
+                    | DType::Q4_K
+                    | DType::Q6_K
+                    | DType::IQ4_NL
+                    | DType::IQ4_XS
             )
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -103,6 +110,8 @@ macro_rules! dispatch {
             DType::Q8_0 => $go!(Q80),
             DType::Q4_K => $go!(Q4K),
             DType::Q6_K => $go!(Q6K),
+            DType::IQ4_NL => $go!(IQ4NL),
+            DType::IQ4_XS => $go!(IQ4XS),
             _ => {}
         }
     };
@@ -334,6 +343,46 @@ mod x86 {
             _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d),
         )
     });
+
+    /// IQ4_NL's 16 levels.
+    #[inline(always)]
+    unsafe fn iq4_levels() -> __m512 {
+        _mm512_setr_ps(
+            -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0,
+            69.0, 89.0, 113.0,
+        )
+    }
+
+    // IQ4_NL: f16 d, 16 bytes of nibbles, each a level: the table is the levels times d (the
+    // scalar decoder's one rounding, d · level).
+    block32!(IQ4NL, 18, |b| {
+        nibble_lookup(b.add(2), _mm512_mul_ps(iq4_levels(), f16x16(b)))
+    });
+
+    /// IQ4_XS: f16 d, u16 of the 8 groups' scale high bits, 4 bytes of low nibbles, then each
+    /// group's 16 bytes of IQ4_NL nibbles.
+    pub struct IQ4XS;
+    impl Format for IQ4XS {
+        const BYTES: usize = 136;
+        const GROUPS: usize = 8;
+        /// Lane g < 8: d · (scale of group g - 32).
+        type Head = __m512;
+        #[inline(always)]
+        unsafe fn head(b: *const u8) -> __m512 {
+            let hi = std::ptr::read_unaligned(b.add(2) as *const u16) as u32;
+            let mut s = [0f32; 16];
+            for (g, v) in s.iter_mut().take(8).enumerate() {
+                let lo = (*b.add(4 + g / 2) >> (4 * (g % 2))) as u32 & 0x0F;
+                *v = ((lo | ((hi >> (2 * g)) & 3) << 4) as i32 - 32) as f32;
+            }
+            _mm512_mul_ps(_mm512_loadu_ps(s.as_ptr()), f16x16(b))
+        }
+        #[inline(always)]
+        unsafe fn group(b: *const u8, h: &__m512, g: usize) -> (__m512, __m512) {
+            let dl = _mm512_permutexvar_ps(_mm512_set1_epi32(g as i32), *h);
+            nibble_lookup(b.add(8 + 16 * g), _mm512_mul_ps(iq4_levels(), dl))
+        }
+    }
 
     /// Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles.
     pub struct Q4K;
@@ -635,6 +684,8 @@ mod tests {
             DType::Q8_0,
             DType::Q4_K,
             DType::Q6_K,
+            DType::IQ4_NL,
+            DType::IQ4_XS,
         ];
         if !types.iter().any(|&t| supported(isa, t)) {
             eprintln!("skipped: no fused kernels on this CPU ({isa:?})");
@@ -650,7 +701,16 @@ mod tests {
             };
             for &k in ks {
                 let wf: Vec<f32> = (0..k).map(|_| rng.normal()).collect();
-                let wq = quant::quantize(dt, &wf).unwrap();
+                // Weights of `wf` scaled by s, or random valid blocks for the formats kiln
+                // cannot quantize into (the i-quants).
+                let encode = |s: f32, rng: &mut Rng| {
+                    if quant::quantize_supported(dt) {
+                        quant::quantize(dt, &wf.iter().map(|v| v * s).collect::<Vec<_>>()).unwrap()
+                    } else {
+                        quant::random_blocks(dt, k / dt.block_size(), rng)
+                    }
+                };
+                let wq = encode(1.0, &mut rng);
                 let mut wd = vec![0f32; k];
                 quant::dequantize(dt, &wq, &mut wd).unwrap();
                 // The prefill path (decode once into pass order, then the tile kernel) gives
@@ -663,11 +723,7 @@ mod tests {
                         to_pass_order(&x[i * ldx..i * ldx + k], &mut xp[i * ldx..i * ldx + k]);
                     }
                     let rows: Vec<Vec<u8>> = (0..TILE_COLS)
-                        .map(|j| {
-                            let s = [1.0, -0.5, 2.0, 0.25][j];
-                            quant::quantize(dt, &wf.iter().map(|v| v * s).collect::<Vec<_>>())
-                                .unwrap()
-                        })
+                        .map(|j| encode([1.0, -0.5, 2.0, 0.25][j], &mut rng))
                         .collect();
                     let mut wt = vec![0f32; TILE_COLS * k];
                     for (j, r) in rows.iter().enumerate() {
