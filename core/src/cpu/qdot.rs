@@ -30,6 +30,7 @@ pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
                     | DType::Q6_K
                     | DType::IQ4_NL
                     | DType::IQ4_XS
+                    | DType::IQ2_XXS
             )
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -112,6 +113,7 @@ macro_rules! dispatch {
             DType::Q6_K => $go!(Q6K),
             DType::IQ4_NL => $go!(IQ4NL),
             DType::IQ4_XS => $go!(IQ4XS),
+            DType::IQ2_XXS => $go!(IQ2XXS),
             _ => {}
         }
     };
@@ -381,6 +383,53 @@ mod x86 {
         unsafe fn group(b: *const u8, h: &__m512, g: usize) -> (__m512, __m512) {
             let dl = _mm512_permutexvar_ps(_mm512_set1_epi32(g as i32), *h);
             nibble_lookup(b.add(8 + 16 * g), _mm512_mul_ps(iq4_levels(), dl))
+        }
+    }
+
+    /// IQ2_XXS: f16 d, then a group's 8 bytes: 4 grid indices (8 values each) and a u32 of
+    /// four 7-bit sign indices and the 4-bit scale. A value is `db · coordinate`, negated where
+    /// its sign bit is set (by flipping the sign bit: the scalar decoder's `· -1`, zeros too).
+    pub struct IQ2XXS;
+    impl Format for IQ2XXS {
+        const BYTES: usize = 66;
+        const GROUPS: usize = 8;
+        type Head = f32;
+        #[inline(always)]
+        unsafe fn head(b: *const u8) -> f32 {
+            half::f16::from_bits(std::ptr::read_unaligned(b as *const u16)).to_f32()
+        }
+        #[inline(always)]
+        unsafe fn group(b: *const u8, d: &f32, g: usize) -> (__m512, __m512) {
+            use crate::quant::iq_grids::IQ2XXS_GRID;
+            use crate::quant::iquants::ksigns;
+            let p = b.add(2 + 8 * g);
+            let aux = std::ptr::read_unaligned(p.add(4) as *const u32);
+            // The scalar decoder's order: (d · (0.5 + s)) · 0.25, then · coordinate.
+            let db = _mm512_set1_ps(*d * (0.5 + (aux >> 28) as f32) * 0.25);
+            let pts = _mm256_setr_epi64x(
+                IQ2XXS_GRID[*p as usize] as i64,
+                IQ2XXS_GRID[*p.add(1) as usize] as i64,
+                IQ2XXS_GRID[*p.add(2) as usize] as i64,
+                IQ2XXS_GRID[*p.add(3) as usize] as i64,
+            );
+            let signs = ksigns(aux)
+                | ksigns(aux >> 7) << 8
+                | ksigns(aux >> 14) << 16
+                | ksigns(aux >> 21) << 24;
+            let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(pts)));
+            let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(pts, 1)));
+            let neg = |v: __m512, m: u16| {
+                _mm512_castsi512_ps(_mm512_mask_xor_epi32(
+                    _mm512_castps_si512(v),
+                    m,
+                    _mm512_castps_si512(v),
+                    _mm512_set1_epi32(i32::MIN),
+                ))
+            };
+            (
+                neg(_mm512_mul_ps(lo, db), signs as u16),
+                neg(_mm512_mul_ps(hi, db), (signs >> 16) as u16),
+            )
         }
     }
 
@@ -686,6 +735,7 @@ mod tests {
             DType::Q6_K,
             DType::IQ4_NL,
             DType::IQ4_XS,
+            DType::IQ2_XXS,
         ];
         if !types.iter().any(|&t| supported(isa, t)) {
             eprintln!("skipped: no fused kernels on this CPU ({isa:?})");

@@ -3,7 +3,7 @@
 //! the `gguf` package's definitions (0.19.0); do not edit by hand.
 
 /// 256 points of 8 coordinates; SHA-256 of the little-endian table: 05826b5d3e472a3a78f196be62ac78acf81df0f909626e12ab9fa2a5d490dd54.
-pub(super) static IQ2XXS_GRID: [u64; 256] = [
+pub(crate) static IQ2XXS_GRID: [u64; 256] = [
     0x0808080808080808,
     0x080808080808082b,
     0x0808080808081919,
@@ -263,7 +263,7 @@ pub(super) static IQ2XXS_GRID: [u64; 256] = [
 ];
 
 /// 512 points of 8 coordinates; SHA-256 of the little-endian table: 06e47aaca60b4dc1d9b5a3f34540437058a6b142b4d7a59d5ded769b4d1bf1de.
-pub(super) static IQ2XS_GRID: [u64; 512] = [
+pub(crate) static IQ2XS_GRID: [u64; 512] = [
     0x0808080808080808,
     0x080808080808082b,
     0x0808080808081919,
@@ -779,7 +779,7 @@ pub(super) static IQ2XS_GRID: [u64; 512] = [
 ];
 
 /// 1024 points of 8 coordinates; SHA-256 of the little-endian table: e1aa1473412b0552c2174c30ef22ab4073f6a181b85a17056e8249bd2932fd88.
-pub(super) static IQ2S_GRID: [u64; 1024] = [
+pub(crate) static IQ2S_GRID: [u64; 1024] = [
     0x0808080808080808,
     0x080808080808082b,
     0x0808080808081919,
@@ -1807,7 +1807,7 @@ pub(super) static IQ2S_GRID: [u64; 1024] = [
 ];
 
 /// 256 points of 4 coordinates; SHA-256 of the little-endian table: 46e35f5a997efdee6c99ce57854c8a0d4f0ff8ca57e5e8a60c0793ea580acf5d.
-pub(super) static IQ3XXS_GRID: [u32; 256] = [
+pub(crate) static IQ3XXS_GRID: [u32; 256] = [
     0x04040404, 0x04040414, 0x04040424, 0x04040c0c, 0x04040c1c, 0x04040c3e, 0x04041404, 0x04041414,
     0x04041c0c, 0x04042414, 0x04043e1c, 0x04043e2c, 0x040c040c, 0x040c041c, 0x040c0c04, 0x040c0c14,
     0x040c140c, 0x040c142c, 0x040c1c04, 0x040c1c14, 0x040c240c, 0x040c2c24, 0x040c3e04, 0x04140404,
@@ -1843,7 +1843,7 @@ pub(super) static IQ3XXS_GRID: [u32; 256] = [
 ];
 
 /// 512 points of 4 coordinates; SHA-256 of the little-endian table: bd1af4945a1717c65610b0284e4628b9a1ba3b306fae3a06f6e5f597356e349f.
-pub(super) static IQ3S_GRID: [u32; 512] = [
+pub(crate) static IQ3S_GRID: [u32; 512] = [
     0x01010101, 0x01010103, 0x01010105, 0x0101010b, 0x0101010f, 0x01010301, 0x01010303, 0x01010305,
     0x01010309, 0x0101030d, 0x01010501, 0x01010503, 0x0101050b, 0x01010707, 0x01010901, 0x01010905,
     0x0101090b, 0x0101090f, 0x01010b03, 0x01010b07, 0x01010d01, 0x01010d05, 0x01010f03, 0x01010f09,
@@ -1911,7 +1911,7 @@ pub(super) static IQ3S_GRID: [u32; 512] = [
 ];
 
 /// 2048 points of 8 coordinates; SHA-256 of the little-endian table: 07540ffc1aeaf6ad4d97e96b0fcc765aae39671d4ae4a27bbd0e796fde167c6a.
-pub(super) static IQ1S_GRID: [u64; 2048] = [
+pub(crate) static IQ1S_GRID: [u64; 2048] = [
     0xffffffffffffffff,
     0xffffffffffffff01,
     0xffffffffffff0000,

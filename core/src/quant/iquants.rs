@@ -51,7 +51,7 @@ const IQ1_DELTA: f32 = 0.125;
 /// The 8 signs of a 7-bit sign index: bit j set = value j negative; bit 7 makes the count of
 /// set bits even.
 #[inline(always)]
-fn ksigns(i: u32) -> u32 {
+pub(crate) fn ksigns(i: u32) -> u32 {
     let i = i & 0x7F;
     i | ((i.count_ones() & 1) << 7)
 }

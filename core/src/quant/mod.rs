@@ -11,8 +11,8 @@
 
 mod float;
 mod fp4;
-mod iq_grids;
-mod iquants;
+pub(crate) mod iq_grids;
+pub(crate) mod iquants;
 mod k_quants;
 mod legacy;
 pub mod turbo;
