@@ -31,6 +31,7 @@ pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
                     | DType::IQ4_NL
                     | DType::IQ4_XS
                     | DType::IQ2_XXS
+                    | DType::IQ3_S
             )
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -114,6 +115,7 @@ macro_rules! dispatch {
             DType::IQ4_NL => $go!(IQ4NL),
             DType::IQ4_XS => $go!(IQ4XS),
             DType::IQ2_XXS => $go!(IQ2XXS),
+            DType::IQ3_S => $go!(IQ3S),
             _ => {}
         }
     };
@@ -416,20 +418,55 @@ mod x86 {
                 | ksigns(aux >> 7) << 8
                 | ksigns(aux >> 14) << 16
                 | ksigns(aux >> 21) << 24;
-            let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(pts)));
-            let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(pts, 1)));
-            let neg = |v: __m512, m: u16| {
-                _mm512_castsi512_ps(_mm512_mask_xor_epi32(
-                    _mm512_castps_si512(v),
-                    m,
-                    _mm512_castps_si512(v),
-                    _mm512_set1_epi32(i32::MIN),
-                ))
-            };
-            (
-                neg(_mm512_mul_ps(lo, db), signs as u16),
-                neg(_mm512_mul_ps(hi, db), (signs >> 16) as u16),
-            )
+            grid32(pts, db, signs)
+        }
+    }
+
+    /// `v` with the sign bit of lane i flipped where bit i of `m` is set (exact, zeros too).
+    #[inline(always)]
+    unsafe fn flip_signs(v: __m512, m: u16) -> __m512 {
+        _mm512_castsi512_ps(_mm512_mask_xor_epi32(
+            _mm512_castps_si512(v),
+            m,
+            _mm512_castps_si512(v),
+            _mm512_set1_epi32(i32::MIN),
+        ))
+    }
+
+    /// The 32 coordinate bytes of `pts` as two vectors of f32 times `db`, signs flipped by the
+    /// bits of `signs` (value j: bit j).
+    #[inline(always)]
+    unsafe fn grid32(pts: __m256i, db: __m512, signs: u32) -> (__m512, __m512) {
+        let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(pts)));
+        let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(pts, 1)));
+        (
+            flip_signs(_mm512_mul_ps(lo, db), signs as u16),
+            flip_signs(_mm512_mul_ps(hi, db), (signs >> 16) as u16),
+        )
+    }
+
+    /// IQ3_S: f16 d, 64 index bytes, 8 bytes of their ninth bits, 32 bytes of signs, 4 bytes of
+    /// 4-bit group scales. Group g: 8 grid points of 4 values, `d · (1 + 2 s)` each.
+    pub struct IQ3S;
+    impl Format for IQ3S {
+        const BYTES: usize = 110;
+        const GROUPS: usize = 8;
+        type Head = f32;
+        #[inline(always)]
+        unsafe fn head(b: *const u8) -> f32 {
+            half::f16::from_bits(std::ptr::read_unaligned(b as *const u16)).to_f32()
+        }
+        #[inline(always)]
+        unsafe fn group(b: *const u8, d: &f32, g: usize) -> (__m512, __m512) {
+            use crate::quant::iq_grids::IQ3S_GRID;
+            let s = (*b.add(106 + g / 2) >> (4 * (g % 2))) & 0x0F;
+            let db = _mm512_set1_ps(*d * (1 + 2 * s as u32) as f32);
+            let qh = *b.add(66 + g) as usize;
+            let q = b.add(2 + 8 * g);
+            let pt = |j: usize| IQ3S_GRID[*q.add(j) as usize | ((qh >> j) & 1) << 8] as i32;
+            let pts = _mm256_setr_epi32(pt(0), pt(1), pt(2), pt(3), pt(4), pt(5), pt(6), pt(7));
+            let signs = std::ptr::read_unaligned(b.add(74 + 4 * g) as *const u32);
+            grid32(pts, db, signs)
         }
     }
 
@@ -723,6 +760,44 @@ mod tests {
     use crate::quant;
     use crate::rng::Rng;
 
+    /// Every fused decoder gives the scalar dequantizer's bits (`quant::dequantize`), value
+    /// for value: the fused kernels multiply exactly the weights the rest of kiln sees.
+    #[test]
+    fn fused_decoders_equal_the_scalar_dequantization() {
+        let isa = simd::isa();
+        let mut rng = Rng::new(12);
+        let mut checked = 0;
+        for dt in DType::QUANTIZED {
+            if !supported(isa, dt) {
+                continue;
+            }
+            let k = 768;
+            let w = if quant::quantize_supported(dt) {
+                let x: Vec<f32> = (0..k).map(|_| rng.normal()).collect();
+                quant::quantize(dt, &x).unwrap()
+            } else {
+                quant::random_blocks(dt, k / dt.block_size(), &mut rng)
+            };
+            let mut want = vec![0f32; k];
+            quant::dequantize(dt, &w, &mut want).unwrap();
+            let mut want_pass = vec![0f32; k];
+            to_pass_order(&want, &mut want_pass);
+            let mut got = vec![f32::NAN; k];
+            unsafe { decode_row(dt, w.as_ptr(), k, got.as_mut_ptr()) };
+            for (i, (a, b)) in got.iter().zip(&want_pass).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{dt}: value {i} (pass order): {a} vs {b}"
+                );
+            }
+            checked += 1;
+        }
+        if checked == 0 {
+            eprintln!("skipped: no fused kernels on this CPU ({isa:?})");
+        }
+    }
+
     #[test]
     fn fused_rows_match_an_f64_dot_over_the_dequantized_weights() {
         let isa = simd::isa();
@@ -736,6 +811,7 @@ mod tests {
             DType::IQ4_NL,
             DType::IQ4_XS,
             DType::IQ2_XXS,
+            DType::IQ3_S,
         ];
         if !types.iter().any(|&t| supported(isa, t)) {
             eprintln!("skipped: no fused kernels on this CPU ({isa:?})");
