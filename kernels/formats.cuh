@@ -305,6 +305,45 @@ struct MXFP4 : LoadLater<MXFP4> {
     }
 };
 
+// IQ4_NL's 16 levels (-127, -104, .., 113), level n as a signed byte of four packed words.
+__device__ __forceinline__ float iq4nl_level(u32 n) {
+    const u32 w = n < 8 ? (n < 4 ? 0xBFAD9881u : 0xF6EADDCFu) : (n < 12 ? 0x26190D01u : 0x71594535u);
+    return (float)(i8)(w >> (8 * (n & 3)));
+}
+
+struct IQ4_NL : LoadLater<IQ4_NL> {
+    static constexpr u32 QK = 32, BYTES = 18;
+    // d (f16), 16 bytes of nibbles (value j < 16 low nibble of byte j, else high nibble of
+    // byte j - 16), each a level; value = d * level.
+    template <u32 A = 1>
+    __device__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const float d = __half2float(*(const __half*)b);
+        const u32 j0 = v % QK, shift = j0 < 16 ? 0 : 4;
+        const uint2 q = bytes8<1>(b + 2 + j0 % 16);
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = d * iq4nl_level((byte_of(q, i) >> shift) & 0xF);
+    }
+};
+
+struct IQ4_XS : LoadLater<IQ4_XS> {
+    static constexpr u32 QK = 256, BYTES = 136;
+    // d (f16), the 8 groups' 6-bit scales (high 2 bits in the u16 at 2, low nibbles in the 4
+    // bytes at 4), then each group's 16 bytes of IQ4_NL nibbles; value = d * (scale - 32) * level.
+    template <u32 A = 1>
+    __device__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const float d = __half2float(*(const __half*)b);
+        const u32 ib = (v % QK) / 32, j0 = v % 32, shift = j0 < 16 ? 0 : 4;
+        const u32 hi = ((u32)b[2] | ((u32)b[3] << 8)) >> (2 * ib) & 3;
+        const u32 ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (hi << 4);
+        const float dl = d * (float)((int)ls - 32);
+        const uint2 q = bytes8<1>(b + 8 + 16 * ib + j0 % 16);
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = dl * iq4nl_level((byte_of(q, i) >> shift) & 0xF);
+    }
+};
+
 // Half of an unsigned E4M3 scale (bias 7, bit 7 ignored; 0x00 and 0x7F decode to 0).
 __device__ __forceinline__ float ue4m3_half(u32 x) {
     if (x == 0 || x == 0x7F) return 0.0f;

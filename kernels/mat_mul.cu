@@ -432,6 +432,16 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 mat_mul_mxfp4(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_mul_blocks<MXFP4>(x, w, y, m, n, k);
 }
+// @hot
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_iq4_xs(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    mat_mul_blocks<IQ4_XS>(x, w, y, m, n, k);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_iq4_nl(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    mat_mul_blocks<IQ4_NL>(x, w, y, m, n, k);
+}
 
 // @hot
 extern "C" __global__ void __launch_bounds__(256, 2)
@@ -521,6 +531,18 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 mat_mul_id_grouped_mxfp4(const float* x, const u8* w, const int* order, const int* offsets, const int* tiles,
                         float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne) {
     mat_mul_id_grouped<MXFP4>(x, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_id_grouped_iq4_xs(const float* x, const u8* w, const int* order, const int* offsets, const int* tiles,
+                        float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_grouped<IQ4_XS>(x, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_id_grouped_iq4_nl(const float* x, const u8* w, const int* order, const int* offsets, const int* tiles,
+                        float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_grouped<IQ4_NL>(x, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne);
 }
 
 // @hot

@@ -332,6 +332,42 @@ glu_mat_vec_mxfp4(const float* gate, const float* up, const u8* w, const float* 
                  u32 k, u32 act) {
     glu_mat_vec<MXFP4>(gate, up, w, r, y, m, n, k, act);
 }
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vec_iq4_xs(const float* x, const float* nw, const u8* w, float* y, u32 m,
+                                                 u32 n, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vec<IQ4_XS>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_iq4_xs(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<IQ4_XS>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+glu_mat_vec_iq4_xs(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<IQ4_XS>(gate, up, w, r, y, m, n, k, act);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vec_iq4_nl(const float* x, const float* nw, const u8* w, float* y, u32 m,
+                                                 u32 n, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vec<IQ4_NL>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_iq4_nl(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<IQ4_NL>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+glu_mat_vec_iq4_nl(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<IQ4_NL>(gate, up, w, r, y, m, n, k, act);
+}
 
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)

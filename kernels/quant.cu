@@ -145,6 +145,22 @@ mat_vec_mxfp4(const float* x, const u8* w, const float* r, float* y, u32 m, u32 
 extern "C" __global__ void get_rows_mxfp4(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
     get_rows_blocks<MXFP4>(t, ids, out, n, d, v);
 }
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+mat_vec_iq4_xs(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<IQ4_XS>(x, w, r, y, m, n, k);
+}
+extern "C" __global__ void get_rows_iq4_xs(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
+    get_rows_blocks<IQ4_XS>(t, ids, out, n, d, v);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+mat_vec_iq4_nl(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<IQ4_NL>(x, w, r, y, m, n, k);
+}
+extern "C" __global__ void get_rows_iq4_nl(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
+    get_rows_blocks<IQ4_NL>(t, ids, out, n, d, v);
+}
 
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
@@ -213,6 +229,14 @@ extern "C" __global__ void mat_mul_id_q8_k(const float* x, const u8* w, const in
 extern "C" __global__ void mat_mul_id_mxfp4(const float* x, const u8* w, const int* ids, float* y, u32 t, u32 k,
                                         u32 n, u32 kd, u32 x_per_slot, u32 ne) {
     mat_mul_id_blocks<MXFP4>(x, w, ids, y, t, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void mat_mul_id_iq4_xs(const float* x, const u8* w, const int* ids, float* y, u32 t, u32 k,
+                                        u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_blocks<IQ4_XS>(x, w, ids, y, t, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void mat_mul_id_iq4_nl(const float* x, const u8* w, const int* ids, float* y, u32 t, u32 k,
+                                        u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_blocks<IQ4_NL>(x, w, ids, y, t, k, n, kd, x_per_slot, ne);
 }
 
 extern "C" __global__ void mat_mul_id_nvfp4(const float* x, const u8* w, const int* ids, float* y, u32 t, u32 k,

@@ -87,6 +87,8 @@ pub const WEIGHT_KERNELS: &[WeightKernels] = &[
     weight_kernels!(Q8_K, "q8_k"),
     weight_kernels!(MXFP4, "mxfp4"),
     weight_kernels!(NVFP4, "nvfp4"),
+    weight_kernels!(IQ4_NL, "iq4_nl"),
+    weight_kernels!(IQ4_XS, "iq4_xs"),
 ];
 
 /// The kernels for weights of type `d`, if the backend reads that type.
