@@ -151,6 +151,8 @@ per_format!(
     Q8_K "q8_k",
     MXFP4 "mxfp4",
     NVFP4 "nvfp4",
+    IQ4_NL "iq4_nl",
+    IQ4_XS "iq4_xs",
 );
 
 /// The KV cache tables, from one list of the cache formats WGSL reads and writes (the dtype,

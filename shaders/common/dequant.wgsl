@@ -17,6 +17,8 @@
 //   dq32_<fmt>(row, c)                   32 elements c*32 .. c*32+32 of a row of blocks, for
 //       q4_0 q4_1 q5_0 q5_1 q8_0 mxfp4   (32-element blocks: chunk c is block c)
 //       nvfp4                            (64-element blocks: chunk c is half c%2 of block c/2)
+//       iq4_nl                           (32-element blocks)
+//       iq4_xs                           (256-element blocks: chunk c is group c%8 of block c/8)
 //       q2_k q3_k q4_k q5_k q6_k q8_k    (256-element blocks: chunk c is part c%8 of block c/8)
 // Internal helpers are prefixed with `dq_`.
 //
@@ -224,6 +226,53 @@ fn dq32_mxfp4(row: u32, c: u32) -> array<f32, 32> {
         }
     }
     return y;
+}
+
+// ---- IQ4_NL, IQ4_XS --------------------------------------------------------------------------
+// 4-bit codes indexing 16 non-uniform levels (-127, -104, .., 113), times the block's (IQ4_NL)
+// or group's (IQ4_XS: d * (scale - 32)) scale. Every product is exact in f32 (at most 11 + 6 +
+// 7 significant bits), so the reference's order does not matter.
+
+// The level of a code: signed byte code % 4 of one of four packed words.
+fn dq_iq4nl(code: u32) -> f32 {
+    let lo = select(0xF6EADDCFu, 0xBFAD9881u, code < 4u);
+    let hi = select(0x71594535u, 0x26190D01u, code < 12u);
+    let wd = select(hi, lo, code < 8u);
+    return f32(dq_sext8(wd >> ((code & 3u) * 8u)));
+}
+
+// 16 bytes of nibbles at byte address `q` (element j the low nibble of byte j, j + 16 the
+// high one), each level times d.
+fn dq_iq4_run(q: u32, d: f32) -> array<f32, 32> {
+    let qs = dq_load16(q);
+    var y: array<f32, 32>;
+    for (var j = 0u; j < 16u; j++) {
+        let b = dq_byte(qs, j);
+        y[j] = d * dq_iq4nl(b & 0x0Fu);
+        y[j + 16u] = d * dq_iq4nl(b >> 4u);
+    }
+    return y;
+}
+
+// IQ4_NL, 18 bytes: f16 d @0, qs[16] @2.
+fn dq32_iq4_nl(row: u32, c: u32) -> array<f32, 32> {
+    let b = row + 18u * c;
+    return dq_iq4_run(b + 2u, w_f16(b));
+}
+
+// Group g's scale of an IQ4_XS block at b: d * (6-bit scale - 32), the low 4 bits in nibble
+// g % 2 of byte 4 + g / 2, the high 2 in bits 2g of the u16 at 2.
+fn dq_iq4_xs_scale(b: u32, g: u32) -> f32 {
+    let lo = (w_u8(b + 4u + g / 2u) >> (4u * (g % 2u))) & 0x0Fu;
+    let hi = (w_u16(b + 2u) >> (2u * g)) & 3u;
+    return w_f16(b) * f32(i32(lo | (hi << 4u)) - 32);
+}
+
+// IQ4_XS, 136 bytes: f16 d @0, scales_h u16 @2, scales_l[4] @4, qs[128] @8 (16 bytes a group).
+fn dq32_iq4_xs(row: u32, c: u32) -> array<f32, 32> {
+    let b = row + 136u * (c / 8u);
+    let g = c % 8u;
+    return dq_iq4_run(b + 8u + 16u * g, dq_iq4_xs_scale(b, g));
 }
 
 // Half of an unsigned E4M3 scale byte x (bias 7; bit 7 ignored except that only x == 0x7F, not

@@ -178,6 +178,33 @@ fn dot32_mxfp4(row: u32, c: u32, xb: u32) -> f32 {
     return s;
 }
 
+// The IQ4 levels of four codes.
+fn dt_iq4nl4(q: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(dq_iq4nl(q.x), dq_iq4nl(q.y), dq_iq4nl(q.z), dq_iq4nl(q.w));
+}
+
+// 16 bytes of IQ4 nibbles at byte address `q` times d, dotted with x from xb.
+fn dt_iq4_run(q: u32, d: f32, xb: u32) -> f32 {
+    let qs = dq_load16(q);
+    var s = 0.0;
+    for (var i = 0u; i < 4u; i++) {
+        s += dot(x4(xb + 4u * i), dt_iq4nl4(dt_nib4u(qs[i], 0u)) * d);
+        s += dot(x4(xb + 16u + 4u * i), dt_iq4nl4(dt_nib4u(qs[i], 4u)) * d);
+    }
+    return s;
+}
+
+fn dot32_iq4_nl(row: u32, c: u32, xb: u32) -> f32 {
+    let b = row + 18u * c;
+    return dt_iq4_run(b + 2u, w_f16(b), xb);
+}
+
+fn dot32_iq4_xs(row: u32, c: u32, xb: u32) -> f32 {
+    let b = row + 136u * (c / 8u);
+    let g = c % 8u;
+    return dt_iq4_run(b + 8u + 16u * g, dq_iq4_xs_scale(b, g), xb);
+}
+
 // Sub-block t of the chunk is words 2t, 2t + 1 of the run: word 2t + u holds elements
 // 16t + 4u .. + 4 (low nibbles) and 16t + 8 + 4u .. + 4 (high nibbles).
 fn dot32_nvfp4(row: u32, c: u32, xb: u32) -> f32 {
