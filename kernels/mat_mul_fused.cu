@@ -34,16 +34,8 @@ __device__ __forceinline__ void rms_norm_mat_vecs(const float* x, const float* n
                                                   const void* w2, float* y0, float* y1, float* y2, u32 m, u32 n0,
                                                   u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
     const MvRmsNorm src{{x, nw, k, true}, one_plus ? 1.0f : 0.0f, eps};
-    const u32 b0 = (n0 + MV_ROWS - 1) / MV_ROWS, b1 = (n1 + MV_ROWS - 1) / MV_ROWS;
-    u32 bx = blockIdx.x, n = n0;
-    const void* w = w0;
-    float* y = y0;
-    if (bx >= b0 + b1) {
-        w = w2, y = y2, n = n2, bx -= b0 + b1;
-    } else if (bx >= b0) {
-        w = w1, y = y1, n = n1, bx -= b0;
-    }
-    mat_vec_rows<B>(src, w, y, n, k, bx);
+    const WeightShare s = weight_share(MV_ROWS, w0, w1, w2, y0, y1, y2, n0, n1, n2);
+    mat_vec_rows<B>(src, s.w, s.y, s.n, k, s.bx);
 }
 
 // ---- entry points, per weight format ----

@@ -412,15 +412,10 @@ mat_vec_x8_q4_k(const float* xq, const u8* w0, const u8* w1, const u8* w2, const
     __shared__ X8Ring ring;  // one for both copy units
     constexpr u32 RB = (X8_THREADS / WARP) * MVX_ROWS;
 #endif
-    const u32 b0 = (n0 + RB - 1) / RB, b1 = (n1 + RB - 1) / RB;
-    u32 bx = blockIdx.x, n = n0;
-    const u8* w = w0;
-    float* y = y0;
-    if (bx >= b0 + b1) {
-        w = w2, y = y2, n = n2, bx -= b0 + b1;
-    } else if (bx >= b0) {
-        w = w1, y = y1, n = n1, bx -= b0;
-    }
+    const WeightShare s = weight_share(RB, w0, w1, w2, y0, y1, y2, n0, n1, n2);
+    const u8* w = (const u8*)s.w;
+    float* y = s.y;
+    const u32 n = s.n, bx = s.bx;
 #if MVX_SPLIT
     if (((size_t)w & 15) == 0)
         mat_vec_x8_q4k_split<16>((const u8*)xq, w, res, y, n, k, bx);

@@ -5,6 +5,23 @@
 // (plain, rms-normed, GLU) they read the activations through. Q4_K weights take the int8
 // activation kernel of mat_mul_vec_x8.cu instead unless MV_X8=0 (the launch planner decides).
 
+// The share of a grid over one to three weights of one width (rms_norm_mat_vecs, the
+// mat_vec_x8 kernels): the first ceil(n0 / rb) blocks take w0's rows (rb a block), the next
+// ceil(n1 / rb) w1's, the rest w2's. Returns this block's weight, output, row count and its
+// block index within the weight.
+struct WeightShare {
+    const void* w;
+    float* y;
+    u32 n, bx;
+};
+__device__ __forceinline__ WeightShare weight_share(u32 rb, const void* w0, const void* w1, const void* w2, float* y0,
+                                                    float* y1, float* y2, u32 n0, u32 n1, u32 n2) {
+    const u32 b0 = (n0 + rb - 1) / rb, b1 = (n1 + rb - 1) / rb, bx = blockIdx.x;
+    if (bx >= b0 + b1) return {w2, y2, n2, bx - b0 - b1};
+    if (bx >= b0) return {w1, y1, n1, bx - b0};
+    return {w0, y0, n0, bx};
+}
+
 // ---- the decode mat-vec ------------------------------------------------------------------
 // y [m, n] = xs [m, k] · w [n, k]ᵀ for m ≤ 4 token rows, where xs is what a source makes of
 // its inputs 8 values at a time (the activations as they are, rms-normalised, or a GLU's

@@ -388,38 +388,23 @@ mod x86 {
         }
     }
 
-    /// IQ2_XXS: f16 d, then a group's 8 bytes: 4 grid indices (8 values each) and a u32 of
-    /// four 7-bit sign indices and the 4-bit scale. A value is `db · coordinate`, negated where
-    /// its sign bit is set (by flipping the sign bit: the scalar decoder's `· -1`, zeros too).
-    pub struct IQ2XXS;
-    impl Format for IQ2XXS {
-        const BYTES: usize = 66;
-        const GROUPS: usize = 8;
-        type Head = f32;
-        #[inline(always)]
-        unsafe fn head(b: *const u8) -> f32 {
-            half::f16::from_bits(std::ptr::read_unaligned(b as *const u16)).to_f32()
-        }
-        #[inline(always)]
-        unsafe fn group(b: *const u8, d: &f32, g: usize) -> (__m512, __m512) {
-            use crate::quant::iq_grids::IQ2XXS_GRID;
-            use crate::quant::iquants::ksigns;
-            let p = b.add(2 + 8 * g);
-            let aux = std::ptr::read_unaligned(p.add(4) as *const u32);
-            // The scalar decoder's order: (d · (0.5 + s)) · 0.25, then · coordinate.
-            let db = _mm512_set1_ps(*d * (0.5 + (aux >> 28) as f32) * 0.25);
-            let pts = _mm256_setr_epi64x(
-                IQ2XXS_GRID[*p as usize] as i64,
-                IQ2XXS_GRID[*p.add(1) as usize] as i64,
-                IQ2XXS_GRID[*p.add(2) as usize] as i64,
-                IQ2XXS_GRID[*p.add(3) as usize] as i64,
-            );
-            let signs = ksigns(aux)
-                | ksigns(aux >> 7) << 8
-                | ksigns(aux >> 14) << 16
-                | ksigns(aux >> 21) << 24;
-            grid32(pts, db, signs)
-        }
+    /// A 256-element grid format whose only per-block constant is its f16 `d` (the head): 8
+    /// groups of 32, each decoded by the body from the block, `d` and the group index.
+    macro_rules! grid256 {
+        ($name:ident, $bytes:expr, |$b:ident, $d:ident, $g:ident| $body:block) => {
+            pub struct $name;
+            impl Format for $name {
+                const BYTES: usize = $bytes;
+                const GROUPS: usize = 8;
+                type Head = f32;
+                #[inline(always)]
+                unsafe fn head(b: *const u8) -> f32 {
+                    half::f16::from_bits(std::ptr::read_unaligned(b as *const u16)).to_f32()
+                }
+                #[inline(always)]
+                unsafe fn group($b: *const u8, $d: &f32, $g: usize) -> (__m512, __m512) $body
+            }
+        };
     }
 
     /// `v` with the sign bit of lane i flipped where bit i of `m` is set (exact, zeros too).
@@ -445,30 +430,40 @@ mod x86 {
         )
     }
 
+    /// IQ2_XXS: f16 d, then a group's 8 bytes: 4 grid indices (8 values each) and a u32 of
+    /// four 7-bit sign indices and the 4-bit scale. A value is `db · coordinate`, negated where
+    /// its sign bit is set (by flipping the sign bit: the scalar decoder's `· -1`, zeros too).
+    grid256!(IQ2XXS, 66, |b, d, g| {
+        use crate::quant::iq_grids::IQ2XXS_GRID;
+        use crate::quant::iquants::ksigns;
+        let p = b.add(2 + 8 * g);
+        let aux = std::ptr::read_unaligned(p.add(4) as *const u32);
+        // The scalar decoder's order: (d · (0.5 + s)) · 0.25, then · coordinate.
+        let db = _mm512_set1_ps(*d * (0.5 + (aux >> 28) as f32) * 0.25);
+        let pts = _mm256_setr_epi64x(
+            IQ2XXS_GRID[*p as usize] as i64,
+            IQ2XXS_GRID[*p.add(1) as usize] as i64,
+            IQ2XXS_GRID[*p.add(2) as usize] as i64,
+            IQ2XXS_GRID[*p.add(3) as usize] as i64,
+        );
+        let signs =
+            ksigns(aux) | ksigns(aux >> 7) << 8 | ksigns(aux >> 14) << 16 | ksigns(aux >> 21) << 24;
+        grid32(pts, db, signs)
+    });
+
     /// IQ3_S: f16 d, 64 index bytes, 8 bytes of their ninth bits, 32 bytes of signs, 4 bytes of
     /// 4-bit group scales. Group g: 8 grid points of 4 values, `d · (1 + 2 s)` each.
-    pub struct IQ3S;
-    impl Format for IQ3S {
-        const BYTES: usize = 110;
-        const GROUPS: usize = 8;
-        type Head = f32;
-        #[inline(always)]
-        unsafe fn head(b: *const u8) -> f32 {
-            half::f16::from_bits(std::ptr::read_unaligned(b as *const u16)).to_f32()
-        }
-        #[inline(always)]
-        unsafe fn group(b: *const u8, d: &f32, g: usize) -> (__m512, __m512) {
-            use crate::quant::iq_grids::IQ3S_GRID;
-            let s = (*b.add(106 + g / 2) >> (4 * (g % 2))) & 0x0F;
-            let db = _mm512_set1_ps(*d * (1 + 2 * s as u32) as f32);
-            let qh = *b.add(66 + g) as usize;
-            let q = b.add(2 + 8 * g);
-            let pt = |j: usize| IQ3S_GRID[*q.add(j) as usize | ((qh >> j) & 1) << 8] as i32;
-            let pts = _mm256_setr_epi32(pt(0), pt(1), pt(2), pt(3), pt(4), pt(5), pt(6), pt(7));
-            let signs = std::ptr::read_unaligned(b.add(74 + 4 * g) as *const u32);
-            grid32(pts, db, signs)
-        }
-    }
+    grid256!(IQ3S, 110, |b, d, g| {
+        use crate::quant::iq_grids::IQ3S_GRID;
+        let s = (*b.add(106 + g / 2) >> (4 * (g % 2))) & 0x0F;
+        let db = _mm512_set1_ps(*d * (1 + 2 * s as u32) as f32);
+        let qh = *b.add(66 + g) as usize;
+        let q = b.add(2 + 8 * g);
+        let pt = |j: usize| IQ3S_GRID[*q.add(j) as usize | ((qh >> j) & 1) << 8] as i32;
+        let pts = _mm256_setr_epi32(pt(0), pt(1), pt(2), pt(3), pt(4), pt(5), pt(6), pt(7));
+        let signs = std::ptr::read_unaligned(b.add(74 + 4 * g) as *const u32);
+        grid32(pts, db, signs)
+    });
 
     /// Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles.
     pub struct Q4K;

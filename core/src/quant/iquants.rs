@@ -341,21 +341,6 @@ mod tests {
     use crate::tensor::DType;
     use sha2::{Digest, Sha256};
 
-    /// The i-quant types with the fixture's name for each.
-    const TYPES: [DType; 11] = [
-        DType::IQ2_XXS,
-        DType::IQ2_XS,
-        DType::IQ3_XXS,
-        DType::IQ1_S,
-        DType::IQ4_NL,
-        DType::IQ3_S,
-        DType::IQ2_S,
-        DType::IQ4_XS,
-        DType::IQ1_M,
-        DType::TQ1_0,
-        DType::TQ2_0,
-    ];
-
     fn fixture() -> serde_json::Value {
         serde_json::from_str(include_str!("../../../tests/fixtures/quant/iquants.json"))
             .expect("fixture JSON")
@@ -367,7 +352,7 @@ mod tests {
     #[test]
     fn dequantization_equals_the_gguf_package() {
         let fx = fixture();
-        for dtype in TYPES {
+        for dtype in DType::IQUANTS {
             let f = &fx[dtype.name()];
             let blocks = f["blocks"].as_u64().expect("blocks") as usize;
             let seed = f["seed"].as_u64().expect("seed");

@@ -547,18 +547,7 @@ mod tests {
             // Ternary over max |x| of 256 values (meant for weights trained ternary): normal
             // data loses everything under max/2, most of it.
             DType::TQ1_0 | DType::TQ2_0 => 1.0,
-            // No quantizer (the test skips them).
-            DType::I32
-            | DType::U32
-            | DType::IQ2_XXS
-            | DType::IQ2_XS
-            | DType::IQ3_XXS
-            | DType::IQ1_S
-            | DType::IQ4_NL
-            | DType::IQ3_S
-            | DType::IQ2_S
-            | DType::IQ4_XS
-            | DType::IQ1_M => unreachable!(),
+            d => unreachable!("{d} has no quantizer (the test skips it)"),
         }
     }
 
