@@ -66,6 +66,7 @@ def main():
         digest = hashlib.sha256(raw).hexdigest()
         width = 2 * n
         out.append(f"/// {len(vals)} points of {n} coordinates; SHA-256 of the little-endian table: {digest}.")
+        out.append("#[rustfmt::skip]")
         out.append(f"pub(crate) static {name}: [{ty}; {len(vals)}] = [")
         per_line = 4 if n == 8 else 6
         for i in range(0, len(vals), per_line):
