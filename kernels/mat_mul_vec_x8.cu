@@ -16,15 +16,18 @@
 // for all MVX_ROWS rows it takes, and the weights are staged through shared memory.
 //
 // The error bound. A group g of 32 values x_i with a = max |x_i| has scale s = a / 127 and
-// t_i = x_i · (127 / a) in [-127, 127] (f32, so t_i = x_i / s · (1 + e), |e| ≤ 2^-23 from the
-// two roundings and s · 127 / a ≠ 1). The parts: h = rint(t) (|h| ≤ 127), r = t - h in
-// [-0.5, 0.5] (exact: Sterbenz); m = rint(254 r) (|m| ≤ 127), r' = 254 r - m in [-0.5, 0.5];
-// l = rint(254 r') (|l| ≤ 127). Then x' = s (h + m / 254 + l / 254²) differs from x by at most
+// t_i = x_i · (127 / a) in [-127, 127] (f32, so t_i = x_i / s · (1 + e), |e| ≤ 1.5 · 2^-23 from
+// the three roundings of 127 / a, a / 127 and the product). The parts: h = rint(t) (|h| ≤ 127),
+// r = t - h in [-0.5, 0.5] (exact: Sterbenz); m = rint(254 r) (|m| ≤ 127), r' = 254 r - m in
+// [-0.5, 0.5] (254 r rounded: at most 2^-25 · 127 more); l = rint(254 r') (|l| ≤ 127). Then
+// x' = s (h + m / 254 + l / 254²) differs from x by at most
 //   1 part:  s / 2                = a / 254          (3.9e-3 a; a measurement knob only)
 //   2 parts: s / (2 · 254)        = a / 64516        (1.6e-5 a)
-//   3 parts: s / (2 · 254²) + |x| 2^-23 ≤ a · 6.1e-8 + |x| 1.2e-7   (f32's own rounding)
+//   3 parts: s / (2 · 254²) + s · 2^-25 · 127 / 254 + |x| 1.5 · 2^-23
+//            ≤ a · 6.3e-8 + |x| 1.8e-7   (a few of f32's own roundings)
 // per value, so |Σ w x' - Σ w x| ≤ Σ_g a_g Σ_{i∈g} |w_i| · (that factor). The default, 3
-// parts, is as exact as an f32 product. Every dp4a sum is exact: at most 16 products of a code
+// parts, is within a few f32 ulps of each value. A group whose largest magnitude is below
+// 2^-100 (127 / a would overflow) is stored as zeros: an error below 2^-100 a value. Every dp4a sum is exact: at most 16 products of a code
 // (|q| ≤ 15 for Q4_K's nibbles) and a part (|p| ≤ 127) a lane and group, |Σ| ≤ 30480, far
 // inside 32 bits, and turned into a float exactly (below 2^22: int_as_f32). The part sums are
 // combined in f32 (S_h + (S_m + S_l / 254) / 254, relative rounding 2^-23 each), then the
@@ -147,7 +150,8 @@ quantize_x8(const float* a, const float* b, float* q, u32 m, u32 k, u32 kind, fl
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    // Below 2^-100 the group is stored as zeros (127 / amax could overflow to infinity).
+    const float inv = amax >= __int_as_float(0x0D800000) ? 127.0f / amax : 0.0f;  // 2^-100
     u32 words[MVX_PARTS][2];
 #pragma unroll
     for (int p = 0; p < MVX_PARTS; p++) words[p][0] = words[p][1] = 0;

@@ -121,6 +121,8 @@ pub(crate) struct Gpu {
     /// The kernels started with programmatic dependent launch (`// @pdl` in their files; on
     /// sm_90 and later, unless `KILN_CUDA_DEFINES` has `PDL=0`).
     pdl: std::collections::HashSet<String>,
+    /// Cleared when a programmatic launch fails outside a recording: later launches are plain.
+    pdl_ok: std::sync::atomic::AtomicBool,
     /// Launches and copies enqueued, and nanoseconds of host time `execute` took.
     launches: AtomicU64,
     submit_ns: AtomicU64,
@@ -241,7 +243,14 @@ impl Gpu {
             parallelism: sms,
         };
         let pool = Arc::new(Pool::new(DriverAlloc { ctx: ctx.clone() }));
-        let pdl = if cc.0 >= 9 && kernels::knob("PDL") != Some(0) {
+        // Programmatic edges in captured graphs need a CUDA 12.3 driver or newer.
+        let mut driver = 0i32;
+        // SAFETY: writes one int; the driver library is loaded (the context exists).
+        let driver_ok = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) }
+            .result()
+            .is_ok()
+            && driver >= 12030;
+        let pdl = if cc.0 >= 9 && driver_ok && kernels::knob("PDL") != Some(0) {
             kernels::pdl_kernels().into_iter().collect()
         } else {
             Default::default()
@@ -256,6 +265,7 @@ impl Gpu {
             sigs,
             functions,
             pdl,
+            pdl_ok: std::sync::atomic::AtomicBool::new(true),
             launches: AtomicU64::new(0),
             submit_ns: AtomicU64::new(0),
             capture: Mutex::new(None),
@@ -573,8 +583,17 @@ impl Gpu {
                 })
             })
             .collect::<Result<Vec<V>>>()?;
-        if self.pdl.contains(l.kernel) {
-            return self.launch_pdl(f, l, &vals);
+        if self.pdl.contains(l.kernel) && self.pdl_ok.load(Ordering::Relaxed) {
+            match self.launch_pdl(f, l, &vals) {
+                Ok(()) => return Ok(()),
+                // Not while a step is being recorded: the capture may already be spoiled, and
+                // the executor turns recording off on the error.
+                Err(e) if self.lock_capture().is_some() => return Err(e),
+                Err(e) => {
+                    tracing::warn!("{e}; launching every kernel after the one before from now on");
+                    self.pdl_ok.store(false, Ordering::Relaxed);
+                }
+            }
         }
         let mut b = self.stream.launch_builder(f);
         for v in &vals {

@@ -136,16 +136,33 @@ pub fn knob(name: &str) -> Option<i64> {
         .map(|&(_, v)| v)
 }
 
-/// The valid `NAME=VALUE` items of a `KILN_CUDA_DEFINES` spec.
+/// The valid `NAME=VALUE` items of a `KILN_CUDA_DEFINES` spec, less combinations the kernels
+/// cannot be built with (the staged x8 mat-vec's ring past 48 KiB of static shared memory:
+/// then its `MVX_ROWS` and `MVX_STAGES` are dropped, with a warning).
 fn known_knobs(spec: &str) -> Vec<(String, i64)> {
-    spec.split(',')
+    let mut knobs: Vec<(String, i64)> = spec
+        .split(',')
         .filter_map(|item| {
             let (n, v) = item.trim().split_once('=')?;
             let v = v.trim().parse::<i64>().ok()?;
             let &(name, lo, hi) = TUNING_KNOBS.iter().find(|k| k.0 == n.trim())?;
             (lo..=hi).contains(&v).then(|| (name.to_string(), v))
         })
-        .collect()
+        .collect();
+    let get = |n: &str, default: i64, ks: &[(String, i64)]| {
+        ks.iter().rev().find(|k| k.0 == n).map_or(default, |k| k.1)
+    };
+    if get("MVX_SPLIT", 1, &knobs) == 0 {
+        // 4 warps × stages × rows × 576 bytes (mat_mul_vec_x8.cu's X8Ring).
+        let ring = 4 * get("MVX_STAGES", 4, &knobs) * get("MVX_ROWS", 2, &knobs) * 576;
+        if ring > 48 * 1024 {
+            tracing::warn!(
+                "KILN_CUDA_DEFINES: the staged x8 mat-vec's ring would take {ring} bytes (at most 49152); ignoring MVX_ROWS and MVX_STAGES"
+            );
+            knobs.retain(|k| k.0 != "MVX_ROWS" && k.0 != "MVX_STAGES");
+        }
+    }
+    knobs
 }
 
 /// `KILN_CUDA_DEFINES=NAME=VALUE,...` as `#define` lines: the kernels' tuning knobs (e.g.
@@ -159,9 +176,13 @@ fn tuning_defines() -> String {
 }
 
 fn defines_from(spec: &str) -> String {
+    let known = known_knobs(spec);
     let mut out = String::new();
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        match known_knobs(item).pop() {
+        match known_knobs(item)
+            .pop()
+            .filter(|k| known.iter().any(|j| j.0 == k.0))
+        {
             Some((n, v)) => out.push_str(&format!("#define {n} {v}\n")),
             None => tracing::warn!(
                 "KILN_CUDA_DEFINES: ignoring {item:?} (known: {})",
@@ -455,5 +476,16 @@ mod pdl_tests {
             (Some(1), Some(0))
         );
         assert_eq!(with_knobs(Some("MVX_PARTS=9"), || knob("MVX_PARTS")), None);
+        // A staged ring past 48 KiB is not built: its sizes fall back to the defaults.
+        assert_eq!(
+            with_knobs(Some("MVX_SPLIT=0,MVX_ROWS=8,MVX_STAGES=8"), || (
+                knob("MVX_SPLIT"),
+                knob("MVX_ROWS"),
+                knob("MVX_STAGES")
+            )),
+            (Some(0), None, None)
+        );
+        assert!(!defines_from("MVX_SPLIT=0,MVX_ROWS=8").contains("MVX_ROWS"));
+        assert!(defines_from("MVX_SPLIT=0,MVX_ROWS=4").contains("#define MVX_ROWS 4"));
     }
 }

@@ -430,9 +430,9 @@ mod x86 {
         )
     }
 
-    /// IQ2_XXS: f16 d, then a group's 8 bytes: 4 grid indices (8 values each) and a u32 of
-    /// four 7-bit sign indices and the 4-bit scale. A value is `db · coordinate`, negated where
-    /// its sign bit is set (by flipping the sign bit: the scalar decoder's `· -1`, zeros too).
+    // IQ2_XXS: f16 d, then a group's 8 bytes: 4 grid indices (8 values each) and a u32 of
+    // four 7-bit sign indices and the 4-bit scale. A value is `db · coordinate`, negated where
+    // its sign bit is set (by flipping the sign bit: the scalar decoder's `· -1`, zeros too).
     grid256!(IQ2XXS, 66, |b, d, g| {
         use crate::quant::iq_grids::IQ2XXS_GRID;
         use crate::quant::iquants::ksigns;
@@ -451,8 +451,8 @@ mod x86 {
         grid32(pts, db, signs)
     });
 
-    /// IQ3_S: f16 d, 64 index bytes, 8 bytes of their ninth bits, 32 bytes of signs, 4 bytes of
-    /// 4-bit group scales. Group g: 8 grid points of 4 values, `d · (1 + 2 s)` each.
+    // IQ3_S: f16 d, 64 index bytes, 8 bytes of their ninth bits, 32 bytes of signs, 4 bytes of
+    // 4-bit group scales. Group g: 8 grid points of 4 values, `d · (1 + 2 s)` each.
     grid256!(IQ3S, 110, |b, d, g| {
         use crate::quant::iq_grids::IQ3S_GRID;
         let s = (*b.add(106 + g / 2) >> (4 * (g % 2))) & 0x0F;

@@ -110,7 +110,7 @@ impl DType {
     ];
 
     /// The i-quants and ternary types (in [`DType::ALL`] and [`DType::QUANTIZED`]): decoded by
-    /// every backend's CPU reference; the GPU backends have no kernels for them yet.
+    /// the CPU reference; of these the GPU backends have kernels for IQ4_NL and IQ4_XS only.
     pub const IQUANTS: [DType; 11] = [
         DType::IQ2_XXS,
         DType::IQ2_XS,
