@@ -178,9 +178,9 @@ vulkan() {
 # after the prefill's, once per kernel variant of KILN_GPU_NCU_VARIANTS (space-separated
 # KILN_CUDA_DEFINES values; "default" is the built-in one). ncu locks the clocks to base.
 ncu_decode() {
-    local ncu v log
+    local ncu v log had=${KILN_CUDA_DEFINES-__unset__}
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    for v in ${KILN_GPU_NCU_VARIANTS:-default MV_STAGED=2,MV_MIN_BLOCKS=8}; do
+    for v in ${KILN_GPU_NCU_VARIANTS:-default MV_X8=0}; do
         log=ncu-decode-3b-q4_k-$v
         say "== ncu, kernels $v"
         if [ "$v" = default ]; then unset KILN_CUDA_DEFINES; else export KILN_CUDA_DEFINES=$v; fi
@@ -209,7 +209,8 @@ for k, (n, t, b, regs, occ) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:10
     print(f"  {k:40s} n={n:4d} time={t:10.0f} read={b:12.0f} GB/s={gbs:7.1f} regs={regs:.0f} warps%={occ / n:5.1f}")
 EOF2
     done
-    unset KILN_CUDA_DEFINES
+    # The caller's knobs again (a later step such as ncu_detail profiles what the caller set).
+    if [ "$had" = __unset__ ]; then unset KILN_CUDA_DEFINES; else export KILN_CUDA_DEFINES=$had; fi
 }
 
 sanitize() {
@@ -267,9 +268,9 @@ for s in $steps; do
             # KILN_CUDA_DEFINES= (empty) runs the built-in knobs whatever the caller exported.
             wait_models
             ab_models=${KILN_GPU_AB_MODELS:-1b-q4_k 3b-q4_k 8b-q4_k}
-            # Default: every op launched on its own, then the decode step replayed as a graph,
-            # then with the lane-per-row mat-vec too; last the launch fusions off (no graph).
-            ab_variants=${KILN_GPU_AB_VARIANTS:-KILN_GRAPHS=0 - KILN_CUDA_DEFINES=MV_STAGED=2,MV_MIN_BLOCKS=8 KILN_GRAPHS=0+KILN_CUDA_DEFINES=FUSE_LAUNCHES=0}
+            # Default: the f32 decode kernels for Q4_K (MV_X8=0), the built-in knobs (the int8
+            # activation kernels), those without programmatic dependent launch.
+            ab_variants=${KILN_GPU_AB_VARIANTS:-KILN_CUDA_DEFINES=MV_X8=0 KILN_CUDA_DEFINES= KILN_CUDA_DEFINES=PDL=0}
             for m in $ab_models; do
                 for round in 1 2 3; do
                     for v in $ab_variants; do
