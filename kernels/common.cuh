@@ -40,6 +40,18 @@ __device__ __forceinline__ uint2 bytes8(const u8* p) {
     }
 }
 
+// 16 bytes at p, in loads of A bytes (16: one vector load; 1: bytes).
+template <u32 A>
+__device__ __forceinline__ uint4 load16(const u8* p) {
+    if constexpr (A >= 16) {
+        return *(const uint4*)p;
+    } else {
+        uint4 r;
+        r.x = word_at<A>(p), r.y = word_at<A>(p + 4), r.z = word_at<A>(p + 8), r.w = word_at<A>(p + 12);
+        return r;
+    }
+}
+
 // The f16 whose bits are the low 16 of h.
 __device__ __forceinline__ float f16_bits(u32 h) { return __half2float(__ushort_as_half((unsigned short)h)); }
 

@@ -177,18 +177,6 @@ quantize_x8(const float* a, const float* b, float* q, u32 m, u32 k, u32 kind, fl
     }
 }
 
-// 16 bytes at p, in loads of A bytes (16: one vector load; 1: bytes).
-template <u32 A>
-__device__ __forceinline__ uint4 load16(const u8* p) {
-    if constexpr (A >= 16) {
-        return *(const uint4*)p;
-    } else {
-        uint4 r;
-        r.x = word_at<A>(p), r.y = word_at<A>(p + 4), r.z = word_at<A>(p + 8), r.w = word_at<A>(p + 12);
-        return r;
-    }
-}
-
 // Σ of the 4 products of a's and b's bytes (signed), plus c.
 __device__ __forceinline__ int x8_dp4a(u32 a, u32 b, int c) { return __dp4a((int)a, (int)b, c); }
 
