@@ -46,37 +46,55 @@ cleanup() {
 }
 trap cleanup EXIT
 
-wait_up() {
-    local pid=$1 url=$2
-    for _ in $(seq 600); do
-        kill -0 "$pid" 2>/dev/null || { echo "$url: the process exited at start" >&2; exit 1; }
-        curl -sf "$url/health" >/dev/null 2>&1 && return 0
-        sleep 0.1
+# Starts "$@" (its port given as the word PORT) on $1's port and waits for /health; a port
+# another process took in the meantime (the log says so) moves it to a free-looking other one,
+# up to 5 tries. Sets `url` and appends the pid. Any other early exit prints the log's tail.
+launch() {
+    local log=$1 port=$2
+    shift 2
+    for _ in 1 2 3 4 5; do
+        "${@/#PORT/$port}" >"$log" 2>&1 &
+        local pid=$!
+        url="http://127.0.0.1:$port"
+        local up=0
+        for _ in $(seq 600); do
+            if ! kill -0 "$pid" 2>/dev/null; then up=2; break; fi
+            if curl -sf --max-time 2 "$url/health" >/dev/null 2>&1; then up=1; break; fi
+            sleep 0.1
+        done
+        if [ "$up" = 1 ]; then pids+=("$pid"); return 0; fi
+        if [ "$up" = 0 ]; then kill "$pid" 2>/dev/null || true; echo "$url did not come up" >&2; exit 1; fi
+        wait "$pid" 2>/dev/null || true
+        if grep -qi "address already in use" "$log"; then
+            echo "$url: port taken, trying another" >&2
+            port=$((20000 + RANDOM % 12000))
+            continue
+        fi
+        echo "$url: the process exited at start; the end of $log:" >&2
+        tail -n 20 "$log" >&2
+        exit 1
     done
-    echo "$url did not come up" >&2
+    echo "no free port after 5 tries" >&2
     exit 1
 }
 
 workers=()
 for i in 1 2 3; do
-    port=$((base + i))
-    "$kiln" serve -m "$model" -t "$threads" --backend cpu --max-batch 4 --port "$port" \
-        >"target/cluster-worker-$i.log" 2>&1 &
-    pids+=($!)
-    workers+=("http://127.0.0.1:$port")
-    wait_up "$!" "http://127.0.0.1:$port"
+    launch "target/cluster-worker-$i.log" $((base + i)) \
+        "$kiln" serve -m "$model" -t "$threads" --backend cpu --max-batch 4 --port PORT
+    workers+=("$url")
 done
 served=$(curl -sf "${workers[0]}/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
 
 # Health checks every second, a worker out after one failure; a request that gets no answer in
 # 5 s is retried on another worker.
-PYTHONPATH="$router_dir" "$router_dir/bin/vllm-router" --host 127.0.0.1 --port "$base" \
+PYTHONPATH="$router_dir" launch target/cluster-router.log "$base" \
+    "$router_dir/bin/vllm-router" --host 127.0.0.1 --port PORT \
     --worker-urls "${workers[@]}" --policy cache_aware \
     --health-check-interval-secs 1 --health-check-timeout-secs 1 --health-failure-threshold 1 \
     --health-success-threshold 1 --request-timeout-secs 5 --retry-max-retries 3 \
-    --log-level warning >target/cluster-router.log 2>&1 &
-pids+=($!)
-wait_up "$!" "http://127.0.0.1:$base"
+    --log-level warning
+base=${url##*:}
 
 # Runs the phases against the router; the workers' /metrics tell where requests went.
 python3 - "$base" "$served" "$requests" "$prefix_n" "$stopped_n" "$conc" "$tokens" \

@@ -37,11 +37,19 @@ fn three_workers_behind_vllm_router_spread_keep_prefixes_and_survive_a_stopped_w
         return;
     }
     let kiln = kiln_binary().expect("the kiln binary beside the tests (cargo builds it)");
-    // A base port from the system's free ones: the router takes it, the workers the next three.
-    let base = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port().min(65_000))
-        .expect("a free port");
+    // A base port below the kernel's ephemeral range (32768 up), where the connections of the
+    // tests running beside this one do not land, with the next three free as well; the script
+    // moves a process whose port is taken all the same.
+    let seed = std::process::id() as u64
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos() as u64)
+            .unwrap_or(0);
+    let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+    let base = (0..64u64)
+        .map(|i| 20_000 + ((seed.wrapping_mul(2_654_435_761).wrapping_add(i * 97)) % 12_000) as u16)
+        .find(|&b| (b..b + 4).all(free))
+        .expect("four free ports in 20000..32004");
     let out = Command::new("bash")
         .arg(root.join("scripts/cluster.sh"))
         .env("KILN", &kiln)
