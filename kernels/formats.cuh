@@ -25,11 +25,11 @@ struct LoadLater {
         const u8* row;
     };
     template <u32 A = 1>
-    __device__ static Raw fetch(const u8* row, u32) {
+    __device__ __forceinline__ static Raw fetch(const u8* row, u32) {
         return {row};
     }
     template <u32 A = 1>
-    __device__ static void decode(const Raw& r, u32 v, float* out) {
+    __device__ __forceinline__ static void decode(const Raw& r, u32 v, float* out) {
         F::template load8<A>(r.row, v, out);
     }
 };
@@ -341,6 +341,211 @@ struct IQ4_XS : LoadLater<IQ4_XS> {
         const uint2 q = bytes8<1>(b + 8 + 16 * ib + j0 % 16);
 #pragma unroll
         for (int i = 0; i < 8; i++) out[i] = dl * iq4nl_level((byte_of(q, i) >> shift) & 0xF);
+    }
+};
+
+// ---- the grid i-quants and the ternary formats --------------------------------------------
+// All are 256-value blocks with an f16 d; 8 values at a multiple of 8 are one grid point of
+// 8 coordinates (IQ2, IQ1) or two of 4 (IQ3), whose coordinates iq_grids.cuh holds as bytes.
+// Every value is (scale · coordinate) · ±1, or scale · (coordinate ± 1/8) for IQ1, formed in
+// the CPU reference's order (core/src/quant/iquants.rs), so the floats are its bits.
+// Their kernels are not marked `// @hot`: Blackwell's ptxas (sm_100a, sm_120a) leaves 8-88
+// bytes of local memory in some (IQ1_S, IQ2_S, IQ3_XXS, IQ3_S; 40-80 registers, so not for
+// want of registers), Hopper's none, and none of them has been timed on a GPU yet.
+
+// The 8 signs of a 7-bit sign index (bit j set: value j negative); bit 7 makes the count even.
+__device__ __forceinline__ u32 iq_ksigns(u32 i) {
+    i &= 0x7Fu;
+    u32 p = i ^ (i >> 4);
+    p ^= p >> 2;
+    p ^= p >> 1;
+    return i | ((p & 1u) << 7);
+}
+
+// out[j] = (db · coordinate j of an 8-coordinate point) negated where sign bit j is set.
+__device__ __forceinline__ void iq_put8(float db, unsigned long long point, u32 signs, float* out) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const float t = db * (float)(u32)((point >> (8 * j)) & 0xFFu);
+        out[j] = (signs >> j) & 1u ? -t : t;
+    }
+}
+
+// The same for the 4 coordinates of an IQ3 point, sign bits from `shift`.
+__device__ __forceinline__ void iq_put4(float db, u32 point, u32 signs, u32 shift, float* out) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float t = db * (float)((point >> (8 * j)) & 0xFFu);
+        out[j] = (signs >> (shift + j)) & 1u ? -t : t;
+    }
+}
+
+// out[j] = dl · (coordinate j + delta) of an IQ1 point (coordinates -1, 0, 1 as signed bytes).
+__device__ __forceinline__ void iq_put1(float dl, unsigned long long point, float delta, float* out) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) out[j] = dl * ((float)(i8)(u8)(point >> (8 * j)) + delta);
+}
+
+__device__ __forceinline__ u32 u32_bytes(const u8* p) {
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+
+struct IQ2_XXS : LoadLater<IQ2_XXS> {
+    static constexpr u32 QK = 256, BYTES = 66;
+    // d, then per group of 32: 4 grid indices (a byte each) and a word of four 7-bit sign
+    // indices with the 4-bit scale on top; db = d · (0.5 + scale) · 0.25.
+    template <u32 A = 1>
+    __device__ __forceinline__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const u32 e = v % QK, ib = e / 32, l = (e % 32) / 8;
+        const u32 aux = u32_bytes(b + 6 + 8 * ib);
+        const float db = f16_at(b) * (0.5f + (float)(aux >> 28)) * 0.25f;
+        iq_put8(db, IQ2XXS_GRID[b[2 + 8 * ib + l]], iq_ksigns(aux >> (7 * l)), out);
+    }
+};
+
+struct IQ2_XS : LoadLater<IQ2_XS> {
+    static constexpr u32 QK = 256, BYTES = 74;
+    // d, 32 u16 (9-bit grid index, 7-bit sign index), 8 bytes of two 4-bit scales (the low one
+    // for a group's first 16 values).
+    template <u32 A = 1>
+    __device__ __forceinline__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const u32 e = v % QK, ib = e / 32, l = (e % 32) / 8;
+        const u32 q = u16_at(b + 2 + 2 * (4 * ib + l)), sc = b[66 + ib];
+        const float db = f16_at(b) * (0.5f + (float)(l < 2 ? sc & 0xFu : sc >> 4)) * 0.25f;
+        iq_put8(db, IQ2XS_GRID[q & 511u], iq_ksigns(q >> 9), out);
+    }
+};
+
+struct IQ2_S : LoadLater<IQ2_S> {
+    static constexpr u32 QK = 256, BYTES = 82;
+    // d, 32 low index bytes, 32 sign bytes, 8 bytes of high index bits (2 a point), 8 bytes
+    // of two 4-bit scales.
+    template <u32 A = 1>
+    __device__ __forceinline__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const u32 e = v % QK, ib = e / 32, l = (e % 32) / 8;
+        const u32 idx = (u32)b[2 + 4 * ib + l] | ((((u32)b[66 + ib] >> (2 * l)) & 3u) << 8);
+        const u32 sc = b[74 + ib];
+        const float db = f16_at(b) * (0.5f + (float)(l < 2 ? sc & 0xFu : sc >> 4)) * 0.25f;
+        iq_put8(db, IQ2S_GRID[idx], b[34 + 4 * ib + l], out);
+    }
+};
+
+struct IQ3_XXS : LoadLater<IQ3_XXS> {
+    static constexpr u32 QK = 256, BYTES = 98;
+    // d, 64 grid indices (4 coordinates each), then a word per group as IQ2_XXS's; db = d ·
+    // (0.5 + scale) · 0.5.
+    template <u32 A = 1>
+    __device__ __forceinline__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const u32 e = v % QK, ib = e / 32, l = (e % 32) / 8;
+        const u32 aux = u32_bytes(b + 66 + 4 * ib);
+        const float db = f16_at(b) * (0.5f + (float)(aux >> 28)) * 0.5f;
+        const u32 signs = iq_ksigns(aux >> (7 * l)), q = 2 + 8 * ib + 2 * l;
+        iq_put4(db, IQ3XXS_GRID[b[q]], signs, 0, out);
+        iq_put4(db, IQ3XXS_GRID[b[q + 1]], signs, 4, out + 4);
+    }
+};
+
+struct IQ3_S : LoadLater<IQ3_S> {
+    static constexpr u32 QK = 256, BYTES = 110;
+    // d, 64 low index bytes, 8 bytes of 9th index bits, 32 sign bytes, 4 bytes of two 4-bit
+    // scales; db = d · (1 + 2 · scale).
+    template <u32 A = 1>
+    __device__ __forceinline__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const u32 e = v % QK, ib = e / 32, l = (e % 32) / 8;
+        const u32 s = (b[106 + ib / 2] >> (4 * (ib % 2))) & 0xFu;
+        const float db = f16_at(b) * (float)(1u + 2u * s);
+        const u32 signs = b[74 + 4 * ib + l];
+#pragma unroll
+        for (u32 h = 0; h < 2; h++) {
+            const u32 i = 8 * ib + 2 * l + h;
+            const u32 idx = (u32)b[2 + i] | ((((u32)b[66 + i / 8] >> (i % 8)) & 1u) << 8);
+            iq_put4(db, IQ3S_GRID[idx], signs, 4 * h, out + 4 * h);
+        }
+    }
+};
+
+struct IQ1_S : LoadLater<IQ1_S> {
+    static constexpr u32 QK = 256, BYTES = 50;
+    // d, 32 low index bytes, then a u16 per group: 3 high index bits a point, a 3-bit scale
+    // (dl = d · (2 · scale + 1)) and the sign of delta (±1/8) on top.
+    template <u32 A = 1>
+    __device__ __forceinline__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const u32 e = v % QK, ib = e / 32, l = (e % 32) / 8;
+        const u32 qh = u16_at(b + 34 + 2 * ib);
+        const float dl = f16_at(b) * (float)(2u * ((qh >> 12) & 7u) + 1u);
+        const float delta = qh & 0x8000u ? -0.125f : 0.125f;
+        const u32 idx = (u32)b[2 + 4 * ib + l] | (((qh >> (3 * l)) & 7u) << 8);
+        iq_put1(dl, IQ1S_GRID[idx], delta, out);
+    }
+};
+
+struct IQ1_M : LoadLater<IQ1_M> {
+    static constexpr u32 QK = 256, BYTES = 56;
+    // 32 low index bytes, 16 bytes of a nibble a point (3 high index bits, delta's sign), four
+    // u16 of 3-bit scales (one per 16 values) whose top nibbles make the f16 d.
+    template <u32 A = 1>
+    __device__ __forceinline__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const u32 i = (v % QK) / 8, k = i / 2;
+        const u32 s0 = u16_at(b + 48), s1 = u16_at(b + 50), s2 = u16_at(b + 52), s3 = u16_at(b + 54);
+        const u32 bits = (s0 >> 12) | ((s1 >> 8) & 0xF0u) | ((s2 >> 4) & 0xF00u) | (s3 & 0xF000u);
+        const u32 sk = u16_at(b + 48 + 2 * (k / 4));
+        const float dl = f16_bits(bits) * (float)(2u * ((sk >> (3 * (k % 4))) & 7u) + 1u);
+        const u32 nib = (b[32 + i / 2] >> (4 * (i % 2))) & 0xFu;
+        const float delta = nib & 8u ? -0.125f : 0.125f;
+        iq_put1(dl, IQ1S_GRID[(u32)b[i] | ((nib & 7u) << 8)], delta, out);
+    }
+};
+
+// 3^n for the n < 5 trits of a TQ1_0 byte.
+__device__ __forceinline__ u32 tq1_pow3(u32 n) { return n == 0 ? 1u : n == 1 ? 3u : n == 2 ? 9u : n == 3 ? 27u : 81u; }
+
+struct TQ1_0 : LoadLater<TQ1_0> {
+    static constexpr u32 QK = 256, BYTES = 54;
+    // 48 bytes of 5 trits and 4 of 4 (trit n of a byte: ((byte · 3^n mod 256) · 3) >> 8),
+    // d last: values 32n + m from byte m, 160 + 16n + m from byte 32 + m, 240 + 4n + m from
+    // byte 48 + m; value = (trit - 1) · d.
+    template <u32 A = 1>
+    __device__ __forceinline__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const u32 e = v % QK;
+        const float d = f16_at(b + 52);
+        // The 8 values' bytes start at `off` (the last 16 values: bytes 48..52 twice, trits n0
+        // then n0 + 1).
+        u32 off, n0, wrap;
+        if (e < 160) {
+            off = e % 32, n0 = e / 32, wrap = 7;
+        } else if (e < 240) {
+            off = 32 + (e - 160) % 16, n0 = (e - 160) / 16, wrap = 7;
+        } else {
+            off = 48, n0 = (e - 240) / 4, wrap = 3;
+        }
+        const u32 p0 = tq1_pow3(n0), p1 = wrap == 3 ? 3 * p0 : p0;
+#pragma unroll
+        for (u32 j = 0; j < 8; j++) {
+            const u32 byte = b[off + (j & wrap)], p = j < 4 ? p0 : p1;
+            out[j] = d * (float)((int)((((byte * p) & 0xFFu) * 3u) >> 8) - 1);
+        }
+    }
+};
+
+struct TQ2_0 : LoadLater<TQ2_0> {
+    static constexpr u32 QK = 256, BYTES = 66;
+    // 64 bytes of 2-bit codes (value 128h + 32l + m: bits 2l of byte 32h + m), d last; value =
+    // (code - 1) · d.
+    template <u32 A = 1>
+    __device__ __forceinline__ static void load8(const u8* row, u32 v, float* out) {
+        const u8* b = row + (v / QK) * BYTES;
+        const u32 e = v % QK, h = e / 128, l = (e % 128) / 32, m = e % 32;
+        const float d = f16_at(b + 64);
+#pragma unroll
+        for (u32 j = 0; j < 8; j++) out[j] = d * (float)((int)((b[32 * h + m + j] >> (2 * l)) & 3u) - 1);
     }
 };
 

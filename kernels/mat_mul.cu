@@ -442,6 +442,42 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 mat_mul_iq4_nl(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
     mat_mul_blocks<IQ4_NL>(x, w, y, m, n, k);
 }
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_iq2_xxs(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    mat_mul_blocks<IQ2_XXS>(x, w, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_iq2_xs(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    mat_mul_blocks<IQ2_XS>(x, w, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_iq2_s(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    mat_mul_blocks<IQ2_S>(x, w, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_iq3_xxs(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    mat_mul_blocks<IQ3_XXS>(x, w, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_iq3_s(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    mat_mul_blocks<IQ3_S>(x, w, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_iq1_s(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    mat_mul_blocks<IQ1_S>(x, w, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_iq1_m(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    mat_mul_blocks<IQ1_M>(x, w, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_tq1_0(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    mat_mul_blocks<TQ1_0>(x, w, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_tq2_0(const float* x, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    mat_mul_blocks<TQ2_0>(x, w, y, m, n, k);
+}
 
 // @hot
 extern "C" __global__ void __launch_bounds__(256, 2)
@@ -543,6 +579,51 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 mat_mul_id_grouped_iq4_nl(const float* x, const u8* w, const int* order, const int* offsets, const int* tiles,
                         float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne) {
     mat_mul_id_grouped<IQ4_NL>(x, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_id_grouped_iq2_xxs(const float* x, const u8* w, const int* order, const int* offsets, const int* tiles,
+                        float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_grouped<IQ2_XXS>(x, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_id_grouped_iq2_xs(const float* x, const u8* w, const int* order, const int* offsets, const int* tiles,
+                        float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_grouped<IQ2_XS>(x, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_id_grouped_iq2_s(const float* x, const u8* w, const int* order, const int* offsets, const int* tiles,
+                        float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_grouped<IQ2_S>(x, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_id_grouped_iq3_xxs(const float* x, const u8* w, const int* order, const int* offsets, const int* tiles,
+                        float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_grouped<IQ3_XXS>(x, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_id_grouped_iq3_s(const float* x, const u8* w, const int* order, const int* offsets, const int* tiles,
+                        float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_grouped<IQ3_S>(x, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_id_grouped_iq1_s(const float* x, const u8* w, const int* order, const int* offsets, const int* tiles,
+                        float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_grouped<IQ1_S>(x, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_id_grouped_iq1_m(const float* x, const u8* w, const int* order, const int* offsets, const int* tiles,
+                        float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_grouped<IQ1_M>(x, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_id_grouped_tq1_0(const float* x, const u8* w, const int* order, const int* offsets, const int* tiles,
+                        float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_grouped<TQ1_0>(x, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+mat_mul_id_grouped_tq2_0(const float* x, const u8* w, const int* order, const int* offsets, const int* tiles,
+                        float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_grouped<TQ2_0>(x, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne);
 }
 
 // @hot

@@ -348,17 +348,152 @@ rms_norm_mat_vec_iq4_nl(const float* x, const float* nw, const u8* w, float* y, 
                                                  u32 n, u32 k, float eps, u32 one_plus) {
     rms_norm_mat_vec<IQ4_NL>(x, nw, w, y, m, n, k, eps, one_plus);
 }
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vec_iq2_xxs(const float* x, const float* nw, const u8* w, float* y, u32 m,
+                                                 u32 n, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vec<IQ2_XXS>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vec_iq2_xs(const float* x, const float* nw, const u8* w, float* y, u32 m,
+                                                 u32 n, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vec<IQ2_XS>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vec_iq2_s(const float* x, const float* nw, const u8* w, float* y, u32 m,
+                                                 u32 n, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vec<IQ2_S>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vec_iq3_xxs(const float* x, const float* nw, const u8* w, float* y, u32 m,
+                                                 u32 n, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vec<IQ3_XXS>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vec_iq3_s(const float* x, const float* nw, const u8* w, float* y, u32 m,
+                                                 u32 n, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vec<IQ3_S>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vec_iq1_s(const float* x, const float* nw, const u8* w, float* y, u32 m,
+                                                 u32 n, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vec<IQ1_S>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vec_iq1_m(const float* x, const float* nw, const u8* w, float* y, u32 m,
+                                                 u32 n, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vec<IQ1_M>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vec_tq1_0(const float* x, const float* nw, const u8* w, float* y, u32 m,
+                                                 u32 n, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vec<TQ1_0>(x, nw, w, y, m, n, k, eps, one_plus);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vec_tq2_0(const float* x, const float* nw, const u8* w, float* y, u32 m,
+                                                 u32 n, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vec<TQ2_0>(x, nw, w, y, m, n, k, eps, one_plus);
+}
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 rms_norm_mat_vecs_iq4_nl(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
                       float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
     rms_norm_mat_vecs<IQ4_NL>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
 }
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_iq2_xxs(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<IQ2_XXS>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_iq2_xs(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<IQ2_XS>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_iq2_s(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<IQ2_S>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_iq3_xxs(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<IQ3_XXS>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_iq3_s(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<IQ3_S>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_iq1_s(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<IQ1_S>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_iq1_m(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<IQ1_M>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_tq1_0(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<TQ1_0>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+rms_norm_mat_vecs_tq2_0(const float* x, const float* nw, const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                      float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k, float eps, u32 one_plus) {
+    rms_norm_mat_vecs<TQ2_0>(x, nw, w0, w1, w2, y0, y1, y2, m, n0, n1, n2, k, eps, one_plus);
+}
 // @hot
 extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 glu_mat_vec_iq4_nl(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
                  u32 k, u32 act) {
     glu_mat_vec<IQ4_NL>(gate, up, w, r, y, m, n, k, act);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+glu_mat_vec_iq2_xxs(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<IQ2_XXS>(gate, up, w, r, y, m, n, k, act);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+glu_mat_vec_iq2_xs(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<IQ2_XS>(gate, up, w, r, y, m, n, k, act);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+glu_mat_vec_iq2_s(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<IQ2_S>(gate, up, w, r, y, m, n, k, act);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+glu_mat_vec_iq3_xxs(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<IQ3_XXS>(gate, up, w, r, y, m, n, k, act);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+glu_mat_vec_iq3_s(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<IQ3_S>(gate, up, w, r, y, m, n, k, act);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+glu_mat_vec_iq1_s(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<IQ1_S>(gate, up, w, r, y, m, n, k, act);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+glu_mat_vec_iq1_m(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<IQ1_M>(gate, up, w, r, y, m, n, k, act);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+glu_mat_vec_tq1_0(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<TQ1_0>(gate, up, w, r, y, m, n, k, act);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+glu_mat_vec_tq2_0(const float* gate, const float* up, const u8* w, const float* r, float* y, u32 m, u32 n,
+                 u32 k, u32 act) {
+    glu_mat_vec<TQ2_0>(gate, up, w, r, y, m, n, k, act);
 }
 
 // @hot

@@ -158,8 +158,71 @@ extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
 mat_vec_iq4_nl(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
     mat_vec_blocks<IQ4_NL>(x, w, r, y, m, n, k);
 }
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+mat_vec_iq2_xxs(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<IQ2_XXS>(x, w, r, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+mat_vec_iq2_xs(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<IQ2_XS>(x, w, r, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+mat_vec_iq2_s(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<IQ2_S>(x, w, r, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+mat_vec_iq3_xxs(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<IQ3_XXS>(x, w, r, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+mat_vec_iq3_s(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<IQ3_S>(x, w, r, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+mat_vec_iq1_s(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<IQ1_S>(x, w, r, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+mat_vec_iq1_m(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<IQ1_M>(x, w, r, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+mat_vec_tq1_0(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<TQ1_0>(x, w, r, y, m, n, k);
+}
+extern "C" __global__ void __launch_bounds__(MV_BOUNDS)
+mat_vec_tq2_0(const float* x, const u8* w, const float* r, float* y, u32 m, u32 n, u32 k) {
+    mat_vec_blocks<TQ2_0>(x, w, r, y, m, n, k);
+}
 extern "C" __global__ void get_rows_iq4_nl(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
     get_rows_blocks<IQ4_NL>(t, ids, out, n, d, v);
+}
+extern "C" __global__ void get_rows_iq2_xxs(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
+    get_rows_blocks<IQ2_XXS>(t, ids, out, n, d, v);
+}
+extern "C" __global__ void get_rows_iq2_xs(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
+    get_rows_blocks<IQ2_XS>(t, ids, out, n, d, v);
+}
+extern "C" __global__ void get_rows_iq2_s(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
+    get_rows_blocks<IQ2_S>(t, ids, out, n, d, v);
+}
+extern "C" __global__ void get_rows_iq3_xxs(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
+    get_rows_blocks<IQ3_XXS>(t, ids, out, n, d, v);
+}
+extern "C" __global__ void get_rows_iq3_s(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
+    get_rows_blocks<IQ3_S>(t, ids, out, n, d, v);
+}
+extern "C" __global__ void get_rows_iq1_s(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
+    get_rows_blocks<IQ1_S>(t, ids, out, n, d, v);
+}
+extern "C" __global__ void get_rows_iq1_m(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
+    get_rows_blocks<IQ1_M>(t, ids, out, n, d, v);
+}
+extern "C" __global__ void get_rows_tq1_0(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
+    get_rows_blocks<TQ1_0>(t, ids, out, n, d, v);
+}
+extern "C" __global__ void get_rows_tq2_0(const u8* t, const int* ids, float* out, u32 n, u32 d, u32 v) {
+    get_rows_blocks<TQ2_0>(t, ids, out, n, d, v);
 }
 
 // @hot
@@ -237,6 +300,42 @@ extern "C" __global__ void mat_mul_id_iq4_xs(const float* x, const u8* w, const 
 extern "C" __global__ void mat_mul_id_iq4_nl(const float* x, const u8* w, const int* ids, float* y, u32 t, u32 k,
                                         u32 n, u32 kd, u32 x_per_slot, u32 ne) {
     mat_mul_id_blocks<IQ4_NL>(x, w, ids, y, t, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void mat_mul_id_iq2_xxs(const float* x, const u8* w, const int* ids, float* y, u32 t, u32 k,
+                                        u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_blocks<IQ2_XXS>(x, w, ids, y, t, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void mat_mul_id_iq2_xs(const float* x, const u8* w, const int* ids, float* y, u32 t, u32 k,
+                                        u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_blocks<IQ2_XS>(x, w, ids, y, t, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void mat_mul_id_iq2_s(const float* x, const u8* w, const int* ids, float* y, u32 t, u32 k,
+                                        u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_blocks<IQ2_S>(x, w, ids, y, t, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void mat_mul_id_iq3_xxs(const float* x, const u8* w, const int* ids, float* y, u32 t, u32 k,
+                                        u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_blocks<IQ3_XXS>(x, w, ids, y, t, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void mat_mul_id_iq3_s(const float* x, const u8* w, const int* ids, float* y, u32 t, u32 k,
+                                        u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_blocks<IQ3_S>(x, w, ids, y, t, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void mat_mul_id_iq1_s(const float* x, const u8* w, const int* ids, float* y, u32 t, u32 k,
+                                        u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_blocks<IQ1_S>(x, w, ids, y, t, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void mat_mul_id_iq1_m(const float* x, const u8* w, const int* ids, float* y, u32 t, u32 k,
+                                        u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_blocks<IQ1_M>(x, w, ids, y, t, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void mat_mul_id_tq1_0(const float* x, const u8* w, const int* ids, float* y, u32 t, u32 k,
+                                        u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_blocks<TQ1_0>(x, w, ids, y, t, k, n, kd, x_per_slot, ne);
+}
+extern "C" __global__ void mat_mul_id_tq2_0(const float* x, const u8* w, const int* ids, float* y, u32 t, u32 k,
+                                        u32 n, u32 kd, u32 x_per_slot, u32 ne) {
+    mat_mul_id_blocks<TQ2_0>(x, w, ids, y, t, k, n, kd, x_per_slot, ne);
 }
 
 extern "C" __global__ void mat_mul_id_nvfp4(const float* x, const u8* w, const int* ids, float* y, u32 t, u32 k,

@@ -1,12 +1,14 @@
 //! The kernel files of `kernels/`, embedded, and the architectures kiln compiles them for.
-//! Every file gets `common.cuh`, `formats.cuh` and `mat_vec.cuh` prepended. A kernel preceded
+//! Every file gets `common.cuh`, `iq_grids.cuh`, `formats.cuh` and `mat_vec.cuh` prepended. A kernel preceded
 //! by a `// @hot` line is on the decode path: the compile check fails if ptxas reports register
 //! spills in it.
 
 /// `common.cuh`, prepended to every file.
 pub const COMMON: &str = include_str!("../../kernels/common.cuh");
 
-/// `formats.cuh`, the weight formats' loaders, prepended to every file after `COMMON`.
+/// `iq_grids.cuh`, the i-quants' lattice grids (generated), prepended after `COMMON`.
+pub const IQ_GRIDS: &str = include_str!("../../kernels/iq_grids.cuh");
+/// `formats.cuh`, the weight formats' loaders, prepended to every file after `IQ_GRIDS`.
 pub const FORMATS: &str = include_str!("../../kernels/formats.cuh");
 /// `mat_vec.cuh`, the decode mat-vec kernels' bodies, prepended after `FORMATS`.
 pub const MAT_VEC: &str = include_str!("../../kernels/mat_vec.cuh");
@@ -66,7 +68,7 @@ pub fn source_with(file: &str, spec: Option<&str>) -> Option<String> {
         .find(|(n, _)| *n == file)
         .map(|(_, s)| {
             format!(
-                "{defines}#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"formats.cuh\"\n{FORMATS}\n#line 1 \"mat_vec.cuh\"\n{MAT_VEC}\n#line 1 \"{file}\"\n{s}"
+                "{defines}#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"iq_grids.cuh\"\n{IQ_GRIDS}\n#line 1 \"formats.cuh\"\n{FORMATS}\n#line 1 \"mat_vec.cuh\"\n{MAT_VEC}\n#line 1 \"{file}\"\n{s}"
             )
         })
 }

@@ -89,6 +89,15 @@ pub const WEIGHT_KERNELS: &[WeightKernels] = &[
     weight_kernels!(NVFP4, "nvfp4"),
     weight_kernels!(IQ4_NL, "iq4_nl"),
     weight_kernels!(IQ4_XS, "iq4_xs"),
+    weight_kernels!(IQ2_XXS, "iq2_xxs"),
+    weight_kernels!(IQ2_XS, "iq2_xs"),
+    weight_kernels!(IQ2_S, "iq2_s"),
+    weight_kernels!(IQ3_XXS, "iq3_xxs"),
+    weight_kernels!(IQ3_S, "iq3_s"),
+    weight_kernels!(IQ1_S, "iq1_s"),
+    weight_kernels!(IQ1_M, "iq1_m"),
+    weight_kernels!(TQ1_0, "tq1_0"),
+    weight_kernels!(TQ2_0, "tq2_0"),
 ];
 
 /// The kernels for weights of type `d`, if the backend reads that type.

@@ -9,6 +9,21 @@ use kiln_core::tensor::DType;
 const DEQUANT: &str = include_str!("../../shaders/common/dequant.wgsl");
 const FLOAT_ROWS: &str = include_str!("../../shaders/common/float_rows.wgsl");
 const DOT: &str = include_str!("../../shaders/common/dot.wgsl");
+/// The decoders with the grid i-quants' and the ternary formats' (`iquant.wgsl`, over the
+/// generated `iq_grids.wgsl`), for those formats' kernels only: the grids are 115 KB of source.
+const DEQUANT_IQ: &str = concat!(
+    include_str!("../../shaders/common/dequant.wgsl"),
+    "\n",
+    include_str!("../../shaders/common/iq_grids.wgsl"),
+    "\n",
+    include_str!("../../shaders/common/iquant.wgsl"),
+);
+/// `dot.wgsl` with those formats' chunk dots.
+const DOT_IQ: &str = concat!(
+    include_str!("../../shaders/common/dot.wgsl"),
+    "\n",
+    include_str!("../../shaders/common/iquant_dot.wgsl"),
+);
 pub(crate) const ORDER: &str = include_str!("../../shaders/common/order.wgsl");
 const TURBO: &str = include_str!("../../shaders/common/turbo.wgsl");
 const MAT_MUL_IO: &str = include_str!("../../shaders/common/mat_mul_io.wgsl");
@@ -81,10 +96,10 @@ pub(crate) use {plain, ranked};
 /// (`DQ32` ← `dq32_<format>`) filled in; the decoders prepended, or the commons given. The
 /// file is the entry's family unless named (`file = "..."` first).
 macro_rules! weighted {
-    (file = $file:literal, $family:literal, $format:literal, $src:ident) => {
+    (file = $file:literal, $family:literal, $format:literal, $src:ident $(, $common:ident)*) => {
         Kernel {
             file: $file,
-            ..weighted!($family, $format, $src)
+            ..weighted!($family, $format, $src $(, $common)*)
         }
     };
     ($family:literal, $format:literal, $src:ident) => {
@@ -106,8 +121,9 @@ macro_rules! weighted {
 
 /// The per-format kernel tables, all from one list of the weight formats WGSL decodes (the
 /// dtype and its name in entry points): one kernel per format in each table, in that order.
+/// The formats after `grids:` get the grid decoders (`DEQUANT_IQ`, `DOT_IQ`).
 macro_rules! per_format {
-    ($($dtype:ident $format:literal),* $(,)?) => {
+    (@emit $($dtype:ident $format:literal $dq:ident $dot:ident,)*) => {
         /// The weight formats of the per-format tables, in their order.
         pub const FORMATS: &[DType] = &[$(DType::$dtype),*];
         /// `mat_vec_<format>`: one activation row times a weight matrix (decode).
@@ -115,22 +131,25 @@ macro_rules! per_format {
             entry: concat!("mat_vec_", $format),
             file: "mat_mul_vec",
             source: MAT_VEC,
-            commons: &[DEQUANT, DOT],
+            commons: &[$dq, $dot],
             subst: &[
                 ("ENTRY", concat!("mat_vec_", $format)),
                 ("DOT32", concat!("dot32_", $format)),
             ],
         }),*];
         /// `mat_mul_<format>`: tiled matrix product (prefill).
-        pub const MAT_MUL_KERNELS: &[Kernel] = &[$(weighted!("mat_mul", $format, MAT_MUL, DEQUANT, FLOAT_ROWS, MAT_MUL_IO)),*];
+        pub const MAT_MUL_KERNELS: &[Kernel] = &[$(weighted!("mat_mul", $format, MAT_MUL, $dq, FLOAT_ROWS, MAT_MUL_IO)),*];
         /// `mat_mul_tiled_<format>`: workgroup-tiled matrix product (prefill of many tokens).
         pub const MAT_MUL_TILED_KERNELS: &[Kernel] =
-            &[$(weighted!("mat_mul_tiled", $format, MAT_MUL_TILED, DEQUANT, FLOAT_ROWS, MAT_MUL_IO)),*];
+            &[$(weighted!("mat_mul_tiled", $format, MAT_MUL_TILED, $dq, FLOAT_ROWS, MAT_MUL_IO)),*];
         /// `get_rows_<format>`: rows of a table (embeddings), dequantized.
-        pub const GET_ROWS_KERNELS: &[Kernel] = &[$(weighted!("get_rows", $format, GET_ROWS)),*];
+        pub const GET_ROWS_KERNELS: &[Kernel] = &[$(weighted!("get_rows", $format, GET_ROWS, $dq, FLOAT_ROWS)),*];
         /// `mat_mul_id_<format>`: each token's rows through its chosen experts.
         pub const MAT_MUL_ID_KERNELS: &[Kernel] =
-            &[$(weighted!(file = "moe_mat_mul_id", "mat_mul_id", $format, MAT_MUL_ID)),*];
+            &[$(weighted!(file = "moe_mat_mul_id", "mat_mul_id", $format, MAT_MUL_ID, $dq, FLOAT_ROWS)),*];
+    };
+    ($($dtype:ident $format:literal),* ; grids: $($gdtype:ident $gformat:literal),* $(,)?) => {
+        per_format!(@emit $($dtype $format DEQUANT DOT,)* $($gdtype $gformat DEQUANT_IQ DOT_IQ,)*);
     };
 }
 
@@ -152,7 +171,17 @@ per_format!(
     MXFP4 "mxfp4",
     NVFP4 "nvfp4",
     IQ4_NL "iq4_nl",
-    IQ4_XS "iq4_xs",
+    IQ4_XS "iq4_xs";
+    grids:
+    IQ2_XXS "iq2_xxs",
+    IQ2_XS "iq2_xs",
+    IQ2_S "iq2_s",
+    IQ3_XXS "iq3_xxs",
+    IQ3_S "iq3_s",
+    IQ1_S "iq1_s",
+    IQ1_M "iq1_m",
+    TQ1_0 "tq1_0",
+    TQ2_0 "tq2_0",
 );
 
 /// The KV cache tables, from one list of the cache formats WGSL reads and writes (the dtype,
