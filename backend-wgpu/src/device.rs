@@ -139,7 +139,10 @@ pub(crate) struct Device {
     pub(crate) limits: wgpu::Limits,
     pub(crate) caps: Capabilities,
     pub(crate) id: BackendId,
-    pipelines: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
+    /// Each pipeline, and whether its kernel reads the i-quant grid table.
+    pipelines: Mutex<HashMap<&'static str, (Arc<wgpu::ComputePipeline>, bool)>>,
+    /// The i-quants' grid table (`iquant.wgsl`'s `iq_grid`), uploaded at its first use.
+    iq_grid: std::sync::OnceLock<wgpu::Buffer>,
     pending: Mutex<Pending>,
     /// The first device error seen (validation, out of memory, device lost); reported by the
     /// next call that waits on the device.
@@ -312,6 +315,7 @@ impl Device {
             caps,
             id,
             pipelines: Mutex::new(HashMap::new()),
+            iq_grid: std::sync::OnceLock::new(),
             pending: Mutex::new(Pending {
                 encoder: None,
                 ops: 0,
@@ -603,7 +607,8 @@ impl Device {
         nbytes as u64 + align + 4 <= self.limits.max_storage_buffer_binding_size
     }
 
-    fn pipeline(&self, k: &Kernel) -> Result<Arc<wgpu::ComputePipeline>> {
+    /// `k`'s pipeline, and whether it reads the grid table at [`IQ_GRID_BINDING`].
+    fn pipeline(&self, k: &Kernel) -> Result<(Arc<wgpu::ComputePipeline>, bool)> {
         if let Some(p) = self
             .pipelines
             .lock()
@@ -649,7 +654,8 @@ impl Device {
         if let Some(e) = pop_scope(scope) {
             return Err(err(format!("kernel {}: {e}", k.entry)));
         }
-        let p = Arc::new(pipeline);
+        let grid = entries.iter().any(|e| e.binding == IQ_GRID_BINDING);
+        let p = (Arc::new(pipeline), grid);
         self.pipelines
             .lock()
             .map_err(|_| err("pipeline cache poisoned"))?
@@ -676,7 +682,7 @@ impl Device {
                 k.entry
             )));
         }
-        let pipeline = self.pipeline(k)?;
+        let (pipeline, grid) = self.pipeline(k)?;
         let mut words = params.to_vec();
         if words.is_empty() {
             words.push(0);
@@ -704,6 +710,20 @@ impl Device {
             binding: bound.len() as u32,
             resource: pbuf.as_entire_binding(),
         });
+        if grid {
+            let table = self.iq_grid.get_or_init(|| {
+                self.device
+                    .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                        label: Some("kiln i-quant grids"),
+                        contents: bytemuck::cast_slice(&kiln_core::quant::iq_grid_words()),
+                        usage: wgpu::BufferUsages::STORAGE,
+                    })
+            });
+            entries.push(wgpu::BindGroupEntry {
+                binding: IQ_GRID_BINDING,
+                resource: table.as_entire_binding(),
+            });
+        }
         let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(k.entry),
             layout: &pipeline.get_bind_group_layout(0),
@@ -756,6 +776,9 @@ pub(crate) fn fold(n: u32, max: u32) -> (u32, u32) {
 }
 
 /// The storage bindings of group 0 that `source` declares, read-only or read-write.
+/// The binding of `iquant.wgsl`'s grid table.
+pub(crate) const IQ_GRID_BINDING: u32 = 15;
+
 fn binding_layout(entry: &str, source: &str) -> Result<Vec<wgpu::BindGroupLayoutEntry>> {
     let module = naga::front::wgsl::parse_str(source)
         .map_err(|e| err(format!("kernel {entry}: {}", e.emit_to_string(source))))?;

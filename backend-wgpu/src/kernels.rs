@@ -9,12 +9,10 @@ use kiln_core::tensor::DType;
 const DEQUANT: &str = include_str!("../../shaders/common/dequant.wgsl");
 const FLOAT_ROWS: &str = include_str!("../../shaders/common/float_rows.wgsl");
 const DOT: &str = include_str!("../../shaders/common/dot.wgsl");
-/// The decoders with the grid i-quants' and the ternary formats' (`iquant.wgsl`, over the
-/// generated `iq_grids.wgsl`), for those formats' kernels only: the grids are 115 KB of source.
+/// The decoders with the grid i-quants' and the ternary formats' (`iquant.wgsl`), for those
+/// formats' kernels only: they declare the grid table's binding.
 const DEQUANT_IQ: &str = concat!(
     include_str!("../../shaders/common/dequant.wgsl"),
-    "\n",
-    include_str!("../../shaders/common/iq_grids.wgsl"),
     "\n",
     include_str!("../../shaders/common/iquant.wgsl"),
 );

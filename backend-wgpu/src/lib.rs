@@ -227,6 +227,25 @@ mod tests {
         println!("{} kernels validated", names.len());
     }
 
+    /// `iquant.wgsl` reads the grid table where the launcher binds it and finds each grid at
+    /// the offset kiln_core lays it out at.
+    #[test]
+    fn the_grid_table_offsets_agree_with_the_core_layout() {
+        let src = include_str!("../../shaders/common/iquant.wgsl");
+        assert!(src.contains(&format!(
+            "@binding({}) var<storage, read> iq_grid: array<u32>;",
+            device::IQ_GRID_BINDING
+        )));
+        for (name, at) in kiln_core::quant::IQ_GRID_OFFSETS {
+            let decl = format!("const {name}_AT = {at}u;");
+            assert!(src.contains(&decl), "iquant.wgsl has no `{decl}`");
+        }
+        assert_eq!(
+            kiln_core::quant::iq_grid_words().len(),
+            kiln_core::quant::IQ_GRID_WORDS
+        );
+    }
+
     /// Every weight format has its kernels, once.
     #[test]
     fn every_weight_format_has_its_kernels() {

@@ -1,12 +1,26 @@
 // iquant.wgsl: decoders of the grid i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S,
-// IQ1_M) and the ternary formats (TQ1_0, TQ2_0), after dequant.wgsl and iq_grids.wgsl (the
-// grids, generated). All are 256-element blocks with an f16 d; chunk c of a row is group c % 8
+// IQ1_M) and the ternary formats (TQ1_0, TQ2_0), after dequant.wgsl. The grids are one table
+// in memory at binding 15 (kiln_core::quant::iq_grid_words, uploaded once per device; the
+// launcher binds it to every kernel that declares it): a WGSL constant array indexed at run
+// time is copied into a local variable at every access. All are 256-element blocks with an
+// f16 d; chunk c of a row is group c % 8
 // of block c / 8, and each 8 values of a group are one point: iq8_<fmt>(b, g, l) decodes point
 // l of group g of the block at byte b. Public: dq32_<fmt>(row, c), as dequant.wgsl's.
 //
 // The values are the CPU reference's (core/src/quant/iquants.rs) bits: (scale · coordinate)
 // negated by a sign bit, or scale · (coordinate ± 1/8) for IQ1, or d · (trit - 1), each one
 // rounding in f32 after exact steps, so no reordering or fma can change them.
+
+@group(0) @binding(15) var<storage, read> iq_grid: array<u32>;
+
+// Each grid's first word in iq_grid (kiln_core::quant::IQ_GRID_OFFSETS); a point of 8
+// coordinates is two words, of 4 one.
+const IQ2XXS_AT = 0u;
+const IQ2XS_AT = 512u;
+const IQ2S_AT = 1536u;
+const IQ3XXS_AT = 3584u;
+const IQ3S_AT = 3840u;
+const IQ1S_AT = 4352u;
 
 // A point's 8 values.
 struct Iq8 {
@@ -50,14 +64,14 @@ fn iq8_iq2_xxs(b: u32, g: u32, l: u32) -> Iq8 {
     let aux = dq_u32(b + 6u + 8u * g);
     let db = w_f16(b) * (0.5 + f32(aux >> 28u)) * 0.25;
     let p = 2u * w_u8(b + 2u + 8u * g + l);
-    return iq_point8(db, IQ2XXS_GRID[p], IQ2XXS_GRID[p + 1u], iq_ksigns(aux >> (7u * l)));
+    return iq_point8(db, iq_grid[IQ2XXS_AT + p], iq_grid[IQ2XXS_AT + p + 1u], iq_ksigns(aux >> (7u * l)));
 }
 
 // IQ2_XS, 74 bytes: d, 32 u16 (9-bit index, 7-bit sign index), 8 bytes of two 4-bit scales.
 fn iq8_iq2_xs(b: u32, g: u32, l: u32) -> Iq8 {
     let q = w_u16(b + 2u + 2u * (4u * g + l));
     let p = 2u * (q & 511u);
-    return iq_point8(iq2_db(b, w_u8(b + 66u + g), l), IQ2XS_GRID[p], IQ2XS_GRID[p + 1u], iq_ksigns(q >> 9u));
+    return iq_point8(iq2_db(b, w_u8(b + 66u + g), l), iq_grid[IQ2XS_AT + p], iq_grid[IQ2XS_AT + p + 1u], iq_ksigns(q >> 9u));
 }
 
 // IQ2_S, 82 bytes: d, 32 low index bytes, 32 sign bytes, 8 bytes of 2 high index bits a point,
@@ -65,7 +79,7 @@ fn iq8_iq2_xs(b: u32, g: u32, l: u32) -> Iq8 {
 fn iq8_iq2_s(b: u32, g: u32, l: u32) -> Iq8 {
     let idx = w_u8(b + 2u + 4u * g + l) | (((w_u8(b + 66u + g) >> (2u * l)) & 3u) << 8u);
     let p = 2u * idx;
-    return iq_point8(iq2_db(b, w_u8(b + 74u + g), l), IQ2S_GRID[p], IQ2S_GRID[p + 1u], w_u8(b + 34u + 4u * g + l));
+    return iq_point8(iq2_db(b, w_u8(b + 74u + g), l), iq_grid[IQ2S_AT + p], iq_grid[IQ2S_AT + p + 1u], w_u8(b + 34u + 4u * g + l));
 }
 
 // IQ3_XXS, 98 bytes: d, 64 grid indices of 4 coordinates, a word per group as IQ2_XXS's.
@@ -74,7 +88,7 @@ fn iq8_iq3_xxs(b: u32, g: u32, l: u32) -> Iq8 {
     let db = w_f16(b) * (0.5 + f32(aux >> 28u)) * 0.5;
     let s = iq_ksigns(aux >> (7u * l));
     let q = b + 2u + 8u * g + 2u * l;
-    return Iq8(iq_sign4(db * iq_b4(IQ3XXS_GRID[w_u8(q)]), s, 0u), iq_sign4(db * iq_b4(IQ3XXS_GRID[w_u8(q + 1u)]), s, 4u));
+    return Iq8(iq_sign4(db * iq_b4(iq_grid[IQ3XXS_AT + w_u8(q)]), s, 0u), iq_sign4(db * iq_b4(iq_grid[IQ3XXS_AT + w_u8(q + 1u)]), s, 4u));
 }
 
 // IQ3_S, 110 bytes: d, 64 low index bytes, 8 bytes of 9th bits, 32 sign bytes, 4 bytes of two
@@ -87,12 +101,12 @@ fn iq8_iq3_s(b: u32, g: u32, l: u32) -> Iq8 {
     let i0 = 8u * g + 2u * l;
     let i_lo = w_u8(b + 2u + i0) | (((qh >> (2u * l)) & 1u) << 8u);
     let i_hi = w_u8(b + 3u + i0) | (((qh >> (2u * l + 1u)) & 1u) << 8u);
-    return Iq8(iq_sign4(db * iq_b4(IQ3S_GRID[i_lo]), s, 0u), iq_sign4(db * iq_b4(IQ3S_GRID[i_hi]), s, 4u));
+    return Iq8(iq_sign4(db * iq_b4(iq_grid[IQ3S_AT + i_lo]), s, 0u), iq_sign4(db * iq_b4(iq_grid[IQ3S_AT + i_hi]), s, 4u));
 }
 
 // An IQ1 point: dl · (coordinate + delta), coordinates -1, 0, 1 as signed bytes.
 fn iq_point1(dl: f32, idx: u32, delta: f32) -> Iq8 {
-    return Iq8(dl * (iq_i4(IQ1S_GRID[2u * idx]) + delta), dl * (iq_i4(IQ1S_GRID[2u * idx + 1u]) + delta));
+    return Iq8(dl * (iq_i4(iq_grid[IQ1S_AT + 2u * idx]) + delta), dl * (iq_i4(iq_grid[IQ1S_AT + 2u * idx + 1u]) + delta));
 }
 
 // IQ1_S, 50 bytes: d, 32 low index bytes, a u16 a group (3 high index bits a point, a 3-bit

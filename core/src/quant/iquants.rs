@@ -40,6 +40,33 @@ pub(super) const IQ1_M_BYTES: usize = 32 + 16 + 8;
 pub(super) const TQ1_0_BYTES: usize = 48 + 4 + 2;
 pub(super) const TQ2_0_BYTES: usize = 64 + 2;
 
+/// The grids as one table of little-endian words, for GPU kernels that read them from memory:
+/// each grid's points in order, a point of 8 coordinates as two words (low, then high), of 4
+/// as one; [`IQ_GRID_OFFSETS`] names each grid's first word.
+pub fn iq_grid_words() -> Vec<u32> {
+    let mut w = Vec::with_capacity(IQ_GRID_WORDS);
+    for g in [&IQ2XXS_GRID[..], &IQ2XS_GRID[..], &IQ2S_GRID[..]] {
+        w.extend(g.iter().flat_map(|&p| [p as u32, (p >> 32) as u32]));
+    }
+    w.extend_from_slice(&IQ3XXS_GRID);
+    w.extend_from_slice(&IQ3S_GRID);
+    w.extend(IQ1S_GRID.iter().flat_map(|&p| [p as u32, (p >> 32) as u32]));
+    w
+}
+
+/// Each grid's first word in [`iq_grid_words`].
+pub const IQ_GRID_OFFSETS: [(&str, usize); 6] = [
+    ("IQ2XXS", 0),
+    ("IQ2XS", 512),
+    ("IQ2S", 512 + 1024),
+    ("IQ3XXS", 512 + 1024 + 2048),
+    ("IQ3S", 512 + 1024 + 2048 + 256),
+    ("IQ1S", 512 + 1024 + 2048 + 256 + 512),
+];
+
+/// The words of [`iq_grid_words`].
+pub const IQ_GRID_WORDS: usize = 512 + 1024 + 2048 + 256 + 512 + 4096;
+
 /// IQ4_NL's 16 levels (IQ4_XS's too).
 pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
@@ -337,6 +364,7 @@ pub(super) fn quant_tq2_0(x: &[f32; QK], b: &mut [u8; TQ2_0_BYTES]) {
 #[cfg(test)]
 mod tests {
     use super::super::{dequantize, quantize, random_blocks};
+    use super::*;
     use crate::rng::Rng;
     use crate::tensor::DType;
     use sha2::{Digest, Sha256};
@@ -406,6 +434,34 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_word_table_holds_every_grid_at_its_offset() {
+        let w = iq_grid_words();
+        assert_eq!(w.len(), IQ_GRID_WORDS);
+        let at = |name: &str| {
+            IQ_GRID_OFFSETS
+                .iter()
+                .find(|g| g.0 == name)
+                .map(|g| g.1)
+                .unwrap_or(usize::MAX)
+        };
+        let two = |o: usize, i: usize| w[o + 2 * i] as u64 | (w[o + 2 * i + 1] as u64) << 32;
+        for i in 0..IQ2XXS_GRID.len() {
+            assert_eq!(two(at("IQ2XXS"), i), IQ2XXS_GRID[i]);
+        }
+        for i in 0..IQ2XS_GRID.len() {
+            assert_eq!(two(at("IQ2XS"), i), IQ2XS_GRID[i]);
+        }
+        for i in 0..IQ2S_GRID.len() {
+            assert_eq!(two(at("IQ2S"), i), IQ2S_GRID[i]);
+        }
+        assert_eq!(w[at("IQ3XXS")..at("IQ3XXS") + 256], IQ3XXS_GRID[..]);
+        assert_eq!(w[at("IQ3S")..at("IQ3S") + 512], IQ3S_GRID[..]);
+        for i in 0..IQ1S_GRID.len() {
+            assert_eq!(two(at("IQ1S"), i), IQ1S_GRID[i]);
         }
     }
 

@@ -13,6 +13,7 @@ mod float;
 mod fp4;
 pub(crate) mod iq_grids;
 pub(crate) mod iquants;
+pub use iquants::{iq_grid_words, IQ_GRID_OFFSETS, IQ_GRID_WORDS};
 mod k_quants;
 mod legacy;
 pub mod turbo;

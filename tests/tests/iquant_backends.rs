@@ -1,0 +1,100 @@
+//! A model in every i-quant and ternary format on every backend: the random-weight Llama of
+//! `fixtures/hf/gguf/llama_iquants.gguf` (its matrices in IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+//! IQ3_S, IQ1_S, IQ1_M, IQ4_NL, IQ4_XS, TQ1_0 and TQ2_0 in turn, so each format is some
+//! projection) decodes greedily on WebGPU and on the emulated CUDA kernels with every op on the
+//! GPU (strict executors), the CPU reference's tokens and its logits to f32 rounding.
+//! `exact.rs` holds the CPU to an f64 forward over the same file.
+
+use std::sync::Arc;
+
+use kiln_core::backend::Backend;
+use kiln_core::cpu::CpuBackend;
+use kiln_core::engine::{Logits, Runner, RunnerConfig};
+use kiln_core::exec::Executor;
+use kiln_core::load::open_model;
+use kiln_core::model::build_from_gguf;
+use kiln_core::DType;
+use kiln_tests::{fixtures, optional_backend};
+
+fn runner(ex: Executor) -> Runner {
+    let path = fixtures().join("hf/gguf/llama_iquants.gguf");
+    let file = open_model(&path).expect("checkpoint opens");
+    let model = build_from_gguf(&file, &ex).expect("model builds");
+    let cfg = RunnerConfig {
+        max_batch_tokens: 16,
+        block_size: 4,
+        max_seqs: 2,
+        ..RunnerConfig::default()
+    };
+    Runner::new(ex, model, cfg).expect("runner")
+}
+
+/// The prompt's last logits, then each greedy step's: `steps` tokens chosen by this backend.
+fn decode(run: &mut Runner, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut logits = Vec::new();
+    let mut tokens = Vec::new();
+    let mut rows = run.feed(1, prompt, Logits::Last).expect("prefill");
+    for _ in 0..steps {
+        let last = rows.pop().expect("a row");
+        let t = last
+            .iter()
+            .enumerate()
+            .fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+            .0 as u32;
+        tokens.push(t);
+        logits.push(last);
+        rows = run.feed(1, &[t], Logits::Last).expect("decode");
+    }
+    logits.push(rows.pop().expect("a row"));
+    (tokens, logits)
+}
+
+fn check(name: &str, gpu: Arc<dyn Backend>) {
+    let path = fixtures().join("hf/gguf/llama_iquants.gguf");
+    let file = open_model(&path).expect("checkpoint opens");
+    let types: std::collections::BTreeSet<DType> = file.tensors().iter().map(|t| t.dtype).collect();
+    for d in DType::IQUANTS {
+        assert!(types.contains(&d), "the fixture has no {d} tensor");
+    }
+    let prompt = [259u32, 283, 81, 223, 89, 81, 84, 78, 70, 12, 300];
+    let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::with_threads(1));
+    let (want_t, want) = decode(&mut runner(Executor::new(cpu)), &prompt, 6);
+    let mut run = runner(Executor::new(gpu).strict(true));
+    let (got_t, got) = decode(&mut run, &prompt, 6);
+    assert!(
+        run.executor().fallbacks().is_empty(),
+        "{name} ran ops on the CPU: {:?}",
+        run.executor().fallbacks()
+    );
+    let scale = want
+        .iter()
+        .flatten()
+        .fold(0f32, |m, v| m.max(v.abs()))
+        .max(1e-6);
+    let worst = got
+        .iter()
+        .flatten()
+        .zip(want.iter().flatten())
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    println!("{name} vs CPU: tokens {got_t:?} / {want_t:?}, max |Δ| {worst:.3e} of logits up to {scale:.3}");
+    assert_eq!(got_t, want_t, "{name}'s greedy tokens");
+    // The weights decode to the CPU's floats bit for bit; what differs is the summation order.
+    assert!(
+        worst <= 1e-4 * scale,
+        "max |Δ| {worst} (logits up to {scale})"
+    );
+}
+
+#[test]
+fn every_i_quant_decodes_on_wgpu_as_on_the_cpu() {
+    if let Some(b) = optional_backend("wgpu", kiln_backend_wgpu::open) {
+        check("wgpu", b);
+    }
+}
+
+#[test]
+fn every_i_quant_decodes_on_emulated_cuda_as_on_the_cpu() {
+    if let Some(b) = kiln_tests::cuda_emu() {
+        check("emulated CUDA", b);
+    }
+}
