@@ -98,3 +98,63 @@ fn every_i_quant_decodes_on_emulated_cuda_as_on_the_cpu() {
         check("emulated CUDA", b);
     }
 }
+
+/// Real files requantized by llama-quantize (SmolLM2 and Gemma 3 into IQ4_XS, IQ3_S, IQ2_XXS
+/// and TQ2_0; see README "I-quants and ternary weights"): every `.gguf` in
+/// `KILN_TEST_IQ_MODELS` decodes greedily on WebGPU and emulated CUDA with the CPU's tokens,
+/// every op on the GPU. Not in CI (llama-quantize and the files are local); skips when unset.
+/// `KILN_TEST_IQ_STEPS` sets the tokens (default 8; the emulator takes minutes a token at the
+/// 270 M model's size).
+#[test]
+fn local_quantized_files_decode_alike_on_every_backend() {
+    let Some(dir) = std::env::var_os("KILN_TEST_IQ_MODELS") else {
+        println!("skipping: KILN_TEST_IQ_MODELS is not set");
+        return;
+    };
+    let steps = std::env::var("KILN_TEST_IQ_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("KILN_TEST_IQ_MODELS is a folder")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+        .collect();
+    files.sort();
+    let mut backends: Vec<(&str, Arc<dyn Backend>)> = Vec::new();
+    if let Some(b) = optional_backend("wgpu", kiln_backend_wgpu::open) {
+        backends.push(("wgpu", b));
+    }
+    if let Some(b) = kiln_tests::cuda_emu() {
+        backends.push(("emulated CUDA", b));
+    }
+    for path in files {
+        let file = open_model(&path).expect("model parses");
+        let tok = kiln_core::tokenizer::Tokenizer::from_gguf(&file).expect("tokenizer");
+        let prompt = tok
+            .encode("The capital of France is", true)
+            .expect("encode");
+        let run = |ex: Executor| {
+            let model = build_from_gguf(&file, &ex).expect("model builds");
+            let cfg = RunnerConfig {
+                ctx: 256,
+                max_batch_tokens: 64,
+                ..RunnerConfig::default()
+            };
+            Runner::new(ex, model, cfg).expect("runner")
+        };
+        let (want, _) = decode(&mut run(Executor::cpu()), &prompt, steps);
+        for (name, b) in &backends {
+            let mut r = run(Executor::new(b.clone()).strict(true));
+            let (got, _) = decode(&mut r, &prompt, steps);
+            assert!(r.executor().fallbacks().is_empty(), "{name}: CPU fallbacks");
+            println!(
+                "{}: {name} {:?} / cpu {:?}",
+                path.display(),
+                tok.decode(&got),
+                tok.decode(&want)
+            );
+            assert_eq!(got, want, "{}: {name}'s greedy tokens", path.display());
+        }
+    }
+}
