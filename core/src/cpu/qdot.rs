@@ -26,7 +26,9 @@ pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
                     | DType::Q4_1
                     | DType::Q5_0
                     | DType::Q8_0
+                    | DType::Q2_K
                     | DType::Q4_K
+                    | DType::Q5_K
                     | DType::Q6_K
                     | DType::IQ4_NL
                     | DType::IQ4_XS
@@ -110,7 +112,9 @@ macro_rules! dispatch {
             DType::Q4_1 => $go!(Q41),
             DType::Q5_0 => $go!(Q50),
             DType::Q8_0 => $go!(Q80),
+            DType::Q2_K => $go!(Q2K),
             DType::Q4_K => $go!(Q4K),
+            DType::Q5_K => $go!(Q5K),
             DType::Q6_K => $go!(Q6K),
             DType::IQ4_NL => $go!(IQ4NL),
             DType::IQ4_XS => $go!(IQ4XS),
@@ -525,6 +529,94 @@ mod x86 {
         }
     }
 
+    /// Q5_K: Q4_K's first 16 bytes (d, dmin, the 6-bit scales and mins), 32 bytes of fifth
+    /// bits (bit g of byte l: element l of group g), then Q4_K's nibbles. A code (0..32) looks
+    /// up its value in two 16-entry tables; `d1 · code` has at most 22 significant bits, so
+    /// the fused `d1 · code - m1` rounds as the scalar decoder's two steps.
+    pub struct Q5K;
+    impl Format for Q5K {
+        const BYTES: usize = 176;
+        const GROUPS: usize = 8;
+        type Head = __m512;
+        #[inline(always)]
+        unsafe fn head(b: *const u8) -> __m512 {
+            Q4K::head(b)
+        }
+        #[inline(always)]
+        unsafe fn group(b: *const u8, h: &__m512, g: usize) -> (__m512, __m512) {
+            let d1 = _mm512_permutexvar_ps(_mm512_set1_epi32(g as i32), *h);
+            let m1 = _mm512_permutexvar_ps(_mm512_set1_epi32(8 + g as i32), *h);
+            let p = b.add(48 + 32 * (g / 2));
+            let (lo0, hi0) = nibble_codes(p);
+            let (lo1, hi1) = nibble_codes(p.add(16));
+            let (c0, c1) = if g.is_multiple_of(2) {
+                (lo0, lo1)
+            } else {
+                (hi0, hi1)
+            };
+            // Bit g of each qh byte, moved to bit 4 of the code.
+            let shift = _mm_cvtsi32_si128(g as i32);
+            let bit = |q: *const u8| {
+                let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(q as *const __m128i));
+                _mm512_and_si512(
+                    _mm512_srl_epi32(_mm512_slli_epi32(v, 4), shift),
+                    _mm512_set1_epi32(16),
+                )
+            };
+            let nib = _mm512_set1_epi32(15);
+            let i0 = _mm512_or_si512(_mm512_and_si512(c0, nib), bit(b.add(16)));
+            let i1 = _mm512_or_si512(_mm512_and_si512(c1, nib), bit(b.add(32)));
+            let t0 = _mm512_fmadd_ps(iota(), d1, m1);
+            let t1 = _mm512_fmadd_ps(_mm512_add_ps(iota(), _mm512_set1_ps(16.0)), d1, m1);
+            (
+                _mm512_permutex2var_ps(t0, i0, t1),
+                _mm512_permutex2var_ps(t0, i1, t1),
+            )
+        }
+    }
+
+    /// Q2_K: 16 bytes of 4-bit scale and min pairs (one per 16 elements), 64 bytes of 2-bit
+    /// codes (element 128h + 32s + l: bits 2s of byte 32h + l), f16 d and dmin. Each half of a
+    /// group looks its codes up in a table of its four values, repeated so that the bits above
+    /// a code (the next codes of the byte) do not matter; `dl · code` is exact (15 + 2 bits).
+    pub struct Q2K;
+    impl Format for Q2K {
+        const BYTES: usize = 84;
+        const GROUPS: usize = 8;
+        /// d and dmin.
+        type Head = (f32, f32);
+        #[inline(always)]
+        unsafe fn head(b: *const u8) -> (f32, f32) {
+            let f = |at: usize| {
+                half::f16::from_bits(std::ptr::read_unaligned(b.add(at) as *const u16)).to_f32()
+            };
+            (f(80), f(82))
+        }
+        #[inline(always)]
+        unsafe fn group(b: *const u8, h: &(f32, f32), g: usize) -> (__m512, __m512) {
+            let iota4 = _mm512_setr_ps(
+                0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0,
+            );
+            let table = |sc: u8| {
+                let dl = h.0 * (sc & 0x0F) as f32;
+                let ml = h.1 * (sc >> 4) as f32;
+                _mm512_fmadd_ps(iota4, _mm512_set1_ps(dl), _mm512_set1_ps(-ml))
+            };
+            let q = b.add(16 + 32 * (g / 4));
+            let shift = _mm_cvtsi32_si128(2 * (g % 4) as i32);
+            let codes = |p: *const u8| {
+                _mm512_srl_epi32(
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i)),
+                    shift,
+                )
+            };
+            (
+                _mm512_permutexvar_ps(codes(q), table(*b.add(2 * g))),
+                _mm512_permutexvar_ps(codes(q.add(16)), table(*b.add(2 * g + 1))),
+            )
+        }
+    }
+
     /// Q6_K: 128 bytes of low nibbles, 64 of 2-bit highs, 16 signed scales, f16 d.
     pub struct Q6K;
     impl Format for Q6K {
@@ -801,7 +893,9 @@ mod tests {
             DType::Q4_1,
             DType::Q5_0,
             DType::Q8_0,
+            DType::Q2_K,
             DType::Q4_K,
+            DType::Q5_K,
             DType::Q6_K,
             DType::IQ4_NL,
             DType::IQ4_XS,
