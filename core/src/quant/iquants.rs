@@ -400,6 +400,45 @@ mod tests {
         }
     }
 
+    /// The same on blocks llama.cpp's llama-quantize wrote (real encoder output: the first 16
+    /// blocks of a tensor of each type in requantized SmolLM2 and Gemma 3 files, stored in the
+    /// fixture).
+    #[test]
+    fn dequantization_of_llama_quantize_blocks_equals_the_gguf_package() {
+        let fx = fixture();
+        for dtype in DType::IQUANTS {
+            let f = &fx[dtype.name()]["made"];
+            let hex = f["hex"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{dtype}: no made blocks"));
+            let src: Vec<u8> = (0..hex.len() / 2)
+                .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex"))
+                .collect();
+            let block = dtype
+                .bytes_for(dtype.block_size())
+                .expect("a block's bytes");
+            assert_eq!(src.len() % block, 0, "{dtype}");
+            let n = src.len() / block * dtype.block_size();
+            let mut y = vec![0.0f32; n];
+            dequantize(dtype, &src, &mut y).unwrap();
+            let first: Vec<f32> = f["first"]
+                .as_array()
+                .expect("first")
+                .iter()
+                .map(|v| v.as_f64().expect("a number") as f32)
+                .collect();
+            assert_eq!(&y[..first.len()], &first[..], "{dtype}: first values");
+            let bytes: Vec<u8> = y.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let digest = format!("{:x}", Sha256::digest(&bytes));
+            assert_eq!(
+                digest,
+                f["sha256"].as_str().expect("sha256"),
+                "{dtype} ({})",
+                f["source"]
+            );
+        }
+    }
+
     /// TQ1_0 and TQ2_0 quantize as the `gguf` package does (ggml's reference), bit for bit.
     #[test]
     fn ternary_quantization_equals_the_gguf_package() {
