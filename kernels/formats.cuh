@@ -25,11 +25,11 @@ struct LoadLater {
         const u8* row;
     };
     template <u32 A = 1>
-    __device__ __forceinline__ static Raw fetch(const u8* row, u32) {
+    __device__ static Raw fetch(const u8* row, u32) {
         return {row};
     }
     template <u32 A = 1>
-    __device__ __forceinline__ static void decode(const Raw& r, u32 v, float* out) {
+    __device__ static void decode(const Raw& r, u32 v, float* out) {
         F::template load8<A>(r.row, v, out);
     }
 };

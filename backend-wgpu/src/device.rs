@@ -775,10 +775,10 @@ pub(crate) fn fold(n: u32, max: u32) -> (u32, u32) {
     }
 }
 
-/// The storage bindings of group 0 that `source` declares, read-only or read-write.
 /// The binding of `iquant.wgsl`'s grid table.
 pub(crate) const IQ_GRID_BINDING: u32 = 15;
 
+/// The storage bindings of group 0 that `source` declares, read-only or read-write.
 fn binding_layout(entry: &str, source: &str) -> Result<Vec<wgpu::BindGroupLayoutEntry>> {
     let module = naga::front::wgsl::parse_str(source)
         .map_err(|e| err(format!("kernel {entry}: {}", e.emit_to_string(source))))?;

@@ -3,9 +3,10 @@
 // in memory at binding 15 (kiln_core::quant::iq_grid_words, uploaded once per device; the
 // launcher binds it to every kernel that declares it): a WGSL constant array indexed at run
 // time is copied into a local variable at every access. All are 256-element blocks with an
-// f16 d; chunk c of a row is group c % 8
-// of block c / 8, and each 8 values of a group are one point: iq8_<fmt>(b, g, l) decodes point
-// l of group g of the block at byte b. Public: dq32_<fmt>(row, c), as dequant.wgsl's.
+// f16 d; chunk c of a row is group c % 8 of block c / 8, and each 8 values of a group are one
+// point: iq8_<fmt>(b, g, l) decodes point l of group g of the block at byte b, iq8(code, ..)
+// that of the format coded `code` (the codes at iq8). Public: dq32_<fmt>(row, c), as
+// dequant.wgsl's.
 //
 // The values are the CPU reference's (core/src/quant/iquants.rs) bits: (scale · coordinate)
 // negated by a sign bit, or scale · (coordinate ± 1/8) for IQ1, or d · (trit - 1), each one
@@ -179,83 +180,75 @@ fn iq_put(y: ptr<function, array<f32, 32>>, l: u32, p: Iq8) {
     }
 }
 
+// Point l of group g of the block at b, in the format of code `fmt`: 0 IQ2_XXS, 1 IQ2_XS,
+// 2 IQ2_S, 3 IQ3_XXS, 4 IQ3_S, 5 IQ1_S, 6 IQ1_M, 7 TQ1_0, 8 TQ2_0 (a constant at every call, so
+// the compiler keeps one branch).
+fn iq8(fmt: u32, b: u32, g: u32, l: u32) -> Iq8 {
+    switch fmt {
+        case 0u: {
+            return iq8_iq2_xxs(b, g, l);
+        }
+        case 1u: {
+            return iq8_iq2_xs(b, g, l);
+        }
+        case 2u: {
+            return iq8_iq2_s(b, g, l);
+        }
+        case 3u: {
+            return iq8_iq3_xxs(b, g, l);
+        }
+        case 4u: {
+            return iq8_iq3_s(b, g, l);
+        }
+        case 5u: {
+            return iq8_iq1_s(b, g, l);
+        }
+        case 6u: {
+            return iq8_iq1_m(b, g, l);
+        }
+        case 7u: {
+            return iq8_tq1_0(b, g, l);
+        }
+        default: {
+            return iq8_tq2_0(b, g, l);
+        }
+    }
+}
+
+// Chunk c of a row of `bytes`-byte blocks of format `fmt`.
+fn iq_dq32(fmt: u32, bytes: u32, row: u32, c: u32) -> array<f32, 32> {
+    let b = row + bytes * (c / 8u);
+    var y: array<f32, 32>;
+    for (var l = 0u; l < 4u; l++) {
+        iq_put(&y, l, iq8(fmt, b, c % 8u, l));
+    }
+    return y;
+}
+
 fn dq32_iq2_xxs(row: u32, c: u32) -> array<f32, 32> {
-    let b = row + 66u * (c / 8u);
-    var y: array<f32, 32>;
-    for (var l = 0u; l < 4u; l++) {
-        iq_put(&y, l, iq8_iq2_xxs(b, c % 8u, l));
-    }
-    return y;
+    return iq_dq32(0u, 66u, row, c);
 }
-
 fn dq32_iq2_xs(row: u32, c: u32) -> array<f32, 32> {
-    let b = row + 74u * (c / 8u);
-    var y: array<f32, 32>;
-    for (var l = 0u; l < 4u; l++) {
-        iq_put(&y, l, iq8_iq2_xs(b, c % 8u, l));
-    }
-    return y;
+    return iq_dq32(1u, 74u, row, c);
 }
-
 fn dq32_iq2_s(row: u32, c: u32) -> array<f32, 32> {
-    let b = row + 82u * (c / 8u);
-    var y: array<f32, 32>;
-    for (var l = 0u; l < 4u; l++) {
-        iq_put(&y, l, iq8_iq2_s(b, c % 8u, l));
-    }
-    return y;
+    return iq_dq32(2u, 82u, row, c);
 }
-
 fn dq32_iq3_xxs(row: u32, c: u32) -> array<f32, 32> {
-    let b = row + 98u * (c / 8u);
-    var y: array<f32, 32>;
-    for (var l = 0u; l < 4u; l++) {
-        iq_put(&y, l, iq8_iq3_xxs(b, c % 8u, l));
-    }
-    return y;
+    return iq_dq32(3u, 98u, row, c);
 }
-
 fn dq32_iq3_s(row: u32, c: u32) -> array<f32, 32> {
-    let b = row + 110u * (c / 8u);
-    var y: array<f32, 32>;
-    for (var l = 0u; l < 4u; l++) {
-        iq_put(&y, l, iq8_iq3_s(b, c % 8u, l));
-    }
-    return y;
+    return iq_dq32(4u, 110u, row, c);
 }
-
 fn dq32_iq1_s(row: u32, c: u32) -> array<f32, 32> {
-    let b = row + 50u * (c / 8u);
-    var y: array<f32, 32>;
-    for (var l = 0u; l < 4u; l++) {
-        iq_put(&y, l, iq8_iq1_s(b, c % 8u, l));
-    }
-    return y;
+    return iq_dq32(5u, 50u, row, c);
 }
-
 fn dq32_iq1_m(row: u32, c: u32) -> array<f32, 32> {
-    let b = row + 56u * (c / 8u);
-    var y: array<f32, 32>;
-    for (var l = 0u; l < 4u; l++) {
-        iq_put(&y, l, iq8_iq1_m(b, c % 8u, l));
-    }
-    return y;
+    return iq_dq32(6u, 56u, row, c);
 }
-
 fn dq32_tq1_0(row: u32, c: u32) -> array<f32, 32> {
-    let b = row + 54u * (c / 8u);
-    var y: array<f32, 32>;
-    for (var l = 0u; l < 4u; l++) {
-        iq_put(&y, l, iq8_tq1_0(b, c % 8u, l));
-    }
-    return y;
+    return iq_dq32(7u, 54u, row, c);
 }
-
 fn dq32_tq2_0(row: u32, c: u32) -> array<f32, 32> {
-    let b = row + 66u * (c / 8u);
-    var y: array<f32, 32>;
-    for (var l = 0u; l < 4u; l++) {
-        iq_put(&y, l, iq8_tq2_0(b, c % 8u, l));
-    }
-    return y;
+    return iq_dq32(8u, 66u, row, c);
 }

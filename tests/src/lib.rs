@@ -83,6 +83,46 @@ pub fn fixtures() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
 }
 
+/// The `.gguf` files in the folder `KILN_TEST_IQ_MODELS` names (local i-quant files made by
+/// llama-quantize), sorted; `None` when it is unset.
+pub fn local_iq_models() -> Option<Vec<std::path::PathBuf>> {
+    let dir = std::env::var_os("KILN_TEST_IQ_MODELS")?;
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("KILN_TEST_IQ_MODELS is a folder")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+        .collect();
+    files.sort();
+    Some(files)
+}
+
+/// Greedy decoding of sequence 1: the prompt, then `steps` tokens one at a time, each the
+/// argmax of the last logits. Returns the tokens and every step's last logits (the prompt's
+/// first, `steps + 1` rows).
+pub fn greedy_logits(
+    run: &mut kiln_core::engine::Runner,
+    prompt: &[u32],
+    steps: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    use kiln_core::engine::Logits;
+    let mut logits = Vec::new();
+    let mut tokens = Vec::new();
+    let mut rows = run.feed(1, prompt, Logits::Last).expect("prefill");
+    for _ in 0..steps {
+        let last = rows.pop().expect("a row");
+        let t = last
+            .iter()
+            .enumerate()
+            .fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+            .0 as u32;
+        tokens.push(t);
+        logits.push(last);
+        rows = run.feed(1, &[t], Logits::Last).expect("decode");
+    }
+    logits.push(rows.pop().expect("a row"));
+    (tokens, logits)
+}
+
 use kiln_core::backend::Capabilities;
 use kiln_core::cpu::CpuBackend;
 use kiln_core::op::{Op, OpDesc};

@@ -13,7 +13,7 @@ use kiln_core::engine::{Logits, Runner, RunnerConfig};
 use kiln_core::exec::Executor;
 use kiln_core::load::open_model;
 use kiln_core::model::build_from_gguf;
-use kiln_tests::fixtures;
+use kiln_tests::{fixtures, greedy_logits};
 
 fn runner(ex: Executor) -> Runner {
     let path = fixtures().join("hf/gguf/llama_q4_k.gguf");
@@ -28,24 +28,6 @@ fn runner(ex: Executor) -> Runner {
     Runner::new(ex, model, cfg).expect("runner")
 }
 
-/// The last row's logits of each step: the prompt, then `steps` greedy tokens one at a time.
-fn decode(run: &mut Runner, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
-    let mut out = Vec::new();
-    let mut rows = run.feed(1, prompt, Logits::Last).expect("prefill");
-    for _ in 0..steps {
-        let last = rows.pop().expect("a row");
-        let t = last
-            .iter()
-            .enumerate()
-            .fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
-            .0 as u32;
-        out.push(last);
-        rows = run.feed(1, &[t], Logits::Last).expect("decode");
-    }
-    out.push(rows.pop().expect("a row"));
-    out
-}
-
 #[test]
 fn a_q4_k_model_decodes_over_int8_activations_as_the_cpu_does() {
     let Some(emu) = kiln_tests::cuda_emu() else {
@@ -53,12 +35,12 @@ fn a_q4_k_model_decodes_over_int8_activations_as_the_cpu_does() {
     };
     let prompt = [259u32, 283, 81, 223, 89, 81, 84, 78, 70];
     let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::with_threads(1));
-    let want = decode(&mut runner(Executor::new(cpu)), &prompt, 6);
+    let want = greedy_logits(&mut runner(Executor::new(cpu)), &prompt, 6).1;
 
     // Against the CPU reference: the int8 parts carry f32's precision (the bound in the
     // kernel file), so the logits agree to f32 rounding of a different summation order.
     let mut graphs = runner(Executor::new(emu.clone()).strict(true));
-    let got = decode(&mut graphs, &prompt, 6);
+    let got = greedy_logits(&mut graphs, &prompt, 6).1;
     let scale = want
         .iter()
         .flatten()
@@ -85,7 +67,7 @@ fn a_q4_k_model_decodes_over_int8_activations_as_the_cpu_does() {
     let mut ops = runner(Executor::new(emu.clone()).strict(true));
     ops.set_graphs(false);
     assert_eq!(
-        decode(&mut ops, &prompt, 6),
+        greedy_logits(&mut ops, &prompt, 6).1,
         got,
         "replayed steps differ from op by op"
     );

@@ -226,15 +226,9 @@ fn a_model_in_every_i_quant_matches_an_f64_forward() {
 /// Llama-family model each. Skipped when the variable is unset.
 #[test]
 fn local_quantized_files_match_an_f64_forward() {
-    let Some(dir) = std::env::var_os("KILN_TEST_IQ_MODELS") else {
+    let Some(files) = kiln_tests::local_iq_models() else {
         return;
     };
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("KILN_TEST_IQ_MODELS is a folder")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
-        .collect();
-    files.sort();
     for p in files {
         println!("{}", p.display());
         check_against_f64(&GgufFile::open(&p).expect("model parses"));

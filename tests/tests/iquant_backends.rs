@@ -9,12 +9,12 @@ use std::sync::Arc;
 
 use kiln_core::backend::Backend;
 use kiln_core::cpu::CpuBackend;
-use kiln_core::engine::{Logits, Runner, RunnerConfig};
+use kiln_core::engine::{Runner, RunnerConfig};
 use kiln_core::exec::Executor;
 use kiln_core::load::open_model;
 use kiln_core::model::build_from_gguf;
 use kiln_core::DType;
-use kiln_tests::{fixtures, optional_backend};
+use kiln_tests::{fixtures, greedy_logits, local_iq_models, optional_backend};
 
 fn runner(ex: Executor) -> Runner {
     let path = fixtures().join("hf/gguf/llama_iquants.gguf");
@@ -29,26 +29,6 @@ fn runner(ex: Executor) -> Runner {
     Runner::new(ex, model, cfg).expect("runner")
 }
 
-/// The prompt's last logits, then each greedy step's: `steps` tokens chosen by this backend.
-fn decode(run: &mut Runner, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut logits = Vec::new();
-    let mut tokens = Vec::new();
-    let mut rows = run.feed(1, prompt, Logits::Last).expect("prefill");
-    for _ in 0..steps {
-        let last = rows.pop().expect("a row");
-        let t = last
-            .iter()
-            .enumerate()
-            .fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
-            .0 as u32;
-        tokens.push(t);
-        logits.push(last);
-        rows = run.feed(1, &[t], Logits::Last).expect("decode");
-    }
-    logits.push(rows.pop().expect("a row"));
-    (tokens, logits)
-}
-
 fn check(name: &str, gpu: Arc<dyn Backend>) {
     let path = fixtures().join("hf/gguf/llama_iquants.gguf");
     let file = open_model(&path).expect("checkpoint opens");
@@ -58,9 +38,9 @@ fn check(name: &str, gpu: Arc<dyn Backend>) {
     }
     let prompt = [259u32, 283, 81, 223, 89, 81, 84, 78, 70, 12, 300];
     let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::with_threads(1));
-    let (want_t, want) = decode(&mut runner(Executor::new(cpu)), &prompt, 6);
+    let (want_t, want) = greedy_logits(&mut runner(Executor::new(cpu)), &prompt, 6);
     let mut run = runner(Executor::new(gpu).strict(true));
-    let (got_t, got) = decode(&mut run, &prompt, 6);
+    let (got_t, got) = greedy_logits(&mut run, &prompt, 6);
     assert!(
         run.executor().fallbacks().is_empty(),
         "{name} ran ops on the CPU: {:?}",
@@ -107,7 +87,7 @@ fn every_i_quant_decodes_on_emulated_cuda_as_on_the_cpu() {
 /// 270 M model's size).
 #[test]
 fn local_quantized_files_decode_alike_on_every_backend() {
-    let Some(dir) = std::env::var_os("KILN_TEST_IQ_MODELS") else {
+    let Some(files) = local_iq_models() else {
         println!("skipping: KILN_TEST_IQ_MODELS is not set");
         return;
     };
@@ -115,12 +95,6 @@ fn local_quantized_files_decode_alike_on_every_backend() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(8);
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("KILN_TEST_IQ_MODELS is a folder")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
-        .collect();
-    files.sort();
     let mut backends: Vec<(&str, Arc<dyn Backend>)> = Vec::new();
     if let Some(b) = optional_backend("wgpu", kiln_backend_wgpu::open) {
         backends.push(("wgpu", b));
@@ -143,10 +117,10 @@ fn local_quantized_files_decode_alike_on_every_backend() {
             };
             Runner::new(ex, model, cfg).expect("runner")
         };
-        let (want, _) = decode(&mut run(Executor::cpu()), &prompt, steps);
+        let (want, _) = greedy_logits(&mut run(Executor::cpu()), &prompt, steps);
         for (name, b) in &backends {
             let mut r = run(Executor::new(b.clone()).strict(true));
-            let (got, _) = decode(&mut r, &prompt, steps);
+            let (got, _) = greedy_logits(&mut r, &prompt, steps);
             assert!(r.executor().fallbacks().is_empty(), "{name}: CPU fallbacks");
             println!(
                 "{}: {name} {:?} / cpu {:?}",

@@ -509,11 +509,29 @@ mod x86 {
         }
         #[inline(always)]
         unsafe fn group(b: *const u8, h: &__m512, g: usize) -> (__m512, __m512) {
+            let (d1, m1, c0, c1) = Self::scaled_nibbles(b.add(16), h, g);
+            let table = _mm512_fmadd_ps(iota(), d1, m1);
+            (
+                _mm512_permutexvar_ps(c0, table),
+                _mm512_permutexvar_ps(c1, table),
+            )
+        }
+    }
+
+    impl Q4K {
+        /// Group g's `d · scale` and `-dmin · min` (from the head) in every lane, and its
+        /// nibble codes (low 4 bits of each lane) from the nibbles at `qs`: groups 2i and 2i + 1
+        /// are the low and high nibbles of the same 32 bytes (the widening is shared between
+        /// the two after inlining).
+        #[inline(always)]
+        unsafe fn scaled_nibbles(
+            qs: *const u8,
+            h: &__m512,
+            g: usize,
+        ) -> (__m512, __m512, __m512i, __m512i) {
             let d1 = _mm512_permutexvar_ps(_mm512_set1_epi32(g as i32), *h);
             let m1 = _mm512_permutexvar_ps(_mm512_set1_epi32(8 + g as i32), *h);
-            // Groups 2i and 2i + 1 are the low and high nibbles of the same 32 bytes (the
-            // widening is shared between the two after inlining).
-            let p = b.add(16 + 32 * (g / 2));
+            let p = qs.add(32 * (g / 2));
             let (lo0, hi0) = nibble_codes(p);
             let (lo1, hi1) = nibble_codes(p.add(16));
             let (c0, c1) = if g.is_multiple_of(2) {
@@ -521,11 +539,7 @@ mod x86 {
             } else {
                 (hi0, hi1)
             };
-            let table = _mm512_fmadd_ps(iota(), d1, m1);
-            (
-                _mm512_permutexvar_ps(c0, table),
-                _mm512_permutexvar_ps(c1, table),
-            )
+            (d1, m1, c0, c1)
         }
     }
 
@@ -544,16 +558,7 @@ mod x86 {
         }
         #[inline(always)]
         unsafe fn group(b: *const u8, h: &__m512, g: usize) -> (__m512, __m512) {
-            let d1 = _mm512_permutexvar_ps(_mm512_set1_epi32(g as i32), *h);
-            let m1 = _mm512_permutexvar_ps(_mm512_set1_epi32(8 + g as i32), *h);
-            let p = b.add(48 + 32 * (g / 2));
-            let (lo0, hi0) = nibble_codes(p);
-            let (lo1, hi1) = nibble_codes(p.add(16));
-            let (c0, c1) = if g.is_multiple_of(2) {
-                (lo0, lo1)
-            } else {
-                (hi0, hi1)
-            };
+            let (d1, m1, c0, c1) = Q4K::scaled_nibbles(b.add(48), h, g);
             // Bit g of each qh byte, moved to bit 4 of the code.
             let shift = _mm_cvtsi32_si128(g as i32);
             let bit = |q: *const u8| {

@@ -385,19 +385,37 @@ mod tests {
             let blocks = f["blocks"].as_u64().expect("blocks") as usize;
             let seed = f["seed"].as_u64().expect("seed");
             let src = random_blocks(dtype, blocks, &mut Rng::with_state(seed));
-            let mut y = vec![0.0f32; blocks * dtype.block_size()];
-            dequantize(dtype, &src, &mut y).unwrap();
-            let first: Vec<f32> = f["first"]
-                .as_array()
-                .expect("first")
-                .iter()
-                .map(|v| v.as_f64().expect("a number") as f32)
-                .collect();
-            assert_eq!(&y[..first.len()], &first[..], "{dtype}: first values");
-            let bytes: Vec<u8> = y.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let digest = format!("{:x}", Sha256::digest(&bytes));
-            assert_eq!(digest, f["sha256"].as_str().expect("sha256"), "{dtype}");
+            assert_dequantizes_as(dtype, &src, f, "random blocks");
         }
+    }
+
+    /// `src` dequantizes to the fixture entry `f`'s values: its first ones, and the SHA-256 of
+    /// all of them as little-endian f32.
+    fn assert_dequantizes_as(dtype: DType, src: &[u8], f: &serde_json::Value, what: &str) {
+        let block = dtype
+            .bytes_for(dtype.block_size())
+            .expect("a block's bytes");
+        assert_eq!(src.len() % block, 0, "{dtype}");
+        let mut y = vec![0.0f32; src.len() / block * dtype.block_size()];
+        dequantize(dtype, src, &mut y).unwrap();
+        let first: Vec<f32> = f["first"]
+            .as_array()
+            .expect("first")
+            .iter()
+            .map(|v| v.as_f64().expect("a number") as f32)
+            .collect();
+        assert_eq!(
+            &y[..first.len()],
+            &first[..],
+            "{dtype} ({what}): first values"
+        );
+        let bytes: Vec<u8> = y.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let digest = format!("{:x}", Sha256::digest(&bytes));
+        assert_eq!(
+            digest,
+            f["sha256"].as_str().expect("sha256"),
+            "{dtype} ({what})"
+        );
     }
 
     /// The same on blocks llama.cpp's llama-quantize wrote (real encoder output: the first 16
@@ -414,28 +432,8 @@ mod tests {
             let src: Vec<u8> = (0..hex.len() / 2)
                 .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex"))
                 .collect();
-            let block = dtype
-                .bytes_for(dtype.block_size())
-                .expect("a block's bytes");
-            assert_eq!(src.len() % block, 0, "{dtype}");
-            let n = src.len() / block * dtype.block_size();
-            let mut y = vec![0.0f32; n];
-            dequantize(dtype, &src, &mut y).unwrap();
-            let first: Vec<f32> = f["first"]
-                .as_array()
-                .expect("first")
-                .iter()
-                .map(|v| v.as_f64().expect("a number") as f32)
-                .collect();
-            assert_eq!(&y[..first.len()], &first[..], "{dtype}: first values");
-            let bytes: Vec<u8> = y.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let digest = format!("{:x}", Sha256::digest(&bytes));
-            assert_eq!(
-                digest,
-                f["sha256"].as_str().expect("sha256"),
-                "{dtype} ({})",
-                f["source"]
-            );
+            let source = f["source"].as_str().unwrap_or("?");
+            assert_dequantizes_as(dtype, &src, f, source);
         }
     }
 
