@@ -20,8 +20,9 @@
 //!   `(t - 1) · d`, `d` (f16) last.
 //!
 //! The grids are generated (`iq_grids.rs`, by `scripts/iquant-grids.py`). Quantizers: TQ1_0
-//! and TQ2_0 (ggml's reference ones, bit for bit); the others have none here (llama.cpp's need
-//! searches over the grids and, for IQ1 and IQ2, an importance matrix).
+//! and TQ2_0 (ggml's reference ones, bit for bit), IQ4_NL and IQ4_XS (llama.cpp's with no
+//! importance matrix, bit for bit on blocks llama-quantize wrote); the grid types have none here
+//! (llama.cpp's search the grids and, for IQ1 and IQ2, need an importance matrix).
 
 use super::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 use super::{f16_at, to_f16};
@@ -317,6 +318,125 @@ pub(super) fn dequant_tq2_0(b: &[u8; TQ2_0_BYTES], y: &mut [f32; QK]) {
     }
 }
 
+/// The index of the IQ4_NL level nearest `x` (ggml's choice: by bisection, a tie between two
+/// levels to the upper one).
+#[inline(always)]
+fn nearest_level(x: f32) -> u8 {
+    let v = |i: usize| KVALUES_IQ4NL[i] as f32;
+    if x <= v(0) {
+        return 0;
+    }
+    if x >= v(15) {
+        return 15;
+    }
+    let (mut lo, mut hi) = (0, 15);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if x < v(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    if x - v(hi - 1) < v(hi) - x {
+        (hi - 1) as u8
+    } else {
+        hi as u8
+    }
+}
+
+/// The scale of a group of 32 for the IQ4 levels, by ggml's reference search with no
+/// importance matrix (each value weighs x²): the scale that puts the largest-magnitude value
+/// on the -127 level, refit by weighted least squares, then 15 scales around it, each refit,
+/// the best fit kept. 0 for a group whose largest magnitude is below 1e-15.
+fn iq4_group_scale(x: &[f32]) -> f32 {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < 1e-15 {
+        return 0.0;
+    }
+    let v0 = KVALUES_IQ4NL[0] as f32;
+    // Σ w·q·x and Σ w·q² of the levels nearest id·x, w = x², in the reference's order.
+    let fit = |id: f32| {
+        let (mut sumqx, mut sumq2) = (0f32, 0f32);
+        for &v in x {
+            let q = KVALUES_IQ4NL[nearest_level(id * v) as usize] as f32;
+            let w = v * v;
+            sumqx += w * q * v;
+            sumq2 += w * q * q;
+        }
+        (sumqx, sumq2)
+    };
+    let (sumqx, sumq2) = fit(1.0 / (-max / v0));
+    let mut d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
+    let mut best = d * sumqx;
+    for itry in -7..=7 {
+        let (sumqx, sumq2) = fit((itry as f32 + v0) / max);
+        if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
+            d = sumqx / sumq2;
+            best = d * sumqx;
+        }
+    }
+    d
+}
+
+/// Packs 32 level indices as IQ4 nibbles: byte j holds value j low, j + 16 high.
+#[inline(always)]
+fn pack_iq4(l: &[u8], qs: &mut [u8]) {
+    for j in 0..16 {
+        qs[j] = l[j] | (l[j + 16] << 4);
+    }
+}
+
+/// IQ4_NL as llama.cpp's quantizer writes it with no importance matrix (bit for bit: a test
+/// checks blocks it made).
+pub(super) fn quant_iq4_nl(x: &[f32; 32], b: &mut [u8; IQ4_NL_BYTES]) {
+    let d = iq4_group_scale(x);
+    b[..2].copy_from_slice(&to_f16(d).0);
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let l: Vec<u8> = x.iter().map(|&v| nearest_level(id * v)).collect();
+    pack_iq4(&l, &mut b[2..]);
+}
+
+/// IQ4_XS as llama.cpp's quantizer writes it with no importance matrix: each group's scale
+/// searched as IQ4_NL's, the block's `d` = -(the largest-magnitude group scale) / 32, each group
+/// scale rounded to a multiple of `d` in -32..=31 and its values re-matched to the levels at it.
+pub(super) fn quant_iq4_xs(x: &[f32; QK], b: &mut [u8; IQ4_XS_BYTES]) {
+    let mut scales = [0f32; 8];
+    let (mut amax, mut max) = (0f32, 0f32);
+    for (g, s) in scales.iter_mut().enumerate() {
+        *s = iq4_group_scale(&x[32 * g..32 * g + 32]);
+        if s.abs() > amax {
+            amax = s.abs();
+            max = *s;
+        }
+    }
+    let d = -max / 32.0;
+    b[..2].copy_from_slice(&to_f16(d).0);
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut scales_h = 0u16;
+    b[4..8].fill(0);
+    for (g, &s) in scales.iter().enumerate() {
+        let l = ((id * s).round_ties_even() as i32).clamp(-32, 31);
+        let dl = d * l as f32;
+        let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
+        let levels: Vec<u8> = x[32 * g..32 * g + 32]
+            .iter()
+            .map(|&v| nearest_level(idl * v))
+            .collect();
+        pack_iq4(&levels, &mut b[8 + 16 * g..8 + 16 * g + 16]);
+        let u = (l + 32) as u8;
+        b[4 + g / 2] |= (u & 0x0F) << (4 * (g % 2));
+        scales_h |= ((u >> 4) as u16) << (2 * g);
+    }
+    b[2..4].copy_from_slice(&scales_h.to_le_bytes());
+}
+
 /// Each value as a trit 0, 1, 2 (for -1, 0, 1 times `d` = max |x|), and `d` as f16: ggml's
 /// reference choice (round half away from zero of x / d).
 #[inline(always)]
@@ -434,6 +554,45 @@ mod tests {
                 .collect();
             let source = f["source"].as_str().unwrap_or("?");
             assert_dequantizes_as(dtype, &src, f, source);
+        }
+    }
+
+    /// IQ4_NL and IQ4_XS quantize as llama.cpp's llama-quantize does with no importance
+    /// matrix, bit for bit: rows of SmolLM2's weights in f32, and the blocks it wrote of them.
+    #[test]
+    fn iq4_quantization_equals_llama_quantize() {
+        let fx = fixture();
+        let hex = |s: &str| -> Vec<u8> {
+            (0..s.len() / 2)
+                .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
+                .collect()
+        };
+        for dtype in [DType::IQ4_NL, DType::IQ4_XS] {
+            let cases = fx[dtype.name()]["quantized_made"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{dtype}: no quantized rows"));
+            assert!(!cases.is_empty());
+            for c in cases {
+                let x: Vec<f32> = hex(c["values"].as_str().expect("values"))
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                let want = hex(c["blocks"].as_str().expect("blocks"));
+                let got = quantize(dtype, &x).unwrap();
+                assert_eq!(got.len(), want.len(), "{dtype} {}", c["source"]);
+                let block = dtype
+                    .bytes_for(dtype.block_size())
+                    .expect("a block's bytes");
+                if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+                    panic!(
+                        "{dtype} {}: byte {i} (block {}) differs: {:02x?} vs {:02x?}",
+                        c["source"],
+                        i / block,
+                        &got[i / block * block..(i / block + 1) * block],
+                        &want[i / block * block..(i / block + 1) * block]
+                    );
+                }
+            }
         }
     }
 

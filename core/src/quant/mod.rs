@@ -186,11 +186,15 @@ pub fn random_blocks(dtype: DType, blocks: usize, rng: &mut crate::rng::Rng) -> 
 }
 
 /// Whether [`quantize`] can produce `dtype`: the float types and every block type but the
-/// grid-coded i-quants (TQ1_0 and TQ2_0 have quantizers). The integer types have no quantizer
+/// grid-coded i-quants (IQ4_NL, IQ4_XS, TQ1_0 and TQ2_0 have quantizers). The integer types have no quantizer
 /// (an f32 → integer conversion is not a quantization kiln needs).
 pub fn quantize_supported(dtype: DType) -> bool {
     !dtype.is_int()
-        && !(DType::IQUANTS.contains(&dtype) && !matches!(dtype, DType::TQ1_0 | DType::TQ2_0))
+        && !(DType::IQUANTS.contains(&dtype)
+            && !matches!(
+                dtype,
+                DType::IQ4_NL | DType::IQ4_XS | DType::TQ1_0 | DType::TQ2_0
+            ))
 }
 
 /// Encodes `src` as `dtype`. `src.len()` must be a multiple of the block size.
@@ -246,6 +250,8 @@ pub fn quantize_into(dtype: DType, src: &[f32], out: &mut [u8]) -> Result<()> {
         DType::Q8_K => quant_each_block(src, out, k_quants::quant_q8_k),
         DType::MXFP4 => quant_each_block(src, out, fp4::quant_mxfp4),
         DType::NVFP4 => quant_each_block(src, out, fp4::quant_nvfp4),
+        DType::IQ4_NL => quant_each_block(src, out, iquants::quant_iq4_nl),
+        DType::IQ4_XS => quant_each_block(src, out, iquants::quant_iq4_xs),
         DType::TQ1_0 => quant_each_block(src, out, iquants::quant_tq1_0),
         DType::TQ2_0 => quant_each_block(src, out, iquants::quant_tq2_0),
         DType::TQ4 => quant_each_block(src, out, turbo::quant_tq4),
@@ -257,10 +263,8 @@ pub fn quantize_into(dtype: DType, src: &[f32], out: &mut [u8]) -> Result<()> {
         | DType::IQ2_XS
         | DType::IQ3_XXS
         | DType::IQ1_S
-        | DType::IQ4_NL
         | DType::IQ3_S
         | DType::IQ2_S
-        | DType::IQ4_XS
         | DType::IQ1_M => return Err(Error::quant(dtype, "quantize: no quantizer for this type")),
     }
     Ok(())
@@ -548,6 +552,8 @@ mod tests {
             // Ternary over max |x| of 256 values (meant for weights trained ternary): normal
             // data loses everything under max/2, most of it.
             DType::TQ1_0 | DType::TQ2_0 => 1.0,
+            // 16 levels dense near zero, scales searched by weighted least squares.
+            DType::IQ4_NL | DType::IQ4_XS => 1e-2,
             d => unreachable!("{d} has no quantizer (the test skips it)"),
         }
     }
