@@ -88,6 +88,8 @@ pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         DType::TQ4 => for_each_block(src, dst, turbo::dequant_tq4),
         DType::TQ3 => for_each_block(src, dst, turbo::dequant_tq3),
         DType::TQ2 => for_each_block(src, dst, turbo::dequant_tq2),
+        DType::TQ4P => for_each_block(src, dst, turbo::dequant_tq4p),
+        DType::TQ3P => for_each_block(src, dst, turbo::dequant_tq3p),
     }
     Ok(())
 }
@@ -151,6 +153,8 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
         DType::TQ4 => each!(turbo::dequant_tq4),
         DType::TQ3 => each!(turbo::dequant_tq3),
         DType::TQ2 => each!(turbo::dequant_tq2),
+        DType::TQ4P => each!(turbo::dequant_tq4p),
+        DType::TQ3P => each!(turbo::dequant_tq3p),
     }
 }
 
@@ -257,6 +261,8 @@ pub fn quantize_into(dtype: DType, src: &[f32], out: &mut [u8]) -> Result<()> {
         DType::TQ4 => quant_each_block(src, out, turbo::quant_tq4),
         DType::TQ3 => quant_each_block(src, out, turbo::quant_tq3),
         DType::TQ2 => quant_each_block(src, out, turbo::quant_tq2),
+        DType::TQ4P => quant_each_block(src, out, turbo::quant_tq4p),
+        DType::TQ3P => quant_each_block(src, out, turbo::quant_tq3p),
         DType::I32
         | DType::U32
         | DType::IQ2_XXS
@@ -549,6 +555,10 @@ mod tests {
             DType::TQ4 => 1.3e-2,
             DType::TQ3 => 4.5e-2,
             DType::TQ2 => 0.15,
+            // The (b-1)-bit codes' distortion plus the sketch's, which is as large again
+            // (an unbiased estimate of the residual, not its nearest point).
+            DType::TQ4P => 9e-2,
+            DType::TQ3P => 0.3,
             // Ternary over max |x| of 256 values (meant for weights trained ternary): normal
             // data loses everything under max/2, most of it.
             DType::TQ1_0 | DType::TQ2_0 => 1.0,

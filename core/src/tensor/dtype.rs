@@ -46,6 +46,10 @@ pub enum DType {
     TQ4,
     TQ3,
     TQ2,
+    /// TurboQuant's inner-product variant for keys: (b−1)-bit codes plus a 1-bit QJL sketch
+    /// of the residual, scored by the unbiased estimator (`quant/turbo.rs`). Cache-only.
+    TQ4P,
+    TQ3P,
 }
 
 impl DType {
@@ -126,10 +130,10 @@ impl DType {
     ];
 
     /// The KV-cache-only types (not in [`DType::ALL`]: no weight is ever stored in them).
-    pub const KV_ONLY: [DType; 3] = [DType::TQ4, DType::TQ3, DType::TQ2];
+    pub const KV_ONLY: [DType; 5] = [DType::TQ4, DType::TQ3, DType::TQ2, DType::TQ4P, DType::TQ3P];
 
     /// The types a KV cache can hold (`--kv-type`), widest first.
-    pub const KV_CACHE: [DType; 8] = [
+    pub const KV_CACHE: [DType; 10] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -138,6 +142,8 @@ impl DType {
         DType::TQ4,
         DType::TQ3,
         DType::TQ2,
+        DType::TQ4P,
+        DType::TQ3P,
     ];
 
     /// Lower-case name as ggml prints it (`q4_K`, `f16`, `mxfp4`).
@@ -175,6 +181,8 @@ impl DType {
             DType::TQ4 => "tq4",
             DType::TQ3 => "tq3",
             DType::TQ2 => "tq2",
+            DType::TQ4P => "tq4p",
+            DType::TQ3P => "tq3p",
         }
     }
 
@@ -200,6 +208,8 @@ impl DType {
             | DType::TQ4
             | DType::TQ3
             | DType::TQ2
+            | DType::TQ4P
+            | DType::TQ3P
             | DType::IQ4_NL => 32,
             DType::NVFP4 => 64,
             DType::Q2_K
@@ -253,6 +263,8 @@ impl DType {
             DType::TQ4 => 2 + 16,
             DType::TQ3 => 2 + 12,
             DType::TQ2 => 2 + 8,
+            DType::TQ4P => 2 + 12 + 4 + 2,
+            DType::TQ3P => 2 + 8 + 4 + 2,
         }
     }
 
@@ -267,7 +279,10 @@ impl DType {
 
     /// A TurboQuant KV type: rows stored rotated (`quant/turbo.rs`).
     pub fn is_turbo(self) -> bool {
-        matches!(self, DType::TQ4 | DType::TQ3 | DType::TQ2)
+        matches!(
+            self,
+            DType::TQ4 | DType::TQ3 | DType::TQ2 | DType::TQ4P | DType::TQ3P
+        )
     }
 
     pub fn is_int(self) -> bool {
@@ -317,7 +332,7 @@ impl DType {
             // ggml has no u32 tensor type; kiln uses it only for its own index tensors.
             DType::U32 => u32::MAX,
             // Cache-only types (never in a file).
-            DType::TQ4 | DType::TQ3 | DType::TQ2 => u32::MAX,
+            DType::TQ4 | DType::TQ3 | DType::TQ2 | DType::TQ4P | DType::TQ3P => u32::MAX,
         }
     }
 
