@@ -37,6 +37,39 @@ extern "C" __global__ void kv_write_f16(const float* k, const float* v, const in
 // of 4.)
 __device__ __forceinline__ void kv_store_f16(u8* p, float v) { *(__half*)p = __float2half_rn(v); }
 
+// The residual sketch of a tq4p/tq3p block whose codes block (f16 scale, `bits`-bit codes) is
+// written at `out`: r = x - the codes' values, y = H32 * D * r (turbo.rs's butterflies, in its
+// order), the signs of y and rho = |r|^2 / sum |y| after the codes.
+__device__ void kv_sketch32(u32 bits, const float* x, u8* out) {
+    const u32 cb = 2u + 4u * bits;
+    const float s = f16_at(out);
+    float r[32];
+    float norm2 = 0.0f;
+    for (u32 j = 0; j < 32; j++) {
+        const u32 bit = j * bits, at = 2u + bit / 8u;
+        const u32 two = out[at] | ((at + 1u < cb ? (u32)out[at + 1u] : 0u) << 8);
+        const u32 code = (two >> (bit % 8u)) & ((1u << bits) - 1u);
+        const float v = __fsub_rn(x[j], __fmul_rn(s, kv_tq_point(bits, code)));
+        norm2 = __fadd_rn(norm2, __fmul_rn(v, v));
+        r[j] = ((KV_QJL_SIGNS >> j) & 1u) ? -v : v;
+    }
+    for (u32 h = 1; h < 32; h *= 2)
+        for (u32 i = 0; i < 32; i += 2 * h)
+            for (u32 j = i; j < i + h; j++) {
+                const float a = r[j], c = r[j + h];
+                r[j] = a + c;
+                r[j + h] = a - c;
+            }
+    u32 sigma = 0;
+    float l1 = 0.0f;
+    for (u32 j = 0; j < 32; j++) {
+        if (r[j] < 0.0f) sigma |= 1u << j;
+        l1 += fabsf(r[j]);
+    }
+    for (u32 k = 0; k < 4; k++) out[cb + k] = (u8)(sigma >> (8 * k));
+    kv_store_f16(out + cb + 4, l1 > 0.0f ? norm2 / l1 : 0.0f);
+}
+
 __device__ void kv_encode32(u32 f, const float* x, u8* out) {
     switch (f) {
         case 0:
@@ -77,7 +110,7 @@ __device__ void kv_encode32(u32 f, const float* x, u8* out) {
             return;
         }
         default: {
-            const u32 bits = kv_tq_bits(f), n = 1u << (bits - 1u), bytes = 2u + 4u * bits;
+            const u32 bits = kv_tq_bits(f), n = 1u << (bits - 1u), bytes = kv_tq_bytes(f);
             for (u32 j = 0; j < bytes; j++) out[j] = 0;
             float sumsq = 0.0f;
             for (int j = 0; j < 32; j++) sumsq += x[j] * x[j];
@@ -98,6 +131,7 @@ __device__ void kv_encode32(u32 f, const float* x, u8* out) {
                 if (c >> 8) out[3 + bit / 8u] |= (u8)(c >> 8);
             }
             kv_store_f16(out, den > 0.0f ? num / den : 0.0f);
+            if (f >= 8u) kv_sketch32(bits, x, out);
             return;
         }
     }

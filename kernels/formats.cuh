@@ -636,12 +636,33 @@ __device__ __forceinline__ const u8* weight_row(const void* w, size_t r, u32 k) 
 
 // ---- KV cache formats ----------------------------------------------------------------------
 // The cache types a paged cache can hold, by code (shaders/common/turbo.wgsl uses the same):
-// 0 f32, 1 f16, 2 bf16, 3 q8_0, 4 q4_0, 5 tq4, 6 tq3, 7 tq2. The TurboQuant blocks (tq*,
-// core/src/quant/turbo.rs): an f16 scale, then 32 b-bit codes as one little-endian bit
-// stream; value = scale * the code's Lloyd-Max point of N(0, 1) (the CPU's f32 points).
+// 0 f32, 1 f16, 2 bf16, 3 q8_0, 4 q4_0, 5 tq4, 6 tq3, 7 tq2, 8 tq4p, 9 tq3p. The TurboQuant
+// blocks (tq*, core/src/quant/turbo.rs): an f16 scale, then 32 b-bit codes as one
+// little-endian bit stream; value = scale * the code's Lloyd-Max point of N(0, 1) (the CPU's
+// f32 points). tq4p and tq3p follow their codes block (tq3's, tq2's) with a u32 of sketch
+// signs and an f16 rho, and add rho * kv_qjl_factor(i, signs) to element i.
 
-// Bits per code of a TurboQuant format code (5, 6, 7 -> 4, 3, 2).
-__device__ __forceinline__ u32 kv_tq_bits(u32 f) { return 9u - f; }
+// Bits per code of a TurboQuant format code (5, 6, 7 -> 4, 3, 2; 8, 9 -> 3, 2).
+__device__ __forceinline__ u32 kv_tq_bits(u32 f) { return f >= 8u ? 11u - f : 9u - f; }
+
+// Bytes of a TurboQuant block of 32.
+__device__ __forceinline__ u32 kv_tq_bytes(u32 f) { return 2u + 4u * kv_tq_bits(f) + (f >= 8u ? 6u : 0u); }
+
+// The sketch diagonal of tq4p/tq3p (turbo.rs QJL_SIGNS): bit i set where D_i = -1.
+#define KV_QJL_SIGNS 0x9E3779B9u
+
+// D_i times row i of H32 applied to the signs `sigma` (bit j set: -1): 32 - 2 * the number
+// of places where H32's row i and sigma differ (H32[i][j] = -1 where i & j has odd parity).
+__device__ __forceinline__ float kv_qjl_factor(u32 i, u32 sigma) {
+    u32 m = 0;
+    if (i & 1u) m ^= 0xAAAAAAAAu;
+    if (i & 2u) m ^= 0xCCCCCCCCu;
+    if (i & 4u) m ^= 0xF0F0F0F0u;
+    if (i & 8u) m ^= 0xFF00FF00u;
+    if (i & 16u) m ^= 0xFFFF0000u;
+    const int t = 32 - 2 * __popc(m ^ sigma);
+    return (float)(((KV_QJL_SIGNS >> i) & 1u) ? -t : t);
+}
 
 // Bytes of a row of n values (n a multiple of 32 for the block formats).
 __device__ __forceinline__ u32 kv_row_bytes(u32 f, u32 n) {
@@ -653,6 +674,8 @@ __device__ __forceinline__ u32 kv_row_bytes(u32 f, u32 n) {
         case 4:
         case 5: return n / 32u * 18u;
         case 6: return n / 32u * 14u;
+        case 8: return n / 32u * 20u;
+        case 9: return n / 32u * 16u;
         default: return n / 32u * 10u;
     }
 }
@@ -706,13 +729,18 @@ __device__ __forceinline__ float kv_at(u32 f, const u8* row, u32 j) {
             return (float)(q - 8) * f16_at(b);
         }
         default: {
-            const u32 bits = kv_tq_bits(f);
-            const u8* b = row + (j / 32u) * (2u + 4u * bits);
+            const u32 bits = kv_tq_bits(f), cb = 2u + 4u * bits;
+            const u8* b = row + (j / 32u) * kv_tq_bytes(f);
             const u32 bit = (j % 32u) * bits, at = 2u + bit / 8u;
-            // The last code of a block ends inside its byte; never read past the block.
-            const u32 two = b[at] | ((at + 1u < 2u + 4u * bits ? (u32)b[at + 1u] : 0u) << 8);
+            // The last code of a block ends inside its byte; never read past the codes.
+            const u32 two = b[at] | ((at + 1u < cb ? (u32)b[at + 1u] : 0u) << 8);
             const u32 code = (two >> (bit % 8u)) & ((1u << bits) - 1u);
-            return f16_at(b) * kv_tq_point(bits, code);
+            float y = f16_at(b) * kv_tq_point(bits, code);
+            if (f >= 8u) {
+                const u32 sigma = b[cb] | (b[cb + 1] << 8) | (b[cb + 2] << 16) | ((u32)b[cb + 3] << 24);
+                y = __fadd_rn(y, __fmul_rn(f16_at(b + cb + 4), kv_qjl_factor(j % 32u, sigma)));
+            }
+            return y;
         }
     }
 }

@@ -116,12 +116,17 @@ fn c_elem(v: bool, f: u32, base: u32, i: u32) -> f32 {
         }
         default: {
             let bits = tq_bits(f);
-            let blk = base + (i / 32u) * (2u + 4u * bits);
+            let blk = base + (i / 32u) * tq_block_bytes(f);
             let bit = (i % 32u) * bits;
             let at = blk + 2u + bit / 8u;
             let two = c_u8(v, at) | (c_u8(v, at + 1u) << 8u);
             let code = (two >> (bit % 8u)) & ((1u << bits) - 1u);
-            return c_f16(v, blk) * tq_point(bits, code);
+            var y = c_f16(v, blk) * tq_point(bits, code);
+            if (f >= 8u) {
+                let cb = blk + 2u + 4u * bits;
+                y += c_f16(v, cb + 4u) * qjl_factor(i % 32u, c_word(v, cb));
+            }
+            return y;
         }
     }
 }
@@ -166,12 +171,20 @@ fn c_elems8(v: bool, f: u32, base: u32, e: u32) -> array<f32, 8> {
         }
         default: {
             let bits = tq_bits(f);
-            let blk = base + (e / 32u) * (2u + 4u * bits);
+            let blk = base + (e / 32u) * tq_block_bytes(f);
             let d = c_f16(v, blk);
             let w = c_word(v, blk + 2u + (e % 32u) / 8u * bits);
             let mask = (1u << bits) - 1u;
             for (var k = 0u; k < 8u; k++) {
                 r[k] = d * tq_point(bits, (w >> (k * bits)) & mask);
+            }
+            if (f >= 8u) {
+                let cb = blk + 2u + 4u * bits;
+                let sigma = c_word(v, cb);
+                let rho = c_f16(v, cb + 4u);
+                for (var k = 0u; k < 8u; k++) {
+                    r[k] += rho * qjl_factor(e % 32u + k, sigma);
+                }
             }
         }
     }
@@ -219,13 +232,21 @@ fn c_elems4(v: bool, f: u32, base: u32, e: u32) -> vec4<f32> {
         }
         default: {
             let bits = tq_bits(f);
-            let blk = base + (e / 32u) * (2u + 4u * bits);
+            let blk = base + (e / 32u) * tq_block_bytes(f);
             let d = c_f16(v, blk);
             let bit = (e % 32u) * bits;
             let w = c_word(v, blk + 2u + bit / 8u) >> (bit % 8u);
             let mask = (1u << bits) - 1u;
             for (var k = 0u; k < 4u; k++) {
                 r[k] = d * tq_point(bits, (w >> (k * bits)) & mask);
+            }
+            if (f >= 8u) {
+                let cb = blk + 2u + 4u * bits;
+                let sigma = c_word(v, cb);
+                let rho = c_f16(v, cb + 4u);
+                for (var k = 0u; k < 4u; k++) {
+                    r[k] += rho * qjl_factor(e % 32u + k, sigma);
+                }
             }
         }
     }

@@ -133,8 +133,52 @@ fn quant_block(xb: u32, at: u32) {
                 put_u8(at + 3u + bit / 8u, c >> 8u);
             }
         }
-        put_u16(at, f16_bits(select(0.0, num / den, den > 0.0)));
+        let sh = f16_bits(select(0.0, num / den, den > 0.0));
+        put_u16(at, sh);
+        if (FMT >= 8u) {
+            sketch_block(xb, at, bits, unpack2x16float(sh).x);
+        }
     }
+}
+
+// The residual sketch of a tq4p/tq3p block at byte `at` whose codes (`bits` each) and f16
+// scale `s` are written: r = x - the codes' values, y = H32 * D * r (turbo.rs's butterflies,
+// in its order), the signs of y and rho = |r|^2 / sum |y| after the codes.
+fn sketch_block(xb: u32, at: u32, bits: u32, s: f32) {
+    var r: array<f32, 32>;
+    var norm2 = 0.0;
+    let mask = (1u << bits) - 1u;
+    for (var j = 0u; j < 32u; j++) {
+        let bit = j * bits;
+        let a = at + 2u + bit / 8u;
+        let two = (atomicLoad(&row[a >> 2u]) >> ((a & 3u) * 8u)) & 0xffu;
+        let a1 = a + 1u;
+        let two1 = (atomicLoad(&row[a1 >> 2u]) >> ((a1 & 3u) * 8u)) & 0xffu;
+        let code = ((two | (two1 << 8u)) >> (bit % 8u)) & mask;
+        let v = x[xb + j] - s * tq_point(bits, code);
+        norm2 += v * v;
+        r[j] = select(v, -v, ((QJL_SIGNS >> j) & 1u) != 0u);
+    }
+    for (var h = 1u; h < 32u; h *= 2u) {
+        for (var i = 0u; i < 32u; i += 2u * h) {
+            for (var j = i; j < i + h; j++) {
+                let a = r[j];
+                let c = r[j + h];
+                r[j] = a + c;
+                r[j + h] = a - c;
+            }
+        }
+    }
+    var sigma = 0u;
+    var l1 = 0.0;
+    for (var j = 0u; j < 32u; j++) {
+        sigma |= select(0u, 1u << j, r[j] < 0.0);
+        l1 += abs(r[j]);
+    }
+    let cb = at + 2u + 4u * bits;
+    put_u16(cb, sigma & 0xffffu);
+    put_u16(cb + 2u, sigma >> 16u);
+    put_u16(cb + 4u, f16_bits(select(0.0, norm2 / l1, l1 > 0.0)));
 }
 
 // f32, f16, bf16: one thread per cache word.

@@ -125,6 +125,11 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p
 
 // ---- math ----
 // Bytes of x (0..3) and y (4..7) picked by the selector's low three bits of each nibble.
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+// Rounded single operations (never contracted into a fused multiply-add).
+inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
+inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     const unsigned long long b = (unsigned long long)x | ((unsigned long long)y << 32);
     unsigned r = 0;

@@ -154,6 +154,8 @@ pub const KV_FORMATS: &[(DType, u32)] = &[
     (DType::TQ4, 5),
     (DType::TQ3, 6),
     (DType::TQ2, 7),
+    (DType::TQ4P, 8),
+    (DType::TQ3P, 9),
 ];
 
 /// The code of a KV cache format, if the `_kv` kernels read it.

@@ -228,6 +228,8 @@ kv_formats!(
     TQ4 "tq4" "5u",
     TQ3 "tq3" "6u",
     TQ2 "tq2" "7u",
+    TQ4P "tq4p" "8u",
+    TQ3P "tq3p" "9u",
 );
 
 /// Every declared kernel: the op families' own (declared in their launchers' files), then each

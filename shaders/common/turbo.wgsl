@@ -3,7 +3,10 @@
 // the Lloyd-Max points of a standard normal, the same f32 values as the CPU's).
 //
 // Format codes (a shader's KFMT/VFMT/FMT constant):
-//   0 f32, 1 f16, 2 bf16, 3 q8_0, 4 q4_0, 5 tq4, 6 tq3, 7 tq2
+//   0 f32, 1 f16, 2 bf16, 3 q8_0, 4 q4_0, 5 tq4, 6 tq3, 7 tq2, 8 tq4p, 9 tq3p
+//
+// tq4p and tq3p are a tq3 or tq2 block followed by a u32 of sketch signs and an f16 rho; their
+// element i adds rho * qjl_factor(i, signs) to the codes' value.
 
 // Bytes of a row of n elements (n a multiple of 32 for the block formats).
 fn kvf_row_bytes(f: u32, n: u32) -> u32 {
@@ -13,13 +16,36 @@ fn kvf_row_bytes(f: u32, n: u32) -> u32 {
         case 3u: { return n / 32u * 34u; }
         case 4u, 5u: { return n / 32u * 18u; }
         case 6u: { return n / 32u * 14u; }
+        case 8u: { return n / 32u * 20u; }
+        case 9u: { return n / 32u * 16u; }
         default: { return n / 32u * 10u; }
     }
 }
 
-// Bits per code of a TurboQuant format (5, 6, 7 -> 4, 3, 2).
+// Bits per code of a TurboQuant format (5, 6, 7 -> 4, 3, 2; 8, 9 -> 3, 2).
 fn tq_bits(f: u32) -> u32 {
-    return 9u - f;
+    return select(9u - f, 11u - f, f >= 8u);
+}
+
+// Bytes of a TurboQuant block of 32.
+fn tq_block_bytes(f: u32) -> u32 {
+    return 2u + 4u * tq_bits(f) + select(0u, 6u, f >= 8u);
+}
+
+// The sketch diagonal of tq4p/tq3p (turbo.rs QJL_SIGNS): bit i set where D_i = -1.
+const QJL_SIGNS: u32 = 0x9E3779B9u;
+
+// D_i times row i of H32 applied to the signs `sigma` (bit j set: -1): 32 - 2 * the number of
+// places where H32's row i (bit j set where i & j has odd parity) and sigma differ.
+fn qjl_factor(i: u32, sigma: u32) -> f32 {
+    var m = 0u;
+    m ^= select(0u, 0xAAAAAAAAu, (i & 1u) != 0u);
+    m ^= select(0u, 0xCCCCCCCCu, (i & 2u) != 0u);
+    m ^= select(0u, 0xF0F0F0F0u, (i & 4u) != 0u);
+    m ^= select(0u, 0xFF00FF00u, (i & 8u) != 0u);
+    m ^= select(0u, 0xFFFF0000u, (i & 16u) != 0u);
+    let t = 32 - 2 * i32(countOneBits(m ^ sigma));
+    return f32(select(t, -t, ((QJL_SIGNS >> i) & 1u) != 0u));
 }
 
 // The positive half of a TurboQuant codebook, point k (k < 2^(bits-1)): the Lloyd-Max

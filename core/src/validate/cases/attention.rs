@@ -320,6 +320,8 @@ pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
         ),
         ("prefill K tq3, V q8_0", (TQ3, Q8_0), 64, &[21, 7], &[5, 7]),
         ("prefill K tq4, V tq2, D=256", (TQ4, TQ2), 256, &[19], &[6]),
+        ("decode K tq3p, V tq3", (TQ3P, TQ3), 64, &[45, 17], &[1, 1]),
+        ("prefill K tq4p, V f16", (TQ4P, F16), 64, &[21, 7], &[5, 7]),
     ] {
         paged(label, Mask::Causal, seqs, qs, types, 4, 2, d, false)?;
     }
@@ -334,6 +336,8 @@ pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
         (TQ4, "tq4 cache"),
         (TQ3, "tq3 cache"),
         (TQ2, "tq2 cache"),
+        (TQ4P, "tq4p cache"),
+        (TQ3P, "tq3p cache"),
     ] {
         let (t, hkv, d) = (5usize, 2usize, 64usize);
         let mut r = Rng::from_label(label);
