@@ -7,6 +7,7 @@ pub mod generate;
 pub mod hub;
 pub mod info;
 pub mod kld;
+pub mod kv_auto;
 pub mod load;
 pub mod models;
 pub mod roofline;

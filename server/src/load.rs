@@ -35,11 +35,14 @@ pub struct ModelArgs {
     #[arg(long)]
     pub strict: bool,
     /// KV cache type of K and V: f32 (exact; the CPU's default), f16 (GPU backends' default)
-    /// or bf16 (half of f32), q8_0 (8.5 bits a value), q4_0 (4.5), or the TurboQuant-style
-    /// tq4, tq3, tq2 (4.5, 3.5, 2.5 bits: rows rotated so a Gaussian codebook fits them).
+    /// or bf16 (half of f32), q8_0 (8.5 bits a value), q4_0 (4.5), the TurboQuant-style
+    /// tq4, tq3, tq2 (4.5, 3.5, 2.5 bits: rows rotated so a Gaussian codebook fits them), the
+    /// key types tq4p, tq3p (5.0, 4.0 bits: codes plus a sign sketch that scores q·k without
+    /// bias), or `auto`: each layer's K and V types measured at load for the smallest cache
+    /// within 1 % perplexity of f16 (cached per model; the choice is printed).
     /// `kiln info` shows the bytes per token and how many tokens fit.
-    #[arg(long, value_parser = parse_kv_type)]
-    pub kv_type: Option<DType>,
+    #[arg(long, value_parser = parse_kv_choice)]
+    pub kv_type: Option<KvChoice>,
     /// K cache type (overrides --kv-type for K).
     #[arg(long, value_parser = parse_kv_type)]
     pub kv_type_k: Option<DType>,
@@ -62,9 +65,13 @@ impl ModelArgs {
     /// The cache types these flags ask for; unset types default to f32 on the CPU reference
     /// and f16 on a GPU backend.
     pub fn kv_types(&self, on_cpu: bool) -> Result<KvTypes> {
-        let base = self
-            .kv_type
-            .unwrap_or(if on_cpu { DType::F32 } else { DType::F16 });
+        let base = match self.kv_type {
+            Some(KvChoice::Type(t)) => t,
+            // Measured after load (`kv_auto`); f16 until then.
+            Some(KvChoice::Auto) => DType::F16,
+            None if on_cpu => DType::F32,
+            None => DType::F16,
+        };
         Ok(KvTypes {
             k: self.kv_type_k.unwrap_or(base),
             v: self.kv_type_v.unwrap_or(base),
@@ -90,6 +97,20 @@ impl ModelArgs {
             kv_center_keys: false,
         }
     }
+}
+
+/// `--kv-type`: a cache type, or `auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvChoice {
+    Type(DType),
+    Auto,
+}
+
+fn parse_kv_choice(s: &str) -> std::result::Result<KvChoice, String> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        return Ok(KvChoice::Auto);
+    }
+    parse_kv_type(s).map(KvChoice::Type)
 }
 
 fn parse_kv_type(s: &str) -> std::result::Result<DType, String> {
@@ -146,11 +167,64 @@ pub fn load(args: &ModelArgs, cfg: RunnerConfig) -> Result<Loaded> {
     cfg.ctx = args.ctx.unwrap_or(model.info().context_length.min(4096));
     cfg.kv_types = args.kv_types(ex.on_cpu())?;
     cfg.kv_center_keys = args.kv_center_keys;
-    let runner = Runner::new(ex, model, cfg)?;
+    let mut runner = Runner::new(ex, model, cfg)?;
+    if args.kv_type == Some(KvChoice::Auto) {
+        auto_kv_types(args, &path, &mut runner, &tokenizer)?;
+    }
     Ok(Loaded {
         path,
         file,
         tokenizer,
         runner,
     })
+}
+
+/// `--kv-type auto`: the cached choice for this model, backend and flags, or a measurement
+/// (`kv_auto`), applied to `runner` and printed.
+fn auto_kv_types(
+    args: &ModelArgs,
+    path: &std::path::Path,
+    runner: &mut Runner,
+    tokenizer: &kiln_core::tokenizer::Tokenizer,
+) -> Result<()> {
+    use crate::kv_auto;
+    if args.kv_type_layers.is_some() {
+        anyhow::bail!("--kv-type auto chooses every layer's types: drop --kv-type-layers");
+    }
+    let fixed = (args.kv_type_k, args.kv_type_v);
+    let budget = kv_auto::default_budget();
+    let backend = runner.executor().backend().name().to_string();
+    let file = kv_auto::cache_file(path, &backend, fixed, budget)?;
+    let pin = |mut t: KvTypes| {
+        for r in &mut t.layers {
+            r.k = fixed.0.unwrap_or(r.k);
+            r.v = fixed.1.unwrap_or(r.v);
+        }
+        t
+    };
+    if let Some(t) = kv_auto::read_cached(&file) {
+        let t = pin(t);
+        runner.set_kv_types(t.clone())?;
+        let groups = runner.model().kv_groups().to_vec();
+        eprintln!(
+            "kiln: --kv-type auto: --kv-type-layers {} ({} bytes per token; measured before, {}: delete it to measure again)",
+            kv_auto::layers_flag(&t),
+            t.bytes_per_token(&groups),
+            file.display()
+        );
+        return Ok(());
+    }
+    eprintln!("kiln: --kv-type auto: measuring each layer's KV cache types on a calibration text (once per model and backend)");
+    let start = std::time::Instant::now();
+    let c = kv_auto::choose(runner, tokenizer, fixed, budget, |i, n| {
+        eprint!("\r  [{i}/{n}] {:.0} s   ", start.elapsed().as_secs_f64());
+    })?;
+    eprintln!();
+    runner.set_kv_types(c.types.clone())?;
+    eprintln!("kiln: --kv-type auto: {}", c.describe());
+    match kv_auto::write_cached(&file, &c) {
+        Ok(()) => eprintln!("kiln: saved as {}", file.display()),
+        Err(e) => eprintln!("kiln: warning: the choice was not saved: {e:#}"),
+    }
+    Ok(())
 }

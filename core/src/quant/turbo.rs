@@ -324,7 +324,7 @@ fn quant_p<const B: usize, const M: usize>(
     quant(x, &mut codes, half);
     // A zero or non-finite block keeps all zeros (as the codes block does).
     let sumsq: f32 = x.iter().map(|v| v * v).sum();
-    if !(sumsq > 0.0) || !sumsq.is_finite() {
+    if !sumsq.is_finite() || sumsq <= 0.0 {
         return;
     }
     b[..M].copy_from_slice(&codes);

@@ -350,6 +350,47 @@ impl Forward {
     }
 }
 
+/// The recurrent-state pool of a model with linear-attention layers (its slots and the
+/// pool), or `None` for a model without state.
+fn state_pool(cfg: &RunnerConfig, model: &dyn Model) -> Option<(usize, StatePool)> {
+    let state_shapes = model.state_shapes();
+    if state_shapes.is_empty() {
+        return None;
+    }
+    let slot_bytes: usize = state_shapes
+        .iter()
+        .map(|s| s.iter().product::<usize>() * 4)
+        .sum();
+    let snapshots = match (cfg.prefix_caching, cfg.state_snapshots) {
+        (false, _) => 0,
+        (true, Some(n)) => n,
+        (true, None) => (SNAPSHOT_BYTES / slot_bytes.max(1)).clamp(1, 4 * cfg.max_seqs + 4),
+    };
+    let slots = StatePool::slots_needed(cfg.max_seqs, cfg.max_rollback, snapshots);
+    Some((
+        slots,
+        StatePool::new(slots, cfg.max_rollback, snapshots).with_slot_bytes(slot_bytes),
+    ))
+}
+
+/// A fresh KV coordinator over `blocks` blocks per group (nothing cached, no sequence).
+fn coordinator(
+    cfg: &RunnerConfig,
+    model: &dyn Model,
+    blocks: &[usize],
+    states: Option<StatePool>,
+) -> Result<KvCoordinator> {
+    let windows = model.kv_groups().iter().map(|g| g.window).collect();
+    KvCoordinator::new(
+        windows,
+        blocks,
+        cfg.block_size,
+        cfg.prefix_caching,
+        cfg.max_rollback,
+        states,
+    )
+}
+
 /// A target model as a drafter reads it: its forward half and its KV coordinator (the
 /// tokens each sequence has in the cache, its block tables).
 #[derive(Copy, Clone)]
@@ -390,32 +431,11 @@ impl Runner {
             })
             .collect();
         let mut caches = KvCaches::alloc(&ex, model.kv_groups(), bs, &blocks, &cfg.kv_types)?;
-        let state_shapes = model.state_shapes();
-        let states = if state_shapes.is_empty() {
-            None
-        } else {
-            let slot_bytes: usize = state_shapes
-                .iter()
-                .map(|s| s.iter().product::<usize>() * 4)
-                .sum();
-            let snapshots = match (cfg.prefix_caching, cfg.state_snapshots) {
-                (false, _) => 0,
-                (true, Some(n)) => n,
-                (true, None) => (SNAPSHOT_BYTES / slot_bytes.max(1)).clamp(1, 4 * cfg.max_seqs + 4),
-            };
-            let slots = StatePool::slots_needed(cfg.max_seqs, cfg.max_rollback, snapshots);
-            caches.alloc_states(&ex, &state_shapes, slots)?;
-            Some(StatePool::new(slots, cfg.max_rollback, snapshots).with_slot_bytes(slot_bytes))
-        };
-        let windows = model.kv_groups().iter().map(|g| g.window).collect();
-        let kv = KvCoordinator::new(
-            windows,
-            &blocks,
-            bs,
-            cfg.prefix_caching,
-            cfg.max_rollback,
-            states,
-        )?;
+        let states = state_pool(&cfg, model.as_ref());
+        if let Some((slots, _)) = &states {
+            caches.alloc_states(&ex, &model.state_shapes(), *slots)?;
+        }
+        let kv = coordinator(&cfg, model.as_ref(), &blocks, states.map(|(_, p)| p))?;
         let mut runner = Runner {
             fwd: Forward {
                 graphs: graphs::Graphs::new(&ex),
@@ -455,6 +475,40 @@ impl Runner {
         self.release(CALIBRATION_SEQ)?;
         r?;
         self.fwd.caches.finish_calibration(&self.fwd.ex)
+    }
+
+    /// Replaces the KV caches by zeroed ones of `types` (the same blocks) and the KV
+    /// coordinator by a fresh one (its prefix cache would name blocks of the old types'
+    /// bytes), as if the runner had been built with them: for a runner with no sequence in
+    /// its cache. Recorded decode graphs are dropped (they name the old caches); key centers
+    /// are measured again where asked for.
+    pub fn set_kv_types(&mut self, types: crate::kv::KvTypes) -> Result<()> {
+        if self.kv.managers().iter().any(|m| m.num_sequences() > 0) {
+            return Err(Error::Model(
+                "the KV cache types cannot change while sequences are in the cache".into(),
+            ));
+        }
+        let f = &mut self.fwd;
+        let blocks: Vec<usize> = f
+            .caches
+            .groups
+            .iter()
+            .map(|(ks, _)| ks.first().map_or(0, |t| t.shape().dims()[0]))
+            .collect();
+        let mut caches = KvCaches::alloc(
+            &f.ex,
+            f.model.kv_groups(),
+            f.caches.block_size,
+            &blocks,
+            &types,
+        )?;
+        caches.states = std::mem::take(&mut f.caches.states);
+        f.graphs.clear(&f.ex);
+        f.caches = caches;
+        f.cfg.kv_types = types;
+        let states = state_pool(&f.cfg, f.model.as_ref()).map(|(_, p)| p);
+        self.kv = coordinator(&f.cfg, f.model.as_ref(), &blocks, states)?;
+        self.calibrate_key_centers()
     }
 
     /// The forward half (stateless per sequence) and the KV coordinator, apart.
