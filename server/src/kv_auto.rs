@@ -43,7 +43,7 @@ const FIRST: usize = 32;
 /// Calibration runs use this sequence id.
 const SEQ: u64 = 0x6b76_6175_746f;
 /// Changed when the method changes, so older cached choices are not reused.
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 /// Whole-model runs of the search for the largest sum of costs that keeps to the budget.
 const TRIES: usize = 6;
 /// Uniform choices judged after the search, at most.
@@ -62,23 +62,31 @@ pub struct Choice {
     pub ppl_change: f64,
     pub bytes_per_token: usize,
     pub f16_bytes_per_token: usize,
-    /// The cache file it came from or went to.
-    pub cached: Option<(PathBuf, bool)>,
 }
 
 impl Choice {
-    /// One line for the log: the types as `--kv-type-layers` takes them, the bytes and the
+    /// One line for the log: the types as the flags that ask for them, the bytes and the
     /// measured cost.
     pub fn describe(&self) -> String {
         format!(
-            "--kv-type-layers {} ({} bytes per token, {:.2}x less than f16; KL {:.5} from f16, perplexity {:+.2} % on the calibration text)",
-            layers_flag(&self.types),
+            "{} ({} bytes per token, {:.2}x less than f16; KL {:.5} from f16, perplexity {:+.2} % on the calibration text)",
+            flags(&self.types),
             self.bytes_per_token,
             self.f16_bytes_per_token as f64 / self.bytes_per_token.max(1) as f64,
             self.kl,
             100.0 * self.ppl_change
         )
     }
+}
+
+/// The flags that ask for `t`: `--kv-type-k K --kv-type-v V`, then `--kv-type-layers …`
+/// where layers differ.
+pub fn flags(t: &KvTypes) -> String {
+    let mut s = format!("--kv-type-k {} --kv-type-v {}", t.k, t.v);
+    if !t.layers.is_empty() {
+        s += &format!(" --kv-type-layers {}", layers_flag(t));
+    }
+    s
 }
 
 /// The per-layer types as one `--kv-type-layers` value (runs of equal layers merged).
@@ -467,7 +475,6 @@ pub fn search(
         types,
         kl,
         ppl_change: d.exp() - 1.0,
-        cached: None,
     })
 }
 
@@ -543,24 +550,36 @@ pub fn cache_file(
     Ok(cache_dir().join(format!("{name}.txt")))
 }
 
-/// A cached choice: the `--kv-type-layers` line of the file, if it parses.
+/// A cached choice, if the file's first line parses: `K V [LAYERS]` (the K and V types of
+/// every layer, then a `--kv-type-layers` value).
 pub fn read_cached(path: &Path) -> Option<KvTypes> {
     let s = std::fs::read_to_string(path).ok()?;
-    let line = s.lines().next()?.trim();
-    let layers = KvTypes::parse_layers(line).ok()?;
-    Some(KvTypes {
-        k: DType::F16,
-        v: DType::F16,
-        layers,
-    })
+    let mut words = s.lines().next()?.split_whitespace();
+    let k = KvTypes::parse_type(words.next()?).ok()?;
+    let v = KvTypes::parse_type(words.next()?).ok()?;
+    let layers = match words.next() {
+        Some(w) => KvTypes::parse_layers(w).ok()?,
+        None => Vec::new(),
+    };
+    if words.next().is_some() {
+        return None;
+    }
+    Some(KvTypes { k, v, layers })
 }
 
-/// Saves a choice (the flag value, then the figures as a comment line).
+/// Saves a choice (`K V [LAYERS]`, then the figures as a comment line).
 pub fn write_cached(path: &Path, c: &Choice) -> Result<()> {
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
-    let body = format!("{}\n# {}\n", layers_flag(&c.types), c.describe());
+    let t = &c.types;
+    let body = format!(
+        "{} {} {}\n# {}\n",
+        t.k,
+        t.v,
+        layers_flag(t),
+        c.describe()
+    );
     std::fs::write(path, body).with_context(|| format!("writing {}", path.display()))
 }
 
@@ -582,12 +601,21 @@ mod tests {
             ppl_change: 0.002,
             bytes_per_token: 100,
             f16_bytes_per_token: 300,
-            cached: None,
         };
         write_cached(&path, &c).unwrap();
         assert_eq!(read_cached(&path), Some(t));
-        std::fs::write(&path, "0-1:q9_9\n").unwrap();
-        assert_eq!(read_cached(&path), None, "a bad line is not a choice");
+        // The same types in every layer: no layer list.
+        let u = KvTypes {
+            k: DType::Q8_0,
+            v: DType::TQ4,
+            layers: Vec::new(),
+        };
+        write_cached(&path, &Choice { types: u.clone(), ..c }).unwrap();
+        assert_eq!(read_cached(&path), Some(u));
+        for bad in ["f16 f16 0-1:q9_9\n", "f16\n", "", "f16 f16 0:q8_0 extra\n"] {
+            std::fs::write(&path, bad).unwrap();
+            assert_eq!(read_cached(&path), None, "{bad:?} is not a choice");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

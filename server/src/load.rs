@@ -196,6 +196,8 @@ fn auto_kv_types(
     let backend = runner.executor().backend().name().to_string();
     let file = kv_auto::cache_file(path, &backend, fixed, budget)?;
     let pin = |mut t: KvTypes| {
+        t.k = fixed.0.unwrap_or(t.k);
+        t.v = fixed.1.unwrap_or(t.v);
         for r in &mut t.layers {
             r.k = fixed.0.unwrap_or(r.k);
             r.v = fixed.1.unwrap_or(r.v);
@@ -207,8 +209,8 @@ fn auto_kv_types(
         runner.set_kv_types(t.clone())?;
         let groups = runner.model().kv_groups().to_vec();
         eprintln!(
-            "kiln: --kv-type auto: --kv-type-layers {} ({} bytes per token; measured before, {}: delete it to measure again)",
-            kv_auto::layers_flag(&t),
+            "kiln: --kv-type auto: {} ({} bytes per token; measured before, {}: delete it to measure again)",
+            kv_auto::flags(&t),
             t.bytes_per_token(&groups),
             file.display()
         );
