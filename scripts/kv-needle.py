@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,8 +44,11 @@ def post(port, path, body, timeout=3600):
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        sys.exit(f"{path}: HTTP {e.code}: {e.read()[:500]!r}")
 
 
 def start(args, kv, port, log):
@@ -112,8 +116,8 @@ def main():
         p = start(args, kv, port, log)
         try:
             if text is None:
-                # Room for a question and its answer after the haystack.
-                text = haystack(port, args.ctx - 64, facts)
+                # Room for the facts, a question and its answer after the haystack.
+                text = haystack(port, args.ctx - 16 * len(facts) - 96, facts)
             answers = []
             t0 = time.time()
             for cab, _ in facts:

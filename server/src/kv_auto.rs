@@ -216,9 +216,13 @@ fn fits(t: DType, dim: usize) -> bool {
     }
 }
 
-/// The f16 distributions of `tokens` as base records.
-fn base_of(runner: &mut Runner, tokens: &[u32]) -> Result<Vec<crate::kld::Record>> {
-    let rows = run(runner, &KvTypes::uniform(DType::F16), tokens)?;
+/// The distributions of `tokens` with `types` as base records.
+fn base_of(
+    runner: &mut Runner,
+    types: &KvTypes,
+    tokens: &[u32],
+) -> Result<Vec<crate::kld::Record>> {
+    let rows = run(runner, types, tokens)?;
     Ok(rows
         .iter()
         .zip(&tokens[FIRST + 1..])
@@ -264,9 +268,11 @@ pub fn measure(
         v: fixed.1.unwrap_or(DType::F16),
         layers: Vec::new(),
     };
-    let base = base_of(runner, &cal.short)?;
+    // A layer's cost is measured against the others' types (a pinned side stays pinned
+    // everywhere); a whole choice is judged against f16.
+    let base = base_of(runner, &rest, &cal.short)?;
     progress();
-    let base_long = base_of(runner, &cal.long)?;
+    let base_long = base_of(runner, &KvTypes::uniform(DType::F16), &cal.long)?;
     progress();
     let mut options: Vec<Options> = Vec::new();
     for &(l, heads, dk, dv) in &layers {
@@ -441,7 +447,11 @@ pub fn search(
     let groups = runner.model().kv_groups().to_vec();
     let (mut types, mut kl, mut d) = match pass {
         Some((_, t, kl, d)) => (t, kl, d),
-        None => (costs.rest.clone(), 0.0, 0.0),
+        None => {
+            // f16, or the pinned side with f16 beside it: what it costs is still measured.
+            let (kl, d) = judge(runner, costs, &costs.rest)?;
+            (costs.rest.clone(), kl, d)
+        }
     };
     // The same type in every layer can beat the greedy's mix (the per-layer costs are
     // measured over a short run, and do not add exactly): judge the uniform choices smaller
@@ -508,13 +518,7 @@ pub fn default_budget() -> f64 {
 
 /// The folder cached choices live in.
 fn cache_dir() -> PathBuf {
-    if let Some(h) = std::env::var_os("KILN_HOME") {
-        return PathBuf::from(h).join("kv-auto");
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."));
-    home.join(".cache").join("kiln").join("kv-auto")
+    crate::models::kiln_home().join("kv-auto")
 }
 
 /// The cache file of a model file measured on `backend` with `fixed` sides and `budget`:
@@ -524,6 +528,7 @@ pub fn cache_file(
     backend: &str,
     fixed: (Option<DType>, Option<DType>),
     budget: f64,
+    (ctx, centered): (usize, bool),
 ) -> Result<PathBuf> {
     use sha2::{Digest, Sha256};
     use std::io::{Read, Seek, SeekFrom};
@@ -540,8 +545,10 @@ pub fn cache_file(
     }
     h.update(
         format!(
-            "{VERSION} {backend} {:?} {:?} {budget:.6} {TOKENS}",
-            fixed.0, fixed.1
+            "{VERSION} {backend} {:?} {:?} {budget:.6} {TOKENS} {JUDGE_TOKENS} {} {centered}",
+            fixed.0,
+            fixed.1,
+            ctx.min(JUDGE_TOKENS)
         )
         .as_bytes(),
     );
@@ -573,14 +580,11 @@ pub fn write_cached(path: &Path, c: &Choice) -> Result<()> {
         std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
     let t = &c.types;
-    let body = format!(
-        "{} {} {}\n# {}\n",
-        t.k,
-        t.v,
-        layers_flag(t),
-        c.describe()
-    );
-    std::fs::write(path, body).with_context(|| format!("writing {}", path.display()))
+    let body = format!("{} {} {}\n# {}\n", t.k, t.v, layers_flag(t), c.describe());
+    // Whole or not at all: a write cut short must not read back as another choice.
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, body).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
 #[cfg(test)]
@@ -610,7 +614,14 @@ mod tests {
             v: DType::TQ4,
             layers: Vec::new(),
         };
-        write_cached(&path, &Choice { types: u.clone(), ..c }).unwrap();
+        write_cached(
+            &path,
+            &Choice {
+                types: u.clone(),
+                ..c
+            },
+        )
+        .unwrap();
         assert_eq!(read_cached(&path), Some(u));
         for bad in ["f16 f16 0-1:q9_9\n", "f16\n", "", "f16 f16 0:q8_0 extra\n"] {
             std::fs::write(&path, bad).unwrap();

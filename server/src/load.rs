@@ -194,7 +194,13 @@ fn auto_kv_types(
     let fixed = (args.kv_type_k, args.kv_type_v);
     let budget = kv_auto::default_budget();
     let backend = runner.executor().backend().name().to_string();
-    let file = kv_auto::cache_file(path, &backend, fixed, budget)?;
+    let file = kv_auto::cache_file(
+        path,
+        &backend,
+        fixed,
+        budget,
+        (runner.config().ctx, args.kv_center_keys),
+    )?;
     let pin = |mut t: KvTypes| {
         t.k = fixed.0.unwrap_or(t.k);
         t.v = fixed.1.unwrap_or(t.v);
@@ -206,15 +212,23 @@ fn auto_kv_types(
     };
     if let Some(t) = kv_auto::read_cached(&file) {
         let t = pin(t);
-        runner.set_kv_types(t.clone())?;
-        let groups = runner.model().kv_groups().to_vec();
-        eprintln!(
-            "kiln: --kv-type auto: {} ({} bytes per token; measured before, {}: delete it to measure again)",
-            kv_auto::flags(&t),
-            t.bytes_per_token(&groups),
-            file.display()
-        );
-        return Ok(());
+        match runner.set_kv_types(t.clone()) {
+            Ok(()) => {
+                let groups = runner.model().kv_groups().to_vec();
+                eprintln!(
+                    "kiln: --kv-type auto: {} ({} bytes per token; measured before, {}: delete it to measure again)",
+                    kv_auto::flags(&t),
+                    t.bytes_per_token(&groups),
+                    file.display()
+                );
+                return Ok(());
+            }
+            // A file edited or left by another version: measure again.
+            Err(e) => eprintln!(
+                "kiln: --kv-type auto: {} does not fit this model ({e}); measuring again",
+                file.display()
+            ),
+        }
     }
     eprintln!("kiln: --kv-type auto: measuring each layer's KV cache types on a calibration text (once per model and backend)");
     let start = std::time::Instant::now();

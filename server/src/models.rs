@@ -62,15 +62,20 @@ pub const ALIASES: &[Alias] = &[
     },
 ];
 
-/// The model cache folder.
-pub fn cache_dir() -> PathBuf {
+/// kiln's own folder: `$KILN_HOME`, else `~/.cache/kiln`.
+pub fn kiln_home() -> PathBuf {
     if let Some(h) = std::env::var_os("KILN_HOME") {
-        return PathBuf::from(h).join("models");
+        return PathBuf::from(h);
     }
     let home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("."));
-    home.join(".cache").join("kiln").join("models")
+    home.join(".cache").join("kiln")
+}
+
+/// The model cache folder.
+pub fn cache_dir() -> PathBuf {
+    kiln_home().join("models")
 }
 
 pub fn alias(name: &str) -> Option<&'static Alias> {

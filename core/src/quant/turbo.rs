@@ -322,9 +322,10 @@ fn quant_p<const B: usize, const M: usize>(
     b.fill(0);
     let mut codes = [0u8; M];
     quant(x, &mut codes, half);
-    // A zero or non-finite block keeps all zeros (as the codes block does).
+    // A zero or non-finite block keeps all zeros (as the codes block does: the same test).
     let sumsq: f32 = x.iter().map(|v| v * v).sum();
-    if !sumsq.is_finite() || sumsq <= 0.0 {
+    let sigma = (sumsq / QK_TQ as f32).sqrt();
+    if !sigma.is_finite() || sigma <= 0.0 {
         return;
     }
     b[..M].copy_from_slice(&codes);

@@ -96,6 +96,8 @@ pub struct Forward {
     cfg: RunnerConfig,
     /// Decode steps recorded as graphs (where the backend has them).
     graphs: graphs::Graphs,
+    /// KV cache blocks of each group.
+    blocks: Vec<usize>,
 }
 
 impl Drop for Forward {
@@ -443,6 +445,7 @@ impl Runner {
                 model,
                 caches,
                 cfg,
+                blocks,
             },
             kv,
         };
@@ -489,25 +492,25 @@ impl Runner {
             ));
         }
         let f = &mut self.fwd;
-        let blocks: Vec<usize> = f
-            .caches
-            .groups
-            .iter()
-            .map(|(ks, _)| ks.first().map_or(0, |t| t.shape().dims()[0]))
-            .collect();
+        // Checked before anything changes; past this point an error (out of memory) leaves
+        // the runner without KV caches.
+        types.check(f.model.kv_groups())?;
+        let states = std::mem::take(&mut f.caches.states);
+        f.graphs.clear(&f.ex);
+        // The old caches go first, so the new ones can take their memory.
+        f.caches.groups.clear();
         let mut caches = KvCaches::alloc(
             &f.ex,
             f.model.kv_groups(),
             f.caches.block_size,
-            &blocks,
+            &f.blocks,
             &types,
         )?;
-        caches.states = std::mem::take(&mut f.caches.states);
-        f.graphs.clear(&f.ex);
+        caches.states = states;
         f.caches = caches;
         f.cfg.kv_types = types;
         let states = state_pool(&f.cfg, f.model.as_ref()).map(|(_, p)| p);
-        self.kv = coordinator(&f.cfg, f.model.as_ref(), &blocks, states)?;
+        self.kv = coordinator(&f.cfg, f.model.as_ref(), &f.blocks, states)?;
         self.calibrate_key_centers()
     }
 
