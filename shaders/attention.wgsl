@@ -90,6 +90,13 @@ fn c_word(v: bool, b: u32) -> u32 {
     return (w0 >> sh) | (c_u32(v, b + 4u) << (32u - sh));
 }
 
+// The sketch of the tq4p/tq3p block at byte `blk` (codes of `bits` bits): its signs, and
+// its rho as the bits of an f32.
+fn qjl_sketch(v: bool, blk: u32, bits: u32) -> vec2<u32> {
+    let cb = blk + 2u + 4u * bits;
+    return vec2<u32>(c_word(v, cb), bitcast<u32>(c_f16(v, cb + 4u)));
+}
+
 // Element i of the row at byte `base` of a cache in format f.
 fn c_elem(v: bool, f: u32, base: u32, i: u32) -> f32 {
     switch f {
@@ -123,8 +130,8 @@ fn c_elem(v: bool, f: u32, base: u32, i: u32) -> f32 {
             let code = (two >> (bit % 8u)) & ((1u << bits) - 1u);
             var y = c_f16(v, blk) * tq_point(bits, code);
             if (f >= 8u) {
-                let cb = blk + 2u + 4u * bits;
-                y += c_f16(v, cb + 4u) * qjl_factor(i % 32u, c_word(v, cb));
+                let sk = qjl_sketch(v, blk, bits);
+                y += bitcast<f32>(sk.y) * qjl_factor(i % 32u, sk.x);
             }
             return y;
         }
@@ -179,11 +186,9 @@ fn c_elems8(v: bool, f: u32, base: u32, e: u32) -> array<f32, 8> {
                 r[k] = d * tq_point(bits, (w >> (k * bits)) & mask);
             }
             if (f >= 8u) {
-                let cb = blk + 2u + 4u * bits;
-                let sigma = c_word(v, cb);
-                let rho = c_f16(v, cb + 4u);
+                let sk = qjl_sketch(v, blk, bits);
                 for (var k = 0u; k < 8u; k++) {
-                    r[k] += rho * qjl_factor(e % 32u + k, sigma);
+                    r[k] += bitcast<f32>(sk.y) * qjl_factor(e % 32u + k, sk.x);
                 }
             }
         }
@@ -241,11 +246,9 @@ fn c_elems4(v: bool, f: u32, base: u32, e: u32) -> vec4<f32> {
                 r[k] = d * tq_point(bits, (w >> (k * bits)) & mask);
             }
             if (f >= 8u) {
-                let cb = blk + 2u + 4u * bits;
-                let sigma = c_word(v, cb);
-                let rho = c_f16(v, cb + 4u);
+                let sk = qjl_sketch(v, blk, bits);
                 for (var k = 0u; k < 4u; k++) {
-                    r[k] += rho * qjl_factor(e % 32u + k, sigma);
+                    r[k] += bitcast<f32>(sk.y) * qjl_factor(e % 32u + k, sk.x);
                 }
             }
         }
