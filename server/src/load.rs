@@ -110,7 +110,9 @@ fn parse_kv_choice(s: &str) -> std::result::Result<KvChoice, String> {
     if s.trim().eq_ignore_ascii_case("auto") {
         return Ok(KvChoice::Auto);
     }
-    parse_kv_type(s).map(KvChoice::Type)
+    parse_kv_type(s)
+        .map(KvChoice::Type)
+        .map_err(|e| format!("{e}, or auto"))
 }
 
 fn parse_kv_type(s: &str) -> std::result::Result<DType, String> {
