@@ -90,6 +90,8 @@ pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         DType::TQ2 => for_each_block(src, dst, turbo::dequant_tq2),
         DType::TQ4P => for_each_block(src, dst, turbo::dequant_tq4p),
         DType::TQ3P => for_each_block(src, dst, turbo::dequant_tq3p),
+        DType::TQ3T => for_each_block(src, dst, turbo::dequant_tq3t),
+        DType::TQ2T => for_each_block(src, dst, turbo::dequant_tq2t),
     }
     Ok(())
 }
@@ -155,6 +157,8 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
         DType::TQ2 => each!(turbo::dequant_tq2),
         DType::TQ4P => each!(turbo::dequant_tq4p),
         DType::TQ3P => each!(turbo::dequant_tq3p),
+        DType::TQ3T => each!(turbo::dequant_tq3t),
+        DType::TQ2T => each!(turbo::dequant_tq2t),
     }
 }
 
@@ -263,6 +267,8 @@ pub fn quantize_into(dtype: DType, src: &[f32], out: &mut [u8]) -> Result<()> {
         DType::TQ2 => quant_each_block(src, out, turbo::quant_tq2),
         DType::TQ4P => quant_each_block(src, out, turbo::quant_tq4p),
         DType::TQ3P => quant_each_block(src, out, turbo::quant_tq3p),
+        DType::TQ3T => quant_each_block(src, out, turbo::quant_tq3t),
+        DType::TQ2T => quant_each_block(src, out, turbo::quant_tq2t),
         DType::I32
         | DType::U32
         | DType::IQ2_XXS
@@ -559,6 +565,9 @@ mod tests {
             // (an unbiased estimate of the residual, not its nearest point).
             DType::TQ4P => 9e-2,
             DType::TQ3P => 0.3,
+            // Trellis-coded: ~1 dB under the same bits' Lloyd-Max distortion.
+            DType::TQ3T => 3.8e-2,
+            DType::TQ2T => 0.13,
             // Ternary over max |x| of 256 values (meant for weights trained ternary): normal
             // data loses everything under max/2, most of it.
             DType::TQ1_0 | DType::TQ2_0 => 1.0,

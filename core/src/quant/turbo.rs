@@ -67,6 +67,28 @@
 //!    Every backend decodes an element with a popcount, no transform; a query is scored
 //!    against `x̃` as against any other row.
 
+//!
+//! 4. **Trellis-coded blocks** (`tq3t`, `tq2t`: trellis-coded quantization, Marcellin and
+//!    Fischer 1990), the sizes of `tq3` and `tq2` (14 and 10 bytes: f16 scale, 32 `b`-bit
+//!    codes in the same bit stream), about 1 dB less distortion on Gaussian data. The points
+//!    are the next codebook up (`2^(b+1)` Lloyd–Max points of N(0, 1), times
+//!    [`TCQ_SCALE`]), cut into four subsets `D₀..D₃` (point `i` in `D_(i mod 4)`). An 8-state
+//!    trellis walks the block: the state is the last three branch bits (0 at the block's
+//!    start); at state `t` the branch bit `u` picks subset `D_(2u + parity(t & 0b101))` and the
+//!    next state is `(2t + u) mod 8`. A code is `u | j << 1`, `j` the point within the subset,
+//!    so element `i` decodes from its code and the three codes before it:
+//!
+//!    ```text
+//!    x̂ᵢ = s · TCQ_SCALE · C_(b+1)[4j + 2u + parity(tᵢ & 0b101)],   tᵢ = (u_(i−1), u_(i−2), u_(i−3))
+//!    ```
+//!
+//!    Writing runs the Viterbi search over the 8 states for the path of least squared error
+//!    against `x/σ` (`σ` the block's RMS; ties keep the lower state, then the lower branch,
+//!    then the lower point), then refits `s` by least squares for the chosen points, as the
+//!    other blocks do. The branch taps and the 0.9 scale are the best of a search over the
+//!    4- and 8-state shift-register trellises on Gaussian data (0.94 dB at 2 bits, 1.24 dB
+//!    at 3 bits over Lloyd–Max; `tests::trellis_beats_the_scalar_codes`).
+
 use super::to_f16;
 
 /// Elements per block.
@@ -75,6 +97,13 @@ pub(super) const TQ4_BYTES: usize = 2 + 16;
 pub(super) const TQ3_BYTES: usize = 2 + 12;
 pub(super) const TQ2_BYTES: usize = 2 + 8;
 pub(super) const TQ4P_BYTES: usize = TQ3_BYTES + 6;
+pub(super) const TQ3T_BYTES: usize = TQ3_BYTES;
+pub(super) const TQ2T_BYTES: usize = TQ2_BYTES;
+
+/// The trellis blocks' points are the next codebook up times this.
+pub const TCQ_SCALE: f32 = 0.9;
+/// State bits whose parity picks the second subset bit.
+const TCQ_TAPS: usize = 0b101;
 pub(super) const TQ3P_BYTES: usize = TQ2_BYTES + 6;
 
 /// The diagonal `D` of the residual sketch of `tq4p` and `tq3p`: bit `i` set where `Dᵢ = −1`
@@ -353,6 +382,131 @@ fn quant_p<const B: usize, const M: usize>(
     b[M + 5] = h[1];
 }
 
+/// Point `j` of subset `k` (0..4) of the union codebook whose positive half is `half`,
+/// at unit scale.
+#[inline(always)]
+fn tcq_point(half: &[f32], k: usize, j: usize) -> f32 {
+    let n = half.len();
+    let i = 4 * j + k;
+    let c = if i < n { -half[n - 1 - i] } else { half[i - n] };
+    TCQ_SCALE * c
+}
+
+/// The subset of branch `u` at trellis state `t`.
+#[inline(always)]
+fn tcq_subset(t: usize, u: usize) -> usize {
+    2 * u + ((t & TCQ_TAPS).count_ones() as usize & 1)
+}
+
+/// Decodes a trellis block of `B` bytes over the union codebook half `half`.
+#[inline(always)]
+fn dequant_t<const B: usize>(b: &[u8; B], y: &mut [f32; QK_TQ], half: &[f32]) {
+    let bits = (B - 2) * 8 / QK_TQ;
+    let s = super::f16_at(b, 0);
+    let mask = (1u32 << bits) - 1;
+    let mut t = 0usize;
+    for (i, out) in y.iter_mut().enumerate() {
+        let bit = i * bits;
+        let (byte, shift) = (2 + bit / 8, bit % 8);
+        let lo = b[byte] as u32;
+        let hi = if byte + 1 < B { b[byte + 1] as u32 } else { 0 };
+        let code = (((lo | hi << 8) >> shift) & mask) as usize;
+        let (u, j) = (code & 1, code >> 1);
+        *out = s * tcq_point(half, tcq_subset(t, u), j);
+        t = (2 * t + u) & 7;
+    }
+}
+
+/// Encodes a trellis block (the module's Viterbi search).
+fn quant_t<const B: usize>(x: &[f32; QK_TQ], b: &mut [u8; B], half: &[f32]) {
+    let bits = (B - 2) * 8 / QK_TQ;
+    let per = 1usize << (bits - 1);
+    b.fill(0);
+    let sumsq: f32 = x.iter().map(|v| v * v).sum();
+    let sigma = (sumsq / QK_TQ as f32).sqrt();
+    if !sigma.is_finite() || sigma <= 0.0 {
+        return;
+    }
+    let inv = 1.0 / sigma;
+    // cost[t]: least squared error of a path ending in state t; from[i][t]: (previous
+    // state, branch bit, point) of that path's step i.
+    let mut cost = [f32::INFINITY; 8];
+    cost[0] = 0.0;
+    let mut from = [[(0u8, 0u8, 0u8); 8]; QK_TQ];
+    for (i, &v) in x.iter().enumerate() {
+        let z = v * inv;
+        let mut next = [f32::INFINITY; 8];
+        for t in 0..8 {
+            if !cost[t].is_finite() {
+                continue;
+            }
+            for u in 0..2 {
+                let k = tcq_subset(t, u);
+                let (mut bj, mut bd) = (0usize, f32::INFINITY);
+                for j in 0..per {
+                    let d = (z - tcq_point(half, k, j)).powi(2);
+                    if d < bd {
+                        (bj, bd) = (j, d);
+                    }
+                }
+                let nt = (2 * t + u) & 7;
+                let c = cost[t] + bd;
+                if c < next[nt] {
+                    next[nt] = c;
+                    from[i][nt] = (t as u8, u as u8, bj as u8);
+                }
+            }
+        }
+        cost = next;
+    }
+    let mut t = 0;
+    for (s, c) in cost.iter().enumerate() {
+        if *c < cost[t] {
+            t = s;
+        }
+    }
+    let mut codes = [0u32; QK_TQ];
+    for i in (0..QK_TQ).rev() {
+        let (prev, u, j) = from[i][t];
+        codes[i] = u as u32 | (j as u32) << 1;
+        t = prev as usize;
+    }
+    // The least-squares scale for the chosen points (walking the trellis as the decoder does).
+    let (mut num, mut den, mut t) = (0.0f32, 0.0f32, 0usize);
+    for (i, (&v, &code)) in x.iter().zip(&codes).enumerate() {
+        let (u, j) = ((code & 1) as usize, (code >> 1) as usize);
+        let p = tcq_point(half, tcq_subset(t, u), j);
+        num += v * p;
+        den += p * p;
+        t = (2 * t + u) & 7;
+        let bit = i * bits;
+        let (byte, shift) = (2 + bit / 8, bit % 8);
+        let c = code << shift;
+        b[byte] |= c as u8;
+        if byte + 1 < B {
+            b[byte + 1] |= (c >> 8) as u8;
+        }
+    }
+    let (h, _) = to_f16(if den > 0.0 { num / den } else { 0.0 });
+    b[0] = h[0];
+    b[1] = h[1];
+}
+
+#[inline(always)]
+pub(super) fn dequant_tq3t(b: &[u8; TQ3T_BYTES], y: &mut [f32; QK_TQ]) {
+    dequant_t(b, y, &HALF4)
+}
+#[inline(always)]
+pub(super) fn dequant_tq2t(b: &[u8; TQ2T_BYTES], y: &mut [f32; QK_TQ]) {
+    dequant_t(b, y, &HALF3)
+}
+pub(super) fn quant_tq3t(x: &[f32; QK_TQ], b: &mut [u8; TQ3T_BYTES]) {
+    quant_t(x, b, &HALF4)
+}
+pub(super) fn quant_tq2t(x: &[f32; QK_TQ], b: &mut [u8; TQ2T_BYTES]) {
+    quant_t(x, b, &HALF3)
+}
+
 #[inline(always)]
 pub(super) fn dequant_tq4p(b: &[u8; TQ4P_BYTES], y: &mut [f32; QK_TQ]) {
     dequant_p::<TQ4P_BYTES, TQ3_BYTES>(b, y, &HALF3, QJL_SIGNS)
@@ -616,6 +770,60 @@ mod tests {
                 "element {i}: {} vs {want}",
                 y[i]
             );
+        }
+    }
+
+    /// The trellis blocks beat the scalar codes of the same size on Gaussian rows by most
+    /// of the ~1 dB an 8-state trellis gives (0.94 and 1.24 dB with the variance known; the
+    /// per-block scale costs a little), and a hand-built block decodes by the documented walk.
+    #[test]
+    fn trellis_beats_the_scalar_codes() {
+        let mut rng = crate::rng::Rng::new(21);
+        let n = 32 * 2000;
+        let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+        let mse = |t: DType| {
+            let q = quantize(t, &x).unwrap();
+            assert_eq!(q.len(), t.bytes_for(n).unwrap());
+            let mut y = vec![0.0; n];
+            dequantize(t, &q, &mut y).unwrap();
+            x.iter()
+                .zip(&y)
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum::<f64>()
+                / n as f64
+        };
+        for (scalar, trellis, db) in [
+            (DType::TQ2, DType::TQ2T, 0.7),
+            (DType::TQ3, DType::TQ3T, 0.9),
+        ] {
+            assert_eq!(scalar.type_size(), trellis.type_size());
+            let (a, b) = (mse(scalar), mse(trellis));
+            let gain = 10.0 * (a / b).log10();
+            assert!(
+                gain > db,
+                "{trellis}: {b:.5} against {scalar}'s {a:.5}: {gain:.2} dB"
+            );
+        }
+        // By hand: tq2t, scale 1.0, codes cycling 0..4; the walk written out with the union
+        // codebook (3-bit Lloyd-Max) in increasing order.
+        let mut b = [0u8; TQ2T_BYTES];
+        b[..2].copy_from_slice(&half::f16::from_f32(1.0).to_bits().to_le_bytes());
+        let mut bits = 0u64;
+        for i in 0..32 {
+            bits |= ((i * 7 % 4) as u64) << (2 * i);
+        }
+        b[2..].copy_from_slice(&bits.to_le_bytes());
+        let mut y = [0.0; QK_TQ];
+        dequant_tq2t(&b, &mut y);
+        let c = codebook(3);
+        let mut t = 0usize;
+        for (i, &got) in y.iter().enumerate() {
+            let code = i * 7 % 4;
+            let (u, j) = (code & 1, code >> 1);
+            let par = ((t >> 2) ^ t) & 1;
+            let want = 0.9 * c[4 * j + 2 * u + par];
+            assert!((got - want).abs() < 1e-6, "element {i}: {got} vs {want}");
+            t = (2 * t + u) % 8;
         }
     }
 

@@ -50,6 +50,10 @@ pub enum DType {
     /// of the residual, scored by the unbiased estimator (`quant/turbo.rs`). Cache-only.
     TQ4P,
     TQ3P,
+    /// Trellis-coded TurboQuant blocks (`tq3`'s and `tq2`'s sizes, an 8-state trellis over the
+    /// next codebook up; `quant/turbo.rs`). Cache-only.
+    TQ3T,
+    TQ2T,
 }
 
 impl DType {
@@ -130,10 +134,18 @@ impl DType {
     ];
 
     /// The KV-cache-only types (not in [`DType::ALL`]: no weight is ever stored in them).
-    pub const KV_ONLY: [DType; 5] = [DType::TQ4, DType::TQ3, DType::TQ2, DType::TQ4P, DType::TQ3P];
+    pub const KV_ONLY: [DType; 7] = [
+        DType::TQ4,
+        DType::TQ3,
+        DType::TQ2,
+        DType::TQ4P,
+        DType::TQ3P,
+        DType::TQ3T,
+        DType::TQ2T,
+    ];
 
     /// The types a KV cache can hold (`--kv-type`), widest first.
-    pub const KV_CACHE: [DType; 10] = [
+    pub const KV_CACHE: [DType; 12] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -144,6 +156,8 @@ impl DType {
         DType::TQ2,
         DType::TQ4P,
         DType::TQ3P,
+        DType::TQ3T,
+        DType::TQ2T,
     ];
 
     /// Lower-case name as ggml prints it (`q4_K`, `f16`, `mxfp4`).
@@ -183,6 +197,8 @@ impl DType {
             DType::TQ2 => "tq2",
             DType::TQ4P => "tq4p",
             DType::TQ3P => "tq3p",
+            DType::TQ3T => "tq3t",
+            DType::TQ2T => "tq2t",
         }
     }
 
@@ -210,6 +226,8 @@ impl DType {
             | DType::TQ2
             | DType::TQ4P
             | DType::TQ3P
+            | DType::TQ3T
+            | DType::TQ2T
             | DType::IQ4_NL => 32,
             DType::NVFP4 => 64,
             DType::Q2_K
@@ -265,6 +283,8 @@ impl DType {
             DType::TQ2 => 2 + 8,
             DType::TQ4P => 2 + 12 + 4 + 2,
             DType::TQ3P => 2 + 8 + 4 + 2,
+            DType::TQ3T => 2 + 12,
+            DType::TQ2T => 2 + 8,
         }
     }
 
@@ -281,7 +301,13 @@ impl DType {
     pub fn is_turbo(self) -> bool {
         matches!(
             self,
-            DType::TQ4 | DType::TQ3 | DType::TQ2 | DType::TQ4P | DType::TQ3P
+            DType::TQ4
+                | DType::TQ3
+                | DType::TQ2
+                | DType::TQ4P
+                | DType::TQ3P
+                | DType::TQ3T
+                | DType::TQ2T
         )
     }
 
@@ -332,7 +358,13 @@ impl DType {
             // ggml has no u32 tensor type; kiln uses it only for its own index tensors.
             DType::U32 => u32::MAX,
             // Cache-only types (never in a file).
-            DType::TQ4 | DType::TQ3 | DType::TQ2 | DType::TQ4P | DType::TQ3P => u32::MAX,
+            DType::TQ4
+            | DType::TQ3
+            | DType::TQ2
+            | DType::TQ4P
+            | DType::TQ3P
+            | DType::TQ3T
+            | DType::TQ2T => u32::MAX,
         }
     }
 
