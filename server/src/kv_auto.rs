@@ -207,15 +207,6 @@ pub struct Costs {
     rest: KvTypes,
 }
 
-/// Whether a cache type can hold heads of `dim`.
-fn fits(t: DType, dim: usize) -> bool {
-    if t.is_turbo() {
-        kiln_core::quant::turbo::rotatable(dim)
-    } else {
-        dim.is_multiple_of(t.block_size())
-    }
-}
-
 /// The distributions of `tokens` with `types` as base records.
 fn base_of(
     runner: &mut Runner,
@@ -290,7 +281,7 @@ pub fn measure(
             let mut tried = Vec::new();
             for &t in ladder.iter().rev() {
                 progress();
-                if !fits(t, dim) {
+                if !KvTypes::fits(t, dim) {
                     continue;
                 }
                 let (k, v) = if side == 0 { (t, rest.v) } else { (rest.k, t) };
@@ -309,7 +300,7 @@ pub fn measure(
             tried.reverse();
             sides[side].extend(tried);
             for t in [DType::Q8_0, DType::F16] {
-                if fits(t, dim) {
+                if KvTypes::fits(t, dim) {
                     sides[side].push((t, layer_bytes(heads, dim, t), 0.0));
                 }
             }

@@ -116,12 +116,7 @@ impl KvTypes {
             for &l in &g.layers {
                 let (k, v) = self.of_layer(l);
                 for (t, d, what) in [(k, g.head_dim, "K"), (v, g.v_head_dim, "V")] {
-                    let fits = if t.is_turbo() {
-                        crate::quant::turbo::rotatable(d)
-                    } else {
-                        d % t.block_size() == 0
-                    };
-                    if !fits {
+                    if !Self::fits(t, d) {
                         return Err(Error::Model(format!(
                             "layer {l}: a {t} {what} cache cannot hold heads of {d} (needs {})",
                             if t.is_turbo() {
@@ -135,6 +130,16 @@ impl KvTypes {
             }
         }
         Ok(())
+    }
+
+    /// Whether a cache of type `t` can hold heads of `d` values: block types need whole
+    /// blocks, the TurboQuant types a power of two of at least 32.
+    pub fn fits(t: DType, d: usize) -> bool {
+        if t.is_turbo() {
+            crate::quant::turbo::rotatable(d)
+        } else {
+            d.is_multiple_of(t.block_size())
+        }
     }
 
     /// Bytes one token takes across `groups`' layers (K and V of every layer that holds it).
