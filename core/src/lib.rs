@@ -22,6 +22,7 @@ pub mod tensor;
 pub mod time;
 pub mod tokenizer;
 pub mod validate;
+pub mod vision;
 
 pub use error::{Error, Result};
 pub use tensor::{DType, Shape, Tensor, TensorDesc};
