@@ -97,3 +97,153 @@ fn pixel_values_match_the_image_processor() {
         }
     }
 }
+
+fn cpu() -> kiln_core::exec::Executor {
+    kiln_core::exec::Executor::new(std::sync::Arc::new(kiln_core::cpu::CpuBackend::new()))
+}
+
+fn shape(v: &Value) -> Vec<usize> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect()
+}
+
+fn worst(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
+/// The vision tower's soft tokens for each fixture image equal transformers'
+/// `get_image_features`, from the processor's pixel values and from the PNG files.
+#[test]
+fn image_features_match_transformers() {
+    let ex = cpu();
+    let tower = kiln_core::model::VisionTower::open(&dir(), None, &ex)
+        .unwrap()
+        .expect("the checkpoint has a vision tower");
+    assert_eq!(tower.tokens_per_image(), 4);
+    let r = json("reference.json");
+    for (case, c) in r["cases"].as_object().unwrap() {
+        let want = f32s(&format!("features_{case}.f32"));
+        let pixels = f32s(&format!("pixels_{case}.f32"));
+        let images = c["images"].as_array().unwrap();
+        let (per_px, per_ft) = (pixels.len() / images.len(), want.len() / images.len());
+        for (i, name) in images.iter().enumerate() {
+            let got = tower
+                .encode_pixels(&ex, &pixels[i * per_px..(i + 1) * per_px])
+                .unwrap();
+            let got = ex.download_f32(&got).unwrap();
+            let e = worst(&got, &want[i * per_ft..(i + 1) * per_ft]);
+            println!("{case} image {i}: features max |Δ| {e:.2e}");
+            assert!(e <= 1e-4, "{case} image {i}: features differ by {e}");
+            let bytes = std::fs::read(dir().join(name.as_str().unwrap())).unwrap();
+            let img = Image::decode(&bytes).unwrap();
+            let again = ex
+                .download_f32(&tower.encode(&ex, &img.rgb).unwrap())
+                .unwrap();
+            assert_eq!(again, got, "{case} image {i}: from the PNG");
+        }
+    }
+}
+
+/// The runs of `image` in `tokens`: (first index, length).
+fn image_runs(tokens: &[u32], image: u32) -> Vec<(usize, usize)> {
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < tokens.len() {
+        if tokens[i] == image {
+            let s = i;
+            while i < tokens.len() && tokens[i] == image {
+                i += 1;
+            }
+            runs.push((s, i - s));
+        } else {
+            i += 1;
+        }
+    }
+    runs
+}
+
+/// Logits at every position of a prompt with images in it equal transformers' (image tokens
+/// see each other both ways), fed whole and in chunks cut at the images' edges.
+#[test]
+fn image_prompts_match_transformers_logits() {
+    use kiln_core::engine::{Logits, Runner, RunnerConfig};
+    use kiln_core::model::RowEmbeds;
+    let r = json("reference.json");
+    let image_token = r["image_token"].as_u64().unwrap() as u32;
+    for (case, c) in r["cases"].as_object().unwrap() {
+        let tokens: Vec<u32> = c["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect();
+        let want = f32s(&format!("logits_{case}.f32"));
+        let vocab = shape(&c["logits_shape"])[1];
+        let pixels = f32s(&format!("pixels_{case}.f32"));
+        let runs = image_runs(&tokens, image_token);
+        let per_px = pixels.len() / runs.len();
+        // Whole, then cut just before each image and just after it.
+        let mut cuts = vec![vec![tokens.len()]];
+        let mut edges: Vec<usize> = runs.iter().flat_map(|&(s, n)| [s, s + n]).collect();
+        edges.push(tokens.len());
+        cuts.push(edges);
+        for cut in cuts {
+            let backend: std::sync::Arc<dyn kiln_core::backend::Backend> =
+                std::sync::Arc::new(kiln_core::cpu::CpuBackend::new());
+            let ex = kiln_core::exec::Executor::new(backend.clone());
+            let tower = kiln_core::model::VisionTower::open(&dir(), None, &ex)
+                .unwrap()
+                .unwrap();
+            let file = kiln_core::load::open_model(&dir()).unwrap();
+            let model = kiln_core::model::build_from_gguf(&file, &ex).unwrap();
+            let cfg = RunnerConfig {
+                max_batch_tokens: 64,
+                block_size: 4,
+                ..RunnerConfig::default()
+            };
+            let mut runner =
+                Runner::new(kiln_core::exec::Executor::new(backend), model, cfg).unwrap();
+            let feats: Vec<_> = (0..runs.len())
+                .map(|i| {
+                    tower
+                        .encode_pixels(&ex, &pixels[i * per_px..(i + 1) * per_px])
+                        .unwrap()
+                })
+                .collect();
+            let mut got: Vec<Vec<f32>> = Vec::new();
+            let mut at = 0;
+            for &end in &cut {
+                if end == at {
+                    continue;
+                }
+                let embeds = runs
+                    .iter()
+                    .zip(&feats)
+                    .filter(|((s, _), _)| (at..end).contains(s))
+                    .map(|(&(s, n), f)| RowEmbeds {
+                        row: s - at,
+                        embeds: f.clone(),
+                        span_end: s + n,
+                    })
+                    .collect();
+                let out = runner
+                    .step_with_embeds(&[(1, &tokens[at..end], Logits::All)], embeds)
+                    .unwrap();
+                got.extend(out.into_iter().flatten());
+                at = end;
+            }
+            let flat: Vec<f32> = got.concat();
+            assert_eq!(flat.len(), tokens.len() * vocab);
+            let e = worst(&flat, &want);
+            println!("{case} cut at {cut:?}: logits max |Δ| {e:.2e}");
+            assert!(e <= 1e-3, "{case} cut at {cut:?}: logits differ by {e}");
+        }
+    }
+}

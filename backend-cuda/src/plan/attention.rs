@@ -75,7 +75,8 @@ pub(super) fn plan_paged_attention(
     o: &[TensorDesc],
 ) -> Option<Vec<Step>> {
     use Arg::{Out, F32, U32};
-    (i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
+    // Per-row key reach (an image's soft tokens both ways) has no kernel yet: the CPU runs it.
+    (i.len() == 6 && i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
     let (window, see_to) = mask_args(p.mask)?;
     let (t, hq, d) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
     let (bs, hkv, dv) = (dim(&i[1], 1), dim(&i[1], 2), dim(&i[2], 3));

@@ -339,7 +339,10 @@ mod tests {
 /// Which of the family's ops this backend runs.
 pub(super) fn supports_op(dev: &Device, op: &AttentionOp, d: &OpDesc) -> bool {
     match op {
-        AttentionOp::Attention(_) | AttentionOp::PagedAttention(_) => supports(dev, d),
+        AttentionOp::Attention(_) => supports(dev, d),
+        // Per-row key reach (an image's soft tokens both ways) has no kernel yet: the CPU
+        // runs it.
+        AttentionOp::PagedAttention(_) => d.inputs.len() == 6 && supports(dev, d),
         AttentionOp::KvWrite => supports_kv_write(dev, d),
         // No fused kernel: the model takes RoPE and the K/V write apart.
         AttentionOp::RopeKvWrite(_) => false,

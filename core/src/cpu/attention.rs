@@ -221,6 +221,10 @@ pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResul
     let dv = vc.dims()[3];
     let maxb = i[3].dims()[1];
     let b = batch(t, &seq_lens, &q_start, maxb * bs)?;
+    let key_end = match i.get(6) {
+        Some(e) => Some(e.i32()?),
+        None => None,
+    };
     // Every block that some query row of a sequence reads is checked once here, so the
     // kernel trusts them. The first row's key range starts lowest (masks only move the
     // start forward); blocks before it may be released (-1) by sliding-window layers.
@@ -254,7 +258,10 @@ pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResul
                 let h = (r0 + ri) * heads;
                 let (ti, g) = (h / hq, h % hq / group);
                 let (s, pos) = (b.seq_of[ti], b.pos_of[ti]);
-                let (lo, hi) = p.mask.key_range(pos, b.seq_lens[s]);
+                let (lo, mut hi) = p.mask.key_range(pos, b.seq_lens[s]);
+                if let Some(e) = key_end.as_ref().map(|e| e[ti]) {
+                    hi = hi.max((e.max(0) as usize).min(b.seq_lens[s]));
+                }
                 attend(
                     p,
                     &q[h * d..(h + heads) * d],

@@ -293,7 +293,7 @@ impl Executor {
         Ok(Some(q_out))
     }
     #[allow(clippy::too_many_arguments)]
-    /// Paged attention. A TurboQuant cache (`tq*`, [`quant::turbo`]) holds rotated rows: the
+    /// Paged attention (`key_end`: see [`AttentionOp::PagedAttention`]). A TurboQuant cache (`tq*`, [`quant::turbo`]) holds rotated rows: the
     /// queries are rotated the same way before they are scored against a rotated K, and the
     /// output is rotated back when V is rotated.
     pub fn paged_attention(
@@ -305,6 +305,7 @@ impl Executor {
         block_table: &Tensor,
         seq_lens: &Tensor,
         q_start: &Tensor,
+        key_end: Option<&Tensor>,
     ) -> Result<Tensor> {
         let rq;
         let q = if k_cache.dtype().is_turbo() {
@@ -313,10 +314,9 @@ impl Executor {
         } else {
             q
         };
-        let out = self.one(
-            &Op::Attention(AttentionOp::PagedAttention(p)),
-            &[q, k_cache, v_cache, block_table, seq_lens, q_start],
-        )?;
+        let mut inputs = vec![q, k_cache, v_cache, block_table, seq_lens, q_start];
+        inputs.extend(key_end);
+        let out = self.one(&Op::Attention(AttentionOp::PagedAttention(p)), &inputs)?;
         if v_cache.dtype().is_turbo() {
             return self.turbo_rotate(&out, true);
         }

@@ -26,6 +26,7 @@ use convert::{expert_part, neg_exp, one_plus, stack_experts, unrotate_half, Expe
 pub(crate) mod config;
 mod convert;
 pub(crate) mod family;
+pub mod vision;
 use crate::model::registry::hf_families;
 use config::{Config, Meta};
 use family::HfFamily;

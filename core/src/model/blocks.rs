@@ -106,7 +106,16 @@ pub(crate) fn attention(
     if let Some(new) = new_kv {
         write_kv(ex, bt, kv, (g, gi), new, p.soft_cap.is_some())?;
     }
-    let a = ex.paged_attention(p, q, kc, vc, table, &bt.seq_lens, &bt.q_start)?;
+    let a = ex.paged_attention(
+        p,
+        q,
+        kc,
+        vc,
+        table,
+        &bt.seq_lens,
+        &bt.q_start,
+        bt.key_end.as_ref(),
+    )?;
     let d = q.shape().dims();
     a.reshape([d[0], d[1] * d[2]])
 }
@@ -184,7 +193,23 @@ impl Head {
 
     /// The token embeddings of a batch, and the uploaded ids (for per-layer inputs).
     pub fn embed(&self, ex: &Executor, b: &ForwardBatch) -> Result<(Tensor, Tensor)> {
-        let ids = step_input(ex, b, StepInput::Tokens)?;
+        let ids = match b.embeds.is_empty() {
+            true => step_input(ex, b, StepInput::Tokens)?,
+            // An image's soft-token id may lie past the table (Gemma 3's does): its rows
+            // look up row 0, which the vision encoder's embeddings then replace.
+            false => {
+                let rows = b.image_rows();
+                let ids: Vec<i32> = (0..b.tokens.len())
+                    .map(|r| match rows.contains(&r) {
+                        true => Ok(0),
+                        false => i32::try_from(b.tokens[r]).map_err(|_| {
+                            Error::Model(format!("token id {} exceeds the i32 range", b.tokens[r]))
+                        }),
+                    })
+                    .collect::<Result<_>>()?;
+                ex.upload_i32(&[ids.len()], &ids)?
+            }
+        };
         Ok((ex.get_rows(&self.tok_embd, &ids)?, ids))
     }
 
@@ -288,6 +313,10 @@ pub(crate) struct BatchTensors {
     pub q_start: Tensor,
     /// Per KV group: block table and slot mapping.
     pub tables: Vec<(Tensor, Tensor)>,
+    /// Per row, the key position its attention reaches at least (`[T]` i32, 0: its mask
+    /// alone): set for a model whose image soft tokens see each other both ways
+    /// ([`image_key_end`]).
+    pub key_end: Option<Tensor>,
 }
 
 pub(crate) fn upload_batch(
@@ -308,7 +337,57 @@ pub(crate) fn upload_batch(
         seq_lens: step_input(ex, b, StepInput::SeqLens)?,
         q_start: step_input(ex, b, StepInput::QStart)?,
         tables,
+        key_end: None,
     })
+}
+
+/// For a model whose image soft tokens attend to each other both ways (and causally to
+/// what comes before): each image row's key reach, the end of its image (`None` when the
+/// batch has no image rows).
+pub(crate) fn image_key_end(ex: &Executor, b: &ForwardBatch) -> Result<Option<Tensor>> {
+    if b.embeds.is_empty() {
+        return Ok(None);
+    }
+    let mut end = vec![0i32; b.tokens.len()];
+    for e in &b.embeds {
+        let n = e.embeds.shape().dims()[0];
+        let reach = i32::try_from(e.span_end)
+            .map_err(|_| Error::Model(format!("image end {} exceeds the i32 range", e.span_end)))?;
+        for r in end.get_mut(e.row..e.row + n).into_iter().flatten() {
+            *r = reach;
+        }
+    }
+    Ok(Some(ex.upload_i32(&[end.len()], &end)?))
+}
+
+/// `x` (`[T, E]`, the batch's scaled token embeddings) with the rows a vision encoder gave
+/// replaced by its embeddings.
+pub(crate) fn splice_embeds(ex: &Executor, x: &Tensor, b: &ForwardBatch) -> Result<Tensor> {
+    if b.embeds.is_empty() {
+        return Ok(x.clone());
+    }
+    let (t, e) = (x.shape().dims()[0], x.shape().dims()[1]);
+    let mut parts = Vec::new();
+    let mut at = 0;
+    for s in &b.embeds {
+        let d = s.embeds.shape().dims();
+        if d.len() != 2 || d[1] != e || s.row < at || s.row + d[0] > t {
+            return Err(Error::Model(format!(
+                "image rows {}..+{:?} do not fit a batch of {t} rows of width {e} in order",
+                s.row, d
+            )));
+        }
+        if s.row > at {
+            parts.push(ex.rows(x, at..s.row)?);
+        }
+        parts.push(s.embeds.clone());
+        at = s.row + d[0];
+    }
+    if at < t {
+        parts.push(ex.rows(x, at..t)?);
+    }
+    let refs: Vec<&Tensor> = parts.iter().collect();
+    ex.concat_rows(&refs)
 }
 
 /// A batch cut in two at sequence `seqs` (the first part's rows are `0..rows`, where the
@@ -332,6 +411,13 @@ pub(crate) fn split_batch(b: &ForwardBatch, seqs: usize) -> (ForwardBatch, Forwa
         logits_rows: (b.logits_rows.iter())
             .filter(|r| range.contains(r))
             .map(|r| r - range.start)
+            .collect(),
+        embeds: (b.embeds.iter())
+            .filter(|e| range.contains(&e.row))
+            .map(|e| super::RowEmbeds {
+                row: e.row - range.start,
+                ..e.clone()
+            })
             .collect(),
     };
     (
@@ -461,7 +547,13 @@ pub(crate) fn check_batch(b: &ForwardBatch, vocab: usize) -> Result<usize> {
             b.positions.len()
         )));
     }
-    if let Some(&bad) = b.tokens.iter().find(|&&tok| tok as usize >= vocab) {
+    let image_rows = b.image_rows();
+    if let Some((_, &bad)) = b
+        .tokens
+        .iter()
+        .enumerate()
+        .find(|&(r, &tok)| tok as usize >= vocab && !image_rows.contains(&r))
+    {
         return Err(Error::Model(format!(
             "token id {bad} is outside the vocabulary of {vocab}"
         )));

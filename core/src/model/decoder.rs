@@ -3,8 +3,8 @@
 //! over the paged KV cache. Family files fill in a `DecoderSpec` from their metadata.
 
 use super::blocks::{
-    check_batch, gives, normed_matmuls, rope_attention, upload_batch, GatedFfn, Head, NormSpec,
-    Taps,
+    check_batch, gives, image_key_end, normed_matmuls, rope_attention, splice_embeds, upload_batch,
+    GatedFfn, Head, NormSpec, Taps,
 };
 use super::weights::Weights;
 use super::{DraftSource, Features, ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
@@ -36,6 +36,9 @@ pub struct DecoderSpec {
     pub window: Vec<Option<usize>>,
     /// Llama-3 style per-pair frequency factors (`rope_freqs.weight`), applied to every layer.
     pub rope_freqs: Option<Vec<f32>>,
+    /// An image's soft tokens see each other both ways (and what precedes them causally),
+    /// on every layer, within its window (Gemma 3).
+    pub images_bidirectional: bool,
 }
 
 struct Layer {
@@ -226,12 +229,16 @@ impl Decoder {
         let sp = &self.spec;
         let i = &sp.info;
         let t = check_batch(b, i.vocab)?;
-        let bt = upload_batch(ex, b, self.groups.len())?;
+        let mut bt = upload_batch(ex, b, self.groups.len())?;
+        if sp.images_bidirectional {
+            bt.key_end = image_key_end(ex, b)?;
+        }
         let ns = self.norm_spec();
         let (mut x, _) = self.head.embed(ex, b)?;
         if let Some(s) = sp.embed_scale {
             x = ex.scale(&x, s)?;
         }
+        let mut x = splice_embeds(ex, &x, b)?;
         let (hd, nh, nkv) = (i.head_dim, i.n_head, i.n_head_kv);
         for (l, layer) in self.layers.iter().enumerate() {
             // Attention.

@@ -77,6 +77,7 @@ pub fn build(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
             .collect(),
         rope_freqs: None,
         info,
+        images_bidirectional: true,
     };
     Ok(Box::new(Decoder::load(f, ex, spec)?))
 }

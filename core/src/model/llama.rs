@@ -149,6 +149,7 @@ fn build_dense(f: &GgufFile, ex: &Executor, qwen3: bool) -> Result<Box<dyn Model
         window: vec![None; n],
         rope_freqs,
         info,
+        images_bidirectional: false,
     };
     Ok(Box::new(Decoder::load(f, ex, spec)?))
 }

@@ -12,7 +12,9 @@ pub mod gemma4_assistant;
 pub mod llama;
 pub mod qwen35;
 pub mod registry;
+pub mod siglip;
 pub mod toy;
+pub mod vision;
 mod weights;
 
 use crate::error::{Error, Result};
@@ -238,9 +240,37 @@ pub struct ForwardBatch {
     pub slots: Vec<Vec<i32>>,
     /// Rows whose logits are returned, in this order.
     pub logits_rows: Vec<usize>,
+    /// Rows whose input embeddings a vision encoder gave (an image's soft tokens), in row
+    /// order; their token ids are not looked up.
+    pub embeds: Vec<RowEmbeds>,
+}
+
+/// Consecutive rows of a batch that take a vision encoder's embeddings instead of their
+/// tokens' (some or all of one image's soft tokens).
+#[derive(Clone, Debug)]
+pub struct RowEmbeds {
+    /// The first of the rows (they are `row..row + n`).
+    pub row: usize,
+    /// `[n, n_embd]` f32 on the executor's backend: what the rows' embeddings become
+    /// (after any embedding scale; Gemma's `sqrt(n_embd)` does not apply to them).
+    pub embeds: Tensor,
+    /// The position just past the image's last soft token: where a model whose image tokens
+    /// see each other both ways lets these rows' attention reach.
+    pub span_end: usize,
+}
+
+impl ForwardBatch {
+    /// The rows that take a vision encoder's embeddings.
+    pub fn image_rows(&self) -> std::collections::BTreeSet<usize> {
+        self.embeds
+            .iter()
+            .flat_map(|e| e.row..e.row + e.embeds.shape().dims().first().copied().unwrap_or(0))
+            .collect()
+    }
 }
 
 pub use crate::exec::StepInput;
+pub use vision::VisionTower;
 
 impl StepInput {
     /// Its shape and values for batch `b` (what [`Executor::step_input`] takes).

@@ -68,7 +68,10 @@ pub enum AttentionOp {
     /// `v_cache [B, bs, Hkv, Dv]` (any float or block dtype whose blocks fit a head),
     /// `block_table [S, max_blocks]`, `seq_lens [S]` (context length after this step),
     /// `q_start [S + 1]` (query rows of sequence `s` are `q_start[s]..q_start[s+1]`, the last
-    /// ones of its context) → `[T, Hq, Dv]`. Decode is one query per sequence.
+    /// ones of its context) → `[T, Hq, Dv]`. Decode is one query per sequence. An optional
+    /// seventh input `key_end [T]` (i32) widens row `i`'s keys to at least the positions
+    /// before `key_end[i]` (within its sequence's length; 0 or less: the mask alone), so an
+    /// image's soft tokens see each other both ways (Gemma 3).
     PagedAttention(AttnParams),
     /// Writes `k [T, Hkv, D]`, `v [T, Hkv, Dv]` into the caches at `slots [T]`
     /// (`slot = block · bs + offset`; a negative slot is skipped). Outputs `k_cache`, `v_cache`
@@ -151,7 +154,7 @@ impl Family for AttentionOp {
         if let Mask::SlidingWindow(w) = p.mask {
             c.ensure(w > 0, || "sliding window must be at least 1".into())?;
         }
-        c.n_inputs(if paged { &[6] } else { &[3] })?;
+        c.n_inputs(if paged { &[6, 7] } else { &[3] })?;
         c.float(&i[0], "q")?;
         c.rank(&i[0], 3, "q")?;
         let q = c.dims(&i[0]);
@@ -192,6 +195,12 @@ impl Family for AttentionOp {
             c.ensure(i[5].shape.0 == [s + 1], || {
                 format!("q_start must be [{}]", s + 1)
             })?;
+            if let Some(e) = i.get(6) {
+                c.dtype(e, DType::I32, "key_end")?;
+                c.ensure(e.shape.0 == [q[0]], || {
+                    format!("key_end must be [{}]", q[0])
+                })?;
+            }
         } else {
             c.float(&i[1], "k")?;
             c.float(&i[2], "v")?;

@@ -126,7 +126,8 @@ impl Graphs {
         caches: &KvCaches,
         batch: &ForwardBatch,
     ) -> Result<Option<Tensor>> {
-        if !self.enabled || ex.profiling() || !is_decode(batch) {
+        // A recorded pass looks every row's embedding up: image rows run the model's own.
+        if !self.enabled || ex.profiling() || !is_decode(batch) || !batch.embeds.is_empty() {
             return Ok(None);
         }
         // The checks the model's own pass makes of its batch, which a replay skips.

@@ -1,0 +1,225 @@
+//! The vision tower of a Hugging Face image-and-text checkpoint, read into the view an mmproj
+//! GGUF gives (llama.cpp's `clip` architecture: `clip.vision.*` metadata, `v.*` and `mm.*`
+//! tensors), so one builder serves both. The conversions are the ones llama.cpp's converter
+//! makes: the projector's soft-embedding norm, stored as `w` for `x·(1+w)`, gets 1 added.
+//!
+//! Supported: Gemma 3 (`model_type` `gemma3` with a `siglip_vision_model` vision config).
+
+use std::path::Path;
+
+use serde_json::Value as Json;
+
+use super::super::gguf::{Bytes, GgufFile, TensorInfo, Value};
+use super::super::safetensors::SafetensorsFile;
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+
+/// Whether `dir`'s `config.json` describes a vision tower (a `vision_config`).
+pub fn has_vision(dir: &Path) -> bool {
+    std::fs::read(dir.join("config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Json>(&b).ok())
+        .is_some_and(|c| c.get("vision_config").is_some_and(Json::is_object))
+}
+
+/// llama.cpp's mmproj name for a checkpoint's vision or projector tensor (`None`: not one,
+/// or one the encoder does not use, such as SigLIP's pooling head).
+fn mmproj_name(hf: &str) -> Option<String> {
+    let tower = [
+        "model.vision_tower.vision_model.",
+        "vision_tower.vision_model.",
+        "model.vision_tower.",
+        "vision_tower.",
+    ];
+    if let Some(rest) = tower.iter().find_map(|p| hf.strip_prefix(p)) {
+        let fixed = match rest {
+            "embeddings.patch_embedding.weight" => Some("v.patch_embd.weight"),
+            "embeddings.patch_embedding.bias" => Some("v.patch_embd.bias"),
+            "embeddings.position_embedding.weight" => Some("v.position_embd.weight"),
+            "post_layernorm.weight" => Some("v.post_ln.weight"),
+            "post_layernorm.bias" => Some("v.post_ln.bias"),
+            _ => None,
+        };
+        if let Some(f) = fixed {
+            return Some(f.into());
+        }
+        let rest = rest.strip_prefix("encoder.layers.")?;
+        let (l, part) = rest.split_once('.')?;
+        let l: usize = l.parse().ok()?;
+        let (stem, kind) = part.rsplit_once('.')?;
+        let name = match stem {
+            "layer_norm1" => "ln1",
+            "layer_norm2" => "ln2",
+            "self_attn.q_proj" => "attn_q",
+            "self_attn.k_proj" => "attn_k",
+            "self_attn.v_proj" => "attn_v",
+            "self_attn.out_proj" => "attn_out",
+            "mlp.fc1" => "ffn_up",
+            "mlp.fc2" => "ffn_down",
+            _ => return None,
+        };
+        return Some(format!("v.blk.{l}.{name}.{kind}"));
+    }
+    let rest = ["model.multi_modal_projector.", "multi_modal_projector."]
+        .iter()
+        .find_map(|p| hf.strip_prefix(p))?;
+    Some(
+        match rest {
+            "mm_input_projection_weight" => "mm.input_projection.weight",
+            "mm_soft_emb_norm.weight" => "mm.soft_emb_norm.weight",
+            _ => return None,
+        }
+        .into(),
+    )
+}
+
+/// The vision tower of the checkpoint in `dir` as an mmproj view, or `None` when its config
+/// has no vision tower. A tower kiln cannot run is an error naming it.
+pub fn open_vision_dir(dir: &Path) -> Result<Option<GgufFile>> {
+    let name = dir.display().to_string();
+    let err = |m: String| Error::load(&name, m);
+    let raw = std::fs::read(dir.join("config.json"))
+        .map_err(|e| err(format!("cannot read config.json: {e}")))?;
+    let c: Json =
+        serde_json::from_slice(&raw).map_err(|e| err(format!("config.json is not JSON: {e}")))?;
+    let Some(vc) = c.get("vision_config").filter(|v| v.is_object()) else {
+        return Ok(None);
+    };
+    let model_type = c.get("model_type").and_then(Json::as_str).unwrap_or("");
+    let vision_type = vc.get("model_type").and_then(Json::as_str).unwrap_or("");
+    if (model_type, vision_type) != ("gemma3", "siglip_vision_model") {
+        return Err(err(format!(
+            "the vision tower of {model_type:?} ({vision_type:?}) is not supported yet (Gemma 3's is)"
+        )));
+    }
+    let u = |v: &Json, k: &str, default: Option<u64>| -> Result<u64> {
+        v.get(k)
+            .and_then(Json::as_u64)
+            .or(default)
+            .filter(|&x| x > 0 && x <= 1 << 20)
+            .ok_or_else(|| {
+                err(format!(
+                    "config.json: vision {k} is missing or out of range"
+                ))
+            })
+    };
+    // SigLIP's class defaults, as transformers has them.
+    let image = u(vc, "image_size", Some(224))?;
+    let patch = u(vc, "patch_size", Some(16))?;
+    let tokens = u(&c, "mm_tokens_per_image", Some(256))?;
+    let side = (tokens as f64).sqrt() as u64;
+    if patch > image || image % patch != 0 || side * side != tokens || (image / patch) % side != 0 {
+        return Err(err(format!(
+            "config.json: {image}-pixel images in {patch}-pixel patches do not pool to {tokens} soft tokens"
+        )));
+    }
+    let text = c.get("text_config").unwrap_or(&Json::Null);
+    let mut meta: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::Str("clip".into())),
+        ("general.name".into(), Value::Str(name.clone())),
+        ("kiln.source".into(), Value::Str("huggingface".into())),
+        ("clip.projector_type".into(), Value::Str("gemma3".into())),
+        ("clip.has_vision_encoder".into(), Value::Bool(true)),
+        ("clip.vision.image_size".into(), Value::U32(image as u32)),
+        ("clip.vision.patch_size".into(), Value::U32(patch as u32)),
+        (
+            "clip.vision.embedding_length".into(),
+            Value::U32(u(vc, "hidden_size", Some(768))? as u32),
+        ),
+        (
+            "clip.vision.feed_forward_length".into(),
+            Value::U32(u(vc, "intermediate_size", Some(3072))? as u32),
+        ),
+        (
+            "clip.vision.block_count".into(),
+            Value::U32(u(vc, "num_hidden_layers", Some(12))? as u32),
+        ),
+        (
+            "clip.vision.attention.head_count".into(),
+            Value::U32(u(vc, "num_attention_heads", Some(12))? as u32),
+        ),
+        (
+            "clip.vision.projection_dim".into(),
+            Value::U32(u(text, "hidden_size", None)? as u32),
+        ),
+        (
+            "clip.vision.projector.scale_factor".into(),
+            Value::U32(((image / patch) / side) as u32),
+        ),
+    ];
+    let eps = vc
+        .get("layer_norm_eps")
+        .and_then(Json::as_f64)
+        .unwrap_or(1e-6);
+    meta.push((
+        "clip.vision.attention.layer_norm_epsilon".into(),
+        Value::F32(eps as f32),
+    ));
+    let mut blobs: Vec<Bytes> = Vec::new();
+    let mut tensors: Vec<(TensorInfo, usize)> = Vec::new();
+    let mut owned: Vec<u8> = Vec::new();
+    let mut owned_tensors: Vec<TensorInfo> = Vec::new();
+    for path in super::shard_paths(dir)? {
+        let f = SafetensorsFile::open(&path)?;
+        let b = blobs.len();
+        for e in &f.entries {
+            let Some(gname) = mmproj_name(&e.name) else {
+                continue;
+            };
+            let info = TensorInfo {
+                name: gname,
+                dtype: e.dtype,
+                shape: e.shape.clone(),
+                offset: e.offset,
+                nbytes: e.nbytes,
+            };
+            if info.name == "mm.soft_emb_norm.weight" {
+                // Stored for `x·(1+w)`: add the 1 (in f32), as llama.cpp's converter does.
+                let n = info.n_elements();
+                let mut w = vec![0f32; n];
+                crate::quant::dequantize(info.dtype, f.data(e), &mut w)?;
+                let at = owned.len();
+                owned.extend(w.iter().flat_map(|x| (x + 1.0).to_le_bytes()));
+                owned_tensors.push(TensorInfo {
+                    dtype: DType::F32,
+                    offset: at,
+                    nbytes: n * 4,
+                    ..info
+                });
+            } else {
+                tensors.push((info, b));
+            }
+        }
+        blobs.push(f.bytes);
+    }
+    if !owned_tensors.is_empty() {
+        let b = blobs.len();
+        tensors.extend(owned_tensors.into_iter().map(|t| (t, b)));
+        blobs.push(Bytes::Owned(owned));
+    }
+    GgufFile::from_parts(name, meta, tensors, blobs).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mmproj_name;
+
+    #[test]
+    fn names_follow_llama_cpps_mmproj_layout() {
+        let n = |s: &str| mmproj_name(s);
+        assert_eq!(
+            n("vision_tower.vision_model.encoder.layers.3.self_attn.out_proj.bias").as_deref(),
+            Some("v.blk.3.attn_out.bias")
+        );
+        assert_eq!(
+            n("model.vision_tower.encoder.layers.0.mlp.fc1.weight").as_deref(),
+            Some("v.blk.0.ffn_up.weight")
+        );
+        assert_eq!(
+            n("multi_modal_projector.mm_input_projection_weight").as_deref(),
+            Some("mm.input_projection.weight")
+        );
+        assert_eq!(n("vision_tower.vision_model.head.mlp.fc1.weight"), None);
+        assert_eq!(n("language_model.model.layers.0.mlp.up_proj.weight"), None);
+    }
+}

@@ -1,0 +1,243 @@
+//! SigLIP's vision transformer and Gemma 3's projector: the image encoder of Gemma 3, read
+//! from an mmproj GGUF (llama.cpp's `clip` architecture, projector type `gemma3`) or from a
+//! Hugging Face checkpoint through the same view ([`crate::load::hf::vision`]).
+//!
+//! Per image (pixel values `[3, S, S]`): the `p × p` patches (an `S/p × S/p` grid, row-major)
+//! embedded by the patch convolution (a matmul over each patch's `3·p·p` values, channel then
+//! row then column, plus its bias) and the learned position embeddings; `L` pre-norm encoder
+//! layers (LayerNorm, bidirectional multi-head attention with biases, LayerNorm, a GELU (tanh)
+//! MLP with biases); the final LayerNorm. Gemma 3's projector then averages `k × k` blocks of
+//! the patch grid (`k` = the metadata's scale factor) into the soft tokens, RMS-normalizes
+//! them (its weight holds the `1 +`) and projects them into the text model's width.
+
+use super::weights::Weights;
+use crate::error::{Error, Result};
+use crate::exec::Executor;
+use crate::load::gguf::GgufFile;
+use crate::op::{AttentionOp, AttnParams, Mask, NormOp, Op, UnaryOp};
+use crate::tensor::Tensor;
+
+struct Layer {
+    ln1: (Tensor, Tensor),
+    q: (Tensor, Tensor),
+    k: (Tensor, Tensor),
+    v: (Tensor, Tensor),
+    out: (Tensor, Tensor),
+    ln2: (Tensor, Tensor),
+    up: (Tensor, Tensor),
+    down: (Tensor, Tensor),
+}
+
+/// A SigLIP encoder with Gemma 3's projector.
+pub struct Siglip {
+    /// Image side in pixels, patch side, hidden width, heads, text width, pooling factor.
+    pub image: usize,
+    pub patch: usize,
+    hidden: usize,
+    heads: usize,
+    pub text_width: usize,
+    pool: usize,
+    eps: f32,
+    patch_w: Tensor,
+    patch_b: Tensor,
+    pos: Tensor,
+    layers: Vec<Layer>,
+    post_ln: (Tensor, Tensor),
+    soft_norm: Tensor,
+    /// `[text_width, hidden]`.
+    proj: Tensor,
+}
+
+fn meta_usize(f: &GgufFile, key: &str) -> Result<usize> {
+    let v = f.get_u64(key)?;
+    usize::try_from(v)
+        .ok()
+        .filter(|&x| x > 0 && x <= 1 << 20)
+        .ok_or_else(|| Error::load(f.path(), format!("{key} = {v} is out of range")))
+}
+
+impl Siglip {
+    /// Builds the encoder from an mmproj view, its weights uploaded to `ex`'s backend.
+    pub fn load(f: &GgufFile, ex: &Executor) -> Result<Siglip> {
+        let kind = f.get_str("clip.projector_type")?;
+        if kind != "gemma3" {
+            return Err(Error::load(
+                f.path(),
+                format!("projector type {kind:?} is not supported (gemma3 is)"),
+            ));
+        }
+        let image = meta_usize(f, "clip.vision.image_size")?;
+        let patch = meta_usize(f, "clip.vision.patch_size")?;
+        let hidden = meta_usize(f, "clip.vision.embedding_length")?;
+        let ff = meta_usize(f, "clip.vision.feed_forward_length")?;
+        let n_layer = meta_usize(f, "clip.vision.block_count")?;
+        let heads = meta_usize(f, "clip.vision.attention.head_count")?;
+        let text_width = meta_usize(f, "clip.vision.projection_dim")?;
+        // llama.cpp writes the pooling factor only where it is not Gemma 3's 4.
+        let pool = match f.get("clip.vision.projector.scale_factor") {
+            Some(_) => meta_usize(f, "clip.vision.projector.scale_factor")?,
+            None => 4,
+        };
+        let eps = f
+            .get_f32("clip.vision.attention.layer_norm_epsilon")
+            .unwrap_or(1e-6);
+        let side = image / patch;
+        if image % patch != 0 || side % pool != 0 || hidden % heads != 0 {
+            return Err(Error::load(
+                f.path(),
+                format!("{image}-pixel images, {patch}-pixel patches, pooling {pool}, {hidden} wide in {heads} heads do not fit together"),
+            ));
+        }
+        let mut w = Weights::new(f, ex);
+        // Small tensors as f32 (norms, biases, the position table), whatever the file holds.
+        let vecf = |w: &mut Weights, name: &str, shape: &[usize]| -> Result<Tensor> {
+            let n = shape.iter().product();
+            let v = w.host_f32(name, n)?;
+            ex.upload_f32(shape, &v)
+        };
+        let pair = |w: &mut Weights, stem: &str, shape: &[usize]| -> Result<(Tensor, Tensor)> {
+            let weight = match shape.len() {
+                1 => vecf(w, &format!("{stem}.weight"), shape)?,
+                _ => w.get(&format!("{stem}.weight"), shape)?,
+            };
+            let bias = vecf(w, &format!("{stem}.bias"), &shape[..1])?;
+            Ok((weight, bias))
+        };
+        let pp = 3 * patch * patch;
+        let patch_w = w
+            .get("v.patch_embd.weight", &[hidden, 3, patch, patch])?
+            .reshape([hidden, pp])?;
+        let patch_b = vecf(&mut w, "v.patch_embd.bias", &[hidden])?;
+        let pos = vecf(&mut w, "v.position_embd.weight", &[side * side, hidden])?;
+        let mut layers = Vec::with_capacity(n_layer);
+        for l in 0..n_layer {
+            let s = |x: &str| format!("v.blk.{l}.{x}");
+            layers.push(Layer {
+                ln1: pair(&mut w, &s("ln1"), &[hidden])?,
+                q: pair(&mut w, &s("attn_q"), &[hidden, hidden])?,
+                k: pair(&mut w, &s("attn_k"), &[hidden, hidden])?,
+                v: pair(&mut w, &s("attn_v"), &[hidden, hidden])?,
+                out: pair(&mut w, &s("attn_out"), &[hidden, hidden])?,
+                ln2: pair(&mut w, &s("ln2"), &[hidden])?,
+                up: pair(&mut w, &s("ffn_up"), &[ff, hidden])?,
+                down: pair(&mut w, &s("ffn_down"), &[hidden, ff])?,
+            });
+        }
+        let post_ln = pair(&mut w, "v.post_ln", &[hidden])?;
+        let soft_norm = vecf(&mut w, "mm.soft_emb_norm.weight", &[hidden])?;
+        // Stored `[hidden, text]` (used as `x · W`): transposed for `x · Wᵀ`.
+        let p = w.host_f32("mm.input_projection.weight", hidden * text_width)?;
+        let mut t = vec![0f32; p.len()];
+        for i in 0..hidden {
+            for j in 0..text_width {
+                t[j * hidden + i] = p[i * text_width + j];
+            }
+        }
+        let proj = ex.upload_f32(&[text_width, hidden], &t)?;
+        Ok(Siglip {
+            image,
+            patch,
+            hidden,
+            heads,
+            text_width,
+            pool,
+            eps,
+            patch_w,
+            patch_b,
+            pos,
+            layers,
+            post_ln,
+            soft_norm,
+            proj,
+        })
+    }
+
+    /// Soft tokens per image.
+    pub fn tokens_per_image(&self) -> usize {
+        let n = self.image / self.patch / self.pool;
+        n * n
+    }
+
+    fn linear(&self, ex: &Executor, x: &Tensor, (w, b): &(Tensor, Tensor)) -> Result<Tensor> {
+        ex.add(&ex.matmul(x, w)?, b)
+    }
+
+    fn layer_norm(&self, ex: &Executor, x: &Tensor, (w, b): &(Tensor, Tensor)) -> Result<Tensor> {
+        first(ex.run(&Op::Norm(NormOp::LayerNorm { eps: self.eps }), &[x, w, b])?)
+    }
+
+    /// The soft tokens of one image's pixel values (`[3, S, S]`, channel planes):
+    /// `[tokens_per_image, text_width]` f32 on `ex`'s backend.
+    pub fn encode(&self, ex: &Executor, pixels: &[f32]) -> Result<Tensor> {
+        let (s, p, d) = (self.image, self.patch, self.hidden);
+        if pixels.len() != 3 * s * s {
+            return Err(Error::Model(format!(
+                "{} pixel values for a {s}x{s} RGB image",
+                pixels.len()
+            )));
+        }
+        let side = s / p;
+        let n = side * side;
+        // Each patch's values in the convolution weight's order: channel, row, column.
+        let mut patches = Vec::with_capacity(n * 3 * p * p);
+        for py in 0..side {
+            for px in 0..side {
+                for c in 0..3 {
+                    for y in 0..p {
+                        let row = c * s * s + (py * p + y) * s + px * p;
+                        patches.extend_from_slice(&pixels[row..row + p]);
+                    }
+                }
+            }
+        }
+        let x = ex.upload_f32(&[n, 3 * p * p], &patches)?;
+        let x = ex.add(&ex.matmul(&x, &self.patch_w)?, &self.patch_b)?;
+        let mut x = ex.add(&x, &self.pos)?;
+        let hd = d / self.heads;
+        let attn = AttnParams {
+            scale: 1.0 / (hd as f32).sqrt(),
+            soft_cap: None,
+            mask: Mask::Bidirectional,
+        };
+        for l in &self.layers {
+            let h = self.layer_norm(ex, &x, &l.ln1)?;
+            let q = self.linear(ex, &h, &l.q)?.reshape([n, self.heads, hd])?;
+            let k = self.linear(ex, &h, &l.k)?.reshape([n, self.heads, hd])?;
+            let v = self.linear(ex, &h, &l.v)?.reshape([n, self.heads, hd])?;
+            let a = first(ex.run(&Op::Attention(AttentionOp::Attention(attn)), &[&q, &k, &v])?)?
+                .reshape([n, d])?;
+            x = ex.add(&x, &self.linear(ex, &a, &l.out)?)?;
+            let h = self.layer_norm(ex, &x, &l.ln2)?;
+            let h = ex.unary(UnaryOp::GeluTanh, &self.linear(ex, &h, &l.up)?)?;
+            x = ex.add(&x, &self.linear(ex, &h, &l.down)?)?;
+        }
+        let x = self.layer_norm(ex, &x, &self.post_ln)?;
+        // Average pooling of k x k blocks: the sum of k² gathers, over k².
+        let (k, t) = (self.pool, side / self.pool);
+        let mut sum: Option<Tensor> = None;
+        for dy in 0..k {
+            for dx in 0..k {
+                let ids: Vec<i32> = (0..t * t)
+                    .map(|i| (((i / t) * k + dy) * side + (i % t) * k + dx) as i32)
+                    .collect();
+                let g = ex.get_rows(&x, &ex.upload_i32(&[t * t], &ids)?)?;
+                sum = Some(match sum {
+                    None => g,
+                    Some(acc) => ex.add(&acc, &g)?,
+                });
+            }
+        }
+        let pooled = match sum {
+            Some(s) => ex.scale(&s, 1.0 / (k * k) as f32)?,
+            None => return Err(Error::Model("a pooling factor of 0".into())),
+        };
+        let normed = ex.rms_norm(&pooled, &self.soft_norm, self.eps, false)?;
+        ex.matmul(&normed, &self.proj)
+    }
+}
+
+fn first(v: Vec<Tensor>) -> Result<Tensor> {
+    v.into_iter()
+        .next()
+        .ok_or_else(|| Error::Model("an op produced no output".into()))
+}
