@@ -60,6 +60,9 @@ struct Params {
 
 const KF: u32 = KFMT;
 const VF: u32 = VFMT;
+// Whether either cache carries tq4p/tq3p sketches: a constant, so the plain TurboQuant
+// formats' decoders hold no sketch code at all.
+const SKETCH: bool = KF >= 8u || VF >= 8u;
 const NEG_BIG: f32 = -3.0e38;
 
 // Raw reads at a byte address of the K (`v` false) or V (`v` true) cache.
@@ -123,13 +126,13 @@ fn c_elem(v: bool, f: u32, base: u32, i: u32) -> f32 {
         }
         default: {
             let bits = tq_bits(f);
-            let blk = base + (i / 32u) * tq_block_bytes(f);
+            let blk = base + (i / 32u) * select(2u + 4u * bits, tq_block_bytes(f), SKETCH);
             let bit = (i % 32u) * bits;
             let at = blk + 2u + bit / 8u;
             let two = c_u8(v, at) | (c_u8(v, at + 1u) << 8u);
             let code = (two >> (bit % 8u)) & ((1u << bits) - 1u);
             var y = c_f16(v, blk) * tq_point(bits, code);
-            if (f >= 8u) {
+            if (SKETCH && f >= 8u) {
                 let sk = qjl_sketch(v, blk, bits);
                 y += bitcast<f32>(sk.y) * qjl_factor(i % 32u, sk.x);
             }
@@ -178,14 +181,14 @@ fn c_elems8(v: bool, f: u32, base: u32, e: u32) -> array<f32, 8> {
         }
         default: {
             let bits = tq_bits(f);
-            let blk = base + (e / 32u) * tq_block_bytes(f);
+            let blk = base + (e / 32u) * select(2u + 4u * bits, tq_block_bytes(f), SKETCH);
             let d = c_f16(v, blk);
             let w = c_word(v, blk + 2u + (e % 32u) / 8u * bits);
             let mask = (1u << bits) - 1u;
             for (var k = 0u; k < 8u; k++) {
                 r[k] = d * tq_point(bits, (w >> (k * bits)) & mask);
             }
-            if (f >= 8u) {
+            if (SKETCH && f >= 8u) {
                 let sk = qjl_sketch(v, blk, bits);
                 for (var k = 0u; k < 8u; k++) {
                     r[k] += bitcast<f32>(sk.y) * qjl_factor(e % 32u + k, sk.x);
@@ -237,7 +240,7 @@ fn c_elems4(v: bool, f: u32, base: u32, e: u32) -> vec4<f32> {
         }
         default: {
             let bits = tq_bits(f);
-            let blk = base + (e / 32u) * tq_block_bytes(f);
+            let blk = base + (e / 32u) * select(2u + 4u * bits, tq_block_bytes(f), SKETCH);
             let d = c_f16(v, blk);
             let bit = (e % 32u) * bits;
             let w = c_word(v, blk + 2u + bit / 8u) >> (bit % 8u);
@@ -245,7 +248,7 @@ fn c_elems4(v: bool, f: u32, base: u32, e: u32) -> vec4<f32> {
             for (var k = 0u; k < 4u; k++) {
                 r[k] = d * tq_point(bits, (w >> (k * bits)) & mask);
             }
-            if (f >= 8u) {
+            if (SKETCH && f >= 8u) {
                 let sk = qjl_sketch(v, blk, bits);
                 for (var k = 0u; k < 4u; k++) {
                     r[k] += bitcast<f32>(sk.y) * qjl_factor(e % 32u + k, sk.x);

@@ -94,6 +94,11 @@ pub struct RunArgs {
     pub diffusion: crate::diffusion::DiffusionArgs,
     #[command(flatten)]
     pub spec: crate::spec::SpecArgs,
+    /// An image for a model with a vision tower (repeat for several). The prompt marks
+    /// where each goes with the model's image marker (Gemma 3: `<start_of_image>`); a
+    /// prompt without markers gets the images before its text.
+    #[arg(long = "image", value_name = "FILE")]
+    pub images: Vec<std::path::PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -117,6 +122,7 @@ fn request(
     prompt: &[u32],
     n: usize,
     sample: &SampleArgs,
+    images: Vec<kiln_core::engine::PromptImage>,
 ) -> Result<GenRequest> {
     if prompt.is_empty() {
         bail!("the prompt is empty (and the model adds no BOS token)");
@@ -142,6 +148,7 @@ fn request(
         init_canvas: None,
         autoregressive: false,
         constraint,
+        images,
     })
 }
 
@@ -158,13 +165,13 @@ pub struct Generated {
 pub fn generate(
     engine: &mut Engine,
     tok: &Tokenizer,
-    prompt: &[u32],
+    (prompt, images): (&[u32], Vec<kiln_core::engine::PromptImage>),
     n: usize,
     sample: &SampleArgs,
     mut emit: impl FnMut(&str) -> Result<()>,
 ) -> Result<Generated> {
     let vocab = engine.forward().model().info().vocab;
-    let req = request(tok, vocab, prompt, n, sample)?;
+    let req = request(tok, vocab, prompt, n, sample, images)?;
     let mut timings = Timings::start(prompt.len());
     let mut out = Vec::new();
     let mut cached = 0;
@@ -232,7 +239,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let mut cfg = RunnerConfig::default();
     a.spec.prepare(&mut cfg)?;
     let m = load(&a.model, cfg)?;
-    let ids = m.tokenizer.encode(&prompt, true)?;
+    let (ids, images) = run_prompt(&m, &prompt, &a.images)?;
     let ctx = m.runner.config().ctx;
     let room = ctx.saturating_sub(ids.len());
     if room == 0 {
@@ -251,11 +258,14 @@ pub fn run(a: &RunArgs) -> Result<()> {
         return crate::diffusion::run(m, ids, n, &a.diffusion, seed, stop, a.json);
     }
     let tok = m.tokenizer;
-    let mut engine = a.spec.attach(Engine::new(m.runner, 1))?;
+    let mut engine = a.spec.attach(crate::load::with_vision(
+        Engine::new(m.runner, 1),
+        &m.vision,
+    ))?;
     let mut stdout = std::io::stdout().lock();
     let mut text = String::new();
     let json = a.json;
-    let got = generate(&mut engine, &tok, &ids, n, &a.sample, |piece| {
+    let got = generate(&mut engine, &tok, (&ids, images), n, &a.sample, |piece| {
         if json {
             text.push_str(piece);
         } else {
@@ -280,6 +290,30 @@ pub fn run(a: &RunArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `kiln run`'s prompt ids, and its `--image` files placed in it.
+fn run_prompt(
+    m: &crate::load::Loaded,
+    prompt: &str,
+    files: &[std::path::PathBuf],
+) -> Result<(Vec<u32>, Vec<kiln_core::engine::PromptImage>)> {
+    if files.is_empty() {
+        return Ok((m.tokenizer.encode(prompt, true)?, Vec::new()));
+    }
+    let Some((tower, token)) = &m.vision else {
+        bail!("--image needs a model with a vision tower (a GGUF's is its mmproj file: --mmproj)");
+    };
+    let images = files
+        .iter()
+        .map(|f| crate::images::read_file(f))
+        .collect::<Result<Vec<_>>>()?;
+    let text = match prompt.contains(tower.marker.as_str()) {
+        true => prompt.to_string(),
+        false => format!("{}{prompt}", tower.marker.repeat(images.len())),
+    };
+    crate::images::place(&m.tokenizer, (tower, *token), &text, &images, false)
+        .map_err(|e| anyhow::anyhow!(e))
 }
 
 #[derive(clap::Args, Debug)]
@@ -588,7 +622,10 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
         .to_string();
     let prompter = ChatPrompter::new(&tok, &src)?;
     let ctx = m.runner.config().ctx;
-    let mut engine = a.spec.attach(Engine::new(m.runner, 1))?;
+    let mut engine = a.spec.attach(crate::load::with_vision(
+        Engine::new(m.runner, 1),
+        &m.vision,
+    ))?;
     let mut messages = Vec::new();
     if let Some(s) = &a.system {
         messages.push(Message::new("system", s.clone()));
@@ -614,12 +651,19 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
             bail!("the conversation has reached the context of {ctx} tokens");
         }
         let mut reply = String::new();
-        let got = generate(&mut engine, &tok, &ids, a.n_predict, &a.sample, |p| {
-            reply.push_str(p);
-            out.write_all(p.as_bytes())?;
-            out.flush()?;
-            Ok(())
-        })?;
+        let got = generate(
+            &mut engine,
+            &tok,
+            (&ids, Vec::new()),
+            a.n_predict,
+            &a.sample,
+            |p| {
+                reply.push_str(p);
+                out.write_all(p.as_bytes())?;
+                out.flush()?;
+                Ok(())
+            },
+        )?;
         tracing::debug!(
             "turn of {} prompt tokens, {} from the prefix cache; {}",
             ids.len(),

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod diffusion;
 pub mod generate;
 pub mod hub;
+pub mod images;
 pub mod info;
 pub mod kld;
 pub mod kv_auto;

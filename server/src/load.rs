@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use kiln_core::cpu::CpuBackend;
-use kiln_core::engine::{Runner, RunnerConfig};
+use kiln_core::engine::{Engine, Runner, RunnerConfig};
 use kiln_core::exec::Executor;
 use kiln_core::kv::KvTypes;
 use kiln_core::load::gguf::GgufFile;
-use kiln_core::model::build_from_gguf;
+use kiln_core::model::{build_from_gguf, VisionTower};
 use kiln_core::tokenizer::Tokenizer;
 use kiln_core::DType;
 
@@ -59,6 +59,11 @@ pub struct ModelArgs {
     /// (SmolLM2: q4_0 K +18.6% -> +8% perplexity) and can grow where they do not (Gemma 3).
     #[arg(long)]
     pub kv_center_keys: bool,
+    /// The vision tower of a GGUF model: llama.cpp's split projector file (`mmproj-*.gguf`).
+    /// Without it, a lone `mmproj*.gguf` beside the model is used; a Hugging Face
+    /// directory's own tower is read from it. Images then go in (`--image`, `image_url`).
+    #[arg(long, value_name = "FILE")]
+    pub mmproj: Option<PathBuf>,
 }
 
 impl ModelArgs {
@@ -95,6 +100,7 @@ impl ModelArgs {
             kv_type_v: None,
             kv_type_layers: None,
             kv_center_keys: false,
+            mmproj: None,
         }
     }
 }
@@ -124,6 +130,75 @@ pub struct Loaded {
     pub file: GgufFile,
     pub tokenizer: Tokenizer,
     pub runner: Runner,
+    /// The vision tower and its soft token's id, for a model that takes images.
+    pub vision: Option<(Arc<VisionTower>, u32)>,
+}
+
+/// `engine` with the vision tower `vision` where there is one.
+pub fn with_vision(mut engine: Engine, vision: &Option<(Arc<VisionTower>, u32)>) -> Engine {
+    if let Some((tower, token)) = vision {
+        engine.set_vision(tower.clone(), *token);
+    }
+    engine
+}
+
+/// The vision tower that goes with the model at `path`: `--mmproj`, a lone `mmproj*.gguf`
+/// beside a GGUF file, or a Hugging Face directory's own. One given by `--mmproj` must load;
+/// one found is skipped with a warning when it does not.
+fn load_vision(
+    args: &ModelArgs,
+    path: &std::path::Path,
+    runner: &Runner,
+    tok: &Tokenizer,
+) -> Result<Option<(Arc<VisionTower>, u32)>> {
+    let found = match &args.mmproj {
+        Some(p) => Some(p.clone()),
+        None if path.is_file() => beside(path),
+        None => None,
+    };
+    let explicit = args.mmproj.is_some();
+    let tower = match VisionTower::open(path, found.as_deref(), runner.executor()) {
+        Ok(Some(t)) => t,
+        Ok(None) => return Ok(None),
+        Err(e) if explicit => return Err(e).context("loading the vision tower (--mmproj)"),
+        Err(e) => {
+            tracing::warn!("the vision tower is not loaded, images will be refused: {e}");
+            return Ok(None);
+        }
+    };
+    let Some(token) = tok.token_to_id(&tower.soft_token) else {
+        let msg = format!(
+            "the tokenizer has no {:?} token for the vision tower's soft tokens",
+            tower.soft_token
+        );
+        if explicit {
+            anyhow::bail!(msg);
+        }
+        tracing::warn!("{msg}; images will be refused");
+        return Ok(None);
+    };
+    tracing::info!(
+        "vision tower: {} soft tokens an image, {}x{} pixels",
+        tower.tokens_per_image(),
+        tower.processor.size.map_or(0, |s| s.1),
+        tower.processor.size.map_or(0, |s| s.0)
+    );
+    Ok(Some((Arc::new(tower), token)))
+}
+
+/// The one `mmproj*.gguf` in the folder of the GGUF at `model` (none, or several: `None`).
+fn beside(model: &std::path::Path) -> Option<PathBuf> {
+    let dir = model.parent()?;
+    let mut found = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.to_ascii_lowercase().starts_with("mmproj") && n.ends_with(".gguf")
+            })
+        });
+    let one = found.next()?;
+    found.next().is_none().then_some(one)
 }
 
 /// The executor for `--backend`: `auto` tries CUDA, then WebGPU on a real GPU, then the CPU
@@ -173,11 +248,13 @@ pub fn load(args: &ModelArgs, cfg: RunnerConfig) -> Result<Loaded> {
     if args.kv_type == Some(KvChoice::Auto) {
         auto_kv_types(args, &path, &mut runner, &tokenizer)?;
     }
+    let vision = load_vision(args, &path, &runner, &tokenizer)?;
     Ok(Loaded {
         path,
         file,
         tokenizer,
         runner,
+        vision,
     })
 }
 

@@ -247,3 +247,66 @@ fn image_prompts_match_transformers_logits() {
         }
     }
 }
+
+#[path = "common/server.rs"]
+mod common;
+
+fn data_url(name: &str) -> String {
+    use base64::Engine as _;
+    let bytes = std::fs::read(dir().join(name)).unwrap();
+    format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+/// Chat completions with an `image_url` part: the answer, then the same request again (its
+/// image's blocks come from the prefix cache and the log-probabilities are the same), then
+/// another image after the same text (nothing of it is cached; the answer's
+/// log-probabilities differ). A model without a vision tower refuses images.
+#[test]
+fn chat_images_are_answered_and_cached_by_content() {
+    use serde_json::json;
+    let srv = common::start_model(&dir(), 2, None).expect("server");
+    let ask = |img: &str| {
+        json!({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_url(img)}},
+            {"type": "text", "text": "Water boils at"}]}],
+            "max_tokens": 4, "temperature": 0, "logprobs": true, "top_logprobs": 3})
+    };
+    let run = |img: &str| -> Value {
+        let (st, body) = common::post(srv.addr, "/v1/chat/completions", &ask(img));
+        assert_eq!(st, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let first = run("square.png");
+    let again = run("square.png");
+    let other = run("wide.png");
+    let cached = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    let lps = |v: &Value| v["choices"][0]["logprobs"]["content"].clone();
+    let prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    println!(
+        "prompt {prompt} tokens; cached: {:?} {:?} {:?}",
+        cached(&first),
+        cached(&again),
+        cached(&other)
+    );
+    assert_eq!(cached(&first), Some(0), "{first}");
+    // The first block of 16 holds the image's soft tokens.
+    assert!(cached(&again).unwrap() >= 16, "{again}");
+    assert_eq!(lps(&again), lps(&first));
+    assert_eq!(cached(&other), Some(0), "{other}");
+    assert_ne!(lps(&other), lps(&first));
+
+    // No vision tower: a 400 that says so.
+    let text_only = common::start_model(&fixtures().join("hf").join("gemma3"), 1, None).unwrap();
+    let (st, body) = common::post(text_only.addr, "/v1/chat/completions", &ask("square.png"));
+    assert_eq!(st, 400, "{body}");
+    assert!(body.contains("vision tower"), "{body}");
+    // A broken image: a 400 naming it.
+    let bad = json!({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB"}}]}]});
+    let (st, body) = common::post(srv.addr, "/v1/chat/completions", &bad);
+    assert_eq!(st, 400, "{body}");
+    assert!(body.contains("image"), "{body}");
+}

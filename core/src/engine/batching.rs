@@ -134,6 +134,8 @@ pub(super) struct Active {
     pub(super) canvas: Option<super::diffusion::Canvas>,
     /// An embedding's hidden states pooled so far.
     pub(super) embed: Option<crate::runner::embed::Pooled>,
+    /// Its prompt's images.
+    pub(super) images: Vec<super::images::ImageSlot>,
     pub(super) tx: Box<dyn EventSink>,
 }
 
@@ -153,6 +155,8 @@ pub struct Engine {
     /// When the full snapshot (every request's slot) was last published.
     published_slots: Option<crate::time::Instant>,
     pub(super) last_step: crate::time::Instant,
+    /// The vision tower, for a model that takes images.
+    pub(super) vision: Option<super::images::Vision>,
 }
 
 impl Engine {
@@ -187,6 +191,7 @@ impl Engine {
             diffusion: canvas.map(|_| Default::default()),
             spec: None,
             last_step: crate::time::Instant::now(),
+            vision: None,
         }
     }
 
@@ -357,6 +362,7 @@ impl Engine {
         tx: Box<dyn EventSink>,
     ) -> Result<()> {
         self.check(&req)?;
+        let spans = self.image_spans(&req.prompt, &req.images)?;
         if self.active.contains_key(&id) {
             return Err(Error::Model(format!("request id {id} is in use")));
         }
@@ -375,12 +381,20 @@ impl Engine {
                 tx,
                 canvas,
                 embed: None,
+                images: (spans.iter().zip(&req.images))
+                    .map(|(span, im)| super::images::ImageSlot {
+                        span: *span,
+                        image: im.image.clone(),
+                        embeds: None,
+                    })
+                    .collect(),
             },
         );
         let mut r = Request::new(id, req.prompt.clone());
         r.max_tokens = req.max_tokens;
         r.stop_ids = req.stop_ids.clone();
         r.logprobs = req.logprobs;
+        r.images = spans;
         if self.denoises(&req) {
             r.kind = Kind::Denoise;
         }
@@ -411,7 +425,14 @@ impl Engine {
             )));
         }
         let vocab = self.fwd.model().info().vocab;
-        if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
+        // An image's soft-token id may lie past the vocabulary (Gemma 3's does): its rows
+        // take the vision tower's embeddings ([`Engine::image_spans`] places them).
+        let soft = self.vision.as_ref().map(|v| v.token);
+        if let Some(t) = req
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= vocab && Some(t) != soft)
+        {
             return Err(Error::Model(format!(
                 "token id {t} is outside the vocabulary of {vocab}"
             )));
@@ -445,6 +466,7 @@ impl Engine {
                 "at most {MAX_TOP_LOGPROBS} top log-probabilities per token"
             )));
         }
+        self.image_spans(&req.prompt, &req.images)?;
         crate::sample::SamplingParams::validate(&req.params)
     }
 
@@ -566,6 +588,7 @@ impl Engine {
                 tx,
                 canvas: None,
                 embed: Some(crate::runner::embed::Pooled::new(pooling, tokens.len())),
+                images: Vec::new(),
             },
         );
         let mut r = Request::new(id, tokens.to_vec());

@@ -17,6 +17,7 @@ pub mod batching;
 mod denoise;
 pub mod diffusion;
 mod handle;
+mod images;
 mod request;
 mod spec;
 mod step;
@@ -25,6 +26,7 @@ mod toy_tests;
 
 pub use batching::{Engine, EngineStats, Slot, SlotState, Snapshot, SLOTS_EVERY};
 pub use handle::{spawn, CancelOnDrop, EngineHandle, Stream};
+pub use images::PromptImage;
 pub use request::{Event, EventSink, Finish, GenRequest};
 pub use spec::SpecStats;
 

@@ -27,6 +27,8 @@ pub struct GenRequest {
     /// A grammar the output must follow ([`crate::grammar`]); the request ends when the
     /// grammar is complete. Such a request is never drafted for.
     pub constraint: Option<Constraint>,
+    /// The prompt's images, in order (the prompt holds each one's soft tokens).
+    pub images: Vec<super::images::PromptImage>,
 }
 
 impl GenRequest {
@@ -42,6 +44,7 @@ impl GenRequest {
             init_canvas: None,
             autoregressive: false,
             constraint: None,
+            images: Vec::new(),
         }
     }
 }

@@ -21,7 +21,7 @@ impl Engine {
             return Ok(false);
         }
         self.propose();
-        let plan = self.sched.schedule()?;
+        let mut plan = self.sched.schedule()?;
         self.stats.preemptions += plan.preempted.len() as u64;
         for &(id, hit) in &plan.admitted {
             let len = self.sched.get(id).map_or(0, |s| s.tokens.len());
@@ -34,6 +34,15 @@ impl Engine {
         if plan.items.is_empty() {
             self.unblock()?;
             return Ok(!self.sched.is_idle());
+        }
+        match self.image_rows(&plan) {
+            Ok(rows) => plan.batch.embeds = rows,
+            Err(e) => {
+                for it in &plan.items {
+                    self.fail(it.id, format!("encoding an image failed: {e}"))?;
+                }
+                return Ok(true);
+            }
         }
         self.run(&plan)?;
         self.last_step = crate::time::Instant::now();

@@ -15,7 +15,14 @@
 //! | extra  | `0x00` for none, else `0x01` + 8 bytes u64              |
 //! | count  | number of tokens, 8 bytes u64                           |
 //! | tokens | each token id, 4 bytes u32                              |
+//! | content| only for a block an image overlaps: `0x01` + 32 bytes  |
 //!
+//! An image's soft tokens all carry the same id, and the KV they make depends on the image
+//! (and, where the image's tokens see each other both ways, every one of them on the whole
+//! image). So a block that any [`ContentSpan`] overlaps also covers its content key: SHA-256
+//! of, per overlapping span in order, its start and length (8 bytes u64 each) and its
+//! 32-byte digest. Two different images never share a block; the same image at the same
+//! place after the same tokens always can.
 //! It is deterministic across runs, processes and machines (no random seed).
 //!
 //! # Collisions
@@ -39,9 +46,42 @@ impl BlockHash {
     }
 }
 
+/// Positions `start..start + len` of a sequence stand for content beyond their token ids
+/// (an image's soft tokens), identified by `digest` (SHA-256 of the image's file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ContentSpan {
+    pub start: usize,
+    pub len: usize,
+    pub digest: [u8; 32],
+}
+
+/// The content key of block `i` (positions `i·bs..(i+1)·bs`): `None` when no span of `spans`
+/// overlaps it (see the module docs).
+pub fn block_content(spans: &[ContentSpan], i: usize, bs: usize) -> Option<[u8; 32]> {
+    let (a, b) = (i * bs, (i + 1) * bs);
+    let mut h: Option<Sha256> = None;
+    for s in spans.iter().filter(|s| s.start < b && s.start + s.len > a) {
+        let h = h.get_or_insert_with(Sha256::new);
+        h.update((s.start as u64).to_le_bytes());
+        h.update((s.len as u64).to_le_bytes());
+        h.update(s.digest);
+    }
+    h.map(|h| h.finalize().into())
+}
+
 /// Hash of one full block: `parent` is the hash of the previous block (`None` for the first),
 /// `tokens` the block's token ids, `extra` an optional key such as a LoRA or model id.
 pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32], extra: Option<u64>) -> BlockHash {
+    hash_block_with(parent, tokens, extra, None)
+}
+
+/// [`hash_block`] of a block with a content key ([`block_content`]).
+pub fn hash_block_with(
+    parent: Option<BlockHash>,
+    tokens: &[u32],
+    extra: Option<u64>,
+    content: Option<[u8; 32]>,
+) -> BlockHash {
     let mut h = Sha256::new();
     match parent {
         None => h.update([0]),
@@ -63,17 +103,32 @@ pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32], extra: Option<u64>)
         bytes.extend_from_slice(&t.to_le_bytes());
     }
     h.update(&bytes);
+    if let Some(c) = content {
+        h.update([1]);
+        h.update(c);
+    }
     BlockHash(h.finalize().into())
 }
 
 /// Chained hashes of every *full* block of `tokens` (a trailing partial block is not hashed).
 pub fn hash_full_blocks(tokens: &[u32], block_size: usize, extra: Option<u64>) -> Vec<BlockHash> {
+    hash_full_blocks_with(tokens, &[], block_size, extra)
+}
+
+/// [`hash_full_blocks`] of a sequence with content spans.
+pub fn hash_full_blocks_with(
+    tokens: &[u32],
+    spans: &[ContentSpan],
+    block_size: usize,
+    extra: Option<u64>,
+) -> Vec<BlockHash> {
     if block_size == 0 {
         return Vec::new();
     }
     let mut out: Vec<BlockHash> = Vec::with_capacity(tokens.len() / block_size);
-    for block in tokens.chunks_exact(block_size) {
-        out.push(hash_block(out.last().copied(), block, extra));
+    for (i, block) in tokens.chunks_exact(block_size).enumerate() {
+        let content = block_content(spans, i, block_size);
+        out.push(hash_block_with(out.last().copied(), block, extra, content));
     }
     out
 }
@@ -118,6 +173,37 @@ mod tests {
         assert_ne!(root, hash_block(Some(BlockHash([0; 32])), &t, None));
         assert_ne!(root, hash_block(None, &t, Some(0)));
         assert_ne!(hash_block(None, &t, Some(1)), hash_block(None, &t, Some(2)));
+    }
+
+    /// The same tokens with different images (or the same image elsewhere) hash apart in
+    /// every block the image touches and after it; blocks before it are untouched.
+    #[test]
+    fn images_are_part_of_the_blocks_they_touch() {
+        let t = [5u32; 12];
+        let img = |start, d: u8| ContentSpan {
+            start,
+            len: 3,
+            digest: [d; 32],
+        };
+        let plain = hash_full_blocks(&t, 4, None);
+        let a = hash_full_blocks_with(&t, &[img(5, 1)], 4, None);
+        let b = hash_full_blocks_with(&t, &[img(5, 2)], 4, None);
+        let c = hash_full_blocks_with(&t, &[img(4, 1)], 4, None);
+        assert_eq!(a[0], plain[0]);
+        assert_eq!(a[0], b[0]);
+        for i in 1..3 {
+            assert_ne!(a[i], b[i], "block {i}");
+            assert_ne!(a[i], c[i], "block {i}");
+            assert_ne!(a[i], plain[i], "block {i}");
+        }
+        assert_eq!(a, hash_full_blocks_with(&t, &[img(5, 1)], 4, None));
+        // An image across a boundary keys both blocks, each with the whole image.
+        assert!(block_content(&[img(3, 1)], 0, 4).is_some());
+        assert_eq!(
+            block_content(&[img(3, 1)], 0, 4),
+            block_content(&[img(3, 1)], 1, 4)
+        );
+        assert_eq!(block_content(&[img(3, 1)], 2, 4), None);
     }
 
     #[test]

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use super::block_hash::{hash_block, BlockHash};
+use super::block_hash::{block_content, hash_block_with, BlockHash, ContentSpan};
 use super::block_pool::BlockPool;
 use super::error::KvError;
 use super::{BlockId, SeqId, NULL_BLOCK};
@@ -57,6 +57,8 @@ struct SeqState {
     /// Blocks before this index were already released by the sliding window.
     released: usize,
     extra: Option<u64>,
+    /// Positions standing for content beyond their ids (images), part of their blocks' hashes.
+    spans: Vec<ContentSpan>,
 }
 
 #[derive(Debug, Clone)]
@@ -139,7 +141,7 @@ impl KvManager {
         if self.seqs.contains_key(&seq) {
             return Err(KvError::SequenceExists { seq });
         }
-        let (hits, hashes) = self.lookup_prefix(prompt, extra);
+        let (hits, hashes) = self.lookup_prefix(prompt, &[], extra);
         let blocks = self.take_blocks(&hits, prompt.len())?;
         let reused = hits.len() * self.block_size();
         if self.prefix_caching {
@@ -155,6 +157,7 @@ impl KvManager {
             hashes,
             released: 0,
             extra,
+            spans: Vec::new(),
         };
         self.seqs.insert(seq, state);
         Ok(reused)
@@ -163,7 +166,7 @@ impl KvManager {
     /// Leading tokens of `prompt` that `attach_prefix` would reuse now, and how many of the
     /// pool's free blocks that takes (cached blocks no sequence holds are counted free).
     pub fn cached_prefix(&self, prompt: &[u32]) -> (usize, usize) {
-        let (hits, _) = self.lookup_prefix(prompt, None);
+        let (hits, _) = self.lookup_prefix(prompt, &[], None);
         let free = hits.iter().filter(|&&b| self.pool.is_free(b)).count();
         (hits.len() * self.block_size(), free)
     }
@@ -176,17 +179,25 @@ impl KvManager {
         &mut self,
         seq: SeqId,
         prompt: &[u32],
+        spans: &[ContentSpan],
         max: usize,
     ) -> Result<usize, KvError> {
-        let (hits, _) = self.lookup_prefix(prompt, None);
+        let (hits, _) = self.lookup_prefix(prompt, spans, None);
         let n = hits.len().min(max / self.block_size());
-        self.attach_blocks(seq, prompt, n, 0)
+        self.attach_blocks(seq, prompt, spans, n, 0)
+    }
+
+    /// The content spans (images) of `seq`'s positions, which its blocks' hashes cover from
+    /// now on; a sequence started by [`KvManager::attach_blocks`] has them already.
+    pub fn set_spans(&mut self, seq: SeqId, spans: &[ContentSpan]) -> Result<(), KvError> {
+        self.state_mut(seq)?.spans = spans.to_vec();
+        Ok(())
     }
 
     /// Per leading full block of `prompt` that a lookup may reuse (never the block of the last
     /// token): the cached block holding it, if any. Unlike a prefix lookup this goes on past a
     /// miss, as a sliding window needs only the blocks inside it.
-    pub fn cached_blocks(&self, prompt: &[u32]) -> Vec<Option<BlockId>> {
+    pub fn cached_blocks(&self, prompt: &[u32], spans: &[ContentSpan]) -> Vec<Option<BlockId>> {
         if !self.prefix_caching {
             return Vec::new();
         }
@@ -196,8 +207,9 @@ impl KvManager {
         prompt
             .chunks_exact(bs)
             .take(lookable)
-            .map(|tokens| {
-                let hash = hash_block(parent, tokens, None);
+            .enumerate()
+            .map(|(i, tokens)| {
+                let hash = hash_block_with(parent, tokens, None, block_content(spans, i, bs));
                 parent = Some(hash);
                 self.pool.get_cached(hash, tokens)
             })
@@ -212,6 +224,7 @@ impl KvManager {
         &mut self,
         seq: SeqId,
         prompt: &[u32],
+        spans: &[ContentSpan],
         n: usize,
         first: usize,
     ) -> Result<usize, KvError> {
@@ -220,7 +233,7 @@ impl KvManager {
         }
         let bs = self.block_size();
         let first = first.min(n);
-        let cached = self.cached_blocks(prompt);
+        let cached = self.cached_blocks(prompt, spans);
         let hits: Option<Vec<BlockId>> = cached
             .get(first..n)
             .and_then(|c| c.iter().copied().collect());
@@ -231,8 +244,14 @@ impl KvManager {
         self.take_held(&hits)?;
         let reused = n * bs;
         let mut hashes = Vec::with_capacity(n);
-        for tokens in prompt.chunks_exact(bs).take(n) {
-            hashes.push(hash_block(hashes.last().copied(), tokens, None));
+        for (i, tokens) in prompt.chunks_exact(bs).take(n).enumerate() {
+            let content = block_content(spans, i, bs);
+            hashes.push(hash_block_with(
+                hashes.last().copied(),
+                tokens,
+                None,
+                content,
+            ));
         }
         if self.prefix_caching {
             self.stats.requests += 1;
@@ -249,6 +268,7 @@ impl KvManager {
             hashes,
             released: first,
             extra: None,
+            spans: spans.to_vec(),
         };
         self.seqs.insert(seq, state);
         Ok(reused)
@@ -478,15 +498,21 @@ impl KvManager {
 
     /// Cached blocks for the leading full blocks of `prompt` (stopping at the first miss and
     /// never including the block of the last token), with their chained hashes.
-    fn lookup_prefix(&self, prompt: &[u32], extra: Option<u64>) -> (Vec<BlockId>, Vec<BlockHash>) {
+    fn lookup_prefix(
+        &self,
+        prompt: &[u32],
+        spans: &[ContentSpan],
+        extra: Option<u64>,
+    ) -> (Vec<BlockId>, Vec<BlockHash>) {
         let (mut hits, mut hashes) = (Vec::new(), Vec::new());
         if !self.prefix_caching {
             return (hits, hashes);
         }
         let bs = self.block_size();
         let lookable = prompt.len().saturating_sub(1) / bs;
-        for tokens in prompt.chunks_exact(bs).take(lookable) {
-            let hash = hash_block(hashes.last().copied(), tokens, extra);
+        for (i, tokens) in prompt.chunks_exact(bs).take(lookable).enumerate() {
+            let content = block_content(spans, i, bs);
+            let hash = hash_block_with(hashes.last().copied(), tokens, extra, content);
             let Some(block) = self.pool.get_cached(hash, tokens) else {
                 break;
             };
@@ -561,7 +587,8 @@ fn register_full_blocks(pool: &mut BlockPool, state: &mut SeqState) -> Result<()
     let full = state.computed / bs;
     for i in state.hashes.len()..full {
         let tokens = &state.tokens[i * bs..(i + 1) * bs];
-        let hash = hash_block(state.hashes.last().copied(), tokens, state.extra);
+        let content = block_content(&state.spans, i, bs);
+        let hash = hash_block_with(state.hashes.last().copied(), tokens, state.extra, content);
         if state.blocks[i] != NULL_BLOCK {
             pool.cache_full_block(state.blocks[i], hash, tokens)?;
         }

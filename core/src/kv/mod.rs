@@ -8,7 +8,7 @@ pub mod manager;
 pub mod state;
 pub mod types;
 
-pub use block_hash::{hash_block, BlockHash};
+pub use block_hash::{hash_block, BlockHash, ContentSpan};
 pub use block_pool::BlockPool;
 pub use error::KvError;
 pub use manager::{KvManager, PrefixCacheStats, PAD_SLOT};

@@ -581,7 +581,7 @@ impl Runner {
     }
     /// See [`KvCoordinator::cached_prefix`].
     pub fn cached_prefix(&self, prompt: &[u32]) -> (usize, usize) {
-        self.kv.cached_prefix(prompt)
+        self.kv.cached_prefix(prompt, &[])
     }
     /// See [`Session::step`].
     pub fn step(&mut self, items: &[(SeqId, &[u32], Logits)]) -> Result<Vec<Vec<Vec<f32>>>> {
@@ -764,7 +764,7 @@ impl Session<'_> {
     /// Starts a new sequence from the cached full blocks of its prompt's first `max` tokens
     /// ([`KvCoordinator::attach_prefix`]); returns the tokens already computed.
     pub fn start_cached(&mut self, seq: SeqId, prompt: &[u32], max: usize) -> Result<usize> {
-        self.kv.attach_prefix(seq, prompt, max)
+        self.kv.attach_prefix(seq, prompt, &[], max)
     }
 
     /// Drops the last `k` computed tokens of `seq`, as if they had never been fed: their KV

@@ -6,7 +6,7 @@
 //! A [`crate::runner::Runner`] used directly (tools, tests, a draft model) owns one too.
 
 use crate::error::{Error, Result};
-use crate::kv::{BlockId, KvError, KvManager, SeqId, StatePool, StateStats};
+use crate::kv::{BlockId, ContentSpan, KvError, KvManager, SeqId, StatePool, StateStats};
 use crate::model::{ForwardBatch, SeqInput};
 
 /// Which rows of a sequence's new tokens want logits.
@@ -60,6 +60,9 @@ pub struct KvCoordinator {
     /// Tokens a sequence can always rewind without recomputing (sliding windows keep that
     /// many more).
     margin: usize,
+    /// The content spans (images) of the sequences that have them: their blocks' hashes
+    /// cover them.
+    spans: std::collections::HashMap<SeqId, Vec<ContentSpan>>,
 }
 
 pub(crate) fn kv_err(e: KvError) -> Error {
@@ -100,6 +103,7 @@ impl KvCoordinator {
             block_size: block_size.max(1),
             prefix_caching,
             margin,
+            spans: Default::default(),
         })
     }
 
@@ -172,7 +176,12 @@ impl KvCoordinator {
     /// full attention, those inside the window for a sliding one) and, for a recurrent model,
     /// the state after them is kept as a snapshot. With the cached block per lookable block
     /// of each group, which it looked up on the way.
-    fn prefix_blocks(&self, prompt: &[u32], max: usize) -> (usize, Vec<Vec<Option<BlockId>>>) {
+    fn prefix_blocks(
+        &self,
+        prompt: &[u32],
+        spans: &[ContentSpan],
+        max: usize,
+    ) -> (usize, Vec<Vec<Option<BlockId>>>) {
         if !self.prefix_caching || self.managers.is_empty() {
             return (0, Vec::new());
         }
@@ -180,7 +189,7 @@ impl KvCoordinator {
         let maps: Vec<Vec<Option<BlockId>>> = self
             .managers
             .iter()
-            .map(|m| m.cached_blocks(prompt))
+            .map(|m| m.cached_blocks(prompt, spans))
             .collect();
         let mut most = max / bs;
         for (w, map) in self.windows.iter().zip(&maps) {
@@ -190,7 +199,9 @@ impl KvCoordinator {
             }
         }
         let hashes = match &self.states {
-            Some(_) => crate::kv::block_hash::hash_full_blocks(&prompt[..most * bs], bs, None),
+            Some(_) => {
+                crate::kv::block_hash::hash_full_blocks_with(&prompt[..most * bs], spans, bs, None)
+            }
             None => Vec::new(),
         };
         let n = (1..=most)
@@ -215,11 +226,20 @@ impl KvCoordinator {
     /// them. Returns how many leading tokens are already computed: 0 without prefix caching,
     /// without a hit, or when the pool cannot take the blocks now (the sequence then holds
     /// nothing).
-    pub fn attach_prefix(&mut self, seq: SeqId, prompt: &[u32], max: usize) -> Result<usize> {
+    pub fn attach_prefix(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        spans: &[ContentSpan],
+        max: usize,
+    ) -> Result<usize> {
         if self.contains(seq) {
             return Ok(0);
         }
-        let (n, _) = self.prefix_blocks(prompt, max);
+        if !spans.is_empty() {
+            self.spans.insert(seq, spans.to_vec());
+        }
+        let (n, _) = self.prefix_blocks(prompt, spans, max);
         if n == 0 {
             return Ok(0);
         }
@@ -229,7 +249,7 @@ impl KvCoordinator {
             .collect();
         let mut ok = true;
         for (m, first) in self.managers.iter_mut().zip(firsts) {
-            match m.attach_blocks(seq, prompt, n, first) {
+            match m.attach_blocks(seq, prompt, spans, n, first) {
                 Ok(r) if r == want => {}
                 Ok(_) | Err(KvError::OutOfBlocks { .. }) => {
                     ok = false;
@@ -254,8 +274,8 @@ impl KvCoordinator {
 
     /// Leading tokens of `prompt` the prefix cache holds now, and the free blocks of the
     /// full-attention pool taking them would use; (0, 0) without prefix caching.
-    pub fn cached_prefix(&self, prompt: &[u32]) -> (usize, usize) {
-        let (n, maps) = self.prefix_blocks(prompt, usize::MAX);
+    pub fn cached_prefix(&self, prompt: &[u32], spans: &[ContentSpan]) -> (usize, usize) {
+        let (n, maps) = self.prefix_blocks(prompt, spans, usize::MAX);
         if n == 0 {
             return (0, 0);
         }
@@ -311,6 +331,9 @@ impl KvCoordinator {
         for m in self.managers.iter_mut() {
             if !m.contains(seq) {
                 m.add_sequence(seq, &[]).map_err(kv_err)?;
+                if let Some(sp) = self.spans.get(&seq) {
+                    m.set_spans(seq, sp).map_err(kv_err)?;
+                }
             }
             let have = m.seq_len(seq).unwrap_or(0);
             let computed = m.num_computed(seq).unwrap_or(0);
@@ -414,6 +437,7 @@ impl KvCoordinator {
 
     /// Frees a sequence's cache blocks and state slots.
     pub fn free(&mut self, seq: SeqId) -> Result<()> {
+        self.spans.remove(&seq);
         if let Some(st) = &mut self.states {
             st.free_seq(seq);
         }

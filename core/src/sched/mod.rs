@@ -103,6 +103,10 @@ pub struct Request {
     /// Tokens generated and sent (a stop token is not one).
     pub generated: usize,
     pub kind: Kind,
+    /// The prompt's images: the positions of each one's soft tokens and its digest, in
+    /// order. A prefill chunk never ends inside one (its tokens see each other both ways in
+    /// some models), and the prefix cache keys their blocks by them.
+    pub images: Vec<crate::kv::ContentSpan>,
 }
 
 impl Request {
@@ -120,6 +124,7 @@ impl Request {
             logprobs: None,
             generated: 0,
             kind: Kind::Generate,
+            images: Vec::new(),
         }
     }
     /// Tokens it may still generate after the next one.
@@ -370,8 +375,29 @@ impl Scheduler {
     }
 
     /// How many of `n` tokens from `start` (of `len`) one step takes: all of them, or with
-    /// `snapshot_blocks` those up to the last block boundary before `len` when they cross it.
-    fn chunk(&self, start: usize, n: usize, len: usize) -> usize {
+    /// `snapshot_blocks` those up to the last block boundary before `len` when they cross it;
+    /// then never ending inside an image of `images`: the chunk stops before the image, or
+    /// when it starts inside it, takes it to its end (past the budget if need be).
+    fn chunk(
+        &self,
+        start: usize,
+        n: usize,
+        len: usize,
+        images: &[crate::kv::ContentSpan],
+    ) -> usize {
+        let n = self.chunk_blocks(start, n, len);
+        let end = start + n;
+        match images
+            .iter()
+            .find(|im| im.start < end && end < im.start + im.len)
+        {
+            Some(im) if im.start > start => im.start - start,
+            Some(im) => (im.start + im.len).min(len) - start,
+            None => n,
+        }
+    }
+
+    fn chunk_blocks(&self, start: usize, n: usize, len: usize) -> usize {
         match self.cfg.snapshot_blocks {
             Some(bs) => {
                 let boundary = (len.saturating_sub(1) / bs) * bs;
@@ -436,13 +462,13 @@ impl Scheduler {
                 }
                 false => 0,
             };
-            let n = self.chunk(computed, pending.min(*budget), len);
+            let n = self.chunk(computed, pending.min(*budget), len, &s.images);
             if n == 0 && canvas == 0 {
                 i += 1;
                 continue;
             }
             let mut k = match s.decoding() && generate {
-                true => s.draft.len().min(*budget - n),
+                true => s.draft.len().min(budget.saturating_sub(n)),
                 false => canvas,
             };
             let fits = loop {
@@ -469,7 +495,7 @@ impl Scheduler {
             if !fits {
                 break;
             }
-            *budget -= n + k;
+            *budget = budget.saturating_sub(n + k);
             plan.items.push(Item {
                 id,
                 start: computed,
@@ -503,18 +529,18 @@ impl Scheduler {
             let hit = match fresh && s.kind != Kind::Embed {
                 true => self
                     .kv
-                    .attach_prefix(id, &s.tokens, len.saturating_sub(1))?,
+                    .attach_prefix(id, &s.tokens, &s.images, len.saturating_sub(1))?,
                 false => 0,
             };
             let start = s.computed.max(hit);
-            let n = self.chunk(start, (len - start).min(*budget), len);
+            let n = self.chunk(start, (len - start).min(*budget), len, &s.images);
             if n == 0 || !self.kv.allocate_slots(id, n, 0)? {
                 if fresh {
                     self.kv.free(id)?;
                 }
                 break;
             }
-            *budget -= n;
+            *budget = budget.saturating_sub(n);
             plan.items.push(Item {
                 id,
                 start,

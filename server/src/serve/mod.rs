@@ -137,6 +137,8 @@ pub struct ServeArgs {
 pub struct AppState {
     pub engine: EngineHandle,
     pub tokenizer: Tokenizer,
+    /// The vision tower and its soft token's id, for a model that takes images.
+    pub vision: Option<(Arc<kiln_core::model::VisionTower>, u32)>,
     pub template: Option<ChatTemplate>,
     /// Why the model's chat template is not usable, when it has one that does not compile.
     pub template_error: Option<String>,
@@ -582,7 +584,7 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
     let pooling = o
         .pooling
         .unwrap_or_else(|| utility::config_pooling(&m.path, &m.file));
-    let mut engine = Engine::new(m.runner, max_batch);
+    let mut engine = crate::load::with_vision(Engine::new(m.runner, max_batch), &m.vision);
     if let Some(spec) = &o.spec {
         engine = spec.attach(engine)?;
     }
@@ -593,6 +595,7 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
         engine.set_diffusion_defaults(p)?;
     }
     Ok(Arc::new(AppState {
+        vision: m.vision.clone(),
         engine: spawn(engine),
         diffusion,
         tokenizer: m.tokenizer,
@@ -849,6 +852,7 @@ pub(crate) fn chat_spec(state: &AppState, b: &request::Body) -> Result<GenSpec, 
     spec.syntax = chat.syntax;
     spec.in_reasoning = chat.in_reasoning;
     spec.tools = chat.tools;
+    spec.images = chat.images;
     if let Some(g) = chat.grammar {
         if spec.grammar.is_some() {
             return Err(ApiError::bad(

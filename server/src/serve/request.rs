@@ -8,6 +8,7 @@ use kiln_core::chat::parse::Syntax;
 use kiln_core::grammar::{Constraint, GrammarSpec};
 use kiln_core::sample::{SamplingParams, MAX_TOP_LOGPROBS};
 use serde_json::{json, Map, Value};
+use std::sync::Arc;
 
 use super::AppState;
 
@@ -125,6 +126,8 @@ pub struct GenSpec {
     pub constraint: Option<Constraint>,
     /// A chat request's tools (their schemas type the parsed calls' arguments).
     pub tools: Vec<Value>,
+    /// The prompt's images, placed at their soft tokens.
+    pub images: Vec<kiln_core::engine::PromptImage>,
 }
 
 pub type Body = Map<String, Value>;
@@ -357,6 +360,7 @@ pub fn common(
         grammar: grammar(b)?,
         constraint: None,
         tools: Vec::new(),
+        images: Vec::new(),
     })
 }
 
@@ -501,21 +505,21 @@ fn refuse_unsupported(kind: Kind, b: &Body, n: usize) -> Result<(), ApiError> {
         }
     }
     if kind == Kind::Chat {
-        let images = b
+        let other = b
             .get("messages")
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
             .filter_map(|m| m.get("content").and_then(Value::as_array))
             .flatten()
-            .any(|p| {
+            .find_map(|p| {
                 p.get("type")
                     .and_then(Value::as_str)
-                    .is_some_and(|t| t != "text")
+                    .filter(|t| !matches!(*t, "text" | "image_url"))
             });
-        if images {
+        if let Some(t) = other {
             return Err(ApiError::bad(
-                "only text content parts are supported (no images or audio)",
+                format!("content parts of type {t:?} are not supported (text and image_url are)"),
                 Some("messages"),
             ));
         }
@@ -705,7 +709,7 @@ fn tool_grammar(
 
 /// A chat request's prompt tokens, and how its output is to be parsed.
 pub fn chat_prompt(state: &AppState, b: &Body) -> Result<ChatPrompt, ApiError> {
-    let (text, tools, force) = chat_text(state, b)?;
+    let (text, tools, force, images) = chat_text(state, b)?;
     let syntax = Syntax {
         tool_calls: state.syntax.tool_calls && tools.is_some(),
         ..state.syntax
@@ -731,25 +735,43 @@ pub fn chat_prompt(state: &AppState, b: &Body) -> Result<ChatPrompt, ApiError> {
         }
         _ => None,
     };
-    let ids = state
-        .tokenizer
-        .encode_chat(&text)
-        .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
+    let (ids, images) = match (&state.vision, images.is_empty()) {
+        (_, true) => (
+            state
+                .tokenizer
+                .encode_chat(&text)
+                .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?,
+            Vec::new(),
+        ),
+        (None, false) => return Err(ApiError::internal("images without a vision tower")),
+        (Some((tower, token)), false) => {
+            crate::images::place(&state.tokenizer, (tower, *token), &text, &images, true)
+                .map_err(|e| ApiError::bad(format!("images: {e}"), Some("messages")))?
+        }
+    };
     Ok(ChatPrompt {
         ids,
         syntax,
         in_reasoning,
         grammar,
         tools: tools.unwrap_or_default(),
+        images,
     })
 }
 
+/// The text, tools, forced tool and images of a chat request.
+pub type ChatText = (
+    String,
+    Option<Vec<Value>>,
+    Force,
+    Vec<Arc<kiln_core::vision::Image>>,
+);
+
 /// A chat request's messages rendered by the model's template (with the generation prompt),
-/// the tools offered and what `tool_choice` forces.
-pub fn chat_text(
-    state: &AppState,
-    b: &Body,
-) -> Result<(String, Option<Vec<Value>>, Force), ApiError> {
+/// the tools offered, what `tool_choice` forces, and the images of its `image_url` parts in
+/// order (a message with images reaches the template as a list of `text` and `image` parts,
+/// as transformers' processors give it; others as a string).
+pub fn chat_text(state: &AppState, b: &Body) -> Result<ChatText, ApiError> {
     let tpl = state
         .template
         .as_ref()
@@ -766,6 +788,7 @@ pub fn chat_text(
         .filter(|v| !v.is_empty())
         .ok_or_else(|| ApiError::bad("messages must be a non-empty list", Some("messages")))?;
     let mut messages = Vec::with_capacity(list.len());
+    let mut images = Vec::new();
     for m in list {
         let Some(obj) = m.as_object() else {
             return Err(ApiError::bad(
@@ -781,14 +804,10 @@ pub fn chat_text(
             ));
         }
         let content = match obj.get("content") {
-            Some(Value::String(s)) => s.clone(),
-            None | Some(Value::Null) => String::new(),
-            // Content parts: the text ones, concatenated.
-            Some(Value::Array(parts)) => parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect::<Vec<_>>()
-                .join(""),
+            Some(Value::String(s)) => Value::String(s.clone()),
+            None | Some(Value::Null) => Value::String(String::new()),
+            // Content parts: the text ones concatenated, unless there are images.
+            Some(Value::Array(parts)) => content_parts(parts, &mut images)?,
             Some(_) => {
                 return Err(ApiError::bad(
                     "message content must be a string or a list of parts",
@@ -801,7 +820,7 @@ pub fn chat_text(
             "role".into(),
             Value::String(if role == "developer" { "system" } else { role }.into()),
         );
-        msg.insert("content".into(), Value::String(content));
+        msg.insert("content".into(), content);
         // Templates iterate a call's arguments (Qwen3.5's `arguments|items`, Gemma 4's
         // `dictsort`): the JSON text OpenAI clients send becomes the object it encodes.
         if let Some(Value::Array(calls)) = msg.get_mut("tool_calls") {
@@ -817,6 +836,12 @@ pub fn chat_text(
         }
         messages.push(Value::Object(msg));
     }
+    if !images.is_empty() && state.vision.is_none() {
+        return Err(ApiError::bad(
+            "images are not supported by this model: it has no vision tower (a GGUF's is its mmproj file, `kiln serve --mmproj`)",
+            Some("messages"),
+        ));
+    }
     let (tools, force) = tools(b)?;
     let listed = tools.clone().map(Value::Array);
     let kwargs = match b.get("chat_template_kwargs") {
@@ -830,7 +855,46 @@ pub fn chat_text(
         }
     };
     let text = state.render_template(tpl, &messages, listed.as_ref(), &kwargs)?;
-    Ok((text, tools, force))
+    Ok((text, tools, force, images))
+}
+
+/// A message's content parts as its template sees them: the text parts' text concatenated,
+/// or (with images among them) the parts as `{"type": "text", "text"}` and
+/// `{"type": "image"}`, each image decoded into `images`.
+fn content_parts(
+    parts: &[Value],
+    images: &mut Vec<Arc<kiln_core::vision::Image>>,
+) -> Result<Value, ApiError> {
+    let bad = |m: String| ApiError::bad(m, Some("messages"));
+    let mut text = String::new();
+    let mut listed = Vec::with_capacity(parts.len());
+    let mut any_image = false;
+    for p in parts {
+        match p.get("type").and_then(Value::as_str) {
+            Some("image_url") => {
+                let url = match p.get("image_url") {
+                    Some(Value::String(u)) => u.as_str(),
+                    Some(Value::Object(o)) => o.get("url").and_then(Value::as_str).unwrap_or(""),
+                    _ => "",
+                };
+                let img = crate::images::from_url(url)
+                    .map_err(|e| bad(format!("image {}: {e}", images.len())))?;
+                images.push(img);
+                listed.push(json!({"type": "image"}));
+                any_image = true;
+            }
+            _ => {
+                if let Some(t) = p.get("text").and_then(Value::as_str) {
+                    text.push_str(t);
+                    listed.push(json!({"type": "text", "text": t}));
+                }
+            }
+        }
+    }
+    Ok(match any_image {
+        true => Value::Array(listed),
+        false => Value::String(text),
+    })
 }
 
 /// A chat request's prompt and what it implies for the output.
@@ -844,4 +908,6 @@ pub struct ChatPrompt {
     pub grammar: Option<GrammarSpec>,
     /// The tools offered.
     pub tools: Vec<Value>,
+    /// Its images, placed at their soft tokens.
+    pub images: Vec<kiln_core::engine::PromptImage>,
 }

@@ -292,6 +292,7 @@ fn start(
                 init_canvas: None,
                 autoregressive: spec.autoregressive,
                 constraint: spec.constraint.clone(),
+                images: spec.images.clone(),
             },
             Box::new(ToTask(etx)),
         );

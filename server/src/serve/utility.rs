@@ -138,7 +138,7 @@ pub async fn apply_template(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     admitted(state, body, |state, b| {
-        let (text, _, _) = chat_text(state, b)?;
+        let (text, _, _, _) = chat_text(state, b)?;
         Ok(json!({ "prompt": text }))
     })
     .await

@@ -96,9 +96,20 @@ pub(super) fn messages_to_chat(b: &Body) -> Result<Body, ApiError> {
             }
         };
         let (mut text, mut thinking, mut calls) = (String::new(), String::new(), Vec::new());
+        // With images: the text and image parts in order.
+        let mut parts: Vec<Value> = Vec::new();
         for blk in &blocks {
             match blk.get("type").and_then(Value::as_str) {
-                Some("text") => text.push_str(blk.get("text").and_then(Value::as_str).unwrap_or("")),
+                Some("text") => {
+                    let t = blk.get("text").and_then(Value::as_str).unwrap_or("");
+                    text.push_str(t);
+                    parts.push(json!({"type": "text", "text": t}));
+                }
+                Some("image") if role == "user" => {
+                    if let Some(url) = super::image_url_of(blk) {
+                        parts.push(json!({"type": "image_url", "image_url": {"url": url?}}));
+                    }
+                }
                 Some("thinking") => thinking
                     .push_str(blk.get("thinking").and_then(Value::as_str).unwrap_or("")),
                 Some("redacted_thinking") => {}
@@ -132,7 +143,11 @@ pub(super) fn messages_to_chat(b: &Body) -> Result<Body, ApiError> {
         if role == "user" && text.is_empty() && blocks.iter().all(|b| b["type"] == "tool_result") {
             continue;
         }
-        let mut msg = json!({"role": role, "content": text});
+        let images = parts.iter().any(|p| p["type"] == "image_url");
+        let mut msg = match images {
+            true => json!({"role": role, "content": parts}),
+            false => json!({"role": role, "content": text}),
+        };
         if !calls.is_empty() {
             msg["tool_calls"] = Value::Array(calls);
         }

@@ -92,6 +92,65 @@ pub(super) fn text_of(v: &Value, what: &str) -> Result<String, ApiError> {
     }
 }
 
+/// A content value as chat completions takes it: its text (see [`text_of`]), or where it
+/// holds images (Responses' `input_image`, Anthropic's `image` blocks), its text and image
+/// parts in order as OpenAI `text` and `image_url` parts.
+pub(super) fn parts_of(v: &Value, what: &str) -> Result<Value, ApiError> {
+    let Value::Array(parts) = v else {
+        return Ok(Value::String(text_of(v, what)?));
+    };
+    if !parts.iter().any(|p| image_url_of(p).is_some()) {
+        return Ok(Value::String(text_of(v, what)?));
+    }
+    let mut out = Vec::with_capacity(parts.len());
+    for p in parts {
+        match image_url_of(p) {
+            Some(url) => out.push(json!({"type": "image_url", "image_url": {"url": url?}})),
+            None => out.push(
+                json!({"type": "text", "text": text_of(&Value::Array(vec![p.clone()]), what)?}),
+            ),
+        }
+    }
+    Ok(Value::Array(out))
+}
+
+/// The image URL of an image part (`None`: not an image): Responses' `input_image`
+/// (`image_url`), or Anthropic's `image` block (a base64 `source` becomes a data URL).
+pub(super) fn image_url_of(p: &Value) -> Option<Result<String, ApiError>> {
+    match p.get("type").and_then(Value::as_str)? {
+        "input_image" => Some(match p.get("image_url").and_then(Value::as_str) {
+            Some(u) => Ok(u.to_string()),
+            None => Err(bad(
+                "an input_image needs an image_url (file_id is not supported)",
+            )),
+        }),
+        "image" => {
+            let src = p.get("source");
+            let kind = src.and_then(|s| s.get("type")).and_then(Value::as_str);
+            Some(match kind {
+                Some("base64") => {
+                    let media = src
+                        .and_then(|s| s.get("media_type"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("image/png");
+                    let data = src
+                        .and_then(|s| s.get("data"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    Ok(format!("data:{media};base64,{data}"))
+                }
+                Some("url") => Ok(src
+                    .and_then(|s| s.get("url"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string()),
+                _ => Err(bad("an image block needs a base64 source (or a url one)")),
+            })
+        }
+        _ => None,
+    }
+}
+
 /// Copies the sampling keys both APIs share with chat completions.
 pub(super) fn copy_keys(from: &Body, to: &mut Body, keys: &[&str]) {
     for k in keys {

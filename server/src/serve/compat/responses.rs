@@ -70,7 +70,7 @@ pub(super) fn responses_to_chat(b: &Body) -> Result<Body, ApiError> {
                                 Some("input"),
                             ));
                         }
-                        let content = text_of(it.get("content").unwrap_or(&Value::Null), "input")?;
+                        let content = parts_of(it.get("content").unwrap_or(&Value::Null), "input")?;
                         msgs.push(json!({"role": role, "content": content}));
                     }
                     "function_call" => {

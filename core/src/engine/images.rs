@@ -1,0 +1,135 @@
+//! Images in a generation request: where their soft tokens sit in the prompt (checked when
+//! the request comes in), encoded by the model's vision tower the first time a prefill chunk
+//! needs them (a prompt whose image blocks all come from the prefix cache never encodes its
+//! image), and each chunk's image rows handed to the forward pass.
+
+use std::sync::Arc;
+
+use super::batching::Engine;
+use crate::error::{Error, Result};
+use crate::kv::ContentSpan;
+use crate::model::{RowEmbeds, VisionTower};
+use crate::sched::Plan;
+use crate::tensor::Tensor;
+use crate::vision::Image;
+
+/// An image of a prompt: its soft tokens start at `start` (the prompt holds the tower's
+/// soft-token id there, [`VisionTower::tokens_per_image`] times).
+#[derive(Clone, Debug)]
+pub struct PromptImage {
+    pub start: usize,
+    pub image: Arc<Image>,
+}
+
+/// The engine's vision tower and the id of its soft token in the model's vocabulary.
+pub(super) struct Vision {
+    pub(super) tower: Arc<VisionTower>,
+    pub(super) token: u32,
+}
+
+/// One image of a running request: its place, the image, its soft tokens once encoded.
+pub(super) struct ImageSlot {
+    pub(super) span: ContentSpan,
+    pub(super) image: Arc<Image>,
+    pub(super) embeds: Option<Tensor>,
+}
+
+impl Engine {
+    /// Gives the engine a vision tower built on its executor's backend, and the id its soft
+    /// token has in the model's vocabulary (what the prompt holds at each image's rows).
+    pub fn set_vision(&mut self, tower: Arc<VisionTower>, soft_token: u32) {
+        self.vision = Some(Vision {
+            tower,
+            token: soft_token,
+        });
+    }
+
+    /// The vision tower, when the model takes images.
+    pub fn vision(&self) -> Option<(&Arc<VisionTower>, u32)> {
+        self.vision.as_ref().map(|v| (&v.tower, v.token))
+    }
+
+    /// Checks a request's images against its prompt: a tower to encode them, each image's
+    /// soft tokens in place, in order, none overlapping and none without an image. Returns
+    /// their spans.
+    pub(super) fn image_spans(
+        &self,
+        prompt: &[u32],
+        images: &[PromptImage],
+    ) -> Result<Vec<ContentSpan>> {
+        let Some(v) = &self.vision else {
+            if images.is_empty() {
+                return Ok(Vec::new());
+            }
+            return Err(Error::Model(
+                "this model takes no images (no vision tower is loaded; a GGUF's is its mmproj file)"
+                    .into(),
+            ));
+        };
+        let n = v.tower.tokens_per_image();
+        let mut spans = Vec::with_capacity(images.len());
+        let mut end = 0;
+        for (i, im) in images.iter().enumerate() {
+            let span = im.start..im.start.saturating_add(n);
+            if im.start < end || span.end > prompt.len() {
+                return Err(Error::Model(format!(
+                    "image {i}: its {n} soft tokens at {} overlap another image or run past the prompt",
+                    im.start
+                )));
+            }
+            if prompt[span.clone()].iter().any(|&t| t != v.token) {
+                return Err(Error::Model(format!(
+                    "image {i}: the prompt does not hold its {n} soft tokens at {}",
+                    im.start
+                )));
+            }
+            end = span.end;
+            spans.push(ContentSpan {
+                start: im.start,
+                len: n,
+                digest: im.image.digest,
+            });
+        }
+        let soft = prompt.iter().filter(|&&t| t == v.token).count();
+        if soft != n * images.len() {
+            return Err(Error::Model(format!(
+                "the prompt holds {soft} image soft tokens for {} images of {n}",
+                images.len()
+            )));
+        }
+        Ok(spans)
+    }
+
+    /// The image rows of a plan's batch: for each item, the soft tokens of the images its
+    /// tokens cover (each image encoded on first need and kept until its request ends).
+    pub(super) fn image_rows(&mut self, plan: &Plan) -> Result<Vec<RowEmbeds>> {
+        let mut rows = Vec::new();
+        let Some(v) = &self.vision else {
+            return Ok(rows);
+        };
+        let ex = self.fwd.executor();
+        for (it, seq) in plan.items.iter().zip(&plan.batch.seqs) {
+            let Some(a) = self.active.get_mut(&it.id) else {
+                continue;
+            };
+            for slot in a.images.iter_mut() {
+                let (s, e) = (slot.span.start, slot.span.start + slot.span.len);
+                let (lo, hi) = (s.max(it.start), e.min(it.end));
+                if lo >= hi {
+                    continue;
+                }
+                if slot.embeds.is_none() {
+                    slot.embeds = Some(v.tower.encode(ex, &slot.image.rgb)?);
+                }
+                let Some(all) = &slot.embeds else { continue };
+                rows.push(RowEmbeds {
+                    row: seq.q_start + lo - it.start,
+                    embeds: ex.rows(all, lo - s..hi - s)?,
+                    span_end: e,
+                });
+            }
+        }
+        rows.sort_by_key(|r| r.row);
+        Ok(rows)
+    }
+}
