@@ -1,12 +1,15 @@
 """The official `anthropic` client (Messages API) and the `openai` client's Responses API
 against `kiln serve`: plain, streamed and tool-calling requests.
 
-Usage: compat_clients.py BASE_URL (text|tools)
+Usage: compat_clients.py BASE_URL (text|tools|images [PNG PNG])
 
 `text`: plain and streamed answers, stop sequences, usage, errors in each API's shape.
 `tools`: the model's template writes Hermes-style calls; forced calls come back as tool_use
 blocks / function_call items whose input follows the schema, streamed and not, and a tool
 result sent back gets an answer.
+`images`: a PNG sent by each client (OpenAI chat `image_url`, Anthropic `image` block,
+Responses `input_image`) gets an answer; greedy answers to one image agree across the three
+APIs' token counts, and a second image changes the first answer's log-probabilities.
 """
 import json
 import sys
@@ -20,7 +23,32 @@ ac = anthropic.Anthropic(base_url=base, api_key="sk-kiln", max_retries=0)
 oc = openai.OpenAI(base_url=base + "/v1", api_key="sk-kiln", max_retries=0)
 model = oc.models.list().data[0].id
 
-if mode == "text":
+if mode == "images":
+    import base64
+    first, second = (base64.b64encode(open(p, "rb").read()).decode() for p in sys.argv[3:5])
+    def chat(b64):
+        return oc.chat.completions.create(model=model, max_tokens=4, temperature=0, logprobs=True,
+            messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64}},
+                {"type": "text", "text": "Water boils at"}]}])
+    a, b = chat(first), chat(second)
+    assert a.choices[0].message.content and a.usage.prompt_tokens > 0, a
+    lp = lambda c: [t.logprob for t in c.choices[0].logprobs.content]
+    assert lp(a) != lp(b), (lp(a), lp(b))
+    m = ac.messages.create(model=model, max_tokens=4, extra_body={"temperature": 0}, messages=[
+        {"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": first}},
+            {"type": "text", "text": "Water boils at"}]}])
+    assert m.content and m.content[0].type == "text" and m.content[0].text, m
+    assert m.usage.input_tokens == a.usage.prompt_tokens, (m.usage, a.usage)
+    r = oc.responses.create(model=model, max_output_tokens=16, temperature=0, input=[
+        {"role": "user", "content": [
+            {"type": "input_image", "image_url": "data:image/png;base64," + first},
+            {"type": "input_text", "text": "Water boils at"}]}])
+    assert r.status in ("completed", "incomplete") and r.usage.input_tokens == a.usage.prompt_tokens, r
+    print("chat:", repr(a.choices[0].message.content), "| messages:", repr(m.content[0].text),
+          "| responses:", repr(r.output_text))
+elif mode == "text":
     # Messages: whole, then streamed; the same greedy text both ways.
     m = ac.messages.create(model=model, max_tokens=24, extra_body={"temperature": 0},
                            system="You are brief.",

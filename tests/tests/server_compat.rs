@@ -32,6 +32,10 @@ fn python_ready() -> Option<String> {
 }
 
 fn run_clients(pypath: &str, model: &Path, mode: &str) {
+    run_clients_with(pypath, model, mode, &[]);
+}
+
+fn run_clients_with(pypath: &str, model: &Path, mode: &str, args: &[&Path]) {
     let Some(srv) = start_model(model, 2, Some("sk-kiln")) else {
         return;
     };
@@ -40,6 +44,7 @@ fn run_clients(pypath: &str, model: &Path, mode: &str) {
         .arg(&script)
         .arg(format!("http://{}", srv.addr))
         .arg(mode)
+        .args(args)
         .env("PYTHONPATH", pypath)
         .output()
         .expect("python3 runs");
@@ -70,4 +75,19 @@ fn tool_calls_through_the_messages_and_responses_apis() {
     let dir = tiny_with_tools("compat");
     run_clients(&pypath, &dir, "tools");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Images through all three APIs' own clients, on the tiny Gemma 3 with its vision tower.
+#[test]
+fn the_clients_send_images() {
+    let Some(pypath) = python_ready() else {
+        return;
+    };
+    let dir = kiln_tests::fixtures().join("hf").join("gemma3_vision");
+    run_clients_with(
+        &pypath,
+        &dir,
+        "images",
+        &[&dir.join("square.png"), &dir.join("wide.png")],
+    );
 }
