@@ -437,6 +437,7 @@ fn random_request_json_is_a_value_or_an_error_not_a_panic() {
         file,
         tokenizer,
         runner,
+        vision: None,
     };
     let state = kiln_server::serve::state(loaded, 1, None).expect("state");
     const FIELDS: &[&str] = &[
@@ -505,4 +506,95 @@ fn random_request_json_is_a_value_or_an_error_not_a_panic() {
         assert!(r.is_ok(), "a panic on request {i}: {text}");
     }
     println!("{n} random requests");
+}
+
+/// Small valid PNG, JPEG and WebP files of random pixels: the seeds of the image target.
+fn image_seeds(rng: &mut Rng) -> Vec<Vec<u8>> {
+    use image::ImageFormat;
+    let mut out = Vec::new();
+    for (fmt, alpha) in [
+        (ImageFormat::Png, false),
+        (ImageFormat::Png, true),
+        (ImageFormat::Jpeg, false),
+        (ImageFormat::WebP, true),
+    ] {
+        let (w, h) = (1 + below(rng, 40) as u32, 1 + below(rng, 40) as u32);
+        let ch = if alpha { 4 } else { 3 };
+        let px: Vec<u8> = (0..w * h * ch).map(|_| rng.next_u64() as u8).collect();
+        let img = match alpha {
+            true => {
+                image::DynamicImage::ImageRgba8(image::RgbaImage::from_raw(w, h, px).expect("rgba"))
+            }
+            false => {
+                image::DynamicImage::ImageRgb8(image::RgbImage::from_raw(w, h, px).expect("rgb"))
+            }
+        };
+        let mut bytes = Vec::new();
+        img.write_to(&mut std::io::Cursor::new(&mut bytes), fmt)
+            .expect("encode");
+        out.push(bytes);
+    }
+    out
+}
+
+/// Hostile images (truncated, bit-flipped, spliced, with headers claiming huge sizes, or
+/// noise) through decoding and the image processor: an image or an error, never a panic,
+/// and no decode past the pixel budget. CI runs a few hundred; by hand
+/// `KILN_FUZZ_ITERS=100000 cargo test --release -p kiln-tests --test fuzz images`.
+#[test]
+fn hostile_images_are_errors_not_panics() {
+    use kiln_core::vision::{resize::Filter, Image, Processor, MAX_PIXELS};
+    let mut rng = Rng::new(0x1a6e);
+    let seeds = image_seeds(&mut rng);
+    let proc = Processor {
+        size: Some((32, 32)),
+        filter: Filter::Bicubic,
+        rescale: Some(1.0 / 255.0),
+        normalize: Some(([0.5; 3], [0.5; 3])),
+    };
+    let n = iters(400);
+    let mut decoded = 0;
+    for i in 0..n {
+        let mut b = seeds[i % seeds.len()].clone();
+        match below(&mut rng, 6) {
+            0 => b.truncate(below(&mut rng, b.len() + 1)),
+            1 => {
+                for _ in 0..1 + below(&mut rng, 8) {
+                    let at = below(&mut rng, b.len());
+                    b[at] ^= 1 << below(&mut rng, 8);
+                }
+            }
+            2 => {
+                // A run of bytes set to 0xff: sizes and lengths in headers turn huge.
+                let at = below(&mut rng, b.len());
+                let end = (at + 1 + below(&mut rng, 8)).min(b.len());
+                b[at..end].fill(0xff);
+            }
+            3 => {
+                let other = &seeds[below(&mut rng, seeds.len())];
+                let cut = below(&mut rng, b.len().min(other.len()));
+                b.truncate(cut);
+                b.extend_from_slice(&other[cut..]);
+            }
+            4 => {
+                let keep = below(&mut rng, 16).min(b.len());
+                b.truncate(keep);
+                b.extend((0..below(&mut rng, 200)).map(|_| rng.next_u64() as u8));
+            }
+            _ => {}
+        }
+        let r = catch_unwind(AssertUnwindSafe(|| match Image::decode(&b) {
+            Ok(img) => {
+                assert!((img.rgb.width * img.rgb.height) as u64 <= MAX_PIXELS);
+                proc.pixels(&img.rgb).map(|_| true).unwrap_or(false)
+            }
+            Err(_) => false,
+        }));
+        match r {
+            Ok(ok) => decoded += ok as usize,
+            Err(_) => panic!("a panic on image input {i} ({} bytes)", b.len()),
+        }
+    }
+    println!("{n} hostile images: {decoded} decoded, the rest refused");
+    assert!(decoded > 0, "the unmutated seeds decode");
 }

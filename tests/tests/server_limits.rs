@@ -295,6 +295,7 @@ fn a_panicking_step_fails_its_request_and_a_wedged_engine_is_reported() {
         file,
         tokenizer,
         runner,
+        vision: None,
     };
     let opts = kiln_server::serve::ServeOptions {
         wedged_after: Duration::from_secs(1),

@@ -529,6 +529,7 @@ mod tests {
             init_canvas: None,
             autoregressive: false,
             constraint: None,
+            images: Vec::new(),
         };
         let mut want = Vec::new();
         engine

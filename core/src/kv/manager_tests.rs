@@ -49,7 +49,7 @@ fn attach_prefix_holds_only_the_cached_blocks_and_grows_from_there() {
     b.extend([200, 201, 202, 203]);
     let free_before = m.num_free_blocks();
     // Capped at one block: only the first is held.
-    assert_eq!(m.attach_prefix(2, &b, 7).unwrap(), 4);
+    assert_eq!(m.attach_prefix(2, &b, &[], 7).unwrap(), 4);
     assert_eq!((m.seq_len(2), m.num_computed(2)), (Some(4), Some(4)));
     assert_eq!(m.block_table(2).unwrap().len(), 1);
     assert_eq!(m.num_free_blocks(), free_before - 1);
@@ -60,9 +60,9 @@ fn attach_prefix_holds_only_the_cached_blocks_and_grows_from_there() {
     assert_eq!(m.num_computed(2), Some(13));
     // Uncapped, a third sequence with `b`'s prompt reuses its three full blocks (the first
     // of them `a`'s).
-    assert_eq!(m.attach_prefix(3, &b, usize::MAX).unwrap(), 12);
+    assert_eq!(m.attach_prefix(3, &b, &[], usize::MAX).unwrap(), 12);
     assert!(matches!(
-        m.attach_prefix(3, &b, 8),
+        m.attach_prefix(3, &b, &[], 8),
         Err(KvError::SequenceExists { .. })
     ));
     // Its second block is `a`'s (seq 2 computed the same tokens into a block of its own,

@@ -148,7 +148,7 @@ fn a_request_whose_rest_does_not_fit_lets_its_cached_blocks_go_and_waits() {
     let p = s.schedule().expect("plan");
     run(&mut s, &p);
     let third = [vec![3; 12], vec![5; 14]].concat();
-    assert_eq!(s.kv().cached_prefix(&third), (12, 3));
+    assert_eq!(s.kv().cached_prefix(&third, &[]), (12, 3));
     s.admit(Request::new(3, third.clone()));
     let p = s.schedule().expect("plan");
     assert_eq!(p.items, vec![item(2, 7, 8, true)]);
@@ -157,7 +157,7 @@ fn a_request_whose_rest_does_not_fit_lets_its_cached_blocks_go_and_waits() {
     // Nothing of 3 stays held: the cached blocks it took went back, still cached.
     assert!(!s.kv().contains(3));
     assert_eq!(s.kv().free_blocks(), 6 - 2);
-    assert_eq!(s.kv().cached_prefix(&third), (12, 3));
+    assert_eq!(s.kv().cached_prefix(&third, &[]), (12, 3));
 }
 
 #[test]
@@ -590,4 +590,77 @@ fn cancelling_inside_a_long_queue_keeps_order_and_bounds_stale_places() {
         "a running request is resident"
     );
     assert_eq!(s.num_running(), 1);
+}
+
+fn with_image(id: ReqId, prompt: Vec<u32>, start: usize, len: usize, d: u8) -> Request {
+    let mut r = Request::new(id, prompt);
+    r.images = vec![crate::kv::ContentSpan {
+        start,
+        len,
+        digest: [d; 32],
+    }];
+    r
+}
+
+/// Prefill chunks never end inside an image: under a budget of 6, a 20-token prompt with an
+/// image at 4..13 goes 0..4, then 4..13 whole (past the budget), then on.
+#[test]
+fn chunks_stop_before_an_image_or_take_it_whole() {
+    let mut s = sched(6, 4, 100);
+    s.admit(with_image(1, vec![3; 20], 4, 9, 1));
+    let mut ends = Vec::new();
+    for _ in 0..6 {
+        let p = s.schedule().expect("plan");
+        if p.items.is_empty() {
+            break;
+        }
+        check(&s, &p);
+        ends.push((p.items[0].start, p.items[0].end));
+        run(&mut s, &p);
+        if p.items[0].end >= 20 {
+            break;
+        }
+    }
+    assert_eq!(ends, vec![(0, 4), (4, 13), (13, 19), (19, 20)]);
+}
+
+/// The prefix cache keys image blocks by the image: the same tokens with the same image hit,
+/// with another image only the blocks before it do; a hit that ends inside an image makes
+/// the next chunk take the rest of it.
+#[test]
+fn cached_blocks_are_shared_only_with_the_same_image() {
+    let mut s = sched_with(64, 4, 40, 4, true);
+    let prompt = vec![3u32; 24];
+    s.admit(with_image(1, prompt.clone(), 6, 9, 1));
+    let p = s.schedule().expect("plan");
+    run(&mut s, &p);
+    assert!(s.finish(1).expect("finish"));
+    // Same image: every full block but the last token's (20 tokens).
+    s.admit(with_image(2, prompt.clone(), 6, 9, 1));
+    let p = s.schedule().expect("plan");
+    assert_eq!(p.admitted, vec![(2, 20)]);
+    run(&mut s, &p);
+    // Another image at the same place: only the block before it.
+    s.admit(with_image(3, prompt.clone(), 6, 9, 2));
+    let p = s.schedule().expect("plan");
+    assert_eq!(p.admitted, vec![(3, 4)]);
+    check(&s, &p);
+    // A cached prefix ending inside an image: request 1 stops once it has computed the image
+    // (15 tokens, so blocks up to 12 are cached); request 2's hit of 12 ends inside the image,
+    // and its first chunk takes the image's rest (12..15) though the budget is 2.
+    let mut s = sched_with(2, 4, 40, 4, true);
+    s.admit(with_image(1, prompt.clone(), 6, 9, 1));
+    let mut ends = Vec::new();
+    while ends.last() != Some(&15) {
+        let p = s.schedule().expect("plan");
+        ends.push(p.items[0].end);
+        run(&mut s, &p);
+    }
+    assert_eq!(ends, vec![2, 4, 6, 15]);
+    assert!(s.finish(1).expect("finish"));
+    s.admit(with_image(2, prompt, 6, 9, 1));
+    let p = s.schedule().expect("plan");
+    assert_eq!(p.admitted, vec![(2, 12)]);
+    assert_eq!(p.items, vec![item(2, 12, 15, false)]);
+    check(&s, &p);
 }
