@@ -47,6 +47,8 @@ struct Params {
     rtile: u32,      // query rows per workgroup (1 in decode); rtile * pack slots
     banks: u32,      // ceil(slots / 4): rtile * pack <= 4 * banks, 4 * banks * d <= 1024,
                      // banks * ceil(dv / 4) <= 64
+    ke_off: u32,     // per-row key reach (paged attention's key_end, read through seq_lens's
+                     // binding at this index); 0xffffffff: none
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
@@ -268,6 +270,16 @@ fn slot_row(s: u32, j: u32, g: u32) -> u32 {
     return (blk * p.bs + j % p.bs) * p.hkv + g;
 }
 
+// Query row `row`'s key reach (the op's key_end, within the sequence's `len` keys): the keys
+// before it are seen whatever the mask says past `pos` (an image's soft tokens see each
+// other both ways). 0 when the op has none.
+fn reach(row: u32, len: u32) -> u32 {
+    if (p.ke_off == 0xffffffffu) {
+        return 0u;
+    }
+    return min(u32(max(seq_lens[p.ke_off + row], 0)), len);
+}
+
 // The keys [lo, hi) that a query at position `pos` of a sequence of `len` keys sees.
 fn key_range(pos: u32, len: u32) -> vec2<u32> {
     var lo = 0u;
@@ -339,8 +351,12 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let pos0 = len - (q_end - r0);   // the first row's position
     let nslots = nr * p.pack;
     // Every row's keys lie in [first row's lo, last row's hi): both grow with the position.
+    var hi = key_range(pos0 + nr - 1u, len).y;
+    for (var r = 0u; r < nr; r++) {
+        hi = max(hi, reach(r0 + r, len));
+    }
     let a = key_range(pos0, len).x + split * p.split_len;
-    let b = min(key_range(pos0 + nr - 1u, len).y, a + p.split_len);
+    let b = min(hi, a + p.split_len);
 
     for (var i = li; i < 4u * p.banks * p.d; i += 64u) {
         let sl = i / p.d;
@@ -402,7 +418,8 @@ fn ENTRY(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         }
         for (var sl = 0u; sl < 4u * p.banks; sl++) {
             var score = NEG_BIG;
-            let r = key_range(pos0 + sl / p.pack, len);
+            var r = key_range(pos0 + sl / p.pack, len);
+            r.y = max(r.y, reach(r0 + sl / p.pack, len));
             if (j < b && sl < nslots && j >= r.x && j < r.y) {
                 score = dot[sl / 4u][sl % 4u] * p.scale;
                 if (p.soft_cap != 0.0) {

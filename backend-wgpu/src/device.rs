@@ -755,6 +755,23 @@ impl Device {
         Ok(())
     }
 
+    /// Records a copy of `src`'s bytes into `dst` from byte `at` of `dst` on: both 4-byte
+    /// aligned, and within `dst`.
+    pub(crate) fn copy_into(&self, src: &Tensor, dst: &Tensor, at: usize) -> Result<()> {
+        let (s0, s1, sb) = self.word_range(src)?;
+        let db = self.buffer_of(dst)?;
+        let d0 = (dst.offset() + at) as u64;
+        if src.offset() % 4 != 0 || d0 % 4 != 0 || at + (s1 - s0) as usize > dst.nbytes() {
+            return Err(err(format!(
+                "cannot copy {} into {} at byte {at}",
+                src.desc(),
+                dst.desc()
+            )));
+        }
+        self.record(|enc| enc.copy_buffer_to_buffer(sb, s0, &db.buffer, d0, s1 - s0))?;
+        Ok(())
+    }
+
     /// A scratch tensor on this device (for split reductions).
     pub(crate) fn scratch(&self, n_f32: usize) -> Result<Tensor> {
         self.alloc(&TensorDesc::new(

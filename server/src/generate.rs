@@ -287,6 +287,15 @@ pub fn run(a: &RunArgs) -> Result<()> {
         writeln!(stdout)?;
         if a.timings {
             eprintln!("kiln: {}", got.timings.line());
+            let s = engine.stats();
+            if s.images_encoded > 0 {
+                eprintln!(
+                    "kiln: {} image{} encoded in {:.0} ms",
+                    s.images_encoded,
+                    if s.images_encoded == 1 { "" } else { "s" },
+                    s.image_encode_us as f64 / 1e3
+                );
+            }
         }
     }
     Ok(())

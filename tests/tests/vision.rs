@@ -174,6 +174,36 @@ fn image_runs(tokens: &[u32], image: u32) -> Vec<(usize, usize)> {
 /// Hugging Face directory, and from llama.cpp's conversion (text GGUF + mmproj GGUF).
 #[test]
 fn image_prompts_match_transformers_logits() {
+    let cpu: std::sync::Arc<dyn kiln_core::backend::Backend> =
+        std::sync::Arc::new(kiln_core::cpu::CpuBackend::new());
+    image_sources(&cpu, false, "cpu");
+}
+
+/// The same on WebGPU, strict: the tower, the text model and the images' key reach all run
+/// in WGSL kernels.
+#[test]
+fn image_prompts_match_transformers_logits_on_wgpu() {
+    let Some(gpu) = kiln_tests::optional_backend("wgpu", kiln_backend_wgpu::open) else {
+        return;
+    };
+    image_sources(&gpu, true, "wgpu");
+}
+
+/// The same on the CUDA kernels, emulated: the tower and the text model run in them; the
+/// images' key reach has no CUDA kernel yet and runs on the CPU (not strict).
+#[test]
+fn image_prompts_match_transformers_logits_on_emulated_cuda() {
+    let Some(emu) = kiln_tests::cuda_emu() else {
+        return;
+    };
+    image_sources(&emu, false, "cuda-emu");
+}
+
+fn image_sources(
+    backend: &std::sync::Arc<dyn kiln_core::backend::Backend>,
+    strict: bool,
+    label: &str,
+) {
     let gguf = fixtures().join("hf").join("gguf");
     for (model, mmproj, suffix) in [
         (dir(), None, ""),
@@ -184,18 +214,24 @@ fn image_prompts_match_transformers_logits() {
             "_mmproj",
         ),
     ] {
-        image_logits(&model, mmproj.as_deref(), suffix);
+        let ex = || kiln_core::exec::Executor::new(backend.clone()).strict(strict);
+        image_logits(&model, mmproj.as_deref(), suffix, ex, label);
     }
 }
 
-fn image_logits(model_path: &std::path::Path, mmproj: Option<&std::path::Path>, suffix: &str) {
+fn image_logits(
+    model_path: &std::path::Path,
+    mmproj: Option<&std::path::Path>,
+    suffix: &str,
+    new_ex: impl Fn() -> kiln_core::exec::Executor,
+    backend: &str,
+) {
     use kiln_core::engine::{Logits, Runner, RunnerConfig};
     use kiln_core::model::RowEmbeds;
-    let label = model_path
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .to_string();
+    let label = format!(
+        "{backend} {}",
+        model_path.file_name().unwrap().to_string_lossy()
+    );
     let r = json("reference.json");
     let image_token = r["image_token"].as_u64().unwrap() as u32;
     for (case, c) in r["cases"].as_object().unwrap() {
@@ -216,9 +252,7 @@ fn image_logits(model_path: &std::path::Path, mmproj: Option<&std::path::Path>, 
         edges.push(tokens.len());
         cuts.push(edges);
         for cut in cuts {
-            let backend: std::sync::Arc<dyn kiln_core::backend::Backend> =
-                std::sync::Arc::new(kiln_core::cpu::CpuBackend::new());
-            let ex = kiln_core::exec::Executor::new(backend.clone());
+            let ex = new_ex();
             let tower = kiln_core::model::VisionTower::open(model_path, mmproj, &ex)
                 .unwrap()
                 .unwrap();
@@ -229,8 +263,7 @@ fn image_logits(model_path: &std::path::Path, mmproj: Option<&std::path::Path>, 
                 block_size: 4,
                 ..RunnerConfig::default()
             };
-            let mut runner =
-                Runner::new(kiln_core::exec::Executor::new(backend), model, cfg).unwrap();
+            let mut runner = Runner::new(new_ex(), model, cfg).unwrap();
             let feats: Vec<_> = (0..runs.len())
                 .map(|i| {
                     tower

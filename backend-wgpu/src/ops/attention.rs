@@ -129,6 +129,8 @@ struct Launch<'a> {
     table: &'a Tensor,
     lens: &'a Tensor,
     q_start: &'a Tensor,
+    /// Where the per-row key ends follow the sequence lengths in their buffer, in words.
+    key_end: Option<u32>,
     /// Token slots per block (1 for contiguous K/V) and block-table width.
     bs: usize,
     max_blocks: usize,
@@ -220,6 +222,7 @@ fn run(dev: &Device, p: &AttnParams, l: &Launch<'_>, y: &Tensor) -> Result<()> {
         u(pack)?,
         u(rtile)?,
         u(banks)?,
+        l.key_end.map_or(u32::MAX, |w| offs[4] + w),
     ]);
     dev.dispatch_bound(kernel, &bound, &params, [gx, u(splits)?, gz])?;
     let (bound, offs) = bind(dev, &[(&scratch, 4), (y, 4)])?;
@@ -239,18 +242,39 @@ pub(super) fn paged_attention(
     i: &[&Tensor],
     y: &Tensor,
 ) -> Result<()> {
-    let (q, kc, table, lens) = (i[0], i[1], i[3], i[4]);
+    let (q, kc, table) = (i[0], i[1], i[3]);
     let kd = kc.shape().dims();
     let (n_blocks, bs) = (kd[0], kd[1]);
     let max_blocks = table.shape().dims()[1];
-    let n_seqs = lens.numel();
+    let n_seqs = i[4].numel();
+    // With a key_end: sequence lengths, query starts and key ends copied into one buffer,
+    // read through the lengths' binding (the shader's bindings stay within the WebGPU
+    // default of 8 storage buffers a stage).
+    let packed;
+    let (lens, q_start, key_end) = match i.get(6) {
+        None => (i[4].clone(), i[5].clone(), None),
+        Some(ke) => {
+            let t = q.shape().dims()[0];
+            packed = dev.scratch(2 * n_seqs + 1 + t)?;
+            dev.copy_into(i[4], &packed, 0)?;
+            dev.copy_into(i[5], &packed, 4 * n_seqs)?;
+            dev.copy_into(ke, &packed, 4 * (2 * n_seqs + 1))?;
+            // The lengths' binding spans the whole buffer: the key ends are read through it.
+            (
+                packed.view(0, [2 * n_seqs + 1 + t])?,
+                packed.view(n_seqs, [n_seqs + 1])?,
+                Some(u(2 * n_seqs + 1)?),
+            )
+        }
+    };
     let l = Launch {
         q,
         k: kc,
         v: i[2],
         table,
-        lens,
-        q_start: i[5],
+        lens: &lens,
+        q_start: &q_start,
+        key_end,
         bs,
         max_blocks,
         n_seqs,
@@ -271,6 +295,7 @@ pub(super) fn attention(dev: &Device, p: &AttnParams, i: &[&Tensor], y: &Tensor)
         table: &dev.dummy,
         lens: &dev.dummy,
         q_start: &dev.dummy,
+        key_end: None,
         bs: 1,
         max_blocks: 1,
         n_seqs: 1,
@@ -339,10 +364,7 @@ mod tests {
 /// Which of the family's ops this backend runs.
 pub(super) fn supports_op(dev: &Device, op: &AttentionOp, d: &OpDesc) -> bool {
     match op {
-        AttentionOp::Attention(_) => supports(dev, d),
-        // Per-row key reach (an image's soft tokens both ways) has no kernel yet: the CPU
-        // runs it.
-        AttentionOp::PagedAttention(_) => d.inputs.len() == 6 && supports(dev, d),
+        AttentionOp::Attention(_) | AttentionOp::PagedAttention(_) => supports(dev, d),
         AttentionOp::KvWrite => supports_kv_write(dev, d),
         // No fused kernel: the model takes RoPE and the K/V write apart.
         AttentionOp::RopeKvWrite(_) => false,

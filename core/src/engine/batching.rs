@@ -58,6 +58,10 @@ pub struct EngineStats {
     pub masks: u64,
     pub mask_us: u64,
     pub mask_wait_us: u64,
+    /// Images encoded by the vision tower and the time it took (microseconds, synchronized
+    /// with the device).
+    pub images_encoded: u64,
+    pub image_encode_us: u64,
 }
 
 /// The engine's state as a server reports it.

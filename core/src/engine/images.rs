@@ -119,7 +119,12 @@ impl Engine {
                     continue;
                 }
                 if slot.embeds.is_none() {
-                    slot.embeds = Some(v.tower.encode(ex, &slot.image.rgb)?);
+                    let t = crate::time::Instant::now();
+                    let e = v.tower.encode(ex, &slot.image.rgb)?;
+                    ex.backend().synchronize()?;
+                    self.stats.images_encoded += 1;
+                    self.stats.image_encode_us += t.elapsed().as_micros() as u64;
+                    slot.embeds = Some(e);
                 }
                 let Some(all) = &slot.embeds else { continue };
                 rows.push(RowEmbeds {

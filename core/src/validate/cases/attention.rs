@@ -325,6 +325,30 @@ pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
     ] {
         paged(label, Mask::Causal, seqs, qs, types, 4, 2, d, false)?;
     }
+    // An image's soft tokens see each other both ways: rows whose key reach (the optional
+    // key_end input) runs past their own position. Sequence 0's rows 3..12 (positions
+    // 23..32) reach 32, sequence 1's rows 2..6 (positions 2..6) reach 6.
+    const REACH: &str = "prefill key reach (image rows)";
+    for mask in [Mask::Causal, Mask::SlidingWindow(8)] {
+        let label = format!("{REACH}, {mask:?}");
+        paged(
+            &label,
+            mask,
+            &[40, 7],
+            &[20, 7],
+            (F32, F32),
+            4,
+            2,
+            64,
+            false,
+        )?;
+    }
+    let mut reach = vec![0i32; 27];
+    reach[3..12].fill(32);
+    reach[22..26].fill(6);
+    for case in c.iter_mut().filter(|k| k.label.starts_with(REACH)) {
+        case.inputs.push(ids(&[27], reach.clone()));
+    }
 
     // KV write.
     for (kv, label) in [
