@@ -107,6 +107,63 @@ fn unit_heads(t: usize, hkv: usize, group: usize) -> usize {
     }
 }
 
+/// Query rows of one head scored together by the tiled path: each key row read once for all.
+const ROW_TILE: usize = 16;
+
+/// Contiguous attention where every query row sees the same keys (a bidirectional mask: a
+/// vision tower's) over many rows: the rows of one head are scored in tiles of
+/// [`ROW_TILE`] through [`attend`] (as if they were heads sharing a KV head), so a key row is
+/// read once per tile instead of once per row. Every score, weight and sum is computed as
+/// the row-at-a-time path computes it (same micro-kernel order), so the output is the same
+/// bits.
+#[allow(clippy::too_many_arguments)]
+fn attention_tiled(
+    p: &AttnParams,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    (t, hq, d): (usize, usize, usize),
+    (s, hkv, dv): (usize, usize, usize),
+    y: &mut [f32],
+) {
+    let group = hq / hkv.max(1);
+    let (lo, hi) = p.mask.key_range(0, s);
+    // Head-major: rows of one head are contiguous, so a tile's outputs are too.
+    let mut tmp = vec![0f32; hq * t * dv];
+    pool::par_rows_in(&mut tmp, dv, 0, ATTN_PIECES, |r0, ys| {
+        let mut qbuf = vec![0f32; ROW_TILE * d];
+        let mut at = 0;
+        let rows = ys.len() / dv.max(1);
+        while at < rows {
+            let r = r0 + at;
+            let (h, ti) = (r / t, r % t);
+            // A tile stays within its head and within this piece.
+            let m = ROW_TILE.min(t - ti).min(rows - at);
+            for (x, dst) in qbuf.chunks_exact_mut(d).take(m).enumerate() {
+                let src = ((ti + x) * hq + h) * d;
+                dst.copy_from_slice(&q[src..src + d]);
+            }
+            let g = h / group.max(1);
+            attend(
+                p,
+                &qbuf[..m * d],
+                m,
+                lo,
+                hi,
+                &mut ys[at * dv..(at + m) * dv],
+                |j, _| Some(&k[(j * hkv + g) * d..(j * hkv + g + 1) * d]),
+                |j, _| Some(&v[(j * hkv + g) * dv..(j * hkv + g + 1) * dv]),
+            );
+            at += m;
+        }
+    });
+    for h in 0..hq {
+        for ti in 0..t {
+            let src = (h * t + ti) * dv;
+            let dst = (ti * hq + h) * dv;
+            y[dst..dst + dv].copy_from_slice(&tmp[src..src + dv]);
+        }
+    }
+}
+
 pub(crate) fn attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
     let q = i[0].f32()?;
     let k = i[1].f32()?;
@@ -115,6 +172,12 @@ pub(crate) fn attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
     let (s, hkv) = (i[1].dims()[0], i[1].dims()[1]);
     let dv = i[2].dims()[2];
     let group = hq / hkv;
+    if p.mask == crate::op::Mask::Bidirectional && t >= ROW_TILE && d > 0 && dv > 0 {
+        return o[0].with_f32(false, |y| {
+            attention_tiled(p, (&q, &k, &v), (t, hq, d), (s, hkv, dv), y);
+            Ok(())
+        });
+    }
     let heads = unit_heads(t, hkv, group);
     let unit = (heads * dv).max(1);
     o[0].with_f32(false, |y| {
@@ -367,6 +430,48 @@ pub(super) fn on_workers(_op: &AttentionOp) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use crate::exec::Executor;
+    use crate::op::{AttnParams, Mask};
+
+    /// The tiled path for bidirectional masks gives the row-at-a-time path's bits: the same
+    /// attention as a prefix-bidirectional mask that spans every key (which runs row by row),
+    /// over row counts that leave partial tiles, with GQA and without.
+    #[test]
+    fn tiled_bidirectional_attention_is_the_row_path_bit_for_bit() {
+        let ex = Executor::cpu();
+        let mut rng = crate::rng::Rng::new(77);
+        for (t, hq, hkv, d) in [
+            (37usize, 4usize, 4usize, 24usize),
+            (16, 6, 2, 72),
+            (50, 2, 1, 8),
+        ] {
+            let mut r = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.normal()).collect() };
+            let q = ex.upload_f32(&[t, hq, d], &r(t * hq * d)).unwrap();
+            let k = ex.upload_f32(&[t, hkv, d], &r(t * hkv * d)).unwrap();
+            let v = ex.upload_f32(&[t, hkv, d], &r(t * hkv * d)).unwrap();
+            let run = |mask| {
+                let p = AttnParams {
+                    scale: 0.3,
+                    soft_cap: None,
+                    mask,
+                };
+                let o = ex
+                    .run(&Op::Attention(AttentionOp::Attention(p)), &[&q, &k, &v])
+                    .unwrap();
+                ex.download_f32(&o[0]).unwrap()
+            };
+            let tiled = run(Mask::Bidirectional);
+            let rows = run(Mask::PrefixBidirectional(t));
+            assert!(
+                tiled
+                    .iter()
+                    .zip(&rows)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "t={t} hq={hq} hkv={hkv} d={d}"
+            );
+        }
+    }
+
     use crate::backend::Backend;
     use crate::cpu::CpuBackend;
     use crate::op::{AttentionOp, Op, RopeMode, RopeOp, RopeParams};
