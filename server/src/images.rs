@@ -10,6 +10,9 @@ use kiln_core::model::VisionTower;
 use kiln_core::tokenizer::Tokenizer;
 use kiln_core::vision::Image;
 
+/// What a request with images hears from a model that has no vision tower.
+pub const NO_TOWER: &str = "images are not supported by this model: it has no vision tower (a GGUF's is its mmproj file, `kiln serve --mmproj`)";
+
 /// The most bytes of one encoded image (a file, or a data URL's decoded payload).
 pub const MAX_IMAGE_BYTES: usize = 32 << 20;
 
@@ -132,6 +135,53 @@ pub fn place(
         ));
     }
     Ok((ids, placed))
+}
+
+/// A message's content parts as its template sees them: the text parts' text concatenated,
+/// or (with images among them) the parts as `{"type": "text", "text"}` and
+/// `{"type": "image"}`, each image decoded into `images`.
+pub fn content_parts(
+    parts: &[serde_json::Value],
+    images: Option<&mut Vec<Arc<Image>>>,
+) -> Result<serde_json::Value, String> {
+    let Some(images) = images else {
+        if parts
+            .iter()
+            .any(|p| p.get("type").and_then(|t| t.as_str()) == Some("image_url"))
+        {
+            return Err(NO_TOWER.into());
+        }
+        return content_parts(parts, Some(&mut Vec::new()));
+    };
+    use serde_json::{json, Value};
+    let mut text = String::new();
+    let mut listed = Vec::with_capacity(parts.len());
+    let mut any_image = false;
+    for p in parts {
+        match p.get("type").and_then(Value::as_str) {
+            Some("image_url") => {
+                let url = match p.get("image_url") {
+                    Some(Value::String(u)) => u.as_str(),
+                    Some(Value::Object(o)) => o.get("url").and_then(Value::as_str).unwrap_or(""),
+                    _ => "",
+                };
+                let img = from_url(url).map_err(|e| format!("image {}: {e}", images.len()))?;
+                images.push(img);
+                listed.push(json!({"type": "image"}));
+                any_image = true;
+            }
+            _ => {
+                if let Some(t) = p.get("text").and_then(Value::as_str) {
+                    text.push_str(t);
+                    listed.push(json!({"type": "text", "text": t}));
+                }
+            }
+        }
+    }
+    Ok(match any_image {
+        true => Value::Array(listed),
+        false => Value::String(text),
+    })
 }
 
 #[cfg(test)]

@@ -83,6 +83,15 @@ pub fn fixtures() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
 }
 
+/// A file of little-endian f32s (a reference's logits or features).
+pub fn read_f32s(path: &std::path::Path) -> Vec<f32> {
+    std::fs::read(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
 /// The `.gguf` files in the folder `KILN_TEST_IQ_MODELS` names (local i-quant files made by
 /// llama-quantize), sorted; `None` when it is unset.
 pub fn local_iq_models() -> Option<Vec<std::path::PathBuf>> {

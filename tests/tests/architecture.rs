@@ -224,7 +224,7 @@ fn the_checker_finds_a_cycle_when_there_is_one() {
 #[test]
 fn only_the_engines_own_files_implement_it_and_only_the_scheduler_allocates() {
     let mods = modules();
-    let own = ["batching", "step", "denoise", "handle"];
+    let own = ["batching", "step", "denoise", "handle", "images"];
     for (m, (file, src)) in &mods {
         let name = file.display();
         if src.contains("impl Engine") {

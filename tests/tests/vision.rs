@@ -18,11 +18,7 @@ fn json(name: &str) -> Value {
 }
 
 fn f32s(name: &str) -> Vec<f32> {
-    std::fs::read(dir().join(name))
-        .expect(name)
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+    kiln_tests::read_f32s(&dir().join(name))
 }
 
 fn pair(v: &Value) -> (usize, usize) {

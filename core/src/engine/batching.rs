@@ -139,7 +139,7 @@ pub(super) struct Active {
     /// An embedding's hidden states pooled so far.
     pub(super) embed: Option<crate::runner::embed::Pooled>,
     /// Its prompt's images.
-    pub(super) images: Vec<super::images::ImageSlot>,
+    pub(super) images: Vec<super::vision::ImageSlot>,
     pub(super) tx: Box<dyn EventSink>,
 }
 
@@ -160,7 +160,7 @@ pub struct Engine {
     published_slots: Option<crate::time::Instant>,
     pub(super) last_step: crate::time::Instant,
     /// The vision tower, for a model that takes images.
-    pub(super) vision: Option<super::images::Vision>,
+    pub(super) vision: Option<super::vision::Vision>,
 }
 
 impl Engine {
@@ -386,7 +386,7 @@ impl Engine {
                 canvas,
                 embed: None,
                 images: (spans.iter().zip(&req.images))
-                    .map(|(span, im)| super::images::ImageSlot {
+                    .map(|(span, im)| super::vision::ImageSlot {
                         span: *span,
                         image: im.image.clone(),
                         embeds: None,

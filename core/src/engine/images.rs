@@ -6,33 +6,11 @@
 use std::sync::Arc;
 
 use super::batching::Engine;
+use super::vision::{PromptImage, Vision};
 use crate::error::{Error, Result};
 use crate::kv::ContentSpan;
 use crate::model::{RowEmbeds, VisionTower};
 use crate::sched::Plan;
-use crate::tensor::Tensor;
-use crate::vision::Image;
-
-/// An image of a prompt: its soft tokens start at `start` (the prompt holds the tower's
-/// soft-token id there, [`VisionTower::tokens_per_image`] times).
-#[derive(Clone, Debug)]
-pub struct PromptImage {
-    pub start: usize,
-    pub image: Arc<Image>,
-}
-
-/// The engine's vision tower and the id of its soft token in the model's vocabulary.
-pub(super) struct Vision {
-    pub(super) tower: Arc<VisionTower>,
-    pub(super) token: u32,
-}
-
-/// One image of a running request: its place, the image, its soft tokens once encoded.
-pub(super) struct ImageSlot {
-    pub(super) span: ContentSpan,
-    pub(super) image: Arc<Image>,
-    pub(super) embeds: Option<Tensor>,
-}
 
 impl Engine {
     /// Gives the engine a vision tower built on its executor's backend, and the id its soft

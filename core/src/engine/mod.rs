@@ -23,12 +23,13 @@ mod spec;
 mod step;
 #[cfg(test)]
 mod toy_tests;
+mod vision;
 
 pub use batching::{Engine, EngineStats, Slot, SlotState, Snapshot, SLOTS_EVERY};
 pub use handle::{spawn, CancelOnDrop, EngineHandle, Stream};
-pub use images::PromptImage;
 pub use request::{Event, EventSink, Finish, GenRequest};
 pub use spec::SpecStats;
+pub use vision::PromptImage;
 
 pub use crate::runner::embed::Pooling;
 pub use crate::runner::{

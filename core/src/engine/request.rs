@@ -28,7 +28,7 @@ pub struct GenRequest {
     /// grammar is complete. Such a request is never drafted for.
     pub constraint: Option<Constraint>,
     /// The prompt's images, in order (the prompt holds each one's soft tokens).
-    pub images: Vec<super::images::PromptImage>,
+    pub images: Vec<super::vision::PromptImage>,
 }
 
 impl GenRequest {

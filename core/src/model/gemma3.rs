@@ -97,10 +97,11 @@ const GEMMA3: &[Field] = &[
 ];
 
 /// Gemma 3 checkpoints: norms stored for `x·(1+w)`, the window, both RoPE bases, the query
-/// scale, the layer pattern.
+/// scale, the layer pattern; the multimodal ones' SigLIP tower.
 pub const HF: HfFamily = HfFamily {
     one_centred_norms: Some(&[]),
     defaults: &[("gemma3", GEMMA3), ("gemma3_text", GEMMA3)],
+    vision: Some(hf_vision),
     ..HfFamily::new(
         &[("gemma3", "gemma3"), ("gemma3_text", "gemma3")],
         hf_meta,
@@ -146,6 +147,80 @@ fn hf_meta(c: &Config, m: &mut Meta) -> Result<()> {
         m.set("attention.sliding_layers", Value::Array(sliding.collect()));
     }
     Ok(())
+}
+
+/// The projector type of Gemma 3's mmproj files (llama.cpp's `clip.projector_type`): a
+/// SigLIP tower pooled to the soft tokens (`super::siglip`).
+pub const PROJECTOR: &str = "gemma3";
+
+/// A `Gemma3ForConditionalGeneration` config's tower as mmproj metadata: SigLIP's sizes
+/// (transformers' class defaults where absent), and the pooling that makes
+/// `mm_tokens_per_image` soft tokens.
+fn hf_vision(c: &serde_json::Value) -> std::result::Result<Vec<(String, Value)>, String> {
+    use serde_json::Value as Json;
+    let vc = c.get("vision_config").unwrap_or(&Json::Null);
+    let vision_type = vc.get("model_type").and_then(Json::as_str).unwrap_or("");
+    if vision_type != "siglip_vision_model" {
+        return Err(format!(
+            "a {vision_type:?} vision tower is not supported (SigLIP is)"
+        ));
+    }
+    let u = |v: &Json, k: &str, default: Option<u64>| -> std::result::Result<u32, String> {
+        v.get(k)
+            .and_then(Json::as_u64)
+            .or(default)
+            .filter(|&x| x > 0 && x <= 1 << 20)
+            .map(|x| x as u32)
+            .ok_or_else(|| format!("vision {k} is missing or out of range"))
+    };
+    let image = u(vc, "image_size", Some(224))?;
+    let patch = u(vc, "patch_size", Some(16))?;
+    let tokens = u(c, "mm_tokens_per_image", Some(256))?;
+    let side = (tokens as f64).sqrt() as u32;
+    if patch > image || image % patch != 0 || side * side != tokens || (image / patch) % side != 0 {
+        return Err(format!(
+            "{image}-pixel images in {patch}-pixel patches do not pool to {tokens} soft tokens"
+        ));
+    }
+    let text = c.get("text_config").unwrap_or(&Json::Null);
+    let eps = vc
+        .get("layer_norm_eps")
+        .and_then(Json::as_f64)
+        .unwrap_or(1e-6);
+    let kv = |k: &str, v: Value| (format!("clip.{k}"), v);
+    Ok(vec![
+        kv("projector_type", Value::Str(PROJECTOR.into())),
+        kv("vision.image_size", Value::U32(image)),
+        kv("vision.patch_size", Value::U32(patch)),
+        kv(
+            "vision.embedding_length",
+            Value::U32(u(vc, "hidden_size", Some(768))?),
+        ),
+        kv(
+            "vision.feed_forward_length",
+            Value::U32(u(vc, "intermediate_size", Some(3072))?),
+        ),
+        kv(
+            "vision.block_count",
+            Value::U32(u(vc, "num_hidden_layers", Some(12))?),
+        ),
+        kv(
+            "vision.attention.head_count",
+            Value::U32(u(vc, "num_attention_heads", Some(12))?),
+        ),
+        kv(
+            "vision.projection_dim",
+            Value::U32(u(text, "hidden_size", None)?),
+        ),
+        kv(
+            "vision.projector.scale_factor",
+            Value::U32((image / patch) / side),
+        ),
+        kv(
+            "vision.attention.layer_norm_epsilon",
+            Value::F32(eps as f32),
+        ),
+    ])
 }
 
 fn hf_names(hf: &str) -> Option<String> {

@@ -60,10 +60,13 @@ impl Siglip {
     /// Builds the encoder from an mmproj view, its weights uploaded to `ex`'s backend.
     pub fn load(f: &GgufFile, ex: &Executor) -> Result<Siglip> {
         let kind = f.get_str("clip.projector_type")?;
-        if kind != "gemma3" {
+        if kind != super::gemma3::PROJECTOR {
             return Err(Error::load(
                 f.path(),
-                format!("projector type {kind:?} is not supported (gemma3 is)"),
+                format!(
+                    "projector type {kind:?} is not supported ({} is)",
+                    super::gemma3::PROJECTOR
+                ),
             ));
         }
         let image = meta_usize(f, "clip.vision.image_size")?;

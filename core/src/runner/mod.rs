@@ -7,6 +7,7 @@
 
 pub mod embed;
 pub mod graphs;
+mod images;
 
 use crate::error::{Error, Result};
 use crate::exec::Executor;
@@ -602,14 +603,6 @@ impl Runner {
     ) -> Result<Vec<Vec<Vec<f32>>>> {
         self.session().step_async(items).await
     }
-    /// See [`Session::step_with_embeds`].
-    pub fn step_with_embeds(
-        &mut self,
-        items: &[(SeqId, &[u32], Logits)],
-        embeds: Vec<crate::model::RowEmbeds>,
-    ) -> Result<Vec<Vec<Vec<f32>>>> {
-        self.session().step_with_embeds(items, embeds)
-    }
     /// See [`Session::feed`].
     pub fn feed(&mut self, seq: SeqId, tokens: &[u32], want: Logits) -> Result<Vec<Vec<f32>>> {
         self.session().feed(seq, tokens, want)
@@ -687,21 +680,6 @@ impl Session<'_> {
     ) -> Result<Vec<Vec<Vec<f32>>>> {
         let batch = self.prepare(items)?;
         let out = self.fwd.run_async(&batch).await?;
-        self.commit(items)?;
-        Ok(out.0)
-    }
-
-    /// [`Session::step`] with some rows' input embeddings given instead of looked up (an
-    /// image's soft tokens, [`crate::model::RowEmbeds`]; rows count the items' tokens one
-    /// after another, as the batch holds them).
-    pub fn step_with_embeds(
-        &mut self,
-        items: &[(SeqId, &[u32], Logits)],
-        embeds: Vec<crate::model::RowEmbeds>,
-    ) -> Result<Vec<Vec<Vec<f32>>>> {
-        let mut batch = self.prepare(items)?;
-        batch.embeds = embeds;
-        let out = self.fwd.run(&batch, None)?;
         self.commit(items)?;
         Ok(out.0)
     }

@@ -137,6 +137,11 @@ impl Processor {
     pub fn from_hf(cfg: &serde_json::Value) -> Result<Processor> {
         use serde_json::Value as J;
         let flag = |k: &str, default: bool| cfg.get(k).and_then(J::as_bool).unwrap_or(default);
+        if flag("do_pan_and_scan", false) {
+            return Err(bad(
+                "preprocessor_config.json asks for pan-and-scan crops, which kiln does not make yet",
+            ));
+        }
         let size = if flag("do_resize", true) {
             let s = cfg
                 .get("size")

@@ -807,7 +807,11 @@ pub fn chat_text(state: &AppState, b: &Body) -> Result<ChatText, ApiError> {
             Some(Value::String(s)) => Value::String(s.clone()),
             None | Some(Value::Null) => Value::String(String::new()),
             // Content parts: the text ones concatenated, unless there are images.
-            Some(Value::Array(parts)) => content_parts(parts, &mut images)?,
+            Some(Value::Array(parts)) => {
+                let sink = state.vision.as_ref().map(|_| &mut images);
+                crate::images::content_parts(parts, sink)
+                    .map_err(|e| ApiError::bad(e, Some("messages")))?
+            }
             Some(_) => {
                 return Err(ApiError::bad(
                     "message content must be a string or a list of parts",
@@ -836,12 +840,6 @@ pub fn chat_text(state: &AppState, b: &Body) -> Result<ChatText, ApiError> {
         }
         messages.push(Value::Object(msg));
     }
-    if !images.is_empty() && state.vision.is_none() {
-        return Err(ApiError::bad(
-            "images are not supported by this model: it has no vision tower (a GGUF's is its mmproj file, `kiln serve --mmproj`)",
-            Some("messages"),
-        ));
-    }
     let (tools, force) = tools(b)?;
     let listed = tools.clone().map(Value::Array);
     let kwargs = match b.get("chat_template_kwargs") {
@@ -856,45 +854,6 @@ pub fn chat_text(state: &AppState, b: &Body) -> Result<ChatText, ApiError> {
     };
     let text = state.render_template(tpl, &messages, listed.as_ref(), &kwargs)?;
     Ok((text, tools, force, images))
-}
-
-/// A message's content parts as its template sees them: the text parts' text concatenated,
-/// or (with images among them) the parts as `{"type": "text", "text"}` and
-/// `{"type": "image"}`, each image decoded into `images`.
-fn content_parts(
-    parts: &[Value],
-    images: &mut Vec<Arc<kiln_core::vision::Image>>,
-) -> Result<Value, ApiError> {
-    let bad = |m: String| ApiError::bad(m, Some("messages"));
-    let mut text = String::new();
-    let mut listed = Vec::with_capacity(parts.len());
-    let mut any_image = false;
-    for p in parts {
-        match p.get("type").and_then(Value::as_str) {
-            Some("image_url") => {
-                let url = match p.get("image_url") {
-                    Some(Value::String(u)) => u.as_str(),
-                    Some(Value::Object(o)) => o.get("url").and_then(Value::as_str).unwrap_or(""),
-                    _ => "",
-                };
-                let img = crate::images::from_url(url)
-                    .map_err(|e| bad(format!("image {}: {e}", images.len())))?;
-                images.push(img);
-                listed.push(json!({"type": "image"}));
-                any_image = true;
-            }
-            _ => {
-                if let Some(t) = p.get("text").and_then(Value::as_str) {
-                    text.push_str(t);
-                    listed.push(json!({"type": "text", "text": t}));
-                }
-            }
-        }
-    }
-    Ok(match any_image {
-        true => Value::Array(listed),
-        false => Value::String(text),
-    })
 }
 
 /// A chat request's prompt and what it implies for the output.

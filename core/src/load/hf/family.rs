@@ -37,7 +37,15 @@ pub struct HfFamily {
     /// Its `model_type` decides over the text config's (it wraps another family's text
     /// model: Gemma 4's MTP assistant).
     pub(crate) wraps_text: bool,
+    /// The family's vision tower: a `config.json` (the whole file) read as an mmproj GGUF's
+    /// `clip.*` metadata (`load/hf/vision.rs` maps the tensors), or an error naming what kiln
+    /// cannot run.
+    pub(crate) vision: Option<VisionMeta>,
 }
+
+/// See [`HfFamily::vision`].
+pub(crate) type VisionMeta =
+    fn(&serde_json::Value) -> std::result::Result<Vec<(String, crate::load::gguf::Value)>, String>;
 
 impl HfFamily {
     /// A family with only `model_types`, `meta` and `names` of its own.
@@ -56,6 +64,7 @@ impl HfFamily {
             encoder_copies: false,
             defaults: &[],
             wraps_text: false,
+            vision: None,
         }
     }
 }

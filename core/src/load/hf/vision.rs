@@ -3,7 +3,8 @@
 //! tensors), so one builder serves both. The conversions are the ones llama.cpp's converter
 //! makes: the projector's soft-embedding norm, stored as `w` for `x·(1+w)`, gets 1 added.
 //!
-//! Supported: Gemma 3 (`model_type` `gemma3` with a `siglip_vision_model` vision config).
+//! What a family's `config.json` says of its tower is the family's own
+//! ([`super::family::HfFamily::vision`], in its file); the tensor names here are SigLIP's.
 
 use std::path::Path;
 
@@ -82,79 +83,25 @@ pub fn open_vision_dir(dir: &Path) -> Result<Option<GgufFile>> {
         .map_err(|e| err(format!("cannot read config.json: {e}")))?;
     let c: Json =
         serde_json::from_slice(&raw).map_err(|e| err(format!("config.json is not JSON: {e}")))?;
-    let Some(vc) = c.get("vision_config").filter(|v| v.is_object()) else {
+    if !c.get("vision_config").is_some_and(Json::is_object) {
         return Ok(None);
-    };
+    }
     let model_type = c.get("model_type").and_then(Json::as_str).unwrap_or("");
-    let vision_type = vc.get("model_type").and_then(Json::as_str).unwrap_or("");
-    if (model_type, vision_type) != ("gemma3", "siglip_vision_model") {
-        return Err(err(format!(
-            "the vision tower of {model_type:?} ({vision_type:?}) is not supported yet (Gemma 3's is)"
-        )));
-    }
-    let u = |v: &Json, k: &str, default: Option<u64>| -> Result<u64> {
-        v.get(k)
-            .and_then(Json::as_u64)
-            .or(default)
-            .filter(|&x| x > 0 && x <= 1 << 20)
-            .ok_or_else(|| {
-                err(format!(
-                    "config.json: vision {k} is missing or out of range"
-                ))
-            })
-    };
-    // SigLIP's class defaults, as transformers has them.
-    let image = u(vc, "image_size", Some(224))?;
-    let patch = u(vc, "patch_size", Some(16))?;
-    let tokens = u(&c, "mm_tokens_per_image", Some(256))?;
-    let side = (tokens as f64).sqrt() as u64;
-    if patch > image || image % patch != 0 || side * side != tokens || (image / patch) % side != 0 {
-        return Err(err(format!(
-            "config.json: {image}-pixel images in {patch}-pixel patches do not pool to {tokens} soft tokens"
-        )));
-    }
-    let text = c.get("text_config").unwrap_or(&Json::Null);
+    let mapper = crate::model::registry::hf_families()
+        .find(|f| f.model_types.iter().any(|(t, _)| *t == model_type))
+        .and_then(|f| f.vision)
+        .ok_or_else(|| {
+            err(format!(
+                "the vision tower of model_type {model_type:?} is not supported yet"
+            ))
+        })?;
     let mut meta: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::Str("clip".into())),
         ("general.name".into(), Value::Str(name.clone())),
         ("kiln.source".into(), Value::Str("huggingface".into())),
-        ("clip.projector_type".into(), Value::Str("gemma3".into())),
         ("clip.has_vision_encoder".into(), Value::Bool(true)),
-        ("clip.vision.image_size".into(), Value::U32(image as u32)),
-        ("clip.vision.patch_size".into(), Value::U32(patch as u32)),
-        (
-            "clip.vision.embedding_length".into(),
-            Value::U32(u(vc, "hidden_size", Some(768))? as u32),
-        ),
-        (
-            "clip.vision.feed_forward_length".into(),
-            Value::U32(u(vc, "intermediate_size", Some(3072))? as u32),
-        ),
-        (
-            "clip.vision.block_count".into(),
-            Value::U32(u(vc, "num_hidden_layers", Some(12))? as u32),
-        ),
-        (
-            "clip.vision.attention.head_count".into(),
-            Value::U32(u(vc, "num_attention_heads", Some(12))? as u32),
-        ),
-        (
-            "clip.vision.projection_dim".into(),
-            Value::U32(u(text, "hidden_size", None)? as u32),
-        ),
-        (
-            "clip.vision.projector.scale_factor".into(),
-            Value::U32(((image / patch) / side) as u32),
-        ),
     ];
-    let eps = vc
-        .get("layer_norm_eps")
-        .and_then(Json::as_f64)
-        .unwrap_or(1e-6);
-    meta.push((
-        "clip.vision.attention.layer_norm_epsilon".into(),
-        Value::F32(eps as f32),
-    ));
+    meta.extend(mapper(&c).map_err(|m| err(format!("config.json: {m}")))?);
     let mut blobs: Vec<Bytes> = Vec::new();
     let mut tensors: Vec<(TensorInfo, usize)> = Vec::new();
     let mut owned: Vec<u8> = Vec::new();
