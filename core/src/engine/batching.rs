@@ -365,8 +365,7 @@ impl Engine {
         req: GenRequest,
         tx: Box<dyn EventSink>,
     ) -> Result<()> {
-        self.check(&req)?;
-        let spans = self.image_spans(&req.prompt, &req.images)?;
+        let spans = self.checked(&req)?;
         if self.active.contains_key(&id) {
             return Err(Error::Model(format!("request id {id} is in use")));
         }
@@ -418,6 +417,12 @@ impl Engine {
     /// Whether `submit` would take `req`: a prompt that is not empty, leaves room in the
     /// context and stays in the vocabulary; sampling parameters in range.
     pub fn check(&self, req: &GenRequest) -> Result<()> {
+        self.checked(req).map(|_| ())
+    }
+
+    /// [`Engine::check`], and the spans of the request's images (what the scheduler keys its
+    /// cache blocks by).
+    fn checked(&self, req: &GenRequest) -> Result<Vec<crate::kv::ContentSpan>> {
         let ctx = self.fwd.config().ctx;
         if req.prompt.is_empty() {
             return Err(Error::Model("the prompt is empty".into()));
@@ -470,8 +475,8 @@ impl Engine {
                 "at most {MAX_TOP_LOGPROBS} top log-probabilities per token"
             )));
         }
-        self.image_spans(&req.prompt, &req.images)?;
-        crate::sample::SamplingParams::validate(&req.params)
+        crate::sample::SamplingParams::validate(&req.params)?;
+        self.image_spans(&req.prompt, &req.images)
     }
 
     /// Runs one request to its end on this thread, stepping the engine (requests queued

@@ -22,11 +22,6 @@ impl Engine {
         });
     }
 
-    /// The vision tower, when the model takes images.
-    pub fn vision(&self) -> Option<(&Arc<VisionTower>, u32)> {
-        self.vision.as_ref().map(|v| (&v.tower, v.token))
-    }
-
     /// Checks a request's images against its prompt: a tower to encode them, each image's
     /// soft tokens in place, in order, none overlapping and none without an image. Returns
     /// their spans.
