@@ -141,6 +141,26 @@ __device__ __forceinline__ void mma_bf16_16816(float* d, const u32* a, const u32
 #endif
 }
 
+// D = A·B + D over one warp's 16×8×32 tile of signed 8-bit integers, D in int32 — PTX's
+// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 (sm_80 and later). With g = lane / 4 and
+// t = lane % 4 a lane holds (PTX ISA, "Matrix fragments for mma.m16n8k32"; byte j of a word is
+// its element j):
+//   a[0] = A[g][4t .. 4t+3]   a[1] = A[g+8][4t .. 4t+3]   a[2] = A[g][16+4t .. 16+4t+3]   a[3] = A[g+8][16+4t ..]
+//   b[0] = B[4t .. 4t+3][g]   b[1] = B[16+4t .. 16+4t+3][g]
+//   d[0], d[1] = D[g][2t, 2t+1]   d[2], d[3] = D[g+8][2t, 2t+1]
+// The sums are exact. Every lane of the warp calls it with the same control flow; the CPU
+// emulation computes the same tile from the same fragments (kiln_emu.h).
+__device__ __forceinline__ void mma_s8_16832(int* d, const u32* a, const u32* b) {
+#if defined(__CUDA_ARCH__)
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    kiln_emu_mma_s8_16832(d, a, b);
+#endif
+}
+
 // v as two bf16 (bit patterns), hi = bf16(v) and lo = bf16(v - hi), so that hi + lo carries 16
 // of f32's 24 significant bits: bf16 rounds to nearest with 8 significant bits, so
 // |v - hi| <= 2^-8 |v|; v - hi is exact in f32; |(v - hi) - lo| <= 2^-8 |v - hi|; hence

@@ -420,3 +420,159 @@ mat_vec_x8_q4_k(const float* xq, const u8* w0, const u8* w1, const u8* w2, const
         mat_vec_x8_q4k_at<1>(ring, (const u8*)xq, w, res, y, n, k, bx);
 #endif
 }
+
+// The tensor-core form (MVX_MMA=1): a block takes 16 rows, its warps (blockDim.x / 32, up to
+// MVX_WARPS) split the rows' 256-value blocks (warp w: blocks w, w + warps, ..), and a warp
+// multiplies a block's 16 rows into the activation parts with one mma.m16n8k32 (int8, exact
+// int32 sums) a group of 32: A is the 16 rows' nibbles of the group, B's columns are the
+// group's parts (column p = part p; columns MVX_PARTS .. 7 zero), so one instruction makes
+// every row's three part sums, and a warp reads a group's activations once for 16 rows (the
+// split kernel: once for 8 rows, with a dp4a a part and 4 values).
+//
+// The dot product of a group does not depend on the order of its 32 values, so the kernel
+// gives the mma's k index its own order: lane (g, t) = (lane / 4, lane % 4) loads bytes
+// 8t .. 8t + 7 of each 32-byte run of nibbles of rows g and g + 8 (one 8-byte load a row and
+// run; a quad of lanes reads each row's run whole), whose low nibbles are values 8t .. 8t + 7
+// of group 2j and high nibbles of group 2j + 1; the mma's A takes them as k = 4t .. 4t + 3
+// (a[0], a[1]) and 16 + 4t .. 16 + 4t + 3 (a[2], a[3]), and B takes the parts of the same
+// values in the same places (lane (p, t), p < MVX_PARTS: bytes 8t .. 8t + 7 of part p's run).
+// Lane (g, t) gets back sums of parts 2t and 2t + 1 for rows g and g + 8 (t = 0: parts 0
+// and 1, t = 1: part 2); each lane scales its own by 254^-p, the group's activation scale and
+// the row's d · sc, the lanes t = 2 (which get no parts) apply the mins, and the quad's sums
+// meet at the end. Each lane has the next block's weights in flight while it computes one;
+// the first block's loads are issued before grid_wait.
+#ifndef MVX_MMA
+#define MVX_MMA 0
+#endif
+#ifndef MVX_WARPS
+#define MVX_WARPS 8
+#endif
+static_assert(MVX_WARPS >= 1 && MVX_WARPS <= 8, "MVX_WARPS: 1 to 8 warps a block");
+
+// One block's weights for lane (g, t): headers of rows g and g + 8, and of each 64-value
+// chunk j, bytes 8t .. 8t + 7 of its 32 bytes of nibbles.
+struct Q4kMmaBlock {
+    uint4 ha, hb;
+    uint2 qa[4], qb[4];
+};
+
+template <u32 A>
+__device__ __forceinline__ void q4k_mma_fetch(Q4kMmaBlock& s, const u8* ra, const u8* rb, u32 t) {
+    s.ha = load16<A>(ra);
+    s.hb = load16<A>(rb);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        s.qa[j] = bytes8<A>(ra + 16 + 32 * j + 8 * t);
+        s.qb[j] = bytes8<A>(rb + 16 + 32 * j + 8 * t);
+    }
+}
+
+// Block b's 8 groups into acc[0] (row g) and acc[1] (row g + 8): pw[i], the weight of this
+// lane's output column 2t + i (254^-(2t+i) for a part, 0 past them); mins: whether this lane
+// applies the mins.
+__device__ __forceinline__ void q4k_mma_block(const Q4kMmaBlock& s, const u8* parts, const float* aux, u32 b, u32 g,
+                                              u32 t, const float* pw, bool mins, float* acc) {
+    const float da = f16_bits(s.ha.x & 0xFFFF), dma = f16_bits(s.ha.x >> 16);
+    const float db = f16_bits(s.hb.x & 0xFFFF), dmb = f16_bits(s.hb.x >> 16);
+#pragma unroll
+    for (u32 j = 0; j < 4; j++) {
+        const u32 g0 = 8 * b + 2 * j;
+        const float4 ax = *(const float4*)(aux + 2 * g0);  // s0, Σx0, s1, Σx1
+        float sa[2], ma[2], sb[2], mb[2];
+        q4k_pair_scales(s.ha, j, sa[0], ma[0], sa[1], ma[1]);
+        q4k_pair_scales(s.hb, j, sb[0], mb[0], sb[1], mb[1]);
+#pragma unroll
+        for (u32 hi = 0; hi < 2; hi++) {
+            u32 bf[2] = {0u, 0u};
+            if (g < MVX_PARTS) {
+                const uint2 v = *(const uint2*)(parts + 32 * (MVX_PARTS * (g0 + hi) + g) + 8 * t);
+                bf[0] = v.x, bf[1] = v.y;
+            }
+            const u32 sh = 4 * hi;
+            const u32 af[4] = {(s.qa[j].x >> sh) & 0x0F0F0F0Fu, (s.qb[j].x >> sh) & 0x0F0F0F0Fu,
+                               (s.qa[j].y >> sh) & 0x0F0F0F0Fu, (s.qb[j].y >> sh) & 0x0F0F0F0Fu};
+            int c[4] = {0, 0, 0, 0};
+            mma_s8_16832(c, af, bf);
+            const float xs = hi ? ax.z : ax.x, xsum = hi ? ax.w : ax.y;
+            const float va = int_as_f32(c[0]) * pw[0] + int_as_f32(c[1]) * pw[1];
+            const float vb = int_as_f32(c[2]) * pw[0] + int_as_f32(c[3]) * pw[1];
+            acc[0] += (da * sa[hi]) * (xs * va);
+            acc[1] += (db * sb[hi]) * (xs * vb);
+            if (mins) {
+                acc[0] -= dma * ma[hi] * xsum;
+                acc[1] -= dmb * mb[hi] * xsum;
+            }
+        }
+    }
+}
+
+template <u32 A>
+__device__ __forceinline__ void mat_vec_x8_q4k_mma_at(const u8* xq, const u8* w, const float* res, float* y, u32 n,
+                                                      u32 k, u32 bx) {
+    __shared__ float part[MVX_WARPS][16];
+    const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
+    const u32 g = lane / 4, t = lane % 4;
+    const u32 row0 = bx * 16;
+    if (row0 >= n) return;  // the whole block (the grid has none such)
+    const u32 rows = min(16u, n - row0);
+    const u32 nb = k / 256;
+    const size_t rbytes = (size_t)nb * 144;
+    // Rows past the weight's end compute its last row again (never written).
+    const u8* wa = w + (size_t)(row0 + min(g, rows - 1)) * rbytes;
+    const u8* wb = w + (size_t)(row0 + min(g + 8, rows - 1)) * rbytes;
+    float pw[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const u32 p = 2 * t + i;
+        pw[i] = p == 0 ? 1.0f : p == 1 ? 1.0f / 254.0f : p == 2 ? 1.0f / (254.0f * 254.0f) : 0.0f;
+        if (p >= MVX_PARTS) pw[i] = 0.0f;
+    }
+    const bool mins = t == 2;
+    float acc[2] = {0.0f, 0.0f};
+    Q4kMmaBlock cur = {}, nxt = {};
+    u32 b = warp;
+    if (b < nb) q4k_mma_fetch<A>(cur, wa + 144 * b, wb + 144 * b, t);
+    grid_launch_dependents();
+    grid_wait();
+    const u8* parts = xq + (size_t)blockIdx.y * x8_row_bytes(k);
+    const float* aux = (const float*)(parts + (size_t)k * MVX_PARTS);
+    while (b < nb) {
+        const u32 bn = b + warps;
+        if (bn < nb) q4k_mma_fetch<A>(nxt, wa + 144 * bn, wb + 144 * bn, t);
+        q4k_mma_block(cur, parts, aux, b, g, t, pw, mins, acc);
+        cur = nxt;
+        b = bn;
+    }
+    // The quad's four lanes hold parts of the same two rows' sums.
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 1);
+        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 2);
+    }
+    if (t == 0) {
+        part[warp][g] = acc[0];
+        part[warp][g + 8] = acc[1];
+    }
+    __syncthreads();
+    if (threadIdx.x < rows) {
+        float v = 0.0f;
+        for (u32 i = 0; i < warps; i++) v += part[i][threadIdx.x];
+        const size_t at = (size_t)blockIdx.y * n + row0 + threadIdx.x;
+        y[at] = res != nullptr ? v + res[at] : v;
+    }
+}
+
+// As mat_vec_x8_q4_k, over the tensor-core form: grid (Σ ceil(n_j / 16), m), 32 · min(MVX_WARPS,
+// k / 256) threads.
+// @hot
+// @pdl
+extern "C" __global__ void __launch_bounds__(32 * MVX_WARPS)
+mat_vec_x8_q4_k_mma(const float* xq, const u8* w0, const u8* w1, const u8* w2, const float* res, float* y0,
+                    float* y1, float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k) {
+    const WeightShare s = weight_share(16, w0, w1, w2, y0, y1, y2, n0, n1, n2);
+    const u8* w = (const u8*)s.w;
+    if (((size_t)w & 15) == 0)
+        mat_vec_x8_q4k_mma_at<16>((const u8*)xq, w, res, s.y, s.n, k, s.bx);
+    else
+        mat_vec_x8_q4k_mma_at<1>((const u8*)xq, w, res, s.y, s.n, k, s.bx);
+}

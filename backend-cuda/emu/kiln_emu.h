@@ -268,6 +268,41 @@ inline void kiln_emu_mma_bf16_16816(float* c, const unsigned* a, const unsigned*
     for (int i = 0; i < 4; i++) c[i] = out[i];
 }
 
+// PTX's mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 for the calling warp: c (this lane's
+// four outputs of the 16×8 tile D = A·B + C, int32) from every lane's fragments of A (16×32
+// int8, four words) and B (32×8 int8, two words). The layout is PTX's ("Matrix fragments for
+// mma.m16n8k32", .s8); with g = lane / 4 and t = lane % 4, byte j of each word being element j:
+//   a[0] = A[g][4t .. 4t+3]   a[1] = A[g+8][4t .. 4t+3]   a[2] = A[g][16+4t ..]   a[3] = A[g+8][16+4t ..]
+//   b[0] = B[4t .. 4t+3][g]   b[1] = B[16+4t .. 16+4t+3][g]
+//   c[0], c[1] = C[g][2t, 2t+1]   c[2], c[3] = C[g+8][2t, 2t+1]
+// The sums are exact (as on a tensor core: 32 products of 8-bit integers and an int32, which
+// the kernels keep far from overflow).
+inline void kiln_emu_mma_s8_16832(int* c, const unsigned* a, const unsigned* b) {
+    auto* blk = kiln_emu::current;
+    const unsigned t = kiln_emu_lane_index(), w = t / 32, lane = t % 32;
+    unsigned* mine = &blk->mma[6 * (std::size_t)t];
+    for (int i = 0; i < 4; i++) mine[i] = a[i];
+    mine[4] = b[0];
+    mine[5] = b[1];
+    kiln_emu::wait_at(kiln_emu::AT_WARP);
+    const unsigned* warp = &blk->mma[6 * 32 * (std::size_t)w];
+    auto byte = [](unsigned word, unsigned j) { return (int)(signed char)(word >> (8 * j)); };
+    auto A = [&](unsigned r, unsigned k) {
+        return byte(warp[6 * ((r % 8) * 4 + (k % 16) / 4) + r / 8 + 2 * (k / 16)], k % 4);
+    };
+    auto B = [&](unsigned k, unsigned n) { return byte(warp[6 * (n * 4 + (k % 16) / 4) + 4 + k / 16], k % 4); };
+    const unsigned g = lane / 4, q = lane % 4;
+    int out[4];
+    for (unsigned i = 0; i < 4; i++) {
+        const unsigned r = g + 8 * (i / 2), n = 2 * q + (i & 1);
+        long long s = c[i];
+        for (unsigned k = 0; k < 32; k++) s += (long long)A(r, k) * B(k, n);
+        out[i] = (int)s;
+    }
+    kiln_emu::wait_at(kiln_emu::AT_WARP);  // every lane has read the fragments
+    for (int i = 0; i < 4; i++) c[i] = out[i];
+}
+
 namespace kiln_emu {
 
 // Releases every barrier whose live threads have all arrived.

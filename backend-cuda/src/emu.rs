@@ -554,6 +554,15 @@ mod tests {
         conformance(Some("MV_X8=1,MVX_SPLIT=0,MVX_ROWS=1,MVX_STAGES=2"));
     }
 
+    /// And its tensor-core form (one mma.m16n8k32 over 16 rows a group; the emulator computes
+    /// the mma from PTX's fragment layout) at its defaults, and at 2 parts with 3 warps a block
+    /// (blocks whose warps take unequal shares of the row).
+    #[test]
+    fn the_tensor_core_int8_mat_vec_passes_the_conformance_suite_on_the_cpu() {
+        conformance(Some("MVX_MMA=1"));
+        conformance(Some("MVX_MMA=1,MVX_PARTS=2,MVX_WARPS=3"));
+    }
+
     fn conformance(spec: Option<&str>) {
         let emu = match EmuBackend::open_with(spec) {
             Ok(b) => b,

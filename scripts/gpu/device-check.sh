@@ -299,10 +299,29 @@ for s in $steps; do
                 "$LOGS/ncu-detail-3b-q4_k.log" | head -80 | tee -a "$SUMMARY"
             ;;
         concurrent)
-            # Aggregate decode of 64 concurrent requests against one (8 B Q4_K).
+            # Aggregate decode of 64 concurrent requests against one (8 B Q4_K), for each kernel
+            # set of KILN_GPU_CONC_VARIANTS (KILN_CUDA_DEFINES values, "default" for none;
+            # default: the f32 FMA prefill tile and the tensor-core one, which a batch of more
+            # than 4 rows runs), KILN_GPU_CONC_ARGS to `kiln bench` (default -p 16 -n 128).
             wait_models
-            run concurrent-8b-q4_k 150 "$K" bench -m $MODELS/llama-8b-q4_k.gguf --backend cuda --concurrent 64 -p 16 -n 128 -r 1
-            grep -E "^\| llama" "$LOGS/concurrent-8b-q4_k.log" | tee -a "$SUMMARY"
+            for v in ${KILN_GPU_CONC_VARIANTS:-default MM_TC=1}; do
+                d=""; [ "$v" != default ] && d=$v
+                run "concurrent-8b-q4_k-$v" 150 env KILN_CUDA_DEFINES=$d "$K" bench -m $MODELS/llama-8b-q4_k.gguf --backend cuda --concurrent 64 ${KILN_GPU_CONC_ARGS:--p 16 -n 128} -r 1
+                echo "$v: $(grep -E "^\| llama" "$LOGS/concurrent-8b-q4_k-$v.log" | tr '\n' ' ')" | tee -a "$SUMMARY"
+            done
+            ;;
+        knobs)
+            # The kernels of KILN_GPU_KNOBS (a KILN_CUDA_DEFINES value) on the card: the validate
+            # cases whose op or label holds KILN_GPU_KNOBS_FILTER (default mat_mul), and greedy
+            # tokens of the Q4_K Llama fixture and the 1.17 B Q4_K checkpoint against the CPU's.
+            wait_models
+            export KILN_CUDA_DEFINES=${KILN_GPU_KNOBS:-}
+            say "== knobs ${KILN_CUDA_DEFINES}"
+            run validate-cuda-knobs 90 "$K" validate --backend cuda -q --filter "${KILN_GPU_KNOBS_FILTER:-mat_mul}"
+            grep -E "passed|FAIL" "$LOGS/validate-cuda-knobs.log" | tail -8 | tee -a "$SUMMARY"
+            greedy knobs-q4k-fixture tests/fixtures/hf/gguf/llama_q4_k.gguf cuda
+            greedy knobs-1b-q4_k $MODELS/llama-1b-q4_k.gguf cuda
+            unset KILN_CUDA_DEFINES
             ;;
         pp2048)
             # Prefill of 2048 tokens (8 B Q4_K, 1 B BF16), against the bf16 rate of setup's
