@@ -58,6 +58,25 @@
 #endif
 #endif
 static_assert(MVX_PARTS >= 1 && MVX_PARTS <= 3, "MVX_PARTS: 1 to 3 int8 parts a value");
+// MVX_MMA, MVX_WARPS, MVX_DEPTH, MVX_BLOCKS: the tensor-core form of the Q4_K kernel (at the end of
+// the file). Its defaults (3 blocks in flight a warp, 2 blocks an SM: at most 128 registers)
+// build with no local memory for sm_90a, sm_100a and sm_120a; depth 2 spills on sm_100a.
+#ifndef MVX_MMA
+#define MVX_MMA 0
+#endif
+#ifndef MVX_WARPS
+#define MVX_WARPS 8
+#endif
+#ifndef MVX_DEPTH
+#define MVX_DEPTH 3
+#endif
+// MVX_BLOCKS: the blocks an SM must hold (__launch_bounds__), so the registers a thread.
+#ifndef MVX_BLOCKS
+#define MVX_BLOCKS 2
+#endif
+static_assert(MVX_WARPS >= 1 && MVX_WARPS <= 8, "MVX_WARPS: 1 to 8 warps a block");
+static_assert(MVX_BLOCKS >= 1 && MVX_BLOCKS <= 8, "MVX_BLOCKS: 1 to 8 blocks an SM");
+static_assert(MVX_DEPTH >= 1 && MVX_DEPTH <= 4, "MVX_DEPTH: 1 to 4 blocks in flight a warp");
 static_assert(MVX_ROWS >= 1 && MVX_ROWS <= 8, "MVX_ROWS: 1 to 8 rows");
 
 #define X8_THREADS 128
@@ -148,6 +167,13 @@ quantize_x8(const float* a, const float* b, float* q, u32 m, u32 k, u32 kind, fl
     // The group's 4 threads are lanes 4j .. 4j + 3.
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+#if MVX_MMA
+    // One scale for the warp's 256 values (a Q4_K block): mat_vec_x8_q4_k_mma adds a block's
+    // scaled group sums as integers.
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 8));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 16));
+#endif
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     // Below 2^-100 the group is stored as zeros (127 / amax could overflow to infinity).
@@ -421,13 +447,13 @@ mat_vec_x8_q4_k(const float* xq, const u8* w0, const u8* w1, const u8* w2, const
 #endif
 }
 
-// The tensor-core form (MVX_MMA=1): a block takes 16 rows, its warps (blockDim.x / 32, up to
-// MVX_WARPS) split the rows' 256-value blocks (warp w: blocks w, w + warps, ..), and a warp
-// multiplies a block's 16 rows into the activation parts with one mma.m16n8k32 (int8, exact
-// int32 sums) a group of 32: A is the 16 rows' nibbles of the group, B's columns are the
-// group's parts (column p = part p; columns MVX_PARTS .. 7 zero), so one instruction makes
-// every row's three part sums, and a warp reads a group's activations once for 16 rows (the
-// split kernel: once for 8 rows, with a dp4a a part and 4 values).
+// The tensor-core form (MVX_MMA=1): a block takes 16 rows, its warps (blockDim.x / 32: the
+// launcher spreads the row's 256-value blocks evenly over at most MVX_WARPS) split the rows'
+// blocks (warp w: blocks w, w + warps, ..), and a warp multiplies a block's 16 rows into the
+// activation parts with one mma.m16n8k32 (int8, exact int32 sums) a group of 32: A is the 16
+// rows' nibbles of the group, B's columns are the group's parts (column p = part p; columns
+// MVX_PARTS .. 7 zero), so one instruction makes every row's part sums, and a warp reads a
+// group's activations once for 16 rows.
 //
 // The dot product of a group does not depend on the order of its 32 values, so the kernel
 // gives the mma's k index its own order: lane (g, t) = (lane / 4, lane % 4) loads bytes
@@ -436,18 +462,18 @@ mat_vec_x8_q4_k(const float* xq, const u8* w0, const u8* w1, const u8* w2, const
 // of group 2j and high nibbles of group 2j + 1; the mma's A takes them as k = 4t .. 4t + 3
 // (a[0], a[1]) and 16 + 4t .. 16 + 4t + 3 (a[2], a[3]), and B takes the parts of the same
 // values in the same places (lane (p, t), p < MVX_PARTS: bytes 8t .. 8t + 7 of part p's run).
-// Lane (g, t) gets back sums of parts 2t and 2t + 1 for rows g and g + 8 (t = 0: parts 0
-// and 1, t = 1: part 2); each lane scales its own by 254^-p, the group's activation scale and
-// the row's d · sc, the lanes t = 2 (which get no parts) apply the mins, and the quad's sums
-// meet at the end. Each lane has the next block's weights in flight while it computes one;
-// the first block's loads are issued before grid_wait.
-#ifndef MVX_MMA
-#define MVX_MMA 0
-#endif
-#ifndef MVX_WARPS
-#define MVX_WARPS 8
-#endif
-static_assert(MVX_WARPS >= 1 && MVX_WARPS <= 8, "MVX_WARPS: 1 to 8 warps a block");
+// Lane (g, t) gets back sums of parts 2t and 2t + 1 for rows g and g + 8 (t = 0: parts 0 and
+// 1, t = 1: part 2).
+//
+// With MVX_MMA, quantize_x8 gives all 8 groups of a 256-value block one activation scale (the
+// block's largest magnitude / 127: each value's error bound above holds with a the block's
+// largest magnitude instead of its group's), so the scaled sums of a block stay integers: a
+// lane multiplies each group's part sums by the row's 6-bit group scale and adds them in
+// int32 (|Σ| ≤ 8 · 63 · 32 · 15 · 127 < 2^25), and turns them into floats once a block:
+// d · s · (S_p0 + S_p1 / 254 + S_p2 / 254²) (each lane its own parts). The mins (dmin · m ·
+// Σx, Σx the group's exact f32 sum) are spread over the quad, lane t taking groups 2t and
+// 2t + 1 of both rows; the quad's sums meet at the end. A warp has MVX_DEPTH blocks' weights
+// in flight; the first are loaded before grid_wait.
 
 // One block's weights for lane (g, t): headers of rows g and g + 8, and of each 64-value
 // chunk j, bytes 8t .. 8t + 7 of its 32 bytes of nibbles.
@@ -467,43 +493,52 @@ __device__ __forceinline__ void q4k_mma_fetch(Q4kMmaBlock& s, const u8* ra, cons
     }
 }
 
-// Block b's 8 groups into acc[0] (row g) and acc[1] (row g + 8): pw[i], the weight of this
-// lane's output column 2t + i (254^-(2t+i) for a part, 0 past them); mins: whether this lane
-// applies the mins.
+// A Q4_K header's 6-bit scales (sc) or mins (m) of groups 0-3 (lo) and 4-7 (hi), a byte each.
+__device__ __forceinline__ void q4k_scales4(const uint4& h, u32& sc_lo, u32& sc_hi, u32& m_lo, u32& m_hi) {
+    sc_lo = h.y & 0x3F3F3F3Fu;
+    m_lo = h.z & 0x3F3F3F3Fu;
+    sc_hi = (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u);
+    m_hi = ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
+}
+
+// Block b into acc[0] (row g) and acc[1] (row g + 8): pw[i], the weight of this lane's output
+// column 2t + i (254^-(2t+i) for a part, 0 past them).
 __device__ __forceinline__ void q4k_mma_block(const Q4kMmaBlock& s, const u8* parts, const float* aux, u32 b, u32 g,
-                                              u32 t, const float* pw, bool mins, float* acc) {
+                                              u32 t, const float* pw, float* acc) {
+    u32 sca[2], scb[2], ma[2], mb[2];
+    q4k_scales4(s.ha, sca[0], sca[1], ma[0], ma[1]);
+    q4k_scales4(s.hb, scb[0], scb[1], mb[0], mb[1]);
+    int ia[2] = {0, 0}, ib[2] = {0, 0};
+#pragma unroll
+    for (u32 grp = 0; grp < 8; grp++) {
+        const u32 j = grp / 2, hi = grp % 2;
+        u32 bf[2] = {0u, 0u};
+        if (g < MVX_PARTS) {
+            const uint2 v = *(const uint2*)(parts + 32 * (MVX_PARTS * (8 * b + grp) + g) + 8 * t);
+            bf[0] = v.x, bf[1] = v.y;
+        }
+        const u32 sh = 4 * hi;
+        const u32 af[4] = {(s.qa[j].x >> sh) & 0x0F0F0F0Fu, (s.qb[j].x >> sh) & 0x0F0F0F0Fu,
+                           (s.qa[j].y >> sh) & 0x0F0F0F0Fu, (s.qb[j].y >> sh) & 0x0F0F0F0Fu};
+        int c[4] = {0, 0, 0, 0};
+        mma_s8_16832(c, af, bf);
+        const int ka = (int)__byte_perm(sca[grp / 4], 0, 0x4440 | (grp % 4));
+        const int kb = (int)__byte_perm(scb[grp / 4], 0, 0x4440 | (grp % 4));
+        ia[0] += c[0] * ka, ia[1] += c[1] * ka;
+        ib[0] += c[2] * kb, ib[1] += c[3] * kb;
+    }
+    const float xs = aux[2 * 8 * b];  // the block's activation scale (every group's)
     const float da = f16_bits(s.ha.x & 0xFFFF), dma = f16_bits(s.ha.x >> 16);
     const float db = f16_bits(s.hb.x & 0xFFFF), dmb = f16_bits(s.hb.x >> 16);
-#pragma unroll
-    for (u32 j = 0; j < 4; j++) {
-        const u32 g0 = 8 * b + 2 * j;
-        const float4 ax = *(const float4*)(aux + 2 * g0);  // s0, Σx0, s1, Σx1
-        float sa[2], ma[2], sb[2], mb[2];
-        q4k_pair_scales(s.ha, j, sa[0], ma[0], sa[1], ma[1]);
-        q4k_pair_scales(s.hb, j, sb[0], mb[0], sb[1], mb[1]);
-#pragma unroll
-        for (u32 hi = 0; hi < 2; hi++) {
-            u32 bf[2] = {0u, 0u};
-            if (g < MVX_PARTS) {
-                const uint2 v = *(const uint2*)(parts + 32 * (MVX_PARTS * (g0 + hi) + g) + 8 * t);
-                bf[0] = v.x, bf[1] = v.y;
-            }
-            const u32 sh = 4 * hi;
-            const u32 af[4] = {(s.qa[j].x >> sh) & 0x0F0F0F0Fu, (s.qb[j].x >> sh) & 0x0F0F0F0Fu,
-                               (s.qa[j].y >> sh) & 0x0F0F0F0Fu, (s.qb[j].y >> sh) & 0x0F0F0F0Fu};
-            int c[4] = {0, 0, 0, 0};
-            mma_s8_16832(c, af, bf);
-            const float xs = hi ? ax.z : ax.x, xsum = hi ? ax.w : ax.y;
-            const float va = int_as_f32(c[0]) * pw[0] + int_as_f32(c[1]) * pw[1];
-            const float vb = int_as_f32(c[2]) * pw[0] + int_as_f32(c[3]) * pw[1];
-            acc[0] += (da * sa[hi]) * (xs * va);
-            acc[1] += (db * sb[hi]) * (xs * vb);
-            if (mins) {
-                acc[0] -= dma * ma[hi] * xsum;
-                acc[1] -= dmb * mb[hi] * xsum;
-            }
-        }
-    }
+    acc[0] += (da * xs) * ((float)ia[0] * pw[0] + (float)ia[1] * pw[1]);
+    acc[1] += (db * xs) * ((float)ib[0] * pw[0] + (float)ib[1] * pw[1]);
+    // This lane's mins: groups 2t and 2t + 1 (bytes 2t % 4 and 2t % 4 + 1 of the lo or hi word).
+    const float2 sx0 = *(const float2*)(aux + 2 * (8 * b + 2 * t));      // s, Σx of group 2t
+    const float2 sx1 = *(const float2*)(aux + 2 * (8 * b + 2 * t + 1));  // s, Σx of group 2t + 1
+    const u32 sel = 0x4440 | ((2 * t) % 4), sel1 = 0x4440 | ((2 * t) % 4 + 1);
+    const u32 wa = t < 2 ? ma[0] : ma[1], wb = t < 2 ? mb[0] : mb[1];
+    acc[0] -= dma * ((float)__byte_perm(wa, 0, sel) * sx0.y + (float)__byte_perm(wa, 0, sel1) * sx1.y);
+    acc[1] -= dmb * ((float)__byte_perm(wb, 0, sel) * sx0.y + (float)__byte_perm(wb, 0, sel1) * sx1.y);
 }
 
 template <u32 A>
@@ -524,24 +559,32 @@ __device__ __forceinline__ void mat_vec_x8_q4k_mma_at(const u8* xq, const u8* w,
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const u32 p = 2 * t + i;
-        pw[i] = p == 0 ? 1.0f : p == 1 ? 1.0f / 254.0f : p == 2 ? 1.0f / (254.0f * 254.0f) : 0.0f;
-        if (p >= MVX_PARTS) pw[i] = 0.0f;
+        pw[i] = p >= MVX_PARTS ? 0.0f : p == 0 ? 1.0f : p == 1 ? 1.0f / 254.0f : 1.0f / (254.0f * 254.0f);
     }
-    const bool mins = t == 2;
     float acc[2] = {0.0f, 0.0f};
-    Q4kMmaBlock cur = {}, nxt = {};
+    // A ring of MVX_DEPTH blocks: slot i holds block b + i · warps.
+    Q4kMmaBlock ring[MVX_DEPTH] = {};
     u32 b = warp;
-    if (b < nb) q4k_mma_fetch<A>(cur, wa + 144 * b, wb + 144 * b, t);
+#pragma unroll
+    for (u32 i = 0; i < MVX_DEPTH; i++) {
+        const u32 bi = b + i * warps;
+        if (bi < nb) q4k_mma_fetch<A>(ring[i], wa + 144 * bi, wb + 144 * bi, t);
+    }
     grid_launch_dependents();
     grid_wait();
     const u8* parts = xq + (size_t)blockIdx.y * x8_row_bytes(k);
     const float* aux = (const float*)(parts + (size_t)k * MVX_PARTS);
     while (b < nb) {
-        const u32 bn = b + warps;
-        if (bn < nb) q4k_mma_fetch<A>(nxt, wa + 144 * bn, wb + 144 * bn, t);
-        q4k_mma_block(cur, parts, aux, b, g, t, pw, mins, acc);
-        cur = nxt;
-        b = bn;
+#pragma unroll
+        for (u32 i = 0; i < MVX_DEPTH; i++) {
+            const u32 bi = b + i * warps;
+            if (bi < nb) {
+                q4k_mma_block(ring[i], parts, aux, bi, g, t, pw, acc);
+                const u32 bn = bi + MVX_DEPTH * warps;
+                if (bn < nb) q4k_mma_fetch<A>(ring[i], wa + 144 * bn, wb + 144 * bn, t);
+            }
+        }
+        b += MVX_DEPTH * warps;
     }
     // The quad's four lanes hold parts of the same two rows' sums.
 #pragma unroll
@@ -562,11 +605,11 @@ __device__ __forceinline__ void mat_vec_x8_q4k_mma_at(const u8* xq, const u8* w,
     }
 }
 
-// As mat_vec_x8_q4_k, over the tensor-core form: grid (Σ ceil(n_j / 16), m), 32 · min(MVX_WARPS,
-// k / 256) threads.
+// As mat_vec_x8_q4_k, over the tensor-core form: grid (Σ ceil(n_j / 16), m), 32 · w threads
+// (w ≤ MVX_WARPS). Needs quantize_x8 built with MVX_MMA (one activation scale a block).
 // @hot
 // @pdl
-extern "C" __global__ void __launch_bounds__(32 * MVX_WARPS)
+extern "C" __global__ void __launch_bounds__(32 * MVX_WARPS, MVX_BLOCKS)
 mat_vec_x8_q4_k_mma(const float* xq, const u8* w0, const u8* w1, const u8* w2, const float* res, float* y0,
                     float* y1, float* y2, u32 m, u32 n0, u32 n1, u32 n2, u32 k) {
     const WeightShare s = weight_share(16, w0, w1, w2, y0, y1, y2, n0, n1, n2);

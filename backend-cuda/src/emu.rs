@@ -80,10 +80,32 @@ pub fn build_with(spec: Option<&str>) -> std::result::Result<PathBuf, String> {
     if lib.is_file() {
         return Ok(lib);
     }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    std::fs::write(dir.join("kiln_emu.h"), HEADER).map_err(|e| e.to_string())?;
+    // Each build in a folder of its own, its library renamed into place at the end: tests
+    // (threads, processes) that build the same library at once neither read each other's
+    // half-written sources nor lose their output to the other's rename.
+    static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let work = dir.join(format!("build-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let built = compile_in(&work, &units)
+        .and_then(|so| std::fs::rename(&so, &lib).map_err(|e| format!("{}: {e}", lib.display())));
+    let _ = std::fs::remove_dir_all(&work);
+    match built {
+        Ok(()) => Ok(lib),
+        // Another build got there first.
+        Err(_) if lib.is_file() => Ok(lib),
+        Err(e) => Err(e),
+    }
+}
+
+/// Compiles the emulation header and `units` into a shared library in `work`; its path.
+fn compile_in(
+    work: &std::path::Path,
+    units: &[(String, String)],
+) -> std::result::Result<PathBuf, String> {
+    std::fs::write(work.join("kiln_emu.h"), HEADER).map_err(|e| e.to_string())?;
     let mut cmd = std::process::Command::new(compiler());
-    cmd.current_dir(&dir).args([
+    cmd.current_dir(work).args([
         "-std=c++17",
         "-O1",
         "-fPIC",
@@ -95,10 +117,10 @@ pub fn build_with(spec: Option<&str>) -> std::result::Result<PathBuf, String> {
         "-include",
         "kiln_emu.h",
         "-o",
-        "libkiln_cuda_emu.so.tmp",
+        "libkiln_cuda_emu.so",
     ]);
-    for (name, text) in &units {
-        std::fs::write(dir.join(name), text).map_err(|e| e.to_string())?;
+    for (name, text) in units {
+        std::fs::write(work.join(name), text).map_err(|e| e.to_string())?;
         cmd.arg(name);
     }
     let out = cmd
@@ -111,8 +133,7 @@ pub fn build_with(spec: Option<&str>) -> std::result::Result<PathBuf, String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    std::fs::rename(dir.join("libkiln_cuda_emu.so.tmp"), &lib).map_err(|e| e.to_string())?;
-    Ok(lib)
+    Ok(work.join("libkiln_cuda_emu.so"))
 }
 
 /// `__shared__` arrays are statics in the emulation, and every backend over the same kernel
@@ -555,12 +576,12 @@ mod tests {
     }
 
     /// And its tensor-core form (one mma.m16n8k32 over 16 rows a group; the emulator computes
-    /// the mma from PTX's fragment layout) at its defaults, and at 2 parts with 3 warps a block
-    /// (blocks whose warps take unequal shares of the row).
+    /// the mma from PTX's fragment layout) at its defaults (2 blocks in flight a warp), and at 2
+    /// parts with 3 warps a block and one block in flight.
     #[test]
     fn the_tensor_core_int8_mat_vec_passes_the_conformance_suite_on_the_cpu() {
         conformance(Some("MVX_MMA=1"));
-        conformance(Some("MVX_MMA=1,MVX_PARTS=2,MVX_WARPS=3"));
+        conformance(Some("MVX_MMA=1,MVX_PARTS=2,MVX_WARPS=3,MVX_DEPTH=1"));
     }
 
     fn conformance(spec: Option<&str>) {

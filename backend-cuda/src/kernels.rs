@@ -92,9 +92,12 @@ const TUNING_KNOBS: &[(&str, i64, i64)] = &[
     ("MVX_ROWS", 1, 8),
     ("MVX_STAGES", 2, 8),
     // The tensor-core form of the Q4_K kernel (mat_vec_x8_q4_k_mma: 16 rows a block, one
-    // mma.m16n8k32 a group for all of them) and its warps a block.
+    // mma.m16n8k32 a group for all of them), its warps a block, 256-value blocks in flight a
+    // warp and blocks an SM (its __launch_bounds__).
     ("MVX_MMA", 0, 1),
     ("MVX_WARPS", 1, 8),
+    ("MVX_DEPTH", 1, 4),
+    ("MVX_BLOCKS", 1, 8),
     // Not a kernel's: 0 makes the CUDA launcher start every kernel after the one before has
     // finished (no programmatic dependent launch for the `// @pdl` kernels).
     ("PDL", 0, 1),

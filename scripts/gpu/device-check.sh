@@ -176,15 +176,16 @@ vulkan() {
 
 # Per-kernel time and DRAM traffic of decode steps: `kiln run` of a few tokens, the kernels
 # after the prefill's, once per kernel variant of KILN_GPU_NCU_VARIANTS (space-separated
-# KILN_CUDA_DEFINES values; "default" is the built-in one). ncu locks the clocks to base.
+# KILN_CUDA_DEFINES values; "default" is the built-in one), at the card's own clocks.
 ncu_decode() {
+    wait_models
     local ncu v log had=${KILN_CUDA_DEFINES-__unset__}
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     for v in ${KILN_GPU_NCU_VARIANTS:-default MV_X8=0}; do
         log=ncu-decode-3b-q4_k-$v
         say "== ncu, kernels $v"
         if [ "$v" = default ]; then unset KILN_CUDA_DEFINES; else export KILN_CUDA_DEFINES=$v; fi
-        run "$log" 90 "$ncu" --launch-skip 1200 --launch-count 400 \
+        run "$log" 90 "$ncu" --clock-control none --launch-skip 1200 --launch-count 400 \
             --csv --page raw --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,sm__warps_active.avg.pct_of_peak_sustained_active \
             "$K" run -m $MODELS/llama-3b-q4_k.gguf --backend cuda --ignore-eos -n 8 --temp 0 "The quick brown fox"
         python3 - "$LOGS/$log.log" <<'EOF2' | tee -a "$SUMMARY"
@@ -287,16 +288,23 @@ for s in $steps; do
         ncu_decode) ncu_decode ;;
         ncu_detail)
             # Why the hottest decode mat-vecs stall: ncu's warp-state, scheduler, occupancy
-            # and memory sections on a few of them (3 B Q4_K, decode steps replayed as graphs).
+            # and memory sections on a few of them (3 B Q4_K, decode steps replayed as graphs),
+            # once per kernel set of KILN_GPU_DETAIL_VARIANTS (KILN_CUDA_DEFINES values,
+            # "default" for the caller's).
             wait_models
             ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-            run ncu-detail-3b-q4_k 120 "$ncu" --clock-control none --graph-profiling node \
-                -k regex:'mat_vec' --launch-skip 300 --launch-count 6 \
-                --section SpeedOfLight --section Occupancy --section WarpStateStats \
-                --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
-                "$K" run -m $MODELS/llama-3b-q4_k.gguf --backend cuda --ignore-eos -n 24 --temp 0 "The quick brown fox"
-            grep -E "^  [a-z_]+_mat_vec|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Issued Warp|No Eligible|Stall|Warp Cycles Per Issued|Registers Per|Theoretical Occupancy" \
-                "$LOGS/ncu-detail-3b-q4_k.log" | head -80 | tee -a "$SUMMARY"
+            for v in ${KILN_GPU_DETAIL_VARIANTS:-default}; do
+                say "== ncu detail, kernels $v"
+                d=${KILN_CUDA_DEFINES:-}; [ "$v" != default ] && d=$v
+                log=ncu-detail-3b-q4_k-$v
+                run "$log" 120 env KILN_CUDA_DEFINES=$d "$ncu" --clock-control none --graph-profiling node \
+                    -k regex:'mat_vec' --launch-skip 300 --launch-count 6 \
+                    --section SpeedOfLight --section Occupancy --section WarpStateStats \
+                    --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
+                    "$K" run -m $MODELS/llama-3b-q4_k.gguf --backend cuda --ignore-eos -n 24 --temp 0 "The quick brown fox"
+                grep -E "^  [a-z_0-9]+_mat_vec|mat_vec_x8|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Issued Warp|No Eligible|Stall|Warp Cycles Per Issued|Registers Per|Theoretical Occupancy|L1/TEX Hit|L2 Hit" \
+                    "$LOGS/$log.log" | head -90 | tee -a "$SUMMARY"
+            done
             ;;
         concurrent)
             # Aggregate decode of 64 concurrent requests against one (8 B Q4_K), for each kernel

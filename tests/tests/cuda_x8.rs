@@ -33,6 +33,24 @@ fn a_q4_k_model_decodes_over_int8_activations_as_the_cpu_does() {
     let Some(emu) = kiln_tests::cuda_emu() else {
         return;
     };
+    decodes_as_the_cpu(emu);
+}
+
+/// The same with the tensor-core form of the Q4_K kernel (MVX_MMA=1: one activation scale a
+/// 256-value block, mma.m16n8k32 over 16 rows, the scaled group sums added as integers). Its
+/// checkpoint's random scales and mins (unlike the conformance suite's quantized normal
+/// values, whose mins barely differ between groups) catch a min applied to the wrong group.
+#[test]
+fn the_tensor_core_form_decodes_as_the_cpu_does() {
+    if kiln_tests::cuda_emu().is_none() {
+        return;
+    }
+    let emu: Arc<dyn Backend> =
+        kiln_backend_cuda::emu::EmuBackend::open_with(Some("MVX_MMA=1")).expect("emulator builds");
+    decodes_as_the_cpu(emu);
+}
+
+fn decodes_as_the_cpu(emu: Arc<dyn Backend>) {
     let prompt = [259u32, 283, 81, 223, 89, 81, 84, 78, 70];
     let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::with_threads(1));
     let want = greedy_logits(&mut runner(Executor::new(cpu)), &prompt, 6).1;

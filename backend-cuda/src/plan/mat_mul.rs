@@ -83,13 +83,15 @@ fn plan_x8(
     // MVX_ROWS rows (2 unless set), a block 4 warps.
     let split = kernels::knob("MVX_SPLIT") != Some(0);
     let rows_knob = kernels::knob("MVX_ROWS").map(|r| r as usize);
-    // The tensor-core form (MVX_MMA=1): 16 rows a block, a warp for each of the rows'
-    // 256-value blocks, at most MVX_WARPS (8 unless set).
+    // The tensor-core form (MVX_MMA=1): 16 rows a block, the rows' 256-value blocks spread
+    // evenly over at most MVX_WARPS warps (8 unless set): 12 blocks take 6 warps of 2, not 8
+    // warps of 2 and 1.
     let mma = kernel == "mat_vec_x8_q4_k" && kernels::knob("MVX_MMA") == Some(1);
     let kernel = if mma { "mat_vec_x8_q4_k_mma" } else { kernel };
     let (per_block, threads) = if mma {
-        let most = kernels::knob("MVX_WARPS").map_or(8, |w| w as usize);
-        (16, 32 * (k / 256).clamp(1, most))
+        let most = kernels::knob("MVX_WARPS").map_or(8, |w| w as usize).max(1);
+        let nb = (k / 256).max(1);
+        (16, 32 * nb.div_ceil(nb.div_ceil(most)))
     } else if split {
         let warps = (k / 256).div_ceil(4).clamp(1, X8_THREADS as usize / 32);
         (rows_knob.unwrap_or(8), 32 * warps)
