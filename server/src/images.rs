@@ -85,7 +85,7 @@ pub fn place(
     images: &[Arc<Image>],
     chat: bool,
 ) -> Result<(Vec<u32>, Vec<PromptImage>), String> {
-    let (expanded, n) = tower.expand(text);
+    let (expanded, n) = tower.expand(text, images).map_err(|e| e.to_string())?;
     if n != images.len() {
         return Err(format!(
             "the prompt marks {n} images ({:?}) for the {} given",
@@ -98,7 +98,6 @@ pub fn place(
         false => tok.encode(&expanded, true),
     }
     .map_err(|e| e.to_string())?;
-    let per = tower.tokens_per_image();
     let mut placed = Vec::with_capacity(images.len());
     let mut i = 0;
     while i < ids.len() {
@@ -115,6 +114,7 @@ pub fn place(
         let Some(image) = images.get(placed.len()) else {
             return Err("the prompt holds more image soft tokens than images".into());
         };
+        let per = tower.tokens_for(&image.rgb).map_err(|e| e.to_string())?;
         if i - start != per {
             return Err(format!(
                 "image {}: {} soft tokens in the prompt, the model takes {per}",

@@ -177,12 +177,7 @@ fn load_vision(
         tracing::warn!("{msg}; images will be refused");
         return Ok(None);
     };
-    tracing::info!(
-        "vision tower: {} soft tokens an image, {}x{} pixels",
-        tower.tokens_per_image(),
-        tower.processor.size.map_or(0, |s| s.1),
-        tower.processor.size.map_or(0, |s| s.0)
-    );
+    tracing::info!("vision tower: {}", tower.describe());
     Ok(Some((Arc::new(tower), token)))
 }
 

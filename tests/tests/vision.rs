@@ -122,7 +122,8 @@ fn image_features_match_transformers() {
     let tower = kiln_core::model::VisionTower::open(&dir(), None, &ex)
         .unwrap()
         .expect("the checkpoint has a vision tower");
-    assert_eq!(tower.tokens_per_image(), 4);
+    let one = Image::decode(&std::fs::read(dir().join("square.png")).unwrap()).unwrap();
+    assert_eq!(tower.tokens_for(&one.rgb).unwrap(), 4);
     let r = json("reference.json");
     for (case, c) in r["cases"].as_object().unwrap() {
         let want = f32s(&format!("features_{case}.f32"));
@@ -131,7 +132,7 @@ fn image_features_match_transformers() {
         let (per_px, per_ft) = (pixels.len() / images.len(), want.len() / images.len());
         for (i, name) in images.iter().enumerate() {
             let got = tower
-                .encode_pixels(&ex, &pixels[i * per_px..(i + 1) * per_px])
+                .encode_pixels(&ex, &pixels[i * per_px..(i + 1) * per_px], 32, 32)
                 .unwrap();
             let got = ex.download_f32(&got).unwrap();
             let e = worst(&got, &want[i * per_ft..(i + 1) * per_ft]);
@@ -263,7 +264,7 @@ fn image_logits(
             let feats: Vec<_> = (0..runs.len())
                 .map(|i| {
                     tower
-                        .encode_pixels(&ex, &pixels[i * per_px..(i + 1) * per_px])
+                        .encode_pixels(&ex, &pixels[i * per_px..(i + 1) * per_px], 32, 32)
                         .unwrap()
                 })
                 .collect();

@@ -39,10 +39,12 @@ impl Engine {
                     .into(),
             ));
         };
-        let n = v.tower.tokens_per_image();
         let mut spans = Vec::with_capacity(images.len());
         let mut end = 0;
+        let mut total = 0usize;
         for (i, im) in images.iter().enumerate() {
+            let n = v.tower.tokens_for(&im.image.rgb)?;
+            total = total.saturating_add(n);
             let span = im.start..im.start.saturating_add(n);
             if im.start < end || span.end > prompt.len() {
                 return Err(Error::Model(format!(
@@ -64,9 +66,9 @@ impl Engine {
             });
         }
         let soft = prompt.iter().filter(|&&t| t == v.token).count();
-        if soft != n * images.len() {
+        if soft != total {
             return Err(Error::Model(format!(
-                "the prompt holds {soft} image soft tokens for {} images of {n}",
+                "the prompt holds {soft} image soft tokens for {} images of {total} in all",
                 images.len()
             )));
         }

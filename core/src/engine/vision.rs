@@ -9,7 +9,7 @@ use crate::tensor::Tensor;
 use crate::vision::Image;
 
 /// An image of a prompt: its soft tokens start at `start` (the prompt holds the tower's
-/// soft-token id there, [`VisionTower::tokens_per_image`] times).
+/// soft-token id there, [`VisionTower::tokens_for`] the image times).
 #[derive(Clone, Debug)]
 pub struct PromptImage {
     pub start: usize,

@@ -307,6 +307,7 @@ pub(crate) fn step_input(ex: &Executor, b: &ForwardBatch, which: StepInput) -> R
 }
 
 /// The batch's index tensors, uploaded once per forward.
+#[derive(Clone)]
 pub(crate) struct BatchTensors {
     pub positions: Tensor,
     pub seq_lens: Tensor,

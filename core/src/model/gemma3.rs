@@ -96,6 +96,15 @@ const GEMMA3: &[Field] = &[
     none("final_logit_softcapping"),
 ];
 
+/// Gemma 3's image text: its chat template writes `<start_of_image>` for an image, its
+/// processor makes that the soft tokens wrapped in blank lines and the image's start and end.
+pub const IMAGE_TEXT: super::vision::ImageText = super::vision::ImageText {
+    marker: "<start_of_image>",
+    soft_token: "<image_soft_token>",
+    before: "\n\n<start_of_image>",
+    after: "<end_of_image>\n\n",
+};
+
 /// Gemma 3 checkpoints: norms stored for `x·(1+w)`, the window, both RoPE bases, the query
 /// scale, the layer pattern; the multimodal ones' SigLIP tower.
 pub const HF: HfFamily = HfFamily {

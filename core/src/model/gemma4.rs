@@ -93,6 +93,8 @@ pub struct Gemma4 {
     pub(super) info: ModelInfo,
     pub(super) eps: f32,
     pub(super) soft_cap: Option<f32>,
+    /// Whether an image's soft tokens see each other both ways on the sliding layers.
+    images_bidirectional: bool,
     pub(super) head: Head,
     layers: Vec<Layer>,
     groups: Vec<KvGroup>,
@@ -216,6 +218,12 @@ impl Gemma4 {
                 && f.tensor(&format!("blk.{l}.attn_v.weight")).is_err()
         });
         let ple_width = u("embedding_length_per_layer_input")?;
+        // kiln's key from a Hugging Face config; in llama.cpp's files none, where its rule
+        // holds: bidirectional except E2B and E4B (text widths 1536 and 2560).
+        let images_bidirectional = match f.get(&f.arch_key("attention.images_bidirectional")) {
+            Some(Value::Bool(b)) => *b,
+            _ => !matches!(info.n_embd, 1536 | 2560),
+        };
         let soft_cap = match f.get(&f.arch_key("final_logit_softcapping")) {
             Some(_) => Some(f.get_f32(&f.arch_key("final_logit_softcapping"))?),
             None => None,
@@ -474,6 +482,7 @@ impl Gemma4 {
             info,
             eps,
             soft_cap,
+            images_bidirectional,
             head,
             layers,
             groups,
@@ -646,6 +655,9 @@ impl Gemma4 {
         check_batch(b, i.vocab)?;
         let (x0, ids) = self.head.embed(ex, b)?;
         let x = ex.scale(&x0, (i.n_embd as f32).sqrt())?;
+        // An image row takes the image's embedding; its per-layer input is that embedding's
+        // projection and its (zeroed: the pad token's) id's table row, as transformers makes it.
+        let x = super::blocks::splice_embeds(ex, &x, b)?;
         let ple = self.ple_inputs(ex, &x, &ids)?;
         self.layers_pass(ex, b, kv, x, &ple, pass)
     }
@@ -687,6 +699,15 @@ impl Gemma4 {
         let t = b.tokens.len();
         let n_groups = self.source_groups.unwrap_or(self.groups.len());
         let bt = upload_batch(ex, b, n_groups)?;
+        // Image soft tokens see each other both ways on the sliding layers (where the
+        // checkpoint says so); the full layers stay causal.
+        let bt_images = match self.images_bidirectional && !b.embeds.is_empty() {
+            true => Some(super::blocks::BatchTensors {
+                key_end: super::blocks::image_key_end(ex, b)?,
+                ..bt.clone()
+            }),
+            false => None,
+        };
         let split = match pass {
             Pass::Mixed { seqs, .. } => Some(Split::new(ex, b, seqs, n_groups)?),
             _ => None,
@@ -739,7 +760,13 @@ impl Gemma4 {
                     let p = (params(Pass::Encoder), params(canvas));
                     sp.attention(ex, &bt, kv, a.cache, &q, new_kv, p)?
                 }
-                None => attention(ex, &bt, kv, a.cache, &q, new_kv, params(pass))?,
+                None => {
+                    let bt = match (&bt_images, a.window) {
+                        (Some(bi), Some(_)) => bi,
+                        _ => &bt,
+                    };
+                    attention(ex, bt, kv, a.cache, &q, new_kv, params(pass))?
+                }
             };
             let o = ex.matmul(&o, &a.wo)?;
             x = ex.add(&x, &self.norm(ex, &o, &a.post_norm)?)?;
@@ -801,10 +828,11 @@ pub(crate) const GEMMA4: &[Field] = &[
     fd("rope_parameters", GEMMA4_ROPE),
 ];
 
-/// Gemma 4 checkpoints (text, or the text model of the multimodal one): per-layer head
+/// Gemma 4 checkpoints (text, or the multimodal one with its vision tower): per-layer head
 /// sizes, both RoPEs, K = V, KV sharing, per-layer embeddings, the MoE block.
 pub const HF: HfFamily = HfFamily {
     defaults: &[("gemma4", GEMMA4), ("gemma4_text", GEMMA4)],
+    vision: Some(super::gemma4v::hf_vision),
     ..HfFamily::new(
         &[("gemma4", "gemma4"), ("gemma4_text", "gemma4")],
         hf_meta,
@@ -932,6 +960,10 @@ pub(crate) fn hf_meta(c: &Config, m: &mut Meta) -> Result<()> {
         .and_then(Json::as_bool)
         .unwrap_or(false);
     m.set("attention.k_eq_v", Value::Bool(k_eq_v));
+    // transformers' `use_bidirectional_attention`: "vision" lets an image's soft tokens see
+    // each other both ways on the sliding layers.
+    let bidir = c.get("use_bidirectional_attention").and_then(Json::as_str) == Some("vision");
+    m.set("attention.images_bidirectional", Value::Bool(bidir));
     m.u(
         "embedding_length_per_layer_input",
         c.usize_or("hidden_size_per_layer_input", 0)?,

@@ -4,24 +4,42 @@
 //! into, and how a prompt makes room for them.
 //!
 //! The prompt: a chat template writes one image marker per image (Gemma 3:
-//! `<start_of_image>`); [`VisionTower::expand`] replaces each by the model's full image
-//! sequence (Gemma 3's processor: `"\n\n<start_of_image>" + "<image_soft_token>" × 256 +
-//! "<end_of_image>\n\n"`), which the tokenizer then reads; the soft tokens' rows take the
-//! encoder's embeddings.
+//! `<start_of_image>`, Gemma 4: `<|image|>`); [`VisionTower::expand`] replaces each by the
+//! model's full image sequence (Gemma 3's processor: `"\n\n<start_of_image>" +
+//! "<image_soft_token>" × 256 + "<end_of_image>\n\n"`; Gemma 4's: `"<|image>" + "<|image|>"
+//! × n + "<image|>"`, n by the image's size), which the tokenizer then reads; the soft
+//! tokens' rows take the encoder's embeddings.
 
 use std::path::Path;
 
+use super::gemma4v::Gemma4Vision;
 use super::siglip::Siglip;
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::GgufFile;
 use crate::tensor::Tensor;
 use crate::vision::resize::Filter;
-use crate::vision::{Processor, Rgb};
+use crate::vision::{Fit, Image, Processor, Rgb};
+
+/// How a family's prompt holds an image: the marker its chat template writes, the text of one
+/// soft token, and what its processor wraps an image's soft tokens in.
+pub struct ImageText {
+    pub marker: &'static str,
+    pub soft_token: &'static str,
+    pub before: &'static str,
+    pub after: &'static str,
+}
+
+enum Encoder {
+    /// Gemma 3's SigLIP tower: square images, a fixed number of soft tokens.
+    Siglip(Siglip),
+    /// Gemma 4's: images at their aspect ratio, soft tokens by their size.
+    Gemma4(Gemma4Vision),
+}
 
 /// An image encoder and everything needed to feed it.
 pub struct VisionTower {
-    encoder: Siglip,
+    encoder: Encoder,
     pub processor: Processor,
     /// What a chat template writes for an image.
     pub marker: String,
@@ -66,66 +84,159 @@ impl VisionTower {
                 format!("architecture {arch:?} is not a vision projector (clip)"),
             ));
         }
-        let encoder = Siglip::load(&file, ex)?;
-        if processor.size != Some((encoder.image, encoder.image)) {
-            return Err(Error::load(
-                file.path(),
-                format!(
-                    "the image processor makes {:?} images, the encoder takes {}x{}",
-                    processor.size, encoder.image, encoder.image
-                ),
-            ));
-        }
+        let kind = file.get_str("clip.projector_type")?;
+        let (encoder, text) = if kind == super::gemma4v::PROJECTOR {
+            let e = Gemma4Vision::load(&file, ex)?;
+            match processor.fit {
+                Some(f) if f.patch == e.patch && f.pool == e.pool => {}
+                _ => return Err(Error::load(
+                    file.path(),
+                    format!(
+                        "the image processor ({:?}) does not make {}-pixel patches pooled {}x{}",
+                        processor.fit, e.patch, e.pool, e.pool
+                    ),
+                )),
+            }
+            (Encoder::Gemma4(e), &super::gemma4v::IMAGE_TEXT)
+        } else {
+            let e = Siglip::load(&file, ex)?;
+            if processor.size != Some((e.image, e.image)) {
+                return Err(Error::load(
+                    file.path(),
+                    format!(
+                        "the image processor makes {:?} images, the encoder takes {}x{}",
+                        processor.size, e.image, e.image
+                    ),
+                ));
+            }
+            (Encoder::Siglip(e), &super::gemma3::IMAGE_TEXT)
+        };
         Ok(Some(VisionTower {
             encoder,
             processor,
-            marker: "<start_of_image>".into(),
-            soft_token: "<image_soft_token>".into(),
-            wrap: ("\n\n<start_of_image>".into(), "<end_of_image>\n\n".into()),
+            marker: text.marker.into(),
+            soft_token: text.soft_token.into(),
+            wrap: (text.before.into(), text.after.into()),
         }))
     }
 
-    /// Soft tokens per image.
-    pub fn tokens_per_image(&self) -> usize {
-        self.encoder.tokens_per_image()
+    /// Soft tokens of `img` (its pixel size after the processor's resize).
+    pub fn tokens_for(&self, img: &Rgb) -> Result<usize> {
+        match &self.encoder {
+            Encoder::Siglip(e) => Ok(e.tokens_per_image()),
+            Encoder::Gemma4(e) => {
+                let (h, w) = match self.processor.fit {
+                    Some(f) => f.size(img.height, img.width)?,
+                    None => (img.height, img.width),
+                };
+                Ok(e.tokens(h, w))
+            }
+        }
+    }
+
+    /// A description of the soft tokens an image takes, for logs.
+    pub fn describe(&self) -> String {
+        match (&self.encoder, self.processor.fit) {
+            (Encoder::Siglip(e), _) => format!(
+                "{} soft tokens an image of {}x{} pixels",
+                e.tokens_per_image(),
+                e.image,
+                e.image
+            ),
+            (
+                Encoder::Gemma4(_),
+                Some(Fit {
+                    max_patches, pool, ..
+                }),
+            ) => format!(
+                "at most {} soft tokens an image, at its aspect ratio",
+                max_patches / (pool * pool).max(1)
+            ),
+            (Encoder::Gemma4(_), None) => "soft tokens by the image's size".into(),
+        }
     }
 
     /// The text model's width, which the soft tokens have.
     pub fn width(&self) -> usize {
-        self.encoder.text_width
-    }
-
-    /// `text` with each image marker replaced by an image's whole sequence (its soft tokens
-    /// wrapped as the model's processor wraps them), and the number of markers replaced.
-    pub fn expand(&self, text: &str) -> (String, usize) {
-        let n = text.matches(self.marker.as_str()).count();
-        if n == 0 {
-            return (text.to_string(), 0);
+        match &self.encoder {
+            Encoder::Siglip(e) => e.text_width,
+            Encoder::Gemma4(e) => e.text_width,
         }
-        let seq = format!(
-            "{}{}{}",
-            self.wrap.0,
-            self.soft_token.repeat(self.tokens_per_image()),
-            self.wrap.1
-        );
-        (text.replace(self.marker.as_str(), &seq), n)
     }
 
-    /// The soft tokens of one image: `[tokens_per_image, width]` f32 on `ex`'s backend.
+    /// `text` with its image markers replaced, the i-th by `images[i]`'s whole sequence (its
+    /// soft tokens wrapped as the model's processor wraps them), and the number of markers;
+    /// `text` as it is when they are not as many as the images.
+    pub fn expand(&self, text: &str, images: &[std::sync::Arc<Image>]) -> Result<(String, usize)> {
+        let n = text.matches(self.marker.as_str()).count();
+        if n == 0 || n != images.len() {
+            return Ok((text.to_string(), n));
+        }
+        let mut out = String::with_capacity(text.len());
+        for (i, piece) in text.split(self.marker.as_str()).enumerate() {
+            if i > 0 {
+                let k = self.tokens_for(&images[i - 1].rgb)?;
+                out.push_str(&self.wrap.0);
+                out.push_str(&self.soft_token.repeat(k));
+                out.push_str(&self.wrap.1);
+            }
+            out.push_str(piece);
+        }
+        Ok((out, n))
+    }
+
+    /// The soft tokens of one image: `[tokens_for(img), width]` f32 on `ex`'s backend.
     pub fn encode(&self, ex: &Executor, img: &Rgb) -> Result<Tensor> {
-        let (_, _, px) = self.processor.pixels(img)?;
-        self.encoder.encode(ex, &px)
+        let (h, w, px) = self.processor.pixels(img)?;
+        self.encode_pixels(ex, &px, h, w)
     }
 
-    /// [`VisionTower::encode`] from pixel values already made (`[3, S, S]`).
-    pub fn encode_pixels(&self, ex: &Executor, pixels: &[f32]) -> Result<Tensor> {
-        self.encoder.encode(ex, pixels)
+    /// [`VisionTower::encode`] from pixel values already made (`[3, h, w]`).
+    pub fn encode_pixels(
+        &self,
+        ex: &Executor,
+        pixels: &[f32],
+        h: usize,
+        w: usize,
+    ) -> Result<Tensor> {
+        match &self.encoder {
+            Encoder::Siglip(e) => {
+                if (h, w) != (e.image, e.image) {
+                    return Err(Error::Model(format!(
+                        "a {w}x{h} image for a tower of {}x{}",
+                        e.image, e.image
+                    )));
+                }
+                e.encode(ex, pixels)
+            }
+            Encoder::Gemma4(e) => e.encode(ex, pixels, h, w),
+        }
     }
 }
 
 /// An mmproj GGUF's image processing: its square size, bilinear resampling (what the HF
 /// processors of the projectors kiln reads use), 1/255 and its mean and standard deviation.
 fn processor_from_gguf(f: &GgufFile) -> Result<Processor> {
+    if f.get_str("clip.projector_type").ok() == Some(super::gemma4v::PROJECTOR) {
+        // Gemma 4's processor: bicubic, 1/255 and no normalization (the tower maps the values
+        // itself), at most 280 soft tokens an image (its default).
+        let u = |k: &str, d: u64| f.get_u64(k).unwrap_or(d).clamp(1, 4096) as usize;
+        let (patch, pool) = (
+            u("clip.vision.patch_size", 16),
+            u("clip.vision.projector.scale_factor", 3),
+        );
+        return Ok(Processor {
+            size: None,
+            fit: Some(Fit {
+                patch,
+                pool,
+                max_patches: 280 * pool * pool,
+            }),
+            filter: Filter::Bicubic,
+            rescale: Some(1.0 / 255.0),
+            normalize: None,
+        });
+    }
     let size = f.get_u64("clip.vision.image_size")? as usize;
     let three = |k: &str| -> Result<[f32; 3]> {
         let v = f.get_f32_array(k)?;
@@ -144,6 +255,7 @@ fn processor_from_gguf(f: &GgufFile) -> Result<Processor> {
     }
     Ok(Processor {
         size: Some((size, size)),
+        fit: None,
         filter: Filter::Bilinear,
         rescale: Some(1.0 / 255.0),
         normalize: Some((mean, std)),

@@ -121,8 +121,11 @@ pub fn over_white(rgba: &[u8]) -> Vec<u8> {
 /// metadata) says turns an image into its pixel values.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Processor {
-    /// Output height and width; `None`: no resize.
+    /// Output height and width; `None`: no resize (or `fit`'s).
     pub size: Option<(usize, usize)>,
+    /// Instead of a fixed size, the largest size of the image's aspect ratio that fits a
+    /// patch budget (Gemma 4's processor).
+    pub fit: Option<Fit>,
     pub filter: Filter,
     /// Multiplies the 0..=255 values (in f64, then rounded to f32), when set.
     pub rescale: Option<f64>,
@@ -130,10 +133,55 @@ pub struct Processor {
     pub normalize: Option<([f32; 3], [f32; 3])>,
 }
 
+/// Gemma 4's aspect-preserving resize: the image scaled to about `max_patches` patches of
+/// `patch` pixels, each side then rounded down to a multiple of `patch · pool` (the patches
+/// pooled `pool × pool` into soft tokens).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fit {
+    pub patch: usize,
+    pub pool: usize,
+    pub max_patches: usize,
+}
+
+impl Fit {
+    /// The height and width an `h × w` image is resized to (transformers'
+    /// `get_aspect_ratio_preserving_size`, in the same f64 arithmetic).
+    pub fn size(&self, h: usize, w: usize) -> Result<(usize, usize)> {
+        let unit = self.patch * self.pool;
+        if h == 0 || w == 0 || unit == 0 {
+            return Err(bad(format!("cannot fit a {w}x{h} image")));
+        }
+        let target = (self.max_patches * self.patch * self.patch) as f64;
+        let factor = (target / (h as f64 * w as f64)).sqrt();
+        let mut th = ((factor * h as f64) / unit as f64).floor() as usize * unit;
+        let mut tw = ((factor * w as f64) / unit as f64).floor() as usize * unit;
+        let longest = (self.max_patches / (self.pool * self.pool)) * unit;
+        if th == 0 && tw == 0 {
+            return Err(bad(format!(
+                "a {w}x{h} image cannot be resized to whole {unit}-pixel tiles"
+            )));
+        } else if th == 0 {
+            th = unit;
+            tw = (w / h * unit).min(longest);
+        } else if tw == 0 {
+            tw = unit;
+            th = (h / w * unit).min(longest);
+        }
+        if th * tw > self.max_patches * self.patch * self.patch {
+            return Err(bad(format!(
+                "a {w}x{h} image resized to {tw}x{th} would exceed {} patches",
+                self.max_patches
+            )));
+        }
+        Ok((th, tw))
+    }
+}
+
 impl Processor {
     /// The processor a Hugging Face `preprocessor_config.json` describes (the fields of the
     /// image processors of SigLIP and Gemma 3: a fixed `size`, `resample`, `do_rescale` with
-    /// `rescale_factor`, `do_normalize` with `image_mean`/`image_std`).
+    /// `rescale_factor`, `do_normalize` with `image_mean`/`image_std`; Gemma 4's
+    /// `max_soft_tokens`, `patch_size` and `pooling_kernel_size` instead of a size).
     pub fn from_hf(cfg: &serde_json::Value) -> Result<Processor> {
         use serde_json::Value as J;
         let flag = |k: &str, default: bool| cfg.get(k).and_then(J::as_bool).unwrap_or(default);
@@ -142,7 +190,31 @@ impl Processor {
                 "preprocessor_config.json asks for pan-and-scan crops, which kiln does not make yet",
             ));
         }
-        let size = if flag("do_resize", true) {
+        let fit = match cfg.get("max_soft_tokens").and_then(J::as_u64) {
+            Some(soft) if flag("do_resize", true) => {
+                let n = |k: &str, default: u64| {
+                    cfg.get(k)
+                        .and_then(J::as_u64)
+                        .unwrap_or(default)
+                        .clamp(1, 4096) as usize
+                };
+                let (patch, pool) = (n("patch_size", 16), n("pooling_kernel_size", 3));
+                if soft == 0 || soft > 1 << 16 {
+                    return Err(bad(format!(
+                        "preprocessor_config.json: max_soft_tokens {soft} is out of range"
+                    )));
+                }
+                Some(Fit {
+                    patch,
+                    pool,
+                    max_patches: soft as usize * pool * pool,
+                })
+            }
+            _ => None,
+        };
+        let size = if fit.is_some() {
+            None
+        } else if flag("do_resize", true) {
             let s = cfg
                 .get("size")
                 .ok_or_else(|| bad("preprocessor_config.json has no size"))?;
@@ -199,6 +271,7 @@ impl Processor {
         };
         Ok(Processor {
             size,
+            fit,
             filter,
             rescale,
             normalize,
@@ -207,7 +280,11 @@ impl Processor {
 
     /// The pixel values of `img`: `[3, H, W]` (channel planes), f32.
     pub fn pixels(&self, img: &Rgb) -> Result<(usize, usize, Vec<f32>)> {
-        let (h, w, data) = match self.size {
+        let size = match self.fit {
+            Some(f) => Some(f.size(img.height, img.width)?),
+            None => self.size,
+        };
+        let (h, w, data) = match size {
             Some((h, w)) if (h, w) != (img.height, img.width) => (
                 h,
                 w,

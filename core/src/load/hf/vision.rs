@@ -4,7 +4,8 @@
 //! makes: the projector's soft-embedding norm, stored as `w` for `x·(1+w)`, gets 1 added.
 //!
 //! What a family's `config.json` says of its tower is the family's own
-//! ([`super::family::HfFamily::vision`], in its file); the tensor names here are SigLIP's.
+//! ([`super::family::HfFamily::vision`], in its file); the tensor names here are SigLIP's
+//! and Gemma 4's.
 
 use std::path::Path;
 
@@ -34,6 +35,11 @@ fn mmproj_name(hf: &str) -> Option<String> {
     ];
     if let Some(rest) = tower.iter().find_map(|p| hf.strip_prefix(p)) {
         let fixed = match rest {
+            // Gemma 4's (its patch matmul is permuted to a convolution's layout on reading).
+            "patch_embedder.input_proj.weight" => Some("v.patch_embd.weight"),
+            "patch_embedder.position_embedding_table" => Some("v.position_embd.weight"),
+            "std_bias" => Some("v.std_bias"),
+            "std_scale" => Some("v.std_scale"),
             "embeddings.patch_embedding.weight" => Some("v.patch_embd.weight"),
             "embeddings.patch_embedding.bias" => Some("v.patch_embd.bias"),
             "embeddings.position_embedding.weight" => Some("v.position_embd.weight"),
@@ -49,6 +55,21 @@ fn mmproj_name(hf: &str) -> Option<String> {
         let l: usize = l.parse().ok()?;
         let (stem, kind) = part.rsplit_once('.')?;
         let name = match stem {
+            // Gemma 4's layers.
+            "input_layernorm" => "ln1",
+            "self_attn.q_proj.linear" => "attn_q",
+            "self_attn.k_proj.linear" => "attn_k",
+            "self_attn.v_proj.linear" => "attn_v",
+            "self_attn.o_proj.linear" => "attn_out",
+            "self_attn.q_norm" => "attn_q_norm",
+            "self_attn.k_norm" => "attn_k_norm",
+            "post_attention_layernorm" => "attn_post_norm",
+            "pre_feedforward_layernorm" => "ln2",
+            "post_feedforward_layernorm" => "ffn_post_norm",
+            "mlp.gate_proj.linear" => "ffn_gate",
+            "mlp.up_proj.linear" => "ffn_up",
+            "mlp.down_proj.linear" => "ffn_down",
+            // SigLIP's.
             "layer_norm1" => "ln1",
             "layer_norm2" => "ln2",
             "self_attn.q_proj" => "attn_q",
@@ -61,11 +82,16 @@ fn mmproj_name(hf: &str) -> Option<String> {
         };
         return Some(format!("v.blk.{l}.{name}.{kind}"));
     }
-    let rest = ["model.multi_modal_projector.", "multi_modal_projector."]
-        .iter()
-        .find_map(|p| hf.strip_prefix(p))?;
+    let rest = [
+        "model.multi_modal_projector.",
+        "multi_modal_projector.",
+        "model.embed_vision.",
+    ]
+    .iter()
+    .find_map(|p| hf.strip_prefix(p))?;
     Some(
         match rest {
+            "embedding_projection.weight" => "mm.input_projection.weight",
             "mm_input_projection_weight" => "mm.input_projection.weight",
             "mm_soft_emb_norm.weight" => "mm.soft_emb_norm.weight",
             _ => return None,
@@ -120,7 +146,39 @@ pub fn open_vision_dir(dir: &Path) -> Result<Option<GgufFile>> {
                 offset: e.offset,
                 nbytes: e.nbytes,
             };
-            if info.name == "mm.soft_emb_norm.weight" {
+            if info.name == "v.patch_embd.weight" && e.shape.len() == 2 {
+                // Gemma 4's patch matmul, `[hidden, p·p·3]` over (row, column, channel):
+                // permuted to the convolution's `[hidden, 3, p, p]`, as llama.cpp's converter
+                // stores it.
+                let (hidden, pp3) = (e.shape[0], e.shape[1]);
+                let p = ((pp3 / 3) as f64).sqrt().round() as usize;
+                if p == 0 || 3 * p * p != pp3 {
+                    return Err(err(format!(
+                        "{}: {pp3} values a patch is not 3 channels of a square patch",
+                        e.name
+                    )));
+                }
+                let mut w = vec![0f32; hidden * pp3];
+                crate::quant::dequantize(info.dtype, f.data(e), &mut w)?;
+                let at = owned.len();
+                for o in 0..hidden {
+                    let row = &w[o * pp3..(o + 1) * pp3];
+                    for c in 0..3 {
+                        for y in 0..p {
+                            for x in 0..p {
+                                owned.extend(row[(y * p + x) * 3 + c].to_le_bytes());
+                            }
+                        }
+                    }
+                }
+                owned_tensors.push(TensorInfo {
+                    dtype: DType::F32,
+                    shape: vec![hidden, 3, p, p],
+                    offset: at,
+                    nbytes: hidden * pp3 * 4,
+                    ..info
+                });
+            } else if info.name == "mm.soft_emb_norm.weight" {
                 // Stored for `x·(1+w)`: add the 1 (in f32), as llama.cpp's converter does.
                 let n = info.n_elements();
                 let mut w = vec![0f32; n];

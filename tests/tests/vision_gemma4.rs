@@ -1,0 +1,237 @@
+//! Gemma 4's images against transformers (tests/fixtures/hf/gemma4_vision, written by
+//! `make_vision_fixtures.py`): the processor's aspect-preserving resize and its patches, the
+//! tower's soft tokens (2-D axial RoPE, pooling, standardization, projection), and the logits
+//! of prompts holding images of two sizes (the sliding layers' bidirectional image blocks,
+//! the per-layer inputs of image rows), on every backend.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use kiln_core::backend::Backend;
+use kiln_core::exec::Executor;
+use kiln_core::model::VisionTower;
+use kiln_core::vision::{Image, Processor};
+use kiln_tests::fixtures;
+use serde_json::Value;
+
+fn dir() -> PathBuf {
+    fixtures().join("hf").join("gemma4_vision")
+}
+
+fn json(name: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(dir().join(name)).expect(name)).expect("JSON")
+}
+
+fn f32s(name: &str) -> Vec<f32> {
+    kiln_tests::read_f32s(&dir().join(name))
+}
+
+fn image(name: &str) -> Image {
+    Image::decode(&std::fs::read(dir().join(name)).expect(name)).expect("decodes")
+}
+
+fn names(c: &Value) -> Vec<String> {
+    c["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn worst(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
+/// kiln's pixel values of each image (`[3, h, w]`) in the processor's patch order (row-major
+/// patches, each row, column, channel), with the image's size.
+fn patches(p: &Processor, img: &Image, patch: usize) -> (usize, usize, Vec<f32>, Vec<f32>) {
+    let (h, w, px) = p.pixels(&img.rgb).unwrap();
+    let mut out = Vec::with_capacity(px.len());
+    for py in 0..h / patch {
+        for qx in 0..w / patch {
+            for y in 0..patch {
+                for x in 0..patch {
+                    for c in 0..3 {
+                        out.push(px[c * h * w + (py * patch + y) * w + qx * patch + x]);
+                    }
+                }
+            }
+        }
+    }
+    (h, w, px, out)
+}
+
+/// The processor resizes each image to the largest size of its aspect ratio within 70 soft
+/// tokens (both fixture images are resized, to 64x64 and 80x48) with Pillow's bicubic filter,
+/// and its patches equal transformers' exactly; the soft tokens it counts are the processor's.
+#[test]
+fn gemma4_pixel_values_match_the_image_processor() {
+    let p = Processor::from_hf(&json("preprocessor_config.json")).unwrap();
+    let r = json("reference.json");
+    let tower = VisionTower::open(&dir(), None, &Executor::new(cpu()))
+        .unwrap()
+        .unwrap();
+    for (case, c) in r["cases"].as_object().unwrap() {
+        let want = f32s(&format!("pixels_{case}.f32"));
+        let mut at = 0;
+        for (i, name) in names(c).iter().enumerate() {
+            let img = image(name);
+            let (h, w, _, got) = patches(&p, &img, 4);
+            assert!(
+                (h, w) != (img.rgb.height, img.rgb.width),
+                "{name} is resized"
+            );
+            let e = worst(&got, &want[at..at + got.len()]);
+            assert!(e == 0.0, "{case} image {i}: pixel values differ by {e}");
+            at += got.len();
+            let soft = c["soft_tokens"][i].as_u64().unwrap() as usize;
+            assert_eq!(
+                tower.tokens_for(&img.rgb).unwrap(),
+                soft,
+                "{case} image {i}"
+            );
+        }
+        assert_eq!(at, want.len());
+    }
+}
+
+fn cpu() -> Arc<dyn Backend> {
+    Arc::new(kiln_core::cpu::CpuBackend::new())
+}
+
+/// The tower's soft tokens equal transformers' `get_image_features` for both images.
+#[test]
+fn gemma4_image_features_match_transformers() {
+    let ex = Executor::new(cpu());
+    let tower = VisionTower::open(&dir(), None, &ex).unwrap().unwrap();
+    let r = json("reference.json");
+    for (case, c) in r["cases"].as_object().unwrap() {
+        let want = f32s(&format!("features_{case}.f32"));
+        let width = want.len() / r["cases"][case]["features_shape"][0].as_u64().unwrap() as usize;
+        let mut at = 0;
+        for (i, name) in names(c).iter().enumerate() {
+            let got = ex
+                .download_f32(&tower.encode(&ex, &image(name).rgb).unwrap())
+                .unwrap();
+            let n = c["soft_tokens"][i].as_u64().unwrap() as usize;
+            assert_eq!(got.len(), n * width, "{case} image {i}");
+            let e = worst(&got, &want[at..at + got.len()]);
+            println!("{case} image {i}: features max |Δ| {e:.2e}");
+            assert!(e <= 1e-4, "{case} image {i}: features differ by {e}");
+            at += got.len();
+        }
+    }
+}
+
+/// Logits at every position of prompts holding one image and two of different sizes equal
+/// transformers' (image tokens see each other both ways on the sliding layers only), fed
+/// whole and cut at the images' edges.
+#[test]
+fn gemma4_image_prompts_match_transformers_logits() {
+    image_logits(&cpu(), false, "cpu");
+}
+
+/// The same on WebGPU, strict: the tower and the text model in WGSL kernels.
+#[test]
+fn gemma4_image_prompts_match_transformers_logits_on_wgpu() {
+    let Some(gpu) = kiln_tests::optional_backend("wgpu", kiln_backend_wgpu::open) else {
+        return;
+    };
+    image_logits(&gpu, true, "wgpu");
+}
+
+/// The same on the emulated CUDA kernels (the images' key reach on the CPU: not strict).
+#[test]
+fn gemma4_image_prompts_match_transformers_logits_on_emulated_cuda() {
+    let Some(emu) = kiln_tests::cuda_emu() else {
+        return;
+    };
+    image_logits(&emu, false, "cuda-emu");
+}
+
+fn image_logits(backend: &Arc<dyn Backend>, strict: bool, label: &str) {
+    use kiln_core::engine::{Logits, Runner, RunnerConfig};
+    use kiln_core::model::RowEmbeds;
+    let new_ex = || Executor::new(backend.clone()).strict(strict);
+    let r = json("reference.json");
+    let image_token = r["image_token"].as_u64().unwrap() as u32;
+    for (case, c) in r["cases"].as_object().unwrap() {
+        let tokens: Vec<u32> = c["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect();
+        let want = f32s(&format!("logits_{case}.f32"));
+        let vocab = want.len() / tokens.len();
+        let mut runs = Vec::new();
+        let mut i = 0;
+        while i < tokens.len() {
+            let s = i;
+            while i < tokens.len() && tokens[i] == image_token {
+                i += 1;
+            }
+            if i > s {
+                runs.push((s, i - s));
+            } else {
+                i += 1;
+            }
+        }
+        let mut edges: Vec<usize> = runs.iter().flat_map(|&(s, n)| [s, s + n]).collect();
+        edges.push(tokens.len());
+        for cut in [vec![tokens.len()], edges] {
+            let ex = new_ex();
+            let tower = VisionTower::open(&dir(), None, &ex).unwrap().unwrap();
+            let file = kiln_core::load::open_model(&dir()).unwrap();
+            let model = kiln_core::model::build_from_gguf(&file, &ex).unwrap();
+            let cfg = RunnerConfig {
+                max_batch_tokens: 256,
+                block_size: 4,
+                ..RunnerConfig::default()
+            };
+            let mut runner = Runner::new(new_ex(), model, cfg).unwrap();
+            let feats: Vec<_> = names(c)
+                .iter()
+                .map(|n| tower.encode(&ex, &image(n).rgb).unwrap())
+                .collect();
+            let mut got: Vec<Vec<f32>> = Vec::new();
+            let mut at = 0;
+            for &end in &cut {
+                if end == at {
+                    continue;
+                }
+                let embeds = runs
+                    .iter()
+                    .zip(&feats)
+                    .filter(|((s, _), _)| (at..end).contains(s))
+                    .map(|(&(s, n), f)| RowEmbeds {
+                        row: s - at,
+                        embeds: f.clone(),
+                        span_end: s + n,
+                    })
+                    .collect();
+                let out = runner
+                    .step_with_embeds(&[(1, &tokens[at..end], Logits::All)], embeds)
+                    .unwrap();
+                got.extend(out.into_iter().flatten());
+                at = end;
+            }
+            assert_eq!(got.len(), tokens.len());
+            let e = got
+                .iter()
+                .zip(want.chunks(vocab))
+                .map(|(g, w)| worst(g, w))
+                .fold(0f32, f32::max);
+            println!("{label} {case} cut at {cut:?}: logits max |Δ| {e:.2e}");
+            assert!(
+                e <= 1e-3,
+                "{label} {case} cut at {cut:?}: logits differ by {e}"
+            );
+        }
+    }
+}
