@@ -64,6 +64,11 @@ pub struct ModelArgs {
     /// directory's own tower is read from it. Images then go in (`--image`, `image_url`).
     #[arg(long, value_name = "FILE")]
     pub mmproj: Option<PathBuf>,
+    /// At most this many soft tokens an image, for towers that size images by their own
+    /// aspect ratio (Gemma 4; its processor's `max_soft_tokens`, else 280: 70, 140, 280, 560
+    /// or 1120). More tokens see more detail and take longer to encode and attend.
+    #[arg(long, value_name = "N")]
+    pub image_max_tokens: Option<usize>,
 }
 
 impl ModelArgs {
@@ -101,6 +106,7 @@ impl ModelArgs {
             kv_type_layers: None,
             kv_center_keys: false,
             mmproj: None,
+            image_max_tokens: None,
         }
     }
 }
@@ -158,7 +164,12 @@ fn load_vision(
     };
     let explicit = args.mmproj.is_some();
     let tower = match VisionTower::open(path, found.as_deref(), runner.executor()) {
-        Ok(Some(t)) => t,
+        Ok(Some(mut t)) => {
+            if let Some(n) = args.image_max_tokens {
+                t.set_max_soft_tokens(n).context("--image-max-tokens")?;
+            }
+            t
+        }
         Ok(None) => return Ok(None),
         Err(e) if explicit => return Err(e).context("loading the vision tower (--mmproj)"),
         Err(e) => {

@@ -84,18 +84,20 @@ impl VisionTower {
                 format!("architecture {arch:?} is not a vision projector (clip)"),
             ));
         }
-        let kind = file.get_str("clip.projector_type")?;
+        let kind = projector_type(&file)?;
         let (encoder, text) = if kind == super::gemma4v::PROJECTOR {
             let e = Gemma4Vision::load(&file, ex)?;
             match processor.fit {
                 Some(f) if f.patch == e.patch && f.pool == e.pool => {}
-                _ => return Err(Error::load(
-                    file.path(),
-                    format!(
+                _ => {
+                    return Err(Error::load(
+                        file.path(),
+                        format!(
                         "the image processor ({:?}) does not make {}-pixel patches pooled {}x{}",
                         processor.fit, e.patch, e.pool, e.pool
                     ),
-                )),
+                    ))
+                }
             }
             (Encoder::Gemma4(e), &super::gemma4v::IMAGE_TEXT)
         } else {
@@ -131,6 +133,23 @@ impl VisionTower {
                 };
                 Ok(e.tokens(h, w))
             }
+        }
+    }
+
+    /// Sizes images to at most `n` soft tokens (a tower that sizes images by their aspect
+    /// ratio: Gemma 4's processor takes 70, 140, 280, 560 or 1120).
+    pub fn set_max_soft_tokens(&mut self, n: usize) -> Result<()> {
+        match (&self.encoder, self.processor.fit.as_mut()) {
+            (Encoder::Gemma4(_), Some(f)) if [70, 140, 280, 560, 1120].contains(&n) => {
+                f.max_patches = n * f.pool * f.pool;
+                Ok(())
+            }
+            (Encoder::Gemma4(_), Some(_)) => Err(Error::Model(format!(
+                "{n} soft tokens an image: Gemma 4 takes 70, 140, 280, 560 or 1120"
+            ))),
+            _ => Err(Error::Model(
+                "this vision tower takes a fixed number of soft tokens an image".into(),
+            )),
         }
     }
 
@@ -214,10 +233,19 @@ impl VisionTower {
     }
 }
 
+/// An mmproj file's projector type: `clip.projector_type`, or where a file holds more than
+/// one modality's (Gemma 4's), `clip.vision.projector_type`.
+fn projector_type(f: &GgufFile) -> Result<&str> {
+    match f.get_str("clip.projector_type") {
+        Ok(t) => Ok(t),
+        Err(_) => f.get_str("clip.vision.projector_type"),
+    }
+}
+
 /// An mmproj GGUF's image processing: its square size, bilinear resampling (what the HF
 /// processors of the projectors kiln reads use), 1/255 and its mean and standard deviation.
 fn processor_from_gguf(f: &GgufFile) -> Result<Processor> {
-    if f.get_str("clip.projector_type").ok() == Some(super::gemma4v::PROJECTOR) {
+    if projector_type(f).ok() == Some(super::gemma4v::PROJECTOR) {
         // Gemma 4's processor: bicubic, 1/255 and no normalization (the tower maps the values
         // itself), at most 280 soft tokens an image (its default).
         let u = |k: &str, d: u64| f.get_u64(k).unwrap_or(d).clamp(1, 4096) as usize;
