@@ -280,7 +280,8 @@ template <typename KR, typename VR>
 __device__ __forceinline__ void paged_prefill(const float* q, KR kc, VR vc, const int* table,
                                               const int* seq_lens, const int* q_start, float* out, u32 n_seqs,
                                               u32 t, u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks,
-                                              u32 n_blocks, float scale, float cap, u32 window, u32 see_to) {
+                                              u32 n_blocks, float scale, float cap, u32 window, u32 see_to,
+                                              const int* key_end) {
     const u32 gw = (blockIdx.x * blockDim.x + threadIdx.x) / WARP;
     if (gw >= t * hq) return;
     const u32 r = gw / hq, h = gw % hq, kvh = h / (hq / hkv);
@@ -291,6 +292,9 @@ __device__ __forceinline__ void paged_prefill(const float* q, KR kc, VR vc, cons
     const int pos = len - q_len + ((int)r - q_start[s]);
     int lo, hi;
     key_range(pos, len, window, see_to, &lo, &hi);
+    // The row's key reach (an image's soft tokens see the whole image): at least the keys
+    // before key_end[r], within the sequence.
+    if (key_end != nullptr) hi = max(hi, min(max(key_end[r], 0), len));
     const PagedRows rows{table + (size_t)s * max_blocks, bs, hkv, kvh, n_blocks};
     attend_warp(q + ((size_t)r * hq + h) * d, kc, vc, rows, lo, hi, d, d, scale, cap,
                 out + ((size_t)r * hq + h) * d);
@@ -300,27 +304,28 @@ extern "C" __global__ void paged_prefill_f32(const float* q, const float* kc, co
                                              const int* table, const int* seq_lens, const int* q_start,
                                              float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d,
                                              u32 bs, u32 max_blocks, u32 n_blocks, float scale, float cap,
-                                             u32 window, u32 see_to) {
+                                             u32 window, u32 see_to, const int* key_end) {
     paged_prefill(q, KvPlain<float>{kc, d}, KvPlain<float>{vc, d}, table, seq_lens, q_start, out, n_seqs, t, hq, hkv, d, bs, max_blocks, n_blocks,
-                  scale, cap, window, see_to);
+                  scale, cap, window, see_to, key_end);
 }
 
 extern "C" __global__ void paged_prefill_f16(const float* q, const __half* kc, const __half* vc,
                                              const int* table, const int* seq_lens, const int* q_start,
                                              float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d,
                                              u32 bs, u32 max_blocks, u32 n_blocks, float scale, float cap,
-                                             u32 window, u32 see_to) {
+                                             u32 window, u32 see_to, const int* key_end) {
     paged_prefill(q, KvPlain<__half>{kc, d}, KvPlain<__half>{vc, d}, table, seq_lens, q_start, out, n_seqs, t, hq, hkv, d, bs, max_blocks, n_blocks,
-                  scale, cap, window, see_to);
+                  scale, cap, window, see_to, key_end);
 }
 
 extern "C" __global__ void paged_prefill_kv(const float* q, const u8* kc, const u8* vc, const int* table,
                                             const int* seq_lens, const int* q_start, float* out, u32 n_seqs, u32 t,
                                             u32 hq, u32 hkv, u32 d, u32 bs, u32 max_blocks, u32 n_blocks,
-                                            float scale, float cap, u32 window, u32 see_to, u32 kfmt, u32 vfmt) {
+                                            float scale, float cap, u32 window, u32 see_to, u32 kfmt, u32 vfmt,
+                                            const int* key_end) {
     paged_prefill(q, KvCoded{kc, kfmt, kv_row_bytes(kfmt, d)}, KvCoded{vc, vfmt, kv_row_bytes(vfmt, d)}, table,
                   seq_lens, q_start, out, n_seqs, t, hq, hkv, d, bs, max_blocks, n_blocks, scale, cap, window,
-                  see_to);
+                  see_to, key_end);
 }
 
 // Attention over contiguous K/V: q [T, Hq, D], k [S, Hkv, D], v [S, Hkv, Dv] → [T, Hq, Dv];

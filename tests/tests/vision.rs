@@ -186,14 +186,14 @@ fn image_prompts_match_transformers_logits_on_wgpu() {
     image_sources(&gpu, true, "wgpu");
 }
 
-/// The same on the CUDA kernels, emulated: the tower and the text model run in them; the
-/// images' key reach has no CUDA kernel yet and runs on the CPU (not strict).
+/// The same on the CUDA kernels, emulated, strict: the tower, the text model and the images'
+/// key reach all run in them.
 #[test]
 fn image_prompts_match_transformers_logits_on_emulated_cuda() {
     let Some(emu) = kiln_tests::cuda_emu() else {
         return;
     };
-    image_sources(&emu, false, "cuda-emu");
+    image_sources(&emu, true, "cuda-emu");
 }
 
 fn image_sources(

@@ -145,14 +145,14 @@ fn gemma4_image_prompts_match_transformers_logits_on_wgpu() {
     image_logits(&gpu, true, "wgpu");
 }
 
-/// The same on the emulated CUDA kernels (the images' key reach on the CPU: not strict),
-/// whole prompts only.
+/// The same on the emulated CUDA kernels, strict (the images' key reach in them too), whole
+/// prompts only.
 #[test]
 fn gemma4_image_prompts_match_transformers_logits_on_emulated_cuda() {
     let Some(emu) = kiln_tests::cuda_emu() else {
         return;
     };
-    image_logits(&emu, false, "cuda-emu");
+    image_logits(&emu, true, "cuda-emu");
 }
 
 /// The tower of the Hugging Face directory (`None`), or of llama.cpp's conversion of it: the

@@ -74,9 +74,13 @@ pub(super) fn plan_paged_attention(
     i: &[TensorDesc],
     o: &[TensorDesc],
 ) -> Option<Vec<Step>> {
-    use Arg::{Out, F32, U32};
-    // Per-row key reach (an image's soft tokens both ways) has no kernel yet: the CPU runs it.
-    (i.len() == 6 && i[0].dtype == DType::F32 && o[0].dtype == DType::F32).then_some(())?;
+    use Arg::{In, Null, Out, F32, U32};
+    // A seventh input, the rows' key reach (an image's soft tokens both ways), goes to the
+    // one-warp-a-row prefill kernels (the last argument; null without it).
+    (matches!(i.len(), 6 | 7) && i[0].dtype == DType::F32 && o[0].dtype == DType::F32)
+        .then_some(())?;
+    let reach = i.len() == 7;
+    let key_end = if reach { In(6) } else { Null };
     let (window, see_to) = mask_args(p.mask)?;
     let (t, hq, d) = (dim(&i[0], 0), dim(&i[0], 1), dim(&i[0], 2));
     let (bs, hkv, dv) = (dim(&i[1], 1), dim(&i[1], 2), dim(&i[2], 3));
@@ -119,7 +123,11 @@ pub(super) fn plan_paged_attention(
     // The decode kernel is causal (with an optional window): a row sees keys up to its own
     // position, which for the last row of a sequence is every key whatever the mask, but not
     // for earlier rows of a sequence that has several.
-    if t == s && hq / hkv <= MAX_GROUP && matches!(p.mask, Mask::Causal | Mask::SlidingWindow(_)) {
+    if !reach
+        && t == s
+        && hq / hkv <= MAX_GROUP
+        && matches!(p.mask, Mask::Causal | Mask::SlidingWindow(_))
+    {
         // Decode: a block per (sequence, KV head, split of the keys), serving the group's
         // query heads. The plan cannot see the sequences' lengths (they are on the device),
         // so the splits cover the block table's whole capacity; splits past a sequence's
@@ -166,7 +174,7 @@ pub(super) fn plan_paged_attention(
     let mut args = with_tensors(6, 1, [U32(u(s)?), U32(u(t)?), U32(u(hq)?), U32(u(hkv)?)]);
     args.extend(common);
     args.push(U32(see_to));
-    if let Some(qr) = tiled_rows(hq / hkv) {
+    if let Some(qr) = tiled_rows(hq / hkv).filter(|_| !reach) {
         args.push(U32(qr));
         codes(&mut args);
         let kernel = pick(
@@ -182,6 +190,7 @@ pub(super) fn plan_paged_attention(
         );
     }
     codes(&mut args);
+    args.push(key_end);
     let kernel = pick("paged_prefill_f32", "paged_prefill_f16", "paged_prefill_kv");
     launch1(kernel, t * hq * 32, args)
 }
