@@ -37,13 +37,118 @@ pub fn read_file(path: &std::path::Path) -> anyhow::Result<Arc<Image>> {
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
-/// The image of a `data:` URL (`data:image/png;base64,…`); a remote URL is refused (the
-/// server fetches nothing).
-pub fn from_url(url: &str) -> Result<Arc<Image>, String> {
+/// The hosts whose `http(s)` image URLs the server fetches (`kiln serve --image-url-allow`);
+/// none by default, when only `data:` URLs are taken.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ImageUrls {
+    /// Lower-case host names or addresses; `*.example.com` also allows its subdomains.
+    hosts: Vec<String>,
+}
+
+/// How long a remote image may take to arrive, from the request to its last byte.
+pub const FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl ImageUrls {
+    /// The allow-list of `--image-url-allow` entries (each a host, or `*.` and a domain;
+    /// entries may hold several, comma-separated).
+    pub fn new(entries: &[String]) -> anyhow::Result<ImageUrls> {
+        let mut hosts = Vec::new();
+        for e in entries.iter().flat_map(|e| e.split(',')) {
+            let h = e.trim().to_ascii_lowercase();
+            let bare = h.strip_prefix("*.").unwrap_or(&h);
+            let ok = !bare.is_empty()
+                && bare.len() <= 253
+                && bare
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')
+                && !bare.starts_with('.')
+                && !bare.ends_with('.');
+            if !ok {
+                anyhow::bail!(
+                    "--image-url-allow {e:?}: give a host name or address (example.com, 10.0.0.5) or *.example.com, without a scheme, port or path"
+                );
+            }
+            hosts.push(h);
+        }
+        Ok(ImageUrls { hosts })
+    }
+
+    /// Whether `host` (lower case) is on the list.
+    pub fn allows(&self, host: &str) -> bool {
+        self.hosts.iter().any(|h| match h.strip_prefix("*.") {
+            Some(domain) => {
+                host == domain || host.strip_suffix(domain).is_some_and(|p| p.ends_with('.'))
+            }
+            None => host == h,
+        })
+    }
+}
+
+/// The bytes of an `http(s)` image URL on the allow-list: no redirects followed, at most
+/// [`MAX_IMAGE_BYTES`], within [`FETCH_TIMEOUT`]. Blocking (inside a server worker, as a
+/// blocking section).
+fn fetch(url: &str, allowed: &ImageUrls) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let agent = ureq::AgentBuilder::new()
+        .redirects(0)
+        .timeout(FETCH_TIMEOUT)
+        .user_agent(concat!("kiln/", env!("CARGO_PKG_VERSION")))
+        .build();
+    let req = agent.get(url);
+    let at = req
+        .request_url()
+        .map_err(|e| format!("the image URL does not parse: {e}"))?;
+    let host = at.host().to_ascii_lowercase();
+    if !matches!(at.scheme(), "http" | "https") || !allowed.allows(&host) {
+        return Err(format!(
+            "image URLs from {host:?} are not fetched (this server fetches only from the hosts of --image-url-allow); send the image inline as a data: URL"
+        ));
+    }
+    let run = || -> Result<Vec<u8>, String> {
+        let resp = req.call().map_err(|e| match e {
+            ureq::Error::Status(code, _) => format!("the image URL answered HTTP {code}"),
+            other => format!("the image URL could not be fetched: {other}"),
+        })?;
+        if !(200..300).contains(&resp.status()) {
+            return Err(format!(
+                "the image URL answered HTTP {} (redirects are not followed)",
+                resp.status()
+            ));
+        }
+        let mut bytes = Vec::new();
+        resp.into_reader()
+            .take(MAX_IMAGE_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("reading the image URL: {e}"))?;
+        if bytes.len() > MAX_IMAGE_BYTES {
+            return Err(format!("an image is over {} MiB", MAX_IMAGE_BYTES >> 20));
+        }
+        Ok(bytes)
+    };
+    // The server's handlers run on a multi-threaded runtime: let it move other work off this
+    // thread while the image arrives.
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(run)
+        }
+        _ => run(),
+    }
+}
+
+/// The image of a `data:` URL (`data:image/png;base64,…`), or of an `http(s)` URL whose host
+/// `allowed` lists (none by default: the server fetches nothing).
+pub fn from_url(url: &str, allowed: &ImageUrls) -> Result<Arc<Image>, String> {
     let Some(rest) = url.strip_prefix("data:") else {
-        let scheme = url.split(':').next().unwrap_or("");
-        return Err(if matches!(scheme, "http" | "https") {
-            "remote image URLs are not fetched; send the image inline as a data: URL (data:image/png;base64,…)".into()
+        let scheme = url.split(':').next().unwrap_or("").to_ascii_lowercase();
+        return Err(if matches!(scheme.as_str(), "http" | "https") {
+            if allowed.hosts.is_empty() {
+                "remote image URLs are not fetched; send the image inline as a data: URL (data:image/png;base64,…), or start the server with --image-url-allow HOST".into()
+            } else {
+                let bytes = fetch(url, allowed)?;
+                return Image::decode(&bytes)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string());
+            }
         } else {
             "an image URL must be a data: URL (data:image/png;base64,…)".into()
         });
@@ -143,6 +248,7 @@ pub fn place(
 pub fn content_parts(
     parts: &[serde_json::Value],
     images: Option<&mut Vec<Arc<Image>>>,
+    urls: &ImageUrls,
 ) -> Result<serde_json::Value, String> {
     let Some(images) = images else {
         if parts
@@ -151,7 +257,7 @@ pub fn content_parts(
         {
             return Err(NO_TOWER.into());
         }
-        return content_parts(parts, Some(&mut Vec::new()));
+        return content_parts(parts, Some(&mut Vec::new()), urls);
     };
     use serde_json::{json, Value};
     let mut text = String::new();
@@ -165,7 +271,8 @@ pub fn content_parts(
                     Some(Value::Object(o)) => o.get("url").and_then(Value::as_str).unwrap_or(""),
                     _ => "",
                 };
-                let img = from_url(url).map_err(|e| format!("image {}: {e}", images.len()))?;
+                let img =
+                    from_url(url, urls).map_err(|e| format!("image {}: {e}", images.len()))?;
                 images.push(img);
                 listed.push(json!({"type": "image"}));
                 any_image = true;
@@ -190,13 +297,13 @@ mod tests {
 
     #[test]
     fn urls_other_than_base64_data_are_refused() {
-        let e = from_url("https://example.com/cat.png").unwrap_err();
+        let e = from_url("https://example.com/cat.png", &ImageUrls::default()).unwrap_err();
         assert!(e.contains("data:"), "{e}");
-        assert!(from_url("data:image/png,rawbytes").is_err());
-        assert!(from_url("data:image/png;base64").is_err());
-        assert!(from_url("data:image/png;base64,!!!!").is_err());
+        assert!(from_url("data:image/png,rawbytes", &ImageUrls::default()).is_err());
+        assert!(from_url("data:image/png;base64", &ImageUrls::default()).is_err());
+        assert!(from_url("data:image/png;base64,!!!!", &ImageUrls::default()).is_err());
         // Decodes, but is not an image.
-        let e = from_url("data:image/png;base64,AAAA").unwrap_err();
+        let e = from_url("data:image/png;base64,AAAA", &ImageUrls::default()).unwrap_err();
         assert!(e.contains("image"), "{e}");
     }
 }

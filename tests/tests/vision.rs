@@ -370,3 +370,93 @@ fn chat_images_are_answered_and_cached_by_content() {
     assert_eq!(st, 400, "{body}");
     assert!(body.contains("image"), "{body}");
 }
+
+/// A one-file HTTP server on a loopback port: `/square.png` is the fixture's image, `/moved`
+/// a redirect to it, anything else 404. Serves `n` requests, then stops.
+fn image_host(n: usize) -> u16 {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let png = std::fs::read(dir().join("square.png")).unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming().take(n) {
+            let Ok(mut s) = s else { continue };
+            let mut req = [0u8; 2048];
+            let got = s.read(&mut req).unwrap_or(0);
+            let line = String::from_utf8_lossy(&req[..got]).to_string();
+            let head = |status: &str, extra: &str, len: usize| {
+                format!("HTTP/1.1 {status}\r\n{extra}Content-Length: {len}\r\nConnection: close\r\n\r\n")
+            };
+            let _ = if line.starts_with("GET /square.png ") {
+                s.write_all(head("200 OK", "Content-Type: image/png\r\n", png.len()).as_bytes())
+                    .and_then(|_| s.write_all(&png))
+            } else if line.starts_with("GET /moved ") {
+                s.write_all(
+                    head(
+                        "302 Found",
+                        &format!("Location: http://127.0.0.1:{port}/square.png\r\n"),
+                        0,
+                    )
+                    .as_bytes(),
+                )
+            } else {
+                s.write_all(head("404 Not Found", "", 0).as_bytes())
+            };
+        }
+    });
+    port
+}
+
+/// `--image-url-allow`: an image URL on a listed host is fetched and answered as the same
+/// image sent inline is; a redirect is not followed, an unlisted host (even the same
+/// machine by another name) and a missing file are 400s that say why.
+#[test]
+fn allowed_image_urls_are_fetched_and_others_refused() {
+    use kiln_server::serve::{state_with, ServeOptions};
+    use serde_json::json;
+    let port = image_host(3);
+    let m = common::load_model(
+        &dir(),
+        512,
+        kiln_core::engine::RunnerConfig {
+            prefix_caching: true,
+            ..Default::default()
+        },
+    );
+    let opts = ServeOptions {
+        image_urls: kiln_server::images::ImageUrls::new(&["127.0.0.1".into()]).unwrap(),
+        ..ServeOptions::new(1)
+    };
+    let srv = common::serve(state_with(m, opts).unwrap());
+    let ask = |url: &str| {
+        let req = json!({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "Water boils at"}]}],
+            "max_tokens": 3, "temperature": 0, "logprobs": true});
+        common::post(srv.addr, "/v1/chat/completions", &req)
+    };
+    let lps = |body: &str| -> Value {
+        serde_json::from_str::<Value>(body).unwrap()["choices"][0]["logprobs"].clone()
+    };
+    let (st, fetched) = ask(&format!("http://127.0.0.1:{port}/square.png"));
+    assert_eq!(st, 200, "{fetched}");
+    let (st, inline) = ask(&data_url("square.png"));
+    assert_eq!(st, 200, "{inline}");
+    assert_eq!(lps(&fetched), lps(&inline));
+    let (st, body) = ask(&format!("http://127.0.0.1:{port}/moved"));
+    assert_eq!(st, 400, "{body}");
+    assert!(body.contains("redirects are not followed"), "{body}");
+    let (st, body) = ask(&format!("http://127.0.0.1:{port}/none.png"));
+    assert_eq!(st, 400, "{body}");
+    assert!(body.contains("404"), "{body}");
+    let (st, body) = ask(&format!("http://localhost:{port}/square.png"));
+    assert_eq!(st, 400, "{body}");
+    assert!(body.contains("not fetched"), "{body}");
+    // Entries are host names: a scheme or a path is refused.
+    assert!(kiln_server::images::ImageUrls::new(&["https://example.com".into()]).is_err());
+    let list = kiln_server::images::ImageUrls::new(&["*.example.com,10.0.0.5".into()]).unwrap();
+    assert!(
+        list.allows("cdn.example.com") && list.allows("example.com") && list.allows("10.0.0.5")
+    );
+    assert!(!list.allows("badexample.com") && !list.allows("10.0.0.50"));
+}

@@ -123,6 +123,12 @@ pub struct ServeArgs {
     /// its first request. Instead of --model.
     #[arg(long, value_name = "DIR")]
     pub models_dir: Option<std::path::PathBuf>,
+    /// Fetch image URLs (`image_url` parts with http or https URLs) from these hosts
+    /// (repeatable or comma-separated; `*.example.com` takes its subdomains too). Without it
+    /// only inline `data:` images are taken. Redirects are not followed; an image must arrive
+    /// within 10 s and be at most 32 MiB.
+    #[arg(long, value_name = "HOST")]
+    pub image_url_allow: Vec<String>,
     /// With --models-dir: models loaded at once at most; past it the least recently used one
     /// is unloaded.
     #[arg(long, default_value_t = 2, value_name = "N")]
@@ -139,6 +145,8 @@ pub struct AppState {
     pub tokenizer: Tokenizer,
     /// The vision tower and its soft token's id, for a model that takes images.
     pub vision: Option<(Arc<kiln_core::model::VisionTower>, u32)>,
+    /// Hosts whose image URLs are fetched.
+    pub image_urls: crate::images::ImageUrls,
     pub template: Option<ChatTemplate>,
     /// Why the model's chat template is not usable, when it has one that does not compile.
     pub template_error: Option<String>,
@@ -215,6 +223,8 @@ pub struct ServeOptions {
     pub webui: bool,
     /// The model's name in the API (`model` fields, /v1/models); default the file's stem.
     pub name: Option<String>,
+    /// Hosts whose image URLs are fetched (`--image-url-allow`); none by default.
+    pub image_urls: crate::images::ImageUrls,
 }
 
 impl ServeOptions {
@@ -236,6 +246,7 @@ impl ServeOptions {
             template_limits: RenderLimits::default(),
             webui: true,
             name: None,
+            image_urls: crate::images::ImageUrls::default(),
         }
     }
 }
@@ -336,6 +347,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     a.spec.prepare(&mut cfg)?;
     let addr = listen_addr(&a.host, a.port)?;
     let opts = ServeOptions {
+        image_urls: crate::images::ImageUrls::new(&a.image_url_allow)?,
         api_key: a.api_key.clone(),
         public_metrics: a.public_metrics,
         max_queue: a.max_queue.unwrap_or(4 * a.max_batch.max(1)),
@@ -596,6 +608,7 @@ pub fn state_with(m: Loaded, o: ServeOptions) -> Result<Arc<AppState>> {
     }
     Ok(Arc::new(AppState {
         vision: m.vision.clone(),
+        image_urls: o.image_urls.clone(),
         engine: spawn(engine),
         diffusion,
         tokenizer: m.tokenizer,

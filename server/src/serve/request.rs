@@ -809,7 +809,7 @@ pub fn chat_text(state: &AppState, b: &Body) -> Result<ChatText, ApiError> {
             // Content parts: the text ones concatenated, unless there are images.
             Some(Value::Array(parts)) => {
                 let sink = state.vision.as_ref().map(|_| &mut images);
-                crate::images::content_parts(parts, sink)
+                crate::images::content_parts(parts, sink, &state.image_urls)
                     .map_err(|e| ApiError::bad(e, Some("messages")))?
             }
             Some(_) => {
