@@ -203,6 +203,19 @@ quantize_x8(const float* a, const float* b, float* q, u32 m, u32 k, u32 kind, fl
     }
 }
 
+// The block's rows row0 .. row0 + rows: each the sum of its warps' parts (in warp order),
+// plus the residual where given. Threads 0 .. rows - 1 write one each.
+template <u32 R>
+__device__ __forceinline__ void x8_store_rows(const float (*part)[R], u32 warps, u32 rows, u32 row0, u32 n,
+                                              const float* res, float* y) {
+    if (threadIdx.x < rows) {
+        float v = 0.0f;
+        for (u32 i = 0; i < warps; i++) v += part[i][threadIdx.x];
+        const size_t at = (size_t)blockIdx.y * n + row0 + threadIdx.x;
+        y[at] = res != nullptr ? v + res[at] : v;
+    }
+}
+
 // Σ of the 4 products of a's and b's bytes (signed), plus c.
 __device__ __forceinline__ int x8_dp4a(u32 a, u32 b, int c) { return __dp4a((int)a, (int)b, c); }
 
@@ -406,12 +419,7 @@ __device__ __forceinline__ void mat_vec_x8_q4k_split(const u8* xq, const u8* w, 
         if (lane == 0) part[warp][r] = v;
     }
     __syncthreads();
-    if (threadIdx.x < rows) {
-        float v = 0.0f;
-        for (u32 i = 0; i < warps; i++) v += part[i][threadIdx.x];
-        const size_t at = (size_t)blockIdx.y * n + row0 + threadIdx.x;
-        y[at] = res != nullptr ? v + res[at] : v;
-    }
+    x8_store_rows(part, warps, rows, row0, n, res, y);
 }
 #endif  // MVX_SPLIT
 
@@ -597,12 +605,7 @@ __device__ __forceinline__ void mat_vec_x8_q4k_mma_at(const u8* xq, const u8* w,
         part[warp][g + 8] = acc[1];
     }
     __syncthreads();
-    if (threadIdx.x < rows) {
-        float v = 0.0f;
-        for (u32 i = 0; i < warps; i++) v += part[i][threadIdx.x];
-        const size_t at = (size_t)blockIdx.y * n + row0 + threadIdx.x;
-        y[at] = res != nullptr ? v + res[at] : v;
-    }
+    x8_store_rows(part, warps, rows, row0, n, res, y);
 }
 
 // As mat_vec_x8_q4_k, over the tensor-core form: grid (Σ ceil(n_j / 16), m), 32 · w threads

@@ -231,19 +231,12 @@ inline __nv_bfloat16 __float2bfloat16_rn(float v) {
 
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.bits; }
 
-// PTX's mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for the calling warp: c (this
-// lane's four outputs of the 16×8 tile D = A·B + C) from every lane's fragments of A (16×16,
-// four words) and B (16×8, two words). The layout is PTX's ("Matrix fragments for
-// mma.m16n8k16 with floating point type"); with g = lane / 4 and t = lane % 4, a lane holds
-//   a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][2t+8, 2t+9]
-//   b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g]
-//   c[0], c[1] = C[g][2t, 2t+1]   c[2], c[3] = C[g+8][2t, 2t+1]
-// each word holding two bf16, the lower-numbered element in its low half. The lanes exchange
-// their fragments through the block's buffer between two warp barriers (every lane of the
-// warp must call it, as on a GPU). Each output is C plus the sum of its 16 exact products,
-// rounded once (a tensor core's f32 sum rounds in its own order; the kernels' results are
-// checked against the CPU within tolerances that cover both).
-inline void kiln_emu_mma_bf16_16816(float* c, const unsigned* a, const unsigned* b) {
+// One warp's mma: every lane's fragments (four words of A, two of B) exchanged through the
+// block's buffer between two warp barriers, then `tile(warp, g, q, out)` computes this lane's
+// four outputs from the warp's words (lane l's at warp[6 l ..]). Every lane of the warp must
+// call it, as on a GPU.
+template <class T, class F>
+inline void kiln_emu_mma(T* c, const unsigned* a, const unsigned* b, F tile) {
     auto* blk = kiln_emu::current;
     const unsigned t = kiln_emu_lane_index(), w = t / 32, lane = t % 32;
     unsigned* mine = &blk->mma[6 * (std::size_t)t];
@@ -251,24 +244,39 @@ inline void kiln_emu_mma_bf16_16816(float* c, const unsigned* a, const unsigned*
     mine[4] = b[0];
     mine[5] = b[1];
     kiln_emu::wait_at(kiln_emu::AT_WARP);
-    const unsigned* warp = &blk->mma[6 * 32 * (std::size_t)w];
-    auto half = [](unsigned word, unsigned hi) {
-        return __bfloat162float(__nv_bfloat16{(uint16_t)(hi ? word >> 16 : word & 0xFFFFu)});
-    };
-    auto A = [&](unsigned r, unsigned k) {
-        return half(warp[6 * ((r % 8) * 4 + (k % 8) / 2) + r / 8 + 2 * (k / 8)], k & 1);
-    };
-    auto B = [&](unsigned k, unsigned n) { return half(warp[6 * (n * 4 + (k % 8) / 2) + 4 + k / 8], k & 1); };
-    const unsigned g = lane / 4, q = lane % 4;
-    float out[4];
-    for (unsigned i = 0; i < 4; i++) {
-        const unsigned r = g + 8 * (i / 2), n = 2 * q + (i & 1);
-        double s = c[i];
-        for (unsigned k = 0; k < 16; k++) s += (double)A(r, k) * (double)B(k, n);
-        out[i] = (float)s;
-    }
+    T out[4];
+    tile(&blk->mma[6 * 32 * (std::size_t)w], lane / 4, lane % 4, out);
     kiln_emu::wait_at(kiln_emu::AT_WARP);  // every lane has read the fragments
     for (int i = 0; i < 4; i++) c[i] = out[i];
+}
+
+// PTX's mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for the calling warp: c (this
+// lane's four outputs of the 16×8 tile D = A·B + C) from every lane's fragments of A (16×16,
+// four words) and B (16×8, two words). The layout is PTX's ("Matrix fragments for
+// mma.m16n8k16 with floating point type"); with g = lane / 4 and t = lane % 4, a lane holds
+//   a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][2t+8, 2t+9]
+//   b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g]
+//   c[0], c[1] = C[g][2t, 2t+1]   c[2], c[3] = C[g+8][2t, 2t+1]
+// each word holding two bf16, the lower-numbered element in its low half. Each output is C
+// plus the sum of its 16 exact products,
+// rounded once (a tensor core's f32 sum rounds in its own order; the kernels' results are
+// checked against the CPU within tolerances that cover both).
+inline void kiln_emu_mma_bf16_16816(float* c, const unsigned* a, const unsigned* b) {
+    kiln_emu_mma(c, a, b, [&](const unsigned* warp, unsigned g, unsigned q, float* out) {
+        auto half = [](unsigned word, unsigned hi) {
+            return __bfloat162float(__nv_bfloat16{(uint16_t)(hi ? word >> 16 : word & 0xFFFFu)});
+        };
+        auto A = [&](unsigned r, unsigned k) {
+            return half(warp[6 * ((r % 8) * 4 + (k % 8) / 2) + r / 8 + 2 * (k / 8)], k & 1);
+        };
+        auto B = [&](unsigned k, unsigned n) { return half(warp[6 * (n * 4 + (k % 8) / 2) + 4 + k / 8], k & 1); };
+        for (unsigned i = 0; i < 4; i++) {
+            const unsigned r = g + 8 * (i / 2), n = 2 * q + (i & 1);
+            double s = c[i];
+            for (unsigned k = 0; k < 16; k++) s += (double)A(r, k) * (double)B(k, n);
+            out[i] = (float)s;
+        }
+    });
 }
 
 // PTX's mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 for the calling warp: c (this lane's
@@ -281,29 +289,19 @@ inline void kiln_emu_mma_bf16_16816(float* c, const unsigned* a, const unsigned*
 // The sums are exact (as on a tensor core: 32 products of 8-bit integers and an int32, which
 // the kernels keep far from overflow).
 inline void kiln_emu_mma_s8_16832(int* c, const unsigned* a, const unsigned* b) {
-    auto* blk = kiln_emu::current;
-    const unsigned t = kiln_emu_lane_index(), w = t / 32, lane = t % 32;
-    unsigned* mine = &blk->mma[6 * (std::size_t)t];
-    for (int i = 0; i < 4; i++) mine[i] = a[i];
-    mine[4] = b[0];
-    mine[5] = b[1];
-    kiln_emu::wait_at(kiln_emu::AT_WARP);
-    const unsigned* warp = &blk->mma[6 * 32 * (std::size_t)w];
-    auto byte = [](unsigned word, unsigned j) { return (int)(signed char)(word >> (8 * j)); };
-    auto A = [&](unsigned r, unsigned k) {
-        return byte(warp[6 * ((r % 8) * 4 + (k % 16) / 4) + r / 8 + 2 * (k / 16)], k % 4);
-    };
-    auto B = [&](unsigned k, unsigned n) { return byte(warp[6 * (n * 4 + (k % 16) / 4) + 4 + k / 16], k % 4); };
-    const unsigned g = lane / 4, q = lane % 4;
-    int out[4];
-    for (unsigned i = 0; i < 4; i++) {
-        const unsigned r = g + 8 * (i / 2), n = 2 * q + (i & 1);
-        long long s = c[i];
-        for (unsigned k = 0; k < 32; k++) s += (long long)A(r, k) * B(k, n);
-        out[i] = (int)s;
-    }
-    kiln_emu::wait_at(kiln_emu::AT_WARP);  // every lane has read the fragments
-    for (int i = 0; i < 4; i++) c[i] = out[i];
+    kiln_emu_mma(c, a, b, [&](const unsigned* warp, unsigned g, unsigned q, int* out) {
+        auto byte = [](unsigned word, unsigned j) { return (int)(signed char)(word >> (8 * j)); };
+        auto A = [&](unsigned r, unsigned k) {
+            return byte(warp[6 * ((r % 8) * 4 + (k % 16) / 4) + r / 8 + 2 * (k / 16)], k % 4);
+        };
+        auto B = [&](unsigned k, unsigned n) { return byte(warp[6 * (n * 4 + (k % 16) / 4) + 4 + k / 16], k % 4); };
+        for (unsigned i = 0; i < 4; i++) {
+            const unsigned r = g + 8 * (i / 2), n = 2 * q + (i & 1);
+            long long s = c[i];
+            for (unsigned k = 0; k < 32; k++) s += (long long)A(r, k) * B(k, n);
+            out[i] = (int)s;
+        }
+    });
 }
 
 namespace kiln_emu {

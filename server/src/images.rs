@@ -85,8 +85,8 @@ impl ImageUrls {
 }
 
 /// The bytes of an `http(s)` image URL on the allow-list: no redirects followed, at most
-/// [`MAX_IMAGE_BYTES`], within [`FETCH_TIMEOUT`]. Blocking (inside a server worker, as a
-/// blocking section).
+/// [`MAX_IMAGE_BYTES`], within [`FETCH_TIMEOUT`]. Blocking: the server prepares requests on
+/// blocking threads.
 fn fetch(url: &str, allowed: &ImageUrls) -> Result<Vec<u8>, String> {
     use std::io::Read;
     let agent = ureq::AgentBuilder::new()
@@ -104,35 +104,25 @@ fn fetch(url: &str, allowed: &ImageUrls) -> Result<Vec<u8>, String> {
             "image URLs from {host:?} are not fetched (this server fetches only from the hosts of --image-url-allow); send the image inline as a data: URL"
         ));
     }
-    let run = || -> Result<Vec<u8>, String> {
-        let resp = req.call().map_err(|e| match e {
-            ureq::Error::Status(code, _) => format!("the image URL answered HTTP {code}"),
-            other => format!("the image URL could not be fetched: {other}"),
-        })?;
-        if !(200..300).contains(&resp.status()) {
-            return Err(format!(
-                "the image URL answered HTTP {} (redirects are not followed)",
-                resp.status()
-            ));
-        }
-        let mut bytes = Vec::new();
-        resp.into_reader()
-            .take(MAX_IMAGE_BYTES as u64 + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| format!("reading the image URL: {e}"))?;
-        if bytes.len() > MAX_IMAGE_BYTES {
-            return Err(format!("an image is over {} MiB", MAX_IMAGE_BYTES >> 20));
-        }
-        Ok(bytes)
-    };
-    // The server's handlers run on a multi-threaded runtime: let it move other work off this
-    // thread while the image arrives.
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(run)
-        }
-        _ => run(),
+    let resp = req.call().map_err(|e| match e {
+        ureq::Error::Status(code, _) => format!("the image URL answered HTTP {code}"),
+        other => format!("the image URL could not be fetched: {other}"),
+    })?;
+    if !(200..300).contains(&resp.status()) {
+        return Err(format!(
+            "the image URL answered HTTP {} (redirects are not followed)",
+            resp.status()
+        ));
     }
+    let mut bytes = Vec::new();
+    resp.into_reader()
+        .take(MAX_IMAGE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("reading the image URL: {e}"))?;
+    if bytes.len() > MAX_IMAGE_BYTES {
+        return Err(format!("an image is over {} MiB", MAX_IMAGE_BYTES >> 20));
+    }
+    Ok(bytes)
 }
 
 /// The image of a `data:` URL (`data:image/png;base64,…`), or of an `http(s)` URL whose host

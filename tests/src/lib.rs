@@ -105,6 +105,76 @@ pub fn local_iq_models() -> Option<Vec<std::path::PathBuf>> {
     Some(files)
 }
 
+/// The runs of the soft token `image` in `tokens`: (first index, length).
+pub fn image_runs(tokens: &[u32], image: u32) -> Vec<(usize, usize)> {
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < tokens.len() {
+        let s = i;
+        while i < tokens.len() && tokens[i] == image {
+            i += 1;
+        }
+        if i > s {
+            runs.push((s, i - s));
+        } else {
+            i += 1;
+        }
+    }
+    runs
+}
+
+/// The logits at every position of `tokens` (sequence 1) fed to `runner` in chunks ending at
+/// each of `cut`, each image run of `runs` taking the soft tokens `feats` of its image.
+pub fn image_prompt_logits(
+    runner: &mut kiln_core::engine::Runner,
+    tokens: &[u32],
+    runs: &[(usize, usize)],
+    feats: &[kiln_core::tensor::Tensor],
+    cut: &[usize],
+) -> Vec<Vec<f32>> {
+    use kiln_core::engine::Logits;
+    use kiln_core::model::RowEmbeds;
+    let mut got: Vec<Vec<f32>> = Vec::new();
+    let mut at = 0;
+    for &end in cut {
+        if end == at {
+            continue;
+        }
+        let embeds = runs
+            .iter()
+            .zip(feats)
+            .filter(|((s, _), _)| (at..end).contains(s))
+            .map(|(&(s, n), f)| RowEmbeds {
+                row: s - at,
+                embeds: f.clone(),
+                span_end: s + n,
+            })
+            .collect();
+        let out = runner
+            .step_with_embeds(&[(1, &tokens[at..end], Logits::All)], embeds)
+            .expect("step");
+        got.extend(out.into_iter().flatten());
+        at = end;
+    }
+    got
+}
+
+/// The largest |Δ| between `got` (a row a position) and `want` (rows of `vocab`), over the
+/// ids both have (llama.cpp's conversions trim the vocabulary to the tokenizer's tokens).
+pub fn worst_logits(got: &[Vec<f32>], want: &[f32], vocab: usize) -> f32 {
+    let v = got.first().map_or(0, |g| g.len().min(vocab));
+    got.iter()
+        .zip(want.chunks(vocab))
+        .map(|(g, w)| {
+            g[..v]
+                .iter()
+                .zip(&w[..v])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max)
+        })
+        .fold(0f32, f32::max)
+}
+
 /// Greedy decoding of sequence 1: the prompt, then `steps` tokens one at a time, each the
 /// argmax of the last logits. Returns the tokens and every step's last logits (the prompt's
 /// first, `steps + 1` rows).

@@ -148,24 +148,6 @@ fn image_features_match_transformers() {
     }
 }
 
-/// The runs of `image` in `tokens`: (first index, length).
-fn image_runs(tokens: &[u32], image: u32) -> Vec<(usize, usize)> {
-    let mut runs = Vec::new();
-    let mut i = 0;
-    while i < tokens.len() {
-        if tokens[i] == image {
-            let s = i;
-            while i < tokens.len() && tokens[i] == image {
-                i += 1;
-            }
-            runs.push((s, i - s));
-        } else {
-            i += 1;
-        }
-    }
-    runs
-}
-
 /// Logits at every position of a prompt with images in it equal transformers' (image tokens
 /// see each other both ways), fed whole and in chunks cut at the images' edges: from the
 /// Hugging Face directory, and from llama.cpp's conversion (text GGUF + mmproj GGUF).
@@ -223,8 +205,7 @@ fn image_logits(
     new_ex: impl Fn() -> kiln_core::exec::Executor,
     backend: &str,
 ) {
-    use kiln_core::engine::{Logits, Runner, RunnerConfig};
-    use kiln_core::model::RowEmbeds;
+    use kiln_core::engine::{Runner, RunnerConfig};
     let label = format!(
         "{backend} {}",
         model_path.file_name().unwrap().to_string_lossy()
@@ -241,7 +222,7 @@ fn image_logits(
         let want = f32s(&format!("logits_{case}{suffix}.f32"));
         let vocab = shape(&c["logits_shape"])[1];
         let pixels = f32s(&format!("pixels_{case}.f32"));
-        let runs = image_runs(&tokens, image_token);
+        let runs = kiln_tests::image_runs(&tokens, image_token);
         let per_px = pixels.len() / runs.len();
         // Whole, then cut just before each image and just after it.
         let mut cuts = vec![vec![tokens.len()]];
@@ -268,37 +249,9 @@ fn image_logits(
                         .unwrap()
                 })
                 .collect();
-            let mut got: Vec<Vec<f32>> = Vec::new();
-            let mut at = 0;
-            for &end in &cut {
-                if end == at {
-                    continue;
-                }
-                let embeds = runs
-                    .iter()
-                    .zip(&feats)
-                    .filter(|((s, _), _)| (at..end).contains(s))
-                    .map(|(&(s, n), f)| RowEmbeds {
-                        row: s - at,
-                        embeds: f.clone(),
-                        span_end: s + n,
-                    })
-                    .collect();
-                let out = runner
-                    .step_with_embeds(&[(1, &tokens[at..end], Logits::All)], embeds)
-                    .unwrap();
-                got.extend(out.into_iter().flatten());
-                at = end;
-            }
-            // llama.cpp's conversion trims the vocabulary to the tokenizer's tokens: compare
-            // the ids both have.
+            let got = kiln_tests::image_prompt_logits(&mut runner, &tokens, &runs, &feats, &cut);
             assert_eq!(got.len(), tokens.len());
-            let v = got[0].len().min(vocab);
-            let e = got
-                .iter()
-                .zip(want.chunks(vocab))
-                .map(|(g, w)| worst(&g[..v], &w[..v]))
-                .fold(0f32, f32::max);
+            let e = kiln_tests::worst_logits(&got, &want, vocab);
             println!("{label} {case} cut at {cut:?}: logits max |Δ| {e:.2e}");
             assert!(
                 e <= 1e-3,

@@ -194,8 +194,7 @@ fn image_logits_from(backend: &Arc<dyn Backend>, strict: bool, label: &str, mmpr
         "{label} {}",
         model_path.file_name().unwrap().to_string_lossy()
     );
-    use kiln_core::engine::{Logits, Runner, RunnerConfig};
-    use kiln_core::model::RowEmbeds;
+    use kiln_core::engine::{Runner, RunnerConfig};
     let new_ex = || Executor::new(backend.clone()).strict(strict);
     let r = json("reference.json");
     let image_token = r["image_token"].as_u64().unwrap() as u32;
@@ -208,19 +207,7 @@ fn image_logits_from(backend: &Arc<dyn Backend>, strict: bool, label: &str, mmpr
             .collect();
         let want = f32s(&format!("logits_{case}.f32"));
         let vocab = want.len() / tokens.len();
-        let mut runs = Vec::new();
-        let mut i = 0;
-        while i < tokens.len() {
-            let s = i;
-            while i < tokens.len() && tokens[i] == image_token {
-                i += 1;
-            }
-            if i > s {
-                runs.push((s, i - s));
-            } else {
-                i += 1;
-            }
-        }
+        let runs = kiln_tests::image_runs(&tokens, image_token);
         let mut edges: Vec<usize> = runs.iter().flat_map(|&(s, n)| [s, s + n]).collect();
         edges.push(tokens.len());
         let cuts = match label.starts_with("cuda-emu") {
@@ -242,37 +229,9 @@ fn image_logits_from(backend: &Arc<dyn Backend>, strict: bool, label: &str, mmpr
                 .iter()
                 .map(|n| tower.encode(&ex, &image(n).rgb).unwrap())
                 .collect();
-            let mut got: Vec<Vec<f32>> = Vec::new();
-            let mut at = 0;
-            for &end in &cut {
-                if end == at {
-                    continue;
-                }
-                let embeds = runs
-                    .iter()
-                    .zip(&feats)
-                    .filter(|((s, _), _)| (at..end).contains(s))
-                    .map(|(&(s, n), f)| RowEmbeds {
-                        row: s - at,
-                        embeds: f.clone(),
-                        span_end: s + n,
-                    })
-                    .collect();
-                let out = runner
-                    .step_with_embeds(&[(1, &tokens[at..end], Logits::All)], embeds)
-                    .unwrap();
-                got.extend(out.into_iter().flatten());
-                at = end;
-            }
-            // llama.cpp's conversion trims the vocabulary to the tokenizer's tokens: compare
-            // the ids both have.
+            let got = kiln_tests::image_prompt_logits(&mut runner, &tokens, &runs, &feats, &cut);
             assert_eq!(got.len(), tokens.len());
-            let v = got[0].len().min(vocab);
-            let e = got
-                .iter()
-                .zip(want.chunks(vocab))
-                .map(|(g, w)| worst(&g[..v], &w[..v]))
-                .fold(0f32, f32::max);
+            let e = kiln_tests::worst_logits(&got, &want, vocab);
             println!("{label} {case} cut at {cut:?}: logits max |Δ| {e:.2e}");
             assert!(
                 e <= 1e-3,

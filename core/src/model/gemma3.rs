@@ -174,14 +174,7 @@ fn hf_vision(c: &serde_json::Value) -> std::result::Result<Vec<(String, Value)>,
             "a {vision_type:?} vision tower is not supported (SigLIP is)"
         ));
     }
-    let u = |v: &Json, k: &str, default: Option<u64>| -> std::result::Result<u32, String> {
-        v.get(k)
-            .and_then(Json::as_u64)
-            .or(default)
-            .filter(|&x| x > 0 && x <= 1 << 20)
-            .map(|x| x as u32)
-            .ok_or_else(|| format!("vision {k} is missing or out of range"))
-    };
+    let u = super::vision::config_u32;
     let image = u(vc, "image_size", Some(224))?;
     let patch = u(vc, "patch_size", Some(16))?;
     let tokens = u(c, "mm_tokens_per_image", Some(256))?;
@@ -197,30 +190,10 @@ fn hf_vision(c: &serde_json::Value) -> std::result::Result<Vec<(String, Value)>,
         .and_then(Json::as_f64)
         .unwrap_or(1e-6);
     let kv = |k: &str, v: Value| (format!("clip.{k}"), v);
-    Ok(vec![
+    let mut meta = vec![
         kv("projector_type", Value::Str(PROJECTOR.into())),
         kv("vision.image_size", Value::U32(image)),
         kv("vision.patch_size", Value::U32(patch)),
-        kv(
-            "vision.embedding_length",
-            Value::U32(u(vc, "hidden_size", Some(768))?),
-        ),
-        kv(
-            "vision.feed_forward_length",
-            Value::U32(u(vc, "intermediate_size", Some(3072))?),
-        ),
-        kv(
-            "vision.block_count",
-            Value::U32(u(vc, "num_hidden_layers", Some(12))?),
-        ),
-        kv(
-            "vision.attention.head_count",
-            Value::U32(u(vc, "num_attention_heads", Some(12))?),
-        ),
-        kv(
-            "vision.projection_dim",
-            Value::U32(u(text, "hidden_size", None)?),
-        ),
         kv(
             "vision.projector.scale_factor",
             Value::U32((image / patch) / side),
@@ -229,7 +202,9 @@ fn hf_vision(c: &serde_json::Value) -> std::result::Result<Vec<(String, Value)>,
             "vision.attention.layer_norm_epsilon",
             Value::F32(eps as f32),
         ),
-    ])
+    ];
+    meta.extend(super::vision::tower_meta(vc, text, 12)?);
+    Ok(meta)
 }
 
 fn hf_names(hf: &str) -> Option<String> {

@@ -14,6 +14,7 @@
 use super::blocks::{
     attention, check_batch, experts, upload_batch, GatedFfn, Head, NormSpec, Split,
 };
+use super::gemma4_ple::PleInputs;
 use super::llama::{base_info, f32_or};
 use super::weights::Weights;
 use super::{ForwardBatch, KvCaches, KvGroup, Model, ModelInfo};
@@ -79,14 +80,6 @@ struct Layer {
     scalar: f32,
     /// DiffusionGemma's encoder scales the layer's output by a scalar of its own.
     enc_scalar: f32,
-}
-
-/// The per-layer embedding inputs: a token table and a projection of the embeddings per layer.
-struct PleInputs {
-    width: usize,
-    tables: Vec<Tensor>,
-    projs: Vec<Tensor>,
-    norm: Tensor,
 }
 
 pub struct Gemma4 {
@@ -318,36 +311,9 @@ impl Gemma4 {
 
         let mut w = Weights::new(f, ex);
         let head = Head::load(&mut w, v, e)?;
-        let ple = if ple_width > 0 {
-            let p = ple_width;
-            let vp = f
-                .tensor("per_layer_token_embd.weight")?
-                .shape
-                .first()
-                .copied()
-                .unwrap_or(0);
-            let (mut tables, mut projs) = (Vec::new(), Vec::new());
-            for l in 0..n {
-                tables.push(w.get_cols(
-                    "per_layer_token_embd.weight",
-                    &[vp, n * p],
-                    l * p..(l + 1) * p,
-                )?);
-                let rows = l * p..(l + 1) * p;
-                projs.push(w.get_rows(
-                    "per_layer_model_proj.weight",
-                    &[n * p, e],
-                    std::slice::from_ref(&rows),
-                )?);
-            }
-            Some(PleInputs {
-                width: p,
-                tables,
-                projs,
-                norm: w.get("per_layer_proj_norm.weight", &[p])?,
-            })
-        } else {
-            None
+        let ple = match ple_width {
+            0 => None,
+            p => Some(PleInputs::load(f, &mut w, n, p, e)?),
         };
         let experts = match f.get(&f.arch_key("expert_count")) {
             Some(_) => {
@@ -545,18 +511,10 @@ impl Gemma4 {
 
     /// The per-layer embedding input of every layer, `[T, width]` each.
     fn ple_inputs(&self, ex: &Executor, x0: &Tensor, ids: &Tensor) -> Result<Vec<Tensor>> {
-        let Some(p) = &self.ple else {
-            return Ok(Vec::new());
-        };
-        let e = self.info.n_embd as f32;
-        let mut out = Vec::with_capacity(p.tables.len());
-        for (table, proj) in p.tables.iter().zip(&p.projs) {
-            let ctx = ex.scale(&ex.matmul(x0, proj)?, 1.0 / e.sqrt())?;
-            let ctx = self.norm(ex, &ctx, &p.norm)?;
-            let tok = ex.scale(&ex.get_rows(table, ids)?, (p.width as f32).sqrt())?;
-            out.push(ex.scale(&ex.add(&ctx, &tok)?, std::f32::consts::FRAC_1_SQRT_2)?);
+        match &self.ple {
+            Some(p) => p.inputs(ex, x0, ids, self.info.n_embd, self.eps),
+            None => Ok(Vec::new()),
         }
-        Ok(out)
     }
 
     fn moe(&self, ex: &Executor, m: &Moe, res: &Tensor) -> Result<Tensor> {

@@ -75,13 +75,7 @@ pub struct Gemma4Vision {
     proj: Tensor,
 }
 
-fn meta_usize(f: &GgufFile, key: &str) -> Result<usize> {
-    let v = f.get_u64(key)?;
-    usize::try_from(v)
-        .ok()
-        .filter(|&x| x > 0 && x <= 1 << 20)
-        .ok_or_else(|| Error::load(f.path(), format!("{key} = {v} is out of range")))
-}
+use super::vision::meta_usize;
 
 impl Gemma4Vision {
     /// Builds the tower from an mmproj view, its weights uploaded to `ex`'s backend.
@@ -343,14 +337,7 @@ pub(super) fn hf_vision(
     if vc.get("use_clipped_linears").and_then(Json::as_bool) == Some(true) {
         return Err("a vision tower with clipped linears is not supported yet".into());
     }
-    let u = |v: &Json, k: &str, default: Option<u64>| -> std::result::Result<u32, String> {
-        v.get(k)
-            .and_then(Json::as_u64)
-            .or(default)
-            .filter(|&x| x > 0 && x <= 1 << 20)
-            .map(|x| x as u32)
-            .ok_or_else(|| format!("vision {k} is missing or out of range"))
-    };
+    let u = super::vision::config_u32;
     let rope = vc.get("rope_parameters").unwrap_or(&Json::Null);
     if let Some(t) = rope.get("rope_type").and_then(Json::as_str) {
         if t != "axial" {
@@ -368,7 +355,7 @@ pub(super) fn hf_vision(
         .and_then(Json::as_f64)
         .unwrap_or(1e-6);
     let kv = |k: &str, v: Value| (format!("clip.{k}"), v);
-    Ok(vec![
+    let mut meta = vec![
         kv("projector_type", Value::Str(PROJECTOR.into())),
         kv("vision.image_size", Value::U32(224)),
         kv(
@@ -376,29 +363,12 @@ pub(super) fn hf_vision(
             Value::U32(u(vc, "patch_size", Some(16))?),
         ),
         kv(
-            "vision.embedding_length",
-            Value::U32(u(vc, "hidden_size", Some(768))?),
-        ),
-        kv(
-            "vision.feed_forward_length",
-            Value::U32(u(vc, "intermediate_size", Some(3072))?),
-        ),
-        kv(
-            "vision.block_count",
-            Value::U32(u(vc, "num_hidden_layers", Some(16))?),
-        ),
-        kv("vision.attention.head_count", Value::U32(heads)),
-        kv(
             "vision.attention.head_count_kv",
             Value::U32(u(vc, "num_key_value_heads", Some(u64::from(heads)))?),
         ),
         kv(
             "vision.attention.head_dim",
             Value::U32(u(vc, "head_dim", Some(64))?),
-        ),
-        kv(
-            "vision.projection_dim",
-            Value::U32(u(text, "hidden_size", None)?),
         ),
         kv(
             "vision.projector.scale_factor",
@@ -409,5 +379,7 @@ pub(super) fn hf_vision(
             "vision.attention.layer_norm_epsilon",
             Value::F32(eps as f32),
         ),
-    ])
+    ];
+    meta.extend(super::vision::tower_meta(vc, text, 16)?);
+    Ok(meta)
 }

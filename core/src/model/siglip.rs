@@ -48,13 +48,7 @@ pub struct Siglip {
     proj: Tensor,
 }
 
-fn meta_usize(f: &GgufFile, key: &str) -> Result<usize> {
-    let v = f.get_u64(key)?;
-    usize::try_from(v)
-        .ok()
-        .filter(|&x| x > 0 && x <= 1 << 20)
-        .ok_or_else(|| Error::load(f.path(), format!("{key} = {v} is out of range")))
-}
+use super::vision::meta_usize;
 
 impl Siglip {
     /// Builds the encoder from an mmproj view, its weights uploaded to `ex`'s backend.

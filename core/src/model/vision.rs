@@ -289,3 +289,46 @@ fn processor_from_gguf(f: &GgufFile) -> Result<Processor> {
         normalize: Some((mean, std)),
     })
 }
+
+/// An mmproj file's positive integer `key` (at most 2^20).
+pub(super) fn meta_usize(f: &GgufFile, key: &str) -> Result<usize> {
+    let v = f.get_u64(key)?;
+    usize::try_from(v)
+        .ok()
+        .filter(|&x| x > 0 && x <= 1 << 20)
+        .ok_or_else(|| Error::load(f.path(), format!("{key} = {v} is out of range")))
+}
+
+/// A vision config's positive integer `k` (at most 2^20; `default` where absent).
+pub(super) fn config_u32(
+    v: &serde_json::Value,
+    k: &str,
+    default: Option<u64>,
+) -> std::result::Result<u32, String> {
+    v.get(k)
+        .and_then(serde_json::Value::as_u64)
+        .or(default)
+        .filter(|&x| x > 0 && x <= 1 << 20)
+        .map(|x| x as u32)
+        .ok_or_else(|| format!("vision {k} is missing or out of range"))
+}
+
+/// The `clip.vision.*` entries every tower's config gives: its width, MLP width, depth
+/// (`layers` where absent), heads and the text model's width.
+pub(super) fn tower_meta(
+    vc: &serde_json::Value,
+    text: &serde_json::Value,
+    layers: u64,
+) -> std::result::Result<Vec<(String, crate::load::gguf::Value)>, String> {
+    use crate::load::gguf::Value;
+    let entry = |k: &str, from: &serde_json::Value, key: &str, d: Option<u64>| {
+        config_u32(from, key, d).map(|n| (format!("clip.vision.{k}"), Value::U32(n)))
+    };
+    Ok(vec![
+        entry("embedding_length", vc, "hidden_size", Some(768))?,
+        entry("feed_forward_length", vc, "intermediate_size", Some(3072))?,
+        entry("block_count", vc, "num_hidden_layers", Some(layers))?,
+        entry("attention.head_count", vc, "num_attention_heads", Some(12))?,
+        entry("projection_dim", text, "hidden_size", None)?,
+    ])
+}

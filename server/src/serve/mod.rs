@@ -123,10 +123,7 @@ pub struct ServeArgs {
     /// its first request. Instead of --model.
     #[arg(long, value_name = "DIR")]
     pub models_dir: Option<std::path::PathBuf>,
-    /// Fetch image URLs (`image_url` parts with http or https URLs) from these hosts
-    /// (repeatable or comma-separated; `*.example.com` takes its subdomains too). Without it
-    /// only inline `data:` images are taken. Redirects are not followed; an image must arrive
-    /// within 10 s and be at most 32 MiB.
+    /// Fetch http(s) image URLs from these hosts (repeatable; `*.example.com`: a domain).
     #[arg(long, value_name = "HOST")]
     pub image_url_allow: Vec<String>,
     /// With --models-dir: models loaded at once at most; past it the least recently used one
@@ -145,7 +142,7 @@ pub struct AppState {
     pub tokenizer: Tokenizer,
     /// The vision tower and its soft token's id, for a model that takes images.
     pub vision: Option<(Arc<kiln_core::model::VisionTower>, u32)>,
-    /// Hosts whose image URLs are fetched.
+    /// Hosts whose image URLs are fetched (`--image-url-allow`); none by default.
     pub image_urls: crate::images::ImageUrls,
     pub template: Option<ChatTemplate>,
     /// Why the model's chat template is not usable, when it has one that does not compile.
@@ -223,7 +220,6 @@ pub struct ServeOptions {
     pub webui: bool,
     /// The model's name in the API (`model` fields, /v1/models); default the file's stem.
     pub name: Option<String>,
-    /// Hosts whose image URLs are fetched (`--image-url-allow`); none by default.
     pub image_urls: crate::images::ImageUrls,
 }
 
@@ -812,9 +808,8 @@ pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, A
     })
 }
 
-/// Runs a request's preparation (JSON parsing, template rendering, tokenizing: all of it
-/// CPU work that grows with the prompt) on a blocking thread, off the async workers that
-/// answer every other connection; then generates.
+/// Runs a request's preparation (JSON, template, tokens, fetched images: work that grows with
+/// the prompt) on a blocking thread, off the async workers that answer other connections.
 async fn prepared(
     state: Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
