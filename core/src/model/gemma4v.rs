@@ -286,25 +286,11 @@ impl Gemma4Vision {
             let y = ex.matmul(&g, &l.down)?;
             x = ex.add(&x, &self.norm(ex, &y, &l.ffn_post_norm)?)?;
         }
-        // k x k average pooling (the sum of k² gathers, over k²), then × √hidden.
-        let (th, tw) = (gh / k, gw / k);
-        let mut sum: Option<Tensor> = None;
-        for dy in 0..k {
-            for dx in 0..k {
-                let ids: Vec<i32> = (0..th * tw)
-                    .map(|i| (((i / tw) * k + dy) * gw + (i % tw) * k + dx) as i32)
-                    .collect();
-                let g = ex.get_rows(&x, &ex.upload_i32(&[th * tw], &ids)?)?;
-                sum = Some(match sum {
-                    None => g,
-                    Some(acc) => ex.add(&acc, &g)?,
-                });
-            }
-        }
-        let pooled = match sum {
-            Some(s) => ex.scale(&s, (d as f32).sqrt() / (k * k) as f32)?,
-            None => return Err(Error::Model("a pooling factor of 0".into())),
-        };
+        // k x k average pooling, then × √hidden.
+        let pooled = ex.scale(
+            &super::vision::avg_pool(ex, &x, gh, gw, k)?,
+            (d as f32).sqrt(),
+        )?;
         let pooled = match &self.standardize {
             Some((bias, scale)) => ex.mul(&ex.add(&pooled, &ex.scale(bias, -1.0)?)?, scale)?,
             None => pooled,

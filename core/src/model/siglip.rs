@@ -209,25 +209,7 @@ impl Siglip {
             x = ex.add(&x, &self.linear(ex, &h, &l.down)?)?;
         }
         let x = self.layer_norm(ex, &x, &self.post_ln)?;
-        // Average pooling of k x k blocks: the sum of k² gathers, over k².
-        let (k, t) = (self.pool, side / self.pool);
-        let mut sum: Option<Tensor> = None;
-        for dy in 0..k {
-            for dx in 0..k {
-                let ids: Vec<i32> = (0..t * t)
-                    .map(|i| (((i / t) * k + dy) * side + (i % t) * k + dx) as i32)
-                    .collect();
-                let g = ex.get_rows(&x, &ex.upload_i32(&[t * t], &ids)?)?;
-                sum = Some(match sum {
-                    None => g,
-                    Some(acc) => ex.add(&acc, &g)?,
-                });
-            }
-        }
-        let pooled = match sum {
-            Some(s) => ex.scale(&s, 1.0 / (k * k) as f32)?,
-            None => return Err(Error::Model("a pooling factor of 0".into())),
-        };
+        let pooled = super::vision::avg_pool(ex, &x, side, side, self.pool)?;
         let normed = ex.rms_norm(&pooled, &self.soft_norm, self.eps, false)?;
         ex.matmul(&normed, &self.proj)
     }

@@ -332,3 +332,37 @@ pub(super) fn tower_meta(
         entry("projection_dim", text, "hidden_size", None)?,
     ])
 }
+
+/// The average of each `k × k` block of a `rows × cols` grid of vectors (`x`: `[rows·cols, E]`,
+/// row-major), row-major over the blocks: the sum of k² gathers, over k².
+pub(super) fn avg_pool(
+    ex: &Executor,
+    x: &Tensor,
+    rows: usize,
+    cols: usize,
+    k: usize,
+) -> Result<Tensor> {
+    if k == 0 || rows % k != 0 || cols % k != 0 {
+        return Err(Error::Model(format!(
+            "a {cols}x{rows} grid does not pool in {k}x{k} blocks"
+        )));
+    }
+    let (th, tw) = (rows / k, cols / k);
+    let mut sum: Option<Tensor> = None;
+    for dy in 0..k {
+        for dx in 0..k {
+            let ids: Vec<i32> = (0..th * tw)
+                .map(|i| (((i / tw) * k + dy) * cols + (i % tw) * k + dx) as i32)
+                .collect();
+            let g = ex.get_rows(x, &ex.upload_i32(&[th * tw], &ids)?)?;
+            sum = Some(match sum {
+                None => g,
+                Some(acc) => ex.add(&acc, &g)?,
+            });
+        }
+    }
+    match sum {
+        Some(s) => ex.scale(&s, 1.0 / (k * k) as f32),
+        None => Err(Error::Model("a pooling factor of 0".into())),
+    }
+}
