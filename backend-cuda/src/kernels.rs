@@ -471,7 +471,10 @@ mod pdl_tests {
     fn the_marked_kernels_are_started_early_and_wait() {
         let mut pdl = pdl_kernels();
         pdl.sort();
-        assert_eq!(pdl, ["mat_vec_x8_q4_k", "mat_vec_x8_q4_k_mma", "quantize_x8"]);
+        assert_eq!(
+            pdl,
+            ["mat_vec_x8_q4_k", "mat_vec_x8_q4_k_mma", "quantize_x8"]
+        );
         for (file, src) in FILES {
             let marks = marked_entry_points(src).iter().filter(|e| e.2).count();
             let waits = src.matches("grid_wait();").count();

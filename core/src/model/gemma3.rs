@@ -98,7 +98,7 @@ const GEMMA3: &[Field] = &[
 
 /// Gemma 3's image text: its chat template writes `<start_of_image>` for an image, its
 /// processor makes that the soft tokens wrapped in blank lines and the image's start and end.
-pub const IMAGE_TEXT: super::vision::ImageText = super::vision::ImageText {
+pub const IMAGE_TEXT: super::tower::ImageText = super::tower::ImageText {
     marker: "<start_of_image>",
     soft_token: "<image_soft_token>",
     before: "\n\n<start_of_image>",
@@ -174,7 +174,7 @@ fn hf_vision(c: &serde_json::Value) -> std::result::Result<Vec<(String, Value)>,
             "a {vision_type:?} vision tower is not supported (SigLIP is)"
         ));
     }
-    let u = super::vision::config_u32;
+    let u = super::tower::config_u32;
     let image = u(vc, "image_size", Some(224))?;
     let patch = u(vc, "patch_size", Some(16))?;
     let tokens = u(c, "mm_tokens_per_image", Some(256))?;
@@ -203,7 +203,7 @@ fn hf_vision(c: &serde_json::Value) -> std::result::Result<Vec<(String, Value)>,
             Value::F32(eps as f32),
         ),
     ];
-    meta.extend(super::vision::tower_meta(vc, text, 12)?);
+    meta.extend(super::tower::tower_meta(vc, text, 12)?);
     Ok(meta)
 }
 

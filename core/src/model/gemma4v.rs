@@ -26,7 +26,7 @@ pub const PROJECTOR: &str = "gemma4v";
 
 /// Gemma 4's image text: its chat template writes `<|image|>` for an image, its processor
 /// makes that `<|image>`, the soft tokens (`<|image|>` each), `<image|>`.
-pub const IMAGE_TEXT: super::vision::ImageText = super::vision::ImageText {
+pub const IMAGE_TEXT: super::tower::ImageText = super::tower::ImageText {
     marker: "<|image|>",
     soft_token: "<|image|>",
     before: "<|image>",
@@ -75,7 +75,7 @@ pub struct Gemma4Vision {
     proj: Tensor,
 }
 
-use super::vision::meta_usize;
+use super::tower::meta_usize;
 
 impl Gemma4Vision {
     /// Builds the tower from an mmproj view, its weights uploaded to `ex`'s backend.
@@ -288,7 +288,7 @@ impl Gemma4Vision {
         }
         // k x k average pooling, then × √hidden.
         let pooled = ex.scale(
-            &super::vision::avg_pool(ex, &x, gh, gw, k)?,
+            &super::tower::avg_pool(ex, &x, gh, gw, k)?,
             (d as f32).sqrt(),
         )?;
         let pooled = match &self.standardize {
@@ -323,7 +323,7 @@ pub(super) fn hf_vision(
     if vc.get("use_clipped_linears").and_then(Json::as_bool) == Some(true) {
         return Err("a vision tower with clipped linears is not supported yet".into());
     }
-    let u = super::vision::config_u32;
+    let u = super::tower::config_u32;
     let rope = vc.get("rope_parameters").unwrap_or(&Json::Null);
     if let Some(t) = rope.get("rope_type").and_then(Json::as_str) {
         if t != "axial" {
@@ -366,6 +366,6 @@ pub(super) fn hf_vision(
             Value::F32(eps as f32),
         ),
     ];
-    meta.extend(super::vision::tower_meta(vc, text, 16)?);
+    meta.extend(super::tower::tower_meta(vc, text, 16)?);
     Ok(meta)
 }

@@ -15,6 +15,7 @@ pub mod llama;
 pub mod qwen35;
 pub mod registry;
 pub mod siglip;
+mod tower;
 pub mod toy;
 pub mod vision;
 mod weights;

@@ -48,7 +48,7 @@ pub struct Siglip {
     proj: Tensor,
 }
 
-use super::vision::meta_usize;
+use super::tower::meta_usize;
 
 impl Siglip {
     /// Builds the encoder from an mmproj view, its weights uploaded to `ex`'s backend.
@@ -209,7 +209,7 @@ impl Siglip {
             x = ex.add(&x, &self.linear(ex, &h, &l.down)?)?;
         }
         let x = self.layer_norm(ex, &x, &self.post_ln)?;
-        let pooled = super::vision::avg_pool(ex, &x, side, side, self.pool)?;
+        let pooled = super::tower::avg_pool(ex, &x, side, side, self.pool)?;
         let normed = ex.rms_norm(&pooled, &self.soft_norm, self.eps, false)?;
         ex.matmul(&normed, &self.proj)
     }

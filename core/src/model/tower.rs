@@ -1,0 +1,94 @@
+//! What the vision towers share and the families name: how a prompt holds an image, and
+//! helpers for reading a tower's metadata and pooling its patches. A leaf: it imports no model
+//! module (the towers and families import it, and `model::vision` imports them).
+
+use crate::error::{Error, Result};
+use crate::exec::Executor;
+use crate::load::gguf::GgufFile;
+use crate::tensor::Tensor;
+
+/// How a family's prompt holds an image: the marker its chat template writes, the text of one
+/// soft token, and what its processor wraps an image's soft tokens in.
+pub struct ImageText {
+    pub marker: &'static str,
+    pub soft_token: &'static str,
+    pub before: &'static str,
+    pub after: &'static str,
+}
+
+/// An mmproj file's positive integer `key` (at most 2^20).
+pub(crate) fn meta_usize(f: &GgufFile, key: &str) -> Result<usize> {
+    let v = f.get_u64(key)?;
+    usize::try_from(v)
+        .ok()
+        .filter(|&x| x > 0 && x <= 1 << 20)
+        .ok_or_else(|| Error::load(f.path(), format!("{key} = {v} is out of range")))
+}
+
+/// A vision config's positive integer `k` (at most 2^20; `default` where absent).
+pub(crate) fn config_u32(
+    v: &serde_json::Value,
+    k: &str,
+    default: Option<u64>,
+) -> std::result::Result<u32, String> {
+    v.get(k)
+        .and_then(serde_json::Value::as_u64)
+        .or(default)
+        .filter(|&x| x > 0 && x <= 1 << 20)
+        .map(|x| x as u32)
+        .ok_or_else(|| format!("vision {k} is missing or out of range"))
+}
+
+/// The `clip.vision.*` entries every tower's config gives: its width, MLP width, depth
+/// (`layers` where absent), heads and the text model's width.
+pub(crate) fn tower_meta(
+    vc: &serde_json::Value,
+    text: &serde_json::Value,
+    layers: u64,
+) -> std::result::Result<Vec<(String, crate::load::gguf::Value)>, String> {
+    use crate::load::gguf::Value;
+    let entry = |k: &str, from: &serde_json::Value, key: &str, d: Option<u64>| {
+        config_u32(from, key, d).map(|n| (format!("clip.vision.{k}"), Value::U32(n)))
+    };
+    Ok(vec![
+        entry("embedding_length", vc, "hidden_size", Some(768))?,
+        entry("feed_forward_length", vc, "intermediate_size", Some(3072))?,
+        entry("block_count", vc, "num_hidden_layers", Some(layers))?,
+        entry("attention.head_count", vc, "num_attention_heads", Some(12))?,
+        entry("projection_dim", text, "hidden_size", None)?,
+    ])
+}
+
+/// The average of each `k × k` block of a `rows × cols` grid of vectors (`x`: `[rows·cols, E]`,
+/// row-major), row-major over the blocks: the sum of k² gathers, over k².
+pub(crate) fn avg_pool(
+    ex: &Executor,
+    x: &Tensor,
+    rows: usize,
+    cols: usize,
+    k: usize,
+) -> Result<Tensor> {
+    if k == 0 || rows % k != 0 || cols % k != 0 {
+        return Err(Error::Model(format!(
+            "a {cols}x{rows} grid does not pool in {k}x{k} blocks"
+        )));
+    }
+    let (th, tw) = (rows / k, cols / k);
+    let mut sum: Option<Tensor> = None;
+    for dy in 0..k {
+        for dx in 0..k {
+            let ids: Vec<i32> = (0..th * tw)
+                .map(|i| (((i / tw) * k + dy) * cols + (i % tw) * k + dx) as i32)
+                .collect();
+            let g = ex.get_rows(x, &ex.upload_i32(&[th * tw], &ids)?)?;
+            sum = Some(match sum {
+                None => g,
+                Some(acc) => ex.add(&acc, &g)?,
+            });
+        }
+    }
+    match sum {
+        Some(s) => ex.scale(&s, 1.0 / (k * k) as f32),
+        None => Err(Error::Model("a pooling factor of 0".into())),
+    }
+}
