@@ -213,18 +213,8 @@ impl Gemma4Vision {
             )));
         }
         let n = gh * gw;
-        // Each patch's values in the weight's order (channel, row, column), mapped to 2x − 1.
-        let mut patches = Vec::with_capacity(n * 3 * p * p);
-        for py in 0..gh {
-            for px in 0..gw {
-                for c in 0..3 {
-                    for y in 0..p {
-                        let row = c * h * w + (py * p + y) * w + px * p;
-                        patches.extend(pixels[row..row + p].iter().map(|&v| 2.0 * (v - 0.5)));
-                    }
-                }
-            }
-        }
+        // Mapped to 2x − 1, as the model's patch embedder does.
+        let patches = super::tower::patches(pixels, h, w, p, |v| 2.0 * (v - 0.5));
         let x = ex.upload_f32(&[n, 3 * p * p], &patches)?;
         let x = ex.matmul(&x, &self.patch_w)?;
         let cols: Vec<i32> = (0..n).map(|i| (i % gw) as i32).collect();

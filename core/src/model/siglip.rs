@@ -175,18 +175,7 @@ impl Siglip {
         }
         let side = s / p;
         let n = side * side;
-        // Each patch's values in the convolution weight's order: channel, row, column.
-        let mut patches = Vec::with_capacity(n * 3 * p * p);
-        for py in 0..side {
-            for px in 0..side {
-                for c in 0..3 {
-                    for y in 0..p {
-                        let row = c * s * s + (py * p + y) * s + px * p;
-                        patches.extend_from_slice(&pixels[row..row + p]);
-                    }
-                }
-            }
-        }
+        let patches = super::tower::patches(pixels, s, s, p, |v| v);
         let x = ex.upload_f32(&[n, 3 * p * p], &patches)?;
         let x = ex.add(&ex.matmul(&x, &self.patch_w)?, &self.patch_b)?;
         let mut x = ex.add(&x, &self.pos)?;

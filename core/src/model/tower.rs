@@ -92,3 +92,28 @@ pub(crate) fn avg_pool(
         None => Err(Error::Model("a pooling factor of 0".into())),
     }
 }
+
+/// The `p × p` patches of `[3, h, w]` pixel values (channel planes; `h`, `w` whole patches),
+/// row-major over the patch grid, each in a patch convolution weight's order (channel, row,
+/// column), every value through `f`.
+pub(crate) fn patches(
+    pixels: &[f32],
+    h: usize,
+    w: usize,
+    p: usize,
+    f: impl Fn(f32) -> f32,
+) -> Vec<f32> {
+    let (gh, gw) = (h / p, w / p);
+    let mut out = Vec::with_capacity(gh * gw * 3 * p * p);
+    for py in 0..gh {
+        for px in 0..gw {
+            for c in 0..3 {
+                for y in 0..p {
+                    let row = c * h * w + (py * p + y) * w + px * p;
+                    out.extend(pixels[row..row + p].iter().map(|&v| f(v)));
+                }
+            }
+        }
+    }
+    out
+}

@@ -241,10 +241,11 @@ fn processor_from_gguf(f: &GgufFile) -> Result<Processor> {
     if projector_type(f).ok() == Some(super::gemma4v::PROJECTOR) {
         // Gemma 4's processor: bicubic, 1/255 and no normalization (the tower maps the values
         // itself), at most 280 soft tokens an image (its default).
-        let u = |k: &str, d: u64| f.get_u64(k).unwrap_or(d).clamp(1, 4096) as usize;
+        // Bounded as a processor config's are (vision/mod.rs).
+        let u = |k: &str, d: u64, most: u64| f.get_u64(k).unwrap_or(d).clamp(1, most) as usize;
         let (patch, pool) = (
-            u("clip.vision.patch_size", 16),
-            u("clip.vision.projector.scale_factor", 3),
+            u("clip.vision.patch_size", 16, 256),
+            u("clip.vision.projector.scale_factor", 3, 16),
         );
         return Ok(Processor {
             size: None,

@@ -151,7 +151,8 @@ impl Fit {
         if h == 0 || w == 0 || unit == 0 {
             return Err(bad(format!("cannot fit a {w}x{h} image")));
         }
-        let target = (self.max_patches * self.patch * self.patch) as f64;
+        // In f64: a model's processor config sets these (bounded where it is read).
+        let target = self.max_patches as f64 * (self.patch * self.patch) as f64;
         let factor = (target / (h as f64 * w as f64)).sqrt();
         let mut th = ((factor * h as f64) / unit as f64).floor() as usize * unit;
         let mut tw = ((factor * w as f64) / unit as f64).floor() as usize * unit;
@@ -167,10 +168,16 @@ impl Fit {
             tw = unit;
             th = (h / w * unit).min(longest);
         }
-        if th * tw > self.max_patches * self.patch * self.patch {
+        let pixels = th as f64 * tw as f64;
+        if pixels > target {
             return Err(bad(format!(
                 "a {w}x{h} image resized to {tw}x{th} would exceed {} patches",
                 self.max_patches
+            )));
+        }
+        if pixels > MAX_PIXELS as f64 {
+            return Err(bad(format!(
+                "a {w}x{h} image would be resized to {tw}x{th}, over {MAX_PIXELS} pixels"
             )));
         }
         Ok((th, tw))
@@ -192,14 +199,14 @@ impl Processor {
         }
         let fit = match cfg.get("max_soft_tokens").and_then(J::as_u64) {
             Some(soft) if flag("do_resize", true) => {
-                let n = |k: &str, default: u64| {
+                let n = |k: &str, default: u64, most: u64| {
                     cfg.get(k)
                         .and_then(J::as_u64)
                         .unwrap_or(default)
-                        .clamp(1, 4096) as usize
+                        .clamp(1, most) as usize
                 };
-                let (patch, pool) = (n("patch_size", 16), n("pooling_kernel_size", 3));
-                if soft == 0 || soft > 1 << 16 {
+                let (patch, pool) = (n("patch_size", 16, 256), n("pooling_kernel_size", 3, 16));
+                if soft == 0 || soft > 1 << 14 {
                     return Err(bad(format!(
                         "preprocessor_config.json: max_soft_tokens {soft} is out of range"
                     )));
@@ -313,6 +320,31 @@ impl Processor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Gemma 4's resize stays in bounds whatever a config asks: a budget past the pixel cap is
+    /// an error, extreme aspect ratios give whole tiles, a 1x1 image is scaled up (as
+    /// transformers does).
+    #[test]
+    fn fitted_sizes_are_bounded() {
+        let big = Fit {
+            patch: 256,
+            pool: 16,
+            max_patches: (1 << 14) * 256,
+        };
+        assert!(big.size(16_384, 16_384).is_err());
+        let g4 = Fit {
+            patch: 16,
+            pool: 3,
+            max_patches: 280 * 9,
+        };
+        let (h, w) = g4.size(1, 16_384).unwrap();
+        assert!(
+            h % 48 == 0 && w % 48 == 0 && h * w <= 280 * 9 * 256,
+            "{h}x{w}"
+        );
+        assert_eq!(g4.size(1, 1).unwrap(), (768, 768));
+        assert_eq!(g4.size(768, 1024).unwrap(), (672, 912));
+    }
 
     #[test]
     fn hostile_bytes_are_errors() {
