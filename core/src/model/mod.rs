@@ -9,6 +9,7 @@ pub mod diffusion_gemma;
 pub mod gemma3;
 pub mod gemma4;
 pub mod gemma4_assistant;
+mod gemma4_hf;
 mod gemma4_ple;
 pub mod gemma4v;
 pub mod llama;
