@@ -16,7 +16,7 @@ extern "C" __global__ void scale_f32(const float* x, float* y, u32 n, float s) {
     if (i < n) y[i] = x[i] * s;
 }
 
-// op: 0 silu, 1 gelu_tanh, 2 sigmoid, 3 softplus, 4 exp, 5 neg, 6 tanh.
+// op: 0 silu, 1 gelu_tanh, 2 sigmoid, 3 softplus, 4 exp, 5 neg, 6 tanh, 7 gelu_erf.
 extern "C" __global__ void unary_f32(const float* x, float* y, u32 n, u32 op) {
     const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -29,7 +29,8 @@ extern "C" __global__ void unary_f32(const float* x, float* y, u32 n, u32 op) {
         case 3: r = softplus(v); break;
         case 4: r = __expf(v); break;
         case 5: r = -v; break;
-        default: r = tanhf(v); break;
+        case 6: r = tanhf(v); break;
+        default: r = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); break;
     }
     y[i] = r;
 }

@@ -34,6 +34,18 @@ fn gelu_tanh(v: f32) -> f32 {
     return 0.5 * v * (1.0 + tanh_safe(0.7978846 * (v + 0.044715 * v * v * v)));
 }
 
+// erf by Abramowitz and Stegun 7.1.26 (absolute error under 1.5e-7), odd in v.
+fn erf_as(v: f32) -> f32 {
+    let z = abs(v);
+    let t = 1.0 / (1.0 + 0.3275911 * z);
+    let poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
+    return sign(v) * (1.0 - poly * exp(-z * z));
+}
+
+fn gelu_erf(v: f32) -> f32 {
+    return 0.5 * v * (1.0 + erf_as(v * 0.70710678));
+}
+
 fn softplus(v: f32) -> f32 {
     if (v > 20.0) {
         return v;
@@ -68,6 +80,7 @@ fn scale_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
 // The activations, by code (one entry point each below).
 const SILU: u32 = 0u;
 const GELU_TANH: u32 = 1u;
+const GELU_ERF: u32 = 7u;
 const SIGMOID: u32 = 2u;
 const SOFTPLUS: u32 = 3u;
 const EXP: u32 = 4u;
@@ -78,6 +91,7 @@ fn activation(code: u32, v: f32) -> f32 {
     switch code {
         case SILU: { return v * sigmoid(v); }
         case GELU_TANH: { return gelu_tanh(v); }
+        case GELU_ERF: { return gelu_erf(v); }
         case SIGMOID: { return sigmoid(v); }
         case SOFTPLUS: { return softplus(v); }
         case EXP: { return exp(v); }
@@ -127,6 +141,11 @@ fn neg_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
 @compute @workgroup_size(256)
 fn tanh_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     unary(wid, li, TANH);
+}
+
+@compute @workgroup_size(256)
+fn gelu_erf_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    unary(wid, li, GELU_ERF);
 }
 
 // Gated linear units: a is the gate, b the up projection (same shape).

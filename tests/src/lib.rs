@@ -132,6 +132,19 @@ pub fn image_prompt_logits(
     feats: &[kiln_core::tensor::Tensor],
     cut: &[usize],
 ) -> Vec<Vec<f32>> {
+    image_prompt_logits_in_grids(runner, tokens, runs, feats, cut, &[])
+}
+
+/// [`image_prompt_logits`] for a model that places image tokens by row and column: image
+/// `i`'s soft tokens are `grids[i]` (rows, columns).
+pub fn image_prompt_logits_in_grids(
+    runner: &mut kiln_core::engine::Runner,
+    tokens: &[u32],
+    runs: &[(usize, usize)],
+    feats: &[kiln_core::tensor::Tensor],
+    cut: &[usize],
+    grids: &[(usize, usize)],
+) -> Vec<Vec<f32>> {
     use kiln_core::engine::Logits;
     use kiln_core::model::RowEmbeds;
     let mut got: Vec<Vec<f32>> = Vec::new();
@@ -143,11 +156,19 @@ pub fn image_prompt_logits(
         let embeds = runs
             .iter()
             .zip(feats)
-            .filter(|((s, _), _)| (at..end).contains(s))
-            .map(|(&(s, n), f)| RowEmbeds {
+            .enumerate()
+            .filter(|(_, ((s, _), _))| (at..end).contains(s))
+            .map(|(i, (&(s, n), f))| RowEmbeds {
                 row: s - at,
                 embeds: f.clone(),
                 span_end: s + n,
+                grid: grids
+                    .get(i)
+                    .map(|&(rows, cols)| kiln_core::model::ImageGrid {
+                        start: s,
+                        rows,
+                        cols,
+                    }),
             })
             .collect();
         let out = runner

@@ -549,6 +549,7 @@ fn hostile_images_are_errors_not_panics() {
     let proc = Processor {
         size: Some((32, 32)),
         fit: None,
+        area: None,
         filter: Filter::Bicubic,
         rescale: Some(1.0 / 255.0),
         normalize: Some(([0.5; 3], [0.5; 3])),

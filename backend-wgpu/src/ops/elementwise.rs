@@ -22,6 +22,7 @@ plain!(SOFTPLUS_F32, "softplus_f32", "elementwise", ELEMENTWISE);
 plain!(EXP_F32, "exp_f32", "elementwise", ELEMENTWISE);
 plain!(NEG_F32, "neg_f32", "elementwise", ELEMENTWISE);
 plain!(TANH_F32, "tanh_f32", "elementwise", ELEMENTWISE);
+plain!(GELU_ERF_F32, "gelu_erf_f32", "elementwise", ELEMENTWISE);
 plain!(SWIGLU_F32, "swiglu_f32", "elementwise", ELEMENTWISE);
 plain!(GEGLU_F32, "geglu_f32", "elementwise", ELEMENTWISE);
 plain!(COPY_U32, "copy_u32", "elementwise_copy", COPY);
@@ -41,6 +42,7 @@ pub(super) const KERNELS: &[&Kernel] = &[
     &EXP_F32,
     &NEG_F32,
     &TANH_F32,
+    &GELU_ERF_F32,
     &SWIGLU_F32,
     &GEGLU_F32,
     &COPY_U32,
@@ -76,6 +78,7 @@ fn unary_kernel(op: UnaryOp) -> &'static Kernel {
         UnaryOp::Exp => &EXP_F32,
         UnaryOp::Neg => &NEG_F32,
         UnaryOp::Tanh => &TANH_F32,
+        UnaryOp::GeluErf => &GELU_ERF_F32,
     }
 }
 

@@ -63,6 +63,7 @@ pub(crate) fn apply(u: UnaryOp, x: f32) -> f32 {
         UnaryOp::Exp => x.exp(),
         UnaryOp::Neg => -x,
         UnaryOp::Tanh => x.tanh(),
+        UnaryOp::GeluErf => gelu_erf(x),
     }
 }
 
@@ -100,6 +101,13 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
                         + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
     let scale = f32::from_bits((((n as i32) + 127) as u32) << 23);
     p * scale
+}
+
+/// The exact GELU, `½x(1 + erf(x/√2))`, through libm's `erf` (within an ulp or two) in f64.
+#[inline]
+pub(crate) fn gelu_erf(x: f32) -> f32 {
+    let x = f64::from(x);
+    (0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2))) as f32
 }
 
 /// `h = act(h) * up` over one piece, compiled for AVX-512 so the exponentials vectorise.

@@ -9,7 +9,7 @@ use super::batching::Engine;
 use super::vision::{PromptImage, Vision};
 use crate::error::{Error, Result};
 use crate::kv::ContentSpan;
-use crate::model::{RowEmbeds, VisionTower};
+use crate::model::{ImageGrid, RowEmbeds, VisionTower};
 use crate::sched::Plan;
 
 impl Engine {
@@ -76,19 +76,37 @@ impl Engine {
     }
 
     /// The image rows of a plan's batch: for each item, the soft tokens of the images its
-    /// tokens cover (each image encoded on first need and kept until its request ends).
-    pub(super) fn image_rows(&mut self, plan: &Plan) -> Result<Vec<RowEmbeds>> {
+    /// tokens cover (each image encoded on first need and kept until its request ends); and,
+    /// for a model that places image tokens by row and column, every sequence's image grids.
+    pub(super) fn image_rows(&mut self, plan: &mut Plan) -> Result<()> {
         let mut rows = Vec::new();
         let Some(v) = &self.vision else {
-            return Ok(rows);
+            return Ok(());
         };
         let ex = self.fwd.executor();
-        for (it, seq) in plan.items.iter().zip(&plan.batch.seqs) {
+        for (it, seq) in plan.items.iter().zip(plan.batch.seqs.iter_mut()) {
             let Some(a) = self.active.get_mut(&it.id) else {
                 continue;
             };
             for slot in a.images.iter_mut() {
                 let (s, e) = (slot.span.start, slot.span.start + slot.span.len);
+                let grid = match v.tower.grid(&slot.image.rgb)? {
+                    Some((r, c)) if r * c == slot.span.len => Some(ImageGrid {
+                        start: s,
+                        rows: r,
+                        cols: c,
+                    }),
+                    Some((r, c)) => {
+                        return Err(Error::Model(format!(
+                            "an image's {r}x{c} grid does not fill its {} soft tokens",
+                            slot.span.len
+                        )))
+                    }
+                    None => None,
+                };
+                if let Some(g) = grid.filter(|_| s < it.end) {
+                    seq.images.push(g);
+                }
                 let (lo, hi) = (s.max(it.start), e.min(it.end));
                 if lo >= hi {
                     continue;
@@ -106,10 +124,12 @@ impl Engine {
                     row: seq.q_start + lo - it.start,
                     embeds: ex.rows(all, lo - s..hi - s)?,
                     span_end: e,
+                    grid,
                 });
             }
         }
         rows.sort_by_key(|r| r.row);
-        Ok(rows)
+        plan.batch.embeds = rows;
+        Ok(())
     }
 }

@@ -35,8 +35,8 @@ impl Engine {
             self.unblock()?;
             return Ok(!self.sched.is_idle());
         }
-        match self.image_rows(&plan) {
-            Ok(rows) => plan.batch.embeds = rows,
+        match self.image_rows(&mut plan) {
+            Ok(()) => {}
             Err(e) => {
                 for it in &plan.items {
                     self.fail(it.id, format!("encoding an image failed: {e}"))?;

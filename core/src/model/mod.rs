@@ -14,6 +14,7 @@ mod gemma4_ple;
 pub mod gemma4v;
 pub mod llama;
 pub mod qwen35;
+pub mod qwen35v;
 pub mod registry;
 pub mod siglip;
 mod tower;
@@ -231,6 +232,18 @@ pub struct SeqInput {
     /// it writes (never the same; both 0 for models without state).
     pub state_read: usize,
     pub state_slot: usize,
+    /// The sequence's images that start before its context ends, for a model that places
+    /// image tokens by their row and column (M-RoPE); empty for the others.
+    pub images: Vec<ImageGrid>,
+}
+
+/// Where an image's soft tokens sit in a sequence and how they are laid out: `rows × cols`
+/// tokens, row-major, from position `start`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageGrid {
+    pub start: usize,
+    pub rows: usize,
+    pub cols: usize,
 }
 
 /// Everything one forward pass needs: the tokens of every scheduled sequence, their
@@ -261,6 +274,8 @@ pub struct RowEmbeds {
     /// The position just past the image's last soft token: where a model whose image tokens
     /// see each other both ways lets these rows' attention reach.
     pub span_end: usize,
+    /// The image's grid, for a model that places image tokens by row and column.
+    pub grid: Option<ImageGrid>,
 }
 
 impl ForwardBatch {

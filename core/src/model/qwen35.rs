@@ -110,11 +110,131 @@ pub struct Qwen35 {
     info: ModelInfo,
     eps: f32,
     rope: RopeParams,
+    /// Which rotary pairs turn by an image token's row (`.0`) and column (`.1`) under M-RoPE
+    /// (the rest by its time; text tokens turn by one position on all three).
+    mrope: Option<(Vec<bool>, Vec<bool>)>,
     ssm: Ssm,
     head: Head,
     layers: Vec<Layer>,
     groups: Vec<KvGroup>,
     states: Vec<Vec<usize>>,
+}
+
+/// The M-RoPE pair sets of a file that has sections (`rope.dimension_sections`: the pairs
+/// of time, height and width), interleaved as Qwen3.5 has them (pair j by height when
+/// `j mod 3 = 1` and `j < 3·h`, by width when `j mod 3 = 2` and `j < 3·w`, else by time)
+/// unless `rope.mrope_interleaved` is false (then consecutive: time, height, width).
+fn mrope_pairs(f: &GgufFile, half: usize) -> Result<Option<(Vec<bool>, Vec<bool>)>> {
+    let key = f.arch_key("rope.dimension_sections");
+    if f.get(&key).is_none() {
+        return Ok(None);
+    }
+    let s = f.get_i64_array(&key)?;
+    let sec = |i: usize| s.get(i).copied().unwrap_or(0).clamp(0, 1 << 16) as usize;
+    let (t, h, w) = (sec(0), sec(1), sec(2));
+    if t + h + w > half || h + w == 0 {
+        return Err(Error::load(
+            f.path(),
+            format!("{key} {s:?} does not fit {half} rotary pairs"),
+        ));
+    }
+    let interleaved = f
+        .get(&f.arch_key("rope.mrope_interleaved"))
+        .and_then(|v| v.as_bool())
+        .unwrap_or(true);
+    let (rows, cols) = (0..half)
+        .map(|j| match interleaved {
+            true => (j % 3 == 1 && j < 3 * h, j % 3 == 2 && j < 3 * w),
+            false => ((t..t + h).contains(&j), (t + h..t + h + w).contains(&j)),
+        })
+        .unzip();
+    Ok(Some((rows, cols)))
+}
+
+/// A batch's M-RoPE positions on the device: each row's time position (a text token's one
+/// position: its index less what the images before it saved) and how far its row and column
+/// positions are from it (0 for text).
+struct Turns {
+    time: Tensor,
+    rows: (Tensor, Tensor),
+    cols: (Tensor, Tensor),
+}
+
+impl Turns {
+    /// `x` turned by time, then its row pairs by the row offset and its column pairs by the
+    /// column offset (the other pairs' factors are infinite: no turn).
+    fn apply(&self, ex: &Executor, x: &Tensor, rope: RopeParams) -> Result<Tensor> {
+        let x = ex.rope(x, &self.time, rope, None)?;
+        let x = ex.rope(&x, &self.rows.0, rope, Some(&self.rows.1))?;
+        ex.rope(&x, &self.cols.0, rope, Some(&self.cols.1))
+    }
+}
+
+/// Row `i` of a sequence under M-RoPE (transformers' `get_rope_index` for one sequence of
+/// text and images): `(time, height, width)`. A text token's three are its index less, for
+/// each image before it, the image's tokens minus its longer side; an image's tokens share
+/// the time of its first, their height and width that plus their row and column.
+pub fn mrope_position(i: usize, images: &[crate::model::ImageGrid]) -> [i64; 3] {
+    let mut saved = 0i64;
+    for g in images {
+        let n = g.rows * g.cols;
+        if i < g.start {
+            break;
+        }
+        if i < g.start + n {
+            let t = g.start as i64 - saved;
+            let k = i - g.start;
+            return [t, t + (k / g.cols) as i64, t + (k % g.cols) as i64];
+        }
+        saved += n as i64 - g.rows.max(g.cols) as i64;
+    }
+    let t = i as i64 - saved;
+    [t, t, t]
+}
+
+impl Qwen35 {
+    /// The batch's M-RoPE positions, when a sequence in it has images (else every row turns
+    /// by its index, as text does).
+    fn image_turns(&self, ex: &Executor, b: &ForwardBatch) -> Result<Option<Turns>> {
+        let Some((rows, cols)) = &self.mrope else {
+            return Ok(None);
+        };
+        if b.seqs.iter().all(|s| s.images.is_empty()) {
+            return Ok(None);
+        }
+        let t = b.tokens.len();
+        let mut p = vec![[0i64; 3]; t];
+        for (r, &pos) in b.positions.iter().enumerate() {
+            p[r] = [i64::from(pos); 3];
+        }
+        for s in &b.seqs {
+            for r in s.q_start..(s.q_start + s.q_len).min(t) {
+                p[r] = mrope_position(b.positions[r].max(0) as usize, &s.images);
+            }
+        }
+        let int = |v: i64| {
+            i32::try_from(v).map_err(|_| Error::Model(format!("position {v} exceeds i32")))
+        };
+        let col = |k: usize| -> Result<Tensor> {
+            let v = p
+                .iter()
+                .map(|x| int(x[k] - if k == 0 { 0 } else { x[0] }))
+                .collect::<Result<Vec<_>>>()?;
+            ex.upload_i32(&[t], &v)
+        };
+        let mask = |on: &[bool]| -> Result<Tensor> {
+            let f: Vec<f32> = on
+                .iter()
+                .map(|&o| if o { 1.0 } else { f32::INFINITY })
+                .collect();
+            ex.upload_f32(&[f.len()], &f)
+        };
+        Ok(Some(Turns {
+            time: col(0)?,
+            rows: (col(1)?, mask(rows)?),
+            cols: (col(2)?, mask(cols)?),
+        }))
+    }
 }
 
 pub fn build(f: &GgufFile, ex: &Executor) -> Result<Box<dyn Model>> {
@@ -201,6 +321,7 @@ impl Qwen35 {
             rot,
             f32_or(f, &f.arch_key("rope.freq_base"), 10_000.0)?,
         );
+        let mrope = mrope_pairs(f, rope.n_rot / 2)?;
         let full_layers: Vec<usize> = (0..info.n_layer).filter(|&l| full[l]).collect();
         let groups = if full_layers.is_empty() {
             Vec::new()
@@ -335,6 +456,7 @@ impl Qwen35 {
             info,
             eps,
             rope,
+            mrope,
             ssm,
             head,
             layers,
@@ -524,8 +646,11 @@ impl Qwen35 {
             read: step_input(ex, b, StepInput::StateRead)?,
             write: step_input(ex, b, StepInput::StateWrite)?,
         };
-        let (mut x, _) = self.head.embed(ex, b)?;
+        let (x, _) = self.head.embed(ex, b)?;
+        // An image's rows take its soft tokens (as they are: no embedding scale here).
+        let mut x = super::blocks::splice_embeds(ex, &x, b)?;
         let (hd, nh, nkv) = (i.head_dim, i.n_head, i.n_head_kv);
+        let turns = self.image_turns(ex, b)?;
         let ns = NormSpec {
             eps: self.eps,
             one_plus: false,
@@ -540,8 +665,13 @@ impl Qwen35 {
                     let v = ex.matmul(&h, &m.wv)?.reshape([t, nkv, hd])?;
                     let q = ex.rms_norm(&q, &m.q_norm, self.eps, false)?;
                     let k = ex.rms_norm(&k, &m.k_norm, self.eps, false)?;
-                    let q = ex.rope(&q, &bt.positions, self.rope, None)?;
-                    let k = ex.rope(&k, &bt.positions, self.rope, None)?;
+                    let (q, k) = match &turns {
+                        None => (
+                            ex.rope(&q, &bt.positions, self.rope, None)?,
+                            ex.rope(&k, &bt.positions, self.rope, None)?,
+                        ),
+                        Some(tu) => (tu.apply(ex, &q, self.rope)?, tu.apply(ex, &k, self.rope)?),
+                    };
                     let p = AttnParams {
                         scale: 1.0 / (hd as f32).sqrt(),
                         soft_cap: None,
@@ -600,6 +730,7 @@ const QWEN35_MOE: &[Field] = &[
 /// the linear-attention layers' tensors, the layer pattern.
 pub const HF: HfFamily = HfFamily {
     one_centred_norms: Some(&["ssm_norm.weight"]),
+    vision: Some(super::qwen35v::hf_vision),
     defaults: &[
         ("qwen3_5", QWEN35),
         ("qwen3_5_text", QWEN35),
@@ -640,6 +771,23 @@ fn hf_meta(c: &Config, m: &mut Meta) -> Result<()> {
         // The class default: a quarter of each head rotates.
         .unwrap_or(0.25);
     m.u("rope.dimension_count", (hd as f64 * partial) as usize);
+    let rope = c.get("rope_parameters");
+    if let Some(s) = rope
+        .and_then(|p| p.get("mrope_section"))
+        .and_then(serde_json::Value::as_array)
+    {
+        let s: Vec<Value> = s
+            .iter()
+            .map(|x| x.as_i64().map(|v| Value::I32(v.clamp(0, 1 << 16) as i32)))
+            .collect::<Option<_>>()
+            .ok_or_else(|| c.err("config.json: mrope_section must hold integers"))?;
+        m.set("rope.dimension_sections", Value::Array(s));
+        let interleaved = rope
+            .and_then(|p| p.get("mrope_interleaved"))
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(true);
+        m.set("rope.mrope_interleaved", Value::Bool(interleaved));
+    }
     m.u("ssm.conv_kernel", c.usize("linear_conv_kernel_dim")?);
     m.u("ssm.state_size", c.usize("linear_key_head_dim")?);
     m.u("ssm.group_count", c.usize("linear_num_key_heads")?);

@@ -13,13 +13,14 @@
 use std::path::Path;
 
 use super::gemma4v::Gemma4Vision;
+use super::qwen35v::Qwen35Vision;
 use super::siglip::Siglip;
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::GgufFile;
 use crate::tensor::Tensor;
 use crate::vision::resize::Filter;
-use crate::vision::{Fit, Image, Processor, Rgb};
+use crate::vision::{Area, Fit, Image, Processor, Rgb};
 
 pub use super::tower::ImageText;
 
@@ -28,6 +29,9 @@ enum Encoder {
     Siglip(Siglip),
     /// Gemma 4's: images at their aspect ratio, soft tokens by their size.
     Gemma4(Gemma4Vision),
+    /// Qwen3.5's: images at their aspect ratio in a pixel range, soft tokens by their size,
+    /// placed in the text by their grid (M-RoPE).
+    Qwen35(Qwen35Vision),
 }
 
 /// An image encoder and everything needed to feed it.
@@ -93,6 +97,21 @@ impl VisionTower {
                 }
             }
             (Encoder::Gemma4(e), &super::gemma4v::IMAGE_TEXT)
+        } else if kind == super::qwen35v::PROJECTOR {
+            let e = Qwen35Vision::load(&file, ex)?;
+            match processor.area {
+                Some(a) if a.unit == e.patch * e.merge => {}
+                _ => {
+                    return Err(Error::load(
+                        file.path(),
+                        format!(
+                            "the image processor ({:?}) does not make tiles of {}-pixel patches merged {}x{}",
+                            processor.area, e.patch, e.merge, e.merge
+                        ),
+                    ))
+                }
+            }
+            (Encoder::Qwen35(e), &super::qwen35v::IMAGE_TEXT)
         } else {
             let e = Siglip::load(&file, ex)?;
             if processor.size != Some((e.image, e.image)) {
@@ -126,7 +145,28 @@ impl VisionTower {
                 };
                 Ok(e.tokens(h, w))
             }
+            Encoder::Qwen35(_) => self.grid_for(img).map(|(r, c)| r * c),
         }
+    }
+
+    /// The soft-token grid (rows, columns) of `img`, for a tower whose model places image
+    /// tokens by their row and column (Qwen3.5's M-RoPE); `None` for the others.
+    pub fn grid(&self, img: &Rgb) -> Result<Option<(usize, usize)>> {
+        match &self.encoder {
+            Encoder::Qwen35(_) => self.grid_for(img).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    fn grid_for(&self, img: &Rgb) -> Result<(usize, usize)> {
+        let Encoder::Qwen35(e) = &self.encoder else {
+            return Err(Error::Model("this tower has no soft-token grid".into()));
+        };
+        let (h, w) = match self.processor.area {
+            Some(a) => a.size(img.height, img.width)?,
+            None => (img.height, img.width),
+        };
+        Ok(e.grid(h, w))
     }
 
     /// Sizes images to at most `n` soft tokens (a tower that sizes images by their aspect
@@ -140,6 +180,20 @@ impl VisionTower {
             (Encoder::Gemma4(_), Some(_)) => Err(Error::Model(format!(
                 "{n} soft tokens an image: Gemma 4 takes 70, 140, 280, 560 or 1120"
             ))),
+            (Encoder::Qwen35(_), _) => match self.processor.area.as_mut() {
+                Some(a)
+                    if n >= 1
+                        && n.saturating_mul(a.unit * a.unit)
+                            <= crate::vision::MAX_PIXELS as usize =>
+                {
+                    a.max_pixels = n * a.unit * a.unit;
+                    a.min_pixels = a.min_pixels.min(a.max_pixels);
+                    Ok(())
+                }
+                _ => Err(Error::Model(format!(
+                    "{n} soft tokens an image is out of this tower's range"
+                ))),
+            },
             _ => Err(Error::Model(
                 "this vision tower takes a fixed number of soft tokens an image".into(),
             )),
@@ -165,6 +219,18 @@ impl VisionTower {
                 max_patches / (pool * pool).max(1)
             ),
             (Encoder::Gemma4(_), None) => "soft tokens by the image's size".into(),
+            (Encoder::Qwen35(_), _) => match self.processor.area {
+                Some(Area {
+                    unit,
+                    min_pixels,
+                    max_pixels,
+                }) => format!(
+                    "{} to {} soft tokens an image, at its aspect ratio",
+                    min_pixels.div_ceil(unit * unit),
+                    max_pixels / (unit * unit)
+                ),
+                None => "soft tokens by the image's size".into(),
+            },
         }
     }
 
@@ -173,6 +239,7 @@ impl VisionTower {
         match &self.encoder {
             Encoder::Siglip(e) => e.text_width,
             Encoder::Gemma4(e) => e.text_width,
+            Encoder::Qwen35(e) => e.text_width,
         }
     }
 
@@ -222,6 +289,7 @@ impl VisionTower {
                 e.encode(ex, pixels)
             }
             Encoder::Gemma4(e) => e.encode(ex, pixels, h, w),
+            Encoder::Qwen35(e) => e.encode(ex, pixels, h, w),
         }
     }
 }
@@ -254,12 +322,12 @@ fn processor_from_gguf(f: &GgufFile) -> Result<Processor> {
                 pool,
                 max_patches: 280 * pool * pool,
             }),
+            area: None,
             filter: Filter::Bicubic,
             rescale: Some(1.0 / 255.0),
             normalize: None,
         });
     }
-    let size = f.get_u64("clip.vision.image_size")? as usize;
     let three = |k: &str| -> Result<[f32; 3]> {
         let v = f.get_f32_array(k)?;
         <[f32; 3]>::try_from(v.as_slice())
@@ -275,9 +343,30 @@ fn processor_from_gguf(f: &GgufFile) -> Result<Processor> {
             "clip.vision.image_std must be finite and nonzero",
         ));
     }
+    if projector_type(f).ok() == Some(super::qwen35v::PROJECTOR) {
+        // Qwen's processor: bicubic, at the image's aspect ratio, between 8 and 4096 soft
+        // tokens an image (llama.cpp's bounds: the mmproj file names none).
+        let u = |k: &str, d: u64, most: u64| f.get_u64(k).unwrap_or(d).clamp(1, most) as usize;
+        let unit =
+            u("clip.vision.patch_size", 16, 256) * u("clip.vision.spatial_merge_size", 2, 16);
+        return Ok(Processor {
+            size: None,
+            fit: None,
+            area: Some(Area {
+                unit,
+                min_pixels: 8 * unit * unit,
+                max_pixels: 4096 * unit * unit,
+            }),
+            filter: Filter::Bicubic,
+            rescale: Some(1.0 / 255.0),
+            normalize: Some((mean, std)),
+        });
+    }
+    let size = f.get_u64("clip.vision.image_size")? as usize;
     Ok(Processor {
         size: Some((size, size)),
         fit: None,
+        area: None,
         filter: Filter::Bilinear,
         rescale: Some(1.0 / 255.0),
         normalize: Some((mean, std)),

@@ -18,10 +18,12 @@ pub enum UnaryOp {
     Exp,
     Neg,
     Tanh,
+    /// GELU as `½x(1 + erf(x/√2))` (torch's `nn.GELU()`, Qwen's vision merger).
+    GeluErf,
 }
 
 impl UnaryOp {
-    pub const ALL: [UnaryOp; 7] = [
+    pub const ALL: [UnaryOp; 8] = [
         UnaryOp::Silu,
         UnaryOp::GeluTanh,
         UnaryOp::Sigmoid,
@@ -29,6 +31,7 @@ impl UnaryOp {
         UnaryOp::Exp,
         UnaryOp::Neg,
         UnaryOp::Tanh,
+        UnaryOp::GeluErf,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -39,6 +42,7 @@ impl UnaryOp {
             UnaryOp::Exp => "exp",
             UnaryOp::Neg => "neg",
             UnaryOp::Tanh => "tanh",
+            UnaryOp::GeluErf => "gelu_erf",
         }
     }
 }

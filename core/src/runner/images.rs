@@ -15,6 +15,20 @@ impl Session<'_> {
         items: &[(SeqId, &[u32], Logits)],
         embeds: Vec<RowEmbeds>,
     ) -> Result<Vec<Vec<Vec<f32>>>> {
+        // Each image's grid, for the sequence whose rows it fills (rows count the items'
+        // tokens one after another).
+        let mut first = 0;
+        for (seq, toks, _) in items {
+            for e in embeds
+                .iter()
+                .filter(|e| (first..first + toks.len()).contains(&e.row))
+            {
+                if let Some(g) = e.grid {
+                    self.kv.add_image_grid(*seq, g);
+                }
+            }
+            first += toks.len();
+        }
         let mut batch = self.prepare(items)?;
         batch.embeds = embeds;
         let out = self.fwd.run(&batch, None)?;

@@ -63,6 +63,9 @@ pub struct KvCoordinator {
     /// The content spans (images) of the sequences that have them: their blocks' hashes
     /// cover them.
     spans: std::collections::HashMap<SeqId, Vec<ContentSpan>>,
+    /// The image grids of the sequences whose model places image tokens by row and column
+    /// (given by [`KvCoordinator::add_image_grid`]; every batch of the sequence carries them).
+    grids: std::collections::HashMap<SeqId, Vec<crate::model::ImageGrid>>,
 }
 
 pub(crate) fn kv_err(e: KvError) -> Error {
@@ -104,6 +107,7 @@ impl KvCoordinator {
             prefix_caching,
             margin,
             spans: Default::default(),
+            grids: Default::default(),
         })
     }
 
@@ -438,6 +442,7 @@ impl KvCoordinator {
     /// Frees a sequence's cache blocks and state slots.
     pub fn free(&mut self, seq: SeqId) -> Result<()> {
         self.spans.remove(&seq);
+        self.grids.remove(&seq);
         if let Some(st) = &mut self.states {
             st.free_seq(seq);
         }
@@ -447,6 +452,15 @@ impl KvCoordinator {
             }
         }
         Ok(())
+    }
+
+    /// Records an image of sequence `seq` (once per start) for its batches to carry.
+    pub fn add_image_grid(&mut self, seq: SeqId, grid: crate::model::ImageGrid) {
+        let g = self.grids.entry(seq).or_default();
+        if !g.iter().any(|x| x.start == grid.start) {
+            g.push(grid);
+            g.sort_by_key(|x| x.start);
+        }
     }
 
     /// The forward batch of `items` (each sequence's next tokens, after those computed, in
@@ -489,6 +503,7 @@ impl KvCoordinator {
                     .collect(),
                 state_read,
                 state_slot,
+                images: self.grids.get(seq).cloned().unwrap_or_default(),
             });
         }
         b
@@ -523,6 +538,7 @@ impl KvCoordinator {
                     .collect(),
                 state_read: 0,
                 state_slot: 0,
+                images: Vec::new(),
             });
         }
         Ok(b)

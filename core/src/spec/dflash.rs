@@ -112,6 +112,7 @@ impl DFlashDrafter {
             block_tables: vec![self.kv.block_table(id).unwrap_or(&[]).to_vec()],
             state_read: 0,
             state_slot: 0,
+            images: Vec::new(),
         });
         Ok(())
     }

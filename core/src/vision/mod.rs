@@ -126,6 +126,8 @@ pub struct Processor {
     /// Instead of a fixed size, the largest size of the image's aspect ratio that fits a
     /// patch budget (Gemma 4's processor).
     pub fit: Option<Fit>,
+    /// Or each side rounded to whole tiles within a pixel range (Qwen's processors).
+    pub area: Option<Area>,
     pub filter: Filter,
     /// Multiplies the 0..=255 values (in f64, then rounded to f32), when set.
     pub rescale: Option<f64>,
@@ -184,6 +186,50 @@ impl Fit {
     }
 }
 
+/// Qwen's dynamic resolution (transformers' `smart_resize`): each side rounded to the nearest
+/// multiple of `unit` (a patch times the merge), then the whole scaled, keeping the aspect
+/// ratio, into `min_pixels..=max_pixels`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Area {
+    pub unit: usize,
+    pub min_pixels: usize,
+    pub max_pixels: usize,
+}
+
+impl Area {
+    /// The height and width an `h × w` image is resized to, in transformers' f64 arithmetic
+    /// (Python's `round` rounds halves to even).
+    pub fn size(&self, h: usize, w: usize) -> Result<(usize, usize)> {
+        let unit = self.unit;
+        if h == 0 || w == 0 || unit == 0 {
+            return Err(bad(format!("cannot resize a {w}x{h} image")));
+        }
+        let (hf, wf, u) = (h as f64, w as f64, unit as f64);
+        if hf.max(wf) / hf.min(wf) > 200.0 {
+            return Err(bad(format!(
+                "a {w}x{h} image: its aspect ratio is over 200 (the model's processor refuses it)"
+            )));
+        }
+        let mut th = (hf / u).round_ties_even() * u;
+        let mut tw = (wf / u).round_ties_even() * u;
+        if th * tw > self.max_pixels as f64 {
+            let beta = (hf * wf / self.max_pixels as f64).sqrt();
+            th = u.max((hf / beta / u).floor() * u);
+            tw = u.max((wf / beta / u).floor() * u);
+        } else if th * tw < self.min_pixels as f64 {
+            let beta = (self.min_pixels as f64 / (hf * wf)).sqrt();
+            th = (hf * beta / u).ceil() * u;
+            tw = (wf * beta / u).ceil() * u;
+        }
+        if th * tw > MAX_PIXELS as f64 || th > f64::from(MAX_SIDE) || tw > f64::from(MAX_SIDE) {
+            return Err(bad(format!(
+                "a {w}x{h} image would be resized to {tw}x{th}, over the pixel bound"
+            )));
+        }
+        Ok((th as usize, tw as usize))
+    }
+}
+
 impl Processor {
     /// The processor a Hugging Face `preprocessor_config.json` describes (the fields of the
     /// image processors of SigLIP and Gemma 3: a fixed `size`, `resample`, `do_rescale` with
@@ -219,7 +265,38 @@ impl Processor {
             }
             _ => None,
         };
-        let size = if fit.is_some() {
+        // Qwen's processors: a merge size and a pixel range instead of a size.
+        let area = match cfg.get("merge_size").and_then(J::as_u64) {
+            Some(merge) if fit.is_none() && flag("do_resize", true) => {
+                let s = cfg.get("size").unwrap_or(&J::Null);
+                let px = |keys: [&str; 2], default: u64| {
+                    keys.iter()
+                        .find_map(|k| s.get(k).or_else(|| cfg.get(k)).and_then(J::as_u64))
+                        .unwrap_or(default)
+                        .clamp(1, MAX_PIXELS) as usize
+                };
+                let patch = cfg.get("patch_size").and_then(J::as_u64).unwrap_or(16);
+                let (min_pixels, max_pixels) = (
+                    px(["shortest_edge", "min_pixels"], 56 * 56),
+                    px(["longest_edge", "max_pixels"], 28 * 28 * 1280),
+                );
+                if !(1..=256).contains(&patch)
+                    || !(1..=16).contains(&merge)
+                    || min_pixels > max_pixels
+                {
+                    return Err(bad(format!(
+                        "preprocessor_config.json: patch {patch}, merge {merge}, pixels {min_pixels}..{max_pixels} are out of range"
+                    )));
+                }
+                Some(Area {
+                    unit: (patch * merge) as usize,
+                    min_pixels,
+                    max_pixels,
+                })
+            }
+            _ => None,
+        };
+        let size = if fit.is_some() || area.is_some() {
             None
         } else if flag("do_resize", true) {
             let s = cfg
@@ -279,6 +356,7 @@ impl Processor {
         Ok(Processor {
             size,
             fit,
+            area,
             filter,
             rescale,
             normalize,
@@ -287,9 +365,10 @@ impl Processor {
 
     /// The pixel values of `img`: `[3, H, W]` (channel planes), f32.
     pub fn pixels(&self, img: &Rgb) -> Result<(usize, usize, Vec<f32>)> {
-        let size = match self.fit {
-            Some(f) => Some(f.size(img.height, img.width)?),
-            None => self.size,
+        let size = match (self.fit, self.area) {
+            (Some(f), _) => Some(f.size(img.height, img.width)?),
+            (None, Some(a)) => Some(a.size(img.height, img.width)?),
+            (None, None) => self.size,
         };
         let (h, w, data) = match size {
             Some((h, w)) if (h, w) != (img.height, img.width) => (

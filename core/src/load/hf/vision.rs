@@ -28,6 +28,8 @@ pub fn has_vision(dir: &Path) -> bool {
 /// or one the encoder does not use, such as SigLIP's pooling head).
 fn mmproj_name(hf: &str) -> Option<String> {
     let tower = [
+        "model.visual.",
+        "visual.",
         "model.vision_tower.vision_model.",
         "vision_tower.vision_model.",
         "model.vision_tower.",
@@ -45,12 +47,24 @@ fn mmproj_name(hf: &str) -> Option<String> {
             "embeddings.position_embedding.weight" => Some("v.position_embd.weight"),
             "post_layernorm.weight" => Some("v.post_ln.weight"),
             "post_layernorm.bias" => Some("v.post_ln.bias"),
+            // Qwen3.5's (its 3-D patch kernel is split in time on reading).
+            "patch_embed.proj.weight" => Some("v.patch_embd.weight"),
+            "patch_embed.proj.bias" => Some("v.patch_embd.bias"),
+            "pos_embed.weight" => Some("v.position_embd.weight"),
+            "merger.norm.weight" => Some("v.post_ln.weight"),
+            "merger.norm.bias" => Some("v.post_ln.bias"),
+            "merger.linear_fc1.weight" => Some("mm.0.weight"),
+            "merger.linear_fc1.bias" => Some("mm.0.bias"),
+            "merger.linear_fc2.weight" => Some("mm.2.weight"),
+            "merger.linear_fc2.bias" => Some("mm.2.bias"),
             _ => None,
         };
         if let Some(f) = fixed {
             return Some(f.into());
         }
-        let rest = rest.strip_prefix("encoder.layers.")?;
+        let rest = rest
+            .strip_prefix("encoder.layers.")
+            .or_else(|| rest.strip_prefix("blocks."))?;
         let (l, part) = rest.split_once('.')?;
         let l: usize = l.parse().ok()?;
         let (stem, kind) = part.rsplit_once('.')?;
@@ -78,6 +92,13 @@ fn mmproj_name(hf: &str) -> Option<String> {
             "self_attn.out_proj" => "attn_out",
             "mlp.fc1" => "ffn_up",
             "mlp.fc2" => "ffn_down",
+            // Qwen3.5's.
+            "norm1" => "ln1",
+            "norm2" => "ln2",
+            "attn.qkv" => "attn_qkv",
+            "attn.proj" => "attn_out",
+            "mlp.linear_fc1" => "ffn_up",
+            "mlp.linear_fc2" => "ffn_down",
             _ => return None,
         };
         return Some(format!("v.blk.{l}.{name}.{kind}"));
@@ -146,7 +167,40 @@ pub fn open_vision_dir(dir: &Path) -> Result<Option<GgufFile>> {
                 offset: e.offset,
                 nbytes: e.nbytes,
             };
-            if info.name == "v.patch_embd.weight" && e.shape.len() == 2 {
+            if info.name == "v.patch_embd.weight" && e.shape.len() == 5 {
+                // Qwen3.5's 3-D patch kernel `[hidden, 3, t, p, p]` over two copies of an
+                // image in time: its two slices, as llama.cpp's converter stores them.
+                let (hidden, c, t, ph, pw) =
+                    (e.shape[0], e.shape[1], e.shape[2], e.shape[3], e.shape[4]);
+                if t != 2 || c != 3 {
+                    return Err(err(format!(
+                        "{}: a {c}-channel kernel {t} deep in time is not supported (3 and 2 are)",
+                        e.name
+                    )));
+                }
+                let n = info.n_elements();
+                let mut w = vec![0f32; n];
+                crate::quant::dequantize(info.dtype, f.data(e), &mut w)?;
+                let plane = ph * pw;
+                for (s, name) in ["v.patch_embd.weight", "v.patch_embd.weight.1"]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let at = owned.len();
+                    for oc in 0..hidden * c {
+                        let from = (oc * t + s) * plane;
+                        owned.extend(w[from..from + plane].iter().flat_map(|x| x.to_le_bytes()));
+                    }
+                    owned_tensors.push(TensorInfo {
+                        name: name.into(),
+                        dtype: DType::F32,
+                        shape: vec![hidden, c, ph, pw],
+                        offset: at,
+                        nbytes: n / t * 4,
+                        ..info.clone()
+                    });
+                }
+            } else if info.name == "v.patch_embd.weight" && e.shape.len() == 2 {
                 // Gemma 4's patch matmul, `[hidden, p·p·3]` over (row, column, channel):
                 // permuted to the convolution's `[hidden, 3, p, p]`, as llama.cpp's converter
                 // stores it.

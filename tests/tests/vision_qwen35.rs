@@ -1,0 +1,289 @@
+//! Qwen3.5's images against transformers (tests/fixtures/hf/qwen3_5_vision, written by
+//! `make_vision_fixtures.py`): the processor's dynamic resize and its merge-ordered patches,
+//! the tower's soft tokens (interpolated position table, 2-D RoPE, the merger), the text
+//! model's M-RoPE positions, and the logits of prompts holding images of two sizes on every
+//! backend.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use kiln_core::backend::Backend;
+use kiln_core::exec::Executor;
+use kiln_core::model::{ImageGrid, VisionTower};
+use kiln_core::vision::{Image, Processor};
+use kiln_tests::fixtures;
+use serde_json::Value;
+
+fn dir() -> PathBuf {
+    fixtures().join("hf").join("qwen3_5_vision")
+}
+
+fn json(name: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(dir().join(name)).expect(name)).expect("JSON")
+}
+
+fn f32s(name: &str) -> Vec<f32> {
+    kiln_tests::read_f32s(&dir().join(name))
+}
+
+fn image(name: &str) -> Image {
+    Image::decode(&std::fs::read(dir().join(name)).expect(name)).expect("decodes")
+}
+
+fn names(c: &Value) -> Vec<String> {
+    c["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn usizes(v: &Value) -> Vec<usize> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect()
+}
+
+fn worst(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
+fn cpu() -> Arc<dyn Backend> {
+    Arc::new(kiln_core::cpu::CpuBackend::new())
+}
+
+/// transformers' `smart_resize` over sizes that round halves, hit the pixel floor and
+/// ceiling, and are long and thin: kiln's sizes are the same.
+#[test]
+fn qwen35_resized_sizes_match_smart_resize() {
+    let p = Processor::from_hf(&json("preprocessor_config.json")).unwrap();
+    let area = p.area.expect("a pixel range");
+    assert_eq!(area.unit, 8);
+    for case in json("reference.json")["smart_resize"].as_array().unwrap() {
+        let v = usizes(case);
+        assert_eq!(
+            area.size(v[0], v[1]).unwrap(),
+            (v[2], v[3]),
+            "{}x{}",
+            v[1],
+            v[0]
+        );
+    }
+    assert!(area.size(1, 201).is_err(), "aspect ratio over 200");
+}
+
+/// The processor's pixel values equal transformers' exactly: each image resized (the wide one)
+/// with Pillow's bicubic filter and normalized, its patches in merge-block order (each patch
+/// twice in time); the soft tokens and grids the tower counts are the processor's.
+#[test]
+fn qwen35_pixel_values_match_the_image_processor() {
+    let p = Processor::from_hf(&json("preprocessor_config.json")).unwrap();
+    let tower = VisionTower::open(&dir(), None, &Executor::new(cpu()))
+        .unwrap()
+        .unwrap();
+    let r = json("reference.json");
+    for (case, c) in r["cases"].as_object().unwrap() {
+        let want = f32s(&format!("pixels_{case}.f32"));
+        let mut at = 0;
+        for (i, name) in names(c).iter().enumerate() {
+            let img = image(name);
+            let (h, w, px) = p.pixels(&img.rgb).unwrap();
+            let g = usizes(&c["grids"][i]);
+            assert_eq!((h / 4, w / 4), (g[1], g[2]), "{case} image {i}");
+            let (gh, gw) = (h / 4, w / 4);
+            let mut got = Vec::new();
+            for br in 0..gh / 2 {
+                for bc in 0..gw / 2 {
+                    for ir in 0..2 {
+                        for ic in 0..2 {
+                            let (r, col) = (br * 2 + ir, bc * 2 + ic);
+                            for ch in 0..3 {
+                                for _t in 0..2 {
+                                    for y in 0..4 {
+                                        for x in 0..4 {
+                                            got.push(
+                                                px[ch * h * w + (r * 4 + y) * w + col * 4 + x],
+                                            );
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            let e = worst(&got, &want[at..at + got.len()]);
+            assert!(e == 0.0, "{case} image {i}: pixel values differ by {e}");
+            at += got.len();
+            let soft = c["soft_tokens"][i].as_u64().unwrap() as usize;
+            assert_eq!(
+                tower.tokens_for(&img.rgb).unwrap(),
+                soft,
+                "{case} image {i}"
+            );
+            assert_eq!(
+                tower.grid(&img.rgb).unwrap(),
+                Some((g[1] / 2, g[2] / 2)),
+                "{case} image {i}"
+            );
+        }
+        assert_eq!(at, want.len());
+    }
+}
+
+/// The tower's soft tokens equal transformers' `get_image_features` for both images.
+#[test]
+fn qwen35_image_features_match_transformers() {
+    let ex = Executor::new(cpu());
+    let tower = VisionTower::open(&dir(), None, &ex).unwrap().unwrap();
+    let r = json("reference.json");
+    for (case, c) in r["cases"].as_object().unwrap() {
+        let want = f32s(&format!("features_{case}.f32"));
+        let width = want.len() / r["cases"][case]["features_shape"][0].as_u64().unwrap() as usize;
+        let mut at = 0;
+        for (i, name) in names(c).iter().enumerate() {
+            let got = ex
+                .download_f32(&tower.encode(&ex, &image(name).rgb).unwrap())
+                .unwrap();
+            let n = c["soft_tokens"][i].as_u64().unwrap() as usize;
+            assert_eq!(got.len(), n * width, "{case} image {i}");
+            let e = worst(&got, &want[at..at + got.len()]);
+            println!("{case} image {i}: features max |Δ| {e:.2e}");
+            assert!(e <= 1e-4, "{case} image {i}: features differ by {e}");
+            at += got.len();
+        }
+    }
+}
+
+/// The image runs of a case and their grids (rows, columns of soft tokens).
+fn runs_and_grids(
+    c: &Value,
+    image_token: u32,
+) -> (Vec<u32>, Vec<(usize, usize)>, Vec<(usize, usize)>) {
+    let tokens: Vec<u32> = usizes(&c["tokens"]).iter().map(|&t| t as u32).collect();
+    let runs = kiln_tests::image_runs(&tokens, image_token);
+    let grids = c["grids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            let g = usizes(g);
+            (g[1] / 2, g[2] / 2)
+        })
+        .collect();
+    (tokens, runs, grids)
+}
+
+/// Every token's (time, height, width) position is transformers' `get_rope_index`: text after
+/// an image continues from its start plus its longer side.
+#[test]
+fn qwen35_mrope_positions_match_get_rope_index() {
+    let r = json("reference.json");
+    let img = r["image_token"].as_u64().unwrap() as u32;
+    for (case, c) in r["cases"].as_object().unwrap() {
+        let (tokens, runs, grids) = runs_and_grids(c, img);
+        let images: Vec<ImageGrid> = runs
+            .iter()
+            .zip(&grids)
+            .map(|(&(s, _), &(rows, cols))| ImageGrid {
+                start: s,
+                rows,
+                cols,
+            })
+            .collect();
+        let want = c["rope_positions"].as_array().unwrap();
+        for i in 0..tokens.len() {
+            let got = kiln_core::model::qwen35::mrope_position(i, &images);
+            for axis in 0..3 {
+                assert_eq!(
+                    got[axis],
+                    want[axis][i].as_i64().unwrap(),
+                    "{case} token {i} axis {axis}"
+                );
+            }
+        }
+    }
+}
+
+/// Logits at every position of prompts holding one image and two of different sizes equal
+/// transformers' (M-RoPE on the full-attention layers, the linear-attention layers over the
+/// image rows), fed whole and cut at the images' edges.
+#[test]
+fn qwen35_image_prompts_match_transformers_logits() {
+    image_logits(&cpu(), false, "cpu");
+}
+
+/// The same on WebGPU, strict: the tower (its erf GELU, the masked RoPE turns) and the text
+/// model in WGSL kernels.
+#[test]
+fn qwen35_image_prompts_match_transformers_logits_on_wgpu() {
+    let Some(gpu) = kiln_tests::optional_backend("wgpu", kiln_backend_wgpu::open) else {
+        return;
+    };
+    image_logits(&gpu, true, "wgpu");
+}
+
+/// The same on the emulated CUDA kernels, strict, whole prompts.
+#[test]
+fn qwen35_image_prompts_match_transformers_logits_on_emulated_cuda() {
+    let Some(emu) = kiln_tests::cuda_emu() else {
+        return;
+    };
+    image_logits(&emu, true, "cuda-emu");
+}
+
+fn image_logits(backend: &Arc<dyn Backend>, strict: bool, label: &str) {
+    use kiln_core::engine::{Runner, RunnerConfig};
+    let new_ex = || Executor::new(backend.clone()).strict(strict);
+    let r = json("reference.json");
+    let img = r["image_token"].as_u64().unwrap() as u32;
+    for (case, c) in r["cases"].as_object().unwrap() {
+        let (tokens, runs, grids) = runs_and_grids(c, img);
+        let want = f32s(&format!("logits_{case}.f32"));
+        let vocab = want.len() / tokens.len();
+        let mut edges: Vec<usize> = runs.iter().flat_map(|&(s, n)| [s, s + n]).collect();
+        edges.push(tokens.len());
+        let cuts = match label.starts_with("cuda-emu") {
+            true => vec![vec![tokens.len()]],
+            false => vec![vec![tokens.len()], edges],
+        };
+        for cut in cuts {
+            let ex = new_ex();
+            let tower = VisionTower::open(&dir(), None, &ex).unwrap().unwrap();
+            let file = kiln_core::load::open_model(&dir()).unwrap();
+            let model = kiln_core::model::build_from_gguf(&file, &ex).unwrap();
+            let cfg = RunnerConfig {
+                max_batch_tokens: 256,
+                block_size: 4,
+                ..RunnerConfig::default()
+            };
+            let mut runner = Runner::new(new_ex(), model, cfg).unwrap();
+            let feats: Vec<_> = names(c)
+                .iter()
+                .map(|n| tower.encode(&ex, &image(n).rgb).unwrap())
+                .collect();
+            let got = kiln_tests::image_prompt_logits_in_grids(
+                &mut runner,
+                &tokens,
+                &runs,
+                &feats,
+                &cut,
+                &grids,
+            );
+            assert_eq!(got.len(), tokens.len());
+            let e = kiln_tests::worst_logits(&got, &want, vocab);
+            println!("{label} {case} cut at {cut:?}: logits max |Δ| {e:.2e}");
+            assert!(
+                e <= 1e-3,
+                "{label} {case} cut at {cut:?}: logits differ by {e}"
+            );
+        }
+    }
+}
