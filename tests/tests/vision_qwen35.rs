@@ -239,8 +239,58 @@ fn qwen35_image_prompts_match_transformers_logits_on_emulated_cuda() {
     image_logits(&emu, true, "cuda-emu");
 }
 
+/// The tower of the Hugging Face directory (`false`), or of llama.cpp's conversion of it (the
+/// text GGUF and its mmproj), with the model's path.
+fn source(mmproj: bool, ex: &Executor) -> (VisionTower, PathBuf) {
+    let gguf = fixtures().join("hf").join("gguf");
+    match mmproj {
+        false => (VisionTower::open(&dir(), None, ex).unwrap().unwrap(), dir()),
+        true => {
+            let model = gguf.join("qwen3_5_vision.gguf");
+            let t = VisionTower::open(&model, Some(&gguf.join("mmproj-qwen3_5_vision.gguf")), ex)
+                .unwrap()
+                .unwrap();
+            (t, model)
+        }
+    }
+}
+
+/// llama.cpp's mmproj of the fixture makes the same soft tokens (its processor's pixel range
+/// is llama.cpp's, which holds both images at the sizes the fixture's processor makes).
+#[test]
+fn qwen35_mmproj_features_match_transformers() {
+    let ex = Executor::new(cpu());
+    let (tower, _) = source(true, &ex);
+    let r = json("reference.json");
+    for (case, c) in r["cases"].as_object().unwrap() {
+        let want = f32s(&format!("features_{case}.f32"));
+        let got: Vec<f32> = names(c)
+            .iter()
+            .flat_map(|n| {
+                ex.download_f32(&tower.encode(&ex, &image(n).rgb).unwrap())
+                    .unwrap()
+            })
+            .collect();
+        let e = worst(&got, &want);
+        println!("{case}: mmproj features max |Δ| {e:.2e}");
+        assert!(e <= 1e-4, "{case}: features differ by {e}");
+    }
+}
+
 fn image_logits(backend: &Arc<dyn Backend>, strict: bool, label: &str) {
+    // The emulator (slow) takes the HF directory alone: the GGUF pair runs the same kernels.
+    let sources: &[bool] = match label.starts_with("cuda-emu") {
+        true => &[false],
+        false => &[false, true],
+    };
+    for &mmproj in sources {
+        image_logits_from(backend, strict, label, mmproj);
+    }
+}
+
+fn image_logits_from(backend: &Arc<dyn Backend>, strict: bool, label: &str, mmproj: bool) {
     use kiln_core::engine::{Runner, RunnerConfig};
+    let label = format!("{label}{}", if mmproj { " gguf+mmproj" } else { "" });
     let new_ex = || Executor::new(backend.clone()).strict(strict);
     let r = json("reference.json");
     let img = r["image_token"].as_u64().unwrap() as u32;
@@ -256,8 +306,8 @@ fn image_logits(backend: &Arc<dyn Backend>, strict: bool, label: &str) {
         };
         for cut in cuts {
             let ex = new_ex();
-            let tower = VisionTower::open(&dir(), None, &ex).unwrap().unwrap();
-            let file = kiln_core::load::open_model(&dir()).unwrap();
+            let (tower, path) = source(mmproj, &ex);
+            let file = kiln_core::load::open_model(&path).unwrap();
             let model = kiln_core::model::build_from_gguf(&file, &ex).unwrap();
             let cfg = RunnerConfig {
                 max_batch_tokens: 256,
