@@ -337,3 +337,111 @@ fn image_logits_from(backend: &Arc<dyn Backend>, strict: bool, label: &str, mmpr
         }
     }
 }
+
+#[path = "common/server.rs"]
+mod common;
+
+/// Chat completions with Qwen3.5: two images of different sizes in one message are answered;
+/// the same request again takes the images' blocks from the prefix cache and gives the same
+/// log-probabilities (the text after the images at their M-RoPE positions both times); the
+/// images in the other order are another prompt.
+#[test]
+fn qwen35_chat_images_are_answered_and_cached() {
+    use base64::Engine as _;
+    use serde_json::json;
+    let url = |name: &str| {
+        let bytes = std::fs::read(dir().join(name)).unwrap();
+        format!(
+            "data:image/png;base64,{}",
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        )
+    };
+    let srv = common::start_model(&dir(), 2, None).expect("server");
+    let run = |a: &str, b: &str| -> Value {
+        let req = json!({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url(a)}},
+            {"type": "text", "text": "Once upon"},
+            {"type": "image_url", "image_url": {"url": url(b)}}]}],
+            "max_tokens": 4, "temperature": 0, "logprobs": true, "top_logprobs": 3});
+        let (st, body) = common::post(srv.addr, "/v1/chat/completions", &req);
+        assert_eq!(st, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let first = run("wide.png", "square.png");
+    let again = run("wide.png", "square.png");
+    let swapped = run("square.png", "wide.png");
+    let cached = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    let lps = |v: &Value| v["choices"][0]["logprobs"]["content"].clone();
+    let prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    println!(
+        "prompt {prompt}; cached {:?} {:?} {:?}",
+        cached(&first),
+        cached(&again),
+        cached(&swapped)
+    );
+    // 24 + 16 soft tokens, their wraps and the text.
+    assert!(prompt > 40, "{first}");
+    assert_eq!(cached(&first), Some(0), "{first}");
+    assert!(cached(&again).unwrap() >= 40, "{again}");
+    assert_eq!(lps(&again), lps(&first));
+    assert_ne!(lps(&swapped), lps(&first));
+
+    // The engine's first token log-probabilities are those of the prompt's logits as the
+    // Runner computes them (the path checked against transformers above): the image rows
+    // and the text after them at the same M-RoPE positions.
+    let ex = Executor::new(cpu());
+    let tower = VisionTower::open(&dir(), None, &ex).unwrap().unwrap();
+    let tok = kiln_core::tokenizer::Tokenizer::from_hf_file(&dir().join("tokenizer.json")).unwrap();
+    let (wide, square) = (image("wide.png"), image("square.png"));
+    let pad = |img: &Image| "<|image_pad|>".repeat(tower.tokens_for(&img.rgb).unwrap());
+    let text = format!(
+        "<|im_start|>user\n<|vision_start|>{}<|vision_end|>Once upon<|vision_start|>{}<|vision_end|><|im_end|>\n<|im_start|>assistant\n",
+        pad(&wide),
+        pad(&square)
+    );
+    let tokens = tok.encode_chat(&text).unwrap();
+    assert_eq!(tokens.len() as u64, prompt);
+    let img = tok.token_to_id("<|image_pad|>").unwrap();
+    let runs = kiln_tests::image_runs(&tokens, img);
+    let grids: Vec<_> = [&wide, &square]
+        .iter()
+        .map(|i| tower.grid(&i.rgb).unwrap().unwrap())
+        .collect();
+    let feats: Vec<_> = [&wide, &square]
+        .iter()
+        .map(|i| tower.encode(&ex, &i.rgb).unwrap())
+        .collect();
+    let file = kiln_core::load::open_model(&dir()).unwrap();
+    let model = kiln_core::model::build_from_gguf(&file, &ex).unwrap();
+    let mut runner =
+        kiln_core::engine::Runner::new(ex, model, kiln_core::engine::RunnerConfig::default())
+            .unwrap();
+    let rows = kiln_tests::image_prompt_logits_in_grids(
+        &mut runner,
+        &tokens,
+        &runs,
+        &feats,
+        &[tokens.len()],
+        &grids,
+    );
+    let last = rows.last().unwrap();
+    let top = last.iter().cloned().fold(f32::MIN, f32::max) as f64;
+    let lse = top
+        + last
+            .iter()
+            .map(|&x| (x as f64 - top).exp())
+            .sum::<f64>()
+            .ln();
+    // The top three, by value (the entries name tokens by their text).
+    let mut want: Vec<f64> = last.iter().map(|&x| x as f64 - lse).collect();
+    want.sort_by(|a, b| b.total_cmp(a));
+    let first_top = lps(&first)[0]["top_logprobs"].clone();
+    for (i, e) in first_top.as_array().unwrap().iter().enumerate() {
+        let got = e["logprob"].as_f64().unwrap();
+        assert!(
+            (got - want[i]).abs() < 1e-3,
+            "top {i}: engine {got}, runner {}",
+            want[i]
+        );
+    }
+}
