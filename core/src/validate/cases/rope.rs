@@ -32,6 +32,29 @@ pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
                 Input::uniform(F32, &[32], 1.0, 8.0),
             ],
         )?);
+        // Masked pairs (an infinite factor: no turn) beside scaled ones, as M-RoPE and the
+        // Qwen3.5 vision tower's 2-D RoPE turn some pairs by one position and the rest by
+        // another.
+        let label = format!("{mode:?} masked freq_factors T=7");
+        let f: Vec<f32> = (0..16)
+            .map(|j| match j % 3 {
+                0 => f32::INFINITY,
+                1 => 1.0,
+                _ => 1e-4,
+            })
+            .collect();
+        c.push(Case::new(
+            Op::Rope(RopeOp::Rope(RopeParams::new(mode, 32, 1e8))),
+            label.clone(),
+            vec![
+                n(F32, &[7, 3, 48]),
+                pos(&label, 7),
+                Input {
+                    desc: TensorDesc::new(F32, [16]),
+                    gen: Gen::Values(f),
+                },
+            ],
+        )?);
         let label = format!("{mode:?} f16 T=6");
         c.push(Case::new(
             Op::Rope(RopeOp::Rope(RopeParams::new(mode, 64, 10000.0))),
