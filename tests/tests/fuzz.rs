@@ -554,6 +554,16 @@ fn hostile_images_are_errors_not_panics() {
         rescale: Some(1.0 / 255.0),
         normalize: Some(([0.5; 3], [0.5; 3])),
     };
+    // Qwen's dynamic resize (a pixel range; extreme aspect ratios refused), every other image.
+    let dynamic = Processor {
+        size: None,
+        area: Some(kiln_core::vision::Area {
+            unit: 32,
+            min_pixels: 8 * 32 * 32,
+            max_pixels: 256 * 32 * 32,
+        }),
+        ..proc.clone()
+    };
     let n = iters(400);
     let mut decoded = 0;
     for i in 0..n {
@@ -588,7 +598,8 @@ fn hostile_images_are_errors_not_panics() {
         let r = catch_unwind(AssertUnwindSafe(|| match Image::decode(&b) {
             Ok(img) => {
                 assert!((img.rgb.width * img.rgb.height) as u64 <= MAX_PIXELS);
-                proc.pixels(&img.rgb).map(|_| true).unwrap_or(false)
+                let p = if i % 2 == 0 { &proc } else { &dynamic };
+                p.pixels(&img.rgb).map(|_| true).unwrap_or(false)
             }
             Err(_) => false,
         }));
