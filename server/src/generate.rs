@@ -95,8 +95,9 @@ pub struct RunArgs {
     #[command(flatten)]
     pub spec: crate::spec::SpecArgs,
     /// An image for a model with a vision tower (repeat for several). The prompt marks
-    /// where each goes with the model's image marker (Gemma 3: `<start_of_image>`); a
-    /// prompt without markers gets the images before its text.
+    /// where each goes with the model's image marker (Gemma 3: `<start_of_image>`, Gemma 4:
+    /// `<|image|>`, Qwen3.5: `<|image_pad|>`); a prompt without markers gets the images before
+    /// its text.
     #[arg(long = "image", value_name = "FILE")]
     pub images: Vec<std::path::PathBuf>,
 }

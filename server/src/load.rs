@@ -65,8 +65,9 @@ pub struct ModelArgs {
     #[arg(long, value_name = "FILE")]
     pub mmproj: Option<PathBuf>,
     /// At most this many soft tokens an image, for towers that size images by their own
-    /// aspect ratio (Gemma 4; its processor's `max_soft_tokens`, else 280: 70, 140, 280, 560
-    /// or 1120). More tokens see more detail and take longer to encode and attend.
+    /// aspect ratio (Gemma 4: its processor's `max_soft_tokens`, else 280; 70, 140, 280, 560
+    /// or 1120. Qwen3.5: any number, its processor's `longest_edge` over 32² by default, 4096
+    /// from an mmproj). More tokens see more detail and take longer to encode and attend.
     #[arg(long, value_name = "N")]
     pub image_max_tokens: Option<usize>,
 }
