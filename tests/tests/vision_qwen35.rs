@@ -230,7 +230,7 @@ fn qwen35_image_prompts_match_transformers_logits_on_wgpu() {
     image_logits(&gpu, true, "wgpu");
 }
 
-/// The same on the emulated CUDA kernels, strict, whole prompts.
+/// The same on the emulated CUDA kernels, strict, whole prompts (both sources).
 #[test]
 fn qwen35_image_prompts_match_transformers_logits_on_emulated_cuda() {
     let Some(emu) = kiln_tests::cuda_emu() else {
@@ -278,12 +278,7 @@ fn qwen35_mmproj_features_match_transformers() {
 }
 
 fn image_logits(backend: &Arc<dyn Backend>, strict: bool, label: &str) {
-    // The emulator (slow) takes the HF directory alone: the GGUF pair runs the same kernels.
-    let sources: &[bool] = match label.starts_with("cuda-emu") {
-        true => &[false],
-        false => &[false, true],
-    };
-    for &mmproj in sources {
+    for mmproj in [false, true] {
         image_logits_from(backend, strict, label, mmproj);
     }
 }
@@ -444,4 +439,119 @@ fn qwen35_chat_images_are_answered_and_cached() {
             want[i]
         );
     }
+}
+
+/// A drafter that proposes what a plain run generated, with every third proposal's last
+/// token wrong: drafts are accepted and rejected in turn.
+struct Script {
+    runs: Vec<(Vec<u32>, Vec<u32>)>,
+    calls: usize,
+}
+
+impl kiln_core::spec::Drafter for Script {
+    fn name(&self) -> &'static str {
+        "script"
+    }
+    fn propose(
+        &mut self,
+        reqs: &[kiln_core::spec::DraftReq<'_>],
+        _target: &kiln_core::runner::Target<'_>,
+    ) -> kiln_core::error::Result<Vec<kiln_core::spec::Draft>> {
+        Ok(reqs
+            .iter()
+            .map(|r| {
+                self.calls += 1;
+                let Some((prompt, out)) = self.runs.iter().find(|(p, _)| r.tokens.starts_with(p))
+                else {
+                    return kiln_core::spec::Draft::default();
+                };
+                let at = r.tokens.len() - prompt.len();
+                let mut tokens: Vec<u32> = out.iter().skip(at).take(r.k).copied().collect();
+                if self.calls % 3 == 0 {
+                    if let Some(t) = tokens.last_mut() {
+                        *t = (*t + 1) % 300;
+                    }
+                }
+                kiln_core::spec::Draft {
+                    tokens,
+                    ..Default::default()
+                }
+            })
+            .collect())
+    }
+}
+
+/// Speculative decoding verified over image prompts' M-RoPE positions is lossless: with a
+/// drafter whose drafts are partly right, the same greedy tokens as without it, for both
+/// cases at once (two sequences of different image layouts in the same passes).
+#[test]
+fn qwen35_speculative_decoding_with_images_is_lossless() {
+    use kiln_core::engine::{spawn, Engine, Event, GenRequest, PromptImage, Runner, RunnerConfig};
+    use kiln_core::sample::SamplingParams;
+    let r = json("reference.json");
+    let img = r["image_token"].as_u64().unwrap() as u32;
+    let reqs: Vec<GenRequest> = r["cases"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|c| {
+            let (tokens, runs, _) = runs_and_grids(c, img);
+            let mut g = GenRequest::new(tokens, SamplingParams::greedy(), 24);
+            g.images = runs
+                .iter()
+                .zip(names(c))
+                .map(|(&(s, _), n)| PromptImage {
+                    start: s,
+                    image: Arc::new(image(&n)),
+                })
+                .collect();
+            g
+        })
+        .collect();
+    let run = |spec: Option<Vec<Vec<u32>>>| {
+        let ex = Executor::new(cpu());
+        let tower = Arc::new(VisionTower::open(&dir(), None, &ex).unwrap().unwrap());
+        let file = kiln_core::load::open_model(&dir()).unwrap();
+        let model = kiln_core::model::build_from_gguf(&file, &ex).unwrap();
+        let cfg = RunnerConfig {
+            max_seqs: 2,
+            max_batch_tokens: 64,
+            max_rollback: 4,
+            prefix_caching: true,
+            ..RunnerConfig::default()
+        };
+        let mut e = Engine::new(Runner::new(ex, model, cfg).unwrap(), 2);
+        e.set_vision(tower, img);
+        if let Some(outs) = spec {
+            let runs = reqs.iter().map(|q| q.prompt.clone()).zip(outs).collect();
+            e = e.with_spec(Box::new(Script { runs, calls: 0 }), 4).unwrap();
+        }
+        let h = spawn(e);
+        let streams: Vec<_> = reqs.iter().map(|q| h.submit(q.clone())).collect();
+        let outs: Vec<Vec<u32>> = streams
+            .iter()
+            .map(|s| {
+                let mut out = Vec::new();
+                loop {
+                    match s.recv().unwrap() {
+                        Event::Token(t, _) => out.push(t),
+                        Event::Done { .. } => return out,
+                        Event::Error(e) => panic!("{e}"),
+                        _ => {}
+                    }
+                }
+            })
+            .collect();
+        (outs, h.shutdown().unwrap())
+    };
+    let (plain, _) = run(None);
+    let (spec, st) = run(Some(plain.clone()));
+    println!(
+        "drafted {}, accepted {}; {:?}",
+        st.spec.drafted, st.spec.accepted, plain
+    );
+    assert_eq!(spec, plain);
+    assert!(plain.iter().all(|o| o.len() == 24));
+    assert!(st.spec.accepted > 0, "no draft was accepted");
+    assert!(st.spec.accepted < st.spec.drafted, "no draft was rejected");
 }
