@@ -126,8 +126,15 @@ impl Graphs {
         caches: &KvCaches,
         batch: &ForwardBatch,
     ) -> Result<Option<Tensor>> {
-        // A recorded pass looks every row's embedding up: image rows run the model's own.
-        if !self.enabled || ex.profiling() || !is_decode(batch) || !batch.embeds.is_empty() {
+        // A recorded pass looks every row's embedding up: image rows run the model's own; so
+        // do the rows of a sequence with image grids (their M-RoPE positions are uploaded in
+        // the pass, not step inputs a replay refills).
+        if !self.enabled
+            || ex.profiling()
+            || !is_decode(batch)
+            || !batch.embeds.is_empty()
+            || batch.seqs.iter().any(|s| !s.images.is_empty())
+        {
             return Ok(None);
         }
         // The checks the model's own pass makes of its batch, which a replay skips.
