@@ -180,6 +180,72 @@ pub fn image_prompt_logits_in_grids(
     got
 }
 
+/// One prompt of a vision fixture: its tokens (the images' soft tokens in place), its images
+/// in order (with their soft-token grids, for a model that places image tokens by row and
+/// column: else empty), and transformers' logits at every position.
+pub struct ImageCase {
+    pub name: String,
+    pub tokens: Vec<u32>,
+    pub images: Vec<kiln_core::vision::Image>,
+    pub grids: Vec<(usize, usize)>,
+    pub logits: Vec<f32>,
+}
+
+/// Checks kiln's logits of each case against transformers' (within 1e-3): each prompt fed
+/// whole, and (unless `whole_only`) cut at its images' edges, on fresh runners of `ex`'s
+/// backend, the model and its tower from `open`.
+pub fn check_image_logits(
+    ex: &dyn Fn() -> kiln_core::exec::Executor,
+    open: &dyn Fn(
+        &kiln_core::exec::Executor,
+    ) -> (kiln_core::model::VisionTower, std::path::PathBuf),
+    cases: &[ImageCase],
+    image_token: u32,
+    whole_only: bool,
+    label: &str,
+) {
+    use kiln_core::engine::{Runner, RunnerConfig};
+    for c in cases {
+        let tokens = &c.tokens;
+        let vocab = c.logits.len() / tokens.len();
+        let runs = image_runs(tokens, image_token);
+        let mut edges: Vec<usize> = runs.iter().flat_map(|&(s, n)| [s, s + n]).collect();
+        edges.push(tokens.len());
+        let cuts = match whole_only {
+            true => vec![vec![tokens.len()]],
+            false => vec![vec![tokens.len()], edges],
+        };
+        for cut in cuts {
+            let e = ex();
+            let (tower, path) = open(&e);
+            let file = kiln_core::load::open_model(&path).expect("model opens");
+            let model = kiln_core::model::build_from_gguf(&file, &e).expect("model builds");
+            let cfg = RunnerConfig {
+                max_batch_tokens: 256,
+                block_size: 4,
+                ..RunnerConfig::default()
+            };
+            let mut runner = Runner::new(ex(), model, cfg).expect("runner");
+            let feats: Vec<_> = (c.images.iter())
+                .map(|i| tower.encode(&e, &i.rgb).expect("image encodes"))
+                .collect();
+            let got =
+                image_prompt_logits_in_grids(&mut runner, tokens, &runs, &feats, &cut, &c.grids);
+            assert_eq!(got.len(), tokens.len());
+            let err = worst_logits(&got, &c.logits, vocab);
+            println!(
+                "{label} {} cut at {cut:?}: logits max |Δ| {err:.2e}",
+                c.name
+            );
+            assert!(
+                err <= 1e-3,
+                "{label} {} cut at {cut:?}: logits differ by {err}",
+                c.name
+            );
+        }
+    }
+}
+
 /// The largest |Δ| between `got` (a row a position) and `want` (rows of `vocab`), over the
 /// ids both have (llama.cpp's conversions trim the vocabulary to the tokenizer's tokens).
 pub fn worst_logits(got: &[Vec<f32>], want: &[f32], vocab: usize) -> f32 {

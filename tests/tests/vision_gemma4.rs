@@ -194,56 +194,30 @@ fn image_logits_from(backend: &Arc<dyn Backend>, strict: bool, label: &str, mmpr
         "{label} {}",
         model_path.file_name().unwrap().to_string_lossy()
     );
-    use kiln_core::engine::{Runner, RunnerConfig};
-    let new_ex = || Executor::new(backend.clone()).strict(strict);
+    let emu = label.starts_with("cuda-emu");
     let r = json("reference.json");
-    let image_token = r["image_token"].as_u64().unwrap() as u32;
-    for (case, c) in r["cases"].as_object().unwrap() {
+    let cases: Vec<kiln_tests::ImageCase> = (r["cases"].as_object().unwrap().iter())
         // The emulator (slow) takes the GGUF pair's one-image case only: it runs the same
         // kernels as the directory's.
-        if mmproj && label.starts_with("cuda-emu") && case != "one" {
-            continue;
-        }
-        let tokens: Vec<u32> = c["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as u32)
-            .collect();
-        let want = f32s(&format!("logits_{case}.f32"));
-        let vocab = want.len() / tokens.len();
-        let runs = kiln_tests::image_runs(&tokens, image_token);
-        let mut edges: Vec<usize> = runs.iter().flat_map(|&(s, n)| [s, s + n]).collect();
-        edges.push(tokens.len());
-        let cuts = match label.starts_with("cuda-emu") {
-            true => vec![vec![tokens.len()]],
-            false => vec![vec![tokens.len()], edges],
-        };
-        for cut in cuts {
-            let ex = new_ex();
-            let tower = tower(mmproj, &ex);
-            let file = kiln_core::load::open_model(&model_path).unwrap();
-            let model = kiln_core::model::build_from_gguf(&file, &ex).unwrap();
-            let cfg = RunnerConfig {
-                max_batch_tokens: 256,
-                block_size: 4,
-                ..RunnerConfig::default()
-            };
-            let mut runner = Runner::new(new_ex(), model, cfg).unwrap();
-            let feats: Vec<_> = names(c)
-                .iter()
-                .map(|n| tower.encode(&ex, &image(n).rgb).unwrap())
-                .collect();
-            let got = kiln_tests::image_prompt_logits(&mut runner, &tokens, &runs, &feats, &cut);
-            assert_eq!(got.len(), tokens.len());
-            let e = kiln_tests::worst_logits(&got, &want, vocab);
-            println!("{label} {case} cut at {cut:?}: logits max |Δ| {e:.2e}");
-            assert!(
-                e <= 1e-3,
-                "{label} {case} cut at {cut:?}: logits differ by {e}"
-            );
-        }
-    }
+        .filter(|(case, _)| !(mmproj && emu && *case != "one"))
+        .map(|(case, c)| kiln_tests::ImageCase {
+            name: case.clone(),
+            tokens: (c["tokens"].as_array().unwrap().iter())
+                .map(|t| t.as_u64().unwrap() as u32)
+                .collect(),
+            images: names(c).iter().map(|n| image(n)).collect(),
+            grids: Vec::new(),
+            logits: f32s(&format!("logits_{case}.f32")),
+        })
+        .collect();
+    kiln_tests::check_image_logits(
+        &|| Executor::new(backend.clone()).strict(strict),
+        &|ex| (tower(mmproj, ex), model_path.clone()),
+        &cases,
+        r["image_token"].as_u64().unwrap() as u32,
+        emu,
+        &label,
+    );
 }
 
 #[path = "common/server.rs"]

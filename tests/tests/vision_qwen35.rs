@@ -284,53 +284,30 @@ fn image_logits(backend: &Arc<dyn Backend>, strict: bool, label: &str) {
 }
 
 fn image_logits_from(backend: &Arc<dyn Backend>, strict: bool, label: &str, mmproj: bool) {
-    use kiln_core::engine::{Runner, RunnerConfig};
+    let emu = label.starts_with("cuda-emu");
     let label = format!("{label}{}", if mmproj { " gguf+mmproj" } else { "" });
-    let new_ex = || Executor::new(backend.clone()).strict(strict);
     let r = json("reference.json");
     let img = r["image_token"].as_u64().unwrap() as u32;
-    for (case, c) in r["cases"].as_object().unwrap() {
-        let (tokens, runs, grids) = runs_and_grids(c, img);
-        let want = f32s(&format!("logits_{case}.f32"));
-        let vocab = want.len() / tokens.len();
-        let mut edges: Vec<usize> = runs.iter().flat_map(|&(s, n)| [s, s + n]).collect();
-        edges.push(tokens.len());
-        let cuts = match label.starts_with("cuda-emu") {
-            true => vec![vec![tokens.len()]],
-            false => vec![vec![tokens.len()], edges],
-        };
-        for cut in cuts {
-            let ex = new_ex();
-            let (tower, path) = source(mmproj, &ex);
-            let file = kiln_core::load::open_model(&path).unwrap();
-            let model = kiln_core::model::build_from_gguf(&file, &ex).unwrap();
-            let cfg = RunnerConfig {
-                max_batch_tokens: 256,
-                block_size: 4,
-                ..RunnerConfig::default()
-            };
-            let mut runner = Runner::new(new_ex(), model, cfg).unwrap();
-            let feats: Vec<_> = names(c)
-                .iter()
-                .map(|n| tower.encode(&ex, &image(n).rgb).unwrap())
-                .collect();
-            let got = kiln_tests::image_prompt_logits_in_grids(
-                &mut runner,
-                &tokens,
-                &runs,
-                &feats,
-                &cut,
-                &grids,
-            );
-            assert_eq!(got.len(), tokens.len());
-            let e = kiln_tests::worst_logits(&got, &want, vocab);
-            println!("{label} {case} cut at {cut:?}: logits max |Δ| {e:.2e}");
-            assert!(
-                e <= 1e-3,
-                "{label} {case} cut at {cut:?}: logits differ by {e}"
-            );
-        }
-    }
+    let cases: Vec<kiln_tests::ImageCase> = (r["cases"].as_object().unwrap().iter())
+        .map(|(case, c)| {
+            let (tokens, _, grids) = runs_and_grids(c, img);
+            kiln_tests::ImageCase {
+                name: case.clone(),
+                tokens,
+                images: names(c).iter().map(|n| image(n)).collect(),
+                grids,
+                logits: f32s(&format!("logits_{case}.f32")),
+            }
+        })
+        .collect();
+    kiln_tests::check_image_logits(
+        &|| Executor::new(backend.clone()).strict(strict),
+        &|ex| source(mmproj, ex),
+        &cases,
+        img,
+        emu,
+        &label,
+    );
 }
 
 #[path = "common/server.rs"]

@@ -75,30 +75,23 @@ pub struct Gemma4Vision {
     proj: Tensor,
 }
 
-use super::tower::meta_usize;
+use super::tower::{first, meta_or, Shape};
 
 impl Gemma4Vision {
     /// Builds the tower from an mmproj view, its weights uploaded to `ex`'s backend.
     pub fn load(f: &GgufFile, ex: &Executor) -> Result<Gemma4Vision> {
-        let patch = meta_usize(f, "clip.vision.patch_size")?;
-        let hidden = meta_usize(f, "clip.vision.embedding_length")?;
-        let ff = meta_usize(f, "clip.vision.feed_forward_length")?;
-        let n_layer = meta_usize(f, "clip.vision.block_count")?;
-        let heads = meta_usize(f, "clip.vision.attention.head_count")?;
-        let heads_kv = match f.get("clip.vision.attention.head_count_kv") {
-            Some(_) => meta_usize(f, "clip.vision.attention.head_count_kv")?,
-            None => heads,
-        };
-        let head_dim = match f.get("clip.vision.attention.head_dim") {
-            Some(_) => meta_usize(f, "clip.vision.attention.head_dim")?,
-            None => hidden / heads,
-        };
-        let text_width = meta_usize(f, "clip.vision.projection_dim")?;
+        let Shape {
+            patch,
+            hidden,
+            ff,
+            layers: n_layer,
+            heads,
+            text_width,
+        } = Shape::read(f)?;
+        let heads_kv = meta_or(f, "clip.vision.attention.head_count_kv", heads)?;
+        let head_dim = meta_or(f, "clip.vision.attention.head_dim", hidden / heads)?;
         // llama.cpp's defaults for this projector where the file names none.
-        let pool = match f.get("clip.vision.projector.scale_factor") {
-            Some(_) => meta_usize(f, "clip.vision.projector.scale_factor")?,
-            None => 3,
-        };
+        let pool = meta_or(f, "clip.vision.projector.scale_factor", 3)?;
         let theta = f.get_f32("clip.vision.rope.freq_base").unwrap_or(100.0);
         let eps = f
             .get_f32("clip.vision.attention.layer_norm_epsilon")
@@ -288,12 +281,6 @@ impl Gemma4Vision {
         let normed = self.norm(ex, &pooled, &self.ones_hidden)?;
         ex.matmul(&normed, &self.proj)
     }
-}
-
-fn first(v: Vec<Tensor>) -> Result<Tensor> {
-    v.into_iter()
-        .next()
-        .ok_or_else(|| Error::Model("an op produced no output".into()))
 }
 
 /// What a Gemma 4 `config.json` says of its vision tower, as an mmproj file's `clip.*`

@@ -18,7 +18,7 @@ use super::weights::Weights;
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::{GgufFile, Value};
-use crate::op::{AttentionOp, AttnParams, Mask, NormOp, Op, RopeMode, RopeParams, UnaryOp};
+use crate::op::{AttentionOp, AttnParams, Mask, Op, RopeMode, RopeParams, UnaryOp};
 use crate::tensor::Tensor;
 
 /// The projector type llama.cpp's mmproj files name this tower by.
@@ -32,8 +32,6 @@ pub const IMAGE_TEXT: super::tower::ImageText = super::tower::ImageText {
     before: "",
     after: "",
 };
-
-type Pair = (Tensor, Tensor);
 
 struct Layer {
     ln1: Pair,
@@ -67,21 +65,20 @@ pub struct Qwen35Vision {
     fc2: Pair,
 }
 
-use super::tower::meta_usize;
+use super::tower::{first, linear, meta_or, Pair, Shape};
 
 impl Qwen35Vision {
     /// Builds the tower from an mmproj view, its weights uploaded to `ex`'s backend.
     pub fn load(f: &GgufFile, ex: &Executor) -> Result<Qwen35Vision> {
-        let patch = meta_usize(f, "clip.vision.patch_size")?;
-        let hidden = meta_usize(f, "clip.vision.embedding_length")?;
-        let ff = meta_usize(f, "clip.vision.feed_forward_length")?;
-        let n_layer = meta_usize(f, "clip.vision.block_count")?;
-        let heads = meta_usize(f, "clip.vision.attention.head_count")?;
-        let text_width = meta_usize(f, "clip.vision.projection_dim")?;
-        let merge = match f.get("clip.vision.spatial_merge_size") {
-            Some(_) => meta_usize(f, "clip.vision.spatial_merge_size")?,
-            None => 2,
-        };
+        let Shape {
+            patch,
+            hidden,
+            ff,
+            layers: n_layer,
+            heads,
+            text_width,
+        } = Shape::read(f)?;
+        let merge = meta_or(f, "clip.vision.spatial_merge_size", 2)?;
         if let Some(Value::Array(taps)) = f.get("clip.vision.is_deepstack_layers") {
             if taps.iter().any(|t| matches!(t, Value::Bool(true))) {
                 return Err(Error::load(
@@ -182,12 +179,8 @@ impl Qwen35Vision {
         (h / unit, w / unit)
     }
 
-    fn linear(&self, ex: &Executor, x: &Tensor, (w, b): &Pair) -> Result<Tensor> {
-        ex.add(&ex.matmul(x, w)?, b)
-    }
-
-    fn layer_norm(&self, ex: &Executor, x: &Tensor, (w, b): &Pair) -> Result<Tensor> {
-        first(ex.run(&Op::Norm(NormOp::LayerNorm { eps: self.eps }), &[x, w, b])?)
+    fn layer_norm(&self, ex: &Executor, x: &Tensor, p: &Pair) -> Result<Tensor> {
+        super::tower::layer_norm(ex, x, p, self.eps)
     }
 
     /// The position table resampled to a `gh × gw` patch grid (bilinear, corners aligned, in
@@ -282,29 +275,23 @@ impl Qwen35Vision {
         };
         for l in &self.layers {
             let hs = self.layer_norm(ex, &x, &l.ln1)?;
-            let q = rotate(&self.linear(ex, &hs, &l.q)?.reshape([n, nh, hd])?)?;
-            let k = rotate(&self.linear(ex, &hs, &l.k)?.reshape([n, nh, hd])?)?;
-            let v = self.linear(ex, &hs, &l.v)?.reshape([n, nh, hd])?;
+            let q = rotate(&linear(ex, &hs, &l.q)?.reshape([n, nh, hd])?)?;
+            let k = rotate(&linear(ex, &hs, &l.k)?.reshape([n, nh, hd])?)?;
+            let v = linear(ex, &hs, &l.v)?.reshape([n, nh, hd])?;
             let a = first(ex.run(&Op::Attention(AttentionOp::Attention(attn)), &[&q, &k, &v])?)?
                 .reshape([n, d])?;
-            x = ex.add(&x, &self.linear(ex, &a, &l.out)?)?;
+            x = ex.add(&x, &linear(ex, &a, &l.out)?)?;
             let hs = self.layer_norm(ex, &x, &l.ln2)?;
-            let hs = ex.unary(UnaryOp::GeluTanh, &self.linear(ex, &hs, &l.up)?)?;
-            x = ex.add(&x, &self.linear(ex, &hs, &l.down)?)?;
+            let hs = ex.unary(UnaryOp::GeluTanh, &linear(ex, &hs, &l.up)?)?;
+            x = ex.add(&x, &linear(ex, &hs, &l.down)?)?;
         }
         // The merger: each block's m² patches (consecutive rows) side by side.
         let x = self
             .layer_norm(ex, &x, &self.post_ln)?
             .reshape([n / (m * m), d * m * m])?;
-        let x = ex.unary(UnaryOp::GeluErf, &self.linear(ex, &x, &self.fc1)?)?;
-        self.linear(ex, &x, &self.fc2)
+        let x = ex.unary(UnaryOp::GeluErf, &linear(ex, &x, &self.fc1)?)?;
+        linear(ex, &x, &self.fc2)
     }
-}
-
-fn first(v: Vec<Tensor>) -> Result<Tensor> {
-    v.into_iter()
-        .next()
-        .ok_or_else(|| Error::Model("an op produced no output".into()))
 }
 
 /// What a Qwen3.5 `config.json` says of its vision tower, as an mmproj file's `clip.*`

@@ -14,7 +14,7 @@ use super::weights::Weights;
 use crate::error::{Error, Result};
 use crate::exec::Executor;
 use crate::load::gguf::GgufFile;
-use crate::op::{AttentionOp, AttnParams, Mask, NormOp, Op, UnaryOp};
+use crate::op::{AttentionOp, AttnParams, Mask, Op, UnaryOp};
 use crate::tensor::Tensor;
 
 struct Layer {
@@ -48,7 +48,7 @@ pub struct Siglip {
     proj: Tensor,
 }
 
-use super::tower::meta_usize;
+use super::tower::{first, linear, meta_or, meta_usize, Shape};
 
 impl Siglip {
     /// Builds the encoder from an mmproj view, its weights uploaded to `ex`'s backend.
@@ -64,17 +64,16 @@ impl Siglip {
             ));
         }
         let image = meta_usize(f, "clip.vision.image_size")?;
-        let patch = meta_usize(f, "clip.vision.patch_size")?;
-        let hidden = meta_usize(f, "clip.vision.embedding_length")?;
-        let ff = meta_usize(f, "clip.vision.feed_forward_length")?;
-        let n_layer = meta_usize(f, "clip.vision.block_count")?;
-        let heads = meta_usize(f, "clip.vision.attention.head_count")?;
-        let text_width = meta_usize(f, "clip.vision.projection_dim")?;
+        let Shape {
+            patch,
+            hidden,
+            ff,
+            layers: n_layer,
+            heads,
+            text_width,
+        } = Shape::read(f)?;
         // llama.cpp writes the pooling factor only where it is not Gemma 3's 4.
-        let pool = match f.get("clip.vision.projector.scale_factor") {
-            Some(_) => meta_usize(f, "clip.vision.projector.scale_factor")?,
-            None => 4,
-        };
+        let pool = meta_or(f, "clip.vision.projector.scale_factor", 4)?;
         let eps = f
             .get_f32("clip.vision.attention.layer_norm_epsilon")
             .unwrap_or(1e-6);
@@ -155,12 +154,8 @@ impl Siglip {
         n * n
     }
 
-    fn linear(&self, ex: &Executor, x: &Tensor, (w, b): &(Tensor, Tensor)) -> Result<Tensor> {
-        ex.add(&ex.matmul(x, w)?, b)
-    }
-
-    fn layer_norm(&self, ex: &Executor, x: &Tensor, (w, b): &(Tensor, Tensor)) -> Result<Tensor> {
-        first(ex.run(&Op::Norm(NormOp::LayerNorm { eps: self.eps }), &[x, w, b])?)
+    fn layer_norm(&self, ex: &Executor, x: &Tensor, p: &(Tensor, Tensor)) -> Result<Tensor> {
+        super::tower::layer_norm(ex, x, p, self.eps)
     }
 
     /// The soft tokens of one image's pixel values (`[3, S, S]`, channel planes):
@@ -187,25 +182,19 @@ impl Siglip {
         };
         for l in &self.layers {
             let h = self.layer_norm(ex, &x, &l.ln1)?;
-            let q = self.linear(ex, &h, &l.q)?.reshape([n, self.heads, hd])?;
-            let k = self.linear(ex, &h, &l.k)?.reshape([n, self.heads, hd])?;
-            let v = self.linear(ex, &h, &l.v)?.reshape([n, self.heads, hd])?;
+            let q = linear(ex, &h, &l.q)?.reshape([n, self.heads, hd])?;
+            let k = linear(ex, &h, &l.k)?.reshape([n, self.heads, hd])?;
+            let v = linear(ex, &h, &l.v)?.reshape([n, self.heads, hd])?;
             let a = first(ex.run(&Op::Attention(AttentionOp::Attention(attn)), &[&q, &k, &v])?)?
                 .reshape([n, d])?;
-            x = ex.add(&x, &self.linear(ex, &a, &l.out)?)?;
+            x = ex.add(&x, &linear(ex, &a, &l.out)?)?;
             let h = self.layer_norm(ex, &x, &l.ln2)?;
-            let h = ex.unary(UnaryOp::GeluTanh, &self.linear(ex, &h, &l.up)?)?;
-            x = ex.add(&x, &self.linear(ex, &h, &l.down)?)?;
+            let h = ex.unary(UnaryOp::GeluTanh, &linear(ex, &h, &l.up)?)?;
+            x = ex.add(&x, &linear(ex, &h, &l.down)?)?;
         }
         let x = self.layer_norm(ex, &x, &self.post_ln)?;
         let pooled = super::tower::avg_pool(ex, &x, side, side, self.pool)?;
         let normed = ex.rms_norm(&pooled, &self.soft_norm, self.eps, false)?;
         ex.matmul(&normed, &self.proj)
     }
-}
-
-fn first(v: Vec<Tensor>) -> Result<Tensor> {
-    v.into_iter()
-        .next()
-        .ok_or_else(|| Error::Model("an op produced no output".into()))
 }

@@ -25,6 +25,62 @@ pub(crate) fn meta_usize(f: &GgufFile, key: &str) -> Result<usize> {
         .ok_or_else(|| Error::load(f.path(), format!("{key} = {v} is out of range")))
 }
 
+/// An mmproj file's positive integer `key` as [`meta_usize`] reads it, `default` where the
+/// file has none.
+pub(crate) fn meta_or(f: &GgufFile, key: &str, default: usize) -> Result<usize> {
+    match f.get(key) {
+        Some(_) => meta_usize(f, key),
+        None => Ok(default),
+    }
+}
+
+/// The sizes every tower's mmproj metadata gives.
+pub(crate) struct Shape {
+    pub patch: usize,
+    pub hidden: usize,
+    pub ff: usize,
+    pub layers: usize,
+    pub heads: usize,
+    /// The text model's width (the projection's output).
+    pub text_width: usize,
+}
+
+impl Shape {
+    pub(crate) fn read(f: &GgufFile) -> Result<Shape> {
+        Ok(Shape {
+            patch: meta_usize(f, "clip.vision.patch_size")?,
+            hidden: meta_usize(f, "clip.vision.embedding_length")?,
+            ff: meta_usize(f, "clip.vision.feed_forward_length")?,
+            layers: meta_usize(f, "clip.vision.block_count")?,
+            heads: meta_usize(f, "clip.vision.attention.head_count")?,
+            text_width: meta_usize(f, "clip.vision.projection_dim")?,
+        })
+    }
+}
+
+/// A weight and its bias.
+pub(crate) type Pair = (Tensor, Tensor);
+
+/// `x · wᵀ + b`.
+pub(crate) fn linear(ex: &Executor, x: &Tensor, (w, b): &Pair) -> Result<Tensor> {
+    ex.add(&ex.matmul(x, w)?, b)
+}
+
+/// LayerNorm of `x`'s rows with weight and bias.
+pub(crate) fn layer_norm(ex: &Executor, x: &Tensor, (w, b): &Pair, eps: f32) -> Result<Tensor> {
+    first(ex.run(
+        &crate::op::Op::Norm(crate::op::NormOp::LayerNorm { eps }),
+        &[x, w, b],
+    )?)
+}
+
+/// The first output of an op.
+pub(crate) fn first(v: Vec<Tensor>) -> Result<Tensor> {
+    v.into_iter()
+        .next()
+        .ok_or_else(|| Error::Model("an op produced no output".into()))
+}
+
 /// A vision config's positive integer `k` (at most 2^20; `default` where absent).
 pub(crate) fn config_u32(
     v: &serde_json::Value,
