@@ -228,26 +228,8 @@ mod common;
 /// log-probabilities; the images in the other order are another prompt.
 #[test]
 fn gemma4_chat_images_are_answered_and_cached() {
-    use base64::Engine as _;
-    use serde_json::json;
-    let url = |name: &str| {
-        let bytes = std::fs::read(dir().join(name)).unwrap();
-        format!(
-            "data:image/png;base64,{}",
-            base64::engine::general_purpose::STANDARD.encode(bytes)
-        )
-    };
     let srv = common::start_model(&dir(), 2, None).expect("server");
-    let run = |a: &str, b: &str| -> Value {
-        let req = json!({"messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": url(a)}},
-            {"type": "text", "text": "Once upon"},
-            {"type": "image_url", "image_url": {"url": url(b)}}]}],
-            "max_tokens": 4, "temperature": 0, "logprobs": true, "top_logprobs": 3});
-        let (st, body) = common::post(srv.addr, "/v1/chat/completions", &req);
-        assert_eq!(st, 200, "{body}");
-        serde_json::from_str(&body).unwrap()
-    };
+    let run = |a: &str, b: &str| common::chat_two_images(srv.addr, &dir(), a, b);
     let first = run("wide.png", "square.png");
     let again = run("wide.png", "square.png");
     let swapped = run("square.png", "wide.png");

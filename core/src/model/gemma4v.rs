@@ -301,16 +301,7 @@ pub(super) fn hf_vision(
         return Err("a vision tower with clipped linears is not supported yet".into());
     }
     let u = super::tower::config_u32;
-    let rope = vc.get("rope_parameters").unwrap_or(&Json::Null);
-    if let Some(t) = rope.get("rope_type").and_then(Json::as_str) {
-        if t != "axial" {
-            return Err(format!("vision RoPE {t:?} is not supported (axial is)"));
-        }
-    }
-    let theta = rope
-        .get("rope_theta")
-        .and_then(Json::as_f64)
-        .unwrap_or(100.0);
+    let theta = super::tower::axial_theta(vc, 100.0)?;
     let heads = u(vc, "num_attention_heads", Some(12))?;
     let text = c.get("text_config").unwrap_or(&Json::Null);
     let eps = vc

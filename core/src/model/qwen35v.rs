@@ -326,16 +326,7 @@ pub(super) fn hf_vision(
     if act != "gelu_pytorch_tanh" {
         return Err(format!("vision activation {act:?} is not supported"));
     }
-    let rope = vc.get("rope_parameters").unwrap_or(&Json::Null);
-    if let Some(t) = rope.get("rope_type").and_then(Json::as_str) {
-        if t != "axial" {
-            return Err(format!("vision RoPE {t:?} is not supported (axial is)"));
-        }
-    }
-    let theta = rope
-        .get("rope_theta")
-        .and_then(Json::as_f64)
-        .unwrap_or(10_000.0);
+    let theta = super::tower::axial_theta(vc, 10_000.0)?;
     let heads = u(vc, "num_heads", Some(16))?;
     let kv = |k: &str, v: Value| (format!("clip.{k}"), v);
     let meta = vec![

@@ -95,6 +95,26 @@ pub(crate) fn config_u32(
         .ok_or_else(|| format!("vision {k} is missing or out of range"))
 }
 
+/// A vision config's axial RoPE base (`rope_parameters.rope_theta`, `default` where absent):
+/// an error for another RoPE type.
+pub(crate) fn axial_theta(
+    vc: &serde_json::Value,
+    default: f64,
+) -> std::result::Result<f64, String> {
+    let rope = vc
+        .get("rope_parameters")
+        .unwrap_or(&serde_json::Value::Null);
+    if let Some(t) = rope.get("rope_type").and_then(serde_json::Value::as_str) {
+        if t != "axial" {
+            return Err(format!("vision RoPE {t:?} is not supported (axial is)"));
+        }
+    }
+    Ok(rope
+        .get("rope_theta")
+        .and_then(serde_json::Value::as_f64)
+        .unwrap_or(default))
+}
+
 /// The `clip.vision.*` entries every tower's config gives: its width, MLP width, depth
 /// (`layers` where absent), heads and the text model's width.
 pub(crate) fn tower_meta(

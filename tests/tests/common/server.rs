@@ -262,3 +262,25 @@ pub fn long_streams(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
         })
         .collect()
 }
+
+/// A chat completion of one user message holding images `a` and `b` (files in `dir`, sent as
+/// `data:` URLs) around the text "Once upon": greedy, 4 tokens, with the top 3
+/// log-probabilities. The answer's JSON.
+pub fn chat_two_images(addr: SocketAddr, dir: &std::path::Path, a: &str, b: &str) -> Value {
+    use base64::Engine as _;
+    let url = |name: &str| {
+        let bytes = std::fs::read(dir.join(name)).expect("image file");
+        format!(
+            "data:image/png;base64,{}",
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        )
+    };
+    let req = serde_json::json!({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url(a)}},
+        {"type": "text", "text": "Once upon"},
+        {"type": "image_url", "image_url": {"url": url(b)}}]}],
+        "max_tokens": 4, "temperature": 0, "logprobs": true, "top_logprobs": 3});
+    let (st, body) = post(addr, "/v1/chat/completions", &req);
+    assert_eq!(st, 200, "{body}");
+    serde_json::from_str(&body).expect("JSON")
+}
