@@ -229,23 +229,6 @@ mod common;
 #[test]
 fn gemma4_chat_images_are_answered_and_cached() {
     let srv = common::start_model(&dir(), 2, None).expect("server");
-    let run = |a: &str, b: &str| common::chat_two_images(srv.addr, &dir(), a, b);
-    let first = run("wide.png", "square.png");
-    let again = run("wide.png", "square.png");
-    let swapped = run("square.png", "wide.png");
-    let cached = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
-    let lps = |v: &Value| v["choices"][0]["logprobs"]["content"].clone();
-    let prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
     // 60 + 64 soft tokens, their wraps and the text.
-    println!(
-        "prompt {prompt}; cached {:?} {:?} {:?}",
-        cached(&first),
-        cached(&again),
-        cached(&swapped)
-    );
-    assert!(prompt > 124, "{first}");
-    assert_eq!(cached(&first), Some(0), "{first}");
-    assert!(cached(&again).unwrap() >= 112, "{again}");
-    assert_eq!(lps(&again), lps(&first));
-    assert_ne!(lps(&swapped), lps(&first));
+    common::check_image_caching(srv.addr, &dir(), 124, 112);
 }

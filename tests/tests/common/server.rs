@@ -284,3 +284,36 @@ pub fn chat_two_images(addr: SocketAddr, dir: &std::path::Path, a: &str, b: &str
     assert_eq!(st, 200, "{body}");
     serde_json::from_str(&body).expect("JSON")
 }
+
+/// [`chat_two_images`] with the wide and the square image of `dir`, three times: the first
+/// request caches nothing and has more than `soft` prompt tokens (the images' soft tokens);
+/// the same request again takes at least `cached` from the prefix cache and gives the same
+/// log-probabilities; the images swapped are another prompt. The first answer.
+pub fn check_image_caching(
+    addr: SocketAddr,
+    dir: &std::path::Path,
+    soft: u64,
+    cached: u64,
+) -> Value {
+    let run = |a: &str, b: &str| chat_two_images(addr, dir, a, b);
+    let first = run("wide.png", "square.png");
+    let again = run("wide.png", "square.png");
+    let swapped = run("square.png", "wide.png");
+    let hit = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    let lps = |v: &Value| v["choices"][0]["logprobs"]["content"].clone();
+    let prompt = first["usage"]["prompt_tokens"]
+        .as_u64()
+        .expect("prompt tokens");
+    println!(
+        "prompt {prompt}; cached {:?} {:?} {:?}",
+        hit(&first),
+        hit(&again),
+        hit(&swapped)
+    );
+    assert!(prompt > soft, "{first}");
+    assert_eq!(hit(&first), Some(0), "{first}");
+    assert!(hit(&again).is_some_and(|n| n >= cached), "{again}");
+    assert_eq!(lps(&again), lps(&first));
+    assert_ne!(lps(&swapped), lps(&first));
+    first
+}
