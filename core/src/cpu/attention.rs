@@ -174,7 +174,11 @@ pub(crate) fn attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
     let group = hq / hkv;
     if p.mask == crate::op::Mask::Bidirectional && t >= ROW_TILE && d > 0 && dv > 0 {
         return o[0].with_f32(false, |y| {
-            attention_tiled(p, (&q, &k, &v), (t, hq, d), (s, hkv, dv), y);
+            if super::attention_tile::supported() {
+                super::attention_tile::attention(p, (&q, &k, &v), (t, hq, d), (s, hkv, dv), y);
+            } else {
+                attention_tiled(p, (&q, &k, &v), (t, hq, d), (s, hkv, dv), y);
+            }
             Ok(())
         });
     }

@@ -5,6 +5,7 @@
 //! dtype. Weights and caches stay in their block formats and are dequantized a row at a time.
 
 mod attention;
+mod attention_tile;
 mod canvas;
 mod conv;
 mod delta_net;

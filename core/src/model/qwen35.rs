@@ -207,8 +207,9 @@ impl Qwen35 {
             p[r] = [i64::from(pos); 3];
         }
         for s in &b.seqs {
-            for r in s.q_start..(s.q_start + s.q_len).min(t) {
-                p[r] = mrope_position(b.positions[r].max(0) as usize, &s.images);
+            let rows = s.q_start.min(t)..(s.q_start + s.q_len).min(t);
+            for (pr, &pos) in p[rows.clone()].iter_mut().zip(&b.positions[rows]) {
+                *pr = mrope_position(pos.max(0) as usize, &s.images);
             }
         }
         let int = |v: i64| {

@@ -32,6 +32,42 @@ fn oracle_params(p: &AttnParams) -> Attn {
 const ATOL: f64 = 5e-6;
 const RTOL: f64 = 5e-6;
 
+/// A vision tower's attention: many rows that all see every key (the CPU's tiled kernels: 4
+/// rows × 64 keys of scores, 4 rows × 80 values of outputs), at head widths that are not whole
+/// vectors, values wider than one output tile, GQA and a soft cap.
+#[test]
+fn attention_bidirectional_many_rows() {
+    let kx = kiln();
+    let mut rng = Rng::new(21);
+    for (t, s, hq, hkv, d, dv) in [
+        (37, 37, 2, 2, 72, 72),
+        (70, 70, 4, 2, 40, 100),
+        (17, 130, 3, 1, 16, 8),
+    ] {
+        for cap in [None, Some(2.0f32)] {
+            let p = AttnParams {
+                scale: 1.0 / (d as f32).sqrt(),
+                soft_cap: cap,
+                mask: Mask::Bidirectional,
+            };
+            let (q, qv) = kx.tensor(F32, &[t, hq, d], &normal(&mut rng, t * hq * d, 1.0));
+            let (k, kv) = kx.tensor(F32, &[s, hkv, d], &normal(&mut rng, s * hkv * d, 1.0));
+            let (v, vv) = kx.tensor(F32, &[s, hkv, dv], &normal(&mut rng, s * hkv * dv, 1.0));
+            let y = kx.run(&Op::Attention(AttentionOp::Attention(p)), &[&q, &k, &v]);
+            let dm = AttnDims { hq, hkv, d, dv };
+            let want = naive::attention(&oracle_params(&p), &qv, &kv, &vv, t, s, dm);
+            assert_close(
+                &format!("attention t {t} s {s} hq {hq} hkv {hkv} d {d} dv {dv} cap {cap:?}"),
+                &kx.f32(&y[0]),
+                &want,
+                F32,
+                ATOL,
+                RTOL,
+            );
+        }
+    }
+}
+
 #[test]
 fn attention_every_mask_gqa_soft_cap_and_dv() {
     let kx = kiln();

@@ -197,7 +197,6 @@ pub fn open_vision_dir(dir: &Path) -> Result<Option<GgufFile>> {
                         shape: vec![hidden, c, ph, pw],
                         offset: at,
                         nbytes: n / t * 4,
-                        ..info.clone()
                     });
                 }
             } else if info.name == "v.patch_embd.weight" && e.shape.len() == 2 {
