@@ -62,21 +62,15 @@ pub(super) fn attention(
             }
         }
     });
-    // Head-major: the rows of one head are contiguous, so a tile's outputs are too.
-    let mut tmp = vec![0f32; hq * t * dv];
-    pool::par_rows_in(&mut tmp, dv, 0, PIECES, |r0, ys| {
-        let mut qbuf = vec![0f32; TILE * d];
-        let mut scores = vec![0f32; TILE * sp];
-        let rows = ys.len() / dv.max(1);
-        let mut at = 0;
-        while at < rows {
-            let r = r0 + at;
-            let (h, ti) = (r / t, r % t);
-            let m = TILE.min(t - ti).min(rows - at);
-            for (x, dst) in qbuf.chunks_exact_mut(d).take(m).enumerate() {
-                let src = ((ti + x) * hq + h) * d;
-                dst.copy_from_slice(&q[src..src + d]);
-            }
+    let scratch = || vec![0f32; TILE * sp];
+    super::attention::head_tiles(
+        q,
+        (t, hq, d),
+        dv,
+        (TILE, PIECES),
+        y,
+        scratch,
+        |scores, h, qbuf, m, out| {
             let g = h / group.max(1);
             let kh = &kt[g * d * sp..(g + 1) * d * sp];
             for r4 in (0..m).step_by(4) {
@@ -108,7 +102,6 @@ pub(super) fn attention(
                 // SAFETY: AVX-512 is present.
                 unsafe { x86::softmax(row) };
             }
-            let out = &mut ys[at * dv..(at + m) * dv];
             let vh = v[g * dv..].as_ptr();
             for r4 in (0..m).step_by(4) {
                 let mr = 4.min(m - r4);
@@ -132,16 +125,8 @@ pub(super) fn attention(
                     };
                 }
             }
-            at += m;
-        }
-    });
-    for h in 0..hq {
-        for ti in 0..t {
-            let src = (h * t + ti) * dv;
-            let dst = (ti * hq + h) * dv;
-            y[dst..dst + dv].copy_from_slice(&tmp[src..src + dv]);
-        }
-    }
+        },
+    );
 }
 
 #[cfg(target_arch = "x86_64")]
