@@ -71,12 +71,35 @@ pub(crate) fn unary(u: UnaryOp, i: &[In], o: &mut [Out]) -> KResult {
     let x = i[0].f32()?;
     o[0].with_f32(false, |y| {
         pool::par_rows(y, 1, CHUNK, |r0, y| {
-            for (y, x) in y.iter_mut().zip(&x[r0..]) {
-                *y = apply(u, *x);
+            let x = &x[r0..];
+            #[cfg(target_arch = "x86_64")]
+            if super::simd::isa() == super::simd::Isa::Avx512 {
+                // SAFETY: the CPU has AVX-512 (simd::isa checked it).
+                unsafe { unary_piece_avx512(u, y, x) };
+                return;
             }
+            unary_piece(u, y, x);
         });
         Ok(())
     })
+}
+
+/// `y = act(x)` over one piece: a loop per activation for the ones built on [`exp_f32`]
+/// (SiLU, tanh GELU), so they vectorise; others call the library per element.
+#[inline(always)]
+fn unary_piece(u: UnaryOp, y: &mut [f32], x: &[f32]) {
+    match u {
+        UnaryOp::Silu => y.iter_mut().zip(x).for_each(|(y, x)| *y = silu(*x)),
+        UnaryOp::GeluTanh => y.iter_mut().zip(x).for_each(|(y, x)| *y = gelu_tanh(*x)),
+        _ => y.iter_mut().zip(x).for_each(|(y, x)| *y = apply(u, *x)),
+    }
+}
+
+/// [`unary_piece`] compiled for AVX-512 so the exponentials vectorise.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn unary_piece_avx512(u: UnaryOp, y: &mut [f32], x: &[f32]) {
+    unary_piece(u, y, x)
 }
 
 /// `e^x` in f32 arithmetic with no library call, so loops over it vectorise: `x = n·ln2 + r`
