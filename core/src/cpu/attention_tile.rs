@@ -63,7 +63,7 @@ pub(super) fn attention(
         }
     });
     let scratch = || vec![0f32; TILE * sp];
-    super::attention::head_tiles(
+    head_tiles(
         q,
         (t, hq, d),
         dv,
@@ -127,6 +127,55 @@ pub(super) fn attention(
             }
         },
     );
+}
+
+/// The rows of `q [t, hq, d]` in tiles of up to `tile` consecutive rows of one head, spread
+/// over the pool in about `pieces` pieces a thread: `f(h, qrows, m, out)` gets the tile's `m`
+/// query rows (contiguous, `m × d`) and their `m × dv` outputs, which land in `y [t, hq, dv]`.
+/// `scratch()` makes each task's own buffers, passed to every call of that task.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn head_tiles<S>(
+    q: &[f32],
+    (t, hq, d): (usize, usize, usize),
+    dv: usize,
+    (tile, pieces): (usize, usize),
+    y: &mut [f32],
+    scratch: impl Fn() -> S + Sync,
+    f: impl Fn(&mut S, usize, &[f32], usize, &mut [f32]) + Sync,
+) {
+    // Head-major: the rows of one head are contiguous, so a tile's outputs are too.
+    let mut tmp = vec![0f32; hq * t * dv];
+    pool::par_rows_in(&mut tmp, dv, 0, pieces, |r0, ys| {
+        let mut qbuf = vec![0f32; tile * d];
+        let mut s = scratch();
+        let rows = ys.len() / dv.max(1);
+        let mut at = 0;
+        while at < rows {
+            let r = r0 + at;
+            let (h, ti) = (r / t, r % t);
+            // A tile stays within its head and within this piece.
+            let m = tile.min(t - ti).min(rows - at);
+            for (x, dst) in qbuf.chunks_exact_mut(d).take(m).enumerate() {
+                let src = ((ti + x) * hq + h) * d;
+                dst.copy_from_slice(&q[src..src + d]);
+            }
+            f(
+                &mut s,
+                h,
+                &qbuf[..m * d],
+                m,
+                &mut ys[at * dv..(at + m) * dv],
+            );
+            at += m;
+        }
+    });
+    for h in 0..hq {
+        for ti in 0..t {
+            let src = (h * t + ti) * dv;
+            let dst = (ti * hq + h) * dv;
+            y[dst..dst + dv].copy_from_slice(&tmp[src..src + dv]);
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
