@@ -18,6 +18,7 @@ pub(crate) mod pool;
 mod qdot;
 mod qdot256;
 mod qdot_int;
+mod qdot_vnni;
 mod reduce;
 mod rope;
 pub mod simd;

@@ -1,4 +1,5 @@
-//! Integer dot products for the K-quants on AVX2 CPUs (no AVX-512), within the f32 bound.
+//! Integer dot products for the K-quants on AVX2 CPUs, within the f32 bound; the activation
+//! split here is also the input of the AVX-512 VNNI kernels (`qdot_vnni`).
 //!
 //! A weight row of Q4_K or Q6_K holds small integer codes `q` and, per group of 32 or 16, a
 //! small integer scale `sc` (and for Q4_K a min `mn`), under per-block f16 factors. The f32
@@ -67,11 +68,19 @@ pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
     }
 }
 
-/// Bytes of one split activation row of `k` elements: for each group of 32, the 32 `t0`, the
-/// 32 `t1` and the 32 `t2` (96 bytes); then the sums of `x_q` over each group of 32 as f32
+/// Bytes of one split activation row of `k` elements: for each pair of groups of 32 (64
+/// elements), the 64 `t0`, the 64 `t1` and the 64 `t2` (192 bytes: a 512-bit register's worth
+/// of each digit, see [`digit_at`]); then the sums of `x_q` over each group of 32 as f32
 /// (`k / 32`), over each group of 16 (`k / 16`), and the block scales `s` as f32 (`k / 256`).
 pub(crate) fn row_bytes(k: usize) -> usize {
     3 * k + 4 * (k / 32) + 4 * (k / 16) + 4 * (k / BLOCK)
+}
+
+/// Where digit `t` (0, 1, 2) of group `g` (32 elements) starts in a split row: groups are
+/// paired, `2g` and `2g + 1` side by side for each digit, so one 64-byte load holds a digit of
+/// 64 consecutive elements (the AVX-512 kernels) and a 32-byte load one group's (AVX2).
+pub(crate) const fn digit_at(g: usize, t: usize) -> usize {
+    192 * (g / 2) + 32 * (g % 2) + 64 * t
 }
 
 /// `2^e` as f32, for `e` in -126..=127.
@@ -125,7 +134,7 @@ fn split_scalar(x: &[f32], out: &mut [u8]) {
         scales[4 * b..4 * b + 4].copy_from_slice(&s.to_le_bytes());
         for (g, xg) in xb.chunks_exact(32).enumerate() {
             let gi = b * (BLOCK / 32) + g;
-            let d = &mut digits[96 * gi..96 * gi + 96];
+            let (d0, d1, d2) = (digit_at(gi, 0), digit_at(gi, 1), digit_at(gi, 2));
             let mut half = [0i32; 2];
             for (j, v) in xg.iter().enumerate() {
                 // |v · 2^-e| < 2^22, so |q| ≤ 2^22: t0 and t1 are balanced bytes and the rest
@@ -135,9 +144,9 @@ fn split_scalar(x: &[f32], out: &mut [u8]) {
                 half[j / 16] += q;
                 let (t0, r) = balanced(q);
                 let (t1, t2) = balanced(r);
-                d[j] = t0 as i8 as u8;
-                d[32 + j] = t1 as i8 as u8;
-                d[64 + j] = t2 as i8 as u8;
+                digits[d0 + j] = t0 as i8 as u8;
+                digits[d1 + j] = t1 as i8 as u8;
+                digits[d2 + j] = t2 as i8 as u8;
             }
             // |sum| ≤ 32 · 2^22 = 2^27: one rounding to f32 each.
             let whole = (half[0] + half[1]) as f32;
@@ -329,7 +338,7 @@ mod x86 {
                     let lo = _mm256_packs_epi32(tv[0], tv[1]);
                     let hi = _mm256_packs_epi32(tv[2], tv[3]);
                     let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(lo, hi), order);
-                    _mm256_storeu_si256(gd.add(96 * g + 32 * d) as *mut __m256i, bytes);
+                    _mm256_storeu_si256(gd.add(super::digit_at(g, d)) as *mut __m256i, bytes);
                 }
                 let mut h = [0i32; 2];
                 for (hv, sv) in h.iter_mut().zip(sum) {
@@ -379,12 +388,12 @@ mod x86 {
     }
 
     /// Adds one group's `scale · Σ q·t` to each digit's lanes: `acc[0..3]` for `t0`, `t1`,
-    /// `t2` (at `a`, `a + 32`, `a + 64`), `q` the group's unsigned codes, `m` the scale in every
+    /// `t2` (at `a`, `a + 64`, `a + 128`), `q` the group's unsigned codes, `m` the scale in every
     /// 16-bit lane (or, for Q6_K, one scale per 128-bit half).
     #[inline(always)]
     unsafe fn group(acc: &mut [__m256i; 3], a: *const u8, q: __m256i, m: __m256i) {
         for (t, v) in acc.iter_mut().enumerate() {
-            let d = _mm256_loadu_si256(a.add(32 * t) as *const __m256i);
+            let d = _mm256_loadu_si256(a.add(64 * t) as *const __m256i);
             *v = _mm256_add_epi32(*v, _mm256_madd_epi16(_mm256_maddubs_epi16(q, d), m));
         }
     }
@@ -438,9 +447,9 @@ mod x86 {
                 let q1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
                 let (m0, m1) = (spread(scv, 2 * c), spread(scv, 2 * c + 1));
                 for (i, di) in dig.iter_mut().enumerate() {
-                    let a = parts(x, k, i).0.add(96 * (bi * 8 + 2 * c));
+                    let a = parts(x, k, i).0.add(super::digit_at(bi * 8 + 2 * c, 0));
                     group(di, a, q0, m0);
-                    group(di, a.add(96), q1, m1);
+                    group(di, a.add(32), q1, m1);
                 }
             }
             for (i, (a, di)) in acc.iter_mut().zip(&dig).enumerate() {
@@ -498,7 +507,8 @@ mod x86 {
                     let g = 4 * h + p;
                     let m = spread(scv, g);
                     for (i, di) in dig.iter_mut().enumerate() {
-                        group(di, parts(x, k, i).0.add(96 * (bi * 8 + g)), q, m);
+                        let a = parts(x, k, i).0.add(super::digit_at(bi * 8 + g, 0));
+                        group(di, a, q, m);
                     }
                 }
             }
@@ -713,10 +723,9 @@ mod tests {
             );
             for j in b * BLOCK..(b + 1) * BLOCK {
                 let (g, l) = (j / 32, j % 32);
-                let d = &out[96 * g..96 * g + 96];
-                let t = |o: usize| d[o + l] as i8 as i64;
-                assert!(t(64).abs() <= 64);
-                let q = t(64) * 65536 + t(32) * 256 + t(0);
+                let t = |d: usize| out[digit_at(g, d) + l] as i8 as i64;
+                assert!(t(2).abs() <= 64);
+                let q = t(2) * 65536 + t(1) * 256 + t(0);
                 assert!(q.abs() <= 1 << 22);
                 let err = (q as f64 * s as f64 - x[j] as f64).abs();
                 assert!(err <= s as f64 / 2.0, "element {j}: {err} vs step {s}");
