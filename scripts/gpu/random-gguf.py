@@ -9,7 +9,7 @@ GPU machine that cannot download a real model.
 `template` copies every metadata field of a real model (its tokenizer above all) into a GGUF
 file with no tensors: a few MB that travel where the model cannot. `make` writes a checkpoint
 with that vocabulary and the given shape: every matrix is random but valid blocks of --type
-(q4_k, q6_k, q8_0, nvfp4, f16, bf16: scales drawn so weights stay small, never NaN or Inf),
+(q4_k, q5_k, q6_k, q8_0, nvfp4, f16, bf16: scales drawn so weights stay small, never NaN or Inf),
 norm weights near 1. Kernels read such blocks exactly as they read a real model's, so decode
 speed and CPU/GPU agreement mean the same; the text it writes is noise.
 
@@ -31,6 +31,7 @@ except ImportError:
 # (block values, block bytes) of each block type this script writes.
 BLOCKS = {
     "q4_k": (Q.Q4_K, 256, 144),
+    "q5_k": (Q.Q5_K, 256, 176),
     "q6_k": (Q.Q6_K, 256, 210),
     "q8_0": (Q.Q8_0, 32, 34),
     "nvfp4": (Q.NVFP4, 64, 36),
@@ -75,8 +76,8 @@ def random_blocks(rng, kind, rows, cols, scale=1.0):
         sys.exit(f"random-gguf: {kind} rows need a multiple of {per} values, not {cols}")
     n = rows * cols // per
     b = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
-    if kind == "q4_k":
-        # d and dmin (f16) first: weights d*sc*q - dmin*m with 6-bit sc, m and 4-bit q.
+    if kind in ("q4_k", "q5_k"):
+        # d and dmin (f16) first: weights d*sc*q - dmin*m with 6-bit sc, m and 4- or 5-bit q.
         b[:, 0:2] = f16_bytes(rng, n, 1e-5 * scale, 4e-5 * scale)
         b[:, 2:4] = f16_bytes(rng, n, 1e-5 * scale, 4e-5 * scale)
     elif kind == "q6_k":

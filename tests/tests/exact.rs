@@ -187,7 +187,7 @@ fn smollm2_logits_match_an_f64_forward_at_every_position() {
 
 /// SmolLM2 with every matrix whose rows are whole blocks of `dtype` re-encoded in it (for the
 /// K-quants' 256-element blocks, its FFN down projections: 1,536 wide; the others are 576), so
-/// that format's kernels (on AVX2, the integer ones for the K-quants) run on real
+/// that format's kernels (the integer ones for the K-quants, on AVX2 and AVX-512 VNNI) run on real
 /// activations, outliers included.
 fn smollm2_as(dtype: DType) {
     let Some(path) = model_file(SMOLLM2) else {
@@ -238,6 +238,11 @@ fn local_quantized_files_match_an_f64_forward() {
 #[test]
 fn smollm2_with_q4_k_matrices_matches_an_f64_forward() {
     smollm2_as(DType::Q4_K);
+}
+
+#[test]
+fn smollm2_with_q5_k_matrices_matches_an_f64_forward() {
+    smollm2_as(DType::Q5_K);
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! Integer dot products for the K-quants on AVX-512 CPUs with VNNI, within the f32 bound.
+//! Integer dot products for the K-quants (Q4_K, Q5_K, Q6_K) on AVX-512 CPUs with VNNI, within
+//! the f32 bound.
 //!
 //! The activations are split as for the AVX2 kernels (`qdot_int`: per block of 256, `x_j =
 //! s · (t2_j · 2¹⁶ + t1_j · 2⁸ + t0_j) + ε_j` with signed-byte digits and `|ε_j| ≤ 2⁻²² · M`),
@@ -69,7 +70,7 @@ pub(crate) fn has_vnni() -> bool {
 /// `k` elements of `dtype` at `w + r·rb`.
 ///
 /// # Safety
-/// [`has_vnni`] holds and `dtype` is Q4_K or Q6_K; `k` is a multiple of 256; `x` holds `mr`
+/// [`has_vnni`] holds and `dtype` is Q4_K, Q5_K or Q6_K; `k` is a multiple of 256; `x` holds `mr`
 /// split rows for this `k`; each weight row in `rows` is readable; `y` is writable at rows
 /// `0..mr` (stride `ldy`) and the columns in `rows`.
 #[allow(clippy::too_many_arguments)]
@@ -97,6 +98,7 @@ pub(crate) unsafe fn rows_dots(
         }
         match dtype {
             DType::Q4_K => go!(x86::Q4K),
+            DType::Q5_K => go!(x86::Q5K),
             DType::Q6_K => go!(x86::Q6K),
             _ => {}
         }
@@ -283,50 +285,105 @@ mod x86 {
     /// Per lane `|Σ₄ q·x_q| ≤ 4 · 15 · 4,227,200 < 2²⁸`: the Horner sums do not wrap.
     pub struct Q4K;
 
+    /// Q4_K's and Q5_K's head: f16 d, f16 dmin and 12 bytes of 6-bit scales and mins, as
+    /// `d·sc_g` and `dmin·mn_g` in elements 0..8 (exact: 11 × 6 significant bits).
+    #[inline(always)]
+    unsafe fn scales_mins(b: *const u8) -> (__m512, __m512) {
+        let d = f16_at(b);
+        let dmin = f16_at(b.add(2));
+        // The 6-bit scales and mins: groups 0..4 in the low 6 bits of bytes 0..4 and
+        // 4..8; groups 4..8 in the nibbles of bytes 8..12, with bits 4 and 5 in the top
+        // two bits of bytes 0..4 and 4..8.
+        let (w0, w1, w2) = (u32_at(b.add(4)), u32_at(b.add(8)), u32_at(b.add(12)));
+        let sc = (w0 & 0x3f3f_3f3f) as u64
+            | (((w2 & 0x0f0f_0f0f) | (((w0 >> 6) & 0x0303_0303) << 4)) as u64) << 32;
+        let mn = (w1 & 0x3f3f_3f3f) as u64
+            | ((((w2 >> 4) & 0x0f0f_0f0f) | (((w1 >> 6) & 0x0303_0303) << 4)) as u64) << 32;
+        let f = |v: u64, s: f32| {
+            _mm512_zextps256_ps512(_mm256_mul_ps(
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64))),
+                _mm256_set1_ps(s),
+            ))
+        };
+        (f(sc, d), f(mn, dmin))
+    }
+
+    /// The nibbles of bytes `at..at + 32` of `b` as the 64 codes of a group pair: low nibbles
+    /// in the first 32 bytes, high ones in the last (one load, broadcast to both halves and
+    /// shifted by 0 and 4).
+    #[inline(always)]
+    unsafe fn nibble_pair(b: *const u8, at: usize) -> __m512i {
+        let v = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(at) as *const __m256i));
+        _mm512_and_si512(
+            _mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)),
+            _mm512_set1_epi8(0x0F),
+        )
+    }
+
+    /// Group `2c`'s factor in lanes 0..8, group `2c + 1`'s in lanes 8..16.
+    #[inline(always)]
+    unsafe fn pair_factors(c: usize, scales: __m512) -> __m512 {
+        let (g0, g1) = (2 * c as i32, 2 * c as i32 + 1);
+        let lanes = _mm512_setr_epi32(
+            g0, g0, g0, g0, g0, g0, g0, g0, g1, g1, g1, g1, g1, g1, g1, g1,
+        );
+        _mm512_permutexvar_ps(lanes, scales)
+    }
+
+    /// The sums over each group of 32, in lanes 0..8.
+    #[inline(always)]
+    unsafe fn sums32(x: *const u8, k: usize, i: usize, bi: usize) -> __m512 {
+        _mm512_maskz_loadu_ps(0x00FF, parts(x, k, i).1.add(4 * 8 * bi) as *const f32)
+    }
+
     impl Format for Q4K {
         const BYTES: usize = 144;
 
         #[inline(always)]
         unsafe fn head(b: *const u8) -> (__m512, __m512) {
-            let d = f16_at(b);
-            let dmin = f16_at(b.add(2));
-            // The 6-bit scales and mins: groups 0..4 in the low 6 bits of bytes 0..4 and
-            // 4..8; groups 4..8 in the nibbles of bytes 8..12, with bits 4 and 5 in the top
-            // two bits of bytes 0..4 and 4..8.
-            let (w0, w1, w2) = (u32_at(b.add(4)), u32_at(b.add(8)), u32_at(b.add(12)));
-            let sc = (w0 & 0x3f3f_3f3f) as u64
-                | (((w2 & 0x0f0f_0f0f) | (((w0 >> 6) & 0x0303_0303) << 4)) as u64) << 32;
-            let mn = (w1 & 0x3f3f_3f3f) as u64
-                | ((((w2 >> 4) & 0x0f0f_0f0f) | (((w1 >> 6) & 0x0303_0303) << 4)) as u64) << 32;
-            // d·sc_g and dmin·mn_g in elements 0..8 (exact: 11 × 6 significant bits).
-            let f = |v: u64, s: f32| {
-                _mm512_zextps256_ps512(_mm256_mul_ps(
-                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64))),
-                    _mm256_set1_ps(s),
-                ))
-            };
-            (f(sc, d), f(mn, dmin))
+            scales_mins(b)
         }
 
         #[inline(always)]
         unsafe fn pair(b: *const u8, c: usize, scales: __m512) -> (__m512i, __m512) {
-            let v =
-                _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16 + 32 * c) as *const __m256i));
-            let q = _mm512_and_si512(
-                _mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)),
-                _mm512_set1_epi8(0x0F),
-            );
-            let (g0, g1) = (2 * c as i32, 2 * c as i32 + 1);
-            let lanes = _mm512_setr_epi32(
-                g0, g0, g0, g0, g0, g0, g0, g0, g1, g1, g1, g1, g1, g1, g1, g1,
-            );
-            (q, _mm512_permutexvar_ps(lanes, scales))
+            (nibble_pair(b, 16 + 32 * c), pair_factors(c, scales))
         }
 
-        /// The sums over each group of 32, in lanes 0..8.
         #[inline(always)]
         unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize) -> __m512 {
-            _mm512_maskz_loadu_ps(0x00FF, parts(x, k, i).1.add(4 * 8 * bi) as *const f32)
+            sums32(x, k, i, bi)
+        }
+    }
+
+    /// Q5_K: Q4_K's head, 32 bytes of fifth bits, 128 bytes of nibbles (at 48); weight
+    /// `d·sc_g·q − dmin·mn_g`, q in 0..=31, bit 4 of group g's element l being bit g of
+    /// high byte l. Per lane `|Σ₄ q·x_q| ≤ 4 · 31 · 4,227,200 < 2²⁹`: the Horner sums do not
+    /// wrap.
+    pub struct Q5K;
+
+    impl Format for Q5K {
+        const BYTES: usize = 176;
+
+        #[inline(always)]
+        unsafe fn head(b: *const u8) -> (__m512, __m512) {
+            scales_mins(b)
+        }
+
+        #[inline(always)]
+        unsafe fn pair(b: *const u8, c: usize, scales: __m512) -> (__m512i, __m512) {
+            let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i));
+            let (s0, s1) = (2 * c as i64, 2 * c as i64 + 1);
+            let top = _mm512_and_si512(
+                _mm512_srlv_epi64(qh, _mm512_setr_epi64(s0, s0, s0, s0, s1, s1, s1, s1)),
+                _mm512_set1_epi8(1),
+            );
+            let q = _mm512_or_si512(nibble_pair(b, 48 + 32 * c), _mm512_slli_epi16::<4>(top));
+            (q, pair_factors(c, scales))
+        }
+
+        #[inline(always)]
+        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize) -> __m512 {
+            sums32(x, k, i, bi)
         }
     }
 
@@ -405,7 +462,7 @@ mod tests {
             return;
         }
         let mut rng = Rng::new(29);
-        for &dt in &[DType::Q4_K, DType::Q6_K] {
+        for &dt in &[DType::Q4_K, DType::Q5_K, DType::Q6_K] {
             for &k in &[256usize, 768, 2048] {
                 let n = 5;
                 let wf: Vec<f32> = (0..n * k).map(|_| rng.normal() * 0.05).collect();
@@ -516,7 +573,7 @@ mod tests {
             return;
         }
         let k = 512;
-        for &dt in &[DType::Q4_K, DType::Q6_K] {
+        for &dt in &[DType::Q4_K, DType::Q5_K, DType::Q6_K] {
             // Large equal weights quantize to the top code with the top scale.
             let wf: Vec<f32> = (0..k)
                 .map(|j| if j % 3 == 0 { 1.0 } else { 0.999 })
