@@ -38,7 +38,9 @@ pub(crate) const MAX_ROWS: usize = 4;
 pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        isa == super::simd::Isa::Avx512 && matches!(dtype, DType::Q4_K | DType::Q6_K) && has_vnni()
+        isa == super::simd::Isa::Avx512
+            && matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K)
+            && has_vnni()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
