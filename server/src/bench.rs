@@ -145,9 +145,12 @@ struct BenchJson {
     gen_tps_std: f64,
     /// Weight bytes one decode token reads.
     decode_bytes: u64,
-    /// The backend's copy bandwidth (read + write), GB/s; null without generation.
+    /// A device's copy bandwidth (read + write), GB/s; null on a CPU and without generation.
     copy_bandwidth_gbs: Option<f64>,
-    /// The decode rate that bandwidth allows: copy bandwidth / decode bytes.
+    /// A CPU's read bandwidth with the bench's threads, GB/s (its roofline divides by this);
+    /// null on a device and without generation.
+    read_bandwidth_gbs: Option<f64>,
+    /// The decode rate the bandwidth allows: copy (or, on a CPU, read) bandwidth / decode bytes.
     roofline_tps: Option<f64>,
     /// gen_tps / roofline_tps.
     roofline_ratio: Option<f64>,
@@ -252,17 +255,23 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     });
     let (pm, ps) = mean_std(&pp);
     let (gm, gs) = mean_std(&tg);
-    // The roofline: the weights a decode token reads over the measured copy bandwidth.
+    // The roofline: the weights a decode token reads over the measured bandwidth: on a CPU,
+    // what its threads read; on a device, what a copy moves (read and written).
     let decode_bytes = crate::roofline::decode_bytes(&file);
     // Measured after the runs; a device too full for the copy's buffers loses only this.
-    let bandwidth = if a.n_gen > 0 {
-        crate::roofline::copy_bandwidth(engine.forward().executor())
-            .map_err(|e| eprintln!("kiln: copy bandwidth not measured: {e}"))
-            .ok()
-    } else {
-        None
+    let (bandwidth, read_bandwidth) = match (a.n_gen > 0, threads) {
+        (false, _) => (None, None),
+        (true, Some(t)) => (None, Some(crate::roofline::host_read_bandwidth(t))),
+        (true, None) => (
+            crate::roofline::copy_bandwidth(engine.forward().executor())
+                .map_err(|e| eprintln!("kiln: copy bandwidth not measured: {e}"))
+                .ok(),
+            None,
+        ),
     };
-    let roof = bandwidth.map(|bw| bw / decode_bytes.max(1) as f64);
+    let roof = bandwidth
+        .or(read_bandwidth)
+        .map(|bw| bw / decode_bytes.max(1) as f64);
     let name = path
         .file_name()
         .map(|s| s.to_string_lossy().to_string())
@@ -280,6 +289,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             gen_tps_std: gs,
             decode_bytes,
             copy_bandwidth_gbs: bandwidth.map(|b| b / 1e9),
+            read_bandwidth_gbs: read_bandwidth.map(|b| b / 1e9),
             roofline_tps: roof,
             roofline_ratio: roof.map(|r| gm / r),
             launches_per_token: per_token.map(|p| p.0),
@@ -308,10 +318,15 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
                 a.n_gen
             );
         }
-        if let (Some(bw), Some(r)) = (bandwidth, roof) {
+        let rate = match (bandwidth, read_bandwidth) {
+            (Some(bw), _) => Some((bw, "a copy reaches".to_string())),
+            (None, Some(bw)) => Some((bw, format!("{threads} threads read memory at"))),
+            _ => None,
+        };
+        if let (Some((bw, how)), Some(r)) = (rate, roof) {
             println!(
-                "\nroofline: a decode token reads {:.1} MB of weights; at the {:.1} GB/s a copy \
-                 reaches here that allows {r:.1} t/s, and tg{} ran at {:.0}% of it",
+                "\nroofline: a decode token reads {:.1} MB of weights; {how} {:.1} GB/s here, \
+                 which allows {r:.1} t/s, and tg{} ran at {:.0}% of it",
                 decode_bytes as f64 / 1e6,
                 bw / 1e9,
                 a.n_gen,

@@ -36,8 +36,9 @@ enum Command {
     /// the second half of each scored).
     Perplexity(generate::PerplexityArgs),
     /// Prompt-processing and generation speed (tokens per second), and the decode roofline:
-    /// the weight bytes a decode token reads over the backend's measured copy bandwidth, and
-    /// how close generation runs to that bound.
+    /// the weight bytes a decode token reads over the memory bandwidth measured on the spot (on
+    /// a CPU, what its threads read; on a GPU, a device-to-device copy), and how close
+    /// generation runs to that bound.
     Bench(generate::BenchArgs),
     /// The model's architecture, sizes and dtypes, and the backends found with what each supports.
     Info(info::InfoArgs),

@@ -75,6 +75,48 @@ pub fn copy_bandwidth(ex: &Executor) -> Result<f64> {
     Ok(best)
 }
 
+/// The host's memory read bandwidth with `threads` threads: bytes per second that the threads,
+/// each summing its share of a 256 MiB buffer (far past the caches), read together; the best
+/// of three rounds. Decode on a CPU only reads its weights, and a read streams faster than a
+/// copy (which also writes, and reads the destination before writing it), so this is the
+/// CPU's decode bound.
+pub fn host_read_bandwidth(threads: usize) -> f64 {
+    const WORDS: usize = (256 << 20) / 8;
+    let threads = threads.clamp(1, 256);
+    // Distinct values, so that no page is the shared zero page.
+    let buf: Vec<u64> = (0..WORDS as u64).collect();
+    let share = WORDS.div_ceil(threads);
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let total = std::thread::scope(|s| {
+            let parts: Vec<_> = buf
+                .chunks(share)
+                .map(|c| {
+                    s.spawn(move || {
+                        // Eight independent sums: the loop is not one chain of additions.
+                        let mut acc = [0u64; 8];
+                        for w in c.chunks_exact(8) {
+                            for (a, v) in acc.iter_mut().zip(w) {
+                                *a = a.wrapping_add(*v);
+                            }
+                        }
+                        acc.iter().fold(0u64, |a, v| a.wrapping_add(*v))
+                    })
+                })
+                .collect();
+            parts
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0u64, u64::wrapping_add)
+        });
+        std::hint::black_box(total);
+        let secs = t0.elapsed().as_secs_f64();
+        best = best.max((WORDS * 8) as f64 / secs.max(1e-9));
+    }
+    best
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,6 +140,13 @@ mod tests {
         // Tied: the embedding is the head, read whole; no expert counts: experts read whole.
         let tied = [&body[..], &[("token_embd.weight", 6_800)]].concat();
         assert_eq!(weight_bytes(&tied, None), 4_352 + 36_864 + 6_800);
+    }
+
+    #[test]
+    fn the_host_read_bandwidth_is_measured() {
+        let bw = host_read_bandwidth(2);
+        // Any real machine reads faster than 10 MB/s and slower than 10 TB/s.
+        assert!(bw > 1e7 && bw < 1e13, "{bw}");
     }
 
     #[test]
