@@ -204,7 +204,7 @@ pub(crate) unsafe fn rows_dots(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use super::{row_bytes, BLOCK};
     use std::arch::x86_64::*;
 
@@ -236,19 +236,19 @@ mod x86 {
     }
 
     #[inline(always)]
-    unsafe fn f16_at(p: *const u8) -> f32 {
+    pub(crate) unsafe fn f16_at(p: *const u8) -> f32 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
             std::ptr::read_unaligned(p as *const u16) as i32,
         )))
     }
 
     #[inline(always)]
-    unsafe fn u32_at(p: *const u8) -> u32 {
+    pub(crate) unsafe fn u32_at(p: *const u8) -> u32 {
         std::ptr::read_unaligned(p as *const u32)
     }
 
     #[inline(always)]
-    unsafe fn f32_at(p: *const u8) -> f32 {
+    pub(crate) unsafe fn f32_at(p: *const u8) -> f32 {
         std::ptr::read_unaligned(p as *const f32)
     }
 
@@ -260,8 +260,21 @@ mod x86 {
         _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
     }
 
+    /// Q4_K's and Q5_K's 6-bit scales and mins (bytes 4..16 of a block), one byte a group:
+    /// groups 0..4 in the low 6 bits of bytes 0..4 and 4..8; groups 4..8 in the nibbles of
+    /// bytes 8..12, with bits 4 and 5 in the top two bits of bytes 0..4 and 4..8.
     #[inline(always)]
-    unsafe fn prefetch(p: *const u8, bytes: usize) {
+    pub(crate) unsafe fn scales_mins_k4(b: *const u8) -> (u64, u64) {
+        let (w0, w1, w2) = (u32_at(b.add(4)), u32_at(b.add(8)), u32_at(b.add(12)));
+        let sc = (w0 & 0x3f3f_3f3f) as u64
+            | (((w2 & 0x0f0f_0f0f) | (((w0 >> 6) & 0x0303_0303) << 4)) as u64) << 32;
+        let mn = (w1 & 0x3f3f_3f3f) as u64
+            | ((((w2 >> 4) & 0x0f0f_0f0f) | (((w1 >> 6) & 0x0303_0303) << 4)) as u64) << 32;
+        (sc, mn)
+    }
+
+    #[inline(always)]
+    pub(crate) unsafe fn prefetch(p: *const u8, bytes: usize) {
         let mut o = 0;
         while o < bytes {
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + o) as *const i8);
@@ -356,7 +369,7 @@ mod x86 {
 
     /// Pointers to activation row i's parts: digits, sums over 32, sums over 16, block scales.
     #[inline(always)]
-    unsafe fn parts(
+    pub(crate) unsafe fn parts(
         x: *const u8,
         k: usize,
         i: usize,
@@ -429,14 +442,7 @@ mod x86 {
             prefetch(b, 144);
             let d = f16_at(b);
             let dmin = f16_at(b.add(2));
-            // The 6-bit scales and mins: groups 0..4 in the low 6 bits of bytes 0..4 and
-            // 4..8; groups 4..8 in the nibbles of bytes 8..12, with bits 4 and 5 in the top
-            // two bits of bytes 0..4 and 4..8.
-            let (w0, w1, w2) = (u32_at(b.add(4)), u32_at(b.add(8)), u32_at(b.add(12)));
-            let sc = (w0 & 0x3f3f_3f3f) as u64
-                | (((w2 & 0x0f0f_0f0f) | (((w0 >> 6) & 0x0303_0303) << 4)) as u64) << 32;
-            let mn = (w1 & 0x3f3f_3f3f) as u64
-                | ((((w2 >> 4) & 0x0f0f_0f0f) | (((w1 >> 6) & 0x0303_0303) << 4)) as u64) << 32;
+            let (sc, mn) = scales_mins_k4(b);
             // The scales as 16-bit elements 0..8 of both lanes.
             let scv = _mm256_cvtepu8_epi16(_mm_set1_epi64x(sc as i64));
             let mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64)));
@@ -533,129 +539,150 @@ mod x86 {
     }
 }
 
+/// A row kernel's signature (`rows_dots` here and in `qdot_vnni`).
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::cpu::simd;
+pub(crate) type RowsDots = unsafe fn(
+    DType,
+    *const u8,
+    usize,
+    usize,
+    (*const u8, usize),
+    std::ops::Range<usize>,
+    (*mut f32, usize),
+);
+
+/// The integer kernels' shared check: for each of `types` and a few widths, every row of
+/// `kernel` against an f64 dot over the dequantized weights within the bound of the module's
+/// comment (the f32 summation's share bounded generously; activations with outliers, a zero
+/// block and a block of 1e-30 values), and the same bits whatever the number of rows
+/// (1..=`max_rows`) in a call or the weight rows it covers.
+#[cfg(test)]
+pub(crate) fn check_row_kernel(types: &[DType], max_rows: usize, kernel: RowsDots, seed: u64) {
     use crate::quant;
     use crate::rng::Rng;
-
-    /// Every row against an f64 dot over the dequantized weights, within the bound proven in
-    /// the module's comment (with the f32 summation's share bounded generously), and the same
-    /// bits whatever the number of rows in the call.
-    #[test]
-    fn integer_rows_match_an_f64_dot_within_the_bound_and_do_not_depend_on_the_batch() {
-        let types = [DType::Q4_K, DType::Q6_K];
-        if !simd::has_avx2() {
-            eprintln!("skipped: no AVX2 on this CPU");
-            return;
-        }
-        let mut rng = Rng::new(23);
-        for &dt in &types {
-            for &k in &[256usize, 768, 2048] {
-                let n = 5;
-                let wf: Vec<f32> = (0..n * k).map(|_| rng.normal() * 0.05).collect();
-                let wq = quant::quantize(dt, &wf).unwrap();
-                let rb = wq.len() / n;
-                let mut wd = vec![0f32; n * k];
-                quant::dequantize(dt, &wq, &mut wd).unwrap();
-                // Activations with outliers (as real ones have), a block of zeros and one of
-                // tiny values.
-                let m = MAX_ROWS;
-                let mut x: Vec<f32> = (0..m * k)
-                    .map(|j| {
-                        let v = rng.normal();
-                        if j % 97 == 0 {
-                            v * 40.0
-                        } else {
-                            v
-                        }
-                    })
-                    .collect();
-                if k >= 768 {
-                    x[256..512].fill(0.0);
-                    for v in &mut x[k + 512..k + 768] {
-                        *v *= 1e-30;
+    let mut rng = Rng::new(seed);
+    for &dt in types {
+        for &k in &[256usize, 768, 2048] {
+            let n = 5;
+            let wf: Vec<f32> = (0..n * k).map(|_| rng.normal() * 0.05).collect();
+            let wq = quant::quantize(dt, &wf).unwrap();
+            let rb = wq.len() / n;
+            let mut wd = vec![0f32; n * k];
+            quant::dequantize(dt, &wq, &mut wd).unwrap();
+            // Activations with outliers (as real ones have), a block of zeros and one of
+            // tiny values.
+            let m = max_rows;
+            let mut x: Vec<f32> = (0..m * k)
+                .map(|j| {
+                    let v = rng.normal();
+                    if j % 97 == 0 {
+                        v * 40.0
+                    } else {
+                        v
                     }
+                })
+                .collect();
+            if k >= 768 {
+                x[256..512].fill(0.0);
+                for v in &mut x[k + 512..k + 768] {
+                    *v *= 1e-30;
                 }
-                let rl = row_bytes(k);
-                let mut split = vec![0u8; m * rl];
-                for i in 0..m {
-                    split_row(&x[i * k..(i + 1) * k], &mut split[i * rl..(i + 1) * rl]);
-                }
-                let mut full = vec![f32::NAN; m * n];
-                unsafe {
-                    rows_dots(
-                        dt,
-                        split.as_ptr(),
-                        m,
-                        k,
-                        (wq.as_ptr(), rb),
-                        0..n,
-                        (full.as_mut_ptr(), n),
-                    )
-                };
-                for i in 0..m {
-                    for r in 0..n {
-                        let xr = &x[i * k..(i + 1) * k];
-                        let wr = &wd[r * k..(r + 1) * k];
-                        let want: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
-                        let mut bound = 0f64;
-                        for (xb, wb) in xr.chunks(BLOCK).zip(wr.chunks(BLOCK)) {
-                            let mx = xb.iter().fold(0f64, |a, v| a.max(v.abs() as f64));
-                            let sw: f64 = wb.iter().map(|v| v.abs() as f64).sum();
-                            bound += mx * sw * 2f64.powi(-22);
-                        }
-                        let mag: f64 = xr
-                            .iter()
-                            .zip(wr)
-                            .map(|(a, b)| (*a as f64 * *b as f64).abs())
-                            .sum();
-                        // f32 summation of k/256·8 terms and the conversions: far inside 1e-5.
-                        bound += mag * 1e-5;
-                        let got = full[i * n + r] as f64;
-                        assert!(
-                            (got - want).abs() <= bound,
-                            "{dt:?} k={k} row {i} col {r}: {got} vs {want} (bound {bound:e})"
-                        );
-                        // An activation quantized to one int8 part would miss by ~1e-2 of
-                        // `mag`: the bound is far tighter than that.
-                        assert!(
-                            bound < 1e-3 * mag + 1e-12,
-                            "{dt:?}: bound {bound} mag {mag}"
-                        );
+            }
+            let rl = row_bytes(k);
+            let mut split = vec![0u8; m * rl];
+            for i in 0..m {
+                split_row(&x[i * k..(i + 1) * k], &mut split[i * rl..(i + 1) * rl]);
+            }
+            let mut full = vec![f32::NAN; m * n];
+            unsafe {
+                kernel(
+                    dt,
+                    split.as_ptr(),
+                    m,
+                    k,
+                    (wq.as_ptr(), rb),
+                    0..n,
+                    (full.as_mut_ptr(), n),
+                )
+            };
+            for i in 0..m {
+                for r in 0..n {
+                    let xr = &x[i * k..(i + 1) * k];
+                    let wr = &wd[r * k..(r + 1) * k];
+                    let want: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    let mut bound = 0f64;
+                    for (xb, wb) in xr.chunks(BLOCK).zip(wr.chunks(BLOCK)) {
+                        let mx = xb.iter().fold(0f64, |a, v| a.max(v.abs() as f64));
+                        let sw: f64 = wb.iter().map(|v| v.abs() as f64).sum();
+                        bound += mx * sw * 2f64.powi(-22);
                     }
+                    let mag: f64 = xr
+                        .iter()
+                        .zip(wr)
+                        .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                        .sum();
+                    // f32 summation of k/256·8 terms and the conversions: far inside 1e-5.
+                    bound += mag * 1e-5;
+                    let got = full[i * n + r] as f64;
+                    assert!(
+                        (got - want).abs() <= bound,
+                        "{dt:?} k={k} row {i} col {r}: {got} vs {want} (bound {bound:e})"
+                    );
+                    // An activation quantized to one int8 part would miss by ~1e-2 of
+                    // `mag`: the bound is far tighter than that.
+                    assert!(
+                        bound < 1e-3 * mag + 1e-12,
+                        "{dt:?}: bound {bound} mag {mag}"
+                    );
                 }
-                // Fewer rows per call, and a subset of weight rows: the same bits.
-                for mr in 1..=m {
-                    for i0 in (0..m).step_by(mr) {
-                        let rows = mr.min(m - i0);
-                        let mut part = vec![f32::NAN; rows * n];
-                        unsafe {
-                            rows_dots(
-                                dt,
-                                split.as_ptr().add(i0 * rl),
-                                rows,
-                                k,
-                                (wq.as_ptr(), rb),
-                                1..n,
-                                (part.as_mut_ptr(), n),
-                            )
-                        };
-                        for i in 0..rows {
-                            for r in 1..n {
-                                assert_eq!(
-                                    part[i * n + r].to_bits(),
-                                    full[(i0 + i) * n + r].to_bits(),
-                                    "{dt:?} k={k} mr={mr} row {} col {r}",
-                                    i0 + i
-                                );
-                            }
+            }
+            // Fewer rows per call, and a subset of weight rows: the same bits.
+            for mr in 1..=m {
+                for i0 in (0..m).step_by(mr) {
+                    let rows = mr.min(m - i0);
+                    let mut part = vec![f32::NAN; rows * n];
+                    unsafe {
+                        kernel(
+                            dt,
+                            split.as_ptr().add(i0 * rl),
+                            rows,
+                            k,
+                            (wq.as_ptr(), rb),
+                            1..n,
+                            (part.as_mut_ptr(), n),
+                        )
+                    };
+                    for i in 0..rows {
+                        for r in 1..n {
+                            assert_eq!(
+                                part[i * n + r].to_bits(),
+                                full[(i0 + i) * n + r].to_bits(),
+                                "{dt:?} k={k} mr={mr} row {} col {r}",
+                                i0 + i
+                            );
                         }
                     }
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::simd;
+    use crate::rng::Rng;
+
+    /// Every row against an f64 dot over the dequantized weights, within the bound proven in
+    /// the module's comment, and the same bits whatever the number of rows in the call.
+    #[test]
+    fn integer_rows_match_an_f64_dot_within_the_bound_and_do_not_depend_on_the_batch() {
+        if !simd::has_avx2() {
+            eprintln!("skipped: no AVX2 on this CPU");
+            return;
+        }
+        check_row_kernel(&[DType::Q4_K, DType::Q6_K], MAX_ROWS, rows_dots, 23);
     }
 
     /// The vector split writes the scalar split's bytes, on random rows with outliers, a

@@ -28,7 +28,7 @@
 //! rows share the decoded weights, never an accumulator), and every batch size on a CPU that
 //! takes this path runs it: decode, batched decode and prefill give a row the same bits.
 
-use super::qdot_int::{digit_at, row_bytes, BLOCK};
+use super::qdot_int::{digit_at, BLOCK};
 use crate::tensor::DType;
 
 /// Activation rows one call covers at most.
@@ -68,7 +68,7 @@ pub(crate) fn has_vnni() -> bool {
 }
 
 /// `y[i·ldy + r] = x_i · W_r` for the `mr` (1..=4) split activation rows at `x` (stride
-/// [`row_bytes`], made by `qdot_int::split_row`) and each weight row `r` in `rows`, row r being
+/// `qdot_int::row_bytes`, made by `qdot_int::split_row`) and each weight row `r` in `rows`, row r being
 /// `k` elements of `dtype` at `w + r·rb`.
 ///
 /// # Safety
@@ -113,11 +113,9 @@ pub(crate) unsafe fn rows_dots(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{digit_at, row_bytes, BLOCK};
+    use super::super::qdot_int::x86::{f16_at, f32_at, parts, prefetch, scales_mins_k4};
+    use super::{digit_at, BLOCK};
     use std::arch::x86_64::*;
-
-    /// Bytes ahead of the weight block being read that are prefetched.
-    const PREFETCH: usize = 4096;
 
     /// A format's weight side: what one block of one weight row gives the kernel.
     pub trait Format {
@@ -221,46 +219,6 @@ mod x86 {
         }
     }
 
-    #[inline(always)]
-    unsafe fn f16_at(p: *const u8) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-            std::ptr::read_unaligned(p as *const u16) as i32,
-        )))
-    }
-
-    #[inline(always)]
-    unsafe fn u32_at(p: *const u8) -> u32 {
-        std::ptr::read_unaligned(p as *const u32)
-    }
-
-    #[inline(always)]
-    unsafe fn f32_at(p: *const u8) -> f32 {
-        std::ptr::read_unaligned(p as *const f32)
-    }
-
-    #[inline(always)]
-    unsafe fn prefetch(p: *const u8, bytes: usize) {
-        let mut o = 0;
-        while o < bytes {
-            // A prefetch past the end of the weights is harmless (it never faults).
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + o) as *const i8);
-            o += 64;
-        }
-    }
-
-    /// Pointers to activation row i's parts: digits, sums over 32, sums over 16, block scales.
-    #[inline(always)]
-    unsafe fn parts(
-        x: *const u8,
-        k: usize,
-        i: usize,
-    ) -> (*const u8, *const u8, *const u8, *const u8) {
-        let r = x.add(i * row_bytes(k));
-        let s32 = r.add(3 * k);
-        let s16 = s32.add(4 * (k / 32));
-        (r, s32, s16, s16.add(4 * (k / 16)))
-    }
-
     /// `Σ q · x_q` per lane for 64 codes `q` and the three digits `t` of the same 64 elements:
     /// Horner's rule over the digits, exact (the lane bounds are at the formats).
     #[inline(always)]
@@ -293,14 +251,7 @@ mod x86 {
     unsafe fn scales_mins(b: *const u8) -> (__m512, __m512) {
         let d = f16_at(b);
         let dmin = f16_at(b.add(2));
-        // The 6-bit scales and mins: groups 0..4 in the low 6 bits of bytes 0..4 and
-        // 4..8; groups 4..8 in the nibbles of bytes 8..12, with bits 4 and 5 in the top
-        // two bits of bytes 0..4 and 4..8.
-        let (w0, w1, w2) = (u32_at(b.add(4)), u32_at(b.add(8)), u32_at(b.add(12)));
-        let sc = (w0 & 0x3f3f_3f3f) as u64
-            | (((w2 & 0x0f0f_0f0f) | (((w0 >> 6) & 0x0303_0303) << 4)) as u64) << 32;
-        let mn = (w1 & 0x3f3f_3f3f) as u64
-            | ((((w2 >> 4) & 0x0f0f_0f0f) | (((w1 >> 6) & 0x0303_0303) << 4)) as u64) << 32;
+        let (sc, mn) = scales_mins_k4(b);
         let f = |v: u64, s: f32| {
             _mm512_zextps256_ps512(_mm256_mul_ps(
                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64))),
@@ -450,120 +401,21 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::qdot_int::split_row;
+    use crate::cpu::qdot_int::{check_row_kernel, row_bytes, split_row};
     use crate::quant;
     use crate::rng::Rng;
 
     /// Every row against an f64 dot over the dequantized weights, within the bound proven in
-    /// the module's comment (the f32 summation's share bounded generously), and the same bits
-    /// whatever the number of rows in the call or the weight rows it covers.
+    /// the module's comment, and the same bits whatever the number of rows in the call or the
+    /// weight rows it covers.
     #[test]
     fn vnni_rows_match_an_f64_dot_within_the_bound_and_do_not_depend_on_the_batch() {
         if !has_vnni() {
             eprintln!("skipped: no AVX-512 VNNI on this CPU");
             return;
         }
-        let mut rng = Rng::new(29);
-        for &dt in &[DType::Q4_K, DType::Q5_K, DType::Q6_K] {
-            for &k in &[256usize, 768, 2048] {
-                let n = 5;
-                let wf: Vec<f32> = (0..n * k).map(|_| rng.normal() * 0.05).collect();
-                let wq = quant::quantize(dt, &wf).unwrap();
-                let rb = wq.len() / n;
-                let mut wd = vec![0f32; n * k];
-                quant::dequantize(dt, &wq, &mut wd).unwrap();
-                // Activations with outliers, a block of zeros and one of tiny values.
-                let m = MAX_ROWS;
-                let mut x: Vec<f32> = (0..m * k)
-                    .map(|j| {
-                        let v = rng.normal();
-                        if j % 89 == 0 {
-                            v * 50.0
-                        } else {
-                            v
-                        }
-                    })
-                    .collect();
-                if k >= 768 {
-                    x[256..512].fill(0.0);
-                    for v in &mut x[k + 512..k + 768] {
-                        *v *= 1e-30;
-                    }
-                }
-                let rl = row_bytes(k);
-                let mut split = vec![0u8; m * rl];
-                for i in 0..m {
-                    split_row(&x[i * k..(i + 1) * k], &mut split[i * rl..(i + 1) * rl]);
-                }
-                let mut full = vec![f32::NAN; m * n];
-                unsafe {
-                    rows_dots(
-                        dt,
-                        split.as_ptr(),
-                        m,
-                        k,
-                        (wq.as_ptr(), rb),
-                        0..n,
-                        (full.as_mut_ptr(), n),
-                    )
-                };
-                for i in 0..m {
-                    for r in 0..n {
-                        let xr = &x[i * k..(i + 1) * k];
-                        let wr = &wd[r * k..(r + 1) * k];
-                        let want: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
-                        let mut bound = 0f64;
-                        for (xb, wb) in xr.chunks(BLOCK).zip(wr.chunks(BLOCK)) {
-                            let mx = xb.iter().fold(0f64, |a, v| a.max(v.abs() as f64));
-                            let sw: f64 = wb.iter().map(|v| v.abs() as f64).sum();
-                            bound += mx * sw * 2f64.powi(-22);
-                        }
-                        let mag: f64 = xr
-                            .iter()
-                            .zip(wr)
-                            .map(|(a, b)| (*a as f64 * *b as f64).abs())
-                            .sum();
-                        bound += mag * 1e-5;
-                        let got = full[i * n + r] as f64;
-                        assert!(
-                            (got - want).abs() <= bound,
-                            "{dt:?} k={k} row {i} col {r}: {got} vs {want} (bound {bound:e})"
-                        );
-                        assert!(
-                            bound < 1e-3 * mag + 1e-12,
-                            "{dt:?}: bound {bound} mag {mag}"
-                        );
-                    }
-                }
-                for mr in 1..=m {
-                    for i0 in (0..m).step_by(mr) {
-                        let rows = mr.min(m - i0);
-                        let mut part = vec![f32::NAN; rows * n];
-                        unsafe {
-                            rows_dots(
-                                dt,
-                                split.as_ptr().add(i0 * rl),
-                                rows,
-                                k,
-                                (wq.as_ptr(), rb),
-                                1..n,
-                                (part.as_mut_ptr(), n),
-                            )
-                        };
-                        for i in 0..rows {
-                            for r in 1..n {
-                                assert_eq!(
-                                    part[i * n + r].to_bits(),
-                                    full[(i0 + i) * n + r].to_bits(),
-                                    "{dt:?} k={k} mr={mr} row {} col {r}",
-                                    i0 + i
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        let types = [DType::Q4_K, DType::Q5_K, DType::Q6_K];
+        check_row_kernel(&types, MAX_ROWS, rows_dots, 29);
     }
 
     /// Codes at their extremes (all 15 or all 63 with the largest scales) against digits at
