@@ -28,7 +28,6 @@
 //! rows share the decoded weights, never an accumulator), and every batch size on a CPU that
 //! takes this path runs it: decode, batched decode and prefill give a row the same bits.
 
-use super::qdot_int::{digit_at, BLOCK};
 use crate::tensor::DType;
 
 /// Activation rows one call covers at most.
@@ -36,17 +35,9 @@ pub(crate) const MAX_ROWS: usize = 4;
 
 /// Whether [`rows_dots`] handles `dtype` on this CPU (AVX-512 picked, and VNNI present).
 pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        isa == super::simd::Isa::Avx512
-            && matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K)
-            && has_vnni()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (isa, dtype);
-        false
-    }
+    isa == super::simd::Isa::Avx512
+        && matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K)
+        && has_vnni()
 }
 
 /// Whether the CPU has what these kernels use: AVX-512 F, BW, VL and VNNI, FMA and F16C.
@@ -114,7 +105,7 @@ pub(crate) unsafe fn rows_dots(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::qdot_int::x86::{f16_at, f32_at, parts, prefetch, scales_mins_k4};
-    use super::{digit_at, BLOCK};
+    use super::super::qdot_int::{digit_at, BLOCK};
     use std::arch::x86_64::*;
 
     /// A format's weight side: what one block of one weight row gives the kernel.
