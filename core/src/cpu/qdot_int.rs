@@ -208,9 +208,12 @@ pub(crate) mod x86 {
     use super::{row_bytes, BLOCK};
     use std::arch::x86_64::*;
 
-    /// Bytes ahead of the weight block being read that are prefetched (the stream is
-    /// sequential, but one core alone keeps too few misses in flight without help).
-    const PREFETCH: usize = 4096;
+    /// Bytes ahead of the weight block being read that are prefetched into L1, and further
+    /// ahead into L2: one core alone keeps too few misses in flight for the sequential stream.
+    /// 1B Llama Q4_K decode on 2 AVX-512 threads, medians of 5 interleaved rounds: 42.6 t/s
+    /// against 39.2 with one prefetch 4 KiB ahead into L1 (30 t/s with none).
+    const PREFETCH_L1: usize = 1024;
+    const PREFETCH_L2: usize = 8192;
 
     /// A row kernel: `MR` split activation rows (at stride [`row_bytes`]) against one weight row.
     pub type RowFn<const MR: usize> = unsafe fn(*const u8, usize, *const u8) -> [f32; MR];
@@ -277,7 +280,8 @@ pub(crate) mod x86 {
     pub(crate) unsafe fn prefetch(p: *const u8, bytes: usize) {
         let mut o = 0;
         while o < bytes {
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + o) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_L1 + o) as *const i8);
+            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PREFETCH_L2 + o) as *const i8);
             o += 64;
         }
     }
