@@ -299,49 +299,75 @@ mod compile_check {
         }
     }
 
+    /// Every kernel file for every architecture, an architecture a thread (NVRTC programs
+    /// are independent; the check is CI's longest single test when run one after another).
     #[test]
     fn nvrtc_compiles_every_kernel_for_every_architecture() {
         let Some(tc) = toolchain() else { return };
         let nvrtc = Nvrtc::load(&tc.nvrtc).expect("NVRTC loads");
         println!("nvrtc {:?} from {}", nvrtc.version(), tc.nvrtc.display());
+        let (tc, nvrtc) = (&tc, &nvrtc);
+        let per_arch: Vec<(Vec<String>, Vec<String>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = ARCHS
+                .iter()
+                .map(|&arch| s.spawn(move || compile_arch(tc, nvrtc, arch)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("compile thread"))
+                .collect()
+        });
         let mut failures = Vec::new();
-        for arch in ARCHS {
-            let mut kernels = 0;
-            for (file, src) in FILES {
-                let full = source(file).expect("listed");
-                let c = match nvrtc.compile(&tc, file, &full, arch) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        failures.push(e.to_string());
-                        continue;
-                    }
-                };
-                assert!(
-                    c.cubin.starts_with(b"\x7fELF"),
-                    "{file} {arch}: not an ELF cubin"
-                );
-                let usage = ptxas_usage(&c.log);
-                for (name, hot) in entry_points(src) {
-                    let Some(u) = usage.iter().find(|u| u.0 == name) else {
-                        failures.push(format!("{file} {arch}: ptxas reported nothing for {name}"));
-                        continue;
-                    };
-                    kernels += 1;
-                    if hot {
-                        println!("  {arch} {name}: {} registers, {} bytes stack", u.1, u.4);
-                    }
-                    // Spills, or arrays put in local memory (a stack frame), on the decode
-                    // path fail the check.
-                    if hot && (u.2 > 0 || u.3 > 0 || u.4 > 0) {
-                        failures.push(format!(
-                            "{file} {arch}: hot kernel {name} uses local memory ({} registers, {} bytes spilled, {} reloaded, {} bytes of stack)",
-                            u.1, u.2, u.3, u.4
-                        ));
-                    }
-                }
+        for (lines, fails) in per_arch {
+            for l in lines {
+                println!("{l}");
             }
-            println!("nvrtc: compiled {kernels} kernels for {arch}");
+            failures.extend(fails);
         }
         assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    /// One architecture's compile of every kernel file: the lines to print, and the failures.
+    fn compile_arch(tc: &Toolchain, nvrtc: &Nvrtc, arch: &str) -> (Vec<String>, Vec<String>) {
+        let (mut lines, mut failures) = (Vec::new(), Vec::new());
+        let mut kernels = 0;
+        for (file, src) in FILES {
+            let full = source(file).expect("listed");
+            let c = match nvrtc.compile(tc, file, &full, arch) {
+                Ok(c) => c,
+                Err(e) => {
+                    failures.push(e.to_string());
+                    continue;
+                }
+            };
+            if !c.cubin.starts_with(b"\x7fELF") {
+                failures.push(format!("{file} {arch}: not an ELF cubin"));
+                continue;
+            }
+            let usage = ptxas_usage(&c.log);
+            for (name, hot) in entry_points(src) {
+                let Some(u) = usage.iter().find(|u| u.0 == name) else {
+                    failures.push(format!("{file} {arch}: ptxas reported nothing for {name}"));
+                    continue;
+                };
+                kernels += 1;
+                if hot {
+                    lines.push(format!(
+                        "  {arch} {name}: {} registers, {} bytes stack",
+                        u.1, u.4
+                    ));
+                }
+                // Spills, or arrays put in local memory (a stack frame), on the decode
+                // path fail the check.
+                if hot && (u.2 > 0 || u.3 > 0 || u.4 > 0) {
+                    failures.push(format!(
+                        "{file} {arch}: hot kernel {name} uses local memory ({} registers, {} bytes spilled, {} reloaded, {} bytes of stack)",
+                        u.1, u.2, u.3, u.4
+                    ));
+                }
+            }
+        }
+        lines.push(format!("nvrtc: compiled {kernels} kernels for {arch}"));
+        (lines, failures)
     }
 }
