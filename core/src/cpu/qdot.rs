@@ -403,39 +403,49 @@ mod x86 {
         ))
     }
 
+    /// A byte grid (`$n` entries of `$m` coordinate bytes packed little-endian in an integer)
+    /// as f32 coordinates, at compile time (each byte converts exactly).
+    macro_rules! grid_f32 {
+        ($grid:expr, $n:expr, $m:expr) => {{
+            let mut t = [[0f32; $m]; $n];
+            let mut i = 0;
+            while i < $n {
+                let mut j = 0;
+                while j < $m {
+                    t[i][j] = (($grid[i] as u64 >> (8 * j)) & 0xFF) as u8 as f32;
+                    j += 1;
+                }
+                i += 1;
+            }
+            t
+        }};
+    }
+
+    /// Sixteen group factors `$f(s)` for the 4-bit scales `s`, each in all 16 lanes.
+    macro_rules! scale_rows {
+        (|$s:ident| $f:expr) => {{
+            let mut t = [[0f32; 16]; 16];
+            let mut $s = 0;
+            while $s < 16 {
+                t[$s] = [$f; 16];
+                $s += 1;
+            }
+            t
+        }};
+    }
+
     /// IQ2_XXS's grid as f32: entry i is grid point i's eight coordinates, one aligned 32-byte
     /// load (the byte grid needed four scalar loads, a register assembled from them and two
-    /// widenings a group: the decoder was bound by the shuffle unit). 8 KiB, built from the
-    /// byte grid at compile time (each byte converts to f32 exactly).
+    /// widenings a group: the decoder was bound by the shuffle unit). 8 KiB.
     #[repr(C, align(64))]
     struct Iq2xxsF32([[f32; 8]; 256]);
-    static IQ2XXS_F32: Iq2xxsF32 = {
-        use crate::quant::iq_grids::IQ2XXS_GRID;
-        let mut t = [[0f32; 8]; 256];
-        let mut i = 0;
-        while i < 256 {
-            let mut j = 0;
-            while j < 8 {
-                t[i][j] = ((IQ2XXS_GRID[i] >> (8 * j)) & 0xFF) as u8 as f32;
-                j += 1;
-            }
-            i += 1;
-        }
-        Iq2xxsF32(t)
-    };
+    static IQ2XXS_F32: Iq2xxsF32 =
+        Iq2xxsF32(grid_f32!(crate::quant::iq_grids::IQ2XXS_GRID, 256, 8));
 
-    /// IQ2_XXS's sixteen group factors `(0.5 + s) · 0.25`, each in all 16 lanes (exact: s ≤ 15).
+    /// IQ2_XXS's group factors `(0.5 + s) · 0.25` (exact: s ≤ 15).
     #[repr(C, align(64))]
     struct Iq2xxsScales([[f32; 16]; 16]);
-    static IQ2XXS_SCALES: Iq2xxsScales = {
-        let mut t = [[0f32; 16]; 16];
-        let mut s = 0;
-        while s < 16 {
-            t[s] = [(0.5 + s as f32) * 0.25; 16];
-            s += 1;
-        }
-        Iq2xxsScales(t)
-    };
+    static IQ2XXS_SCALES: Iq2xxsScales = Iq2xxsScales(scale_rows!(|s| (0.5 + s as f32) * 0.25));
 
     /// IQ2_XXS: f16 d, then a group's 8 bytes: 4 grid indices (8 values each) and a u32 of
     /// four 7-bit sign indices and the 4-bit scale. A value is `db · coordinate`, negated where
@@ -504,36 +514,15 @@ mod x86 {
     }
 
     /// IQ3_S's grid as f32: entry i is grid point i's four coordinates, one aligned 16-byte
-    /// load (as [`IQ2XXS_F32`], built from the byte grid at compile time).
+    /// load (as [`IQ2XXS_F32`]).
     #[repr(C, align(64))]
     struct Iq3sF32([[f32; 4]; 512]);
-    static IQ3S_F32: Iq3sF32 = {
-        use crate::quant::iq_grids::IQ3S_GRID;
-        let mut t = [[0f32; 4]; 512];
-        let mut i = 0;
-        while i < 512 {
-            let mut j = 0;
-            while j < 4 {
-                t[i][j] = ((IQ3S_GRID[i] >> (8 * j)) & 0xFF) as u8 as f32;
-                j += 1;
-            }
-            i += 1;
-        }
-        Iq3sF32(t)
-    };
+    static IQ3S_F32: Iq3sF32 = Iq3sF32(grid_f32!(crate::quant::iq_grids::IQ3S_GRID, 512, 4));
 
-    /// IQ3_S's sixteen group factors `1 + 2 s`, each in all 16 lanes (exact).
+    /// IQ3_S's group factors `1 + 2 s` (exact).
     #[repr(C, align(64))]
     struct Iq3sScales([[f32; 16]; 16]);
-    static IQ3S_SCALES: Iq3sScales = {
-        let mut t = [[0f32; 16]; 16];
-        let mut s = 0;
-        while s < 16 {
-            t[s] = [(1 + 2 * s) as f32; 16];
-            s += 1;
-        }
-        Iq3sScales(t)
-    };
+    static IQ3S_SCALES: Iq3sScales = Iq3sScales(scale_rows!(|s| (1 + 2 * s) as f32));
 
     /// IQ3_S: f16 d, 64 index bytes, 8 bytes of their ninth bits, 32 bytes of signs, 4 bytes
     /// of 4-bit group scales. Group g: 8 grid points of 4 values, `d · (1 + 2 s)` each (one
