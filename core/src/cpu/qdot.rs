@@ -499,18 +499,34 @@ mod x86 {
     #[inline(always)]
     unsafe fn iq2xxs_signs(q: *const u8) -> __m512i {
         let a = _mm512_srli_epi64::<32>(_mm512_loadu_si512(q as *const __m512i));
-        let c = |v: i64| _mm512_set1_epi64(v);
-        // (x & m) | y, one instruction.
-        let and_or = |x, m, y| _mm512_ternarylogic_epi64::<0xEA>(x, m, y);
-        let s = _mm512_and_si512(a, c(0x7F));
-        let s = and_or(_mm512_slli_epi64::<1>(a), c(0x7F00), s);
-        let s = and_or(_mm512_slli_epi64::<2>(a), c(0x7F_0000), s);
-        let s = and_or(_mm512_slli_epi64::<3>(a), c(0x7F00_0000), s);
+        // (x & m) | y in one instruction each (no closures: their intrinsics were left as
+        // calls elsewhere in this file).
+        const AND_OR: i32 = 0xEA;
+        let s = _mm512_and_si512(a, _mm512_set1_epi64(0x7F));
+        let s = _mm512_ternarylogic_epi64::<AND_OR>(
+            _mm512_slli_epi64::<1>(a),
+            _mm512_set1_epi64(0x7F00),
+            s,
+        );
+        let s = _mm512_ternarylogic_epi64::<AND_OR>(
+            _mm512_slli_epi64::<2>(a),
+            _mm512_set1_epi64(0x7F_0000),
+            s,
+        );
+        let s = _mm512_ternarylogic_epi64::<AND_OR>(
+            _mm512_slli_epi64::<3>(a),
+            _mm512_set1_epi64(0x7F00_0000),
+            s,
+        );
         // Bit 0 of each byte: the parity of the byte.
         let p = _mm512_xor_si512(s, _mm512_srli_epi64::<4>(s));
         let p = _mm512_xor_si512(p, _mm512_srli_epi64::<2>(p));
         let p = _mm512_xor_si512(p, _mm512_srli_epi64::<1>(p));
-        and_or(_mm512_slli_epi64::<7>(p), c(0x8080_8080), s)
+        _mm512_ternarylogic_epi64::<AND_OR>(
+            _mm512_slli_epi64::<7>(p),
+            _mm512_set1_epi64(0x8080_8080),
+            s,
+        )
     }
 
     /// IQ3_S's grid as f32: entry i is grid point i's four coordinates, one aligned 16-byte
