@@ -111,8 +111,8 @@ unsafe fn iq2xxs_points(p: *const u8) -> __m512 {
 #[inline(always)]
 unsafe fn iq2xxs_signs(q: *const u8) -> __m512i {
     let a = _mm512_srli_epi64::<32>(_mm512_loadu_si512(q as *const __m512i));
-    // (x & m) | y in one instruction each (no closures: their intrinsics were left as
-    // calls elsewhere in this file).
+    // (x & m) | y in one instruction each (written out, not as a closure: a closure's
+    // intrinsics can be left as calls).
     const AND_OR: i32 = 0xEA;
     let s = _mm512_and_si512(a, _mm512_set1_epi64(0x7F));
     let s = _mm512_ternarylogic_epi64::<AND_OR>(
