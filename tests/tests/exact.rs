@@ -254,3 +254,13 @@ fn smollm2_with_q6_k_matrices_matches_an_f64_forward() {
 fn smollm2_with_q8_0_matrices_matches_an_f64_forward() {
     smollm2_as(DType::Q8_0);
 }
+
+/// The other formats that take the integer kernels on AVX-512 VNNI (Q8_0 above): Q5_1 in every
+/// matrix, IQ4_XS in the FFN down projections.
+#[test]
+fn smollm2_with_q5_1_and_iq4_xs_matrices_matches_an_f64_forward() {
+    for dtype in [DType::Q5_1, DType::IQ4_XS] {
+        println!("{dtype:?}");
+        smollm2_as(dtype);
+    }
+}

@@ -272,14 +272,19 @@ pub(crate) fn gemm(
     // K-quants on AVX2, and on AVX-512 with VNNI: integer dot products over activations split
     // into three byte digits (`qdot_int`, `qdot_vnni`: within the f32 bound). Every batch size
     // runs the same row kernel, so a row's bits never depend on the batch.
-    let vnni = qdot_vnni::supported(isa, dtype);
-    if (vnni || qdot_int::supported(isa, dtype)) && k.is_multiple_of(qdot_int::BLOCK) {
+    // On AVX-512 VNNI also Q8_0, Q5_1 and IQ4_XS (`qdot_vnni::split` says why not the others).
+    let vnni = qdot_vnni::supported(isa, dtype) && qdot_vnni::fits(dtype, k);
+    let int = qdot_int::supported(isa, dtype) && k.is_multiple_of(qdot_int::BLOCK);
+    if vnni || int {
+        let how = qdot_vnni::split(dtype)
+            .filter(|_| vnni)
+            .unwrap_or(qdot_int::K_SPLIT);
         let rl = qdot_int::row_bytes(k);
         let mut xs = SPLIT_X.with(|c| c.take());
         xs.resize(m * rl, 0);
         pool::par_rows(&mut xs[..], rl, norm::PAR_MIN, |r0, rows| {
             for (r, dst) in rows.chunks_exact_mut(rl).enumerate() {
-                qdot_int::split_row(&x[(r0 + r) * k..(r0 + r + 1) * k], dst);
+                qdot_int::split_row(&x[(r0 + r) * k..(r0 + r + 1) * k], dst, how);
             }
         });
         let xp = pool::SendPtr(xs.as_ptr() as *mut u8);

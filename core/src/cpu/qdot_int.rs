@@ -73,8 +73,24 @@ pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
 /// of each digit, see [`digit_at`]); then the sums of `x_q` over each group of 32 as f32
 /// (`k / 32`), over each group of 16 (`k / 16`), and the block scales `s` as f32 (`k / 256`).
 pub(crate) fn row_bytes(k: usize) -> usize {
-    3 * k + 4 * (k / 32) + 4 * (k / 16) + 4 * (k / BLOCK)
+    3 * k + 4 * (k / 32) + 4 * (k / 16) + 4 * (k / 32)
 }
+
+/// How a row is split: the integers' range, `|x_q| ≤ 2^q_bits`, and whether each group of 32
+/// has its own scale (else each block of 256 has one; the scales region holds `k / 32`
+/// entries either way).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Split {
+    pub q_bits: i32,
+    pub group_scales: bool,
+}
+
+/// The K-quant kernels' split: `|x_q| ≤ 2²²`, a scale per block (see the module's comment).
+/// The VNNI kernels for the formats with blocks of 32 take their own (`qdot_vnni`).
+pub(crate) const K_SPLIT: Split = Split {
+    q_bits: 22,
+    group_scales: false,
+};
 
 /// Where digit `t` (0, 1, 2) of group `g` (32 elements) starts in a split row: groups are
 /// paired, `2g` and `2g + 1` side by side for each digit, so one 64-byte load holds a digit of
@@ -94,52 +110,77 @@ fn balanced(v: i32) -> (i32, i32) {
     (t, (v - t) >> 8)
 }
 
-/// Splits one activation row `x` (`k` a multiple of 256) into `out` ([`row_bytes`] long).
+/// Splits one activation row `x` (`k` a multiple of 64; the last block of 256 may be short)
+/// into `out` ([`row_bytes`] long), with integers `|x_q| ≤ 2^q_bits` (`q_bits` 21 or 22): the
+/// scale of a block (or of a group, with `group_scales`) is `2^(E − q_bits + 1)` for its
+/// maximum `M` in `[2^E, 2^(E+1))`, so `|ε_j| ≤ 2^-q_bits · M`, and the top digit is at most
+/// `2^(q_bits − 16)`.
 ///
-/// A block holding a NaN or an infinity gets the scale NaN, so its dots are NaN (as an f32
-/// product with such an activation would be NaN or infinite).
-pub(crate) fn split_row(x: &[f32], out: &mut [u8]) {
+/// A block (group) holding a NaN or an infinity gets the scale NaN, so its dots are NaN (as an
+/// f32 product with such an activation would be NaN or infinite).
+pub(crate) fn split_row(x: &[f32], out: &mut [u8], how: Split) {
+    debug_assert!(x.len().is_multiple_of(64) && (21..=22).contains(&how.q_bits));
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2")
-        && x.len().is_multiple_of(BLOCK)
+        && x.len().is_multiple_of(64)
         && out.len() >= row_bytes(x.len())
     {
         // SAFETY: AVX2 is present; the lengths are as `split_avx2` needs.
-        unsafe { x86::split_avx2(x, out) };
+        unsafe { x86::split_avx2(x, out, how) };
         return;
     }
-    split_scalar(x, out);
+    split_scalar(x, out, how);
+}
+
+/// The scale `2^e` for a block or group whose largest magnitude is `m` (NaN where `finite` is
+/// false), and `2^-e` (0 there): `e = E − q_bits + 1` for `m` in `[2^E, 2^(E+1))`, kept where
+/// `2^e` and `2^-e` are both normal f32 (a subnormal or zero m counts as tiny, so below
+/// `M = 2^-104` the step stays `2^-126`).
+fn scale_of(m: f32, finite: bool, q_bits: i32) -> (f32, f32) {
+    let big_e = ((m.to_bits() >> 23) & 0xFF) as i32 - 127;
+    let e = (big_e - q_bits + 1).clamp(-126, 126);
+    if finite {
+        (pow2(e), pow2(-e))
+    } else {
+        (f32::NAN, 0.0)
+    }
 }
 
 /// [`split_row`] one element at a time: the definition the vector split must match byte for
 /// byte.
-fn split_scalar(x: &[f32], out: &mut [u8]) {
+fn split_scalar(x: &[f32], out: &mut [u8], how: Split) {
     let k = x.len();
     let (digits, rest) = out.split_at_mut(3 * k);
     let (sums32, rest) = rest.split_at_mut(4 * (k / 32));
     let (sums16, scales) = rest.split_at_mut(4 * (k / 16));
-    for (b, xb) in x.chunks_exact(BLOCK).enumerate() {
-        let m = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-        // A NaN is lost by `max`: look for one.
-        let finite = m.is_finite() && xb.iter().all(|v| !v.is_nan());
-        // E: the exponent of m (a subnormal or zero m counts as tiny); e = E - 21, kept where
-        // 2^e and 2^-e are both normal f32 (so below M = 2^-104 the step stays 2^-126).
-        let big_e = ((m.to_bits() >> 23) & 0xFF) as i32 - 127;
-        let e = (big_e - 21).clamp(-126, 126);
-        let (s, inv) = if finite {
-            (pow2(e), pow2(-e))
-        } else {
-            (f32::NAN, 0.0)
-        };
-        scales[4 * b..4 * b + 4].copy_from_slice(&s.to_le_bytes());
+    // With a scale per block, the entries past the blocks' are zeros.
+    scales.fill(0);
+    // The largest magnitude, and whether all are finite (a NaN is lost by `max`).
+    let top = |xs: &[f32]| {
+        let m = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        (m, m.is_finite() && xs.iter().all(|v| !v.is_nan()))
+    };
+    for (b, xb) in x.chunks(BLOCK).enumerate() {
+        let (m, finite) = top(xb);
+        let mut scale = scale_of(m, finite, how.q_bits);
+        if !how.group_scales {
+            scales[4 * b..4 * b + 4].copy_from_slice(&scale.0.to_le_bytes());
+        }
         for (g, xg) in xb.chunks_exact(32).enumerate() {
             let gi = b * (BLOCK / 32) + g;
+            if how.group_scales {
+                let (m, finite) = top(xg);
+                scale = scale_of(m, finite, how.q_bits);
+                scales[4 * gi..4 * gi + 4].copy_from_slice(&scale.0.to_le_bytes());
+            }
+            let inv = scale.1;
             let (d0, d1, d2) = (digit_at(gi, 0), digit_at(gi, 1), digit_at(gi, 2));
             let mut half = [0i32; 2];
             for (j, v) in xg.iter().enumerate() {
-                // |v · 2^-e| < 2^22, so |q| ≤ 2^22: t0 and t1 are balanced bytes and the rest
-                // |t2| ≤ (2^14 + 1/2) / 2^8 rounds to at most 64. A non-finite block is all
-                // zeros (inv = 0; NaN · 0 is NaN, which `as` turns into 0).
+                // |v · 2^-e| < 2^q_bits, so |q| ≤ 2^q_bits: t0 and t1 are balanced bytes and
+                // the rest |t2| ≤ (2^(q_bits - 8) + 1/2) / 2^8 rounds to at most
+                // 2^(q_bits - 16). A non-finite block is all zeros (inv = 0; NaN · 0 is NaN,
+                // which `as` turns into 0).
                 let q = (v * inv).round_ties_even() as i32;
                 half[j / 16] += q;
                 let (t0, r) = balanced(q);
@@ -292,50 +333,71 @@ pub(crate) mod x86 {
     /// and the integer digit and sum arithmetic is exact.
     ///
     /// # Safety
-    /// The CPU has AVX2; `x.len()` is a multiple of 256 and `out` holds [`row_bytes`] of it.
+    /// The CPU has AVX2; `x.len()` is a multiple of 64 and `out` holds [`row_bytes`] of it.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn split_avx2(x: &[f32], out: &mut [u8]) {
+    pub unsafe fn split_avx2(x: &[f32], out: &mut [u8], how: super::Split) {
         let k = x.len();
         let (digits, rest) = out.split_at_mut(3 * k);
         let (sums32, rest) = rest.split_at_mut(4 * (k / 32));
         let (sums16, scales) = rest.split_at_mut(4 * (k / 16));
+        scales.fill(0);
         let abs_mask = _mm256_set1_ps(f32::from_bits(0x7FFF_FFFF));
-        for (b, xb) in x.chunks_exact(BLOCK).enumerate() {
+        for (b, xb) in x.chunks(BLOCK).enumerate() {
             let xp = xb.as_ptr();
-            let mut mx = _mm256_setzero_ps();
-            let mut bad = _mm256_setzero_ps();
-            for j in (0..BLOCK).step_by(8) {
-                let v = _mm256_loadu_ps(xp.add(j));
-                let a = _mm256_and_ps(v, abs_mask);
-                mx = _mm256_max_ps(mx, a);
-                // NaN or infinite: |v| is not below infinity (an unordered compare is true).
-                bad = _mm256_or_ps(
-                    bad,
-                    _mm256_cmp_ps::<_CMP_NLT_UQ>(a, _mm256_set1_ps(f32::INFINITY)),
-                );
+            let groups = xb.len() / 32;
+            // Each group's largest magnitude and whether it is all finite.
+            let mut gmax = [0f32; 8];
+            let mut gfinite = [true; 8];
+            for g in 0..groups {
+                let mut mx = _mm256_setzero_ps();
+                let mut bad = _mm256_setzero_ps();
+                for c in 0..4 {
+                    let a = _mm256_and_ps(_mm256_loadu_ps(xp.add(32 * g + 8 * c)), abs_mask);
+                    mx = _mm256_max_ps(mx, a);
+                    // NaN or infinite: |v| is not below infinity (an unordered compare is true).
+                    bad = _mm256_or_ps(
+                        bad,
+                        _mm256_cmp_ps::<_CMP_NLT_UQ>(a, _mm256_set1_ps(f32::INFINITY)),
+                    );
+                }
+                let mut lanes = [0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), mx);
+                gmax[g] = lanes.iter().fold(0f32, |m, v| m.max(*v));
+                gfinite[g] = _mm256_movemask_ps(bad) == 0;
             }
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), mx);
-            let m = lanes.iter().fold(0f32, |m, v| m.max(*v));
-            let finite = _mm256_movemask_ps(bad) == 0;
-            let big_e = ((m.to_bits() >> 23) & 0xFF) as i32 - 127;
-            let e = (big_e - 21).clamp(-126, 126);
-            let s = if finite { super::pow2(e) } else { f32::NAN };
-            scales[4 * b..4 * b + 4].copy_from_slice(&s.to_le_bytes());
+            let block = super::scale_of(
+                gmax.iter().fold(0f32, |m, v| m.max(*v)),
+                gfinite.iter().all(|f| *f),
+                how.q_bits,
+            );
+            if !how.group_scales {
+                scales[4 * b..4 * b + 4].copy_from_slice(&block.0.to_le_bytes());
+            }
             let gd = digits.as_mut_ptr().add(96 * 8 * b);
             let g32 = sums32.as_mut_ptr().add(4 * 8 * b) as *mut i32;
             let g16 = sums16.as_mut_ptr().add(4 * 16 * b) as *mut i32;
-            if !finite {
-                std::ptr::write_bytes(gd, 0, 96 * 8);
-                std::ptr::write_bytes(g32 as *mut u8, 0, 4 * 8);
-                std::ptr::write_bytes(g16 as *mut u8, 0, 4 * 16);
-                continue;
-            }
-            let inv = _mm256_set1_ps(super::pow2(-e));
             let (c128, c255) = (_mm256_set1_epi32(128), _mm256_set1_epi32(255));
             // packs interleave 128-bit lanes: this puts the 32 bytes back in element order.
             let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-            for g in 0..8 {
+            for g in 0..groups {
+                let (s, inv) = if how.group_scales {
+                    let sc = super::scale_of(gmax[g], gfinite[g], how.q_bits);
+                    let at = 4 * (8 * b + g);
+                    scales[at..at + 4].copy_from_slice(&sc.0.to_le_bytes());
+                    sc
+                } else {
+                    block
+                };
+                if s.is_nan() {
+                    for d in 0..3 {
+                        std::ptr::write_bytes(gd.add(super::digit_at(g, d)), 0, 32);
+                    }
+                    std::ptr::write_unaligned(g32.add(g), 0);
+                    std::ptr::write_unaligned(g16.add(2 * g), 0);
+                    std::ptr::write_unaligned(g16.add(2 * g + 1), 0);
+                    continue;
+                }
+                let inv = _mm256_set1_ps(inv);
                 let mut t = [[_mm256_setzero_si256(); 4]; 3];
                 let mut sum = [_mm256_setzero_si256(); 2];
                 for c in 0..4 {
@@ -557,16 +619,35 @@ pub(crate) type RowsDots = unsafe fn(
 
 /// The integer kernels' shared check: for each of `types` and a few widths, every row of
 /// `kernel` against an f64 dot over the dequantized weights within the bound of the module's
-/// comment (the f32 summation's share bounded generously; activations with outliers, a zero
-/// block and a block of 1e-30 values), and the same bits whatever the number of rows
-/// (1..=`max_rows`) in a call or the weight rows it covers.
+/// comment for activations split as `how(dtype)` says (the f32 summation's share bounded
+/// generously; activations with outliers, a zero block and a block of 1e-30 values), and the
+/// same bits whatever the number of rows (1..=`max_rows`) in a call or the weight rows it
+/// covers. Formats with blocks of 32 also run widths that end in a short block of 256.
 #[cfg(test)]
-pub(crate) fn check_row_kernel(types: &[DType], max_rows: usize, kernel: RowsDots, seed: u64) {
+pub(crate) fn check_row_kernel(
+    types: &[DType],
+    max_rows: usize,
+    kernel: RowsDots,
+    how: fn(DType) -> Split,
+    seed: u64,
+) {
     use crate::quant;
     use crate::rng::Rng;
     let mut rng = Rng::new(seed);
     for &dt in types {
-        for &k in &[256usize, 768, 2048] {
+        let widths: &[usize] = if dt.block_size() == 32 {
+            &[64, 576, 832, 2048]
+        } else {
+            &[256, 768, 2048]
+        };
+        let split_how = how(dt);
+        // Elements per scale, and the splitting error's bound per unit of the largest
+        // activation under one scale.
+        let (per, step) = (
+            if split_how.group_scales { 32 } else { BLOCK },
+            2f64.powi(-split_how.q_bits),
+        );
+        for &k in widths {
             let n = 5;
             let wf: Vec<f32> = (0..n * k).map(|_| rng.normal() * 0.05).collect();
             let wq = quant::quantize(dt, &wf).unwrap();
@@ -595,7 +676,11 @@ pub(crate) fn check_row_kernel(types: &[DType], max_rows: usize, kernel: RowsDot
             let rl = row_bytes(k);
             let mut split = vec![0u8; m * rl];
             for i in 0..m {
-                split_row(&x[i * k..(i + 1) * k], &mut split[i * rl..(i + 1) * rl]);
+                split_row(
+                    &x[i * k..(i + 1) * k],
+                    &mut split[i * rl..(i + 1) * rl],
+                    split_how,
+                );
             }
             let mut full = vec![f32::NAN; m * n];
             unsafe {
@@ -615,10 +700,10 @@ pub(crate) fn check_row_kernel(types: &[DType], max_rows: usize, kernel: RowsDot
                     let wr = &wd[r * k..(r + 1) * k];
                     let want: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
                     let mut bound = 0f64;
-                    for (xb, wb) in xr.chunks(BLOCK).zip(wr.chunks(BLOCK)) {
+                    for (xb, wb) in xr.chunks(per).zip(wr.chunks(per)) {
                         let mx = xb.iter().fold(0f64, |a, v| a.max(v.abs() as f64));
                         let sw: f64 = wb.iter().map(|v| v.abs() as f64).sum();
-                        bound += mx * sw * 2f64.powi(-22);
+                        bound += mx * sw * step;
                     }
                     let mag: f64 = xr
                         .iter()
@@ -686,7 +771,13 @@ mod tests {
             eprintln!("skipped: no AVX2 on this CPU");
             return;
         }
-        check_row_kernel(&[DType::Q4_K, DType::Q6_K], MAX_ROWS, rows_dots, 23);
+        check_row_kernel(
+            &[DType::Q4_K, DType::Q6_K],
+            MAX_ROWS,
+            rows_dots,
+            |_| K_SPLIT,
+            23,
+        );
     }
 
     /// The vector split writes the scalar split's bytes, on random rows with outliers, a
@@ -698,8 +789,17 @@ mod tests {
             return;
         }
         let mut rng = Rng::new(41);
-        for case in 0..40 {
-            let k = 256 * (1 + case % 5);
+        for case in 0..48 {
+            // Whole blocks of 256 and rows ending in a short block; both ranges of x_q.
+            let k = if case % 2 == 0 {
+                256 * (1 + case % 5)
+            } else {
+                64 * (1 + case % 13)
+            };
+            let how = Split {
+                q_bits: if case % 3 == 0 { 21 } else { 22 },
+                group_scales: case % 4 == 1,
+            };
             let mut x: Vec<f32> = (0..k)
                 .map(|j| {
                     let v = rng.normal() * 2f32.powi((case as i32 % 9) - 4);
@@ -711,14 +811,14 @@ mod tests {
                 })
                 .collect();
             match case % 8 {
-                1 => x[..256].fill(0.0),
+                1 => x[..64].fill(0.0),
                 2 => x[3] = f32::NAN,
                 3 => x[k - 1] = f32::NEG_INFINITY,
                 4 => x.iter_mut().for_each(|v| *v *= 1e-41),
                 5 => {
                     // Exact halves of the step: rounding ties.
                     x[0] = 1024.0;
-                    for (j, v) in x[1..256].iter_mut().enumerate() {
+                    for (j, v) in x[1..64].iter_mut().enumerate() {
                         *v = (j as f32 - 100.0) * 2f32.powi(-12) + 2f32.powi(-13);
                     }
                 }
@@ -726,57 +826,75 @@ mod tests {
             }
             let mut a = vec![0xAAu8; row_bytes(k)];
             let mut b = vec![0x55u8; row_bytes(k)];
-            split_scalar(&x, &mut a);
-            unsafe { x86::split_avx2(&x, &mut b) };
-            assert!(a == b, "case {case}: the splits differ");
+            split_scalar(&x, &mut a, how);
+            unsafe { x86::split_avx2(&x, &mut b, how) };
+            assert!(a == b, "case {case} ({how:?}): the splits differ");
         }
     }
 
+    /// For both ranges of the integers, scales per block and per group, and a row ending in a
+    /// short block: each element within half a step, the digits within their ranges, the sums
+    /// exact, a NaN block (group) NaN and its neighbours not.
     #[test]
     fn split_digits_rebuild_the_row_within_half_a_step() {
         let mut rng = Rng::new(5);
-        let k = 512;
-        let mut x: Vec<f32> = (0..k).map(|_| rng.normal() * 3.0).collect();
-        x[7] = -1000.0;
-        x[300] = f32::MIN_POSITIVE / 8.0;
-        let mut out = vec![0u8; row_bytes(k)];
-        split_row(&x, &mut out);
-        let scales = 3 * k + 4 * (k / 32) + 4 * (k / 16);
-        let mut sums = [vec![0i64; k / 32], vec![0i64; k / 16]];
-        for b in 0..k / BLOCK {
-            let s = f32::from_le_bytes(out[scales + 4 * b..][..4].try_into().unwrap());
-            let mx = x[b * BLOCK..(b + 1) * BLOCK]
-                .iter()
-                .fold(0f32, |a, v| a.max(v.abs()));
-            assert!(
-                s as f64 <= mx as f64 * 2f64.powi(-20) && s > 0.0,
-                "block {b}: s {s}"
-            );
-            for j in b * BLOCK..(b + 1) * BLOCK {
-                let (g, l) = (j / 32, j % 32);
-                let t = |d: usize| out[digit_at(g, d) + l] as i8 as i64;
-                assert!(t(2).abs() <= 64);
-                let q = t(2) * 65536 + t(1) * 256 + t(0);
-                assert!(q.abs() <= 1 << 22);
-                let err = (q as f64 * s as f64 - x[j] as f64).abs();
-                assert!(err <= s as f64 / 2.0, "element {j}: {err} vs step {s}");
-                sums[0][j / 32] += q;
-                sums[1][j / 16] += q;
+        let cases = [
+            (512, 22, false),
+            (576, 21, false),
+            (576, 22, false),
+            (576, 21, true),
+        ];
+        for (k, q_bits, group_scales) in cases {
+            let how = Split {
+                q_bits,
+                group_scales,
+            };
+            let per = if group_scales { 32 } else { BLOCK };
+            let mut x: Vec<f32> = (0..k).map(|_| rng.normal() * 3.0).collect();
+            x[7] = -1000.0;
+            x[300] = f32::MIN_POSITIVE / 8.0;
+            x[k - 3] = 700.0;
+            let mut out = vec![0u8; row_bytes(k)];
+            split_row(&x, &mut out, how);
+            let scales = 3 * k + 4 * (k / 32) + 4 * (k / 16);
+            let scale = |out: &[u8], b: usize| {
+                f32::from_le_bytes(out[scales + 4 * b..][..4].try_into().unwrap())
+            };
+            let mut sums = [vec![0i64; k / 32], vec![0i64; k / 16]];
+            for b in 0..k.div_ceil(per) {
+                let s = scale(&out, b);
+                let xb = &x[b * per..((b + 1) * per).min(k)];
+                let mx = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+                assert!(
+                    s as f64 <= mx as f64 * 2f64.powi(2 - q_bits) && s > 0.0,
+                    "block {b}: s {s}"
+                );
+                for j in b * per..b * per + xb.len() {
+                    let (g, l) = (j / 32, j % 32);
+                    let t = |d: usize| out[digit_at(g, d) + l] as i8 as i64;
+                    assert!(t(2).abs() <= 1 << (q_bits - 16));
+                    let q = t(2) * 65536 + t(1) * 256 + t(0);
+                    assert!(q.abs() <= 1 << q_bits);
+                    let err = (q as f64 * s as f64 - x[j] as f64).abs();
+                    assert!(err <= s as f64 / 2.0, "element {j}: {err} vs step {s}");
+                    sums[0][j / 32] += q;
+                    sums[1][j / 16] += q;
+                }
             }
-        }
-        // The sums over each 32 and each 16 (exact integers, rounded once to f32).
-        let mut at = 3 * k;
-        for part in &sums {
-            for (g, want) in part.iter().enumerate() {
-                let got = f32::from_le_bytes(out[at + 4 * g..][..4].try_into().unwrap());
-                assert_eq!(got, *want as f32, "sum {g} of {}", k / part.len());
+            // The sums over each 32 and each 16 (exact integers, rounded once to f32).
+            let mut at = 3 * k;
+            for part in &sums {
+                for (g, want) in part.iter().enumerate() {
+                    let got = f32::from_le_bytes(out[at + 4 * g..][..4].try_into().unwrap());
+                    assert_eq!(got, *want as f32, "sum {g} of {}", k / part.len());
+                }
+                at += 4 * part.len();
             }
-            at += 4 * part.len();
+            // A block (group) with a NaN gives NaN dots; the next one keeps its scale.
+            x[3] = f32::NAN;
+            split_row(&x, &mut out, how);
+            assert!(scale(&out, 0).is_nan());
+            assert!(scale(&out, 1).is_finite());
         }
-        // A block with a NaN gives NaN dots.
-        x[3] = f32::NAN;
-        split_row(&x, &mut out);
-        let s = f32::from_le_bytes(out[scales..][..4].try_into().unwrap());
-        assert!(s.is_nan());
     }
 }

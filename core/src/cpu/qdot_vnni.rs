@@ -1,5 +1,5 @@
-//! Integer dot products for the K-quants (Q4_K, Q5_K, Q6_K) on AVX-512 CPUs with VNNI, within
-//! the f32 bound.
+//! Integer dot products for the K-quants (Q4_K, Q5_K, Q6_K), Q8_0, Q5_1 and IQ4_XS on AVX-512
+//! CPUs with VNNI, within the f32 bound.
 //!
 //! The activations are split as for the AVX2 kernels (`qdot_int`: per block of 256, `x_j =
 //! s · (t2_j · 2¹⁶ + t1_j · 2⁸ + t0_j) + ε_j` with signed-byte digits and `|ε_j| ≤ 2⁻²² · M`),
@@ -23,11 +23,25 @@
 //! f32 rounding of a dot of that length, checked here row by row against an f64 dot and end to
 //! end by `tests/exact.rs`.
 //!
+//! # Q8_0, Q5_1, IQ4_XS
+//! These rows are whole groups of 32 (k a multiple of 64: a row of 576 ends in a short chunk
+//! of two groups), each group with its own f16 factor, and their activations are split with a
+//! scale per group (`s_g`, see [`split`]): `|ε_j| ≤ 2^-b · M_g` for the group's largest
+//! `|x|`, `b` = 21 or 22. Signed 8-bit weights (Q8_0's codes, IQ4's levels) enter
+//! `vpdpbusd` as unsigned bytes `q + 128` and the offset `128 · d · s_g · Σ_g x_q` is
+//! subtracted per group, as Q4_K's mins are; the lane bound `4 · 255 · 2²¹ < 2³¹` is why
+//! their split keeps 21 bits. The factor `d · s_g` (and `d · (ls − 32) · s_g`) is exact (a
+//! power-of-two scaling of an exact product) short of the subnormal range. So
+//! `|result − Σ w_j x_j| ≤ Σ_groups 2^-b · M_g · Σ_g |w_j|` plus the f32 roundings (the
+//! conversion of a lane is a relative 2⁻²⁴ of `Σ₄ |q + 128| · |x_q|`, at most twice the
+//! largest weight magnitude's share).
+//!
 //! # Same bits in every batch
 //! A row's sums run in the same order whatever the number of activation rows in a call (the
 //! rows share the decoded weights, never an accumulator), and every batch size on a CPU that
 //! takes this path runs it: decode, batched decode and prefill give a row the same bits.
 
+use super::qdot_int::Split;
 use crate::tensor::DType;
 
 /// Activation rows one call covers at most.
@@ -35,9 +49,39 @@ pub(crate) const MAX_ROWS: usize = 4;
 
 /// Whether [`rows_dots`] handles `dtype` on this CPU (AVX-512 picked, and VNNI present).
 pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
-    isa == super::simd::Isa::Avx512
-        && matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K)
-        && has_vnni()
+    isa == super::simd::Isa::Avx512 && split(dtype).is_some() && has_vnni()
+}
+
+/// The activation split (`qdot_int::split_row`) that `dtype`'s kernel takes, if it has one.
+/// The K-quants: 22-bit integers, a scale per block of 256. Q8_0, Q5_1 and IQ4_XS: a scale per
+/// group of 32 (an outlier then coarsens only its own group's steps; the kernel folds the
+/// scale into the group's factor: SmolLM2's logits 3–4× closer to the f64 forward than with a
+/// scale per 256), and 21-bit integers where the codes enter as bytes up to 255 (8-bit
+/// weights offset by 128), whose four-product lane sums would wrap at 22.
+///
+/// Q4_0, Q4_1, Q5_0 and IQ4_NL keep the f32 kernels (`qdot`): on 576-wide rows their integer
+/// kernels measured no faster (IQ4_NL 33.7 against 31.6 ns a row from memory, one core), and
+/// prefill would pay for it (SmolLM2 Q4_1 pp64 −30 %). Q8_0's decode gains a third at 1 B (its
+/// weights then stream at the memory's rate), Q5_1 had no fused kernel at all.
+pub(crate) fn split(dtype: DType) -> Option<Split> {
+    let group = |q_bits| {
+        Some(Split {
+            q_bits,
+            group_scales: true,
+        })
+    };
+    match dtype {
+        DType::Q8_0 | DType::IQ4_XS => group(21),
+        DType::Q5_1 => group(22),
+        DType::Q4_K | DType::Q5_K | DType::Q6_K => Some(super::qdot_int::K_SPLIT),
+        _ => None,
+    }
+}
+
+/// Whether rows of `k` elements go through the kernel: whole blocks of the format, and pairs of
+/// groups of 32 (a register's worth of codes).
+pub(crate) fn fits(dtype: DType, k: usize) -> bool {
+    k.is_multiple_of(dtype.block_size().max(64))
 }
 
 /// Whether the CPU has what these kernels use: AVX-512 F, BW, VL and VNNI, FMA and F16C.
@@ -63,9 +107,9 @@ pub(crate) fn has_vnni() -> bool {
 /// `k` elements of `dtype` at `w + r·rb`.
 ///
 /// # Safety
-/// [`has_vnni`] holds and `dtype` is Q4_K, Q5_K or Q6_K; `k` is a multiple of 256; `x` holds `mr`
-/// split rows for this `k`; each weight row in `rows` is readable; `y` is writable at rows
-/// `0..mr` (stride `ldy`) and the columns in `rows`.
+/// [`has_vnni`] holds and [`split`] has `dtype`; [`fits`] holds for `k`; `x` holds `mr` split
+/// rows for this `k`, made as `split(dtype)` says; each weight row in `rows` is readable; `y` is
+/// writable at rows `0..mr` (stride `ldy`) and the columns in `rows`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn rows_dots(
     dtype: DType,
@@ -93,6 +137,9 @@ pub(crate) unsafe fn rows_dots(
             DType::Q4_K => go!(x86::Q4K),
             DType::Q5_K => go!(x86::Q5K),
             DType::Q6_K => go!(x86::Q6K),
+            DType::Q8_0 => go!(x86::B32<x86::Q8_0>),
+            DType::Q5_1 => go!(x86::B32<x86::Q5_1>),
+            DType::IQ4_XS => go!(x86::IQ4XS),
             _ => {}
         }
     }
@@ -104,24 +151,31 @@ pub(crate) unsafe fn rows_dots(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::qdot_int::x86::{f16_at, f32_at, parts, prefetch, scales_mins_k4};
+    use super::super::qdot_int::x86::{f16_at, f32_at, parts, prefetch, scales_mins_k4, u32_at};
     use super::super::qdot_int::{digit_at, BLOCK};
     use std::arch::x86_64::*;
 
-    /// A format's weight side: what one block of one weight row gives the kernel.
+    /// A format's weight side: what the weights of one chunk of 256 elements of one weight
+    /// row (a K-quant block, or eight blocks of 32) give the kernel.
     pub trait Format {
-        /// Bytes of a block of 256.
+        /// Bytes of a chunk of 256 elements.
         const BYTES: usize;
-        /// A block's group factors `d·sc` as f32 (the lanes [`Format::pair`] permutes from), and
-        /// its offset factors, each lane multiplying the activations' sum over the same lane's
-        /// group in [`Format::sums`] (lanes it does not use are zero).
-        unsafe fn head(b: *const u8) -> (__m512, __m512);
-        /// The 64 codes of group pair `c` (0..4, elements `64c..64c + 64`) as bytes, and the
-        /// factors of their 16 lanes of four.
-        unsafe fn pair(b: *const u8, c: usize, scales: __m512) -> (__m512i, __m512);
-        /// Activation row `i`'s group sums that [`Format::head`]'s offsets multiply, for block
-        /// `bi`.
-        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize) -> __m512;
+        /// A chunk's group factors (`d·sc`, or `d`) as f32 (the lanes [`Format::pair`] permutes
+        /// from), and its offset factors, each lane multiplying the activations' sum over the
+        /// same lane's group in [`Format::sums`] (lanes it does not use are zero). `ng` is the
+        /// chunk's number of groups of 32: 8, or fewer in a row's short last chunk (formats
+        /// with blocks of 32 only).
+        unsafe fn head(b: *const u8, ng: usize) -> (__m512, __m512);
+        /// Whether the activations have a scale per group of 32 (folded into the factors and
+        /// offsets per row) rather than per chunk.
+        const GROUP_SCALES: bool = false;
+        /// The 64 codes of group pair `c` (0..4, elements `64c..64c + 64`) as bytes.
+        unsafe fn codes(b: *const u8, c: usize) -> __m512i;
+        /// The factors of group pair `c`'s 16 lanes of four, from [`Format::head`]'s.
+        unsafe fn factors(c: usize, scales: __m512) -> __m512;
+        /// Activation row `i`'s group sums that [`Format::head`]'s offsets multiply, for chunk
+        /// `bi` of `ng` groups.
+        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize, ng: usize) -> __m512;
     }
 
     /// `MR` split activation rows against `NR` weight rows at once (the activation digits are
@@ -135,38 +189,11 @@ mod x86 {
     ) -> [[f32; NR]; MR] {
         let mut acc = [[_mm512_setzero_ps(); NR]; MR];
         for bi in 0..k / BLOCK {
-            // (Loops, not `array::from_fn`: its closures were not inlined into the kernel.)
-            let mut heads = [(_mm512_setzero_ps(), _mm512_setzero_ps()); NR];
-            for (h, wj) in heads.iter_mut().zip(&w) {
-                let b = wj.add(bi * F::BYTES);
-                prefetch(b, F::BYTES);
-                *h = F::head(b);
-            }
-            let mut blk = [[_mm512_setzero_ps(); NR]; MR];
-            for c in 0..4 {
-                let mut codes = [(_mm512_setzero_si512(), _mm512_setzero_ps()); NR];
-                for ((q, wj), h) in codes.iter_mut().zip(&w).zip(&heads) {
-                    *q = F::pair(wj.add(bi * F::BYTES), c, h.0);
-                }
-                for (i, bl) in blk.iter_mut().enumerate() {
-                    let a = parts(x, k, i).0.add(digit_at(bi * 8 + 2 * c, 0));
-                    let t = [
-                        _mm512_loadu_si512(a as *const __m512i),
-                        _mm512_loadu_si512(a.add(64) as *const __m512i),
-                        _mm512_loadu_si512(a.add(128) as *const __m512i),
-                    ];
-                    for (b, (q, m)) in bl.iter_mut().zip(&codes) {
-                        *b = _mm512_fmadd_ps(_mm512_cvtepi32_ps(horner(*q, &t)), *m, *b);
-                    }
-                }
-            }
-            for (i, (a, bl)) in acc.iter_mut().zip(&blk).enumerate() {
-                let sums = F::sums(x, k, i, bi);
-                let sx = _mm512_set1_ps(f32_at(parts(x, k, i).3.add(4 * bi)));
-                for ((a, b), h) in a.iter_mut().zip(bl).zip(&heads) {
-                    *a = _mm512_fmadd_ps(_mm512_fnmadd_ps(h.1, sums, *b), sx, *a);
-                }
-            }
+            chunk::<F, MR, NR>(x, k, &w, bi, 8, &mut acc);
+        }
+        // A short last chunk (blocks of 32 only: k a multiple of 64).
+        if !k.is_multiple_of(BLOCK) {
+            chunk::<F, MR, NR>(x, k, &w, k / BLOCK, (k % BLOCK) / 32, &mut acc);
         }
         let mut out = [[0f32; NR]; MR];
         for (o, a) in out.iter_mut().zip(&acc) {
@@ -175,6 +202,77 @@ mod x86 {
             }
         }
         out
+    }
+
+    /// Chunk `bi` (`ng` groups of 32, even) of every row into `acc`.
+    #[inline(always)]
+    unsafe fn chunk<F: Format, const MR: usize, const NR: usize>(
+        x: *const u8,
+        k: usize,
+        w: &[*const u8; NR],
+        bi: usize,
+        ng: usize,
+        acc: &mut [[__m512; NR]; MR],
+    ) {
+        // (Loops, not `array::from_fn`: its closures were not inlined into the kernel.)
+        let mut heads = [(_mm512_setzero_ps(), _mm512_setzero_ps()); NR];
+        for (h, wj) in heads.iter_mut().zip(w) {
+            let b = wj.add(bi * F::BYTES);
+            prefetch(b, F::BYTES);
+            *h = F::head(b, ng);
+        }
+        // With a scale per group, each row's factors and offsets: the weights' times the
+        // row's scales (exact: an f16 or 17-bit factor times a power of two).
+        let mut rowf = [[(_mm512_setzero_ps(), _mm512_setzero_ps()); NR]; MR];
+        if F::GROUP_SCALES {
+            let lanes = ((1u32 << ng) - 1) as u16;
+            for (i, rf) in rowf.iter_mut().enumerate() {
+                let sv =
+                    _mm512_maskz_loadu_ps(lanes, parts(x, k, i).3.add(4 * 8 * bi) as *const f32);
+                for (f, h) in rf.iter_mut().zip(&heads) {
+                    *f = (_mm512_mul_ps(h.0, sv), _mm512_mul_ps(h.1, sv));
+                }
+            }
+        }
+        let mut blk = [[_mm512_setzero_ps(); NR]; MR];
+        for c in 0..ng / 2 {
+            let mut codes = [(_mm512_setzero_si512(), _mm512_setzero_ps()); NR];
+            for ((q, wj), h) in codes.iter_mut().zip(w).zip(&heads) {
+                q.0 = F::codes(wj.add(bi * F::BYTES), c);
+                if !F::GROUP_SCALES {
+                    q.1 = F::factors(c, h.0);
+                }
+            }
+            for (i, bl) in blk.iter_mut().enumerate() {
+                let a = parts(x, k, i).0.add(digit_at(bi * 8 + 2 * c, 0));
+                let t = [
+                    _mm512_loadu_si512(a as *const __m512i),
+                    _mm512_loadu_si512(a.add(64) as *const __m512i),
+                    _mm512_loadu_si512(a.add(128) as *const __m512i),
+                ];
+                for ((b, (q, m)), f) in bl.iter_mut().zip(&codes).zip(&rowf[i]) {
+                    let m = if F::GROUP_SCALES {
+                        F::factors(c, f.0)
+                    } else {
+                        *m
+                    };
+                    *b = _mm512_fmadd_ps(_mm512_cvtepi32_ps(horner(*q, &t)), m, *b);
+                }
+            }
+        }
+        for (i, (a, bl)) in acc.iter_mut().zip(&blk).enumerate() {
+            let sums = F::sums(x, k, i, bi, ng);
+            if F::GROUP_SCALES {
+                for ((a, b), f) in a.iter_mut().zip(bl).zip(&rowf[i]) {
+                    *a = _mm512_add_ps(*a, _mm512_fnmadd_ps(f.1, sums, *b));
+                }
+            } else {
+                let sx = _mm512_set1_ps(f32_at(parts(x, k, i).3.add(4 * bi)));
+                for ((a, b), h) in a.iter_mut().zip(bl).zip(&heads) {
+                    *a = _mm512_fmadd_ps(_mm512_fnmadd_ps(h.1, sums, *b), sx, *a);
+                }
+            }
+        }
     }
 
     /// `y[i·ldy + r] = x_i · W_r` for `MR` split rows and the weight rows `rows`, two at a
@@ -274,28 +372,34 @@ mod x86 {
         _mm512_permutexvar_ps(lanes, scales)
     }
 
-    /// The sums over each group of 32, in lanes 0..8.
+    /// The sums over each of the chunk's `ng` groups of 32, in lanes 0..ng.
     #[inline(always)]
-    unsafe fn sums32(x: *const u8, k: usize, i: usize, bi: usize) -> __m512 {
-        _mm512_maskz_loadu_ps(0x00FF, parts(x, k, i).1.add(4 * 8 * bi) as *const f32)
+    unsafe fn sums32(x: *const u8, k: usize, i: usize, bi: usize, ng: usize) -> __m512 {
+        let lanes = ((1u32 << ng) - 1) as u16;
+        _mm512_maskz_loadu_ps(lanes, parts(x, k, i).1.add(4 * 8 * bi) as *const f32)
     }
 
     impl Format for Q4K {
         const BYTES: usize = 144;
 
         #[inline(always)]
-        unsafe fn head(b: *const u8) -> (__m512, __m512) {
+        unsafe fn head(b: *const u8, _ng: usize) -> (__m512, __m512) {
             scales_mins(b)
         }
 
         #[inline(always)]
-        unsafe fn pair(b: *const u8, c: usize, scales: __m512) -> (__m512i, __m512) {
-            (nibble_pair(b, 16 + 32 * c), pair_factors(c, scales))
+        unsafe fn codes(b: *const u8, c: usize) -> __m512i {
+            nibble_pair(b, 16 + 32 * c)
         }
 
         #[inline(always)]
-        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize) -> __m512 {
-            sums32(x, k, i, bi)
+        unsafe fn factors(c: usize, scales: __m512) -> __m512 {
+            pair_factors(c, scales)
+        }
+
+        #[inline(always)]
+        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize, ng: usize) -> __m512 {
+            sums32(x, k, i, bi, ng)
         }
     }
 
@@ -309,25 +413,29 @@ mod x86 {
         const BYTES: usize = 176;
 
         #[inline(always)]
-        unsafe fn head(b: *const u8) -> (__m512, __m512) {
+        unsafe fn head(b: *const u8, _ng: usize) -> (__m512, __m512) {
             scales_mins(b)
         }
 
         #[inline(always)]
-        unsafe fn pair(b: *const u8, c: usize, scales: __m512) -> (__m512i, __m512) {
+        unsafe fn factors(c: usize, scales: __m512) -> __m512 {
+            pair_factors(c, scales)
+        }
+
+        #[inline(always)]
+        unsafe fn codes(b: *const u8, c: usize) -> __m512i {
             let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i));
             let (s0, s1) = (2 * c as i64, 2 * c as i64 + 1);
             let top = _mm512_and_si512(
                 _mm512_srlv_epi64(qh, _mm512_setr_epi64(s0, s0, s0, s0, s1, s1, s1, s1)),
                 _mm512_set1_epi8(1),
             );
-            let q = _mm512_or_si512(nibble_pair(b, 48 + 32 * c), _mm512_slli_epi16::<4>(top));
-            (q, pair_factors(c, scales))
+            _mm512_or_si512(nibble_pair(b, 48 + 32 * c), _mm512_slli_epi16::<4>(top))
         }
 
         #[inline(always)]
-        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize) -> __m512 {
-            sums32(x, k, i, bi)
+        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize, ng: usize) -> __m512 {
+            sums32(x, k, i, bi, ng)
         }
     }
 
@@ -344,7 +452,7 @@ mod x86 {
         const BYTES: usize = 210;
 
         #[inline(always)]
-        unsafe fn head(b: *const u8) -> (__m512, __m512) {
+        unsafe fn head(b: *const u8, _ng: usize) -> (__m512, __m512) {
             let d = f16_at(b.add(208));
             // The 16 scales times d (exact: 11 × 8 significant bits), and times 32 d.
             let scb = _mm_loadu_si128(b.add(192) as *const __m128i);
@@ -356,7 +464,7 @@ mod x86 {
         }
 
         #[inline(always)]
-        unsafe fn pair(b: *const u8, c: usize, scales: __m512) -> (__m512i, __m512) {
+        unsafe fn codes(b: *const u8, c: usize) -> __m512i {
             let (h, hi) = (c / 2, c % 2);
             let ql = _mm512_loadu_si512(b.add(64 * h) as *const __m512i);
             let nib = _mm512_set1_epi8(0x0F);
@@ -372,19 +480,231 @@ mod x86 {
                 _mm512_srlv_epi64(qh, _mm512_setr_epi64(s0, s0, s0, s0, s1, s1, s1, s1)),
                 _mm512_set1_epi8(3),
             );
-            let q = _mm512_or_si512(low, _mm512_slli_epi16::<4>(top));
-            // Scales 4c..4c + 4, four lanes (16 weights) each.
+            _mm512_or_si512(low, _mm512_slli_epi16::<4>(top))
+        }
+
+        /// Scales 4c..4c + 4, four lanes (16 weights) each.
+        #[inline(always)]
+        unsafe fn factors(c: usize, scales: __m512) -> __m512 {
             let s = 4 * c as i32;
             let (s1, s2, s3) = (s + 1, s + 2, s + 3);
             let lanes =
                 _mm512_setr_epi32(s, s, s, s, s1, s1, s1, s1, s2, s2, s2, s2, s3, s3, s3, s3);
-            (q, _mm512_permutexvar_ps(lanes, scales))
+            _mm512_permutexvar_ps(lanes, scales)
         }
 
         /// The sums over each 16.
         #[inline(always)]
-        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize) -> __m512 {
+        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize, _ng: usize) -> __m512 {
             _mm512_loadu_ps(parts(x, k, i).2.add(4 * 16 * bi) as *const f32)
+        }
+    }
+
+    /// The formats with blocks of 32 weights (an f16 `d` first): a chunk of 256 elements is
+    /// eight blocks, whose factors come from one gather, and a group pair is two blocks.
+    pub trait Block32 {
+        /// Bytes of a block.
+        const BB: usize;
+        /// The 64 codes of the blocks at `b0` and `b1` as bytes, in element order.
+        unsafe fn codes(b0: *const u8, b1: *const u8) -> __m512i;
+        /// The offset factors from the blocks' `d` and the f16 after it (`m`, where there is
+        /// one): the weight is `d · q − offset`.
+        unsafe fn offsets(d: __m256, m: __m256) -> __m256;
+    }
+
+    /// A [`Block32`] format as a [`Format`].
+    pub struct B32<T>(T);
+
+    impl<T: Block32> Format for B32<T> {
+        const BYTES: usize = 8 * T::BB;
+        const GROUP_SCALES: bool = true;
+
+        /// `d` and the f16 after it of each of the chunk's `ng` blocks: a whole chunk's eight
+        /// words through a small array (scalar loads measured faster than a gather), a short
+        /// chunk's in one masked gather (the words of blocks past `ng` are not read).
+        #[inline(always)]
+        unsafe fn head(b: *const u8, ng: usize) -> (__m512, __m512) {
+            let v = if ng == 8 {
+                let mut words = [0u32; 8];
+                for (g, w) in words.iter_mut().enumerate() {
+                    *w = u32_at(b.add(g * T::BB));
+                }
+                _mm256_loadu_si256(words.as_ptr() as *const __m256i)
+            } else {
+                let at = _mm256_mullo_epi32(
+                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                    _mm256_set1_epi32(T::BB as i32),
+                );
+                let lanes = ((1u32 << ng) - 1) as u8;
+                _mm256_mmask_i32gather_epi32::<1>(
+                    _mm256_setzero_si256(),
+                    lanes,
+                    at,
+                    b as *const i32,
+                )
+            };
+            let d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(v));
+            let m = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32::<16>(v)));
+            (
+                _mm512_zextps256_ps512(d),
+                _mm512_zextps256_ps512(T::offsets(d, m)),
+            )
+        }
+
+        #[inline(always)]
+        unsafe fn codes(b: *const u8, c: usize) -> __m512i {
+            let b0 = b.add(2 * c * T::BB);
+            T::codes(b0, b0.add(T::BB))
+        }
+
+        #[inline(always)]
+        unsafe fn factors(c: usize, scales: __m512) -> __m512 {
+            pair_factors(c, scales)
+        }
+
+        #[inline(always)]
+        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize, ng: usize) -> __m512 {
+            sums32(x, k, i, bi, ng)
+        }
+    }
+
+    /// Two groups' 16 bytes of nibbles (at `a` and `b`; element `j < 16` of a group in the low
+    /// nibble of byte j, element `j + 16` in its high nibble) as their 64 codes: the two loads
+    /// side by side, each 128-bit half doubled, and the copies shifted by 0 and 4.
+    #[inline(always)]
+    unsafe fn nibbles2(a: *const u8, b: *const u8) -> __m512i {
+        let ab = _mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(_mm_loadu_si128(a as *const __m128i)),
+            _mm_loadu_si128(b as *const __m128i),
+        );
+        halves_to_codes(_mm512_castsi256_si512(ab))
+    }
+
+    /// 32 bytes of nibbles (two groups' 16, in the low 256 bits) as their 64 codes.
+    #[inline(always)]
+    unsafe fn halves_to_codes(v: __m512i) -> __m512i {
+        let v = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), v);
+        _mm512_and_si512(
+            _mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
+            _mm512_set1_epi8(0x0F),
+        )
+    }
+
+    /// The fifth bits of two Q5 blocks (bit j of each one's 32-bit `qh` is element j's) put on
+    /// their 64 codes.
+    #[inline(always)]
+    unsafe fn fifth_bits(q: __m512i, qh0: *const u8, qh1: *const u8) -> __m512i {
+        let bits = u32_at(qh0) as u64 | (u32_at(qh1) as u64) << 32;
+        _mm512_or_si512(q, _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(16)))
+    }
+
+    /// IQ4_NL's 16 levels plus 128 (1..=241), in each 128-bit lane.
+    #[inline(always)]
+    unsafe fn iq4_levels() -> __m512i {
+        const L: [u8; 16] = {
+            let mut l = [0u8; 16];
+            let mut j = 0;
+            while j < 16 {
+                l[j] = (crate::quant::iquants::KVALUES_IQ4NL[j] as i16 + 128) as u8;
+                j += 1;
+            }
+            l
+        };
+        _mm512_broadcast_i32x4(_mm_loadu_si128(L.as_ptr() as *const __m128i))
+    }
+
+    /// Q8_0: f16 d, 32 signed bytes q; weight `d·q`. The codes enter as `q + 128` (0..=255, an
+    /// exclusive or of the sign bit), the offset `128·d` from the activations' group sums.
+    /// Per lane `|Σ₄ (q + 128)·x_q| ≤ 4 · 255 · 2²¹ < 2³¹` with the 21-bit split (and every
+    /// partial Horner sum `Σ₄ (q + 128)·(x_q − t0)` ≤ 4 · 255 · (2²¹ + 128), too): no wrap.
+    pub struct Q8_0;
+
+    impl Block32 for Q8_0 {
+        const BB: usize = 34;
+
+        #[inline(always)]
+        unsafe fn codes(b0: *const u8, b1: *const u8) -> __m512i {
+            let lo = _mm512_castsi256_si512(_mm256_loadu_si256(b0.add(2) as *const __m256i));
+            let v = _mm512_inserti64x4::<1>(lo, _mm256_loadu_si256(b1.add(2) as *const __m256i));
+            _mm512_xor_si512(v, _mm512_set1_epi8(-128))
+        }
+
+        #[inline(always)]
+        unsafe fn offsets(d: __m256, _m: __m256) -> __m256 {
+            _mm256_mul_ps(d, _mm256_set1_ps(128.0))
+        }
+    }
+
+    /// Q5_1: f16 d, f16 m, 32 fifth bits, 16 bytes of nibbles; weight `d·q + m` (offset `−m`),
+    /// q up to 31: lanes below 2²⁸ with the 22-bit split.
+    pub struct Q5_1;
+
+    impl Block32 for Q5_1 {
+        const BB: usize = 24;
+
+        #[inline(always)]
+        unsafe fn codes(b0: *const u8, b1: *const u8) -> __m512i {
+            fifth_bits(nibbles2(b0.add(8), b1.add(8)), b0.add(4), b1.add(4))
+        }
+
+        #[inline(always)]
+        unsafe fn offsets(_d: __m256, m: __m256) -> __m256 {
+            _mm256_sub_ps(_mm256_setzero_ps(), m)
+        }
+    }
+
+    /// IQ4_XS: f16 d, the 8 groups' 6-bit scales `ls` (high 2 bits in a u16, low 4 in four
+    /// bytes), IQ4_NL's nibbles (16 bytes a group, groups in order); weight
+    /// `d·(ls − 32)·level`, the 16 levels in -127..=113. The codes enter as `level + 128`
+    /// (1..=241, one `vpshufb`), the factor is `d·(ls − 32)` (exact: 11 × 6 bits), the offset
+    /// 128 times it; lanes as Q8_0's (21-bit split).
+    pub struct IQ4XS;
+
+    impl Format for IQ4XS {
+        const BYTES: usize = 136;
+        const GROUP_SCALES: bool = true;
+
+        #[inline(always)]
+        unsafe fn head(b: *const u8, _ng: usize) -> (__m512, __m512) {
+            let hi = _mm256_and_si256(
+                _mm256_srlv_epi32(
+                    _mm256_set1_epi32(u16::from_le_bytes([*b.add(2), *b.add(3)]) as i32),
+                    _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14),
+                ),
+                _mm256_set1_epi32(3),
+            );
+            let lo = _mm256_and_si256(
+                _mm256_srlv_epi32(
+                    _mm256_set1_epi32(u32_at(b.add(4)) as i32),
+                    _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
+                ),
+                _mm256_set1_epi32(0x0F),
+            );
+            let ls = _mm256_sub_epi32(
+                _mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)),
+                _mm256_set1_epi32(32),
+            );
+            let f = _mm256_mul_ps(_mm256_cvtepi32_ps(ls), _mm256_set1_ps(f16_at(b)));
+            (
+                _mm512_zextps256_ps512(f),
+                _mm512_zextps256_ps512(_mm256_mul_ps(f, _mm256_set1_ps(128.0))),
+            )
+        }
+
+        #[inline(always)]
+        unsafe fn codes(b: *const u8, c: usize) -> __m512i {
+            let v = _mm256_loadu_si256(b.add(8 + 32 * c) as *const __m256i);
+            _mm512_shuffle_epi8(iq4_levels(), halves_to_codes(_mm512_castsi256_si512(v)))
+        }
+
+        #[inline(always)]
+        unsafe fn factors(c: usize, scales: __m512) -> __m512 {
+            pair_factors(c, scales)
+        }
+
+        #[inline(always)]
+        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize, ng: usize) -> __m512 {
+            sums32(x, k, i, bi, ng)
         }
     }
 }
@@ -394,7 +714,6 @@ mod tests {
     use super::*;
     use crate::cpu::qdot_int::{check_row_kernel, row_bytes, split_row};
     use crate::quant;
-    use crate::rng::Rng;
 
     /// Every row against an f64 dot over the dequantized weights, within the bound proven in
     /// the module's comment, and the same bits whatever the number of rows in the call or the
@@ -405,12 +724,21 @@ mod tests {
             eprintln!("skipped: no AVX-512 VNNI on this CPU");
             return;
         }
-        let types = [DType::Q4_K, DType::Q5_K, DType::Q6_K];
-        check_row_kernel(&types, MAX_ROWS, rows_dots, 29);
+        let types = [
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+            DType::Q8_0,
+            DType::Q5_1,
+            DType::IQ4_XS,
+        ];
+        let how = |dt| split(dt).unwrap_or(crate::cpu::qdot_int::K_SPLIT);
+        check_row_kernel(&types, MAX_ROWS, rows_dots, how, 29);
     }
 
-    /// Codes at their extremes (all 15 or all 63 with the largest scales) against digits at
-    /// theirs: the Horner sums must not wrap.
+    /// Codes at their extremes (all 15, 31 or 63 with the largest scales; Q8_0's ±127) against
+    /// digits at theirs (activations just below a power of two: integers at the top of the
+    /// split's range): the Horner sums must not wrap.
     #[test]
     fn extreme_codes_and_digits_do_not_wrap() {
         if !has_vnni() {
@@ -418,40 +746,49 @@ mod tests {
             return;
         }
         let k = 512;
-        for &dt in &[DType::Q4_K, DType::Q5_K, DType::Q6_K] {
-            // Large equal weights quantize to the top code with the top scale.
-            let wf: Vec<f32> = (0..k)
-                .map(|j| if j % 3 == 0 { 1.0 } else { 0.999 })
-                .collect();
-            let wq = quant::quantize(dt, &wf).unwrap();
-            let mut wd = vec![0f32; k];
-            quant::dequantize(dt, &wq, &mut wd).unwrap();
-            // Activations near the block maximum, both signs: digits at their ends.
-            let mut rng = Rng::new(3);
-            for sign in [1f32, -1.0] {
-                let x: Vec<f32> = (0..k)
-                    .map(|j| sign * (1.0 - (j % 7) as f32 * rng.uniform(0.0, 1e-7)))
+        let types = [
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+            DType::Q8_0,
+            DType::Q5_1,
+            DType::IQ4_XS,
+        ];
+        for &dt in &types {
+            let how = split(dt).unwrap_or(crate::cpu::qdot_int::K_SPLIT);
+            for wsign in [1f32, -1.0] {
+                // Large equal weights quantize to the top code with the top scale.
+                let wf: Vec<f32> = (0..k)
+                    .map(|j| wsign * if j % 3 == 0 { 1.0 } else { 0.999 })
                     .collect();
-                let mut split = vec![0u8; row_bytes(k)];
-                split_row(&x, &mut split);
-                let mut y = [f32::NAN];
-                unsafe {
-                    rows_dots(
-                        dt,
-                        split.as_ptr(),
-                        1,
-                        k,
-                        (wq.as_ptr(), wq.len()),
-                        0..1,
-                        (y.as_mut_ptr(), 1),
-                    )
-                };
-                let want: f64 = x.iter().zip(&wd).map(|(a, b)| *a as f64 * *b as f64).sum();
-                assert!(
-                    ((y[0] as f64) - want).abs() <= 1e-5 * want.abs(),
-                    "{dt:?} sign {sign}: {} vs {want}",
-                    y[0]
-                );
+                let wq = quant::quantize(dt, &wf).unwrap();
+                let mut wd = vec![0f32; k];
+                quant::dequantize(dt, &wq, &mut wd).unwrap();
+                for sign in [1f32, -1.0] {
+                    let x: Vec<f32> = (0..k)
+                        .map(|j| sign * f32::from_bits(0x3FFF_FFFF - (j % 7) as u32))
+                        .collect();
+                    let mut split = vec![0u8; row_bytes(k)];
+                    split_row(&x, &mut split, how);
+                    let mut y = [f32::NAN];
+                    unsafe {
+                        rows_dots(
+                            dt,
+                            split.as_ptr(),
+                            1,
+                            k,
+                            (wq.as_ptr(), wq.len()),
+                            0..1,
+                            (y.as_mut_ptr(), 1),
+                        )
+                    };
+                    let want: f64 = x.iter().zip(&wd).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    assert!(
+                        ((y[0] as f64) - want).abs() <= 1e-5 * want.abs(),
+                        "{dt:?} signs {wsign} {sign}: {} vs {want}",
+                        y[0]
+                    );
+                }
             }
         }
     }
