@@ -622,7 +622,8 @@ pub(crate) type RowsDots = unsafe fn(
 /// comment for activations split as `how(dtype)` says (the f32 summation's share bounded
 /// generously; activations with outliers, a zero block and a block of 1e-30 values), and the
 /// same bits whatever the number of rows (1..=`max_rows`) in a call or the weight rows it
-/// covers. Formats with blocks of 32 also run widths that end in a short block of 256.
+/// covers. Formats with blocks of 32 also run widths that end in a short block of 256 (of
+/// one, two and three pairs of groups).
 #[cfg(test)]
 pub(crate) fn check_row_kernel(
     types: &[DType],
@@ -636,7 +637,7 @@ pub(crate) fn check_row_kernel(
     let mut rng = Rng::new(seed);
     for &dt in types {
         let widths: &[usize] = if dt.block_size() == 32 {
-            &[64, 576, 832, 2048]
+            &[64, 576, 640, 704, 2048]
         } else {
             &[256, 768, 2048]
         };

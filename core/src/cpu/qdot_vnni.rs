@@ -60,9 +60,11 @@ pub(crate) fn supported(isa: super::simd::Isa, dtype: DType) -> bool {
 /// weights offset by 128), whose four-product lane sums would wrap at 22.
 ///
 /// Q4_0, Q4_1, Q5_0 and IQ4_NL keep the f32 kernels (`qdot`): on 576-wide rows their integer
-/// kernels measured no faster (IQ4_NL 33.7 against 31.6 ns a row from memory, one core), and
-/// prefill would pay for it (SmolLM2 Q4_1 pp64 −30 %). Q8_0's decode gains a third at 1 B (its
-/// weights then stream at the memory's rate), Q5_1 had no fused kernel at all.
+/// kernels measured no faster (IQ4_NL 33.7 against 31.6 ns a row from memory, one core; 30.6
+/// against 31.8 even with four blocks' nibbles gathered by one VBMI byte permute into two
+/// registers of codes), and prefill pays for them (SmolLM2 Q4_1 pp64 −30 %; the IQ4_XS file,
+/// whose 576-wide matrices are IQ4_NL, decode +1–4 % against pp −25 %). Q8_0's decode gains a
+/// third at 1 B (its weights then stream at the memory's rate), Q5_1 had no fused kernel.
 pub(crate) fn split(dtype: DType) -> Option<Split> {
     let group = |q_bits| {
         Some(Split {
@@ -188,12 +190,17 @@ mod x86 {
         w: [*const u8; NR],
     ) -> [[f32; NR]; MR] {
         let mut acc = [[_mm512_setzero_ps(); NR]; MR];
+        // A short last chunk (blocks of 32 only: k a multiple of 64) reads its factors first,
+        // so their latency (a gather) hides behind the whole chunks (a row of 576 measured
+        // 33.5 against 30.6 ns from memory the other way round, IQ4_NL on one core); its sums
+        // still come last.
+        let (tail, ng) = (k / BLOCK, (k % BLOCK) / 32);
+        let tail_heads = (ng > 0).then(|| heads::<F, NR>(&w, tail, ng));
         for bi in 0..k / BLOCK {
-            chunk::<F, MR, NR>(x, k, &w, bi, 8, &mut acc);
+            chunk::<F, MR, NR>(x, k, &w, bi, 8, heads::<F, NR>(&w, bi, 8), &mut acc);
         }
-        // A short last chunk (blocks of 32 only: k a multiple of 64).
-        if !k.is_multiple_of(BLOCK) {
-            chunk::<F, MR, NR>(x, k, &w, k / BLOCK, (k % BLOCK) / 32, &mut acc);
+        if let Some(h) = tail_heads {
+            chunk::<F, MR, NR>(x, k, &w, tail, ng, h, &mut acc);
         }
         let mut out = [[0f32; NR]; MR];
         for (o, a) in out.iter_mut().zip(&acc) {
@@ -204,16 +211,14 @@ mod x86 {
         out
     }
 
-    /// Chunk `bi` (`ng` groups of 32, even) of every row into `acc`.
+    /// The weight rows' [`Format::head`]s for chunk `bi` of `ng` groups (its weights
+    /// prefetched ahead).
     #[inline(always)]
-    unsafe fn chunk<F: Format, const MR: usize, const NR: usize>(
-        x: *const u8,
-        k: usize,
+    unsafe fn heads<F: Format, const NR: usize>(
         w: &[*const u8; NR],
         bi: usize,
         ng: usize,
-        acc: &mut [[__m512; NR]; MR],
-    ) {
+    ) -> [(__m512, __m512); NR] {
         // (Loops, not `array::from_fn`: its closures were not inlined into the kernel.)
         let mut heads = [(_mm512_setzero_ps(), _mm512_setzero_ps()); NR];
         for (h, wj) in heads.iter_mut().zip(w) {
@@ -221,6 +226,21 @@ mod x86 {
             prefetch(b, F::BYTES);
             *h = F::head(b, ng);
         }
+        heads
+    }
+
+    /// Chunk `bi` (`ng` groups of 32, even) of every row into `acc`, with the weight rows'
+    /// `heads`.
+    #[inline(always)]
+    unsafe fn chunk<F: Format, const MR: usize, const NR: usize>(
+        x: *const u8,
+        k: usize,
+        w: &[*const u8; NR],
+        bi: usize,
+        ng: usize,
+        heads: [(__m512, __m512); NR],
+        acc: &mut [[__m512; NR]; MR],
+    ) {
         // With a scale per group, each row's factors and offsets: the weights' times the
         // row's scales (exact: an f16 or 17-bit factor times a power of two).
         let mut rowf = [[(_mm512_setzero_ps(), _mm512_setzero_ps()); NR]; MR];
