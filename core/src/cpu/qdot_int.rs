@@ -622,8 +622,7 @@ pub(crate) type RowsDots = unsafe fn(
 /// comment for activations split as `how(dtype)` says (the f32 summation's share bounded
 /// generously; activations with outliers, a zero block and a block of 1e-30 values), and the
 /// same bits whatever the number of rows (1..=`max_rows`) in a call or the weight rows it
-/// covers. Formats with blocks of 32 also run widths that end in a short block of 256 (of
-/// one, two and three pairs of groups).
+/// covers. Formats with blocks of 32 also run rows ending in a short block (1–3 group pairs).
 #[cfg(test)]
 pub(crate) fn check_row_kernel(
     types: &[DType],
