@@ -45,7 +45,7 @@ fn attend<'c>(
         let mut b = b.borrow_mut();
         let (kb, vb, scores) = &mut *b;
         kb.resize(4 * d, 0.0);
-        vb.resize(dv, 0.0);
+        vb.resize(4 * dv, 0.0);
         scores.clear();
         // Zero-width keys score 0 (the softmax then weighs the values evenly).
         scores.resize(heads * n, 0.0);
@@ -81,13 +81,25 @@ fn attend<'c>(
             softmax_row(&mut scores[h * n..(h + 1) * n]);
         }
         out.fill(0.0);
-        for j in lo..hi {
-            let vr = match val(j, vb) {
-                Some(r) => r,
-                None => &vb[..],
-            };
+        // Four value rows at a time into every head's output (the sums in key order, as one
+        // row at a time would make them).
+        for j0 in (lo..hi).step_by(4).filter(|_| dv > 0) {
+            let nk = 4.min(hi - j0);
+            let mut rows: [&[f32]; 4] = [&[]; 4];
+            for ((t, r), buf) in rows
+                .iter_mut()
+                .enumerate()
+                .take(nk)
+                .zip(vb.chunks_exact_mut(dv))
+            {
+                *r = match val(j0 + t, buf) {
+                    Some(row) => row,
+                    None => buf,
+                };
+            }
             for (h, o) in out.chunks_exact_mut(dv).enumerate() {
-                simd::axpy(scores[h * n + (j - lo)], vr, o);
+                let s = &scores[h * n + (j0 - lo)..h * n + (j0 - lo) + nk];
+                simd::axpy_rows(s, &rows[..nk], o);
             }
         }
     })

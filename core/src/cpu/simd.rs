@@ -194,6 +194,29 @@ pub fn axpy(s: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `y[i] += s[t] · x[t][i]` for the rows `t = 0, 1, …` in turn, over the shortest of the
+/// slices: each element sums in the order (and with the roundings) of one [`axpy`] call a row,
+/// while `y` is loaded and stored once for all the rows, not once a row (the attention's
+/// weighted values: a store and a reload of the same output every key cost more than the
+/// multiply-adds).
+#[inline]
+pub fn axpy_rows(s: &[f32], x: &[&[f32]], y: &mut [f32]) {
+    let rows = s.len().min(x.len());
+    let n = x[..rows].iter().fold(y.len(), |n, r| n.min(r.len()));
+    match isa() {
+        // SAFETY: every row and y hold `n` elements and the CPU has the instruction set.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::axpy_rows512(&s[..rows], &x[..rows], y.as_mut_ptr(), n) },
+        _ => {
+            for (s, x) in s.iter().zip(x) {
+                for (y, x) in y[..n].iter_mut().zip(&x[..n]) {
+                    *y += s * x;
+                }
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) use x86::hsum256;
 
@@ -362,6 +385,25 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f")]
+    pub unsafe fn axpy_rows512(s: &[f32], x: &[&[f32]], y: *mut f32, n: usize) {
+        let mut i = 0;
+        while i < n {
+            let m: __mmask16 = if n - i >= 16 {
+                0xFFFF
+            } else {
+                ((1u32 << (n - i)) - 1) as __mmask16
+            };
+            let mut yv = _mm512_maskz_loadu_ps(m, y.add(i));
+            for (s, x) in s.iter().zip(x) {
+                let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(i));
+                yv = _mm512_fmadd_ps(_mm512_set1_ps(*s), xv, yv);
+            }
+            _mm512_mask_storeu_ps(y.add(i), m, yv);
+            i += 16;
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
     pub unsafe fn axpy512(s: f32, x: *const f32, y: *mut f32, n: usize) {
         let sv = _mm512_set1_ps(s);
         let mut i = 0;
@@ -440,6 +482,29 @@ mod tests {
             axpy(0.5, &a, &mut y);
             for i in 0..k {
                 assert!((y[i] - (y0[i] + 0.5 * a[i])).abs() < 1e-6);
+            }
+        }
+    }
+
+    /// Several rows at once give the bits of one `axpy` a row in turn, tails included.
+    #[test]
+    fn axpy_rows_equals_one_axpy_a_row() {
+        let mut rng = Rng::new(11);
+        for n in [1usize, 15, 16, 17, 64, 100, 256] {
+            for rows in 1..=4 {
+                let x: Vec<Vec<f32>> = (0..rows).map(|_| rand(&mut rng, n)).collect();
+                let s = rand(&mut rng, rows);
+                let y0 = rand(&mut rng, n);
+                let mut want = y0.clone();
+                for (s, x) in s.iter().zip(&x) {
+                    axpy(*s, x, &mut want);
+                }
+                let mut got = y0.clone();
+                let xs: Vec<&[f32]> = x.iter().map(|r| &r[..]).collect();
+                axpy_rows(&s, &xs, &mut got);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "n {n} rows {rows}");
+                assert_ne!(bits(&got), bits(&y0));
             }
         }
     }
