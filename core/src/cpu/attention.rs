@@ -105,6 +105,9 @@ fn attend<'c>(
     })
 }
 
+/// Keys ahead of the one being read whose cache rows paged attention prefetches.
+const PAGED_AHEAD: usize = 8;
+
 /// Pieces per thread: a causal prompt's later rows cost more, so many small pieces.
 const ATTN_PIECES: usize = 8;
 
@@ -326,6 +329,14 @@ pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResul
                 if let Some(e) = key_end.as_ref().map(|e| e[ti]) {
                     hi = hi.max((e.max(0) as usize).min(b.seq_lens[s]));
                 }
+                // The rows PAGED_AHEAD keys on are prefetched as each row is taken: a
+                // sequence's rows lie in scattered blocks, a stride apart within each.
+                let ahead = |j: usize, cache: &In, rb: usize| {
+                    if j + PAGED_AHEAD < hi {
+                        let r = locate(s, j + PAGED_AHEAD, g);
+                        simd::prefetch(cache.bytes.as_ptr().wrapping_add(r * rb), rb);
+                    }
+                };
                 attend(
                     p,
                     &q[h * d..(h + heads) * d],
@@ -333,8 +344,14 @@ pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResul
                     lo,
                     hi,
                     out,
-                    |j, buf| cache_row(kc, kf, locate(s, j, g), d, krb, buf),
-                    |j, buf| cache_row(vc, vf, locate(s, j, g), dv, vrb, buf),
+                    |j, buf| {
+                        ahead(j, kc, krb);
+                        cache_row(kc, kf, locate(s, j, g), d, krb, buf)
+                    },
+                    |j, buf| {
+                        ahead(j, vc, vrb);
+                        cache_row(vc, vf, locate(s, j, g), dv, vrb, buf)
+                    },
                 );
             }
         });
