@@ -181,17 +181,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// `y[i] += s · x[i]` over the shorter of the two.
 #[inline]
 pub fn axpy(s: f32, x: &[f32], y: &mut [f32]) {
-    let n = x.len().min(y.len());
-    match isa() {
-        // SAFETY: both slices hold `n` elements and the CPU has the instruction set.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { x86::axpy512(s, x.as_ptr(), y.as_mut_ptr(), n) },
-        _ => {
-            for (y, x) in y[..n].iter_mut().zip(&x[..n]) {
-                *y += s * x;
-            }
-        }
-    }
+    axpy_rows(&[s], &[x], y)
 }
 
 /// `y[i] += s[t] · x[t][i]` for the rows `t = 0, 1, …` in turn, over the shortest of the
@@ -419,23 +409,6 @@ mod x86 {
                 yv = _mm512_fmadd_ps(_mm512_set1_ps(*s), xv, yv);
             }
             _mm512_mask_storeu_ps(y.add(i), m, yv);
-            i += 16;
-        }
-    }
-
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn axpy512(s: f32, x: *const f32, y: *mut f32, n: usize) {
-        let sv = _mm512_set1_ps(s);
-        let mut i = 0;
-        while i < n {
-            let m: __mmask16 = if n - i >= 16 {
-                0xFFFF
-            } else {
-                ((1u32 << (n - i)) - 1) as __mmask16
-            };
-            let yv = _mm512_maskz_loadu_ps(m, y.add(i));
-            let r = _mm512_fmadd_ps(sv, _mm512_maskz_loadu_ps(m, x.add(i)), yv);
-            _mm512_mask_storeu_ps(y.add(i), m, r);
             i += 16;
         }
     }
