@@ -174,10 +174,18 @@ mod x86 {
         /// The 64 codes of group pair `c` (0..4, elements `64c..64c + 64`) as bytes.
         unsafe fn codes(b: *const u8, c: usize) -> __m512i;
         /// The factors of group pair `c`'s 16 lanes of four, from [`Format::head`]'s.
-        unsafe fn factors(c: usize, scales: __m512) -> __m512;
+        /// (By default a group pair's: group `2c`'s factor in lanes 0..8, `2c + 1`'s in 8..16.)
+        #[inline(always)]
+        unsafe fn factors(c: usize, scales: __m512) -> __m512 {
+            pair_factors(c, scales)
+        }
         /// Activation row `i`'s group sums that [`Format::head`]'s offsets multiply, for chunk
         /// `bi` of `ng` groups.
-        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize, ng: usize) -> __m512;
+        /// (By default the sums over each group of 32.)
+        #[inline(always)]
+        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize, ng: usize) -> __m512 {
+            sums32(x, k, i, bi, ng)
+        }
     }
 
     /// `MR` split activation rows against `NR` weight rows at once (the activation digits are
@@ -411,16 +419,6 @@ mod x86 {
         unsafe fn codes(b: *const u8, c: usize) -> __m512i {
             nibble_pair(b, 16 + 32 * c)
         }
-
-        #[inline(always)]
-        unsafe fn factors(c: usize, scales: __m512) -> __m512 {
-            pair_factors(c, scales)
-        }
-
-        #[inline(always)]
-        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize, ng: usize) -> __m512 {
-            sums32(x, k, i, bi, ng)
-        }
     }
 
     /// Q5_K: Q4_K's head, 32 bytes of fifth bits, 128 bytes of nibbles (at 48); weight
@@ -438,11 +436,6 @@ mod x86 {
         }
 
         #[inline(always)]
-        unsafe fn factors(c: usize, scales: __m512) -> __m512 {
-            pair_factors(c, scales)
-        }
-
-        #[inline(always)]
         unsafe fn codes(b: *const u8, c: usize) -> __m512i {
             let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i));
             let (s0, s1) = (2 * c as i64, 2 * c as i64 + 1);
@@ -451,11 +444,6 @@ mod x86 {
                 _mm512_set1_epi8(1),
             );
             _mm512_or_si512(nibble_pair(b, 48 + 32 * c), _mm512_slli_epi16::<4>(top))
-        }
-
-        #[inline(always)]
-        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize, ng: usize) -> __m512 {
-            sums32(x, k, i, bi, ng)
         }
     }
 
@@ -575,16 +563,6 @@ mod x86 {
         unsafe fn codes(b: *const u8, c: usize) -> __m512i {
             let b0 = b.add(2 * c * T::BB);
             T::codes(b0, b0.add(T::BB))
-        }
-
-        #[inline(always)]
-        unsafe fn factors(c: usize, scales: __m512) -> __m512 {
-            pair_factors(c, scales)
-        }
-
-        #[inline(always)]
-        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize, ng: usize) -> __m512 {
-            sums32(x, k, i, bi, ng)
         }
     }
 
@@ -716,16 +694,6 @@ mod x86 {
             let v = _mm256_loadu_si256(b.add(8 + 32 * c) as *const __m256i);
             _mm512_shuffle_epi8(iq4_levels(), halves_to_codes(_mm512_castsi256_si512(v)))
         }
-
-        #[inline(always)]
-        unsafe fn factors(c: usize, scales: __m512) -> __m512 {
-            pair_factors(c, scales)
-        }
-
-        #[inline(always)]
-        unsafe fn sums(x: *const u8, k: usize, i: usize, bi: usize, ng: usize) -> __m512 {
-            sums32(x, k, i, bi, ng)
-        }
     }
 }
 
@@ -734,6 +702,16 @@ mod tests {
     use super::*;
     use crate::cpu::qdot_int::{check_row_kernel, row_bytes, split_row};
     use crate::quant;
+
+    /// The formats these kernels take.
+    const TYPES: [DType; 6] = [
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q8_0,
+        DType::Q5_1,
+        DType::IQ4_XS,
+    ];
 
     /// Every row against an f64 dot over the dequantized weights, within the bound proven in
     /// the module's comment, and the same bits whatever the number of rows in the call or the
@@ -744,16 +722,8 @@ mod tests {
             eprintln!("skipped: no AVX-512 VNNI on this CPU");
             return;
         }
-        let types = [
-            DType::Q4_K,
-            DType::Q5_K,
-            DType::Q6_K,
-            DType::Q8_0,
-            DType::Q5_1,
-            DType::IQ4_XS,
-        ];
         let how = |dt| split(dt).unwrap_or(crate::cpu::qdot_int::K_SPLIT);
-        check_row_kernel(&types, MAX_ROWS, rows_dots, how, 29);
+        check_row_kernel(&TYPES, MAX_ROWS, rows_dots, how, 29);
     }
 
     /// Codes at their extremes (all 15, 31 or 63 with the largest scales; Q8_0's ±127) against
@@ -766,15 +736,7 @@ mod tests {
             return;
         }
         let k = 512;
-        let types = [
-            DType::Q4_K,
-            DType::Q5_K,
-            DType::Q6_K,
-            DType::Q8_0,
-            DType::Q5_1,
-            DType::IQ4_XS,
-        ];
-        for &dt in &types {
+        for &dt in &TYPES {
             let how = split(dt).unwrap_or(crate::cpu::qdot_int::K_SPLIT);
             for wsign in [1f32, -1.0] {
                 // Large equal weights quantize to the top code with the top scale.
