@@ -264,3 +264,13 @@ fn smollm2_with_q5_1_and_iq4_xs_matrices_matches_an_f64_forward() {
         smollm2_as(dtype);
     }
 }
+
+/// The formats the CPU keeps 16 rows interleaved on AVX-512 (`cpu/qdot_x16.rs`; the model's own
+/// Q4_1 above): IQ4_NL and Q4_0 in every matrix.
+#[test]
+fn smollm2_with_iq4_nl_and_q4_0_matrices_matches_an_f64_forward() {
+    for dtype in [DType::IQ4_NL, DType::Q4_0] {
+        println!("{dtype:?}");
+        smollm2_as(dtype);
+    }
+}

@@ -384,21 +384,9 @@ pub(crate) fn kv_write(i: &[In], o: &mut [Out]) -> KResult {
 /// it fuses, one after another.
 pub(crate) fn rope_kv_write(p: &RopeParams, i: &[In], o: &mut [Out]) -> KResult {
     fn with<'a>(x: &In<'a>, i: &[In<'a>]) -> Vec<In<'a>> {
-        let mut v = vec![
-            In {
-                desc: x.desc,
-                bytes: x.bytes,
-            },
-            In {
-                desc: i[3].desc,
-                bytes: i[3].bytes,
-            },
-        ];
+        let mut v = vec![In::new(x.desc, x.bytes), In::new(i[3].desc, i[3].bytes)];
         if let Some(f) = i.get(5) {
-            v.push(In {
-                desc: f.desc,
-                bytes: f.bytes,
-            });
+            v.push(In::new(f.desc, f.bytes));
         }
         v
     }
@@ -415,18 +403,9 @@ pub(crate) fn rope_kv_write(p: &RopeParams, i: &[In], o: &mut [Out]) -> KResult 
         }],
     )?;
     let kv_in = [
-        In {
-            desc: &k_desc,
-            bytes: &k_rot,
-        },
-        In {
-            desc: i[2].desc,
-            bytes: i[2].bytes,
-        },
-        In {
-            desc: i[4].desc,
-            bytes: i[4].bytes,
-        },
+        In::new(&k_desc, &k_rot),
+        In::new(i[2].desc, i[2].bytes),
+        In::new(i[4].desc, i[4].bytes),
     ];
     kv_write(&kv_in, caches)
 }

@@ -2,12 +2,10 @@
 
 use super::{index, pool, In, KResult, Out};
 use crate::op::GetRowsOp;
-use crate::quant;
 
 pub(crate) fn get_rows(i: &[In], o: &mut [Out]) -> KResult {
     let (table, ids) = (&i[0], i[1].i32()?);
     let (v, d) = (table.dims()[0], table.dims()[1]);
-    let rb = table.row_bytes();
     let rows = ids
         .iter()
         .map(|&id| index(id, v, "row id"))
@@ -16,7 +14,7 @@ pub(crate) fn get_rows(i: &[In], o: &mut [Out]) -> KResult {
     o[0].with_f32(false, |y| {
         pool::par_rows(y, d, 1 << 15, |r0, dst| {
             for (dst, &r) in dst.chunks_mut(d).zip(&rows[r0..]) {
-                quant::dequantize_row(table.desc.dtype, &table.bytes[r * rb..(r + 1) * rb], dst);
+                table.dequantize_row(r, dst);
             }
         });
         Ok(())
@@ -31,10 +29,7 @@ pub(crate) fn soft_embedding(top_k: usize, i: &[In], o: &mut [Out]) -> KResult {
     let (logits, table) = (i[0].f32()?, &i[1]);
     let (t, v) = (i[0].dims()[0], i[0].dims()[1]);
     let e = table.dims()[1];
-    let rb = table.row_bytes();
-    let row = |j: usize, dst: &mut [f32]| {
-        quant::dequantize_row(table.desc.dtype, &table.bytes[j * rb..(j + 1) * rb], dst)
-    };
+    let row = |j: usize, dst: &mut [f32]| table.dequantize_row(j, dst);
     // Each position's chosen rows and their softmax weights.
     let pick = |ls: &[f32]| -> Vec<(usize, f64)> {
         let mut ids: Vec<usize> = (0..v).collect();

@@ -1,7 +1,9 @@
 //! MatMul and its fused forms: `y = x · Wᵀ` with W in any dtype, dequantized a row at a time.
 
 use super::simd::{self, Isa};
-use super::{elementwise, norm, pool, qdot, qdot256, qdot_int, qdot_vnni, In, KResult, Out};
+use super::{
+    elementwise, norm, pool, qdot, qdot256, qdot_int, qdot_vnni, qdot_x16, In, KResult, Out,
+};
 use crate::op::{GluOp, MatMulOp};
 use crate::quant;
 use crate::tensor::DType;
@@ -406,7 +408,81 @@ pub(crate) fn gemm(
 fn run(x: &[f32], w: &In, o: &mut Out) -> KResult {
     let (n, k) = (w.dims()[0], w.dims()[1]);
     let m = x.len() / k.max(1);
+    if w.x16 {
+        return o.with_f32(false, |y| gemm_x16(x, m, k, w.bytes, w.desc.dtype, n, y));
+    }
     o.with_f32(false, |y| gemm(x, m, k, w.bytes, w.desc.dtype, n, y))
+}
+
+thread_local! {
+    /// Q4_1's activation block sums (`qdot_x16::block_sums`), reused across calls.
+    static BLOCK_SUMS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Groups of 16 weight rows a task takes at a time from its piece: every activation row goes
+/// through them (64 rows of k, ~20 KB at k = 576, stay in L1 and L2) before the next.
+const X16_TILE: usize = 4;
+
+/// [`gemm`] for weights kept 16 rows interleaved (`qdot_x16`; `w.x16`): the same kernel for
+/// every batch, six activation rows a call, so a row's bits never depend on the batch.
+fn gemm_x16(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[u8],
+    dtype: DType,
+    n: usize,
+    y: &mut [f32],
+) -> KResult {
+    let groups = n / qdot_x16::ROWS;
+    let nb = k / 32;
+    let rb = dtype.bytes_for(k).unwrap_or(usize::MAX);
+    if x.len() < m * k || y.len() < m * n || w.len() < n.saturating_mul(rb) || m == 0 || groups == 0
+    {
+        return Ok(());
+    }
+    let mut xs = BLOCK_SUMS.with(|c| c.take());
+    if dtype == DType::Q4_1 {
+        qdot_x16::block_sums(&x[..m * k], k, &mut xs);
+    }
+    let (xp, xsp) = (x.as_ptr(), pool::SendPtr(xs.as_ptr() as *mut f32));
+    let xp = pool::SendPtr(xp as *mut f32);
+    let yp = pool::SendPtr(y.as_mut_ptr());
+    let pieces = if m <= FUSED_ROWS {
+        4
+    } else {
+        TILE_PIECES_FUSED
+    };
+    pool::par_ranges(groups, X16_TILE, pieces, |range| {
+        let (xp, xsp, yp) = (&xp, &xsp, &yp);
+        let mut g0 = range.start;
+        while g0 < range.end {
+            let g1 = (g0 + X16_TILE).min(range.end);
+            let mut i = 0;
+            while i < m {
+                let mr = qdot_x16::MAX_ROWS.min(m - i);
+                // SAFETY: the storage interleaved these weights (`qdot_x16::packs` held for
+                // them on this CPU); x holds m rows of k and xs their block sums (Q4_1, the
+                // only format that reads them); the groups g0..g1 lie inside `w`; y's columns
+                // of these groups are this task's alone.
+                unsafe {
+                    qdot_x16::rows_dots(
+                        dtype,
+                        (xp.0.add(i * k), k, xsp.0.wrapping_add(i * nb)),
+                        mr,
+                        k,
+                        w.as_ptr(),
+                        g0..g1,
+                        (yp.0.add(i * n), n),
+                    )
+                };
+                i += mr;
+            }
+            g0 = g1;
+        }
+    });
+    BLOCK_SUMS.with(|c| c.replace(xs));
+    Ok(())
 }
 
 pub(crate) fn mat_mul(i: &[In], o: &mut [Out]) -> KResult {

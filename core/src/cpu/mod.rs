@@ -19,6 +19,7 @@ mod qdot;
 mod qdot256;
 mod qdot_int;
 mod qdot_vnni;
+mod qdot_x16;
 mod reduce;
 mod rope;
 pub mod simd;
@@ -42,6 +43,12 @@ struct CpuStorage {
     words: UnsafeCell<Vec<u64>>,
     /// Where the words go back when the tensor is dropped.
     recycle: Arc<Recycler>,
+    /// A matrix the fast kernel reads 16 rows interleaved (`qdot_x16`): its format and row
+    /// length, where the allocation's shape allows it.
+    pack: Option<(DType, usize)>,
+    /// Whether the bytes are interleaved: set by the first upload of the whole tensor (a
+    /// weight), so tensors only ever written by ops keep the file layout.
+    packed: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for CpuStorage {
@@ -137,6 +144,48 @@ impl CpuStorage {
     unsafe fn bytes_mut(&self, off: usize, len: usize) -> &mut [u8] {
         let v = &mut *self.words.get();
         &mut bytemuck::cast_slice_mut::<u64, u8>(v)[off..off + len]
+    }
+    /// The format and row length of the interleaved bytes, when they are.
+    fn packed(&self) -> Option<(DType, usize)> {
+        self.pack
+            .filter(|_| self.packed.load(std::sync::atomic::Ordering::Relaxed))
+    }
+    /// The whole tensor's bytes in the file layout: borrowed, or a copy when interleaved.
+    ///
+    /// # Safety
+    /// As for [`CpuStorage::bytes`].
+    unsafe fn file_bytes(&self) -> Cow<'_, [u8]> {
+        let b = self.bytes(0, self.len);
+        match self.packed() {
+            Some((dtype, k)) => {
+                let mut out = vec![0u8; self.len];
+                qdot_x16::unpack(dtype, k, b, &mut out);
+                Cow::Owned(out)
+            }
+            None => Cow::Borrowed(b),
+        }
+    }
+    /// Stores the whole tensor from `all`, in the file layout, in the storage's layout.
+    ///
+    /// # Safety
+    /// As for [`CpuStorage::bytes_mut`].
+    unsafe fn store_file(&self, all: &[u8]) {
+        let dst = self.bytes_mut(0, self.len);
+        match self.packed() {
+            Some((dtype, k)) => qdot_x16::pack(dtype, k, all, dst),
+            None => dst.copy_from_slice(all),
+        }
+    }
+    /// Whether `t`, a tensor of this storage, is the whole interleaved matrix (which the
+    /// matmul and row-lookup kernels read in place).
+    fn is_packed_whole(&self, t: &Tensor) -> bool {
+        self.packed().is_some_and(|(dtype, k)| {
+            t.offset() == 0
+                && t.nbytes() == self.len
+                && t.dtype() == dtype
+                && t.shape().dims().len() == 2
+                && t.shape().last() == k
+        })
     }
 }
 
@@ -287,11 +336,15 @@ impl Backend for CpuBackend {
             .nbytes()
             .ok_or_else(|| Error::Tensor(format!("{desc}: not a whole number of blocks")))?;
         let words = self.recycle.take(len.div_ceil(8));
+        let dims = desc.shape.dims();
+        let pack = qdot_x16::packs(simd::isa(), desc.dtype, dims).then(|| (desc.dtype, dims[1]));
         let storage = Arc::new(CpuStorage {
             backend: self.id,
             len,
             words: UnsafeCell::new(words),
             recycle: self.recycle.clone(),
+            pack,
+            packed: std::sync::atomic::AtomicBool::new(false),
         });
         Tensor::new(storage, 0, desc.clone())
     }
@@ -306,8 +359,27 @@ impl Backend for CpuBackend {
             )));
         }
         let _g = self.lock();
-        // SAFETY: gate held; one mutable slice.
-        unsafe { s.bytes_mut(dst.offset(), dst.nbytes()) }.copy_from_slice(bytes);
+        let whole = dst.offset() == 0 && dst.nbytes() == s.len;
+        // A matrix the interleaved kernel reads is interleaved from its first whole upload on.
+        if whole
+            && s.pack
+                .is_some_and(|(dtype, k)| dst.dtype() == dtype && dst.shape().last() == k)
+        {
+            s.packed.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        // SAFETY: gate held; one mutable slice at a time.
+        unsafe {
+            if s.packed().is_none() {
+                s.bytes_mut(dst.offset(), dst.nbytes())
+                    .copy_from_slice(bytes);
+            } else if whole {
+                s.store_file(bytes);
+            } else {
+                let mut all = s.file_bytes().into_owned();
+                all[dst.offset()..dst.offset() + dst.nbytes()].copy_from_slice(bytes);
+                s.store_file(&all);
+            }
+        }
         Ok(())
     }
 
@@ -315,7 +387,8 @@ impl Backend for CpuBackend {
         let s = self.storage(src)?;
         let _g = self.lock();
         // SAFETY: gate held; no mutable slice exists.
-        Ok(unsafe { s.bytes(src.offset(), src.nbytes()) }.to_vec())
+        let all = unsafe { s.file_bytes() };
+        Ok(all[src.offset()..src.offset() + src.nbytes()].to_vec())
     }
 
     fn supports_op(&self, desc: &OpDesc) -> bool {
@@ -334,26 +407,52 @@ impl Backend for CpuBackend {
             .map(|t| self.storage(t))
             .collect::<Result<Vec<_>>>()?;
         let _g = self.lock();
-        // SAFETY: the gate is held for the whole op, and `check_call` proved that no output
-        // overlaps an input or another output, so the mutable slices alias nothing.
-        let in_bytes: Vec<In> = unsafe {
-            ins.iter()
-                .zip(inputs)
-                .map(|(s, t)| In {
-                    desc: t.desc(),
-                    bytes: s.bytes(t.offset(), t.nbytes()),
+        // Interleaved matrices are read in place by the matmuls and row lookups when whole;
+        // any other use gets a copy in the file layout (and an output so stored is written
+        // back interleaved after the op).
+        let in_place = matches!(op, Op::MatMul(_) | Op::GetRows(_));
+        // SAFETY (these blocks): the gate is held for the whole op, and `check_call` proved
+        // that no output overlaps an input or another output, so the mutable slices alias
+        // nothing.
+        let in_copies: Vec<Option<Vec<u8>>> = ins
+            .iter()
+            .zip(inputs)
+            .map(|(s, t)| {
+                (s.packed().is_some() && !(in_place && s.is_packed_whole(t))).then(|| {
+                    let all = unsafe { s.file_bytes() };
+                    all[t.offset()..t.offset() + t.nbytes()].to_vec()
                 })
-                .collect()
-        };
-        let mut out_bytes: Vec<Out> = unsafe {
-            outs.iter()
-                .zip(outputs)
-                .map(|(s, t)| Out {
+            })
+            .collect();
+        let mut out_copies: Vec<Option<Vec<u8>>> = outs
+            .iter()
+            .map(|s| s.packed().map(|_| unsafe { s.file_bytes() }.into_owned()))
+            .collect();
+        let in_bytes: Vec<In> = ins
+            .iter()
+            .zip(inputs)
+            .zip(&in_copies)
+            .map(|((s, t), c)| match c {
+                Some(c) => In::new(t.desc(), c),
+                None => In {
                     desc: t.desc(),
-                    bytes: s.bytes_mut(t.offset(), t.nbytes()),
-                })
-                .collect()
-        };
+                    bytes: unsafe { s.bytes(t.offset(), t.nbytes()) },
+                    x16: s.packed().is_some(),
+                },
+            })
+            .collect();
+        let mut out_bytes: Vec<Out> = outs
+            .iter()
+            .zip(outputs)
+            .zip(out_copies.iter_mut())
+            .map(|((s, t), c)| Out {
+                desc: t.desc(),
+                bytes: match c {
+                    Some(c) => &mut c[t.offset()..t.offset() + t.nbytes()],
+                    None => unsafe { s.bytes_mut(t.offset(), t.nbytes()) },
+                },
+            })
+            .collect();
         let err = |msg: String| Error::Op {
             op: op.name().into(),
             msg,
@@ -368,7 +467,7 @@ impl Backend for CpuBackend {
                 .collect::<Vec<_>>()
                 .join(", "),
         };
-        pool::with_pool(&self.workers, || {
+        let r = pool::with_pool(&self.workers, || {
             if on_workers(op) {
                 dispatch(op, &in_bytes, &mut out_bytes)
             } else {
@@ -377,8 +476,15 @@ impl Backend for CpuBackend {
                     None => dispatch(op, &in_bytes, &mut out_bytes),
                 }
             }
-        })
-        .map_err(|e| match e {
+        });
+        drop(out_bytes);
+        for (s, c) in outs.iter().zip(&out_copies) {
+            if let Some(c) = c {
+                // SAFETY: gate held; the op's slices are gone.
+                unsafe { s.store_file(c) };
+            }
+        }
+        r.map_err(|e| match e {
             KernelError::Data(msg) => err(msg),
             KernelError::Other(e) => e,
         })
@@ -393,6 +499,9 @@ impl Backend for CpuBackend {
 pub(crate) struct In<'a> {
     pub desc: &'a TensorDesc,
     pub bytes: &'a [u8],
+    /// The bytes are a matrix of 16-row interleaved blocks (`qdot_x16`), which only the
+    /// matmuls' weights and the row lookups' tables can be.
+    pub x16: bool,
 }
 
 /// An output as the kernels see it.
@@ -416,6 +525,14 @@ impl From<Error> for KernelError {
 pub(crate) type KResult<T = ()> = std::result::Result<T, KernelError>;
 
 impl<'a> In<'a> {
+    /// An input of bytes in the file layout.
+    pub fn new(desc: &'a TensorDesc, bytes: &'a [u8]) -> Self {
+        In {
+            desc,
+            bytes,
+            x16: false,
+        }
+    }
     /// The elements as f32: borrowed when already aligned f32, else converted.
     pub fn f32(&self) -> KResult<Cow<'a, [f32]>> {
         if self.desc.dtype == DType::F32 {
@@ -424,8 +541,36 @@ impl<'a> In<'a> {
             }
         }
         let mut v = vec![0f32; self.desc.numel()];
-        quant::dequantize(self.desc.dtype, self.bytes, &mut v)?;
+        if self.x16 {
+            let mut file = vec![0u8; self.bytes.len()];
+            qdot_x16::unpack(
+                self.desc.dtype,
+                self.desc.shape.last(),
+                self.bytes,
+                &mut file,
+            );
+            quant::dequantize(self.desc.dtype, &file, &mut v)?;
+        } else {
+            quant::dequantize(self.desc.dtype, self.bytes, &mut v)?;
+        }
         Ok(Cow::Owned(v))
+    }
+    /// Row `r` of a matrix (its last dimension) dequantized into `dst`.
+    pub fn dequantize_row(&self, r: usize, dst: &mut [f32]) {
+        let rb = self.row_bytes();
+        if self.x16 {
+            let mut file = vec![0u8; rb];
+            qdot_x16::unpack_row(
+                self.desc.dtype,
+                self.desc.shape.last(),
+                self.bytes,
+                r,
+                &mut file,
+            );
+            quant::dequantize_row(self.desc.dtype, &file, dst);
+        } else if let Some(src) = self.bytes.get(r * rb..(r + 1) * rb) {
+            quant::dequantize_row(self.desc.dtype, src, dst);
+        }
     }
     pub fn i32(&self) -> KResult<Cow<'a, [i32]>> {
         if let Ok(s) = bytemuck::try_cast_slice::<u8, i32>(self.bytes) {

@@ -1,0 +1,218 @@
+//! Tests of the 16-row interleaved weights (`qdot_x16.rs`): the layout against the file's,
+//! the kernel against an f64 dot, a row's bits against its batch, and the CPU backend keeping
+//! such matrices (upload, download, row lookups, other ops) as if they were in the file layout.
+
+use super::*;
+use crate::backend::Backend;
+use crate::cpu::{simd, CpuBackend};
+use crate::op::{ElementwiseOp, GetRowsOp, MatMulOp, Op};
+use crate::quant;
+use crate::rng::Rng;
+use crate::tensor::TensorDesc;
+
+const TYPES: [DType; 3] = [DType::IQ4_NL, DType::Q4_0, DType::Q4_1];
+
+/// `n` random rows of `k` in `dtype`'s file layout, rows of different scales.
+fn weights(dtype: DType, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| rng.normal() * (1.0 + (i / k) as f32 * 0.25) + 0.1)
+        .collect();
+    quant::quantize(dtype, &w).unwrap()
+}
+
+#[test]
+fn interleaving_is_a_permutation_of_the_file_blocks() {
+    let mut rng = Rng::new(31);
+    for dt in TYPES {
+        for (n, k) in [(16, 32), (48, 64), (32, 576)] {
+            // Any bytes: the layouts move bytes and nibbles, whatever they hold.
+            let file: Vec<u8> = (0..n * dt.bytes_for(k).unwrap())
+                .map(|_| rng.next_u64() as u8)
+                .collect();
+            let mut packed = vec![0u8; file.len()];
+            pack(dt, k, &file, &mut packed);
+            assert_ne!(packed, file, "{dt} {n}x{k}: the layout changed nothing");
+            let mut back = vec![0u8; file.len()];
+            unpack(dt, k, &packed, &mut back);
+            assert_eq!(back, file, "{dt} {n}x{k}");
+            let rb = dt.bytes_for(k).unwrap();
+            for r in 0..n {
+                let mut row = vec![0u8; rb];
+                unpack_row(dt, k, &packed, r, &mut row);
+                assert_eq!(row, file[r * rb..(r + 1) * rb], "{dt} {n}x{k} row {r}");
+            }
+        }
+    }
+}
+
+/// Each file block's scale `d`, minimum `m` (Q4_1; else 0) and level of each element: the
+/// formats' definitions, read independently of `quant`.
+fn decoded(dt: DType, row: &[u8], k: usize) -> Vec<(f64, f64, f64)> {
+    const IQ4: [f64; 16] = [
+        -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0,
+        69.0, 89.0, 113.0,
+    ];
+    let f16 = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f64();
+    let bb = dt.bytes_for(32).unwrap();
+    (0..k)
+        .map(|e| {
+            let b = &row[(e / 32) * bb..(e / 32 + 1) * bb];
+            let h = bb - 16;
+            let byte = b[h + e % 16];
+            let q = if e % 32 < 16 { byte & 15 } else { byte >> 4 } as usize;
+            match dt {
+                DType::IQ4_NL => (f16(b, 0), 0.0, IQ4[q]),
+                DType::Q4_0 => (f16(b, 0), 0.0, q as f64 - 8.0),
+                _ => (f16(b, 0), f16(b, 2), q as f64),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn interleaved_rows_match_an_f64_dot_and_their_bits_do_not_depend_on_the_batch() {
+    if !packs(simd::isa(), DType::IQ4_NL, &[16, 32]) {
+        eprintln!("skipped: no AVX-512 here ({:?})", simd::isa());
+        return;
+    }
+    let mut rng = Rng::new(32);
+    for dt in TYPES {
+        for (n, k) in [(48, 576), (32, 1536), (80, 32)] {
+            let file = weights(dt, n, k, &mut rng);
+            let mut packed = vec![0u8; file.len()];
+            pack(dt, k, &file, &mut packed);
+            let m = MAX_ROWS;
+            let x: Vec<f32> = (0..m * k).map(|_| rng.normal()).collect();
+            let mut xs = Vec::new();
+            block_sums(&x, k, &mut xs);
+            let call = |i: usize, mr: usize, groups: std::ops::Range<usize>, y: &mut [f32]| unsafe {
+                rows_dots(
+                    dt,
+                    (x.as_ptr().add(i * k), k, xs.as_ptr().add(i * (k / 32))),
+                    mr,
+                    k,
+                    packed.as_ptr(),
+                    groups,
+                    (y.as_mut_ptr().add(i * n), n),
+                )
+            };
+            // One activation row at a time over all groups: the decode path.
+            let mut one = vec![f32::NAN; m * n];
+            for i in 0..m {
+                call(i, 1, 0..n / ROWS, &mut one);
+            }
+            let rb = dt.bytes_for(k).unwrap();
+            for r in 0..n {
+                let wr = decoded(dt, &file[r * rb..(r + 1) * rb], k);
+                for i in 0..m {
+                    let xi = &x[i * k..(i + 1) * k];
+                    let want: f64 = wr
+                        .iter()
+                        .zip(xi)
+                        .map(|((d, mn, l), x)| (d * l + mn) * *x as f64)
+                        .sum();
+                    let mag: f64 = wr
+                        .iter()
+                        .zip(xi)
+                        .map(|((d, mn, l), x)| ((d * l).abs() + mn.abs()) * (*x as f64).abs())
+                        .sum();
+                    let bound = (48.0 + (k / 32) as f64) * f64::powi(2.0, -24) * mag;
+                    let got = one[i * n + r] as f64;
+                    assert!(
+                        (got - want).abs() <= bound,
+                        "{dt} {n}x{k} row {r} act {i}: {got} vs {want} (bound {bound:e})"
+                    );
+                }
+            }
+            // Every batch size and any range of groups: the same bits.
+            for mr in 2..=m {
+                let mut y = vec![f32::NAN; m * n];
+                let mut i = 0;
+                while i + mr <= m {
+                    call(i, mr, 1..n / ROWS, &mut y);
+                    call(i, mr, 0..1, &mut y);
+                    i += mr;
+                }
+                for (j, (a, b)) in y[..i * n].iter().zip(&one).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{dt} {n}x{k} mr {mr}: output {j}");
+                }
+            }
+        }
+    }
+}
+
+/// The CPU backend with an interleaved matrix behaves as with the file's bytes: downloads,
+/// partial uploads, row lookups, an op that reads it otherwise, and the matmul against the
+/// same weights in a tensor it cannot interleave.
+#[test]
+fn the_backend_keeps_interleaved_matrices_invisible() {
+    let isa = simd::isa();
+    let cpu = CpuBackend::with_threads(2);
+    let mut rng = Rng::new(33);
+    for dt in TYPES {
+        let (n, k) = (48, 96);
+        let file = weights(dt, n, k, &mut rng);
+        let w = cpu
+            .tensor_from_bytes(&TensorDesc::new(dt, [n, k]), &file)
+            .unwrap();
+        let packed = cpu.storage(&w).unwrap().packed().is_some();
+        assert_eq!(packed, packs(isa, dt, &[n, k]), "{dt}");
+        assert_eq!(cpu.download(&w).unwrap(), file, "{dt}: download");
+
+        // A view's upload (rows 16..19) lands where the file layout puts it.
+        let rb = dt.bytes_for(k).unwrap();
+        let mut file2 = file.clone();
+        let fresh = weights(dt, 3, k, &mut rng);
+        file2[16 * rb..19 * rb].copy_from_slice(&fresh);
+        let view = w.view(16 * k, [3, k]).unwrap();
+        cpu.upload(&view, &fresh).unwrap();
+        assert_eq!(cpu.download(&w).unwrap(), file2, "{dt}: partial upload");
+        assert_eq!(cpu.download(&view).unwrap(), fresh, "{dt}: view download");
+
+        // The same weights flattened to one row of a 3-D tensor are never interleaved.
+        let plain = cpu
+            .tensor_from_bytes(&TensorDesc::new(dt, [1, n, k]), &file2)
+            .unwrap();
+        assert!(cpu.storage(&plain).unwrap().packed().is_none());
+        let want_f32 = cpu.to_f32(&plain).unwrap();
+
+        // Row lookups.
+        let ids = cpu.tensor_i32(&[4], &[17, 0, 47, 16]).unwrap();
+        let rows = cpu.alloc(&TensorDesc::new(DType::F32, [4, k])).unwrap();
+        cpu.execute(&Op::GetRows(GetRowsOp::GetRows), &[&w, &ids], &[&rows])
+            .unwrap();
+        let got = cpu.to_f32(&rows).unwrap();
+        for (j, id) in [17usize, 0, 47, 16].iter().enumerate() {
+            let want = &want_f32[id * k..(id + 1) * k];
+            assert_eq!(&got[j * k..(j + 1) * k], want, "{dt}: row {id}");
+        }
+
+        // An op that reads the matrix as bytes (a copy) sees the file layout.
+        let copy = cpu.alloc(&TensorDesc::new(dt, [n, k])).unwrap();
+        cpu.execute(&Op::Elementwise(ElementwiseOp::Copy), &[&w], &[&copy])
+            .unwrap();
+        assert_eq!(cpu.download(&copy).unwrap(), file2, "{dt}: copy");
+
+        // The matmul (decode and prefill batches) against an f64 dot of the weights.
+        for m in [1, 9] {
+            let xv: Vec<f32> = (0..m * k).map(|_| rng.normal()).collect();
+            let x = cpu.tensor_f32(&[m, k], &xv).unwrap();
+            let y = cpu.alloc(&TensorDesc::new(DType::F32, [m, n])).unwrap();
+            cpu.execute(&Op::MatMul(MatMulOp::MatMul), &[&x, &w], &[&y])
+                .unwrap();
+            let got = cpu.to_f32(&y).unwrap();
+            for i in 0..m {
+                for r in 0..n {
+                    let (xi, wr) = (&xv[i * k..(i + 1) * k], &want_f32[r * k..(r + 1) * k]);
+                    let want: f64 = xi.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    let mag: f64 = xi.iter().zip(wr).map(|(a, b)| (*a * *b).abs() as f64).sum();
+                    let got = got[i * n + r] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-5 * mag,
+                        "{dt} m {m} ({i}, {r}): {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
