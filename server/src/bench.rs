@@ -499,7 +499,7 @@ fn graphs_line(f: &kiln_core::runner::Forward) -> Option<String> {
             format!("graphs: off for this model ({why}); every op launched on its own")
         }
         (true, None) => format!(
-            "graphs: {} decode steps replayed from {} recorded graph(s) (a launch a step)",
+            "graphs: {} decode steps replayed from {} recorded graph(s) (no model code per step)",
             st.replayed, st.captured
         ),
     })

@@ -506,11 +506,21 @@ fn decode_steps_replayed_as_graphs_equal_the_steps_run_op_by_op() {
     let Some(emu) = kiln_tests::cuda_emu() else {
         return;
     };
+    replayed_steps_equal_op_by_op(&|| Executor::new(emu.clone()).strict(true));
+}
+
+/// The same on the CPU backend, which records a step as its list of ops on their tensors.
+#[test]
+fn cpu_decode_steps_replayed_as_graphs_equal_the_steps_run_op_by_op() {
+    replayed_steps_equal_op_by_op(&Executor::cpu);
+}
+
+fn replayed_steps_equal_op_by_op(ex: &dyn Fn() -> Executor) {
     for &name in MODELS {
         let d = dir(name);
         let r = reference(&d);
-        let mut graphs = runner_of(&d, Executor::new(emu.clone()).strict(true), 7, 3, 2);
-        let mut ops = runner_of(&d, Executor::new(emu.clone()).strict(true), 7, 3, 2);
+        let mut graphs = runner_of(&d, ex(), 7, 3, 2);
+        let mut ops = runner_of(&d, ex(), 7, 3, 2);
         ops.set_graphs(false);
         assert!(graphs.forward().graphs().0, "{name}: recording is on");
         let prompt = &r.greedy_prompt;

@@ -30,7 +30,7 @@ use std::borrow::Cow;
 use std::cell::UnsafeCell;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{check_call, next_backend_id, Backend, Capabilities, DeviceKind};
+use crate::backend::{check_call, next_backend_id, Backend, Capabilities, DeviceKind, GraphId};
 use crate::error::{Error, Result};
 use crate::op::{Op, OpDesc};
 use crate::quant;
@@ -200,6 +200,8 @@ pub struct CpuBackend {
     pool: Option<rayon::ThreadPool>,
     gate: Mutex<()>,
     recycle: Arc<Recycler>,
+    /// Recorded decode steps ([`Backend::begin_capture`]).
+    graphs: Mutex<CpuGraphs>,
 }
 
 impl Default for CpuBackend {
@@ -244,6 +246,7 @@ impl CpuBackend {
             pool,
             gate: Mutex::new(()),
             recycle: Arc::new(Recycler::default()),
+            graphs: Mutex::new(CpuGraphs::default()),
         }
     }
 
@@ -350,6 +353,7 @@ impl Backend for CpuBackend {
     }
 
     fn upload(&self, dst: &Tensor, bytes: &[u8]) -> Result<()> {
+        self.recording()?;
         let s = self.storage(dst)?;
         if bytes.len() != dst.nbytes() {
             return Err(Error::Tensor(format!(
@@ -384,6 +388,7 @@ impl Backend for CpuBackend {
     }
 
     fn download(&self, src: &Tensor) -> Result<Vec<u8>> {
+        self.recording()?;
         let s = self.storage(src)?;
         let _g = self.lock();
         // SAFETY: gate held; no mutable slice exists.
@@ -398,6 +403,105 @@ impl Backend for CpuBackend {
 
     fn execute(&self, op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
         check_call(self, op, inputs, outputs)?;
+        if let Some(rec) = self.lock_graphs().recording.as_mut() {
+            rec.push(Recorded {
+                op: op.clone(),
+                inputs: inputs.iter().map(|&t| t.clone()).collect(),
+                outputs: outputs.iter().map(|&t| t.clone()).collect(),
+            });
+            return Ok(());
+        }
+        self.run(op, inputs, outputs)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn graphs(&self) -> bool {
+        true
+    }
+
+    fn begin_capture(&self) -> Result<()> {
+        let mut g = self.lock_graphs();
+        if g.recording.is_some() {
+            return Err(Error::backend("cpu", "a graph is already being recorded"));
+        }
+        g.recording = Some(Vec::new());
+        Ok(())
+    }
+
+    fn end_capture(&self) -> Result<GraphId> {
+        let mut g = self.lock_graphs();
+        let ops = g
+            .recording
+            .take()
+            .ok_or_else(|| Error::backend("cpu", "no graph is being recorded"))?;
+        g.next += 1;
+        let id = g.next;
+        g.graphs.insert(id, Arc::new(ops));
+        Ok(id)
+    }
+
+    fn abort_capture(&self) {
+        self.lock_graphs().recording = None;
+    }
+
+    fn replay(&self, id: GraphId) -> Result<()> {
+        let ops = self
+            .lock_graphs()
+            .graphs
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| Error::backend("cpu", format!("no graph {id}")))?;
+        for r in ops.iter() {
+            let ins: Vec<&Tensor> = r.inputs.iter().collect();
+            let outs: Vec<&Tensor> = r.outputs.iter().collect();
+            self.run(&r.op, &ins, &outs)?;
+        }
+        Ok(())
+    }
+
+    fn drop_graph(&self, id: GraphId) {
+        self.lock_graphs().graphs.remove(&id);
+    }
+}
+
+/// A decode step recorded by [`Backend::begin_capture`]: its ops, in order, on the tensors
+/// they were given (the graph keeps them, and with them their memory).
+struct Recorded {
+    op: Op,
+    inputs: Vec<Tensor>,
+    outputs: Vec<Tensor>,
+}
+
+#[derive(Default)]
+struct CpuGraphs {
+    /// The ops of the step being recorded.
+    recording: Option<Vec<Recorded>>,
+    graphs: std::collections::HashMap<GraphId, Arc<Vec<Recorded>>>,
+    next: GraphId,
+}
+
+impl CpuBackend {
+    fn lock_graphs(&self) -> std::sync::MutexGuard<'_, CpuGraphs> {
+        self.graphs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a step is being recorded (uploads and downloads are refused meanwhile: a
+    /// recorded step reads its inputs from tensors filled before each replay).
+    fn recording(&self) -> Result<()> {
+        match self.lock_graphs().recording {
+            Some(_) => Err(Error::backend(
+                "cpu",
+                "no upload or download while a step is being recorded",
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `op` now (its call checked by the caller).
+    fn run(&self, op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
         let ins = inputs
             .iter()
             .map(|t| self.storage(t))
@@ -488,10 +592,6 @@ impl Backend for CpuBackend {
             KernelError::Data(msg) => err(msg),
             KernelError::Other(e) => e,
         })
-    }
-
-    fn synchronize(&self) -> Result<()> {
-        Ok(())
     }
 }
 
