@@ -187,8 +187,8 @@ fn smollm2_logits_match_an_f64_forward_at_every_position() {
 
 /// SmolLM2 with every matrix whose rows are whole blocks of `dtype` re-encoded in it (for the
 /// K-quants' 256-element blocks, its FFN down projections: 1,536 wide; the others are 576), so
-/// that format's kernels (the integer ones for the K-quants, on AVX2 and AVX-512 VNNI) run on real
-/// activations, outliers included.
+/// that format's kernels (the integer ones for the K-quants on AVX2 and AVX-512 VNNI, the 16-row
+/// interleaved ones for the 4-bit formats on AVX-512) run on real activations, outliers included.
 fn smollm2_as(dtype: DType) {
     let Some(path) = model_file(SMOLLM2) else {
         return;

@@ -415,7 +415,7 @@ fn run(x: &[f32], w: &In, o: &mut Out) -> KResult {
 }
 
 thread_local! {
-    /// Q4_1's activation block sums (`qdot_x16::block_sums`), reused across calls.
+    /// The activations' group sums (`qdot_x16::block_sums`), reused across calls.
     static BLOCK_SUMS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -442,7 +442,7 @@ fn gemm_x16(
         return Ok(());
     }
     let mut xs = BLOCK_SUMS.with(|c| c.take());
-    if dtype == DType::Q4_1 {
+    if qdot_x16::needs_sums(dtype) {
         qdot_x16::block_sums(&x[..m * k], k, &mut xs);
     }
     let (xp, xsp) = (x.as_ptr(), pool::SendPtr(xs.as_ptr() as *mut f32));
@@ -462,9 +462,9 @@ fn gemm_x16(
             while i < m {
                 let mr = qdot_x16::MAX_ROWS.min(m - i);
                 // SAFETY: the storage interleaved these weights (`qdot_x16::packs` held for
-                // them on this CPU); x holds m rows of k and xs their block sums (Q4_1, the
-                // only format that reads them); the groups g0..g1 lie inside `w`; y's columns
-                // of these groups are this task's alone.
+                // them on this CPU); x holds m rows of k and xs their group sums where the
+                // format reads them; the groups g0..g1 lie inside `w`; y's columns of these
+                // groups are this task's alone.
                 unsafe {
                     qdot_x16::rows_dots(
                         dtype,

@@ -1,26 +1,29 @@
-//! Weights of the 4-bit 32-element formats (IQ4_NL, Q4_0, Q4_1) stored 16 rows interleaved,
-//! and the kernel that reads them: each vector lane is a weight row.
+//! Weights of the 4-bit formats (IQ4_NL, Q4_0, Q4_1, IQ4_XS, Q4_K) stored 16 rows
+//! interleaved, and the kernel that reads them: each vector lane is a weight row.
 //!
-//! In the file's layout a row's block is decoded into two vectors of 16 of its elements
-//! (`qdot.rs`): per 16 weights a widening, a shift, a table permute and a multiply-add, plus
-//! a scaled table per block: ~6.3 cycles a block of 32 on one Zen 4 core, twice what memory
-//! needs. Here the CPU backend keeps such a matrix (`[n, k]`, n a multiple of 16) as groups
-//! of 16 rows, each group's blocks side by side: for block `b` of group `g`, the 16 rows'
-//! scales (each f16 field as 16 consecutive f16: `d`, then Q4_1's `m`), then four 64-byte
-//! vectors; vector `v`'s 32-bit lane `r` holds row r's elements `8v..8v + 8` of the block, one
-//! nibble each (element `8v + j` in bits `4j..4j + 4`). Same size as the file's blocks.
+//! In the file's layout a row's 32 elements are decoded into two vectors of 16 (`qdot.rs`):
+//! per 16 weights a widening, a shift, a table permute and a multiply-add, plus a scaled
+//! table per group: ~6.3 cycles a group of 32 on one Zen 4 core, twice what memory needs.
+//! Here the CPU backend keeps such a matrix (`[n, k]`, n a multiple of 16) as groups of 16
+//! rows, each group's blocks side by side. For block `b` of a group: the 16 rows' block
+//! heads, field by field (each field of the file's block head, e.g. the f16 `d`, as 16
+//! consecutive values, one a row), then for each 32-element group of the block four 64-byte
+//! vectors: vector `v`'s 32-bit lane `r` holds row r's elements `8v..8v + 8` of the group, one
+//! 4-bit code each (element `8v + j` in bits `4j..4j + 4`). Same size as the file's blocks.
 //!
-//! A block of 16 rows is then, per 16 weights (one column of the 16 rows), a shift, a permute
+//! A group of 16 rows is then, per 16 weights (one column of the 16 rows), a shift, a permute
 //! of the format's 16 levels and one multiply-add with the column's activation broadcast: the
-//! sum `s_r = Σ_c level(q_rc) · x_c` over the block's 32 columns, then `y_r += d_r · s_r` (and
-//! for Q4_1 `+= m_r · Σ_c x_c`). 1.04 against 1.72 ns a block of 32 on one core (rows in L2).
+//! sum `s_r = Σ_c level(q_rc) · x_c` over the group's 32 columns, then `y_r += a_r · s_r`
+//! with the row's scale for the group (`d`, or IQ4_XS's `d · (scale - 32)`, Q4_K's
+//! `d · scale`), and where the format has minimums `y_r += m_r · Σ_c x_c` (Q4_1's `m`, Q4_K's
+//! `-dmin · min`). 1.04 against 1.72 ns a group of 32 on one core (IQ4_NL, rows in L2).
 //! Prefill runs the same kernel with up to six activation rows (each level decoded once for
 //! all of them), so a row's bits never depend on the batch it came in.
 //!
-//! Exactness: the levels are small integers (exact in f32), each product and sum one f32
-//! rounding, the block's sum scaled once: the error of a row is within
-//! `2⁻²³ · (32 + k/32) · Σ |w·x|`-ish, like the file-layout kernel's (the tests hold every row
-//! to an f64 dot of the dequantized weights).
+//! Exactness: the levels are small integers (exact in f32), the group scales products of an
+//! f16 and a 6-bit integer (exact), each product and sum one f32 rounding, a group's sum
+//! scaled once: a row's error is within `2⁻²⁴ · (48 + k/32) · Σ |w·x|` (and the minimums'
+//! `|m|·Σ|x|`), which the tests hold every row to against an f64 dot.
 
 use crate::tensor::DType;
 
@@ -30,22 +33,71 @@ pub(crate) const ROWS: usize = 16;
 /// Activation rows one kernel call covers at most.
 pub(crate) const MAX_ROWS: usize = 6;
 
-/// Whether the CPU backend keeps a `dtype` tensor of `dims` interleaved on this CPU.
-pub(crate) fn packs(isa: super::simd::Isa, dtype: DType, dims: &[usize]) -> bool {
-    cfg!(target_arch = "x86_64")
-        && isa == super::simd::Isa::Avx512
-        && head_bytes(dtype).is_some()
-        && matches!(dims, &[n, k] if n > 0 && n % ROWS == 0 && k > 0 && k % 32 == 0)
+/// How a format's file block is laid out, as the interleaving sees it.
+struct Layout {
+    /// The sizes of the block head's fields (before the codes), in bytes.
+    head: &'static [usize],
+    /// 32-element groups per block.
+    groups: usize,
+    /// Where element `e` of the block's codes lies: a byte of the codes, and the shift of its
+    /// nibble.
+    nibble: fn(usize) -> (usize, u32),
 }
 
-/// The bytes of a file block's scales (before its 16 bytes of nibbles), for the formats kept
-/// interleaved.
-fn head_bytes(dtype: DType) -> Option<usize> {
-    match dtype {
-        DType::IQ4_NL | DType::Q4_0 => Some(2),
-        DType::Q4_1 => Some(4),
-        _ => None,
+impl Layout {
+    fn head_bytes(&self) -> usize {
+        self.head.iter().sum()
     }
+    fn block_bytes(&self) -> usize {
+        self.head_bytes() + 16 * self.groups
+    }
+}
+
+/// Codes of 32-element groups: element `l` of group `g` in the low (l < 16) or high nibble
+/// of byte `16g + l % 16`.
+fn nibble32(e: usize) -> (usize, u32) {
+    let (g, l) = (e / 32, e % 32);
+    (16 * g + l % 16, 4 * (l / 16) as u32)
+}
+
+/// Q4_K's codes: groups 2i and 2i + 1 are the low and high nibbles of the same 32 bytes.
+fn nibble_q4k(e: usize) -> (usize, u32) {
+    let (g, l) = (e / 32, e % 32);
+    (32 * (g / 2) + l, 4 * (g % 2) as u32)
+}
+
+/// The interleaved formats' layouts.
+fn layout(dtype: DType) -> Option<Layout> {
+    let (head, groups, nibble): (&'static [usize], usize, fn(usize) -> (usize, u32)) = match dtype {
+        DType::IQ4_NL | DType::Q4_0 => (&[2], 1, nibble32),
+        DType::Q4_1 => (&[2, 2], 1, nibble32),
+        // d, the 8 groups' scale high bits (u16), their low nibbles (4 bytes).
+        DType::IQ4_XS => (&[2, 2, 4], 8, nibble32),
+        // d, dmin, the 12 bytes of 6-bit scales and mins as three 4-byte fields.
+        DType::Q4_K => (&[2, 2, 4, 4, 4], 8, nibble_q4k),
+        _ => return None,
+    };
+    Some(Layout {
+        head,
+        groups,
+        nibble,
+    })
+}
+
+/// Whether the CPU backend keeps a `dtype` tensor of `dims` interleaved on this CPU.
+pub(crate) fn packs(isa: super::simd::Isa, dtype: DType, dims: &[usize]) -> bool {
+    let Some(l) = layout(dtype) else {
+        return false;
+    };
+    cfg!(target_arch = "x86_64")
+        && isa == super::simd::Isa::Avx512
+        && matches!(dims, &[n, k] if n > 0 && n % ROWS == 0 && k > 0 && k % (32 * l.groups) == 0)
+}
+
+/// Whether the kernel reads the activations' 32-element group sums ([`block_sums`]): the
+/// formats with minimums.
+pub(crate) fn needs_sums(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_1 | DType::Q4_K)
 }
 
 /// The interleaved form of `src`, `n` rows of `k` elements of `dtype` in the file's layout, into
@@ -61,23 +113,25 @@ pub(crate) fn unpack(dtype: DType, k: usize, src: &[u8], dst: &mut [u8]) {
 
 /// Row `r` of an interleaved matrix in the file's layout (`dst`: one row's bytes).
 pub(crate) fn unpack_row(dtype: DType, k: usize, packed: &[u8], r: usize, dst: &mut [u8]) {
-    let Some(h) = head_bytes(dtype) else { return };
-    let (bb, nb) = (h + 16, k / 32);
+    let Some(l) = layout(dtype) else { return };
+    let bb = l.block_bytes();
+    let nb = k / (32 * l.groups);
     let gb = nb * ROWS * bb;
     let Some(g) = packed.get(r / ROWS * gb..(r / ROWS + 1) * gb) else {
         return;
     };
     for (b, out) in dst.chunks_exact_mut(bb).take(nb).enumerate() {
-        block(&g[b * ROWS * bb..(b + 1) * ROWS * bb], h, r % ROWS, out);
+        block_out(&l, &g[b * ROWS * bb..(b + 1) * ROWS * bb], r % ROWS, out);
     }
 }
 
 /// Moves every row's blocks between the two layouts (`to_packed`: file → interleaved).
 fn shuffle(dtype: DType, k: usize, src: &[u8], dst: &mut [u8], to_packed: bool) {
-    let Some(h) = head_bytes(dtype) else { return };
-    let bb = h + 16;
-    let (nb, gbb) = (k / 32, ROWS * bb);
-    let (rb, gb) = (nb * bb, nb * gbb);
+    let Some(l) = layout(dtype) else { return };
+    let bb = l.block_bytes();
+    let nb = k / (32 * l.groups);
+    let (rb, gbb) = (nb * bb, ROWS * bb);
+    let gb = nb * gbb;
     if rb == 0 {
         return;
     }
@@ -86,54 +140,69 @@ fn shuffle(dtype: DType, k: usize, src: &[u8], dst: &mut [u8], to_packed: bool) 
             for r in 0..ROWS {
                 if to_packed {
                     let file = &s[r * rb + b * bb..r * rb + (b + 1) * bb];
-                    block_in(file, h, r, &mut d[b * gbb..(b + 1) * gbb]);
+                    block_in(&l, file, r, &mut d[b * gbb..(b + 1) * gbb]);
                 } else {
                     let out = &mut d[r * rb + b * bb..r * rb + (b + 1) * bb];
-                    block(&s[b * gbb..(b + 1) * gbb], h, r, out);
+                    block_out(&l, &s[b * gbb..(b + 1) * gbb], r, out);
                 }
             }
         }
     }
 }
 
-/// Row `r`'s file block out of a packed group block `g` (`h` head bytes).
-fn block(g: &[u8], h: usize, r: usize, out: &mut [u8]) {
-    for f in 0..h / 2 {
-        out[2 * f..2 * f + 2].copy_from_slice(&g[32 * f + 2 * r..32 * f + 2 * r + 2]);
+/// Where row `r`'s head field `f` lies in a packed block of 16 rows.
+fn field_at(l: &Layout, f: usize, r: usize) -> usize {
+    16 * l.head[..f].iter().sum::<usize>() + l.head[f] * r
+}
+/// Where row `r`'s code `e` lies in a packed block of 16 rows: its 4-byte lane, and the shift.
+fn code_at(l: &Layout, e: usize, r: usize) -> (usize, u32) {
+    let (g, c) = (e / 32, e % 32);
+    (
+        16 * l.head_bytes() + 256 * g + 64 * (c / 8) + 4 * r,
+        4 * (c % 8) as u32,
+    )
+}
+
+/// Row `r`'s file block out of a packed block of 16 rows `g`.
+fn block_out(l: &Layout, g: &[u8], r: usize, out: &mut [u8]) {
+    let mut at = 0;
+    for (f, &size) in l.head.iter().enumerate() {
+        let src = field_at(l, f, r);
+        out[at..at + size].copy_from_slice(&g[src..src + size]);
+        at += size;
     }
-    let nib = &g[16 * h..];
-    let code = |e: usize| {
-        let lane = &nib[64 * (e / 8) + 4 * r..64 * (e / 8) + 4 * r + 4];
-        let word = u32::from_le_bytes([lane[0], lane[1], lane[2], lane[3]]);
-        ((word >> (4 * (e % 8))) & 15) as u8
-    };
-    for j in 0..16 {
-        out[h + j] = code(j) | (code(j + 16) << 4);
+    let h = at;
+    out[h..].fill(0);
+    for e in 0..32 * l.groups {
+        let (lane, shift) = code_at(l, e, r);
+        let word = u32::from_le_bytes([g[lane], g[lane + 1], g[lane + 2], g[lane + 3]]);
+        let q = ((word >> shift) & 15) as u8;
+        let (byte, nshift) = (l.nibble)(e);
+        out[h + byte] |= q << nshift;
     }
 }
 
-/// Row `r`'s file block `file` into a packed group block `g`.
-fn block_in(file: &[u8], h: usize, r: usize, g: &mut [u8]) {
-    for f in 0..h / 2 {
-        g[32 * f + 2 * r..32 * f + 2 * r + 2].copy_from_slice(&file[2 * f..2 * f + 2]);
+/// Row `r`'s file block `file` into a packed block of 16 rows `g`.
+fn block_in(l: &Layout, file: &[u8], r: usize, g: &mut [u8]) {
+    let mut at = 0;
+    for (f, &size) in l.head.iter().enumerate() {
+        let dst = field_at(l, f, r);
+        g[dst..dst + size].copy_from_slice(&file[at..at + size]);
+        at += size;
     }
-    let code = |e: usize| {
-        let byte = file[h + e % 16];
-        if e < 16 {
-            byte & 15
-        } else {
-            byte >> 4
-        }
-    };
-    let nib = &mut g[16 * h..];
-    for v in 0..4 {
-        let word = (0..8).fold(0u32, |w, j| w | (code(8 * v + j) as u32) << (4 * j));
-        nib[64 * v + 4 * r..64 * v + 4 * r + 4].copy_from_slice(&word.to_le_bytes());
+    let h = at;
+    for e in (0..32 * l.groups).step_by(8) {
+        let (lane, _) = code_at(l, e, r);
+        let word = (0..8).fold(0u32, |w, j| {
+            let (byte, shift) = (l.nibble)(e + j);
+            w | (((file[h + byte] >> shift) & 15) as u32) << (4 * j)
+        });
+        g[lane..lane + 4].copy_from_slice(&word.to_le_bytes());
     }
 }
 
-/// Each activation row's block sums `Σ_{c ∈ block b} x_c` (what Q4_1's minimums multiply),
-/// `k / 32` a row, in the order the kernels need them: the same for every batch.
+/// Each activation row's sums of its 32-element groups `Σ_{c ∈ group} x_c` (what the
+/// minimums multiply), `k / 32` a row, in a fixed order: the same for every batch.
 pub(crate) fn block_sums(x: &[f32], k: usize, out: &mut Vec<f32>) {
     out.clear();
     for row in x.chunks_exact(k) {
@@ -155,12 +224,12 @@ pub(crate) fn block_sums(x: &[f32], k: usize, out: &mut Vec<f32>) {
 
 /// `y[i·ldy + r] = Σₖ x[i·ldx + k] · W_r[k]` for `i < mr` (1..=6) and the weight rows of the
 /// groups `groups` (rows `16g..16g + 16`), W interleaved (`pack`). `xs` holds each activation
-/// row's [`block_sums`] at stride `k / 32` (read for Q4_1 only).
+/// row's [`block_sums`] at stride `k / 32` (read where [`needs_sums`]).
 ///
 /// # Safety
-/// [`packs`] held for the weights (AVX-512, the format, k a multiple of 32); `w` holds the
-/// groups, `x` `mr` rows of `k` f32 at `ldx`, `xs` `mr` rows of `k / 32`, and `y` `mr` rows at
-/// `ldy` writable at the groups' columns.
+/// [`packs`] held for the weights (AVX-512, the format, k a multiple of its block); `w` holds
+/// the groups, `x` `mr` rows of `k` f32 at `ldx`, `xs` `mr` rows of `k / 32` where the format
+/// needs them, and `y` `mr` rows at `ldy` writable at the groups' columns.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn rows_dots(
     dtype: DType,
@@ -187,12 +256,12 @@ pub(crate) unsafe fn rows_dots(
         macro_rules! go {
             ($f:ty) => {
                 match mr {
-                    1 => run::<$f, 1, 1>(&a, groups),
-                    2 => run::<$f, 1, 2>(&a, groups),
-                    3 => run::<$f, 1, 3>(&a, groups),
-                    4 => run::<$f, 1, 4>(&a, groups),
-                    5 => run::<$f, 1, 5>(&a, groups),
-                    _ => run::<$f, 1, 6>(&a, groups),
+                    1 => run::<$f, 1>(&a, groups),
+                    2 => run::<$f, 2>(&a, groups),
+                    3 => run::<$f, 3>(&a, groups),
+                    4 => run::<$f, 4>(&a, groups),
+                    5 => run::<$f, 5>(&a, groups),
+                    _ => run::<$f, 6>(&a, groups),
                 }
             };
         }
@@ -200,6 +269,8 @@ pub(crate) unsafe fn rows_dots(
             DType::IQ4_NL => go!(Iq4Nl),
             DType::Q4_0 => go!(Q40),
             DType::Q4_1 => go!(Q41),
+            DType::IQ4_XS => go!(Iq4Xs),
+            DType::Q4_K => go!(Q4K),
             _ => {}
         }
     }
@@ -224,17 +295,24 @@ mod x86 {
         pub ldy: usize,
     }
 
-    /// A format as the kernel sees it: its 16 levels, and a block's scaling of the rows' sums.
+    /// A format as the kernel sees it: its 16 levels, its blocks' heads, and how a group's
+    /// sums are scaled into the rows' totals.
     pub(super) trait Format {
-        /// Bytes of the 16 rows' scales at the start of a group block.
+        /// Bytes of the 16 rows' heads at the start of a packed block.
         const HEAD: usize;
+        /// 32-element groups per block.
+        const GROUPS: usize;
+        /// What a block's head gives its groups (in registers).
+        type Head: Copy;
         unsafe fn levels() -> __m512;
-        /// `tot[i] += d · s[i]` (and Q4_1's `m · Σx`) for the group block's scales at `h`;
-        /// `xs` points to the block's sum in activation row 0, rows at stride `ldxs`.
+        unsafe fn head(h: *const u8) -> Self::Head;
+        /// `tot[i] += a · s[i]` with group `g`'s scales (and `+= m · Σx` with its minimums;
+        /// `xs` points to the group's activation sum in row 0, rows at stride `ldxs`).
         unsafe fn scale<const MR: usize>(
             tot: &mut [__m512; MR],
             s: &[__m512; MR],
-            h: *const u8,
+            h: &Self::Head,
+            g: usize,
             xs: *const f32,
             ldxs: usize,
         );
@@ -246,161 +324,282 @@ mod x86 {
     }
 
     #[inline(always)]
-    unsafe fn scale_d<const MR: usize>(tot: &mut [__m512; MR], s: &[__m512; MR], h: *const u8) {
-        let d = f16x16(h);
+    unsafe fn scale_by<const MR: usize>(tot: &mut [__m512; MR], s: &[__m512; MR], a: __m512) {
         for (t, s) in tot.iter_mut().zip(s) {
-            *t = _mm512_fmadd_ps(*s, d, *t);
+            *t = _mm512_fmadd_ps(*s, a, *t);
         }
     }
 
-    pub struct Iq4Nl;
-    impl Format for Iq4Nl {
-        const HEAD: usize = 32;
-        #[inline(always)]
-        unsafe fn levels() -> __m512 {
-            _mm512_setr_ps(
-                -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0,
-                53.0, 69.0, 89.0, 113.0,
-            )
-        }
-        #[inline(always)]
-        unsafe fn scale<const MR: usize>(
-            tot: &mut [__m512; MR],
-            s: &[__m512; MR],
-            h: *const u8,
-            _: *const f32,
-            _: usize,
-        ) {
-            scale_d(tot, s, h)
+    /// `tot[i] += m · Σx` (row i's sum at `xs + i·ldxs`).
+    #[inline(always)]
+    unsafe fn add_mins<const MR: usize>(
+        tot: &mut [__m512; MR],
+        m: __m512,
+        xs: *const f32,
+        ldxs: usize,
+    ) {
+        for (i, t) in tot.iter_mut().enumerate() {
+            *t = _mm512_fmadd_ps(m, _mm512_set1_ps(*xs.add(i * ldxs)), *t);
         }
     }
 
-    pub struct Q40;
-    impl Format for Q40 {
-        const HEAD: usize = 32;
-        #[inline(always)]
-        unsafe fn levels() -> __m512 {
-            _mm512_setr_ps(
-                -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0,
-                7.0,
-            )
-        }
-        #[inline(always)]
-        unsafe fn scale<const MR: usize>(
-            tot: &mut [__m512; MR],
-            s: &[__m512; MR],
-            h: *const u8,
-            _: *const f32,
-            _: usize,
-        ) {
-            scale_d(tot, s, h)
-        }
+    /// IQ4_NL's 16 levels (IQ4_XS's too).
+    #[inline(always)]
+    unsafe fn iq4_levels() -> __m512 {
+        _mm512_setr_ps(
+            -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0,
+            69.0, 89.0, 113.0,
+        )
     }
 
-    pub struct Q41;
-    impl Format for Q41 {
-        const HEAD: usize = 64;
-        #[inline(always)]
-        unsafe fn levels() -> __m512 {
+    /// 0, 1, …, 15 less `off`.
+    #[inline(always)]
+    unsafe fn iota_less(off: f32) -> __m512 {
+        _mm512_sub_ps(
             _mm512_setr_ps(
                 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0,
                 15.0,
+            ),
+            _mm512_set1_ps(off),
+        )
+    }
+
+    /// A 32-element format with one scale `d` a block (IQ4_NL and Q4_0: their levels).
+    macro_rules! scaled32 {
+        ($name:ident, $levels:expr) => {
+            pub struct $name;
+            impl Format for $name {
+                const HEAD: usize = 32;
+                const GROUPS: usize = 1;
+                type Head = __m512;
+                #[inline(always)]
+                unsafe fn levels() -> __m512 {
+                    $levels
+                }
+                #[inline(always)]
+                unsafe fn head(h: *const u8) -> __m512 {
+                    f16x16(h)
+                }
+                #[inline(always)]
+                unsafe fn scale<const MR: usize>(
+                    tot: &mut [__m512; MR],
+                    s: &[__m512; MR],
+                    d: &__m512,
+                    _: usize,
+                    _: *const f32,
+                    _: usize,
+                ) {
+                    scale_by(tot, s, *d)
+                }
+            }
+        };
+    }
+    scaled32!(Iq4Nl, iq4_levels());
+    scaled32!(Q40, iota_less(8.0));
+
+    /// Q4_1: `d · q + m`.
+    pub struct Q41;
+    impl Format for Q41 {
+        const HEAD: usize = 64;
+        const GROUPS: usize = 1;
+        type Head = (__m512, __m512);
+        #[inline(always)]
+        unsafe fn levels() -> __m512 {
+            iota_less(0.0)
+        }
+        #[inline(always)]
+        unsafe fn head(h: *const u8) -> (__m512, __m512) {
+            (f16x16(h), f16x16(h.add(32)))
+        }
+        #[inline(always)]
+        unsafe fn scale<const MR: usize>(
+            tot: &mut [__m512; MR],
+            s: &[__m512; MR],
+            (d, m): &(__m512, __m512),
+            _: usize,
+            xs: *const f32,
+            ldxs: usize,
+        ) {
+            scale_by(tot, s, *d);
+            add_mins(tot, *m, xs, ldxs);
+        }
+    }
+
+    /// `(v >> n) & mask` in each lane.
+    #[inline(always)]
+    unsafe fn bits(v: __m512i, n: u32, mask: i32) -> __m512i {
+        _mm512_and_si512(
+            _mm512_srl_epi32(v, _mm_cvtsi32_si128(n as i32)),
+            _mm512_set1_epi32(mask),
+        )
+    }
+
+    /// IQ4_XS: 256-element blocks, group g's scale `d · (s_g - 32)` with `s_g` 6 bits: the low
+    /// 4 in nibble g of the 4-byte field, the high 2 in bits 2g of the u16 field.
+    pub struct Iq4Xs;
+    impl Format for Iq4Xs {
+        const HEAD: usize = 128;
+        const GROUPS: usize = 8;
+        /// d, the high bits (widened to 32-bit lanes), the low nibbles.
+        type Head = (__m512, __m512i, __m512i);
+        #[inline(always)]
+        unsafe fn levels() -> __m512 {
+            iq4_levels()
+        }
+        #[inline(always)]
+        unsafe fn head(h: *const u8) -> Self::Head {
+            let hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(h.add(32) as *const __m256i));
+            (f16x16(h), hi, _mm512_loadu_si512(h.add(64) as *const _))
+        }
+        #[inline(always)]
+        unsafe fn scale<const MR: usize>(
+            tot: &mut [__m512; MR],
+            s: &[__m512; MR],
+            (d, hi, lo): &Self::Head,
+            g: usize,
+            _: *const f32,
+            _: usize,
+        ) {
+            let g = g as u32;
+            let q = _mm512_or_si512(
+                bits(*lo, 4 * g, 15),
+                _mm512_slli_epi32::<4>(bits(*hi, 2 * g, 3)),
+            );
+            let sc = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(32)));
+            scale_by(tot, s, _mm512_mul_ps(*d, sc));
+        }
+    }
+
+    /// Q4_K: 256-element blocks, `d · s_g · q - dmin · m_g` with 6-bit scales and mins in its
+    /// 12 bytes (three 4-byte fields V0, V1, V2): groups j < 4 take the low 6 bits of byte j
+    /// of V0 (scale) and V1 (min); groups 4 + i the low / high nibble of byte i of V2 below the
+    /// top 2 bits of byte i of V0 / V1.
+    pub struct Q4K;
+    impl Format for Q4K {
+        const HEAD: usize = 256;
+        const GROUPS: usize = 8;
+        /// d, -dmin, V0, V1, V2.
+        type Head = (__m512, __m512, __m512i, __m512i, __m512i);
+        #[inline(always)]
+        unsafe fn levels() -> __m512 {
+            iota_less(0.0)
+        }
+        #[inline(always)]
+        unsafe fn head(h: *const u8) -> Self::Head {
+            let v = |at: usize| _mm512_loadu_si512(h.add(at) as *const _);
+            let dmin = f16x16(h.add(32));
+            (
+                f16x16(h),
+                _mm512_sub_ps(_mm512_setzero_ps(), dmin),
+                v(64),
+                v(128),
+                v(192),
             )
         }
         #[inline(always)]
         unsafe fn scale<const MR: usize>(
             tot: &mut [__m512; MR],
             s: &[__m512; MR],
-            h: *const u8,
+            (d, ndmin, v0, v1, v2): &Self::Head,
+            g: usize,
             xs: *const f32,
             ldxs: usize,
         ) {
-            scale_d(tot, s, h);
-            let m = f16x16(h.add(32));
-            for (i, t) in tot.iter_mut().enumerate() {
-                *t = _mm512_fmadd_ps(m, _mm512_set1_ps(*xs.add(i * ldxs)), *t);
-            }
+            let (sc, m) = if g < 4 {
+                let n = 8 * g as u32;
+                (bits(*v0, n, 63), bits(*v1, n, 63))
+            } else {
+                let n = 8 * (g - 4) as u32;
+                (
+                    _mm512_or_si512(
+                        bits(*v2, n, 15),
+                        _mm512_slli_epi32::<4>(bits(*v0, n + 6, 3)),
+                    ),
+                    _mm512_or_si512(
+                        bits(*v2, n + 4, 15),
+                        _mm512_slli_epi32::<4>(bits(*v1, n + 6, 3)),
+                    ),
+                )
+            };
+            scale_by(tot, s, _mm512_mul_ps(*d, _mm512_cvtepi32_ps(sc)));
+            add_mins(tot, _mm512_mul_ps(*ndmin, _mm512_cvtepi32_ps(m)), xs, ldxs);
         }
     }
 
-    /// Bytes ahead of each vector of codes that are prefetched (each group is its own stream).
+    /// Bytes ahead of each vector of codes that are prefetched.
     const PREFETCH: usize = 4096;
 
-    /// One column of the block for every group and activation row: the codes at bits
-    /// `SH..SH + 4` of each lane looked up in the levels, times the column's activation.
+    /// One column of the group for every activation row: the codes at bits `SH..SH + 4` of
+    /// each lane looked up in the levels, times the column's activation.
     #[inline(always)]
-    unsafe fn column<const G: usize, const MR: usize, const SH: u32>(
-        s: &mut [[__m512; MR]; G],
-        nib: &[__m512i; G],
+    unsafe fn column<const MR: usize, const SH: u32>(
+        s: &mut [__m512; MR],
+        nib: __m512i,
         x: *const f32,
         ldx: usize,
         levels: __m512,
     ) {
-        for (sg, n) in s.iter_mut().zip(nib) {
-            let idx = if SH == 0 {
-                *n
-            } else {
-                _mm512_srli_epi32::<SH>(*n)
-            };
-            let w = _mm512_permutexvar_ps(idx, levels);
-            for (i, si) in sg.iter_mut().enumerate() {
-                *si = _mm512_fmadd_ps(w, _mm512_set1_ps(*x.add(i * ldx)), *si);
-            }
+        let idx = if SH == 0 {
+            nib
+        } else {
+            _mm512_srli_epi32::<SH>(nib)
+        };
+        let w = _mm512_permutexvar_ps(idx, levels);
+        for (i, si) in s.iter_mut().enumerate() {
+            *si = _mm512_fmadd_ps(w, _mm512_set1_ps(*x.add(i * ldx)), *si);
         }
     }
 
-    /// `G` groups at a time from `g0`, `MR` activation rows.
+    /// The 16 rows of group `g0` against `MR` activation rows. One group of rows at a time:
+    /// its bytes are one stream through memory (four groups at once, four streams, ran
+    /// slower from memory), and the blocks' independent sums keep the multiply-adds busy.
     #[inline(always)]
-    unsafe fn groups<F: Format, const G: usize, const MR: usize>(a: &Args, g0: usize) {
-        let nb = a.k / 32;
-        let bb = F::HEAD + 256;
-        let gb = nb * bb;
+    unsafe fn group<F: Format, const MR: usize>(a: &Args, g0: usize) {
+        let nb = a.k / (32 * F::GROUPS);
+        let bb = F::HEAD + 256 * F::GROUPS;
         let levels = F::levels();
-        let mut tot = [[_mm512_setzero_ps(); MR]; G];
+        let mut tot = [_mm512_setzero_ps(); MR];
+        let base = a.w.add(g0 * nb * bb);
         for b in 0..nb {
-            let mut s = [[_mm512_setzero_ps(); MR]; G];
-            for v in 0..4 {
-                let mut nib = [_mm512_setzero_si512(); G];
-                for (gi, n) in nib.iter_mut().enumerate() {
-                    let p = a.w.add((g0 + gi) * gb + b * bb + F::HEAD + 64 * v);
+            let hp = base.add(b * bb);
+            let head = F::head(hp);
+            for g in 0..F::GROUPS {
+                let mut s = [_mm512_setzero_ps(); MR];
+                let col = 32 * (b * F::GROUPS + g);
+                for v in 0..4 {
+                    let p = hp.add(F::HEAD + 256 * g + 64 * v);
                     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
-                    *n = _mm512_loadu_si512(p as *const _);
+                    let nib = _mm512_loadu_si512(p as *const _);
+                    let x = a.x.add(col + 8 * v);
+                    column::<MR, 0>(&mut s, nib, x, a.ldx, levels);
+                    column::<MR, 4>(&mut s, nib, x.add(1), a.ldx, levels);
+                    column::<MR, 8>(&mut s, nib, x.add(2), a.ldx, levels);
+                    column::<MR, 12>(&mut s, nib, x.add(3), a.ldx, levels);
+                    column::<MR, 16>(&mut s, nib, x.add(4), a.ldx, levels);
+                    column::<MR, 20>(&mut s, nib, x.add(5), a.ldx, levels);
+                    column::<MR, 24>(&mut s, nib, x.add(6), a.ldx, levels);
+                    column::<MR, 28>(&mut s, nib, x.add(7), a.ldx, levels);
                 }
-                let x = a.x.add(32 * b + 8 * v);
-                column::<G, MR, 0>(&mut s, &nib, x, a.ldx, levels);
-                column::<G, MR, 4>(&mut s, &nib, x.add(1), a.ldx, levels);
-                column::<G, MR, 8>(&mut s, &nib, x.add(2), a.ldx, levels);
-                column::<G, MR, 12>(&mut s, &nib, x.add(3), a.ldx, levels);
-                column::<G, MR, 16>(&mut s, &nib, x.add(4), a.ldx, levels);
-                column::<G, MR, 20>(&mut s, &nib, x.add(5), a.ldx, levels);
-                column::<G, MR, 24>(&mut s, &nib, x.add(6), a.ldx, levels);
-                column::<G, MR, 28>(&mut s, &nib, x.add(7), a.ldx, levels);
-            }
-            for (gi, (t, s)) in tot.iter_mut().zip(&s).enumerate() {
-                F::scale(t, s, a.w.add((g0 + gi) * gb + b * bb), a.xs.add(b), nb);
+                F::scale(
+                    &mut tot,
+                    &s,
+                    &head,
+                    g,
+                    a.xs.wrapping_add(col / 32),
+                    a.k / 32,
+                );
             }
         }
-        for (gi, t) in tot.iter().enumerate() {
-            for (i, t) in t.iter().enumerate() {
-                _mm512_storeu_ps(a.y.add(i * a.ldy + 16 * (g0 + gi)), *t);
-            }
+        for (i, t) in tot.iter().enumerate() {
+            _mm512_storeu_ps(a.y.add(i * a.ldy + 16 * g0), *t);
         }
     }
 
-    /// The groups `range`, `G` at a time, then one at a time.
+    /// The groups of rows in `range`, one at a time.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    pub(super) unsafe fn run<F: Format, const G: usize, const MR: usize>(
-        a: &Args,
-        range: std::ops::Range<usize>,
-    ) {
-        let mut g = range.start;
-        while g + G <= range.end {
-            groups::<F, G, MR>(a, g);
-            g += G;
-        }
-        while g < range.end {
-            groups::<F, 1, MR>(a, g);
-            g += 1;
+    pub(super) unsafe fn run<F: Format, const MR: usize>(a: &Args, range: std::ops::Range<usize>) {
+        for g in range {
+            group::<F, MR>(a, g);
         }
     }
 }

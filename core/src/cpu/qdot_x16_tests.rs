@@ -10,7 +10,22 @@ use crate::quant;
 use crate::rng::Rng;
 use crate::tensor::TensorDesc;
 
-const TYPES: [DType; 3] = [DType::IQ4_NL, DType::Q4_0, DType::Q4_1];
+const TYPES: [DType; 5] = [
+    DType::IQ4_NL,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::IQ4_XS,
+    DType::Q4_K,
+];
+
+/// Row lengths to try: whole blocks of the format (`big` for the 256-element ones).
+fn lengths(dt: DType, small: [usize; 3], big: [usize; 3]) -> [usize; 3] {
+    if dt.block_size() == 256 {
+        big
+    } else {
+        small
+    }
+}
 
 /// `n` random rows of `k` in `dtype`'s file layout, rows of different scales.
 fn weights(dtype: DType, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
@@ -24,7 +39,8 @@ fn weights(dtype: DType, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
 fn interleaving_is_a_permutation_of_the_file_blocks() {
     let mut rng = Rng::new(31);
     for dt in TYPES {
-        for (n, k) in [(16, 32), (48, 64), (32, 576)] {
+        let ks = lengths(dt, [32, 64, 576], [256, 512, 768]);
+        for (n, k) in [16, 48, 32].into_iter().zip(ks) {
             // Any bytes: the layouts move bytes and nibbles, whatever they hold.
             let file: Vec<u8> = (0..n * dt.bytes_for(k).unwrap())
                 .map(|_| rng.next_u64() as u8)
@@ -45,25 +61,47 @@ fn interleaving_is_a_permutation_of_the_file_blocks() {
     }
 }
 
-/// Each file block's scale `d`, minimum `m` (Q4_1; else 0) and level of each element: the
-/// formats' definitions, read independently of `quant`.
+/// Each element's effective scale `a`, offset `m` and level (the weight is `a · level + m`):
+/// the formats' definitions, read from the file bytes independently of `quant`.
 fn decoded(dt: DType, row: &[u8], k: usize) -> Vec<(f64, f64, f64)> {
     const IQ4: [f64; 16] = [
         -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0,
         69.0, 89.0, 113.0,
     ];
     let f16 = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f64();
-    let bb = dt.bytes_for(32).unwrap();
+    let bs = dt.block_size();
+    let bb = dt.bytes_for(bs).unwrap();
     (0..k)
         .map(|e| {
-            let b = &row[(e / 32) * bb..(e / 32 + 1) * bb];
-            let h = bb - 16;
-            let byte = b[h + e % 16];
-            let q = if e % 32 < 16 { byte & 15 } else { byte >> 4 } as usize;
+            let b = &row[(e / bs) * bb..(e / bs + 1) * bb];
+            let (g, l) = ((e % bs) / 32, e % 32);
+            // 16 bytes of codes per group of 32: element l in the low (l < 16) or high nibble.
+            let nib = |qs: &[u8]| (if l < 16 { qs[l] & 15 } else { qs[l - 16] >> 4 }) as usize;
             match dt {
-                DType::IQ4_NL => (f16(b, 0), 0.0, IQ4[q]),
-                DType::Q4_0 => (f16(b, 0), 0.0, q as f64 - 8.0),
-                _ => (f16(b, 0), f16(b, 2), q as f64),
+                DType::IQ4_NL => (f16(b, 0), 0.0, IQ4[nib(&b[2..])]),
+                DType::Q4_0 => (f16(b, 0), 0.0, nib(&b[2..]) as f64 - 8.0),
+                DType::Q4_1 => (f16(b, 0), f16(b, 2), nib(&b[4..]) as f64),
+                DType::IQ4_XS => {
+                    let lo = (b[4 + g / 2] >> (4 * (g % 2))) & 15;
+                    let hi = (u16::from_le_bytes([b[2], b[3]]) >> (2 * g)) & 3;
+                    let sc = (lo as i32 | (hi as i32) << 4) - 32;
+                    (f16(b, 0) * sc as f64, 0.0, IQ4[nib(&b[8 + 16 * g..])])
+                }
+                _ => {
+                    // Q4_K: d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of codes
+                    // (groups 2i and 2i + 1: the low and high nibbles of bytes 32i..32i + 32).
+                    let q = &b[4..16];
+                    let (sc, mn) = if g < 4 {
+                        (q[g] & 63, q[g + 4] & 63)
+                    } else {
+                        (
+                            (q[g + 4] & 15) | ((q[g - 4] >> 6) << 4),
+                            (q[g + 4] >> 4) | ((q[g] >> 6) << 4),
+                        )
+                    };
+                    let code = (b[16 + 32 * (g / 2) + l] >> (4 * (g % 2))) & 15;
+                    (f16(b, 0) * sc as f64, -f16(b, 2) * mn as f64, code as f64)
+                }
             }
         })
         .collect()
@@ -77,7 +115,8 @@ fn interleaved_rows_match_an_f64_dot_and_their_bits_do_not_depend_on_the_batch()
     }
     let mut rng = Rng::new(32);
     for dt in TYPES {
-        for (n, k) in [(48, 576), (32, 1536), (80, 32)] {
+        let ks = lengths(dt, [576, 1536, 32], [256, 1536, 768]);
+        for (n, k) in [48, 32, 80].into_iter().zip(ks) {
             let file = weights(dt, n, k, &mut rng);
             let mut packed = vec![0u8; file.len()];
             pack(dt, k, &file, &mut packed);
@@ -85,6 +124,7 @@ fn interleaved_rows_match_an_f64_dot_and_their_bits_do_not_depend_on_the_batch()
             let x: Vec<f32> = (0..m * k).map(|_| rng.normal()).collect();
             let mut xs = Vec::new();
             block_sums(&x, k, &mut xs);
+            assert_eq!(xs.len(), m * k / 32);
             let call = |i: usize, mr: usize, groups: std::ops::Range<usize>, y: &mut [f32]| unsafe {
                 rows_dots(
                     dt,
@@ -116,6 +156,7 @@ fn interleaved_rows_match_an_f64_dot_and_their_bits_do_not_depend_on_the_batch()
                         .zip(xi)
                         .map(|((d, mn, l), x)| ((d * l).abs() + mn.abs()) * (*x as f64).abs())
                         .sum();
+                    // The minimums multiply sums of 32 activations (five roundings).
                     let bound = (48.0 + (k / 32) as f64) * f64::powi(2.0, -24) * mag;
                     let got = one[i * n + r] as f64;
                     assert!(
@@ -150,7 +191,7 @@ fn the_backend_keeps_interleaved_matrices_invisible() {
     let cpu = CpuBackend::with_threads(2);
     let mut rng = Rng::new(33);
     for dt in TYPES {
-        let (n, k) = (48, 96);
+        let (n, k) = (48, lengths(dt, [96; 3], [512; 3])[0]);
         let file = weights(dt, n, k, &mut rng);
         let w = cpu
             .tensor_from_bytes(&TensorDesc::new(dt, [n, k]), &file)
