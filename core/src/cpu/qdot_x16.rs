@@ -39,9 +39,9 @@ struct Layout {
     head: &'static [usize],
     /// 32-element groups per block.
     groups: usize,
-    /// Where element `e` of the block's codes lies: a byte of the codes, and the shift of its
-    /// nibble.
-    nibble: fn(usize) -> (usize, u32),
+    /// Where elements `8v..8v + 8` of group `g` lie among the block's codes: eight
+    /// consecutive bytes from the returned one, a nibble each at the returned shift.
+    run8: fn(usize, usize) -> (usize, u32),
 }
 
 impl Layout {
@@ -55,33 +55,44 @@ impl Layout {
 
 /// Codes of 32-element groups: element `l` of group `g` in the low (l < 16) or high nibble
 /// of byte `16g + l % 16`.
-fn nibble32(e: usize) -> (usize, u32) {
-    let (g, l) = (e / 32, e % 32);
-    (16 * g + l % 16, 4 * (l / 16) as u32)
+fn run8_32(g: usize, v: usize) -> (usize, u32) {
+    (16 * g + 8 * (v % 2), 4 * (v / 2) as u32)
 }
 
 /// Q4_K's codes: groups 2i and 2i + 1 are the low and high nibbles of the same 32 bytes.
-fn nibble_q4k(e: usize) -> (usize, u32) {
-    let (g, l) = (e / 32, e % 32);
-    (32 * (g / 2) + l, 4 * (g % 2) as u32)
+fn run8_q4k(g: usize, v: usize) -> (usize, u32) {
+    (32 * (g / 2) + 8 * v, 4 * (g % 2) as u32)
+}
+
+/// The nibbles at `shift` of eight bytes, packed into a word (byte j's in bits `4j..4j + 4`).
+fn gather8(bytes: [u8; 8], shift: u32) -> u32 {
+    let mut x = (u64::from_le_bytes(bytes) >> shift) & 0x0F0F_0F0F_0F0F_0F0F;
+    x = (x | (x >> 4)) & 0x00FF_00FF_00FF_00FF;
+    x = (x | (x >> 8)) & 0x0000_FFFF_0000_FFFF;
+    ((x | (x >> 16)) & 0xFFFF_FFFF) as u32
+}
+
+/// [`gather8`] undone: the word's eight nibbles, one a byte, at `shift`.
+fn scatter8(word: u32, shift: u32) -> u64 {
+    let mut x = word as u64;
+    x = (x | (x << 16)) & 0x0000_FFFF_0000_FFFF;
+    x = (x | (x << 8)) & 0x00FF_00FF_00FF_00FF;
+    ((x | (x << 4)) & 0x0F0F_0F0F_0F0F_0F0F) << shift
 }
 
 /// The interleaved formats' layouts.
 fn layout(dtype: DType) -> Option<Layout> {
-    let (head, groups, nibble): (&'static [usize], usize, fn(usize) -> (usize, u32)) = match dtype {
-        DType::IQ4_NL | DType::Q4_0 => (&[2], 1, nibble32),
-        DType::Q4_1 => (&[2, 2], 1, nibble32),
-        // d, the 8 groups' scale high bits (u16), their low nibbles (4 bytes).
-        DType::IQ4_XS => (&[2, 2, 4], 8, nibble32),
-        // d, dmin, the 12 bytes of 6-bit scales and mins as three 4-byte fields.
-        DType::Q4_K => (&[2, 2, 4, 4, 4], 8, nibble_q4k),
-        _ => return None,
-    };
-    Some(Layout {
-        head,
-        groups,
-        nibble,
-    })
+    let (head, groups, run8): (&'static [usize], usize, fn(usize, usize) -> (usize, u32)) =
+        match dtype {
+            DType::IQ4_NL | DType::Q4_0 => (&[2], 1, run8_32),
+            DType::Q4_1 => (&[2, 2], 1, run8_32),
+            // d, the 8 groups' scale high bits (u16), their low nibbles (4 bytes).
+            DType::IQ4_XS => (&[2, 2, 4], 8, run8_32),
+            // d, dmin, the 12 bytes of 6-bit scales and mins as three 4-byte fields.
+            DType::Q4_K => (&[2, 2, 4, 4, 4], 8, run8_q4k),
+            _ => return None,
+        };
+    Some(Layout { head, groups, run8 })
 }
 
 /// Whether the CPU backend keeps a `dtype` tensor of `dims` interleaved on this CPU.
@@ -135,32 +146,33 @@ fn shuffle(dtype: DType, k: usize, src: &[u8], dst: &mut [u8], to_packed: bool) 
     if rb == 0 {
         return;
     }
-    for (s, d) in src.chunks_exact(gb).zip(dst.chunks_exact_mut(gb)) {
-        for b in 0..nb {
-            for r in 0..ROWS {
-                if to_packed {
-                    let file = &s[r * rb + b * bb..r * rb + (b + 1) * bb];
-                    block_in(&l, file, r, &mut d[b * gbb..(b + 1) * gbb]);
-                } else {
-                    let out = &mut d[r * rb + b * bb..r * rb + (b + 1) * bb];
-                    block_out(&l, &s[b * gbb..(b + 1) * gbb], r, out);
+    // Groups of rows in parallel (a model's weights are interleaved as they load).
+    use rayon::prelude::*;
+    src.par_chunks_exact(gb)
+        .zip(dst.par_chunks_exact_mut(gb))
+        .for_each(|(s, d)| {
+            for b in 0..nb {
+                for r in 0..ROWS {
+                    if to_packed {
+                        let file = &s[r * rb + b * bb..r * rb + (b + 1) * bb];
+                        block_in(&l, file, r, &mut d[b * gbb..(b + 1) * gbb]);
+                    } else {
+                        let out = &mut d[r * rb + b * bb..r * rb + (b + 1) * bb];
+                        block_out(&l, &s[b * gbb..(b + 1) * gbb], r, out);
+                    }
                 }
             }
-        }
-    }
+        });
 }
 
 /// Where row `r`'s head field `f` lies in a packed block of 16 rows.
 fn field_at(l: &Layout, f: usize, r: usize) -> usize {
     16 * l.head[..f].iter().sum::<usize>() + l.head[f] * r
 }
-/// Where row `r`'s code `e` lies in a packed block of 16 rows: its 4-byte lane, and the shift.
-fn code_at(l: &Layout, e: usize, r: usize) -> (usize, u32) {
-    let (g, c) = (e / 32, e % 32);
-    (
-        16 * l.head_bytes() + 256 * g + 64 * (c / 8) + 4 * r,
-        4 * (c % 8) as u32,
-    )
+/// Where row `r`'s codes `8v..8v + 8` of group `g` lie in a packed block of 16 rows: a 4-byte
+/// lane, code `8v + j` in bits `4j..4j + 4`.
+fn lane_at(l: &Layout, g: usize, v: usize, r: usize) -> usize {
+    16 * l.head_bytes() + 256 * g + 64 * v + 4 * r
 }
 
 /// Row `r`'s file block out of a packed block of 16 rows `g`.
@@ -171,14 +183,18 @@ fn block_out(l: &Layout, g: &[u8], r: usize, out: &mut [u8]) {
         out[at..at + size].copy_from_slice(&g[src..src + size]);
         at += size;
     }
-    let h = at;
-    out[h..].fill(0);
-    for e in 0..32 * l.groups {
-        let (lane, shift) = code_at(l, e, r);
-        let word = u32::from_le_bytes([g[lane], g[lane + 1], g[lane + 2], g[lane + 3]]);
-        let q = ((word >> shift) & 15) as u8;
-        let (byte, nshift) = (l.nibble)(e);
-        out[h + byte] |= q << nshift;
+    let codes = &mut out[at..];
+    codes.fill(0);
+    for grp in 0..l.groups {
+        for v in 0..4 {
+            let lane = lane_at(l, grp, v, r);
+            let word = u32::from_le_bytes([g[lane], g[lane + 1], g[lane + 2], g[lane + 3]]);
+            let (byte, shift) = (l.run8)(grp, v);
+            let dst = &mut codes[byte..byte + 8];
+            let mut b = [0u8; 8];
+            b.copy_from_slice(dst);
+            dst.copy_from_slice(&(u64::from_le_bytes(b) | scatter8(word, shift)).to_le_bytes());
+        }
     }
 }
 
@@ -190,14 +206,15 @@ fn block_in(l: &Layout, file: &[u8], r: usize, g: &mut [u8]) {
         g[dst..dst + size].copy_from_slice(&file[at..at + size]);
         at += size;
     }
-    let h = at;
-    for e in (0..32 * l.groups).step_by(8) {
-        let (lane, _) = code_at(l, e, r);
-        let word = (0..8).fold(0u32, |w, j| {
-            let (byte, shift) = (l.nibble)(e + j);
-            w | (((file[h + byte] >> shift) & 15) as u32) << (4 * j)
-        });
-        g[lane..lane + 4].copy_from_slice(&word.to_le_bytes());
+    let codes = &file[at..];
+    for grp in 0..l.groups {
+        for v in 0..4 {
+            let (byte, shift) = (l.run8)(grp, v);
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&codes[byte..byte + 8]);
+            let lane = lane_at(l, grp, v, r);
+            g[lane..lane + 4].copy_from_slice(&gather8(b, shift).to_le_bytes());
+        }
     }
 }
 
