@@ -317,7 +317,7 @@ mod x86 {
     pub(super) trait Format {
         /// Bytes of the 16 rows' heads at the start of a packed block.
         const HEAD: usize;
-        /// 32-element groups per block.
+        /// 32-element groups per block: 1 or 8.
         const GROUPS: usize;
         /// What a block's head gives its groups (in registers).
         type Head: Copy;
@@ -567,9 +567,39 @@ mod x86 {
         }
     }
 
+    /// Group `g` of block `b` (its bytes from `hp`) into the totals.
+    #[inline(always)]
+    unsafe fn block_group<F: Format, const MR: usize>(
+        a: &Args,
+        (hp, head, b): (*const u8, &F::Head, usize),
+        g: usize,
+        levels: __m512,
+        tot: &mut [__m512; MR],
+    ) {
+        let mut s = [_mm512_setzero_ps(); MR];
+        let col = 32 * (b * F::GROUPS + g);
+        for v in 0..4 {
+            let p = hp.add(F::HEAD + 256 * g + 64 * v);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
+            let nib = _mm512_loadu_si512(p as *const _);
+            let x = a.x.add(col + 8 * v);
+            column::<MR, 0>(&mut s, nib, x, a.ldx, levels);
+            column::<MR, 4>(&mut s, nib, x.add(1), a.ldx, levels);
+            column::<MR, 8>(&mut s, nib, x.add(2), a.ldx, levels);
+            column::<MR, 12>(&mut s, nib, x.add(3), a.ldx, levels);
+            column::<MR, 16>(&mut s, nib, x.add(4), a.ldx, levels);
+            column::<MR, 20>(&mut s, nib, x.add(5), a.ldx, levels);
+            column::<MR, 24>(&mut s, nib, x.add(6), a.ldx, levels);
+            column::<MR, 28>(&mut s, nib, x.add(7), a.ldx, levels);
+        }
+        F::scale(tot, &s, head, g, a.xs.wrapping_add(col / 32), a.k / 32);
+    }
+
     /// The 16 rows of group `g0` against `MR` activation rows. One group of rows at a time:
     /// its bytes are one stream through memory (four groups at once, four streams, ran
     /// slower from memory), and the blocks' independent sums keep the multiply-adds busy.
+    /// A block's groups are written out one by one, so that each group's scale extraction
+    /// has constant shifts (a loop over them measured ~10 % slower on Q4_K).
     #[inline(always)]
     unsafe fn group<F: Format, const MR: usize>(a: &Args, g0: usize) {
         let nb = a.k / (32 * F::GROUPS);
@@ -580,31 +610,17 @@ mod x86 {
         for b in 0..nb {
             let hp = base.add(b * bb);
             let head = F::head(hp);
-            for g in 0..F::GROUPS {
-                let mut s = [_mm512_setzero_ps(); MR];
-                let col = 32 * (b * F::GROUPS + g);
-                for v in 0..4 {
-                    let p = hp.add(F::HEAD + 256 * g + 64 * v);
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
-                    let nib = _mm512_loadu_si512(p as *const _);
-                    let x = a.x.add(col + 8 * v);
-                    column::<MR, 0>(&mut s, nib, x, a.ldx, levels);
-                    column::<MR, 4>(&mut s, nib, x.add(1), a.ldx, levels);
-                    column::<MR, 8>(&mut s, nib, x.add(2), a.ldx, levels);
-                    column::<MR, 12>(&mut s, nib, x.add(3), a.ldx, levels);
-                    column::<MR, 16>(&mut s, nib, x.add(4), a.ldx, levels);
-                    column::<MR, 20>(&mut s, nib, x.add(5), a.ldx, levels);
-                    column::<MR, 24>(&mut s, nib, x.add(6), a.ldx, levels);
-                    column::<MR, 28>(&mut s, nib, x.add(7), a.ldx, levels);
-                }
-                F::scale(
-                    &mut tot,
-                    &s,
-                    &head,
-                    g,
-                    a.xs.wrapping_add(col / 32),
-                    a.k / 32,
-                );
+            let at = (hp, &head, b);
+            let t = &mut tot;
+            block_group::<F, MR>(a, at, 0, levels, t);
+            if F::GROUPS == 8 {
+                block_group::<F, MR>(a, at, 1, levels, t);
+                block_group::<F, MR>(a, at, 2, levels, t);
+                block_group::<F, MR>(a, at, 3, levels, t);
+                block_group::<F, MR>(a, at, 4, levels, t);
+                block_group::<F, MR>(a, at, 5, levels, t);
+                block_group::<F, MR>(a, at, 6, levels, t);
+                block_group::<F, MR>(a, at, 7, levels, t);
             }
         }
         for (i, t) in tot.iter().enumerate() {
