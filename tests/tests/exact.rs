@@ -255,8 +255,8 @@ fn smollm2_with_q8_0_matrices_matches_an_f64_forward() {
     smollm2_as(DType::Q8_0);
 }
 
-/// The other formats that take the integer kernels on AVX-512 VNNI (Q8_0 above): Q5_1 in every
-/// matrix, IQ4_XS in the FFN down projections.
+/// Q5_1 in every matrix and IQ4_XS in the FFN down projections (the 16-row interleaved kernel
+/// on AVX-512; the integer kernels on VNNI for a matrix whose rows are not a multiple of 16).
 #[test]
 fn smollm2_with_q5_1_and_iq4_xs_matrices_matches_an_f64_forward() {
     for dtype in [DType::Q5_1, DType::IQ4_XS] {
@@ -266,10 +266,10 @@ fn smollm2_with_q5_1_and_iq4_xs_matrices_matches_an_f64_forward() {
 }
 
 /// The formats the CPU keeps 16 rows interleaved on AVX-512 (`cpu/qdot_x16.rs`; the model's own
-/// Q4_1 above): IQ4_NL and Q4_0 in every matrix.
+/// Q4_1 above, Q4_K, Q5_1 and IQ4_XS beside): IQ4_NL, Q4_0 and Q5_0 in every matrix.
 #[test]
-fn smollm2_with_iq4_nl_and_q4_0_matrices_matches_an_f64_forward() {
-    for dtype in [DType::IQ4_NL, DType::Q4_0] {
+fn smollm2_with_iq4_nl_q4_0_and_q5_0_matrices_matches_an_f64_forward() {
+    for dtype in [DType::IQ4_NL, DType::Q4_0, DType::Q5_0] {
         println!("{dtype:?}");
         smollm2_as(dtype);
     }

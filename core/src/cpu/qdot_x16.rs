@@ -1,5 +1,5 @@
-//! Weights of the 4-bit formats (IQ4_NL, Q4_0, Q4_1, IQ4_XS, Q4_K) stored 16 rows
-//! interleaved, and the kernel that reads them: each vector lane is a weight row.
+//! Weights of the 4- and 5-bit formats (IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_XS, Q4_K) stored 16
+//! rows interleaved, and the kernel that reads them: each vector lane is a weight row.
 //!
 //! In the file's layout a row's 32 elements are decoded into two vectors of 16 (`qdot.rs`):
 //! per 16 weights a widening, a shift, a table permute and a multiply-add, plus a scaled
@@ -12,7 +12,9 @@
 //! 4-bit code each (element `8v + j` in bits `4j..4j + 4`). Same size as the file's blocks.
 //!
 //! A group of 16 rows is then, per 16 weights (one column of the 16 rows), a shift, a permute
-//! of the format's 16 levels and one multiply-add with the column's activation broadcast: the
+//! of the format's 16 levels and one multiply-add with the column's activation broadcast (the
+//! 5-bit formats, whose fifth bits are a 32-bit head field a row, add a shift of those and a
+//! bit select, and permute 32 levels in two registers): the
 //! sum `s_r = Σ_c level(q_rc) · x_c` over the group's 32 columns, then `y_r += a_r · s_r`
 //! with the row's scale for the group (`d`, or IQ4_XS's `d · (scale - 32)`, Q4_K's
 //! `d · scale`), and where the format has minimums `y_r += m_r · Σ_c x_c` (Q4_1's `m`, Q4_K's
@@ -86,6 +88,9 @@ fn layout(dtype: DType) -> Option<Layout> {
         match dtype {
             DType::IQ4_NL | DType::Q4_0 => (&[2], 1, run8_32),
             DType::Q4_1 => (&[2, 2], 1, run8_32),
+            // d (and Q5_1's m), the 32 fifth bits (bit c: element c's).
+            DType::Q5_0 => (&[2, 4], 1, run8_32),
+            DType::Q5_1 => (&[2, 2, 4], 1, run8_32),
             // d, the 8 groups' scale high bits (u16), their low nibbles (4 bytes).
             DType::IQ4_XS => (&[2, 2, 4], 8, run8_32),
             // d, dmin, the 12 bytes of 6-bit scales and mins as three 4-byte fields.
@@ -108,7 +113,7 @@ pub(crate) fn packs(isa: super::simd::Isa, dtype: DType, dims: &[usize]) -> bool
 /// Whether the kernel reads the activations' 32-element group sums ([`block_sums`]): the
 /// formats with minimums.
 pub(crate) fn needs_sums(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_1 | DType::Q4_K)
+    matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4_K)
 }
 
 /// The interleaved form of `src`, `n` rows of `k` elements of `dtype` in the file's layout, into
@@ -286,6 +291,8 @@ pub(crate) unsafe fn rows_dots(
             DType::IQ4_NL => go!(Iq4Nl),
             DType::Q4_0 => go!(Q40),
             DType::Q4_1 => go!(Q41),
+            DType::Q5_0 => go!(Q50),
+            DType::Q5_1 => go!(Q51),
             DType::IQ4_XS => go!(Iq4Xs),
             DType::Q4_K => go!(Q4K),
             _ => {}
@@ -321,8 +328,15 @@ mod x86 {
         const GROUPS: usize;
         /// What a block's head gives its groups (in registers).
         type Head: Copy;
-        unsafe fn levels() -> __m512;
+        /// Codes of 5 bits (the fifth from [`Format::fifth`]), 32 levels in two registers.
+        const FIVE: bool = false;
+        /// The levels of codes 0..16 (and 16..32 for 5-bit codes).
+        unsafe fn levels() -> (__m512, __m512);
         unsafe fn head(h: *const u8) -> Self::Head;
+        /// The 16 rows' fifth bits (bit c: element c of the block), for 5-bit codes.
+        unsafe fn fifth(_: &Self::Head) -> __m512i {
+            _mm512_setzero_si512()
+        }
         /// `tot[i] += a · s[i]` with group `g`'s scales (and `+= m · Σx` with its minimums;
         /// `xs` points to the group's activation sum in row 0, rows at stride `ldxs`).
         unsafe fn scale<const MR: usize>(
@@ -390,8 +404,8 @@ mod x86 {
                 const GROUPS: usize = 1;
                 type Head = __m512;
                 #[inline(always)]
-                unsafe fn levels() -> __m512 {
-                    $levels
+                unsafe fn levels() -> (__m512, __m512) {
+                    ($levels, $levels)
                 }
                 #[inline(always)]
                 unsafe fn head(h: *const u8) -> __m512 {
@@ -421,8 +435,8 @@ mod x86 {
         const GROUPS: usize = 1;
         type Head = (__m512, __m512);
         #[inline(always)]
-        unsafe fn levels() -> __m512 {
-            iota_less(0.0)
+        unsafe fn levels() -> (__m512, __m512) {
+            (iota_less(0.0), iota_less(0.0))
         }
         #[inline(always)]
         unsafe fn head(h: *const u8) -> (__m512, __m512) {
@@ -433,6 +447,77 @@ mod x86 {
             tot: &mut [__m512; MR],
             s: &[__m512; MR],
             (d, m): &(__m512, __m512),
+            _: usize,
+            xs: *const f32,
+            ldxs: usize,
+        ) {
+            scale_by(tot, s, *d);
+            add_mins(tot, *m, xs, ldxs);
+        }
+    }
+
+    /// Q5_0: `d · (q - 16)`, q of 5 bits.
+    pub struct Q50;
+    impl Format for Q50 {
+        const HEAD: usize = 96;
+        const GROUPS: usize = 1;
+        const FIVE: bool = true;
+        /// d, the fifth bits.
+        type Head = (__m512, __m512i);
+        #[inline(always)]
+        unsafe fn levels() -> (__m512, __m512) {
+            (iota_less(16.0), iota_less(0.0))
+        }
+        #[inline(always)]
+        unsafe fn head(h: *const u8) -> Self::Head {
+            (f16x16(h), _mm512_loadu_si512(h.add(32) as *const _))
+        }
+        #[inline(always)]
+        unsafe fn fifth(h: &Self::Head) -> __m512i {
+            h.1
+        }
+        #[inline(always)]
+        unsafe fn scale<const MR: usize>(
+            tot: &mut [__m512; MR],
+            s: &[__m512; MR],
+            (d, _): &Self::Head,
+            _: usize,
+            _: *const f32,
+            _: usize,
+        ) {
+            scale_by(tot, s, *d)
+        }
+    }
+
+    /// Q5_1: `d · q + m`, q of 5 bits.
+    pub struct Q51;
+    impl Format for Q51 {
+        const HEAD: usize = 128;
+        const GROUPS: usize = 1;
+        const FIVE: bool = true;
+        /// d, m, the fifth bits.
+        type Head = (__m512, __m512, __m512i);
+        #[inline(always)]
+        unsafe fn levels() -> (__m512, __m512) {
+            (iota_less(0.0), iota_less(-16.0))
+        }
+        #[inline(always)]
+        unsafe fn head(h: *const u8) -> Self::Head {
+            (
+                f16x16(h),
+                f16x16(h.add(32)),
+                _mm512_loadu_si512(h.add(64) as *const _),
+            )
+        }
+        #[inline(always)]
+        unsafe fn fifth(h: &Self::Head) -> __m512i {
+            h.2
+        }
+        #[inline(always)]
+        unsafe fn scale<const MR: usize>(
+            tot: &mut [__m512; MR],
+            s: &[__m512; MR],
+            (d, m, _): &Self::Head,
             _: usize,
             xs: *const f32,
             ldxs: usize,
@@ -460,8 +545,8 @@ mod x86 {
         /// d, the high bits (widened to 32-bit lanes), the low nibbles.
         type Head = (__m512, __m512i, __m512i);
         #[inline(always)]
-        unsafe fn levels() -> __m512 {
-            iq4_levels()
+        unsafe fn levels() -> (__m512, __m512) {
+            (iq4_levels(), iq4_levels())
         }
         #[inline(always)]
         unsafe fn head(h: *const u8) -> Self::Head {
@@ -498,8 +583,8 @@ mod x86 {
         /// d, -dmin, V0, V1, V2.
         type Head = (__m512, __m512, __m512i, __m512i, __m512i);
         #[inline(always)]
-        unsafe fn levels() -> __m512 {
-            iota_less(0.0)
+        unsafe fn levels() -> (__m512, __m512) {
+            (iota_less(0.0), iota_less(0.0))
         }
         #[inline(always)]
         unsafe fn head(h: *const u8) -> Self::Head {
@@ -547,21 +632,35 @@ mod x86 {
     const PREFETCH: usize = 4096;
 
     /// One column of the group for every activation row: the codes at bits `SH..SH + 4` of
-    /// each lane looked up in the levels, times the column's activation.
+    /// each lane (with 5-bit codes, the fifth bit from `hi`, shifted left `HL` or right `HR`
+    /// to bit 4) looked up in the levels, times the column's activation.
     #[inline(always)]
-    unsafe fn column<const MR: usize, const SH: u32>(
+    unsafe fn column<F: Format, const MR: usize, const SH: u32, const HL: u32, const HR: u32>(
         s: &mut [__m512; MR],
-        nib: __m512i,
+        (nib, hi): (__m512i, __m512i),
         x: *const f32,
         ldx: usize,
-        levels: __m512,
+        (lo_levels, hi_levels): (__m512, __m512),
     ) {
         let idx = if SH == 0 {
             nib
         } else {
             _mm512_srli_epi32::<SH>(nib)
         };
-        let w = _mm512_permutexvar_ps(idx, levels);
+        let w = if F::FIVE {
+            let h = if HL > 0 {
+                _mm512_slli_epi32::<HL>(hi)
+            } else if HR > 0 {
+                _mm512_srli_epi32::<HR>(hi)
+            } else {
+                hi
+            };
+            // Bit 4 from h, the rest from idx (the permute reads bits 0..5).
+            let idx = _mm512_ternarylogic_epi32::<0xD8>(idx, h, _mm512_set1_epi32(16));
+            _mm512_permutex2var_ps(lo_levels, idx, hi_levels)
+        } else {
+            _mm512_permutexvar_ps(idx, lo_levels)
+        };
         for (i, si) in s.iter_mut().enumerate() {
             *si = _mm512_fmadd_ps(w, _mm512_set1_ps(*x.add(i * ldx)), *si);
         }
@@ -573,24 +672,32 @@ mod x86 {
         a: &Args,
         (hp, head, b): (*const u8, &F::Head, usize),
         g: usize,
-        levels: __m512,
+        levels: (__m512, __m512),
         tot: &mut [__m512; MR],
     ) {
         let mut s = [_mm512_setzero_ps(); MR];
         let col = 32 * (b * F::GROUPS + g);
+        let fifth = F::fifth(head);
         for v in 0..4 {
             let p = hp.add(F::HEAD + 256 * g + 64 * v);
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
             let nib = _mm512_loadu_si512(p as *const _);
+            // The fifth bits of elements 8v..8v + 8 at bits 0..8.
+            let hi = if F::FIVE {
+                _mm512_srl_epi32(fifth, _mm_cvtsi32_si128(8 * v as i32))
+            } else {
+                fifth
+            };
+            let c = (nib, hi);
             let x = a.x.add(col + 8 * v);
-            column::<MR, 0>(&mut s, nib, x, a.ldx, levels);
-            column::<MR, 4>(&mut s, nib, x.add(1), a.ldx, levels);
-            column::<MR, 8>(&mut s, nib, x.add(2), a.ldx, levels);
-            column::<MR, 12>(&mut s, nib, x.add(3), a.ldx, levels);
-            column::<MR, 16>(&mut s, nib, x.add(4), a.ldx, levels);
-            column::<MR, 20>(&mut s, nib, x.add(5), a.ldx, levels);
-            column::<MR, 24>(&mut s, nib, x.add(6), a.ldx, levels);
-            column::<MR, 28>(&mut s, nib, x.add(7), a.ldx, levels);
+            column::<F, MR, 0, 4, 0>(&mut s, c, x, a.ldx, levels);
+            column::<F, MR, 4, 3, 0>(&mut s, c, x.add(1), a.ldx, levels);
+            column::<F, MR, 8, 2, 0>(&mut s, c, x.add(2), a.ldx, levels);
+            column::<F, MR, 12, 1, 0>(&mut s, c, x.add(3), a.ldx, levels);
+            column::<F, MR, 16, 0, 0>(&mut s, c, x.add(4), a.ldx, levels);
+            column::<F, MR, 20, 0, 1>(&mut s, c, x.add(5), a.ldx, levels);
+            column::<F, MR, 24, 0, 2>(&mut s, c, x.add(6), a.ldx, levels);
+            column::<F, MR, 28, 0, 3>(&mut s, c, x.add(7), a.ldx, levels);
         }
         F::scale(tot, &s, head, g, a.xs.wrapping_add(col / 32), a.k / 32);
     }

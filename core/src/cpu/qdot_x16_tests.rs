@@ -10,10 +10,12 @@ use crate::quant;
 use crate::rng::Rng;
 use crate::tensor::TensorDesc;
 
-const TYPES: [DType; 5] = [
+const TYPES: [DType; 7] = [
     DType::IQ4_NL,
     DType::Q4_0,
     DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
     DType::IQ4_XS,
     DType::Q4_K,
 ];
@@ -81,6 +83,17 @@ fn decoded(dt: DType, row: &[u8], k: usize) -> Vec<(f64, f64, f64)> {
                 DType::IQ4_NL => (f16(b, 0), 0.0, IQ4[nib(&b[2..])]),
                 DType::Q4_0 => (f16(b, 0), 0.0, nib(&b[2..]) as f64 - 8.0),
                 DType::Q4_1 => (f16(b, 0), f16(b, 2), nib(&b[4..]) as f64),
+                // The fifth bit of element l: bit l of the u32 after the scales.
+                DType::Q5_0 => {
+                    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                    let code = nib(&b[6..]) | (((qh >> l) & 1) as usize) << 4;
+                    (f16(b, 0), 0.0, code as f64 - 16.0)
+                }
+                DType::Q5_1 => {
+                    let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+                    let code = nib(&b[8..]) | (((qh >> l) & 1) as usize) << 4;
+                    (f16(b, 0), f16(b, 2), code as f64)
+                }
                 DType::IQ4_XS => {
                     let lo = (b[4 + g / 2] >> (4 * (g % 2))) & 15;
                     let hi = (u16::from_le_bytes([b[2], b[3]]) >> (2 * g)) & 3;
