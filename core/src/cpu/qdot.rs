@@ -222,6 +222,10 @@ pub(crate) unsafe fn tile_dots(
 #[path = "qdot_grids.rs"]
 mod grids;
 
+/// The levels tables, for the interleaved kernels (`qdot_x16`).
+#[cfg(target_arch = "x86_64")]
+pub(super) use x86::{iota, iq4_levels};
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     pub(super) use super::grids::{IQ2XXS, IQ3S};
@@ -297,7 +301,7 @@ mod x86 {
 
     /// 0, 1, …, 15.
     #[inline(always)]
-    unsafe fn iota() -> __m512 {
+    pub(in crate::cpu) unsafe fn iota() -> __m512 {
         _mm512_setr_ps(
             0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
         )
@@ -359,7 +363,7 @@ mod x86 {
 
     /// IQ4_NL's 16 levels.
     #[inline(always)]
-    unsafe fn iq4_levels() -> __m512 {
+    pub(in crate::cpu) unsafe fn iq4_levels() -> __m512 {
         _mm512_setr_ps(
             -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0,
             69.0, 89.0, 113.0,

@@ -43,8 +43,11 @@ struct Layout {
     groups: usize,
     /// Where elements `8v..8v + 8` of group `g` lie among the block's codes: eight
     /// consecutive bytes from the returned one, a nibble each at the returned shift.
-    run8: fn(usize, usize) -> (usize, u32),
+    run8: Run8,
 }
+
+/// Where a run of eight codes lies: see [`Layout::run8`].
+type Run8 = fn(usize, usize) -> (usize, u32);
 
 impl Layout {
     fn head_bytes(&self) -> usize {
@@ -84,19 +87,18 @@ fn scatter8(word: u32, shift: u32) -> u64 {
 
 /// The interleaved formats' layouts.
 fn layout(dtype: DType) -> Option<Layout> {
-    let (head, groups, run8): (&'static [usize], usize, fn(usize, usize) -> (usize, u32)) =
-        match dtype {
-            DType::IQ4_NL | DType::Q4_0 => (&[2], 1, run8_32),
-            DType::Q4_1 => (&[2, 2], 1, run8_32),
-            // d (and Q5_1's m), the 32 fifth bits (bit c: element c's).
-            DType::Q5_0 => (&[2, 4], 1, run8_32),
-            DType::Q5_1 => (&[2, 2, 4], 1, run8_32),
-            // d, the 8 groups' scale high bits (u16), their low nibbles (4 bytes).
-            DType::IQ4_XS => (&[2, 2, 4], 8, run8_32),
-            // d, dmin, the 12 bytes of 6-bit scales and mins as three 4-byte fields.
-            DType::Q4_K => (&[2, 2, 4, 4, 4], 8, run8_q4k),
-            _ => return None,
-        };
+    let (head, groups, run8): (&'static [usize], usize, Run8) = match dtype {
+        DType::IQ4_NL | DType::Q4_0 => (&[2], 1, run8_32),
+        DType::Q4_1 => (&[2, 2], 1, run8_32),
+        // d (and Q5_1's m), the 32 fifth bits (bit c: element c's).
+        DType::Q5_0 => (&[2, 4], 1, run8_32),
+        DType::Q5_1 => (&[2, 2, 4], 1, run8_32),
+        // d, the 8 groups' scale high bits (u16), their low nibbles (4 bytes).
+        DType::IQ4_XS => (&[2, 2, 4], 8, run8_32),
+        // d, dmin, the 12 bytes of 6-bit scales and mins as three 4-byte fields.
+        DType::Q4_K => (&[2, 2, 4, 4, 4], 8, run8_q4k),
+        _ => return None,
+    };
     Some(Layout { head, groups, run8 })
 }
 
@@ -306,6 +308,8 @@ pub(crate) unsafe fn rows_dots(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    // The levels tables the file-layout kernels use too.
+    use super::super::qdot::{iota, iq4_levels};
     use std::arch::x86_64::*;
 
     /// A call's pointers and strides.
@@ -374,25 +378,10 @@ mod x86 {
         }
     }
 
-    /// IQ4_NL's 16 levels (IQ4_XS's too).
-    #[inline(always)]
-    unsafe fn iq4_levels() -> __m512 {
-        _mm512_setr_ps(
-            -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0,
-            69.0, 89.0, 113.0,
-        )
-    }
-
     /// 0, 1, …, 15 less `off`.
     #[inline(always)]
     unsafe fn iota_less(off: f32) -> __m512 {
-        _mm512_sub_ps(
-            _mm512_setr_ps(
-                0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0,
-                15.0,
-            ),
-            _mm512_set1_ps(off),
-        )
+        _mm512_sub_ps(iota(), _mm512_set1_ps(off))
     }
 
     /// A 32-element format with one scale `d` a block (IQ4_NL and Q4_0: their levels).
