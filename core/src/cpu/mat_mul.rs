@@ -2,7 +2,8 @@
 
 use super::simd::{self, Isa};
 use super::{
-    elementwise, norm, pool, qdot, qdot256, qdot_int, qdot_vnni, qdot_x16, In, KResult, Out,
+    elementwise, norm, pool, qdot, qdot256, qdot_int, qdot_vnni, qdot_x16, qdot_x16i, In, KResult,
+    Out,
 };
 use crate::op::{GluOp, MatMulOp};
 use crate::quant;
@@ -417,6 +418,9 @@ fn run(x: &[f32], w: &In, o: &mut Out) -> KResult {
 thread_local! {
     /// The activations' group sums (`qdot_x16::block_sums`), reused across calls.
     static BLOCK_SUMS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The activations split for `qdot_x16i`, and the split's scratch row.
+    static SPLIT_X16: std::cell::RefCell<(Vec<u8>, Vec<u8>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Groups of 16 weight rows a task takes at a time from its piece: every activation row goes
@@ -445,8 +449,16 @@ fn gemm_x16(
     if qdot_x16::needs_sums(dtype) {
         qdot_x16::block_sums(&x[..m * k], k, &mut xs);
     }
+    // The integer kernel's split rows (`int`: their stride), else the f32 rows.
+    let (mut scratch, mut split) = SPLIT_X16.with(|c| c.take());
+    let int = qdot_x16i::supported(dtype) && k.is_multiple_of(256);
+    if int {
+        qdot_x16i::split_rows(&x[..m * k], k, &mut scratch, &mut split);
+    }
+    let rb = qdot_x16i::row_bytes(k);
     let (xp, xsp) = (x.as_ptr(), pool::SendPtr(xs.as_ptr() as *mut f32));
     let xp = pool::SendPtr(xp as *mut f32);
+    let sp = pool::SendPtr(split.as_ptr() as *mut u8);
     let yp = pool::SendPtr(y.as_mut_ptr());
     let pieces = if m <= FUSED_ROWS {
         4
@@ -454,27 +466,28 @@ fn gemm_x16(
         TILE_PIECES_FUSED
     };
     pool::par_ranges(groups, X16_TILE, pieces, |range| {
-        let (xp, xsp, yp) = (&xp, &xsp, &yp);
+        let (xp, xsp, yp, sp) = (&xp, &xsp, &yp, &sp);
         let mut g0 = range.start;
         while g0 < range.end {
             let g1 = (g0 + X16_TILE).min(range.end);
             let mut i = 0;
             while i < m {
                 let mr = qdot_x16::MAX_ROWS.min(m - i);
+                let y = (yp.0.wrapping_add(i * n), n);
                 // SAFETY: the storage interleaved these weights (`qdot_x16::packs` held for
-                // them on this CPU); x holds m rows of k and xs their group sums where the
-                // format reads them; the groups g0..g1 lie inside `w`; y's columns of these
-                // groups are this task's alone.
+                // them on this CPU); x holds m rows of k (split into `rb` bytes each where
+                // `int`) and xs their group sums where the format reads them; the groups
+                // g0..g1 lie inside `w`; y's columns of these groups are this task's alone.
                 unsafe {
-                    qdot_x16::rows_dots(
-                        dtype,
-                        (xp.0.add(i * k), k, xsp.0.wrapping_add(i * nb)),
-                        mr,
-                        k,
-                        w.as_ptr(),
-                        g0..g1,
-                        (yp.0.add(i * n), n),
-                    )
+                    if int {
+                        let xs = xsp.0.wrapping_add(i * nb) as *const f32;
+                        let x = (sp.0.add(i * rb) as *const u8, rb, xs, nb);
+                        qdot_x16i::rows_dots(x, mr, k, w.as_ptr(), g0..g1, y)
+                    } else {
+                        let xs = xsp.0.wrapping_add(i * nb) as *const f32;
+                        let x = (xp.0.add(i * k) as *const f32, k, xs);
+                        qdot_x16::rows_dots(dtype, x, mr, k, w.as_ptr(), g0..g1, y)
+                    }
                 };
                 i += mr;
             }
@@ -482,6 +495,7 @@ fn gemm_x16(
         }
     });
     BLOCK_SUMS.with(|c| c.replace(xs));
+    SPLIT_X16.with(|c| c.replace((scratch, split)));
     Ok(())
 }
 

@@ -307,7 +307,7 @@ pub(crate) unsafe fn rows_dots(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     // The levels tables the file-layout kernels use too.
     use super::super::qdot::{iota, iq4_levels};
     use std::arch::x86_64::*;
@@ -570,55 +570,78 @@ mod x86 {
         const HEAD: usize = 256;
         const GROUPS: usize = 8;
         /// d, -dmin, V0, V1, V2.
-        type Head = (__m512, __m512, __m512i, __m512i, __m512i);
+        type Head = Q4kHead;
         #[inline(always)]
         unsafe fn levels() -> (__m512, __m512) {
             (iota_less(0.0), iota_less(0.0))
         }
         #[inline(always)]
         unsafe fn head(h: *const u8) -> Self::Head {
-            let v = |at: usize| _mm512_loadu_si512(h.add(at) as *const _);
-            let dmin = f16x16(h.add(32));
-            (
-                f16x16(h),
-                _mm512_sub_ps(_mm512_setzero_ps(), dmin),
-                v(64),
-                v(128),
-                v(192),
-            )
+            q4k_head(h)
         }
         #[inline(always)]
         unsafe fn scale<const MR: usize>(
             tot: &mut [__m512; MR],
             s: &[__m512; MR],
-            (d, ndmin, v0, v1, v2): &Self::Head,
+            head: &Self::Head,
             g: usize,
             xs: *const f32,
             ldxs: usize,
         ) {
-            let (sc, m) = if g < 4 {
-                let n = 8 * g as u32;
-                (bits(*v0, n, 63), bits(*v1, n, 63))
-            } else {
-                let n = 8 * (g - 4) as u32;
-                (
-                    _mm512_or_si512(
-                        bits(*v2, n, 15),
-                        _mm512_slli_epi32::<4>(bits(*v0, n + 6, 3)),
-                    ),
-                    _mm512_or_si512(
-                        bits(*v2, n + 4, 15),
-                        _mm512_slli_epi32::<4>(bits(*v1, n + 6, 3)),
-                    ),
-                )
-            };
-            scale_by(tot, s, _mm512_mul_ps(*d, _mm512_cvtepi32_ps(sc)));
-            add_mins(tot, _mm512_mul_ps(*ndmin, _mm512_cvtepi32_ps(m)), xs, ldxs);
+            let (a, m) = q4k_factors(head, g);
+            scale_by(tot, s, a);
+            add_mins(tot, m, xs, ldxs);
         }
     }
 
+    /// A packed Q4_K block's head: d, -dmin and the three 4-byte fields of scales and mins.
+    pub(crate) type Q4kHead = (__m512, __m512, __m512i, __m512i, __m512i);
+
+    /// The head of the packed Q4_K block at `h`.
+    #[inline(always)]
+    pub(crate) unsafe fn q4k_head(h: *const u8) -> Q4kHead {
+        let v = |at: usize| _mm512_loadu_si512(h.add(at) as *const _);
+        let dmin = f16x16(h.add(32));
+        (
+            f16x16(h),
+            _mm512_sub_ps(_mm512_setzero_ps(), dmin),
+            v(64),
+            v(128),
+            v(192),
+        )
+    }
+
+    /// Group `g`'s factors in each row: `d · scale` and `-dmin · min` (both exact in f32: an
+    /// f16 times a 6-bit integer).
+    #[inline(always)]
+    pub(crate) unsafe fn q4k_factors(
+        (d, ndmin, v0, v1, v2): &Q4kHead,
+        g: usize,
+    ) -> (__m512, __m512) {
+        let (sc, m) = if g < 4 {
+            let n = 8 * g as u32;
+            (bits(*v0, n, 63), bits(*v1, n, 63))
+        } else {
+            let n = 8 * (g - 4) as u32;
+            (
+                _mm512_or_si512(
+                    bits(*v2, n, 15),
+                    _mm512_slli_epi32::<4>(bits(*v0, n + 6, 3)),
+                ),
+                _mm512_or_si512(
+                    bits(*v2, n + 4, 15),
+                    _mm512_slli_epi32::<4>(bits(*v1, n + 6, 3)),
+                ),
+            )
+        };
+        (
+            _mm512_mul_ps(*d, _mm512_cvtepi32_ps(sc)),
+            _mm512_mul_ps(*ndmin, _mm512_cvtepi32_ps(m)),
+        )
+    }
+
     /// Bytes ahead of each vector of codes that are prefetched.
-    const PREFETCH: usize = 4096;
+    pub(crate) const PREFETCH: usize = 4096;
 
     /// One column of the group for every activation row: the codes at bits `SH..SH + 4` of
     /// each lane (with 5-bit codes, the fifth bit from `hi`, shifted left `HL` or right `HR`

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::backend::Backend;
+use crate::cpu::qdot_x16i;
 use crate::cpu::{simd, CpuBackend};
 use crate::op::{ElementwiseOp, GetRowsOp, MatMulOp, Op};
 use crate::quant;
@@ -268,5 +269,192 @@ fn the_backend_keeps_interleaved_matrices_invisible() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn the_integer_kernels_split_puts_digits_in_the_lanes_order() {
+    // Element e of a group at byte e of each digit: the lanes pair elements 8v + 0, 2, 4, 6
+    // (low nibbles) and 8v + 1, 3, 5, 7 (high nibbles).
+    let k = 256;
+    let x: Vec<f32> = (0..k).map(|e| (e % 32) as f32 + 1.0).collect();
+    let (mut scratch, mut out) = (Vec::new(), Vec::new());
+    qdot_x16i::split_rows(&x, k, &mut scratch, &mut out);
+    assert_eq!(out.len(), qdot_x16i::row_bytes(k));
+    // The block's largest |x| is 32 = 2^5: the scale is 2^(5 - 21), so x_q = x · 2^16 and
+    // the top digit t2 (the first 32 bytes of a group) is x itself.
+    for g in 0..k / 32 {
+        let t2 = &out[96 * g..96 * g + 32];
+        for v in 0..4 {
+            for (p, j) in [0, 2, 4, 6, 1, 3, 5, 7].iter().enumerate() {
+                assert_eq!(
+                    t2[8 * v + p] as usize,
+                    8 * v + j + 1,
+                    "group {g} v {v} p {p}"
+                );
+            }
+        }
+        assert!(out[96 * g + 32..96 * g + 96].iter().all(|&b| b == 0));
+    }
+    let s = f32::from_le_bytes(out[96 * 8..96 * 8 + 4].try_into().unwrap());
+    assert_eq!(s, 2f32.powi(-16));
+}
+
+/// The integer kernel for interleaved Q4_K: every row against an f64 dot of the file's
+/// weights within the split's bound, and the same bits whatever the batch and the groups.
+#[test]
+fn integer_q4k_rows_match_an_f64_dot_and_their_bits_do_not_depend_on_the_batch() {
+    if !qdot_x16i::supported(DType::Q4_K) || !packs(simd::isa(), DType::Q4_K, &[16, 256]) {
+        eprintln!("skipped: no AVX-512 VNNI here");
+        return;
+    }
+    let dt = DType::Q4_K;
+    let mut rng = Rng::new(41);
+    for (n, k) in [(48, 256), (32, 1536), (80, 768)] {
+        let file = weights(dt, n, k, &mut rng);
+        let mut packed = vec![0u8; file.len()];
+        pack(dt, k, &file, &mut packed);
+        let m = MAX_ROWS;
+        // A few large activations: the groups' scales differ.
+        let x: Vec<f32> = (0..m * k)
+            .map(|j| rng.normal() * if j % 97 == 0 { 30.0 } else { 1.0 })
+            .collect();
+        let mut xs = Vec::new();
+        block_sums(&x, k, &mut xs);
+        let (mut scratch, mut split) = (Vec::new(), Vec::new());
+        qdot_x16i::split_rows(&x, k, &mut scratch, &mut split);
+        let rb = qdot_x16i::row_bytes(k);
+        let call = |i: usize, mr: usize, groups: std::ops::Range<usize>, y: &mut [f32]| unsafe {
+            qdot_x16i::rows_dots(
+                (
+                    split.as_ptr().add(i * rb),
+                    rb,
+                    xs.as_ptr().add(i * (k / 32)),
+                    k / 32,
+                ),
+                mr,
+                k,
+                packed.as_ptr(),
+                groups,
+                (y.as_mut_ptr().add(i * n), n),
+            )
+        };
+        let mut one = vec![f32::NAN; m * n];
+        for i in 0..m {
+            call(i, 1, 0..n / ROWS, &mut one);
+        }
+        let frb = dt.bytes_for(k).unwrap();
+        for r in 0..n {
+            let wr = decoded(dt, &file[r * frb..(r + 1) * frb], k);
+            for i in 0..m {
+                let xi = &x[i * k..(i + 1) * k];
+                let want: f64 = wr
+                    .iter()
+                    .zip(xi)
+                    .map(|((d, mn, l), x)| (d * l + mn) * *x as f64)
+                    .sum();
+                let mag: f64 = wr
+                    .iter()
+                    .zip(xi)
+                    .map(|((d, mn, l), x)| ((d * l).abs() + mn.abs()) * (*x as f64).abs())
+                    .sum();
+                // The split: each group's largest |x| times 2^-22 times its Σ |d·scale·q|.
+                let split: f64 = (0..k / 32)
+                    .map(|g| {
+                        let top = xi[32 * g..32 * (g + 1)]
+                            .iter()
+                            .fold(0f64, |t, v| t.max(v.abs() as f64));
+                        let sw: f64 = wr[32 * g..32 * (g + 1)]
+                            .iter()
+                            .map(|(d, _, l)| (d * l).abs())
+                            .sum();
+                        top * sw * 2f64.powi(-22)
+                    })
+                    .sum();
+                let bound = split + (48.0 + (k / 32) as f64) * 2f64.powi(-24) * mag;
+                let got = one[i * n + r] as f64;
+                assert!(
+                    (got - want).abs() <= bound,
+                    "{n}x{k} row {r} act {i}: {got} vs {want} (bound {bound:e})"
+                );
+            }
+        }
+        for mr in 2..=m {
+            let mut y = vec![f32::NAN; m * n];
+            let mut i = 0;
+            while i + mr <= m {
+                call(i, mr, 1..n / ROWS, &mut y);
+                call(i, mr, 0..1, &mut y);
+                i += mr;
+            }
+            for (j, (a, b)) in y[..i * n].iter().zip(&one).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{n}x{k} mr {mr}: output {j}");
+            }
+        }
+    }
+}
+
+/// The integer kernel computes the dot of the weights with the split activations (read back
+/// from `qdot_int`'s element-ordered split, not from the lanes' order) to f32 roundings: a
+/// digit paired with the wrong column would show far beyond them.
+#[test]
+fn integer_q4k_rows_are_the_dots_of_the_split_activations() {
+    use crate::cpu::qdot_int;
+    if !qdot_x16i::supported(DType::Q4_K) || !packs(simd::isa(), DType::Q4_K, &[16, 256]) {
+        eprintln!("skipped: no AVX-512 VNNI here");
+        return;
+    }
+    let dt = DType::Q4_K;
+    let mut rng = Rng::new(43);
+    let (n, k) = (32, 1536);
+    let file = weights(dt, n, k, &mut rng);
+    let mut packed = vec![0u8; file.len()];
+    pack(dt, k, &file, &mut packed);
+    let x: Vec<f32> = (0..k)
+        .map(|j| rng.normal() * if j % 97 == 0 { 300.0 } else { 1.0 })
+        .collect();
+    let mut xs = Vec::new();
+    block_sums(&x, k, &mut xs);
+    let (mut scratch, mut split) = (Vec::new(), Vec::new());
+    qdot_x16i::split_rows(&x, k, &mut scratch, &mut split);
+    let mut sp = vec![0u8; qdot_int::row_bytes(k)];
+    qdot_int::split_row(&x, &mut sp, qdot_x16i::SPLIT);
+    let scales = 3 * k + 4 * (k / 32) + 4 * (k / 16);
+    let xq: Vec<f64> = (0..k)
+        .map(|e| {
+            let (g, j) = (e / 32, e % 32);
+            let t = |t| sp[qdot_int::digit_at(g, t) + j] as i8 as f64;
+            let s = f32::from_le_bytes(sp[scales + 4 * g..][..4].try_into().unwrap());
+            s as f64 * (t(2) * 65536.0 + t(1) * 256.0 + t(0))
+        })
+        .collect();
+    let mut y = vec![f32::NAN; n];
+    unsafe {
+        qdot_x16i::rows_dots(
+            (split.as_ptr(), qdot_x16i::row_bytes(k), xs.as_ptr(), k / 32),
+            1,
+            k,
+            packed.as_ptr(),
+            0..n / ROWS,
+            (y.as_mut_ptr(), n),
+        )
+    };
+    let frb = dt.bytes_for(k).unwrap();
+    for (r, got) in y.iter().enumerate() {
+        let wr = decoded(dt, &file[r * frb..(r + 1) * frb], k);
+        let terms = wr.iter().zip(&xq).zip(&x);
+        let want: f64 = terms
+            .clone()
+            .map(|(((d, mn, l), q), x)| d * l * q + mn * *x as f64)
+            .sum();
+        let mag: f64 = terms
+            .map(|(((d, mn, l), q), x)| (d * l * q).abs() + (mn * *x as f64).abs())
+            .sum();
+        let bound = (48.0 + (k / 32) as f64) * 2f64.powi(-24) * mag;
+        let got = *got as f64;
+        assert!(
+            (got - want).abs() <= bound,
+            "row {r}: {got} vs {want} (bound {bound:e})"
+        );
     }
 }
