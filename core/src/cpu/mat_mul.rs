@@ -453,7 +453,7 @@ fn gemm_x16(
     let (mut scratch, mut split) = SPLIT_X16.with(|c| c.take());
     let int = qdot_x16i::supported(dtype) && k.is_multiple_of(256);
     if int {
-        qdot_x16i::split_rows(&x[..m * k], k, &mut scratch, &mut split);
+        qdot_x16i::split_rows(&x[..m * k], k, dtype, &mut scratch, &mut split);
     }
     let rb = qdot_x16i::row_bytes(k);
     let (xp, xsp) = (x.as_ptr(), pool::SendPtr(xs.as_ptr() as *mut f32));
@@ -482,7 +482,7 @@ fn gemm_x16(
                     if int {
                         let xs = xsp.0.wrapping_add(i * nb) as *const f32;
                         let x = (sp.0.add(i * rb) as *const u8, rb, xs, nb);
-                        qdot_x16i::rows_dots(x, mr, k, w.as_ptr(), g0..g1, y)
+                        qdot_x16i::rows_dots(dtype, x, mr, k, w.as_ptr(), g0..g1, y)
                     } else {
                         let xs = xsp.0.wrapping_add(i * nb) as *const f32;
                         let x = (xp.0.add(i * k) as *const f32, k, xs);

@@ -44,6 +44,13 @@ struct Layout {
     /// Where elements `8v..8v + 8` of group `g` lie among the block's codes: eight
     /// consecutive bytes from the returned one, a nibble each at the returned shift.
     run8: Run8,
+    /// Where the head and the codes begin in the file's block (Q6_K's head is at its end).
+    head_at: usize,
+    codes_at: usize,
+    /// Q6_K's 2-bit high parts of the codes: where they begin in the file's block. Element
+    /// `l` of group `g` has them at bits `2 (g % 4)` of byte `32 (g / 4) + l` there; packed,
+    /// each group has two more 64-byte vectors after its four of nibbles (see [`hi_at`]).
+    high_at: Option<usize>,
 }
 
 /// Where a run of eight codes lies: see [`Layout::run8`].
@@ -53,8 +60,16 @@ impl Layout {
     fn head_bytes(&self) -> usize {
         self.head.iter().sum()
     }
+    /// Bytes of a row's codes in a group: 16 of nibbles, and 8 of high parts.
+    fn group_bytes(&self) -> usize {
+        if self.high_at.is_some() {
+            24
+        } else {
+            16
+        }
+    }
     fn block_bytes(&self) -> usize {
-        self.head_bytes() + 16 * self.groups
+        self.head_bytes() + self.group_bytes() * self.groups
     }
 }
 
@@ -67,6 +82,26 @@ fn run8_32(g: usize, v: usize) -> (usize, u32) {
 /// Q4_K's codes: groups 2i and 2i + 1 are the low and high nibbles of the same 32 bytes.
 fn run8_q4k(g: usize, v: usize) -> (usize, u32) {
     (32 * (g / 2) + 8 * v, 4 * (g % 2) as u32)
+}
+
+/// Q6_K's low nibbles: groups 4i..4i + 4 are the low, low, high and high nibbles of bytes
+/// 64i..64i + 32, 64i + 32..64i + 64, 64i..64i + 32 and 64i + 32..64i + 64.
+fn run8_q6k(g: usize, v: usize) -> (usize, u32) {
+    (
+        64 * (g / 4) + 32 * (g % 2) + 8 * v,
+        4 * ((g % 4) / 2) as u32,
+    )
+}
+
+/// Where the 2-bit high part of element `8v + 2b + f % 2`, `v = 2u + f / 2`, goes in a packed
+/// group's high vector `u` (0, 1): bits `2f` of byte `b` of the row's lane. So after a shift
+/// of the vector by `4 - 2f` bits (left, or right for f = 3), bits 4..6 of byte b hold the
+/// part of the element whose nibble the kernel's code vector `2v` (f even) or `2v + 1` (f odd)
+/// has in byte b.
+fn hi_at(l: usize) -> (usize, usize, u32) {
+    let (v, j) = (l / 8, l % 8);
+    let (b, f) = (j / 2, 2 * (v % 2) + j % 2);
+    (v / 2, b, 2 * f as u32)
 }
 
 /// The nibbles at `shift` of eight bytes, packed into a word (byte j's in bits `4j..4j + 4`).
@@ -87,6 +122,18 @@ fn scatter8(word: u32, shift: u32) -> u64 {
 
 /// The interleaved formats' layouts.
 fn layout(dtype: DType) -> Option<Layout> {
+    if dtype == DType::Q6_K {
+        // ql (128 bytes), qh (64), then the head: 16 scales (a field each, so that the
+        // packed block holds each scale of the 16 rows side by side) and d.
+        return Some(Layout {
+            head: &[1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2],
+            groups: 8,
+            run8: run8_q6k,
+            head_at: 192,
+            codes_at: 0,
+            high_at: Some(128),
+        });
+    }
     let (head, groups, run8): (&'static [usize], usize, Run8) = match dtype {
         DType::IQ4_NL | DType::Q4_0 => (&[2], 1, run8_32),
         DType::Q4_1 => (&[2, 2], 1, run8_32),
@@ -99,7 +146,15 @@ fn layout(dtype: DType) -> Option<Layout> {
         DType::Q4_K => (&[2, 2, 4, 4, 4], 8, run8_q4k),
         _ => return None,
     };
-    Some(Layout { head, groups, run8 })
+    let codes_at = head.iter().sum();
+    Some(Layout {
+        head,
+        groups,
+        run8,
+        head_at: 0,
+        codes_at,
+        high_at: None,
+    })
 }
 
 /// Whether the CPU backend keeps a `dtype` tensor of `dims` interleaved on this CPU.
@@ -110,6 +165,8 @@ pub(crate) fn packs(isa: super::simd::Isa, dtype: DType, dims: &[usize]) -> bool
     cfg!(target_arch = "x86_64")
         && isa == super::simd::Isa::Avx512
         && matches!(dims, &[n, k] if n > 0 && n % ROWS == 0 && k > 0 && k % (32 * l.groups) == 0)
+        // Q6_K has only the integer kernel.
+        && (l.high_at.is_none() || super::qdot_x16i::supported(dtype))
 }
 
 /// Whether the kernel reads the activations' 32-element group sums ([`block_sums`]): the
@@ -179,48 +236,69 @@ fn field_at(l: &Layout, f: usize, r: usize) -> usize {
 /// Where row `r`'s codes `8v..8v + 8` of group `g` lie in a packed block of 16 rows: a 4-byte
 /// lane, code `8v + j` in bits `4j..4j + 4`.
 fn lane_at(l: &Layout, g: usize, v: usize, r: usize) -> usize {
-    16 * l.head_bytes() + 256 * g + 64 * v + 4 * r
+    16 * l.head_bytes() + 16 * l.group_bytes() * g + 64 * v + 4 * r
 }
 
 /// Row `r`'s file block out of a packed block of 16 rows `g`.
 fn block_out(l: &Layout, g: &[u8], r: usize, out: &mut [u8]) {
-    let mut at = 0;
+    let mut at = l.head_at;
     for (f, &size) in l.head.iter().enumerate() {
         let src = field_at(l, f, r);
         out[at..at + size].copy_from_slice(&g[src..src + size]);
         at += size;
     }
-    let codes = &mut out[at..];
-    codes.fill(0);
+    let region = if l.head_at == 0 {
+        l.codes_at..out.len()
+    } else {
+        0..l.head_at
+    };
+    out[region].fill(0);
     for grp in 0..l.groups {
         for v in 0..4 {
             let lane = lane_at(l, grp, v, r);
             let word = u32::from_le_bytes([g[lane], g[lane + 1], g[lane + 2], g[lane + 3]]);
             let (byte, shift) = (l.run8)(grp, v);
-            let dst = &mut codes[byte..byte + 8];
+            let dst = &mut out[l.codes_at + byte..l.codes_at + byte + 8];
             let mut b = [0u8; 8];
             b.copy_from_slice(dst);
             dst.copy_from_slice(&(u64::from_le_bytes(b) | scatter8(word, shift)).to_le_bytes());
+        }
+        if let Some(hi) = l.high_at {
+            for e in 0..32 {
+                let (u, b, sh) = hi_at(e);
+                let part = (g[lane_at(l, grp, 4 + u, r) + b] >> sh) & 3;
+                out[hi + 32 * (grp / 4) + e] |= part << (2 * (grp % 4));
+            }
         }
     }
 }
 
 /// Row `r`'s file block `file` into a packed block of 16 rows `g`.
 fn block_in(l: &Layout, file: &[u8], r: usize, g: &mut [u8]) {
-    let mut at = 0;
+    let mut at = l.head_at;
     for (f, &size) in l.head.iter().enumerate() {
         let dst = field_at(l, f, r);
         g[dst..dst + size].copy_from_slice(&file[at..at + size]);
         at += size;
     }
-    let codes = &file[at..];
     for grp in 0..l.groups {
         for v in 0..4 {
             let (byte, shift) = (l.run8)(grp, v);
             let mut b = [0u8; 8];
-            b.copy_from_slice(&codes[byte..byte + 8]);
+            b.copy_from_slice(&file[l.codes_at + byte..l.codes_at + byte + 8]);
             let lane = lane_at(l, grp, v, r);
             g[lane..lane + 4].copy_from_slice(&gather8(b, shift).to_le_bytes());
+        }
+        if let Some(hi) = l.high_at {
+            for u in 0..2 {
+                let lane = lane_at(l, grp, 4 + u, r);
+                g[lane..lane + 4].fill(0);
+            }
+            for e in 0..32 {
+                let (u, b, sh) = hi_at(e);
+                let part = (file[hi + 32 * (grp / 4) + e] >> (2 * (grp % 4))) & 3;
+                g[lane_at(l, grp, 4 + u, r) + b] |= part << sh;
+            }
         }
     }
 }

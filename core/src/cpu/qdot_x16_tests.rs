@@ -41,7 +41,7 @@ fn weights(dtype: DType, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
 #[test]
 fn interleaving_is_a_permutation_of_the_file_blocks() {
     let mut rng = Rng::new(31);
-    for dt in TYPES {
+    for dt in TYPES.into_iter().chain([DType::Q6_K]) {
         let ks = lengths(dt, [32, 64, 576], [256, 512, 768]);
         for (n, k) in [16, 48, 32].into_iter().zip(ks) {
             // Any bytes: the layouts move bytes and nibbles, whatever they hold.
@@ -100,6 +100,16 @@ fn decoded(dt: DType, row: &[u8], k: usize) -> Vec<(f64, f64, f64)> {
                     let hi = (u16::from_le_bytes([b[2], b[3]]) >> (2 * g)) & 3;
                     let sc = (lo as i32 | (hi as i32) << 4) - 32;
                     (f16(b, 0) * sc as f64, 0.0, IQ4[nib(&b[8 + 16 * g..])])
+                }
+                DType::Q6_K => {
+                    // ql (128 bytes: element 128n + 32s + l's nibble in byte 64n + 32 (s % 2)
+                    // + l, high for s ≥ 2), qh (64: its 2 high bits at bit 2s of byte 32n +
+                    // l), 16 signed scales (one per 16 elements), d; w = d · sc · (q - 32).
+                    let (n, s, l) = ((e % bs) / 128, (e % 128) / 32, e % 32);
+                    let lo = (b[64 * n + 32 * (s % 2) + l] >> (4 * (s / 2))) & 15;
+                    let hi = (b[128 + 32 * n + l] >> (2 * s)) & 3;
+                    let a = f16(b, 208) * (b[192 + (e % bs) / 16] as i8) as f64;
+                    (a, -32.0 * a, (lo | hi << 4) as f64)
                 }
                 _ => {
                     // Q4_K: d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of codes
@@ -204,7 +214,7 @@ fn the_backend_keeps_interleaved_matrices_invisible() {
     let isa = simd::isa();
     let cpu = CpuBackend::with_threads(2);
     let mut rng = Rng::new(33);
-    for dt in TYPES {
+    for dt in TYPES.into_iter().chain([DType::Q6_K]) {
         let (n, k) = (48, lengths(dt, [96; 3], [512; 3])[0]);
         let file = weights(dt, n, k, &mut rng);
         let w = cpu
@@ -274,12 +284,16 @@ fn the_backend_keeps_interleaved_matrices_invisible() {
 
 #[test]
 fn the_integer_kernels_split_puts_digits_in_the_lanes_order() {
+    if !qdot_x16i::supported(DType::Q4_K) {
+        eprintln!("skipped: no AVX-512 VNNI here");
+        return;
+    }
     // Element e of a group at byte e of each digit: the lanes pair elements 8v + 0, 2, 4, 6
     // (low nibbles) and 8v + 1, 3, 5, 7 (high nibbles).
     let k = 256;
     let x: Vec<f32> = (0..k).map(|e| (e % 32) as f32 + 1.0).collect();
     let (mut scratch, mut out) = (Vec::new(), Vec::new());
-    qdot_x16i::split_rows(&x, k, &mut scratch, &mut out);
+    qdot_x16i::split_rows(&x, k, DType::Q4_K, &mut scratch, &mut out);
     assert_eq!(out.len(), qdot_x16i::row_bytes(k));
     // The block's largest |x| is 32 = 2^5: the scale is 2^(5 - 21), so x_q = x · 2^16 and
     // the top digit t2 (the first 32 bytes of a group) is x itself.
@@ -300,95 +314,111 @@ fn the_integer_kernels_split_puts_digits_in_the_lanes_order() {
     assert_eq!(s, 2f32.powi(-16));
 }
 
-/// The integer kernel for interleaved Q4_K: every row against an f64 dot of the file's
-/// weights within the split's bound, and the same bits whatever the batch and the groups.
-#[test]
-fn integer_q4k_rows_match_an_f64_dot_and_their_bits_do_not_depend_on_the_batch() {
-    if !qdot_x16i::supported(DType::Q4_K) || !packs(simd::isa(), DType::Q4_K, &[16, 256]) {
+/// The formats of the integer kernel (`qdot_x16i`), if this CPU runs it.
+fn integer_types() -> Vec<DType> {
+    let all = [DType::Q4_K, DType::Q6_K];
+    let on = |dt: DType| qdot_x16i::supported(dt) && packs(simd::isa(), dt, &[16, 256]);
+    if !all.iter().all(|&dt| on(dt)) {
         eprintln!("skipped: no AVX-512 VNNI here");
-        return;
+        return Vec::new();
     }
-    let dt = DType::Q4_K;
+    all.to_vec()
+}
+
+/// Where a weight meets the split activations: Q4_K's `d · scale · q` (its minimums meet the
+/// f32 group sums), Q6_K's whole `d · scale · (q - 32)`.
+fn split_part(dt: DType, (d, mn, l): (f64, f64, f64)) -> (f64, f64) {
+    if dt == DType::Q6_K {
+        (d * l + mn, 0.0)
+    } else {
+        (d * l, mn)
+    }
+}
+
+/// The integer kernel for interleaved Q4_K and Q6_K: every row against an f64 dot of the
+/// file's weights within the split's bound, and the same bits whatever the batch and the
+/// groups.
+#[test]
+fn integer_rows_match_an_f64_dot_and_their_bits_do_not_depend_on_the_batch() {
     let mut rng = Rng::new(41);
-    for (n, k) in [(48, 256), (32, 1536), (80, 768)] {
-        let file = weights(dt, n, k, &mut rng);
-        let mut packed = vec![0u8; file.len()];
-        pack(dt, k, &file, &mut packed);
-        let m = MAX_ROWS;
-        // A few large activations: the groups' scales differ.
-        let x: Vec<f32> = (0..m * k)
-            .map(|j| rng.normal() * if j % 97 == 0 { 30.0 } else { 1.0 })
-            .collect();
-        let mut xs = Vec::new();
-        block_sums(&x, k, &mut xs);
-        let (mut scratch, mut split) = (Vec::new(), Vec::new());
-        qdot_x16i::split_rows(&x, k, &mut scratch, &mut split);
-        let rb = qdot_x16i::row_bytes(k);
-        let call = |i: usize, mr: usize, groups: std::ops::Range<usize>, y: &mut [f32]| unsafe {
-            qdot_x16i::rows_dots(
-                (
+    for dt in integer_types() {
+        let q_bits = qdot_x16i::split(dt).unwrap().q_bits;
+        for (n, k) in [(48, 256), (32, 1536), (80, 768)] {
+            let file = weights(dt, n, k, &mut rng);
+            let mut packed = vec![0u8; file.len()];
+            pack(dt, k, &file, &mut packed);
+            let m = MAX_ROWS;
+            // A few large activations: the groups' scales differ.
+            let x: Vec<f32> = (0..m * k)
+                .map(|j| rng.normal() * if j % 97 == 0 { 30.0 } else { 1.0 })
+                .collect();
+            let mut xs = Vec::new();
+            block_sums(&x, k, &mut xs);
+            let (mut scratch, mut split) = (Vec::new(), Vec::new());
+            qdot_x16i::split_rows(&x, k, dt, &mut scratch, &mut split);
+            let rb = qdot_x16i::row_bytes(k);
+            let call = |i: usize, mr: usize, groups: std::ops::Range<usize>, y: &mut [f32]| unsafe {
+                let xi = (
                     split.as_ptr().add(i * rb),
                     rb,
                     xs.as_ptr().add(i * (k / 32)),
                     k / 32,
-                ),
-                mr,
-                k,
-                packed.as_ptr(),
-                groups,
-                (y.as_mut_ptr().add(i * n), n),
-            )
-        };
-        let mut one = vec![f32::NAN; m * n];
-        for i in 0..m {
-            call(i, 1, 0..n / ROWS, &mut one);
-        }
-        let frb = dt.bytes_for(k).unwrap();
-        for r in 0..n {
-            let wr = decoded(dt, &file[r * frb..(r + 1) * frb], k);
-            for i in 0..m {
-                let xi = &x[i * k..(i + 1) * k];
-                let want: f64 = wr
-                    .iter()
-                    .zip(xi)
-                    .map(|((d, mn, l), x)| (d * l + mn) * *x as f64)
-                    .sum();
-                let mag: f64 = wr
-                    .iter()
-                    .zip(xi)
-                    .map(|((d, mn, l), x)| ((d * l).abs() + mn.abs()) * (*x as f64).abs())
-                    .sum();
-                // The split: each group's largest |x| times 2^-22 times its Σ |d·scale·q|.
-                let split: f64 = (0..k / 32)
-                    .map(|g| {
-                        let top = xi[32 * g..32 * (g + 1)]
-                            .iter()
-                            .fold(0f64, |t, v| t.max(v.abs() as f64));
-                        let sw: f64 = wr[32 * g..32 * (g + 1)]
-                            .iter()
-                            .map(|(d, _, l)| (d * l).abs())
-                            .sum();
-                        top * sw * 2f64.powi(-22)
-                    })
-                    .sum();
-                let bound = split + (48.0 + (k / 32) as f64) * 2f64.powi(-24) * mag;
-                let got = one[i * n + r] as f64;
-                assert!(
-                    (got - want).abs() <= bound,
-                    "{n}x{k} row {r} act {i}: {got} vs {want} (bound {bound:e})"
                 );
+                let yi = (y.as_mut_ptr().add(i * n), n);
+                qdot_x16i::rows_dots(dt, xi, mr, k, packed.as_ptr(), groups, yi)
+            };
+            let mut one = vec![f32::NAN; m * n];
+            for i in 0..m {
+                call(i, 1, 0..n / ROWS, &mut one);
             }
-        }
-        for mr in 2..=m {
-            let mut y = vec![f32::NAN; m * n];
-            let mut i = 0;
-            while i + mr <= m {
-                call(i, mr, 1..n / ROWS, &mut y);
-                call(i, mr, 0..1, &mut y);
-                i += mr;
+            let frb = dt.bytes_for(k).unwrap();
+            for r in 0..n {
+                let wr = decoded(dt, &file[r * frb..(r + 1) * frb], k);
+                for i in 0..m {
+                    let xi = &x[i * k..(i + 1) * k];
+                    let want: f64 = wr
+                        .iter()
+                        .zip(xi)
+                        .map(|((d, mn, l), x)| (d * l + mn) * *x as f64)
+                        .sum();
+                    let mag: f64 = wr
+                        .iter()
+                        .zip(xi)
+                        .map(|((d, mn, l), x)| ((d * l).abs() + mn.abs()) * (*x as f64).abs())
+                        .sum();
+                    // The split: each group's largest |x| times 2^-q_bits times the group's
+                    // Σ |w| over the part of the weights that meets the split.
+                    let split: f64 = (0..k / 32)
+                        .map(|g| {
+                            let top = xi[32 * g..32 * (g + 1)]
+                                .iter()
+                                .fold(0f64, |t, v| t.max(v.abs() as f64));
+                            let sw: f64 = wr[32 * g..32 * (g + 1)]
+                                .iter()
+                                .map(|w| split_part(dt, *w).0.abs())
+                                .sum();
+                            top * sw * 2f64.powi(-q_bits)
+                        })
+                        .sum();
+                    let bound = split + (48.0 + (k / 32) as f64) * 2f64.powi(-24) * mag;
+                    let got = one[i * n + r] as f64;
+                    assert!(
+                        (got - want).abs() <= bound,
+                        "{dt} {n}x{k} row {r} act {i}: {got} vs {want} (bound {bound:e})"
+                    );
+                }
             }
-            for (j, (a, b)) in y[..i * n].iter().zip(&one).enumerate() {
-                assert_eq!(a.to_bits(), b.to_bits(), "{n}x{k} mr {mr}: output {j}");
+            for mr in 2..=m {
+                let mut y = vec![f32::NAN; m * n];
+                let mut i = 0;
+                while i + mr <= m {
+                    call(i, mr, 1..n / ROWS, &mut y);
+                    call(i, mr, 0..1, &mut y);
+                    i += mr;
+                }
+                for (j, (a, b)) in y[..i * n].iter().zip(&one).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{dt} {n}x{k} mr {mr}: output {j}");
+                }
             }
         }
     }
@@ -396,65 +426,67 @@ fn integer_q4k_rows_match_an_f64_dot_and_their_bits_do_not_depend_on_the_batch()
 
 /// The integer kernel computes the dot of the weights with the split activations (read back
 /// from `qdot_int`'s element-ordered split, not from the lanes' order) to f32 roundings: a
-/// digit paired with the wrong column would show far beyond them.
+/// digit or a high part paired with the wrong column would show far beyond them.
 #[test]
-fn integer_q4k_rows_are_the_dots_of_the_split_activations() {
+fn integer_rows_are_the_dots_of_the_split_activations() {
     use crate::cpu::qdot_int;
-    if !qdot_x16i::supported(DType::Q4_K) || !packs(simd::isa(), DType::Q4_K, &[16, 256]) {
-        eprintln!("skipped: no AVX-512 VNNI here");
-        return;
-    }
-    let dt = DType::Q4_K;
     let mut rng = Rng::new(43);
-    let (n, k) = (32, 1536);
-    let file = weights(dt, n, k, &mut rng);
-    let mut packed = vec![0u8; file.len()];
-    pack(dt, k, &file, &mut packed);
-    let x: Vec<f32> = (0..k)
-        .map(|j| rng.normal() * if j % 97 == 0 { 300.0 } else { 1.0 })
-        .collect();
-    let mut xs = Vec::new();
-    block_sums(&x, k, &mut xs);
-    let (mut scratch, mut split) = (Vec::new(), Vec::new());
-    qdot_x16i::split_rows(&x, k, &mut scratch, &mut split);
-    let mut sp = vec![0u8; qdot_int::row_bytes(k)];
-    qdot_int::split_row(&x, &mut sp, qdot_x16i::SPLIT);
-    let scales = 3 * k + 4 * (k / 32) + 4 * (k / 16);
-    let xq: Vec<f64> = (0..k)
-        .map(|e| {
-            let (g, j) = (e / 32, e % 32);
-            let t = |t| sp[qdot_int::digit_at(g, t) + j] as i8 as f64;
-            let s = f32::from_le_bytes(sp[scales + 4 * g..][..4].try_into().unwrap());
-            s as f64 * (t(2) * 65536.0 + t(1) * 256.0 + t(0))
-        })
-        .collect();
-    let mut y = vec![f32::NAN; n];
-    unsafe {
-        qdot_x16i::rows_dots(
-            (split.as_ptr(), qdot_x16i::row_bytes(k), xs.as_ptr(), k / 32),
-            1,
-            k,
-            packed.as_ptr(),
-            0..n / ROWS,
-            (y.as_mut_ptr(), n),
-        )
-    };
-    let frb = dt.bytes_for(k).unwrap();
-    for (r, got) in y.iter().enumerate() {
-        let wr = decoded(dt, &file[r * frb..(r + 1) * frb], k);
-        let terms = wr.iter().zip(&xq).zip(&x);
-        let want: f64 = terms
-            .clone()
-            .map(|(((d, mn, l), q), x)| d * l * q + mn * *x as f64)
-            .sum();
-        let mag: f64 = terms
-            .map(|(((d, mn, l), q), x)| (d * l * q).abs() + (mn * *x as f64).abs())
-            .sum();
-        let bound = (48.0 + (k / 32) as f64) * 2f64.powi(-24) * mag;
-        let got = *got as f64;
-        assert!(
-            (got - want).abs() <= bound,
-            "row {r}: {got} vs {want} (bound {bound:e})"
-        );
+    for dt in integer_types() {
+        let (n, k) = (32, 1536);
+        let file = weights(dt, n, k, &mut rng);
+        let mut packed = vec![0u8; file.len()];
+        pack(dt, k, &file, &mut packed);
+        let x: Vec<f32> = (0..k)
+            .map(|j| rng.normal() * if j % 97 == 0 { 300.0 } else { 1.0 })
+            .collect();
+        let mut xs = Vec::new();
+        block_sums(&x, k, &mut xs);
+        let (mut scratch, mut split) = (Vec::new(), Vec::new());
+        qdot_x16i::split_rows(&x, k, dt, &mut scratch, &mut split);
+        let mut sp = vec![0u8; qdot_int::row_bytes(k)];
+        qdot_int::split_row(&x, &mut sp, qdot_x16i::split(dt).unwrap());
+        let scales = 3 * k + 4 * (k / 32) + 4 * (k / 16);
+        let xq: Vec<f64> = (0..k)
+            .map(|e| {
+                let (g, j) = (e / 32, e % 32);
+                let t = |t| sp[qdot_int::digit_at(g, t) + j] as i8 as f64;
+                let s = f32::from_le_bytes(sp[scales + 4 * g..][..4].try_into().unwrap());
+                s as f64 * (t(2) * 65536.0 + t(1) * 256.0 + t(0))
+            })
+            .collect();
+        let mut y = vec![f32::NAN; n];
+        let xi = (split.as_ptr(), qdot_x16i::row_bytes(k), xs.as_ptr(), k / 32);
+        unsafe {
+            qdot_x16i::rows_dots(
+                dt,
+                xi,
+                1,
+                k,
+                packed.as_ptr(),
+                0..n / ROWS,
+                (y.as_mut_ptr(), n),
+            )
+        };
+        let frb = dt.bytes_for(k).unwrap();
+        for (r, got) in y.iter().enumerate() {
+            let wr = decoded(dt, &file[r * frb..(r + 1) * frb], k);
+            let terms: Vec<(f64, f64)> = wr
+                .iter()
+                .zip(&xq)
+                .zip(&x)
+                .map(|((w, q), x)| {
+                    let (a, b) = split_part(dt, *w);
+                    (a * q, b * *x as f64)
+                })
+                .collect();
+            let want: f64 = terms.iter().map(|(a, b)| a + b).sum();
+            let mag: f64 = terms.iter().map(|(a, b)| a.abs() + b.abs()).sum();
+            let bound = (48.0 + (k / 32) as f64) * 2f64.powi(-24) * mag;
+            let got = *got as f64;
+            assert!(
+                (got - want).abs() <= bound,
+                "{dt} row {r}: {got} vs {want} (bound {bound:e})"
+            );
+        }
     }
 }

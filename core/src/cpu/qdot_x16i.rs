@@ -1,6 +1,6 @@
-//! The integer kernel for Q4_K weights kept 16 rows interleaved (`qdot_x16`'s layout), on
-//! AVX-512 CPUs with VNNI: the same bytes as the f32 kernel there, a third of its
-//! instructions.
+//! The integer kernel for Q4_K and Q6_K weights kept 16 rows interleaved (`qdot_x16`'s
+//! layout), on AVX-512 CPUs with VNNI: for Q4_K the same bytes as the f32 kernel there, a
+//! third of its instructions; Q6_K has no other interleaved kernel.
 //!
 //! The f32 kernel spends a shift, a permute and a multiply-add on every column of 16 weights.
 //! Here the activations are split into three signed bytes as for the file-layout integer
@@ -28,6 +28,17 @@
 //! the f32 kernel's (a conversion and a multiply-add a group), which the tests hold every
 //! row to against an f64 dot.
 //!
+//! # Q6_K
+//! Its codes are 6 bits, `q = nibble + 16 · high` (the high parts packed beside the nibbles,
+//! `qdot_x16::hi_at`, moved into bits 4..6 of each code byte by a shift and a masked merge),
+//! `w = d · scale · (q − 32)` with a scale per 16 elements. A group's two halves are summed
+//! apart, with 21-bit integers (`|x_q| ≤ 2²¹`, `|ε_j| ≤ 2⁻²¹ · M`): every stage within `16 · 63
+//! · (2²¹ + 128) < 2³¹`. The offset is integer too: the split row holds `32 · Σ x_q` over each
+//! 16 (`|·| ≤ 2³⁰`), subtracted from the half's sum, which leaves `Σ (q − 32) · x_q` exactly
+//! (`|·| ≤ 2³⁰`). The halves convert to f32, are multiplied by `d · scale` (exact: an f16
+//! times an 8-bit integer) and added (two roundings), and their sum is multiplied by the
+//! group's `s` and added to the row's total.
+//!
 //! # Same bits in every batch
 //! Decode and prefill (up to six activation rows a call, each code unpacked once for all of
 //! them) run the same integer sums and the same f32 operations in the same order for a row.
@@ -38,50 +49,69 @@ use crate::tensor::DType;
 /// Activation rows one kernel call covers at most.
 pub(crate) const MAX_ROWS: usize = 6;
 
-/// Whether interleaved `dtype` weights go through this kernel on this CPU (the storage has
-/// interleaved them, so AVX-512 is present).
+/// Whether interleaved `dtype` weights go through this kernel on this CPU (the storage
+/// interleaves Q4_K on AVX-512, and Q6_K only where this holds).
 pub(crate) fn supported(dtype: DType) -> bool {
-    dtype == DType::Q4_K && super::qdot_vnni::has_vnni()
+    split(dtype).is_some() && super::qdot_vnni::has_vnni()
+}
+
+/// The activations' split for `dtype`: integers with a scale per group of 32 (an outlier
+/// coarsens only its own group's steps), 22 bits for Q4_K and 21 for Q6_K (the module's
+/// bounds).
+pub(crate) fn split(dtype: DType) -> Option<Split> {
+    let q_bits = match dtype {
+        DType::Q4_K => 22,
+        DType::Q6_K => 21,
+        _ => return None,
+    };
+    Some(Split {
+        q_bits,
+        group_scales: true,
+    })
 }
 
 /// Bytes of one activation row as [`split_rows`] leaves it: for each 32-element group its
 /// digits t2, t1 and t0, 32 bytes each in the lanes' order (for `v` in 0..4: elements `8v + 0,
-/// 2, 4, 6`, then `8v + 1, 3, 5, 7`), then the groups' scales `s` as f32 (`k / 32`), the
-/// whole padded to 64 bytes.
+/// 2, 4, 6`, then `8v + 1, 3, 5, 7`); then the groups' scales `s` as f32 (`k / 32`); then
+/// Q6_K's offsets `32 · Σ x_q` over each 16 elements as i32 (`k / 16`); the whole padded to 64
+/// bytes.
 pub(crate) fn row_bytes(k: usize) -> usize {
-    (100 * (k / 32)).next_multiple_of(64)
+    (108 * (k / 32)).next_multiple_of(64)
 }
 
-/// The split: 22-bit integers with a scale per group of 32 (an outlier coarsens only its own
-/// group's steps).
-pub(crate) const SPLIT: Split = Split {
-    q_bits: 22,
-    group_scales: true,
-};
-
-/// Where group `g`'s digits begin in a split row, and where its scale lies.
+/// Where group `g`'s digits begin in a split row, where its scale lies, and its offsets.
 const fn digits_at(g: usize) -> usize {
     96 * g
 }
 const fn scale_at(k: usize, g: usize) -> usize {
     96 * (k / 32) + 4 * g
 }
+const fn offsets_at(k: usize, g: usize) -> usize {
+    100 * (k / 32) + 8 * g
+}
 
-/// Splits the rows of `x` (each `k` long, `k` a multiple of 256) into `out` ([`row_bytes`]
-/// each), through `scratch`.
-pub(crate) fn split_rows(x: &[f32], k: usize, scratch: &mut Vec<u8>, out: &mut Vec<u8>) {
+/// Splits the rows of `x` (each `k` long, `k` a multiple of 256) for `dtype`'s kernel into
+/// `out` ([`row_bytes`] each), through `scratch`.
+pub(crate) fn split_rows(
+    x: &[f32],
+    k: usize,
+    dtype: DType,
+    scratch: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) {
     let rb = row_bytes(k);
     out.clear();
+    let Some(how) = split(dtype) else { return };
     if k == 0 || !k.is_multiple_of(256) {
         return;
     }
     out.resize(x.len() / k * rb, 0);
     scratch.clear();
     scratch.resize(qdot_int::row_bytes(k), 0);
-    // The block scales in `qdot_int`'s row: after the digits and the sums of 32 and 16.
+    // The group scales in `qdot_int`'s row: after the digits and the sums of 32 and 16.
     let scales = 3 * k + 4 * (k / 32) + 4 * (k / 16);
     for (row, dst) in x.chunks_exact(k).zip(out.chunks_exact_mut(rb)) {
-        qdot_int::split_row(row, scratch, SPLIT);
+        qdot_int::split_row(row, scratch, how);
         for g in 0..k / 32 {
             for t in 0..3 {
                 let src = &scratch[qdot_int::digit_at(g, 2 - t)..][..32];
@@ -89,6 +119,20 @@ pub(crate) fn split_rows(x: &[f32], k: usize, scratch: &mut Vec<u8>, out: &mut V
                 for (d, s) in d.chunks_exact_mut(8).zip(src.chunks_exact(8)) {
                     let w = u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]);
                     d.copy_from_slice(&lanes_order(w).to_le_bytes());
+                }
+            }
+            if dtype == DType::Q6_K {
+                let t = |t: usize| &scratch[qdot_int::digit_at(g, t)..][..32];
+                let (t0, t1, t2) = (t(0), t(1), t(2));
+                for h in 0..2 {
+                    // |Σ x_q| ≤ 16 · 2²¹: 32 times it fits an i32.
+                    let sum: i32 = (16 * h..16 * h + 16)
+                        .map(|j| {
+                            let d = |b: &[u8]| b[j] as i8 as i32;
+                            d(t2) * 65536 + d(t1) * 256 + d(t0)
+                        })
+                        .sum();
+                    dst[offsets_at(k, g) + 4 * h..][..4].copy_from_slice(&(32 * sum).to_le_bytes());
                 }
             }
         }
@@ -107,16 +151,18 @@ fn lanes_order(w: u64) -> u64 {
     even(w) | (even(w >> 8) << 32)
 }
 
-/// `y[i·ldy + r] = x_i · W_r` for the `mr` (1..=6) rows split by [`split_rows`] at `x`
-/// (stride `ldx` bytes) and the weight rows of the interleaved groups `groups` (rows `16g..16g
-/// + 16`); `xs` holds each row's f32 group sums (`qdot_x16::block_sums`) at stride `ldxs`.
+/// `y[i·ldy + r] = x_i · W_r` for the `mr` (1..=6) rows split by [`split_rows`] for `dtype`
+/// at `x` (stride `ldx` bytes) and the weight rows of the interleaved groups `groups` (rows
+/// `16g..16g + 16`); `xs` holds each row's f32 group sums (`qdot_x16::block_sums`, read for
+/// Q4_K's minimums) at stride `ldxs`.
 ///
 /// # Safety
-/// [`supported`] holds for `dtype`, the weights are interleaved Q4_K (`qdot_x16::pack`) with
-/// `k` a multiple of 256 and hold the groups; `x` and `xs` hold `mr` rows as described; `y`
-/// is writable at `mr` rows of stride `ldy` at the groups' columns.
+/// [`supported`] holds for `dtype`, the weights are interleaved `dtype` (`qdot_x16::pack`)
+/// with `k` a multiple of 256 and hold the groups; `x` and `xs` hold `mr` rows as described;
+/// `y` is writable at `mr` rows of stride `ldy` at the groups' columns.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn rows_dots(
+    dtype: DType,
     (x, ldx, xs, ldxs): (*const u8, usize, *const f32, usize),
     mr: usize,
     k: usize,
@@ -127,7 +173,8 @@ pub(crate) unsafe fn rows_dots(
     debug_assert!((1..=MAX_ROWS).contains(&mr) && k.is_multiple_of(256));
     #[cfg(target_arch = "x86_64")]
     {
-        let a = x86::Args {
+        use x86::*;
+        let a = Args {
             x,
             ldx,
             xs,
@@ -137,26 +184,34 @@ pub(crate) unsafe fn rows_dots(
             y,
             ldy,
         };
-        // Few rows leave the multiplier idle on one chain of sums: more chains a row.
-        match mr {
-            1 => x86::run::<1, 4>(&a, groups),
-            2 => x86::run::<2, 2>(&a, groups),
-            3 => x86::run::<3, 2>(&a, groups),
-            4 => x86::run::<4, 1>(&a, groups),
-            5 => x86::run::<5, 1>(&a, groups),
-            _ => x86::run::<6, 1>(&a, groups),
+        // Few rows leave the multiplier idle on one chain of sums: more chains a row (Q6_K's
+        // two halves are two chains already).
+        match (dtype, mr) {
+            (DType::Q4_K, 1) => run::<Q4K, 1, 4>(&a, groups),
+            (DType::Q4_K, 2) => run::<Q4K, 2, 2>(&a, groups),
+            (DType::Q4_K, 3) => run::<Q4K, 3, 2>(&a, groups),
+            (DType::Q4_K, 4) => run::<Q4K, 4, 1>(&a, groups),
+            (DType::Q4_K, 5) => run::<Q4K, 5, 1>(&a, groups),
+            (DType::Q4_K, _) => run::<Q4K, 6, 1>(&a, groups),
+            (DType::Q6_K, 1) => run::<Q6K, 1, 2>(&a, groups),
+            (DType::Q6_K, 2) => run::<Q6K, 2, 1>(&a, groups),
+            (DType::Q6_K, 3) => run::<Q6K, 3, 1>(&a, groups),
+            (DType::Q6_K, 4) => run::<Q6K, 4, 1>(&a, groups),
+            (DType::Q6_K, 5) => run::<Q6K, 5, 1>(&a, groups),
+            (DType::Q6_K, _) => run::<Q6K, 6, 1>(&a, groups),
+            _ => {}
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (x, ldx, xs, ldxs, mr, k, w, groups, y, ldy);
+        let _ = (dtype, x, ldx, xs, ldxs, mr, k, w, groups, y, ldy);
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::qdot_x16::x86::{q4k_factors, q4k_head, Q4kHead, PREFETCH};
-    use super::{digits_at, scale_at};
+    use super::{digits_at, offsets_at, scale_at};
     use std::arch::x86_64::*;
 
     /// A call's pointers and strides.
@@ -171,77 +226,215 @@ mod x86 {
         pub ldy: usize,
     }
 
-    /// Q4_K's packed block: the 16 rows' heads, then 8 groups of four 64-byte vectors.
-    const HEAD: usize = 256;
-    const BLOCK: usize = HEAD + 8 * 256;
+    /// A format as the kernel sees it: its packed block, its codes, and how a group's integer
+    /// sums become the rows' totals.
+    pub(super) trait Format {
+        /// Bytes of the 16 rows' heads at the start of a packed block.
+        const HEAD: usize;
+        /// Packed bytes of a group of 32 elements (16 rows).
+        const GROUP: usize;
+        /// Sums a group keeps apart: 1, or 2 (halves of 16 elements, code vectors 0..4 and
+        /// 4..8).
+        const HALVES: usize;
+        type Head;
+        unsafe fn head(hp: *const u8) -> Self::Head;
+        /// The group's codes at `p` as 8 vectors of bytes: vector `2v` holds elements `8v +
+        /// 0, 2, 4, 6` of each row (lane), `2v + 1` elements `8v + 1, 3, 5, 7`.
+        unsafe fn codes(p: *const u8) -> [__m512i; 8];
+        /// `tot[i] +=` the group's sums `sums[i][h]` (each half's `Σ q · x_q`), scaled; `at`
+        /// is the group in its block and in the row.
+        unsafe fn finish<const MR: usize>(
+            a: &Args,
+            sums: &[[__m512i; 2]; MR],
+            head: &Self::Head,
+            at: (usize, usize),
+            tot: &mut [__m512; MR],
+        );
+    }
+
+    /// Row `i`'s scale of group `gi`, broadcast.
+    #[inline(always)]
+    unsafe fn scale(a: &Args, i: usize, gi: usize) -> __m512 {
+        let p = a.x.add(i * a.ldx + scale_at(a.k, gi)) as *const f32;
+        _mm512_set1_ps(p.read_unaligned())
+    }
+
+    pub struct Q4K;
+    impl Format for Q4K {
+        const HEAD: usize = 256;
+        const GROUP: usize = 256;
+        const HALVES: usize = 1;
+        type Head = Q4kHead;
+        #[inline(always)]
+        unsafe fn head(hp: *const u8) -> Q4kHead {
+            q4k_head(hp)
+        }
+        #[inline(always)]
+        unsafe fn codes(p: *const u8) -> [__m512i; 8] {
+            let low = _mm512_set1_epi8(0x0F);
+            let mut c = [_mm512_setzero_si512(); 8];
+            for v in 0..4 {
+                let nib = _mm512_loadu_si512(p.add(64 * v) as *const _);
+                c[2 * v] = _mm512_and_si512(nib, low);
+                c[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(nib), low);
+            }
+            c
+        }
+        #[inline(always)]
+        unsafe fn finish<const MR: usize>(
+            a: &Args,
+            sums: &[[__m512i; 2]; MR],
+            head: &Q4kHead,
+            (g, gi): (usize, usize),
+            tot: &mut [__m512; MR],
+        ) {
+            let (f, m) = q4k_factors(head, g);
+            for (i, (t, sum)) in tot.iter_mut().zip(sums).enumerate() {
+                let fs = _mm512_mul_ps(f, scale(a, i, gi));
+                *t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[0]), fs, *t);
+                let xs = _mm512_set1_ps(*a.xs.add(i * a.ldxs + gi));
+                *t = _mm512_fmadd_ps(m, xs, *t);
+            }
+        }
+    }
+
+    /// Q6_K packed: the 16 scales of the 16 rows (16 bytes each, one a row), their d (f16),
+    /// then per group four vectors of nibbles and two of high parts.
+    pub struct Q6K;
+    impl Format for Q6K {
+        const HEAD: usize = 288;
+        const GROUP: usize = 384;
+        const HALVES: usize = 2;
+        /// d, and the head's address (the scales are read per group).
+        type Head = (__m512, *const u8);
+        #[inline(always)]
+        unsafe fn head(hp: *const u8) -> Self::Head {
+            let d = _mm256_loadu_si256(hp.add(256) as *const __m256i);
+            (_mm512_cvtph_ps(d), hp)
+        }
+        #[inline(always)]
+        unsafe fn codes(p: *const u8) -> [__m512i; 8] {
+            let (low, two) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+            let h = [
+                _mm512_loadu_si512(p.add(256) as *const _),
+                _mm512_loadu_si512(p.add(320) as *const _),
+            ];
+            // Code vector 2v + o takes its high parts from bits 2f of vector v / 2, f = 2 (v
+            // % 2) + o: moved to bits 4..6 by a shift of 4 - 2f, masked, merged below the
+            // nibble ((a & 0x0F) | b: 0xEC).
+            let mut c = [_mm512_setzero_si512(); 8];
+            for v in 0..4 {
+                let nib = _mm512_loadu_si512(p.add(64 * v) as *const _);
+                let hv = h[v / 2];
+                let (lo_hi, hi_hi) = if v % 2 == 0 {
+                    (_mm512_slli_epi16::<4>(hv), _mm512_slli_epi16::<2>(hv))
+                } else {
+                    (hv, _mm512_srli_epi16::<2>(hv))
+                };
+                let lo_hi = _mm512_and_si512(lo_hi, two);
+                let hi_hi = _mm512_and_si512(hi_hi, two);
+                c[2 * v] = _mm512_ternarylogic_epi32::<0xEC>(nib, lo_hi, low);
+                let nib_hi = _mm512_srli_epi16::<4>(nib);
+                c[2 * v + 1] = _mm512_ternarylogic_epi32::<0xEC>(nib_hi, hi_hi, low);
+            }
+            c
+        }
+        #[inline(always)]
+        unsafe fn finish<const MR: usize>(
+            a: &Args,
+            sums: &[[__m512i; 2]; MR],
+            (d, hp): &Self::Head,
+            (g, gi): (usize, usize),
+            tot: &mut [__m512; MR],
+        ) {
+            let sc = |h: usize| {
+                let b = _mm_loadu_si128(hp.add(16 * (2 * g + h)) as *const __m128i);
+                _mm512_mul_ps(*d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)))
+            };
+            let (f0, f1) = (sc(0), sc(1));
+            for (i, (t, sum)) in tot.iter_mut().zip(sums).enumerate() {
+                let off = a.x.add(i * a.ldx + offsets_at(a.k, gi)) as *const i32;
+                let half = |h: usize| {
+                    let o = _mm512_set1_epi32(off.add(h).read_unaligned());
+                    _mm512_cvtepi32_ps(_mm512_sub_epi32(sum[h], o))
+                };
+                let both = _mm512_fmadd_ps(half(1), f1, _mm512_mul_ps(half(0), f0));
+                *t = _mm512_fmadd_ps(both, scale(a, i, gi), *t);
+            }
+        }
+    }
 
     /// Group `g` of the block at `hp` (global group `gi`) for every activation row, into
-    /// `tot`, with `P` chains of sums a row.
+    /// `tot`, with `P` chains of sums a row and half.
     #[inline(always)]
-    unsafe fn block_group<const MR: usize, const P: usize>(
+    unsafe fn block_group<F: Format, const MR: usize, const P: usize>(
         a: &Args,
-        (hp, head, gi): (*const u8, &Q4kHead, usize),
+        (hp, head, gi): (*const u8, &F::Head, usize),
         g: usize,
         tot: &mut [__m512; MR],
     ) {
-        let low = _mm512_set1_epi8(0x0F);
-        let mut c = [_mm512_setzero_si512(); 8];
-        for v in 0..4 {
-            let p = hp.add(HEAD + 256 * g + 64 * v);
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
-            let nib = _mm512_loadu_si512(p as *const _);
-            c[2 * v] = _mm512_and_si512(nib, low);
-            c[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(nib), low);
+        let p = hp.add(F::HEAD + F::GROUP * g);
+        let mut at = 0;
+        while at < F::GROUP {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + at) as *const i8);
+            at += 64;
         }
-        let mut acc = [[_mm512_setzero_si512(); P]; MR];
+        let c = F::codes(p);
+        // Chain `q % P` of half `q / (8 / HALVES)` takes code vector q.
+        // Plain counted loops over constants, which unroll with the accumulators in
+        // registers (iterator adaptors here left them in memory).
+        let mut acc = [[[_mm512_setzero_si512(); P]; 2]; MR];
         for t in 0..3 {
             if t > 0 {
-                for chains in acc.iter_mut() {
-                    for ch in chains.iter_mut() {
-                        *ch = _mm512_slli_epi32::<8>(*ch);
+                for i in 0..MR {
+                    for h in 0..F::HALVES {
+                        for ch in 0..P {
+                            acc[i][h][ch] = _mm512_slli_epi32::<8>(acc[i][h][ch]);
+                        }
                     }
                 }
             }
-            for (i, chains) in acc.iter_mut().enumerate() {
+            for i in 0..MR {
                 let xq = a.x.add(i * a.ldx + digits_at(gi) + 32 * t) as *const i32;
-                for (q, c) in c.iter().enumerate() {
+                for q in 0..8 {
                     let xb = _mm512_set1_epi32(xq.add(q).read_unaligned());
-                    chains[q % P] = _mm512_dpbusd_epi32(chains[q % P], *c, xb);
+                    let (h, ch) = (q / (8 / F::HALVES), q % P);
+                    acc[i][h][ch] = _mm512_dpbusd_epi32(acc[i][h][ch], c[q], xb);
                 }
             }
         }
-        let (f, m) = q4k_factors(head, g);
-        for (i, (t, chains)) in tot.iter_mut().zip(&acc).enumerate() {
-            let mut sum = chains[0];
-            for ch in &chains[1..] {
-                sum = _mm512_add_epi32(sum, *ch);
+        let mut sums = [[_mm512_setzero_si512(); 2]; MR];
+        for i in 0..MR {
+            for h in 0..F::HALVES {
+                let mut sum = acc[i][h][0];
+                for ch in 1..P {
+                    sum = _mm512_add_epi32(sum, acc[i][h][ch]);
+                }
+                sums[i][h] = sum;
             }
-            let s = (a.x.add(i * a.ldx + scale_at(a.k, gi)) as *const f32).read_unaligned();
-            let fs = _mm512_mul_ps(f, _mm512_set1_ps(s));
-            *t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), fs, *t);
-            let xs = _mm512_set1_ps(*a.xs.add(i * a.ldxs + gi));
-            *t = _mm512_fmadd_ps(m, xs, *t);
         }
+        F::finish(a, &sums, head, (g, gi), tot);
     }
 
     /// The 16 rows of group `g0` against `MR` activation rows.
     #[inline(always)]
-    unsafe fn group<const MR: usize, const P: usize>(a: &Args, g0: usize) {
+    unsafe fn group<F: Format, const MR: usize, const P: usize>(a: &Args, g0: usize) {
         let nb = a.k / 256;
+        let bb = F::HEAD + 8 * F::GROUP;
         let mut tot = [_mm512_setzero_ps(); MR];
-        let base = a.w.add(g0 * nb * BLOCK);
+        let base = a.w.add(g0 * nb * bb);
         for b in 0..nb {
-            let hp = base.add(b * BLOCK);
-            let head = q4k_head(hp);
+            let hp = base.add(b * bb);
+            let head = F::head(hp);
             let t = &mut tot;
-            block_group::<MR, P>(a, (hp, &head, 8 * b), 0, t);
-            block_group::<MR, P>(a, (hp, &head, 8 * b + 1), 1, t);
-            block_group::<MR, P>(a, (hp, &head, 8 * b + 2), 2, t);
-            block_group::<MR, P>(a, (hp, &head, 8 * b + 3), 3, t);
-            block_group::<MR, P>(a, (hp, &head, 8 * b + 4), 4, t);
-            block_group::<MR, P>(a, (hp, &head, 8 * b + 5), 5, t);
-            block_group::<MR, P>(a, (hp, &head, 8 * b + 6), 6, t);
-            block_group::<MR, P>(a, (hp, &head, 8 * b + 7), 7, t);
+            block_group::<F, MR, P>(a, (hp, &head, 8 * b), 0, t);
+            block_group::<F, MR, P>(a, (hp, &head, 8 * b + 1), 1, t);
+            block_group::<F, MR, P>(a, (hp, &head, 8 * b + 2), 2, t);
+            block_group::<F, MR, P>(a, (hp, &head, 8 * b + 3), 3, t);
+            block_group::<F, MR, P>(a, (hp, &head, 8 * b + 4), 4, t);
+            block_group::<F, MR, P>(a, (hp, &head, 8 * b + 5), 5, t);
+            block_group::<F, MR, P>(a, (hp, &head, 8 * b + 6), 6, t);
+            block_group::<F, MR, P>(a, (hp, &head, 8 * b + 7), 7, t);
         }
         for (i, t) in tot.iter().enumerate() {
             _mm512_storeu_ps(a.y.add(i * a.ldy + 16 * g0), *t);
@@ -250,12 +443,12 @@ mod x86 {
 
     /// The groups of rows in `range`, one at a time.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn run<const MR: usize, const P: usize>(
+    pub(super) unsafe fn run<F: Format, const MR: usize, const P: usize>(
         a: &Args,
         range: std::ops::Range<usize>,
     ) {
         for g in range {
-            group::<MR, P>(a, g);
+            group::<F, MR, P>(a, g);
         }
     }
 }
