@@ -47,10 +47,11 @@ struct Layout {
     /// Where the head and the codes begin in the file's block (Q6_K's head is at its end).
     head_at: usize,
     codes_at: usize,
-    /// Q6_K's 2-bit high parts of the codes: where they begin in the file's block. Element
-    /// `l` of group `g` has them at bits `2 (g % 4)` of byte `32 (g / 4) + l` there; packed,
-    /// each group has two more 64-byte vectors after its four of nibbles (see [`hi_at`]).
-    high_at: Option<usize>,
+    /// Where the codes' high parts (Q5_K's fifth bit, Q6_K's 2 bits) begin in the file's
+    /// block, and their width `w`: element `l` of group `g` has them at bits `w · (g % (8 /
+    /// w))` of byte `32 · (g / (8 / w)) + l` there. Packed, each group has `w` more 64-byte
+    /// vectors after its four of nibbles (see [`hi_at`]).
+    high_at: Option<(usize, u32)>,
 }
 
 /// Where a run of eight codes lies: see [`Layout::run8`].
@@ -62,11 +63,7 @@ impl Layout {
     }
     /// Bytes of a row's codes in a group: 16 of nibbles, and 8 of high parts.
     fn group_bytes(&self) -> usize {
-        if self.high_at.is_some() {
-            24
-        } else {
-            16
-        }
+        16 + 4 * self.high_at.map_or(0, |(_, w)| w as usize)
     }
     fn block_bytes(&self) -> usize {
         self.head_bytes() + self.group_bytes() * self.groups
@@ -93,15 +90,28 @@ fn run8_q6k(g: usize, v: usize) -> (usize, u32) {
     )
 }
 
-/// Where the 2-bit high part of element `8v + 2b + f % 2`, `v = 2u + f / 2`, goes in a packed
-/// group's high vector `u` (0, 1): bits `2f` of byte `b` of the row's lane. So after a shift
-/// of the vector by `4 - 2f` bits (left, or right for f = 3), bits 4..6 of byte b hold the
-/// part of the element whose nibble the kernel's code vector `2v` (f even) or `2v + 1` (f odd)
-/// has in byte b.
-fn hi_at(l: usize) -> (usize, usize, u32) {
+/// Where the `w`-bit high part of element `l = 8v + 2b + o` (o = 0, 1) of a group goes when
+/// packed: high vector `u = v / (4 / w)`, byte `b` of the row's lane, bits from `w · (2 · (v %
+/// (4 / w)) + o)`. So a shift of the vector to bit 4 and a mask leave in byte b the part of
+/// the element whose nibble the kernel's code vector `2v + o` has in byte b.
+fn hi_at(w: u32, l: usize) -> (usize, usize, u32) {
+    let per = 4 / w as usize;
     let (v, j) = (l / 8, l % 8);
-    let (b, f) = (j / 2, 2 * (v % 2) + j % 2);
-    (v / 2, b, 2 * f as u32)
+    (v / per, j / 2, w * (2 * (v % per) + j % 2) as u32)
+}
+
+/// Where group `g`'s high parts lie in the file's block, as [`Layout::high_at`] says: the
+/// first of 32 bytes, and the shift.
+fn hi_file((at, w): (usize, u32), g: usize) -> (usize, u32) {
+    let per = 8 / w as usize;
+    (at + 32 * (g / per), w * (g % per) as u32)
+}
+
+/// Bytes 0, 2, 4 and 6 of `w`, as a word.
+pub(crate) fn even_bytes(w: u64) -> u32 {
+    let mut x = w & 0x00FF_00FF_00FF_00FF;
+    x = (x | (x >> 8)) & 0x0000_FFFF_0000_FFFF;
+    ((x | (x >> 16)) & 0xFFFF_FFFF) as u32
 }
 
 /// The nibbles at `shift` of eight bytes, packed into a word (byte j's in bits `4j..4j + 4`).
@@ -131,7 +141,19 @@ fn layout(dtype: DType) -> Option<Layout> {
             run8: run8_q6k,
             head_at: 192,
             codes_at: 0,
-            high_at: Some(128),
+            high_at: Some((128, 2)),
+        });
+    }
+    if dtype == DType::Q5_K {
+        // Q4_K's head, the fifth bits (32 bytes: bit g of byte l, element l of group g), then
+        // Q4_K's nibbles.
+        return Some(Layout {
+            head: &[2, 2, 4, 4, 4],
+            groups: 8,
+            run8: run8_q4k,
+            head_at: 0,
+            codes_at: 48,
+            high_at: Some((16, 1)),
         });
     }
     let (head, groups, run8): (&'static [usize], usize, Run8) = match dtype {
@@ -165,14 +187,14 @@ pub(crate) fn packs(isa: super::simd::Isa, dtype: DType, dims: &[usize]) -> bool
     cfg!(target_arch = "x86_64")
         && isa == super::simd::Isa::Avx512
         && matches!(dims, &[n, k] if n > 0 && n % ROWS == 0 && k > 0 && k % (32 * l.groups) == 0)
-        // Q6_K has only the integer kernel.
+        // Q5_K and Q6_K have only the integer kernel.
         && (l.high_at.is_none() || super::qdot_x16i::supported(dtype))
 }
 
 /// Whether the kernel reads the activations' 32-element group sums ([`block_sums`]): the
 /// formats with minimums.
 pub(crate) fn needs_sums(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4_K)
+    matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K)
 }
 
 /// The interleaved form of `src`, `n` rows of `k` elements of `dtype` in the file's layout, into
@@ -248,7 +270,7 @@ fn block_out(l: &Layout, g: &[u8], r: usize, out: &mut [u8]) {
         at += size;
     }
     let region = if l.head_at == 0 {
-        l.codes_at..out.len()
+        l.head_bytes()..out.len()
     } else {
         0..l.head_at
     };
@@ -264,10 +286,12 @@ fn block_out(l: &Layout, g: &[u8], r: usize, out: &mut [u8]) {
             dst.copy_from_slice(&(u64::from_le_bytes(b) | scatter8(word, shift)).to_le_bytes());
         }
         if let Some(hi) = l.high_at {
+            let (at, shift) = hi_file(hi, grp);
+            let mask = (1u8 << hi.1) - 1;
             for e in 0..32 {
-                let (u, b, sh) = hi_at(e);
-                let part = (g[lane_at(l, grp, 4 + u, r) + b] >> sh) & 3;
-                out[hi + 32 * (grp / 4) + e] |= part << (2 * (grp % 4));
+                let (u, b, sh) = hi_at(hi.1, e);
+                let part = (g[lane_at(l, grp, 4 + u, r) + b] >> sh) & mask;
+                out[at + e] |= part << shift;
             }
         }
     }
@@ -290,14 +314,25 @@ fn block_in(l: &Layout, file: &[u8], r: usize, g: &mut [u8]) {
             g[lane..lane + 4].copy_from_slice(&gather8(b, shift).to_le_bytes());
         }
         if let Some(hi) = l.high_at {
-            for u in 0..2 {
-                let lane = lane_at(l, grp, 4 + u, r);
-                g[lane..lane + 4].fill(0);
-            }
-            for e in 0..32 {
-                let (u, b, sh) = hi_at(e);
-                let part = (file[hi + 32 * (grp / 4) + e] >> (2 * (grp % 4))) & 3;
-                g[lane_at(l, grp, 4 + u, r) + b] |= part << sh;
+            // Elements 8v..8v + 8's parts, a byte each; then `hi_at`'s places, a word at a
+            // time: even elements at bits w · 2s of byte j / 2 (s = v % (4 / w)), odd ones w
+            // above.
+            let (at, shift) = hi_file(hi, grp);
+            let w = hi.1;
+            let per = 4 / w as usize;
+            let mask = 0x0101_0101_0101_0101 * ((1u64 << w) - 1);
+            let word = |v: usize| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&file[at + 8 * v..at + 8 * v + 8]);
+                (u64::from_le_bytes(b) >> shift) & mask
+            };
+            let part = |x: u64| even_bytes(x) | (even_bytes(x >> 8) << w);
+            for u in 0..w as usize {
+                let lane = (0..per).fold(0u32, |lane, s| {
+                    lane | part(word(per * u + s)) << (2 * w * s as u32)
+                });
+                let dst = lane_at(l, grp, 4 + u, r);
+                g[dst..dst + 4].copy_from_slice(&lane.to_le_bytes());
             }
         }
     }

@@ -41,7 +41,7 @@ fn weights(dtype: DType, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
 #[test]
 fn interleaving_is_a_permutation_of_the_file_blocks() {
     let mut rng = Rng::new(31);
-    for dt in TYPES.into_iter().chain([DType::Q6_K]) {
+    for dt in TYPES.into_iter().chain([DType::Q5_K, DType::Q6_K]) {
         let ks = lengths(dt, [32, 64, 576], [256, 512, 768]);
         for (n, k) in [16, 48, 32].into_iter().zip(ks) {
             // Any bytes: the layouts move bytes and nibbles, whatever they hold.
@@ -61,6 +61,18 @@ fn interleaving_is_a_permutation_of_the_file_blocks() {
                 assert_eq!(row, file[r * rb..(r + 1) * rb], "{dt} {n}x{k} row {r}");
             }
         }
+    }
+}
+
+/// Group `g`'s 6-bit scale and minimum in the 12 bytes `q` of a Q4_K or Q5_K block.
+fn k4_scale_min(q: &[u8], g: usize) -> (u8, u8) {
+    if g < 4 {
+        (q[g] & 63, q[g + 4] & 63)
+    } else {
+        (
+            (q[g + 4] & 15) | ((q[g - 4] >> 6) << 4),
+            (q[g + 4] >> 4) | ((q[g] >> 6) << 4),
+        )
     }
 }
 
@@ -101,6 +113,14 @@ fn decoded(dt: DType, row: &[u8], k: usize) -> Vec<(f64, f64, f64)> {
                     let sc = (lo as i32 | (hi as i32) << 4) - 32;
                     (f16(b, 0) * sc as f64, 0.0, IQ4[nib(&b[8 + 16 * g..])])
                 }
+                DType::Q5_K => {
+                    // Q4_K's head and nibbles (from byte 48), the fifth bits at bit g of byte
+                    // 16 + l.
+                    let (sc, mn) = k4_scale_min(&b[4..16], g);
+                    let lo = (b[48 + 32 * (g / 2) + l] >> (4 * (g % 2))) & 15;
+                    let code = lo | ((b[16 + l] >> g) & 1) << 4;
+                    (f16(b, 0) * sc as f64, -f16(b, 2) * mn as f64, code as f64)
+                }
                 DType::Q6_K => {
                     // ql (128 bytes: element 128n + 32s + l's nibble in byte 64n + 32 (s % 2)
                     // + l, high for s ≥ 2), qh (64: its 2 high bits at bit 2s of byte 32n +
@@ -114,15 +134,7 @@ fn decoded(dt: DType, row: &[u8], k: usize) -> Vec<(f64, f64, f64)> {
                 _ => {
                     // Q4_K: d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of codes
                     // (groups 2i and 2i + 1: the low and high nibbles of bytes 32i..32i + 32).
-                    let q = &b[4..16];
-                    let (sc, mn) = if g < 4 {
-                        (q[g] & 63, q[g + 4] & 63)
-                    } else {
-                        (
-                            (q[g + 4] & 15) | ((q[g - 4] >> 6) << 4),
-                            (q[g + 4] >> 4) | ((q[g] >> 6) << 4),
-                        )
-                    };
+                    let (sc, mn) = k4_scale_min(&b[4..16], g);
                     let code = (b[16 + 32 * (g / 2) + l] >> (4 * (g % 2))) & 15;
                     (f16(b, 0) * sc as f64, -f16(b, 2) * mn as f64, code as f64)
                 }
@@ -214,7 +226,7 @@ fn the_backend_keeps_interleaved_matrices_invisible() {
     let isa = simd::isa();
     let cpu = CpuBackend::with_threads(2);
     let mut rng = Rng::new(33);
-    for dt in TYPES.into_iter().chain([DType::Q6_K]) {
+    for dt in TYPES.into_iter().chain([DType::Q5_K, DType::Q6_K]) {
         let (n, k) = (48, lengths(dt, [96; 3], [512; 3])[0]);
         let file = weights(dt, n, k, &mut rng);
         let w = cpu
@@ -316,7 +328,7 @@ fn the_integer_kernels_split_puts_digits_in_the_lanes_order() {
 
 /// The formats of the integer kernel (`qdot_x16i`), if this CPU runs it.
 fn integer_types() -> Vec<DType> {
-    let all = [DType::Q4_K, DType::Q6_K];
+    let all = [DType::Q4_K, DType::Q5_K, DType::Q6_K];
     let on = |dt: DType| qdot_x16i::supported(dt) && packs(simd::isa(), dt, &[16, 256]);
     if !all.iter().all(|&dt| on(dt)) {
         eprintln!("skipped: no AVX-512 VNNI here");
@@ -325,8 +337,8 @@ fn integer_types() -> Vec<DType> {
     all.to_vec()
 }
 
-/// Where a weight meets the split activations: Q4_K's `d · scale · q` (its minimums meet the
-/// f32 group sums), Q6_K's whole `d · scale · (q - 32)`.
+/// Where a weight meets the split activations: Q4_K's and Q5_K's `d · scale · q` (their
+/// minimums meet the f32 group sums), Q6_K's whole `d · scale · (q - 32)`.
 fn split_part(dt: DType, (d, mn, l): (f64, f64, f64)) -> (f64, f64) {
     if dt == DType::Q6_K {
         (d * l + mn, 0.0)
@@ -335,7 +347,7 @@ fn split_part(dt: DType, (d, mn, l): (f64, f64, f64)) -> (f64, f64) {
     }
 }
 
-/// The integer kernel for interleaved Q4_K and Q6_K: every row against an f64 dot of the
+/// The integer kernel for interleaved Q4_K, Q5_K and Q6_K: every row against an f64 dot of the
 /// file's weights within the split's bound, and the same bits whatever the batch and the
 /// groups.
 #[test]

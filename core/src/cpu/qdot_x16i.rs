@@ -1,6 +1,6 @@
-//! The integer kernel for Q4_K and Q6_K weights kept 16 rows interleaved (`qdot_x16`'s
+//! The integer kernel for Q4_K, Q5_K and Q6_K weights kept 16 rows interleaved (`qdot_x16`'s
 //! layout), on AVX-512 CPUs with VNNI: for Q4_K the same bytes as the f32 kernel there, a
-//! third of its instructions; Q6_K has no other interleaved kernel.
+//! third of its instructions; Q5_K and Q6_K have no other interleaved kernel.
 //!
 //! The f32 kernel spends a shift, a permute and a multiply-add on every column of 16 weights.
 //! Here the activations are split into three signed bytes as for the file-layout integer
@@ -22,16 +22,21 @@
 //! a row where few rows leave the multiplier idle) are sums over fewer columns, within the
 //! same bound, and their integer sum is the same whatever the split. The group's integer
 //! converts to f32 once (a relative 2⁻²⁴), is multiplied by `d · scale · s` (exact: an f16
-//! times a 6-bit integer times the group's power of two) and added to the row's total; the minimums
-//! come from the activations' f32 group sums as in the f32 kernel. So a row's error is the
+//! times a 6-bit integer times the group's power of two) and added to the row's total; the
+//! minimums come from the activations' f32 group sums as in the f32 kernel. So a row's error is the
 //! split's `Σ_groups 2⁻²² · M_g · Σ_g |d · scale · q|` plus f32 roundings of the same kind as
 //! the f32 kernel's (a conversion and a multiply-add a group), which the tests hold every
 //! row to against an f64 dot.
 //!
+//! # Q5_K
+//! Q4_K's blocks with 5-bit codes, `q = nibble + 16 · fifth bit` (the bits packed beside the
+//! nibbles, `qdot_x16::hi_at`, moved to bit 4 of each code byte by a shift and a masked
+//! merge): the same sums with 21-bit integers (`|x_q| ≤ 2²¹`, `|ε_j| ≤ 2⁻²¹ · M`), every stage
+//! within `32 · 31 · (2²¹ + 128) < 2³¹`.
+//!
 //! # Q6_K
-//! Its codes are 6 bits, `q = nibble + 16 · high` (the high parts packed beside the nibbles,
-//! `qdot_x16::hi_at`, moved into bits 4..6 of each code byte by a shift and a masked merge),
-//! `w = d · scale · (q − 32)` with a scale per 16 elements. A group's two halves are summed
+//! Its codes are 6 bits, `q = nibble + 16 · high` (2-bit high parts, packed and merged as
+//! Q5_K's fifth bits), `w = d · scale · (q − 32)` with a scale per 16 elements. A group's two halves are summed
 //! apart, with 21-bit integers (`|x_q| ≤ 2²¹`, `|ε_j| ≤ 2⁻²¹ · M`): every stage within `16 · 63
 //! · (2²¹ + 128) < 2³¹`. The offset is integer too: the split row holds `32 · Σ x_q` over each
 //! 16 (`|·| ≤ 2³⁰`), subtracted from the half's sum, which leaves `Σ (q − 32) · x_q` exactly
@@ -50,18 +55,18 @@ use crate::tensor::DType;
 pub(crate) const MAX_ROWS: usize = 6;
 
 /// Whether interleaved `dtype` weights go through this kernel on this CPU (the storage
-/// interleaves Q4_K on AVX-512, and Q6_K only where this holds).
+/// interleaves Q4_K on AVX-512, and Q5_K and Q6_K only where this holds).
 pub(crate) fn supported(dtype: DType) -> bool {
     split(dtype).is_some() && super::qdot_vnni::has_vnni()
 }
 
 /// The activations' split for `dtype`: integers with a scale per group of 32 (an outlier
-/// coarsens only its own group's steps), 22 bits for Q4_K and 21 for Q6_K (the module's
-/// bounds).
+/// coarsens only its own group's steps), 22 bits for Q4_K and 21 for Q5_K and Q6_K (the
+/// module's bounds).
 pub(crate) fn split(dtype: DType) -> Option<Split> {
     let q_bits = match dtype {
         DType::Q4_K => 22,
-        DType::Q6_K => 21,
+        DType::Q5_K | DType::Q6_K => 21,
         _ => return None,
     };
     Some(Split {
@@ -143,12 +148,8 @@ pub(crate) fn split_rows(
 
 /// Eight bytes `b0..b7` as `b0 b2 b4 b6 b1 b3 b5 b7`.
 fn lanes_order(w: u64) -> u64 {
-    let even = |mut x: u64| {
-        x &= 0x00FF_00FF_00FF_00FF;
-        x = (x | (x >> 8)) & 0x0000_FFFF_0000_FFFF;
-        (x | (x >> 16)) & 0xFFFF_FFFF
-    };
-    even(w) | (even(w >> 8) << 32)
+    use super::qdot_x16::even_bytes;
+    even_bytes(w) as u64 | (even_bytes(w >> 8) as u64) << 32
 }
 
 /// `y[i·ldy + r] = x_i · W_r` for the `mr` (1..=6) rows split by [`split_rows`] for `dtype`
@@ -193,6 +194,12 @@ pub(crate) unsafe fn rows_dots(
             (DType::Q4_K, 4) => run::<Q4K, 4, 1>(&a, groups),
             (DType::Q4_K, 5) => run::<Q4K, 5, 1>(&a, groups),
             (DType::Q4_K, _) => run::<Q4K, 6, 1>(&a, groups),
+            (DType::Q5_K, 1) => run::<Q5K, 1, 4>(&a, groups),
+            (DType::Q5_K, 2) => run::<Q5K, 2, 2>(&a, groups),
+            (DType::Q5_K, 3) => run::<Q5K, 3, 2>(&a, groups),
+            (DType::Q5_K, 4) => run::<Q5K, 4, 1>(&a, groups),
+            (DType::Q5_K, 5) => run::<Q5K, 5, 1>(&a, groups),
+            (DType::Q5_K, _) => run::<Q5K, 6, 1>(&a, groups),
             (DType::Q6_K, 1) => run::<Q6K, 1, 2>(&a, groups),
             (DType::Q6_K, 2) => run::<Q6K, 2, 1>(&a, groups),
             (DType::Q6_K, 3) => run::<Q6K, 3, 1>(&a, groups),
@@ -298,6 +305,70 @@ mod x86 {
         }
     }
 
+    /// The codes of a group with `W`-bit high parts (`qdot_x16::hi_at`): code vector `2v +
+    /// o` takes its parts from bits `W · (2 (v % (4 / W)) + o)` of high vector `v / (4 / W)`,
+    /// moved to bit 4 by a shift, masked, and merged above the nibble (`(a & 0x0F) | b`:
+    /// 0xEC).
+    #[inline(always)]
+    unsafe fn codes_high<const W: u32>(p: *const u8) -> [__m512i; 8] {
+        let low = _mm512_set1_epi8(0x0F);
+        let top = _mm512_set1_epi8((((1u32 << W) - 1) << 4) as i8);
+        let per = 4 / W as usize;
+        let mut c = [_mm512_setzero_si512(); 8];
+        for v in 0..4 {
+            let nib = _mm512_loadu_si512(p.add(64 * v) as *const _);
+            let h = _mm512_loadu_si512(p.add(256 + 64 * (v / per)) as *const _);
+            for o in 0..2 {
+                let at = W * (2 * (v % per) as u32 + o as u32);
+                let part = match at {
+                    0 => _mm512_slli_epi16::<4>(h),
+                    1 => _mm512_slli_epi16::<3>(h),
+                    2 => _mm512_slli_epi16::<2>(h),
+                    3 => _mm512_slli_epi16::<1>(h),
+                    4 => h,
+                    5 => _mm512_srli_epi16::<1>(h),
+                    6 => _mm512_srli_epi16::<2>(h),
+                    _ => _mm512_srli_epi16::<3>(h),
+                };
+                let part = _mm512_and_si512(part, top);
+                let n = if o == 0 {
+                    nib
+                } else {
+                    _mm512_srli_epi16::<4>(nib)
+                };
+                c[2 * v + o] = _mm512_ternarylogic_epi32::<0xEC>(n, part, low);
+            }
+        }
+        c
+    }
+
+    /// Q5_K packed: Q4_K's head and nibbles, and per group one vector of fifth bits.
+    pub struct Q5K;
+    impl Format for Q5K {
+        const HEAD: usize = 256;
+        const GROUP: usize = 320;
+        const HALVES: usize = 1;
+        type Head = Q4kHead;
+        #[inline(always)]
+        unsafe fn head(hp: *const u8) -> Q4kHead {
+            q4k_head(hp)
+        }
+        #[inline(always)]
+        unsafe fn codes(p: *const u8) -> [__m512i; 8] {
+            codes_high::<1>(p)
+        }
+        #[inline(always)]
+        unsafe fn finish<const MR: usize>(
+            a: &Args,
+            sums: &[[__m512i; 2]; MR],
+            head: &Q4kHead,
+            at: (usize, usize),
+            tot: &mut [__m512; MR],
+        ) {
+            Q4K::finish(a, sums, head, at, tot)
+        }
+    }
+
     /// Q6_K packed: the 16 scales of the 16 rows (16 bytes each, one a row), their d (f16),
     /// then per group four vectors of nibbles and two of high parts.
     pub struct Q6K;
@@ -314,30 +385,7 @@ mod x86 {
         }
         #[inline(always)]
         unsafe fn codes(p: *const u8) -> [__m512i; 8] {
-            let (low, two) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
-            let h = [
-                _mm512_loadu_si512(p.add(256) as *const _),
-                _mm512_loadu_si512(p.add(320) as *const _),
-            ];
-            // Code vector 2v + o takes its high parts from bits 2f of vector v / 2, f = 2 (v
-            // % 2) + o: moved to bits 4..6 by a shift of 4 - 2f, masked, merged below the
-            // nibble ((a & 0x0F) | b: 0xEC).
-            let mut c = [_mm512_setzero_si512(); 8];
-            for v in 0..4 {
-                let nib = _mm512_loadu_si512(p.add(64 * v) as *const _);
-                let hv = h[v / 2];
-                let (lo_hi, hi_hi) = if v % 2 == 0 {
-                    (_mm512_slli_epi16::<4>(hv), _mm512_slli_epi16::<2>(hv))
-                } else {
-                    (hv, _mm512_srli_epi16::<2>(hv))
-                };
-                let lo_hi = _mm512_and_si512(lo_hi, two);
-                let hi_hi = _mm512_and_si512(hi_hi, two);
-                c[2 * v] = _mm512_ternarylogic_epi32::<0xEC>(nib, lo_hi, low);
-                let nib_hi = _mm512_srli_epi16::<4>(nib);
-                c[2 * v + 1] = _mm512_ternarylogic_epi32::<0xEC>(nib_hi, hi_hi, low);
-            }
-            c
+            codes_high::<2>(p)
         }
         #[inline(always)]
         unsafe fn finish<const MR: usize>(
