@@ -2,8 +2,8 @@
 
 use super::simd::{self, Isa};
 use super::{
-    elementwise, norm, pool, qdot, qdot256, qdot_int, qdot_vnni, qdot_x16, qdot_x16i, In, KResult,
-    Out,
+    elementwise, norm, pool, qdot, qdot256, qdot_int, qdot_vnni, qdot_x16, qdot_x16f, qdot_x16i,
+    In, KResult, Out,
 };
 use crate::op::{GluOp, MatMulOp};
 use crate::quant;
@@ -486,7 +486,7 @@ fn gemm_x16(
                     } else {
                         let xs = xsp.0.wrapping_add(i * nb) as *const f32;
                         let x = (xp.0.add(i * k) as *const f32, k, xs);
-                        qdot_x16::rows_dots(dtype, x, mr, k, w.as_ptr(), g0..g1, y)
+                        qdot_x16f::rows_dots(dtype, x, mr, k, w.as_ptr(), g0..g1, y)
                     }
                 };
                 i += mr;

@@ -20,6 +20,7 @@ mod qdot256;
 mod qdot_int;
 mod qdot_vnni;
 mod qdot_x16;
+mod qdot_x16f;
 mod qdot_x16i;
 mod reduce;
 mod rope;

@@ -4,14 +4,15 @@
 
 use super::*;
 use crate::backend::Backend;
-use crate::cpu::qdot_x16i;
+use crate::cpu::{qdot_x16f, qdot_x16i};
 use crate::cpu::{simd, CpuBackend};
 use crate::op::{ElementwiseOp, GetRowsOp, MatMulOp, Op};
 use crate::quant;
 use crate::rng::Rng;
 use crate::tensor::TensorDesc;
 
-const TYPES: [DType; 7] = [
+/// The formats of the f32 kernel (`qdot_x16f`).
+const TYPES: [DType; 8] = [
     DType::IQ4_NL,
     DType::Q4_0,
     DType::Q4_1,
@@ -19,6 +20,7 @@ const TYPES: [DType; 7] = [
     DType::Q5_1,
     DType::IQ4_XS,
     DType::Q4_K,
+    DType::Q8_0,
 ];
 
 /// Row lengths to try: whole blocks of the format (`big` for the 256-element ones).
@@ -94,6 +96,7 @@ fn decoded(dt: DType, row: &[u8], k: usize) -> Vec<(f64, f64, f64)> {
             let nib = |qs: &[u8]| (if l < 16 { qs[l] & 15 } else { qs[l - 16] >> 4 }) as usize;
             match dt {
                 DType::IQ4_NL => (f16(b, 0), 0.0, IQ4[nib(&b[2..])]),
+                DType::Q8_0 => (f16(b, 0), 0.0, b[2 + l] as i8 as f64),
                 DType::Q4_0 => (f16(b, 0), 0.0, nib(&b[2..]) as f64 - 8.0),
                 DType::Q4_1 => (f16(b, 0), f16(b, 2), nib(&b[4..]) as f64),
                 // The fifth bit of element l: bit l of the u32 after the scales.
@@ -162,7 +165,7 @@ fn interleaved_rows_match_an_f64_dot_and_their_bits_do_not_depend_on_the_batch()
             block_sums(&x, k, &mut xs);
             assert_eq!(xs.len(), m * k / 32);
             let call = |i: usize, mr: usize, groups: std::ops::Range<usize>, y: &mut [f32]| unsafe {
-                rows_dots(
+                qdot_x16f::rows_dots(
                     dt,
                     (x.as_ptr().add(i * k), k, xs.as_ptr().add(i * (k / 32))),
                     mr,

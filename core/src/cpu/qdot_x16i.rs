@@ -217,7 +217,7 @@ pub(crate) unsafe fn rows_dots(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::qdot_x16::x86::{q4k_factors, q4k_head, Q4kHead, PREFETCH};
+    use super::super::qdot_x16f::x86::{q4k_factors, q4k_head, Q4kHead, PREFETCH};
     use super::{digits_at, offsets_at, scale_at};
     use std::arch::x86_64::*;
 
