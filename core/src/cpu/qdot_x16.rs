@@ -196,8 +196,8 @@ pub(crate) fn packs(isa: super::simd::Isa, dtype: DType, dims: &[usize]) -> bool
     cfg!(target_arch = "x86_64")
         && isa == super::simd::Isa::Avx512
         && matches!(dims, &[n, k] if n > 0 && n % ROWS == 0 && k > 0 && k % (32 * l.groups) == 0)
-        // Q5_K and Q6_K have only the integer kernel.
-        && (l.high_at.is_none() || super::qdot_x16i::supported(dtype))
+        // Q5_K and Q6_K have only the integer kernel (`qdot_x16i`), which needs VNNI.
+        && (l.high_at.is_none() || super::qdot_vnni::has_vnni())
 }
 
 /// Whether the kernel reads the activations' 32-element group sums ([`block_sums`]): the
