@@ -427,6 +427,10 @@ thread_local! {
 /// through them (64 rows of k, ~20 KB at k = 576, stay in L1 and L2) before the next.
 const X16_TILE: usize = 4;
 
+/// Bytes of activation rows (f32, or split for the integer kernel) one pass over a piece's
+/// weights takes (see [`gemm_x16`]).
+const X16_CHUNK_BYTES: usize = 512 << 10;
+
 /// [`gemm`] for weights kept 16 rows interleaved (`qdot_x16`; `w.x16`): the same kernel for
 /// every batch, six activation rows a call, so a row's bits never depend on the batch.
 fn gemm_x16(
@@ -465,33 +469,41 @@ fn gemm_x16(
     } else {
         TILE_PIECES_FUSED
     };
+    // Activation rows a pass over the piece's weights takes: what fits half of a 1 MB L2 (a
+    // long prompt's rows, streamed again for every tile of weights, measured slower than the
+    // piece's weights read again per pass).
+    let row = if int { rb } else { 4 * k };
+    let chunk = (X16_CHUNK_BYTES / row.max(1)).max(4 * qdot_x16::MAX_ROWS);
     pool::par_ranges(groups, X16_TILE, pieces, |range| {
         let (xp, xsp, yp, sp) = (&xp, &xsp, &yp, &sp);
-        let mut g0 = range.start;
-        while g0 < range.end {
-            let g1 = (g0 + X16_TILE).min(range.end);
-            let mut i = 0;
-            while i < m {
-                let mr = qdot_x16::MAX_ROWS.min(m - i);
-                let y = (yp.0.wrapping_add(i * n), n);
-                // SAFETY: the storage interleaved these weights (`qdot_x16::packs` held for
-                // them on this CPU); x holds m rows of k (split into `rb` bytes each where
-                // `int`) and xs their group sums where the format reads them; the groups
-                // g0..g1 lie inside `w`; y's columns of these groups are this task's alone.
-                unsafe {
-                    if int {
-                        let xs = xsp.0.wrapping_add(i * nb) as *const f32;
-                        let x = (sp.0.add(i * rb) as *const u8, rb, xs, nb);
-                        qdot_x16i::rows_dots(dtype, x, mr, k, w.as_ptr(), g0..g1, y)
-                    } else {
-                        let xs = xsp.0.wrapping_add(i * nb) as *const f32;
-                        let x = (xp.0.add(i * k) as *const f32, k, xs);
-                        qdot_x16f::rows_dots(dtype, x, mr, k, w.as_ptr(), g0..g1, y)
-                    }
-                };
-                i += mr;
+        for i0 in (0..m).step_by(chunk) {
+            let i1 = (i0 + chunk).min(m);
+            let mut g0 = range.start;
+            while g0 < range.end {
+                let g1 = (g0 + X16_TILE).min(range.end);
+                let mut i = i0;
+                while i < i1 {
+                    let mr = qdot_x16::MAX_ROWS.min(i1 - i);
+                    let y = (yp.0.wrapping_add(i * n), n);
+                    // SAFETY: the storage interleaved these weights (`qdot_x16::packs` held for
+                    // them on this CPU); x holds m rows of k (split into `rb` bytes each where
+                    // `int`) and xs their group sums where the format reads them; the groups
+                    // g0..g1 lie inside `w`; y's columns of these groups are this task's alone.
+                    unsafe {
+                        if int {
+                            let xs = xsp.0.wrapping_add(i * nb) as *const f32;
+                            let x = (sp.0.add(i * rb) as *const u8, rb, xs, nb);
+                            qdot_x16i::rows_dots(dtype, x, mr, k, w.as_ptr(), g0..g1, y)
+                        } else {
+                            let xs = xsp.0.wrapping_add(i * nb) as *const f32;
+                            let x = (xp.0.add(i * k) as *const f32, k, xs);
+                            qdot_x16f::rows_dots(dtype, x, mr, k, w.as_ptr(), g0..g1, y)
+                        }
+                    };
+                    i += mr;
+                }
+                g0 = g1;
             }
-            g0 = g1;
         }
     });
     BLOCK_SUMS.with(|c| c.replace(xs));
