@@ -146,6 +146,61 @@ fn decoded(dt: DType, row: &[u8], k: usize) -> Vec<(f64, f64, f64)> {
         .collect()
 }
 
+/// Runs `call(i, mr, groups, y)` (activation rows `i..i + mr` of `x` against the weight groups
+/// into `y`) a row at a time over every group, the decode path, and holds each output to an
+/// f64 dot of the file's weights within the f32 kernels' bound plus `extra(row's weights, x
+/// row)`; then every batch size and any range of groups must give the same bits.
+fn check_rows(
+    dt: DType,
+    (n, k): (usize, usize),
+    file: &[u8],
+    x: &[f32],
+    call: &dyn Fn(usize, usize, std::ops::Range<usize>, &mut [f32]),
+    extra: &dyn Fn(&[(f64, f64, f64)], &[f32]) -> f64,
+) {
+    let m = x.len() / k;
+    let mut one = vec![f32::NAN; m * n];
+    for i in 0..m {
+        call(i, 1, 0..n / ROWS, &mut one);
+    }
+    let rb = dt.bytes_for(k).unwrap();
+    for r in 0..n {
+        let wr = decoded(dt, &file[r * rb..(r + 1) * rb], k);
+        for i in 0..m {
+            let xi = &x[i * k..(i + 1) * k];
+            let want: f64 = wr
+                .iter()
+                .zip(xi)
+                .map(|((d, mn, l), x)| (d * l + mn) * *x as f64)
+                .sum();
+            let mag: f64 = wr
+                .iter()
+                .zip(xi)
+                .map(|((d, mn, l), x)| ((d * l).abs() + mn.abs()) * (*x as f64).abs())
+                .sum();
+            // The minimums multiply sums of 32 activations (five roundings).
+            let bound = (48.0 + (k / 32) as f64) * 2f64.powi(-24) * mag + extra(&wr, xi);
+            let got = one[i * n + r] as f64;
+            assert!(
+                (got - want).abs() <= bound,
+                "{dt} {n}x{k} row {r} act {i}: {got} vs {want} (bound {bound:e})"
+            );
+        }
+    }
+    for mr in 2..=m {
+        let mut y = vec![f32::NAN; m * n];
+        let mut i = 0;
+        while i + mr <= m {
+            call(i, mr, 1..n / ROWS, &mut y);
+            call(i, mr, 0..1, &mut y);
+            i += mr;
+        }
+        for (j, (a, b)) in y[..i * n].iter().zip(&one).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "{dt} {n}x{k} mr {mr}: output {j}");
+        }
+    }
+}
+
 #[test]
 fn interleaved_rows_match_an_f64_dot_and_their_bits_do_not_depend_on_the_batch() {
     if !packs(simd::isa(), DType::IQ4_NL, &[16, 32]) {
@@ -176,47 +231,7 @@ fn interleaved_rows_match_an_f64_dot_and_their_bits_do_not_depend_on_the_batch()
                 )
             };
             // One activation row at a time over all groups: the decode path.
-            let mut one = vec![f32::NAN; m * n];
-            for i in 0..m {
-                call(i, 1, 0..n / ROWS, &mut one);
-            }
-            let rb = dt.bytes_for(k).unwrap();
-            for r in 0..n {
-                let wr = decoded(dt, &file[r * rb..(r + 1) * rb], k);
-                for i in 0..m {
-                    let xi = &x[i * k..(i + 1) * k];
-                    let want: f64 = wr
-                        .iter()
-                        .zip(xi)
-                        .map(|((d, mn, l), x)| (d * l + mn) * *x as f64)
-                        .sum();
-                    let mag: f64 = wr
-                        .iter()
-                        .zip(xi)
-                        .map(|((d, mn, l), x)| ((d * l).abs() + mn.abs()) * (*x as f64).abs())
-                        .sum();
-                    // The minimums multiply sums of 32 activations (five roundings).
-                    let bound = (48.0 + (k / 32) as f64) * f64::powi(2.0, -24) * mag;
-                    let got = one[i * n + r] as f64;
-                    assert!(
-                        (got - want).abs() <= bound,
-                        "{dt} {n}x{k} row {r} act {i}: {got} vs {want} (bound {bound:e})"
-                    );
-                }
-            }
-            // Every batch size and any range of groups: the same bits.
-            for mr in 2..=m {
-                let mut y = vec![f32::NAN; m * n];
-                let mut i = 0;
-                while i + mr <= m {
-                    call(i, mr, 1..n / ROWS, &mut y);
-                    call(i, mr, 0..1, &mut y);
-                    i += mr;
-                }
-                for (j, (a, b)) in y[..i * n].iter().zip(&one).enumerate() {
-                    assert_eq!(a.to_bits(), b.to_bits(), "{dt} {n}x{k} mr {mr}: output {j}");
-                }
-            }
+            check_rows(dt, (n, k), &file, &x, &call, &|_, _| 0.0);
         }
     }
 }
@@ -382,59 +397,23 @@ fn integer_rows_match_an_f64_dot_and_their_bits_do_not_depend_on_the_batch() {
                 let yi = (y.as_mut_ptr().add(i * n), n);
                 qdot_x16i::rows_dots(dt, xi, mr, k, packed.as_ptr(), groups, yi)
             };
-            let mut one = vec![f32::NAN; m * n];
-            for i in 0..m {
-                call(i, 1, 0..n / ROWS, &mut one);
-            }
-            let frb = dt.bytes_for(k).unwrap();
-            for r in 0..n {
-                let wr = decoded(dt, &file[r * frb..(r + 1) * frb], k);
-                for i in 0..m {
-                    let xi = &x[i * k..(i + 1) * k];
-                    let want: f64 = wr
-                        .iter()
-                        .zip(xi)
-                        .map(|((d, mn, l), x)| (d * l + mn) * *x as f64)
-                        .sum();
-                    let mag: f64 = wr
-                        .iter()
-                        .zip(xi)
-                        .map(|((d, mn, l), x)| ((d * l).abs() + mn.abs()) * (*x as f64).abs())
-                        .sum();
-                    // The split: each group's largest |x| times 2^-q_bits times the group's
-                    // Σ |w| over the part of the weights that meets the split.
-                    let split: f64 = (0..k / 32)
-                        .map(|g| {
-                            let top = xi[32 * g..32 * (g + 1)]
-                                .iter()
-                                .fold(0f64, |t, v| t.max(v.abs() as f64));
-                            let sw: f64 = wr[32 * g..32 * (g + 1)]
-                                .iter()
-                                .map(|w| split_part(dt, *w).0.abs())
-                                .sum();
-                            top * sw * 2f64.powi(-q_bits)
-                        })
-                        .sum();
-                    let bound = split + (48.0 + (k / 32) as f64) * 2f64.powi(-24) * mag;
-                    let got = one[i * n + r] as f64;
-                    assert!(
-                        (got - want).abs() <= bound,
-                        "{dt} {n}x{k} row {r} act {i}: {got} vs {want} (bound {bound:e})"
-                    );
-                }
-            }
-            for mr in 2..=m {
-                let mut y = vec![f32::NAN; m * n];
-                let mut i = 0;
-                while i + mr <= m {
-                    call(i, mr, 1..n / ROWS, &mut y);
-                    call(i, mr, 0..1, &mut y);
-                    i += mr;
-                }
-                for (j, (a, b)) in y[..i * n].iter().zip(&one).enumerate() {
-                    assert_eq!(a.to_bits(), b.to_bits(), "{dt} {n}x{k} mr {mr}: output {j}");
-                }
-            }
+            // The split: each group's largest |x| times 2^-q_bits times the group's Σ |w|
+            // over the part of the weights that meets the split.
+            let split = |wr: &[(f64, f64, f64)], xi: &[f32]| -> f64 {
+                (0..k / 32)
+                    .map(|g| {
+                        let top = xi[32 * g..32 * (g + 1)]
+                            .iter()
+                            .fold(0f64, |t, v| t.max(v.abs() as f64));
+                        let sw: f64 = wr[32 * g..32 * (g + 1)]
+                            .iter()
+                            .map(|w| split_part(dt, *w).0.abs())
+                            .sum();
+                        top * sw * 2f64.powi(-q_bits)
+                    })
+                    .sum()
+            };
+            check_rows(dt, (n, k), &file, &x, &call, &split);
         }
     }
 }

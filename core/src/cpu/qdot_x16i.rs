@@ -187,25 +187,23 @@ pub(crate) unsafe fn rows_dots(
         };
         // Few rows leave the multiplier idle on one chain of sums: more chains a row (Q6_K's
         // two halves are two chains already).
-        match (dtype, mr) {
-            (DType::Q4_K, 1) => run::<Q4K, 1, 4>(&a, groups),
-            (DType::Q4_K, 2) => run::<Q4K, 2, 2>(&a, groups),
-            (DType::Q4_K, 3) => run::<Q4K, 3, 2>(&a, groups),
-            (DType::Q4_K, 4) => run::<Q4K, 4, 1>(&a, groups),
-            (DType::Q4_K, 5) => run::<Q4K, 5, 1>(&a, groups),
-            (DType::Q4_K, _) => run::<Q4K, 6, 1>(&a, groups),
-            (DType::Q5_K, 1) => run::<Q5K, 1, 4>(&a, groups),
-            (DType::Q5_K, 2) => run::<Q5K, 2, 2>(&a, groups),
-            (DType::Q5_K, 3) => run::<Q5K, 3, 2>(&a, groups),
-            (DType::Q5_K, 4) => run::<Q5K, 4, 1>(&a, groups),
-            (DType::Q5_K, 5) => run::<Q5K, 5, 1>(&a, groups),
-            (DType::Q5_K, _) => run::<Q5K, 6, 1>(&a, groups),
-            (DType::Q6_K, 1) => run::<Q6K, 1, 2>(&a, groups),
-            (DType::Q6_K, 2) => run::<Q6K, 2, 1>(&a, groups),
-            (DType::Q6_K, 3) => run::<Q6K, 3, 1>(&a, groups),
-            (DType::Q6_K, 4) => run::<Q6K, 4, 1>(&a, groups),
-            (DType::Q6_K, 5) => run::<Q6K, 5, 1>(&a, groups),
-            (DType::Q6_K, _) => run::<Q6K, 6, 1>(&a, groups),
+        macro_rules! go {
+            // Chains a row for 1, 2..3 and 4..6 rows.
+            ($f:ty, $p1:literal, $p2:literal) => {
+                match mr {
+                    1 => run::<$f, 1, $p1>(&a, groups),
+                    2 => run::<$f, 2, $p2>(&a, groups),
+                    3 => run::<$f, 3, $p2>(&a, groups),
+                    4 => run::<$f, 4, 1>(&a, groups),
+                    5 => run::<$f, 5, 1>(&a, groups),
+                    _ => run::<$f, 6, 1>(&a, groups),
+                }
+            };
+        }
+        match dtype {
+            DType::Q4_K => go!(Q4K, 4, 2),
+            DType::Q5_K => go!(Q5K, 4, 2),
+            DType::Q6_K => go!(Q6K, 2, 1),
             _ => {}
         }
     }
