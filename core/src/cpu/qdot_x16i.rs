@@ -201,8 +201,8 @@ pub(crate) unsafe fn rows_dots(
             };
         }
         match dtype {
-            DType::Q4_K => go!(Q4K, 2, 2),
-            DType::Q5_K => go!(Q5K, 2, 2),
+            DType::Q4_K => go!(Q4K, 4, 2),
+            DType::Q5_K => go!(Q5K, 4, 2),
             DType::Q6_K => go!(Q6K, 2, 1),
             _ => {}
         }
