@@ -418,9 +418,8 @@ fn run(x: &[f32], w: &In, o: &mut Out) -> KResult {
 thread_local! {
     /// The activations' group sums (`qdot_x16::block_sums`), reused across calls.
     static BLOCK_SUMS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// The activations split for `qdot_x16i`, and the split's scratch row.
-    static SPLIT_X16: std::cell::RefCell<(Vec<u8>, Vec<u8>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// The activations split for `qdot_x16i`.
+    static SPLIT_X16: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Groups of 16 weight rows a task takes at a time from its piece: every activation row goes
@@ -454,10 +453,10 @@ fn gemm_x16(
         qdot_x16::block_sums(&x[..m * k], k, &mut xs);
     }
     // The integer kernel's split rows (`int`: their stride), else the f32 rows.
-    let (mut scratch, mut split) = SPLIT_X16.with(|c| c.take());
-    let int = qdot_x16i::supported(dtype) && k.is_multiple_of(256);
+    let mut split = SPLIT_X16.with(|c| c.take());
+    let int = qdot_x16i::runs(dtype, k);
     if int {
-        qdot_x16i::split_rows(&x[..m * k], k, dtype, &mut scratch, &mut split);
+        qdot_x16i::split_rows(&x[..m * k], k, dtype, &mut split);
     }
     let rb = qdot_x16i::row_bytes(k);
     let (xp, xsp) = (x.as_ptr(), pool::SendPtr(xs.as_ptr() as *mut f32));
@@ -507,7 +506,7 @@ fn gemm_x16(
         }
     });
     BLOCK_SUMS.with(|c| c.replace(xs));
-    SPLIT_X16.with(|c| c.replace((scratch, split)));
+    SPLIT_X16.with(|c| c.replace(split));
     Ok(())
 }
 

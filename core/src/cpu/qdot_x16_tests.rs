@@ -322,8 +322,8 @@ fn the_integer_kernels_split_puts_digits_in_the_lanes_order() {
     // (low nibbles) and 8v + 1, 3, 5, 7 (high nibbles).
     let k = 256;
     let x: Vec<f32> = (0..k).map(|e| (e % 32) as f32 + 1.0).collect();
-    let (mut scratch, mut out) = (Vec::new(), Vec::new());
-    qdot_x16i::split_rows(&x, k, DType::Q4_K, &mut scratch, &mut out);
+    let mut out = Vec::new();
+    qdot_x16i::split_rows(&x, k, DType::Q4_K, &mut out);
     assert_eq!(out.len(), qdot_x16i::row_bytes(k));
     // The block's largest |x| is 32 = 2^5: the scale is 2^(5 - 21), so x_q = x · 2^16 and
     // the top digit t2 (the first 32 bytes of a group) is x itself.
@@ -346,7 +346,15 @@ fn the_integer_kernels_split_puts_digits_in_the_lanes_order() {
 
 /// The formats of the integer kernel (`qdot_x16i`), if this CPU runs it.
 fn integer_types() -> Vec<DType> {
-    let all = [DType::Q4_K, DType::Q5_K, DType::Q6_K];
+    let all = [
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+    ];
     let on = |dt: DType| qdot_x16i::supported(dt) && packs(simd::isa(), dt, &[16, 256]);
     if !all.iter().all(|&dt| on(dt)) {
         eprintln!("skipped: no AVX-512 VNNI here");
@@ -355,25 +363,32 @@ fn integer_types() -> Vec<DType> {
     all.to_vec()
 }
 
-/// Where a weight meets the split activations: Q4_K's and Q5_K's `d · scale · q` (their
-/// minimums meet the f32 group sums), Q6_K's whole `d · scale · (q - 32)`.
+/// Where a weight meets the split activations: `d · scale · q` (the offset formats' `q` less
+/// its offset), while the minimums (Q4_K, Q5_K; Q4_1's and Q5_1's with their codes centred,
+/// `d · (q − c)` and `m + c · d`) meet the f32 group sums.
 fn split_part(dt: DType, (d, mn, l): (f64, f64, f64)) -> (f64, f64) {
-    if dt == DType::Q6_K {
-        (d * l + mn, 0.0)
-    } else {
-        (d * l, mn)
-    }
+    let c = match dt {
+        DType::Q4_1 => 8.0,
+        DType::Q5_1 => 16.0,
+        _ => 0.0,
+    };
+    (d * (l - c), mn + c * d)
 }
 
-/// The integer kernel for interleaved Q4_K, Q5_K and Q6_K: every row against an f64 dot of the
-/// file's weights within the split's bound, and the same bits whatever the batch and the
-/// groups.
+/// The integer kernel for its interleaved formats: every row against an f64 dot of the file's
+/// weights within the split's bound, and the same bits whatever the batch and the groups
+/// (rows of 640 and 192: blocks of 32 need no multiple of 256).
 #[test]
 fn integer_rows_match_an_f64_dot_and_their_bits_do_not_depend_on_the_batch() {
     let mut rng = Rng::new(41);
     for dt in integer_types() {
         let q_bits = qdot_x16i::split(dt).unwrap().q_bits;
-        for (n, k) in [(48, 256), (32, 1536), (80, 768)] {
+        let sizes = if dt.block_size() == 256 {
+            [(48, 256), (32, 1536), (80, 768)]
+        } else {
+            [(48, 640), (32, 1536), (80, 192)]
+        };
+        for (n, k) in sizes {
             let file = weights(dt, n, k, &mut rng);
             let mut packed = vec![0u8; file.len()];
             pack(dt, k, &file, &mut packed);
@@ -384,8 +399,8 @@ fn integer_rows_match_an_f64_dot_and_their_bits_do_not_depend_on_the_batch() {
                 .collect();
             let mut xs = Vec::new();
             block_sums(&x, k, &mut xs);
-            let (mut scratch, mut split) = (Vec::new(), Vec::new());
-            qdot_x16i::split_rows(&x, k, dt, &mut scratch, &mut split);
+            let mut split = Vec::new();
+            qdot_x16i::split_rows(&x, k, dt, &mut split);
             let rb = qdot_x16i::row_bytes(k);
             let call = |i: usize, mr: usize, groups: std::ops::Range<usize>, y: &mut [f32]| unsafe {
                 let xi = (
@@ -435,8 +450,8 @@ fn integer_rows_are_the_dots_of_the_split_activations() {
             .collect();
         let mut xs = Vec::new();
         block_sums(&x, k, &mut xs);
-        let (mut scratch, mut split) = (Vec::new(), Vec::new());
-        qdot_x16i::split_rows(&x, k, dt, &mut scratch, &mut split);
+        let mut split = Vec::new();
+        qdot_x16i::split_rows(&x, k, dt, &mut split);
         let mut sp = vec![0u8; qdot_int::row_bytes(k)];
         qdot_int::split_row(&x, &mut sp, qdot_x16i::split(dt).unwrap());
         let scales = 3 * k + 4 * (k / 32) + 4 * (k / 16);

@@ -57,7 +57,53 @@ pub(crate) const MAX_ROWS: usize = 6;
 /// Whether interleaved `dtype` weights go through this kernel on this CPU (the storage
 /// interleaves Q4_K on AVX-512, and Q5_K and Q6_K only where this holds).
 pub(crate) fn supported(dtype: DType) -> bool {
-    split(dtype).is_some() && super::qdot_vnni::has_vnni()
+    split(dtype).is_some()
+        && super::qdot_vnni::has_vnni()
+        && (!matches!(dtype, DType::Q5_0 | DType::Q5_1) || has_vbmi())
+}
+
+/// Whether a `dtype` matrix with rows of `k` goes through this kernel here (its layout's
+/// blocks whole, and `k` a multiple of 64 for the split).
+pub(crate) fn runs(dtype: DType, k: usize) -> bool {
+    supported(dtype) && k > 0 && k.is_multiple_of(64) && k.is_multiple_of(block_len(dtype))
+}
+
+/// Elements of a block of `dtype` (256 for the K-quants, else 32).
+fn block_len(dtype: DType) -> usize {
+    if matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K) {
+        256
+    } else {
+        32
+    }
+}
+
+/// Q5_0's and Q5_1's fifth bits reach their codes by a byte-wise multishift (AVX-512 VBMI).
+fn has_vbmi() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512vbmi")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The offset `c` the kernel takes from the codes (Q6_K's `q − 32` with 21-bit integers,
+/// Q4_0's and Q4_1's `q − 8` with 22, Q5_0's and Q5_1's `q − 16` with 21): the split rows
+/// carry `c · Σ x_q` over each 16 elements, within `c · 16 · 2^q_bits ≤ 2³⁰`, and a group of
+/// 32's two within 2³¹. Q4_1 and Q5_1 have no offset but a minimum `m`: `d · q + m = d · (q −
+/// c) + (m + c · d)`, codes centred on zero with a minimum near it, which halves the weight
+/// magnitude the split's error scales with (`Σ |d · (q − c)|` against `Σ |d · q|`) and the
+/// cancellation between the sums and the minimums' term (SmolLM2 with Q5_1 matrices:
+/// 4.8e-4 → 1.5e-4 of the f64 logits; Q4_1 2.4e-4 → 1.1e-4).
+fn offset(dtype: DType) -> Option<i32> {
+    match dtype {
+        DType::Q6_K => Some(32),
+        DType::Q4_0 | DType::Q4_1 => Some(8),
+        DType::Q5_0 | DType::Q5_1 => Some(16),
+        _ => None,
+    }
 }
 
 /// The activations' split for `dtype`: integers with a scale per group of 32 (an outlier
@@ -65,8 +111,8 @@ pub(crate) fn supported(dtype: DType) -> bool {
 /// module's bounds).
 pub(crate) fn split(dtype: DType) -> Option<Split> {
     let q_bits = match dtype {
-        DType::Q4_K => 22,
-        DType::Q5_K | DType::Q6_K => 21,
+        DType::Q4_0 | DType::Q4_1 | DType::Q4_K => 22,
+        DType::Q5_0 | DType::Q5_1 | DType::Q5_K | DType::Q6_K => 21,
         _ => return None,
     };
     Some(Split {
@@ -77,9 +123,9 @@ pub(crate) fn split(dtype: DType) -> Option<Split> {
 
 /// Bytes of one activation row as [`split_rows`] leaves it: for each 32-element group its
 /// digits t2, t1 and t0, 32 bytes each in the lanes' order (for `v` in 0..4: elements `8v + 0,
-/// 2, 4, 6`, then `8v + 1, 3, 5, 7`); then the groups' scales `s` as f32 (`k / 32`); then
-/// Q6_K's offsets `32 · Σ x_q` over each 16 elements as i32 (`k / 16`); the whole padded to 64
-/// bytes.
+/// 2, 4, 6`, then `8v + 1, 3, 5, 7`); then the groups' scales `s` as f32 (`k / 32`); then the
+/// offset formats' `c · Σ x_q` over each 16 elements as i32 (`k / 16`, see [`offset`]); the
+/// whole padded to 64 bytes.
 pub(crate) fn row_bytes(k: usize) -> usize {
     (108 * (k / 32)).next_multiple_of(64)
 }
@@ -95,55 +141,74 @@ const fn offsets_at(k: usize, g: usize) -> usize {
     100 * (k / 32) + 8 * g
 }
 
-/// Splits the rows of `x` (each `k` long, `k` a multiple of 256) for `dtype`'s kernel into
-/// `out` ([`row_bytes`] each), through `scratch`.
-pub(crate) fn split_rows(
-    x: &[f32],
-    k: usize,
-    dtype: DType,
-    scratch: &mut Vec<u8>,
-    out: &mut Vec<u8>,
-) {
+/// Splits the rows of `x` (each `k` long, `k` a multiple of 64) for `dtype`'s kernel into
+/// `out` ([`row_bytes`] each; bytes no kernel reads, such as the padding, are left as they
+/// were), on the current pool's threads for many rows.
+pub(crate) fn split_rows(x: &[f32], k: usize, dtype: DType, out: &mut Vec<u8>) {
     let rb = row_bytes(k);
-    out.clear();
-    let Some(how) = split(dtype) else { return };
-    if k == 0 || !k.is_multiple_of(256) {
+    let Some(how) = split(dtype) else {
+        out.clear();
+        return;
+    };
+    if k == 0 || !k.is_multiple_of(64) {
+        out.clear();
         return;
     }
-    out.resize(x.len() / k * rb, 0);
-    scratch.clear();
-    scratch.resize(qdot_int::row_bytes(k), 0);
+    let n = x.len() / k * rb;
+    if out.len() < n {
+        out.resize(n, 0);
+    }
+    out.truncate(n);
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    // Eight rows or more in parallel (a prompt's: split serially, they cost 5 % of a 135 M
+    // model's prefill on two threads).
+    super::pool::par_rows(out, rb, 8 * rb, |first, part| {
+        SCRATCH.with(|c| {
+            let mut scratch = c.borrow_mut();
+            if scratch.len() < qdot_int::row_bytes(k) {
+                scratch.resize(qdot_int::row_bytes(k), 0);
+            }
+            for (i, dst) in part.chunks_exact_mut(rb).enumerate() {
+                let row = &x[(first + i) * k..][..k];
+                split_one(row, dtype, how, &mut scratch, dst);
+            }
+        })
+    });
+}
+
+/// One row of [`split_rows`], through `scratch` (`qdot_int`'s row).
+fn split_one(row: &[f32], dtype: DType, how: Split, scratch: &mut [u8], dst: &mut [u8]) {
+    let k = row.len();
     // The group scales in `qdot_int`'s row: after the digits and the sums of 32 and 16.
     let scales = 3 * k + 4 * (k / 32) + 4 * (k / 16);
-    for (row, dst) in x.chunks_exact(k).zip(out.chunks_exact_mut(rb)) {
-        qdot_int::split_row(row, scratch, how);
-        for g in 0..k / 32 {
-            for t in 0..3 {
-                let src = &scratch[qdot_int::digit_at(g, 2 - t)..][..32];
-                let d = &mut dst[digits_at(g) + 32 * t..][..32];
-                for (d, s) in d.chunks_exact_mut(8).zip(src.chunks_exact(8)) {
-                    let w = u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]);
-                    d.copy_from_slice(&lanes_order(w).to_le_bytes());
-                }
-            }
-            if dtype == DType::Q6_K {
-                let t = |t: usize| &scratch[qdot_int::digit_at(g, t)..][..32];
-                let (t0, t1, t2) = (t(0), t(1), t(2));
-                for h in 0..2 {
-                    // |Σ x_q| ≤ 16 · 2²¹: 32 times it fits an i32.
-                    let sum: i32 = (16 * h..16 * h + 16)
-                        .map(|j| {
-                            let d = |b: &[u8]| b[j] as i8 as i32;
-                            d(t2) * 65536 + d(t1) * 256 + d(t0)
-                        })
-                        .sum();
-                    dst[offsets_at(k, g) + 4 * h..][..4].copy_from_slice(&(32 * sum).to_le_bytes());
-                }
+    qdot_int::split_row(row, scratch, how);
+    for g in 0..k / 32 {
+        for t in 0..3 {
+            let src = &scratch[qdot_int::digit_at(g, 2 - t)..][..32];
+            let d = &mut dst[digits_at(g) + 32 * t..][..32];
+            for (d, s) in d.chunks_exact_mut(8).zip(src.chunks_exact(8)) {
+                let w = u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]);
+                d.copy_from_slice(&lanes_order(w).to_le_bytes());
             }
         }
-        let n = 4 * (k / 32);
-        dst[scale_at(k, 0)..][..n].copy_from_slice(&scratch[scales..][..n]);
+        if let Some(c) = offset(dtype) {
+            let t = |t: usize| &scratch[qdot_int::digit_at(g, t)..][..32];
+            let (t0, t1, t2) = (t(0), t(1), t(2));
+            for h in 0..2 {
+                // |Σ x_q| ≤ 16 · 2^q_bits: c times it within 2³⁰ (`offset`).
+                let mut sum = 0i32;
+                for j in 16 * h..16 * h + 16 {
+                    let d = |b: &[u8]| b[j] as i8 as i32;
+                    sum += d(t2) * 65536 + d(t1) * 256 + d(t0);
+                }
+                dst[offsets_at(k, g) + 4 * h..][..4].copy_from_slice(&(c * sum).to_le_bytes());
+            }
+        }
     }
+    let n = 4 * (k / 32);
+    dst[scale_at(k, 0)..][..n].copy_from_slice(&scratch[scales..][..n]);
 }
 
 /// Eight bytes `b0..b7` as `b0 b2 b4 b6 b1 b3 b5 b7`.
@@ -158,8 +223,8 @@ fn lanes_order(w: u64) -> u64 {
 /// Q4_K's minimums) at stride `ldxs`.
 ///
 /// # Safety
-/// [`supported`] holds for `dtype`, the weights are interleaved `dtype` (`qdot_x16::pack`)
-/// with `k` a multiple of 256 and hold the groups; `x` and `xs` hold `mr` rows as described;
+/// [`runs`] holds for `dtype` and `k`, the weights are interleaved `dtype` (`qdot_x16::pack`)
+/// and hold the groups; `x` and `xs` hold `mr` rows as described;
 /// `y` is writable at `mr` rows of stride `ldy` at the groups' columns.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn rows_dots(
@@ -171,7 +236,7 @@ pub(crate) unsafe fn rows_dots(
     groups: std::ops::Range<usize>,
     (y, ldy): (*mut f32, usize),
 ) {
-    debug_assert!((1..=MAX_ROWS).contains(&mr) && k.is_multiple_of(256));
+    debug_assert!((1..=MAX_ROWS).contains(&mr) && runs(dtype, k));
     #[cfg(target_arch = "x86_64")]
     {
         use x86::*;
@@ -191,19 +256,23 @@ pub(crate) unsafe fn rows_dots(
             // Chains a row for 1, 2..3 and 4..6 rows.
             ($f:ty, $p1:literal, $p2:literal) => {
                 match mr {
-                    1 => run::<$f, 1, $p1>(&a, groups),
-                    2 => run::<$f, 2, $p2>(&a, groups),
-                    3 => run::<$f, 3, $p2>(&a, groups),
-                    4 => run::<$f, 4, 1>(&a, groups),
-                    5 => run::<$f, 5, 1>(&a, groups),
-                    _ => run::<$f, 6, 1>(&a, groups),
+                    1 => <$f>::run::<1, $p1>(&a, groups),
+                    2 => <$f>::run::<2, $p2>(&a, groups),
+                    3 => <$f>::run::<3, $p2>(&a, groups),
+                    4 => <$f>::run::<4, 1>(&a, groups),
+                    5 => <$f>::run::<5, 1>(&a, groups),
+                    _ => <$f>::run::<6, 1>(&a, groups),
                 }
             };
         }
         match dtype {
-            DType::Q4_K => go!(Q4K, 4, 2),
-            DType::Q5_K => go!(Q5K, 4, 2),
+            DType::Q4_K => go!(Q4K, 2, 2),
+            DType::Q5_K => go!(Q5K, 2, 2),
             DType::Q6_K => go!(Q6K, 2, 1),
+            DType::Q4_0 => go!(Q40, 2, 2),
+            DType::Q4_1 => go!(Q41, 2, 2),
+            DType::Q5_0 => go!(Q50, 2, 2),
+            DType::Q5_1 => go!(Q51, 2, 2),
             _ => {}
         }
     }
@@ -236,6 +305,8 @@ mod x86 {
     pub(super) trait Format {
         /// Bytes of the 16 rows' heads at the start of a packed block.
         const HEAD: usize;
+        /// 32-element groups a block holds (8 for the K-quants, else 1).
+        const GROUPS: usize;
         /// Packed bytes of a group of 32 elements (16 rows).
         const GROUP: usize;
         /// Sums a group keeps apart: 1, or 2 (halves of 16 elements, code vectors 0..4 and
@@ -243,9 +314,10 @@ mod x86 {
         const HALVES: usize;
         type Head;
         unsafe fn head(hp: *const u8) -> Self::Head;
-        /// The group's codes at `p` as 8 vectors of bytes: vector `2v` holds elements `8v +
-        /// 0, 2, 4, 6` of each row (lane), `2v + 1` elements `8v + 1, 3, 5, 7`.
-        unsafe fn codes(p: *const u8) -> [__m512i; 8];
+        /// The group's codes at `p` (of the block with `head`) as 8 vectors of bytes: vector
+        /// `2v` holds elements `8v + 0, 2, 4, 6` of each row (lane), `2v + 1` elements `8v +
+        /// 1, 3, 5, 7`.
+        unsafe fn codes(p: *const u8, head: &Self::Head) -> [__m512i; 8];
         /// `tot[i] +=` the group's sums `sums[i][h]` (each half's `Σ q · x_q`), scaled; `at`
         /// is the group in its block and in the row.
         unsafe fn finish<const MR: usize>(
@@ -255,6 +327,18 @@ mod x86 {
             at: (usize, usize),
             tot: &mut [__m512; MR],
         );
+        /// The groups of rows in `range`, through the entry with the CPU features the format
+        /// needs.
+        ///
+        /// # Safety
+        /// As `rows_dots`, and the features of the entry present.
+        #[inline(always)]
+        unsafe fn run<const MR: usize, const P: usize>(a: &Args, range: std::ops::Range<usize>)
+        where
+            Self: Sized,
+        {
+            run_plain::<Self, MR, P>(a, range)
+        }
     }
 
     /// Row `i`'s scale of group `gi`, broadcast.
@@ -264,9 +348,23 @@ mod x86 {
         _mm512_set1_ps(p.read_unaligned())
     }
 
+    /// The codes of a group of nibbles (four vectors at `p`).
+    #[inline(always)]
+    unsafe fn codes_nibbles(p: *const u8) -> [__m512i; 8] {
+        let low = _mm512_set1_epi8(0x0F);
+        let mut c = [_mm512_setzero_si512(); 8];
+        for v in 0..4 {
+            let nib = _mm512_loadu_si512(p.add(64 * v) as *const _);
+            c[2 * v] = _mm512_and_si512(nib, low);
+            c[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(nib), low);
+        }
+        c
+    }
+
     pub struct Q4K;
     impl Format for Q4K {
         const HEAD: usize = 256;
+        const GROUPS: usize = 8;
         const GROUP: usize = 256;
         const HALVES: usize = 1;
         type Head = Q4kHead;
@@ -275,15 +373,8 @@ mod x86 {
             q4k_head(hp)
         }
         #[inline(always)]
-        unsafe fn codes(p: *const u8) -> [__m512i; 8] {
-            let low = _mm512_set1_epi8(0x0F);
-            let mut c = [_mm512_setzero_si512(); 8];
-            for v in 0..4 {
-                let nib = _mm512_loadu_si512(p.add(64 * v) as *const _);
-                c[2 * v] = _mm512_and_si512(nib, low);
-                c[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(nib), low);
-            }
-            c
+        unsafe fn codes(p: *const u8, _: &Q4kHead) -> [__m512i; 8] {
+            codes_nibbles(p)
         }
         #[inline(always)]
         unsafe fn finish<const MR: usize>(
@@ -344,6 +435,7 @@ mod x86 {
     pub struct Q5K;
     impl Format for Q5K {
         const HEAD: usize = 256;
+        const GROUPS: usize = 8;
         const GROUP: usize = 320;
         const HALVES: usize = 1;
         type Head = Q4kHead;
@@ -352,7 +444,7 @@ mod x86 {
             q4k_head(hp)
         }
         #[inline(always)]
-        unsafe fn codes(p: *const u8) -> [__m512i; 8] {
+        unsafe fn codes(p: *const u8, _: &Q4kHead) -> [__m512i; 8] {
             codes_high::<1>(p)
         }
         #[inline(always)]
@@ -372,6 +464,7 @@ mod x86 {
     pub struct Q6K;
     impl Format for Q6K {
         const HEAD: usize = 288;
+        const GROUPS: usize = 8;
         const GROUP: usize = 384;
         const HALVES: usize = 2;
         /// d, and the head's address (the scales are read per group).
@@ -382,7 +475,7 @@ mod x86 {
             (_mm512_cvtph_ps(d), hp)
         }
         #[inline(always)]
-        unsafe fn codes(p: *const u8) -> [__m512i; 8] {
+        unsafe fn codes(p: *const u8, _: &Self::Head) -> [__m512i; 8] {
             codes_high::<2>(p)
         }
         #[inline(always)]
@@ -410,6 +503,165 @@ mod x86 {
         }
     }
 
+    /// A packed block of 32's head (Q4_0, Q4_1, Q5_0, Q5_1): the 16 rows' d, their minimum
+    /// less the codes' offset (Q4_1, Q5_1: `m + c · d`, see `offset`) and their fifth bits
+    /// (Q5_0, Q5_1: bit `l` of a lane is element l's), zero where the format has none.
+    pub(super) type BlockHead = (__m512, __m512, __m512i);
+
+    /// The head at `hp` of a block with (`M`) minimums and (`H`) fifth bits and codes offset by
+    /// `C`: d's 16 f16, then m's, then the fifth bits' 16 words.
+    #[inline(always)]
+    unsafe fn block_head<const M: bool, const H: bool, const C: i32>(hp: *const u8) -> BlockHead {
+        let f16s = |at: usize| _mm512_cvtph_ps(_mm256_loadu_si256(hp.add(at) as *const __m256i));
+        let d = f16s(0);
+        let m = if M {
+            _mm512_fmadd_ps(d, _mm512_set1_ps(C as f32), f16s(32))
+        } else {
+            _mm512_setzero_ps()
+        };
+        let h = if H {
+            _mm512_loadu_si512(hp.add(if M { 64 } else { 32 }) as *const _)
+        } else {
+            _mm512_setzero_si512()
+        };
+        (d, m, h)
+    }
+
+    /// The codes of a block of 32 with fifth bits `qh` (a word a row): code vector `2v + o`'s
+    /// byte `b` in a lane is element `8v + 2b + o`, whose fifth bit is bit `8v + 2b + o` of the
+    /// lane's word. A byte-wise multishift takes for byte `j` of each 64-bit pair of lanes the
+    /// eight bits from `32 · (j / 4) + 8v + 2 (j % 4) + o − 4` (modulo 64), which puts that
+    /// bit at bit 4; masked, it is merged above the nibble (`(a & 0x0F) | b`: 0xEC).
+    #[inline(always)]
+    unsafe fn codes_fifth(p: *const u8, qh: __m512i) -> [__m512i; 8] {
+        let low = _mm512_set1_epi8(0x0F);
+        let five = _mm512_set1_epi8(0x10);
+        let mut c = [_mm512_setzero_si512(); 8];
+        for v in 0..4 {
+            let nib = _mm512_loadu_si512(p.add(64 * v) as *const _);
+            for o in 0..2 {
+                let mut ctl = 0u64;
+                for j in 0..8 {
+                    let at = (32 * (j / 4) + 8 * v + 2 * (j % 4) + o + 60) % 64;
+                    ctl |= (at as u64) << (8 * j);
+                }
+                let ms = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(ctl as i64), qh);
+                let part = _mm512_and_si512(ms, five);
+                let n = if o == 0 {
+                    nib
+                } else {
+                    _mm512_srli_epi16::<4>(nib)
+                };
+                c[2 * v + o] = _mm512_ternarylogic_epi32::<0xEC>(n, part, low);
+            }
+        }
+        c
+    }
+
+    /// Adds to `tot` the group sums of a block of 32 (global group `gi`) less `c · Σ x_q` (the
+    /// split row's two halves of 16, their sum within 2³¹ and the difference, `Σ (q − c) ·
+    /// x_q`, within 2³⁰: see `offset`) times `d · s`, plus `(m + c · d) · Σ x` where the
+    /// format has minimums (`M`).
+    #[inline(always)]
+    unsafe fn finish_block<const MR: usize, const M: bool>(
+        a: &Args,
+        sums: &[[__m512i; 2]; MR],
+        (d, m, _): &BlockHead,
+        gi: usize,
+        tot: &mut [__m512; MR],
+    ) {
+        for (i, (t, sum)) in tot.iter_mut().zip(sums).enumerate() {
+            let off = a.x.add(i * a.ldx + offsets_at(a.k, gi)) as *const i32;
+            let c = off
+                .read_unaligned()
+                .wrapping_add(off.add(1).read_unaligned());
+            let q = _mm512_sub_epi32(sum[0], _mm512_set1_epi32(c));
+            let ds = _mm512_mul_ps(*d, scale(a, i, gi));
+            *t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), ds, *t);
+            if M {
+                let xs = _mm512_set1_ps(*a.xs.add(i * a.ldxs + gi));
+                *t = _mm512_fmadd_ps(*m, xs, *t);
+            }
+        }
+    }
+
+    /// The formats with blocks of 32: `$name`, with or without minimums and fifth bits, its
+    /// codes offset by `C` (`offset`).
+    macro_rules! block_format {
+        ($name:ident, $doc:literal, M = $m:literal, H = $h:literal, C = $c:literal) => {
+            #[doc = $doc]
+            pub struct $name;
+            impl Format for $name {
+                const HEAD: usize = 32 + 32 * $m as usize + 64 * $h as usize;
+                const GROUPS: usize = 1;
+                const GROUP: usize = 256;
+                const HALVES: usize = 1;
+                type Head = BlockHead;
+                #[inline(always)]
+                unsafe fn head(hp: *const u8) -> BlockHead {
+                    block_head::<$m, $h, $c>(hp)
+                }
+                #[inline(always)]
+                unsafe fn codes(p: *const u8, head: &BlockHead) -> [__m512i; 8] {
+                    if $h {
+                        codes_fifth(p, head.2)
+                    } else {
+                        codes_nibbles(p)
+                    }
+                }
+                #[inline(always)]
+                unsafe fn finish<const MR: usize>(
+                    a: &Args,
+                    sums: &[[__m512i; 2]; MR],
+                    head: &BlockHead,
+                    (_, gi): (usize, usize),
+                    tot: &mut [__m512; MR],
+                ) {
+                    finish_block::<MR, $m>(a, sums, head, gi, tot)
+                }
+                #[inline(always)]
+                unsafe fn run<const MR: usize, const P: usize>(
+                    a: &Args,
+                    range: std::ops::Range<usize>,
+                ) {
+                    if $h {
+                        run_vbmi::<Self, MR, P>(a, range)
+                    } else {
+                        run_plain::<Self, MR, P>(a, range)
+                    }
+                }
+            }
+        };
+    }
+    block_format!(
+        Q40,
+        "Q4_0 packed: d and the nibbles.",
+        M = false,
+        H = false,
+        C = 8
+    );
+    block_format!(
+        Q41,
+        "Q4_1 packed: d, m and the nibbles.",
+        M = true,
+        H = false,
+        C = 8
+    );
+    block_format!(
+        Q50,
+        "Q5_0 packed: d, the fifth bits and the nibbles.",
+        M = false,
+        H = true,
+        C = 16
+    );
+    block_format!(
+        Q51,
+        "Q5_1 packed: d, m, the fifth bits and the nibbles.",
+        M = true,
+        H = true,
+        C = 16
+    );
+
     /// Group `g` of the block at `hp` (global group `gi`) for every activation row, into
     /// `tot`, with `P` chains of sums a row and half.
     #[inline(always)]
@@ -420,12 +672,18 @@ mod x86 {
         tot: &mut [__m512; MR],
     ) {
         let p = hp.add(F::HEAD + F::GROUP * g);
+        // A block of 32's head too (a K-quant's is 1/9 of its block or less).
+        let (from, len) = if F::GROUPS == 1 {
+            (hp, F::HEAD + F::GROUP)
+        } else {
+            (p, F::GROUP)
+        };
         let mut at = 0;
-        while at < F::GROUP {
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + at) as *const i8);
+        while at < len {
+            _mm_prefetch::<_MM_HINT_T0>(from.wrapping_add(PREFETCH + at) as *const i8);
             at += 64;
         }
-        let c = F::codes(p);
+        let c = F::codes(p, head);
         // Chain `q % P` of half `q / (8 / HALVES)` takes code vector q.
         // Plain counted loops over constants, which unroll with the accumulators in
         // registers (iterator adaptors here left them in memory).
@@ -465,14 +723,18 @@ mod x86 {
     /// The 16 rows of group `g0` against `MR` activation rows.
     #[inline(always)]
     unsafe fn group<F: Format, const MR: usize, const P: usize>(a: &Args, g0: usize) {
-        let nb = a.k / 256;
-        let bb = F::HEAD + 8 * F::GROUP;
+        let nb = a.k / (32 * F::GROUPS);
+        let bb = F::HEAD + F::GROUPS * F::GROUP;
         let mut tot = [_mm512_setzero_ps(); MR];
         let base = a.w.add(g0 * nb * bb);
         for b in 0..nb {
             let hp = base.add(b * bb);
             let head = F::head(hp);
             let t = &mut tot;
+            if F::GROUPS == 1 {
+                block_group::<F, MR, P>(a, (hp, &head, b), 0, t);
+                continue;
+            }
             block_group::<F, MR, P>(a, (hp, &head, 8 * b), 0, t);
             block_group::<F, MR, P>(a, (hp, &head, 8 * b + 1), 1, t);
             block_group::<F, MR, P>(a, (hp, &head, 8 * b + 2), 2, t);
@@ -489,7 +751,18 @@ mod x86 {
 
     /// The groups of rows in `range`, one at a time.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn run<F: Format, const MR: usize, const P: usize>(
+    unsafe fn run_plain<F: Format, const MR: usize, const P: usize>(
+        a: &Args,
+        range: std::ops::Range<usize>,
+    ) {
+        for g in range {
+            group::<F, MR, P>(a, g);
+        }
+    }
+
+    /// [`run_plain`] with AVX-512 VBMI (Q5_0's and Q5_1's fifth bits).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+    unsafe fn run_vbmi<F: Format, const MR: usize, const P: usize>(
         a: &Args,
         range: std::ops::Range<usize>,
     ) {
