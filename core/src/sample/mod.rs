@@ -139,13 +139,14 @@ impl Sampler {
             }
         }
         self.apply_penalties(logits, history);
+        // Below the floor, logit / temperature overflows and the draw is the argmax anyway
+        // (which passes over NaN).
+        if self.params.temperature < GREEDY_BELOW {
+            return Dist::point(argmax(logits));
+        }
         // A NaN logit (a broken model or kernel) is never chosen.
         for l in logits.iter_mut().filter(|l| l.is_nan()) {
             *l = f32::NEG_INFINITY;
-        }
-        // Below the floor, logit / temperature overflows and the draw is the argmax anyway.
-        if self.params.temperature < GREEDY_BELOW {
-            return Dist::point(argmax(logits));
         }
         // Candidates sorted by logit, best first.
         let mut cand: Vec<(u32, f32)> = logits
@@ -280,13 +281,29 @@ impl Dist {
 
 /// The first index of the largest value (NaN never wins; 0 when every value is NaN).
 pub fn argmax(v: &[f32]) -> u32 {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &x) in v.iter().enumerate() {
-        if !x.is_nan() && best.is_none_or(|(_, b)| x > b) {
-            best = Some((i, x));
+    // The largest value, 16 lanes at a time (a comparison with NaN is false, so NaN never
+    // wins; a vocabulary of 262 144 logits a row per decode step), then its first position.
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = v.chunks_exact(16);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            if x > *l {
+                *l = x;
+            }
         }
     }
-    best.map_or(0, |(i, _)| i as u32)
+    let mut m = f32::NEG_INFINITY;
+    for &x in lanes.iter().chain(rest) {
+        if x > m {
+            m = x;
+        }
+    }
+    // Nothing above −∞: the first value that is not NaN, as a plain scan would keep.
+    v.iter()
+        .position(|&x| x == m)
+        .or_else(|| v.iter().position(|x| !x.is_nan()))
+        .map_or(0, |i| i as u32)
 }
 
 /// Softmax in f32 (max-subtracted), for any input: NaN counts as −∞; with +∞ present the
@@ -520,6 +537,38 @@ mod tests {
             ..SamplingParams::greedy()
         };
         assert!(p.validate().is_err());
+    }
+
+    /// `argmax` against a plain scan (the first largest value that is not NaN; the first
+    /// non-NaN when nothing exceeds −∞; 0 for all NaN) on random rows with repeats, NaN and
+    /// infinities, of lengths around its 16-lane chunks.
+    #[test]
+    fn argmax_is_the_first_largest_value_that_is_not_nan() {
+        let plain = |v: &[f32]| {
+            let mut best: Option<(usize, f32)> = None;
+            for (i, &x) in v.iter().enumerate() {
+                if !x.is_nan() && best.is_none_or(|(_, b)| x > b) {
+                    best = Some((i, x));
+                }
+            }
+            best.map_or(0, |(i, _)| i as u32)
+        };
+        let mut r = Rng::new(7);
+        for n in [0, 1, 5, 15, 16, 17, 33, 100, 1000] {
+            for case in 0..40 {
+                let v: Vec<f32> = (0..n)
+                    .map(|_| match (r.next_u64() % 16, case % 4) {
+                        (0, _) => f32::NAN,
+                        (1, 1) => f32::INFINITY,
+                        (_, 2) => f32::NEG_INFINITY,
+                        (_, 3) => (r.next_u64() % 4) as f32,
+                        _ => r.normal(),
+                    })
+                    .collect();
+                assert_eq!(argmax(&v), plain(&v), "{v:?}");
+            }
+        }
+        assert_eq!(argmax(&[f32::NAN; 20]), 0);
     }
 
     #[test]
