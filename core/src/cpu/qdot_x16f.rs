@@ -1,5 +1,6 @@
-//! The f32 kernel for weights kept 16 rows interleaved (`qdot_x16`'s layout): IQ4_NL, Q4_0,
-//! Q4_1, Q5_0, Q5_1, IQ4_XS and Q4_K (where `qdot_x16i` does not take it), and Q8_0.
+//! The f32 kernel for weights kept 16 rows interleaved (`qdot_x16`'s layout): IQ4_NL, IQ4_XS
+//! and Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K where `qdot_x16i` does not take them (no VNNI,
+//! for Q5_0 and Q5_1 no VBMI, or rows not a multiple of 64).
 //!
 //! A group of 16 rows is, per 16 weights (one column of the 16 rows), a shift, a permute of
 //! the format's 16 levels and one multiply-add with the column's activation broadcast (the

@@ -1,6 +1,7 @@
-//! The integer kernel for Q4_K, Q5_K and Q6_K weights kept 16 rows interleaved (`qdot_x16`'s
-//! layout), on AVX-512 CPUs with VNNI: for Q4_K the same bytes as the f32 kernel there, a
-//! third of its instructions; Q5_K and Q6_K have no other interleaved kernel.
+//! The integer kernel for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights kept 16 rows
+//! interleaved (`qdot_x16`'s layout), on AVX-512 CPUs with VNNI (and VBMI for Q5_0 and Q5_1):
+//! for Q4_K the same bytes as the f32 kernel there, a third of its instructions; Q5_K and Q6_K
+//! have no other interleaved kernel.
 //!
 //! The f32 kernel spends a shift, a permute and a multiply-add on every column of 16 weights.
 //! Here the activations are split into three signed bytes as for the file-layout integer
@@ -44,6 +45,15 @@
 //! times an 8-bit integer) and added (two roundings), and their sum is multiplied by the
 //! group's `s` and added to the row's total.
 //!
+//! # Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1)
+//! A block is one group: the sums as Q4_K's (22-bit integers for the 4-bit codes, 21 for the
+//! 5-bit ones, every stage within `32 · 31 · (2²¹ + 128) < 2³¹`), Q5's fifth bits moved beside
+//! the nibbles by a byte multishift. The codes are centred, `q − c` for c = 8 or 16: the split
+//! row's `c · Σ x_q` (two i32 halves, see [`offset`]) is subtracted from the group's integer,
+//! which leaves `Σ (q − c) · x_q` exactly (within 2³⁰), then one conversion and one multiply-add
+//! by `d · s` (exact: an f16 times a power of two). Q4_1's and Q5_1's minimums become `m + c ·
+//! d` (one rounding a block) times the f32 group sum, as Q4_K's.
+//!
 //! # Same bits in every batch
 //! Decode and prefill (up to six activation rows a call, each code unpacked once for all of
 //! them) run the same integer sums and the same f32 operations in the same order for a row.
@@ -54,8 +64,9 @@ use crate::tensor::DType;
 /// Activation rows one kernel call covers at most.
 pub(crate) const MAX_ROWS: usize = 6;
 
-/// Whether interleaved `dtype` weights go through this kernel on this CPU (the storage
-/// interleaves Q4_K on AVX-512, and Q5_K and Q6_K only where this holds).
+/// Whether interleaved `dtype` weights can go through this kernel on this CPU (the storage
+/// interleaves the 4- and 5-bit formats on AVX-512, Q5_K and Q6_K only where this holds; the
+/// others take `qdot_x16f` where it does not, or where [`runs`] does not hold).
 pub(crate) fn supported(dtype: DType) -> bool {
     split(dtype).is_some()
         && super::qdot_vnni::has_vnni()
@@ -107,8 +118,8 @@ fn offset(dtype: DType) -> Option<i32> {
 }
 
 /// The activations' split for `dtype`: integers with a scale per group of 32 (an outlier
-/// coarsens only its own group's steps), 22 bits for Q4_K and 21 for Q5_K and Q6_K (the
-/// module's bounds).
+/// coarsens only its own group's steps), 22 bits for the 4-bit codes and 21 for the 5- and
+/// 6-bit ones (the module's bounds).
 pub(crate) fn split(dtype: DType) -> Option<Split> {
     let q_bits = match dtype {
         DType::Q4_0 | DType::Q4_1 | DType::Q4_K => 22,
@@ -220,7 +231,7 @@ fn lanes_order(w: u64) -> u64 {
 /// `y[i·ldy + r] = x_i · W_r` for the `mr` (1..=6) rows split by [`split_rows`] for `dtype`
 /// at `x` (stride `ldx` bytes) and the weight rows of the interleaved groups `groups` (rows
 /// `16g..16g + 16`); `xs` holds each row's f32 group sums (`qdot_x16::block_sums`, read for
-/// Q4_K's minimums) at stride `ldxs`.
+/// the minimums of Q4_1, Q5_1, Q4_K and Q5_K) at stride `ldxs`.
 ///
 /// # Safety
 /// [`runs`] holds for `dtype` and `k`, the weights are interleaved `dtype` (`qdot_x16::pack`)
