@@ -195,6 +195,26 @@ fn split_one(row: &[f32], dtype: DType, how: Split, scratch: &mut [u8], dst: &mu
     // The group scales in `qdot_int`'s row: after the digits and the sums of 32 and 16.
     let scales = 3 * k + 4 * (k / 32) + 4 * (k / 16);
     qdot_int::split_row(row, scratch, how);
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2")
+        && scratch.len() >= 3 * k
+        && dst.len() >= offsets_at(k, k / 32)
+    {
+        // SAFETY: AVX2 is present; the lengths are as `arrange_avx2` needs.
+        unsafe { x86::arrange_avx2(scratch, dst, k, offset(dtype)) };
+    } else {
+        arrange(scratch, dst, k, offset(dtype));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    arrange(scratch, dst, k, offset(dtype));
+    let n = 4 * (k / 32);
+    dst[scale_at(k, 0)..][..n].copy_from_slice(&scratch[scales..][..n]);
+}
+
+/// The digits of `qdot_int`'s split row `scratch` (`k` elements) into `dst` in the lanes'
+/// order, and where the format's codes are offset by `c`, the groups' `c · Σ x_q` over each
+/// 16 elements: a byte at a time, the definition `x86::arrange_avx2` must match.
+fn arrange(scratch: &[u8], dst: &mut [u8], k: usize, c: Option<i32>) {
     for g in 0..k / 32 {
         for t in 0..3 {
             let src = &scratch[qdot_int::digit_at(g, 2 - t)..][..32];
@@ -204,7 +224,7 @@ fn split_one(row: &[f32], dtype: DType, how: Split, scratch: &mut [u8], dst: &mu
                 d.copy_from_slice(&lanes_order(w).to_le_bytes());
             }
         }
-        if let Some(c) = offset(dtype) {
+        if let Some(c) = c {
             let t = |t: usize| &scratch[qdot_int::digit_at(g, t)..][..32];
             let (t0, t1, t2) = (t(0), t(1), t(2));
             for h in 0..2 {
@@ -218,8 +238,6 @@ fn split_one(row: &[f32], dtype: DType, how: Split, scratch: &mut [u8], dst: &mu
             }
         }
     }
-    let n = 4 * (k / 32);
-    dst[scale_at(k, 0)..][..n].copy_from_slice(&scratch[scales..][..n]);
 }
 
 /// Eight bytes `b0..b7` as `b0 b2 b4 b6 b1 b3 b5 b7`.
@@ -295,6 +313,46 @@ pub(crate) unsafe fn rows_dots(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    /// [`super::arrange`] with AVX2: a byte shuffle a digit a group (the lanes' order is within
+    /// each 8 bytes), and the sums of 16 digits by `vpsadbw` on the digits offset to unsigned
+    /// (`t + 128`: less 16 · 128).
+    ///
+    /// # Safety
+    /// AVX2 is present; `scratch` holds `qdot_int`'s digits of `k` elements (`3k` bytes),
+    /// `dst` reaches the end of the offsets (`offsets_at(k, k / 32)`).
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn arrange_avx2(scratch: &[u8], dst: &mut [u8], k: usize, c: Option<i32>) {
+        use super::{digits_at, offsets_at, qdot_int};
+        debug_assert!(scratch.len() >= 3 * k && dst.len() >= offsets_at(k, k / 32));
+        let order = _mm256_setr_epi8(
+            0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15, 0, 2, 4, 6, 1, 3, 5, 7, 8, 10,
+            12, 14, 9, 11, 13, 15,
+        );
+        let flip = _mm256_set1_epi8(-128);
+        let (sp, dp) = (scratch.as_ptr(), dst.as_mut_ptr());
+        for g in 0..k / 32 {
+            // Per digit, the sums of its quarters of 8 bytes (as t + 128).
+            let mut quarters = [[0i64; 4]; 3];
+            for (t, q) in quarters.iter_mut().enumerate() {
+                let v = _mm256_loadu_si256(sp.add(qdot_int::digit_at(g, t)) as *const __m256i);
+                let at = dp.add(digits_at(g) + 32 * (2 - t));
+                _mm256_storeu_si256(at as *mut __m256i, _mm256_shuffle_epi8(v, order));
+                if c.is_some() {
+                    let sad = _mm256_sad_epu8(_mm256_xor_si256(v, flip), _mm256_setzero_si256());
+                    _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, sad);
+                }
+            }
+            if let Some(c) = c {
+                for h in 0..2 {
+                    let s = |t: usize| (quarters[t][2 * h] + quarters[t][2 * h + 1]) as i32 - 2048;
+                    let sum = s(2) * 65536 + s(1) * 256 + s(0);
+                    let o = dp.add(offsets_at(k, g) + 4 * h) as *mut i32;
+                    o.write_unaligned(c * sum);
+                }
+            }
+        }
+    }
+
     use super::super::qdot_x16f::x86::{q4k_factors, q4k_head, Q4kHead, PREFETCH};
     use super::{digits_at, offsets_at, scale_at};
     use std::arch::x86_64::*;
@@ -779,6 +837,43 @@ mod x86 {
     ) {
         for g in range {
             group::<F, MR, P>(a, g);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    /// The AVX2 rearrangement writes the bytes the scalar definition writes (digits in the
+    /// lanes' order, the offsets), for rows of 64 and 640 with and without offsets, over a
+    /// buffer of stale bytes.
+    #[test]
+    fn the_vector_arrangement_is_the_scalar_one() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !std::is_x86_feature_detected!("avx2") {
+                eprintln!("skipped: no AVX2 here");
+                return;
+            }
+            let mut rng = Rng::new(51);
+            for k in [64, 640, 1536] {
+                for dtype in [DType::Q4_K, DType::Q4_0, DType::Q5_1, DType::Q6_K] {
+                    let how = split(dtype).unwrap();
+                    let x: Vec<f32> = (0..k)
+                        .map(|j| rng.normal() * if j % 37 == 0 { 50.0 } else { 1.0 })
+                        .collect();
+                    let mut scratch = vec![0u8; qdot_int::row_bytes(k)];
+                    qdot_int::split_row(&x, &mut scratch, how);
+                    let mut want = vec![0xA5u8; row_bytes(k)];
+                    arrange(&scratch, &mut want, k, offset(dtype));
+                    let mut got = vec![0xA5u8; row_bytes(k)];
+                    // SAFETY: AVX2 is present; the buffers are a split row and a whole one.
+                    unsafe { x86::arrange_avx2(&scratch, &mut got, k, offset(dtype)) };
+                    assert_eq!(got, want, "{dtype} k {k}");
+                }
+            }
         }
     }
 }
