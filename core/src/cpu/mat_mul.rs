@@ -217,18 +217,32 @@ fn row_tiles(
     max_rows: usize,
     kernel: impl Fn(usize, usize, std::ops::Range<usize>) + Sync,
 ) {
+    tiles(m, n, (4, INT_TILE), INT_ACT_ROWS, max_rows, kernel)
+}
+
+/// [`row_tiles`] with its sizes given: `n`'s pieces are multiples of `align` and walked
+/// `tile` at a time, the activation rows `act_rows` at a time (`n` may count groups of weight
+/// rows, as the interleaved layout's).
+fn tiles(
+    m: usize,
+    n: usize,
+    (align, tile): (usize, usize),
+    act_rows: usize,
+    max_rows: usize,
+    kernel: impl Fn(usize, usize, std::ops::Range<usize>) + Sync,
+) {
     let pieces = if m <= FUSED_ROWS {
         4
     } else {
         TILE_PIECES_FUSED
     };
-    pool::par_ranges(n, 4, pieces, |range| {
+    pool::par_ranges(n, align, pieces, |range| {
         let mut a0 = 0;
         while a0 < m {
-            let a1 = (a0 + INT_ACT_ROWS).min(m);
+            let a1 = (a0 + act_rows).min(m);
             let mut n0 = range.start;
             while n0 < range.end {
-                let n1 = (n0 + INT_TILE).min(range.end);
+                let n1 = (n0 + tile).min(range.end);
                 let mut i = a0;
                 while i < a1 {
                     let mr = max_rows.min(a1 - i);
@@ -463,48 +477,37 @@ fn gemm_x16(
     let xp = pool::SendPtr(xp as *mut f32);
     let sp = pool::SendPtr(split.as_ptr() as *mut u8);
     let yp = pool::SendPtr(y.as_mut_ptr());
-    let pieces = if m <= FUSED_ROWS {
-        4
-    } else {
-        TILE_PIECES_FUSED
-    };
     // Activation rows a pass over the piece's weights takes: what fits half of a 1 MB L2 (a
     // long prompt's rows, streamed again for every tile of weights, measured slower than the
     // piece's weights read again per pass).
     let row = if int { rb } else { 4 * k };
     let chunk = (X16_CHUNK_BYTES / row.max(1)).max(4 * qdot_x16::MAX_ROWS);
-    pool::par_ranges(groups, X16_TILE, pieces, |range| {
-        let (xp, xsp, yp, sp) = (&xp, &xsp, &yp, &sp);
-        for i0 in (0..m).step_by(chunk) {
-            let i1 = (i0 + chunk).min(m);
-            let mut g0 = range.start;
-            while g0 < range.end {
-                let g1 = (g0 + X16_TILE).min(range.end);
-                let mut i = i0;
-                while i < i1 {
-                    let mr = qdot_x16::MAX_ROWS.min(i1 - i);
-                    let y = (yp.0.wrapping_add(i * n), n);
-                    // SAFETY: the storage interleaved these weights (`qdot_x16::packs` held for
-                    // them on this CPU); x holds m rows of k (split into `rb` bytes each where
-                    // `int`) and xs their group sums where the format reads them; the groups
-                    // g0..g1 lie inside `w`; y's columns of these groups are this task's alone.
-                    unsafe {
-                        if int {
-                            let xs = xsp.0.wrapping_add(i * nb) as *const f32;
-                            let x = (sp.0.add(i * rb) as *const u8, rb, xs, nb);
-                            qdot_x16i::rows_dots(dtype, x, mr, k, w.as_ptr(), g0..g1, y)
-                        } else {
-                            let xs = xsp.0.wrapping_add(i * nb) as *const f32;
-                            let x = (xp.0.add(i * k) as *const f32, k, xs);
-                            qdot_x16f::rows_dots(dtype, x, mr, k, w.as_ptr(), g0..g1, y)
-                        }
-                    };
-                    i += mr;
+    let tile = (X16_TILE, X16_TILE);
+    tiles(
+        m,
+        groups,
+        tile,
+        chunk,
+        qdot_x16::MAX_ROWS,
+        |i, mr, groups| {
+            let (xp, xsp, yp, sp) = (&xp, &xsp, &yp, &sp);
+            let y = (yp.0.wrapping_add(i * n), n);
+            let xs = xsp.0.wrapping_add(i * nb) as *const f32;
+            // SAFETY: the storage interleaved these weights (`qdot_x16::packs` held for them on
+            // this CPU); x holds m rows of k (split into `rb` bytes each where `int`) and xs their
+            // group sums where the format reads them; the groups lie inside `w`; y's columns of
+            // these groups are this call's piece's alone.
+            unsafe {
+                if int {
+                    let x = (sp.0.add(i * rb) as *const u8, rb, xs, nb);
+                    qdot_x16i::rows_dots(dtype, x, mr, k, w.as_ptr(), groups, y)
+                } else {
+                    let x = (xp.0.add(i * k) as *const f32, k, xs);
+                    qdot_x16f::rows_dots(dtype, x, mr, k, w.as_ptr(), groups, y)
                 }
-                g0 = g1;
             }
-        }
-    });
+        },
+    );
     BLOCK_SUMS.with(|c| c.replace(xs));
     SPLIT_X16.with(|c| c.replace(split));
     Ok(())
