@@ -70,6 +70,73 @@ __device__ void kv_sketch32(u32 bits, const float* x, u8* out) {
     kv_store_f16(out + cb + 4, l1 > 0.0f ? norm2 / l1 : 0.0f);
 }
 
+// A tq3t/tq2t block (turbo.rs's trellis quantizer, in its order and rounding): the Viterbi
+// search over the 8 states for the path of least squared error against x / sigma (ties: the
+// lower state, then the lower branch, then the lower point), then the least-squares scale for
+// its points. A step into state nt comes by branch bit nt & 1 from state (nt >> 1) | (top << 2):
+// from[i] keeps, per state, that top bit and the point within the subset (4 bits a state).
+__device__ void kv_trellis32(u32 bits, const float* x, u8* out) {
+    const u32 bytes = 2u + 4u * bits, per = 1u << (bits - 1u);
+    for (u32 j = 0; j < bytes; j++) out[j] = 0;
+    float sumsq = 0.0f;
+    for (int j = 0; j < 32; j++) sumsq = __fadd_rn(sumsq, __fmul_rn(x[j], x[j]));
+    const float sigma = sqrtf(sumsq / 32.0f);
+    if (!(sigma > 0.0f) || sigma > 3.0e38f) return;  // zero, NaN, infinite: all zeros
+    const float inv = 1.0f / sigma;
+    float cost[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    u32 live = 1u, from[32];
+    for (u32 i = 0; i < 32; i++) {
+        const float z = __fmul_rn(x[i], inv);
+        float next[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        u32 nlive = 0u, f = 0u;
+        for (u32 t = 0; t < 8; t++) {
+            if (!(live & (1u << t))) continue;
+            for (u32 u = 0; u < 2; u++) {
+                const u32 k = 2u * u + (__popc(t & 5u) & 1u);
+                u32 bj = 0;
+                float bd = 0.0f;
+                for (u32 j = 0; j < per; j++) {
+                    const float e = __fsub_rn(z, __fmul_rn(0.9f, kv_tq_point(bits + 1u, 4u * j + k)));
+                    const float d = __fmul_rn(e, e);
+                    if (j == 0 || d < bd) bj = j, bd = d;
+                }
+                const u32 nt = (2u * t + u) & 7u;
+                const float c = __fadd_rn(cost[t], bd);
+                if (!(nlive & (1u << nt)) || c < next[nt]) {
+                    next[nt] = c;
+                    nlive |= 1u << nt;
+                    f = (f & ~(15u << (4u * nt))) | (((t >> 2) | (bj << 1)) << (4u * nt));
+                }
+            }
+        }
+        for (u32 t = 0; t < 8; t++) cost[t] = next[t];
+        live = nlive;
+        from[i] = f;
+    }
+    u32 t = 0;
+    for (u32 s = 1; s < 8; s++)
+        if (cost[s] < cost[t]) t = s;
+    u32 codes[32];
+    for (int i = 31; i >= 0; i--) {
+        const u32 f = (from[i] >> (4u * t)) & 15u;
+        codes[i] = (t & 1u) | ((f >> 1) << 1);
+        t = (t >> 1) | ((f & 1u) << 2);
+    }
+    float num = 0.0f, den = 0.0f;
+    t = 0;
+    for (u32 i = 0; i < 32; i++) {
+        const u32 code = codes[i];
+        const float pt = kv_tcq_point(bits, code, __popc(t & 5u) & 1u);
+        num = __fadd_rn(num, __fmul_rn(x[i], pt));
+        den = __fadd_rn(den, __fmul_rn(pt, pt));
+        t = (2u * t + (code & 1u)) & 7u;
+        const u32 bit = i * bits, c = code << (bit % 8u);
+        out[2 + bit / 8u] |= (u8)c;
+        if (c >> 8) out[3 + bit / 8u] |= (u8)(c >> 8);
+    }
+    kv_store_f16(out, den > 0.0f ? num / den : 0.0f);
+}
+
 __device__ void kv_encode32(u32 f, const float* x, u8* out) {
     switch (f) {
         case 0:
@@ -110,10 +177,15 @@ __device__ void kv_encode32(u32 f, const float* x, u8* out) {
             return;
         }
         default: {
+            if (f >= 10u) {
+                kv_trellis32(kv_tq_bits(f), x, out);
+                return;
+            }
             const u32 bits = kv_tq_bits(f), n = 1u << (bits - 1u), bytes = kv_tq_bytes(f);
             for (u32 j = 0; j < bytes; j++) out[j] = 0;
+            // Rounded as the CPU rounds (no fused multiply-adds: NVRTC fuses by default).
             float sumsq = 0.0f;
-            for (int j = 0; j < 32; j++) sumsq += x[j] * x[j];
+            for (int j = 0; j < 32; j++) sumsq = __fadd_rn(sumsq, __fmul_rn(x[j], x[j]));
             const float sigma = sqrtf(sumsq / 32.0f);
             if (!(sigma > 0.0f) || sigma > 3.0e38f) return;  // zero, NaN, infinite: all zeros
             const float inv = 1.0f / sigma;
@@ -124,14 +196,14 @@ __device__ void kv_encode32(u32 f, const float* x, u8* out) {
                 while (k + 1 < n && a > 0.5f * (kv_tq_half(bits, k) + kv_tq_half(bits, k + 1))) k++;
                 const float pt = v < 0.0f ? -kv_tq_half(bits, k) : kv_tq_half(bits, k);
                 const u32 code = v < 0.0f ? n - 1 - k : n + k;
-                num += v * pt;
-                den += pt * pt;
+                num = __fadd_rn(num, __fmul_rn(v, pt));
+                den = __fadd_rn(den, __fmul_rn(pt, pt));
                 const u32 bit = j * bits, c = code << (bit % 8u);
                 out[2 + bit / 8u] |= (u8)c;
                 if (c >> 8) out[3 + bit / 8u] |= (u8)(c >> 8);
             }
             kv_store_f16(out, den > 0.0f ? num / den : 0.0f);
-            if (f >= 8u) kv_sketch32(bits, x, out);
+            if (kv_tq_sketched(f)) kv_sketch32(bits, x, out);
             return;
         }
     }

@@ -636,17 +636,23 @@ __device__ __forceinline__ const u8* weight_row(const void* w, size_t r, u32 k) 
 
 // ---- KV cache formats ----------------------------------------------------------------------
 // The cache types a paged cache can hold, by code (shaders/common/turbo.wgsl uses the same):
-// 0 f32, 1 f16, 2 bf16, 3 q8_0, 4 q4_0, 5 tq4, 6 tq3, 7 tq2, 8 tq4p, 9 tq3p. The TurboQuant
+// 0 f32, 1 f16, 2 bf16, 3 q8_0, 4 q4_0, 5 tq4, 6 tq3, 7 tq2, 8 tq4p, 9 tq3p, 10 tq3t,
+// 11 tq2t. The TurboQuant
 // blocks (tq*, core/src/quant/turbo.rs): an f16 scale, then 32 b-bit codes as one
 // little-endian bit stream; value = scale * the code's Lloyd-Max point of N(0, 1) (the CPU's
 // f32 points). tq4p and tq3p follow their codes block (tq3's, tq2's) with a u32 of sketch
-// signs and an f16 rho, and add rho * kv_qjl_factor(i, signs) to element i.
+// signs and an f16 rho, and add rho * kv_qjl_factor(i, signs) to element i. tq3t and tq2t
+// are tq3 and tq2 blocks of trellis codes: element i's point is 2 * code + the parity of the
+// branch bits (bit 0) of codes i-1 and i-3 in the next codebook up, times 0.9 (kv_tcq_point).
 
-// Bits per code of a TurboQuant format code (5, 6, 7 -> 4, 3, 2; 8, 9 -> 3, 2).
-__device__ __forceinline__ u32 kv_tq_bits(u32 f) { return f >= 8u ? 11u - f : 9u - f; }
+// Bits per code of a TurboQuant format code (5, 6, 7 -> 4, 3, 2; 8, 9 -> 3, 2; 10, 11 -> 3, 2).
+__device__ __forceinline__ u32 kv_tq_bits(u32 f) { return f >= 10u ? 13u - f : f >= 8u ? 11u - f : 9u - f; }
+
+// Whether a TurboQuant format code carries a residual sketch (tq4p, tq3p).
+__device__ __forceinline__ bool kv_tq_sketched(u32 f) { return f == 8u || f == 9u; }
 
 // Bytes of a TurboQuant block of 32.
-__device__ __forceinline__ u32 kv_tq_bytes(u32 f) { return 2u + 4u * kv_tq_bits(f) + (f >= 8u ? 6u : 0u); }
+__device__ __forceinline__ u32 kv_tq_bytes(u32 f) { return 2u + 4u * kv_tq_bits(f) + (kv_tq_sketched(f) ? 6u : 0u); }
 
 // The sketch diagonal of tq4p/tq3p (turbo.rs QJL_SIGNS): bit i set where D_i = -1.
 #define KV_QJL_SIGNS 0x9E3779B9u
@@ -673,7 +679,8 @@ __device__ __forceinline__ u32 kv_row_bytes(u32 f, u32 n) {
         case 3: return n / 32u * 34u;
         case 4:
         case 5: return n / 32u * 18u;
-        case 6: return n / 32u * 14u;
+        case 6:
+        case 10: return n / 32u * 14u;
         case 8: return n / 32u * 20u;
         case 9: return n / 32u * 16u;
         default: return n / 32u * 10u;
@@ -712,6 +719,20 @@ __device__ __forceinline__ float kv_tq_point(u32 bits, u32 code) {
     return code < n ? -kv_tq_half(bits, n - 1u - code) : kv_tq_half(bits, code - n);
 }
 
+// The trellis blocks (tq3t, tq2t): the unit-scale point of a `bits`-bit code at a state
+// whose tap parity (branch bits of codes i-1 and i-3 XORed) is `par`.
+__device__ __forceinline__ float kv_tcq_point(u32 bits, u32 code, u32 par) {
+    return __fmul_rn(0.9f, kv_tq_point(bits + 1u, 2u * code + par));
+}
+
+// Code i (0..32) of the codes block at `b` (f16 scale, then `bits`-bit codes; the last code
+// ends inside its byte and nothing past the codes is read).
+__device__ __forceinline__ u32 kv_tq_code(const u8* b, u32 bits, u32 i) {
+    const u32 bit = i * bits, at = 2u + bit / 8u, cb = 2u + 4u * bits;
+    const u32 two = b[at] | ((at + 1u < cb ? (u32)b[at + 1u] : 0u) << 8);
+    return (two >> (bit % 8u)) & ((1u << bits) - 1u);
+}
+
 // Value j of a row (its bytes at `row`) of a cache in format f, with the CPU's arithmetic.
 __device__ __forceinline__ float kv_at(u32 f, const u8* row, u32 j) {
     switch (f) {
@@ -731,12 +752,15 @@ __device__ __forceinline__ float kv_at(u32 f, const u8* row, u32 j) {
         default: {
             const u32 bits = kv_tq_bits(f), cb = 2u + 4u * bits;
             const u8* b = row + (j / 32u) * kv_tq_bytes(f);
-            const u32 bit = (j % 32u) * bits, at = 2u + bit / 8u;
-            // The last code of a block ends inside its byte; never read past the codes.
-            const u32 two = b[at] | ((at + 1u < cb ? (u32)b[at + 1u] : 0u) << 8);
-            const u32 code = (two >> (bit % 8u)) & ((1u << bits) - 1u);
+            const u32 i = j % 32u, code = kv_tq_code(b, bits, i);
+            if (f >= 10u) {
+                // The branch bits of codes i-1 and i-3 (0 before the block's start).
+                const u32 u1 = i >= 1u ? kv_tq_code(b, bits, i - 1u) & 1u : 0u;
+                const u32 u3 = i >= 3u ? kv_tq_code(b, bits, i - 3u) & 1u : 0u;
+                return __fmul_rn(f16_at(b), kv_tcq_point(bits, code, u1 ^ u3));
+            }
             float y = f16_at(b) * kv_tq_point(bits, code);
-            if (f >= 8u) {
+            if (kv_tq_sketched(f)) {
                 const u32 sigma = b[cb] | (b[cb + 1] << 8) | (b[cb + 2] << 16) | ((u32)b[cb + 3] << 24);
                 y = __fadd_rn(y, __fmul_rn(f16_at(b + cb + 4), kv_qjl_factor(j % 32u, sigma)));
             }

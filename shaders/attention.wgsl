@@ -1,9 +1,9 @@
 // Paged attention: queries attend to K/V read through the block table by index, in place.
 // With `paged = 0` the same kernel serves the contiguous Attention op (one sequence).
 // Template: KFMT and VFMT are the K and V cache format codes (common/turbo.wgsl: f32, f16,
-// bf16, q8_0, q4_0, tq4, tq3, tq2); ENTRY names the entry point. Cache offsets are in bytes;
-// a row (one token slot of one KV head) starts at a 4-byte (f32) or 2-byte boundary, which
-// every format's row size keeps. Block formats are decoded 4 or 8 values at a time (the
+// bf16, q8_0, q4_0, tq4, tq3, tq2, tq4p, tq3p, tq3t, tq2t); ENTRY names the entry point.
+// Cache offsets are in bytes; a row (one token slot of one KV head) starts at a 4-byte (f32)
+// or 2-byte boundary, which every format's row size keeps. Block formats are decoded 4 or 8 values at a time (the
 // block's scale read once, the codes a word at a time) with the CPU's arithmetic (scale as
 // f32 times the code's value), so each K and V value is the CPU's bit for bit.
 //
@@ -62,9 +62,10 @@ struct Params {
 
 const KF: u32 = KFMT;
 const VF: u32 = VFMT;
-// Whether either cache carries tq4p/tq3p sketches: a constant, so the plain TurboQuant
-// formats' decoders hold no sketch code at all.
-const SKETCH: bool = KF >= 8u || VF >= 8u;
+// Whether either cache carries tq4p/tq3p sketches, or tq3t/tq2t trellis codes: constants, so
+// the plain TurboQuant formats' decoders hold no sketch or trellis code at all.
+const SKETCH: bool = KF == 8u || KF == 9u || VF == 8u || VF == 9u;
+const TRELLIS: bool = KF >= 10u || VF >= 10u;
 const NEG_BIG: f32 = -3.0e38;
 
 // Raw reads at a byte address of the K (`v` false) or V (`v` true) cache.
@@ -102,6 +103,19 @@ fn qjl_sketch(v: bool, blk: u32, bits: u32) -> vec2<u32> {
     return vec2<u32>(c_word(v, cb), bitcast<u32>(c_f16(v, cb + 4u)));
 }
 
+// The trellis state before code i (0..32) of the tq3t/tq2t block at byte `blk`: the branch
+// bits of codes i-3, i-2, i-1 (bits 2, 1, 0; codes before the block's start count as 0).
+fn tcq_state(v: bool, blk: u32, bits: u32, i: u32) -> u32 {
+    let first = max(i, 3u) - 3u;
+    let bit = first * bits;
+    let w = c_word(v, blk + 2u + bit / 8u) >> (bit % 8u);
+    var t = 0u;
+    for (var k = 0u; k < i - first; k++) {
+        t = tcq_next(t, w >> (k * bits));
+    }
+    return t;
+}
+
 // Element i of the row at byte `base` of a cache in format f.
 fn c_elem(v: bool, f: u32, base: u32, i: u32) -> f32 {
     switch f {
@@ -133,8 +147,12 @@ fn c_elem(v: bool, f: u32, base: u32, i: u32) -> f32 {
             let at = blk + 2u + bit / 8u;
             let two = c_u8(v, at) | (c_u8(v, at + 1u) << 8u);
             let code = (two >> (bit % 8u)) & ((1u << bits) - 1u);
+            if (TRELLIS && f >= 10u) {
+                let t = tcq_state(v, blk, bits, i % 32u);
+                return c_f16(v, blk) * tcq_point(bits, code, tcq_parity(t));
+            }
             var y = c_f16(v, blk) * tq_point(bits, code);
-            if (SKETCH && f >= 8u) {
+            if (SKETCH && tq_sketched(f)) {
                 let sk = qjl_sketch(v, blk, bits);
                 y += bitcast<f32>(sk.y) * qjl_factor(i % 32u, sk.x);
             }
@@ -187,10 +205,19 @@ fn c_elems8(v: bool, f: u32, base: u32, e: u32) -> array<f32, 8> {
             let d = c_f16(v, blk);
             let w = c_word(v, blk + 2u + (e % 32u) / 8u * bits);
             let mask = (1u << bits) - 1u;
+            if (TRELLIS && f >= 10u) {
+                var t = tcq_state(v, blk, bits, e % 32u);
+                for (var k = 0u; k < 8u; k++) {
+                    let code = (w >> (k * bits)) & mask;
+                    r[k] = d * tcq_point(bits, code, tcq_parity(t));
+                    t = tcq_next(t, code);
+                }
+                return r;
+            }
             for (var k = 0u; k < 8u; k++) {
                 r[k] = d * tq_point(bits, (w >> (k * bits)) & mask);
             }
-            if (SKETCH && f >= 8u) {
+            if (SKETCH && tq_sketched(f)) {
                 let sk = qjl_sketch(v, blk, bits);
                 for (var k = 0u; k < 8u; k++) {
                     r[k] += bitcast<f32>(sk.y) * qjl_factor(e % 32u + k, sk.x);
@@ -247,10 +274,19 @@ fn c_elems4(v: bool, f: u32, base: u32, e: u32) -> vec4<f32> {
             let bit = (e % 32u) * bits;
             let w = c_word(v, blk + 2u + bit / 8u) >> (bit % 8u);
             let mask = (1u << bits) - 1u;
+            if (TRELLIS && f >= 10u) {
+                var t = tcq_state(v, blk, bits, e % 32u);
+                for (var k = 0u; k < 4u; k++) {
+                    let code = (w >> (k * bits)) & mask;
+                    r[k] = d * tcq_point(bits, code, tcq_parity(t));
+                    t = tcq_next(t, code);
+                }
+                return r;
+            }
             for (var k = 0u; k < 4u; k++) {
                 r[k] = d * tq_point(bits, (w >> (k * bits)) & mask);
             }
-            if (SKETCH && f >= 8u) {
+            if (SKETCH && tq_sketched(f)) {
                 let sk = qjl_sketch(v, blk, bits);
                 for (var k = 0u; k < 4u; k++) {
                     r[k] += bitcast<f32>(sk.y) * qjl_factor(e % 32u + k, sk.x);

@@ -3,7 +3,7 @@
 // format code (common/turbo.wgsl), ENTRY the entry point.
 //
 // f32, f16, bf16: one thread per cache word (an f32, or a pair of halves: even row widths,
-// checked by the launcher). Block formats (q8_0, q4_0, tq4, tq3, tq2): one workgroup per
+// checked by the launcher). Block formats (q8_0, q4_0, the TurboQuant ones): one workgroup per
 // token row; each thread quantizes whole 32-element blocks with the CPU reference's
 // arithmetic (core/src/quant: q8_0 and q4_0 as ggml does, the TurboQuant blocks as
 // quant/turbo.rs documents), OR-ing the bytes into the row's words in workgroup memory; then
@@ -94,6 +94,8 @@ fn quant_block(xb: u32, at: u32) {
             let hi = u32(clamp(x[xb + j + 16u] * id + 8.5, 0.0, 15.0));
             put_u8(at + 2u + j, lo | (hi << 4u));
         }
+    } else if (FMT >= 10u) {
+        trellis_block(xb, at);
     } else {
         // TurboQuant: sigma = the block's RMS; each element's nearest point of sigma * C
         // (ties low); then the least-squares scale for those codes, stored as f16.
@@ -135,10 +137,97 @@ fn quant_block(xb: u32, at: u32) {
         }
         let sh = f16_bits(select(0.0, num / den, den > 0.0));
         put_u16(at, sh);
-        if (FMT >= 8u) {
+        if (tq_sketched(FMT)) {
             sketch_block(xb, at, bits, unpack2x16float(sh).x);
         }
     }
+}
+
+// A tq3t/tq2t block (turbo.rs's trellis quantizer, in its order): the Viterbi search over
+// the 8 states for the path of least squared error against x / sigma (ties: the lower state,
+// then the lower branch, then the lower point), then the least-squares scale for its points.
+fn trellis_block(xb: u32, at: u32) {
+    let bits = tq_bits(FMT);
+    let per = 1u << (bits - 1u);
+    var sumsq = 0.0;
+    for (var j = 0u; j < 32u; j++) {
+        sumsq += x[xb + j] * x[xb + j];
+    }
+    let sigma = sqrt(sumsq / 32.0);
+    if (!(sigma > 0.0) || sigma > 3.0e38) {
+        return;
+    }
+    let inv = 1.0 / sigma;
+    // cost[t]: the least error of a path ending in state t (`live` bit t: such a path exists).
+    // A step into state nt came by branch bit nt & 1 from state (nt >> 1) | (top << 2); back[i]
+    // keeps, per state, that top bit and the point j within the subset (4 bits a state).
+    var cost: array<f32, 8>;
+    var live = 1u;
+    var back: array<u32, 32>;
+    for (var i = 0u; i < 32u; i++) {
+        let z = x[xb + i] * inv;
+        var next: array<f32, 8>;
+        var nlive = 0u;
+        var f = 0u;
+        for (var t = 0u; t < 8u; t++) {
+            if ((live & (1u << t)) == 0u) {
+                continue;
+            }
+            for (var u = 0u; u < 2u; u++) {
+                let k = 2u * u + tcq_parity(t);
+                var bj = 0u;
+                var bd = 0.0;
+                for (var j = 0u; j < per; j++) {
+                    let e = z - 0.9 * tq_point(bits + 1u, 4u * j + k);
+                    let d = e * e;
+                    if (j == 0u || d < bd) {
+                        bj = j;
+                        bd = d;
+                    }
+                }
+                let nt = (2u * t + u) & 7u;
+                let c = cost[t] + bd;
+                if ((nlive & (1u << nt)) == 0u || c < next[nt]) {
+                    next[nt] = c;
+                    nlive |= 1u << nt;
+                    f = (f & ~(15u << (4u * nt))) | (((t >> 2u) | (bj << 1u)) << (4u * nt));
+                }
+            }
+        }
+        cost = next;
+        live = nlive;
+        back[i] = f;
+    }
+    var t = 0u;
+    for (var s = 1u; s < 8u; s++) {
+        if (cost[s] < cost[t]) {
+            t = s;
+        }
+    }
+    var codes: array<u32, 32>;
+    for (var n = 0u; n < 32u; n++) {
+        let i = 31u - n;
+        let f = (back[i] >> (4u * t)) & 15u;
+        codes[i] = (t & 1u) | ((f >> 1u) << 1u);
+        t = (t >> 1u) | ((f & 1u) << 2u);
+    }
+    var num = 0.0;
+    var den = 0.0;
+    t = 0u;
+    for (var i = 0u; i < 32u; i++) {
+        let code = codes[i];
+        let pt = tcq_point(bits, code, tcq_parity(t));
+        num += x[xb + i] * pt;
+        den += pt * pt;
+        t = tcq_next(t, code);
+        let bit = i * bits;
+        let c = code << (bit % 8u);
+        put_u8(at + 2u + bit / 8u, c);
+        if ((c >> 8u) != 0u) {
+            put_u8(at + 3u + bit / 8u, c >> 8u);
+        }
+    }
+    put_u16(at, f16_bits(select(0.0, num / den, den > 0.0)));
 }
 
 // The residual sketch of a tq4p/tq3p block at byte `at` whose codes (`bits` each) and f16

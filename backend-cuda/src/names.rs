@@ -156,6 +156,8 @@ pub const KV_FORMATS: &[(DType, u32)] = &[
     (DType::TQ2, 7),
     (DType::TQ4P, 8),
     (DType::TQ3P, 9),
+    (DType::TQ3T, 10),
+    (DType::TQ2T, 11),
 ];
 
 /// The code of a KV cache format, if the `_kv` kernels read it.

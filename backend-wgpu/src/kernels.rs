@@ -230,6 +230,8 @@ kv_formats!(
     TQ2 "tq2" "7u",
     TQ4P "tq4p" "8u",
     TQ3P "tq3p" "9u",
+    TQ3T "tq3t" "10u",
+    TQ2T "tq2t" "11u",
 );
 
 /// Every declared kernel: the op families' own (declared in their launchers' files), then each

@@ -38,8 +38,9 @@ pub struct ModelArgs {
     /// or bf16 (half of f32), q8_0 (8.5 bits a value), q4_0 (4.5), the TurboQuant-style
     /// tq4, tq3, tq2 (4.5, 3.5, 2.5 bits: rows rotated so a Gaussian codebook fits them), the
     /// key types tq4p, tq3p (5.0, 4.0 bits: codes plus a sign sketch that scores q·k without
-    /// bias), the trellis-coded tq3t, tq2t (3.5, 2.5 bits; CPU only), or `auto`: each layer's K and V types measured at load for the smallest cache
-    /// within 1 % perplexity of f16 (cached per model; the choice is printed).
+    /// bias), the trellis-coded tq3t, tq2t (3.5, 2.5 bits), or `auto`: each layer's K and V
+    /// types measured at load for the smallest cache within 1 % perplexity of f16 (cached per
+    /// model; the choice is printed).
     /// `kiln info` shows the bytes per token and how many tokens fit.
     #[arg(long, value_parser = parse_kv_choice)]
     pub kv_type: Option<KvChoice>,

@@ -11,6 +11,10 @@ thread_local! {
     /// Per-thread buffers of the attention kernels: four key rows, a value row, the scores.
     static BUFS: std::cell::RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    /// Per-thread key and value rows of one KV head, gathered (dequantized) once for a piece of
+    /// query rows ([`paged`]'s shared path).
+    static DECODED: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Softmax-weighted sums over keys `lo..hi` for the `heads` query rows of one token that
@@ -278,7 +282,26 @@ fn cache_row<'c>(
     }
 }
 
+/// Query rows a piece of the shared path holds on average at least, for it to be taken: below
+/// that a piece's rows hardly share their gathered keys, and the row path splits finer.
+const SHARED_ROWS: usize = 4;
+
 pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
+    let shared = i[0].dims()[0] >= SHARED_ROWS * ATTN_PIECES * pool::threads();
+    paged(p, i, o, shared)
+}
+
+/// Paged attention. Row path (`shared` false): each task takes one query token's heads that
+/// share a KV head and reads every key and value row it needs from the cache (dequantizing
+/// rows of a cache that is not f32 into a buffer, one row at a time). Shared path (prefill):
+/// each task takes a piece of consecutive query tokens, and for each run of them from one
+/// sequence and each KV head gathers the keys and values the run reads once, dequantized,
+/// into contiguous rows, then scores every row against them: at an 8k context a prefill
+/// chunk's rows otherwise dequantize the whole cache once each, and even f32 rows read in
+/// place lie a KV-head stride apart in scattered blocks. Both call [`attend`] with the same
+/// rows and heads, whose sums do not depend on how many heads it is given, so the output is
+/// the same bits either way.
+fn paged(p: &AttnParams, i: &[In], o: &mut [Out], shared: bool) -> KResult {
     let q = i[0].f32()?;
     let (kc, vc) = (&i[1], &i[2]);
     let table = i[3].i32()?;
@@ -317,6 +340,70 @@ pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResul
     let vf: Option<&[f32]> = (vc.desc.dtype == DType::F32)
         .then(|| bytemuck::try_cast_slice(vc.bytes).ok())
         .flatten();
+    // The key range of query row `ti` of sequence `s`.
+    let range = |ti: usize, s: usize| {
+        let (lo, hi) = p.mask.key_range(b.pos_of[ti], b.seq_lens[s]);
+        match key_end.as_ref().map(|e| e[ti]) {
+            Some(e) => (lo, hi.max((e.max(0) as usize).min(b.seq_lens[s]))),
+            None => (lo, hi),
+        }
+    };
+    if shared {
+        return o[0].with_f32(false, |y| {
+            let unit = (hq * dv).max(1);
+            pool::par_rows_in(y, unit, 0, ATTN_PIECES, |r0, ys| {
+                DECODED.with(|c| {
+                    let mut c = c.borrow_mut();
+                    let (kd, vd) = &mut *c;
+                    let rows = ys.len() / unit;
+                    let mut a = 0;
+                    while a < rows {
+                        let s = b.seq_of[r0 + a];
+                        let e = (a..rows).find(|&r| b.seq_of[r0 + r] != s).unwrap_or(rows);
+                        let (klo, khi) = (r0 + a..r0 + e)
+                            .map(|ti| range(ti, s))
+                            .filter(|(lo, hi)| hi > lo)
+                            .fold((usize::MAX, 0), |(a, b), (lo, hi)| (a.min(lo), b.max(hi)));
+                        let n = khi.saturating_sub(klo);
+                        for g in 0..hkv {
+                            for (c, f, rb, w, buf) in
+                                [(kc, kf, krb, d, &mut *kd), (vc, vf, vrb, dv, &mut *vd)]
+                            {
+                                buf.resize(n * w, 0.0);
+                                for (j, row) in buf.chunks_exact_mut(w.max(1)).enumerate().take(n) {
+                                    let r = locate(s, klo + j, g);
+                                    match f {
+                                        Some(c) => row.copy_from_slice(&c[r * w..(r + 1) * w]),
+                                        None => quant::dequantize_row(
+                                            c.desc.dtype,
+                                            &c.bytes[r * rb..(r + 1) * rb],
+                                            row,
+                                        ),
+                                    }
+                                }
+                            }
+                            let (kd, vd) = (&*kd, &*vd);
+                            for ti in r0 + a..r0 + e {
+                                let (lo, hi) = range(ti, s);
+                                attend(
+                                    p,
+                                    &q[(ti * hq + g * group) * d..(ti * hq + (g + 1) * group) * d],
+                                    group,
+                                    lo,
+                                    hi,
+                                    &mut ys[(ti - r0) * unit + g * group * dv..][..group * dv],
+                                    |j, _| Some(&kd[(j - klo) * d..][..d]),
+                                    |j, _| Some(&vd[(j - klo) * dv..][..dv]),
+                                );
+                            }
+                        }
+                        a = e;
+                    }
+                })
+            });
+            Ok(())
+        });
+    }
     let heads = unit_heads(t, hkv, group);
     let unit = (heads * dv).max(1);
     o[0].with_f32(false, |y| {
@@ -324,11 +411,8 @@ pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResul
             for (ri, out) in ys.chunks_mut(unit).enumerate() {
                 let h = (r0 + ri) * heads;
                 let (ti, g) = (h / hq, h % hq / group);
-                let (s, pos) = (b.seq_of[ti], b.pos_of[ti]);
-                let (lo, mut hi) = p.mask.key_range(pos, b.seq_lens[s]);
-                if let Some(e) = key_end.as_ref().map(|e| e[ti]) {
-                    hi = hi.max((e.max(0) as usize).min(b.seq_lens[s]));
-                }
+                let s = b.seq_of[ti];
+                let (lo, hi) = range(ti, s);
                 // The rows PAGED_AHEAD keys on are prefetched as each row is taken: a
                 // sequence's rows lie in scattered blocks, a stride apart within each.
                 let ahead = |j: usize, cache: &In, rb: usize| {
@@ -551,5 +635,95 @@ mod tests {
             cpu.download(&kc).unwrap(),
             cpu.download(&cache(0.25)).unwrap()
         );
+    }
+
+    /// The shared path of paged attention (a piece of query rows dequantizes its keys and
+    /// values once) gives the row path's bits: caches of block types and of a float type beside
+    /// an f32 one read in place, three sequences with their rows in one piece, causal and
+    /// sliding-window masks, and rows whose key reach runs past their position.
+    #[test]
+    fn shared_decoding_is_the_row_path_bit_for_bit() {
+        use crate::cpu::{In, Out};
+        use crate::quant;
+        let mut rng = Rng::new(2911);
+        let (hq, hkv, d, bs, nblocks) = (6usize, 2usize, 64usize, 16usize, 24usize);
+        let (lens, qlens) = ([40usize, 57, 9], [12usize, 20, 9]);
+        let t: usize = qlens.iter().sum();
+        let maxb = 4;
+        let perm = rng.permutation(nblocks);
+        let table: Vec<i32> = (0..lens.len() * maxb).map(|i| perm[i] as i32).collect();
+        let q: Vec<f32> = (0..t * hq * d).map(|_| rng.normal()).collect();
+        let mut q_start = vec![0i32];
+        for ql in qlens {
+            q_start.push(q_start.last().copied().unwrap_or(0) + ql as i32);
+        }
+        let seq_lens: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+        // Rows 3..9 of the first sequence (positions 31..37) reach its end.
+        let mut reach = vec![0i32; t];
+        reach[3..9].fill(40);
+        let i32s = |v: &[i32]| bytemuck::cast_slice::<i32, u8>(v).to_vec();
+        for (kt, vt) in [
+            (DType::Q8_0, DType::TQ3T),
+            (DType::F16, DType::F32),
+            (DType::TQ4, DType::Q4_0),
+        ] {
+            let values: Vec<f32> = (0..nblocks * bs * hkv * d).map(|_| rng.normal()).collect();
+            let cache = |dt: DType| -> Vec<f32> {
+                // Held as f32 words so an f32 cache is aligned and read in place.
+                let bytes = quant::quantize(dt, &values).unwrap();
+                let mut w = vec![0f32; bytes.len().div_ceil(4)];
+                bytemuck::cast_slice_mut::<f32, u8>(&mut w)[..bytes.len()].copy_from_slice(&bytes);
+                w
+            };
+            let (kw, vw) = (cache(kt), cache(vt));
+            let kdesc = TensorDesc::new(kt, [nblocks, bs, hkv, d]);
+            let vdesc = TensorDesc::new(vt, [nblocks, bs, hkv, d]);
+            let (kb, vb) = (
+                &bytemuck::cast_slice::<f32, u8>(&kw)[..kdesc.nbytes().unwrap()],
+                &bytemuck::cast_slice::<f32, u8>(&vw)[..vdesc.nbytes().unwrap()],
+            );
+            let qdesc = TensorDesc::new(DType::F32, [t, hq, d]);
+            let tdesc = TensorDesc::new(DType::I32, [lens.len(), maxb]);
+            let ldesc = TensorDesc::new(DType::I32, [lens.len()]);
+            let sdesc = TensorDesc::new(DType::I32, [lens.len() + 1]);
+            let rdesc = TensorDesc::new(DType::I32, [t]);
+            let (tb, lb, sb, rb) = (i32s(&table), i32s(&seq_lens), i32s(&q_start), i32s(&reach));
+            let qb = bytemuck::cast_slice::<f32, u8>(&q);
+            for (mask, with_reach) in [
+                (Mask::Causal, false),
+                (Mask::SlidingWindow(10), false),
+                (Mask::Causal, true),
+            ] {
+                let p = AttnParams {
+                    scale: 0.125,
+                    soft_cap: None,
+                    mask,
+                };
+                let mut ins = vec![
+                    In::new(&qdesc, qb),
+                    In::new(&kdesc, kb),
+                    In::new(&vdesc, vb),
+                    In::new(&tdesc, &tb),
+                    In::new(&ldesc, &lb),
+                    In::new(&sdesc, &sb),
+                ];
+                if with_reach {
+                    ins.push(In::new(&rdesc, &rb));
+                }
+                let run = |shared: bool| {
+                    let mut y = vec![0u8; t * hq * d * 4];
+                    let mut o = [Out {
+                        desc: &qdesc,
+                        bytes: &mut y,
+                    }];
+                    assert!(super::paged(&p, &ins, &mut o, shared).is_ok());
+                    y
+                };
+                let (rows, shared) = (run(false), run(true));
+                let label = format!("K {kt}, V {vt}, {mask:?}, reach {with_reach}");
+                assert!(rows.iter().any(|&b| b != 0), "{label}: no output");
+                assert!(rows == shared, "{label}: the paths differ");
+            }
+        }
     }
 }

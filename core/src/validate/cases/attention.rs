@@ -322,6 +322,20 @@ pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
         ("prefill K tq4, V tq2, D=256", (TQ4, TQ2), 256, &[19], &[6]),
         ("decode K tq3p, V tq3", (TQ3P, TQ3), 64, &[45, 17], &[1, 1]),
         ("prefill K tq4p, V f16", (TQ4P, F16), 64, &[21, 7], &[5, 7]),
+        (
+            "decode K tq3t, V tq2t",
+            (TQ3T, TQ2T),
+            64,
+            &[45, 17],
+            &[1, 1],
+        ),
+        (
+            "prefill K tq2t, V tq3t, D=128",
+            (TQ2T, TQ3T),
+            128,
+            &[21, 7],
+            &[5, 7],
+        ),
     ] {
         paged(label, Mask::Causal, seqs, qs, types, 4, 2, d, false)?;
     }
@@ -362,6 +376,8 @@ pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
         (TQ2, "tq2 cache"),
         (TQ4P, "tq4p cache"),
         (TQ3P, "tq3p cache"),
+        (TQ3T, "tq3t cache"),
+        (TQ2T, "tq2t cache"),
     ] {
         let (t, hkv, d) = (5usize, 2usize, 64usize);
         let mut r = Rng::from_label(label);
