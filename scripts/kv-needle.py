@@ -5,9 +5,10 @@
 
 KV: a cache setting, `f16`, `K/V` (e.g. `q8_0/tq3`), `K/V@LAYERS` (with `--kv-type-layers
 LAYERS`) or `auto`; the first is the reference.
-Facts ("The code word of cabinet 7 is walnut.") are planted at even spacing through the first
-40 % of a haystack of tests/fixtures/text/ppl.txt filling the context; each is then asked for at
-the end ("... cabinet 7 is") and the greedy next word is the answer. One `kiln serve` per
+Facts ("The code word of cabinet 7 is walnut.", or with `--keys names` "The code word of the
+brass lantern is walnut.") are planted at even spacing through the first 40 % of a haystack of
+tests/fixtures/text/ppl.txt filling the context; each is then asked for at the end ("... cabinet
+7 is") and the greedy next word is the answer. One `kiln serve` per
 setting (its prefix cache computes the long context once for all questions). Prints each
 setting's answers, how many are right and how many equal the reference's. Standard library
 only; needs a release build (target/release/kiln).
@@ -29,6 +30,14 @@ WORDS = [
     "walnut", "copper", "meadow", "lantern", "harbor", "violet", "pepper", "glacier",
     "saddle", "orchard", "thimble", "falcon", "marble", "cobalt", "willow", "biscuit",
     "canyon", "ember", "juniper", "quartz", "velvet", "tundra", "sparrow", "garnet",
+]
+# Keys for `--keys names`: things a story could hold, each named by words no other key shares.
+NAMES = [
+    "brass lantern", "oak wardrobe", "red bicycle", "stone well", "silver kettle",
+    "wooden sled", "glass aquarium", "iron anvil", "paper kite", "velvet curtain",
+    "clay teapot", "leather saddlebag", "copper telescope", "wicker basket", "marble fountain",
+    "tin drum", "cedar chest", "porcelain doll", "steam engine", "feather pillow",
+    "rope ladder", "ivory chess set", "bronze bell", "canvas tent",
 ]
 
 
@@ -89,9 +98,9 @@ def haystack(port, n_tokens, facts):
         out.append(p)
         count += n
     early = max(1, int(len(out) * 0.4))
-    for i, (cab, word) in enumerate(facts):
+    for i, (key, word) in enumerate(facts):
         at = 1 + i * (early - 1) // max(1, len(facts))
-        out[at] = out[at] + f" The code word of cabinet {cab} is {word}."
+        out[at] = out[at] + f" The code word of {key} is {word}."
     return "\n\n".join(out) + "\n\n"
 
 
@@ -101,13 +110,20 @@ def main():
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--facts", type=int, default=20)
     ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--keys", choices=["numbers", "names"], default="numbers",
+                    help="what the facts are about: numbered cabinets, or named things")
     ap.add_argument("--kiln", default=os.path.join(ROOT, "target/release/kiln"))
     ap.add_argument("kv", nargs="+")
     args = ap.parse_args()
     rng = random.Random(20261128)
-    cabs = rng.sample(range(10, 100), args.facts)
+    if args.facts > min(len(WORDS), len(NAMES)):
+        sys.exit(f"--facts: at most {min(len(WORDS), len(NAMES))}")
+    if args.keys == "names":
+        keys = ["the " + k for k in rng.sample(NAMES, args.facts)]
+    else:
+        keys = [f"cabinet {c}" for c in rng.sample(range(10, 100), args.facts)]
     words = rng.sample(WORDS, args.facts)
-    facts = list(zip(cabs, words))
+    facts = list(zip(keys, words))
     ref = None
     text = None
     for kv in args.kv:
@@ -120,8 +136,8 @@ def main():
                 text = haystack(port, args.ctx - 16 * len(facts) - 96, facts)
             answers = []
             t0 = time.time()
-            for cab, _ in facts:
-                prompt = text + f"Question: what is the code word of cabinet {cab}?\nAnswer: The code word of cabinet {cab} is"
+            for key, _ in facts:
+                prompt = text + f"Question: what is the code word of {key}?\nAnswer: The code word of {key} is"
                 r = post(port, "/v1/completions", {
                     "prompt": prompt, "max_tokens": 4, "temperature": 0})
                 got = r["choices"][0]["text"].strip().split()

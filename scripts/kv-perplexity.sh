@@ -5,7 +5,8 @@
 #
 # MODEL: a .gguf file or an alias; CTX tokens per chunk (default 512); CHUNKS at most this
 # many chunks (default all); BACKEND cpu (default) or wgpu; PAIRS "all" (every pair of
-# f16 q8_0 q4_0 tq4 tq3 tq2, default) or "same" (K and V of one type). The text is
+# f16 q8_0 q4_0 tq4 tq3 tq2, default), "same" (K and V of one type) or a list of K/V pairs
+# ("tq3t/f16 f16/tq3t"). The text is
 # tests/fixtures/text/ppl.txt; the f32 cache is the reference row and the base each run is
 # compared with (change of perplexity with its standard error, KL divergence, same top
 # token: `kiln perplexity --compare`). KV_TYPES="q8_0 tq3" limits the types; KILN the binary.
@@ -45,9 +46,19 @@ read -r ref ref_b < <(ppl f32 f32 --save-base "$base")
 echo "| K | V | perplexity | change from f32 (± s.e. by chunk) | KL divergence from f32 | same top token | KV bytes per token |"
 echo "|---|---|---|---|---|---|---|"
 echo "| f32 | f32 | $ref | — | — | — | $ref_b |"
-for k in $types; do
-  for v in $types; do
-    [ "$pairs" = same ] && [ "$k" != "$v" ] && continue
+if [[ "$pairs" == */* ]]; then
+  list=$pairs
+else
+  list=""
+  for k in $types; do
+    for v in $types; do
+      [ "$pairs" = same ] && [ "$k" != "$v" ] && continue
+      list+=" $k/$v"
+    done
+  done
+fi
+for kv in $list; do
+    k=${kv%/*} v=${kv#*/}
     read -r p b < <(ppl "$k" "$v" --compare "$base")
     [ -n "$p" ] || exit 1
     d=$(sed -n 's/.*(ppl \([^ ]*\) %.*by chunk (± \([^ ]*\) %.*/\1 % ± \2 %/p' "$out")
@@ -55,5 +66,4 @@ for k in $types; do
     kl=$(sed -n 's/^KL divergence.*: mean \([^ ]*\) .*/\1/p' "$out")
     same=$(sed -n 's/^same most likely token: \([^ ]*\) .*/\1 %/p' "$out")
     echo "| $k | $v | $p | $d | $kl | $same | $b |"
-  done
 done

@@ -17,6 +17,7 @@ pub use iquants::{iq_grid_words, IQ_GRID_OFFSETS, IQ_GRID_WORDS};
 mod k_quants;
 mod legacy;
 pub mod turbo;
+mod turbo_row;
 
 use rayon::prelude::*;
 
@@ -124,7 +125,12 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
                 *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
             }
         }
-        DType::F16 => each!(float::dequant_f16),
+        // Eight at a time where the CPU converts halves (F16C): attention reads f16 caches a
+        // row at a time through here (exact either way).
+        DType::F16 => match bytemuck::try_cast_slice::<u8, half::f16>(src) {
+            Ok(h) => half::slice::HalfFloatSliceExt::convert_to_f32_slice(h, dst),
+            Err(_) => each!(float::dequant_f16),
+        },
         DType::BF16 => each!(float::dequant_bf16),
         DType::I32 => each!(float::dequant_i32),
         DType::U32 => each!(float::dequant_u32),
@@ -152,6 +158,8 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
         DType::IQ1_M => each!(iquants::dequant_iq1_m),
         DType::TQ1_0 => each!(iquants::dequant_tq1_0),
         DType::TQ2_0 => each!(iquants::dequant_tq2_0),
+        DType::TQ4 | DType::TQ3 | DType::TQ2 | DType::TQ3T | DType::TQ2T
+            if turbo_row::dequant_row(dtype, src, dst) => {}
         DType::TQ4 => each!(turbo::dequant_tq4),
         DType::TQ3 => each!(turbo::dequant_tq3),
         DType::TQ2 => each!(turbo::dequant_tq2),

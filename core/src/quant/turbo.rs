@@ -148,6 +148,30 @@ const HALF4: [f32; 8] = [
     2.732_589_6,
 ];
 
+/// The decoders' point tables, 16 entries (zero past the codebook): `tq2`, `tq3` and `tq4`
+/// (their `2^bits` points in increasing order), then `tq2t` and `tq3t` (the next codebook up
+/// times [`TCQ_SCALE`], rounded as the scalar decoders round it, indexed by `2·code + parity`).
+pub(super) const TABLES: [[f32; 16]; 5] = [
+    table(&HALF2, 1.0),
+    table(&HALF3, 1.0),
+    table(&HALF4, 1.0),
+    table(&HALF3, TCQ_SCALE),
+    table(&HALF4, TCQ_SCALE),
+];
+
+const fn table(half: &[f32], scale: f32) -> [f32; 16] {
+    let n = half.len();
+    let mut t = [0f32; 16];
+    let mut i = 0;
+    while i < 2 * n {
+        let c = if i < n { -half[n - 1 - i] } else { half[i - n] };
+        // The scalar decoders multiply only the trellis points (`TCQ_SCALE * c`).
+        t[i] = if scale == 1.0 { c } else { scale * c };
+        i += 1;
+    }
+    t
+}
+
 /// The `2^bits` reconstruction points in increasing order (`bits` 2, 3 or 4; else empty).
 pub fn codebook(bits: u32) -> Vec<f32> {
     let half: &[f32] = match bits {
