@@ -15,9 +15,9 @@ pub(crate) mod iq_grids;
 pub(crate) mod iquants;
 pub use iquants::{iq_grid_words, IQ_GRID_OFFSETS, IQ_GRID_WORDS};
 mod k_quants;
+mod kv_rows;
 mod legacy;
 pub mod turbo;
-mod turbo_row;
 
 use rayon::prelude::*;
 
@@ -138,6 +138,7 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
         DType::Q4_1 => each!(legacy::dequant_q4_1),
         DType::Q5_0 => each!(legacy::dequant_q5_0),
         DType::Q5_1 => each!(legacy::dequant_q5_1),
+        DType::Q8_0 if kv_rows::dequant_row(dtype, src, dst) => {}
         DType::Q8_0 => each!(legacy::dequant_q8_0),
         DType::Q2_K => each!(k_quants::dequant_q2_k),
         DType::Q3_K => each!(k_quants::dequant_q3_k),
@@ -159,7 +160,7 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
         DType::TQ1_0 => each!(iquants::dequant_tq1_0),
         DType::TQ2_0 => each!(iquants::dequant_tq2_0),
         DType::TQ4 | DType::TQ3 | DType::TQ2 | DType::TQ3T | DType::TQ2T
-            if turbo_row::dequant_row(dtype, src, dst) => {}
+            if kv_rows::dequant_row(dtype, src, dst) => {}
         DType::TQ4 => each!(turbo::dequant_tq4),
         DType::TQ3 => each!(turbo::dequant_tq3),
         DType::TQ2 => each!(turbo::dequant_tq2),

@@ -1,21 +1,30 @@
-//! Whole rows of the TurboQuant KV blocks (`tq4`, `tq3`, `tq2` and the trellis-coded `tq3t`,
-//! `tq2t`; `turbo.rs` documents them) decoded 32 values at a time with AVX-512. The CPU's
-//! attention decodes a cache row per key per step, and element by element that was half of a
-//! decode step at a 4k context. Per block: the code bytes are spread so that each 16-bit lane
-//! holds the two bytes its code lies in (a byte permute, VBMI), shifted by its bit offset and
-//! masked; trellis codes become `2·code + parity`, the parity being the branch bits (bit 0) of
-//! the codes one and three before, as a 32-bit mask; one permute each 16 values reads the
-//! point table, and one multiply applies the scale. The values are the scalar decoders' bit for
-//! bit (the same table entries times the same f32 scale).
+//! Whole rows of the KV cache's block types decoded 32 values at a time with AVX-512: the
+//! CPU's attention decodes a cache row per key per decode step, and element by element that
+//! was most of a decode step at a 4k context. q8_0: the bytes widened to f32 and scaled.
+//! TurboQuant (`tq4`, `tq3`, `tq2` and the trellis-coded `tq3t`, `tq2t`; `turbo.rs` documents
+//! them): the code bytes are spread so that each 16-bit lane holds the two bytes its code lies
+//! in (a byte permute, VBMI), shifted by its bit offset and masked; trellis codes become
+//! `2·code + parity`, the parity being the branch bits (bit 0) of the codes one and three
+//! before, as a 32-bit mask; one permute each 16 values reads the point table, and one
+//! multiply applies the scale. The values are the scalar decoders' bit for bit (the same
+//! integers or table entries times the same f32 scale).
 
 use crate::tensor::DType;
 
 /// Decodes whole blocks of `dtype` from `src` into `dst` (`dst.len()` = 32 per block) where
-/// this CPU has the instructions and `dtype` is one of the five; says whether it did.
+/// this CPU has the instructions and `dtype` is q8_0 or one of the five; says whether it did.
 #[inline]
 pub(super) fn dequant_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
+        if dtype == DType::Q8_0 {
+            if !x86::available() || src.len() / 34 * 32 != dst.len() {
+                return false;
+            }
+            // SAFETY: the instructions were detected; whole blocks are read and written.
+            unsafe { x86::q8_0(src, dst) };
+            return true;
+        }
         let (bits, table) = match dtype {
             DType::TQ2 => (2, 0),
             DType::TQ3 => (3, 1),
@@ -73,6 +82,19 @@ mod x86 {
     const SPREAD: [([u8; 64], [u16; 32]); 3] = [spread(2), spread(3), spread(4)];
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+    pub(super) unsafe fn q8_0(src: &[u8], dst: &mut [f32]) {
+        for (b, y) in src.chunks_exact(34).zip(dst.chunks_exact_mut(32)) {
+            let d = _mm512_set1_ps(super::super::f16_at(b, 0));
+            let q = _mm256_loadu_si256(b.as_ptr().add(2).cast());
+            let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+            let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256::<1>(q)));
+            let out = y.as_mut_ptr();
+            _mm512_storeu_ps(out, _mm512_mul_ps(lo, d));
+            _mm512_storeu_ps(out.add(16), _mm512_mul_ps(hi, d));
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
     pub(super) unsafe fn row(
         bits: usize,
         trellis: bool,
@@ -113,12 +135,12 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use crate::quant::{self, turbo};
+    use crate::quant::{self, legacy, turbo};
     use crate::rng::Rng;
     use crate::tensor::DType;
 
     /// Every block type decodes to the scalar decoders' bits: random blocks (any code, any
-    /// f16 scale but NaN) and blocks quantized from Gaussian rows, over rows of 1 to 5 blocks.
+    /// finite f16 scale) and blocks quantized from Gaussian rows, over rows of 1 to 5 blocks.
     #[test]
     fn rows_decode_as_the_scalar_decoders() {
         if !super::x86_ready() {
@@ -126,7 +148,14 @@ mod tests {
             return;
         }
         let mut rng = Rng::new(43);
-        for dt in [DType::TQ2, DType::TQ3, DType::TQ4, DType::TQ2T, DType::TQ3T] {
+        for dt in [
+            DType::Q8_0,
+            DType::TQ2,
+            DType::TQ3,
+            DType::TQ4,
+            DType::TQ2T,
+            DType::TQ3T,
+        ] {
             for blocks in 1..=5usize {
                 let n = 32 * blocks;
                 let mut src = quant::random_blocks(dt, blocks, &mut rng);
@@ -145,6 +174,7 @@ mod tests {
                 {
                     let y: &mut [f32; 32] = y.try_into().unwrap();
                     match dt {
+                        DType::Q8_0 => legacy::dequant_q8_0(b.try_into().unwrap(), y),
                         DType::TQ2 => turbo::dequant_tq2(b.try_into().unwrap(), y),
                         DType::TQ3 => turbo::dequant_tq3(b.try_into().unwrap(), y),
                         DType::TQ4 => turbo::dequant_tq4(b.try_into().unwrap(), y),
