@@ -70,6 +70,16 @@ __device__ void kv_sketch32(u32 bits, const float* x, u8* out) {
     kv_store_f16(out + cb + 4, l1 > 0.0f ? norm2 / l1 : 0.0f);
 }
 
+// 1 / the root mean square of a block of 32 (summed in order and rounded as the CPU does), or 0
+// for a zero, NaN or infinite block, which the TurboQuant writers leave all zero (scale 0).
+__device__ float kv_inverse_rms(const float* x) {
+    float sumsq = 0.0f;
+    for (int j = 0; j < 32; j++) sumsq = __fadd_rn(sumsq, __fmul_rn(x[j], x[j]));
+    const float sigma = sqrtf(sumsq / 32.0f);
+    if (!(sigma > 0.0f) || sigma > 3.0e38f) return 0.0f;
+    return 1.0f / sigma;
+}
+
 // A tq3t/tq2t block (turbo.rs's trellis quantizer, in its order and rounding): the Viterbi
 // search over the 8 states for the path of least squared error against x / sigma (ties: the
 // lower state, then the lower branch, then the lower point), then the least-squares scale for
@@ -78,11 +88,8 @@ __device__ void kv_sketch32(u32 bits, const float* x, u8* out) {
 __device__ void kv_trellis32(u32 bits, const float* x, u8* out) {
     const u32 bytes = 2u + 4u * bits, per = 1u << (bits - 1u);
     for (u32 j = 0; j < bytes; j++) out[j] = 0;
-    float sumsq = 0.0f;
-    for (int j = 0; j < 32; j++) sumsq = __fadd_rn(sumsq, __fmul_rn(x[j], x[j]));
-    const float sigma = sqrtf(sumsq / 32.0f);
-    if (!(sigma > 0.0f) || sigma > 3.0e38f) return;  // zero, NaN, infinite: all zeros
-    const float inv = 1.0f / sigma;
+    const float inv = kv_inverse_rms(x);
+    if (inv == 0.0f) return;
     float cost[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     u32 live = 1u, from[32];
     for (u32 i = 0; i < 32; i++) {
@@ -183,12 +190,9 @@ __device__ void kv_encode32(u32 f, const float* x, u8* out) {
             }
             const u32 bits = kv_tq_bits(f), n = 1u << (bits - 1u), bytes = kv_tq_bytes(f);
             for (u32 j = 0; j < bytes; j++) out[j] = 0;
+            const float inv = kv_inverse_rms(x);
+            if (inv == 0.0f) return;
             // Rounded as the CPU rounds (no fused multiply-adds: NVRTC fuses by default).
-            float sumsq = 0.0f;
-            for (int j = 0; j < 32; j++) sumsq = __fadd_rn(sumsq, __fmul_rn(x[j], x[j]));
-            const float sigma = sqrtf(sumsq / 32.0f);
-            if (!(sigma > 0.0f) || sigma > 3.0e38f) return;  // zero, NaN, infinite: all zeros
-            const float inv = 1.0f / sigma;
             float num = 0.0f, den = 0.0f;
             for (u32 j = 0; j < 32; j++) {
                 const float v = x[j], a = fabsf(v * inv);

@@ -58,6 +58,20 @@ fn inverse(d: f32) -> f32 {
     return select(1.0 / d, 0.0, d == 0.0);
 }
 
+// 1 / the root mean square of the 32 values at x[xb] (summed in order, as the CPU sums), or 0
+// for a zero, NaN or infinite block: the TurboQuant writers leave those all zero (scale 0).
+fn inverse_rms(xb: u32) -> f32 {
+    var sumsq = 0.0;
+    for (var j = 0u; j < 32u; j++) {
+        sumsq += x[xb + j] * x[xb + j];
+    }
+    let sigma = sqrt(sumsq / 32.0);
+    if (!(sigma > 0.0) || sigma > 3.0e38) {
+        return 0.0;
+    }
+    return 1.0 / sigma;
+}
+
 // Block b of the row whose elements start at x[xb], encoded at byte `at` of `row`.
 fn quant_block(xb: u32, at: u32) {
     if (FMT == 3u) {
@@ -101,16 +115,10 @@ fn quant_block(xb: u32, at: u32) {
         // (ties low); then the least-squares scale for those codes, stored as f16.
         let bits = tq_bits(FMT);
         let n = 1u << (bits - 1u);
-        var sumsq = 0.0;
-        for (var j = 0u; j < 32u; j++) {
-            sumsq += x[xb + j] * x[xb + j];
-        }
-        let sigma = sqrt(sumsq / 32.0);
-        // Zero, NaN and infinite blocks stay all zero (scale 0).
-        if (!(sigma > 0.0) || sigma > 3.0e38) {
+        let inv = inverse_rms(xb);
+        if (inv == 0.0) {
             return;
         }
-        let inv = 1.0 / sigma;
         var num = 0.0;
         var den = 0.0;
         for (var j = 0u; j < 32u; j++) {
@@ -149,15 +157,10 @@ fn quant_block(xb: u32, at: u32) {
 fn trellis_block(xb: u32, at: u32) {
     let bits = tq_bits(FMT);
     let per = 1u << (bits - 1u);
-    var sumsq = 0.0;
-    for (var j = 0u; j < 32u; j++) {
-        sumsq += x[xb + j] * x[xb + j];
-    }
-    let sigma = sqrt(sumsq / 32.0);
-    if (!(sigma > 0.0) || sigma > 3.0e38) {
+    let inv = inverse_rms(xb);
+    if (inv == 0.0) {
         return;
     }
-    let inv = 1.0 / sigma;
     // cost[t]: the least error of a path ending in state t (`live` bit t: such a path exists).
     // A step into state nt came by branch bit nt & 1 from state (nt >> 1) | (top << 2); back[i]
     // keeps, per state, that top bit and the point j within the subset (4 bits a state).
