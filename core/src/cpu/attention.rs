@@ -282,12 +282,14 @@ fn cache_row<'c>(
     }
 }
 
-/// Query rows a piece of the shared path holds on average at least, for it to be taken: below
-/// that a piece's rows hardly share their gathered keys, and the row path splits finer.
+/// Query rows a piece of the shared path, and a sequence of the batch, hold on average at
+/// least, for it to be taken: below that rows hardly share their gathered keys (a batch of
+/// decodes has one row a sequence), and the row path splits finer and reads f32 in place.
 const SHARED_ROWS: usize = 4;
 
 pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
-    let shared = i[0].dims()[0] >= SHARED_ROWS * ATTN_PIECES * pool::threads();
+    let (t, seqs) = (i[0].dims()[0], i[4].dims()[0]);
+    let shared = t >= SHARED_ROWS * ATTN_PIECES * pool::threads() && t >= SHARED_ROWS * seqs;
     paged(p, i, o, shared)
 }
 
