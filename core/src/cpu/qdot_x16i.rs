@@ -741,7 +741,8 @@ mod x86 {
         tot: &mut [__m512; MR],
     ) {
         let p = hp.add(F::HEAD + F::GROUP * g);
-        // The block `PREFETCH` bytes ahead, an eighth of it a group: the heads too, which a
+        // The block `PREFETCH` bytes ahead, a `GROUPS`-th of it a group (an eighth of a
+        // K-quant block, a whole block of 32): the heads too, which a
         // group's own span left out (a ninth of Q4_K's bytes; Q6_K from memory on one thread
         // 28–31 → 32–34 GB/s). Spans rounded up to lines overlap a little.
         let span = (F::HEAD + F::GROUPS * F::GROUP)
