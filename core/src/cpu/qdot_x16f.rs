@@ -426,7 +426,7 @@ pub(crate) mod x86 {
     /// Bytes ahead of each vector of codes that are prefetched (here and in `qdot_x16i`). One
     /// thread streaming a 1 B Llama's matrices from memory (AMD EPYC Zen 5, k = 2048), 4 KB →
     /// 16 KB ahead: Q4_K 24–27 → 34–38 GB/s, Q6_K 18–20 → 28–31, Q8_0 31 → 35; 8 and 24 KB
-    /// within that spread, 1 and 64 KB slower. The hardware's own prefetchers stop at 4 KB
+    /// within that spread, 1 and 64 KB slower. The cores' stream prefetchers do not cross 4 KB
     /// pages; a Q6_K decode token's read ran at 60 % of one thread's memory rate with 4 KB.
     pub(crate) const PREFETCH: usize = 16384;
 
