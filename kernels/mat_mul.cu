@@ -81,14 +81,14 @@ struct SlotRows {
 };
 
 // Which tile kernel the block formats (and float weights with K a multiple of 32) take: 0 (the
-// default) the f32 FMA tile, 1 the tensor-core tile. A knob of KILN_CUDA_DEFINES, so one build
-// measures both on a GPU; both tile 64 × 64 with 256 threads, so the launch is the same.
-// The tensor-core tile is not the default yet: its three-product bf16 split is exact to
-// 2^-14 of Σ|x·w| (below), which is 1.5e-3 on the logits of the Gemma 4 MTP assistant where
-// transformers' f32 run and the FMA tile agree to 1e-3 (tests/tests/mtp.rs). The way to f32's
-// accuracy at the same cost: take each weight block as its exact small-integer codes (bf16
-// holds them) times its scale plus its offset, applied per 16 or 32 values after the mma,
-// with the activations in three bf16 parts (exact).
+// default) the f32 FMA tile, 1 the tensor-core tiles. A knob of KILN_CUDA_DEFINES, so one build
+// measures both on a GPU; all tile 64 × 64 with 256 threads, so the launch is the same.
+// On the tensor cores, the formats whose values are a · code + b with small integer codes
+// (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) and bf16 weights take the codes tile (below): exact
+// products, so as accurate as the FMA tile. The others take the split tile, whose
+// three-product bf16 split is exact to 2^-14 of Σ|x·w| (below), which is 1.5e-3 on the logits
+// of the Gemma 4 MTP assistant where transformers' f32 run and the FMA tile agree to 1e-3
+// (tests/tests/mtp.rs). Not the default until a GPU has timed it.
 #ifndef MM_TC
 #define MM_TC 0
 #endif
@@ -104,7 +104,7 @@ struct ExactBf16<BF16W> {
 };
 
 #if MM_TC
-// The tensor-core tile: y = x · wᵀ for a 64 × 64 output tile with mma.sync m16n8k16 (bf16 in,
+// The split tile: y = x · wᵀ for a 64 × 64 output tile with mma.sync m16n8k16 (bf16 in,
 // f32 accumulation), exact to about 2^-14 of Σ|x·w| rather than to bf16's 2^-8. Each staged
 // value v (an activation, a dequantized weight) is split into bf16 hi + lo (split_bf16:
 // |v - hi - lo| <= 2^-16 |v|) and each product is taken as xh·wh + xh·wl + xl·wh: the terms
@@ -134,8 +134,8 @@ __device__ __forceinline__ void tc_store8(u32* hi, u32* lo, const float* v) {
 
 // w: the weight matrix [N, K] whose rows col0 .. col0 + 63 this block takes.
 template <typename B, typename Rows>
-__device__ __forceinline__ void mat_mul_tile(const float* x, const u8* w, float* y, Rows rows, u32 col0, u32 n,
-                                             u32 k) {
+__device__ __forceinline__ void mat_mul_split_tile(const float* x, const u8* w, float* y, Rows rows, u32 col0,
+                                                   u32 n, u32 k) {
     // Shared words as uint4 so the 16-byte stores are aligned (TC_ROW words = 5 uint4).
     __shared__ uint4 xs_hi[QT * TC_ROW / 4], xs_lo[QT * TC_ROW / 4], ws_hi[QT * TC_ROW / 4],
         ws_lo[QT * TC_ROW / 4];
@@ -231,6 +231,288 @@ __device__ __forceinline__ void mat_mul_tile(const float* x, const u8* w, float*
                     if (c < n) y[(size_t)r * n + c] = acc[i][j][2 * e2 + e1];
                 }
         }
+}
+
+// ---- The codes tile: exact products on the tensor cores ----------------------------------
+// A weight value of these formats is a · c + b: c a small integer code (|c| ≤ 255, so exact
+// in bf16, whose 8 significant bits hold it), a and b one pair for a group of G values (16 or
+// 32; b = 0 where the format has no offset). So for one group and one activation row,
+//   Σ w_i x_i = a · Σ c_i x_i + b · Σ x_i.
+// The activations are split exactly into MM_PARTS bf16 parts (x = x_1 + x_2 + x_3, 8
+// significant bits each: split3_bf16), so every product c_i · x_p,i (at most 16 significant
+// bits) is exact in the f32 accumulator of mma.m16n8k16, and the only roundings are the f32
+// sums', as in the FMA tile: the group's Σ c_i x_i over its parts (smallest first), then
+// acc += a · C + b · Σx per group. With MM_PARTS=2 the activations keep 16 of their 24 bits
+// (|x - x_1 - x_2| ≤ 2^-16 |x|, a measurement knob: it takes a third less tensor time).
+// bf16 weights are their own codes (a = 1, b = 0) and accumulate straight into the result.
+//
+// Staging (each 32-value K step, into shared memory): thread t takes row t / 4 of both tiles,
+// values (t % 4) · 8 .. + 8 of the step: the weight's raw words (B::fetch) and 8 activations,
+// issued for the next step before this step's mma so the loads are in flight meanwhile. Codes
+// and parts go in as bf16 pairs, each 16-value half of a row with words t and t + 4 side by
+// side (tcc_pos) so a lane's two fragment words are one 8-byte load; rows are 24 words apart,
+// which puts a half-warp's 8-byte loads (rows g .. g + 3, words 2q, 2q + 1) on 32 different
+// banks. The 8 warps each take 32 weight rows × 16 activation rows: 2 × 2 fragments of
+// 4 accumulators a lane, and as many for the group being summed.
+#ifndef MM_PARTS
+#define MM_PARTS 3
+#endif
+static_assert(MM_PARTS == 2 || MM_PARTS == 3, "MM_PARTS: 2 or 3 bf16 parts an activation");
+#define TCC_ROW 24  // words a staged row: 16 for 32 bf16, 8 of padding
+
+// Bytes i and i + 1 (0..3, compile-time constants) of w, as codes u, as the bf16 pair
+// (u_i - bias, u_(i+1) - bias): exact for results below 256 in magnitude (byte_as_float's
+// float has at most 8 significant bits, so its top half is the bf16).
+__device__ __forceinline__ u32 bf16_pair(u32 w, u32 i, float bias) {
+    const float f0 = byte_as_float(w, i, 8388608.0f + bias), f1 = byte_as_float(w, i + 1, 8388608.0f + bias);
+    return __byte_perm(__float_as_uint(f0), __float_as_uint(f1), 0x7632);
+}
+
+// The 8 code bytes of q (two words) as 4 bf16 pairs, less bias.
+__device__ __forceinline__ void bf16_pairs8(uint2 q, float bias, u32* c) {
+    c[0] = bf16_pair(q.x, 0, bias), c[1] = bf16_pair(q.x, 2, bias);
+    c[2] = bf16_pair(q.y, 0, bias), c[3] = bf16_pair(q.y, 2, bias);
+}
+
+// Which formats have codes, their group size G, and codes(): the 8 values at v (a multiple
+// of 8, from B::fetch's raw words) as 4 bf16 pairs (value v + 2i in the low half of c[i]),
+// with their group's a and b.
+template <typename B>
+struct TcCodes {
+    static constexpr bool value = false;
+};
+template <>
+struct TcCodes<Q8_0> {
+    static constexpr bool value = true, plain = false;
+    static constexpr u32 G = 32;
+    __device__ static void codes(const Q8_0::Raw& r, u32, u32* c, float& a, float& b) {
+        const uint2 u = {r.q.x ^ 0x80808080u, r.q.y ^ 0x80808080u};  // int8 + 128
+        bf16_pairs8(u, 128.0f, c);
+        a = f16_bits(r.d), b = 0.0f;
+    }
+};
+template <>
+struct TcCodes<Q4_0> {
+    static constexpr bool value = true, plain = false;
+    static constexpr u32 G = 32;
+    __device__ static void codes(const Q4_0::Raw& r, u32 v, u32* c, float& a, float& b) {
+        const u32 sh = v % 32 < 16 ? 0 : 4;
+        bf16_pairs8({(r.q.x >> sh) & 0x0F0F0F0Fu, (r.q.y >> sh) & 0x0F0F0F0Fu}, 8.0f, c);
+        a = f16_bits(r.d), b = 0.0f;
+    }
+};
+template <>
+struct TcCodes<Q4_1> {
+    static constexpr bool value = true, plain = false;
+    static constexpr u32 G = 32;
+    __device__ static void codes(const Q4_1::Raw& r, u32 v, u32* c, float& a, float& b) {
+        const u32 sh = v % 32 < 16 ? 0 : 4;
+        bf16_pairs8({(r.q.x >> sh) & 0x0F0F0F0Fu, (r.q.y >> sh) & 0x0F0F0F0Fu}, 0.0f, c);
+        a = f16_bits(r.dm & 0xFFFF), b = f16_bits(r.dm >> 16);
+    }
+};
+template <>
+struct TcCodes<Q4_K> {
+    static constexpr bool value = true, plain = false;
+    static constexpr u32 G = 32;
+    __device__ static void codes(const Q4_K::Raw& r, u32 v, u32* c, float& a, float& b) {
+        const u32 g = (v % Q4_K::QK) / 32, sh = 8 * (g & 3);
+        const u32 s0 = (r.s0 >> sh) & 0xFF, s1 = (r.s1 >> sh) & 0xFF, s2 = (r.s2 >> sh) & 0xFF;
+        const float sc = (float)(g < 4 ? (s0 & 63) : ((s2 & 0xF) | ((s0 >> 6) << 4)));
+        const float m = (float)(g < 4 ? (s1 & 63) : ((s2 >> 4) | ((s1 >> 6) << 4)));
+        const u32 shift = 4 * (g % 2);
+        bf16_pairs8({(r.q.x >> shift) & 0x0F0F0F0Fu, (r.q.y >> shift) & 0x0F0F0F0Fu}, 0.0f, c);
+        // Q4_K's own arithmetic (decode): d · sc and dmin · m, each one rounding.
+        a = f16_bits(r.dm & 0xFFFF) * sc, b = -(f16_bits(r.dm >> 16) * m);
+    }
+};
+template <>
+struct TcCodes<Q6_K> {
+    static constexpr bool value = true, plain = false;
+    static constexpr u32 G = 16;
+    __device__ static void codes(const Q6_K::Raw& r, u32 v, u32* c, float& a, float& b) {
+        const u32 q = (v % 128) / 32, lshift = q < 2 ? 0 : 4, hshift = 2 * q;
+        const uint2 u = {((r.ql.x >> lshift) & 0x0F0F0F0Fu) | (((r.qh.x >> hshift) & 0x03030303u) << 4),
+                         ((r.ql.y >> lshift) & 0x0F0F0F0Fu) | (((r.qh.y >> hshift) & 0x03030303u) << 4)};
+        bf16_pairs8(u, 32.0f, c);
+        a = f16_bits(r.d) * (float)(i8)r.sc, b = 0.0f;
+    }
+};
+template <>
+struct TcCodes<BF16W> {
+    static constexpr bool value = true, plain = true;
+    static constexpr u32 G = 32;
+    __device__ static void codes(const BF16W::Raw& r, u32, u32* c, float& a, float& b) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) c[i] = r.w[i];
+        a = 1.0f, b = 0.0f;
+    }
+};
+
+// v as MM_PARTS bf16 (bit patterns) that sum to it: p[0] = bf16(v), p[1] = bf16(v - p[0]),
+// p[2] = v - p[0] - p[1]. Each difference is exact in f32 and has at most 16, then 8,
+// significant bits, so the third part is exact: the parts are v (2 parts: to 2^-16 |v|). A
+// non-finite v keeps the rest zero.
+__device__ __forceinline__ void split_parts(float v, u32* p) {
+    split_bf16(v, p[0], p[1]);
+#if MM_PARTS == 3
+    const float rest = (v - __uint_as_float(p[0] << 16)) - __uint_as_float(p[1] << 16);
+    p[2] = (p[0] & 0x7F80u) == 0x7F80u ? 0u : (u32)__bfloat16_as_ushort(__float2bfloat16_rn(rest));
+#endif
+}
+
+// Where word i (0..7: values 2i, 2i + 1 of a 16-value half) goes in its staged half.
+__device__ __forceinline__ u32 tcc_pos(u32 i) { return i < 4 ? 2 * i : 2 * (i - 4) + 1; }
+
+// w: the weight matrix [N, K] whose rows col0 .. col0 + 63 this block takes.
+template <typename B, typename Rows>
+__device__ __forceinline__ void mat_mul_codes_tile(const float* x, const u8* w, float* y, Rows rows, u32 col0,
+                                                   u32 n, u32 k) {
+    typedef TcCodes<B> Codes;
+    __shared__ uint2 ws[QT * TCC_ROW / 2];            // codes, rows of TCC_ROW words
+    __shared__ uint2 xs[MM_PARTS][QT * TCC_ROW / 2];  // activation parts, the same
+    __shared__ float2 wab[QT][2];                     // a, b of each row's two halves
+    __shared__ float xsum[QT][2];                     // Σx of each activation row's halves
+    __shared__ long long xrow[QT], yrow[QT];
+    const u32 t = threadIdx.x, lane = t % WARP, warp = t / WARP;
+    const u32 g = lane / 4, q = lane % 4;
+    const u32 wm = (warp % 2) * 32, wn = (warp / 2) * 16;  // the warp's weight rows, activation rows
+    if (t < QT) {
+        xrow[t] = rows.x_row(t);
+        yrow[t] = rows.y_row(t);
+    }
+    __syncthreads();
+    // This thread's share of each step: row sr of both tiles, values k0 + sc .. + 8 (half h,
+    // words i0 .. i0 + 3 of it).
+    const u32 sr = t / 4, sc = (t % 4) * 8, h = sc / 16, i0 = (sc % 16) / 2;
+    const bool w_ok = col0 + sr < n;
+    const u8* wrow = weight_row<B>(w, w_ok ? col0 + sr : 0, k);
+    const long long xr = xrow[sr];
+    const float* xp = xr >= 0 ? x + (size_t)xr * k + sc : nullptr;
+    const bool x16 = ((size_t)x & 15u) == 0;  // rows are then 16-byte aligned (K % 32 == 0)
+    typename B::Raw raw;
+    float xv[8];
+    auto fetch = [&](u32 k0) {
+        raw = B::template fetch<1>(wrow, k0 + sc);
+        if (xp && x16) {
+            const float4 a = *(const float4*)(xp + k0), b = *(const float4*)(xp + k0 + 4);
+            xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
+            xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) xv[i] = xp ? xp[k0 + i] : 0.0f;
+        }
+    };
+    float acc[2][2][4], grp[2][2][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = grp[i][j][e] = 0.0f;
+    fetch(0);
+    for (u32 k0 = 0; k0 < k; k0 += QK_STEP) {
+        {
+            u32 c[4];
+            float a, b;
+            Codes::codes(raw, k0 + sc, c, a, b);
+            u32* row = (u32*)ws + sr * TCC_ROW + 8 * h;
+#pragma unroll
+            for (u32 i = 0; i < 4; i++) row[tcc_pos(i0 + i)] = w_ok ? c[i] : 0u;
+            if (i0 == 0) wab[sr][h] = w_ok ? float2{a, b} : float2{0.0f, 0.0f};
+            u32 part[8][MM_PARTS];
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                split_parts(xv[i], part[i]);
+                s += xv[i];
+            }
+            s += __shfl_xor_sync(0xffffffffu, s, 1);  // the other 8 of the half
+            if (i0 == 0) xsum[sr][h] = s;
+#pragma unroll
+            for (int p = 0; p < MM_PARTS; p++) {
+                u32* xrow_p = (u32*)xs[p] + sr * TCC_ROW + 8 * h;
+#pragma unroll
+                for (u32 i = 0; i < 4; i++) xrow_p[tcc_pos(i0 + i)] = part[2 * i][p] | (part[2 * i + 1][p] << 16);
+            }
+        }
+        __syncthreads();
+        if (k0 + QK_STEP < k) fetch(k0 + QK_STEP);
+#pragma unroll
+        for (u32 hh = 0; hh < 2; hh++) {  // the step's two k16 halves
+            u32 af[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const uint2 lo = ws[(wm + 16 * i + g) * (TCC_ROW / 2) + 4 * hh + q];
+                const uint2 hi = ws[(wm + 16 * i + g + 8) * (TCC_ROW / 2) + 4 * hh + q];
+                af[i][0] = lo.x, af[i][1] = hi.x, af[i][2] = lo.y, af[i][3] = hi.y;
+            }
+#pragma unroll
+            for (int p = MM_PARTS - 1; p >= 0; p--) {  // the small parts first
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const uint2 bw = xs[p][(wn + 8 * j + g) * (TCC_ROW / 2) + 4 * hh + q];
+                    const u32 bf[2] = {bw.x, bw.y};
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        if constexpr (Codes::plain) {
+                            mma_bf16_16816(acc[i][j], af[i], bf);
+                        } else {
+                            mma_bf16_16816(grp[i][j], af[i], bf);
+                        }
+                    }
+                }
+            }
+            if constexpr (!Codes::plain) {
+                if (Codes::G == 16 || hh == 1) {
+                    // The group is summed: acc += a · Σ c x + b · Σ x for each output.
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+#pragma unroll
+                        for (int e2 = 0; e2 < 2; e2++) {
+                            const u32 r = wm + 16 * i + g + 8 * e2;
+                            const float2 ab = wab[r][Codes::G == 16 ? hh : 0];
+#pragma unroll
+                            for (int j = 0; j < 2; j++)
+#pragma unroll
+                                for (int e1 = 0; e1 < 2; e1++) {
+                                    const u32 c = wn + 8 * j + 2 * q + e1;
+                                    const float sx = Codes::G == 16 ? xsum[c][hh] : xsum[c][0] + xsum[c][1];
+                                    float& o = acc[i][j][2 * e2 + e1];
+                                    o += ab.x * grp[i][j][2 * e2 + e1] + ab.y * sx;
+                                    grp[i][j][2 * e2 + e1] = 0.0f;
+                                }
+                        }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    // Output (activation row c, weight row r) is y[yrow[c]][col0 + r].
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e1 = 0; e1 < 2; e1++) {
+            const long long yr = yrow[wn + 8 * j + 2 * q + e1];
+            if (yr < 0) continue;
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    const u32 c = col0 + wm + 16 * i + g + 8 * e2;
+                    if (c < n) y[(size_t)yr * n + c] = acc[i][j][2 * e2 + e1];
+                }
+        }
+}
+
+template <typename B, typename Rows>
+__device__ __forceinline__ void mat_mul_tile(const float* x, const u8* w, float* y, Rows rows, u32 col0, u32 n,
+                                             u32 k) {
+    if constexpr (TcCodes<B>::value) {
+        mat_mul_codes_tile<B>(x, w, y, rows, col0, n, k);
+    } else {
+        mat_mul_split_tile<B>(x, w, y, rows, col0, n, k);
+    }
 }
 #else
 // The FMA tile. w: the weight matrix [N, K] whose rows col0 .. col0 + 63 this block takes.

@@ -192,6 +192,11 @@ inline float __uint_as_float(unsigned u) {
     std::memcpy(&f, &u, 4);
     return f;
 }
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
 
 inline __half __float2half_rn(float v) {
     uint32_t x;

@@ -299,6 +299,41 @@ mod compile_check {
         }
     }
 
+    /// The prefill tiles on the tensor cores (MM_TC=1, not the default) compile for every
+    /// architecture, at 3 and 2 activation parts, and the codes tile (Q8_0, Q4_0, Q4_1, Q4_K,
+    /// Q6_K, bf16 weights) keeps everything in registers and shared memory.
+    #[test]
+    fn nvrtc_compiles_the_tensor_core_tiles() {
+        let Some(tc) = toolchain() else { return };
+        let nvrtc = Nvrtc::load(&tc.nvrtc).expect("NVRTC loads");
+        for spec in ["MM_TC=1", "MM_TC=1,MM_PARTS=2"] {
+            let full = super::kernels::source_with("mat_mul.cu", Some(spec)).expect("listed");
+            for arch in ARCHS {
+                let c = nvrtc
+                    .compile(&tc, "mat_mul.cu", &full, arch)
+                    .unwrap_or_else(|e| panic!("mat_mul.cu {spec} {arch}: {e}"));
+                for u in ptxas_usage(&c.log) {
+                    let codes = ["q8_0", "q4_0", "q4_1", "q4_k", "q6_k", "bf16"]
+                        .iter()
+                        .any(|f| u.0.ends_with(&format!("_{f}")));
+                    if codes {
+                        println!(
+                            "  {spec} {arch} {}: {} registers, {} bytes of stack",
+                            u.0, u.1, u.4
+                        );
+                        assert!(
+                            u.2 == 0 && u.3 == 0 && u.4 == 0,
+                            "{spec} {arch}: {} uses local memory ({} registers, {} bytes of stack)",
+                            u.0,
+                            u.1,
+                            u.4
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// Every kernel file for every architecture, an architecture a thread (NVRTC programs
     /// are independent; the check is CI's longest single test when run one after another).
     #[test]
