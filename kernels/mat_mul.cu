@@ -233,18 +233,9 @@ __device__ __forceinline__ void mat_mul_split_tile(const float* x, const u8* w, 
         }
 }
 
-// ---- The codes tile: exact products on the tensor cores ----------------------------------
-// A weight value of these formats is a · c + b: c a small integer code (|c| ≤ 255, so exact
-// in bf16, whose 8 significant bits hold it), a and b one pair for a group of G values (16 or
-// 32; b = 0 where the format has no offset). So for one group and one activation row,
-//   Σ w_i x_i = a · Σ c_i x_i + b · Σ x_i.
-// The activations are split exactly into MM_PARTS bf16 parts (x = x_1 + x_2 + x_3, 8
-// significant bits each: split3_bf16), so every product c_i · x_p,i (at most 16 significant
-// bits) is exact in the f32 accumulator of mma.m16n8k16, and the only roundings are the f32
-// sums', as in the FMA tile: the group's Σ c_i x_i over its parts (smallest first), then
-// acc += a · C + b · Σx per group. With MM_PARTS=2 the activations keep 16 of their 24 bits
-// (|x - x_1 - x_2| ≤ 2^-16 |x|, a measurement knob: it takes a third less tensor time).
-// bf16 weights are their own codes (a = 1, b = 0) and accumulate straight into the result.
+// ---- The codes tile (TcCodes, formats.cuh): exact products on the tensor cores ---------
+// For the grouped MoE matmul (the dense one takes mat_mul_tc.cu's tile, over activations
+// split once by tc_split).
 //
 // Staging (each 32-value K step, into shared memory): thread t takes row t / 4 of both tiles,
 // values (t % 4) · 8 .. + 8 of the step: the weight's raw words (B::fetch) and 8 activations,
@@ -254,116 +245,6 @@ __device__ __forceinline__ void mat_mul_split_tile(const float* x, const u8* w, 
 // which puts a half-warp's 8-byte loads (rows g .. g + 3, words 2q, 2q + 1) on 32 different
 // banks. The 8 warps each take 32 weight rows × 16 activation rows: 2 × 2 fragments of
 // 4 accumulators a lane, and as many for the group being summed.
-#ifndef MM_PARTS
-#define MM_PARTS 3
-#endif
-static_assert(MM_PARTS == 2 || MM_PARTS == 3, "MM_PARTS: 2 or 3 bf16 parts an activation");
-#define TCC_ROW 24  // words a staged row: 16 for 32 bf16, 8 of padding
-
-// Bytes i and i + 1 (0..3, compile-time constants) of w, as codes u, as the bf16 pair
-// (u_i - bias, u_(i+1) - bias): exact for results below 256 in magnitude (byte_as_float's
-// float has at most 8 significant bits, so its top half is the bf16).
-__device__ __forceinline__ u32 bf16_pair(u32 w, u32 i, float bias) {
-    const float f0 = byte_as_float(w, i, 8388608.0f + bias), f1 = byte_as_float(w, i + 1, 8388608.0f + bias);
-    return __byte_perm(__float_as_uint(f0), __float_as_uint(f1), 0x7632);
-}
-
-// The 8 code bytes of q (two words) as 4 bf16 pairs, less bias.
-__device__ __forceinline__ void bf16_pairs8(uint2 q, float bias, u32* c) {
-    c[0] = bf16_pair(q.x, 0, bias), c[1] = bf16_pair(q.x, 2, bias);
-    c[2] = bf16_pair(q.y, 0, bias), c[3] = bf16_pair(q.y, 2, bias);
-}
-
-// Which formats have codes, their group size G, and codes(): the 8 values at v (a multiple
-// of 8, from B::fetch's raw words) as 4 bf16 pairs (value v + 2i in the low half of c[i]),
-// with their group's a and b.
-template <typename B>
-struct TcCodes {
-    static constexpr bool value = false;
-};
-template <>
-struct TcCodes<Q8_0> {
-    static constexpr bool value = true, plain = false;
-    static constexpr u32 G = 32;
-    __device__ static void codes(const Q8_0::Raw& r, u32, u32* c, float& a, float& b) {
-        const uint2 u = {r.q.x ^ 0x80808080u, r.q.y ^ 0x80808080u};  // int8 + 128
-        bf16_pairs8(u, 128.0f, c);
-        a = f16_bits(r.d), b = 0.0f;
-    }
-};
-template <>
-struct TcCodes<Q4_0> {
-    static constexpr bool value = true, plain = false;
-    static constexpr u32 G = 32;
-    __device__ static void codes(const Q4_0::Raw& r, u32 v, u32* c, float& a, float& b) {
-        const u32 sh = v % 32 < 16 ? 0 : 4;
-        bf16_pairs8({(r.q.x >> sh) & 0x0F0F0F0Fu, (r.q.y >> sh) & 0x0F0F0F0Fu}, 8.0f, c);
-        a = f16_bits(r.d), b = 0.0f;
-    }
-};
-template <>
-struct TcCodes<Q4_1> {
-    static constexpr bool value = true, plain = false;
-    static constexpr u32 G = 32;
-    __device__ static void codes(const Q4_1::Raw& r, u32 v, u32* c, float& a, float& b) {
-        const u32 sh = v % 32 < 16 ? 0 : 4;
-        bf16_pairs8({(r.q.x >> sh) & 0x0F0F0F0Fu, (r.q.y >> sh) & 0x0F0F0F0Fu}, 0.0f, c);
-        a = f16_bits(r.dm & 0xFFFF), b = f16_bits(r.dm >> 16);
-    }
-};
-template <>
-struct TcCodes<Q4_K> {
-    static constexpr bool value = true, plain = false;
-    static constexpr u32 G = 32;
-    __device__ static void codes(const Q4_K::Raw& r, u32 v, u32* c, float& a, float& b) {
-        const u32 g = (v % Q4_K::QK) / 32, sh = 8 * (g & 3);
-        const u32 s0 = (r.s0 >> sh) & 0xFF, s1 = (r.s1 >> sh) & 0xFF, s2 = (r.s2 >> sh) & 0xFF;
-        const float sc = (float)(g < 4 ? (s0 & 63) : ((s2 & 0xF) | ((s0 >> 6) << 4)));
-        const float m = (float)(g < 4 ? (s1 & 63) : ((s2 >> 4) | ((s1 >> 6) << 4)));
-        const u32 shift = 4 * (g % 2);
-        bf16_pairs8({(r.q.x >> shift) & 0x0F0F0F0Fu, (r.q.y >> shift) & 0x0F0F0F0Fu}, 0.0f, c);
-        // Q4_K's own arithmetic (decode): d · sc and dmin · m, each one rounding.
-        a = f16_bits(r.dm & 0xFFFF) * sc, b = -(f16_bits(r.dm >> 16) * m);
-    }
-};
-template <>
-struct TcCodes<Q6_K> {
-    static constexpr bool value = true, plain = false;
-    static constexpr u32 G = 16;
-    __device__ static void codes(const Q6_K::Raw& r, u32 v, u32* c, float& a, float& b) {
-        const u32 q = (v % 128) / 32, lshift = q < 2 ? 0 : 4, hshift = 2 * q;
-        const uint2 u = {((r.ql.x >> lshift) & 0x0F0F0F0Fu) | (((r.qh.x >> hshift) & 0x03030303u) << 4),
-                         ((r.ql.y >> lshift) & 0x0F0F0F0Fu) | (((r.qh.y >> hshift) & 0x03030303u) << 4)};
-        bf16_pairs8(u, 32.0f, c);
-        a = f16_bits(r.d) * (float)(i8)r.sc, b = 0.0f;
-    }
-};
-template <>
-struct TcCodes<BF16W> {
-    static constexpr bool value = true, plain = true;
-    static constexpr u32 G = 32;
-    __device__ static void codes(const BF16W::Raw& r, u32, u32* c, float& a, float& b) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) c[i] = r.w[i];
-        a = 1.0f, b = 0.0f;
-    }
-};
-
-// v as MM_PARTS bf16 (bit patterns) that sum to it: p[0] = bf16(v), p[1] = bf16(v - p[0]),
-// p[2] = v - p[0] - p[1]. Each difference is exact in f32 and has at most 16, then 8,
-// significant bits, so the third part is exact: the parts are v (2 parts: to 2^-16 |v|). A
-// non-finite v keeps the rest zero.
-__device__ __forceinline__ void split_parts(float v, u32* p) {
-    split_bf16(v, p[0], p[1]);
-#if MM_PARTS == 3
-    const float rest = (v - __uint_as_float(p[0] << 16)) - __uint_as_float(p[1] << 16);
-    p[2] = (p[0] & 0x7F80u) == 0x7F80u ? 0u : (u32)__bfloat16_as_ushort(__float2bfloat16_rn(rest));
-#endif
-}
-
-// Where word i (0..7: values 2i, 2i + 1 of a 16-value half) goes in its staged half.
-__device__ __forceinline__ u32 tcc_pos(u32 i) { return i < 4 ? 2 * i : 2 * (i - 4) + 1; }
-
 // w: the weight matrix [N, K] whose rows col0 .. col0 + 63 this block takes.
 template <typename B, typename Rows>
 __device__ __forceinline__ void mat_mul_codes_tile(const float* x, const u8* w, float* y, Rows rows, u32 col0,

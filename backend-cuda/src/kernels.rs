@@ -34,6 +34,7 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../../kernels/mat_mul_vec_x8.cu"),
     ),
     ("mat_mul.cu", include_str!("../../kernels/mat_mul.cu")),
+    ("mat_mul_tc.cu", include_str!("../../kernels/mat_mul_tc.cu")),
     (
         "mat_mul_fused.cu",
         include_str!("../../kernels/mat_mul_fused.cu"),
@@ -80,10 +81,12 @@ const TUNING_KNOBS: &[(&str, i64, i64)] = &[
     ("MV_STAGED", 0, 3),
     ("MV_STAGES", 2, 4),
     ("MV_MIN_BLOCKS", 1, 16),
-    // mat_mul.cu: the prefill tile on f32 FMA (0, the default) or tensor cores (1), and the
-    // bf16 parts an activation takes in the codes tile (3 exact, 2 to 2^-16 of it).
+    // mat_mul.cu, mat_mul_tc.cu: the prefill tile on f32 FMA (0, the default) or tensor cores
+    // (1), and the bf16 parts an activation takes in the codes tiles (3 exact, 2 to 2^-16 of it).
     ("MM_TC", 0, 1),
     ("MM_PARTS", 2, 3),
+    // mat_mul_tc.cu: the blocks an SM must hold (its __launch_bounds__, so the registers a thread).
+    ("TC_BLOCKS", 1, 2),
     // mat_mul_vec_x8.cu: the decode mat-vec over int8 activation parts (1, the default: planned
     // for the formats that have it, plan/mat_mul.rs; 0: the f32 kernels of mat_vec.cuh), the parts a value (3 is f32's precision; fewer
     // are for measuring what the third costs), the split kernel or the staged one, the rows a

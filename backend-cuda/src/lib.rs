@@ -300,18 +300,33 @@ mod compile_check {
     }
 
     /// The prefill tiles on the tensor cores (MM_TC=1, not the default) compile for every
-    /// architecture, at 3 and 2 activation parts, and the codes tile (Q8_0, Q4_0, Q4_1, Q4_K,
-    /// Q6_K, bf16 weights) keeps everything in registers and shared memory.
+    /// architecture, at 3 and 2 activation parts, and the codes tiles (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K,
+    /// bf16 weights) keep everything in registers and shared memory.
     #[test]
     fn nvrtc_compiles_the_tensor_core_tiles() {
         let Some(tc) = toolchain() else { return };
         let nvrtc = Nvrtc::load(&tc.nvrtc).expect("NVRTC loads");
-        for spec in ["MM_TC=1", "MM_TC=1,MM_PARTS=2"] {
-            let full = super::kernels::source_with("mat_mul.cu", Some(spec)).expect("listed");
+        for (spec, file) in [
+            ("MM_TC=1", "mat_mul.cu"),
+            ("MM_TC=1,MM_PARTS=2", "mat_mul.cu"),
+            ("MM_TC=1", "mat_mul_tc.cu"),
+            ("MM_TC=1,MM_PARTS=2", "mat_mul_tc.cu"),
+        ] {
+            let full = super::kernels::source_with(file, Some(spec)).expect("listed");
             for arch in ARCHS {
                 let c = nvrtc
-                    .compile(&tc, "mat_mul.cu", &full, arch)
-                    .unwrap_or_else(|e| panic!("mat_mul.cu {spec} {arch}: {e}"));
+                    .compile(&tc, file, &full, arch)
+                    .unwrap_or_else(|e| panic!("{file} {spec} {arch}: {e}"));
+                // KILN_CUBIN_DIR=DIR keeps the cubins, for `cuobjdump --dump-sass`.
+                if let Ok(dir) = std::env::var("KILN_CUBIN_DIR") {
+                    let name = format!(
+                        "{}-{}-{arch}.cubin",
+                        file.trim_end_matches(".cu"),
+                        spec.replace([',', '='], "_")
+                    );
+                    std::fs::write(std::path::Path::new(&dir).join(name), &c.cubin)
+                        .expect("cubin written");
+                }
                 for u in ptxas_usage(&c.log) {
                     let codes = ["q8_0", "q4_0", "q4_1", "q4_k", "q6_k", "bf16"]
                         .iter()

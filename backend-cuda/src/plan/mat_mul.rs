@@ -371,6 +371,9 @@ pub(super) fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Ste
                 args,
             );
         }
+        if let Some(steps) = plan_tc(i[1].dtype, m, n, k) {
+            return Some(steps);
+        }
         // Every block format's rows are whole blocks of 32 or more, so this holds for any
         // well-formed weight (and such rows suit the mat-vec below too); float weights whose
         // rows are take the same tile.
@@ -395,6 +398,56 @@ pub(super) fn plan_mat_mul(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<Ste
         (MV_THREADS, 1, 1),
         vec![In(0), In(1), r, Out(0), U32(u(m)?), U32(u(n)?), U32(u(k)?)],
     )
+}
+
+/// Threads of `tc_split` (`TC_SPLIT_THREADS`) and the values a block of it takes
+/// (`TC_SPLIT_VALUES`); threads of `mat_mul_tc_*` (`TC_THREADS`) and its tile (`TC_ROWS_W`
+/// weight rows × `TC_ROWS_X` activation rows).
+const TC_SPLIT_THREADS: u32 = 128;
+const TC_SPLIT_VALUES: usize = 1024;
+const TC_THREADS: u32 = 256;
+const TC_ROWS_W: usize = 128;
+const TC_ROWS_X: usize = 64;
+
+/// The dense prefill matmul on the tensor cores (`mat_mul_tc.cu`), with the `MM_TC=1` knob
+/// and for the weight types with codes: `tc_split` writes `x`'s rows as `MM_PARTS` bf16 parts
+/// and 16-value sums into scratch (`tc_bytes` in the kernel file), then `mat_mul_tc_<fmt>`
+/// multiplies them into the weight. `k` a multiple of 32.
+fn plan_tc(d: DType, m: usize, n: usize, k: usize) -> Option<Vec<Step>> {
+    use Arg::{In, Out, Scratch, U32};
+    (kernels::knob("MM_TC") == Some(1) && k % QUANT_TILE_K == 0 && m > 0).then_some(())?;
+    let kernel = match d {
+        DType::Q8_0 => "mat_mul_tc_q8_0",
+        DType::Q4_0 => "mat_mul_tc_q4_0",
+        DType::Q4_1 => "mat_mul_tc_q4_1",
+        DType::Q4_K => "mat_mul_tc_q4_k",
+        DType::Q6_K => "mat_mul_tc_q6_k",
+        DType::BF16 => "mat_mul_tc_bf16",
+        _ => return None,
+    };
+    let parts = kernels::knob("MM_PARTS").unwrap_or(3) as usize;
+    let bytes = m.checked_mul(2 * parts * k + k / 4)?;
+    let mut steps = vec![Step::Scratch(TensorDesc::new(DType::F32, [bytes / 4]))];
+    steps.extend(one(
+        "tc_split",
+        (u(k.div_ceil(TC_SPLIT_VALUES))?, u(m)?, 1),
+        (TC_SPLIT_THREADS, 1, 1),
+        vec![In(0), Scratch(0), U32(u(m)?), U32(u(k)?)],
+    )?);
+    steps.extend(one(
+        kernel,
+        (u(n.div_ceil(TC_ROWS_W))?, u(m.div_ceil(TC_ROWS_X))?, 1),
+        (TC_THREADS, 1, 1),
+        vec![
+            Scratch(0),
+            In(1),
+            Out(0),
+            U32(u(m)?),
+            U32(u(n)?),
+            U32(u(k)?),
+        ],
+    )?);
+    Some(steps)
 }
 
 /// The launches of one of the family's ops, or `None` where no kernel fits (the executor then

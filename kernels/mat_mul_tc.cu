@@ -1,0 +1,294 @@
+// Dense prefill on the tensor cores (the MM_TC=1 knob, for the weight formats with codes:
+// TcCodes in formats.cuh): y [M, N] = x [M, K] · w [N, K]ᵀ in two launches, K a multiple of 32.
+//
+// 1. tc_split writes each activation row once as MM_PARTS exact bf16 parts (split_parts) in
+//    the order the tile stages them: for each 32-value step and part, 16 words of bf16 pairs,
+//    each 16-value half in tcc_pos order; and the sum of every 16 values (f32, in a fixed
+//    order) for the formats' offsets. Layout of the scratch: the M rows' parts (2 · MM_PARTS
+//    · K bytes a row), then the M rows' sums (K / 16 floats a row).
+// 2. mat_mul_tc_<fmt> takes 128 weight rows × 64 activation rows a block of 256 threads: 8
+//    warps of 32 × 32 outputs (2 × 4 fragments of 4 accumulators a lane, and as many for the
+//    group being summed; mma.m16n8k16, the weight's codes as A, a part's activation rows as
+//    B). Each 32-value step, the activation parts of the next step are copied by cp.async
+//    into the other half of a two-stage ring (no registers hold them, nothing converts
+//    them), the weight's raw words of the next step are loaded into registers (thread t:
+//    rows r and r + 8 of a fragment tile, 8 values), and this step's codes go into shared
+//    memory while those loads are in flight. Per step and warp: 48 mma (3 parts), 32
+//    eight-byte fragment loads, and per group 2 FMA an output (acc += a · Σcx + b · Σx).
+//
+// Why 128 × 64: an activation value is 6 bytes here (3 parts), read once per block of
+// weight rows, so the block's weight rows set the bytes a multiply-add takes from L2; the
+// weight's codes are decoded once per block of activation rows, which sets the decoding a
+// multiply-add takes. Against the tile that splits the activations itself (mat_mul.cu, which
+// the grouped MoE matmul still takes): the split is done once per activation instead of
+// once per block, and each warp's fragments feed twice the mma.
+
+#define TC_THREADS 256
+#define TC_ROWS_W 128  // weight rows a block
+#define TC_ROWS_X 64   // activation rows a block
+#define TC_STEP 32     // values of K a step
+#define TC_SPLIT_THREADS 128
+#define TC_SPLIT_VALUES 1024  // values a tc_split block takes: 8 a thread
+// Shared memory a block: codes 8 KB, parts 2 × 12 KB (3 parts), scales and sums 3 KB.
+// Blocks an SM must hold (__launch_bounds__): 1 lets ptxas take up to 255 registers a thread
+// (the 64 accumulators, fragments, the next step's raw weight words and copy addresses);
+// TC_BLOCKS=2 (128 registers) is a knob for the sweep.
+#ifndef TC_BLOCKS
+#define TC_BLOCKS 1
+#endif
+
+// Bytes of tc_split's output for m rows of k values.
+__device__ __forceinline__ size_t tc_part_bytes(u32 k) { return (size_t)k * 2 * MM_PARTS; }
+
+// Grid (ceil(k / 1024), m), TC_SPLIT_THREADS threads; each thread 8 values (a quarter of a step).
+// @hot
+extern "C" __global__ void __launch_bounds__(TC_SPLIT_THREADS) tc_split(const float* x, float* out, u32 m, u32 k) {
+    const u32 r = blockIdx.y, v0 = blockIdx.x * TC_SPLIT_VALUES + 8 * threadIdx.x;
+    const bool mine = v0 < k;
+    const float* xr = x + (size_t)r * k + v0;
+    const bool al = ((size_t)x & 15u) == 0;  // every row alike: k % 32 == 0
+    float xv[8];
+    if (mine && al) {
+        const float4 a = *(const float4*)xr, b = *(const float4*)(xr + 4);
+        xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) xv[i] = mine ? xr[i] : 0.0f;
+    }
+    u32 part[8][MM_PARTS];
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        split_parts(xv[i], part[i]);
+        s += xv[i];
+    }
+    s += __shfl_xor_sync(0xffffffffu, s, 1);  // the other 8 of the half (every lane takes part)
+    if (!mine) return;
+    u8* row = (u8*)out + (size_t)r * tc_part_bytes(k);
+    const u32 step = v0 / 32, h = (v0 % 32) / 16, i0 = (v0 % 16) / 2;
+#pragma unroll
+    for (int p = 0; p < MM_PARTS; p++) {
+        u32* dst = (u32*)(row + ((size_t)step * MM_PARTS + p) * 64) + 8 * h;
+#pragma unroll
+        for (u32 i = 0; i < 4; i++) dst[tcc_pos(i0 + i)] = part[2 * i][p] | (part[2 * i + 1][p] << 16);
+    }
+    if (i0 == 0) {
+        float* sums = (float*)((u8*)out + (size_t)m * tc_part_bytes(k));
+        sums[(size_t)r * (k / 16) + v0 / 16] = s;
+    }
+}
+
+// The swizzled word of a staged row: logical word w of pair row pr of the codes (32 words a
+// pair row) and of activation row r of a part (16 words a row). Both keep 16-byte chunks
+// whole and put a half-warp's 8-byte fragment loads (rows g .. g + 3) on 32 banks.
+__device__ __forceinline__ u32 tc_wswz(u32 pr, u32 w) { return pr * 32 + (w ^ ((pr & 3) << 3)); }
+__device__ __forceinline__ u32 tc_xswz(u32 r, u32 w) { return r * 16 + (w ^ (((r >> 1) & 1) << 3)); }
+
+// xp: tc_split's output for x's m rows; w: the weight matrix [n, k], its first byte
+// 16-byte aligned when A is 16 (then every block's fields are aligned as B::fetch<16> reads
+// them: rows are whole blocks).
+template <typename B, u32 A>
+__device__ __forceinline__ void mat_mul_tc(const u8* xp, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    typedef TcCodes<B> Codes;
+    __shared__ uint4 ws_[TC_ROWS_W / 2 * 32 / 4];            // codes: pair rows of 32 words
+    __shared__ uint4 xs_[2][MM_PARTS][TC_ROWS_X * 16 / 4];  // the ring of activation parts
+    __shared__ float2 wab[TC_ROWS_W][2];                    // a, b of each weight row's halves
+    __shared__ float2 xsum[2][TC_ROWS_X];                   // Σx of each activation row's halves
+    const u32 t = threadIdx.x, lane = t % WARP, warp = t / WARP;
+    const u32 g = lane / 4, q = lane % 4;
+    const u32 wm = (warp % 4) * 32, wn = (warp / 4) * 32;  // the warp's weight rows, activation rows
+    const u32 col0 = blockIdx.x * TC_ROWS_W, row0 = blockIdx.y * TC_ROWS_X, steps = k / TC_STEP;
+    const uint2* ws = (const uint2*)ws_;
+    const float* sums = (const float*)(xp + (size_t)m * tc_part_bytes(k));
+    // The weight: pair row pr (rows r0 and r0 + 8), values 16 h + 8 qq .. + 8 of each step.
+    const u32 pr = t / 4, h = (t / 2) % 2, qq = t % 2;
+    const u32 r0 = 16 * (pr / 8) + pr % 8;
+    const u8* wrow0 = weight_row<B>(w, col0 + r0 < n ? col0 + r0 : 0, k);
+    const u8* wrow1 = weight_row<B>(w, col0 + r0 + 8 < n ? col0 + r0 + 8 : 0, k);
+    typename B::Raw raw[2];
+    auto fetch_w = [&](u32 s) {
+        raw[0] = B::template fetch<A>(wrow0, TC_STEP * s + 16 * h + 8 * qq);
+        raw[1] = B::template fetch<A>(wrow1, TC_STEP * s + 16 * h + 8 * qq);
+    };
+    // The activation parts: each step, 64 rows × MM_PARTS × 64 bytes as 16-byte copies, TC_X
+    // a thread: copy j of thread t is chunk c = t + 256 j (row c / (4 MM_PARTS), part, quarter).
+    // Where they come from (less the step's offset) and go, worked out once; rows past m are
+    // zeros, stored once into both stages (the copies never touch them).
+    constexpr u32 TC_X = TC_ROWS_X * MM_PARTS * 4 / TC_THREADS;
+    static_assert(TC_X * TC_THREADS == TC_ROWS_X * MM_PARTS * 4, "whole copies a thread");
+    const u8* src[TC_X];
+    u32 dst[TC_X];  // u32 offset into a stage
+#pragma unroll
+    for (u32 j = 0; j < TC_X; j++) {
+        const u32 c = t + TC_THREADS * j, r = c / (MM_PARTS * 4), p = (c / 4) % MM_PARTS, cq = c % 4;
+        dst[j] = p * TC_ROWS_X * 16 + tc_xswz(r, 4 * cq);
+        src[j] = row0 + r < m ? xp + (size_t)(row0 + r) * tc_part_bytes(k) + p * 64 + 16 * cq : nullptr;
+        if (!src[j]) {
+            *(uint4*)((u32*)xs_[0] + dst[j]) = make_uint4(0u, 0u, 0u, 0u);
+            *(uint4*)((u32*)xs_[1] + dst[j]) = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    const float* ssrc = t < TC_ROWS_X && row0 + t < m ? sums + (size_t)(row0 + t) * (k / 16) : nullptr;
+    if (t < TC_ROWS_X && !ssrc) xsum[0][t] = xsum[1][t] = float2{0.0f, 0.0f};
+    auto stage_x = [&](u32 s, u32 b) {
+        const size_t at = (size_t)s * MM_PARTS * 64;
+#pragma unroll
+        for (u32 j = 0; j < TC_X; j++)
+            if (src[j]) cp_async<16>((u32*)xs_[b] + dst[j], src[j] + at);
+        if (ssrc) cp_async<8>(&xsum[b][t], ssrc + 2 * s);
+        cp_async_commit();
+    };
+    float acc[2][4][4], grp[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = grp[i][j][e] = 0.0f;
+    fetch_w(0);
+    stage_x(0, 0);
+    for (u32 s = 0; s < steps; s++) {
+        const u32 b = s % 2;
+        {
+            // This step's codes (the last step's readers passed the barrier at its end).
+            // Rows past n hold row 0's codes: their outputs are never written, and no other
+            // output reads them.
+            u32 c0[4], c1[4];
+            float a0, b0, a1, b1;
+            Codes::codes(raw[0], TC_STEP * s + 16 * h + 8 * qq, c0, a0, b0);
+            Codes::codes(raw[1], TC_STEP * s + 16 * h + 8 * qq, c1, a1, b1);
+            u32* dst_w = (u32*)ws_;
+            *(uint4*)(dst_w + tc_wswz(pr, 16 * h + 8 * qq)) = make_uint4(c0[0], c1[0], c0[1], c1[1]);
+            *(uint4*)(dst_w + tc_wswz(pr, 16 * h + 8 * qq + 4)) = make_uint4(c0[2], c1[2], c0[3], c1[3]);
+            if (qq == 0) {
+                wab[r0][h] = float2{a0, b0};
+                wab[r0 + 8][h] = float2{a1, b1};
+            }
+        }
+        if (s + 1 < steps) {
+            stage_x(s + 1, 1 - b);
+            fetch_w(s + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const uint2* xs[MM_PARTS];
+#pragma unroll
+        for (int p = 0; p < MM_PARTS; p++) xs[p] = (const uint2*)xs_[b][p];
+#pragma unroll
+        for (u32 hh = 0; hh < 2; hh++) {  // the step's two k16 halves
+            u32 af[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const u32 pa = (wm / 16 + i) * 8 + g;  // rows wm + 16 i + g and + 8
+                const uint2 lo = ws[tc_wswz(pa, 16 * hh + 2 * q) / 2];      // words q of both rows
+                const uint2 hi = ws[tc_wswz(pa, 16 * hh + 2 * q + 8) / 2];  // words q + 4
+                af[i][0] = lo.x, af[i][1] = lo.y, af[i][2] = hi.x, af[i][3] = hi.y;
+            }
+#pragma unroll
+            for (int p = MM_PARTS - 1; p >= 0; p--) {  // the small parts first
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const uint2 bw = xs[p][tc_xswz(wn + 8 * j + g, 8 * hh + 2 * q) / 2];
+                    const u32 bf[2] = {bw.x, bw.y};
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        if constexpr (Codes::plain) {
+                            mma_bf16_16816(acc[i][j], af[i], bf);
+                        } else {
+                            mma_bf16_16816(grp[i][j], af[i], bf);
+                        }
+                    }
+                }
+            }
+            if constexpr (!Codes::plain) {
+                if (Codes::G == 16 || hh == 1) {
+                    // The group is summed: acc += a · Σ c x + b · Σ x for each output.
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+#pragma unroll
+                        for (int e1 = 0; e1 < 2; e1++) {
+                            const float2 s2 = xsum[b][wn + 8 * j + 2 * q + e1];
+                            const float sx = Codes::G == 16 ? (hh == 0 ? s2.x : s2.y) : s2.x + s2.y;
+#pragma unroll
+                            for (int i = 0; i < 2; i++)
+#pragma unroll
+                                for (int e2 = 0; e2 < 2; e2++) {
+                                    const float2 ab = wab[wm + 16 * i + g + 8 * e2][Codes::G == 16 ? hh : 0];
+                                    float& o = acc[i][j][2 * e2 + e1];
+                                    o = fmaf(ab.y, sx, fmaf(ab.x, grp[i][j][2 * e2 + e1], o));
+                                    grp[i][j][2 * e2 + e1] = 0.0f;
+                                }
+                        }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    // Output (activation row c, weight row r) is y[row0 + c][col0 + r].
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e1 = 0; e1 < 2; e1++) {
+            const u32 r = row0 + wn + 8 * j + 2 * q + e1;
+            if (r >= m) continue;
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    const u32 c = col0 + wm + 16 * i + g + 8 * e2;
+                    if (c < n) y[(size_t)r * n + c] = acc[i][j][2 * e2 + e1];
+                }
+        }
+}
+
+// Grid (ceil(n / 128), ceil(m / 64)), TC_THREADS threads; xp: tc_split's output.
+// @hot
+extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
+mat_mul_tc_q8_0(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    if (((size_t)w & 15) == 0)
+        mat_mul_tc<Q8_0, 16>((const u8*)xp, w, y, m, n, k);
+    else
+        mat_mul_tc<Q8_0, 1>((const u8*)xp, w, y, m, n, k);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
+mat_mul_tc_q4_0(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    if (((size_t)w & 15) == 0)
+        mat_mul_tc<Q4_0, 16>((const u8*)xp, w, y, m, n, k);
+    else
+        mat_mul_tc<Q4_0, 1>((const u8*)xp, w, y, m, n, k);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
+mat_mul_tc_q4_1(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    if (((size_t)w & 15) == 0)
+        mat_mul_tc<Q4_1, 16>((const u8*)xp, w, y, m, n, k);
+    else
+        mat_mul_tc<Q4_1, 1>((const u8*)xp, w, y, m, n, k);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
+mat_mul_tc_q4_k(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    if (((size_t)w & 15) == 0)
+        mat_mul_tc<Q4_K, 16>((const u8*)xp, w, y, m, n, k);
+    else
+        mat_mul_tc<Q4_K, 1>((const u8*)xp, w, y, m, n, k);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
+mat_mul_tc_q6_k(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    if (((size_t)w & 15) == 0)
+        mat_mul_tc<Q6_K, 16>((const u8*)xp, w, y, m, n, k);
+    else
+        mat_mul_tc<Q6_K, 1>((const u8*)xp, w, y, m, n, k);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
+mat_mul_tc_bf16(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k) {
+    if (((size_t)w & 15) == 0)
+        mat_mul_tc<BF16W, 16>((const u8*)xp, w, y, m, n, k);
+    else
+        mat_mul_tc<BF16W, 1>((const u8*)xp, w, y, m, n, k);
+}
