@@ -87,8 +87,10 @@ __device__ __forceinline__ u32 tc_xswz(u32 r, u32 w) { return r * 16 + (w ^ (((r
 // xp: tc_split's output for x's m rows; w: the weight matrix [n, k], its first byte
 // 16-byte aligned when A is 16 (then every block's fields are aligned as B::fetch<16> reads
 // them: rows are whole blocks).
+// With splits > 1, block z of the grid's third dimension takes its share of the K steps and
+// writes its sums to y + z · m · n (scratch that tc_reduce adds up in order).
 template <typename B, u32 A>
-__device__ __forceinline__ void mat_mul_tc(const u8* xp, const u8* w, float* y, u32 m, u32 n, u32 k) {
+__device__ __forceinline__ void mat_mul_tc(const u8* xp, const u8* w, float* y, u32 m, u32 n, u32 k, u32 splits) {
     typedef TcCodes<B> Codes;
     __shared__ uint4 ws_[TC_ROWS_W / 2 * 32 / 4];            // codes: pair rows of 32 words
     __shared__ uint4 xs_[2][MM_PARTS][TC_ROWS_X * 16 / 4];  // the ring of activation parts
@@ -97,7 +99,10 @@ __device__ __forceinline__ void mat_mul_tc(const u8* xp, const u8* w, float* y, 
     const u32 t = threadIdx.x, lane = t % WARP, warp = t / WARP;
     const u32 g = lane / 4, q = lane % 4;
     const u32 wm = (warp % 4) * 32, wn = (warp / 4) * 32;  // the warp's weight rows, activation rows
-    const u32 col0 = blockIdx.x * TC_ROWS_W, row0 = blockIdx.y * TC_ROWS_X, steps = k / TC_STEP;
+    const u32 col0 = blockIdx.x * TC_ROWS_W, row0 = blockIdx.y * TC_ROWS_X;
+    const u32 per = (k / TC_STEP + splits - 1) / splits, first = blockIdx.z * per;
+    const u32 last = min(k / TC_STEP, first + per);  // steps first .. last
+    y += (size_t)blockIdx.z * m * n;
     const uint2* ws = (const uint2*)ws_;
     const float* sums = (const float*)(xp + (size_t)m * tc_part_bytes(k));
     // The weight: pair row pr (rows r0 and r0 + 8), values 16 h + 8 qq .. + 8 of each step.
@@ -145,10 +150,12 @@ __device__ __forceinline__ void mat_mul_tc(const u8* xp, const u8* w, float* y, 
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = grp[i][j][e] = 0.0f;
-    fetch_w(0);
-    stage_x(0, 0);
-    for (u32 s = 0; s < steps; s++) {
-        const u32 b = s % 2;
+    if (first < last) {
+        fetch_w(first);
+        stage_x(first, 0);
+    }
+    for (u32 s = first; s < last; s++) {
+        const u32 b = (s - first) % 2;
         {
             // This step's codes (the last step's readers passed the barrier at its end).
             // Rows past n hold row 0's codes: their outputs are never written, and no other
@@ -165,7 +172,7 @@ __device__ __forceinline__ void mat_mul_tc(const u8* xp, const u8* w, float* y, 
                 wab[r0 + 8][h] = float2{a1, b1};
             }
         }
-        if (s + 1 < steps) {
+        if (s + 1 < last) {
             stage_x(s + 1, 1 - b);
             fetch_w(s + 1);
             cp_async_wait<1>();
@@ -243,52 +250,62 @@ __device__ __forceinline__ void mat_mul_tc(const u8* xp, const u8* w, float* y, 
         }
 }
 
-// Grid (ceil(n / 128), ceil(m / 64)), TC_THREADS threads; xp: tc_split's output.
+// The splits' sums: y[i] = Σ_z part[z · count + i], z in order (the same bits every run).
+// @hot
+extern "C" __global__ void tc_reduce(const float* part, float* y, u32 count, u32 splits) {
+    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    float v = 0.0f;
+    for (u32 z = 0; z < splits; z++) v += part[(size_t)z * count + i];
+    y[i] = v;
+}
+
+// Grid (ceil(n / 128), ceil(m / 64), splits), TC_THREADS threads; xp: tc_split's output.
 // @hot
 extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
-mat_mul_tc_q8_0(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k) {
+mat_mul_tc_q8_0(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k, u32 splits) {
     if (((size_t)w & 15) == 0)
-        mat_mul_tc<Q8_0, 16>((const u8*)xp, w, y, m, n, k);
+        mat_mul_tc<Q8_0, 16>((const u8*)xp, w, y, m, n, k, splits);
     else
-        mat_mul_tc<Q8_0, 1>((const u8*)xp, w, y, m, n, k);
+        mat_mul_tc<Q8_0, 1>((const u8*)xp, w, y, m, n, k, splits);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
-mat_mul_tc_q4_0(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k) {
+mat_mul_tc_q4_0(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k, u32 splits) {
     if (((size_t)w & 15) == 0)
-        mat_mul_tc<Q4_0, 16>((const u8*)xp, w, y, m, n, k);
+        mat_mul_tc<Q4_0, 16>((const u8*)xp, w, y, m, n, k, splits);
     else
-        mat_mul_tc<Q4_0, 1>((const u8*)xp, w, y, m, n, k);
+        mat_mul_tc<Q4_0, 1>((const u8*)xp, w, y, m, n, k, splits);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
-mat_mul_tc_q4_1(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k) {
+mat_mul_tc_q4_1(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k, u32 splits) {
     if (((size_t)w & 15) == 0)
-        mat_mul_tc<Q4_1, 16>((const u8*)xp, w, y, m, n, k);
+        mat_mul_tc<Q4_1, 16>((const u8*)xp, w, y, m, n, k, splits);
     else
-        mat_mul_tc<Q4_1, 1>((const u8*)xp, w, y, m, n, k);
+        mat_mul_tc<Q4_1, 1>((const u8*)xp, w, y, m, n, k, splits);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
-mat_mul_tc_q4_k(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k) {
+mat_mul_tc_q4_k(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k, u32 splits) {
     if (((size_t)w & 15) == 0)
-        mat_mul_tc<Q4_K, 16>((const u8*)xp, w, y, m, n, k);
+        mat_mul_tc<Q4_K, 16>((const u8*)xp, w, y, m, n, k, splits);
     else
-        mat_mul_tc<Q4_K, 1>((const u8*)xp, w, y, m, n, k);
+        mat_mul_tc<Q4_K, 1>((const u8*)xp, w, y, m, n, k, splits);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
-mat_mul_tc_q6_k(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k) {
+mat_mul_tc_q6_k(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k, u32 splits) {
     if (((size_t)w & 15) == 0)
-        mat_mul_tc<Q6_K, 16>((const u8*)xp, w, y, m, n, k);
+        mat_mul_tc<Q6_K, 16>((const u8*)xp, w, y, m, n, k, splits);
     else
-        mat_mul_tc<Q6_K, 1>((const u8*)xp, w, y, m, n, k);
+        mat_mul_tc<Q6_K, 1>((const u8*)xp, w, y, m, n, k, splits);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
-mat_mul_tc_bf16(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k) {
+mat_mul_tc_bf16(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k, u32 splits) {
     if (((size_t)w & 15) == 0)
-        mat_mul_tc<BF16W, 16>((const u8*)xp, w, y, m, n, k);
+        mat_mul_tc<BF16W, 16>((const u8*)xp, w, y, m, n, k, splits);
     else
-        mat_mul_tc<BF16W, 1>((const u8*)xp, w, y, m, n, k);
+        mat_mul_tc<BF16W, 1>((const u8*)xp, w, y, m, n, k, splits);
 }

@@ -557,11 +557,12 @@ mod tests {
 
     /// And with the prefill tiles on the tensor cores (MM_TC=1: mma.sync over exact codes and
     /// activation parts, or over bf16 splits; the emulator computes each mma from PTX's
-    /// fragment layouts), at 3 activation parts and at 2.
+    /// fragment layouts), at 3 activation parts and at 2, with K split among blocks (what the
+    /// suite's small matrices get) and not.
     #[test]
     fn the_tensor_core_prefill_tile_passes_the_conformance_suite_on_the_cpu() {
         conformance(Some("MM_TC=1"));
-        conformance(Some("MM_TC=1,MM_PARTS=2"));
+        conformance(Some("MM_TC=1,MM_PARTS=2,TC_SPLITS=1"));
     }
 
     /// The codes tile (MM_TC=1 for Q8_0, Q4_0, Q4_1, Q4_K, Q6_K and bf16 weights) multiplies

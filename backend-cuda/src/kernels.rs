@@ -85,8 +85,11 @@ const TUNING_KNOBS: &[(&str, i64, i64)] = &[
     // (1), and the bf16 parts an activation takes in the codes tiles (3 exact, 2 to 2^-16 of it).
     ("MM_TC", 0, 1),
     ("MM_PARTS", 2, 3),
-    // mat_mul_tc.cu: the blocks an SM must hold (its __launch_bounds__, so the registers a thread).
+    // mat_mul_tc.cu: the blocks an SM must hold (its __launch_bounds__, so the registers a
+    // thread).
     ("TC_BLOCKS", 1, 2),
+    // Not a kernel's: the K splits of mat_mul_tc_* (plan/mat_mul.rs picks them by the tiles).
+    ("TC_SPLITS", 1, 16),
     // mat_mul_vec_x8.cu: the decode mat-vec over int8 activation parts (1, the default: planned
     // for the formats that have it, plan/mat_mul.rs; 0: the f32 kernels of mat_vec.cuh), the parts a value (3 is f32's precision; fewer
     // are for measuring what the third costs), the split kernel or the staged one, the rows a

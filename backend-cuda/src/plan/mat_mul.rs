@@ -408,6 +408,8 @@ const TC_SPLIT_VALUES: usize = 1024;
 const TC_THREADS: u32 = 256;
 const TC_ROWS_W: usize = 128;
 const TC_ROWS_X: usize = 64;
+/// Tiles that keep a GPU busy: two blocks on each of an H100's or H200's 132 SMs.
+const TC_FILL: usize = 264;
 
 /// The dense prefill matmul on the tensor cores (`mat_mul_tc.cu`), with the `MM_TC=1` knob
 /// and for the weight types with codes: `tc_split` writes `x`'s rows as `MM_PARTS` bf16 parts
@@ -427,7 +429,22 @@ fn plan_tc(d: DType, m: usize, n: usize, k: usize) -> Option<Vec<Step>> {
     };
     let parts = kernels::knob("MM_PARTS").unwrap_or(3) as usize;
     let bytes = m.checked_mul(2 * parts * k + k / 4)?;
+    // Too few tiles to fill the GPU (a batch of decodes: 64 rows, 32 tiles on a 4096-row
+    // weight) split K among blocks, at least 8 steps each; TC_SPLITS sets the count.
+    let tiles = n.div_ceil(TC_ROWS_W) * m.div_ceil(TC_ROWS_X);
+    let most = (k / QUANT_TILE_K / 8).clamp(1, 16);
+    let splits = match kernels::knob("TC_SPLITS") {
+        Some(s) => s as usize,
+        None => TC_FILL.div_ceil(tiles),
+    }
+    .clamp(1, most);
     let mut steps = vec![Step::Scratch(TensorDesc::new(DType::F32, [bytes / 4]))];
+    if splits > 1 {
+        steps.push(Step::Scratch(TensorDesc::new(
+            DType::F32,
+            [splits.checked_mul(m)?.checked_mul(n)?],
+        )));
+    }
     steps.extend(one(
         "tc_split",
         (u(k.div_ceil(TC_SPLIT_VALUES))?, u(m)?, 1),
@@ -436,17 +453,29 @@ fn plan_tc(d: DType, m: usize, n: usize, k: usize) -> Option<Vec<Step>> {
     )?);
     steps.extend(one(
         kernel,
-        (u(n.div_ceil(TC_ROWS_W))?, u(m.div_ceil(TC_ROWS_X))?, 1),
+        (
+            u(n.div_ceil(TC_ROWS_W))?,
+            u(m.div_ceil(TC_ROWS_X))?,
+            u(splits)?,
+        ),
         (TC_THREADS, 1, 1),
         vec![
             Scratch(0),
             In(1),
-            Out(0),
+            if splits > 1 { Scratch(1) } else { Out(0) },
             U32(u(m)?),
             U32(u(n)?),
             U32(u(k)?),
+            U32(u(splits)?),
         ],
     )?);
+    if splits > 1 {
+        steps.extend(launch1(
+            "tc_reduce",
+            m * n,
+            vec![Scratch(1), Out(0), U32(u(m * n)?), U32(u(splits)?)],
+        )?);
+    }
     Some(steps)
 }
 

@@ -190,3 +190,53 @@ fn the_int8_activation_knob_plans_quantize_then_the_x8_mat_vec() {
     }
     assert!(x8 >= 10, "{x8} Q4_K decode cases");
 }
+
+/// With `MM_TC=1`, a prefill-sized matmul of a weight with codes is planned as `tc_split`
+/// then `mat_mul_tc_<fmt>`, and K is split among blocks (summed by `tc_reduce`) only when the
+/// tiles alone would leave the GPU idle: a batch of 64 decodes of a 4096 × 4096 weight has 32
+/// tiles; 2048 prompt rows have 1024. Every launch fits its kernel.
+#[test]
+fn the_tensor_core_knob_splits_k_only_for_few_tiles() {
+    let sigs = crate::kernels::signatures().expect("signatures parse");
+    for (m, split) in [(64usize, true), (2048, false)] {
+        let desc = OpDesc::new(
+            Op::MatMul(MatMulOp::MatMul),
+            vec![
+                TensorDesc::new(DType::F32, [m, 4096]),
+                TensorDesc::new(DType::Q4_K, [4096, 4096]),
+            ],
+            vec![TensorDesc::new(DType::F32, [m, 4096])],
+        );
+        let steps = crate::kernels::with_knobs(Some("MM_TC=1"), || plan(&desc)).expect("planned");
+        let launches: Vec<&Launch> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Launch(l) => Some(l),
+                _ => None,
+            })
+            .collect();
+        let names: Vec<&str> = launches.iter().map(|l| l.kernel).collect();
+        if split {
+            assert_eq!(names, ["tc_split", "mat_mul_tc_q4_k", "tc_reduce"]);
+            assert!(launches[1].grid.2 > 1 && launches[1].grid.0 * launches[1].grid.1 == 32);
+        } else {
+            assert_eq!(names, ["tc_split", "mat_mul_tc_q4_k"]);
+            assert_eq!(launches[1].grid, (32, 32, 1));
+        }
+        for l in launches {
+            check_launch(
+                &sigs[l.kernel],
+                l,
+                &desc.inputs,
+                &desc.outputs,
+                &scratch_descs(&steps),
+            )
+            .unwrap_or_else(|e| panic!("m={m} {}: {e}", l.kernel));
+        }
+        // Without the knob: the FMA tile.
+        let plain = plan(&desc).expect("planned");
+        assert!(plain
+            .iter()
+            .all(|s| !matches!(s, Step::Launch(l) if l.kernel.contains("tc"))));
+    }
+}
