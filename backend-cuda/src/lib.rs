@@ -377,6 +377,148 @@ mod compile_check {
         assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 
+    /// The SASS of the hot kernels for Hopper, from the cubins NVRTC makes (`cuobjdump
+    /// --dump-sass`; the PyPI wheels `nvidia-cuda-cuobjdump` and `nvidia-cuda-nvdisasm` beside
+    /// NVRTC): a table of what each kernel's code is made of, so a change in what the
+    /// compiler emits (the asynchronous copies gone, local memory, fewer tensor-core
+    /// instructions) shows in CI's log without a GPU. Fails on local memory in a hot kernel,
+    /// and where the tensor-core prefill tiles lose their cp.async copies or their mma.
+    /// Skips without the tools unless KILN_REQUIRE_NVRTC is set.
+    #[test]
+    fn the_hot_kernels_sass_is_reported() {
+        let Some(tc) = toolchain() else { return };
+        let bin = tc
+            .nvrtc
+            .parent()
+            .and_then(|lib| lib.parent())
+            .map(|root| root.join("bin"))
+            .filter(|b| b.join("cuobjdump").is_file() && b.join("nvdisasm").is_file());
+        let Some(bin) = bin else {
+            assert!(
+                !required(),
+                "KILN_REQUIRE_NVRTC is set: no cuobjdump and nvdisasm beside NVRTC (the PyPI \
+                 packages nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm)"
+            );
+            println!("skipping the SASS report: no cuobjdump and nvdisasm beside NVRTC");
+            return;
+        };
+        let nvrtc = Nvrtc::load(&tc.nvrtc).expect("NVRTC loads");
+        let dir = std::env::temp_dir().join(format!("kiln-sass-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp folder");
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let classes = [
+            "HMMA", "IMMA", "LDGSTS", "LDG", "LDS", "STS", "FFMA", "IDP", "LDL", "STL",
+        ];
+        println!(
+            "{:<28} {:>6} {}",
+            "sm_90a kernel",
+            "instr",
+            classes.map(|c| format!("{c:>6}")).join("")
+        );
+        let mut failures = Vec::new();
+        for (file, src) in FILES {
+            let hot: Vec<String> = entry_points(src)
+                .into_iter()
+                .filter(|e| e.1)
+                .map(|e| e.0)
+                .collect();
+            if hot.is_empty() {
+                continue;
+            }
+            let full = source(file).expect("listed");
+            let c = nvrtc
+                .compile(&tc, file, &full, "sm_90a")
+                .unwrap_or_else(|e| panic!("{file}: {e}"));
+            let cubin = dir.join(file.replace(".cu", ".cubin"));
+            std::fs::write(&cubin, &c.cubin).expect("cubin written");
+            let out = std::process::Command::new(bin.join("cuobjdump"))
+                .arg("--dump-sass")
+                .arg(&cubin)
+                .env("PATH", &path)
+                .output()
+                .expect("cuobjdump runs");
+            assert!(
+                out.status.success(),
+                "cuobjdump: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let sass = String::from_utf8_lossy(&out.stdout);
+            for (name, counts, total) in sass_counts(&sass, &classes) {
+                if !hot.contains(&name) {
+                    continue;
+                }
+                println!(
+                    "{:<28} {:>6} {}",
+                    name,
+                    total,
+                    counts.iter().map(|n| format!("{n:>6}")).collect::<String>()
+                );
+                let n = |c: &str| {
+                    classes
+                        .iter()
+                        .position(|x| *x == c)
+                        .map_or(0, |i| counts[i])
+                };
+                if n("LDL") + n("STL") > 0 {
+                    failures.push(format!("{name}: local memory in a hot kernel"));
+                }
+                if name.starts_with("mat_mul_tc_") && (n("LDGSTS") == 0 || n("HMMA") == 0) {
+                    failures.push(format!("{name}: no cp.async copies or no mma"));
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    /// Per function of a `cuobjdump --dump-sass` listing: its name, the count of instructions
+    /// whose mnemonic starts with each of `classes`, and its instruction count.
+    fn sass_counts(sass: &str, classes: &[&str]) -> Vec<(String, Vec<usize>, usize)> {
+        let mut out: Vec<(String, Vec<usize>, usize)> = Vec::new();
+        for line in sass.lines() {
+            let t = line.trim();
+            if let Some(name) = t.strip_prefix("Function : ") {
+                out.push((name.trim().to_string(), vec![0; classes.len()], 0));
+                continue;
+            }
+            // "/*0a40*/   @!P1 LDGSTS.E.BYPASS.128 [R15], ... ;"
+            let Some(rest) = t.strip_prefix("/*").and_then(|r| r.split_once("*/")) else {
+                continue;
+            };
+            let mut words = rest.1.split_whitespace();
+            let Some(mut op) = words.next() else { continue };
+            if op.starts_with('@') {
+                let Some(o) = words.next() else { continue };
+                op = o;
+            }
+            let Some(f) = out.last_mut() else { continue };
+            f.2 += 1;
+            for (i, c) in classes.iter().enumerate() {
+                if op.split('.').next() == Some(c) {
+                    f.1[i] += 1;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_sass_listing_is_counted_per_function() {
+        let sass = "\t\tFunction : k1\n        /*0000*/                   LDC R1, c[0x0][0x28] ;   /* 0x00000a00ff017b82 */\n        /*0010*/              @!P1 LDGSTS.E.BYPASS.128 [R15], desc[UR8][R6.64] ;\n        /*0020*/      HMMA.16816.F32.BF16 R48, R32, R40, RZ ;\n\t\tFunction : k2\n        /*0000*/      LDG.E.128 R4, desc[UR4][R2.64] ;\n";
+        let c = sass_counts(sass, &["HMMA", "LDGSTS", "LDG"]);
+        assert_eq!(
+            c,
+            vec![
+                ("k1".to_string(), vec![1, 1, 0], 3),
+                ("k2".to_string(), vec![0, 0, 1], 1)
+            ]
+        );
+    }
+
     /// One architecture's compile of every kernel file: the lines to print, and the failures.
     fn compile_arch(tc: &Toolchain, nvrtc: &Nvrtc, arch: &str) -> (Vec<String>, Vec<String>) {
         let (mut lines, mut failures) = (Vec::new(), Vec::new());

@@ -333,11 +333,13 @@ for s in $steps; do
             ;;
         pp2048)
             # Prefill of 2048 tokens (8 B Q4_K, 1 B BF16), against the bf16 rate of setup's
-            # matmul: the f32 FMA tile (default) and the tensor-core tile (MM_TC=1) interleaved,
-            # 2 rounds each, so the before/after of the tile is one run.
+            # matmul: the kernel sets of KILN_GPU_PP_VARIANTS (KILN_CUDA_DEFINES values,
+            # "default" for none; default: the f32 FMA tile, the tensor-core tiles at 3 exact
+            # activation parts and at 2, and with 2 blocks an SM) interleaved, 2 rounds each,
+            # so the before/after of the tiles is one run.
             wait_models
             for round in 1 2; do
-                for v in default MM_TC=1; do
+                for v in ${KILN_GPU_PP_VARIANTS:-default MM_TC=1 MM_TC=1,MM_PARTS=2 MM_TC=1,TC_BLOCKS=2}; do
                     for m in 8b-q4_k 1b-bf16; do
                         d=""; [ "$v" != default ] && d=$v
                         run "pp2048-$m-$v-$round" 90 env KILN_CUDA_DEFINES=$d "$K" bench -m $MODELS/llama-$m.gguf --backend cuda -p 2048 -n 0 -r 1
