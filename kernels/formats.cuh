@@ -634,25 +634,52 @@ __device__ __forceinline__ const u8* weight_row(const void* w, size_t r, u32 k) 
     return (const u8*)w + r * (k / B::QK) * B::BYTES;
 }
 
-// ---- Codes for the tensor cores (mat_mul.cu, mat_mul_tc.cu) -------------------------------
+// The row maps of the prefill tiles (mat_mul.cu, mat_mul_tc.cu): which activation row (x) and
+// output row (y) a tile's row r is, -1 for none.
+// Rows row0 .. row0 + 63 of x and y, those below m.
+struct DenseRows {
+    u32 row0, m;
+    __device__ __forceinline__ long long x_row(u32 r) const { return row0 + r < m ? (long long)(row0 + r) : -1; }
+    __device__ __forceinline__ long long y_row(u32 r) const { return x_row(r); }
+};
+
+// order[base .. end) lists one expert's slots (MoE: slot = token · k + i); the activation row
+// of a slot is the slot itself, or its token when every slot shares the token's row.
+struct SlotRows {
+    const int* order;
+    u32 base, end, k, x_per_slot;
+    __device__ __forceinline__ long long y_row(u32 r) const {
+        return base + r < end ? (long long)order[base + r] : -1;
+    }
+    __device__ __forceinline__ long long x_row(u32 r) const {
+        const long long slot = y_row(r);
+        return slot < 0 || x_per_slot ? slot : slot / k;
+    }
+};
+
+// The grouped MoE matmul's tile `tile` (the slots grouped by expert by moe_group: order,
+// offsets [E+1], and tiles [E+1], the first 64-slot tile of each expert): its expert e and
+// row map. False past the last tile (an idle block).
+__device__ __forceinline__ bool expert_tile(const int* order, const int* offsets, const int* tiles, u32 tile, u32 k,
+                                            u32 x_per_slot, u32 ne, u32& e, SlotRows& rows) {
+    if (tile >= (u32)tiles[ne]) return false;
+    u32 lo = 0, hi = ne;  // the expert: the last e with tiles[e] <= tile
+    while (hi - lo > 1) {
+        const u32 mid = (lo + hi) / 2;
+        if ((u32)tiles[mid] <= tile) lo = mid; else hi = mid;
+    }
+    e = lo;
+    rows = SlotRows{order, (u32)offsets[lo] + (tile - (u32)tiles[lo]) * 64, (u32)offsets[lo + 1], k, x_per_slot};
+    return true;
+}
+
+// ---- Codes for the tensor cores (mat_mul_tc.cu) -------------------------------------------
 // A weight value of these formats is a · c + b: c a small integer code (|c| ≤ 255, so exact
 // in bf16, whose 8 significant bits hold it), a and b one pair for a group of G values (16 or
 // 32; b = 0 where the format has no offset). So for one group and one activation row,
 //   Σ w_i x_i = a · Σ c_i x_i + b · Σ x_i.
-// The activations are split exactly into MM_PARTS bf16 parts (x = x_1 + x_2 + x_3, 8
-// significant bits each: split_parts), so every product c_i · x_p,i (at most 16 significant
-// bits) is exact in the f32 accumulator of mma.m16n8k16, and the only roundings are the f32
-// sums', as in the FMA tile: the group's Σ c_i x_i over its parts (smallest first), then
-// acc += a · C + b · Σx per group. With MM_PARTS=2 the activations keep 16 of their 24 bits
-// (|x - x_1 - x_2| ≤ 2^-16 |x|, a measurement knob: it takes a third less tensor time).
-// bf16 weights are their own codes (a = 1, b = 0) and accumulate straight into the result.
-// The tiles stage rows of 32 values as TCC_ROW words: 16 bf16 pairs, 16-value halves in the
-// order of tcc_pos, then padding that puts a half-warp's 8-byte fragment loads on 32 banks.
-#ifndef MM_PARTS
-#define MM_PARTS 3
-#endif
-static_assert(MM_PARTS == 2 || MM_PARTS == 3, "MM_PARTS: 2 or 3 bf16 parts an activation");
-#define TCC_ROW 24  // words a staged row: 16 for 32 bf16, 8 of padding
+// mat_mul_tc.cu multiplies the codes into activations split exactly into bf16 parts, so
+// every product is exact and only the f32 sums round.
 
 // Bytes i and i + 1 (0..3, compile-time constants) of w, as codes u, as the bf16 pair
 // (u_i - bias, u_(i+1) - bias): exact for results below 256 in magnitude (byte_as_float's
@@ -742,21 +769,6 @@ struct TcCodes<BF16W> {
         a = 1.0f, b = 0.0f;
     }
 };
-
-// v as MM_PARTS bf16 (bit patterns) that sum to it: p[0] = bf16(v), p[1] = bf16(v - p[0]),
-// p[2] = v - p[0] - p[1]. Each difference is exact in f32 and has at most 16, then 8,
-// significant bits, so the third part is exact: the parts are v (2 parts: to 2^-16 |v|). A
-// non-finite v keeps the rest zero.
-__device__ __forceinline__ void split_parts(float v, u32* p) {
-    split_bf16(v, p[0], p[1]);
-#if MM_PARTS == 3
-    const float rest = (v - __uint_as_float(p[0] << 16)) - __uint_as_float(p[1] << 16);
-    p[2] = (p[0] & 0x7F80u) == 0x7F80u ? 0u : (u32)__bfloat16_as_ushort(__float2bfloat16_rn(rest));
-#endif
-}
-
-// Where word i (0..7: values 2i, 2i + 1 of a 16-value half) goes in its staged half.
-__device__ __forceinline__ u32 tcc_pos(u32 i) { return i < 4 ? 2 * i : 2 * (i - 4) + 1; }
 
 // ---- KV cache formats ----------------------------------------------------------------------
 // The cache types a paged cache can hold, by code (shaders/common/turbo.wgsl uses the same):

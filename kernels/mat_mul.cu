@@ -59,36 +59,14 @@ extern "C" __global__ void mat_mul_bf16(const float* x, const __nv_bfloat16* w, 
 #define QT 64
 #define QK_STEP 32
 
-// Rows row0 .. row0 + 63 of x and y, those below m.
-struct DenseRows {
-    u32 row0, m;
-    __device__ __forceinline__ long long x_row(u32 r) const { return row0 + r < m ? (long long)(row0 + r) : -1; }
-    __device__ __forceinline__ long long y_row(u32 r) const { return x_row(r); }
-};
-
-// order[base .. end) lists one expert's slots (MoE: slot = token · k + i); the activation row
-// of a slot is the slot itself, or its token when every slot shares the token's row.
-struct SlotRows {
-    const int* order;
-    u32 base, end, k, x_per_slot;
-    __device__ __forceinline__ long long y_row(u32 r) const {
-        return base + r < end ? (long long)order[base + r] : -1;
-    }
-    __device__ __forceinline__ long long x_row(u32 r) const {
-        const long long slot = y_row(r);
-        return slot < 0 || x_per_slot ? slot : slot / k;
-    }
-};
-
 // Which tile kernel the block formats (and float weights with K a multiple of 32) take: 0 (the
-// default) the f32 FMA tile, 1 the tensor-core tiles. A knob of KILN_CUDA_DEFINES, so one build
-// measures both on a GPU; all tile 64 × 64 with 256 threads, so the launch is the same.
-// On the tensor cores, the formats whose values are a · code + b with small integer codes
-// (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) and bf16 weights take the codes tile (below): exact
-// products, so as accurate as the FMA tile. The others take the split tile, whose
-// three-product bf16 split is exact to 2^-14 of Σ|x·w| (below), which is 1.5e-3 on the logits
-// of the Gemma 4 MTP assistant where transformers' f32 run and the FMA tile agree to 1e-3
-// (tests/tests/mtp.rs). Not the default until a GPU has timed it.
+// default) the f32 FMA tile, 1 the split tensor-core tile. A knob of KILN_CUDA_DEFINES, so one
+// build measures both on a GPU; both tile 64 × 64 with 256 threads, so the launch is the same.
+// With MM_TC=1 the formats with integer codes (TcCodes: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, bf16)
+// take mat_mul_tc.cu's tiles instead (exact products); the split tile serves the others, and
+// its three-product bf16 split is exact to 2^-14 of Σ|x·w| (below), which is 1.5e-3 on the
+// logits of the Gemma 4 MTP assistant where transformers' f32 run and the FMA tile agree to
+// 1e-3 (tests/tests/mtp.rs). Not the default until a GPU has timed it.
 #ifndef MM_TC
 #define MM_TC 0
 #endif
@@ -233,167 +211,10 @@ __device__ __forceinline__ void mat_mul_split_tile(const float* x, const u8* w, 
         }
 }
 
-// ---- The codes tile (TcCodes, formats.cuh): exact products on the tensor cores ---------
-// For the grouped MoE matmul (the dense one takes mat_mul_tc.cu's tile, over activations
-// split once by tc_split).
-//
-// Staging (each 32-value K step, into shared memory): thread t takes row t / 4 of both tiles,
-// values (t % 4) · 8 .. + 8 of the step: the weight's raw words (B::fetch) and 8 activations,
-// issued for the next step before this step's mma so the loads are in flight meanwhile. Codes
-// and parts go in as bf16 pairs, each 16-value half of a row with words t and t + 4 side by
-// side (tcc_pos) so a lane's two fragment words are one 8-byte load; rows are 24 words apart,
-// which puts a half-warp's 8-byte loads (rows g .. g + 3, words 2q, 2q + 1) on 32 different
-// banks. The 8 warps each take 32 weight rows × 16 activation rows: 2 × 2 fragments of
-// 4 accumulators a lane, and as many for the group being summed.
-// w: the weight matrix [N, K] whose rows col0 .. col0 + 63 this block takes.
-template <typename B, typename Rows>
-__device__ __forceinline__ void mat_mul_codes_tile(const float* x, const u8* w, float* y, Rows rows, u32 col0,
-                                                   u32 n, u32 k) {
-    typedef TcCodes<B> Codes;
-    __shared__ uint2 ws[QT * TCC_ROW / 2];            // codes, rows of TCC_ROW words
-    __shared__ uint2 xs[MM_PARTS][QT * TCC_ROW / 2];  // activation parts, the same
-    __shared__ float2 wab[QT][2];                     // a, b of each row's two halves
-    __shared__ float xsum[QT][2];                     // Σx of each activation row's halves
-    __shared__ long long xrow[QT], yrow[QT];
-    const u32 t = threadIdx.x, lane = t % WARP, warp = t / WARP;
-    const u32 g = lane / 4, q = lane % 4;
-    const u32 wm = (warp % 2) * 32, wn = (warp / 2) * 16;  // the warp's weight rows, activation rows
-    if (t < QT) {
-        xrow[t] = rows.x_row(t);
-        yrow[t] = rows.y_row(t);
-    }
-    __syncthreads();
-    // This thread's share of each step: row sr of both tiles, values k0 + sc .. + 8 (half h,
-    // words i0 .. i0 + 3 of it).
-    const u32 sr = t / 4, sc = (t % 4) * 8, h = sc / 16, i0 = (sc % 16) / 2;
-    const bool w_ok = col0 + sr < n;
-    const u8* wrow = weight_row<B>(w, w_ok ? col0 + sr : 0, k);
-    const long long xr = xrow[sr];
-    const float* xp = xr >= 0 ? x + (size_t)xr * k + sc : nullptr;
-    const bool x16 = ((size_t)x & 15u) == 0;  // rows are then 16-byte aligned (K % 32 == 0)
-    typename B::Raw raw;
-    float xv[8];
-    auto fetch = [&](u32 k0) {
-        raw = B::template fetch<1>(wrow, k0 + sc);
-        if (xp && x16) {
-            const float4 a = *(const float4*)(xp + k0), b = *(const float4*)(xp + k0 + 4);
-            xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
-            xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
-        } else {
-#pragma unroll
-            for (int i = 0; i < 8; i++) xv[i] = xp ? xp[k0 + i] : 0.0f;
-        }
-    };
-    float acc[2][2][4], grp[2][2][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = grp[i][j][e] = 0.0f;
-    fetch(0);
-    for (u32 k0 = 0; k0 < k; k0 += QK_STEP) {
-        {
-            u32 c[4];
-            float a, b;
-            Codes::codes(raw, k0 + sc, c, a, b);
-            u32* row = (u32*)ws + sr * TCC_ROW + 8 * h;
-#pragma unroll
-            for (u32 i = 0; i < 4; i++) row[tcc_pos(i0 + i)] = w_ok ? c[i] : 0u;
-            if (i0 == 0) wab[sr][h] = w_ok ? float2{a, b} : float2{0.0f, 0.0f};
-            u32 part[8][MM_PARTS];
-            float s = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                split_parts(xv[i], part[i]);
-                s += xv[i];
-            }
-            s += __shfl_xor_sync(0xffffffffu, s, 1);  // the other 8 of the half
-            if (i0 == 0) xsum[sr][h] = s;
-#pragma unroll
-            for (int p = 0; p < MM_PARTS; p++) {
-                u32* xrow_p = (u32*)xs[p] + sr * TCC_ROW + 8 * h;
-#pragma unroll
-                for (u32 i = 0; i < 4; i++) xrow_p[tcc_pos(i0 + i)] = part[2 * i][p] | (part[2 * i + 1][p] << 16);
-            }
-        }
-        __syncthreads();
-        if (k0 + QK_STEP < k) fetch(k0 + QK_STEP);
-#pragma unroll
-        for (u32 hh = 0; hh < 2; hh++) {  // the step's two k16 halves
-            u32 af[2][4];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const uint2 lo = ws[(wm + 16 * i + g) * (TCC_ROW / 2) + 4 * hh + q];
-                const uint2 hi = ws[(wm + 16 * i + g + 8) * (TCC_ROW / 2) + 4 * hh + q];
-                af[i][0] = lo.x, af[i][1] = hi.x, af[i][2] = lo.y, af[i][3] = hi.y;
-            }
-#pragma unroll
-            for (int p = MM_PARTS - 1; p >= 0; p--) {  // the small parts first
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const uint2 bw = xs[p][(wn + 8 * j + g) * (TCC_ROW / 2) + 4 * hh + q];
-                    const u32 bf[2] = {bw.x, bw.y};
-#pragma unroll
-                    for (int i = 0; i < 2; i++) {
-                        if constexpr (Codes::plain) {
-                            mma_bf16_16816(acc[i][j], af[i], bf);
-                        } else {
-                            mma_bf16_16816(grp[i][j], af[i], bf);
-                        }
-                    }
-                }
-            }
-            if constexpr (!Codes::plain) {
-                if (Codes::G == 16 || hh == 1) {
-                    // The group is summed: acc += a · Σ c x + b · Σ x for each output.
-#pragma unroll
-                    for (int i = 0; i < 2; i++)
-#pragma unroll
-                        for (int e2 = 0; e2 < 2; e2++) {
-                            const u32 r = wm + 16 * i + g + 8 * e2;
-                            const float2 ab = wab[r][Codes::G == 16 ? hh : 0];
-#pragma unroll
-                            for (int j = 0; j < 2; j++)
-#pragma unroll
-                                for (int e1 = 0; e1 < 2; e1++) {
-                                    const u32 c = wn + 8 * j + 2 * q + e1;
-                                    const float sx = Codes::G == 16 ? xsum[c][hh] : xsum[c][0] + xsum[c][1];
-                                    float& o = acc[i][j][2 * e2 + e1];
-                                    o += ab.x * grp[i][j][2 * e2 + e1] + ab.y * sx;
-                                    grp[i][j][2 * e2 + e1] = 0.0f;
-                                }
-                        }
-                }
-            }
-        }
-        __syncthreads();
-    }
-    // Output (activation row c, weight row r) is y[yrow[c]][col0 + r].
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-        for (int e1 = 0; e1 < 2; e1++) {
-            const long long yr = yrow[wn + 8 * j + 2 * q + e1];
-            if (yr < 0) continue;
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int e2 = 0; e2 < 2; e2++) {
-                    const u32 c = col0 + wm + 16 * i + g + 8 * e2;
-                    if (c < n) y[(size_t)yr * n + c] = acc[i][j][2 * e2 + e1];
-                }
-        }
-}
-
 template <typename B, typename Rows>
 __device__ __forceinline__ void mat_mul_tile(const float* x, const u8* w, float* y, Rows rows, u32 col0, u32 n,
                                              u32 k) {
-    if constexpr (TcCodes<B>::value) {
-        mat_mul_codes_tile<B>(x, w, y, rows, col0, n, k);
-    } else {
-        mat_mul_split_tile<B>(x, w, y, rows, col0, n, k);
-    }
+    mat_mul_split_tile<B>(x, w, y, rows, col0, n, k);
 }
 #else
 // The FMA tile. w: the weight matrix [N, K] whose rows col0 .. col0 + 63 this block takes.
@@ -478,16 +299,10 @@ template <typename B>
 __device__ __forceinline__ void mat_mul_id_grouped(const float* x, const u8* w, const int* order,
                                                    const int* offsets, const int* tiles, float* y, u32 k,
                                                    u32 n, u32 kd, u32 x_per_slot, u32 ne) {
-    const u32 tile = blockIdx.y;
-    if (tile >= (u32)tiles[ne]) return;  // uniform over the block
-    u32 lo = 0, hi = ne;  // the expert: the last e with tiles[e] <= tile
-    while (hi - lo > 1) {
-        const u32 mid = (lo + hi) / 2;
-        if ((u32)tiles[mid] <= tile) lo = mid; else hi = mid;
-    }
-    const u32 base = (u32)offsets[lo] + (tile - (u32)tiles[lo]) * QT;
-    const SlotRows rows{order, base, (u32)offsets[lo + 1], k, x_per_slot};
-    mat_mul_tile<B>(x, weight_row<B>(w, (size_t)lo * n, kd), y, rows, blockIdx.x * QT, n, kd);
+    u32 e;
+    SlotRows rows;
+    if (!expert_tile(order, offsets, tiles, blockIdx.y, k, x_per_slot, ne, e, rows)) return;
+    mat_mul_tile<B>(x, weight_row<B>(w, (size_t)e * n, kd), y, rows, blockIdx.x * QT, n, kd);
 }
 
 // Float weights with K a multiple of 32 take the same 64 × 64 tile as the block formats (the

@@ -1,5 +1,6 @@
-// Dense prefill on the tensor cores (the MM_TC=1 knob, for the weight formats with codes:
-// TcCodes in formats.cuh): y [M, N] = x [M, K] · w [N, K]ᵀ in two launches, K a multiple of 32.
+// Prefill matmuls on the tensor cores (the MM_TC=1 knob, for the weight formats with codes:
+// TcCodes in formats.cuh): y [M, N] = x [M, K] · w [N, K]ᵀ in two launches, K a multiple of
+// 32, and the grouped MoE matmul (mat_mul.cu's mat_mul_id_grouped) on the same tiles.
 //
 // 1. tc_split writes each activation row once as MM_PARTS exact bf16 parts (split_parts) in
 //    the order the tile stages them: for each 32-value step and part, 16 words of bf16 pairs,
@@ -19,9 +20,36 @@
 // Why 128 × 64: an activation value is 6 bytes here (3 parts), read once per block of
 // weight rows, so the block's weight rows set the bytes a multiply-add takes from L2; the
 // weight's codes are decoded once per block of activation rows, which sets the decoding a
-// multiply-add takes. Against the tile that splits the activations itself (mat_mul.cu, which
-// the grouped MoE matmul still takes): the split is done once per activation instead of
-// once per block, and each warp's fragments feed twice the mma.
+// multiply-add takes. Against mat_mul.cu's split tile (which MM_TC=1 leaves to the formats
+// without codes): exact products, the activations split once instead of once per block, and
+// each warp's fragments feed twice the mma.
+
+// The activations are split exactly into MM_PARTS bf16 parts (x = x_1 + x_2 + x_3, 8
+// significant bits each: split_parts), so every product c_i · x_p,i (at most 16 significant
+// bits) is exact in the f32 accumulator of mma.m16n8k16, and the only roundings are the f32
+// sums', as in the FMA tile: the group's Σ c_i x_i over its parts (smallest first), then
+// acc += a · C + b · Σx per group. With MM_PARTS=2 the activations keep 16 of their 24 bits
+// (|x - x_1 - x_2| ≤ 2^-16 |x|, a measurement knob: it takes a third less tensor time).
+// bf16 weights are their own codes (a = 1, b = 0) and accumulate straight into the result.
+#ifndef MM_PARTS
+#define MM_PARTS 3
+#endif
+static_assert(MM_PARTS == 2 || MM_PARTS == 3, "MM_PARTS: 2 or 3 bf16 parts an activation");
+
+// v as MM_PARTS bf16 (bit patterns) that sum to it: p[0] = bf16(v), p[1] = bf16(v - p[0]),
+// p[2] = v - p[0] - p[1]. Each difference is exact in f32 and has at most 16, then 8,
+// significant bits, so the third part is exact: the parts are v (2 parts: to 2^-16 |v|). A
+// non-finite v keeps the rest zero.
+__device__ __forceinline__ void split_parts(float v, u32* p) {
+    split_bf16(v, p[0], p[1]);
+#if MM_PARTS == 3
+    const float rest = (v - __uint_as_float(p[0] << 16)) - __uint_as_float(p[1] << 16);
+    p[2] = (p[0] & 0x7F80u) == 0x7F80u ? 0u : (u32)__bfloat16_as_ushort(__float2bfloat16_rn(rest));
+#endif
+}
+
+// Where word i (0..7: values 2i, 2i + 1 of a 16-value half) goes in its staged half.
+__device__ __forceinline__ u32 tcc_pos(u32 i) { return i < 4 ? 2 * i : 2 * (i - 4) + 1; }
 
 #define TC_THREADS 256
 #define TC_ROWS_W 128  // weight rows a block
@@ -40,10 +68,10 @@
 // Bytes of tc_split's output for m rows of k values.
 __device__ __forceinline__ size_t tc_part_bytes(u32 k) { return (size_t)k * 2 * MM_PARTS; }
 
-// Grid (ceil(k / 1024), m), TC_SPLIT_THREADS threads; each thread 8 values (a quarter of a step).
+// Grid (m, ceil(k / 1024)), TC_SPLIT_THREADS threads; each thread 8 values (a quarter of a step).
 // @hot
 extern "C" __global__ void __launch_bounds__(TC_SPLIT_THREADS) tc_split(const float* x, float* out, u32 m, u32 k) {
-    const u32 r = blockIdx.y, v0 = blockIdx.x * TC_SPLIT_VALUES + 8 * threadIdx.x;
+    const u32 r = blockIdx.x, v0 = blockIdx.y * TC_SPLIT_VALUES + 8 * threadIdx.x;
     const bool mine = v0 < k;
     const float* xr = x + (size_t)r * k + v0;
     const bool al = ((size_t)x & 15u) == 0;  // every row alike: k % 32 == 0
@@ -84,13 +112,14 @@ extern "C" __global__ void __launch_bounds__(TC_SPLIT_THREADS) tc_split(const fl
 __device__ __forceinline__ u32 tc_wswz(u32 pr, u32 w) { return pr * 32 + (w ^ ((pr & 3) << 3)); }
 __device__ __forceinline__ u32 tc_xswz(u32 r, u32 w) { return r * 16 + (w ^ (((r >> 1) & 1) << 3)); }
 
-// xp: tc_split's output for x's m rows; w: the weight matrix [n, k], its first byte
-// 16-byte aligned when A is 16 (then every block's fields are aligned as B::fetch<16> reads
-// them: rows are whole blocks).
-// With splits > 1, block z of the grid's third dimension takes its share of the K steps and
-// writes its sums to y + z · m · n (scratch that tc_reduce adds up in order).
-template <typename B, u32 A>
-__device__ __forceinline__ void mat_mul_tc(const u8* xp, const u8* w, float* y, u32 m, u32 n, u32 k, u32 splits) {
+// xp: tc_split's output for x's mx rows; w: the weight matrix [n, k], its first byte 16-byte
+// aligned when A is 16 (then every block's fields are aligned as B::fetch<16> reads them:
+// rows are whole blocks); rows: the tile's activation and output rows (DenseRows, or an
+// expert's SlotRows). With splits > 1, block z of the grid's third dimension takes its share
+// of the K steps (its caller points y at its own sums, which tc_reduce adds up in order).
+template <typename B, u32 A, typename Rows>
+__device__ __forceinline__ void mat_mul_tc(const u8* xp, const u8* w, float* y, Rows rows, u32 mx, u32 n, u32 k,
+                                           u32 splits) {
     typedef TcCodes<B> Codes;
     __shared__ uint4 ws_[TC_ROWS_W / 2 * 32 / 4];            // codes: pair rows of 32 words
     __shared__ uint4 xs_[2][MM_PARTS][TC_ROWS_X * 16 / 4];  // the ring of activation parts
@@ -99,12 +128,11 @@ __device__ __forceinline__ void mat_mul_tc(const u8* xp, const u8* w, float* y, 
     const u32 t = threadIdx.x, lane = t % WARP, warp = t / WARP;
     const u32 g = lane / 4, q = lane % 4;
     const u32 wm = (warp % 4) * 32, wn = (warp / 4) * 32;  // the warp's weight rows, activation rows
-    const u32 col0 = blockIdx.x * TC_ROWS_W, row0 = blockIdx.y * TC_ROWS_X;
+    const u32 col0 = blockIdx.x * TC_ROWS_W;
     const u32 per = (k / TC_STEP + splits - 1) / splits, first = blockIdx.z * per;
     const u32 last = min(k / TC_STEP, first + per);  // steps first .. last
-    y += (size_t)blockIdx.z * m * n;
     const uint2* ws = (const uint2*)ws_;
-    const float* sums = (const float*)(xp + (size_t)m * tc_part_bytes(k));
+    const float* sums = (const float*)(xp + (size_t)mx * tc_part_bytes(k));
     // The weight: pair row pr (rows r0 and r0 + 8), values 16 h + 8 qq .. + 8 of each step.
     const u32 pr = t / 4, h = (t / 2) % 2, qq = t % 2;
     const u32 r0 = 16 * (pr / 8) + pr % 8;
@@ -117,8 +145,8 @@ __device__ __forceinline__ void mat_mul_tc(const u8* xp, const u8* w, float* y, 
     };
     // The activation parts: each step, 64 rows × MM_PARTS × 64 bytes as 16-byte copies, TC_X
     // a thread: copy j of thread t is chunk c = t + 256 j (row c / (4 MM_PARTS), part, quarter).
-    // Where they come from (less the step's offset) and go, worked out once; rows past m are
-    // zeros, stored once into both stages (the copies never touch them).
+    // Where they come from (less the step's offset) and go, worked out once; tile rows with
+    // no activation row are zeros, stored once into both stages (no copy touches them).
     constexpr u32 TC_X = TC_ROWS_X * MM_PARTS * 4 / TC_THREADS;
     static_assert(TC_X * TC_THREADS == TC_ROWS_X * MM_PARTS * 4, "whole copies a thread");
     const u8* src[TC_X];
@@ -127,13 +155,15 @@ __device__ __forceinline__ void mat_mul_tc(const u8* xp, const u8* w, float* y, 
     for (u32 j = 0; j < TC_X; j++) {
         const u32 c = t + TC_THREADS * j, r = c / (MM_PARTS * 4), p = (c / 4) % MM_PARTS, cq = c % 4;
         dst[j] = p * TC_ROWS_X * 16 + tc_xswz(r, 4 * cq);
-        src[j] = row0 + r < m ? xp + (size_t)(row0 + r) * tc_part_bytes(k) + p * 64 + 16 * cq : nullptr;
+        const long long xr = rows.x_row(r);
+        src[j] = xr >= 0 ? xp + (size_t)xr * tc_part_bytes(k) + p * 64 + 16 * cq : nullptr;
         if (!src[j]) {
             *(uint4*)((u32*)xs_[0] + dst[j]) = make_uint4(0u, 0u, 0u, 0u);
             *(uint4*)((u32*)xs_[1] + dst[j]) = make_uint4(0u, 0u, 0u, 0u);
         }
     }
-    const float* ssrc = t < TC_ROWS_X && row0 + t < m ? sums + (size_t)(row0 + t) * (k / 16) : nullptr;
+    const long long sr = t < TC_ROWS_X ? rows.x_row(t) : -1;
+    const float* ssrc = sr >= 0 ? sums + (size_t)sr * (k / 16) : nullptr;
     if (t < TC_ROWS_X && !ssrc) xsum[0][t] = xsum[1][t] = float2{0.0f, 0.0f};
     auto stage_x = [&](u32 s, u32 b) {
         const size_t at = (size_t)s * MM_PARTS * 64;
@@ -233,13 +263,13 @@ __device__ __forceinline__ void mat_mul_tc(const u8* xp, const u8* w, float* y, 
         }
         __syncthreads();
     }
-    // Output (activation row c, weight row r) is y[row0 + c][col0 + r].
+    // Output (tile row c, weight row r) is y[rows.y_row(c)][col0 + r].
 #pragma unroll
     for (int j = 0; j < 4; j++)
 #pragma unroll
         for (int e1 = 0; e1 < 2; e1++) {
-            const u32 r = row0 + wn + 8 * j + 2 * q + e1;
-            if (r >= m) continue;
+            const long long r = rows.y_row(wn + 8 * j + 2 * q + e1);
+            if (r < 0) continue;
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -260,52 +290,98 @@ extern "C" __global__ void tc_reduce(const float* part, float* y, u32 count, u32
     y[i] = v;
 }
 
-// Grid (ceil(n / 128), ceil(m / 64), splits), TC_THREADS threads; xp: tc_split's output.
+// The dense matmul: grid (ceil(n / 128), ceil(m / 64), splits), TC_THREADS threads; xp:
+// tc_split's output for x's m rows. With splits > 1, y is scratch of splits · m · n sums.
+template <typename B>
+__device__ __forceinline__ void tc_dense(const u8* xp, const u8* w, float* y, u32 m, u32 n, u32 k, u32 splits) {
+    const DenseRows rows{blockIdx.y * TC_ROWS_X, m};
+    y += (size_t)blockIdx.z * m * n;
+    if (((size_t)w & 15) == 0)
+        mat_mul_tc<B, 16>(xp, w, y, rows, m, n, k, splits);
+    else
+        mat_mul_tc<B, 1>(xp, w, y, rows, m, n, k, splits);
+}
+
+// The grouped MoE matmul (mat_mul.cu's mat_mul_id_grouped, on these tiles): grid (ceil(n /
+// 128), tiles), TC_THREADS threads; xp: tc_split's output for x's mx rows ([T, K] or
+// [T, k, K]); w [E, n, kd].
+template <typename B>
+__device__ __forceinline__ void tc_grouped(const u8* xp, const u8* w, const int* order, const int* offsets,
+                                           const int* tiles, float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne,
+                                           u32 mx) {
+    u32 e;
+    SlotRows rows;
+    if (!expert_tile(order, offsets, tiles, blockIdx.y, k, x_per_slot, ne, e, rows)) return;
+    const u8* we = weight_row<B>(w, (size_t)e * n, kd);
+    if (((size_t)we & 15) == 0)
+        mat_mul_tc<B, 16>(xp, we, y, rows, mx, n, kd, 1);
+    else
+        mat_mul_tc<B, 1>(xp, we, y, rows, mx, n, kd, 1);
+}
+
 // @hot
 extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
 mat_mul_tc_q8_0(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k, u32 splits) {
-    if (((size_t)w & 15) == 0)
-        mat_mul_tc<Q8_0, 16>((const u8*)xp, w, y, m, n, k, splits);
-    else
-        mat_mul_tc<Q8_0, 1>((const u8*)xp, w, y, m, n, k, splits);
+    tc_dense<Q8_0>((const u8*)xp, w, y, m, n, k, splits);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
+mat_mul_tc_id_q8_0(const float* xp, const u8* w, const int* order, const int* offsets, const int* tiles,
+                   float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne, u32 mx) {
+    tc_grouped<Q8_0>((const u8*)xp, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne, mx);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
 mat_mul_tc_q4_0(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k, u32 splits) {
-    if (((size_t)w & 15) == 0)
-        mat_mul_tc<Q4_0, 16>((const u8*)xp, w, y, m, n, k, splits);
-    else
-        mat_mul_tc<Q4_0, 1>((const u8*)xp, w, y, m, n, k, splits);
+    tc_dense<Q4_0>((const u8*)xp, w, y, m, n, k, splits);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
+mat_mul_tc_id_q4_0(const float* xp, const u8* w, const int* order, const int* offsets, const int* tiles,
+                   float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne, u32 mx) {
+    tc_grouped<Q4_0>((const u8*)xp, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne, mx);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
 mat_mul_tc_q4_1(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k, u32 splits) {
-    if (((size_t)w & 15) == 0)
-        mat_mul_tc<Q4_1, 16>((const u8*)xp, w, y, m, n, k, splits);
-    else
-        mat_mul_tc<Q4_1, 1>((const u8*)xp, w, y, m, n, k, splits);
+    tc_dense<Q4_1>((const u8*)xp, w, y, m, n, k, splits);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
+mat_mul_tc_id_q4_1(const float* xp, const u8* w, const int* order, const int* offsets, const int* tiles,
+                   float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne, u32 mx) {
+    tc_grouped<Q4_1>((const u8*)xp, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne, mx);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
 mat_mul_tc_q4_k(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k, u32 splits) {
-    if (((size_t)w & 15) == 0)
-        mat_mul_tc<Q4_K, 16>((const u8*)xp, w, y, m, n, k, splits);
-    else
-        mat_mul_tc<Q4_K, 1>((const u8*)xp, w, y, m, n, k, splits);
+    tc_dense<Q4_K>((const u8*)xp, w, y, m, n, k, splits);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
+mat_mul_tc_id_q4_k(const float* xp, const u8* w, const int* order, const int* offsets, const int* tiles,
+                   float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne, u32 mx) {
+    tc_grouped<Q4_K>((const u8*)xp, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne, mx);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
 mat_mul_tc_q6_k(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k, u32 splits) {
-    if (((size_t)w & 15) == 0)
-        mat_mul_tc<Q6_K, 16>((const u8*)xp, w, y, m, n, k, splits);
-    else
-        mat_mul_tc<Q6_K, 1>((const u8*)xp, w, y, m, n, k, splits);
+    tc_dense<Q6_K>((const u8*)xp, w, y, m, n, k, splits);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
+mat_mul_tc_id_q6_k(const float* xp, const u8* w, const int* order, const int* offsets, const int* tiles,
+                   float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne, u32 mx) {
+    tc_grouped<Q6_K>((const u8*)xp, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne, mx);
 }
 // @hot
 extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
 mat_mul_tc_bf16(const float* xp, const u8* w, float* y, u32 m, u32 n, u32 k, u32 splits) {
-    if (((size_t)w & 15) == 0)
-        mat_mul_tc<BF16W, 16>((const u8*)xp, w, y, m, n, k, splits);
-    else
-        mat_mul_tc<BF16W, 1>((const u8*)xp, w, y, m, n, k, splits);
+    tc_dense<BF16W>((const u8*)xp, w, y, m, n, k, splits);
+}
+// @hot
+extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_BLOCKS)
+mat_mul_tc_id_bf16(const float* xp, const u8* w, const int* order, const int* offsets, const int* tiles,
+                   float* y, u32 k, u32 n, u32 kd, u32 x_per_slot, u32 ne, u32 mx) {
+    tc_grouped<BF16W>((const u8*)xp, w, order, offsets, tiles, y, k, n, kd, x_per_slot, ne, mx);
 }

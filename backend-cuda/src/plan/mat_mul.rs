@@ -290,6 +290,16 @@ pub(super) fn plan_mat_mul_id(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<
             Step::Scratch(TensorDesc::new(DType::I32, [ne + 1])),
             Step::Scratch(TensorDesc::new(DType::I32, [ne + 1])),
         ];
+        // With MM_TC=1, the tensor-core tile over x's rows split once (scratch 3).
+        let tc = tc_kernels(i[1].dtype).map(|(_, id)| id);
+        let mx = i[0].numel() / kd.max(1);
+        let (kernel, x) = match tc {
+            Some(id) => {
+                steps.extend(tc_split(mx, kd, 3)?);
+                (id, Scratch(3))
+            }
+            None => (kernel, In(0)),
+        };
         steps.extend(one(
             "moe_group",
             (1, 1, 1),
@@ -305,23 +315,30 @@ pub(super) fn plan_mat_mul_id(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<
                 U32(u(n)?),
             ],
         )?);
+        let mut args = vec![
+            x,
+            In(1),
+            Scratch(0),
+            Scratch(1),
+            Scratch(2),
+            Out(0),
+            U32(u(k)?),
+            U32(u(n)?),
+            U32(u(kd)?),
+            x_per_slot,
+            U32(u(ne)?),
+        ];
+        let (cols, threads) = if tc.is_some() {
+            args.push(U32(u(mx)?));
+            (TC_ROWS_W, TC_THREADS)
+        } else {
+            (QUANT_TILE, 256)
+        };
         steps.extend(one(
             kernel,
-            (u(n.div_ceil(QUANT_TILE))?, u(tiles)?, 1),
-            (256, 1, 1),
-            vec![
-                In(0),
-                In(1),
-                Scratch(0),
-                Scratch(1),
-                Scratch(2),
-                Out(0),
-                U32(u(k)?),
-                U32(u(n)?),
-                U32(u(kd)?),
-                x_per_slot,
-                U32(u(ne)?),
-            ],
+            (u(n.div_ceil(cols))?, u(tiles)?, 1),
+            (threads, 1, 1),
+            args,
         )?);
         return Some(steps);
     }
@@ -411,24 +428,45 @@ const TC_ROWS_X: usize = 64;
 /// Tiles that keep a GPU busy: two blocks on each of an H100's or H200's 132 SMs.
 const TC_FILL: usize = 264;
 
+/// With the `MM_TC=1` knob, the tensor-core kernels of weight type `d` (`mat_mul_tc.cu`): the
+/// dense matmul's and the grouped MoE matmul's, where the type has integer codes.
+fn tc_kernels(d: DType) -> Option<(&'static str, &'static str)> {
+    (kernels::knob("MM_TC") == Some(1)).then_some(())?;
+    Some(match d {
+        DType::Q8_0 => ("mat_mul_tc_q8_0", "mat_mul_tc_id_q8_0"),
+        DType::Q4_0 => ("mat_mul_tc_q4_0", "mat_mul_tc_id_q4_0"),
+        DType::Q4_1 => ("mat_mul_tc_q4_1", "mat_mul_tc_id_q4_1"),
+        DType::Q4_K => ("mat_mul_tc_q4_k", "mat_mul_tc_id_q4_k"),
+        DType::Q6_K => ("mat_mul_tc_q6_k", "mat_mul_tc_id_q6_k"),
+        DType::BF16 => ("mat_mul_tc_bf16", "mat_mul_tc_id_bf16"),
+        _ => return None,
+    })
+}
+
+/// `tc_split` of input 0's `m` rows of `k` into a new scratch (number `at` of the plan's):
+/// `MM_PARTS` bf16 parts a value and 16-value sums (`tc_part_bytes` in the kernel file).
+fn tc_split(m: usize, k: usize, at: usize) -> Option<Vec<Step>> {
+    use Arg::{In, Scratch, U32};
+    let parts = kernels::knob("MM_PARTS").unwrap_or(3) as usize;
+    let bytes = m.checked_mul(2 * parts * k + k / 4)?;
+    let mut steps = vec![Step::Scratch(TensorDesc::new(DType::F32, [bytes / 4]))];
+    steps.extend(one(
+        "tc_split",
+        (u(m)?, u(k.div_ceil(TC_SPLIT_VALUES))?, 1),
+        (TC_SPLIT_THREADS, 1, 1),
+        vec![In(0), Scratch(at), U32(u(m)?), U32(u(k)?)],
+    )?);
+    Some(steps)
+}
+
 /// The dense prefill matmul on the tensor cores (`mat_mul_tc.cu`), with the `MM_TC=1` knob
 /// and for the weight types with codes: `tc_split` writes `x`'s rows as `MM_PARTS` bf16 parts
 /// and 16-value sums into scratch (`tc_bytes` in the kernel file), then `mat_mul_tc_<fmt>`
 /// multiplies them into the weight. `k` a multiple of 32.
 fn plan_tc(d: DType, m: usize, n: usize, k: usize) -> Option<Vec<Step>> {
     use Arg::{In, Out, Scratch, U32};
-    (kernels::knob("MM_TC") == Some(1) && k % QUANT_TILE_K == 0 && m > 0).then_some(())?;
-    let kernel = match d {
-        DType::Q8_0 => "mat_mul_tc_q8_0",
-        DType::Q4_0 => "mat_mul_tc_q4_0",
-        DType::Q4_1 => "mat_mul_tc_q4_1",
-        DType::Q4_K => "mat_mul_tc_q4_k",
-        DType::Q6_K => "mat_mul_tc_q6_k",
-        DType::BF16 => "mat_mul_tc_bf16",
-        _ => return None,
-    };
-    let parts = kernels::knob("MM_PARTS").unwrap_or(3) as usize;
-    let bytes = m.checked_mul(2 * parts * k + k / 4)?;
+    (k % QUANT_TILE_K == 0 && m > 0).then_some(())?;
+    let (kernel, _) = tc_kernels(d)?;
     // Too few tiles to fill the GPU (a batch of decodes: 64 rows, 32 tiles on a 4096-row
     // weight) split K among blocks, at least 8 steps each; TC_SPLITS sets the count.
     let tiles = n.div_ceil(TC_ROWS_W) * m.div_ceil(TC_ROWS_X);
@@ -438,19 +476,14 @@ fn plan_tc(d: DType, m: usize, n: usize, k: usize) -> Option<Vec<Step>> {
         None => TC_FILL.div_ceil(tiles),
     }
     .clamp(1, most);
-    let mut steps = vec![Step::Scratch(TensorDesc::new(DType::F32, [bytes / 4]))];
+    let mut steps = vec![];
+    steps.extend(tc_split(m, k, 0)?);
     if splits > 1 {
         steps.push(Step::Scratch(TensorDesc::new(
             DType::F32,
             [splits.checked_mul(m)?.checked_mul(n)?],
         )));
     }
-    steps.extend(one(
-        "tc_split",
-        (u(k.div_ceil(TC_SPLIT_VALUES))?, u(m)?, 1),
-        (TC_SPLIT_THREADS, 1, 1),
-        vec![In(0), Scratch(0), U32(u(m)?), U32(u(k)?)],
-    )?);
     steps.extend(one(
         kernel,
         (
