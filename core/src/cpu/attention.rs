@@ -8,9 +8,10 @@ use crate::quant;
 use crate::tensor::DType;
 
 thread_local! {
-    /// Per-thread buffers of the attention kernels: four key rows, a value row, the scores.
-    static BUFS: std::cell::RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    /// Per-thread buffers of the attention kernels: four key rows, four value rows, the
+    /// scores, the addresses of the value rows.
+    static BUFS: std::cell::RefCell<(Vec<f32>, Vec<f32>, Vec<f32>, Vec<usize>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
     /// Per-thread key and value rows of one KV head, gathered (dequantized) once for a piece of
     /// query rows ([`paged`]'s shared path).
     static DECODED: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
@@ -47,7 +48,7 @@ fn attend<'c>(
     let mr_max = simd::max_rows(isa);
     BUFS.with(|b| {
         let mut b = b.borrow_mut();
-        let (kb, vb, scores) = &mut *b;
+        let (kb, vb, scores, at) = &mut *b;
         kb.resize(4 * d, 0.0);
         vb.resize(4 * dv, 0.0);
         scores.clear();
@@ -85,6 +86,23 @@ fn attend<'c>(
             softmax_row(&mut scores[h * n..(h + 1) * n]);
         }
         out.fill(0.0);
+        // Where every value row is in memory as it is (an f32 cache, or rows gathered for a
+        // piece of prefill rows), all of them at once with the sums in registers
+        // (simd::weighted_rows: the same bits as the loop below).
+        at.clear();
+        for j in (lo..hi).filter(|_| dv > 0) {
+            match val(j, &mut vb[..dv]) {
+                Some(row) if row.len() >= dv => at.push(row.as_ptr() as usize),
+                _ => break,
+            }
+        }
+        // SAFETY: every address is a value row of at least dv f32 that lives for 'c.
+        if at.len() == n
+            && n > 0
+            && unsafe { simd::weighted_rows(scores, n, heads, at, dv, out, false) }
+        {
+            return;
+        }
         // Four value rows at a time into every head's output (the sums in key order, as one
         // row at a time would make them).
         for j0 in (lo..hi).step_by(4).filter(|_| dv > 0) {
@@ -107,6 +125,140 @@ fn attend<'c>(
             }
         }
     })
+}
+
+/// Keys a tile of query rows takes at a time in [`attend_rows`]: their key and value rows
+/// (with heads of 64, 64 KB) stay in the core's second-level cache while every row of the
+/// tile uses them.
+const KEY_BLOCK: usize = 128;
+
+/// Query tokens [`attend_rows`] takes together: their scores (tokens × heads × keys, 1 MB for
+/// 16 tokens of 4 heads at 4k keys) stay in the second-level cache.
+const ROW_BLOCK: usize = 16;
+
+/// [`attend`] for several query tokens of one sequence that share a KV head, with their keys
+/// and values gathered into contiguous rows (`kd`, `vd`: rows of `d` and `dv` for key
+/// positions `klo ..`): token `r` has its `heads` query rows at `q[r·qs ..]` and its key range
+/// `ranges[r]`, and writes `out[r·os ..][.. heads·dv]`. The keys go by in blocks of
+/// [`KEY_BLOCK`], each block used by every token before the next is read, so a long context's
+/// keys and values come from memory once per [`ROW_BLOCK`] tokens instead of once per token.
+/// Every score is the same micro-kernel sum of the same row pair, every softmax the same
+/// function of the same scores, and every output element the same chain of fused
+/// multiply-adds over the keys in ascending order (resumed from the stored sum at each block),
+/// so the output is [`attend`]'s, bit for bit. AVX-512 only; false (nothing done) elsewhere.
+#[allow(clippy::too_many_arguments)]
+fn attend_rows(
+    p: &AttnParams,
+    (q, qs): (&[f32], usize),
+    heads: usize,
+    ranges: &[(usize, usize)],
+    (kd, vd, klo): (&[f32], &[f32], usize),
+    (d, dv): (usize, usize),
+    (out, os): (&mut [f32], usize),
+) -> bool {
+    let isa = simd::isa();
+    let tokens = ranges.len();
+    if isa != simd::Isa::Avx512 || tokens > ROW_BLOCK || heads == 0 || d == 0 || dv == 0 {
+        return false;
+    }
+    let mr_max = simd::max_rows(isa);
+    // Where token r's scores start (heads rows of its key count).
+    let n_of = |r: usize| ranges[r].1.saturating_sub(ranges[r].0);
+    BUFS.with(|b| {
+        let mut b = b.borrow_mut();
+        let (_, _, scores, at) = &mut *b;
+        let mut off = [0usize; ROW_BLOCK + 1];
+        for r in 0..tokens.min(ROW_BLOCK) {
+            off[r + 1] = off[r] + heads * n_of(r);
+        }
+        // Every score a token's range holds is written below before it is read.
+        if scores.len() < off[tokens] {
+            scores.resize(off[tokens], 0.0);
+        }
+        let (kmin, kmax) = ranges
+            .iter()
+            .filter(|(lo, hi)| hi > lo)
+            .fold((usize::MAX, 0), |(a, b), &(lo, hi)| (a.min(lo), b.max(hi)));
+        let mut sums: simd::Sums = [[0.0; 4]; 4];
+        for kb in (kmin..kmax).step_by(KEY_BLOCK) {
+            let kend = (kb + KEY_BLOCK).min(kmax);
+            for (r, &(lo, hi)) in ranges.iter().enumerate() {
+                let (a, e, n) = (lo.max(kb), hi.min(kend), n_of(r));
+                for j0 in (a..e).step_by(4) {
+                    let nk = 4.min(e - j0);
+                    // Fewer than four keys repeat the last one; its scores are not kept.
+                    let mut rows = [std::ptr::null::<f32>(); 4];
+                    for (t, row) in rows.iter_mut().enumerate() {
+                        *row = kd[(j0 + t.min(nk - 1) - klo) * d..][..d].as_ptr();
+                    }
+                    for h0 in (0..heads).step_by(mr_max) {
+                        let mr = mr_max.min(heads - h0);
+                        // SAFETY: q holds token r's heads rows of d from h0 on, each key row
+                        // d f32 of kd (bounds-checked slices above).
+                        unsafe {
+                            simd::dots(
+                                isa,
+                                q[r * qs + h0 * d..].as_ptr(),
+                                d,
+                                mr,
+                                rows,
+                                d,
+                                &mut sums,
+                            )
+                        };
+                        for (i, row) in sums.iter().enumerate().take(mr) {
+                            let at = off[r] + (h0 + i) * n + (j0 - lo);
+                            let dst = &mut scores[at..at + nk];
+                            match p.soft_cap {
+                                None => {
+                                    for (o, &v) in dst.iter_mut().zip(row) {
+                                        *o = v * p.scale;
+                                    }
+                                }
+                                Some(c) => {
+                                    for (o, &v) in dst.iter_mut().zip(row) {
+                                        *o = c * ((v * p.scale) / c).tanh();
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for (r, &o) in off.iter().enumerate().take(tokens) {
+            for h in 0..heads {
+                softmax_row(&mut scores[o + h * n_of(r)..][..n_of(r)]);
+            }
+            out[r * os..][..heads * dv].fill(0.0);
+        }
+        for kb in (kmin..kmax).step_by(KEY_BLOCK) {
+            let kend = (kb + KEY_BLOCK).min(kmax);
+            at.clear();
+            at.extend((kb..kend).map(|j| vd[(j - klo) * dv..][..dv].as_ptr() as usize));
+            for (r, &(lo, hi)) in ranges.iter().enumerate() {
+                let (a, e, n) = (lo.max(kb), hi.min(kend), n_of(r));
+                if a >= e {
+                    continue;
+                }
+                let w = &scores[off[r] + (a - lo)..off[r] + (heads - 1) * n + (e - lo)];
+                // SAFETY: every address is a row of dv f32 in vd.
+                let done = unsafe {
+                    simd::weighted_rows(
+                        w,
+                        n,
+                        heads,
+                        &at[a - kb..e - kb],
+                        dv,
+                        &mut out[r * os..][..heads * dv],
+                        true,
+                    )
+                };
+                debug_assert!(done, "AVX-512 was checked above");
+            }
+        }
+    });
+    true
 }
 
 /// Keys ahead of the one being read whose cache rows paged attention prefetches.
@@ -385,7 +537,28 @@ fn paged(p: &AttnParams, i: &[In], o: &mut [Out], shared: bool) -> KResult {
                                 }
                             }
                             let (kd, vd) = (&*kd, &*vd);
-                            for ti in r0 + a..r0 + e {
+                            // Tiles of ROW_BLOCK tokens (attend_rows), else token by token.
+                            let mut tiled = r0 + a;
+                            while tiled < r0 + e {
+                                let end = (tiled + ROW_BLOCK).min(r0 + e);
+                                let ranges: Vec<(usize, usize)> =
+                                    (tiled..end).map(|ti| range(ti, s)).collect();
+                                let q0 = (tiled * hq + g * group) * d;
+                                let o0 = (tiled - r0) * unit + g * group * dv;
+                                if !attend_rows(
+                                    p,
+                                    (&q[q0..], hq * d),
+                                    group,
+                                    &ranges,
+                                    (kd, vd, klo),
+                                    (d, dv),
+                                    (&mut ys[o0..], unit),
+                                ) {
+                                    break;
+                                }
+                                tiled = end;
+                            }
+                            for ti in tiled..r0 + e {
                                 let (lo, hi) = range(ti, s);
                                 attend(
                                     p,
@@ -640,18 +813,20 @@ mod tests {
     }
 
     /// The shared path of paged attention (a piece of query rows dequantizes its keys and
-    /// values once) gives the row path's bits: caches of block types and of a float type beside
-    /// an f32 one read in place, three sequences with their rows in one piece, causal and
-    /// sliding-window masks, and rows whose key reach runs past their position.
+    /// values once, and on AVX-512 scores tiles of tokens against blocks of keys) gives the
+    /// row path's bits: caches of block types and of a float type beside an f32 one read in
+    /// place, three sequences with their rows in one piece (one of 300 keys: three key blocks,
+    /// tiles of 16 tokens and a partial one), causal and sliding-window masks, soft-capped
+    /// scores, and rows whose key reach runs past their position.
     #[test]
     fn shared_decoding_is_the_row_path_bit_for_bit() {
         use crate::cpu::{In, Out};
         use crate::quant;
         let mut rng = Rng::new(2911);
-        let (hq, hkv, d, bs, nblocks) = (6usize, 2usize, 64usize, 16usize, 24usize);
-        let (lens, qlens) = ([40usize, 57, 9], [12usize, 20, 9]);
+        let (hq, hkv, d, bs, nblocks) = (6usize, 2usize, 64usize, 16usize, 64usize);
+        let (lens, qlens) = ([40usize, 57, 300], [12usize, 20, 37]);
         let t: usize = qlens.iter().sum();
-        let maxb = 4;
+        let maxb = 19;
         let perm = rng.permutation(nblocks);
         let table: Vec<i32> = (0..lens.len() * maxb).map(|i| perm[i] as i32).collect();
         let q: Vec<f32> = (0..t * hq * d).map(|_| rng.normal()).collect();
@@ -691,14 +866,15 @@ mod tests {
             let rdesc = TensorDesc::new(DType::I32, [t]);
             let (tb, lb, sb, rb) = (i32s(&table), i32s(&seq_lens), i32s(&q_start), i32s(&reach));
             let qb = bytemuck::cast_slice::<f32, u8>(&q);
-            for (mask, with_reach) in [
-                (Mask::Causal, false),
-                (Mask::SlidingWindow(10), false),
-                (Mask::Causal, true),
+            for (mask, with_reach, soft_cap) in [
+                (Mask::Causal, false, None),
+                (Mask::SlidingWindow(10), false, None),
+                (Mask::SlidingWindow(150), false, Some(2.0)),
+                (Mask::Causal, true, None),
             ] {
                 let p = AttnParams {
                     scale: 0.125,
-                    soft_cap: None,
+                    soft_cap,
                     mask,
                 };
                 let mut ins = vec![

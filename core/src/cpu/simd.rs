@@ -207,6 +207,53 @@ pub fn axpy_rows(s: &[f32], x: &[&[f32]], y: &mut [f32]) {
     }
 }
 
+/// `out[h·dv .. (h + 1)·dv] (+)= Σ_j s[h·ls + j] · rows[j][..dv]` for `heads` rows of weights
+/// `s` (row stride `ls`) over the value rows at the addresses `rows`, each element one fused
+/// multiply-add chain over `j` ascending, from zero or (with `accumulate`) from what `out`
+/// holds: the bits of applying [`axpy_rows`] to the rows in order, on AVX-512, with the sums
+/// kept in registers (up to 4 heads × 64 values at a time) instead of loaded and stored every
+/// four rows. Returns false, doing nothing, where the CPU path is not AVX-512 (the caller then
+/// takes `axpy_rows`).
+///
+/// # Safety
+/// Each address in `rows` must point to at least `dv` readable f32 values.
+pub unsafe fn weighted_rows(
+    s: &[f32],
+    ls: usize,
+    heads: usize,
+    rows: &[usize],
+    dv: usize,
+    out: &mut [f32],
+    accumulate: bool,
+) -> bool {
+    let n = rows.len();
+    let fits = heads == 0 || (ls >= n && s.len() >= (heads - 1) * ls + n);
+    if isa() != Isa::Avx512 || !fits || out.len() < heads * dv {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the CPU has AVX-512 (isa); s holds heads rows of ls ≥ n, out heads rows of
+        // dv, and the caller vouches for the rows.
+        unsafe {
+            x86::weighted_rows512(
+                s.as_ptr(),
+                ls,
+                heads,
+                rows,
+                dv,
+                out.as_mut_ptr(),
+                accumulate,
+            )
+        };
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Asks for the `bytes` from `p` in the first-level cache ahead of their use (nothing where the
 /// CPU has no such hint). A prefetch never faults, wherever `p` points.
 #[inline]
@@ -392,6 +439,87 @@ mod x86 {
             i += 1;
         }
         s
+    }
+
+    /// `weighted_rows` for heads h0 .. h0 + H and values c0 .. c0 + 16·V of them (the last
+    /// vector masked to dv).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn weighted_chunk<const H: usize, const V: usize>(
+        s: *const f32,
+        ls: usize,
+        h0: usize,
+        rows: &[usize],
+        c0: usize,
+        dv: usize,
+        out: *mut f32,
+        accumulate: bool,
+    ) {
+        let mut m = [0xFFFFu16; V];
+        for (v, mv) in m.iter_mut().enumerate() {
+            let left = dv - c0 - 16 * v;
+            if left < 16 {
+                *mv = ((1u32 << left) - 1) as __mmask16;
+            }
+        }
+        let mut acc = [[_mm512_setzero_ps(); V]; H];
+        if accumulate {
+            for h in 0..H {
+                for v in 0..V {
+                    acc[h][v] = _mm512_maskz_loadu_ps(m[v], out.add((h0 + h) * dv + c0 + 16 * v));
+                }
+            }
+        }
+        for (j, &r) in rows.iter().enumerate() {
+            let r = r as *const f32;
+            let mut x = [_mm512_setzero_ps(); V];
+            for v in 0..V {
+                x[v] = _mm512_maskz_loadu_ps(m[v], r.add(c0 + 16 * v));
+            }
+            for h in 0..H {
+                let b = _mm512_set1_ps(*s.add((h0 + h) * ls + j));
+                for v in 0..V {
+                    acc[h][v] = _mm512_fmadd_ps(b, x[v], acc[h][v]);
+                }
+            }
+        }
+        for h in 0..H {
+            for v in 0..V {
+                _mm512_mask_storeu_ps(out.add((h0 + h) * dv + c0 + 16 * v), m[v], acc[h][v]);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn weighted_rows512(
+        s: *const f32,
+        ls: usize,
+        heads: usize,
+        rows: &[usize],
+        dv: usize,
+        out: *mut f32,
+        accumulate: bool,
+    ) {
+        let mut h0 = 0;
+        while h0 < heads {
+            let hc = (heads - h0).min(4);
+            let mut c0 = 0;
+            while c0 < dv {
+                let vc = (dv - c0).div_ceil(16).min(4);
+                macro_rules! chunk {
+                    ($($h:literal, $v:literal);*) => {
+                        match (hc, vc) {
+                            $(($h, $v) => weighted_chunk::<$h, $v>(s, ls, h0, rows, c0, dv, out, accumulate),)*
+                            _ => unreachable!("hc and vc are 1..=4"),
+                        }
+                    };
+                }
+                chunk!(1, 1; 1, 2; 1, 3; 1, 4; 2, 1; 2, 2; 2, 3; 2, 4;
+                       3, 1; 3, 2; 3, 3; 3, 4; 4, 1; 4, 2; 4, 3; 4, 4);
+                c0 += 64;
+            }
+            h0 += 4;
+        }
     }
 
     #[target_feature(enable = "avx512f")]
