@@ -1,5 +1,5 @@
 // Prefill matmuls on the tensor cores (the MM_TC=1 knob, for the weight formats with codes:
-// TcCodes in formats.cuh): y [M, N] = x [M, K] · w [N, K]ᵀ in two launches, K a multiple of
+// TcCodes below): y [M, N] = x [M, K] · w [N, K]ᵀ in two launches, K a multiple of
 // 32, and the grouped MoE matmul (mat_mul.cu's mat_mul_id_grouped) on the same tiles.
 //
 // 1. tc_split writes each activation row once as MM_PARTS exact bf16 parts (split_parts) in
@@ -23,6 +23,103 @@
 // multiply-add takes. Against mat_mul.cu's split tile (which MM_TC=1 leaves to the formats
 // without codes): exact products, the activations split once instead of once per block, and
 // each warp's fragments feed twice the mma.
+
+// ---- The weight formats' codes -------------------------------------------------------------
+// A weight value of these formats is a · c + b: c a small integer code (|c| ≤ 255, so exact
+// in bf16, whose 8 significant bits hold it), a and b one pair for a group of G values (16 or
+// 32; b = 0 where the format has no offset). So for one group and one activation row,
+//   Σ w_i x_i = a · Σ c_i x_i + b · Σ x_i.
+// The tiles below multiply the codes into activations split exactly into bf16 parts, so
+// every product is exact and only the f32 sums round.
+
+// Bytes i and i + 1 (0..3, compile-time constants) of w, as codes u, as the bf16 pair
+// (u_i - bias, u_(i+1) - bias): exact for results below 256 in magnitude (byte_as_float's
+// float has at most 8 significant bits, so its top half is the bf16).
+__device__ __forceinline__ u32 bf16_pair(u32 w, u32 i, float bias) {
+    const float f0 = byte_as_float(w, i, 8388608.0f + bias), f1 = byte_as_float(w, i + 1, 8388608.0f + bias);
+    return __byte_perm(__float_as_uint(f0), __float_as_uint(f1), 0x7632);
+}
+
+// The 8 code bytes of q (two words) as 4 bf16 pairs, less bias.
+__device__ __forceinline__ void bf16_pairs8(uint2 q, float bias, u32* c) {
+    c[0] = bf16_pair(q.x, 0, bias), c[1] = bf16_pair(q.x, 2, bias);
+    c[2] = bf16_pair(q.y, 0, bias), c[3] = bf16_pair(q.y, 2, bias);
+}
+
+// Which formats have codes, their group size G, and codes(): the 8 values at v (a multiple
+// of 8, from B::fetch's raw words) as 4 bf16 pairs (value v + 2i in the low half of c[i]),
+// with their group's a and b.
+template <typename B>
+struct TcCodes {
+    static constexpr bool value = false;
+};
+template <>
+struct TcCodes<Q8_0> {
+    static constexpr bool value = true, plain = false;
+    static constexpr u32 G = 32;
+    __device__ static void codes(const Q8_0::Raw& r, u32, u32* c, float& a, float& b) {
+        const uint2 u = {r.q.x ^ 0x80808080u, r.q.y ^ 0x80808080u};  // int8 + 128
+        bf16_pairs8(u, 128.0f, c);
+        a = f16_bits(r.d), b = 0.0f;
+    }
+};
+template <>
+struct TcCodes<Q4_0> {
+    static constexpr bool value = true, plain = false;
+    static constexpr u32 G = 32;
+    __device__ static void codes(const Q4_0::Raw& r, u32 v, u32* c, float& a, float& b) {
+        const u32 sh = v % 32 < 16 ? 0 : 4;
+        bf16_pairs8({(r.q.x >> sh) & 0x0F0F0F0Fu, (r.q.y >> sh) & 0x0F0F0F0Fu}, 8.0f, c);
+        a = f16_bits(r.d), b = 0.0f;
+    }
+};
+template <>
+struct TcCodes<Q4_1> {
+    static constexpr bool value = true, plain = false;
+    static constexpr u32 G = 32;
+    __device__ static void codes(const Q4_1::Raw& r, u32 v, u32* c, float& a, float& b) {
+        const u32 sh = v % 32 < 16 ? 0 : 4;
+        bf16_pairs8({(r.q.x >> sh) & 0x0F0F0F0Fu, (r.q.y >> sh) & 0x0F0F0F0Fu}, 0.0f, c);
+        a = f16_bits(r.dm & 0xFFFF), b = f16_bits(r.dm >> 16);
+    }
+};
+template <>
+struct TcCodes<Q4_K> {
+    static constexpr bool value = true, plain = false;
+    static constexpr u32 G = 32;
+    __device__ static void codes(const Q4_K::Raw& r, u32 v, u32* c, float& a, float& b) {
+        const u32 g = (v % Q4_K::QK) / 32, sh = 8 * (g & 3);
+        const u32 s0 = (r.s0 >> sh) & 0xFF, s1 = (r.s1 >> sh) & 0xFF, s2 = (r.s2 >> sh) & 0xFF;
+        const float sc = (float)(g < 4 ? (s0 & 63) : ((s2 & 0xF) | ((s0 >> 6) << 4)));
+        const float m = (float)(g < 4 ? (s1 & 63) : ((s2 >> 4) | ((s1 >> 6) << 4)));
+        const u32 shift = 4 * (g % 2);
+        bf16_pairs8({(r.q.x >> shift) & 0x0F0F0F0Fu, (r.q.y >> shift) & 0x0F0F0F0Fu}, 0.0f, c);
+        // Q4_K's own arithmetic (decode): d · sc and dmin · m, each one rounding.
+        a = f16_bits(r.dm & 0xFFFF) * sc, b = -(f16_bits(r.dm >> 16) * m);
+    }
+};
+template <>
+struct TcCodes<Q6_K> {
+    static constexpr bool value = true, plain = false;
+    static constexpr u32 G = 16;
+    __device__ static void codes(const Q6_K::Raw& r, u32 v, u32* c, float& a, float& b) {
+        const u32 q = (v % 128) / 32, lshift = q < 2 ? 0 : 4, hshift = 2 * q;
+        const uint2 u = {((r.ql.x >> lshift) & 0x0F0F0F0Fu) | (((r.qh.x >> hshift) & 0x03030303u) << 4),
+                         ((r.ql.y >> lshift) & 0x0F0F0F0Fu) | (((r.qh.y >> hshift) & 0x03030303u) << 4)};
+        bf16_pairs8(u, 32.0f, c);
+        a = f16_bits(r.d) * (float)(i8)r.sc, b = 0.0f;
+    }
+};
+template <>
+struct TcCodes<BF16W> {
+    static constexpr bool value = true, plain = true;
+    static constexpr u32 G = 32;
+    __device__ static void codes(const BF16W::Raw& r, u32, u32* c, float& a, float& b) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) c[i] = r.w[i];
+        a = 1.0f, b = 0.0f;
+    }
+};
 
 // The activations are split exactly into MM_PARTS bf16 parts (x = x_1 + x_2 + x_3, 8
 // significant bits each: split_parts), so every product c_i · x_p,i (at most 16 significant
