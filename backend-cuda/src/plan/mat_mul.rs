@@ -293,9 +293,11 @@ pub(super) fn plan_mat_mul_id(i: &[TensorDesc], o: &[TensorDesc]) -> Option<Vec<
         // With MM_TC=1, the tensor-core tile over x's rows split once (scratch 3).
         let tc = tc_kernels(i[1].dtype).map(|(_, id)| id);
         let mx = i[0].numel() / kd.max(1);
-        let (kernel, x) = match tc {
-            Some(id) => {
-                steps.extend(tc_split(mx, kd, 3)?);
+        let split = tc.and_then(|id| Some((id, tc_split(mx, kd, 3)?)));
+        let tc = split.as_ref().map(|(id, _)| *id);
+        let (kernel, x) = match split {
+            Some((id, split)) => {
+                steps.extend(split);
                 (id, Scratch(3))
             }
             None => (kernel, In(0)),
@@ -461,7 +463,7 @@ fn tc_split(m: usize, k: usize, at: usize) -> Option<Vec<Step>> {
 
 /// The dense prefill matmul on the tensor cores (`mat_mul_tc.cu`), with the `MM_TC=1` knob
 /// and for the weight types with codes: `tc_split` writes `x`'s rows as `MM_PARTS` bf16 parts
-/// and 16-value sums into scratch (`tc_bytes` in the kernel file), then `mat_mul_tc_<fmt>`
+/// and 16-value sums into scratch (`tc_part_bytes` in the kernel file), then `mat_mul_tc_<fmt>`
 /// multiplies them into the weight. `k` a multiple of 32.
 fn plan_tc(d: DType, m: usize, n: usize, k: usize) -> Option<Vec<Step>> {
     use Arg::{In, Out, Scratch, U32};

@@ -87,10 +87,11 @@ fn attend<'c>(
         }
         out.fill(0.0);
         // Where every value row is in memory as it is (an f32 cache, or rows gathered for a
-        // piece of prefill rows), all of them at once with the sums in registers
-        // (simd::weighted_rows: the same bits as the loop below).
+        // piece of prefill rows) and one pass of weighted_rows holds every sum (at most 4
+        // heads × 64 values: more would read the rows once per pass, where the loop below
+        // reads each once), all of them at once with the sums in registers (the same bits).
         at.clear();
-        for j in (lo..hi).filter(|_| dv > 0) {
+        for j in (lo..hi).filter(|_| dv > 0 && dv <= 64 && heads <= 4) {
             match val(j, &mut vb[..dv]) {
                 Some(row) if row.len() >= dv => at.push(row.as_ptr() as usize),
                 _ => break,
@@ -132,9 +133,13 @@ fn attend<'c>(
 /// tile uses them.
 const KEY_BLOCK: usize = 128;
 
-/// Query tokens [`attend_rows`] takes together: their scores (tokens × heads × keys, 1 MB for
-/// 16 tokens of 4 heads at 4k keys) stay in the second-level cache.
+/// Query tokens [`attend_rows`] takes together at most: their scores (tokens × heads × keys,
+/// 1 MB for 16 tokens of 4 heads at 4k keys) stay in the second-level cache.
 const ROW_BLOCK: usize = 16;
+
+/// Scores a tile may hold (f32): fewer tokens a tile past it, so a thread's score buffer
+/// stays at 4 MB whatever the context (one token a tile at 128k keys and 8 heads).
+const TILE_SCORES: usize = 1 << 20;
 
 /// [`attend`] for several query tokens of one sequence that share a KV head, with their keys
 /// and values gathered into contiguous rows (`kd`, `vd`: rows of `d` and `dv` for key
@@ -537,10 +542,12 @@ fn paged(p: &AttnParams, i: &[In], o: &mut [Out], shared: bool) -> KResult {
                                 }
                             }
                             let (kd, vd) = (&*kd, &*vd);
-                            // Tiles of ROW_BLOCK tokens (attend_rows), else token by token.
+                            // Tiles of up to ROW_BLOCK tokens (attend_rows), else token by
+                            // token.
+                            let per = (TILE_SCORES / (group * n).max(1)).clamp(1, ROW_BLOCK);
                             let mut tiled = r0 + a;
                             while tiled < r0 + e {
-                                let end = (tiled + ROW_BLOCK).min(r0 + e);
+                                let end = (tiled + per).min(r0 + e);
                                 let ranges: Vec<(usize, usize)> =
                                     (tiled..end).map(|ti| range(ti, s)).collect();
                                 let q0 = (tiled * hq + g * group) * d;

@@ -134,10 +134,29 @@ fn rope_kv_write_is_rope_rope_and_kv_write() {
 /// scores, and rows whose key reach runs past their position.
 #[test]
 fn shared_decoding_is_the_row_path_bit_for_bit() {
+    // Groups of 3 query heads on heads of 64; groups of 5 (past weighted_rows' 4 a pass) with
+    // values of 80 (a masked last vector, two passes of 64), float caches.
+    shared_matches_rows(
+        6,
+        64,
+        &[
+            (DType::Q8_0, DType::TQ3T),
+            (DType::F16, DType::F32),
+            (DType::TQ4, DType::Q4_0),
+        ],
+    );
+    shared_matches_rows(
+        10,
+        80,
+        &[(DType::F16, DType::F32), (DType::F32, DType::F32)],
+    );
+}
+
+fn shared_matches_rows(hq: usize, dv: usize, types: &[(DType, DType)]) {
     use crate::cpu::{In, Out};
     use crate::quant;
     let mut rng = Rng::new(2911);
-    let (hq, hkv, d, bs, nblocks) = (6usize, 2usize, 64usize, 16usize, 64usize);
+    let (hkv, d, bs, nblocks) = (2usize, 64usize, 16usize, 64usize);
     let (lens, qlens) = ([40usize, 57, 300], [12usize, 20, 37]);
     let t: usize = qlens.iter().sum();
     let maxb = 19;
@@ -153,27 +172,25 @@ fn shared_decoding_is_the_row_path_bit_for_bit() {
     let mut reach = vec![0i32; t];
     reach[3..9].fill(40);
     let i32s = |v: &[i32]| bytemuck::cast_slice::<i32, u8>(v).to_vec();
-    for (kt, vt) in [
-        (DType::Q8_0, DType::TQ3T),
-        (DType::F16, DType::F32),
-        (DType::TQ4, DType::Q4_0),
-    ] {
-        let values: Vec<f32> = (0..nblocks * bs * hkv * d).map(|_| rng.normal()).collect();
-        let cache = |dt: DType| -> Vec<f32> {
+    for &(kt, vt) in types {
+        let kvals: Vec<f32> = (0..nblocks * bs * hkv * d).map(|_| rng.normal()).collect();
+        let vvals: Vec<f32> = (0..nblocks * bs * hkv * dv).map(|_| rng.normal()).collect();
+        let cache = |dt: DType, values: &[f32]| -> Vec<f32> {
             // Held as f32 words so an f32 cache is aligned and read in place.
-            let bytes = quant::quantize(dt, &values).unwrap();
+            let bytes = quant::quantize(dt, values).unwrap();
             let mut w = vec![0f32; bytes.len().div_ceil(4)];
             bytemuck::cast_slice_mut::<f32, u8>(&mut w)[..bytes.len()].copy_from_slice(&bytes);
             w
         };
-        let (kw, vw) = (cache(kt), cache(vt));
+        let (kw, vw) = (cache(kt, &kvals), cache(vt, &vvals));
         let kdesc = TensorDesc::new(kt, [nblocks, bs, hkv, d]);
-        let vdesc = TensorDesc::new(vt, [nblocks, bs, hkv, d]);
+        let vdesc = TensorDesc::new(vt, [nblocks, bs, hkv, dv]);
         let (kb, vb) = (
             &bytemuck::cast_slice::<f32, u8>(&kw)[..kdesc.nbytes().unwrap()],
             &bytemuck::cast_slice::<f32, u8>(&vw)[..vdesc.nbytes().unwrap()],
         );
         let qdesc = TensorDesc::new(DType::F32, [t, hq, d]);
+        let odesc = TensorDesc::new(DType::F32, [t, hq, dv]);
         let tdesc = TensorDesc::new(DType::I32, [lens.len(), maxb]);
         let ldesc = TensorDesc::new(DType::I32, [lens.len()]);
         let sdesc = TensorDesc::new(DType::I32, [lens.len() + 1]);
@@ -203,16 +220,17 @@ fn shared_decoding_is_the_row_path_bit_for_bit() {
                 ins.push(In::new(&rdesc, &rb));
             }
             let run = |shared: bool| {
-                let mut y = vec![0u8; t * hq * d * 4];
+                let mut y = vec![0u8; t * hq * dv * 4];
                 let mut o = [Out {
-                    desc: &qdesc,
+                    desc: &odesc,
                     bytes: &mut y,
                 }];
                 assert!(super::paged(&p, &ins, &mut o, shared).is_ok());
                 y
             };
             let (rows, shared) = (run(false), run(true));
-            let label = format!("K {kt}, V {vt}, {mask:?}, reach {with_reach}");
+            let label =
+                format!("{hq} heads, dv {dv}, K {kt}, V {vt}, {mask:?}, reach {with_reach}");
             assert!(rows.iter().any(|&b| b != 0), "{label}: no output");
             assert!(rows == shared, "{label}: the paths differ");
         }
