@@ -112,8 +112,8 @@ __device__ __forceinline__ void tc_store8(u32* hi, u32* lo, const float* v) {
 
 // w: the weight matrix [N, K] whose rows col0 .. col0 + 63 this block takes.
 template <typename B, typename Rows>
-__device__ __forceinline__ void mat_mul_split_tile(const float* x, const u8* w, float* y, Rows rows, u32 col0,
-                                                   u32 n, u32 k) {
+__device__ __forceinline__ void mat_mul_tile(const float* x, const u8* w, float* y, Rows rows, u32 col0, u32 n,
+                                             u32 k) {
     // Shared words as uint4 so the 16-byte stores are aligned (TC_ROW words = 5 uint4).
     __shared__ uint4 xs_hi[QT * TC_ROW / 4], xs_lo[QT * TC_ROW / 4], ws_hi[QT * TC_ROW / 4],
         ws_lo[QT * TC_ROW / 4];
@@ -209,12 +209,6 @@ __device__ __forceinline__ void mat_mul_split_tile(const float* x, const u8* w, 
                     if (c < n) y[(size_t)r * n + c] = acc[i][j][2 * e2 + e1];
                 }
         }
-}
-
-template <typename B, typename Rows>
-__device__ __forceinline__ void mat_mul_tile(const float* x, const u8* w, float* y, Rows rows, u32 col0, u32 n,
-                                             u32 k) {
-    mat_mul_split_tile<B>(x, w, y, rows, col0, n, k);
 }
 #else
 // The FMA tile. w: the weight matrix [N, K] whose rows col0 .. col0 + 63 this block takes.

@@ -18,6 +18,24 @@ thread_local! {
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
+/// The scores of one query row against up to four keys (`dst.len()` of the dot products
+/// `row`): scaled, then soft-capped where the layer caps them.
+#[inline(always)]
+fn store_scores(p: &AttnParams, row: &[f32; 4], dst: &mut [f32]) {
+    match p.soft_cap {
+        None => {
+            for (o, &v) in dst.iter_mut().zip(row) {
+                *o = v * p.scale;
+            }
+        }
+        Some(c) => {
+            for (o, &v) in dst.iter_mut().zip(row) {
+                *o = c * ((v * p.scale) / c).tanh();
+            }
+        }
+    }
+}
+
 /// Softmax-weighted sums over keys `lo..hi` for the `heads` query rows of one token that
 /// share a KV head (`q`: `heads` rows of `d`; `out`: `heads` rows of `dv`). `key(j, buf)` and
 /// `val(j, buf)` give the row of key position `j`: `Some` slice of the cache itself where it
@@ -72,13 +90,8 @@ fn attend<'c>(
                 // the pointers live).
                 unsafe { simd::dots(isa, q[h0 * d..].as_ptr(), d, mr, rows, d, &mut sums) };
                 for (i, row) in sums.iter().enumerate().take(mr) {
-                    for (t, &v) in row.iter().enumerate().take(nk) {
-                        let mut s = v * p.scale;
-                        if let Some(c) = p.soft_cap {
-                            s = c * (s / c).tanh();
-                        }
-                        scores[(h0 + i) * n + (j0 - lo) + t] = s;
-                    }
+                    let at = (h0 + i) * n + (j0 - lo);
+                    store_scores(p, row, &mut scores[at..at + nk]);
                 }
             }
         }
@@ -213,19 +226,7 @@ fn attend_rows(
                         };
                         for (i, row) in sums.iter().enumerate().take(mr) {
                             let at = off[r] + (h0 + i) * n + (j0 - lo);
-                            let dst = &mut scores[at..at + nk];
-                            match p.soft_cap {
-                                None => {
-                                    for (o, &v) in dst.iter_mut().zip(row) {
-                                        *o = v * p.scale;
-                                    }
-                                }
-                                Some(c) => {
-                                    for (o, &v) in dst.iter_mut().zip(row) {
-                                        *o = c * ((v * p.scale) / c).tanh();
-                                    }
-                                }
-                            }
+                            store_scores(p, row, &mut scores[at..at + nk]);
                         }
                     }
                 }
