@@ -523,3 +523,248 @@ paged_prefill_tiled_kv(const float* q, const u8* kc, const u8* vc, const int* ta
     attend_tiled(q, KvCoded{kc, kfmt, kv_row_bytes(kfmt, d)}, KvCoded{vc, vfmt, kv_row_bytes(vfmt, d)}, b, out, t,
                  hq, hkv, d, d, scale, cap, window, see_to, qr);
 }
+
+// Prefill on the tensor cores (planned with the FA_TC=1 knob): f16 caches, head dims of
+// 16·n up to 64 (the `_64` kernel) or 128 (`_128`). Flash attention over
+// mma.sync.m16n8k16 with f16 operands and f32 sums: a block of FA_WARPS warps takes the
+// (row, head) pairs of `qr` consecutive query rows and every query head of one KV head's group
+// (16 pairs a warp, the A rows of its mmas), and walks the keys FA_KEYS at a time, staged in
+// shared memory as the cache holds them (f16, by cp.async). As exact as the f32 kernels:
+// - a query row is scaled by a power of two that brings its largest element to [128, 256),
+//   then split into two f16 (split_f16: to 2^-22 of each element), each multiplied by the
+//   exact f16 keys; the score is the sum times 2^-shift · scale, one rounding as in the f32
+//   kernels;
+// - the weights p = e^(s - max) in [0, 1] are split the same way (to 2^-22 of p or 2^-25) and
+//   multiplied by the exact f16 values.
+// The online softmax (running max, correction, sum) runs in f32 on the score fragments, as in
+// the FMA kernels; a block whose rows span two sequences runs each pair with attend_warp.
+
+#define FA_WARPS 4
+#define FA_PAIRS (FA_WARPS * 16)
+#define FA_KEYS 64
+
+// Two f16 of a row-major staged tile (row stride `w` words) as one mma word: rows k and k + 1
+// of column c, row k's in the low half (the B fragment of P·V, whose k runs over keys).
+__device__ __forceinline__ u32 fa_pair(const u32* tile, u32 w, u32 k, u32 c) {
+    const unsigned short* h = (const unsigned short*)tile;
+    return (u32)h[k * 2 * w + c] | ((u32)h[(k + 1) * 2 * w + c] << 16);
+}
+
+template <u32 D, typename Batch>
+__device__ __forceinline__ void attend_tc(const float* q, const __half* kc, const __half* vc, Batch batch,
+                                          float* out, u32 t, u32 hq, u32 hkv, u32 d, float scale, float cap,
+                                          u32 window, u32 see_to, u32 qr) {
+    constexpr u32 KS = D / 16, NT = FA_KEYS / 8, VT = D / 8;
+    constexpr u32 W = D / 2 + 4;  // words a staged row: 4 of padding keep fragment loads conflict-free
+    __shared__ uint4 ks_[FA_KEYS * W / 4], vs_[FA_KEYS * W / 4];
+    __shared__ long long krow[FA_KEYS];
+    u32* ks = (u32*)ks_;
+    u32* vs = (u32*)vs_;
+    const u32 warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, tq = lane % 4;
+    const u32 group = hq / hkv, kvh = blockIdx.y, r0 = blockIdx.x * qr;
+    u32 s_first, s_last;
+    int pos_first, pos_last, len, len_last;
+    const u32 r_last = min(r0 + qr, t) - 1;
+    batch.row(r0, &s_first, &pos_first, &len);
+    batch.row(r_last, &s_last, &pos_last, &len_last);
+    // Caches not 16-byte aligned (views: never the KV pool itself) take the same path.
+    if (s_first != s_last || (((size_t)kc | (size_t)vc) & 15u) != 0) {
+        for (u32 i = 0; i < 16; i++) {
+            const u32 p = warp + FA_WARPS * i, r = r0 + p / group, h = kvh * group + p % group;
+            if (p >= qr * group || r >= t) break;
+            u32 s;
+            int pos, l, lo, hi;
+            batch.row(r, &s, &pos, &l);
+            key_range(pos, l, window, see_to, &lo, &hi);
+            attend_warp(q + ((size_t)r * hq + h) * d, KvPlain<__half>{kc, d}, KvPlain<__half>{vc, d},
+                        batch.keys(s, kvh), lo, hi, d, d, scale, cap, out + ((size_t)r * hq + h) * d);
+        }
+        return;
+    }
+    const auto rows = batch.keys(s_first, kvh);
+    int lo_all, hi_all, unused;
+    key_range(pos_first, len, window, see_to, &lo_all, &unused);
+    key_range(pos_last, len, window, see_to, &unused, &hi_all);
+    // This lane's two pairs (A rows g and g + 8 of the warp's 16): key range, the query's
+    // power-of-two scale folded into the score's, and the query's two f16 parts in fragment
+    // order (word i of k-step k: a[i] of PTX's layout).
+    int lo[2], hi[2];
+    float unq[2];
+    const bool q2 = ((size_t)q & 7u) == 0, o2 = ((size_t)out & 7u) == 0;  // float2 loads and stores
+    u32 qa[KS][2][4];
+#pragma unroll
+    for (u32 i = 0; i < 2; i++) {
+        const u32 m = warp * 16 + g + 8 * i, r = r0 + m / group, h = kvh * group + m % group;
+        const bool ok = m < qr * group && r < t;
+        lo[i] = 0;
+        hi[i] = 0;  // an unused pair sees no keys
+        if (ok) key_range(pos_first + (int)(r - r0), len, window, see_to, &lo[i], &hi[i]);
+        const float* qrow = q + ((size_t)r * hq + h) * d;
+        float2 qv[KS][2];
+        float mx = 0.0f;
+#pragma unroll
+        for (u32 k = 0; k < KS; k++) {
+#pragma unroll
+            for (u32 hf = 0; hf < 2; hf++) {
+                const u32 c = 16 * k + 8 * hf + 2 * tq;
+                qv[k][hf] = make_float2(0.0f, 0.0f);
+                if (ok && c < d) qv[k][hf] = q2 ? *(const float2*)(qrow + c) : make_float2(qrow[c], qrow[c + 1]);
+                mx = fmaxf(mx, fmaxf(fabsf(qv[k][hf].x), fabsf(qv[k][hf].y)));
+            }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        int ex = 8;
+        if (mx > 0.0f && mx <= 3.0e38f) frexpf(mx, &ex);
+        unq[i] = ldexpf(scale, ex - 8);
+#pragma unroll
+        for (u32 k = 0; k < KS; k++) {
+#pragma unroll
+            for (u32 hf = 0; hf < 2; hf++) {
+                u32 h0, l0, h1, l1;
+                split_f16(ldexpf(qv[k][hf].x, 8 - ex), h0, l0);
+                split_f16(ldexpf(qv[k][hf].y, 8 - ex), h1, l1);
+                qa[k][0][i + 2 * hf] = h0 | (h1 << 16);
+                qa[k][1][i + 2 * hf] = l0 | (l1 << 16);
+            }
+        }
+    }
+    float o[VT][4], m_run[2] = {-KILN_INF, -KILN_INF}, l_run[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (u32 n = 0; n < VT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int k0 = lo_all; k0 < hi_all; k0 += FA_KEYS) {
+        if (threadIdx.x < FA_KEYS) {
+            const int p = k0 + (int)threadIdx.x;
+            krow[threadIdx.x] = p < hi_all ? rows(p) : -1;
+        }
+        __syncthreads();
+        // Stage keys and values k0 .. k0 + FA_KEYS: 16 bytes a copy, a row's in a row of threads.
+        for (u32 e = threadIdx.x; e < FA_KEYS * (D / 8); e += blockDim.x) {
+            const u32 j = e / (D / 8), c = e % (D / 8) * 8;
+            const long long row = krow[j];
+            u32* kd = ks + j * W + c / 2;
+            u32* vd = vs + j * W + c / 2;
+            if (row >= 0 && c < d) {
+                cp_async<16>(kd, kc + (size_t)row * d + c);
+                cp_async<16>(vd, vc + (size_t)row * d + c);
+            } else {
+                *(uint4*)kd = make_uint4(0u, 0u, 0u, 0u);
+                *(uint4*)vd = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        // Scores of the warp's 16 pairs against the tile's keys.
+        float sc[NT][4];
+#pragma unroll
+        for (u32 n = 0; n < NT; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+        for (u32 k = 0; k < KS; k++) {
+            if (16 * k >= d) break;
+#pragma unroll
+            for (u32 n = 0; n < NT; n++) {
+                const u32* kr = ks + (n * 8 + g) * W + 8 * k + tq;
+                const u32 b[2] = {kr[0], kr[4]};
+                mma_f16_16816(sc[n], qa[k][0], b);
+                mma_f16_16816(sc[n], qa[k][1], b);
+            }
+        }
+        // Scale, cap and mask; the rows' new maxima (over the quad that holds a row).
+        float mx[2] = {m_run[0], m_run[1]};
+#pragma unroll
+        for (u32 n = 0; n < NT; n++) {
+#pragma unroll
+            for (u32 e = 0; e < 4; e++) {
+                const u32 i = e / 2, j = n * 8 + 2 * tq + (e & 1);
+                const int p = k0 + (int)j;
+                float s = sc[n][e] * unq[i];
+                if (cap > 0.0f) s = cap * tanhf(s / cap);
+                if (p < lo[i] || p >= hi[i] || krow[j] < 0) s = -KILN_INF;
+                sc[n][e] = s;
+                mx[i] = fmaxf(mx[i], s);
+            }
+        }
+        float corr[2];
+#pragma unroll
+        for (u32 i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            corr[i] = mx[i] == -KILN_INF ? 1.0f : __expf(m_run[i] - mx[i]);
+            m_run[i] = mx[i];
+            l_run[i] *= corr[i];
+        }
+#pragma unroll
+        for (u32 n = 0; n < VT; n++) {
+            o[n][0] *= corr[0];
+            o[n][1] *= corr[0];
+            o[n][2] *= corr[1];
+            o[n][3] *= corr[1];
+        }
+        // The weights, split in two f16 and laid out as A fragments (a k-step of 16 keys is
+        // score tiles 2k and 2k + 1), times the values.
+#pragma unroll
+        for (u32 k = 0; k < FA_KEYS / 16; k++) {
+            u32 pa[2][4];
+#pragma unroll
+            for (u32 w = 0; w < 4; w++) {
+                const u32 n = 2 * k + w / 2, i = w & 1;
+                u32 h0, l0, h1, l1;
+                const float e0 = mx[i] == -KILN_INF ? 0.0f : __expf(sc[n][2 * i] - mx[i]);
+                const float e1 = mx[i] == -KILN_INF ? 0.0f : __expf(sc[n][2 * i + 1] - mx[i]);
+                l_run[i] += e0 + e1;
+                split_f16(e0, h0, l0);
+                split_f16(e1, h1, l1);
+                pa[0][w] = h0 | (h1 << 16);
+                pa[1][w] = l0 | (l1 << 16);
+            }
+#pragma unroll
+            for (u32 n = 0; n < VT; n++) {
+                if (8 * n >= d) break;
+                const u32 b[2] = {fa_pair(vs, W, 16 * k + 2 * tq, 8 * n + g),
+                                  fa_pair(vs, W, 16 * k + 2 * tq + 8, 8 * n + g)};
+                mma_f16_16816(o[n], pa[0], b);
+                mma_f16_16816(o[n], pa[1], b);
+            }
+        }
+        __syncthreads();  // the tile is read before the next one is staged
+    }
+#pragma unroll
+    for (u32 i = 0; i < 2; i++) {
+        l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
+        l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
+        const u32 m = warp * 16 + g + 8 * i, r = r0 + m / group, h = kvh * group + m % group;
+        if (m >= qr * group || r >= t) continue;
+        float* orow = out + ((size_t)r * hq + h) * d;
+#pragma unroll
+        for (u32 n = 0; n < VT; n++) {
+            const u32 c = 8 * n + 2 * tq;
+            if (c >= d) break;
+            const float inv = l_run[i] > 0.0f ? 1.0f / l_run[i] : 0.0f;
+            if (o2) {
+                *(float2*)(orow + c) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+            } else {
+                orow[c] = o[n][2 * i] * inv;
+                orow[c + 1] = o[n][2 * i + 1] * inv;
+            }
+        }
+    }
+}
+
+// @hot
+extern "C" __global__ void __launch_bounds__(FA_WARPS * WARP)
+paged_prefill_tc_f16_64(const float* q, const __half* kc, const __half* vc, const int* table, const int* seq_lens,
+                        const int* q_start, float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d, u32 bs,
+                        u32 max_blocks, u32 n_blocks, float scale, float cap, u32 window, u32 see_to, u32 qr) {
+    const PagedBatch b{table, seq_lens, q_start, n_seqs, max_blocks, bs, hkv, n_blocks};
+    attend_tc<64>(q, kc, vc, b, out, t, hq, hkv, d, scale, cap, window, see_to, qr);
+}
+
+// @hot
+extern "C" __global__ void __launch_bounds__(FA_WARPS * WARP)
+paged_prefill_tc_f16_128(const float* q, const __half* kc, const __half* vc, const int* table, const int* seq_lens,
+                         const int* q_start, float* out, u32 n_seqs, u32 t, u32 hq, u32 hkv, u32 d, u32 bs,
+                         u32 max_blocks, u32 n_blocks, float scale, float cap, u32 window, u32 see_to, u32 qr) {
+    const PagedBatch b{table, seq_lens, q_start, n_seqs, max_blocks, bs, hkv, n_blocks};
+    attend_tc<128>(q, kc, vc, b, out, t, hq, hkv, d, scale, cap, window, see_to, qr);
+}

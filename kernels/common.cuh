@@ -141,6 +141,20 @@ __device__ __forceinline__ void mma_bf16_16816(float* d, const u32* a, const u32
 #endif
 }
 
+// The same tile with A and B in f16 — PTX's mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32
+// (sm_80 and later), the fragments laid out as for bf16 above. A product of two f16 (11
+// significant bits each) is exact in f32.
+__device__ __forceinline__ void mma_f16_16816(float* d, const u32* a, const u32* b) {
+#if defined(__CUDA_ARCH__)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    kiln_emu_mma_f16_16816(d, a, b);
+#endif
+}
+
 // D = A·B + D over one warp's 16×8×32 tile of signed 8-bit integers, D in int32 — PTX's
 // mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 (sm_80 and later). With g = lane / 4 and
 // t = lane % 4 a lane holds (PTX ISA, "Matrix fragments for mma.m16n8k32"; byte j of a word is
@@ -170,6 +184,16 @@ __device__ __forceinline__ void split_bf16(float v, u32& hi, u32& lo) {
     hi = __bfloat16_as_ushort(__float2bfloat16_rn(v));
     const float rest = v - __uint_as_float(hi << 16);
     lo = (hi & 0x7F80u) == 0x7F80u ? 0u : (u32)__bfloat16_as_ushort(__float2bfloat16_rn(rest));
+}
+
+// v as two f16 (bit patterns), hi = f16(v) and lo = f16(v - hi), for |v| <= 2^15 (the caller
+// scales): v - hi is exact in f32 (hi is v rounded to a coarser grid), so hi + lo is v to
+// 2^-11 of |v - hi| <= 2^-22 |v| where lo is normal, and to 2^-25 (half of f16's subnormal
+// step) where it is not.
+__device__ __forceinline__ void split_f16(float v, u32& hi, u32& lo) {
+    const __half h = __float2half_rn(v);
+    hi = __half_as_ushort(h);
+    lo = __half_as_ushort(__float2half_rn(v - __half2float(h)));
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

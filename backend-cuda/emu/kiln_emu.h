@@ -53,6 +53,7 @@ struct alignas(16) float4 {
     float x, y, z, w;
 };
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
@@ -188,6 +189,7 @@ inline float __half2float(__half h) {
 }
 
 inline __half __ushort_as_half(unsigned short b) { return __half{b}; }
+inline unsigned short __half_as_ushort(__half h) { return h.bits; }
 inline float __uint_as_float(unsigned u) {
     float f;
     std::memcpy(&f, &u, 4);
@@ -271,6 +273,26 @@ inline void kiln_emu_mma_bf16_16816(float* c, const unsigned* a, const unsigned*
     kiln_emu_mma(c, a, b, [&](const unsigned* warp, unsigned g, unsigned q, float* out) {
         auto half = [](unsigned word, unsigned hi) {
             return __bfloat162float(__nv_bfloat16{(uint16_t)(hi ? word >> 16 : word & 0xFFFFu)});
+        };
+        auto A = [&](unsigned r, unsigned k) {
+            return half(warp[6 * ((r % 8) * 4 + (k % 8) / 2) + r / 8 + 2 * (k / 8)], k & 1);
+        };
+        auto B = [&](unsigned k, unsigned n) { return half(warp[6 * (n * 4 + (k % 8) / 2) + 4 + k / 8], k & 1); };
+        for (unsigned i = 0; i < 4; i++) {
+            const unsigned r = g + 8 * (i / 2), n = 2 * q + (i & 1);
+            double s = c[i];
+            for (unsigned k = 0; k < 16; k++) s += (double)A(r, k) * (double)B(k, n);
+            out[i] = (float)s;
+        }
+    });
+}
+
+// PTX's mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32: the bf16 tile above with f16
+// elements (the same fragment layout); the products are exact, the sum rounded once.
+inline void kiln_emu_mma_f16_16816(float* c, const unsigned* a, const unsigned* b) {
+    kiln_emu_mma(c, a, b, [&](const unsigned* warp, unsigned g, unsigned q, float* out) {
+        auto half = [](unsigned word, unsigned hi) {
+            return __half2float(__half{(uint16_t)(hi ? word >> 16 : word & 0xFFFFu)});
         };
         auto A = [&](unsigned r, unsigned k) {
             return half(warp[6 * ((r % 8) * 4 + (k % 8) / 2) + r / 8 + 2 * (k / 8)], k & 1);

@@ -90,6 +90,9 @@ const TUNING_KNOBS: &[(&str, i64, i64)] = &[
     ("TC_BLOCKS", 1, 2),
     // Not a kernel's: the K splits of mat_mul_tc_* (plan/mat_mul.rs picks them by the tiles).
     ("TC_SPLITS", 1, 16),
+    // Not a kernel's: prefill attention over f16 caches on the tensor cores (1: attention.cu's
+    // paged_prefill_tc_f16_*, planned in plan/attention.rs) or the f32 FMA tile (0, the default).
+    ("FA_TC", 0, 1),
     // mat_mul_vec_x8.cu: the decode mat-vec over int8 activation parts (1, the default: planned
     // for the formats that have it, plan/mat_mul.rs; 0: the f32 kernels of mat_vec.cuh), the parts a value (3 is f32's precision; fewer
     // are for measuring what the third costs), the split kernel or the staged one, the rows a

@@ -382,7 +382,8 @@ mod compile_check {
     /// NVRTC): a table of what each kernel's code is made of, so a change in what the
     /// compiler emits (the asynchronous copies gone, local memory, fewer tensor-core
     /// instructions) shows in CI's log without a GPU. Fails on local memory in a hot kernel,
-    /// and where the tensor-core prefill tiles lose their cp.async copies or their mma.
+    /// and where the tensor-core prefill tiles (matmul and attention) lose their cp.async copies
+    /// or their mma.
     /// Skips without the tools unless KILN_REQUIRE_NVRTC is set.
     #[test]
     fn the_hot_kernels_sass_is_reported() {
@@ -466,7 +467,9 @@ mod compile_check {
                 if n("LDL") + n("STL") > 0 {
                     failures.push(format!("{name}: local memory in a hot kernel"));
                 }
-                if name.starts_with("mat_mul_tc_") && (n("LDGSTS") == 0 || n("HMMA") == 0) {
+                let tiles =
+                    name.starts_with("mat_mul_tc_") || name.starts_with("paged_prefill_tc_");
+                if tiles && (n("LDGSTS") == 0 || n("HMMA") == 0) {
                     failures.push(format!("{name}: no cp.async copies or no mma"));
                 }
             }

@@ -174,6 +174,17 @@ pub(super) fn plan_paged_attention(
     let mut args = with_tensors(6, 1, [U32(u(s)?), U32(u(t)?), U32(u(hq)?), U32(u(hkv)?)]);
     args.extend(common);
     args.push(U32(see_to));
+    // With FA_TC=1, f16 caches and head dims of 16·n up to 128: flash attention on the
+    // tensor cores, FA_PAIRS (row, head) pairs a block.
+    if let Some((kernel, qr)) = tc_prefill(f16 && coded.is_none() && !reach, d, hq / hkv) {
+        args.push(U32(qr));
+        return one(
+            kernel,
+            (u(t.div_ceil(qr as usize))?, u(hkv)?, 1),
+            (FA_THREADS, 1, 1),
+            args,
+        );
+    }
     if let Some(qr) = tiled_rows(hq / hkv).filter(|_| !reach) {
         args.push(U32(qr));
         codes(&mut args);
@@ -199,6 +210,25 @@ pub(super) fn plan_paged_attention(
 /// its threads (`PREFILL_WARPS` warps).
 const PREFILL_PAIRS: usize = 16;
 const PREFILL_THREADS: u32 = 128;
+
+/// (row, head) pairs of one tensor-core prefill block (`FA_PAIRS` in attention.cu) and its
+/// threads (`FA_WARPS` warps).
+const FA_PAIRS: usize = 64;
+const FA_THREADS: u32 = 128;
+
+/// The tensor-core prefill kernel for head dim `d` and a GQA group of `group` query heads, and
+/// its query rows a block, where the `FA_TC=1` knob asks for it and `eligible` (f16 caches, no
+/// key reach) holds.
+fn tc_prefill(eligible: bool, d: usize, group: usize) -> Option<(&'static str, u32)> {
+    (eligible && kernels::knob("FA_TC") == Some(1)).then_some(())?;
+    (d % 16 == 0 && (1..=FA_PAIRS).contains(&group)).then_some(())?;
+    let kernel = match d {
+        16..=64 => "paged_prefill_tc_f16_64",
+        65..=128 => "paged_prefill_tc_f16_128",
+        _ => return None,
+    };
+    Some((kernel, (FA_PAIRS / group) as u32))
+}
 
 /// Query rows per block of the tiled prefill kernels for a GQA group of `group` query heads
 /// (every head of the group rides along), or `None` for a group too large to tile.

@@ -288,6 +288,55 @@ pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
         64,
         false,
     )?;
+    // Prefill over f16 caches at the shapes of CUDA's tensor-core kernels (FA_TC=1: 64 (row,
+    // head) pairs a block, keys 64 at a time, head dims of 16·n up to 128): two sequences
+    // whose rows share a block, GQA groups of 4 and 3 (a block's last pair unused), a head dim
+    // short of the kernel's (96 of 128), a window over released blocks, a soft cap.
+    paged(
+        "prefill f16 cache 2 seqs 150/90, GQA 4, D=128",
+        Mask::Causal,
+        &[150, 90],
+        &[70, 90],
+        (F16, F16),
+        8,
+        2,
+        128,
+        false,
+    )?;
+    paged(
+        "prefill f16 cache sliding 40, released blocks",
+        Mask::SlidingWindow(40),
+        &[130],
+        &[100],
+        (F16, F16),
+        4,
+        1,
+        64,
+        true,
+    )?;
+    paged(
+        "prefill f16 cache GQA 3, D=96",
+        Mask::Causal,
+        &[70],
+        &[70],
+        (F16, F16),
+        6,
+        2,
+        96,
+        false,
+    )?;
+    const CAPPED: &str = "prefill f16 cache, soft cap 2";
+    paged(
+        CAPPED,
+        Mask::Causal,
+        &[90, 33],
+        &[60, 33],
+        (F16, F16),
+        4,
+        2,
+        64,
+        false,
+    )?;
 
     // Block caches: the q4_0 and TurboQuant blocks (read as stored: the rotation is the
     // executor's, outside the op), and K and V of different types.
@@ -362,6 +411,13 @@ pub(super) fn cases(c: &mut Vec<Case>) -> Result<()> {
     reach[22..26].fill(6);
     for case in c.iter_mut().filter(|k| k.label.starts_with(REACH)) {
         case.inputs.push(ids(&[27], reach.clone()));
+    }
+    for case in c.iter_mut().filter(|k| k.label == CAPPED) {
+        case.op = Op::Attention(AttentionOp::PagedAttention(AttnParams {
+            scale: 0.125,
+            soft_cap: Some(2.0),
+            mask: Mask::Causal,
+        }));
     }
 
     // KV write.
