@@ -216,11 +216,14 @@ EOF2
 
 sanitize() {
     local tool=$1
-    # KILN_GPU_SAN_FILTER: only the validate cases whose op or label holds it;
-    # KILN_GPU_SAN_DEFINES: the kernels' knobs (KILN_CUDA_DEFINES) to check.
-    run "sanitizer-$tool" 150 env ${KILN_GPU_SAN_DEFINES:+KILN_CUDA_DEFINES=$KILN_GPU_SAN_DEFINES} compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 50 \
-        "$K" validate --backend cuda -q ${KILN_GPU_SAN_FILTER:+--filter "$KILN_GPU_SAN_FILTER"}
-    grep -E "SUMMARY|passed|Error|Invalid" "$LOGS/sanitizer-$tool.log" | head -12 | tee -a "$SUMMARY"
+    # KILN_GPU_SAN_FILTER: only the validate cases whose op or label holds one of its words
+    # (a run each); KILN_GPU_SAN_DEFINES: the kernels' knobs (KILN_CUDA_DEFINES) to check.
+    local f
+    for f in ${KILN_GPU_SAN_FILTER:-all}; do
+        run "sanitizer-$tool-$f" 150 env ${KILN_GPU_SAN_DEFINES:+KILN_CUDA_DEFINES=$KILN_GPU_SAN_DEFINES} compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 50 \
+            "$K" validate --backend cuda -q $([ "$f" != all ] && echo --filter "$f")
+        grep -E "SUMMARY|passed|Error|Invalid" "$LOGS/sanitizer-$tool-$f.log" | head -12 | tee -a "$SUMMARY"
+    done
 }
 
 steps=${*:-"setup models greedy_tiny_cuda validate_cuda greedy_big ab sanitize_memcheck"}
@@ -312,7 +315,7 @@ for s in $steps; do
             # default: the f32 FMA prefill tile and the tensor-core one, which a batch of more
             # than 4 rows runs), KILN_GPU_CONC_ARGS to `kiln bench` (default -p 16 -n 128).
             wait_models
-            for v in ${KILN_GPU_CONC_VARIANTS:-default MM_TC=1}; do
+            for v in ${KILN_GPU_CONC_VARIANTS:-default MM_TC=1,FA_TC=1}; do
                 d=""; [ "$v" != default ] && d=$v
                 run "concurrent-8b-q4_k-$v" 150 env KILN_CUDA_DEFINES=$d "$K" bench -m $MODELS/llama-8b-q4_k.gguf --backend cuda --concurrent 64 ${KILN_GPU_CONC_ARGS:--p 16 -n 128} -r 1
                 echo "$v: $(grep -E "^\| llama" "$LOGS/concurrent-8b-q4_k-$v.log" | tr '\n' ' ')" | tee -a "$SUMMARY"
@@ -320,13 +323,16 @@ for s in $steps; do
             ;;
         knobs)
             # The kernels of KILN_GPU_KNOBS (a KILN_CUDA_DEFINES value) on the card: the validate
-            # cases whose op or label holds KILN_GPU_KNOBS_FILTER (default mat_mul), and greedy
-            # tokens of the Q4_K Llama fixture and the 1.17 B Q4_K checkpoint against the CPU's.
+            # cases whose op or label holds a word of KILN_GPU_KNOBS_FILTER (default "mat_mul
+            # attention", a run each), and greedy tokens of the Q4_K Llama fixture and the
+            # 1.17 B Q4_K checkpoint against the CPU's.
             wait_models
             export KILN_CUDA_DEFINES=${KILN_GPU_KNOBS:-}
             say "== knobs ${KILN_CUDA_DEFINES}"
-            run validate-cuda-knobs 90 "$K" validate --backend cuda -q --filter "${KILN_GPU_KNOBS_FILTER:-mat_mul}"
-            grep -E "passed|FAIL" "$LOGS/validate-cuda-knobs.log" | tail -8 | tee -a "$SUMMARY"
+            for f in ${KILN_GPU_KNOBS_FILTER:-mat_mul attention}; do
+                run "validate-cuda-knobs-$f" 90 "$K" validate --backend cuda -q --filter "$f"
+                grep -E "passed|FAIL" "$LOGS/validate-cuda-knobs-$f.log" | tail -8 | tee -a "$SUMMARY"
+            done
             greedy knobs-q4k-fixture tests/fixtures/hf/gguf/llama_q4_k.gguf cuda
             greedy knobs-1b-q4_k $MODELS/llama-1b-q4_k.gguf cuda
             unset KILN_CUDA_DEFINES
@@ -334,12 +340,12 @@ for s in $steps; do
         pp2048)
             # Prefill of 2048 tokens (8 B Q4_K, 1 B BF16), against the bf16 rate of setup's
             # matmul: the kernel sets of KILN_GPU_PP_VARIANTS (KILN_CUDA_DEFINES values,
-            # "default" for none; default: the f32 FMA tile, the tensor-core tiles at 3 exact
-            # activation parts and at 2, and with 2 blocks an SM) interleaved, 2 rounds each,
-            # so the before/after of the tiles is one run.
+            # "default" for none; default: the f32 FMA tiles, the tensor-core matmul tiles at 3
+            # exact activation parts, with the tensor-core attention too, and at 2 parts)
+            # interleaved, 2 rounds each, so the before/after of the tiles is one run.
             wait_models
             for round in 1 2; do
-                for v in ${KILN_GPU_PP_VARIANTS:-default MM_TC=1 MM_TC=1,MM_PARTS=2 MM_TC=1,TC_BLOCKS=2}; do
+                for v in ${KILN_GPU_PP_VARIANTS:-default MM_TC=1 MM_TC=1,FA_TC=1 MM_TC=1,MM_PARTS=2}; do
                     for m in 8b-q4_k 1b-bf16; do
                         d=""; [ "$v" != default ] && d=$v
                         run "pp2048-$m-$v-$round" 90 env KILN_CUDA_DEFINES=$d "$K" bench -m $MODELS/llama-$m.gguf --backend cuda -p 2048 -n 0 -r 1
