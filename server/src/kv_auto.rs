@@ -128,6 +128,18 @@ fn types_of(choice: &BTreeMap<usize, (DType, DType)>) -> KvTypes {
     }
 }
 
+/// The tokens `--kv-center-keys` and `--kv-fit-keys` calibrate on: the built-in passage past
+/// the part `--kv-type auto` judges its choices on (its first [`JUDGE_TOKENS`]), after the
+/// model's BOS where it adds one.
+pub fn key_calibration_tokens(tok: &Tokenizer) -> Result<Vec<u32>> {
+    let with = tok.encode(TEXT, true)?;
+    let without = tok.encode(TEXT, false)?;
+    let bos = with.len().saturating_sub(without.len()).min(with.len());
+    let mut out = with[..bos].to_vec();
+    out.extend(without.iter().skip(JUDGE_TOKENS));
+    Ok(out)
+}
+
 /// The calibration tokens for a runner of context `ctx`.
 fn calibration_tokens(tok: &Tokenizer, ctx: usize, n: usize) -> Result<Vec<u32>> {
     let mut t = tok.encode(TEXT, true)?;
@@ -519,7 +531,7 @@ pub fn cache_file(
     backend: &str,
     fixed: (Option<DType>, Option<DType>),
     budget: f64,
-    (ctx, centered): (usize, bool),
+    (ctx, centered, fitted): (usize, bool, bool),
 ) -> Result<PathBuf> {
     use sha2::{Digest, Sha256};
     use std::io::{Read, Seek, SeekFrom};
@@ -536,10 +548,11 @@ pub fn cache_file(
     }
     h.update(
         format!(
-            "{VERSION} {backend} {:?} {:?} {budget:.6} {TOKENS} {JUDGE_TOKENS} {} {centered}",
+            "{VERSION} {backend} {:?} {:?} {budget:.6} {TOKENS} {JUDGE_TOKENS} {} {centered}{}",
             fixed.0,
             fixed.1,
-            ctx.min(JUDGE_TOKENS)
+            ctx.min(JUDGE_TOKENS),
+            if fitted { " fitted" } else { "" }
         )
         .as_bytes(),
     );

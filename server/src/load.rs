@@ -54,12 +54,18 @@ pub struct ModelArgs {
     /// e.g. `0-3:q8_0` to keep the first four layers at 8 bits.
     #[arg(long, value_name = "LAYERS")]
     pub kv_type_layers: Option<String>,
-    /// Subtract each layer's mean key (one 64-token calibration pass at start) before a
-    /// quantized K cache stores it. Attention is unchanged (every score shifts by the same
-    /// amount); the rounding error shrinks where a model's keys share a large constant part
-    /// (SmolLM2: q4_0 K +18.6% -> +8% perplexity) and can grow where they do not (Gemma 3).
+    /// Subtract each layer's mean key (measured by a calibration pass over a built-in text
+    /// at start) before a quantized K cache stores it. Attention is unchanged (every score
+    /// shifts by the same amount); the rounding error shrinks where a model's keys share a
+    /// large constant part.
     #[arg(long)]
     pub kv_center_keys: bool,
+    /// Fit a map of each layer's keys to its queries (from the same calibration pass) before
+    /// a quantized K cache stores them: keys go in as T·k and queries are scored as T⁻ᵀ·q, so
+    /// every score is unchanged, while the cache's rounding error moves to the directions the
+    /// queries do not take. See README, "Keys fitted to the queries".
+    #[arg(long)]
+    pub kv_fit_keys: bool,
     /// The vision tower of a GGUF model: llama.cpp's split projector file (`mmproj-*.gguf`).
     /// Without it, a lone `mmproj*.gguf` beside the model is used; a Hugging Face
     /// directory's own tower is read from it. Images then go in (`--image`, `image_url`).
@@ -107,6 +113,7 @@ impl ModelArgs {
             kv_type_v: None,
             kv_type_layers: None,
             kv_center_keys: false,
+            kv_fit_keys: false,
             mmproj: None,
             image_max_tokens: None,
         }
@@ -252,6 +259,10 @@ pub fn load(args: &ModelArgs, cfg: RunnerConfig) -> Result<Loaded> {
     cfg.ctx = args.ctx.unwrap_or(model.info().context_length.min(4096));
     cfg.kv_types = args.kv_types(ex.on_cpu())?;
     cfg.kv_center_keys = args.kv_center_keys;
+    cfg.kv_fit_keys = args.kv_fit_keys;
+    if args.kv_center_keys || args.kv_fit_keys {
+        cfg.kv_calibration = crate::kv_auto::key_calibration_tokens(&tokenizer)?;
+    }
     let mut runner = Runner::new(ex, model, cfg)?;
     if args.kv_type == Some(KvChoice::Auto) {
         auto_kv_types(args, &path, &mut runner, &tokenizer)?;
@@ -286,7 +297,7 @@ fn auto_kv_types(
         &backend,
         fixed,
         budget,
-        (runner.config().ctx, args.kv_center_keys),
+        (runner.config().ctx, args.kv_center_keys, args.kv_fit_keys),
     )?;
     let pin = |mut t: KvTypes| {
         t.k = fixed.0.unwrap_or(t.k);

@@ -4,6 +4,7 @@
 pub mod block_hash;
 pub mod block_pool;
 pub mod error;
+pub mod key_fit;
 pub mod manager;
 pub mod state;
 pub mod types;

@@ -106,9 +106,10 @@ pub(crate) fn attention(
     if let Some(new) = new_kv {
         write_kv(ex, bt, kv, (g, gi), new, p.soft_cap.is_some())?;
     }
+    let fitted = kv.queries_to_score(ex, (g, gi), q)?;
     let a = ex.paged_attention(
         p,
-        q,
+        fitted.as_ref().unwrap_or(q),
         kc,
         vc,
         table,
@@ -520,7 +521,7 @@ pub(crate) fn canvas_split(
 }
 
 /// Writes `k`, `v` (`[T, kv_heads, dim]`) into layer `(g, gi)`'s cache at the batch's slots
-/// (keys centered first where the cache keeps them so).
+/// (keys centered and fitted first where the cache keeps them so).
 fn write_kv(
     ex: &Executor,
     bt: &BatchTensors,
@@ -534,8 +535,8 @@ fn write_kv(
         .tables
         .get(g)
         .ok_or_else(|| Error::Model(format!("no block table for KV group {g}")))?;
-    let centered = kv.centered_keys(ex, (g, gi), k, capped)?;
-    ex.kv_write(centered.as_ref().unwrap_or(k), v, slots, kc, vc)
+    let keys = kv.keys_to_write(ex, (g, gi), k, capped)?;
+    ex.kv_write(keys.as_ref().unwrap_or(k), v, slots, kc, vc)
 }
 
 /// Checks a batch against the model: tokens and positions agree, every id is in the

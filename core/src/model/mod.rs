@@ -43,9 +43,29 @@ pub struct KvCaches {
     /// written (`[kv_heads, head_dim]`), where the layer's K cache is lossy. See
     /// [`KvCaches::centered_keys`].
     centers: Vec<Vec<Option<Tensor>>>,
-    /// While calibrating: per (group, layer), the running sum of the keys seen and the count.
-    calibration:
-        std::sync::Mutex<Option<std::collections::HashMap<(usize, usize), (Vec<f64>, usize)>>>,
+    /// Per group and layer: the keys' map `T` and the queries' `T⁻ᵀ` (`[head_dim, head_dim]`
+    /// each), where the layer's K cache is lossy and the keys are fitted to the queries
+    /// ([`crate::kv::key_fit`]).
+    fitted: Vec<Vec<Option<(Tensor, Tensor)>>>,
+    /// While calibrating: what each (group, layer) has seen.
+    calibration: std::sync::Mutex<Option<Calibration>>,
+}
+
+/// A calibration pass's statistics ([`KvCaches::begin_calibration`]).
+struct Calibration {
+    /// Whether key and query second moments are gathered (for `fit_keys`).
+    fit: bool,
+    layers: std::collections::HashMap<(usize, usize), LayerStats>,
+}
+
+#[derive(Default)]
+struct LayerStats {
+    /// Sum of the keys (per KV head and channel) and their count.
+    key_sum: Vec<f64>,
+    keys: usize,
+    /// `E[k kᵀ]` and `E[q qᵀ]` over head rows, every head pooled.
+    sk: Option<crate::kv::key_fit::SecondMoments>,
+    sq: Option<crate::kv::key_fit::SecondMoments>,
 }
 
 impl KvCaches {
@@ -80,6 +100,7 @@ impl KvCaches {
         Ok(KvCaches {
             block_size,
             centers: out.iter().map(|(ks, _)| vec![None; ks.len()]).collect(),
+            fitted: out.iter().map(|(ks, _)| vec![None; ks.len()]).collect(),
             groups: out,
             states: Vec::new(),
             calibration: std::sync::Mutex::new(None),
@@ -87,7 +108,8 @@ impl KvCaches {
     }
 
     /// Whether layer `(g, gi)`'s keys go into its cache as they are (no calibration running,
-    /// no center to subtract): then their write may be fused with the RoPE before it.
+    /// no center to subtract, no fitted map): then their write may be fused with the RoPE
+    /// before it.
     pub fn keys_as_they_are(&self, (g, gi): (usize, usize), soft_capped: bool) -> bool {
         let calibrating = self.calibration.lock().map(|c| c.is_some()).unwrap_or(true);
         let centered = self
@@ -95,17 +117,53 @@ impl KvCaches {
             .get(g)
             .and_then(|c| c.get(gi))
             .is_some_and(|c| c.is_some());
-        !calibrating && (soft_capped || !centered)
+        !calibrating && (soft_capped || !centered) && self.fitted_map((g, gi)).is_none()
+    }
+
+    fn fitted_map(&self, (g, gi): (usize, usize)) -> Option<&(Tensor, Tensor)> {
+        self.fitted
+            .get(g)
+            .and_then(|f| f.get(gi))
+            .and_then(|f| f.as_ref())
+    }
+
+    /// The queries layer `(g, gi)` scores against its cache: `q` (`[T, heads, dim]`) through
+    /// the layer's `T⁻ᵀ` where its keys are fitted ([`crate::kv::key_fit`]), else `None` (as
+    /// they are). While calibrating with `fit`, the queries' second moments are gathered.
+    pub fn queries_to_score(
+        &self,
+        ex: &Executor,
+        (g, gi): (usize, usize),
+        q: &Tensor,
+    ) -> Result<Option<Tensor>> {
+        if let Ok(mut cal) = self.calibration.lock() {
+            if let Some(c) = cal.as_mut().filter(|c| c.fit) {
+                let d = q.shape().last();
+                let stats = c.layers.entry((g, gi)).or_default();
+                let sq = stats
+                    .sq
+                    .get_or_insert_with(|| crate::kv::key_fit::SecondMoments::new(d));
+                if sq.dim() == d {
+                    sq.add(&ex.download_f32(q)?);
+                }
+            }
+        }
+        match self.fitted_map((g, gi)) {
+            Some((_, qmap)) => Ok(Some(ex.matmul(q, qmap)?)),
+            None => Ok(None),
+        }
     }
 
     /// The keys to write into layer `gi` of group `g`: `k` less the layer's key center when
-    /// it has one. Attention is unchanged by it: every key a query sees has the same vector
+    /// it has one, then through the layer's fitted map `T` when it has one (the queries go
+    /// through `T⁻ᵀ`: [`KvCaches::queries_to_score`]). Attention is unchanged by it: every key a query sees has the same vector
     /// subtracted, so every score drops by the same `q·center` and the softmax cancels it
     /// (which is why `soft_capped` layers, whose cap is not shift-invariant, are never
     /// centered). What it buys is precision: many models' keys share a large constant part
     /// (a few outlier channels of one sign), which a lossy cache would otherwise spend its
-    /// bits on. While calibrating, the keys are also summed per channel.
-    pub fn centered_keys(
+    /// bits on. While calibrating, the keys are also summed per channel (and their second
+    /// moments gathered, with `fit`).
+    pub fn keys_to_write(
         &self,
         ex: &Executor,
         (g, gi): (usize, usize),
@@ -113,66 +171,112 @@ impl KvCaches {
         soft_capped: bool,
     ) -> Result<Option<Tensor>> {
         if let Ok(mut cal) = self.calibration.lock() {
-            if let Some(sums) = cal.as_mut() {
+            if let Some(c) = cal.as_mut() {
                 let x = ex.download_f32(k)?;
                 let width = k.numel() / k.shape().dims()[0].max(1);
-                let (sum, n) = sums.entry((g, gi)).or_insert_with(|| (vec![0.0; width], 0));
-                if sum.len() == width {
+                let d = k.shape().last();
+                let stats = c.layers.entry((g, gi)).or_default();
+                if stats.key_sum.is_empty() {
+                    stats.key_sum = vec![0.0; width];
+                }
+                if stats.key_sum.len() == width {
                     for row in x.chunks_exact(width) {
-                        for (s, v) in sum.iter_mut().zip(row) {
+                        for (s, v) in stats.key_sum.iter_mut().zip(row) {
                             *s += *v as f64;
                         }
-                        *n += 1;
+                        stats.keys += 1;
+                    }
+                }
+                if c.fit {
+                    let sk = stats
+                        .sk
+                        .get_or_insert_with(|| crate::kv::key_fit::SecondMoments::new(d));
+                    if sk.dim() == d {
+                        sk.add(&x);
                     }
                 }
             }
         }
-        match self
+        let center = self
             .centers
             .get(g)
             .and_then(|c| c.get(gi))
             .cloned()
-            .flatten()
-        {
-            Some(neg) if !soft_capped => Ok(Some(ex.add(k, &neg)?)),
-            _ => Ok(None),
+            .flatten();
+        let centered = match center {
+            Some(neg) if !soft_capped => Some(ex.add(k, &neg)?),
+            _ => None,
+        };
+        match self.fitted_map((g, gi)) {
+            Some((kmap, _)) => Ok(Some(ex.matmul(centered.as_ref().unwrap_or(k), kmap)?)),
+            None => Ok(centered),
         }
     }
 
-    /// Starts summing the keys every layer writes ([`KvCaches::centered_keys`]).
-    pub fn begin_calibration(&self) {
+    /// Starts gathering what every layer writes and scores ([`KvCaches::keys_to_write`],
+    /// [`KvCaches::queries_to_score`]): the keys' sums, and with `fit` the keys' and queries'
+    /// second moments.
+    pub fn begin_calibration(&self, fit: bool) {
         if let Ok(mut c) = self.calibration.lock() {
-            *c = Some(std::collections::HashMap::new());
+            *c = Some(Calibration {
+                fit,
+                layers: std::collections::HashMap::new(),
+            });
         }
     }
 
     /// Ends the calibration: each layer whose K cache is not exact (not f32, f16 or bf16) and
-    /// which saw keys gets their mean, per KV head and channel, as its key center.
-    pub fn finish_calibration(&mut self, ex: &Executor) -> Result<()> {
-        let sums = match self.calibration.lock() {
+    /// which saw keys gets, with `center`, their mean (per KV head and channel) as its key
+    /// center, and where the calibration gathered second moments, its fitted map
+    /// ([`crate::kv::key_fit::fit`]).
+    pub fn finish_calibration(&mut self, ex: &Executor, center: bool) -> Result<()> {
+        let cal = match self.calibration.lock() {
             Ok(mut c) => c.take(),
             Err(_) => None,
         };
-        let Some(sums) = sums else { return Ok(()) };
-        for ((g, gi), (sum, n)) in sums {
+        let Some(cal) = cal else { return Ok(()) };
+        for ((g, gi), stats) in cal.layers {
             let Some(k) = self.groups.get(g).and_then(|(ks, _)| ks.get(gi)) else {
                 continue;
             };
-            if k.dtype().is_float() || n == 0 {
+            if k.dtype().is_float() || stats.keys == 0 {
                 continue;
             }
             let dims = k.shape().dims();
             let (heads, d) = (dims[2], dims[3]);
-            if sum.len() != heads * d {
-                continue;
+            if center && stats.key_sum.len() == heads * d {
+                let n = stats.keys as f64;
+                let neg: Vec<f32> = stats.key_sum.iter().map(|s| (-s / n) as f32).collect();
+                let t = ex.upload_f32(&[heads, d], &neg)?;
+                if let Some(slot) = self.centers.get_mut(g).and_then(|c| c.get_mut(gi)) {
+                    *slot = Some(t);
+                }
             }
-            let neg: Vec<f32> = sum.iter().map(|s| (-s / n as f64) as f32).collect();
-            let t = ex.upload_f32(&[heads, d], &neg)?;
-            if let Some(slot) = self.centers.get_mut(g).and_then(|c| c.get_mut(gi)) {
-                *slot = Some(t);
+            let moments = stats
+                .sk
+                .as_ref()
+                .and_then(|m| m.mean())
+                .zip(stats.sq.as_ref().and_then(|m| m.mean()));
+            if let Some((sk, sq)) =
+                moments.filter(|(sk, sq)| sk.len() == d * d && sq.len() == d * d)
+            {
+                if let Some((kmap, qmap)) = crate::kv::key_fit::fit(&sk, &sq, d) {
+                    let pair = (
+                        ex.upload_f32(&[d, d], &kmap)?,
+                        ex.upload_f32(&[d, d], &qmap)?,
+                    );
+                    if let Some(slot) = self.fitted.get_mut(g).and_then(|c| c.get_mut(gi)) {
+                        *slot = Some(pair);
+                    }
+                }
             }
         }
         Ok(())
+    }
+
+    /// Whether any layer's keys go through a fitted map.
+    pub fn keys_fitted(&self) -> bool {
+        self.fitted.iter().flatten().any(Option::is_some)
     }
 
     /// Whether any layer's keys are centered.

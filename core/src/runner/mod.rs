@@ -35,6 +35,8 @@ struct Launched {
 
 /// Tokens of the key-center calibration pass ([`Runner::new`] with a lossy K cache).
 pub const CALIBRATION_TOKENS: usize = 64;
+/// Most tokens of [`RunnerConfig::kv_calibration`] the calibration pass runs.
+pub const CALIBRATION_TEXT_TOKENS: usize = 512;
 /// The sequence id the calibration pass runs as (released before any request).
 const CALIBRATION_SEQ: SeqId = SeqId::MAX;
 
@@ -51,8 +53,14 @@ pub struct RunnerConfig {
     /// The K and V cache types (per layer where overridden).
     pub kv_types: crate::kv::KvTypes,
     /// Subtract each layer's mean key (measured by one calibration pass at start) before a
-    /// lossy K cache quantizes it ([`KvCaches::centered_keys`]; exact for attention).
+    /// lossy K cache quantizes it ([`KvCaches::keys_to_write`]; exact for attention).
     pub kv_center_keys: bool,
+    /// Fit a map of each layer's keys to its queries (measured by the calibration pass)
+    /// before a lossy K cache quantizes them ([`crate::kv::key_fit`]; exact for attention).
+    pub kv_fit_keys: bool,
+    /// The calibration pass's tokens (text in the model's vocabulary; up to
+    /// [`CALIBRATION_TEXT_TOKENS`] are used); empty: [`CALIBRATION_TOKENS`] pseudo-random ones.
+    pub kv_calibration: Vec<u32>,
     pub prefix_caching: bool,
     /// Blocks in each full-attention KV pool; default enough for `max_seqs` full contexts.
     /// Smaller pools make the batching engine preempt instead.
@@ -76,6 +84,8 @@ impl Default for RunnerConfig {
             max_batch_tokens: 512,
             kv_types: crate::kv::KvTypes::uniform(DType::F32),
             kv_center_keys: false,
+            kv_fit_keys: false,
+            kv_calibration: Vec::new(),
             prefix_caching: false,
             kv_blocks: None,
             max_rollback: 0,
@@ -450,42 +460,59 @@ impl Runner {
             },
             kv,
         };
-        runner.calibrate_key_centers()?;
+        runner.calibrate_keys()?;
         Ok(runner)
     }
 
-    /// For lossy K caches with `kv_center_keys`: one pass over [`CALIBRATION_TOKENS`] fixed pseudo-random tokens
-    /// measures each layer's mean key, which every later key has subtracted before it is
-    /// quantized ([`KvCaches::centered_keys`]: attention is unchanged, the quantization error
-    /// shrinks). The calibration sequence is released at once; its blocks are never cached.
-    fn calibrate_key_centers(&mut self) -> Result<()> {
+    /// For lossy K caches with `kv_center_keys` or `kv_fit_keys`: one pass over the
+    /// calibration tokens (`kv_calibration`, else [`CALIBRATION_TOKENS`] fixed pseudo-random
+    /// ones) measures each layer's mean key, which every later key has subtracted, and the
+    /// map fitted to its queries, which every later key goes through, before it is quantized
+    /// ([`KvCaches::keys_to_write`]: attention is unchanged, the quantization error shrinks or
+    /// moves where the queries do not look). The calibration sequence is released at once;
+    /// its blocks are never cached.
+    fn calibrate_keys(&mut self) -> Result<()> {
         let f = &self.fwd;
         let lossy = f.model.kv_groups().iter().any(|g| {
             g.layers
                 .iter()
                 .any(|&l| !f.cfg.kv_types.of_layer(l).0.is_float())
         });
-        if !lossy || !f.cfg.kv_center_keys {
+        if !lossy || !(f.cfg.kv_center_keys || f.cfg.kv_fit_keys) {
             return Ok(());
         }
-        let n = CALIBRATION_TOKENS
-            .min(f.cfg.ctx)
-            .min(f.cfg.max_batch_tokens);
         let vocab = f.model.info().vocab.max(1);
-        let mut rng = crate::rng::Rng::new(0x6b69_6c6e_6b65_7973);
-        let toks: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
-        self.fwd.caches.begin_calibration();
+        let limit = f.cfg.ctx.min(f.cfg.max_batch_tokens);
+        let toks: Vec<u32> = if f.cfg.kv_calibration.is_empty() {
+            let mut rng = crate::rng::Rng::new(0x6b69_6c6e_6b65_7973);
+            (0..CALIBRATION_TOKENS.min(limit))
+                .map(|_| rng.below(vocab) as u32)
+                .collect()
+        } else {
+            f.cfg
+                .kv_calibration
+                .iter()
+                .copied()
+                .filter(|&t| (t as usize) < vocab)
+                .take(CALIBRATION_TEXT_TOKENS.min(limit))
+                .collect()
+        };
+        if toks.is_empty() {
+            return Ok(());
+        }
+        let center = f.cfg.kv_center_keys;
+        self.fwd.caches.begin_calibration(f.cfg.kv_fit_keys);
         let r = self.step(&[(CALIBRATION_SEQ, &toks, Logits::None)]);
         self.release(CALIBRATION_SEQ)?;
         r?;
-        self.fwd.caches.finish_calibration(&self.fwd.ex)
+        self.fwd.caches.finish_calibration(&self.fwd.ex, center)
     }
 
     /// Replaces the KV caches by zeroed ones of `types` (the same blocks) and the KV
     /// coordinator by a fresh one (its prefix cache would name blocks of the old types'
     /// bytes), as if the runner had been built with them: for a runner with no sequence in
     /// its cache. Recorded decode graphs are dropped (they name the old caches); key centers
-    /// are measured again where asked for.
+    /// and fitted maps are measured again where asked for.
     pub fn set_kv_types(&mut self, types: crate::kv::KvTypes) -> Result<()> {
         if self.kv.managers().iter().any(|m| m.num_sequences() > 0) {
             return Err(Error::Model(
@@ -512,7 +539,7 @@ impl Runner {
         f.cfg.kv_types = types;
         let states = state_pool(&f.cfg, f.model.as_ref()).map(|(_, p)| p);
         self.kv = coordinator(&f.cfg, f.model.as_ref(), &f.blocks, states)?;
-        self.calibrate_key_centers()
+        self.calibrate_keys()
     }
 
     /// The forward half (stateless per sequence) and the KV coordinator, apart.

@@ -1,0 +1,354 @@
+//! A linear map of a layer's keys fitted to its queries, for lossy K caches
+//! (`--kv-fit-keys`): keys are written as `T·k` and queries scored as `T⁻ᵀ·q`, so every score
+//! `(T⁻ᵀq)·(Tk) = q·k` is unchanged, while the cache's rounding error lands where the queries
+//! do not look.
+//!
+//! Why it helps. A block quantizer (q8_0, q4_0, the TurboQuant blocks after their rotation)
+//! leaves an error `e` in a stored key of about the same size in every direction, scaled by
+//! the key's own size. The score error is `q·e`, and its mean square over the queries is
+//! `eᵀ Σq e` with `Σq = E[q qᵀ]`: what matters is the error along the directions queries
+//! take. Keys and queries of a layer are far from isotropic (a few channels carry most of
+//! either, not always the same ones). Storing `k' = T k` with error `e'` (isotropic, of mean
+//! square `∝ |T k|²`) makes the score error `(T⁻ᵀq)·e'`, of mean square proportional to
+//! `tr(T Σk Tᵀ) · tr(T⁻ᵀ Σq T⁻¹)` (with `Σk = E[k kᵀ]`). Over all invertible `T` that product
+//! is smallest, `(tr M^½)²` with `M = Σk^½ Σq Σk^½`, at
+//!
+//! ```text
+//! T = M^¼ Σk^-½        T⁻ᵀ = M^-¼ Σk^½
+//! ```
+//!
+//! (substitute `A = T Σk^½`: the product is `tr(A Aᵀ)·tr(A⁻ᵀ M A⁻¹)`, smallest when
+//! `Aᵀ A ∝ M^½`). Against the identity, whose value is `tr Σk · tr Σq`, the gain is largest
+//! where the keys' large directions are not the queries'. `T` is then scaled so that the keys
+//! keep their mean square (`tr(T Σk Tᵀ) = tr Σk`), which keeps the stored blocks' scales in
+//! the range they had.
+//!
+//! The statistics come from one calibration pass (keys after RoPE as written, queries after
+//! RoPE as scored, every head of the layer pooled: one `T` a layer, applied to every KV head,
+//! and `T⁻ᵀ` to every query head, by the matmul every backend has). Both covariances get a
+//! ridge of [`RIDGE`] times their mean eigenvalue, so channels a model never uses (Gemma 3's
+//! keys have some with a zero norm weight) stay finite.
+
+/// The ridge added to each covariance, relative to its mean eigenvalue `tr Σ / d`.
+pub const RIDGE: f64 = 1e-4;
+
+/// Most Jacobi sweeps of [`sym_eigen`] (each sweep rotates every off-diagonal pair once;
+/// convergence is quadratic, a few sweeps on these sizes).
+const MAX_SWEEPS: usize = 60;
+
+/// Running sums of `x xᵀ` for rows of width `d` (upper triangle, f64).
+#[derive(Clone, Debug)]
+pub struct SecondMoments {
+    d: usize,
+    sum: Vec<f64>,
+    n: usize,
+}
+
+impl SecondMoments {
+    pub fn new(d: usize) -> SecondMoments {
+        SecondMoments {
+            d,
+            sum: vec![0.0; d * d],
+            n: 0,
+        }
+    }
+
+    pub fn dim(&self) -> usize {
+        self.d
+    }
+
+    /// Adds every row of `rows` (a multiple of `d` values; a ragged tail is ignored).
+    pub fn add(&mut self, rows: &[f32]) {
+        let d = self.d;
+        if d == 0 {
+            return;
+        }
+        for r in rows.chunks_exact(d) {
+            for i in 0..d {
+                let ri = r[i] as f64;
+                let row = &mut self.sum[i * d..(i + 1) * d];
+                for (s, &rj) in row[i..].iter_mut().zip(&r[i..]) {
+                    *s += ri * rj as f64;
+                }
+            }
+            self.n += 1;
+        }
+    }
+
+    /// The mean of `x xᵀ` (both triangles), or `None` without rows.
+    pub fn mean(&self) -> Option<Vec<f64>> {
+        if self.n == 0 {
+            return None;
+        }
+        let d = self.d;
+        let mut m = vec![0.0; d * d];
+        for i in 0..d {
+            for j in i..d {
+                let v = self.sum[i * d + j] / self.n as f64;
+                m[i * d + j] = v;
+                m[j * d + i] = v;
+            }
+        }
+        Some(m)
+    }
+}
+
+/// Eigenvalues and eigenvectors of the symmetric `d × d` matrix `a` (row-major) by cyclic
+/// Jacobi rotations: `(values, vectors)` with eigenvector `k` in column `k` of `vectors`
+/// (row-major), so `a = V diag(values) Vᵀ`.
+pub fn sym_eigen(a: &[f64], d: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut m = a.to_vec();
+    let mut v = vec![0.0; d * d];
+    for i in 0..d {
+        v[i * d + i] = 1.0;
+    }
+    let total: f64 = m.iter().map(|x| x * x).sum::<f64>().max(f64::MIN_POSITIVE);
+    for _ in 0..MAX_SWEEPS {
+        let off: f64 = (0..d)
+            .flat_map(|i| (0..d).filter(move |&j| j != i).map(move |j| (i, j)))
+            .map(|(i, j)| m[i * d + j] * m[i * d + j])
+            .sum();
+        if off <= 1e-30 * total {
+            break;
+        }
+        for p in 0..d {
+            for q in p + 1..d {
+                let apq = m[p * d + q];
+                if apq == 0.0 {
+                    continue;
+                }
+                let (app, aqq) = (m[p * d + p], m[q * d + q]);
+                let theta = (aqq - app) / (2.0 * apq);
+                let sign = if theta >= 0.0 { 1.0 } else { -1.0 };
+                let t = sign / (theta.abs() + (theta * theta + 1.0).sqrt());
+                let c = 1.0 / (t * t + 1.0).sqrt();
+                let s = t * c;
+                // Rows and columns p, q of m; columns p, q of v.
+                for k in 0..d {
+                    let (mkp, mkq) = (m[k * d + p], m[k * d + q]);
+                    m[k * d + p] = c * mkp - s * mkq;
+                    m[k * d + q] = s * mkp + c * mkq;
+                }
+                for k in 0..d {
+                    let (mpk, mqk) = (m[p * d + k], m[q * d + k]);
+                    m[p * d + k] = c * mpk - s * mqk;
+                    m[q * d + k] = s * mpk + c * mqk;
+                }
+                for k in 0..d {
+                    let (vkp, vkq) = (v[k * d + p], v[k * d + q]);
+                    v[k * d + p] = c * vkp - s * vkq;
+                    v[k * d + q] = s * vkp + c * vkq;
+                }
+            }
+        }
+    }
+    ((0..d).map(|i| m[i * d + i]).collect(), v)
+}
+
+/// `V diag(f(values)) Vᵀ` for the eigen-decomposition of a symmetric matrix.
+fn sym_fn(values: &[f64], vectors: &[f64], f: impl Fn(f64) -> f64) -> Vec<f64> {
+    let d = values.len();
+    let fv: Vec<f64> = values.iter().map(|&x| f(x)).collect();
+    let mut out = vec![0.0; d * d];
+    for i in 0..d {
+        for j in i..d {
+            let s: f64 = (0..d)
+                .map(|k| vectors[i * d + k] * fv[k] * vectors[j * d + k])
+                .sum();
+            out[i * d + j] = s;
+            out[j * d + i] = s;
+        }
+    }
+    out
+}
+
+fn mul(a: &[f64], b: &[f64], d: usize) -> Vec<f64> {
+    let mut out = vec![0.0; d * d];
+    for i in 0..d {
+        for k in 0..d {
+            let aik = a[i * d + k];
+            if aik == 0.0 {
+                continue;
+            }
+            for j in 0..d {
+                out[i * d + j] += aik * b[k * d + j];
+            }
+        }
+    }
+    out
+}
+
+fn trace(a: &[f64], d: usize) -> f64 {
+    (0..d).map(|i| a[i * d + i]).sum()
+}
+
+/// `a + ridge · (tr a / d) · I`, its eigenvalues clamped at that ridge (a covariance is
+/// positive semi-definite; rounding may leave tiny negative ones).
+fn ridged(a: &[f64], d: usize) -> (Vec<f64>, Vec<f64>) {
+    let lam = RIDGE * (trace(a, d) / d as f64).max(f64::MIN_POSITIVE);
+    let (vals, vecs) = sym_eigen(a, d);
+    (vals.into_iter().map(|x| x.max(0.0) + lam).collect(), vecs)
+}
+
+/// The key map `T` and the query map `T⁻ᵀ` (row-major `d × d`, f32: `out = M · x`) for the
+/// key and query second moments `sk`, `sq` (`d × d`, row-major), as the module comment
+/// derives; `None` where either is not finite or has no energy.
+pub fn fit(sk: &[f64], sq: &[f64], d: usize) -> Option<(Vec<f32>, Vec<f32>)> {
+    if d == 0 || sk.len() != d * d || sq.len() != d * d {
+        return None;
+    }
+    if !sk.iter().chain(sq).all(|x| x.is_finite()) || trace(sk, d) <= 0.0 || trace(sq, d) <= 0.0 {
+        return None;
+    }
+    let (ek, vk) = ridged(sk, d);
+    let sk_half = sym_fn(&ek, &vk, f64::sqrt);
+    let sk_neg_half = sym_fn(&ek, &vk, |x| 1.0 / x.sqrt());
+    let (eq, vq) = ridged(sq, d);
+    let sq_r = sym_fn(&eq, &vq, |x| x);
+    let m = mul(&mul(&sk_half, &sq_r, d), &sk_half, d);
+    let (em, vm) = sym_eigen(&m, d);
+    let floor = em.iter().cloned().fold(0.0f64, f64::max) * 1e-12;
+    let m_q = sym_fn(&em, &vm, |x| x.max(floor).powf(0.25));
+    let m_nq = sym_fn(&em, &vm, |x| x.max(floor).powf(-0.25));
+    let t = mul(&m_q, &sk_neg_half, d);
+    let t_inv_t = mul(&m_nq, &sk_half, d);
+    // Keys keep their mean square: tr(T Σk Tᵀ) = tr Σk.
+    let tk = mul(&mul(&t, sk, d), &transpose(&t, d), d);
+    let c = (trace(sk, d) / trace(&tk, d)).sqrt();
+    if !c.is_finite() || c <= 0.0 {
+        return None;
+    }
+    let key: Vec<f32> = t.iter().map(|&x| (x * c) as f32).collect();
+    let query: Vec<f32> = t_inv_t.iter().map(|&x| (x / c) as f32).collect();
+    (key.iter().chain(&query).all(|x| x.is_finite())).then_some((key, query))
+}
+
+fn transpose(a: &[f64], d: usize) -> Vec<f64> {
+    let mut out = vec![0.0; d * d];
+    for i in 0..d {
+        for j in 0..d {
+            out[j * d + i] = a[i * d + j];
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    /// A random covariance with a spread spectrum: `B Bᵀ` of a random `d × d` `B` whose
+    /// columns are scaled by `1 .. 30`.
+    fn covariance(r: &mut Rng, d: usize) -> Vec<f64> {
+        let b: Vec<f64> = (0..d * d)
+            .map(|i| r.normal() as f64 * (1.0 + 29.0 * ((i % d) as f64 / d as f64).powi(3)))
+            .collect();
+        mul(&b, &transpose(&b, d), d)
+    }
+
+    #[test]
+    fn jacobi_reconstructs_a_symmetric_matrix() {
+        let mut r = Rng::new(7);
+        let d = 24;
+        let a = covariance(&mut r, d);
+        let (vals, vecs) = sym_eigen(&a, d);
+        let back = sym_fn(&vals, &vecs, |x| x);
+        let scale = a.iter().map(|x| x.abs()).fold(0.0, f64::max);
+        for (x, y) in a.iter().zip(&back) {
+            assert!((x - y).abs() <= 1e-10 * scale, "{x} vs {y}");
+        }
+        // Orthonormal eigenvectors.
+        let vtv = mul(&transpose(&vecs, d), &vecs, d);
+        for i in 0..d {
+            for j in 0..d {
+                let want = if i == j { 1.0 } else { 0.0 };
+                assert!((vtv[i * d + j] - want).abs() < 1e-10);
+            }
+        }
+    }
+
+    /// Scores are unchanged (`(T⁻ᵀq)·(Tk) = q·k`), and the fitted map's error product
+    /// `tr(TΣkTᵀ)·tr(T⁻ᵀΣqT⁻¹)` is the optimum `(tr M^½)²`, below the identity's
+    /// `tr Σk · tr Σq` and below a random invertible map's.
+    #[test]
+    fn the_fitted_map_keeps_scores_and_minimises_the_error_product() {
+        let mut r = Rng::new(11);
+        let d = 32;
+        let sk = covariance(&mut r, d);
+        let sq = covariance(&mut r, d);
+        let (t, ti) = fit(&sk, &sq, d).expect("fit");
+        let t64: Vec<f64> = t.iter().map(|&x| x as f64).collect();
+        let ti64: Vec<f64> = ti.iter().map(|&x| x as f64).collect();
+        for _ in 0..20 {
+            let q: Vec<f64> = (0..d).map(|_| r.normal() as f64).collect();
+            let k: Vec<f64> = (0..d).map(|_| r.normal() as f64).collect();
+            let apply = |m: &[f64], x: &[f64]| -> Vec<f64> {
+                (0..d)
+                    .map(|i| (0..d).map(|j| m[i * d + j] * x[j]).sum())
+                    .collect()
+            };
+            let (tk, tq) = (apply(&t64, &k), apply(&ti64, &q));
+            let a: f64 = q.iter().zip(&k).map(|(a, b)| a * b).sum();
+            let b: f64 = tq.iter().zip(&tk).map(|(a, b)| a * b).sum();
+            let norm = q.iter().map(|x| x * x).sum::<f64>().sqrt()
+                * k.iter().map(|x| x * x).sum::<f64>().sqrt();
+            assert!((a - b).abs() <= 1e-4 * norm, "{a} vs {b}");
+        }
+        let product = |m: &[f64], mi_t: &[f64]| {
+            let k = trace(&mul(&mul(m, &sk, d), &transpose(m, d), d), d);
+            let q = trace(&mul(&mul(mi_t, &sq, d), &transpose(mi_t, d), d), d);
+            k * q
+        };
+        let fitted = product(&t64, &ti64);
+        let identity = trace(&sk, d) * trace(&sq, d);
+        let (ek, vk) = sym_eigen(&sk, d);
+        let half = sym_fn(&ek, &vk, |x| x.max(0.0).sqrt());
+        let m = mul(&mul(&half, &sq, d), &half, d);
+        let (em, _) = sym_eigen(&m, d);
+        let optimum = em.iter().map(|x| x.max(0.0).sqrt()).sum::<f64>().powi(2);
+        assert!(
+            (fitted - optimum).abs() <= 1e-3 * optimum,
+            "fitted {fitted} against the optimum {optimum}"
+        );
+        assert!(
+            fitted < 0.9 * identity,
+            "fitted {fitted}, identity {identity}"
+        );
+        // A random invertible map does no better.
+        let b: Vec<f64> = (0..d * d)
+            .map(|i| r.normal() as f64 + if i % (d + 1) == 0 { 3.0 } else { 0.0 })
+            .collect();
+        let (eb, vb) = sym_eigen(&mul(&b, &transpose(&b, d), d), d);
+        let b_sym = sym_fn(&eb, &vb, f64::sqrt);
+        let b_inv = sym_fn(&eb, &vb, |x| 1.0 / x.sqrt());
+        assert!(product(&b_sym, &b_inv) >= fitted * (1.0 - 1e-6));
+    }
+
+    /// Channels with no energy (a key channel a model never uses) leave the map finite.
+    #[test]
+    fn dead_channels_are_ridged() {
+        let mut r = Rng::new(3);
+        let d = 16;
+        let mut sk = covariance(&mut r, d);
+        for i in 0..d {
+            sk[i * d + 5] = 0.0;
+            sk[5 * d + i] = 0.0;
+        }
+        let sq = covariance(&mut r, d);
+        let (t, ti) = fit(&sk, &sq, d).expect("fit");
+        assert!(t.iter().chain(&ti).all(|x| x.is_finite()));
+        assert!(fit(&vec![0.0; d * d], &sq, d).is_none());
+    }
+
+    #[test]
+    fn second_moments_are_means_of_outer_products() {
+        let mut m = SecondMoments::new(3);
+        m.add(&[1.0, 2.0, 3.0, -1.0, 0.0, 2.0]);
+        let s = m.mean().expect("rows");
+        assert_eq!(s[0 * 3 + 1], (2.0 + 0.0) / 2.0);
+        assert_eq!(s[2 * 3 + 0], (3.0 - 2.0) / 2.0);
+        assert_eq!(s[2 * 3 + 2], (9.0 + 4.0) / 2.0);
+        assert!(SecondMoments::new(3).mean().is_none());
+    }
+}
