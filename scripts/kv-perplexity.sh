@@ -6,7 +6,8 @@
 # MODEL: a .gguf file or an alias; CTX tokens per chunk (default 512); CHUNKS at most this
 # many chunks (default all); BACKEND cpu (default) or wgpu; PAIRS "all" (every pair of
 # f16 q8_0 q4_0 tq4 tq3 tq2, default), "same" (K and V of one type) or a list of K/V pairs
-# ("tq3t/f16 f16/tq3t"). The text is
+# ("tq3t/f16 f16/tq3t"; a pair ending in +fit or +center runs with --kv-fit-keys or
+# --kv-center-keys, "tq3/tq3+fit"). The text is
 # tests/fixtures/text/ppl.txt; the f32 cache is the reference row and the base each run is
 # compared with (change of perplexity with its standard error, KL divergence, same top
 # token: `kiln perplexity --compare`). KV_TYPES="q8_0 tq3" limits the types; KILN the binary.
@@ -58,9 +59,18 @@ else
   done
 fi
 for kv in $list; do
+    flags=()
+    case $kv in
+        *+fit) flags+=(--kv-fit-keys) kv=${kv%+fit} ;;
+        *+center) flags+=(--kv-center-keys) kv=${kv%+center} ;;
+    esac
     k=${kv%/*} v=${kv#*/}
-    read -r p b < <(ppl "$k" "$v" --compare "$base")
+    read -r p b < <(ppl "$k" "$v" --compare "$base" "${flags[@]}")
     [ -n "$p" ] || exit 1
+    case ${flags[*]-} in
+        --kv-fit-keys) k="$k, fitted" ;;
+        --kv-center-keys) k="$k, centered" ;;
+    esac
     d=$(sed -n 's/.*(ppl \([^ ]*\) %.*by chunk (± \([^ ]*\) %.*/\1 % ± \2 %/p' "$out")
     [ -n "$d" ] || d=$(sed -n 's/.*(ppl \([^ ]*\) % .*/\1 %/p' "$out")
     kl=$(sed -n 's/^KL divergence.*: mean \([^ ]*\) .*/\1/p' "$out")

@@ -56,10 +56,12 @@ pub struct RunnerConfig {
     /// lossy K cache quantizes it ([`KvCaches::keys_to_write`]; exact for attention).
     pub kv_center_keys: bool,
     /// Fit a map of each layer's keys to its queries (measured by the calibration pass)
-    /// before a lossy K cache quantizes them ([`crate::kv::key_fit`]; exact for attention).
+    /// before a lossy K cache quantizes them ([`crate::kv::key_fit`]; exact for attention);
+    /// the keys are centered too (as with `kv_center_keys`).
     pub kv_fit_keys: bool,
     /// The calibration pass's tokens (text in the model's vocabulary; up to
-    /// [`CALIBRATION_TEXT_TOKENS`] are used); empty: [`CALIBRATION_TOKENS`] pseudo-random ones.
+    /// [`CALIBRATION_TEXT_TOKENS`] are used); empty: pseudo-random ones
+    /// ([`CALIBRATION_TOKENS`], or [`CALIBRATION_TEXT_TOKENS`] for a fitted map).
     pub kv_calibration: Vec<u32>,
     pub prefix_caching: bool,
     /// Blocks in each full-attention KV pool; default enough for `max_seqs` full contexts.
@@ -485,9 +487,14 @@ impl Runner {
         let limit = f.cfg.ctx.min(f.cfg.max_batch_tokens);
         let toks: Vec<u32> = if f.cfg.kv_calibration.is_empty() {
             let mut rng = crate::rng::Rng::new(0x6b69_6c6e_6b65_7973);
-            (0..CALIBRATION_TOKENS.min(limit))
-                .map(|_| rng.below(vocab) as u32)
-                .collect()
+            // A fitted map needs more rows than a mean: 64 keys of 256 values leave most of
+            // the covariance unmeasured.
+            let n = if f.cfg.kv_fit_keys {
+                CALIBRATION_TEXT_TOKENS
+            } else {
+                CALIBRATION_TOKENS
+            };
+            (0..n.min(limit)).map(|_| rng.below(vocab) as u32).collect()
         } else {
             f.cfg
                 .kv_calibration
@@ -500,7 +507,9 @@ impl Runner {
         if toks.is_empty() {
             return Ok(());
         }
-        let center = f.cfg.kv_center_keys;
+        // Fitted keys are centered too: the map is fitted to the keys less their mean, which
+        // suits it best on both models measured (README).
+        let center = f.cfg.kv_center_keys || f.cfg.kv_fit_keys;
         self.fwd.caches.begin_calibration(f.cfg.kv_fit_keys);
         let r = self.step(&[(CALIBRATION_SEQ, &toks, Logits::None)]);
         self.release(CALIBRATION_SEQ)?;
