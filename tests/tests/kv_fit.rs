@@ -74,7 +74,16 @@ fn fitted_keys_keep_the_scores() {
 #[test]
 fn exact_caches_get_no_map_and_tq3_keys_decode() {
     // f16 keys are not lossy enough to need one: no map, nothing calibrated.
-    let exact = runner(DType::F16, true, false);
+    let mut exact = runner(DType::F16, true, false);
+    assert!(!exact.caches().keys_fitted());
+    // Switched to lossy keys (as `--kv-type auto` does), the runner calibrates then; back
+    // to exact ones, the map goes.
+    let mut types = KvTypes::uniform(DType::F32);
+    types.k = DType::Q4_0;
+    exact.set_kv_types(types.clone()).expect("q4_0 keys");
+    assert!(exact.caches().keys_fitted());
+    types.k = DType::BF16;
+    exact.set_kv_types(types).expect("bf16 keys");
     assert!(!exact.caches().keys_fitted());
     let mut tq3 = runner(DType::TQ3, true, false);
     assert!(tq3.caches().keys_fitted());

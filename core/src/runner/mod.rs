@@ -420,6 +420,9 @@ pub struct Target<'a> {
 pub struct Runner {
     fwd: Forward,
     kv: KvCoordinator,
+    /// What the calibration pass measured of the keys (measured once, installed into the
+    /// caches of whatever types the runner takes).
+    key_cal: Option<crate::model::KeyCalibration>,
 }
 
 impl Runner {
@@ -461,6 +464,7 @@ impl Runner {
                 blocks,
             },
             kv,
+            key_cal: None,
         };
         runner.calibrate_keys()?;
         Ok(runner)
@@ -469,7 +473,8 @@ impl Runner {
     /// For lossy K caches with `kv_center_keys` or `kv_fit_keys`: one pass over the
     /// calibration tokens (`kv_calibration`, else [`CALIBRATION_TOKENS`] fixed pseudo-random
     /// ones) measures each layer's mean key, which every later key has subtracted, and the
-    /// map fitted to its queries, which every later key goes through, before it is quantized
+    /// map fitted to its queries, which every later key goes through (centered first), before
+    /// it is quantized
     /// ([`KvCaches::keys_to_write`]: attention is unchanged, the quantization error shrinks or
     /// moves where the queries do not look). The calibration sequence is released at once;
     /// its blocks are never cached.
@@ -507,21 +512,27 @@ impl Runner {
         if toks.is_empty() {
             return Ok(());
         }
-        // Fitted keys are centered too: the map is fitted to the keys less their mean, which
-        // suits it best on both models measured (README).
-        let center = f.cfg.kv_center_keys || f.cfg.kv_fit_keys;
-        self.fwd.caches.begin_calibration(f.cfg.kv_fit_keys);
-        let r = self.step(&[(CALIBRATION_SEQ, &toks, Logits::None)]);
-        self.release(CALIBRATION_SEQ)?;
-        r?;
-        self.fwd.caches.finish_calibration(&self.fwd.ex, center)
+        let center = f.cfg.kv_center_keys;
+        if self.key_cal.is_none() {
+            self.fwd.caches.begin_calibration(f.cfg.kv_fit_keys);
+            let r = self.step(&[(CALIBRATION_SEQ, &toks, Logits::None)]);
+            self.release(CALIBRATION_SEQ)?;
+            let cal = self.fwd.caches.finish_calibration();
+            r?;
+            self.key_cal = Some(cal);
+        }
+        match &self.key_cal {
+            Some(cal) => self.fwd.caches.install(&self.fwd.ex, cal, center),
+            None => Ok(()),
+        }
     }
 
     /// Replaces the KV caches by zeroed ones of `types` (the same blocks) and the KV
     /// coordinator by a fresh one (its prefix cache would name blocks of the old types'
     /// bytes), as if the runner had been built with them: for a runner with no sequence in
-    /// its cache. Recorded decode graphs are dropped (they name the old caches); key centers
-    /// and fitted maps are measured again where asked for.
+    /// its cache. Recorded decode graphs are dropped (they name the old caches); the layers
+    /// whose K cache is now lossy get the key centers and fitted maps asked for (measured by
+    /// the first calibration pass, whatever the types were then).
     pub fn set_kv_types(&mut self, types: crate::kv::KvTypes) -> Result<()> {
         if self.kv.managers().iter().any(|m| m.num_sequences() > 0) {
             return Err(Error::Model(
