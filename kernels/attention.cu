@@ -385,6 +385,26 @@ struct ContiguousBatch {
     __device__ __forceinline__ ContiguousRows keys(u32, u32 kvh) const { return ContiguousRows{hkv, kvh}; }
 };
 
+// A block's (row, head) pairs one warp each (attend_warp), warp w taking pairs w, w + warps,
+// ...: for a block whose rows span two sequences. Pair p is row r0 + p / group, head
+// kvh · group + p % group, of the `pairs` the block has.
+template <typename KR, typename VR, typename Batch>
+__device__ __forceinline__ void attend_pairs_apart(const float* q, KR kc, VR vc, Batch batch, float* out, u32 t,
+                                                   u32 hq, u32 d, u32 dv, float scale, float cap, u32 window,
+                                                   u32 see_to, u32 r0, u32 pairs, u32 warps) {
+    const u32 group = hq / batch.hkv, kvh = blockIdx.y;
+    for (u32 p = threadIdx.x / WARP; p < pairs; p += warps) {
+        const u32 r = r0 + p / group, h = kvh * group + p % group;
+        if (r >= t) break;
+        u32 s;
+        int pos, l, lo, hi;
+        batch.row(r, &s, &pos, &l);
+        key_range(pos, l, window, see_to, &lo, &hi);
+        attend_warp(q + ((size_t)r * hq + h) * d, kc, vc, batch.keys(s, kvh), lo, hi, d, dv, scale, cap,
+                    out + ((size_t)r * hq + h) * dv);
+    }
+}
+
 template <typename KR, typename VR, typename Batch>
 __device__ __forceinline__ void attend_tiled(const float* q, KR kc, VR vc, Batch batch, float* out,
                                              u32 t, u32 hq, u32 hkv, u32 d, u32 dv, float scale, float cap,
@@ -401,16 +421,8 @@ __device__ __forceinline__ void attend_tiled(const float* q, KR kc, VR vc, Batch
     batch.row(r0, &s_first, &pos_first, &len);
     batch.row(r_last, &s_last, &pos_last, &len_last);
     if (s_first != s_last) {
-        for (u32 i = 0; i < PAIRS_PER_WARP; i++) {
-            const u32 p = warp + PREFILL_WARPS * i, r = r0 + p / group, h = kvh * group + p % group;
-            if (p >= qr * group || r >= t) break;
-            u32 s;
-            int pos, l, lo, hi;
-            batch.row(r, &s, &pos, &l);
-            key_range(pos, l, window, see_to, &lo, &hi);
-            attend_warp(q + ((size_t)r * hq + h) * d, kc, vc, batch.keys(s, kvh), lo, hi, d, dv, scale, cap,
-                        out + ((size_t)r * hq + h) * dv);
-        }
+        attend_pairs_apart(q, kc, vc, batch, out, t, hq, d, dv, scale, cap, window, see_to, r0, qr * group,
+                           PREFILL_WARPS);
         return;
     }
     const auto rows = batch.keys(s_first, kvh);
@@ -569,16 +581,8 @@ __device__ __forceinline__ void attend_tc(const float* q, const __half* kc, cons
     batch.row(r_last, &s_last, &pos_last, &len_last);
     // Caches not 16-byte aligned (views: never the KV pool itself) take the same path.
     if (s_first != s_last || (((size_t)kc | (size_t)vc) & 15u) != 0) {
-        for (u32 i = 0; i < 16; i++) {
-            const u32 p = warp + FA_WARPS * i, r = r0 + p / group, h = kvh * group + p % group;
-            if (p >= qr * group || r >= t) break;
-            u32 s;
-            int pos, l, lo, hi;
-            batch.row(r, &s, &pos, &l);
-            key_range(pos, l, window, see_to, &lo, &hi);
-            attend_warp(q + ((size_t)r * hq + h) * d, KvPlain<__half>{kc, d}, KvPlain<__half>{vc, d},
-                        batch.keys(s, kvh), lo, hi, d, d, scale, cap, out + ((size_t)r * hq + h) * d);
-        }
+        attend_pairs_apart(q, KvPlain<__half>{kc, d}, KvPlain<__half>{vc, d}, batch, out, t, hq, d, d, scale, cap,
+                           window, see_to, r0, qr * group, FA_WARPS);
         return;
     }
     const auto rows = batch.keys(s_first, kvh);

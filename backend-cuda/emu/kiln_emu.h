@@ -258,22 +258,22 @@ inline void kiln_emu_mma(T* c, const unsigned* a, const unsigned* b, F tile) {
     for (int i = 0; i < 4; i++) c[i] = out[i];
 }
 
-// PTX's mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for the calling warp: c (this
+// PTX's mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16} for the calling warp: c (this
 // lane's four outputs of the 16×8 tile D = A·B + C) from every lane's fragments of A (16×16,
 // four words) and B (16×8, two words). The layout is PTX's ("Matrix fragments for
 // mma.m16n8k16 with floating point type"); with g = lane / 4 and t = lane % 4, a lane holds
 //   a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][2t+8, 2t+9]
 //   b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g]
 //   c[0], c[1] = C[g][2t, 2t+1]   c[2], c[3] = C[g+8][2t, 2t+1]
-// each word holding two bf16, the lower-numbered element in its low half. Each output is C
+// each word holding two elements, the lower-numbered one in its low half. Each output is C
 // plus the sum of its 16 exact products,
 // rounded once (a tensor core's f32 sum rounds in its own order; the kernels' results are
-// checked against the CPU within tolerances that cover both).
-inline void kiln_emu_mma_bf16_16816(float* c, const unsigned* a, const unsigned* b) {
+// checked against the CPU within tolerances that cover both). `elem(bits)` widens an element
+// to float: the bf16 and f16 forms below differ only there.
+template <class E>
+inline void kiln_emu_mma_16816(float* c, const unsigned* a, const unsigned* b, E elem) {
     kiln_emu_mma(c, a, b, [&](const unsigned* warp, unsigned g, unsigned q, float* out) {
-        auto half = [](unsigned word, unsigned hi) {
-            return __bfloat162float(__nv_bfloat16{(uint16_t)(hi ? word >> 16 : word & 0xFFFFu)});
-        };
+        auto half = [&](unsigned word, unsigned hi) { return elem((uint16_t)(hi ? word >> 16 : word & 0xFFFFu)); };
         auto A = [&](unsigned r, unsigned k) {
             return half(warp[6 * ((r % 8) * 4 + (k % 8) / 2) + r / 8 + 2 * (k / 8)], k & 1);
         };
@@ -287,24 +287,13 @@ inline void kiln_emu_mma_bf16_16816(float* c, const unsigned* a, const unsigned*
     });
 }
 
-// PTX's mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32: the bf16 tile above with f16
-// elements (the same fragment layout); the products are exact, the sum rounded once.
+inline void kiln_emu_mma_bf16_16816(float* c, const unsigned* a, const unsigned* b) {
+    kiln_emu_mma_16816(c, a, b, [](uint16_t bits) { return __bfloat162float(__nv_bfloat16{bits}); });
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32: the same tile with f16 elements.
 inline void kiln_emu_mma_f16_16816(float* c, const unsigned* a, const unsigned* b) {
-    kiln_emu_mma(c, a, b, [&](const unsigned* warp, unsigned g, unsigned q, float* out) {
-        auto half = [](unsigned word, unsigned hi) {
-            return __half2float(__half{(uint16_t)(hi ? word >> 16 : word & 0xFFFFu)});
-        };
-        auto A = [&](unsigned r, unsigned k) {
-            return half(warp[6 * ((r % 8) * 4 + (k % 8) / 2) + r / 8 + 2 * (k / 8)], k & 1);
-        };
-        auto B = [&](unsigned k, unsigned n) { return half(warp[6 * (n * 4 + (k % 8) / 2) + 4 + k / 8], k & 1); };
-        for (unsigned i = 0; i < 4; i++) {
-            const unsigned r = g + 8 * (i / 2), n = 2 * q + (i & 1);
-            double s = c[i];
-            for (unsigned k = 0; k < 16; k++) s += (double)A(r, k) * (double)B(k, n);
-            out[i] = (float)s;
-        }
-    });
+    kiln_emu_mma_16816(c, a, b, [](uint16_t bits) { return __half2float(__half{bits}); });
 }
 
 // PTX's mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 for the calling warp: c (this lane's

@@ -582,15 +582,7 @@ mod tests {
         use kiln_core::op::{AttentionOp, AttnParams, Mask, Op};
         use kiln_core::tensor::DType;
         use kiln_core::validate::{run_case, Case, Input};
-        let open = |spec: &str| match EmuBackend::open_with(Some(spec)) {
-            Ok(b) => Some(b),
-            Err(e) => {
-                assert!(!required(), "KILN_REQUIRE_CUDA_EMU is set: {e}");
-                println!("skipping the emulated CUDA kernels: {e}");
-                None
-            }
-        };
-        let (Some(fma), Some(tc)) = (open("FA_TC=0"), open("FA_TC=1")) else {
+        let (Some(fma), Some(tc)) = (variant("FA_TC=0"), variant("FA_TC=1")) else {
             return;
         };
         let reference = CpuBackend::with_threads(1);
@@ -646,15 +638,7 @@ mod tests {
         use kiln_core::op::{MatMulOp, Op};
         use kiln_core::tensor::DType;
         use kiln_core::validate::{run_case, Case, Input};
-        let open = |spec: &str| match EmuBackend::open_with(Some(spec)) {
-            Ok(b) => Some(b),
-            Err(e) => {
-                assert!(!required(), "KILN_REQUIRE_CUDA_EMU is set: {e}");
-                println!("skipping the emulated CUDA kernels: {e}");
-                None
-            }
-        };
-        let (Some(fma), Some(tc)) = (open("MM_TC=0"), open("MM_TC=1")) else {
+        let (Some(fma), Some(tc)) = (variant("MM_TC=0"), variant("MM_TC=1")) else {
             return;
         };
         let reference = CpuBackend::with_threads(1);
@@ -710,6 +694,19 @@ mod tests {
     fn the_tensor_core_int8_mat_vec_passes_the_conformance_suite_on_the_cpu() {
         conformance(Some("MVX_MMA=1"));
         conformance(Some("MVX_MMA=1,MVX_PARTS=2,MVX_WARPS=3,MVX_DEPTH=1"));
+    }
+
+    /// The emulated kernels built with the knobs of `spec`, or `None` (skipping) where the
+    /// host compiler cannot build them and KILN_REQUIRE_CUDA_EMU is not set.
+    fn variant(spec: &str) -> Option<Arc<EmuBackend>> {
+        match EmuBackend::open_with(Some(spec)) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                assert!(!required(), "KILN_REQUIRE_CUDA_EMU is set: {e}");
+                println!("skipping the emulated CUDA kernels: {e}");
+                None
+            }
+        }
     }
 
     fn conformance(spec: Option<&str>) {

@@ -5,6 +5,7 @@
 //! call); the batching engine ([`crate::engine`]) splits it and gives the coordinator to its
 //! scheduler.
 
+mod calibrate;
 pub mod embed;
 pub mod graphs;
 mod images;
@@ -468,63 +469,6 @@ impl Runner {
         };
         runner.calibrate_keys()?;
         Ok(runner)
-    }
-
-    /// For lossy K caches with `kv_center_keys` or `kv_fit_keys`: one pass over the
-    /// calibration tokens (`kv_calibration`, else [`CALIBRATION_TOKENS`] fixed pseudo-random
-    /// ones) measures each layer's mean key, which every later key has subtracted, and the
-    /// map fitted to its queries, which every later key goes through (centered first), before
-    /// it is quantized
-    /// ([`KvCaches::keys_to_write`]: attention is unchanged, the quantization error shrinks or
-    /// moves where the queries do not look). The calibration sequence is released at once;
-    /// its blocks are never cached.
-    fn calibrate_keys(&mut self) -> Result<()> {
-        let f = &self.fwd;
-        let lossy = f.model.kv_groups().iter().any(|g| {
-            g.layers
-                .iter()
-                .any(|&l| !f.cfg.kv_types.of_layer(l).0.is_float())
-        });
-        if !lossy || !(f.cfg.kv_center_keys || f.cfg.kv_fit_keys) {
-            return Ok(());
-        }
-        let vocab = f.model.info().vocab.max(1);
-        let limit = f.cfg.ctx.min(f.cfg.max_batch_tokens);
-        let toks: Vec<u32> = if f.cfg.kv_calibration.is_empty() {
-            let mut rng = crate::rng::Rng::new(0x6b69_6c6e_6b65_7973);
-            // A fitted map needs more rows than a mean: 64 keys of 256 values leave most of
-            // the covariance unmeasured.
-            let n = if f.cfg.kv_fit_keys {
-                CALIBRATION_TEXT_TOKENS
-            } else {
-                CALIBRATION_TOKENS
-            };
-            (0..n.min(limit)).map(|_| rng.below(vocab) as u32).collect()
-        } else {
-            f.cfg
-                .kv_calibration
-                .iter()
-                .copied()
-                .filter(|&t| (t as usize) < vocab)
-                .take(CALIBRATION_TEXT_TOKENS.min(limit))
-                .collect()
-        };
-        if toks.is_empty() {
-            return Ok(());
-        }
-        let center = f.cfg.kv_center_keys;
-        if self.key_cal.is_none() {
-            self.fwd.caches.begin_calibration(f.cfg.kv_fit_keys);
-            let r = self.step(&[(CALIBRATION_SEQ, &toks, Logits::None)]);
-            self.release(CALIBRATION_SEQ)?;
-            let cal = self.fwd.caches.finish_calibration();
-            r?;
-            self.key_cal = Some(cal);
-        }
-        match &self.key_cal {
-            Some(cal) => self.fwd.caches.install(&self.fwd.ex, cal, center),
-            None => Ok(()),
-        }
     }
 
     /// Replaces the KV caches by zeroed ones of `types` (the same blocks) and the KV
