@@ -263,6 +263,12 @@ pub fn load(args: &ModelArgs, cfg: RunnerConfig) -> Result<Loaded> {
     if args.kv_center_keys || args.kv_fit_keys {
         cfg.kv_calibration = crate::kv_auto::key_calibration_tokens(&tokenizer)?;
     }
+    if args.kv_fit_keys {
+        eprintln!(
+            "kiln: --kv-fit-keys: calibrating the keys over the context ({} tokens of a built-in text) where the K cache is lossy",
+            cfg.ctx
+        );
+    }
     let mut runner = Runner::new(ex, model, cfg)?;
     if args.kv_type == Some(KvChoice::Auto) {
         auto_kv_types(args, &path, &mut runner, &tokenizer)?;

@@ -25,7 +25,11 @@
 //!
 //! The statistics come from one calibration pass (keys after RoPE as written, queries after
 //! RoPE as scored, every head of the layer pooled: one `T` a layer, applied to every KV head,
-//! and `T⁻ᵀ` to every query head, by the matmul every backend has). Both covariances get a
+//! and `T⁻ᵀ` to every query head, by the matmul every backend has) over a whole context:
+//! after RoPE, a pair of channels whose rotation is slow against the calibration's length
+//! keeps one direction there, and a map fitted to 512 positions is fitted to those
+//! directions; at 4,096 it cost SmolLM2 more than no map (tq3 K and V: +73 % against +33 %),
+//! calibrated over 4,096 positions +19 %. Both covariances get a
 //! ridge of [`RIDGE`] times their mean eigenvalue, so channels a model never uses (Gemma 3's
 //! keys have some with a zero norm weight) stay finite.
 

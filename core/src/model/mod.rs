@@ -41,7 +41,7 @@ pub struct KvCaches {
     pub states: Vec<Tensor>,
     /// Per group and layer: minus the key center subtracted from every key before it is
     /// written (`[kv_heads, head_dim]`), where the layer's K cache is lossy. See
-    /// [`KvCaches::centered_keys`].
+    /// [`KvCaches::keys_to_write`].
     centers: Vec<Vec<Option<Tensor>>>,
     /// Per group and layer: the keys' map `T` and the queries' `T⁻ᵀ` (`[head_dim, head_dim]`
     /// each), where the layer's K cache is lossy and the keys are fitted to the queries
@@ -173,7 +173,8 @@ impl KvCaches {
 
     /// The keys to write into layer `gi` of group `g`: `k` less the layer's key center when
     /// it has one, then through the layer's fitted map `T` when it has one (the queries go
-    /// through `T⁻ᵀ`: [`KvCaches::queries_to_score`]). Attention is unchanged by it: every key a query sees has the same vector
+    /// through `T⁻ᵀ`: [`KvCaches::queries_to_score`]). Attention is unchanged by either. By
+    /// the center: every key a query sees has the same vector
     /// subtracted, so every score drops by the same `q·center` and the softmax cancels it
     /// (which is why `soft_capped` layers, whose cap is not shift-invariant, are never
     /// centered). What it buys is precision: many models' keys share a large constant part

@@ -22,25 +22,28 @@ impl Runner {
             return Ok(());
         }
         let vocab = f.model.info().vocab.max(1);
-        let limit = f.cfg.ctx.min(f.cfg.max_batch_tokens);
-        let toks: Vec<u32> = if f.cfg.kv_calibration.is_empty() {
-            let mut rng = crate::rng::Rng::new(0x6b69_6c6e_6b65_7973);
-            // A fitted map needs more rows than a mean: 64 keys of 256 values leave most of
-            // the covariance unmeasured.
-            let n = if f.cfg.kv_fit_keys {
-                CALIBRATION_TEXT_TOKENS
-            } else {
-                CALIBRATION_TOKENS
-            };
-            (0..n.min(limit)).map(|_| rng.below(vocab) as u32).collect()
+        // A fitted map is calibrated over the whole context (the text repeated as needed):
+        // keys and queries after RoPE are only alike at positions the pass has seen
+        // ([`crate::kv::key_fit`]). A mean alone takes the first tokens.
+        let n = if f.cfg.kv_fit_keys {
+            f.cfg.ctx
+        } else if f.cfg.kv_calibration.is_empty() {
+            CALIBRATION_TOKENS.min(f.cfg.ctx)
         } else {
-            f.cfg
-                .kv_calibration
-                .iter()
-                .copied()
-                .filter(|&t| (t as usize) < vocab)
-                .take(CALIBRATION_TEXT_TOKENS.min(limit))
-                .collect()
+            CALIBRATION_TEXT_TOKENS.min(f.cfg.ctx)
+        };
+        let text: Vec<u32> = f
+            .cfg
+            .kv_calibration
+            .iter()
+            .copied()
+            .filter(|&t| (t as usize) < vocab)
+            .collect();
+        let toks: Vec<u32> = if text.is_empty() {
+            let mut rng = crate::rng::Rng::new(0x6b69_6c6e_6b65_7973);
+            (0..n).map(|_| rng.below(vocab) as u32).collect()
+        } else {
+            text.iter().copied().cycle().take(n).collect()
         };
         if toks.is_empty() {
             return Ok(());
@@ -48,10 +51,15 @@ impl Runner {
         let center = f.cfg.kv_center_keys;
         if self.key_cal.is_none() {
             self.fwd.caches.begin_calibration(f.cfg.kv_fit_keys);
-            let r = self.step(&[(CALIBRATION_SEQ, &toks, Logits::None)]);
+            let r = self.feed(CALIBRATION_SEQ, &toks, Logits::None);
             self.release(CALIBRATION_SEQ)?;
             let cal = self.fwd.caches.finish_calibration();
-            r?;
+            r.map_err(|e| {
+                Error::Model(format!(
+                    "calibrating the keys over {} tokens: {e}",
+                    toks.len()
+                ))
+            })?;
             self.key_cal = Some(cal);
         }
         match &self.key_cal {

@@ -36,7 +36,8 @@ struct Launched {
 
 /// Tokens of the key-center calibration pass ([`Runner::new`] with a lossy K cache).
 pub const CALIBRATION_TOKENS: usize = 64;
-/// Most tokens of [`RunnerConfig::kv_calibration`] the calibration pass runs.
+/// The tokens of [`RunnerConfig::kv_calibration`] the calibration pass runs for a mean key
+/// alone (a fitted map takes the whole context).
 pub const CALIBRATION_TEXT_TOKENS: usize = 512;
 /// The sequence id the calibration pass runs as (released before any request).
 const CALIBRATION_SEQ: SeqId = SeqId::MAX;
@@ -60,9 +61,9 @@ pub struct RunnerConfig {
     /// before a lossy K cache quantizes them ([`crate::kv::key_fit`]; exact for attention);
     /// the keys are centered too (as with `kv_center_keys`).
     pub kv_fit_keys: bool,
-    /// The calibration pass's tokens (text in the model's vocabulary; up to
-    /// [`CALIBRATION_TEXT_TOKENS`] are used); empty: pseudo-random ones
-    /// ([`CALIBRATION_TOKENS`], or [`CALIBRATION_TEXT_TOKENS`] for a fitted map).
+    /// The calibration pass's tokens (text in the model's vocabulary, repeated as needed);
+    /// empty: pseudo-random ones. A mean key takes [`CALIBRATION_TEXT_TOKENS`] of a text or
+    /// [`CALIBRATION_TOKENS`] random ones, a fitted map `ctx` tokens.
     pub kv_calibration: Vec<u32>,
     pub prefix_caching: bool,
     /// Blocks in each full-attention KV pool; default enough for `max_seqs` full contexts.
