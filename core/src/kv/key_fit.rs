@@ -36,6 +36,9 @@
 /// The ridge added to each covariance, relative to its mean eigenvalue `tr Σ / d`.
 pub const RIDGE: f64 = 1e-4;
 
+/// Rows of products [`SecondMoments::add_sampled`] sums in f32 before adding them in f64.
+const F32_ROWS: usize = 256;
+
 /// Most Jacobi sweeps of [`sym_eigen`] (each sweep rotates every off-diagonal pair once;
 /// convergence is quadratic, a few sweeps on these sizes).
 const MAX_SWEEPS: usize = 60;
@@ -63,19 +66,49 @@ impl SecondMoments {
 
     /// Adds every row of `rows` (a multiple of `d` values; a ragged tail is ignored).
     pub fn add(&mut self, rows: &[f32]) {
+        self.add_sampled(rows, 1, usize::MAX);
+    }
+
+    /// Adds the rows of `rows` (`per_token` rows a token, `d` values a row) of every
+    /// `s`-th token, `s` the smallest step that keeps them to `max_rows` (a calibration
+    /// pass over a long context has many more rows than a covariance of `d × d` needs, and
+    /// each costs `d²/2` products). The products are summed in f32 over [`F32_ROWS`] rows at
+    /// a time (a relative error of about `F32_ROWS · 2⁻²⁴`), then in f64.
+    pub fn add_sampled(&mut self, rows: &[f32], per_token: usize, max_rows: usize) {
         let d = self.d;
-        if d == 0 {
+        let per = per_token.max(1);
+        if d == 0 || rows.len() < d * per {
             return;
         }
-        for r in rows.chunks_exact(d) {
-            for i in 0..d {
-                let ri = r[i] as f64;
-                let row = &mut self.sum[i * d..(i + 1) * d];
-                for (s, &rj) in row[i..].iter_mut().zip(&r[i..]) {
-                    *s += ri * rj as f64;
+        let tokens = rows.len() / (d * per);
+        let step = (tokens * per).div_ceil(max_rows.max(per)).max(1);
+        let mut acc = vec![0.0f32; d * d];
+        let mut in_acc = 0;
+        for t in (0..tokens).step_by(step) {
+            for r in rows[t * per * d..(t + 1) * per * d].chunks_exact(d) {
+                for i in 0..d {
+                    let ri = r[i];
+                    let row = &mut acc[i * d..(i + 1) * d];
+                    for (s, &rj) in row[i..].iter_mut().zip(&r[i..]) {
+                        *s += ri * rj;
+                    }
+                }
+                self.n += 1;
+                in_acc += 1;
+                if in_acc == F32_ROWS {
+                    self.flush(&mut acc);
+                    in_acc = 0;
                 }
             }
-            self.n += 1;
+        }
+        self.flush(&mut acc);
+    }
+
+    /// Adds the f32 partial sums into the f64 ones and clears them.
+    fn flush(&mut self, acc: &mut [f32]) {
+        for (s, a) in self.sum.iter_mut().zip(acc.iter_mut()) {
+            *s += *a as f64;
+            *a = 0.0;
         }
     }
 
@@ -112,16 +145,18 @@ pub fn sym_eigen(a: &[f64], d: usize) -> (Vec<f64>, Vec<f64>) {
             .flat_map(|i| (0..d).filter(move |&j| j != i).map(move |j| (i, j)))
             .map(|(i, j)| m[i * d + j] * m[i * d + j])
             .sum();
-        if off <= 1e-30 * total {
+        if off <= 1e-26 * total {
             break;
         }
         for p in 0..d {
             for q in p + 1..d {
                 let apq = m[p * d + q];
-                if apq == 0.0 {
+                let (app, aqq) = (m[p * d + p], m[q * d + q]);
+                // A pair already diagonal to f64's precision is left (most pairs, after the
+                // first sweeps): its rotation would change nothing but the rounding.
+                if apq.abs() <= 1e-15 * (app.abs() * aqq.abs()).sqrt() || apq == 0.0 {
                     continue;
                 }
-                let (app, aqq) = (m[p * d + p], m[q * d + q]);
                 let theta = (aqq - app) / (2.0 * apq);
                 let sign = if theta >= 0.0 { 1.0 } else { -1.0 };
                 let t = sign / (theta.abs() + (theta * theta + 1.0).sqrt());
@@ -207,8 +242,13 @@ pub fn fit(sk: &[f64], sq: &[f64], d: usize) -> Option<(Vec<f32>, Vec<f32>)> {
     let (ek, vk) = ridged(sk, d);
     let sk_half = sym_fn(&ek, &vk, f64::sqrt);
     let sk_neg_half = sym_fn(&ek, &vk, |x| 1.0 / x.sqrt());
-    let (eq, vq) = ridged(sq, d);
-    let sq_r = sym_fn(&eq, &vq, |x| x);
+    // Σq's ridge needs no eigenvalues: its diagonal plus λ (rounding can leave a covariance
+    // a hair short of positive semi-definite; the ridge covers that).
+    let lam_q = RIDGE * (trace(sq, d) / d as f64).max(f64::MIN_POSITIVE);
+    let mut sq_r = sq.to_vec();
+    for i in 0..d {
+        sq_r[i * d + i] += lam_q;
+    }
     let m = mul(&mul(&sk_half, &sq_r, d), &sk_half, d);
     let (em, vm) = sym_eigen(&m, d);
     let floor = em.iter().cloned().fold(0.0f64, f64::max) * 1e-12;
@@ -343,6 +383,29 @@ mod tests {
         let (t, ti) = fit(&sk, &sq, d).expect("fit");
         assert!(t.iter().chain(&ti).all(|x| x.is_finite()));
         assert!(fit(&vec![0.0; d * d], &sq, d).is_none());
+    }
+
+    /// Sampling keeps whole tokens (every head's row of a token) and the mean stays a mean.
+    #[test]
+    fn sampled_moments_take_whole_tokens() {
+        let mut r = Rng::new(5);
+        let (d, heads, tokens) = (8, 3, 40);
+        let rows: Vec<f32> = (0..d * heads * tokens).map(|_| r.normal()).collect();
+        let mut all = SecondMoments::new(d);
+        all.add(&rows);
+        let mut some = SecondMoments::new(d);
+        some.add_sampled(&rows, heads, 30);
+        // 120 rows into at most 30: every 4th token, all 3 heads.
+        assert_eq!(some.n, 30);
+        let mut want = SecondMoments::new(d);
+        for t in (0..tokens).step_by(4) {
+            want.add(&rows[t * heads * d..(t + 1) * heads * d]);
+        }
+        let (a, b) = (some.mean().expect("rows"), want.mean().expect("rows"));
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "{x} vs {y}");
+        }
+        assert_eq!(all.n, 120);
     }
 
     #[test]

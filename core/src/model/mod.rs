@@ -68,6 +68,33 @@ struct LayerKeys {
     map: Option<(Vec<f32>, Vec<f32>)>,
 }
 
+/// Most head rows of one layer's keys or queries a calibration step adds to their second
+/// moments (whole tokens, evenly spaced: [`crate::kv::key_fit::SecondMoments::add_sampled`]);
+/// a pass over a long context gives a covariance of `d × d` many times the rows it needs.
+const MOMENT_ROWS: usize = 4096;
+
+/// A layer's mean key and fitted map from its calibration statistics.
+fn layer_keys(heads: usize, d: usize, stats: &LayerStats) -> LayerKeys {
+    let n = stats.keys as f64;
+    let mean: Vec<f64> = stats.key_sum.iter().map(|s| s / n).collect();
+    let moments = stats
+        .sk
+        .as_ref()
+        .and_then(|m| m.mean())
+        .zip(stats.sq.as_ref().and_then(|m| m.mean()))
+        .filter(|(sk, sq)| sk.len() == d * d && sq.len() == d * d);
+    // Fitted to the keys' second moments as they come, not less their mean, though the keys
+    // are then centered: measured better on SmolLM2 (tq3 keys, KL from f32 0.072 against
+    // 0.086 with E[(k-μ)(k-μ)ᵀ]) and about even on Gemma 3 (0.049 against 0.043).
+    let map = moments.and_then(|(sk, sq)| crate::kv::key_fit::fit(&sk, &sq, d));
+    LayerKeys {
+        heads,
+        d,
+        mean: mean.iter().map(|&m| m as f32).collect(),
+        map,
+    }
+}
+
 /// A calibration pass's statistics ([`KvCaches::begin_calibration`]).
 struct Calibration {
     /// Whether key and query second moments are gathered (for `fit_keys`).
@@ -161,7 +188,8 @@ impl KvCaches {
                     .sq
                     .get_or_insert_with(|| crate::kv::key_fit::SecondMoments::new(d));
                 if sq.dim() == d {
-                    sq.add(&ex.download_f32(q)?);
+                    let heads = q.numel() / (q.shape().dims()[0].max(1) * d.max(1));
+                    sq.add_sampled(&ex.download_f32(q)?, heads, MOMENT_ROWS);
                 }
             }
         }
@@ -210,7 +238,7 @@ impl KvCaches {
                         .sk
                         .get_or_insert_with(|| crate::kv::key_fit::SecondMoments::new(d));
                     if sk.dim() == d {
-                        sk.add(&x);
+                        sk.add_sampled(&x, width / d.max(1), MOMENT_ROWS);
                     }
                 }
             }
@@ -254,38 +282,37 @@ impl KvCaches {
         };
         let mut out = KeyCalibration::default();
         let Some(cal) = cal else { return out };
+        let mut todo = Vec::new();
         for ((g, gi), stats) in cal.layers {
             let Some(k) = self.groups.get(g).and_then(|(ks, _)| ks.get(gi)) else {
                 continue;
             };
             let dims = k.shape().dims();
             let (heads, d) = (dims[2], dims[3]);
-            if stats.keys == 0 || stats.key_sum.len() != heads * d {
-                continue;
+            if stats.keys > 0 && stats.key_sum.len() == heads * d {
+                todo.push(((g, gi), heads, d, stats));
             }
-            let n = stats.keys as f64;
-            let mean: Vec<f64> = stats.key_sum.iter().map(|s| s / n).collect();
-            let moments = stats
-                .sk
-                .as_ref()
-                .and_then(|m| m.mean())
-                .zip(stats.sq.as_ref().and_then(|m| m.mean()))
-                .filter(|(sk, sq)| sk.len() == d * d && sq.len() == d * d);
-            // Fitted to the keys' second moments as they come, not less their mean, though
-            // the keys are then centered: measured better on SmolLM2 (tq3 keys, KL from f32
-            // 0.072 against 0.086 with E[(k-μ)(k-μ)ᵀ]) and about even on Gemma 3 (0.049
-            // against 0.043).
-            let map = moments.and_then(|(sk, sq)| crate::kv::key_fit::fit(&sk, &sq, d));
-            out.layers.insert(
-                (g, gi),
-                LayerKeys {
-                    heads,
-                    d,
-                    mean: mean.iter().map(|&m| m as f32).collect(),
-                    map,
-                },
-            );
         }
+        // The layers' fits (two eigen-decompositions of d × d each) on the machine's threads.
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let per = todo.len().div_ceil(threads.max(1)).max(1);
+        let fitted: Vec<((usize, usize), LayerKeys)> = std::thread::scope(|s| {
+            let handles: Vec<_> = todo
+                .chunks(per)
+                .map(|part| {
+                    s.spawn(move || {
+                        part.iter()
+                            .map(|(at, h, d, st)| (*at, layer_keys(*h, *d, st)))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_default())
+                .collect()
+        });
+        out.layers.extend(fitted);
         out
     }
 
