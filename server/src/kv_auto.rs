@@ -43,7 +43,7 @@ const FIRST: usize = 32;
 /// Calibration runs use this sequence id.
 const SEQ: u64 = 0x6b76_6175_746f;
 /// Changed when the method changes, so older cached choices are not reused.
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
 /// Whole-model runs of the search for the largest sum of costs that keeps to the budget.
 const TRIES: usize = 6;
 /// Uniform choices judged after the search, at most.
@@ -551,7 +551,12 @@ pub fn cache_file(
             "{VERSION} {backend} {:?} {:?} {budget:.6} {TOKENS} {JUDGE_TOKENS} {} {centered}{}",
             fixed.0,
             fixed.1,
-            ctx.min(JUDGE_TOKENS),
+            // Centered or fitted keys are calibrated for the whole context's positions.
+            if centered || fitted {
+                ctx
+            } else {
+                ctx.min(JUDGE_TOKENS)
+            },
             if fitted { " fitted" } else { "" }
         )
         .as_bytes(),

@@ -265,8 +265,8 @@ pub fn load(args: &ModelArgs, cfg: RunnerConfig) -> Result<Loaded> {
     }
     if args.kv_fit_keys {
         eprintln!(
-            "kiln: --kv-fit-keys: calibrating the keys over the context ({} tokens of a built-in text) where the K cache is lossy",
-            cfg.ctx
+            "kiln: --kv-fit-keys: calibrating the keys over {} tokens of a built-in text where the K cache is lossy",
+            kiln_core::engine::CALIBRATION_FIT_TOKENS.min(cfg.ctx)
         );
     }
     let mut runner = Runner::new(ex, model, cfg)?;

@@ -91,3 +91,84 @@ fn exact_caches_get_no_map_and_tq3_keys_decode() {
     assert_eq!(tokens.len(), 6);
     assert!(logits.iter().flatten().all(|x| x.is_finite()));
 }
+
+/// Mean KL divergence of `rows` from `base` (logit rows of the same positions).
+fn mean_kl(base: &[Vec<f32>], rows: &[Vec<f32>]) -> f64 {
+    let log_softmax = |r: &[f32]| {
+        let m = r.iter().fold(f64::NEG_INFINITY, |a, &x| a.max(x as f64));
+        let z = r.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m;
+        r.iter().map(move |&x| x as f64 - z).collect::<Vec<f64>>()
+    };
+    let total: f64 = base
+        .iter()
+        .zip(rows)
+        .map(|(p, q)| {
+            let (lp, lq) = (log_softmax(p), log_softmax(q));
+            lp.iter()
+                .zip(&lq)
+                .map(|(a, b)| a.exp() * (a - b))
+                .sum::<f64>()
+        })
+        .sum();
+    total / base.len().max(1) as f64
+}
+
+/// SmolLM2 (a real model's rotary keys) at a context of 2,048 tokens, its keys fitted from a
+/// calibration pass of half that: the layers' statistics are taken before RoPE and averaged
+/// over the context's positions (`core/src/kv/rope_moments.rs`), so past the pass's last
+/// position the fitted tq3 keys keep the model far closer to the f32 cache than plain tq3
+/// keys do. (Statistics taken after RoPE over a pass shorter than the context fit the
+/// directions the slow pairs keep there: measured worse than no map at 4,096 tokens.)
+#[test]
+fn keys_fitted_over_a_short_pass_serve_the_whole_context() {
+    use kiln_core::engine::{Logits, CALIBRATION_FIT_TOKENS};
+    use kiln_server::load::{load, ModelArgs};
+    use kiln_tests::{model_file, SMOLLM2};
+    let Some(path) = model_file(SMOLLM2) else {
+        return;
+    };
+    const CTX: usize = 2048;
+    assert!(CALIBRATION_FIT_TOKENS < CTX);
+    let loaded = |fit: bool| {
+        let mut args = ModelArgs::new(Some(path.display().to_string()), "cpu");
+        args.ctx = Some(CTX);
+        args.kv_type_k = Some(DType::TQ3);
+        args.kv_type_v = Some(DType::F32);
+        args.kv_fit_keys = fit;
+        let cfg = RunnerConfig {
+            max_batch_tokens: 512,
+            ..RunnerConfig::default()
+        };
+        load(&args, cfg).expect("SmolLM2 loads")
+    };
+    let mut fitted = loaded(true);
+    assert!(fitted.runner.caches().keys_fitted());
+    let text = std::fs::read_to_string(fixtures().join("text/ppl.txt")).expect("text");
+    let tokens = fitted.tokenizer.encode(&text, false).expect("tokens");
+    assert!(tokens.len() >= CTX, "{} tokens of text", tokens.len());
+    let tokens = &tokens[..CTX];
+    // The positions past the calibration pass's.
+    let want = Logits::From(CALIBRATION_FIT_TOKENS);
+    let mut run = |r: &mut Runner| {
+        let rows = r.feed(1, tokens, want).expect("fed");
+        r.release(1).expect("released");
+        rows
+    };
+    let fit_rows = run(&mut fitted.runner);
+    let mut plain = loaded(false);
+    assert!(!plain.runner.caches().keys_fitted());
+    let plain_rows = run(&mut plain.runner);
+    plain
+        .runner
+        .set_kv_types(KvTypes::uniform(DType::F32))
+        .expect("f32 cache");
+    let base = run(&mut plain.runner);
+    assert_eq!(base.len(), CTX - CALIBRATION_FIT_TOKENS);
+    let (kl_fit, kl_plain) = (mean_kl(&base, &fit_rows), mean_kl(&base, &plain_rows));
+    println!("KL from f32 past the pass: tq3 K plain {kl_plain:.4}, fitted {kl_fit:.4}");
+    assert!(kl_plain > 0.0 && kl_fit > 0.0);
+    assert!(
+        kl_fit < 0.5 * kl_plain,
+        "fitted tq3 keys: KL {kl_fit} from f32, plain ones {kl_plain}"
+    );
+}

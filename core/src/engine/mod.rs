@@ -34,5 +34,5 @@ pub use vision::PromptImage;
 pub use crate::runner::embed::Pooling;
 pub use crate::runner::{
     BlockCopy, Forward, KvCoordinator, Logits, Rewind, Runner, RunnerConfig, Session, StepRows,
-    Target, CALIBRATION_TOKENS,
+    Target, CALIBRATION_FIT_TOKENS, CALIBRATION_TOKENS,
 };

@@ -6,6 +6,7 @@ pub mod block_pool;
 pub mod error;
 pub mod key_fit;
 pub mod manager;
+pub mod rope_moments;
 pub mod state;
 pub mod types;
 

@@ -146,6 +146,7 @@ pub(crate) fn rope_attention(
             return attention(ex, bt, kv, (g, gi), &qr, None, p);
         }
     }
+    kv.calibrate_rope(ex, (g, gi), (q, Some(k)), rope, freqs)?;
     let q = ex.rope(q, &bt.positions, rope, freqs)?;
     let k = ex.rope(k, &bt.positions, rope, freqs)?;
     attention(ex, bt, kv, (g, gi), &q, Some((&k, v)), p)

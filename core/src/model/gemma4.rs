@@ -680,12 +680,7 @@ impl Gemma4 {
                 None
             };
             let q = ex.matmul(&h, &a.wq)?.reshape([t, nh, a.hd])?;
-            let q = ex.rope(
-                &self.norm(ex, &q, &a.q_norm)?,
-                &bt.positions,
-                a.rope,
-                factors,
-            )?;
+            let q_normed = self.norm(ex, &q, &a.q_norm)?;
             let mut new_kv = None;
             if let Some((wk, wv, k_norm)) = &a.kv {
                 let k_raw = ex.matmul(&h, wk)?.reshape([t, a.n_kv, a.hd])?;
@@ -693,15 +688,15 @@ impl Gemma4 {
                     Some(wv) => ex.matmul(&h, wv)?.reshape([t, a.n_kv, a.hd])?,
                     None => k_raw.clone(),
                 };
-                let k = ex.rope(
-                    &self.norm(ex, &k_raw, k_norm)?,
-                    &bt.positions,
-                    a.rope,
-                    factors,
-                )?;
+                let k_normed = self.norm(ex, &k_raw, k_norm)?;
+                kv.calibrate_rope(ex, a.cache, (&q_normed, Some(&k_normed)), a.rope, factors)?;
+                let k = ex.rope(&k_normed, &bt.positions, a.rope, factors)?;
                 let v = self.norm(ex, &v_raw, &a.ones)?;
                 new_kv = Some((k, v));
+            } else {
+                kv.calibrate_rope(ex, a.cache, (&q_normed, None), a.rope, factors)?;
             }
+            let q = ex.rope(&q_normed, &bt.positions, a.rope, factors)?;
             let params = |pass: Pass| AttnParams {
                 scale: 1.0,
                 soft_cap: None,

@@ -74,15 +74,36 @@ struct LayerKeys {
 const MOMENT_ROWS: usize = 4096;
 
 /// A layer's mean key and fitted map from its calibration statistics.
-fn layer_keys(heads: usize, d: usize, stats: &LayerStats) -> LayerKeys {
+/// What a layer's calibration statistics give for a context of `positions`: the mean key and
+/// the fitted map. Statistics taken before RoPE ([`KvCaches::calibrate_rope`]) are averaged
+/// over the context's positions first ([`crate::kv::rope_moments`]); a layer seen only after
+/// RoPE (no rotary embedding kiln knows of) gets a map only from a pass over the whole
+/// context, since a shorter one fits the directions its slow pairs keep there.
+fn layer_keys(heads: usize, d: usize, stats: &LayerStats, positions: usize) -> LayerKeys {
     let n = stats.keys as f64;
-    let mean: Vec<f64> = stats.key_sum.iter().map(|s| s / n).collect();
-    let moments = stats
+    let mut mean: Vec<f64> = stats.key_sum.iter().map(|s| s / n).collect();
+    let mut moments = stats
         .sk
         .as_ref()
         .and_then(|m| m.mean())
         .zip(stats.sq.as_ref().and_then(|m| m.mean()))
         .filter(|(sk, sq)| sk.len() == d * d && sq.len() == d * d);
+    match &stats.rotary {
+        Some(rot) => {
+            mean = mean
+                .chunks(d.max(1))
+                .flat_map(|m| rot.average_vector(m, positions))
+                .collect();
+            moments = moments.map(|(sk, sq)| {
+                (
+                    rot.average_moments(&sk, positions),
+                    rot.average_moments(&sq, positions),
+                )
+            });
+        }
+        None if stats.keys < positions => moments = None,
+        None => {}
+    }
     // Fitted to the keys' second moments as they come, not less their mean, though the keys
     // are then centered: measured better on SmolLM2 (tq3 keys, KL from f32 0.072 against
     // 0.086 with E[(k-μ)(k-μ)ᵀ]) and about even on Gemma 3 (0.049 against 0.043).
@@ -99,6 +120,8 @@ fn layer_keys(heads: usize, d: usize, stats: &LayerStats) -> LayerKeys {
 struct Calibration {
     /// Whether key and query second moments are gathered (for `fit_keys`).
     fit: bool,
+    /// The positions the measured statistics are to serve (the context).
+    positions: usize,
     layers: std::collections::HashMap<(usize, usize), LayerStats>,
 }
 
@@ -110,6 +133,44 @@ struct LayerStats {
     /// `E[k kᵀ]` and `E[q qᵀ]` over head rows, every head pooled.
     sk: Option<crate::kv::key_fit::SecondMoments>,
     sq: Option<crate::kv::key_fit::SecondMoments>,
+    /// The layer's rotary embedding, where the statistics above were taken before it.
+    rotary: Option<crate::kv::rope_moments::Rotary>,
+}
+
+impl LayerStats {
+    /// Adds a step's keys (`x`, rows of `width` = heads × `d`): their sums, and with `fit`
+    /// their second moments.
+    fn add_keys(&mut self, x: &[f32], width: usize, d: usize, fit: bool) {
+        if self.key_sum.is_empty() {
+            self.key_sum = vec![0.0; width];
+        }
+        if self.key_sum.len() == width {
+            for row in x.chunks_exact(width) {
+                for (s, v) in self.key_sum.iter_mut().zip(row) {
+                    *s += *v as f64;
+                }
+                self.keys += 1;
+            }
+        }
+        if fit {
+            let sk = self
+                .sk
+                .get_or_insert_with(|| crate::kv::key_fit::SecondMoments::new(d));
+            if sk.dim() == d {
+                sk.add_sampled(x, width / d.max(1), MOMENT_ROWS);
+            }
+        }
+    }
+
+    /// Adds a step's queries (`x`, `heads` rows of `d` a token) to their second moments.
+    fn add_queries(&mut self, x: &[f32], heads: usize, d: usize) {
+        let sq = self
+            .sq
+            .get_or_insert_with(|| crate::kv::key_fit::SecondMoments::new(d));
+        if sq.dim() == d {
+            sq.add_sampled(x, heads, MOMENT_ROWS);
+        }
+    }
 }
 
 impl KvCaches {
@@ -184,12 +245,9 @@ impl KvCaches {
             if let Some(c) = cal.as_mut().filter(|c| c.fit) {
                 let d = q.shape().last();
                 let stats = c.layers.entry((g, gi)).or_default();
-                let sq = stats
-                    .sq
-                    .get_or_insert_with(|| crate::kv::key_fit::SecondMoments::new(d));
-                if sq.dim() == d {
+                if stats.rotary.is_none() {
                     let heads = q.numel() / (q.shape().dims()[0].max(1) * d.max(1));
-                    sq.add_sampled(&ex.download_f32(q)?, heads, MOMENT_ROWS);
+                    stats.add_queries(&ex.download_f32(q)?, heads, d);
                 }
             }
         }
@@ -218,28 +276,12 @@ impl KvCaches {
     ) -> Result<Option<Tensor>> {
         if let Ok(mut cal) = self.calibration.lock() {
             if let Some(c) = cal.as_mut() {
-                let x = ex.download_f32(k)?;
                 let width = k.numel() / k.shape().dims()[0].max(1);
                 let d = k.shape().last();
+                let fit = c.fit;
                 let stats = c.layers.entry((g, gi)).or_default();
-                if stats.key_sum.is_empty() {
-                    stats.key_sum = vec![0.0; width];
-                }
-                if stats.key_sum.len() == width {
-                    for row in x.chunks_exact(width) {
-                        for (s, v) in stats.key_sum.iter_mut().zip(row) {
-                            *s += *v as f64;
-                        }
-                        stats.keys += 1;
-                    }
-                }
-                if c.fit {
-                    let sk = stats
-                        .sk
-                        .get_or_insert_with(|| crate::kv::key_fit::SecondMoments::new(d));
-                    if sk.dim() == d {
-                        sk.add_sampled(&x, width / d.max(1), MOMENT_ROWS);
-                    }
+                if stats.rotary.is_none() {
+                    stats.add_keys(&ex.download_f32(k)?, width, d, fit);
                 }
             }
         }
@@ -259,13 +301,58 @@ impl KvCaches {
         }
     }
 
+    /// While calibrating: layer `(g, gi)`'s queries `q` and keys `k` (`[T, heads, dim]`; none
+    /// for a layer that reads another's cache) before `rope` turns them (with `factors`, its optional frequency divisors). Their
+    /// statistics, averaged over the context's positions when the calibration ends
+    /// ([`crate::kv::rope_moments`]), replace those [`KvCaches::keys_to_write`] and
+    /// [`KvCaches::queries_to_score`] would take after RoPE, so a short pass serves a context
+    /// of any length. Nothing while not calibrating, or where `rope` does not fit the keys.
+    pub fn calibrate_rope(
+        &self,
+        ex: &Executor,
+        (g, gi): (usize, usize),
+        (q, k): (&Tensor, Option<&Tensor>),
+        rope: crate::op::RopeParams,
+        factors: Option<&Tensor>,
+    ) -> Result<()> {
+        let Ok(mut cal) = self.calibration.lock() else {
+            return Ok(());
+        };
+        let Some(c) = cal.as_mut() else {
+            return Ok(());
+        };
+        let d = k.unwrap_or(q).shape().last();
+        let f = factors.map(|t| ex.download_f32(t)).transpose()?;
+        let Some(rot) = crate::kv::rope_moments::Rotary::new(&rope, f.as_deref(), d) else {
+            return Ok(());
+        };
+        let fit = c.fit;
+        let stats = c.layers.entry((g, gi)).or_default();
+        if stats.rotary.as_ref().is_some_and(|r| *r != rot) {
+            return Err(Error::Model(format!(
+                "layer {gi} of KV group {g} turned by two rotary embeddings while calibrating"
+            )));
+        }
+        stats.rotary = Some(rot);
+        if let Some(k) = k {
+            let width = k.numel() / k.shape().dims()[0].max(1);
+            stats.add_keys(&ex.download_f32(k)?, width, d, fit);
+        }
+        if fit && q.shape().last() == d {
+            let heads = q.numel() / (q.shape().dims()[0].max(1) * d.max(1));
+            stats.add_queries(&ex.download_f32(q)?, heads, d);
+        }
+        Ok(())
+    }
+
     /// Starts gathering what every layer writes and scores ([`KvCaches::keys_to_write`],
     /// [`KvCaches::queries_to_score`]): the keys' sums, and with `fit` the keys' and queries'
-    /// second moments.
-    pub fn begin_calibration(&self, fit: bool) {
+    /// second moments, for maps that serve `positions` (the context).
+    pub fn begin_calibration(&self, fit: bool, positions: usize) {
         if let Ok(mut c) = self.calibration.lock() {
             *c = Some(Calibration {
                 fit,
+                positions,
                 layers: std::collections::HashMap::new(),
             });
         }
@@ -282,6 +369,7 @@ impl KvCaches {
         };
         let mut out = KeyCalibration::default();
         let Some(cal) = cal else { return out };
+        let positions = cal.positions;
         let mut todo = Vec::new();
         for ((g, gi), stats) in cal.layers {
             let Some(k) = self.groups.get(g).and_then(|(ks, _)| ks.get(gi)) else {
@@ -302,7 +390,7 @@ impl KvCaches {
                 .map(|part| {
                     s.spawn(move || {
                         part.iter()
-                            .map(|(at, h, d, st)| (*at, layer_keys(*h, *d, st)))
+                            .map(|(at, h, d, st)| (*at, layer_keys(*h, *d, st, positions)))
                             .collect::<Vec<_>>()
                     })
                 })

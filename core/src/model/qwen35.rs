@@ -667,7 +667,10 @@ impl Qwen35 {
                     let k = ex.rms_norm(&k, &m.k_norm, self.eps, false)?;
                     let (q, k) = match &turns {
                         None => (
-                            ex.rope(&q, &bt.positions, self.rope, None)?,
+                            {
+                                kv.calibrate_rope(ex, (0, m.kv), (&q, Some(&k)), self.rope, None)?;
+                                ex.rope(&q, &bt.positions, self.rope, None)?
+                            },
                             ex.rope(&k, &bt.positions, self.rope, None)?,
                         ),
                         Some(tu) => (tu.apply(ex, &q, self.rope)?, tu.apply(ex, &k, self.rope)?),

@@ -22,11 +22,12 @@ impl Runner {
             return Ok(());
         }
         let vocab = f.model.info().vocab.max(1);
-        // A fitted map is calibrated over the whole context (the text repeated as needed):
-        // keys and queries after RoPE are only alike at positions the pass has seen
-        // ([`crate::kv::key_fit`]). A mean alone takes the first tokens.
+        // A fitted map takes [`CALIBRATION_FIT_TOKENS`] (the text repeated as needed): the
+        // layers' statistics are taken before RoPE and averaged over the context's positions
+        // ([`crate::kv::rope_moments`]), so the pass need not cover the context. A mean alone
+        // takes the first tokens.
         let n = if f.cfg.kv_fit_keys {
-            f.cfg.ctx
+            CALIBRATION_FIT_TOKENS.min(f.cfg.ctx)
         } else if f.cfg.kv_calibration.is_empty() {
             CALIBRATION_TOKENS.min(f.cfg.ctx)
         } else {
@@ -50,7 +51,9 @@ impl Runner {
         }
         let center = f.cfg.kv_center_keys;
         if self.key_cal.is_none() {
-            self.fwd.caches.begin_calibration(f.cfg.kv_fit_keys);
+            self.fwd
+                .caches
+                .begin_calibration(f.cfg.kv_fit_keys, f.cfg.ctx);
             let r = self.feed(CALIBRATION_SEQ, &toks, Logits::None);
             self.release(CALIBRATION_SEQ)?;
             let cal = self.fwd.caches.finish_calibration();

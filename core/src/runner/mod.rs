@@ -37,8 +37,11 @@ struct Launched {
 /// Tokens of the key-center calibration pass ([`Runner::new`] with a lossy K cache).
 pub const CALIBRATION_TOKENS: usize = 64;
 /// The tokens of [`RunnerConfig::kv_calibration`] the calibration pass runs for a mean key
-/// alone (a fitted map takes the whole context).
+/// alone.
 pub const CALIBRATION_TEXT_TOKENS: usize = 512;
+/// Tokens of the calibration pass for fitted key maps (`kv_fit_keys`): enough head rows for
+/// second moments of a head dim of 256 on a model with one KV head.
+pub const CALIBRATION_FIT_TOKENS: usize = 1024;
 /// The sequence id the calibration pass runs as (released before any request).
 const CALIBRATION_SEQ: SeqId = SeqId::MAX;
 
@@ -63,7 +66,8 @@ pub struct RunnerConfig {
     pub kv_fit_keys: bool,
     /// The calibration pass's tokens (text in the model's vocabulary, repeated as needed);
     /// empty: pseudo-random ones. A mean key takes [`CALIBRATION_TEXT_TOKENS`] of a text or
-    /// [`CALIBRATION_TOKENS`] random ones, a fitted map `ctx` tokens.
+    /// [`CALIBRATION_TOKENS`] random ones, a fitted map [`CALIBRATION_FIT_TOKENS`] (at most
+    /// `ctx`) of either.
     pub kv_calibration: Vec<u32>,
     pub prefix_caching: bool,
     /// Blocks in each full-attention KV pool; default enough for `max_seqs` full contexts.
