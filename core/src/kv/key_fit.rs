@@ -35,15 +35,13 @@
 //! +19.1 %). Both covariances get a ridge of [`RIDGE`] times their mean eigenvalue, so channels
 //! a model never uses (Gemma 3's keys have some with a zero norm weight) stay finite.
 
+use super::eigen::sym_eigen;
+
 /// The ridge added to each covariance, relative to its mean eigenvalue `tr Σ / d`.
 pub const RIDGE: f64 = 1e-4;
 
 /// Rows of products [`SecondMoments::add_sampled`] sums in f32 before adding them in f64.
 const F32_ROWS: usize = 256;
-
-/// Most Jacobi sweeps of [`sym_eigen`] (each sweep rotates every off-diagonal pair once;
-/// convergence is quadratic, a few sweeps on these sizes).
-const MAX_SWEEPS: usize = 60;
 
 /// Running sums of `x xᵀ` for rows of width `d` (upper triangle, f64).
 #[derive(Clone, Debug)]
@@ -130,60 +128,6 @@ impl SecondMoments {
         }
         Some(m)
     }
-}
-
-/// Eigenvalues and eigenvectors of the symmetric `d × d` matrix `a` (row-major) by cyclic
-/// Jacobi rotations: `(values, vectors)` with eigenvector `k` in column `k` of `vectors`
-/// (row-major), so `a = V diag(values) Vᵀ`.
-pub fn sym_eigen(a: &[f64], d: usize) -> (Vec<f64>, Vec<f64>) {
-    let mut m = a.to_vec();
-    let mut v = vec![0.0; d * d];
-    for i in 0..d {
-        v[i * d + i] = 1.0;
-    }
-    let total: f64 = m.iter().map(|x| x * x).sum::<f64>().max(f64::MIN_POSITIVE);
-    for _ in 0..MAX_SWEEPS {
-        let off: f64 = (0..d)
-            .flat_map(|i| (0..d).filter(move |&j| j != i).map(move |j| (i, j)))
-            .map(|(i, j)| m[i * d + j] * m[i * d + j])
-            .sum();
-        if off <= 1e-26 * total {
-            break;
-        }
-        for p in 0..d {
-            for q in p + 1..d {
-                let apq = m[p * d + q];
-                let (app, aqq) = (m[p * d + p], m[q * d + q]);
-                // A pair already diagonal to f64's precision is left (most pairs, after the
-                // first sweeps): its rotation would change nothing but the rounding.
-                if apq.abs() <= 1e-15 * (app.abs() * aqq.abs()).sqrt() || apq == 0.0 {
-                    continue;
-                }
-                let theta = (aqq - app) / (2.0 * apq);
-                let sign = if theta >= 0.0 { 1.0 } else { -1.0 };
-                let t = sign / (theta.abs() + (theta * theta + 1.0).sqrt());
-                let c = 1.0 / (t * t + 1.0).sqrt();
-                let s = t * c;
-                // Rows and columns p, q of m; columns p, q of v.
-                for k in 0..d {
-                    let (mkp, mkq) = (m[k * d + p], m[k * d + q]);
-                    m[k * d + p] = c * mkp - s * mkq;
-                    m[k * d + q] = s * mkp + c * mkq;
-                }
-                for k in 0..d {
-                    let (mpk, mqk) = (m[p * d + k], m[q * d + k]);
-                    m[p * d + k] = c * mpk - s * mqk;
-                    m[q * d + k] = s * mpk + c * mqk;
-                }
-                for k in 0..d {
-                    let (vkp, vkq) = (v[k * d + p], v[k * d + q]);
-                    v[k * d + p] = c * vkp - s * vkq;
-                    v[k * d + q] = s * vkp + c * vkq;
-                }
-            }
-        }
-    }
-    ((0..d).map(|i| m[i * d + i]).collect(), v)
 }
 
 /// `V diag(f(values)) Vᵀ` for the eigen-decomposition of a symmetric matrix.
@@ -291,27 +235,6 @@ mod tests {
             .map(|i| r.normal() as f64 * (1.0 + 29.0 * ((i % d) as f64 / d as f64).powi(3)))
             .collect();
         mul(&b, &transpose(&b, d), d)
-    }
-
-    #[test]
-    fn jacobi_reconstructs_a_symmetric_matrix() {
-        let mut r = Rng::new(7);
-        let d = 24;
-        let a = covariance(&mut r, d);
-        let (vals, vecs) = sym_eigen(&a, d);
-        let back = sym_fn(&vals, &vecs, |x| x);
-        let scale = a.iter().map(|x| x.abs()).fold(0.0, f64::max);
-        for (x, y) in a.iter().zip(&back) {
-            assert!((x - y).abs() <= 1e-10 * scale, "{x} vs {y}");
-        }
-        // Orthonormal eigenvectors.
-        let vtv = mul(&transpose(&vecs, d), &vecs, d);
-        for i in 0..d {
-            for j in 0..d {
-                let want = if i == j { 1.0 } else { 0.0 };
-                assert!((vtv[i * d + j] - want).abs() < 1e-10);
-            }
-        }
     }
 
     /// Scores are unchanged (`(T⁻ᵀq)·(Tk) = q·k`), and the fitted map's error product

@@ -3,6 +3,7 @@
 
 pub mod block_hash;
 pub mod block_pool;
+pub mod eigen;
 pub mod error;
 pub mod key_fit;
 pub mod manager;

@@ -665,12 +665,12 @@ impl Qwen35 {
                     let v = ex.matmul(&h, &m.wv)?.reshape([t, nkv, hd])?;
                     let q = ex.rms_norm(&q, &m.q_norm, self.eps, false)?;
                     let k = ex.rms_norm(&k, &m.k_norm, self.eps, false)?;
+                    if turns.is_none() {
+                        kv.calibrate_rope(ex, (0, m.kv), (&q, Some(&k)), self.rope, None)?;
+                    }
                     let (q, k) = match &turns {
                         None => (
-                            {
-                                kv.calibrate_rope(ex, (0, m.kv), (&q, Some(&k)), self.rope, None)?;
-                                ex.rope(&q, &bt.positions, self.rope, None)?
-                            },
+                            ex.rope(&q, &bt.positions, self.rope, None)?,
                             ex.rope(&k, &bt.positions, self.rope, None)?,
                         ),
                         Some(tu) => (tu.apply(ex, &q, self.rope)?, tu.apply(ex, &k, self.rope)?),
