@@ -445,7 +445,8 @@ const X16_TILE: usize = 4;
 const X16_CHUNK_BYTES: usize = 512 << 10;
 
 /// [`gemm`] for weights kept 16 rows interleaved (`qdot_x16`; `w.x16`): the same kernel for
-/// every batch, six activation rows a call, so a row's bits never depend on the batch.
+/// every batch, up to eight activation rows a call (six for the f32 kernel), so a row's bits
+/// never depend on the batch.
 fn gemm_x16(
     x: &[f32],
     m: usize,
@@ -488,7 +489,11 @@ fn gemm_x16(
         groups,
         tile,
         chunk,
-        qdot_x16::MAX_ROWS,
+        if int {
+            qdot_x16i::MAX_ROWS
+        } else {
+            qdot_x16::MAX_ROWS
+        },
         |i, mr, groups| {
             let (xp, xsp, yp, sp) = (&xp, &xsp, &yp, &sp);
             let y = (yp.0.wrapping_add(i * n), n);

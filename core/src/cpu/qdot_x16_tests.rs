@@ -397,7 +397,7 @@ fn integer_rows_match_an_f64_dot_and_their_bits_do_not_depend_on_the_batch() {
             let file = weights(dt, n, k, &mut rng);
             let mut packed = vec![0u8; file.len()];
             pack(dt, k, &file, &mut packed);
-            let m = MAX_ROWS;
+            let m = qdot_x16i::MAX_ROWS;
             // A few large activations: the groups' scales differ.
             let x: Vec<f32> = (0..m * k)
                 .map(|j| rng.normal() * if j % 97 == 0 { 30.0 } else { 1.0 })
