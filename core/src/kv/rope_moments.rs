@@ -75,6 +75,12 @@ impl Rotary {
         })
     }
 
+    /// Whether every angle and the gain are finite numbers (a model file's RoPE parameters
+    /// may give an infinite or NaN frequency, which its rope op would turn into NaN rows).
+    pub fn is_finite(&self) -> bool {
+        self.gain.is_finite() && self.pairs.iter().all(|p| p.2.is_finite())
+    }
+
     fn units(&self) -> Vec<Unit> {
         let mut rotated = vec![false; self.d];
         for &(a, b, _) in &self.pairs {

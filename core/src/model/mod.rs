@@ -69,11 +69,10 @@ struct LayerKeys {
 }
 
 /// Most head rows of one layer's keys or queries a calibration step adds to their second
-/// moments (whole tokens, evenly spaced: [`crate::kv::key_fit::SecondMoments::add_sampled`]);
-/// a pass over a long context gives a covariance of `d × d` many times the rows it needs.
+/// moments (whole tokens, evenly spaced: [`crate::kv::key_fit::SecondMoments::add_sampled`]):
+/// a covariance of `d × d` needs far fewer rows than a long prefill step of many heads holds.
 const MOMENT_ROWS: usize = 4096;
 
-/// A layer's mean key and fitted map from its calibration statistics.
 /// What a layer's calibration statistics give for a context of `positions`: the mean key and
 /// the fitted map. Statistics taken before RoPE ([`KvCaches::calibrate_rope`]) are averaged
 /// over the context's positions first ([`crate::kv::rope_moments`]); a layer seen only after
@@ -234,7 +233,8 @@ impl KvCaches {
 
     /// The queries layer `(g, gi)` scores against its cache: `q` (`[T, heads, dim]`) through
     /// the layer's `T⁻ᵀ` where its keys are fitted ([`crate::kv::key_fit`]), else `None` (as
-    /// they are). While calibrating with `fit`, the queries' second moments are gathered.
+    /// they are). While calibrating with `fit`, the queries' second moments are gathered here
+    /// for a layer whose queries [`KvCaches::calibrate_rope`] did not see before RoPE.
     pub fn queries_to_score(
         &self,
         ex: &Executor,
@@ -265,8 +265,9 @@ impl KvCaches {
     /// (which is why `soft_capped` layers, whose cap is not shift-invariant, are never
     /// centered). What it buys is precision: many models' keys share a large constant part
     /// (a few outlier channels of one sign), which a lossy cache would otherwise spend its
-    /// bits on. While calibrating, the keys are also summed per channel (and their second
-    /// moments gathered, with `fit`).
+    /// bits on. While calibrating, a layer whose keys [`KvCaches::calibrate_rope`] did not see
+    /// before RoPE has them summed per channel here (and their second moments gathered, with
+    /// `fit`).
     pub fn keys_to_write(
         &self,
         ex: &Executor,
@@ -302,11 +303,12 @@ impl KvCaches {
     }
 
     /// While calibrating: layer `(g, gi)`'s queries `q` and keys `k` (`[T, heads, dim]`; none
-    /// for a layer that reads another's cache) before `rope` turns them (with `factors`, its optional frequency divisors). Their
-    /// statistics, averaged over the context's positions when the calibration ends
+    /// for a layer that reads another's cache) before `rope` turns them (with `factors`, its
+    /// optional frequency divisors). Their statistics, averaged over the context's positions when the calibration ends
     /// ([`crate::kv::rope_moments`]), replace those [`KvCaches::keys_to_write`] and
     /// [`KvCaches::queries_to_score`] would take after RoPE, so a short pass serves a context
-    /// of any length. Nothing while not calibrating, or where `rope` does not fit the keys.
+    /// of any length. Nothing while not calibrating, or where `rope` does not fit the keys or
+    /// gives a frequency that is not a finite number (the statistics after RoPE serve then).
     pub fn calibrate_rope(
         &self,
         ex: &Executor,
@@ -323,7 +325,9 @@ impl KvCaches {
         };
         let d = k.unwrap_or(q).shape().last();
         let f = factors.map(|t| ex.download_f32(t)).transpose()?;
-        let Some(rot) = crate::kv::rope_moments::Rotary::new(&rope, f.as_deref(), d) else {
+        let Some(rot) =
+            crate::kv::rope_moments::Rotary::new(&rope, f.as_deref(), d).filter(|r| r.is_finite())
+        else {
             return Ok(());
         };
         let fit = c.fit;
@@ -345,9 +349,10 @@ impl KvCaches {
         Ok(())
     }
 
-    /// Starts gathering what every layer writes and scores ([`KvCaches::keys_to_write`],
+    /// Starts gathering every layer's keys and queries, before RoPE where the layer has one
+    /// ([`KvCaches::calibrate_rope`]), else as written and scored ([`KvCaches::keys_to_write`],
     /// [`KvCaches::queries_to_score`]): the keys' sums, and with `fit` the keys' and queries'
-    /// second moments, for maps that serve `positions` (the context).
+    /// second moments, for a center and maps that serve `positions` (the context).
     pub fn begin_calibration(&self, fit: bool, positions: usize) {
         if let Ok(mut c) = self.calibration.lock() {
             *c = Some(Calibration {

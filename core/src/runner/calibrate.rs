@@ -4,10 +4,11 @@ use super::*;
 
 impl Runner {
     /// For lossy K caches with `kv_center_keys` or `kv_fit_keys`: one pass over the
-    /// calibration tokens (`kv_calibration`, else [`CALIBRATION_TOKENS`] fixed pseudo-random
-    /// ones) measures each layer's mean key, which every later key has subtracted, and the
-    /// map fitted to its queries, which every later key goes through (centered first), before
-    /// it is quantized
+    /// calibration tokens (`kv_calibration`, else fixed pseudo-random ones;
+    /// [`CALIBRATION_FIT_TOKENS`] of them for a map, else [`CALIBRATION_TEXT_TOKENS`] of a
+    /// text or [`CALIBRATION_TOKENS`] random ones) measures each layer's mean key over the
+    /// context's positions, which every later key has subtracted, and the map fitted to its
+    /// queries, which every later key goes through (centered first), before it is quantized
     /// ([`KvCaches::keys_to_write`]: attention is unchanged, the quantization error shrinks or
     /// moves where the queries do not look). The calibration sequence is released at once;
     /// its blocks are never cached.
@@ -25,7 +26,7 @@ impl Runner {
         // A fitted map takes [`CALIBRATION_FIT_TOKENS`] (the text repeated as needed): the
         // layers' statistics are taken before RoPE and averaged over the context's positions
         // ([`crate::kv::rope_moments`]), so the pass need not cover the context. A mean alone
-        // takes the first tokens.
+        // takes fewer (it is averaged over the context's positions the same way).
         let n = if f.cfg.kv_fit_keys {
             CALIBRATION_FIT_TOKENS.min(f.cfg.ctx)
         } else if f.cfg.kv_calibration.is_empty() {
