@@ -108,19 +108,15 @@ impl Rotary {
                 match (u, v) {
                     (Unit::Plain(a), Unit::Plain(b)) => out[a * d + b] = m[a * d + b],
                     (Unit::Pair(i), Unit::Plain(c)) => {
-                        let (a, b, w) = self.pairs[i];
-                        let (cs, sn) = mean_turn(w, positions);
-                        let (x, y) = (m[a * d + c], m[b * d + c]);
-                        out[a * d + c] = g * (cs * x - sn * y);
-                        out[b * d + c] = g * (sn * x + cs * y);
+                        let (a, b, _) = self.pairs[i];
+                        let t = self.mean_turned(i, positions, (m[a * d + c], m[b * d + c]));
+                        (out[a * d + c], out[b * d + c]) = t;
                     }
                     (Unit::Plain(c), Unit::Pair(j)) => {
-                        let (a, b, w) = self.pairs[j];
-                        let (cs, sn) = mean_turn(w, positions);
-                        let (x, y) = (m[c * d + a], m[c * d + b]);
-                        // B · R̄ᵀ for a row B = (x, y).
-                        out[c * d + a] = g * (cs * x - sn * y);
-                        out[c * d + b] = g * (sn * x + cs * y);
+                        // B · R̄ᵀ for a row B = (x, y) is R̄ · (x, y) written as a row.
+                        let (a, b, _) = self.pairs[j];
+                        let t = self.mean_turned(j, positions, (m[c * d + a], m[c * d + b]));
+                        (out[c * d + a], out[c * d + b]) = t;
                     }
                     (Unit::Pair(i), Unit::Pair(j)) => {
                         let (a, b, wi) = self.pairs[i];
@@ -156,12 +152,17 @@ impl Rotary {
         if mu.len() != self.d {
             return out;
         }
-        for &(a, b, w) in &self.pairs {
-            let (cs, sn) = mean_turn(w, positions);
-            out[a] = self.gain * (cs * mu[a] - sn * mu[b]);
-            out[b] = self.gain * (sn * mu[a] + cs * mu[b]);
+        for (i, &(a, b, _)) in self.pairs.iter().enumerate() {
+            (out[a], out[b]) = self.mean_turned(i, positions, (mu[a], mu[b]));
         }
         out
+    }
+
+    /// `gain · R̄(ω_i) · (x, y)`: pair `i`'s two channels turned by its mean turn over
+    /// positions `0..positions`.
+    fn mean_turned(&self, i: usize, positions: usize, (x, y): (f64, f64)) -> (f64, f64) {
+        let (cs, sn) = mean_turn(self.pairs[i].2, positions);
+        (self.gain * (cs * x - sn * y), self.gain * (sn * x + cs * y))
     }
 }
 

@@ -137,9 +137,12 @@ struct LayerStats {
 }
 
 impl LayerStats {
-    /// Adds a step's keys (`x`, rows of `width` = heads × `d`): their sums, and with `fit`
-    /// their second moments.
-    fn add_keys(&mut self, x: &[f32], width: usize, d: usize, fit: bool) {
+    /// Adds a step's keys (`k`, `[T, heads, d]`): their sums, and with `fit` their second
+    /// moments.
+    fn add_keys(&mut self, ex: &Executor, k: &Tensor, fit: bool) -> Result<()> {
+        let width = k.numel() / k.shape().dims()[0].max(1);
+        let d = k.shape().last();
+        let x = ex.download_f32(k)?;
         if self.key_sum.is_empty() {
             self.key_sum = vec![0.0; width];
         }
@@ -156,19 +159,23 @@ impl LayerStats {
                 .sk
                 .get_or_insert_with(|| crate::kv::key_fit::SecondMoments::new(d));
             if sk.dim() == d {
-                sk.add_sampled(x, width / d.max(1), MOMENT_ROWS);
+                sk.add_sampled(&x, width / d.max(1), MOMENT_ROWS);
             }
         }
+        Ok(())
     }
 
-    /// Adds a step's queries (`x`, `heads` rows of `d` a token) to their second moments.
-    fn add_queries(&mut self, x: &[f32], heads: usize, d: usize) {
+    /// Adds a step's queries (`q`, `[T, heads, d]`) to their second moments.
+    fn add_queries(&mut self, ex: &Executor, q: &Tensor) -> Result<()> {
+        let d = q.shape().last();
+        let heads = q.numel() / (q.shape().dims()[0].max(1) * d.max(1));
         let sq = self
             .sq
             .get_or_insert_with(|| crate::kv::key_fit::SecondMoments::new(d));
         if sq.dim() == d {
-            sq.add_sampled(x, heads, MOMENT_ROWS);
+            sq.add_sampled(&ex.download_f32(q)?, heads, MOMENT_ROWS);
         }
+        Ok(())
     }
 }
 
@@ -243,11 +250,9 @@ impl KvCaches {
     ) -> Result<Option<Tensor>> {
         if let Ok(mut cal) = self.calibration.lock() {
             if let Some(c) = cal.as_mut().filter(|c| c.fit) {
-                let d = q.shape().last();
                 let stats = c.layers.entry((g, gi)).or_default();
                 if stats.rotary.is_none() {
-                    let heads = q.numel() / (q.shape().dims()[0].max(1) * d.max(1));
-                    stats.add_queries(&ex.download_f32(q)?, heads, d);
+                    stats.add_queries(ex, q)?;
                 }
             }
         }
@@ -277,12 +282,10 @@ impl KvCaches {
     ) -> Result<Option<Tensor>> {
         if let Ok(mut cal) = self.calibration.lock() {
             if let Some(c) = cal.as_mut() {
-                let width = k.numel() / k.shape().dims()[0].max(1);
-                let d = k.shape().last();
                 let fit = c.fit;
                 let stats = c.layers.entry((g, gi)).or_default();
                 if stats.rotary.is_none() {
-                    stats.add_keys(&ex.download_f32(k)?, width, d, fit);
+                    stats.add_keys(ex, k, fit)?;
                 }
             }
         }
@@ -339,12 +342,10 @@ impl KvCaches {
         }
         stats.rotary = Some(rot);
         if let Some(k) = k {
-            let width = k.numel() / k.shape().dims()[0].max(1);
-            stats.add_keys(&ex.download_f32(k)?, width, d, fit);
+            stats.add_keys(ex, k, fit)?;
         }
         if fit && q.shape().last() == d {
-            let heads = q.numel() / (q.shape().dims()[0].max(1) * d.max(1));
-            stats.add_queries(&ex.download_f32(q)?, heads, d);
+            stats.add_queries(ex, q)?;
         }
         Ok(())
     }
