@@ -8,7 +8,8 @@
 #
 # LLAMACPP_BIN is the folder holding llama-bench (../shared/tools/llamacpp.sh prints one).
 # Environment: THREADS (default "2 1"), ROUNDS (interleaved rounds, default 3), PROMPT and GEN
-# (tokens of the pp and tg tests, default 128 and 64), MODELS (default "smollm2-135m-instruct
+# (tokens of the pp and tg tests, default 128 and 64), DEPTH (tokens of context both tests
+# start after, llama-bench's -d; default 0), MODELS (default "smollm2-135m-instruct
 # gemma3-270m"; each a kiln alias, a .gguf path, or a random-weight Llama checkpoint made on the
 # spot: llama1b-TYPE or llama3b-TYPE with TYPE q4_k, q5_k, q6_k or q8_0, written once to
 # $KILN_BENCH_MODELS, default ~/.cache/kiln/bench, by scripts/gpu/random-gguf.py with SmolLM2's
@@ -25,6 +26,7 @@ threads=${THREADS:-"2 1"}
 rounds=${ROUNDS:-3}
 prompt=${PROMPT:-128}
 gen=${GEN:-64}
+depth=${DEPTH:-0}
 models=${MODELS:-"smollm2-135m-instruct gemma3-270m"}
 made=${KILN_BENCH_MODELS:-$HOME/.cache/kiln/bench}
 kiln=${KILN:-target/release/kiln}
@@ -74,19 +76,21 @@ for m in $models; do
     for t in $threads; do
         for r in $(seq "$rounds"); do
             echo "== $m, $t threads, round $r/$rounds" >&2
-            "$bin/llama-bench" -m "$path" -p "$prompt" -n "$gen" -t "$t" -r 1 -o json \
+            "$bin/llama-bench" -m "$path" -p "$prompt" -n "$gen" -d "$depth" -t "$t" -r 1 -o json \
                 >"$tmp/llama-$m-$t-$r.json" 2>/dev/null
-            "$kiln" bench -m "$path" -p "$prompt" -n "$gen" -t "$t" -r 1 --backend cpu --json \
+            "$kiln" bench -m "$path" -p "$prompt" -n "$gen" -d "$depth" -t "$t" -r 1 \
+                --ctx $((depth + prompt + gen + 16)) --backend cpu --json \
                 2>/dev/null | tail -1 >"$tmp/kiln-$m-$t-$r.json"
         done
     done
 done
 
-python3 - "$tmp" "$rounds" "$threads" "$prompt" "$gen" $names <<'PY'
+python3 - "$tmp" "$rounds" "$threads" "$prompt" "$gen" "$depth" $names <<'PY'
 import json, statistics, sys, os, platform, datetime, subprocess
 tmp, rounds, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
-prompt, gen, models = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6:]
-pp, tg = f"pp{prompt}", f"tg{gen}"
+prompt, gen, depth, models = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7:]
+at = f" @ d{depth}" if depth > 0 else ""
+pp, tg = f"pp{prompt}{at}", f"tg{gen}{at}"
 def med(v): return statistics.median(v) if v else float("nan")
 cpu = "?"
 try:
@@ -116,5 +120,7 @@ for m in models:
                 pass
         for test in (pp, tg):
             a, b = med(ll[test]), med(kk[test])
+            if not (a > 0 and b > 0):
+                continue
             print(f"| {m} | {t} | {test} | {a:.1f} | {b:.1f} | {b / a:.2f}× |")
 PY

@@ -56,89 +56,141 @@ fn attend<'c>(
     mut key: impl FnMut(usize, &mut [f32]) -> Option<&'c [f32]>,
     mut val: impl FnMut(usize, &mut [f32]) -> Option<&'c [f32]>,
 ) {
-    let d = q.len() / heads.max(1);
-    let dv = out.len() / heads.max(1);
     let n = hi.saturating_sub(lo);
     if heads == 0 {
         return;
     }
-    let isa = simd::isa();
-    let mr_max = simd::max_rows(isa);
     BUFS.with(|b| {
         let mut b = b.borrow_mut();
         let (kb, vb, scores, at) = &mut *b;
-        kb.resize(4 * d, 0.0);
-        vb.resize(4 * dv, 0.0);
         scores.clear();
         // Zero-width keys score 0 (the softmax then weighs the values evenly).
         scores.resize(heads * n, 0.0);
-        let mut sums: simd::Sums = [[0.0; 4]; 4];
-        for j0 in (lo..hi).step_by(4).filter(|_| d > 0) {
-            let nk = 4.min(hi - j0);
-            // Fewer than four keys repeat the last one; its scores are not kept.
-            let mut rows = [std::ptr::null::<f32>(); 4];
-            for ((t, r), buf) in rows.iter_mut().enumerate().zip(kb.chunks_exact_mut(d)) {
-                *r = match key(j0 + t.min(nk - 1), buf) {
-                    Some(row) if row.len() >= d => row.as_ptr(),
-                    _ => buf.as_ptr(),
-                };
-            }
-            for h0 in (0..heads).step_by(mr_max) {
-                let mr = mr_max.min(heads - h0);
-                // SAFETY: q holds `heads` rows of d from h0 on, each key row d f32 (a cache
-                // row checked above or a row of kb, each borrowed once and not resized while
-                // the pointers live).
-                unsafe { simd::dots(isa, q[h0 * d..].as_ptr(), d, mr, rows, d, &mut sums) };
-                for (i, row) in sums.iter().enumerate().take(mr) {
-                    let at = (h0 + i) * n + (j0 - lo);
-                    store_scores(p, row, &mut scores[at..at + nk]);
-                }
-            }
-        }
+        // SAFETY: `scores` holds `heads` rows of `n`.
+        unsafe {
+            score_keys(
+                p,
+                (q, heads),
+                (lo, n),
+                lo..hi,
+                scores.as_mut_ptr(),
+                kb,
+                &mut key,
+            )
+        };
         for h in 0..heads {
             softmax_row(&mut scores[h * n..(h + 1) * n]);
         }
-        out.fill(0.0);
-        // Where every value row is in memory as it is (an f32 cache, or rows gathered for a
-        // piece of prefill rows) and one pass of weighted_rows holds every sum (at most 4
-        // heads × 64 values: more would read the rows once per pass, where the loop below
-        // reads each once), all of them at once with the sums in registers (the same bits).
-        at.clear();
-        for j in (lo..hi).filter(|_| dv > 0 && dv <= 64 && heads <= 4) {
-            match val(j, &mut vb[..dv]) {
-                Some(row) if row.len() >= dv => at.push(row.as_ptr() as usize),
-                _ => break,
-            }
-        }
-        // SAFETY: every address is a value row of at least dv f32 that lives for 'c.
-        if at.len() == n
-            && n > 0
-            && unsafe { simd::weighted_rows(scores, n, heads, at, dv, out, false) }
-        {
-            return;
-        }
-        // Four value rows at a time into every head's output (the sums in key order, as one
-        // row at a time would make them).
-        for j0 in (lo..hi).step_by(4).filter(|_| dv > 0) {
-            let nk = 4.min(hi - j0);
-            let mut rows: [&[f32]; 4] = [&[]; 4];
-            for ((t, r), buf) in rows
-                .iter_mut()
-                .enumerate()
-                .take(nk)
-                .zip(vb.chunks_exact_mut(dv))
-            {
-                *r = match val(j0 + t, buf) {
-                    Some(row) => row,
-                    None => buf,
-                };
-            }
-            for (h, o) in out.chunks_exact_mut(dv).enumerate() {
-                let s = &scores[h * n + (j0 - lo)..h * n + (j0 - lo) + nk];
-                simd::axpy_rows(s, &rows[..nk], o);
-            }
-        }
+        weigh_values(scores, (lo, hi), out, (vb, at), &mut val);
     })
+}
+
+/// [`attend`]'s scores of keys `keys` (within `lo..lo + n`): `heads` query rows `q` against
+/// them four keys at a time, into `scores` (`heads` rows of `n`, column `j - lo` for key `j`).
+/// Each score's bits depend on its query and key row alone, so any split of the keys gives
+/// the same scores.
+///
+/// # Safety
+/// `scores` holds `heads` rows of `n` f32, and no one else writes the columns of `keys`.
+#[inline(always)]
+unsafe fn score_keys<'c>(
+    p: &AttnParams,
+    (q, heads): (&[f32], usize),
+    (lo, n): (usize, usize),
+    keys: std::ops::Range<usize>,
+    scores: *mut f32,
+    kb: &mut Vec<f32>,
+    key: &mut impl FnMut(usize, &mut [f32]) -> Option<&'c [f32]>,
+) {
+    let d = q.len() / heads.max(1);
+    let isa = simd::isa();
+    let mr_max = simd::max_rows(isa);
+    kb.resize(4 * d, 0.0);
+    let mut sums: simd::Sums = [[0.0; 4]; 4];
+    let hi = keys.end;
+    for j0 in keys.step_by(4).filter(|_| d > 0) {
+        let nk = 4.min(hi - j0);
+        // Fewer than four keys repeat the last one; its scores are not kept.
+        let mut rows = [std::ptr::null::<f32>(); 4];
+        for ((t, r), buf) in rows.iter_mut().enumerate().zip(kb.chunks_exact_mut(d)) {
+            *r = match key(j0 + t.min(nk - 1), buf) {
+                Some(row) if row.len() >= d => row.as_ptr(),
+                _ => buf.as_ptr(),
+            };
+        }
+        for h0 in (0..heads).step_by(mr_max) {
+            let mr = mr_max.min(heads - h0);
+            // SAFETY: q holds `heads` rows of d from h0 on, each key row d f32 (a cache
+            // row checked above or a row of kb, each borrowed once and not resized while
+            // the pointers live).
+            unsafe { simd::dots(isa, q[h0 * d..].as_ptr(), d, mr, rows, d, &mut sums) };
+            for (i, row) in sums.iter().enumerate().take(mr) {
+                let at = (h0 + i) * n + (j0 - lo);
+                // SAFETY: the caller's `scores` holds this row's columns j0 - lo .. + nk.
+                let dst = unsafe { std::slice::from_raw_parts_mut(scores.add(at), nk) };
+                store_scores(p, row, dst);
+            }
+        }
+    }
+}
+
+/// [`attend`]'s weighted sums: `out` (`heads` rows of `dv`) = the softmax weights `scores`
+/// (`heads` rows of `hi - lo`) times the value rows `val(j)` of keys `lo..hi`, each output
+/// element one chain of fused multiply-adds over the keys in ascending order.
+fn weigh_values<'c>(
+    scores: &[f32],
+    (lo, hi): (usize, usize),
+    out: &mut [f32],
+    (vb, at): (&mut Vec<f32>, &mut Vec<usize>),
+    val: &mut impl FnMut(usize, &mut [f32]) -> Option<&'c [f32]>,
+) {
+    let n = hi.saturating_sub(lo);
+    let heads = if n == 0 { 0 } else { scores.len() / n };
+    let dv = match heads {
+        0 => 0,
+        h => out.len() / h,
+    };
+    vb.resize(4 * dv, 0.0);
+    out.fill(0.0);
+    // Where every value row is in memory as it is (an f32 cache, or rows gathered for a
+    // piece of prefill rows) and one pass of weighted_rows holds every sum (at most 4
+    // heads × 64 values: more would read the rows once per pass, where the loop below
+    // reads each once), all of them at once with the sums in registers (the same bits).
+    at.clear();
+    for j in (lo..hi).filter(|_| dv > 0 && dv <= 64 && heads <= 4) {
+        match val(j, &mut vb[..dv]) {
+            Some(row) if row.len() >= dv => at.push(row.as_ptr() as usize),
+            _ => break,
+        }
+    }
+    // SAFETY: every address is a value row of at least dv f32 that lives for 'c.
+    if at.len() == n
+        && n > 0
+        && unsafe { simd::weighted_rows(scores, n, heads, at, dv, out, false) }
+    {
+        return;
+    }
+    // Four value rows at a time into every head's output (the sums in key order, as one
+    // row at a time would make them).
+    for j0 in (lo..hi).step_by(4).filter(|_| dv > 0) {
+        let nk = 4.min(hi - j0);
+        let mut rows: [&[f32]; 4] = [&[]; 4];
+        for ((t, r), buf) in rows
+            .iter_mut()
+            .enumerate()
+            .take(nk)
+            .zip(vb.chunks_exact_mut(dv))
+        {
+            *r = match val(j0 + t, buf) {
+                Some(row) => row,
+                None => buf,
+            };
+        }
+        for (h, o) in out.chunks_exact_mut(dv).enumerate() {
+            let s = &scores[h * n + (j0 - lo)..h * n + (j0 - lo) + nk];
+            simd::axpy_rows(s, &rows[..nk], o);
+        }
+    }
 }
 
 /// Keys a tile of query rows takes at a time in [`attend_rows`]: their key and value rows
@@ -277,7 +329,7 @@ const ATTN_PIECES: usize = 8;
 /// all of them), unless that leaves fewer tasks than threads (decode on a model with one KV
 /// head), then one head per task. A score's bits do not depend on this.
 fn unit_heads(t: usize, hkv: usize, group: usize) -> usize {
-    if t * hkv < pool::threads() {
+    if t * hkv < pool::threads() || std::env::var("KILN_UNIT1").is_ok() {
         1
     } else {
         group.max(1)
@@ -453,7 +505,9 @@ pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResul
 
 /// Paged attention. Row path (`shared` false): each task takes one query token's heads that
 /// share a KV head and reads every key and value row it needs from the cache (dequantizing
-/// rows of a cache that is not f32 into a buffer, one row at a time). Shared path (prefill):
+/// rows of a cache that is not f32 into a buffer, one row at a time); where those tasks are
+/// too few for the threads over a long context (decode of one sequence), the split path
+/// shares each one's keys, softmax rows and value columns among them (`attention_split.rs`). Shared path (prefill):
 /// each task takes a piece of consecutive query tokens, and for each run of them from one
 /// sequence and each KV head gathers the keys and values the run reads once, dequantized,
 /// into contiguous rows, then scores every row against them: at an 8k context a prefill
@@ -587,6 +641,30 @@ fn paged(p: &AttnParams, i: &[In], o: &mut [Out], shared: bool) -> KResult {
             Ok(())
         });
     }
+    let longest = (0..t)
+        .map(|ti| {
+            let (lo, hi) = range(ti, b.seq_of[ti]);
+            hi.saturating_sub(lo)
+        })
+        .max()
+        .unwrap_or(0);
+    if split::pays(t * hkv, longest) {
+        return o[0].with_f32(false, |y| {
+            split::paged_split(
+                p,
+                &q,
+                (t, hq, d),
+                (hkv, dv),
+                (kc, kf, krb),
+                (vc, vf, vrb),
+                &b.seq_of,
+                &range,
+                &locate,
+                y,
+            );
+            Ok(())
+        });
+    }
     let heads = unit_heads(t, hkv, group);
     let unit = (heads * dv).max(1);
     o[0].with_f32(false, |y| {
@@ -691,6 +769,9 @@ pub(super) fn run_op(op: &AttentionOp, i: &[In], o: &mut [Out]) -> KResult {
 pub(super) fn on_workers(_op: &AttentionOp) -> bool {
     true
 }
+
+#[path = "attention_split.rs"]
+mod split;
 
 #[cfg(test)]
 #[path = "attention_tests.rs"]

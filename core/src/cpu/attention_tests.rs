@@ -236,3 +236,121 @@ fn shared_matches_rows(hq: usize, dv: usize, types: &[(DType, DType)]) {
         }
     }
 }
+
+/// Decode over a long context with fewer KV-head units than threads, or a number that does
+/// not divide among them, takes the split path (`attention_split.rs`: keys, softmax rows and
+/// value columns shared among the threads) and gives the row path's bits (one thread) and
+/// the shared path's: one KV head (Gemma 3's shape) and three (SmolLM2's), f32 caches read in
+/// place (the value columns split) and block-type caches, causal, windowed and soft-capped.
+#[test]
+fn split_decoding_is_the_row_path_bit_for_bit() {
+    use crate::cpu::pool::{with_pool, Pool};
+    use crate::cpu::{In, Out};
+    use crate::quant;
+    let mut rng = Rng::new(4711);
+    let pool = Pool::new(2);
+    let (d, bs, nblocks, maxb) = (64usize, 16usize, 80usize, 64usize);
+    let i32s = |v: &[i32]| bytemuck::cast_slice::<i32, u8>(v).to_vec();
+    let mut split_runs = 0;
+    for (hq, hkv, dv) in [
+        (9usize, 3usize, 64usize),
+        (4, 1, 64),
+        (4, 1, 80),
+        (6, 3, 32),
+    ] {
+        let mut types = vec![
+            (DType::F32, DType::F32),
+            (DType::F16, DType::F32),
+            (DType::TQ3, DType::F16),
+        ];
+        if dv % 32 == 0 {
+            types.push((DType::Q8_0, DType::Q4_0));
+        }
+        for (kt, vt) in types {
+            // One sequence decoding its 1001st token; three decoding together (three units
+            // a KV head: split where there is one KV head).
+            for (lens, qlens) in [
+                (vec![1001usize], vec![1usize]),
+                (vec![703, 650, 900], vec![1, 1, 1]),
+            ] {
+                let t: usize = qlens.iter().sum();
+                let perm = rng.permutation(nblocks);
+                let table: Vec<i32> = (0..lens.len() * maxb)
+                    .map(|i| perm[i % nblocks] as i32)
+                    .collect();
+                let q: Vec<f32> = (0..t * hq * d).map(|_| rng.normal()).collect();
+                let mut q_start = vec![0i32];
+                for &ql in &qlens {
+                    q_start.push(q_start.last().copied().unwrap_or(0) + ql as i32);
+                }
+                let seq_lens: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+                let kvals: Vec<f32> = (0..nblocks * bs * hkv * d).map(|_| rng.normal()).collect();
+                let vvals: Vec<f32> = (0..nblocks * bs * hkv * dv).map(|_| rng.normal()).collect();
+                let cache = |dt: DType, values: &[f32]| -> Vec<f32> {
+                    let bytes = quant::quantize(dt, values).unwrap();
+                    let mut w = vec![0f32; bytes.len().div_ceil(4)];
+                    bytemuck::cast_slice_mut::<f32, u8>(&mut w)[..bytes.len()]
+                        .copy_from_slice(&bytes);
+                    w
+                };
+                let (kw, vw) = (cache(kt, &kvals), cache(vt, &vvals));
+                let kdesc = TensorDesc::new(kt, [nblocks, bs, hkv, d]);
+                let vdesc = TensorDesc::new(vt, [nblocks, bs, hkv, dv]);
+                let (kb, vb) = (
+                    &bytemuck::cast_slice::<f32, u8>(&kw)[..kdesc.nbytes().unwrap()],
+                    &bytemuck::cast_slice::<f32, u8>(&vw)[..vdesc.nbytes().unwrap()],
+                );
+                let qdesc = TensorDesc::new(DType::F32, [t, hq, d]);
+                let odesc = TensorDesc::new(DType::F32, [t, hq, dv]);
+                let tdesc = TensorDesc::new(DType::I32, [lens.len(), maxb]);
+                let ldesc = TensorDesc::new(DType::I32, [lens.len()]);
+                let sdesc = TensorDesc::new(DType::I32, [lens.len() + 1]);
+                let (tb, lb, sb) = (i32s(&table), i32s(&seq_lens), i32s(&q_start));
+                let qb = bytemuck::cast_slice::<f32, u8>(&q);
+                for (mask, soft_cap) in [
+                    (Mask::Causal, None),
+                    (Mask::SlidingWindow(600), None),
+                    (Mask::Causal, Some(3.0)),
+                ] {
+                    let p = AttnParams {
+                        scale: 0.125,
+                        soft_cap,
+                        mask,
+                    };
+                    let ins = [
+                        In::new(&qdesc, qb),
+                        In::new(&kdesc, kb),
+                        In::new(&vdesc, vb),
+                        In::new(&tdesc, &tb),
+                        In::new(&ldesc, &lb),
+                        In::new(&sdesc, &sb),
+                    ];
+                    let run = |shared: bool| {
+                        let mut y = vec![0u8; t * hq * dv * 4];
+                        let mut o = [Out {
+                            desc: &odesc,
+                            bytes: &mut y,
+                        }];
+                        assert!(super::paged(&p, &ins, &mut o, shared).is_ok());
+                        y
+                    };
+                    let label = format!(
+                        "{hq}/{hkv} heads, dv {dv}, K {kt}, V {vt}, lens {lens:?}, {mask:?}, cap {soft_cap:?}"
+                    );
+                    let rows = run(false);
+                    let units = t * hkv;
+                    let split = with_pool(&pool, || {
+                        split_runs += usize::from(super::split::pays(units, 600));
+                        run(false)
+                    });
+                    assert!(rows.iter().any(|&b| b != 0), "{label}: no output");
+                    assert!(rows == split, "{label}: the split path differs");
+                    assert!(rows == run(true), "{label}: the shared path differs");
+                }
+            }
+        }
+    }
+    // (9/3, 6/3: the lone sequence; 4/1: both batches) × cache types (4, 3 at dv 80) × 3
+    // masks.
+    assert_eq!(split_runs, (4 + 2 * 4 + 2 * 3 + 4) * 3);
+}
