@@ -21,6 +21,12 @@ const SPLIT_KEYS: usize = 256;
 /// Value columns one weighing task takes (a multiple of 16, a vector).
 const SPLIT_COLUMNS: usize = 32;
 
+thread_local! {
+    /// The scores of a split step, kept by the thread that starts it (a fresh buffer of this
+    /// size a layer would be mapped and faulted in each time).
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Whether `units` (query tokens × KV heads) over keys ranges up to `longest` long are worth
 /// the split: some thread would idle for a unit's time, and the keys are many enough to pay
 /// for two more joins.
@@ -66,8 +72,10 @@ pub(super) fn paged_split<'c>(
     for &(lo, hi) in &spans {
         offs.push(offs[offs.len() - 1] + heads * (hi - lo));
     }
-    let mut scores = vec![0f32; offs[units]];
-    let sp = pool::SendPtr(scores.as_mut_ptr());
+    let mut owned = SCORES.with(|c| c.take());
+    owned.clear();
+    owned.resize(offs[units], 0.0);
+    let sp = pool::SendPtr(owned.as_mut_ptr());
     let key_rows = |u: usize| {
         let (ti, g) = (u / hkv, u % hkv);
         (seq_of[ti], g, spans[u])
@@ -125,7 +133,7 @@ pub(super) fn paged_split<'c>(
     // and fit the register kernel, else a unit a task.
     let yp = pool::SendPtr(y.as_mut_ptr());
     let unit = heads * dv;
-    let scores = &scores;
+    let scores = &owned;
     let columns = vf.is_some()
         && simd::isa() == simd::Isa::Avx512
         && heads <= 4
@@ -192,4 +200,5 @@ pub(super) fn paged_split<'c>(
             });
         });
     }
+    SCORES.with(|c| c.replace(owned));
 }
