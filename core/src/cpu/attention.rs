@@ -329,7 +329,7 @@ const ATTN_PIECES: usize = 8;
 /// all of them), unless that leaves fewer tasks than threads (decode on a model with one KV
 /// head), then one head per task. A score's bits do not depend on this.
 fn unit_heads(t: usize, hkv: usize, group: usize) -> usize {
-    if t * hkv < pool::threads() || std::env::var("KILN_UNIT1").is_ok() {
+    if t * hkv < pool::threads() {
         1
     } else {
         group.max(1)

@@ -134,11 +134,8 @@ pub(super) fn paged_split<'c>(
     let yp = pool::SendPtr(y.as_mut_ptr());
     let unit = heads * dv;
     let scores = &owned;
-    let columns = vf.is_some()
-        && simd::isa() == simd::Isa::Avx512
-        && heads <= 4
-        && dv <= 64
-        && dv.is_multiple_of(16);
+    // (weighted_rows takes any heads and columns: four heads and 64 columns a pass.)
+    let columns = vf.is_some() && simd::isa() == simd::Isa::Avx512 && dv.is_multiple_of(16);
     if columns {
         let parts = dv.div_ceil(SPLIT_COLUMNS);
         pool::par(units * parts, |i| {
@@ -200,5 +197,19 @@ pub(super) fn paged_split<'c>(
             });
         });
     }
-    SCORES.with(|c| c.replace(owned));
+    #[cfg(test)]
+    CALLS.with(|c| c.set(c.get() + 1));
+    // Kept for the next step unless a long context's batch made it large.
+    if owned.capacity() <= KEEP_SCORES {
+        SCORES.with(|c| c.replace(owned));
+    }
+}
+
+/// Scores (f32) a thread keeps between steps at most (16 MB).
+const KEEP_SCORES: usize = 1 << 22;
+
+#[cfg(test)]
+thread_local! {
+    /// Split steps this thread started (the tests check that theirs took this path).
+    pub(super) static CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }

@@ -240,8 +240,9 @@ fn shared_matches_rows(hq: usize, dv: usize, types: &[(DType, DType)]) {
 /// Decode over a long context with fewer KV-head units than threads, or a number that does
 /// not divide among them, takes the split path (`attention_split.rs`: keys, softmax rows and
 /// value columns shared among the threads) and gives the row path's bits (one thread) and
-/// the shared path's: one KV head (Gemma 3's shape) and three (SmolLM2's), f32 caches read in
-/// place (the value columns split) and block-type caches, causal, windowed and soft-capped.
+/// the shared path's: one KV head (Gemma 3's shape, values of 256 too) and three (SmolLM2's),
+/// groups of more than four heads, f32 caches read in place (the value columns split) and
+/// block-type caches, causal, windowed and soft-capped.
 #[test]
 fn split_decoding_is_the_row_path_bit_for_bit() {
     use crate::cpu::pool::{with_pool, Pool};
@@ -257,6 +258,8 @@ fn split_decoding_is_the_row_path_bit_for_bit() {
         (4, 1, 64),
         (4, 1, 80),
         (6, 3, 32),
+        (10, 1, 64),
+        (4, 1, 256),
     ] {
         let mut types = vec![
             (DType::F32, DType::F32),
@@ -340,8 +343,12 @@ fn split_decoding_is_the_row_path_bit_for_bit() {
                     let rows = run(false);
                     let units = t * hkv;
                     let split = with_pool(&pool, || {
-                        split_runs += usize::from(super::split::pays(units, 600));
-                        run(false)
+                        let before = super::split::CALLS.with(|c| c.get());
+                        let y = run(false);
+                        let took = super::split::CALLS.with(|c| c.get()) > before;
+                        assert_eq!(took, super::split::pays(units, 600), "{label}");
+                        split_runs += usize::from(took);
+                        y
                     });
                     assert!(rows.iter().any(|&b| b != 0), "{label}: no output");
                     assert!(rows == split, "{label}: the split path differs");
@@ -350,7 +357,7 @@ fn split_decoding_is_the_row_path_bit_for_bit() {
             }
         }
     }
-    // (9/3, 6/3: the lone sequence; 4/1: both batches) × cache types (4, 3 at dv 80) × 3
-    // masks.
-    assert_eq!(split_runs, (4 + 2 * 4 + 2 * 3 + 4) * 3);
+    // (9/3, 6/3: the lone sequence; 4/1 and 10/1: both batches) × cache types (4, 3 at dv
+    // 80) × 3 masks.
+    assert_eq!(split_runs, (4 + 2 * 4 + 2 * 3 + 4 + 2 * 4 + 2 * 4) * 3);
 }
