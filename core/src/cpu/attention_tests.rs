@@ -152,9 +152,17 @@ fn shared_decoding_is_the_row_path_bit_for_bit() {
     );
 }
 
+/// `values` quantized to a cache of `dt`, held as f32 words so an f32 cache is aligned and read
+/// in place.
+fn cache_words(dt: DType, values: &[f32]) -> Vec<f32> {
+    let bytes = crate::quant::quantize(dt, values).unwrap();
+    let mut w = vec![0f32; bytes.len().div_ceil(4)];
+    bytemuck::cast_slice_mut::<f32, u8>(&mut w)[..bytes.len()].copy_from_slice(&bytes);
+    w
+}
+
 fn shared_matches_rows(hq: usize, dv: usize, types: &[(DType, DType)]) {
     use crate::cpu::{In, Out};
-    use crate::quant;
     let mut rng = Rng::new(2911);
     let (hkv, d, bs, nblocks) = (2usize, 64usize, 16usize, 64usize);
     let (lens, qlens) = ([40usize, 57, 300], [12usize, 20, 37]);
@@ -175,14 +183,7 @@ fn shared_matches_rows(hq: usize, dv: usize, types: &[(DType, DType)]) {
     for &(kt, vt) in types {
         let kvals: Vec<f32> = (0..nblocks * bs * hkv * d).map(|_| rng.normal()).collect();
         let vvals: Vec<f32> = (0..nblocks * bs * hkv * dv).map(|_| rng.normal()).collect();
-        let cache = |dt: DType, values: &[f32]| -> Vec<f32> {
-            // Held as f32 words so an f32 cache is aligned and read in place.
-            let bytes = quant::quantize(dt, values).unwrap();
-            let mut w = vec![0f32; bytes.len().div_ceil(4)];
-            bytemuck::cast_slice_mut::<f32, u8>(&mut w)[..bytes.len()].copy_from_slice(&bytes);
-            w
-        };
-        let (kw, vw) = (cache(kt, &kvals), cache(vt, &vvals));
+        let (kw, vw) = (cache_words(kt, &kvals), cache_words(vt, &vvals));
         let kdesc = TensorDesc::new(kt, [nblocks, bs, hkv, d]);
         let vdesc = TensorDesc::new(vt, [nblocks, bs, hkv, dv]);
         let (kb, vb) = (
@@ -247,7 +248,6 @@ fn shared_matches_rows(hq: usize, dv: usize, types: &[(DType, DType)]) {
 fn split_decoding_is_the_row_path_bit_for_bit() {
     use crate::cpu::pool::{with_pool, Pool};
     use crate::cpu::{In, Out};
-    use crate::quant;
     let mut rng = Rng::new(4711);
     let pool = Pool::new(2);
     let (d, bs, nblocks, maxb) = (64usize, 16usize, 80usize, 64usize);
@@ -289,14 +289,7 @@ fn split_decoding_is_the_row_path_bit_for_bit() {
                 let seq_lens: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
                 let kvals: Vec<f32> = (0..nblocks * bs * hkv * d).map(|_| rng.normal()).collect();
                 let vvals: Vec<f32> = (0..nblocks * bs * hkv * dv).map(|_| rng.normal()).collect();
-                let cache = |dt: DType, values: &[f32]| -> Vec<f32> {
-                    let bytes = quant::quantize(dt, values).unwrap();
-                    let mut w = vec![0f32; bytes.len().div_ceil(4)];
-                    bytemuck::cast_slice_mut::<f32, u8>(&mut w)[..bytes.len()]
-                        .copy_from_slice(&bytes);
-                    w
-                };
-                let (kw, vw) = (cache(kt, &kvals), cache(vt, &vvals));
+                let (kw, vw) = (cache_words(kt, &kvals), cache_words(vt, &vvals));
                 let kdesc = TensorDesc::new(kt, [nblocks, bs, hkv, d]);
                 let vdesc = TensorDesc::new(vt, [nblocks, bs, hkv, dv]);
                 let (kb, vb) = (
