@@ -166,7 +166,10 @@ fn weigh_values<'c>(
     // SAFETY: every address is a value row of at least dv f32 that lives for 'c.
     if at.len() == n
         && n > 0
-        && unsafe { simd::weighted_rows(scores, n, heads, at, dv, out, false) }
+        && unsafe {
+            let fetch = at.get(PAGED_AHEAD..).unwrap_or(&[]);
+            simd::weighted_rows(scores, n, heads, at, fetch, dv, out, false)
+        }
     {
         return;
     }
@@ -307,6 +310,7 @@ fn attend_rows(
                         n,
                         heads,
                         &at[a - kb..e - kb],
+                        &[],
                         dv,
                         &mut out[r * os..][..heads * dv],
                         true,
@@ -320,7 +324,7 @@ fn attend_rows(
 }
 
 /// Keys ahead of the one being read whose cache rows paged attention prefetches.
-const PAGED_AHEAD: usize = 8;
+const PAGED_AHEAD: usize = 32;
 
 /// Pieces per thread: a causal prompt's later rows cost more, so many small pieces.
 const ATTN_PIECES: usize = 8;

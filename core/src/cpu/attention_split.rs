@@ -10,6 +10,12 @@
 //! softmax by rows, and the weighted sums by ranges of value columns (each output element is
 //! one chain of fused multiply-adds over the keys in ascending order, whichever columns run
 //! beside it). So the output is the row path's, bit for bit, whatever the thread count.
+//!
+//! Both the scoring and the weighing tasks read a key position's rows of every KV head they
+//! need together, a few keys at a time: those rows lie side by side in the cache, where one
+//! head's rows alone lie a stride apart (a prefetcher that follows them fetches the other
+//! heads' rows anyway, and reading them for one head at a time left SmolLM2's decode at 4k
+//! tokens reading its f32 cache at ~10 GB/s).
 
 use super::{cache_row, score_keys, softmax_row, weigh_values, BUFS, PAGED_AHEAD};
 use crate::cpu::{pool, simd, In};
@@ -18,8 +24,10 @@ use crate::op::AttnParams;
 /// Keys one scoring task takes (a multiple of 4, the micro-kernel's keys a call).
 const SPLIT_KEYS: usize = 256;
 
-/// Value columns one weighing task takes (a multiple of 16, a vector).
-const SPLIT_COLUMNS: usize = 32;
+/// Keys a scoring task takes of one KV head before the next head's rows of the same keys
+/// (a multiple of 4): 16 keys of SmolLM2's three heads of 64 f32 are 12 KB, in the
+/// first-level cache while every head reads them.
+const STREAM_KEYS: usize = 16;
 
 thread_local! {
     /// The scores of a split step, kept by the thread that starts it (a fresh buffer of this
@@ -43,7 +51,8 @@ pub(super) type Cache<'a, 'c> = (&'a In<'c>, Option<&'c [f32]>, usize);
 
 /// Paged decode attention for `t` query tokens (`q`: `[t, hq, d]`), each KV head's group of
 /// query heads a unit (`y`: `[t, hq, dv]`): `range(ti, s)` is token `ti`'s key range in its
-/// sequence `seq_of[ti]`, `locate(s, j, g)` the cache row of key `j` of head `g`.
+/// sequence `seq_of[ti]`, `locate(s, j, g)` the cache row of key `j` of head `g`, which
+/// is `locate(s, j, 0) + g` (a key position's rows of every KV head side by side).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn paged_split<'c>(
     p: &AttnParams,
@@ -81,42 +90,57 @@ pub(super) fn paged_split<'c>(
         (seq_of[ti], g, spans[u])
     };
 
-    // The scores, SPLIT_KEYS keys a task.
-    let tasks: Vec<(usize, usize, usize)> = (0..units)
-        .flat_map(|u| {
-            let (lo, hi) = spans[u];
+    // The scores, SPLIT_KEYS keys of one token a task, every KV head of it: a key position's
+    // rows of all the KV heads lie side by side in the cache, so a task streams through
+    // whole blocks (one KV head's rows alone lie a stride apart, which the hardware's
+    // prefetchers follow by fetching the other heads' rows anyway). A token's units share
+    // its key range.
+    let tasks: Vec<(usize, usize, usize)> = (0..t)
+        .flat_map(|ti| {
+            let (lo, hi) = spans[ti * hkv];
             (lo..hi)
                 .step_by(SPLIT_KEYS)
-                .map(move |j| (u, j, (j + SPLIT_KEYS).min(hi)))
+                .map(move |j| (ti, j, (j + SPLIT_KEYS).min(hi)))
         })
         .collect();
     pool::par(tasks.len(), |i| {
-        let (u, j0, j1) = tasks[i];
-        let (s, g, (lo, hi)) = key_rows(u);
-        let h = u * heads;
+        let (ti, j0, j1) = tasks[i];
+        let s = seq_of[ti];
+        let (lo, hi) = spans[ti * hkv];
         BUFS.with(|b| {
             let mut b = b.borrow_mut();
-            let mut key = |j: usize, buf: &mut [f32]| {
-                if j + PAGED_AHEAD < hi {
-                    let r = locate(s, j + PAGED_AHEAD, g);
-                    simd::prefetch(kc.bytes.as_ptr().wrapping_add(r * krb), krb);
-                }
-                cache_row(kc, kf, locate(s, j, g), d, krb, buf)
-            };
             let sp = &sp;
-            // SAFETY: unit u's scores are `heads` rows of hi - lo at offs[u]; this task alone
-            // writes the columns of keys j0..j1.
-            unsafe {
-                score_keys(
-                    p,
-                    (&q[h * d..(h + heads) * d], heads),
-                    (lo, hi - lo),
-                    j0..j1,
-                    sp.0.add(offs[u]),
-                    &mut b.0,
-                    &mut key,
-                )
-            };
+            let mut base = KeyRows::new(j0);
+            for k0 in (j0..j1).step_by(STREAM_KEYS) {
+                let k1 = (k0 + STREAM_KEYS).min(j1);
+                base.reach((k1 + PAGED_AHEAD).min(hi), |j| locate(s, j, 0));
+                for g in 0..hkv {
+                    let u = ti * hkv + g;
+                    let h = u * heads;
+                    let base = &base;
+                    let mut key = |j: usize, buf: &mut [f32]| {
+                        // Head 0's row starts the key position's rows of every head.
+                        if g == 0 && j + PAGED_AHEAD < base.end {
+                            let at = base.row(j + PAGED_AHEAD) * krb;
+                            simd::prefetch(kc.bytes.as_ptr().wrapping_add(at), hkv * krb);
+                        }
+                        cache_row(kc, kf, base.row(j) + g, d, krb, buf)
+                    };
+                    // SAFETY: unit u's scores are `heads` rows of hi - lo at offs[u]; this
+                    // task alone writes the columns of keys j0..j1.
+                    unsafe {
+                        score_keys(
+                            p,
+                            (&q[h * d..(h + heads) * d], heads),
+                            (lo, hi - lo),
+                            k0..k1,
+                            sp.0.add(offs[u]),
+                            &mut b.0,
+                            &mut key,
+                        )
+                    };
+                }
+            }
         });
     });
 
@@ -129,52 +153,74 @@ pub(super) fn paged_split<'c>(
         softmax_row(unsafe { std::slice::from_raw_parts_mut(sp.0.add(offs[u] + r * n), n) });
     });
 
-    // The weighted sums: by ranges of value columns where the value rows are f32 in the cache
-    // and fit the register kernel, else a unit a task.
+    // The weighted sums: where the value rows are f32 in the cache, a token's rows of every
+    // KV head (side by side in the cache) are split into as many ranges of whole vectors as
+    // there are threads, and each task walks the keys STREAM_KEYS at a time, its range's rows
+    // of those keys read once, each KV head's part through the register kernel with the
+    // sums carried over from the keys before (the same chain of fused multiply-adds over the
+    // keys in ascending order). Else a unit a task.
     let yp = pool::SendPtr(y.as_mut_ptr());
     let unit = heads * dv;
     let scores = &owned;
-    // Not past 4 heads and 64 columns (one pass of weighted_rows): with Gemma 3's values of
-    // 256, eight column tasks each walking every key measured slower (d4000: 130 → 117 t/s)
-    // than a unit a task.
-    let columns = vf.is_some()
-        && simd::isa() == simd::Isa::Avx512
-        && heads <= 4
-        && dv <= 64
-        && dv.is_multiple_of(16);
-    if columns {
-        let parts = dv.div_ceil(SPLIT_COLUMNS);
-        pool::par(units * parts, |i| {
-            let (u, c0) = (i / parts, (i % parts) * SPLIT_COLUMNS);
-            let cw = SPLIT_COLUMNS.min(dv - c0);
-            let (s, g, (lo, hi)) = key_rows(u);
-            let n = hi - lo;
-            let mut part = vec![0f32; heads * cw];
-            if let Some(v) = vf {
-                let rows: Vec<usize> = (lo..hi)
-                    .map(|j| v[locate(s, j, g) * dv + c0..].as_ptr() as usize)
-                    .collect();
-                // SAFETY: every address is `cw` f32 of a value row in the cache.
-                let done = n > 0
-                    && unsafe {
+    let columns = vf.is_some() && simd::isa() == simd::Isa::Avx512 && dv.is_multiple_of(16);
+    if let (true, Some(v)) = (columns, vf) {
+        let vecs = hkv * dv / 16;
+        let parts = pool::threads().clamp(1, vecs.max(1));
+        pool::par(t * parts, |i| {
+            let (ti, part) = (i / parts, i % parts);
+            let (v0, v1) = (part * vecs / parts, (part + 1) * vecs / parts);
+            let s = seq_of[ti];
+            let (lo, hi) = spans[ti * hkv];
+            // This range's pieces: (KV head, its first column, columns).
+            let pieces: Vec<(usize, usize, usize)> = (16 * v0 / dv..(16 * v1).div_ceil(dv))
+                .map(|g| {
+                    let c0 = (16 * v0).max(g * dv);
+                    let c1 = (16 * v1).min((g + 1) * dv);
+                    (g, c0 - g * dv, c1 - c0)
+                })
+                .collect();
+            let mut sums = vec![0f32; heads * 16 * (v1 - v0)];
+            let mut rows = Vec::with_capacity(STREAM_KEYS);
+            let mut fetch = Vec::with_capacity(STREAM_KEYS);
+            let mut base = KeyRows::new(lo);
+            for k0 in (lo..hi).step_by(STREAM_KEYS) {
+                let k1 = (k0 + STREAM_KEYS).min(hi);
+                base.reach((k1 + PAGED_AHEAD).min(hi), |j| locate(s, j, 0));
+                let mut at = 0;
+                for &(g, c0, cw) in &pieces {
+                    let u = ti * hkv + g;
+                    let addr = |j: usize| v[(base.row(j) + g) * dv + c0..].as_ptr() as usize;
+                    rows.clear();
+                    rows.extend((k0..k1).map(addr));
+                    fetch.clear();
+                    fetch.extend((k0 + PAGED_AHEAD..base.end).map(addr));
+                    // SAFETY: every address is `cw` f32 of a value row in the cache.
+                    let done = unsafe {
                         simd::weighted_rows(
-                            &scores[offs[u]..offs[u + 1]],
-                            n,
+                            &scores[offs[u] + (k0 - lo)..offs[u + 1]],
+                            hi - lo,
                             heads,
                             &rows,
+                            &fetch,
                             cw,
-                            &mut part,
-                            false,
+                            &mut sums[at..at + heads * cw],
+                            k0 > lo,
                         )
                     };
-                debug_assert!(done || n == 0, "AVX-512 was checked above");
+                    debug_assert!(done, "AVX-512 was checked above");
+                    at += heads * cw;
+                }
             }
             let yp = &yp;
-            for (r, row) in part.chunks_exact(cw).enumerate() {
-                // SAFETY: columns c0..c0 + cw of head r of unit u: this task's alone.
-                let dst =
-                    unsafe { std::slice::from_raw_parts_mut(yp.0.add(u * unit + r * dv + c0), cw) };
-                dst.copy_from_slice(row);
+            let mut at = 0;
+            for &(g, c0, cw) in &pieces {
+                for (r, row) in sums[at..at + heads * cw].chunks_exact(cw).enumerate() {
+                    let o = (ti * hkv + g) * unit + r * dv + c0;
+                    // SAFETY: columns c0..c0 + cw of head r of unit (ti, g): this task's alone.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(yp.0.add(o), cw) };
+                    dst.copy_from_slice(row);
+                }
+                at += heads * cw;
             }
         });
     } else {
@@ -208,6 +254,44 @@ pub(super) fn paged_split<'c>(
     // Kept for the next step unless a long context's batch made it large.
     if owned.capacity() <= KEEP_SCORES {
         SCORES.with(|c| c.replace(owned));
+    }
+}
+
+/// The head-0 cache rows of a task's run of keys in ascending order, each located once
+/// (a block-table lookup and a division), kept for the [`STREAM_KEYS`] keys being read and
+/// the [`PAGED_AHEAD`] after them.
+struct KeyRows {
+    ring: [usize; RING],
+    /// One past the last key located.
+    end: usize,
+}
+
+/// Keys [`KeyRows`] holds (a power of two).
+const RING: usize = 64;
+const _: () = assert!(STREAM_KEYS + PAGED_AHEAD <= RING && RING.is_power_of_two());
+
+impl KeyRows {
+    fn new(start: usize) -> Self {
+        KeyRows {
+            ring: [0; RING],
+            end: start,
+        }
+    }
+
+    /// Locates the keys up to `to` (exclusive) not yet located; keys below `to - RING` are
+    /// forgotten.
+    #[inline(always)]
+    fn reach(&mut self, to: usize, locate: impl Fn(usize) -> usize) {
+        while self.end < to {
+            self.ring[self.end % RING] = locate(self.end);
+            self.end += 1;
+        }
+    }
+
+    /// Key `j`'s row (located, and not forgotten).
+    #[inline(always)]
+    fn row(&self, j: usize) -> usize {
+        self.ring[j % RING]
     }
 }
 

@@ -213,15 +213,18 @@ pub fn axpy_rows(s: &[f32], x: &[&[f32]], y: &mut [f32]) {
 /// holds: the bits of applying [`axpy_rows`] to the rows in order, on AVX-512, with the sums
 /// kept in registers (up to 4 heads × 64 values at a time) instead of loaded and stored every
 /// four rows. Returns false, doing nothing, where the CPU path is not AVX-512 (the caller then
-/// takes `axpy_rows`).
+/// takes `axpy_rows`). As row `j` is read, the same columns of the row at `fetch[j]` (where
+/// there is one) are prefetched: the caller's rows further on.
 ///
 /// # Safety
 /// Each address in `rows` must point to at least `dv` readable f32 values.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn weighted_rows(
     s: &[f32],
     ls: usize,
     heads: usize,
     rows: &[usize],
+    fetch: &[usize],
     dv: usize,
     out: &mut [f32],
     accumulate: bool,
@@ -241,6 +244,7 @@ pub unsafe fn weighted_rows(
                 ls,
                 heads,
                 rows,
+                fetch,
                 dv,
                 out.as_mut_ptr(),
                 accumulate,
@@ -450,6 +454,7 @@ mod x86 {
         ls: usize,
         h0: usize,
         rows: &[usize],
+        fetch: &[usize],
         c0: usize,
         dv: usize,
         out: *mut f32,
@@ -472,6 +477,11 @@ mod x86 {
         }
         for (j, &r) in rows.iter().enumerate() {
             let r = r as *const f32;
+            if let Some(&a) = fetch.get(j) {
+                for v in 0..V {
+                    _mm_prefetch::<_MM_HINT_T0>((a as *const f32).add(c0 + 16 * v) as *const i8);
+                }
+            }
             let mut x = [_mm512_setzero_ps(); V];
             for v in 0..V {
                 x[v] = _mm512_maskz_loadu_ps(m[v], r.add(c0 + 16 * v));
@@ -490,12 +500,14 @@ mod x86 {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
     pub unsafe fn weighted_rows512(
         s: *const f32,
         ls: usize,
         heads: usize,
         rows: &[usize],
+        fetch: &[usize],
         dv: usize,
         out: *mut f32,
         accumulate: bool,
@@ -509,7 +521,7 @@ mod x86 {
                 macro_rules! chunk {
                     ($($h:literal, $v:literal);*) => {
                         match (hc, vc) {
-                            $(($h, $v) => weighted_chunk::<$h, $v>(s, ls, h0, rows, c0, dv, out, accumulate),)*
+                            $(($h, $v) => weighted_chunk::<$h, $v>(s, ls, h0, rows, fetch, c0, dv, out, accumulate),)*
                             _ => unreachable!("hc and vc are 1..=4"),
                         }
                     };
