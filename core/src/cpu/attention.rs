@@ -652,7 +652,7 @@ fn paged(p: &AttnParams, i: &[In], o: &mut [Out], shared: bool) -> KResult {
         })
         .max()
         .unwrap_or(0);
-    if split::pays(t * hkv, longest) {
+    if split::pays(t, hkv, longest) {
         return o[0].with_f32(false, |y| {
             split::paged_split(
                 p,

@@ -238,10 +238,11 @@ fn shared_matches_rows(hq: usize, dv: usize, types: &[(DType, DType)]) {
     }
 }
 
-/// Decode over a long context with fewer KV-head units than threads, or a number that does
-/// not divide among them, takes the split path (`attention_split.rs`: keys, softmax rows and
-/// value columns shared among the threads) and gives the row path's bits (one thread) and
-/// the shared path's: one KV head (Gemma 3's shape, values of 256 too) and three (SmolLM2's),
+/// Decode over a long context with no more tokens than threads, or fewer KV-head units than
+/// threads, or a number that does not divide among them, takes the split path
+/// (`attention_split.rs`: keys, softmax rows and value columns shared among the threads) and
+/// gives the row path's bits (one thread) and the shared path's: one KV head (Gemma 3's
+/// shape, values of 256 too), three (SmolLM2's, a thread's value columns across heads) and four,
 /// groups of more than four heads, f32 caches read in place (the value columns split) and
 /// block-type caches, causal, windowed and soft-capped.
 #[test]
@@ -260,6 +261,7 @@ fn split_decoding_is_the_row_path_bit_for_bit() {
         (6, 3, 32),
         (10, 1, 64),
         (4, 1, 256),
+        (8, 4, 64),
     ] {
         let mut types = vec![
             (DType::F32, DType::F32),
@@ -334,12 +336,11 @@ fn split_decoding_is_the_row_path_bit_for_bit() {
                         "{hq}/{hkv} heads, dv {dv}, K {kt}, V {vt}, lens {lens:?}, {mask:?}, cap {soft_cap:?}"
                     );
                     let rows = run(false);
-                    let units = t * hkv;
                     let split = with_pool(&pool, || {
                         let before = super::split::CALLS.with(|c| c.get());
                         let y = run(false);
                         let took = super::split::CALLS.with(|c| c.get()) > before;
-                        assert_eq!(took, super::split::pays(units, 600), "{label}");
+                        assert_eq!(took, super::split::pays(t, hkv, 600), "{label}");
                         split_runs += usize::from(took);
                         y
                     });
@@ -350,7 +351,7 @@ fn split_decoding_is_the_row_path_bit_for_bit() {
             }
         }
     }
-    // (9/3, 6/3: the lone sequence; 4/1 and 10/1: both batches) × cache types (4, 3 at dv
-    // 80) × 3 masks.
-    assert_eq!(split_runs, (4 + 2 * 4 + 2 * 3 + 4 + 2 * 4 + 2 * 4) * 3);
+    // (9/3, 6/3, 8/4: the lone sequence; 4/1 and 10/1: both batches) × cache types (4, 3 at
+    // dv 80) × 3 masks.
+    assert_eq!(split_runs, (4 + 2 * 4 + 2 * 3 + 4 + 2 * 4 + 2 * 4 + 4) * 3);
 }
