@@ -504,14 +504,28 @@ const SHARED_ROWS: usize = 4;
 pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResult {
     let (t, seqs) = (i[0].dims()[0], i[4].dims()[0]);
     let shared = t >= SHARED_ROWS * ATTN_PIECES * pool::threads() && t >= SHARED_ROWS * seqs;
-    paged(p, i, o, shared)
+    paged(p, i, o, if shared { Path::Shared } else { Path::Decode })
 }
 
-/// Paged attention. Row path (`shared` false): each task takes one query token's heads that
+/// How [`paged`] computes (each gives the same bits).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Path {
+    /// The shared path.
+    Shared,
+    /// The split path where [`split::pays`] says so, else the row path.
+    Decode,
+    /// The row path (the tests' reference).
+    #[cfg(test)]
+    Rows,
+}
+
+/// Paged attention. Row path: each task takes one query token's heads that
 /// share a KV head and reads every key and value row it needs from the cache (dequantizing
 /// rows of a cache that is not f32 into a buffer, one row at a time); where those tasks are
-/// too few for the threads over a long context (decode of one sequence), the split path
-/// shares each one's keys, softmax rows and value columns among them (`attention_split.rs`). Shared path (prefill):
+/// too few for the threads over a long context, or the tokens no more than the threads
+/// (decode of a few sequences), the split path shares each one's keys, softmax rows and
+/// value columns among them, reading the cache's rows of every KV head together
+/// (`attention_split.rs`). Shared path (prefill):
 /// each task takes a piece of consecutive query tokens, and for each run of them from one
 /// sequence and each KV head gathers the keys and values the run reads once, dequantized,
 /// into contiguous rows, then scores every row against them: at an 8k context a prefill
@@ -519,7 +533,7 @@ pub(crate) fn paged_attention(p: &AttnParams, i: &[In], o: &mut [Out]) -> KResul
 /// place lie a KV-head stride apart in scattered blocks. Both call [`attend`] with the same
 /// rows and heads, whose sums do not depend on how many heads it is given, so the output is
 /// the same bits either way.
-fn paged(p: &AttnParams, i: &[In], o: &mut [Out], shared: bool) -> KResult {
+fn paged(p: &AttnParams, i: &[In], o: &mut [Out], path: Path) -> KResult {
     let q = i[0].f32()?;
     let (kc, vc) = (&i[1], &i[2]);
     let table = i[3].i32()?;
@@ -566,7 +580,7 @@ fn paged(p: &AttnParams, i: &[In], o: &mut [Out], shared: bool) -> KResult {
             None => (lo, hi),
         }
     };
-    if shared {
+    if path == Path::Shared {
         return o[0].with_f32(false, |y| {
             let unit = (hq * dv).max(1);
             pool::par_rows_in(y, unit, 0, ATTN_PIECES, |r0, ys| {
@@ -652,7 +666,7 @@ fn paged(p: &AttnParams, i: &[In], o: &mut [Out], shared: bool) -> KResult {
         })
         .max()
         .unwrap_or(0);
-    if split::pays(t, hkv, longest) {
+    if path == Path::Decode && split::pays(t, hkv, longest) {
         return o[0].with_f32(false, |y| {
             split::paged_split(
                 p,

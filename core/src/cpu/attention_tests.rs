@@ -1,5 +1,6 @@
 //! Tests of the attention kernels (`attention.rs`).
 
+use super::Path;
 use crate::exec::Executor;
 use crate::op::{AttnParams, Mask};
 
@@ -220,16 +221,16 @@ fn shared_matches_rows(hq: usize, dv: usize, types: &[(DType, DType)]) {
             if with_reach {
                 ins.push(In::new(&rdesc, &rb));
             }
-            let run = |shared: bool| {
+            let run = |path: Path| {
                 let mut y = vec![0u8; t * hq * dv * 4];
                 let mut o = [Out {
                     desc: &odesc,
                     bytes: &mut y,
                 }];
-                assert!(super::paged(&p, &ins, &mut o, shared).is_ok());
+                assert!(super::paged(&p, &ins, &mut o, path).is_ok());
                 y
             };
-            let (rows, shared) = (run(false), run(true));
+            let (rows, shared) = (run(Path::Rows), run(Path::Shared));
             let label =
                 format!("{hq} heads, dv {dv}, K {kt}, V {vt}, {mask:?}, reach {with_reach}");
             assert!(rows.iter().any(|&b| b != 0), "{label}: no output");
@@ -323,22 +324,22 @@ fn split_decoding_is_the_row_path_bit_for_bit() {
                         In::new(&ldesc, &lb),
                         In::new(&sdesc, &sb),
                     ];
-                    let run = |shared: bool| {
+                    let run = |path: Path| {
                         let mut y = vec![0u8; t * hq * dv * 4];
                         let mut o = [Out {
                             desc: &odesc,
                             bytes: &mut y,
                         }];
-                        assert!(super::paged(&p, &ins, &mut o, shared).is_ok());
+                        assert!(super::paged(&p, &ins, &mut o, path).is_ok());
                         y
                     };
                     let label = format!(
                         "{hq}/{hkv} heads, dv {dv}, K {kt}, V {vt}, lens {lens:?}, {mask:?}, cap {soft_cap:?}"
                     );
-                    let rows = run(false);
+                    let rows = run(Path::Rows);
                     let split = with_pool(&pool, || {
                         let before = super::split::CALLS.with(|c| c.get());
-                        let y = run(false);
+                        let y = run(Path::Decode);
                         let took = super::split::CALLS.with(|c| c.get()) > before;
                         assert_eq!(took, super::split::pays(t, hkv, 600), "{label}");
                         split_runs += usize::from(took);
@@ -346,7 +347,15 @@ fn split_decoding_is_the_row_path_bit_for_bit() {
                     });
                     assert!(rows.iter().any(|&b| b != 0), "{label}: no output");
                     assert!(rows == split, "{label}: the split path differs");
-                    assert!(rows == run(true), "{label}: the shared path differs");
+                    assert!(
+                        rows == run(Path::Shared),
+                        "{label}: the shared path differs"
+                    );
+                    // One thread: a lone sequence's decode splits too (into one task a step).
+                    let (before, lone) = (super::split::CALLS.with(|c| c.get()), run(Path::Decode));
+                    let took = super::split::CALLS.with(|c| c.get()) > before;
+                    assert_eq!(took, t == 1, "{label}: one thread");
+                    assert!(rows == lone, "{label}: the one-thread split differs");
                 }
             }
         }
