@@ -149,7 +149,7 @@ fn keys_fitted_over_a_short_pass_serve_the_whole_context() {
     let tokens = &tokens[..CTX];
     // The positions past the calibration pass's.
     let want = Logits::From(CALIBRATION_FIT_TOKENS);
-    let mut run = |r: &mut Runner| {
+    let run = |r: &mut Runner| {
         let rows = r.feed(1, tokens, want).expect("fed");
         r.release(1).expect("released");
         rows
