@@ -47,9 +47,7 @@ pub(super) fn pays(t: usize, hkv: usize, longest: usize) -> bool {
     let threads = pool::threads();
     let units = t * hkv;
     longest >= 2 * SPLIT_KEYS
-        && (t <= threads
-            || units < threads
-            || (!units.is_multiple_of(threads) && units < 4 * threads))
+        && (t <= threads || (!units.is_multiple_of(threads) && units < 4 * threads))
 }
 
 /// A paged cache as the split reads it: the tensor, its rows as f32 where it is f32, its bytes
@@ -169,8 +167,8 @@ pub(super) fn paged_split<'c>(
     let yp = pool::SendPtr(y.as_mut_ptr());
     let unit = heads * dv;
     let scores = &owned;
-    let columns = vf.is_some() && simd::isa() == simd::Isa::Avx512 && dv.is_multiple_of(16);
-    if let (true, Some(v)) = (columns, vf) {
+    let columns = vf.filter(|_| simd::isa() == simd::Isa::Avx512 && dv.is_multiple_of(16));
+    if let Some(v) = columns {
         let vecs = hkv * dv / 16;
         let parts = pool::threads().clamp(1, vecs.max(1));
         pool::par(t * parts, |i| {

@@ -478,9 +478,7 @@ mod x86 {
         for (j, &r) in rows.iter().enumerate() {
             let r = r as *const f32;
             if let Some(&a) = fetch.get(j) {
-                for v in 0..V {
-                    _mm_prefetch::<_MM_HINT_T0>((a as *const f32).add(c0 + 16 * v) as *const i8);
-                }
+                super::prefetch((a as *const f32).wrapping_add(c0) as *const u8, 64 * V);
             }
             let mut x = [_mm512_setzero_ps(); V];
             for v in 0..V {
