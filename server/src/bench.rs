@@ -32,7 +32,9 @@ pub struct BenchArgs {
     pub depth: usize,
     /// Also serve this many requests at once through the continuous-batching engine (each a
     /// prompt of -p tokens and -n generated), next to one request alone, and print the
-    /// aggregate generation tokens/s of both.
+    /// aggregate generation tokens/s of both (prefill included). With -d, each prompt is -d
+    /// tokens and the figure is decoding alone: the tokens a second while every request
+    /// decodes, so a step of that many sequences each reading a cache that long.
     #[arg(short = 'c', long)]
     pub concurrent: Option<usize>,
     #[command(flatten)]
@@ -62,16 +64,23 @@ pub struct BenchArgs {
 }
 
 /// One request alone, then `c` at once, through the batching engine: aggregate generated
-/// tokens per second (from the first submission to the last token, prefill included).
+/// tokens per second (from the first submission to the last token, prefill included). With
+/// `-d`, each request's prompt is that long and the figure is decoding alone: the tokens that
+/// arrive while every request is decoding (from the last first token to the first last one)
+/// over that window's length, so a decode step of `c` sequences each reading a long cache.
 fn bench_concurrent(a: &BenchArgs, c: usize) -> Result<()> {
     use kiln_core::engine::spawn;
+    let prompt = if a.depth > 0 { a.depth } else { a.n_prompt }.max(1);
+    if a.depth > 0 && a.n_gen < 4 {
+        bail!("-n must be at least 4 to time decoding after --depth with -c");
+    }
     let cfg = RunnerConfig {
         max_seqs: c,
-        max_batch_tokens: a.n_prompt.max(c).max(64),
+        max_batch_tokens: prompt.max(c).max(64),
         ..RunnerConfig::default()
     };
     let mut margs = a.model.clone();
-    margs.ctx = Some((a.n_prompt + a.n_gen + 1).max(margs.ctx.unwrap_or(0)));
+    margs.ctx = Some((prompt + a.n_gen + 1).max(margs.ctx.unwrap_or(0)));
     let m = load(&margs, cfg)?;
     let vocab = m.runner.model().info().vocab as u64;
     let backend = m.runner.executor().backend().name().to_string();
@@ -82,12 +91,12 @@ fn bench_concurrent(a: &BenchArgs, c: usize) -> Result<()> {
         .unwrap_or_default();
     let handle = spawn(Engine::new(m.runner, c));
     let mut rng = kiln_core::rng::Rng::new(42);
-    let mut run = |k: usize| -> Result<(f64, usize)> {
+    let mut run = |k: usize| -> Result<f64> {
         let t0 = Instant::now();
         let rxs: Vec<_> = (0..k)
             .map(|_| {
                 handle.submit(GenRequest::new(
-                    (0..a.n_prompt.max(1))
+                    (0..prompt)
                         .map(|_| (rng.next_u64() % vocab) as u32)
                         .collect(),
                     SamplingParams::greedy(),
@@ -95,40 +104,80 @@ fn bench_concurrent(a: &BenchArgs, c: usize) -> Result<()> {
                 ))
             })
             .collect();
-        let mut generated = 0;
-        for rx in rxs {
-            loop {
-                match rx.recv() {
-                    Ok(Event::Token(..)) => generated += 1,
-                    Ok(Event::Done { .. }) => break,
-                    Ok(
-                        Event::Cached(_)
-                        | Event::Draft { .. }
-                        | Event::Canvas { .. }
-                        | Event::Embedding(_),
-                    ) => {}
-                    Ok(Event::Error(e)) => bail!("request failed: {e}"),
-                    Err(_) => bail!("the engine stopped"),
-                }
-            }
+        // Each request's token arrival times, taken as they come (one receiver a thread).
+        let times = std::thread::scope(|s| {
+            let joins: Vec<_> = rxs
+                .into_iter()
+                .map(|rx| {
+                    s.spawn(move || -> Result<Vec<Instant>> {
+                        let mut at = Vec::new();
+                        loop {
+                            match rx.recv() {
+                                Ok(Event::Token(..)) => at.push(Instant::now()),
+                                Ok(Event::Done { .. }) => return Ok(at),
+                                Ok(
+                                    Event::Cached(_)
+                                    | Event::Draft { .. }
+                                    | Event::Canvas { .. }
+                                    | Event::Embedding(_),
+                                ) => {}
+                                Ok(Event::Error(e)) => bail!("request failed: {e}"),
+                                Err(_) => bail!("the engine stopped"),
+                            }
+                        }
+                    })
+                })
+                .collect();
+            joins
+                .into_iter()
+                .map(|j| {
+                    j.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a receiver panicked")))
+                })
+                .collect::<Result<Vec<_>>>()
+        })?;
+        if a.depth == 0 {
+            let generated: usize = times.iter().map(Vec::len).sum();
+            return Ok(generated as f64 / t0.elapsed().as_secs_f64());
         }
-        Ok((generated as f64 / t0.elapsed().as_secs_f64(), generated))
+        decode_window(&times).ok_or_else(|| {
+            anyhow::anyhow!(
+                "the requests did not decode side by side long enough to time (raise -n)"
+            )
+        })
     };
     run(1)?; // warm-up
     println!("| model | backend | requests | test | aggregate gen t/s |");
     println!("|---|---|---|---|---|");
+    let test = if a.depth > 0 {
+        format!("tg{} @ d{}", a.n_gen, a.depth)
+    } else {
+        format!("pp{}+tg{}", a.n_prompt, a.n_gen)
+    };
     for k in [1, c] {
         let mut v = Vec::new();
         for _ in 0..a.reps.max(1) {
-            v.push(run(k)?.0);
+            v.push(run(k)?);
         }
         let (mean, std) = mean_std(&v);
-        println!(
-            "| {name} | {backend} | {k} | pp{}+tg{} | {mean:.2} ± {std:.2} |",
-            a.n_prompt, a.n_gen
-        );
+        println!("| {name} | {backend} | {k} | {test} | {mean:.2} ± {std:.2} |");
     }
     Ok(())
+}
+
+/// Tokens a second while every request decodes: the window from the latest first token to
+/// the earliest last token, and the tokens of every request that arrive after its start and
+/// by its end. `None` where the window is empty or holds no token past its start.
+fn decode_window(times: &[Vec<Instant>]) -> Option<f64> {
+    let start = times.iter().map(|t| t.first().copied()).max()??;
+    let end = times.iter().map(|t| t.last().copied()).min()??;
+    let secs = end.checked_duration_since(start)?.as_secs_f64();
+    let n = times
+        .iter()
+        .flatten()
+        .filter(|&&t| t > start && t <= end)
+        .count();
+    (secs > 0.0 && n > 0).then(|| n as f64 / secs)
 }
 
 #[derive(Serialize)]

@@ -521,10 +521,9 @@ enum Path {
 
 /// Paged attention. Row path: each task takes one query token's heads that
 /// share a KV head and reads every key and value row it needs from the cache (dequantizing
-/// rows of a cache that is not f32 into a buffer, one row at a time); where those tasks are
-/// too few for the threads over a long context, or the tokens no more than the threads
-/// (decode of a few sequences), the split path shares each one's keys, softmax rows and
-/// value columns among them, reading the cache's rows of every KV head together
+/// rows of a cache that is not f32 into a buffer, one row at a time). Over a long context
+/// the split path takes its place ([`split::pays`]): the threads share each token's keys,
+/// softmax rows and value columns, reading the cache's rows of every KV head together
 /// (`attention_split.rs`). Shared path (prefill):
 /// each task takes a piece of consecutive query tokens, and for each run of them from one
 /// sequence and each KV head gathers the keys and values the run reads once, dequantized,
@@ -666,7 +665,7 @@ fn paged(p: &AttnParams, i: &[In], o: &mut [Out], path: Path) -> KResult {
         })
         .max()
         .unwrap_or(0);
-    if path == Path::Decode && split::pays(t, hkv, longest) {
+    if path == Path::Decode && split::pays(t, hq, longest) {
         return o[0].with_f32(false, |y| {
             split::paged_split(
                 p,
