@@ -23,6 +23,7 @@
 use super::{cache_row, score_keys, softmax_row, weigh_values, BUFS, PAGED_AHEAD};
 use crate::cpu::{pool, simd, In};
 use crate::op::AttnParams;
+use crate::quant;
 
 /// Keys one scoring task takes (a multiple of 4, the micro-kernel's keys a call).
 const SPLIT_KEYS: usize = 256;
@@ -162,48 +163,98 @@ pub(super) fn paged_split<'c>(
         softmax_row(unsafe { std::slice::from_raw_parts_mut(sp.0.add(offs[u] + r * n), n) });
     });
 
-    // The weighted sums: where the value rows are f32 in the cache, a token's rows of every
-    // KV head (side by side in the cache) are split into as many ranges of whole vectors as
-    // there are threads, and each task walks the keys STREAM_KEYS at a time, its range's rows
-    // of those keys read once, each KV head's part through the register kernel with the
-    // sums carried over from the keys before (the same chain of fused multiply-adds over the
-    // keys in ascending order). Else a unit a task.
+    // The weighted sums: a token's value rows of every KV head (side by side in the cache)
+    // are split into as many ranges of whole vectors as there are threads (whole blocks of a
+    // block-type cache), and each task walks the keys STREAM_KEYS at a time, its range's rows
+    // of those keys read once (an f32 cache's in place, others decoded into a buffer), each
+    // KV head's part through the register kernel with the sums carried over from the keys
+    // before (the same chain of fused multiply-adds over the keys in ascending order, the same
+    // values a row decoded whole gives). Else (no AVX-512, or heads of a width the ranges do
+    // not divide) a unit a task.
     let yp = pool::SendPtr(y.as_mut_ptr());
     let unit = heads * dv;
     let scores = &owned;
-    let columns = vf.filter(|_| simd::isa() == simd::Isa::Avx512 && dv.is_multiple_of(16));
-    if let Some(v) = columns {
-        let vecs = hkv * dv / 16;
-        let parts = pool::threads().clamp(1, vecs.max(1));
+    let vdt = vc.desc.dtype;
+    // The ranges' granule: a vector, or a block where blocks are longer.
+    let gran = 16 * vdt.block_size().div_ceil(16).max(1);
+    let columns = simd::isa() == simd::Isa::Avx512
+        && dv.is_multiple_of(gran)
+        && gran.is_multiple_of(vdt.block_size().max(1))
+        && vdt.bytes_for(gran).is_some();
+    if columns {
+        let grains = hkv * dv / gran;
+        let parts = pool::threads().clamp(1, grains.max(1));
         pool::par(t * parts, |i| {
             let (ti, part) = (i / parts, i % parts);
-            let (v0, v1) = (part * vecs / parts, (part + 1) * vecs / parts);
+            let (c_lo, c_hi) = (
+                gran * (part * grains / parts),
+                gran * ((part + 1) * grains / parts),
+            );
             let s = seq_of[ti];
             let (lo, hi) = spans[ti * hkv];
             // This range's pieces: (KV head, its first column, columns).
-            let pieces: Vec<(usize, usize, usize)> = (16 * v0 / dv..(16 * v1).div_ceil(dv))
+            let pieces: Vec<(usize, usize, usize)> = (c_lo / dv..c_hi.div_ceil(dv))
                 .map(|g| {
-                    let c0 = (16 * v0).max(g * dv);
-                    let c1 = (16 * v1).min((g + 1) * dv);
+                    let c0 = c_lo.max(g * dv);
+                    let c1 = c_hi.min((g + 1) * dv);
                     (g, c0 - g * dv, c1 - c0)
                 })
                 .collect();
-            let mut sums = vec![0f32; heads * 16 * (v1 - v0)];
+            let width = c_hi - c_lo;
+            // The range's bytes within a key position's rows (whole blocks: `gran` divides
+            // every bound), and its rows decoded where the cache is not f32.
+            let (b_lo, b_len) = (
+                vdt.bytes_for(c_lo).unwrap_or(0),
+                vdt.bytes_for(width).unwrap_or(0),
+            );
+            let mut decoded = match vf {
+                Some(_) => Vec::new(),
+                None => vec![0f32; STREAM_KEYS * width],
+            };
+            let mut sums = vec![0f32; heads * width];
             let mut rows = Vec::with_capacity(STREAM_KEYS);
             let mut fetch = Vec::with_capacity(STREAM_KEYS);
             let mut base = KeyRows::new(lo);
             for k0 in (lo..hi).step_by(STREAM_KEYS) {
                 let k1 = (k0 + STREAM_KEYS).min(hi);
                 base.reach((k1 + PAGED_AHEAD).min(hi), |j| locate(s, j, 0));
+                if vf.is_none() {
+                    for j in k0..k1 {
+                        if j + PAGED_AHEAD < base.end {
+                            let at = base.row(j + PAGED_AHEAD) * vrb + b_lo;
+                            simd::prefetch(vc.bytes.as_ptr().wrapping_add(at), b_len);
+                        }
+                        let at = base.row(j) * vrb + b_lo;
+                        let r = (j - k0) * width;
+                        quant::dequantize_row(
+                            vdt,
+                            &vc.bytes[at..at + b_len],
+                            &mut decoded[r..r + width],
+                        );
+                    }
+                }
                 let mut at = 0;
                 for &(g, c0, cw) in &pieces {
                     let u = ti * hkv + g;
-                    let addr = |j: usize| v[(base.row(j) + g) * dv + c0..].as_ptr() as usize;
                     rows.clear();
-                    rows.extend((k0..k1).map(addr));
                     fetch.clear();
-                    fetch.extend((k0 + PAGED_AHEAD..base.end).map(addr));
-                    // SAFETY: every address is `cw` f32 of a value row in the cache.
+                    match vf {
+                        Some(v) => {
+                            let addr =
+                                |j: usize| v[(base.row(j) + g) * dv + c0..].as_ptr() as usize;
+                            rows.extend((k0..k1).map(addr));
+                            fetch.extend((k0 + PAGED_AHEAD..base.end).map(addr));
+                        }
+                        None => {
+                            let col = g * dv + c0 - c_lo;
+                            rows.extend(
+                                (k0..k1)
+                                    .map(|j| decoded[(j - k0) * width + col..].as_ptr() as usize),
+                            );
+                        }
+                    }
+                    // SAFETY: every address is `cw` f32 of a value row, in the cache or
+                    // decoded, which outlives the call.
                     let done = unsafe {
                         simd::weighted_rows(
                             &scores[offs[u] + (k0 - lo)..offs[u + 1]],

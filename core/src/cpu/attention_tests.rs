@@ -244,8 +244,8 @@ fn shared_matches_rows(hq: usize, dv: usize, types: &[(DType, DType)]) {
 /// sequences than threads and one of several rows a sequence (a speculative step's), and
 /// gives the row path's bits (one thread) and the shared path's: one KV head (Gemma 3's
 /// shape, values of 256 too), three (SmolLM2's, a thread's value columns across heads) and four,
-/// groups of more than four heads, f32 caches read in place (the value columns split) and
-/// block-type caches, causal, windowed and soft-capped.
+/// groups of more than four heads, f32 caches read in place and f16 and block-type caches
+/// decoded (the value columns split either way), causal, windowed and soft-capped.
 #[test]
 fn split_decoding_is_the_row_path_bit_for_bit() {
     use crate::cpu::pool::{with_pool, Pool};
@@ -271,6 +271,7 @@ fn split_decoding_is_the_row_path_bit_for_bit() {
         ];
         if dv % 32 == 0 {
             types.push((DType::Q8_0, DType::Q4_0));
+            types.push((DType::F32, DType::TQ3));
         }
         for (kt, vt) in types {
             // One sequence decoding its 1001st token; three decoding together (more tokens
@@ -362,6 +363,6 @@ fn split_decoding_is_the_row_path_bit_for_bit() {
             }
         }
     }
-    // Every run splits: 7 shapes × cache types (4, 3 at dv 80) × 3 batches × 3 masks.
-    assert_eq!(split_runs, (6 * 4 + 3) * 3 * 3);
+    // Every run splits: 7 shapes × cache types (5, 3 at dv 80) × 3 batches × 3 masks.
+    assert_eq!(split_runs, (6 * 5 + 3) * 3 * 3);
 }
