@@ -113,10 +113,15 @@ pub(super) fn paged_split<'c>(
                 .map(move |j| (ti, j, (j + SPLIT_KEYS).min(hi)))
         })
         .collect();
+    // A key position's rows of every KV head, decoded at once where the cache is not f32 (one
+    // call of the row decoder for them all; the same values as a head's row alone).
+    let whole =
+        (kf.is_none() && kc.desc.dtype.bytes_for(hkv * d) == Some(hkv * krb)).then_some(hkv * d);
     pool::par(tasks.len(), |i| {
         let (ti, j0, j1) = tasks[i];
         let s = seq_of[ti];
         let (lo, hi) = spans[ti * hkv];
+        let mut decoded = vec![0f32; whole.map_or(0, |w| STREAM_KEYS * w)];
         BUFS.with(|b| {
             let mut b = b.borrow_mut();
             let sp = &sp;
@@ -124,11 +129,29 @@ pub(super) fn paged_split<'c>(
             for k0 in (j0..j1).step_by(STREAM_KEYS) {
                 let k1 = (k0 + STREAM_KEYS).min(j1);
                 base.reach((k1 + PAGED_AHEAD).min(hi), |j| locate(s, j, 0));
+                if let Some(w) = whole {
+                    for j in k0..k1 {
+                        if j + PAGED_AHEAD < base.end {
+                            let at = base.row(j + PAGED_AHEAD) * krb;
+                            simd::prefetch(kc.bytes.as_ptr().wrapping_add(at), hkv * krb);
+                        }
+                        let at = base.row(j) * krb;
+                        quant::dequantize_row(
+                            kc.desc.dtype,
+                            &kc.bytes[at..at + hkv * krb],
+                            &mut decoded[(j - k0) * w..(j - k0 + 1) * w],
+                        );
+                    }
+                }
                 for g in 0..hkv {
                     let u = ti * hkv + g;
                     let h = u * heads;
-                    let base = &base;
+                    let (base, decoded) = (&base, &decoded);
                     let mut key = |j: usize, buf: &mut [f32]| {
+                        if let Some(w) = whole {
+                            let at = (j - k0) * w + g * d;
+                            return Some(&decoded[at..at + d]);
+                        }
                         // Head 0's row starts the key position's rows of every head.
                         if g == 0 && j + PAGED_AHEAD < base.end {
                             let at = base.row(j + PAGED_AHEAD) * krb;

@@ -52,11 +52,16 @@ pub(super) fn dequant_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> bool {
 mod x86 {
     use std::arch::x86_64::*;
 
+    /// Whether the CPU has the instructions (detected once: attention asks it for every
+    /// cache row it decodes).
     pub(super) fn available() -> bool {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512vbmi")
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512vbmi")
+        })
     }
 
     /// For `bits`-bit codes: byte `2i` and `2i + 1` of the permute bring the code bytes code
