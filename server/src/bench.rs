@@ -44,7 +44,8 @@ pub struct BenchArgs {
     pub json: bool,
     /// After the timed runs, run one prompt and one generation again with every op timed,
     /// and print where the time goes: milliseconds per token per op family (device backends
-    /// are synchronised after each op for this, so it is not part of the speed figures).
+    /// are synchronised after each op for this, so it is not part of the speed figures). With
+    /// -d, the generation decodes after that many tokens of context.
     #[arg(long)]
     pub profile: bool,
     /// A diffusion model: denoising steps per canvas (each canvas takes all of them).
@@ -230,6 +231,8 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     }
     let cfg = RunnerConfig {
         max_batch_tokens: a.n_prompt.max(a.depth).max(1),
+        // `--profile -d` finds its context in the prefix cache (see `profile`).
+        prefix_caching: a.profile && a.depth > 0,
         ..RunnerConfig::default()
     };
     let mut margs = a.model.clone();
@@ -574,7 +577,16 @@ fn profile(
         let mut fam = BTreeMap::new();
         let mut wall = 0.0;
         if n > 0 {
-            let (prompt, gen) = if decode { (toks(1), n) } else { (toks(n), 1) };
+            let (prompt, gen) = if decode {
+                (toks(a.depth.max(1)), n)
+            } else {
+                (toks(n), 1)
+            };
+            if decode && a.depth > 0 {
+                // The context first, unprofiled: the profiled request finds it in the prefix
+                // cache and computes its last block's tokens at most before decoding.
+                timed(engine, prompt.clone(), 1)?;
+            }
             engine.forward().executor().set_profiling(true);
             wall = timed(engine, prompt, gen)?;
             for (op, ot) in engine.forward().executor().profile() {
@@ -593,8 +605,13 @@ fn profile(
             .total_cmp(&ms(&phases[1], x))
             .then(x.cmp(y))
     });
+    let at = if a.depth > 0 {
+        format!(" after {} tokens of context", a.depth)
+    } else {
+        String::new()
+    };
     println!(
-        "\nprofile (ms per token; pp{} over its {} tokens, tg{} per generated token):\n",
+        "\nprofile (ms per token; pp{} over its {} tokens, tg{} per generated token{at}):\n",
         a.n_prompt, a.n_prompt, a.n_gen
     );
     println!("| op | pp ms/token | tg ms/token | tg calls/token |");
