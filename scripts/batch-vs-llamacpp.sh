@@ -67,16 +67,11 @@ for l in sys.stdin:
     done
 done
 python3 - "$depth" "$gen" "$threads" "$rounds" "$rows" <<'PY'
-import statistics, sys, os, datetime
+import statistics, sys
+sys.path.insert(0, "scripts/lib")
+from bench_header import header
 depth, gen, threads, rounds, rows = sys.argv[1:6]
-cpu = "?"
-try:
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip(); break
-except OSError:
-    pass
-print(f"{datetime.date.today()}, {cpu}, {os.cpu_count()} cores, {threads} threads; medians of {rounds} interleaved rounds\n")
+print(header(rounds, threads))
 print("| model | sequences | test | llama.cpp t/s | kiln t/s | kiln / llama.cpp |")
 print("|---|---|---|---|---|---|")
 for row in filter(None, rows.split(";")):

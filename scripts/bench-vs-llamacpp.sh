@@ -86,20 +86,15 @@ for m in $models; do
 done
 
 python3 - "$tmp" "$rounds" "$threads" "$prompt" "$gen" "$depth" $names <<'PY'
-import json, statistics, sys, os, platform, datetime, subprocess
+import json, statistics, sys
+sys.path.insert(0, "scripts/lib")
+from bench_header import header
 tmp, rounds, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
 prompt, gen, depth, models = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7:]
 at = f" @ d{depth}" if depth > 0 else ""
 pp, tg = f"pp{prompt}{at}", f"tg{gen}{at}"
 def med(v): return statistics.median(v) if v else float("nan")
-cpu = "?"
-try:
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip(); break
-except OSError:
-    pass
-print(f"{datetime.date.today()}, {cpu}, {os.cpu_count()} cores; medians of {rounds} interleaved rounds\n")
+print(header(rounds))
 print("| model | threads | test | llama.cpp t/s | kiln t/s | kiln / llama.cpp |")
 print("|---|---|---|---|---|---|")
 for m in models:
