@@ -12,11 +12,20 @@
 use crate::tensor::DType;
 
 /// Decodes whole blocks of `dtype` from `src` into `dst` (`dst.len()` = 32 per block) where
-/// this CPU has the instructions and `dtype` is q8_0 or one of the five; says whether it did.
+/// this CPU has the instructions and `dtype` is f16 (any length), q8_0 or one of the five;
+/// says whether it did.
 #[inline]
 pub(super) fn dequant_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
+        if dtype == DType::F16 {
+            if !x86::available() || src.len() != 2 * dst.len() {
+                return false;
+            }
+            // SAFETY: the instructions were detected; `src` holds `dst.len()` halves.
+            unsafe { x86::f16(src, dst) };
+            return true;
+        }
         if dtype == DType::Q8_0 {
             if !x86::available() || src.len() / 34 * 32 != dst.len() {
                 return false;
@@ -86,6 +95,19 @@ mod x86 {
     }
     const SPREAD: [([u8; 64], [u16; 32]); 3] = [spread(2), spread(3), spread(4)];
 
+    /// Halves widened 16 at a time (exact), the tail one at a time.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+    pub(super) unsafe fn f16(src: &[u8], dst: &mut [f32]) {
+        let whole = dst.len() / 16 * 16;
+        for (b, y) in src.chunks_exact(32).zip(dst[..whole].chunks_exact_mut(16)) {
+            let h = _mm256_loadu_si256(b.as_ptr().cast());
+            _mm512_storeu_ps(y.as_mut_ptr(), _mm512_cvtph_ps(h));
+        }
+        for (b, y) in src[2 * whole..].chunks_exact(2).zip(&mut dst[whole..]) {
+            *y = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+        }
+    }
+
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
     pub(super) unsafe fn q8_0(src: &[u8], dst: &mut [f32]) {
         for (b, y) in src.chunks_exact(34).zip(dst.chunks_exact_mut(32)) {
@@ -143,6 +165,44 @@ mod tests {
     use crate::quant::{self, legacy, turbo};
     use crate::rng::Rng;
     use crate::tensor::DType;
+
+    /// f16 rows widen to the scalar conversion's bits, whole vectors and tails.
+    #[test]
+    fn halves_widen_as_the_scalar_conversion() {
+        if !super::x86_ready() {
+            println!("skipped: this CPU lacks AVX-512 VBMI");
+            return;
+        }
+        let mut rng = Rng::new(44);
+        for n in [1usize, 15, 16, 17, 64, 200] {
+            // Normal values and their reciprocals (subnormal halves among them), signed zeros
+            // and infinities.
+            let mut h: Vec<half::f16> = (0..n)
+                .map(|i| {
+                    let x = rng.normal() * 1e3;
+                    half::f16::from_f32(if i % 3 == 0 { 1e-3 / x } else { x })
+                })
+                .collect();
+            for (i, v) in [
+                half::f16::NEG_ZERO,
+                half::f16::INFINITY,
+                half::f16::NEG_INFINITY,
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                if i < n {
+                    h[n - 1 - i] = v;
+                }
+            }
+            let src: Vec<u8> = h.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let mut fast = vec![f32::NAN; n];
+            assert!(super::dequant_row(DType::F16, &src, &mut fast));
+            for (i, (a, b)) in fast.iter().zip(&h).enumerate() {
+                assert_eq!(a.to_bits(), b.to_f32().to_bits(), "{n} halves, value {i}");
+            }
+        }
+    }
 
     /// Every block type decodes to the scalar decoders' bits: random blocks (any code, any
     /// finite f16 scale) and blocks quantized from Gaussian rows, over rows of 1 to 5 blocks.
