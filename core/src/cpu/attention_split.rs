@@ -130,18 +130,13 @@ pub(super) fn paged_split<'c>(
                 let k1 = (k0 + STREAM_KEYS).min(j1);
                 base.reach((k1 + PAGED_AHEAD).min(hi), |j| locate(s, j, 0));
                 if let Some(w) = whole {
-                    for j in k0..k1 {
-                        if j + PAGED_AHEAD < base.end {
-                            let at = base.row(j + PAGED_AHEAD) * krb;
-                            simd::prefetch(kc.bytes.as_ptr().wrapping_add(at), hkv * krb);
-                        }
-                        let at = base.row(j) * krb;
-                        quant::dequantize_row(
-                            kc.desc.dtype,
-                            &kc.bytes[at..at + hkv * krb],
-                            &mut decoded[(j - k0) * w..(j - k0 + 1) * w],
-                        );
-                    }
+                    base.decode(
+                        kc,
+                        krb,
+                        k0..k1,
+                        (0, hkv * krb),
+                        &mut decoded[..(k1 - k0) * w],
+                    );
                 }
                 for g in 0..hkv {
                     let u = ti * hkv + g;
@@ -242,19 +237,13 @@ pub(super) fn paged_split<'c>(
                 let k1 = (k0 + STREAM_KEYS).min(hi);
                 base.reach((k1 + PAGED_AHEAD).min(hi), |j| locate(s, j, 0));
                 if vf.is_none() {
-                    for j in k0..k1 {
-                        if j + PAGED_AHEAD < base.end {
-                            let at = base.row(j + PAGED_AHEAD) * vrb + b_lo;
-                            simd::prefetch(vc.bytes.as_ptr().wrapping_add(at), b_len);
-                        }
-                        let at = base.row(j) * vrb + b_lo;
-                        let r = (j - k0) * width;
-                        quant::dequantize_row(
-                            vdt,
-                            &vc.bytes[at..at + b_len],
-                            &mut decoded[r..r + width],
-                        );
-                    }
+                    base.decode(
+                        vc,
+                        vrb,
+                        k0..k1,
+                        (b_lo, b_len),
+                        &mut decoded[..(k1 - k0) * width],
+                    );
                 }
                 let mut at = 0;
                 for &(g, c0, cw) in &pieces {
@@ -375,6 +364,30 @@ impl KeyRows {
     #[inline(always)]
     fn row(&self, j: usize) -> usize {
         self.ring[j % RING]
+    }
+
+    /// Decodes bytes `b_lo..b_lo + b_len` of each of `keys`' rows of every KV head (rows of
+    /// `rb` bytes a head, side by side from head 0's) into `out`, a key after another in
+    /// equal parts, prefetching the same bytes [`PAGED_AHEAD`] keys on as each is decoded.
+    /// The keys must be located.
+    #[inline(always)]
+    fn decode(
+        &self,
+        cache: &In,
+        rb: usize,
+        keys: std::ops::Range<usize>,
+        (b_lo, b_len): (usize, usize),
+        out: &mut [f32],
+    ) {
+        let width = out.len() / keys.len().max(1);
+        for (j, y) in keys.zip(out.chunks_exact_mut(width.max(1))) {
+            if j + PAGED_AHEAD < self.end {
+                let at = self.row(j + PAGED_AHEAD) * rb + b_lo;
+                simd::prefetch(cache.bytes.as_ptr().wrapping_add(at), b_len);
+            }
+            let at = self.row(j) * rb + b_lo;
+            quant::dequantize_row(cache.desc.dtype, &cache.bytes[at..at + b_len], y);
+        }
     }
 }
 
