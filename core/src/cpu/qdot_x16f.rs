@@ -428,6 +428,9 @@ pub(crate) mod x86 {
     /// 16 KB ahead: Q4_K 24–27 → 34–38 GB/s, Q6_K 18–20 → 28–31, Q8_0 31 → 35; 8 and 24 KB
     /// within that spread, 1 and 64 KB slower. The cores' stream prefetchers do not cross 4 KB
     /// pages; a Q6_K decode token's read ran at 60 % of one thread's memory rate with 4 KB.
+    /// The integer kernel (`qdot_x16i`) asks for the second-level cache where the first is
+    /// small (`simd::prefetch_to_l2`); this one's Q8_0 stays with the first (on Zen 4 the second
+    /// level slowed a 1 B Q8_0 decode 16.5 → 10.5 t/s).
     pub(crate) const PREFETCH: usize = 16384;
 
     /// One column of the group for every activation row: the codes at bits `SH..SH + 4` of

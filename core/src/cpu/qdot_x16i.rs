@@ -281,6 +281,7 @@ pub(crate) unsafe fn rows_dots(
             w,
             y,
             ldy,
+            l2: super::simd::prefetch_to_l2(),
         };
         // Few rows leave the multiplier idle on one chain of sums: more chains a row (Q6_K's
         // two halves are two chains already).
@@ -360,6 +361,7 @@ mod x86 {
 
     use super::super::qdot_x16f::x86::{q4k_factors, q4k_head, Q4kHead, PREFETCH};
     use super::{digits_at, offsets_at, scale_at};
+    use crate::cpu::simd::prefetch_line;
     use std::arch::x86_64::*;
 
     /// A call's pointers and strides.
@@ -372,6 +374,8 @@ mod x86 {
         pub w: *const u8,
         pub y: *mut f32,
         pub ldy: usize,
+        /// The far prefetches go to the second-level cache (`simd::prefetch_to_l2`).
+        pub l2: bool,
     }
 
     /// A format as the kernel sees it: its packed block, its codes, and how a group's integer
@@ -756,7 +760,7 @@ mod x86 {
         let (from, len) = (hp.wrapping_add(span * g), span);
         let mut at = 0;
         while at < len {
-            _mm_prefetch::<_MM_HINT_T0>(from.wrapping_add(PREFETCH + at) as *const i8);
+            prefetch_line(from.wrapping_add(PREFETCH + at), a.l2);
             at += 64;
         }
         let c = F::codes(p, head);

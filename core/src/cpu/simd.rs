@@ -258,6 +258,85 @@ pub unsafe fn weighted_rows(
     }
 }
 
+/// Whether the integer weight kernel's prefetches, far ahead of the rows it streams (16 KB,
+/// `qdot_x16i`), ask for the second-level cache rather than the first. A line asked for the
+/// first level holds one of its few miss buffers for a whole trip to memory and lands in a
+/// cache of 32 or 48 KB beside the activations; the second level has more of both. Measured
+/// decoding the 1.17 B Llama shape (tokens a second, old and new binaries alternating, medians
+/// of 3), AMD Zen 4 (32 KB first level), the second level against the first: one thread Q4_K
+/// 26.4 → 35.1, Q6_K 13.9 → 27.4; two threads 41.0 → 46.7 and 23.8 → 30.4 (8 to 64 KB ahead
+/// all alike). On Zen 5 (48 KB) the first level at 16 KB was the best of 1–64 KB; Q8_0's f32
+/// kernel (`qdot_x16f`) lost a third with the second level on Zen 4 and keeps the first. So:
+/// the second level where the first-level data cache is under 48 KB, or as
+/// `KILN_CPU_PREFETCH` says (`l1`, `l2`), to measure either anywhere.
+pub(crate) fn prefetch_to_l2() -> bool {
+    static L2: OnceLock<bool> = OnceLock::new();
+    *L2.get_or_init(|| match std::env::var("KILN_CPU_PREFETCH").ok().as_deref() {
+        Some("l1") => false,
+        Some("l2") => true,
+        _ => l1d_bytes().is_some_and(|b| b < 48 * 1024),
+    })
+}
+
+/// The first-level data cache of this core in bytes, where `cpuid` tells it (AMD's leaf
+/// 0x8000_0005, Intel's deterministic cache leaf 4).
+fn l1d_bytes() -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unused_unsafe)]
+    {
+        use std::arch::x86_64::{__cpuid, __cpuid_count};
+        // SAFETY: `cpuid` exists on every x86-64 CPU and only reads identification registers.
+        let (max, vendor) = unsafe {
+            let r = __cpuid(0);
+            (r.eax, r.ebx)
+        };
+        if vendor == u32::from_le_bytes(*b"Auth") {
+            // SAFETY: as above; the extended leaf is read only where the CPU lists it.
+            let ext = unsafe { __cpuid(0x8000_0000) }.eax;
+            if ext >= 0x8000_0005 {
+                let kb = unsafe { __cpuid(0x8000_0005) }.ecx >> 24;
+                return (kb > 0).then_some(kb as usize * 1024);
+            }
+        } else if max >= 4 {
+            for sub in 0..16 {
+                // SAFETY: as above; leaf 4 is within the CPU's listed leaves.
+                let r = unsafe { __cpuid_count(4, sub) };
+                let (kind, level) = (r.eax & 0x1F, (r.eax >> 5) & 7);
+                if kind == 0 {
+                    break;
+                }
+                if kind == 1 && level == 1 {
+                    let ways = (r.ebx >> 22) as usize + 1;
+                    let parts = ((r.ebx >> 12) & 0x3FF) as usize + 1;
+                    let line = (r.ebx & 0xFFF) as usize + 1;
+                    return Some(ways * parts * line * (r.ecx as usize + 1));
+                }
+            }
+        }
+        None
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
+/// Prefetches the line at `p` into the first-level cache, or with `l2` the second only
+/// ([`prefetch_to_l2`]). A prefetch never faults, wherever `p` points.
+///
+/// # Safety
+/// None beyond the call: it is `unsafe` to be inlined into the kernels' `unsafe` loops.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn prefetch_line(p: *const u8, l2: bool) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+    if l2 {
+        _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
+    } else {
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+    }
+}
+
 /// Asks for the `bytes` from `p` in the first-level cache ahead of their use (nothing where the
 /// CPU has no such hint). A prefetch never faults, wherever `p` points.
 #[inline]
@@ -556,6 +635,19 @@ mod x86 {
 mod tests {
     use super::*;
     use crate::rng::Rng;
+
+    /// The first-level data cache read from `cpuid` is a size such caches have (a power of two
+    /// or 48 KB, between 16 and 128 KB) on every x86-64 CPU that reports one; a misread field
+    /// or leaf gives a count of bytes far outside that.
+    #[test]
+    fn the_first_level_cache_reads_as_a_cache_size() {
+        let b = l1d_bytes();
+        eprintln!("first-level data cache: {b:?} bytes");
+        if let Some(b) = b {
+            assert!((16 << 10..=128 << 10).contains(&b), "{b} bytes");
+            assert!(b.is_power_of_two() || b % (48 << 10) == 0, "{b} bytes");
+        }
+    }
 
     fn rand(rng: &mut Rng, n: usize) -> Vec<f32> {
         (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect()
