@@ -271,11 +271,13 @@ pub unsafe fn weighted_rows(
 /// `KILN_CPU_PREFETCH` says (`l1`, `l2`), to measure either anywhere.
 pub(crate) fn prefetch_to_l2() -> bool {
     static L2: OnceLock<bool> = OnceLock::new();
-    *L2.get_or_init(|| match std::env::var("KILN_CPU_PREFETCH").ok().as_deref() {
-        Some("l1") => false,
-        Some("l2") => true,
-        _ => l1d_bytes().is_some_and(|b| b < 48 * 1024),
-    })
+    *L2.get_or_init(
+        || match std::env::var("KILN_CPU_PREFETCH").ok().as_deref() {
+            Some("l1") => false,
+            Some("l2") => true,
+            _ => l1d_bytes().is_some_and(|b| b < 48 * 1024),
+        },
+    )
 }
 
 /// The first-level data cache of this core in bytes, where `cpuid` tells it (AMD's leaf
