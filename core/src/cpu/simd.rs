@@ -345,11 +345,10 @@ pub(crate) unsafe fn prefetch_line(p: *const u8, l2: bool) {
 pub fn prefetch(p: *const u8, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         let mut o = 0;
         while o < bytes {
             // SAFETY: a prefetch is a hint; it reads nothing the program sees and never faults.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o) as *const i8) };
+            unsafe { prefetch_line(p.wrapping_add(o), false) };
             o += 64;
         }
     }
