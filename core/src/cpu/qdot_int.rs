@@ -111,7 +111,7 @@ fn balanced(v: i32) -> (i32, i32) {
 }
 
 /// Splits one activation row `x` (`k` a multiple of 64; the last block of 256 may be short)
-/// into `out` ([`row_bytes`] long), with integers `|x_q| ≤ 2^q_bits` (`q_bits` 21 or 22): the
+/// into `out` ([`row_bytes`] long), with integers `|x_q| ≤ 2^q_bits` (`q_bits` 19 to 22): the
 /// scale of a block (or of a group, with `group_scales`) is `2^(E − q_bits + 1)` for its
 /// maximum `M` in `[2^E, 2^(E+1))`, so `|ε_j| ≤ 2^-q_bits · M`, and the top digit is at most
 /// `2^(q_bits − 16)`.
@@ -119,7 +119,7 @@ fn balanced(v: i32) -> (i32, i32) {
 /// A block (group) holding a NaN or an infinity gets the scale NaN, so its dots are NaN (as an
 /// f32 product with such an activation would be NaN or infinite).
 pub(crate) fn split_row(x: &[f32], out: &mut [u8], how: Split) {
-    debug_assert!(x.len().is_multiple_of(64) && (21..=22).contains(&how.q_bits));
+    debug_assert!(x.len().is_multiple_of(64) && (19..=22).contains(&how.q_bits));
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2")
         && x.len().is_multiple_of(64)

@@ -13,7 +13,8 @@
 //! vectors: vector `v`'s 32-bit lane `r` holds row r's elements `8v..8v + 8` of the group, one
 //! 4-bit code each (element `8v + j` in bits `4j..4j + 4`); Q5_K's and Q6_K's high parts of
 //! the codes follow as one or two more vectors ([`hi_at`]); Q8_0's codes are bytes, a column
-//! of the 16 rows at a time ([`Layout::bytes`]). Same size as the file's blocks.
+//! of the 16 rows at a time, or with VNNI four columns of a row a lane, as the integer kernel
+//! reads them ([`Layout::bytes`], [`q8_lanes`]). Same size as the file's blocks.
 
 use crate::tensor::DType;
 
@@ -41,8 +42,27 @@ struct Layout {
     /// vectors after its four of nibbles (see [`hi_at`]).
     high_at: Option<(usize, u32)>,
     /// Codes of a byte each (Q8_0): packed, a group is 32 columns of 16 bytes (column `c`'s
-    /// code of row `r` at byte `16c + r`), and `run8` is unused.
+    /// code of row `r` at byte `16c + r`), or with [`q8_lanes`] eight vectors of 16 lanes
+    /// ([`byte_at`]); `run8` is unused.
     bytes: bool,
+}
+
+/// Whether Q8_0 is packed for the integer kernel (`qdot_x16i`, on AVX-512 VNNI): lane `r` of
+/// code vector `2v + o` holds row r's elements `8v + o, 8v + 2 + o, 8v + 4 + o, 8v + 6 + o`,
+/// the order the nibble formats' codes take (so the split activations' arrangement is
+/// theirs). Else column by column for the f32 kernel (`qdot_x16f`).
+pub(crate) fn q8_lanes() -> bool {
+    super::qdot_vnni::has_vnni()
+}
+
+/// Where row `r`'s code of column `c` lies among a packed Q8_0 block's codes.
+fn byte_at(c: usize, r: usize) -> usize {
+    if q8_lanes() {
+        let (v, j) = (c / 8, c % 8);
+        64 * (2 * v + j % 2) + 4 * r + j / 2
+    } else {
+        16 * c + r
+    }
 }
 
 /// Where a run of eight codes lies: see [`Layout::run8`].
@@ -196,6 +216,8 @@ pub(crate) fn packs(isa: super::simd::Isa, dtype: DType, dims: &[usize]) -> bool
     cfg!(target_arch = "x86_64")
         && isa == super::simd::Isa::Avx512
         && matches!(dims, &[n, k] if n > 0 && n % ROWS == 0 && k > 0 && k % (32 * l.groups) == 0)
+        // The integer kernel's split takes rows of 64 (Q8_0's lanes are its alone).
+        && (!(dtype == DType::Q8_0 && q8_lanes()) || dims[1] % 64 == 0)
         // Q5_K and Q6_K have only the integer kernel (`qdot_x16i`), which needs VNNI.
         && (l.high_at.is_none() || super::qdot_vnni::has_vnni())
 }
@@ -287,7 +309,7 @@ fn block_out(l: &Layout, g: &[u8], r: usize, out: &mut [u8]) {
     if l.bytes {
         let codes = 16 * l.head_bytes();
         for (c, o) in out[l.codes_at..l.codes_at + 32].iter_mut().enumerate() {
-            *o = g[codes + 16 * c + r];
+            *o = g[codes + byte_at(c, r)];
         }
         return;
     }
@@ -324,7 +346,7 @@ fn block_in(l: &Layout, file: &[u8], r: usize, g: &mut [u8]) {
     if l.bytes {
         let codes = 16 * l.head_bytes();
         for (c, v) in file[l.codes_at..l.codes_at + 32].iter().enumerate() {
-            g[codes + 16 * c + r] = *v;
+            g[codes + byte_at(c, r)] = *v;
         }
         return;
     }

@@ -208,7 +208,11 @@ fn interleaved_rows_match_an_f64_dot_and_their_bits_do_not_depend_on_the_batch()
         return;
     }
     let mut rng = Rng::new(32);
-    for dt in TYPES {
+    // Q8_0 packed in lanes is the integer kernel's alone (`integer_types`).
+    for dt in TYPES
+        .into_iter()
+        .filter(|&dt| dt != DType::Q8_0 || !q8_lanes())
+    {
         let ks = lengths(dt, [576, 1536, 32], [256, 1536, 768]);
         for (n, k) in [48, 32, 80].into_iter().zip(ks) {
             let file = weights(dt, n, k, &mut rng);
@@ -355,6 +359,7 @@ fn integer_types() -> Vec<DType> {
         DType::Q4_1,
         DType::Q5_0,
         DType::Q5_1,
+        DType::Q8_0,
     ];
     let on = |dt: DType| qdot_x16i::supported(dt) && packs(simd::isa(), dt, &[16, 256]);
     let (run, skip): (Vec<DType>, Vec<DType>) = all.into_iter().partition(|&dt| on(dt));

@@ -1,7 +1,7 @@
-//! The integer kernel for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights kept 16 rows
-//! interleaved (`qdot_x16`'s layout), on AVX-512 CPUs with VNNI (and VBMI for Q5_0 and Q5_1):
-//! for Q4_K the same bytes as the f32 kernel there, a third of its instructions; Q5_K and Q6_K
-//! have no other interleaved kernel.
+//! The integer kernel for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and Q8_0 weights kept 16
+//! rows interleaved (`qdot_x16`'s layout), on AVX-512 CPUs with VNNI (and VBMI for Q5_0 and
+//! Q5_1): for Q4_K the same bytes as the f32 kernel there, a third of its instructions; Q5_K,
+//! Q6_K and (packed in lanes for this kernel) Q8_0 have no other interleaved kernel there.
 //!
 //! The f32 kernel spends a shift, a permute and a multiply-add on every column of 16 weights.
 //! Here the activations are split into three signed bytes as for the file-layout integer
@@ -44,6 +44,23 @@
 //! (`|·| ≤ 2³⁰`). The halves convert to f32, are multiplied by `d · scale` (exact: an f16
 //! times an 8-bit integer) and added (two roundings), and their sum is multiplied by the
 //! group's `s` and added to the row's total.
+//!
+//! # Q8_0
+//! Signed byte codes `w ∈ [-128, 127]`, four columns of a row a lane in the nibble formats'
+//! order (`qdot_x16::q8_lanes`), `x = d · w` a block of 32. `vpdpbusd` takes one operand
+//! unsigned, so the kernel flips each code's top bit, `u = w + 128 ∈ [0, 255]` (a `vpxord`
+//! per code vector, shared by every activation row), and takes 128 times the digits' sums
+//! back ([`offset`]). With 22-bit integers as Q4_K's, `Σ w · x_q` over a group reaches
+//! `32 · 128 · 2²²`, past 32 bits, so the Horner sum stops before the last digit: two lanes
+//! a row sum `Σ u · (t2 · 2⁸ + t1)` over each half of 16 (every stage within `16 · 255 ·
+//! (2¹⁴ + 128) < 2²⁷`), added into `hi` (within 2²⁸), then one lane sums `lo = Σ u · t0`
+//! (within `32 · 255 · 128 < 2²⁰`), and the split row carries `128 · Σ
+//! (t2 · 2⁸ + t1)` and `128 · Σ t0` for the group (within 2²⁷ and 2¹⁹), which leave `Σ w ·
+//! (t2 · 2⁸ + t1)` and `Σ w · t0` exactly. The two convert to f32 (one rounding for the
+//! first, the second is exact), meet as `2⁸ · hi + lo` (one rounding) and are multiplied by
+//! `d · s` (exact: an f16 times a power of two) into the row's total (one fused
+//! multiply-add). So Q8_0's error is the split's `2⁻²² · M_g · Σ_g |d · w|` and f32 roundings
+//! of the size of an f32 dot's.
 //!
 //! # Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1)
 //! A block is one group: the sums as Q4_K's (22-bit integers for the 4-bit codes, 21 for the
@@ -104,29 +121,39 @@ fn has_vbmi() -> bool {
 }
 
 /// The offset `c` the kernel takes from the codes (Q6_K's `q − 32` with 21-bit integers,
-/// Q4_0's and Q4_1's `q − 8` with 22, Q5_0's and Q5_1's `q − 16` with 21): the split rows
-/// carry `c · Σ x_q` over each 16 elements, within `c · 16 · 2^q_bits ≤ 2³⁰`, and a group of
-/// 32's two within 2³¹. Q4_1 and Q5_1 have no offset but a minimum `m`: `d · q + m = d · (q −
+/// Q4_0's and Q4_1's `q − 8` with 22, Q5_0's and Q5_1's `q − 16` with 21, Q8_0's flipped top
+/// bit `u − 128` with 22): the split rows carry `c · Σ x_q` over each 16 elements, within
+/// `c · 16 · 2^q_bits ≤ 2³⁰`, and a group of 32's two within 2³¹; for Q8_0 ([`by_digit`])
+/// `c · Σ (t2 · 2⁸ + t1)` and `c · Σ t0` over the group instead. Q4_1 and Q5_1 have no offset but a minimum `m`: `d · q + m = d · (q −
 /// c) + (m + c · d)`, codes centred on zero with a minimum near it, which halves the weight
 /// magnitude the split's error scales with (`Σ |d · (q − c)|` against `Σ |d · q|`) and the
 /// cancellation between the sums and the minimums' term (SmolLM2 with Q5_1 matrices:
 /// 4.8e-4 → 1.5e-4 of the f64 logits; Q4_1 2.4e-4 → 1.1e-4).
 fn offset(dtype: DType) -> Option<i32> {
+    // (Q8_0's offsets are by digit: `by_digit`.)
     match dtype {
         DType::Q6_K => Some(32),
+        DType::Q8_0 => Some(128),
         DType::Q4_0 | DType::Q4_1 => Some(8),
         DType::Q5_0 | DType::Q5_1 => Some(16),
         _ => None,
     }
 }
 
+/// Whether `dtype`'s split rows carry the offsets by digit (Q8_0: `c · Σ (t2 · 2⁸ + t1)` and
+/// `c · Σ t0` over each group, see the module's comment) rather than by half.
+fn by_digit(dtype: DType) -> bool {
+    dtype == DType::Q8_0
+}
+
 /// The activations' split for `dtype`: integers with a scale per group of 32 (an outlier
-/// coarsens only its own group's steps), 22 bits for the 4-bit codes and 21 for the 5- and
-/// 6-bit ones (the module's bounds).
+/// coarsens only its own group's steps), 22 bits for the 4-bit codes, 21 for the 5- and
+/// 6-bit ones (the module's bounds); Q8_0 22 as well, its last digit summed apart.
 pub(crate) fn split(dtype: DType) -> Option<Split> {
     let q_bits = match dtype {
         DType::Q4_0 | DType::Q4_1 | DType::Q4_K => 22,
         DType::Q5_0 | DType::Q5_1 | DType::Q5_K | DType::Q6_K => 21,
+        DType::Q8_0 => 22,
         _ => return None,
     };
     Some(Split {
@@ -204,20 +231,26 @@ fn split_one(row: &[f32], dtype: DType, how: Split, scratch: &mut [u8], dst: &mu
         && dst.len() >= offsets_at(k, k / 32)
     {
         // SAFETY: AVX2 is present; the lengths are as `arrange_avx2` needs.
-        unsafe { x86::arrange_avx2(scratch, dst, k, offset(dtype)) };
+        unsafe { x86::arrange_avx2(scratch, dst, k, offsets(dtype)) };
     } else {
-        arrange(scratch, dst, k, offset(dtype));
+        arrange(scratch, dst, k, offsets(dtype));
     }
     #[cfg(not(target_arch = "x86_64"))]
-    arrange(scratch, dst, k, offset(dtype));
+    arrange(scratch, dst, k, offsets(dtype));
     let n = 4 * (k / 32);
     dst[scale_at(k, 0)..][..n].copy_from_slice(&scratch[scales..][..n]);
 }
 
+/// The offsets a format's split rows carry: `c` ([`offset`]) and whether by digit.
+fn offsets(dtype: DType) -> Option<(i32, bool)> {
+    offset(dtype).map(|c| (c, by_digit(dtype)))
+}
+
 /// The digits of `qdot_int`'s split row `scratch` (`k` elements) into `dst` in the lanes'
 /// order, and where the format's codes are offset by `c`, the groups' `c · Σ x_q` over each
-/// 16 elements: a byte at a time, the definition `x86::arrange_avx2` must match.
-fn arrange(scratch: &[u8], dst: &mut [u8], k: usize, c: Option<i32>) {
+/// 16 elements (or by digit, [`by_digit`]): a byte at a time, the definition
+/// `x86::arrange_avx2` must match.
+fn arrange(scratch: &[u8], dst: &mut [u8], k: usize, c: Option<(i32, bool)>) {
     for g in 0..k / 32 {
         for t in 0..3 {
             let src = &scratch[qdot_int::digit_at(g, 2 - t)..][..32];
@@ -227,9 +260,20 @@ fn arrange(scratch: &[u8], dst: &mut [u8], k: usize, c: Option<i32>) {
                 d.copy_from_slice(&lanes_order(w).to_le_bytes());
             }
         }
-        if let Some(c) = c {
+        if let Some((c, by_digit)) = c {
             let t = |t: usize| &scratch[qdot_int::digit_at(g, t)..][..32];
             let (t0, t1, t2) = (t(0), t(1), t(2));
+            if by_digit {
+                // |Σ (t2 · 2⁸ + t1)| ≤ 32 · (2¹⁴ + 128), |Σ t0| ≤ 32 · 128: times c = 128
+                // within 2²⁷ and 2¹⁹.
+                let d = |b: &[u8], j: usize| b[j] as i8 as i32;
+                let hi: i32 = (0..32).map(|j| d(t2, j) * 256 + d(t1, j)).sum();
+                let lo: i32 = (0..32).map(|j| d(t0, j)).sum();
+                for (h, v) in [hi, lo].into_iter().enumerate() {
+                    dst[offsets_at(k, g) + 4 * h..][..4].copy_from_slice(&(c * v).to_le_bytes());
+                }
+                continue;
+            }
             for h in 0..2 {
                 // |Σ x_q| ≤ 16 · 2^q_bits: c times it within 2³⁰ (`offset`).
                 let mut sum = 0i32;
@@ -304,6 +348,7 @@ pub(crate) unsafe fn rows_dots(
             DType::Q4_K => go!(Q4K, 2, 2),
             DType::Q5_K => go!(Q5K, 2, 2),
             DType::Q6_K => go!(Q6K, 2, 1),
+            DType::Q8_0 => go!(Q80, 2, 1),
             DType::Q4_0 => go!(Q40, 2, 2),
             DType::Q4_1 => go!(Q41, 2, 2),
             DType::Q5_0 => go!(Q50, 2, 2),
@@ -327,7 +372,12 @@ mod x86 {
     /// AVX2 is present; `scratch` holds `qdot_int`'s digits of `k` elements (`3k` bytes),
     /// `dst` reaches the end of the offsets (`offsets_at(k, k / 32)`).
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn arrange_avx2(scratch: &[u8], dst: &mut [u8], k: usize, c: Option<i32>) {
+    pub(super) unsafe fn arrange_avx2(
+        scratch: &[u8],
+        dst: &mut [u8],
+        k: usize,
+        c: Option<(i32, bool)>,
+    ) {
         use super::{digits_at, offsets_at, qdot_int};
         debug_assert!(scratch.len() >= 3 * k && dst.len() >= offsets_at(k, k / 32));
         let order = _mm256_setr_epi8(
@@ -348,7 +398,12 @@ mod x86 {
                     _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, sad);
                 }
             }
-            if let Some(c) = c {
+            if let Some((c, true)) = c {
+                let s = |t: usize| quarters[t].iter().sum::<i64>() as i32 - 4096;
+                let o = dp.add(offsets_at(k, g)) as *mut i32;
+                o.write_unaligned(c * (s(2) * 256 + s(1)));
+                o.add(1).write_unaligned(c * s(0));
+            } else if let Some((c, _)) = c {
                 for h in 0..2 {
                     let s = |t: usize| (quarters[t][2 * h] + quarters[t][2 * h + 1]) as i32 - 2048;
                     let sum = s(2) * 65536 + s(1) * 256 + s(0);
@@ -388,8 +443,11 @@ mod x86 {
         /// Packed bytes of a group of 32 elements (16 rows).
         const GROUP: usize;
         /// Sums a group keeps apart: 1, or 2 (halves of 16 elements, code vectors 0..4 and
-        /// 4..8).
+        /// 4..8, or with `LAST_APART` the top two digits' and the last digit's).
         const HALVES: usize;
+        /// Whether the last digit is summed apart (`sums[i][1]`) rather than by Horner's rule
+        /// (Q8_0, whose 22-bit sums would not fit 32 bits).
+        const LAST_APART: bool = false;
         type Head;
         unsafe fn head(hp: *const u8) -> Self::Head;
         /// The group's codes at `p` (of the block with `head`) as 8 vectors of bytes: vector
@@ -581,6 +639,52 @@ mod x86 {
         }
     }
 
+    /// Q8_0 packed in lanes (`qdot_x16::q8_lanes`): the 16 rows' d (f16), then eight vectors
+    /// of code bytes in the nibble formats' order.
+    pub struct Q80;
+    impl Format for Q80 {
+        const HEAD: usize = 32;
+        const GROUPS: usize = 1;
+        const GROUP: usize = 512;
+        const HALVES: usize = 2;
+        const LAST_APART: bool = true;
+        type Head = __m512;
+        #[inline(always)]
+        unsafe fn head(hp: *const u8) -> __m512 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(hp as *const __m256i))
+        }
+        /// The codes with their top bit flipped: `w + 128` as unsigned bytes.
+        #[inline(always)]
+        unsafe fn codes(p: *const u8, _: &__m512) -> [__m512i; 8] {
+            let flip = _mm512_set1_epi8(-128);
+            let mut c = [_mm512_setzero_si512(); 8];
+            for (q, c) in c.iter_mut().enumerate() {
+                *c = _mm512_xor_si512(_mm512_loadu_si512(p.add(64 * q) as *const _), flip);
+            }
+            c
+        }
+        #[inline(always)]
+        unsafe fn finish<const MR: usize>(
+            a: &Args,
+            sums: &[[__m512i; 2]; MR],
+            d: &__m512,
+            (_, gi): (usize, usize),
+            tot: &mut [__m512; MR],
+        ) {
+            let shift = _mm512_set1_ps(256.0);
+            for (i, (t, sum)) in tot.iter_mut().zip(sums).enumerate() {
+                let off = a.x.add(i * a.ldx + offsets_at(a.k, gi)) as *const i32;
+                // `Σ w · (t2 · 2⁸ + t1)` and `Σ w · t0`.
+                let part = |h: usize| {
+                    let o = _mm512_set1_epi32(off.add(h).read_unaligned());
+                    _mm512_cvtepi32_ps(_mm512_sub_epi32(sum[h], o))
+                };
+                let both = _mm512_fmadd_ps(part(0), shift, part(1));
+                *t = _mm512_fmadd_ps(both, _mm512_mul_ps(*d, scale(a, i, gi)), *t);
+            }
+        }
+    }
+
     /// A packed block of 32's head (Q4_0, Q4_1, Q5_0, Q5_1): the 16 rows' d, their minimum
     /// less the codes' offset (Q4_1, Q5_1: `m + c · d`, see `offset`) and their fifth bits
     /// (Q5_0, Q5_1: bit `l` of a lane is element l's), zero where the format has none.
@@ -768,7 +872,12 @@ mod x86 {
         // Plain counted loops over constants, which unroll with the accumulators in
         // registers (iterator adaptors here left them in memory).
         let mut acc = [[[_mm512_setzero_si512(); P]; 2]; MR];
-        for t in 0..3 {
+        // With the last digit apart, Horner's rule takes the first two (in halves, two chains
+        // a row), whose sum goes into sums 0, and the last goes into sums 1 on its own (its
+        // own loop: an index that depends on the digit kept the sums in memory, Q8_0 pp512
+        // 121 → 105 t/s; one chain a row for the first two digits, 113).
+        let horner = if F::LAST_APART { 2 } else { 3 };
+        for t in 0..horner {
             if t > 0 {
                 for i in 0..MR {
                     for h in 0..F::HALVES {
@@ -784,6 +893,22 @@ mod x86 {
                     let xb = _mm512_set1_epi32(xq.add(q).read_unaligned());
                     let (h, ch) = (q / (8 / F::HALVES), q % P);
                     acc[i][h][ch] = _mm512_dpbusd_epi32(acc[i][h][ch], c[q], xb);
+                }
+            }
+        }
+        if F::LAST_APART {
+            for i in 0..MR {
+                for ch in 0..P {
+                    acc[i][0][ch] = _mm512_add_epi32(acc[i][0][ch], acc[i][1][ch]);
+                    acc[i][1][ch] = _mm512_setzero_si512();
+                }
+            }
+            for i in 0..MR {
+                let xq = a.x.add(i * a.ldx + digits_at(gi) + 64) as *const i32;
+                for q in 0..8 {
+                    let xb = _mm512_set1_epi32(xq.add(q).read_unaligned());
+                    let ch = q % P;
+                    acc[i][1][ch] = _mm512_dpbusd_epi32(acc[i][1][ch], c[q], xb);
                 }
             }
         }
@@ -870,7 +995,13 @@ mod tests {
             }
             let mut rng = Rng::new(51);
             for k in [64, 640, 1536] {
-                for dtype in [DType::Q4_K, DType::Q4_0, DType::Q5_1, DType::Q6_K] {
+                for dtype in [
+                    DType::Q4_K,
+                    DType::Q4_0,
+                    DType::Q5_1,
+                    DType::Q6_K,
+                    DType::Q8_0,
+                ] {
                     let how = split(dtype).unwrap();
                     let x: Vec<f32> = (0..k)
                         .map(|j| rng.normal() * if j % 37 == 0 { 50.0 } else { 1.0 })
@@ -878,10 +1009,10 @@ mod tests {
                     let mut scratch = vec![0u8; qdot_int::row_bytes(k)];
                     qdot_int::split_row(&x, &mut scratch, how);
                     let mut want = vec![0xA5u8; row_bytes(k)];
-                    arrange(&scratch, &mut want, k, offset(dtype));
+                    arrange(&scratch, &mut want, k, offsets(dtype));
                     let mut got = vec![0xA5u8; row_bytes(k)];
                     // SAFETY: AVX2 is present; the buffers are a split row and a whole one.
-                    unsafe { x86::arrange_avx2(&scratch, &mut got, k, offset(dtype)) };
+                    unsafe { x86::arrange_avx2(&scratch, &mut got, k, offsets(dtype)) };
                     assert_eq!(got, want, "{dtype} k {k}");
                 }
             }
