@@ -1,7 +1,7 @@
 //! Weights stored 16 rows interleaved, a vector lane per weight row: the layout, and how the
 //! CPU backend moves between it and the file's. Two kernels read it: `qdot_x16i` (integer, on
-//! VNNI: Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, and with VBMI Q5_0 and Q5_1) and `qdot_x16f` (f32: IQ4_NL,
-//! IQ4_XS and Q8_0, and the 4- and 5-bit formats where the integer kernel does not run).
+//! VNNI: Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS, and with VBMI Q5_0 and Q5_1) and
+//! `qdot_x16f` (f32: the formats but Q5_K and Q6_K where the integer kernel does not run).
 //!
 //! In the file's layout a row's 32 elements are decoded into two vectors of 16 (`qdot.rs`):
 //! per 16 weights a widening, a shift, a table permute and a multiply-add, plus a scaled

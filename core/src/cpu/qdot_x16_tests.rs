@@ -360,6 +360,8 @@ fn integer_types() -> Vec<DType> {
         DType::Q5_0,
         DType::Q5_1,
         DType::Q8_0,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
     ];
     let on = |dt: DType| qdot_x16i::supported(dt) && packs(simd::isa(), dt, &[16, 256]);
     let (run, skip): (Vec<DType>, Vec<DType>) = all.into_iter().partition(|&dt| on(dt));

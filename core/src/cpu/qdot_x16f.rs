@@ -1,7 +1,7 @@
-//! The f32 kernel for weights kept 16 rows interleaved (`qdot_x16`'s layout): IQ4_NL and
-//! IQ4_XS, and Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K where `qdot_x16i` does not take them (no
-//! VNNI, for Q5_0 and Q5_1 no VBMI, or rows not a multiple of 64; Q8_0 is packed for this
-//! kernel only without VNNI, `qdot_x16::q8_lanes`).
+//! The f32 kernel for weights kept 16 rows interleaved (`qdot_x16`'s layout): IQ4_NL, IQ4_XS,
+//! Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K where `qdot_x16i` does not take them (no VNNI, for
+//! Q5_0 and Q5_1 no VBMI, or rows not a multiple of 64; Q8_0 is packed for this kernel only
+//! without VNNI, `qdot_x16::q8_lanes`).
 //!
 //! A group of 16 rows is, per 16 weights (one column of the 16 rows), a shift, a permute of
 //! the format's 16 levels and one multiply-add with the column's activation broadcast (the
