@@ -11,7 +11,7 @@
 # (tokens of the pp and tg tests, default 128 and 64), DEPTH (tokens of context both tests
 # start after, llama-bench's -d; default 0), MODELS (default "smollm2-135m-instruct
 # gemma3-270m"; each a kiln alias, a .gguf path, or a random-weight Llama checkpoint made on the
-# spot: llama1b-TYPE or llama3b-TYPE with TYPE q4_k, q5_k, q6_k or q8_0, written once to
+# spot: llama1b-TYPE or llama3b-TYPE with TYPE q4_k, q5_k, q6_k, q8_0 or iq4_xs, written once to
 # $KILN_BENCH_MODELS, default ~/.cache/kiln/bench, by scripts/gpu/random-gguf.py with SmolLM2's
 # vocabulary; needs `pip install gguf`), KILN (the kiln binary; default target/release/kiln,
 # built if missing).
@@ -44,7 +44,7 @@ random_model() {
         llama3b) args="--hidden 3072 --layers 28 --ffn 8192 --heads 24 --kv-heads 8" ;;
         *) echo "unknown model $1" >&2; return 1 ;;
     esac
-    case $type in q4_k|q5_k|q6_k|q8_0) ;; *) echo "unknown type in $1 (q4_k, q5_k, q6_k, q8_0)" >&2; return 1 ;; esac
+    case $type in q4_k|q5_k|q6_k|q8_0|iq4_xs) ;; *) echo "unknown type in $1 (q4_k, q5_k, q6_k, q8_0, iq4_xs)" >&2; return 1 ;; esac
     local out="$made/$1.gguf"
     if [ ! -f "$out" ]; then
         mkdir -p "$made"
