@@ -599,16 +599,8 @@ mod x86 {
     /// IQ4_NL's 16 levels plus 128 (1..=241), in each 128-bit lane.
     #[inline(always)]
     unsafe fn iq4_levels() -> __m512i {
-        const L: [u8; 16] = {
-            let mut l = [0u8; 16];
-            let mut j = 0;
-            while j < 16 {
-                l[j] = (crate::quant::iquants::KVALUES_IQ4NL[j] as i16 + 128) as u8;
-                j += 1;
-            }
-            l
-        };
-        _mm512_broadcast_i32x4(_mm_loadu_si128(L.as_ptr() as *const __m128i))
+        let l = crate::quant::iquants::KVALUES_IQ4NL_U8;
+        _mm512_broadcast_i32x4(_mm_loadu_si128(l.as_ptr() as *const __m128i))
     }
 
     /// Q8_0: f16 d, 32 signed bytes q; weight `d·q`. The codes enter as `q + 128` (0..=255, an

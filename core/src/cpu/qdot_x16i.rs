@@ -46,30 +46,9 @@
 //! times an 8-bit integer) and added (two roundings), and their sum is multiplied by the
 //! group's `s` and added to the row's total.
 //!
-//! # Q8_0
-//! Signed byte codes `w ∈ [-128, 127]`, four columns of a row a lane in the nibble formats'
-//! order (`qdot_x16::q8_lanes`), `x = d · w` a block of 32. `vpdpbusd` takes one operand
-//! unsigned, so the kernel flips each code's top bit, `u = w + 128 ∈ [0, 255]` (a `vpxord`
-//! per code vector, shared by every activation row), and takes 128 times the digits' sums
-//! back ([`offset`]). With 22-bit integers as Q4_K's, `Σ w · x_q` over a group reaches
-//! `32 · 128 · 2²²`, past 32 bits, so the Horner sum stops before the last digit: two lanes
-//! a row sum `Σ u · (t2 · 2⁸ + t1)` over each half of 16 (every stage within `16 · 255 ·
-//! (2¹⁴ + 128) < 2²⁷`), added into `hi` (within 2²⁸), then one lane sums `lo = Σ u · t0`
-//! (within `32 · 255 · 128 < 2²⁰`), and the split row carries `128 · Σ
-//! (t2 · 2⁸ + t1)` and `128 · Σ t0` for the group (within 2²⁷ and 2¹⁹), which leave `Σ w ·
-//! (t2 · 2⁸ + t1)` and `Σ w · t0` exactly. The two convert to f32 (one rounding for the
-//! first, the second is exact), meet as `2⁸ · hi + lo` (one rounding) and are multiplied by
-//! `d · s` (exact: an f16 times a power of two) into the row's total (one fused
-//! multiply-add). So Q8_0's error is the split's `2⁻²² · M_g · Σ_g |d · w|` and f32 roundings
-//! of the size of an f32 dot's.
-//!
-//! # IQ4_NL and IQ4_XS
-//! Their nibbles index 16 signed levels in `[-127, 113]`: a byte shuffle per code vector
-//! looks each up in the levels plus 128 (the top bit flipped), and the sums are Q8_0's, with
-//! the same bounds; the factor is IQ4_NL's `d`, or IQ4_XS's `d · (s_g − 32)` for group g
-//! (exact: an f16 times a 6-bit integer less 32). The f32 kernel they took before spent a
-//! permute and a multiply-add on every 16 weights: the 1 B Llama shape in IQ4_XS decoded 20.1
-//! → 33.4 t/s on one Zen 4 thread (medians of 3 alternating; pp512 on two 99 → 110).
+//! # Q8_0, IQ4_NL and IQ4_XS
+//! Codes of 8 bits (or levels of 8 bits looked up by 4-bit codes): their own formats, sums and
+//! bound, in `qdot_x16i_bytes.rs`.
 //!
 //! # Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1)
 //! A block is one group: the sums as Q4_K's (22-bit integers for the 4-bit codes, 21 for the
@@ -377,6 +356,13 @@ pub(crate) unsafe fn rows_dots(
 }
 
 #[cfg(target_arch = "x86_64")]
+#[path = "qdot_x16i_blocks.rs"]
+mod blocks;
+#[cfg(target_arch = "x86_64")]
+#[path = "qdot_x16i_bytes.rs"]
+mod bytes;
+
+#[cfg(target_arch = "x86_64")]
 mod x86 {
     /// [`super::arrange`] with AVX2: a byte shuffle a digit a group (the lanes' order is within
     /// each 8 bytes), and the sums of 16 digits by `vpsadbw` on the digits offset to unsigned
@@ -493,14 +479,14 @@ mod x86 {
 
     /// Row `i`'s scale of group `gi`, broadcast.
     #[inline(always)]
-    unsafe fn scale(a: &Args, i: usize, gi: usize) -> __m512 {
+    pub(super) unsafe fn scale(a: &Args, i: usize, gi: usize) -> __m512 {
         let p = a.x.add(i * a.ldx + scale_at(a.k, gi)) as *const f32;
         _mm512_set1_ps(p.read_unaligned())
     }
 
     /// The codes of a group of nibbles (four vectors at `p`).
     #[inline(always)]
-    unsafe fn codes_nibbles(p: *const u8) -> [__m512i; 8] {
+    pub(super) unsafe fn codes_nibbles(p: *const u8) -> [__m512i; 8] {
         let low = _mm512_set1_epi8(0x0F);
         let mut c = [_mm512_setzero_si512(); 8];
         for v in 0..4 {
@@ -653,321 +639,9 @@ mod x86 {
         }
     }
 
-    /// Q8_0 packed in lanes (`qdot_x16::q8_lanes`): the 16 rows' d (f16), then eight vectors
-    /// of code bytes in the nibble formats' order.
-    pub struct Q80;
-    impl Format for Q80 {
-        const HEAD: usize = 32;
-        const GROUPS: usize = 1;
-        const GROUP: usize = 512;
-        const HALVES: usize = 2;
-        const LAST_APART: bool = true;
-        type Head = __m512;
-        #[inline(always)]
-        unsafe fn head(hp: *const u8) -> __m512 {
-            _mm512_cvtph_ps(_mm256_loadu_si256(hp as *const __m256i))
-        }
-        /// The codes with their top bit flipped: `w + 128` as unsigned bytes.
-        #[inline(always)]
-        unsafe fn codes(p: *const u8, _: &__m512) -> [__m512i; 8] {
-            let flip = _mm512_set1_epi8(-128);
-            let mut c = [_mm512_setzero_si512(); 8];
-            for (q, c) in c.iter_mut().enumerate() {
-                *c = _mm512_xor_si512(_mm512_loadu_si512(p.add(64 * q) as *const _), flip);
-            }
-            c
-        }
-        #[inline(always)]
-        unsafe fn finish<const MR: usize>(
-            a: &Args,
-            sums: &[[__m512i; 2]; MR],
-            d: &__m512,
-            (_, gi): (usize, usize),
-            tot: &mut [__m512; MR],
-        ) {
-            finish_apart(a, sums, *d, gi, tot)
-        }
-    }
+    pub use super::bytes::{Iq4Nl, Iq4Xs, Q80};
 
-    /// Adds to `tot` a group's sums with the last digit apart (`Format::LAST_APART`) and the
-    /// codes' top bit flipped: `Σ w · (t2 · 2⁸ + t1)` and `Σ w · t0` (the split row's by-digit
-    /// offsets taken from the lanes), as `2⁸ · hi + lo`, times the rows' factor `f` (d, or
-    /// IQ4_XS's `d · (scale − 32)`) and the group's `s`.
-    #[inline(always)]
-    unsafe fn finish_apart<const MR: usize>(
-        a: &Args,
-        sums: &[[__m512i; 2]; MR],
-        f: __m512,
-        gi: usize,
-        tot: &mut [__m512; MR],
-    ) {
-        let shift = _mm512_set1_ps(256.0);
-        for (i, (t, sum)) in tot.iter_mut().zip(sums).enumerate() {
-            let off = a.x.add(i * a.ldx + offsets_at(a.k, gi)) as *const i32;
-            let part = |h: usize| {
-                let o = _mm512_set1_epi32(off.add(h).read_unaligned());
-                _mm512_cvtepi32_ps(_mm512_sub_epi32(sum[h], o))
-            };
-            let both = _mm512_fmadd_ps(part(0), shift, part(1));
-            *t = _mm512_fmadd_ps(both, _mm512_mul_ps(f, scale(a, i, gi)), *t);
-        }
-    }
-
-    /// IQ4_NL's and IQ4_XS's codes: a group's nibbles (four vectors at `p`) looked up in the
-    /// 16 levels plus 128 (1..=241: the levels' top bit flipped, as Q8_0's codes).
-    #[inline(always)]
-    unsafe fn codes_iq4(p: *const u8) -> [__m512i; 8] {
-        const L: [u8; 16] = {
-            let mut l = [0u8; 16];
-            let mut j = 0;
-            while j < 16 {
-                l[j] = (crate::quant::iquants::KVALUES_IQ4NL[j] as i16 + 128) as u8;
-                j += 1;
-            }
-            l
-        };
-        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(L.as_ptr() as *const __m128i));
-        let mut c = codes_nibbles(p);
-        for c in c.iter_mut() {
-            *c = _mm512_shuffle_epi8(table, *c);
-        }
-        c
-    }
-
-    /// IQ4_NL packed: the 16 rows' d (f16), then a block's nibbles as Q4_0's.
-    pub struct Iq4Nl;
-    impl Format for Iq4Nl {
-        const HEAD: usize = 32;
-        const GROUPS: usize = 1;
-        const GROUP: usize = 256;
-        const HALVES: usize = 2;
-        const LAST_APART: bool = true;
-        type Head = __m512;
-        #[inline(always)]
-        unsafe fn head(hp: *const u8) -> __m512 {
-            _mm512_cvtph_ps(_mm256_loadu_si256(hp as *const __m256i))
-        }
-        #[inline(always)]
-        unsafe fn codes(p: *const u8, _: &__m512) -> [__m512i; 8] {
-            codes_iq4(p)
-        }
-        #[inline(always)]
-        unsafe fn finish<const MR: usize>(
-            a: &Args,
-            sums: &[[__m512i; 2]; MR],
-            d: &__m512,
-            (_, gi): (usize, usize),
-            tot: &mut [__m512; MR],
-        ) {
-            finish_apart(a, sums, *d, gi, tot)
-        }
-    }
-
-    /// IQ4_XS packed: the 16 rows' d (f16), the scales' high bits (u16), their low nibbles (4
-    /// bytes), then per group of 32 its nibbles; group g's factor `d · (s_g − 32)`, `s_g` the
-    /// 6 bits of nibble g of the 4-byte field below bits 2g of the u16 one.
-    pub struct Iq4Xs;
-    impl Format for Iq4Xs {
-        const HEAD: usize = 128;
-        const GROUPS: usize = 8;
-        const GROUP: usize = 256;
-        const HALVES: usize = 2;
-        const LAST_APART: bool = true;
-        /// d, the high bits (widened to 32-bit lanes), the low nibbles.
-        type Head = (__m512, __m512i, __m512i);
-        #[inline(always)]
-        unsafe fn head(hp: *const u8) -> Self::Head {
-            let hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(hp.add(32) as *const __m256i));
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(hp as *const __m256i));
-            (d, hi, _mm512_loadu_si512(hp.add(64) as *const _))
-        }
-        #[inline(always)]
-        unsafe fn codes(p: *const u8, _: &Self::Head) -> [__m512i; 8] {
-            codes_iq4(p)
-        }
-        #[inline(always)]
-        unsafe fn finish<const MR: usize>(
-            a: &Args,
-            sums: &[[__m512i; 2]; MR],
-            (d, hi, lo): &Self::Head,
-            (g, gi): (usize, usize),
-            tot: &mut [__m512; MR],
-        ) {
-            let bits = |v: __m512i, n: u32, mask: i32| {
-                _mm512_and_si512(
-                    _mm512_srl_epi32(v, _mm_cvtsi32_si128(n as i32)),
-                    _mm512_set1_epi32(mask),
-                )
-            };
-            let g = g as u32;
-            let q = _mm512_or_si512(
-                bits(*lo, 4 * g, 15),
-                _mm512_slli_epi32::<4>(bits(*hi, 2 * g, 3)),
-            );
-            // d times a 6-bit integer less 32: exact.
-            let sc = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(32)));
-            finish_apart(a, sums, _mm512_mul_ps(*d, sc), gi, tot)
-        }
-    }
-
-    /// A packed block of 32's head (Q4_0, Q4_1, Q5_0, Q5_1): the 16 rows' d, their minimum
-    /// less the codes' offset (Q4_1, Q5_1: `m + c · d`, see `offset`) and their fifth bits
-    /// (Q5_0, Q5_1: bit `l` of a lane is element l's), zero where the format has none.
-    pub(super) type BlockHead = (__m512, __m512, __m512i);
-
-    /// The head at `hp` of a block with (`M`) minimums and (`H`) fifth bits and codes offset by
-    /// `C`: d's 16 f16, then m's, then the fifth bits' 16 words.
-    #[inline(always)]
-    unsafe fn block_head<const M: bool, const H: bool, const C: i32>(hp: *const u8) -> BlockHead {
-        let f16s = |at: usize| _mm512_cvtph_ps(_mm256_loadu_si256(hp.add(at) as *const __m256i));
-        let d = f16s(0);
-        let m = if M {
-            _mm512_fmadd_ps(d, _mm512_set1_ps(C as f32), f16s(32))
-        } else {
-            _mm512_setzero_ps()
-        };
-        let h = if H {
-            _mm512_loadu_si512(hp.add(if M { 64 } else { 32 }) as *const _)
-        } else {
-            _mm512_setzero_si512()
-        };
-        (d, m, h)
-    }
-
-    /// The codes of a block of 32 with fifth bits `qh` (a word a row): code vector `2v + o`'s
-    /// byte `b` in a lane is element `8v + 2b + o`, whose fifth bit is bit `8v + 2b + o` of the
-    /// lane's word. A byte-wise multishift takes for byte `j` of each 64-bit pair of lanes the
-    /// eight bits from `32 · (j / 4) + 8v + 2 (j % 4) + o − 4` (modulo 64), which puts that
-    /// bit at bit 4; masked, it is merged above the nibble (`(a & 0x0F) | b`: 0xEC).
-    #[inline(always)]
-    unsafe fn codes_fifth(p: *const u8, qh: __m512i) -> [__m512i; 8] {
-        let low = _mm512_set1_epi8(0x0F);
-        let five = _mm512_set1_epi8(0x10);
-        let mut c = [_mm512_setzero_si512(); 8];
-        for v in 0..4 {
-            let nib = _mm512_loadu_si512(p.add(64 * v) as *const _);
-            for o in 0..2 {
-                let mut ctl = 0u64;
-                for j in 0..8 {
-                    let at = (32 * (j / 4) + 8 * v + 2 * (j % 4) + o + 60) % 64;
-                    ctl |= (at as u64) << (8 * j);
-                }
-                let ms = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(ctl as i64), qh);
-                let part = _mm512_and_si512(ms, five);
-                let n = if o == 0 {
-                    nib
-                } else {
-                    _mm512_srli_epi16::<4>(nib)
-                };
-                c[2 * v + o] = _mm512_ternarylogic_epi32::<0xEC>(n, part, low);
-            }
-        }
-        c
-    }
-
-    /// Adds to `tot` the group sums of a block of 32 (global group `gi`) less `c · Σ x_q` (the
-    /// split row's two halves of 16, their sum within 2³¹ and the difference, `Σ (q − c) ·
-    /// x_q`, within 2³⁰: see `offset`) times `d · s`, plus `(m + c · d) · Σ x` where the
-    /// format has minimums (`M`).
-    #[inline(always)]
-    unsafe fn finish_block<const MR: usize, const M: bool>(
-        a: &Args,
-        sums: &[[__m512i; 2]; MR],
-        (d, m, _): &BlockHead,
-        gi: usize,
-        tot: &mut [__m512; MR],
-    ) {
-        for (i, (t, sum)) in tot.iter_mut().zip(sums).enumerate() {
-            let off = a.x.add(i * a.ldx + offsets_at(a.k, gi)) as *const i32;
-            let c = off
-                .read_unaligned()
-                .wrapping_add(off.add(1).read_unaligned());
-            let q = _mm512_sub_epi32(sum[0], _mm512_set1_epi32(c));
-            let ds = _mm512_mul_ps(*d, scale(a, i, gi));
-            *t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), ds, *t);
-            if M {
-                let xs = _mm512_set1_ps(*a.xs.add(i * a.ldxs + gi));
-                *t = _mm512_fmadd_ps(*m, xs, *t);
-            }
-        }
-    }
-
-    /// The formats with blocks of 32: `$name`, with or without minimums and fifth bits, its
-    /// codes offset by `C` (`offset`).
-    macro_rules! block_format {
-        ($name:ident, $doc:literal, M = $m:literal, H = $h:literal, C = $c:literal) => {
-            #[doc = $doc]
-            pub struct $name;
-            impl Format for $name {
-                const HEAD: usize = 32 + 32 * $m as usize + 64 * $h as usize;
-                const GROUPS: usize = 1;
-                const GROUP: usize = 256;
-                const HALVES: usize = 1;
-                type Head = BlockHead;
-                #[inline(always)]
-                unsafe fn head(hp: *const u8) -> BlockHead {
-                    block_head::<$m, $h, $c>(hp)
-                }
-                #[inline(always)]
-                unsafe fn codes(p: *const u8, head: &BlockHead) -> [__m512i; 8] {
-                    if $h {
-                        codes_fifth(p, head.2)
-                    } else {
-                        codes_nibbles(p)
-                    }
-                }
-                #[inline(always)]
-                unsafe fn finish<const MR: usize>(
-                    a: &Args,
-                    sums: &[[__m512i; 2]; MR],
-                    head: &BlockHead,
-                    (_, gi): (usize, usize),
-                    tot: &mut [__m512; MR],
-                ) {
-                    finish_block::<MR, $m>(a, sums, head, gi, tot)
-                }
-                #[inline(always)]
-                unsafe fn run<const MR: usize, const P: usize>(
-                    a: &Args,
-                    range: std::ops::Range<usize>,
-                ) {
-                    if $h {
-                        run_vbmi::<Self, MR, P>(a, range)
-                    } else {
-                        run_plain::<Self, MR, P>(a, range)
-                    }
-                }
-            }
-        };
-    }
-    block_format!(
-        Q40,
-        "Q4_0 packed: d and the nibbles.",
-        M = false,
-        H = false,
-        C = 8
-    );
-    block_format!(
-        Q41,
-        "Q4_1 packed: d, m and the nibbles.",
-        M = true,
-        H = false,
-        C = 8
-    );
-    block_format!(
-        Q50,
-        "Q5_0 packed: d, the fifth bits and the nibbles.",
-        M = false,
-        H = true,
-        C = 16
-    );
-    block_format!(
-        Q51,
-        "Q5_1 packed: d, m, the fifth bits and the nibbles.",
-        M = true,
-        H = true,
-        C = 16
-    );
+    pub use super::blocks::{Q40, Q41, Q50, Q51};
 
     /// Group `g` of the block at `hp` (global group `gi`) for every activation row, into
     /// `tot`, with `P` chains of sums a row and half.
@@ -1081,7 +755,7 @@ mod x86 {
 
     /// The groups of rows in `range`, one at a time.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn run_plain<F: Format, const MR: usize, const P: usize>(
+    pub(super) unsafe fn run_plain<F: Format, const MR: usize, const P: usize>(
         a: &Args,
         range: std::ops::Range<usize>,
     ) {
@@ -1092,7 +766,7 @@ mod x86 {
 
     /// [`run_plain`] with AVX-512 VBMI (Q5_0's and Q5_1's fifth bits).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-    unsafe fn run_vbmi<F: Format, const MR: usize, const P: usize>(
+    pub(super) unsafe fn run_vbmi<F: Format, const MR: usize, const P: usize>(
         a: &Args,
         range: std::ops::Range<usize>,
     ) {

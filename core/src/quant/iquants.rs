@@ -73,6 +73,18 @@ pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
+/// IQ4_NL's levels plus 128 (1..=241: their top bit flipped), as the integer kernels take
+/// them unsigned.
+pub(crate) const KVALUES_IQ4NL_U8: [u8; 16] = {
+    let mut l = [0u8; 16];
+    let mut j = 0;
+    while j < 16 {
+        l[j] = (KVALUES_IQ4NL[j] as i16 + 128) as u8;
+        j += 1;
+    }
+    l
+};
+
 /// IQ1's shift of every grid coordinate.
 const IQ1_DELTA: f32 = 0.125;
 
