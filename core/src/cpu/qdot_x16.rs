@@ -55,9 +55,10 @@ pub(crate) fn q8_lanes() -> bool {
     super::qdot_vnni::has_vnni()
 }
 
-/// Where row `r`'s code of column `c` lies among a packed Q8_0 block's codes.
-fn byte_at(c: usize, r: usize) -> usize {
-    if q8_lanes() {
+/// Where row `r`'s code of column `c` lies among a packed Q8_0 block's codes, in lanes
+/// ([`q8_lanes`]) or column by column.
+fn byte_at(lanes: bool, c: usize, r: usize) -> usize {
+    if lanes {
         let (v, j) = (c / 8, c % 8);
         64 * (2 * v + j % 2) + 4 * r + j / 2
     } else {
@@ -307,9 +308,9 @@ fn block_out(l: &Layout, g: &[u8], r: usize, out: &mut [u8]) {
     };
     out[region].fill(0);
     if l.bytes {
-        let codes = 16 * l.head_bytes();
+        let (codes, lanes) = (16 * l.head_bytes(), q8_lanes());
         for (c, o) in out[l.codes_at..l.codes_at + 32].iter_mut().enumerate() {
-            *o = g[codes + byte_at(c, r)];
+            *o = g[codes + byte_at(lanes, c, r)];
         }
         return;
     }
@@ -344,9 +345,9 @@ fn block_in(l: &Layout, file: &[u8], r: usize, g: &mut [u8]) {
         at += size;
     }
     if l.bytes {
-        let codes = 16 * l.head_bytes();
+        let (codes, lanes) = (16 * l.head_bytes(), q8_lanes());
         for (c, v) in file[l.codes_at..l.codes_at + 32].iter().enumerate() {
-            g[codes + byte_at(c, r)] = *v;
+            g[codes + byte_at(lanes, c, r)] = *v;
         }
         return;
     }

@@ -309,39 +309,57 @@ pub(crate) mod x86 {
         )
     }
 
-    /// IQ4_XS: 256-element blocks, group g's scale `d · (s_g - 32)` with `s_g` 6 bits: the low
-    /// 4 in nibble g of the 4-byte field, the high 2 in bits 2g of the u16 field.
+    /// IQ4_XS's packed head: the 16 rows' d, the scales' high bits (widened to 32-bit lanes),
+    /// their low nibbles.
+    pub(crate) type Iq4xsHead = (__m512, __m512i, __m512i);
+
+    /// The head of a packed IQ4_XS block at `h`.
+    #[inline(always)]
+    pub(crate) unsafe fn iq4xs_head(h: *const u8) -> Iq4xsHead {
+        let hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(h.add(32) as *const __m256i));
+        (f16x16(h), hi, _mm512_loadu_si512(h.add(64) as *const _))
+    }
+
+    /// Group g's factor `d · (s_g − 32)` for the 16 rows (exact: an f16 times a 6-bit integer
+    /// less 32), `s_g` the low 4 bits in nibble g of the 4-byte field, the high 2 in bits 2g of
+    /// the u16 field.
+    #[inline(always)]
+    pub(crate) unsafe fn iq4xs_factor((d, hi, lo): &Iq4xsHead, g: usize) -> __m512 {
+        let g = g as u32;
+        let q = _mm512_or_si512(
+            bits(*lo, 4 * g, 15),
+            _mm512_slli_epi32::<4>(bits(*hi, 2 * g, 3)),
+        );
+        _mm512_mul_ps(
+            *d,
+            _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(32))),
+        )
+    }
+
+    /// IQ4_XS: 256-element blocks, group g's scale `d · (s_g - 32)` ([`iq4xs_factor`]).
     pub struct Iq4Xs;
     impl Format for Iq4Xs {
         const HEAD: usize = 128;
         const GROUPS: usize = 8;
-        /// d, the high bits (widened to 32-bit lanes), the low nibbles.
-        type Head = (__m512, __m512i, __m512i);
+        type Head = Iq4xsHead;
         #[inline(always)]
         unsafe fn levels() -> (__m512, __m512) {
             (iq4_levels(), iq4_levels())
         }
         #[inline(always)]
         unsafe fn head(h: *const u8) -> Self::Head {
-            let hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(h.add(32) as *const __m256i));
-            (f16x16(h), hi, _mm512_loadu_si512(h.add(64) as *const _))
+            iq4xs_head(h)
         }
         #[inline(always)]
         unsafe fn scale<const MR: usize>(
             tot: &mut [__m512; MR],
             s: &[__m512; MR],
-            (d, hi, lo): &Self::Head,
+            head: &Self::Head,
             g: usize,
             _: *const f32,
             _: usize,
         ) {
-            let g = g as u32;
-            let q = _mm512_or_si512(
-                bits(*lo, 4 * g, 15),
-                _mm512_slli_epi32::<4>(bits(*hi, 2 * g, 3)),
-            );
-            let sc = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(32)));
-            scale_by(tot, s, _mm512_mul_ps(*d, sc));
+            scale_by(tot, s, iq4xs_factor(head, g));
         }
     }
 

@@ -112,16 +112,16 @@ fn has_vbmi() -> bool {
 }
 
 /// The offset `c` the kernel takes from the codes (Q6_K's `q − 32` with 21-bit integers,
-/// Q4_0's and Q4_1's `q − 8` with 22, Q5_0's and Q5_1's `q − 16` with 21, Q8_0's flipped top
-/// bit `u − 128` with 22): the split rows carry `c · Σ x_q` over each 16 elements, within
-/// `c · 16 · 2^q_bits ≤ 2³⁰`, and a group of 32's two within 2³¹; for Q8_0 ([`by_digit`])
-/// `c · Σ (t2 · 2⁸ + t1)` and `c · Σ t0` over the group instead. Q4_1 and Q5_1 have no offset but a minimum `m`: `d · q + m = d · (q −
+/// Q4_0's and Q4_1's `q − 8` with 22, Q5_0's and Q5_1's `q − 16` with 21, the byte codes'
+/// flipped top bit `u − 128` with 22): the split rows carry `c · Σ x_q` over each 16
+/// elements, within `c · 16 · 2^q_bits ≤ 2³⁰`, and a group of 32's two within 2³¹; for the
+/// byte codes (Q8_0, IQ4_NL, IQ4_XS: [`offsets`]) `c · Σ (t2 · 2⁸ + t1)` and `c · Σ t0` over
+/// the group instead. Q4_1 and Q5_1 have no offset but a minimum `m`: `d · q + m = d · (q −
 /// c) + (m + c · d)`, codes centred on zero with a minimum near it, which halves the weight
 /// magnitude the split's error scales with (`Σ |d · (q − c)|` against `Σ |d · q|`) and the
 /// cancellation between the sums and the minimums' term (SmolLM2 with Q5_1 matrices:
 /// 4.8e-4 → 1.5e-4 of the f64 logits; Q4_1 2.4e-4 → 1.1e-4).
 fn offset(dtype: DType) -> Option<i32> {
-    // (Q8_0's offsets are by digit: `by_digit`.)
     match dtype {
         DType::Q6_K => Some(32),
         DType::Q8_0 | DType::IQ4_NL | DType::IQ4_XS => Some(128),
@@ -131,20 +131,13 @@ fn offset(dtype: DType) -> Option<i32> {
     }
 }
 
-/// Whether `dtype`'s split rows carry the offsets by digit (Q8_0: `c · Σ (t2 · 2⁸ + t1)` and
-/// `c · Σ t0` over each group, see the module's comment) rather than by half.
-fn by_digit(dtype: DType) -> bool {
-    matches!(dtype, DType::Q8_0 | DType::IQ4_NL | DType::IQ4_XS)
-}
-
 /// The activations' split for `dtype`: integers with a scale per group of 32 (an outlier
-/// coarsens only its own group's steps), 22 bits for the 4-bit codes, 21 for the 5- and
-/// 6-bit ones (the module's bounds); Q8_0 22 as well, its last digit summed apart.
+/// coarsens only its own group's steps), 22 bits for the 4-bit codes and the byte codes
+/// (whose last digit is summed apart), 21 for the 5- and 6-bit ones (the module's bounds).
 pub(crate) fn split(dtype: DType) -> Option<Split> {
     let q_bits = match dtype {
-        DType::Q4_0 | DType::Q4_1 | DType::Q4_K => 22,
+        DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q8_0 | DType::IQ4_NL | DType::IQ4_XS => 22,
         DType::Q5_0 | DType::Q5_1 | DType::Q5_K | DType::Q6_K => 21,
-        DType::Q8_0 | DType::IQ4_NL | DType::IQ4_XS => 22,
         _ => return None,
     };
     Some(Split {
@@ -232,14 +225,17 @@ fn split_one(row: &[f32], dtype: DType, how: Split, scratch: &mut [u8], dst: &mu
     dst[scale_at(k, 0)..][..n].copy_from_slice(&scratch[scales..][..n]);
 }
 
-/// The offsets a format's split rows carry: `c` ([`offset`]) and whether by digit.
+/// The offsets a format's split rows carry: `c` ([`offset`]), and whether by digit (the byte
+/// codes, whose last digit the kernel sums apart: `c · Σ (t2 · 2⁸ + t1)` and `c · Σ t0` over
+/// each group, `qdot_x16i_bytes.rs`) rather than by half.
 fn offsets(dtype: DType) -> Option<(i32, bool)> {
-    offset(dtype).map(|c| (c, by_digit(dtype)))
+    let by_digit = matches!(dtype, DType::Q8_0 | DType::IQ4_NL | DType::IQ4_XS);
+    offset(dtype).map(|c| (c, by_digit))
 }
 
 /// The digits of `qdot_int`'s split row `scratch` (`k` elements) into `dst` in the lanes'
 /// order, and where the format's codes are offset by `c`, the groups' `c · Σ x_q` over each
-/// 16 elements (or by digit, [`by_digit`]): a byte at a time, the definition
+/// 16 elements (or by digit, [`offsets`]): a byte at a time, the definition
 /// `x86::arrange_avx2` must match.
 fn arrange(scratch: &[u8], dst: &mut [u8], k: usize, c: Option<(i32, bool)>) {
     for g in 0..k / 32 {
@@ -446,7 +442,7 @@ mod x86 {
         /// 4..8, or with `LAST_APART` the top two digits' and the last digit's).
         const HALVES: usize;
         /// Whether the last digit is summed apart (`sums[i][1]`) rather than by Horner's rule
-        /// (Q8_0, whose 22-bit sums would not fit 32 bits).
+        /// (the byte codes, whose 22-bit sums would not fit 32 bits).
         const LAST_APART: bool = false;
         type Head;
         unsafe fn head(hp: *const u8) -> Self::Head;

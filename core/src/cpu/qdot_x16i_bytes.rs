@@ -29,6 +29,7 @@
 
 use super::offsets_at;
 use super::x86::{codes_nibbles, scale, Args, Format};
+use crate::cpu::qdot_x16f::x86::{iq4xs_factor, iq4xs_head, Iq4xsHead};
 use std::arch::x86_64::*;
 
 /// Q8_0 packed in lanes (`qdot_x16::q8_lanes`): the 16 rows' d (f16), then eight vectors
@@ -134,8 +135,8 @@ impl Format for Iq4Nl {
 }
 
 /// IQ4_XS packed: the 16 rows' d (f16), the scales' high bits (u16), their low nibbles (4
-/// bytes), then per group of 32 its nibbles; group g's factor `d · (s_g − 32)`, `s_g` the
-/// 6 bits of nibble g of the 4-byte field below bits 2g of the u16 one.
+/// bytes), then per group of 32 its nibbles; group g's factor `d · (s_g − 32)`
+/// (`qdot_x16f::x86::iq4xs_factor`).
 pub struct Iq4Xs;
 impl Format for Iq4Xs {
     const HEAD: usize = 128;
@@ -143,39 +144,23 @@ impl Format for Iq4Xs {
     const GROUP: usize = 256;
     const HALVES: usize = 2;
     const LAST_APART: bool = true;
-    /// d, the high bits (widened to 32-bit lanes), the low nibbles.
-    type Head = (__m512, __m512i, __m512i);
+    type Head = Iq4xsHead;
     #[inline(always)]
-    unsafe fn head(hp: *const u8) -> Self::Head {
-        let hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(hp.add(32) as *const __m256i));
-        let d = _mm512_cvtph_ps(_mm256_loadu_si256(hp as *const __m256i));
-        (d, hi, _mm512_loadu_si512(hp.add(64) as *const _))
+    unsafe fn head(hp: *const u8) -> Iq4xsHead {
+        iq4xs_head(hp)
     }
     #[inline(always)]
-    unsafe fn codes(p: *const u8, _: &Self::Head) -> [__m512i; 8] {
+    unsafe fn codes(p: *const u8, _: &Iq4xsHead) -> [__m512i; 8] {
         codes_iq4(p)
     }
     #[inline(always)]
     unsafe fn finish<const MR: usize>(
         a: &Args,
         sums: &[[__m512i; 2]; MR],
-        (d, hi, lo): &Self::Head,
+        head: &Iq4xsHead,
         (g, gi): (usize, usize),
         tot: &mut [__m512; MR],
     ) {
-        let bits = |v: __m512i, n: u32, mask: i32| {
-            _mm512_and_si512(
-                _mm512_srl_epi32(v, _mm_cvtsi32_si128(n as i32)),
-                _mm512_set1_epi32(mask),
-            )
-        };
-        let g = g as u32;
-        let q = _mm512_or_si512(
-            bits(*lo, 4 * g, 15),
-            _mm512_slli_epi32::<4>(bits(*hi, 2 * g, 3)),
-        );
-        // d times a 6-bit integer less 32: exact.
-        let sc = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(32)));
-        finish_apart(a, sums, _mm512_mul_ps(*d, sc), gi, tot)
+        finish_apart(a, sums, iq4xs_factor(head, g), gi, tot)
     }
 }
