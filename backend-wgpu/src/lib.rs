@@ -104,7 +104,7 @@ impl Backend for WgpuBackend {
         self.dev.alloc(desc)
     }
     fn upload(&self, dst: &Tensor, bytes: &[u8]) -> kiln_core::Result<()> {
-        self.dev.upload(dst, bytes)
+        self.dev.timed(|| self.dev.upload(dst, bytes))
     }
     fn download(&self, src: &Tensor) -> kiln_core::Result<Vec<u8>> {
         self.dev.download(src)
@@ -126,10 +126,14 @@ impl Backend for WgpuBackend {
                 format!("{} is not supported here: {}", op.name(), desc_line(&desc)),
             ));
         }
-        ops::execute(&self.dev, op, inputs, outputs)
+        self.dev
+            .timed(|| ops::execute(&self.dev, op, inputs, outputs))
     }
     fn synchronize(&self) -> kiln_core::Result<()> {
         self.dev.wait()
+    }
+    fn submit_stats(&self) -> Option<kiln_core::backend::SubmitStats> {
+        Some(self.dev.submit_stats())
     }
 }
 
