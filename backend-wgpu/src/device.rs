@@ -489,7 +489,8 @@ impl Device {
             return Err(err(format!("{len} bytes of kernel parameters")));
         }
         let fits = |p: &Pending| {
-            p.arena.is_none() || (p.staged.len() as u64).next_multiple_of(align) + len <= ARENA_BYTES
+            p.arena.is_none()
+                || (p.staged.len() as u64).next_multiple_of(align) + len <= ARENA_BYTES
         };
         let full = {
             let p = self

@@ -101,7 +101,7 @@ impl Backend for WgpuBackend {
         &self.dev.caps
     }
     fn alloc(&self, desc: &TensorDesc) -> kiln_core::Result<Tensor> {
-        self.dev.alloc(desc)
+        self.dev.timed(|| self.dev.alloc(desc))
     }
     fn upload(&self, dst: &Tensor, bytes: &[u8]) -> kiln_core::Result<()> {
         self.dev.timed(|| self.dev.upload(dst, bytes))

@@ -20,7 +20,10 @@ pub fn thread_cpu_time() -> Option<std::time::Duration> {
         if rc != 0 || ts.tv_sec < 0 || ts.tv_nsec < 0 {
             return None;
         }
-        Some(std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+        Some(std::time::Duration::new(
+            ts.tv_sec as u64,
+            ts.tv_nsec as u32,
+        ))
     }
     #[cfg(not(unix))]
     {
@@ -45,7 +48,15 @@ mod tests {
         }
         std::hint::black_box(x);
         let t2 = super::thread_cpu_time().expect("still readable");
-        assert!(t1 - t0 < std::time::Duration::from_millis(25), "slept: {:?}", t1 - t0);
-        assert!(t2 - t1 >= std::time::Duration::from_millis(15), "worked: {:?}", t2 - t1);
+        assert!(
+            t1 - t0 < std::time::Duration::from_millis(25),
+            "slept: {:?}",
+            t1 - t0
+        );
+        assert!(
+            t2 - t1 >= std::time::Duration::from_millis(15),
+            "worked: {:?}",
+            t2 - t1
+        );
     }
 }

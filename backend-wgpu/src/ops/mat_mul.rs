@@ -1,8 +1,8 @@
 //! `mat_mul`: x [.., K] (f32) times w [N, K] (any weight format, decoded in the kernel).
 //! Weights larger than one storage binding are multiplied in row ranges that each fit.
 
-use kiln_core::op::{MatMulOp, Op, OpDesc};
-use kiln_core::tensor::{DType, Tensor};
+use kiln_core::op::{ElementwiseOp, MatMulOp, Op, OpDesc};
+use kiln_core::tensor::{DType, Tensor, TensorDesc};
 use kiln_core::Result;
 
 use super::{bind, err, u};
@@ -90,12 +90,47 @@ pub(super) fn mat_mul(dev: &Device, x: &Tensor, w: &Tensor, y: &Tensor) -> Resul
     Ok(())
 }
 
-/// Which of the family's ops this backend runs. Fused ops are CUDA's: WebGPU models take the
-/// decomposed path through the gate.
+/// Which of the family's ops this backend runs. `mat_mul_add` and `glu_mat_mul` run for one
+/// activation row (a decode step): the mat-vec adds the residual as it writes
+/// (`shaders/mat_mul_vec_add.wgsl`), and a GLU is its own pass before it. For more rows, and
+/// for `rms_norm_mat_mul` (see the shader's note), the executor composes them from the plain
+/// ops.
 pub(super) fn supports_op(dev: &Device, op: &MatMulOp, d: &OpDesc) -> bool {
+    // The activations, residual and output: f32, one row of the weights' k, each within one
+    // binding; the weights: a mat-vec format, rows a multiple of 32, four rows in a binding.
+    let decode = |x: &TensorDesc, w: &TensorDesc, acts: &[&TensorDesc]| {
+        let k = w.shape.last();
+        k > 0
+            && k % 32 == 0
+            && x.shape.numel() == k
+            && w.shape.rank() == 2
+            && kernels::mat_vec_add(w.dtype).is_some()
+            && dev.fits_binding(
+                w.dtype
+                    .bytes_for(k)
+                    .unwrap_or(usize::MAX)
+                    .saturating_mul(ROWS_PER_GROUP),
+            )
+            && acts.iter().all(|t| {
+                t.dtype == DType::F32 && dev.fits_binding(t.nbytes().unwrap_or(usize::MAX))
+            })
+    };
+    let (i, y) = (&d.inputs, &d.outputs[0]);
     match op {
         MatMulOp::MatMul => supports(dev, d),
-        MatMulOp::MatMulAdd | MatMulOp::RmsNormMatMul { .. } | MatMulOp::GluMatMul(_) => false,
+        MatMulOp::MatMulAdd => decode(&i[0], &i[1], &[&i[0], &i[2], y]),
+        MatMulOp::GluMatMul(g) => {
+            let glu = ElementwiseOp::Glu(*g);
+            let glu_desc = OpDesc::new(
+                Op::Elementwise(glu.clone()),
+                vec![i[0].clone(), i[1].clone()],
+                vec![i[0].clone()],
+            );
+            let mut acts = vec![&i[0], &i[1], y];
+            acts.extend(i.get(3));
+            decode(&i[0], &i[2], &acts) && super::elementwise::supports_op(dev, &glu, &glu_desc)
+        }
+        MatMulOp::RmsNormMatMul { .. } => false,
     }
 }
 
@@ -103,6 +138,55 @@ pub(super) fn supports_op(dev: &Device, op: &MatMulOp, d: &OpDesc) -> bool {
 pub(super) fn run_op(dev: &Device, op: &MatMulOp, i: &[&Tensor], o: &[&Tensor]) -> Result<()> {
     match op {
         MatMulOp::MatMul => mat_mul(dev, i[0], i[1], o[0]),
+        MatMulOp::MatMulAdd => mat_vec_add(dev, i[0], i[1], i[2], o[0]),
+        MatMulOp::GluMatMul(g) => {
+            // The GLU in its own pass (folded into the mat-vec, every workgroup would take each
+            // activation's exp again), then the mat-vec with the residual, if any, added.
+            let h = dev.alloc(i[0].desc())?;
+            super::elementwise::run_op(dev, &ElementwiseOp::Glu(*g), &[i[0], i[1]], &[&h])?;
+            match i.get(3) {
+                Some(r) => mat_vec_add(dev, &h, i[2], r, o[0]),
+                None => mat_mul(dev, &h, i[2], o[0]),
+            }
+        }
         other => Err(super::no_kernel(&Op::MatMul(other.clone()))),
     }
+}
+
+/// `y = x · wᵀ + r` for one activation row, in row ranges of `w` that each fit a binding.
+fn mat_vec_add(dev: &Device, x: &Tensor, w: &Tensor, r: &Tensor, y: &Tensor) -> Result<()> {
+    let kernel = kernels::mat_vec_add(w.dtype())
+        .ok_or_else(|| err(format!("mat_mul_add: no kernel for {} weights", w.dtype())))?;
+    let k = w.shape().last();
+    let n = w.shape().dims()[0];
+    let row_bytes = w.nbytes() / n.max(1);
+    let per = dev.rows_per_binding(n, row_bytes);
+    let mut n0 = 0;
+    while n0 < n {
+        let nn = per.min(n - n0);
+        let part = if nn == n {
+            w.clone()
+        } else {
+            w.view(n0 * k, [nn, k])?
+        };
+        let (bound, offs) = bind(dev, &[(x, 4), (&part, 1), (y, 4), (r, 4)])?;
+        let (gx, gz) = fold(
+            u(nn.div_ceil(ROWS_PER_GROUP))?,
+            dev.limits.max_compute_workgroups_per_dimension,
+        );
+        let params = [
+            u(nn)?,
+            u(k)?,
+            offs[0],
+            offs[1],
+            u(row_bytes)?,
+            offs[2],
+            u(n0)?,
+            gx,
+            offs[3],
+        ];
+        dev.dispatch_bound(kernel, &bound, &params, [gx, 1, gz])?;
+        n0 += nn;
+    }
+    Ok(())
 }
