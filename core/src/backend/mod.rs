@@ -119,8 +119,8 @@ fn no_graphs(backend: &str) -> crate::Error {
 }
 
 /// What [`Backend::submit_stats`] counts: kernel launches, graph replays, device copies and
-/// uploads enqueued, and the host seconds `execute`, `replay` and `upload` took to enqueue
-/// them.
+/// uploads enqueued, and the host seconds `execute`, `replay` and `upload` (for WebGPU also
+/// `alloc`, whose buffers cost the host as much as a dispatch) took to enqueue them.
 #[derive(Copy, Clone, Debug, Default, PartialEq)]
 pub struct SubmitStats {
     pub launches: u64,
