@@ -26,7 +26,6 @@ pub(crate) const ORDER: &str = include_str!("../../shaders/common/order.wgsl");
 const TURBO: &str = include_str!("../../shaders/common/turbo.wgsl");
 const MAT_MUL_IO: &str = include_str!("../../shaders/common/mat_mul_io.wgsl");
 const MAT_VEC: &str = include_str!("../../shaders/mat_mul_vec.wgsl");
-const MAT_VEC_ADD: &str = include_str!("../../shaders/mat_mul_vec_add.wgsl");
 const MAT_MUL: &str = include_str!("../../shaders/mat_mul.wgsl");
 const MAT_MUL_TILED: &str = include_str!("../../shaders/mat_mul_tiled.wgsl");
 const GET_ROWS: &str = include_str!("../../shaders/get_rows.wgsl");
@@ -125,7 +124,8 @@ macro_rules! per_format {
     (@emit $($dtype:ident $format:literal $dq:ident $dot:ident,)*) => {
         /// The weight formats of the per-format tables, in their order.
         pub const FORMATS: &[DType] = &[$(DType::$dtype),*];
-        /// `mat_vec_<format>`: one activation row times a weight matrix (decode).
+        /// `mat_vec_<format>`: one activation row times a weight matrix (decode), a residual added
+        /// where given.
         pub const MAT_VEC_KERNELS: &[Kernel] = &[$(Kernel {
             entry: concat!("mat_vec_", $format),
             file: "mat_mul_vec",
@@ -133,17 +133,6 @@ macro_rules! per_format {
             commons: &[$dq, $dot],
             subst: &[
                 ("ENTRY", concat!("mat_vec_", $format)),
-                ("DOT32", concat!("dot32_", $format)),
-            ],
-        }),*];
-        /// `mat_vec_add_<format>`: the decode mat-vec with a residual added.
-        pub const MAT_VEC_ADD_KERNELS: &[Kernel] = &[$(Kernel {
-            entry: concat!("mat_vec_add_", $format),
-            file: "mat_mul_vec_add",
-            source: MAT_VEC_ADD,
-            commons: &[$dq, $dot],
-            subst: &[
-                ("ENTRY", concat!("mat_vec_add_", $format)),
                 ("DOT32", concat!("dot32_", $format)),
             ],
         }),*];
@@ -252,7 +241,6 @@ kv_formats!(
 pub fn all() -> impl Iterator<Item = &'static Kernel> {
     let tables = [
         MAT_VEC_KERNELS,
-        MAT_VEC_ADD_KERNELS,
         MAT_MUL_KERNELS,
         MAT_MUL_TILED_KERNELS,
         GET_ROWS_KERNELS,
@@ -304,12 +292,6 @@ pub fn get_rows(w: DType) -> Option<&'static Kernel> {
 /// The matmul-by-expert-id kernel for a weight dtype.
 pub fn mat_mul_id(w: DType) -> Option<&'static Kernel> {
     MAT_MUL_ID_KERNELS.get(format(w)?)
-}
-
-/// The decode mat-vec that adds a residual as it writes (`mat_mul_add`), for a weight dtype
-/// (rows a multiple of 32).
-pub fn mat_vec_add(w: DType) -> Option<&'static Kernel> {
-    MAT_VEC_ADD_KERNELS.get(format(w)?)
 }
 
 /// The decode (one token) matvec kernel for a weight dtype; it reads whole 32-element chunks,

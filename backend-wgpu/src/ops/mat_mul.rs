@@ -34,6 +34,12 @@ pub(super) fn supports(dev: &Device, d: &OpDesc) -> bool {
 }
 
 pub(super) fn mat_mul(dev: &Device, x: &Tensor, w: &Tensor, y: &Tensor) -> Result<()> {
+    mat_mul_r(dev, x, w, None, y)
+}
+
+/// [`mat_mul`], with the residual `r` added where given (one activation row only: the
+/// mat-vec's epilogue, which the family's `supports_op` asks for).
+fn mat_mul_r(dev: &Device, x: &Tensor, w: &Tensor, r: Option<&Tensor>, y: &Tensor) -> Result<()> {
     let kernel = kernels::mat_mul(w.dtype())
         .ok_or_else(|| err(format!("mat_mul: no kernel for {} weights", w.dtype())))?;
     let k = x.shape().last();
@@ -45,6 +51,11 @@ pub(super) fn mat_mul(dev: &Device, x: &Tensor, w: &Tensor, y: &Tensor) -> Resul
     // One token: the matvec kernel, which reads whole 32-element chunks (always so for the
     // block formats; float rows of other lengths keep mat_mul).
     let vec_kernel = kernels::mat_vec(w.dtype()).filter(|_| m == 1 && k % 32 == 0);
+    if r.is_some() && vec_kernel.is_none() {
+        return Err(err(
+            "mat_mul with a residual: only for one row a multiple of 32 long",
+        ));
+    }
     let tiled = kernels::mat_mul_tiled(w.dtype()).filter(|_| m >= TILED_MIN_TOKENS);
     let per_group = if tiled.is_some() {
         TILE_N
@@ -59,7 +70,10 @@ pub(super) fn mat_mul(dev: &Device, x: &Tensor, w: &Tensor, y: &Tensor) -> Resul
         } else {
             w.view(n0 * k, [nn, k])?
         };
-        let (bound, offs) = bind(dev, &[(x, 4), (&part, 1), (y, 4)])?;
+        let res = r.unwrap_or(&dev.dummy);
+        let with_r = [(x, 4), (&part, 1), (y, 4), (res, 4)];
+        // The mat-vec binds a residual (the dummy where none); the others do not.
+        let (bound, offs) = bind(dev, &with_r[..if vec_kernel.is_some() { 4 } else { 3 }])?;
         let (gx, gz) = fold(
             u(nn.div_ceil(per_group))?,
             dev.limits.max_compute_workgroups_per_dimension,
@@ -69,7 +83,7 @@ pub(super) fn mat_mul(dev: &Device, x: &Tensor, w: &Tensor, y: &Tensor) -> Resul
             (Some(vk), _) => {
                 let mut params = vec![u(nn)?, u(k)?];
                 params.extend(offs_w);
-                params.extend([k_row, offs[2], u(n0)?, gx]);
+                params.extend([k_row, offs[2], u(n0)?, gx, offs[3], u32::from(r.is_some())]);
                 dev.dispatch_bound(vk, &bound, &params, [gx, 1, gz])?;
             }
             (None, tk) => {
@@ -92,7 +106,7 @@ pub(super) fn mat_mul(dev: &Device, x: &Tensor, w: &Tensor, y: &Tensor) -> Resul
 
 /// Which of the family's ops this backend runs. `mat_mul_add` and `glu_mat_mul` run for one
 /// activation row (a decode step): the mat-vec adds the residual as it writes
-/// (`shaders/mat_mul_vec_add.wgsl`), and a GLU is its own pass before it. For more rows, and
+/// (`shaders/mat_mul_vec.wgsl`), and a GLU is its own pass before it. For more rows, and
 /// for `rms_norm_mat_mul` (see the shader's note), the executor composes them from the plain
 /// ops.
 pub(super) fn supports_op(dev: &Device, op: &MatMulOp, d: &OpDesc) -> bool {
@@ -104,7 +118,7 @@ pub(super) fn supports_op(dev: &Device, op: &MatMulOp, d: &OpDesc) -> bool {
             && k % 32 == 0
             && x.shape.numel() == k
             && w.shape.rank() == 2
-            && kernels::mat_vec_add(w.dtype).is_some()
+            && kernels::mat_vec(w.dtype).is_some()
             && dev.fits_binding(
                 w.dtype
                     .bytes_for(k)
@@ -138,55 +152,14 @@ pub(super) fn supports_op(dev: &Device, op: &MatMulOp, d: &OpDesc) -> bool {
 pub(super) fn run_op(dev: &Device, op: &MatMulOp, i: &[&Tensor], o: &[&Tensor]) -> Result<()> {
     match op {
         MatMulOp::MatMul => mat_mul(dev, i[0], i[1], o[0]),
-        MatMulOp::MatMulAdd => mat_vec_add(dev, i[0], i[1], i[2], o[0]),
+        MatMulOp::MatMulAdd => mat_mul_r(dev, i[0], i[1], Some(i[2]), o[0]),
         MatMulOp::GluMatMul(g) => {
             // The GLU in its own pass (folded into the mat-vec, every workgroup would take each
             // activation's exp again), then the mat-vec with the residual, if any, added.
             let h = dev.alloc(i[0].desc())?;
             super::elementwise::run_op(dev, &ElementwiseOp::Glu(*g), &[i[0], i[1]], &[&h])?;
-            match i.get(3) {
-                Some(r) => mat_vec_add(dev, &h, i[2], r, o[0]),
-                None => mat_mul(dev, &h, i[2], o[0]),
-            }
+            mat_mul_r(dev, &h, i[2], i.get(3).copied(), o[0])
         }
         other => Err(super::no_kernel(&Op::MatMul(other.clone()))),
     }
-}
-
-/// `y = x · wᵀ + r` for one activation row, in row ranges of `w` that each fit a binding.
-fn mat_vec_add(dev: &Device, x: &Tensor, w: &Tensor, r: &Tensor, y: &Tensor) -> Result<()> {
-    let kernel = kernels::mat_vec_add(w.dtype())
-        .ok_or_else(|| err(format!("mat_mul_add: no kernel for {} weights", w.dtype())))?;
-    let k = w.shape().last();
-    let n = w.shape().dims()[0];
-    let row_bytes = w.nbytes() / n.max(1);
-    let per = dev.rows_per_binding(n, row_bytes);
-    let mut n0 = 0;
-    while n0 < n {
-        let nn = per.min(n - n0);
-        let part = if nn == n {
-            w.clone()
-        } else {
-            w.view(n0 * k, [nn, k])?
-        };
-        let (bound, offs) = bind(dev, &[(x, 4), (&part, 1), (y, 4), (r, 4)])?;
-        let (gx, gz) = fold(
-            u(nn.div_ceil(ROWS_PER_GROUP))?,
-            dev.limits.max_compute_workgroups_per_dimension,
-        );
-        let params = [
-            u(nn)?,
-            u(k)?,
-            offs[0],
-            offs[1],
-            u(row_bytes)?,
-            offs[2],
-            u(n0)?,
-            gx,
-            offs[3],
-        ];
-        dev.dispatch_bound(kernel, &bound, &params, [gx, 1, gz])?;
-        n0 += nn;
-    }
-    Ok(())
 }
