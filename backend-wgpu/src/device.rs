@@ -1,7 +1,7 @@
 //! The wgpu device: adapter choice, buffers, the pipeline cache and batched command recording.
 //!
 //! Ops are recorded into one pending command encoder and submitted every
-//! [`OPS_PER_SUBMIT`] dispatches, or when the host needs data (download, upload, synchronize),
+//! `submit::OPS_PER_SUBMIT` dispatches, or when the host needs data (download, upload, synchronize),
 //! so a decode step is a handful of submissions, not one per op. Every tensor is bound as the
 //! smallest aligned range of its buffer that covers it, so a model whose buffers exceed the
 //! adapter's largest storage binding still runs as long as each op's operands fit (the
@@ -18,12 +18,8 @@ use wgpu::util::DeviceExt;
 
 use crate::kernels::Kernel;
 
-/// Dispatches recorded before the pending encoder is submitted.
-const OPS_PER_SUBMIT: usize = 96;
-
-/// Bytes of a submission's parameter buffer (`Pending::arena`): a submission ends early if
-/// its dispatches' parameters would overflow it.
-const ARENA_BYTES: u64 = 64 << 10;
+mod submit;
+use submit::Pending;
 
 type MapResult = std::result::Result<(), wgpu::BufferAsyncError>;
 
@@ -133,21 +129,6 @@ pub(crate) struct Bound<'a> {
     pub(crate) byte_off: u32,
 }
 
-/// What is recorded but not yet submitted.
-struct Pending {
-    encoder: Option<wgpu::CommandEncoder>,
-    /// The compute pass the dispatches go into, open until a copy or the submission (one
-    /// pass for a run of dispatches: wgpu still orders each dispatch after the writes it reads).
-    pass: Option<wgpu::ComputePass<'static>>,
-    ops: usize,
-    /// This submission's parameter buffer: every dispatch's parameters at its own aligned
-    /// offset, their bytes staged in `staged` and written to it just before the submission
-    /// (one buffer a submission instead of one a dispatch: a buffer's creation and release
-    /// were a quarter of the host's time per dispatch).
-    arena: Option<wgpu::Buffer>,
-    staged: Vec<u8>,
-}
-
 pub(crate) struct Device {
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
@@ -167,7 +148,7 @@ pub(crate) struct Device {
     /// `KILN_WGPU_PROFILE=1`: per kernel, (dispatches, microseconds), each dispatch waited
     /// for; printed when the device closes.
     profile: Option<Mutex<HashMap<&'static str, (u64, u64)>>>,
-    /// Dispatches, copies and queue writes recorded so far (`submit_stats`).
+    /// Dispatches, copies and uploads recorded so far (`submit_stats`).
     launches: AtomicU64,
     /// Host nanoseconds the backend's `execute` and `upload` took (`submit_stats`).
     submit_ns: AtomicU64,
@@ -335,13 +316,7 @@ impl Device {
             id,
             pipelines: Mutex::new(HashMap::new()),
             iq_grid: std::sync::OnceLock::new(),
-            pending: Mutex::new(Pending {
-                encoder: None,
-                pass: None,
-                ops: 0,
-                arena: None,
-                staged: Vec::new(),
-            }),
+            pending: Mutex::new(Pending::default()),
             error,
             dummy,
             profile: std::env::var("KILN_WGPU_PROFILE")
@@ -350,32 +325,6 @@ impl Device {
             launches: AtomicU64::new(0),
             submit_ns: AtomicU64::new(0),
         })
-    }
-
-    /// Runs `f`, charging its host time to [`Device::submit_stats`]: the thread's CPU time
-    /// where the platform gives it (a driver may hold a submission until the GPU is done with
-    /// earlier work, as lavapipe's does, and that is the GPU's time, not the host's), else the
-    /// wall clock's.
-    pub(crate) fn timed<R>(&self, f: impl FnOnce() -> R) -> R {
-        let cpu = kiln_core::time::thread_cpu_time();
-        let t = kiln_core::time::Instant::now();
-        let r = f();
-        let took = match (cpu, kiln_core::time::thread_cpu_time()) {
-            (Some(a), Some(b)) => b.saturating_sub(a),
-            _ => t.elapsed(),
-        };
-        let ns = took.as_nanos().min(u64::MAX as u128) as u64;
-        self.submit_ns.fetch_add(ns, Ordering::Relaxed);
-        r
-    }
-
-    /// Dispatches, copies and writes recorded so far, and the host time `execute` and
-    /// `upload` took.
-    pub(crate) fn submit_stats(&self) -> kiln_core::backend::SubmitStats {
-        kiln_core::backend::SubmitStats {
-            launches: self.launches.load(Ordering::Relaxed),
-            host_seconds: self.submit_ns.load(Ordering::Relaxed) as f64 * 1e-9,
-        }
     }
 
     /// Fails with the first device error seen, if any.
@@ -434,95 +383,6 @@ impl Device {
             .ok_or_else(|| err(format!("{} is not a tensor of this wgpu device", t.desc())))
     }
 
-    /// Records into the pending encoder (opening one if needed, and ending an open compute
-    /// pass first); true when enough has been recorded that the caller should submit.
-    fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) -> Result<bool> {
-        let mut p = self
-            .pending
-            .lock()
-            .map_err(|_| err("command state poisoned"))?;
-        p.pass = None;
-        let enc = p.encoder.get_or_insert_with(|| {
-            self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
-        });
-        f(enc);
-        p.ops += 1;
-        Ok(p.ops >= OPS_PER_SUBMIT)
-    }
-
-    /// Records into the pending compute pass (opening the encoder and the pass if needed);
-    /// true when enough has been recorded that the caller should submit.
-    fn record_pass(&self, f: impl FnOnce(&mut wgpu::ComputePass<'static>)) -> Result<bool> {
-        let mut p = self
-            .pending
-            .lock()
-            .map_err(|_| err("command state poisoned"))?;
-        let p = &mut *p;
-        if p.pass.is_none() {
-            let enc = p.encoder.get_or_insert_with(|| {
-                self.device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
-            });
-            let pass = enc
-                .begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: None,
-                    timestamp_writes: None,
-                })
-                .forget_lifetime();
-            p.pass = Some(pass);
-        }
-        if let Some(pass) = p.pass.as_mut() {
-            f(pass);
-        }
-        p.ops += 1;
-        Ok(p.ops >= OPS_PER_SUBMIT)
-    }
-
-    /// A place for `bytes` of parameters in the pending submission's parameter buffer: the
-    /// buffer and the offset (the adapter's storage offset alignment). Submits what is
-    /// pending first when the buffer has no room left.
-    fn param_slot(&self, bytes: &[u8]) -> Result<(wgpu::Buffer, u64)> {
-        let align = self.limits.min_storage_buffer_offset_alignment.max(4) as u64;
-        let len = bytes.len() as u64;
-        if len > ARENA_BYTES {
-            return Err(err(format!("{len} bytes of kernel parameters")));
-        }
-        let fits = |p: &Pending| {
-            p.arena.is_none()
-                || (p.staged.len() as u64).next_multiple_of(align) + len <= ARENA_BYTES
-        };
-        let full = {
-            let p = self
-                .pending
-                .lock()
-                .map_err(|_| err("command state poisoned"))?;
-            !fits(&p)
-        };
-        if full {
-            self.flush()?;
-        }
-        let mut p = self
-            .pending
-            .lock()
-            .map_err(|_| err("command state poisoned"))?;
-        let arena = p
-            .arena
-            .get_or_insert_with(|| {
-                self.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("kiln params"),
-                    size: ARENA_BYTES,
-                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                })
-            })
-            .clone();
-        let at = (p.staged.len() as u64).next_multiple_of(align);
-        p.staged.resize(at as usize, 0);
-        p.staged.extend_from_slice(bytes);
-        Ok((arena, at))
-    }
-
     /// Rows of `rows` rows of `row_bytes` bytes each that one storage binding can hold.
     pub(crate) fn rows_per_binding(&self, rows: usize, row_bytes: usize) -> usize {
         if self.fits_binding(rows.saturating_mul(row_bytes)) {
@@ -531,30 +391,6 @@ impl Device {
         let room = (self.limits.max_storage_buffer_binding_size as usize)
             .saturating_sub(self.limits.min_storage_buffer_offset_alignment as usize + 4);
         (room / row_bytes.max(1)).max(1)
-    }
-
-    /// Submits the pending encoder, if any.
-    pub(crate) fn flush(&self) -> Result<()> {
-        let enc = {
-            let mut p = self
-                .pending
-                .lock()
-                .map_err(|_| err("command state poisoned"))?;
-            p.ops = 0;
-            // The pass ends before its encoder does.
-            p.pass = None;
-            if let Some(arena) = p.arena.take() {
-                let n = p.staged.len().next_multiple_of(4);
-                p.staged.resize(n, 0);
-                self.queue.write_buffer(&arena, 0, &p.staged);
-                p.staged.clear();
-            }
-            p.encoder.take()
-        };
-        if let Some(enc) = enc {
-            self.queue.submit([enc.finish()]);
-        }
-        Ok(())
     }
 
     /// Waits for everything submitted so far.
@@ -861,7 +697,6 @@ impl Device {
             pass.set_bind_group(0, &group, &[]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         })?;
-        self.launches.fetch_add(1, Ordering::Relaxed);
         if submit {
             self.flush()?;
         }
@@ -893,7 +728,6 @@ impl Device {
             )));
         }
         self.record(|enc| enc.copy_buffer_to_buffer(sb, s0, &db.buffer, d0, s1 - s0))?;
-        self.launches.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
