@@ -110,29 +110,27 @@ fn mat_mul_r(dev: &Device, x: &Tensor, w: &Tensor, r: Option<&Tensor>, y: &Tenso
 /// for `rms_norm_mat_mul` (see the shader's note), the executor composes them from the plain
 /// ops.
 pub(super) fn supports_op(dev: &Device, op: &MatMulOp, d: &OpDesc) -> bool {
-    // The activations, residual and output: f32, one row of the weights' k, each within one
-    // binding; the weights: a mat-vec format, rows a multiple of 32, four rows in a binding.
-    let decode = |x: &TensorDesc, w: &TensorDesc, acts: &[&TensorDesc]| {
+    // The plain matmul of one row `x` by `w` into `y`, through the mat-vec (rows a multiple
+    // of 32), and the other activations (residual, GLU inputs) f32, each within one binding.
+    let decode = |x: &TensorDesc, w: &TensorDesc, y: &TensorDesc, more: &[&TensorDesc]| {
+        let plain = OpDesc::new(
+            Op::MatMul(MatMulOp::MatMul),
+            vec![x.clone(), w.clone()],
+            vec![y.clone()],
+        );
         let k = w.shape.last();
-        k > 0
-            && k % 32 == 0
+        k % 32 == 0
             && x.shape.numel() == k
-            && w.shape.rank() == 2
             && kernels::mat_vec(w.dtype).is_some()
-            && dev.fits_binding(
-                w.dtype
-                    .bytes_for(k)
-                    .unwrap_or(usize::MAX)
-                    .saturating_mul(ROWS_PER_GROUP),
-            )
-            && acts.iter().all(|t| {
+            && supports(dev, &plain)
+            && more.iter().all(|t| {
                 t.dtype == DType::F32 && dev.fits_binding(t.nbytes().unwrap_or(usize::MAX))
             })
     };
     let (i, y) = (&d.inputs, &d.outputs[0]);
     match op {
         MatMulOp::MatMul => supports(dev, d),
-        MatMulOp::MatMulAdd => decode(&i[0], &i[1], &[&i[0], &i[2], y]),
+        MatMulOp::MatMulAdd => decode(&i[0], &i[1], y, &[&i[2]]),
         MatMulOp::GluMatMul(g) => {
             let glu = ElementwiseOp::Glu(*g);
             let glu_desc = OpDesc::new(
@@ -140,9 +138,8 @@ pub(super) fn supports_op(dev: &Device, op: &MatMulOp, d: &OpDesc) -> bool {
                 vec![i[0].clone(), i[1].clone()],
                 vec![i[0].clone()],
             );
-            let mut acts = vec![&i[0], &i[1], y];
-            acts.extend(i.get(3));
-            decode(&i[0], &i[2], &acts) && super::elementwise::supports_op(dev, &glu, &glu_desc)
+            let more: Vec<&TensorDesc> = i[1..2].iter().chain(i.get(3)).collect();
+            decode(&i[0], &i[2], y, &more) && super::elementwise::supports_op(dev, &glu, &glu_desc)
         }
         MatMulOp::RmsNormMatMul { .. } => false,
     }
